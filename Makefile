@@ -1,0 +1,102 @@
+# knn_gpu -- PGXS build.
+#   make                 build knn_gpu.so (+ knn_gpu_cuda.so when nvcc is found)
+#   make install         install into the server that pg_config names
+#   make installcheck    pg_regress suite against a running server
+#   make unittest        engine unit tests (GoogleTest, CPU)
+#   make gputest         GPU engine tests (skip with a message without a GPU)
+# Options: CUDA=auto|0|1, NVCC=..., CUDA_HOME=..., GENCODE="-gencode ...".
+
+EXTENSION = knn_gpu
+MODULE_big = knn_gpu
+PGFILEDESC = "knn_gpu - exact k-nearest-neighbour joins on the GPU"
+
+EXT_SRCS = $(sort $(wildcard extension/*.c))
+ENGINE_SRCS = kernels/knn_job.cpp $(sort $(wildcard kernels/cpu/*.cpp))
+OBJS = $(EXT_SRCS:.c=.o) $(ENGINE_SRCS:.cpp=.o)
+
+# The install script is assembled from one file per concept.
+SQL_PARTS = $(sort $(wildcard extension/sql/*.sql))
+DATA_built = knn_gpu--0.1.sql
+
+REGRESS = $(basename $(notdir $(sort $(wildcard sql/*.sql))))
+REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
+
+PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
+SHLIB_LINK = -lstdc++ -lpthread -ldl
+EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test \
+	test/*.o bench/knn_bench regression.diffs regression.out results
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+# Debian's PGXS would build LLVM bitcode for every object; .cpp/.cu have no such rule.
+override with_llvm = no
+include $(PGXS)
+
+CXX ?= g++
+ENGINE_CXXFLAGS = -std=c++17 -O3 -fPIC -pthread -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -I$(CURDIR)/kernels
+
+kernels/%.o: kernels/%.cpp $(wildcard kernels/*.h kernels/cpu/*.h)
+	$(CXX) $(ENGINE_CXXFLAGS) -c -o $@ $<
+
+$(DATA_built): $(SQL_PARTS)
+	cat $(SQL_PARTS) > $@
+
+# ---- CUDA engine module (dlopen'ed by knn_gpu.so) ----
+CUDA ?= auto
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard $(CUDA_HOME)/bin/nvcc))
+GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+NVCCFLAGS = -std=c++17 -O3 --fmad=false -Xcompiler -fPIC,-ffp-contract=off,-pthread \
+	-I$(CURDIR)/kernels $(GENCODE)
+CUDA_SRCS = $(sort $(wildcard kernels/cuda/*.cu))
+CUDA_OBJS = $(CUDA_SRCS:.cu=.o)
+CUDA_MODULE = knn_gpu_cuda$(DLSUFFIX)
+
+ifeq ($(CUDA),auto)
+BUILD_CUDA = $(if $(NVCC),1,0)
+else
+BUILD_CUDA = $(CUDA)
+endif
+
+ifeq ($(BUILD_CUDA),1)
+ifeq ($(NVCC),)
+$(error CUDA=1 but nvcc was not found; set NVCC or CUDA_HOME)
+endif
+all: $(CUDA_MODULE)
+install: install-cuda
+endif
+
+kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/*.h kernels/cuda/*.cuh)
+	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
+
+$(CUDA_MODULE): $(CUDA_OBJS)
+	$(NVCC) -shared $(GENCODE) -o $@ $^ -cudart static -L$(CUDA_HOME)/lib64 -lcublas
+
+install-cuda: $(CUDA_MODULE)
+	$(INSTALL_SHLIB) $(CUDA_MODULE) '$(DESTDIR)$(pkglibdir)/'
+
+uninstall: uninstall-cuda
+uninstall-cuda:
+	rm -f '$(DESTDIR)$(pkglibdir)/$(CUDA_MODULE)'
+
+# ---- engine tests (no PostgreSQL) ----
+GTEST_LIBS = -lgtest -lgtest_main -lpthread -ldl
+ENGINE_OBJS = $(ENGINE_SRCS:.cpp=.o)
+
+test/%.o: test/%.cpp $(wildcard kernels/*.h kernels/cpu/*.h test/*.h)
+	$(CXX) $(ENGINE_CXXFLAGS) -c -o $@ $<
+
+test/engine_test: test/engine_test.o $(ENGINE_OBJS)
+	$(CXX) -o $@ $^ $(GTEST_LIBS)
+
+test/gpu_engine_test: test/gpu_engine_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) -o $@ test/gpu_engine_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
+
+unittest: test/engine_test
+	test/engine_test
+
+gputest: test/gpu_engine_test
+	KNN_GPU_MODULE_DIR=$(CURDIR) test/gpu_engine_test
+
+.PHONY: unittest gputest install-cuda uninstall-cuda

@@ -1,0 +1,144 @@
+/*
+ * knn_engine.h -- the only bridge between PostgreSQL code (extension/) and
+ * the engines (kernels/). Plain C ABI: no PostgreSQL and no CUDA headers.
+ *
+ * A join is described by a KnnProblem: two row-major float32 matrices and k.
+ * The result for query i lives in neighbors[i*k .. i*k+k-1] (target row
+ * indices) and distances[...] (the operator's float8 value). Per query the
+ * rows are ordered by (distance, target row index); NaN distances sort last,
+ * as PostgreSQL sorts float8. Slots past the number of eligible targets hold
+ * -1 and NaN. The caller orders targets by id, so "smaller row index" is
+ * "smaller target id" and ties are broken by id.
+ *
+ * Jobs run on threads owned by the engine; the caller's thread only starts,
+ * polls, cancels and finishes them, so PostgreSQL code never runs on an
+ * engine thread.
+ */
+#ifndef KNN_ENGINE_H
+#define KNN_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum KnnMetric
+{
+	KNN_METRIC_L2 = 0,			/* sqrt(sum (a-b)^2), pgvector <-> */
+	KNN_METRIC_COSINE = 1,		/* 1 - a.b/(|a||b|), pgvector <=> */
+	KNN_METRIC_IP = 2,			/* -(a.b), pgvector <#> */
+	KNN_METRIC_L1 = 3			/* sum |a-b|, pgvector <+> */
+} KnnMetric;
+
+typedef enum KnnMethod
+{
+	KNN_METHOD_AUTO = 0,
+	KNN_METHOD_TI = 1,			/* clustered triangle-inequality filtering */
+	KNN_METHOD_BRUTE = 2		/* every pair */
+} KnnMethod;
+
+typedef enum KnnDevice
+{
+	KNN_DEVICE_AUTO = 0,		/* GPU when one is usable, else CPU */
+	KNN_DEVICE_CPU = 1,
+	KNN_DEVICE_GPU = 2			/* GPU or an error */
+} KnnDevice;
+
+typedef enum KnnStatus
+{
+	KNN_OK = 0,
+	KNN_CANCELLED = 1,
+	KNN_OUT_OF_MEMORY = 2,
+	KNN_INVALID_ARGUMENT = 3,
+	KNN_DEVICE_ERROR = 4,		/* a CUDA / cuBLAS call failed */
+	KNN_NO_DEVICE = 5,			/* a GPU was required but none is usable */
+	KNN_INTERNAL_ERROR = 6
+} KnnStatus;
+
+typedef struct KnnProblem
+{
+	const float *queries;		/* n_queries x dim, row-major */
+	int64_t		n_queries;
+	const float *targets;		/* n_targets x dim, row-major */
+	int64_t		n_targets;
+	int32_t		dim;
+	int32_t		k;				/* >= 1 */
+	KnnMetric	metric;
+	KnnMethod	method;
+	KnnDevice	device;
+
+	/*
+	 * Self-match exclusion: when both are non-NULL, a pair whose keys are
+	 * equal is never returned (the all-kNN graph of one table).
+	 */
+	const int64_t *query_keys;
+	const int64_t *target_keys;
+
+	int32_t		n_threads;		/* CPU threads; 0 = all cores */
+	int64_t		gpu_memory_limit;	/* bytes the GPU engine may use; 0 = what is free */
+} KnnProblem;
+
+/* What a finished job did, for EXPLAIN ANALYZE and knn_gpu_last_stats(). */
+typedef struct KnnStats
+{
+	char		device[128];	/* "cpu (2 threads)" or the GPU's name */
+	char		method[32];		/* "ti" or "brute" */
+	char		variant[64];	/* e.g. "full-filter/registers" */
+	int64_t		query_clusters;
+	int64_t		target_clusters;
+	int64_t		distance_computations;	/* exact distances evaluated */
+	int64_t		pairs;			/* |Q| * |T| */
+	int32_t		threads_per_query;
+	double		seconds_transfer;
+	double		seconds_cluster;
+	double		seconds_filter;
+	double		seconds_select;
+	double		seconds_total;
+} KnnStats;
+
+typedef struct KnnJob KnnJob;
+
+/*
+ * Starts a join on engine threads. neighbors and distances are caller-owned
+ * arrays of n_queries * k entries that must stay valid until
+ * knn_job_finish(). Returns NULL only when even the job could not be
+ * allocated (then errbuf says why).
+ */
+KnnJob	   *knn_job_start(const KnnProblem *problem, int64_t *neighbors,
+						  double *distances, char *errbuf, size_t errlen);
+
+/* Waits up to timeout_ms; returns 1 when the job has finished, else 0. */
+int			knn_job_wait(KnnJob *job, int timeout_ms);
+
+/* Asks the job to stop; it ends with KNN_CANCELLED soon after. */
+void		knn_job_cancel(KnnJob *job);
+
+/*
+ * Waits for the job, frees it and returns its status. On failure errbuf
+ * holds a one-line message. stats may be NULL.
+ */
+KnnStatus	knn_job_finish(KnnJob *job, KnnStats *stats, char *errbuf, size_t errlen);
+
+/*
+ * Where the GPU engine module (knn_gpu_cuda.so) lives; set once by the
+ * extension. The module is loaded on first use; when it or the GPU is
+ * missing, KNN_DEVICE_AUTO falls back to the CPU engine.
+ */
+void		knn_engine_set_module_dir(const char *dir);
+
+/*
+ * One line describing the engine KNN_DEVICE_AUTO would use, e.g.
+ * "gpu: NVIDIA H100 80GB HBM3 (sm_90, 79.1 GiB)" or
+ * "cpu: 2 threads (no GPU: <reason>)". Returns 1 if a GPU is usable.
+ */
+int			knn_engine_describe(char *buf, size_t len);
+
+const char *knn_status_name(KnnStatus status);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif							/* KNN_ENGINE_H */
