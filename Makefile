@@ -27,10 +27,16 @@ EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_t
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
-PGXS := $(shell $(PG_CONFIG) --pgxs)
+PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 # Debian's PGXS would build LLVM bitcode for every object; .cpp/.cu have no such rule.
 override with_llvm = no
+ifneq ($(PGXS),)
 include $(PGXS)
+else
+# No PostgreSQL here (a bare GPU host): only the engine, its tests and benchmarks build.
+DLSUFFIX = .so
+all:
+endif
 
 CXX ?= g++
 ENGINE_CXXFLAGS = -std=c++17 -O3 -fPIC -pthread -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -I$(CURDIR)/kernels

@@ -43,7 +43,7 @@ typedef enum KnnDevice
 {
 	KNN_DEVICE_AUTO = 0,		/* GPU when one is usable, else CPU */
 	KNN_DEVICE_CPU = 1,
-	KNN_DEVICE_GPU = 2			/* GPU or an error */
+	KNN_DEVICE_GPU = 2			/* GPU; the CPU engine with a notice if none */
 } KnnDevice;
 
 typedef enum KnnStatus
@@ -117,7 +117,9 @@ void		knn_job_cancel(KnnJob *job);
 
 /*
  * Waits for the job, frees it and returns its status. On failure errbuf
- * holds a one-line message. stats may be NULL.
+ * holds a one-line message; on success a non-empty errbuf is a notice for
+ * the user (the GPU was wanted but the CPU engine ran, and why). stats may
+ * be NULL.
  */
 KnnStatus	knn_job_finish(KnnJob *job, KnnStats *stats, char *errbuf, size_t errlen);
 

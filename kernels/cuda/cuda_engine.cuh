@@ -1,0 +1,46 @@
+// cuda_engine.cuh -- what the CUDA engine's files share (internal to
+// kernels/cuda/). The module's exported entry points are in
+// ../knn_cuda_module.h; this header holds the per-join device context and
+// the two join methods.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "../knn_engine.h"
+
+namespace knn {
+namespace cuda {
+
+// Everything a method needs to run on the device for one join.
+struct DeviceContext {
+  int device = 0;
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  size_t memory_budget = 0;        // bytes this join may allocate
+  const int32_t *cancel = nullptr; // non-zero: stop at the next check
+  std::string error;               // set with a non-OK status
+
+  bool cancelled() const {
+    return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
+  }
+};
+
+// Exact brute force: cuBLAS GEMM tiles as a filter with a proven error
+// margin, k-selection, exact re-rank with knn_distance.h; chunked when the
+// sets do not fit the budget. Handles every metric.
+KnnStatus brute_force_join(const KnnProblem &problem, int64_t *neighbors,
+                           double *distances, KnnStats *stats,
+                           DeviceContext &ctx);
+
+// Sweet KNN: clustered triangle-inequality join (L2 and L1; the caller
+// routes other metrics elsewhere).
+KnnStatus ti_join(const KnnProblem &problem, int64_t *neighbors,
+                  double *distances, KnnStats *stats, DeviceContext &ctx);
+
+}  // namespace cuda
+}  // namespace knn
