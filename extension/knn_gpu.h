@@ -7,6 +7,7 @@
 
 #include "postgres.h"
 #include "fmgr.h"
+#include "utils/memutils.h"
 
 #include "knn_engine.h"
 
@@ -50,6 +51,7 @@ typedef struct KnnMatrix
 	float	   *values;			/* n x dim, row-major (huge allocation) */
 	int64	   *ids;
 	const char *set_name;		/* "query" or "target", for messages */
+	MemoryContext context;		/* where the arrays live (the caller's at init) */
 } KnnMatrix;
 
 extern void knn_matrix_init(KnnMatrix *m, const char *set_name);
@@ -78,6 +80,8 @@ extern KnnMethod knn_method_from_name(const char *name);
 
 /* JSON of the last join's KnnStats (knn_stats.c). */
 extern void knn_stats_remember(const KnnStats *stats, const KnnProblem *problem);
+/* Time spent reading the inputs and returning rows, measured by the caller. */
+extern void knn_stats_set_sql_phases(double seconds_read, double seconds_return);
 extern char *knn_stats_last_json(void);
 
 #endif							/* KNN_GPU_H */

@@ -1,0 +1,229 @@
+/*
+ * knn_join.c -- knn_join(queries text, targets text, k, metric,
+ * exclude_self, method): for every row of the query set, the k nearest rows
+ * of the target set.
+ *
+ * Each text is a query returning (integer id, vector) run through SPI with
+ * the caller's privileges. Rows are read through a cursor in batches into
+ * one float32 matrix per set, sorted by id (so the engine's tie order, by
+ * row, is the order by id), handed to the engine in one call, and the
+ * result is returned as a materialised set.
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "portability/instr_time.h"
+#include "utils/builtins.h"
+#include "utils/tuplestore.h"
+
+#include "knn_gpu.h"
+
+#define KNN_FETCH_BATCH 10000
+
+static double
+seconds_since(instr_time start)
+{
+	instr_time	now;
+
+	INSTR_TIME_SET_CURRENT(now);
+	INSTR_TIME_SUBTRACT(now, start);
+	return INSTR_TIME_GET_DOUBLE(now);
+}
+
+static int64
+read_id(Datum value, Oid type)
+{
+	switch (type)
+	{
+		case INT2OID:
+			return DatumGetInt16(value);
+		case INT4OID:
+			return DatumGetInt32(value);
+		default:
+			return DatumGetInt64(value);
+	}
+}
+
+/*
+ * Runs one set's query and appends its rows to the matrix. Rows whose vector
+ * is NULL are skipped; a NULL id is an error.
+ */
+static void
+read_set(const char *sql, KnnMatrix *matrix)
+{
+	SPIPlanPtr	plan;
+	Portal		portal;
+	const char *set = matrix->set_name;
+
+	plan = SPI_prepare(sql, 0, NULL);
+	if (plan == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_SYNTAX_ERROR),
+				 errmsg("could not prepare the %s query: %s", set,
+						SPI_result_code_string(SPI_result))));
+	if (!SPI_is_cursor_plan(plan))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("the %s text must be one SELECT returning (id, vector)", set)));
+
+	portal = SPI_cursor_open(NULL, plan, NULL, NULL, true);
+	for (;;)
+	{
+		TupleDesc	desc;
+		Oid			id_type;
+		KnnVectorKind kind;
+
+		SPI_cursor_fetch(portal, true, KNN_FETCH_BATCH);
+		desc = SPI_tuptable->tupdesc;
+
+		if (desc->natts != 2)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("the %s query must return 2 columns (id, vector), not %d",
+							set, desc->natts)));
+		id_type = SPI_gettypeid(desc, 1);
+		if (id_type != INT2OID && id_type != INT4OID && id_type != INT8OID)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("the %s query's first column must be an integer id, not %s",
+							set, format_type_be(id_type))));
+		kind = knn_vector_kind(SPI_gettypeid(desc, 2));
+		if (kind == KNN_VECTOR_UNSUPPORTED)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("the %s query's second column must be a vector, real[] or double precision[], not %s",
+							set, format_type_be(SPI_gettypeid(desc, 2)))));
+
+		for (uint64 r = 0; r < SPI_processed; r++)
+		{
+			HeapTuple	tuple = SPI_tuptable->vals[r];
+			bool		id_null;
+			bool		vector_null;
+			Datum		id = SPI_getbinval(tuple, desc, 1, &id_null);
+			Datum		vector = SPI_getbinval(tuple, desc, 2, &vector_null);
+
+			if (id_null)
+				ereport(ERROR,
+						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+						 errmsg("the %s query returned a NULL id", set)));
+			if (vector_null)
+				continue;		/* documented: rows without a vector take no part */
+			knn_matrix_append(matrix, read_id(id, id_type), vector, kind);
+		}
+		if (SPI_processed < KNN_FETCH_BATCH)
+			break;
+		SPI_freetuptable(SPI_tuptable);
+		CHECK_FOR_INTERRUPTS();
+	}
+	SPI_cursor_close(portal);
+}
+
+PG_FUNCTION_INFO_V1(knn_join);
+Datum
+knn_join(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char	   *queries_sql = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	char	   *targets_sql = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	int32		k = PG_GETARG_INT32(2);
+	KnnMetric	metric = knn_metric_from_name(text_to_cstring(PG_GETARG_TEXT_PP(3)));
+	bool		exclude_self = PG_GETARG_BOOL(4);
+	KnnMethod	method = knn_method_from_name(text_to_cstring(PG_GETARG_TEXT_PP(5)));
+	KnnMatrix	queries;
+	KnnMatrix	targets;
+	KnnProblem	problem;
+	KnnStats	stats;
+	int64	   *neighbors;
+	double	   *distances;
+	int32		slots;
+	instr_time	start;
+	double		seconds_read;
+
+	if (k < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("k must be at least 1, not %d", k)));
+
+	InitMaterializedSRF(fcinfo, 0);
+
+	INSTR_TIME_SET_CURRENT(start);
+	knn_matrix_init(&queries, "query");
+	knn_matrix_init(&targets, "target");
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	read_set(queries_sql, &queries);
+	read_set(targets_sql, &targets);
+	SPI_finish();
+
+	if (queries.n == 0 || targets.n == 0)
+		PG_RETURN_NULL();
+	if (queries.dim != targets.dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("query vectors have %d dimensions but target vectors have %d",
+						queries.dim, targets.dim)));
+
+	knn_matrix_sort_by_id(&queries);
+	knn_matrix_sort_by_id(&targets);
+	seconds_read = seconds_since(start);
+
+	/* k past the target count returns every target: no need for more slots. */
+	slots = (int32) Min((int64) k, targets.n);
+	neighbors = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(int64));
+	distances = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(double));
+
+	memset(&problem, 0, sizeof(problem));
+	problem.queries = queries.values;
+	problem.n_queries = queries.n;
+	problem.targets = targets.values;
+	problem.n_targets = targets.n;
+	problem.dim = queries.dim;
+	problem.k = slots;
+	problem.metric = metric;
+	problem.method = method;
+	if (exclude_self)
+	{
+		problem.query_keys = queries.ids;
+		problem.target_keys = targets.ids;
+	}
+	knn_run_problem(&problem, neighbors, distances, &stats);
+
+	INSTR_TIME_SET_CURRENT(start);
+	for (int64 q = 0; q < queries.n; q++)
+	{
+		for (int32 r = 0; r < slots; r++)
+		{
+			int64		t = neighbors[q * slots + r];
+			Datum		values[4];
+			bool		nulls[4] = {false, false, false, false};
+
+			if (t < 0)
+				break;
+			values[0] = Int64GetDatum(queries.ids[q]);
+			values[1] = Int64GetDatum(targets.ids[t]);
+			values[2] = Int32GetDatum(r + 1);
+			values[3] = Float8GetDatum(distances[q * slots + r]);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		}
+		if ((q & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	knn_stats_set_sql_phases(seconds_read, seconds_since(start));
+	PG_RETURN_NULL();
+}
+
+PG_FUNCTION_INFO_V1(knn_gpu_info);
+Datum
+knn_gpu_info(PG_FUNCTION_ARGS)
+{
+	char		line[512];
+
+	if (knn_gpu_device == KNN_DEVICE_CPU)
+		snprintf(line, sizeof(line), "cpu: knn_gpu.device = cpu");
+	else
+		knn_engine_describe(line, sizeof(line));
+	PG_RETURN_TEXT_P(cstring_to_text(line));
+}

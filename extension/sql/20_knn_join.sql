@@ -1,0 +1,23 @@
+-- knn_join: for every row of a query set, the k nearest rows of a target set.
+
+CREATE FUNCTION knn_join(
+    queries text,
+    targets text,
+    k integer,
+    metric text DEFAULT 'l2',
+    exclude_self boolean DEFAULT false,
+    method text DEFAULT 'auto')
+RETURNS TABLE (query_id bigint, target_id bigint, rank integer, distance double precision)
+AS 'MODULE_PATHNAME', 'knn_join'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE ROWS 1000;
+
+COMMENT ON FUNCTION knn_join(text, text, integer, text, boolean, text) IS
+'Exact k-nearest-neighbour join. queries and targets are SQL queries returning (integer id, vector | real[] | double precision[]); metric is l2, cosine, ip or l1; exclude_self drops pairs with equal ids; method is auto, ti or brute.';
+
+CREATE FUNCTION knn_gpu_info() RETURNS text
+AS 'MODULE_PATHNAME', 'knn_gpu_info'
+LANGUAGE C VOLATILE PARALLEL SAFE;
+
+CREATE FUNCTION knn_gpu_last_stats() RETURNS json
+AS 'MODULE_PATHNAME', 'knn_gpu_last_stats'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED;

@@ -1,0 +1,73 @@
+-- knn_join on small tables whose answers are worked out by hand.
+SET extra_float_digits = 0;
+
+CREATE TABLE items (id bigint PRIMARY KEY, v vector(3));
+INSERT INTO items VALUES (1, '[1,2,3]'), (2, '[4,5,6]'), (3, '[1,2,4]');
+
+-- The issue's example. Distances: 1-3 = 1, 1-2 = sqrt(27), 2-3 = sqrt(22).
+SELECT * FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2);
+SELECT query_id, target_id, rank, round(distance::numeric, 6) AS distance
+FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2, exclude_self => true);
+
+-- Every metric on one query. q = [1,0], targets a=[0,1], b=[2,0], c=[1,1], d=[-1,0].
+CREATE TABLE q2 (id int, v vector(2));
+CREATE TABLE t2 (id int, v vector(2));
+INSERT INTO q2 VALUES (10, '[1,0]');
+INSERT INTO t2 VALUES (1, '[0,1]'), (2, '[2,0]'), (3, '[1,1]'), (4, '[-1,0]');
+-- l2: c 1, b 1, a sqrt(2), d 2 (c and b tie at 1: smaller id first)
+SELECT target_id, rank, round(distance::numeric, 6) FROM knn_join('SELECT id, v FROM q2', 'SELECT id, v FROM t2', 4, 'l2');
+-- cosine: b 0, c 1-1/sqrt(2), a 1, d 2
+SELECT target_id, rank, round(distance::numeric, 6) FROM knn_join('SELECT id, v FROM q2', 'SELECT id, v FROM t2', 4, 'cosine');
+-- ip (negative inner product): b -2, c -1, a 0, d 1
+SELECT target_id, rank, distance FROM knn_join('SELECT id, v FROM q2', 'SELECT id, v FROM t2', 4, 'ip');
+-- l1: c 1, b 1, a 2, d 2
+SELECT target_id, rank, distance FROM knn_join('SELECT id, v FROM q2', 'SELECT id, v FROM t2', 4, 'l1');
+-- The distances are exactly the operators' values.
+SELECT bool_and(j.distance = (CASE m WHEN 'l2' THEN q.v <-> t.v WHEN 'cosine' THEN q.v <=> t.v
+                                     WHEN 'ip' THEN q.v <#> t.v ELSE q.v <+> t.v END)) AS same_as_operators,
+       count(*)
+FROM unnest(ARRAY['l2', 'cosine', 'ip', 'l1']) AS m,
+     knn_join('SELECT id, v FROM q2', 'SELECT id, v FROM t2', 4, m) j
+     JOIN q2 q ON q.id = j.query_id JOIN t2 t ON t.id = j.target_id;
+
+-- Ties are broken by the smaller target id, whatever the order of the rows.
+CREATE TABLE ties (id int, v vector(1));
+INSERT INTO ties SELECT i, '[5]' FROM generate_series(9, 1, -1) i;
+INSERT INTO ties VALUES (100, '[0]');
+SELECT query_id, target_id, rank, distance
+FROM knn_join('SELECT id, v FROM ties WHERE id = 100', 'SELECT id, v FROM ties', 4);
+
+-- k larger than the target count returns every target.
+SELECT count(*), max(rank) FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 1000);
+
+-- Rows with a NULL vector take no part; empty sets give no rows.
+INSERT INTO items VALUES (4, NULL);
+SELECT query_id, target_id, rank FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 1);
+SELECT count(*) FROM knn_join('SELECT id, v FROM items WHERE false', 'SELECT id, v FROM items', 3);
+SELECT count(*) FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items WHERE id = 4', 3);
+
+-- real[] and double precision[] columns, smallint and integer ids.
+SELECT query_id, target_id, rank, distance
+FROM knn_join('SELECT 1::smallint, ARRAY[0,0]::real[]',
+              'SELECT i, ARRAY[i, 0]::float8[] FROM generate_series(1, 5) i', 2);
+-- The same answer from vector, real[] and double precision[] inputs.
+SELECT count(*) AS differing FROM (
+  (SELECT * FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 3)
+   EXCEPT ALL
+   SELECT * FROM knn_join('SELECT id, v::real[] FROM items', 'SELECT id, v::real[]::float8[] FROM items', 3))
+) d;
+
+-- The engine that would run, and the last join's statistics.
+SELECT knn_gpu_info() ~ '^(gpu|cpu): ' AS describes_engine;
+SELECT knn_join.* FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 1) LIMIT 0;
+SELECT s->>'metric' AS metric, (s->>'queries')::int AS queries, (s->>'targets')::int AS targets,
+       (s->>'k')::int AS k, s->>'method' IN ('ti', 'brute') AS method_named,
+       (s->'seconds'->>'engine_total')::float8 >= 0 AS timed
+FROM knn_gpu_last_stats() s;
+SET knn_gpu.device = cpu;
+SELECT knn_gpu_info();
+SELECT count(*) FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2, method => 'ti');
+SELECT knn_gpu_last_stats()->>'device' ~ '^cpu' AS ran_on_cpu, knn_gpu_last_stats()->>'method' AS method;
+SELECT count(*) FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2, method => 'brute');
+SELECT knn_gpu_last_stats()->>'method' AS method;
+RESET knn_gpu.device;
