@@ -17,6 +17,7 @@
 #include "miscadmin.h"
 #include "portability/instr_time.h"
 #include "utils/builtins.h"
+#include "utils/plancache.h"
 #include "utils/tuplestore.h"
 
 #include "knn_gpu.h"
@@ -48,26 +49,29 @@ read_id(Datum value, Oid type)
 }
 
 /*
- * Runs one set's query and appends its rows to the matrix. Rows whose vector
- * is NULL are skipped; a NULL id is an error.
+ * Runs one set's query (the knn_join argument called `arg`) and appends its
+ * rows to the matrix. Rows whose vector is NULL are skipped; a NULL id is an
+ * error.
  */
 static void
-read_set(const char *sql, KnnMatrix *matrix)
+read_set(const char *sql, const char *arg, KnnMatrix *matrix)
 {
 	SPIPlanPtr	plan;
+	List	   *sources;
 	Portal		portal;
-	const char *set = matrix->set_name;
 
 	plan = SPI_prepare(sql, 0, NULL);
 	if (plan == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_SYNTAX_ERROR),
-				 errmsg("could not prepare the %s query: %s", set,
+				 errmsg("could not prepare %s: %s", arg,
 						SPI_result_code_string(SPI_result))));
-	if (!SPI_is_cursor_plan(plan))
+	sources = SPI_plan_get_plan_sources(plan);
+	if (list_length(sources) != 1 ||
+		((CachedPlanSource *) linitial(sources))->commandTag != CMDTAG_SELECT)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("the %s text must be one SELECT returning (id, vector)", set)));
+				 errmsg("%s must be one SELECT returning (id, vector)", arg)));
 
 	portal = SPI_cursor_open(NULL, plan, NULL, NULL, true);
 	for (;;)
@@ -82,20 +86,20 @@ read_set(const char *sql, KnnMatrix *matrix)
 		if (desc->natts != 2)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("the %s query must return 2 columns (id, vector), not %d",
-							set, desc->natts)));
+					 errmsg("%s must return 2 columns (id, vector), not %d",
+							arg, desc->natts)));
 		id_type = SPI_gettypeid(desc, 1);
 		if (id_type != INT2OID && id_type != INT4OID && id_type != INT8OID)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("the %s query's first column must be an integer id, not %s",
-							set, format_type_be(id_type))));
+					 errmsg("the first column of %s must be an integer id, not %s",
+							arg, format_type_be(id_type))));
 		kind = knn_vector_kind(SPI_gettypeid(desc, 2));
 		if (kind == KNN_VECTOR_UNSUPPORTED)
 			ereport(ERROR,
 					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("the %s query's second column must be a vector, real[] or double precision[], not %s",
-							set, format_type_be(SPI_gettypeid(desc, 2)))));
+					 errmsg("the second column of %s must be a vector, real[] or double precision[], not %s",
+							arg, format_type_be(SPI_gettypeid(desc, 2)))));
 
 		for (uint64 r = 0; r < SPI_processed; r++)
 		{
@@ -108,7 +112,7 @@ read_set(const char *sql, KnnMatrix *matrix)
 			if (id_null)
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-						 errmsg("the %s query returned a NULL id", set)));
+						 errmsg("%s returned a NULL id", arg)));
 			if (vector_null)
 				continue;		/* documented: rows without a vector take no part */
 			knn_matrix_append(matrix, read_id(id, id_type), vector, kind);
@@ -154,8 +158,8 @@ knn_join(PG_FUNCTION_ARGS)
 	knn_matrix_init(&targets, "target");
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	read_set(queries_sql, &queries);
-	read_set(targets_sql, &targets);
+	read_set(queries_sql, "queries", &queries);
+	read_set(targets_sql, "targets", &targets);
 	SPI_finish();
 
 	if (queries.n == 0 || targets.n == 0)
