@@ -15,6 +15,9 @@ psql_q() { psql -X -q -v ON_ERROR_STOP=1 "$@"; }
 dims() { case $1 in skin) echo 4;; kegg_std) echo 28;; keggD_std) echo 21;; blog) echo 281;;
   ipums) echo 61;; kdd) echo 38;; arcene) echo 10000;; 3DNet_head5000) echo 3;; fashion20k) echo 784;; esac; }
 
+# Seconds since a `date +%s.%N` stamp.
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.3f", b - a }'; }
+
 # Times one statement with psql's \timing; prints milliseconds.
 time_sql() {
   psql -X -v ON_ERROR_STOP=1 -c '\timing on' -c "$1" 2>&1 | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | tail -1
@@ -28,8 +31,9 @@ for name in $sets; do
   else src="$data/$name.f32"; fmt=$d; rows=0; fi
   [ -f "$src" ] || { echo "skip $name: no $src"; continue; }
   psql_q -c "DROP TABLE IF EXISTS $name" -c "CREATE TABLE $name (id bigint PRIMARY KEY, v vector($d))"
-  load_ms=$( { /usr/bin/time -f %e "$py" "$here/load_dataset.py" "$src" "$fmt" $rows \
-      | psql_q -c "\\copy $name FROM STDIN"; } 2>&1 | tail -1)
+  t0=$(date +%s.%N)
+  "$py" "$here/load_dataset.py" "$src" "$fmt" $rows | psql_q -c "\\copy $name FROM STDIN"
+  load_ms=$(elapsed "$t0")
   psql_q -c "VACUUM ANALYZE $name"
   n=$(psql -X -At -c "SELECT count(*) FROM $name")
   echo "== $name: $n rows x $d (loaded in ${load_ms}s)"
@@ -60,7 +64,7 @@ if psql -X -At -c "SELECT 1 FROM pg_class WHERE relname = 'skin'" | grep -q 1; t
   ms_count=$(time_sql "SELECT count(*) FROM ($lateral) x")
   start=$(date +%s.%N)
   psql -X -At -c "$lateral" > /dev/null
-  wall=$(echo "$(date +%s.%N) - $start" | bc)
+  wall=$(elapsed "$start")
   ms_own=$(PGOPTIONS="-c knn_gpu.enable_knn_join=off" time_sql "SELECT count(*) FROM (
     SELECT q.id, n.id AS neighbour, n.dist FROM (SELECT * FROM skin WHERE id <= 100) q CROSS JOIN LATERAL (
     SELECT t.id, t.v <-> q.v AS dist FROM skin t ORDER BY t.v <-> q.v LIMIT 20) n) x")
