@@ -1,0 +1,205 @@
+-- ---------------------------------------------------------------------------
+-- The vector type, pgvector-compatible (same storage, text and binary forms,
+-- operators, casts), unless pgvector's own type is already there.
+--
+-- Coexistence with pgvector: when the extension "vector" (pgvector) already
+-- has its type "vector" in the schema knn_gpu is being installed into,
+-- knn_gpu uses that type (the layout is the same) and creates none of the
+-- objects below (and records that knn_gpu depends on pgvector). Otherwise
+-- knn_gpu creates its own type; pgvector then has to go to another schema.
+-- The objects are created by EXECUTE inside the DO block; being created
+-- during CREATE EXTENSION, they are still members of knn_gpu (dropped with
+-- it, not dumped by pg_dump on their own). MODULE_PATHNAME and @extschema@
+-- are replaced in the whole script, string literals included.
+--
+-- The functions behind the type are named knn_* in SQL and in C, never like
+-- pgvector's, so that both libraries can be loaded in one backend and both
+-- extensions can live in one database (in two schemas).
+-- ---------------------------------------------------------------------------
+
+DO $knn_vector$
+DECLARE
+	existing_type oid;
+	existing_owner name;
+BEGIN
+	SELECT t.oid, e.extname INTO existing_type, existing_owner
+	FROM pg_type t
+	LEFT JOIN pg_depend d
+		ON d.classid = 'pg_type'::regclass AND d.objid = t.oid
+		AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+	LEFT JOIN pg_extension e ON e.oid = d.refobjid
+	WHERE t.typname = 'vector'
+		AND t.typnamespace = '@extschema@'::regnamespace;
+
+	IF existing_type IS NOT NULL THEN
+		IF existing_owner IS DISTINCT FROM 'vector' THEN
+			RAISE EXCEPTION 'type "vector" already exists in schema @extschema@ and is not pgvector''s'
+				USING ERRCODE = 'duplicate_object',
+					  HINT = 'Install knn_gpu into a schema of its own: CREATE SCHEMA knn_gpu; CREATE EXTENSION knn_gpu SCHEMA knn_gpu;';
+		END IF;
+		-- pgvector's type: use it as it is. Record that knn_gpu now needs
+		-- pgvector, as "requires" in a control file would: pg_dump then
+		-- restores pgvector first (sorted by name, knn_gpu would come first,
+		-- create its own type, and pgvector's CREATE TYPE would fail), and
+		-- DROP EXTENSION vector asks for CASCADE.
+		INSERT INTO pg_catalog.pg_depend
+			(classid, objid, objsubid, refclassid, refobjid, refobjsubid, deptype)
+		SELECT 'pg_extension'::regclass, knn.oid, 0, 'pg_extension'::regclass, pgvector.oid, 0, 'n'
+		FROM pg_extension knn, pg_extension pgvector
+		WHERE knn.extname = 'knn_gpu' AND pgvector.extname = 'vector';
+		RETURN;
+	END IF;
+
+	EXECUTE $create_vector_type$
+
+-- the type and its input/output functions
+
+CREATE TYPE vector;
+
+CREATE FUNCTION knn_vector_in(cstring, oid, integer) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_out(vector) RETURNS cstring
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_typmod_in(cstring[]) RETURNS integer
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_typmod_out(integer) RETURNS cstring
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_recv(internal, oid, integer) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_send(vector) RETURNS bytea
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- STORAGE external: stored uncompressed, like pgvector (floats compress badly)
+CREATE TYPE vector (
+	INPUT = knn_vector_in,
+	OUTPUT = knn_vector_out,
+	TYPMOD_IN = knn_vector_typmod_in,
+	TYPMOD_OUT = knn_vector_typmod_out,
+	RECEIVE = knn_vector_recv,
+	SEND = knn_vector_send,
+	STORAGE = external
+);
+COMMENT ON TYPE vector IS 'single-precision vector (knn_gpu, pgvector-compatible)';
+
+-- functions of one value
+
+CREATE FUNCTION vector_dims(vector) RETURNS integer
+	AS 'MODULE_PATHNAME', 'knn_vector_dims' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION vector_dims(vector) IS 'number of dimensions';
+CREATE FUNCTION vector_norm(vector) RETURNS float8
+	AS 'MODULE_PATHNAME', 'knn_vector_norm' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION vector_norm(vector) IS 'Euclidean norm';
+
+-- distances (float8), computed exactly like the CPU and GPU engines
+
+CREATE FUNCTION l2_distance(vector, vector) RETURNS float8
+	AS 'MODULE_PATHNAME', 'knn_vector_l2_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION l2_distance(vector, vector) IS 'Euclidean distance';
+CREATE FUNCTION inner_product(vector, vector) RETURNS float8
+	AS 'MODULE_PATHNAME', 'knn_vector_inner_product' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION inner_product(vector, vector) IS 'inner product';
+CREATE FUNCTION negative_inner_product(vector, vector) RETURNS float8
+	AS 'MODULE_PATHNAME', 'knn_vector_negative_inner_product' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION negative_inner_product(vector, vector) IS 'negative inner product (the <#> operator)';
+CREATE FUNCTION cosine_distance(vector, vector) RETURNS float8
+	AS 'MODULE_PATHNAME', 'knn_vector_cosine_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION cosine_distance(vector, vector) IS 'cosine distance';
+CREATE FUNCTION l1_distance(vector, vector) RETURNS float8
+	AS 'MODULE_PATHNAME', 'knn_vector_l1_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION l1_distance(vector, vector) IS 'taxicab distance';
+
+CREATE OPERATOR <-> (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = l2_distance, COMMUTATOR = <->
+);
+CREATE OPERATOR <#> (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = negative_inner_product, COMMUTATOR = <#>
+);
+CREATE OPERATOR <=> (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = cosine_distance, COMMUTATOR = <=>
+);
+CREATE OPERATOR <+> (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = l1_distance, COMMUTATOR = <+>
+);
+
+-- comparison: element by element, then by dimension; btree operator class
+
+CREATE FUNCTION knn_vector_cmp(vector, vector) RETURNS integer
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_lt(vector, vector) RETURNS boolean
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_le(vector, vector) RETURNS boolean
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_eq(vector, vector) RETURNS boolean
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_ne(vector, vector) RETURNS boolean
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_ge(vector, vector) RETURNS boolean
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_gt(vector, vector) RETURNS boolean
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE OPERATOR < (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = knn_vector_lt,
+	COMMUTATOR = >, NEGATOR = >=, RESTRICT = scalarltsel, JOIN = scalarltjoinsel
+);
+CREATE OPERATOR <= (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = knn_vector_le,
+	COMMUTATOR = >=, NEGATOR = >, RESTRICT = scalarlesel, JOIN = scalarlejoinsel
+);
+CREATE OPERATOR = (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = knn_vector_eq,
+	COMMUTATOR = =, NEGATOR = <>, RESTRICT = eqsel, JOIN = eqjoinsel
+);
+CREATE OPERATOR <> (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = knn_vector_ne,
+	COMMUTATOR = <>, NEGATOR = =, RESTRICT = neqsel, JOIN = neqjoinsel
+);
+CREATE OPERATOR >= (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = knn_vector_ge,
+	COMMUTATOR = <=, NEGATOR = <, RESTRICT = scalargesel, JOIN = scalargejoinsel
+);
+CREATE OPERATOR > (
+	LEFTARG = vector, RIGHTARG = vector, FUNCTION = knn_vector_gt,
+	COMMUTATOR = <, NEGATOR = <=, RESTRICT = scalargtsel, JOIN = scalargtjoinsel
+);
+
+CREATE OPERATOR CLASS vector_ops
+	DEFAULT FOR TYPE vector USING btree AS
+	OPERATOR 1 <,
+	OPERATOR 2 <=,
+	OPERATOR 3 =,
+	OPERATOR 4 >=,
+	OPERATOR 5 >,
+	FUNCTION 1 knn_vector_cmp(vector, vector);
+
+-- casts; the typmod argument carries vector(n) to the cast function
+
+CREATE FUNCTION knn_vector_typmod_cast(vector, integer, boolean) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_array_to_vector(integer[], integer, boolean) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_array_to_vector(real[], integer, boolean) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_array_to_vector(double precision[], integer, boolean) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_array_to_vector(numeric[], integer, boolean) RETURNS vector
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION knn_vector_to_float4(vector, integer, boolean) RETURNS real[]
+	AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE CAST (vector AS vector)
+	WITH FUNCTION knn_vector_typmod_cast(vector, integer, boolean) AS IMPLICIT;
+CREATE CAST (vector AS real[])
+	WITH FUNCTION knn_vector_to_float4(vector, integer, boolean) AS IMPLICIT;
+CREATE CAST (integer[] AS vector)
+	WITH FUNCTION knn_array_to_vector(integer[], integer, boolean) AS ASSIGNMENT;
+CREATE CAST (real[] AS vector)
+	WITH FUNCTION knn_array_to_vector(real[], integer, boolean) AS ASSIGNMENT;
+CREATE CAST (double precision[] AS vector)
+	WITH FUNCTION knn_array_to_vector(double precision[], integer, boolean) AS ASSIGNMENT;
+CREATE CAST (numeric[] AS vector)
+	WITH FUNCTION knn_array_to_vector(numeric[], integer, boolean) AS ASSIGNMENT;
+
+	$create_vector_type$;
+END
+$knn_vector$;

@@ -1,0 +1,22 @@
+/*
+ * vector_checks.h -- the validity rules of a vector value, shared by every
+ * way a value is made (text input, binary receive, casts), so that all of
+ * them reject the same things with the same SQLSTATEs and messages as
+ * pgvector: 1..VECTOR_MAX_DIM dimensions, finite elements, and the
+ * dimension a typmod vector(n) asks for.
+ */
+#ifndef KNN_VECTOR_CHECKS_H
+#define KNN_VECTOR_CHECKS_H
+
+#include "postgres.h"
+
+/* ERROR unless 1 <= dim <= VECTOR_MAX_DIM. */
+extern void knn_vector_check_dim(int dim);
+
+/* ERROR unless typmod is -1 (no modifier) or equals dim. */
+extern void knn_vector_check_typmod(int32 typmod, int dim);
+
+/* ERROR for NaN or an infinity. */
+extern void knn_vector_check_element(float value);
+
+#endif							/* KNN_VECTOR_CHECKS_H */
