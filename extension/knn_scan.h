@@ -1,11 +1,90 @@
 /*
  * knn_scan.h -- the KNN Join custom scan: plans pgvector-style
- * LATERAL ... ORDER BY distance LIMIT k joins as one batched join.
+ *
+ *     SELECT ... FROM queries q
+ *     CROSS JOIN LATERAL (SELECT ..., t.v <-> q.v AS dist FROM items t
+ *                         ORDER BY t.v <-> q.v LIMIT k) n
+ *
+ * as one batched join: every outer row and every row of items is read once,
+ * all vectors go to the engine in one call, and the rows come back per
+ * outer row in distance order, as the nested loop would return them.
+ *
+ * knn_scan_path.c  recognises the shape (set_join_pathlist_hook), costs it
+ *                  and adds a KnnJoinPath beside PostgreSQL's nested loop;
+ * knn_scan_plan.c  turns the path into a CustomScan: the outer side's plan
+ *                  and a plain scan plan of the inner relation as children;
+ * knn_scan_exec.c  runs it: reads both children, calls the engine, emits.
  */
 #ifndef KNN_SCAN_H
 #define KNN_SCAN_H
 
+#include "postgres.h"
+
+#include "nodes/extensible.h"
+#include "nodes/pathnodes.h"
+
+#include "knn_gpu.h"
+
+#define KNN_JOIN_NAME "KNN Join"
+
 /* Registers the custom scan methods and planner hook; called from _PG_init. */
 extern void knn_scan_register(void);
+
+/*
+ * The path: PostgreSQL never copies paths, so the recognised shape rides
+ * along after the CustomPath. custom_paths holds the outer path only; the
+ * inner relation's scan is planned when the path is turned into a plan
+ * (knn_scan_plan.c says why).
+ */
+typedef struct KnnJoinPath
+{
+	CustomPath	cpath;			/* must be first */
+	RelOptInfo *subquery_rel;	/* the lateral subquery: the join's inner rel */
+	Var		   *target_vector;	/* inner operand: a Var of the subquery's one
+								 * relation, as it appears in the subquery */
+	Var		   *query_vector;	/* outer operand, as a Var of this query */
+	bool		target_is_left; /* ORDER BY target <op> query (for messages) */
+	Oid			distance_operator;	/* <->, <=>, <#> or <+> */
+	KnnMetric	metric;
+	List	   *distance_columns;	/* IntList: subquery columns that are the
+									 * ORDER BY distance */
+	List	   *needed_columns; /* IntList: the other subquery columns used
+								 * above the join, ascending */
+	Expr	   *limit;			/* the LIMIT count as the subquery planned it */
+	List	   *join_clauses;	/* RestrictInfos checked on each joined row */
+} KnnJoinPath;
+
+/* knn_scan_plan.c */
+extern const CustomPathMethods knn_join_path_methods;
+extern void knn_scan_register_plan(void);
+
+/* knn_scan_exec.c */
+extern Node *knn_join_create_scan_state(CustomScan *cscan);
+
+/*
+ * The CustomScan's custom_private: a List of these, in this order. Scan
+ * columns (custom_scan_tlist) each name their source: >0 is that column of
+ * the outer child's rows, <0 is column -source of the inner child's rows,
+ * 0 is the distance.
+ */
+typedef enum KnnJoinPrivate
+{
+	KNN_PRIVATE_METRIC = 0,		/* Integer: KnnMetric */
+	KNN_PRIVATE_QUERY_COLUMN,	/* Integer: query vector column in outer rows */
+	KNN_PRIVATE_TARGET_COLUMN,	/* Integer: target vector column in inner rows */
+	KNN_PRIVATE_TARGET_IS_LEFT, /* Integer: 1 when ORDER BY target <op> query */
+	KNN_PRIVATE_SOURCES,		/* IntList: one source per scan column */
+	KNN_PRIVATE_COUNT
+} KnnJoinPrivate;
+
+/*
+ * custom_exprs: the LIMIT count, then the join filter (implicitly ANDed
+ * clauses checked on each joined row: filters above the subquery's LIMIT and
+ * the join's clauses).
+ */
+
+/* custom_plans: the outer side's plan, then the inner relation's scan. */
+#define KNN_OUTER_CHILD 0
+#define KNN_INNER_CHILD 1
 
 #endif							/* KNN_SCAN_H */

@@ -92,20 +92,31 @@ COMMENT ON FUNCTION vector_norm(vector) IS 'Euclidean norm';
 
 -- distances (float8), computed exactly like the CPU and GPU engines
 
+-- A planner support function that changes nothing: planning any query with
+-- <->, <#>, <=> or <+> calls it, which loads knn_gpu's library -- and so
+-- installs the KNN Join planner hook -- before the join search, even on a
+-- session's very first query.
+CREATE FUNCTION knn_distance_support(internal) RETURNS internal
+	AS 'MODULE_PATHNAME', 'knn_distance_support' LANGUAGE C STRICT;
+
 CREATE FUNCTION l2_distance(vector, vector) RETURNS float8
-	AS 'MODULE_PATHNAME', 'knn_vector_l2_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+	AS 'MODULE_PATHNAME', 'knn_vector_l2_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+	SUPPORT knn_distance_support;
 COMMENT ON FUNCTION l2_distance(vector, vector) IS 'Euclidean distance';
 CREATE FUNCTION inner_product(vector, vector) RETURNS float8
 	AS 'MODULE_PATHNAME', 'knn_vector_inner_product' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 COMMENT ON FUNCTION inner_product(vector, vector) IS 'inner product';
 CREATE FUNCTION negative_inner_product(vector, vector) RETURNS float8
-	AS 'MODULE_PATHNAME', 'knn_vector_negative_inner_product' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+	AS 'MODULE_PATHNAME', 'knn_vector_negative_inner_product' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+	SUPPORT knn_distance_support;
 COMMENT ON FUNCTION negative_inner_product(vector, vector) IS 'negative inner product (the <#> operator)';
 CREATE FUNCTION cosine_distance(vector, vector) RETURNS float8
-	AS 'MODULE_PATHNAME', 'knn_vector_cosine_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+	AS 'MODULE_PATHNAME', 'knn_vector_cosine_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+	SUPPORT knn_distance_support;
 COMMENT ON FUNCTION cosine_distance(vector, vector) IS 'cosine distance';
 CREATE FUNCTION l1_distance(vector, vector) RETURNS float8
-	AS 'MODULE_PATHNAME', 'knn_vector_l1_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+	AS 'MODULE_PATHNAME', 'knn_vector_l1_distance' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE
+	SUPPORT knn_distance_support;
 COMMENT ON FUNCTION l1_distance(vector, vector) IS 'taxicab distance';
 
 CREATE OPERATOR <-> (

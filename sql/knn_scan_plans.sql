@@ -1,0 +1,155 @@
+--
+-- When the KNN Join is not used: shapes it cannot prove equivalent keep
+-- PostgreSQL's own plan, silently; so do the GUC, the cost model and an
+-- approximate index on the inner relation.
+--
+CREATE TABLE knn_plans_items (id int, v vector, w vector);
+INSERT INTO knn_plans_items
+	SELECT i, format('[%s,%s]', i % 61, i % 37)::vector, format('[%s,%s]', i % 13, 1)::vector
+	FROM generate_series(1, 3000) i;
+CREATE TABLE knn_plans_queries (id int, v vector, k int);
+INSERT INTO knn_plans_queries
+	SELECT i, format('[%s,%s]', i, 2 * i)::vector, i % 3 + 1 FROM generate_series(1, 20) i;
+ANALYZE knn_plans_items, knn_plans_queries;
+
+-- The supported shape, for reference.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
+
+-- Descending order, or ORDER BY with another key.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v DESC LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v, t.id LIMIT 3) n;
+-- NULLS FIRST, an expression of the distance, a distance to a constant.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v NULLS FIRST LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY (t.v <-> q.v) * 2 LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> '[1,1]' LIMIT 3) n;
+-- Both operands columns of the inner relation (nothing lateral).
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> t.w LIMIT 3) n;
+-- OFFSET, WITH TIES, DISTINCT, aggregates.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3 OFFSET 1) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v
+                    FETCH FIRST 3 ROWS WITH TIES) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.d FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT DISTINCT t.v <-> q.v AS d FROM knn_plans_items t ORDER BY 1 LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.d FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT min(t.v <-> q.v) AS d FROM knn_plans_items t ORDER BY 1 LIMIT 3) n;
+-- Volatile functions in the subquery: they would run for every inner row.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id, random() AS r FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t WHERE random() < 2
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+-- The subquery referencing other outer columns: in WHERE, in its select
+-- list, in LIMIT; a LIMIT from a subquery.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t WHERE t.id <> q.id
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id, q.k FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT q.k) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v
+                    LIMIT (SELECT 3)) n;
+-- More than one relation in the subquery; LEFT JOIN LATERAL; the whole
+-- subquery row used above.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t JOIN knn_plans_queries u ON u.id = t.id
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+LEFT JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n ON true;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
+-- Another operator (not one of the four distances on vector).
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY abs(t.id - q.k) LIMIT 3) n;
+
+-- knn_gpu.enable_knn_join = off.
+SET knn_gpu.enable_knn_join = off;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
+RESET knn_gpu.enable_knn_join;
+
+-- The cost model: one outer row against the table is cheaper as PostgreSQL's
+-- single sort; twenty are not.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n
+WHERE q.id = 7;
+
+-- An approximate index (pgvector's hnsw or ivfflat) on the inner column,
+-- whose operator class orders by the operator: the user's plan reads the
+-- index, and is kept unless knn_gpu.exact_over_index asks for exact results.
+-- (The regression database has no pgvector: a stand-in index access method
+-- named hnsw, built on GiST's handler, with an ordering operator class. The
+-- table stays empty, so the stand-in's support functions are never called;
+-- only the plans are looked at.)
+BEGIN;
+CREATE ACCESS METHOD hnsw TYPE INDEX HANDLER gisthandler;
+CREATE FUNCTION knn_plans_consistent(internal, vector, smallint, oid, internal) RETURNS bool
+	LANGUAGE internal IMMUTABLE AS 'gist_box_consistent';
+CREATE FUNCTION knn_plans_union(internal, internal) RETURNS vector
+	LANGUAGE internal IMMUTABLE AS 'gist_box_union';
+CREATE FUNCTION knn_plans_penalty(internal, internal, internal) RETURNS internal
+	LANGUAGE internal IMMUTABLE AS 'gist_box_penalty';
+CREATE FUNCTION knn_plans_picksplit(internal, internal) RETURNS internal
+	LANGUAGE internal IMMUTABLE AS 'gist_box_picksplit';
+CREATE FUNCTION knn_plans_same(vector, vector, internal) RETURNS internal
+	LANGUAGE internal IMMUTABLE AS 'gist_box_same';
+CREATE FUNCTION knn_plans_distance(internal, vector, smallint, oid, internal) RETURNS float8
+	LANGUAGE internal IMMUTABLE AS 'gist_box_distance';
+CREATE OPERATOR CLASS knn_plans_l2_ops FOR TYPE vector USING hnsw AS
+	OPERATOR 1 <-> (vector, vector) FOR ORDER BY float_ops,
+	FUNCTION 1 knn_plans_consistent(internal, vector, smallint, oid, internal),
+	FUNCTION 2 knn_plans_union(internal, internal),
+	FUNCTION 5 knn_plans_penalty(internal, internal, internal),
+	FUNCTION 6 knn_plans_picksplit(internal, internal),
+	FUNCTION 7 knn_plans_same(vector, vector, internal),
+	FUNCTION 8 knn_plans_distance(internal, vector, smallint, oid, internal);
+CREATE TABLE knn_plans_indexed (id int, v vector);
+CREATE INDEX ON knn_plans_indexed USING hnsw (v knn_plans_l2_ops);
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_indexed t ORDER BY t.v <-> q.v LIMIT 3) n;
+SET LOCAL knn_gpu.exact_over_index = on;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_indexed t ORDER BY t.v <-> q.v LIMIT 3) n;
+SET LOCAL knn_gpu.exact_over_index = off;
+-- An index whose operator class does not order by this operator is no reason.
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_indexed t ORDER BY t.v <=> q.v LIMIT 3) n;
+ROLLBACK;
+
+DROP TABLE knn_plans_items, knn_plans_queries;
