@@ -1,0 +1,486 @@
+// ti_clustering.cu -- step 1 of the TI join (section III-A): landmarks,
+// assignment of every distinct point to its nearest landmark, and the
+// cluster arrays the filters read.
+//
+//  * Landmarks: `candidate_sets` random sets of m distinct points; the set
+//    with the largest sum of pairwise distances wins (spread-out centres).
+//  * Assignment: the nearest centre is searched with fast float arithmetic
+//    (FMA allowed) or, for wide L2 rows, with a cuBLAS GEMM. Either is only a
+//    choice of centre: any choice is correct, because the distance recorded
+//    for the point is then computed exactly (knn_distance.h) to the centre it
+//    was given, and every bound uses only such recorded distances.
+//  * Cluster arrays, with the two kernels of the paper: kernel 1 (the
+//    assignment) takes a local id in its cluster with atomicAdd on the
+//    cluster size, a prefix sum turns sizes into offsets, kernel 2 scatters
+//    each point to offset + local id (no atomic appends). A segmented sort
+//    then orders each cluster by descending distance to its centre (ties by
+//    point, so the layout is deterministic).
+#include <cub/cub.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ti_common.cuh"
+#include "ti_distance.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+namespace {
+
+// ---- landmarks ----
+
+struct AffineSample {
+  int64_t a;  // coprime with n, so i -> (a i + b) mod n hits m distinct points
+  int64_t b;
+};
+
+__device__ __forceinline__ int64_t sample_index(AffineSample s, int64_t i, int64_t n) {
+  // a, b < n < 2^31 and i < n, so the product fits in 64 bits.
+  return (int64_t)(((uint64_t)s.a * (uint64_t)i + (uint64_t)s.b) % (uint64_t)n);
+}
+
+struct SampleSets {
+  AffineSample set[32];
+};
+
+// Sum of pairwise ti distances of each candidate set (block (i, set)).
+__global__ void landmark_spread_kernel(const float *x, int64_t n, int stride, KnnMetric metric,
+                                       int m, SampleSets sets, double *score) {
+  const int i = blockIdx.x;
+  const int s = blockIdx.y;
+  const float *xi = x + sample_index(sets.set[s], i, n) * stride;
+  double sum = 0;
+  for (int j = i + 1 + threadIdx.x; j < m; j += blockDim.x) {
+    const float *xj = x + sample_index(sets.set[s], j, n) * stride;
+    sum += ti_distance_rt(metric, row_value_rt(metric, xi, xj, stride));
+  }
+  typedef cub::BlockReduce<double, 128> Reduce;
+  __shared__ typename Reduce::TempStorage temp;
+  double total = Reduce(temp).Sum(sum);
+  if (threadIdx.x == 0) atomicAdd(&score[s], total);
+}
+
+__global__ void gather_centers_kernel(const float *x, int64_t n, int stride, int m,
+                                      AffineSample s, float *centers) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t c = i / (stride / 4);
+  int part = (int)(i % (stride / 4));
+  if (c >= m) return;
+  int64_t p = sample_index(s, c, n);
+  reinterpret_cast<float4 *>(centers + c * stride)[part] =
+      reinterpret_cast<const float4 *>(x + p * stride)[part];
+}
+
+uint64_t splitmix64(uint64_t &state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+int64_t gcd64(int64_t a, int64_t b) {
+  while (b != 0) {
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+// ---- assignment ----
+
+// Squared L2 or L1 sum with fused multiply-adds: only used to pick a centre.
+template <int METRIC, int DPAD>
+__device__ __forceinline__ float fast_value(const QueryRow<DPAD> &q, const float *c, int) {
+  const float4 *c4 = reinterpret_cast<const float4 *>(c);
+  float acc0 = 0.0f, acc1 = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DPAD / 4; i++) {
+    float4 f = __ldg(c4 + i);
+    float d0 = q.v[4 * i] - f.x, d1 = q.v[4 * i + 1] - f.y;
+    float d2 = q.v[4 * i + 2] - f.z, d3 = q.v[4 * i + 3] - f.w;
+    if (METRIC == KNN_METRIC_L1) {
+      acc0 += fabsf(d0) + fabsf(d2);
+      acc1 += fabsf(d1) + fabsf(d3);
+    } else {
+      acc0 = __fmaf_rn(d0, d0, acc0);
+      acc1 = __fmaf_rn(d1, d1, acc1);
+      acc0 = __fmaf_rn(d2, d2, acc0);
+      acc1 = __fmaf_rn(d3, d3, acc1);
+    }
+  }
+  return acc0 + acc1;
+}
+
+template <int METRIC, int DPAD>
+__device__ __forceinline__ float fast_value_generic(const float *q, const float *c, int stride) {
+  float acc0 = 0.0f, acc1 = 0.0f;
+  for (int i = 0; i < stride; i += 2) {
+    float d0 = q[i] - __ldg(c + i), d1 = q[i + 1] - __ldg(c + i + 1);
+    if (METRIC == KNN_METRIC_L1) {
+      acc0 += fabsf(d0);
+      acc1 += fabsf(d1);
+    } else {
+      acc0 = __fmaf_rn(d0, d0, acc0);
+      acc1 = __fmaf_rn(d1, d1, acc1);
+    }
+  }
+  return acc0 + acc1;
+}
+
+// Records the exact distance to the chosen centre and takes a local id
+// (kernel 1 of the paper's two-kernel cluster build).
+template <int METRIC, int DPAD>
+__device__ __forceinline__ void record_assignment(const QueryRow<DPAD> &q, int64_t p,
+                                                  const float *centers, int stride, int c,
+                                                  int32_t *cluster, float *dist,
+                                                  int32_t *local, int32_t *size) {
+  float v = q.template value_to<METRIC>(centers + (int64_t)c * stride);
+  dist[p] = MetricOps<METRIC>::ti(v);
+  cluster[p] = c;
+  local[p] = atomicAdd(&size[c], 1);
+}
+
+template <int METRIC, int DPAD>
+__global__ void assign_direct_kernel(const float *x, int64_t n, int stride,
+                                     const float *centers, int m, int32_t *cluster,
+                                     float *dist, int32_t *local, int32_t *size) {
+  int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (p >= n) return;
+  QueryRow<DPAD> q;
+  q.load(x + p * stride, stride);
+  float best = __int_as_float(0x7f800000);
+  int best_c = 0;
+  for (int c = 0; c < m; c++) {
+    float s;
+    if constexpr (DPAD > 0)
+      s = fast_value<METRIC, DPAD>(q, centers + (int64_t)c * stride, stride);
+    else
+      s = fast_value_generic<METRIC, 0>(x + p * stride, centers + (int64_t)c * stride, stride);
+    if (s < best) {
+      best = s;
+      best_c = c;
+    }
+  }
+  record_assignment<METRIC, DPAD>(q, p, centers, stride, best_c, cluster, dist, local, size);
+}
+
+// GEMM path (L2, wide rows). Rows are first translated by centre 0, so that
+// |x|^2 + |c|^2 - 2 x.c does not cancel catastrophically for data far from
+// the origin; the result still only picks a centre.
+__global__ void translate_rows_kernel(const float *x, int64_t rows, int stride,
+                                      const float *origin, float *out) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= rows * stride) return;
+  out[i] = x[i] - origin[i % stride];
+}
+
+__global__ void row_norms_kernel(const float *x, int64_t rows, int stride, float *norm) {
+  int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  float acc = 0.0f;
+  for (int i = 0; i < stride; i++) acc = __fmaf_rn(x[r * stride + i], x[r * stride + i], acc);
+  norm[r] = acc;
+}
+
+// One warp per point: argmin over centres of |c|^2 - 2 x.c (gram holds x.c,
+// m entries per point), then record_assignment with the exact distance.
+template <int DPAD>
+__global__ void assign_from_gram_kernel(const float *x, int64_t first, int64_t count,
+                                        int stride, const float *centers, int m,
+                                        const float *center_norm, const float *gram,
+                                        int32_t *cluster, float *dist, int32_t *local,
+                                        int32_t *size) {
+  int64_t w = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / kWarp;
+  int lane = threadIdx.x % kWarp;
+  if (w >= count) return;
+  const float *g = gram + w * m;
+  float best = __int_as_float(0x7f800000);
+  int best_c = m;
+  for (int c = lane; c < m; c += kWarp) {
+    float s = center_norm[c] - 2.0f * g[c];
+    if (s < best) {
+      best = s;
+      best_c = c;
+    }
+  }
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    float ob = __shfl_down_sync(kFullMask, best, off);
+    int oc = __shfl_down_sync(kFullMask, best_c, off);
+    if (ob < best || (ob == best && oc < best_c)) {
+      best = ob;
+      best_c = oc;
+    }
+  }
+  if (lane == 0) {
+    if (best_c >= m) best_c = 0;  // all NaN cannot happen with finite input
+    int64_t p = first + w;
+    QueryRow<DPAD> q;
+    q.load(x + p * stride, stride);
+    record_assignment<KNN_METRIC_L2, DPAD>(q, p, centers, stride, best_c, cluster, dist, local,
+                                           size);
+  }
+}
+
+// ---- cluster arrays ----
+
+// Kernel 2 of the paper: position = offset of the cluster + local id. The
+// key orders a cluster by descending distance, then by point.
+__global__ void scatter_keys_kernel(int64_t n, const int32_t *cluster, const float *dist,
+                                    const int32_t *local, const int32_t *begin,
+                                    uint64_t *keys) {
+  int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (p >= n) return;
+  uint32_t desc = ~__float_as_uint(dist[p]);  // dist >= 0: bit order is value order
+  keys[begin[cluster[p]] + local[p]] = ((uint64_t)desc << 32) | (uint32_t)p;
+}
+
+__global__ void positions_kernel(int64_t n, const uint64_t *keys, const int32_t *group_begin,
+                                 const int32_t *rows, int32_t *member, float *dist,
+                                 int32_t *first_row, int32_t *mult, int32_t *rows_begin) {
+  int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (pos >= n) return;
+  uint64_t key = keys[pos];
+  int32_t p = (int32_t)(key & 0xffffffffu);
+  member[pos] = p;
+  dist[pos] = __uint_as_float(~(uint32_t)(key >> 32));
+  int32_t gb = group_begin[p];
+  first_row[pos] = rows[gb];
+  mult[pos] = group_begin[p + 1] - gb;
+  rows_begin[pos] = gb;
+}
+
+__global__ void gather_rows_kernel(const float *x, int stride, int64_t n, const int32_t *member,
+                                   float *out) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t pos = i / (stride / 4);
+  int part = (int)(i % (stride / 4));
+  if (pos >= n) return;
+  reinterpret_cast<float4 *>(out + pos * stride)[part] =
+      reinterpret_cast<const float4 *>(x + (int64_t)member[pos] * stride)[part];
+}
+
+__global__ void cluster_extent_kernel(int m, const int32_t *begin, const float *dist,
+                                      float *radius, float *nearest) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= m) return;
+  int b = begin[c], e = begin[c + 1];
+  radius[c] = e > b ? dist[b] : 0.0f;
+  nearest[c] = e > b ? dist[e - 1] : __int_as_float(0x7f800000);
+}
+
+template <int METRIC>
+KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int32_t *cluster,
+                               float *dist, int32_t *local, int32_t *size,
+                               DeviceContext &ctx) {
+  const int64_t n = set.n_distinct;
+  const int stride = set.stride;
+  const unsigned grid = grid_for(n, 128);
+#define TI_ASSIGN(D)                                                                  \
+  assign_direct_kernel<METRIC, D><<<grid, 128, 0, ctx.stream>>>(                      \
+      set.x.get(), n, stride, cs.centers.get(), cs.m, cluster, dist, local, size)
+  switch (register_stride(stride)) {
+    case 4: TI_ASSIGN(4); break;
+    case 8: TI_ASSIGN(8); break;
+    case 16: TI_ASSIGN(16); break;
+    case 24: TI_ASSIGN(24); break;
+    case 32: TI_ASSIGN(32); break;
+    case 40: TI_ASSIGN(40); break;
+    case 48: TI_ASSIGN(48); break;
+    case 64: TI_ASSIGN(64); break;
+    default: TI_ASSIGN(0); break;
+  }
+#undef TI_ASSIGN
+  CUDA_CHECK_LAUNCH(ctx, "assign_direct_kernel");
+  return KNN_OK;
+}
+
+KnnStatus assign_with_gemm(const DistinctSet &set, const ClusterSet &cs, int32_t *cluster,
+                           float *dist, int32_t *local, int32_t *size, MemoryBudget &mem,
+                           DeviceContext &ctx) {
+  const int64_t n = set.n_distinct;
+  const int stride = set.stride;
+  const int m = cs.m;
+  int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t{16} << 20) / m));
+  TiBuffer<float> moved_centers, center_norm, moved_rows, gram;
+  KNN_TRY(mem.allocate(ctx, moved_centers, (size_t)m * stride, "assignment GEMM"));
+  KNN_TRY(mem.allocate(ctx, center_norm, m, "assignment GEMM"));
+  KNN_TRY(mem.allocate(ctx, moved_rows, (size_t)chunk * stride, "assignment GEMM"));
+  KNN_TRY(mem.allocate(ctx, gram, (size_t)chunk * m, "assignment GEMM"));
+  const float *origin = cs.centers.get();
+  translate_rows_kernel<<<grid_for((int64_t)m * stride, 256), 256, 0, ctx.stream>>>(
+      cs.centers.get(), m, stride, origin, moved_centers.get());
+  CUDA_CHECK_LAUNCH(ctx, "translate_rows_kernel");
+  row_norms_kernel<<<grid_for(m, 128), 128, 0, ctx.stream>>>(moved_centers.get(), m, stride,
+                                                              center_norm.get());
+  CUDA_CHECK_LAUNCH(ctx, "row_norms_kernel");
+  CUBLAS_CHECK(ctx, cublasSetStream(ctx.cublas, ctx.stream));
+  CUBLAS_CHECK(ctx, cublasSetPointerMode(ctx.cublas, CUBLAS_POINTER_MODE_HOST));
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t first = 0; first < n; first += chunk) {
+    if (ctx.cancelled()) return KNN_CANCELLED;
+    int64_t count = std::min(chunk, n - first);
+    translate_rows_kernel<<<grid_for(count * stride, 256), 256, 0, ctx.stream>>>(
+        set.x.get() + first * stride, count, stride, origin, moved_rows.get());
+    CUDA_CHECK_LAUNCH(ctx, "translate_rows_kernel");
+    // gram (m x count, column-major) = centers^T (m x stride) * rows (stride x count)
+    CUBLAS_CHECK(ctx, cublasGemmEx(ctx.cublas, CUBLAS_OP_T, CUBLAS_OP_N, m, (int)count, stride,
+                                   &one, moved_centers.get(), CUDA_R_32F, stride,
+                                   moved_rows.get(), CUDA_R_32F, stride, &zero, gram.get(),
+                                   CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    const unsigned grid = grid_for(count * kWarp, 256);
+#define TI_GRAM(D)                                                                         \
+  assign_from_gram_kernel<D><<<grid, 256, 0, ctx.stream>>>(                                \
+      set.x.get(), first, count, stride, cs.centers.get(), m, center_norm.get(), gram.get(), \
+      cluster, dist, local, size)
+    switch (register_stride(stride)) {
+      case 4: TI_GRAM(4); break;
+      case 8: TI_GRAM(8); break;
+      case 16: TI_GRAM(16); break;
+      case 24: TI_GRAM(24); break;
+      case 32: TI_GRAM(32); break;
+      case 40: TI_GRAM(40); break;
+      case 48: TI_GRAM(48); break;
+      case 64: TI_GRAM(64); break;
+      default: TI_GRAM(0); break;
+    }
+#undef TI_GRAM
+    CUDA_CHECK_LAUNCH(ctx, "assign_from_gram_kernel");
+  }
+  mem.release(moved_centers);
+  mem.release(center_norm);
+  mem.release(moved_rows);
+  mem.release(gram);
+  return KNN_OK;
+}
+
+}  // namespace
+
+KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clusters,
+                         int candidate_sets, int gemm_min_stride, ClusterSet &out,
+                         MemoryBudget &mem, DeviceContext &ctx) {
+  const int64_t n = set.n_distinct;
+  const int stride = set.stride;
+  cudaStream_t stream = ctx.stream;
+  const int m = (int)std::max<int64_t>(1, std::min<int64_t>(clusters, n));
+  out.m = m;
+  out.n = n;
+  out.stride = stride;
+
+  // Landmarks: the most spread-out of `candidate_sets` random samples.
+  candidate_sets = std::max(1, std::min(candidate_sets, 32));
+  SampleSets sets{};
+  uint64_t rng = 0x5EED5EEDull ^ (uint64_t)n * 0x9E3779B97F4A7C15ull;
+  for (int s = 0; s < candidate_sets; s++) {
+    int64_t a = 1;
+    if (n > 1) {
+      do {
+        a = 1 + (int64_t)(splitmix64(rng) % (uint64_t)(n - 1));
+      } while (gcd64(a, n) != 1);
+    }
+    sets.set[s].a = a;
+    sets.set[s].b = (int64_t)(splitmix64(rng) % (uint64_t)n);
+  }
+  int best = 0;
+  if (candidate_sets > 1 && m > 1 && m < n) {
+    TiBuffer<double> score;
+    KNN_TRY(mem.allocate(ctx, score, candidate_sets, "landmark scores"));
+    CUDA_CHECK(ctx, cudaMemsetAsync(score.get(), 0, candidate_sets * sizeof(double), stream));
+    dim3 grid(m, candidate_sets);
+    landmark_spread_kernel<<<grid, 128, 0, stream>>>(set.x.get(), n, stride, metric, m, sets,
+                                                     score.get());
+    CUDA_CHECK_LAUNCH(ctx, "landmark_spread_kernel");
+    std::vector<double> host(candidate_sets);
+    CUDA_CHECK(ctx, cudaMemcpyAsync(host.data(), score.get(), candidate_sets * sizeof(double),
+                                    cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
+    for (int s = 1; s < candidate_sets; s++)
+      if (host[s] > host[best]) best = s;
+  }
+  if (m == n) sets.set[best] = AffineSample{1, 0};  // every point is a centre
+  KNN_TRY(mem.allocate(ctx, out.centers, (size_t)m * stride, "cluster centres"));
+  gather_centers_kernel<<<grid_for((int64_t)m * (stride / 4), 256), 256, 0, stream>>>(
+      set.x.get(), n, stride, m, sets.set[best], out.centers.get());
+  CUDA_CHECK_LAUNCH(ctx, "gather_centers_kernel");
+  if (ctx.cancelled()) return KNN_CANCELLED;
+
+  // Kernel 1: nearest centre, exact distance to it, local id.
+  TiBuffer<int32_t> cluster, local, size;
+  TiBuffer<float> dist;
+  KNN_TRY(mem.allocate(ctx, cluster, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, local, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, dist, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, size, m + 1, "cluster assignment"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(size.get(), 0, (m + 1) * sizeof(int32_t), stream));
+  bool gemm = metric == KNN_METRIC_L2 && stride >= gemm_min_stride && m > 1;
+  if (gemm) {
+    KNN_TRY(assign_with_gemm(set, out, cluster.get(), dist.get(), local.get(), size.get(), mem,
+                             ctx));
+  } else if (metric == KNN_METRIC_L1) {
+    KNN_TRY(launch_assign_direct<KNN_METRIC_L1>(set, out, cluster.get(), dist.get(), local.get(),
+                                                size.get(), ctx));
+  } else {
+    KNN_TRY(launch_assign_direct<KNN_METRIC_L2>(set, out, cluster.get(), dist.get(), local.get(),
+                                                size.get(), ctx));
+  }
+  if (ctx.cancelled()) return KNN_CANCELLED;
+
+  // Offsets (size[m] is 0, so begin[m] is the total).
+  KNN_TRY(mem.allocate(ctx, out.begin, m + 1, "cluster offsets"));
+  size_t scan_bytes = 0, sort_bytes = 0;
+  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, size.get(), out.begin.get(),
+                                                m + 1, stream));
+  TiBuffer<uint64_t> keys, sorted;
+  KNN_TRY(mem.allocate(ctx, keys, n, "cluster sort keys"));
+  KNN_TRY(mem.allocate(ctx, sorted, n, "cluster sort keys"));
+  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(nullptr, sort_bytes, keys.get(),
+                                                      sorted.get(), (int)n, m, out.begin.get(),
+                                                      out.begin.get() + 1, stream));
+  TiBuffer<unsigned char> temp;
+  KNN_TRY(mem.allocate(ctx, temp, std::max(scan_bytes, sort_bytes), "cluster sort workspace"));
+  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(temp.get(), scan_bytes, size.get(),
+                                                out.begin.get(), m + 1, stream));
+  // Kernel 2: scatter by local id, then order each cluster.
+  scatter_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(n, cluster.get(), dist.get(),
+                                                            local.get(), out.begin.get(),
+                                                            keys.get());
+  CUDA_CHECK_LAUNCH(ctx, "scatter_keys_kernel");
+  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp.get(), sort_bytes, keys.get(),
+                                                      sorted.get(), (int)n, m, out.begin.get(),
+                                                      out.begin.get() + 1, stream));
+
+  KNN_TRY(mem.allocate(ctx, out.member, n, "cluster members"));
+  KNN_TRY(mem.allocate(ctx, out.dist, n, "cluster members"));
+  KNN_TRY(mem.allocate(ctx, out.first_row, n, "cluster members"));
+  KNN_TRY(mem.allocate(ctx, out.mult, n, "cluster members"));
+  KNN_TRY(mem.allocate(ctx, out.rows_begin, n, "cluster members"));
+  positions_kernel<<<grid_for(n, 256), 256, 0, stream>>>(
+      n, sorted.get(), set.group_begin.get(), set.rows.get(), out.member.get(), out.dist.get(),
+      out.first_row.get(), out.mult.get(), out.rows_begin.get());
+  CUDA_CHECK_LAUNCH(ctx, "positions_kernel");
+  KNN_TRY(mem.allocate(ctx, out.x, (size_t)n * stride, "clustered points"));
+  gather_rows_kernel<<<grid_for(n * (stride / 4), 256), 256, 0, stream>>>(
+      set.x.get(), stride, n, out.member.get(), out.x.get());
+  CUDA_CHECK_LAUNCH(ctx, "gather_rows_kernel");
+  KNN_TRY(mem.allocate(ctx, out.radius, m, "cluster extents"));
+  KNN_TRY(mem.allocate(ctx, out.nearest, m, "cluster extents"));
+  cluster_extent_kernel<<<grid_for(m, 128), 128, 0, stream>>>(m, out.begin.get(), out.dist.get(),
+                                                              out.radius.get(),
+                                                              out.nearest.get());
+  CUDA_CHECK_LAUNCH(ctx, "cluster_extent_kernel");
+  mem.release(cluster);
+  mem.release(local);
+  mem.release(size);
+  mem.release(dist);
+  mem.release(keys);
+  mem.release(sorted);
+  mem.release(temp);
+  return KNN_OK;
+}
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn

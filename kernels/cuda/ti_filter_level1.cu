@@ -1,0 +1,261 @@
+// ti_filter_level1.cu -- step 2 of the TI join (section III-B): choose the
+// candidate target clusters of every query cluster.
+//
+//  1. Centre-to-centre distances of every (query cluster, target cluster).
+//  2. Upper bound UB of each query cluster (one thread per query cluster):
+//     with R_q the query cluster's radius, every member t of target cluster
+//     ct gives the two-landmark bound R_q + D(cq, ct) + D(ct, t) on the
+//     distance from any query of the cluster to t (and to each of t's
+//     duplicate rows, so it counts mult(t) times). The k'-th smallest bound
+//     over all target clusters, widened by the rounding margin, is no smaller
+//     than the k'-th neighbour distance of any query in the cluster. Members
+//     are visited from the centre outwards and a cluster is left as soon as
+//     its bound reaches the current k'-th (footnote 1's early exit); the
+//     nearest target cluster goes first so the k'-th is tight early.
+//  3. Group filter, one thread per (query cluster, target cluster): the
+//     target cluster is a candidate unless D(cq, ct) - R_q - R_t exceeds UB
+//     by more than the rounding margin. Candidates are compacted in cluster
+//     order (no atomics, so the result is deterministic) and each list is
+//     sorted by centre distance (ties by cluster).
+#include <cub/cub.cuh>
+
+#include <algorithm>
+
+#include "ti_common.cuh"
+#include "ti_distance.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+namespace {
+
+__device__ __forceinline__ float widen(Margin m, float magnitude) {
+  return m.rel * magnitude + m.abs;
+}
+
+__global__ void center_distance_kernel(KnnMetric metric, const float *qc, int mq,
+                                       const float *tc, int mt, int stride, float *dcc) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= (int64_t)mq * mt) return;
+  int64_t a = i / mt, b = i % mt;
+  dcc[i] = ti_distance_rt(metric, row_value_rt(metric, qc + a * stride, tc + b * stride, stride));
+}
+
+struct UpperBoundArgs {
+  int mq, mt, kprime;
+  const int32_t *q_begin;
+  const float *q_radius;
+  const int32_t *t_begin;
+  const float *t_nearest;
+  const float *t_dist;
+  const int32_t *t_mult;
+  const float *dcc;
+  float *scratch_value;   // mq x (kprime + 1)
+  int32_t *scratch_count; // mq x (kprime + 1)
+  Margin margin;
+  float *upper_bound;
+};
+
+// Inserts `count` copies of bound b into the ascending multiset list
+// (value[i], count[i]), keeping only the shortest prefix that holds k'
+// copies; returns the k'-th smallest bound (+inf while fewer are known).
+__device__ float insert_bound(float *value, int32_t *count, int &len, int kprime, float b,
+                              int32_t copies) {
+  int j = len;
+  while (j > 0 && value[j - 1] > b) {
+    value[j] = value[j - 1];
+    count[j] = count[j - 1];
+    j--;
+  }
+  value[j] = b;
+  count[j] = copies;
+  len++;
+  int64_t total = 0;
+  for (int i = 0; i < len; i++) {
+    total += count[i];
+    if (total >= kprime) {
+      len = i + 1;
+      return value[i];
+    }
+  }
+  return __int_as_float(0x7f800000);
+}
+
+__global__ void upper_bound_kernel(UpperBoundArgs a) {
+  int cq = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cq >= a.mq) return;
+  const float inf = __int_as_float(0x7f800000);
+  if (a.q_begin[cq + 1] == a.q_begin[cq]) {
+    a.upper_bound[cq] = 0.0f;  // no queries: never read
+    return;
+  }
+  const float rq = a.q_radius[cq];
+  const float *dcc = a.dcc + (int64_t)cq * a.mt;
+  float *value = a.scratch_value + (int64_t)cq * (a.kprime + 1);
+  int32_t *count = a.scratch_count + (int64_t)cq * (a.kprime + 1);
+  int len = 0;
+  float kth = inf;
+
+  int first = -1;
+  float first_d = inf;
+  for (int ct = 0; ct < a.mt; ct++) {
+    if (a.t_begin[ct + 1] > a.t_begin[ct] && (first < 0 || dcc[ct] < first_d)) {
+      first = ct;
+      first_d = dcc[ct];
+    }
+  }
+  if (first < 0) {
+    a.upper_bound[cq] = inf;
+    return;
+  }
+  for (int it = -1; it < a.mt; it++) {
+    int ct = it < 0 ? first : it;
+    if (it >= 0 && ct == first) continue;
+    int b = a.t_begin[ct], e = a.t_begin[ct + 1];
+    if (e == b) continue;
+    float base = rq + dcc[ct];
+    if (!(base + a.t_nearest[ct] < kth)) continue;
+    for (int pos = e - 1; pos >= b; pos--) {
+      float bound = base + a.t_dist[pos];
+      if (!(bound < kth)) break;
+      kth = insert_bound(value, count, len, a.kprime, bound, a.t_mult[pos]);
+    }
+  }
+  a.upper_bound[cq] = kth == inf ? inf : kth + widen(a.margin, kth);
+}
+
+struct GroupFilterArgs {
+  int mq, mt;
+  const int32_t *q_begin;
+  const float *q_radius;
+  const int32_t *t_begin;
+  const float *t_radius;
+  const float *dcc;
+  const float *upper_bound;
+  Margin margin;
+  uint64_t *keys;         // mq x mt
+  int32_t *count;         // mq
+  int64_t *segment_begin; // mq
+  int64_t *segment_end;   // mq
+};
+
+constexpr int kFilterBlock = 256;
+
+__global__ void group_filter_kernel(GroupFilterArgs a) {
+  typedef cub::BlockScan<int, kFilterBlock> Scan;
+  __shared__ typename Scan::TempStorage temp;
+  const int cq = blockIdx.x;
+  const bool has_queries = a.q_begin[cq + 1] > a.q_begin[cq];
+  const float rq = a.q_radius[cq];
+  const float ub = a.upper_bound[cq];
+  const int64_t row = (int64_t)cq * a.mt;
+  int written = 0;
+  for (int c0 = 0; c0 < a.mt; c0 += kFilterBlock) {
+    int ct = c0 + threadIdx.x;
+    int keep = 0;
+    float d = 0.0f;
+    if (has_queries && ct < a.mt && a.t_begin[ct + 1] > a.t_begin[ct]) {
+      d = a.dcc[row + ct];
+      float rt = a.t_radius[ct];
+      float lower = d - rq - rt;
+      keep = (lower > ub + widen(a.margin, d + rq + rt + ub)) ? 0 : 1;
+    }
+    int index, total;
+    Scan(temp).ExclusiveSum(keep, index, total);
+    if (keep) a.keys[row + written + index] = ((uint64_t)__float_as_uint(d) << 32) | (uint32_t)ct;
+    written += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    a.count[cq] = written;
+    a.segment_begin[cq] = row;
+    a.segment_end[cq] = row + written;
+  }
+}
+
+}  // namespace
+
+KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, KnnMetric metric,
+                        int kprime, Margin margin, Level1Result &out, MemoryBudget &mem,
+                        DeviceContext &ctx) {
+  const int mq = queries.m, mt = targets.m;
+  const int64_t pairs = (int64_t)mq * mt;
+  cudaStream_t stream = ctx.stream;
+  out.cand_stride = mt;
+
+  TiBuffer<float> dcc;
+  KNN_TRY(mem.allocate(ctx, dcc, pairs, "centre distances"));
+  center_distance_kernel<<<grid_for(pairs, 256), 256, 0, stream>>>(
+      metric, queries.centers.get(), mq, targets.centers.get(), mt, queries.stride, dcc.get());
+  CUDA_CHECK_LAUNCH(ctx, "center_distance_kernel");
+
+  TiBuffer<float> scratch_value;
+  TiBuffer<int32_t> scratch_count;
+  KNN_TRY(mem.allocate(ctx, scratch_value, (size_t)mq * (kprime + 1), "upper-bound lists"));
+  KNN_TRY(mem.allocate(ctx, scratch_count, (size_t)mq * (kprime + 1), "upper-bound lists"));
+  KNN_TRY(mem.allocate(ctx, out.upper_bound, mq, "upper bounds"));
+  UpperBoundArgs ua;
+  ua.mq = mq;
+  ua.mt = mt;
+  ua.kprime = kprime;
+  ua.q_begin = queries.begin.get();
+  ua.q_radius = queries.radius.get();
+  ua.t_begin = targets.begin.get();
+  ua.t_nearest = targets.nearest.get();
+  ua.t_dist = targets.dist.get();
+  ua.t_mult = targets.mult.get();
+  ua.dcc = dcc.get();
+  ua.scratch_value = scratch_value.get();
+  ua.scratch_count = scratch_count.get();
+  ua.margin = margin;
+  ua.upper_bound = out.upper_bound.get();
+  upper_bound_kernel<<<grid_for(mq, 64), 64, 0, stream>>>(ua);
+  CUDA_CHECK_LAUNCH(ctx, "upper_bound_kernel");
+  if (ctx.cancelled()) return KNN_CANCELLED;
+
+  TiBuffer<uint64_t> keys;
+  TiBuffer<int64_t> seg_begin, seg_end;
+  KNN_TRY(mem.allocate(ctx, keys, pairs, "candidate clusters"));
+  KNN_TRY(mem.allocate(ctx, out.candidates, pairs, "candidate clusters"));
+  KNN_TRY(mem.allocate(ctx, out.cand_count, mq, "candidate clusters"));
+  KNN_TRY(mem.allocate(ctx, seg_begin, mq, "candidate clusters"));
+  KNN_TRY(mem.allocate(ctx, seg_end, mq, "candidate clusters"));
+  GroupFilterArgs ga;
+  ga.mq = mq;
+  ga.mt = mt;
+  ga.q_begin = queries.begin.get();
+  ga.q_radius = queries.radius.get();
+  ga.t_begin = targets.begin.get();
+  ga.t_radius = targets.radius.get();
+  ga.dcc = dcc.get();
+  ga.upper_bound = out.upper_bound.get();
+  ga.margin = margin;
+  ga.keys = keys.get();
+  ga.count = out.cand_count.get();
+  ga.segment_begin = seg_begin.get();
+  ga.segment_end = seg_end.get();
+  group_filter_kernel<<<mq, kFilterBlock, 0, stream>>>(ga);
+  CUDA_CHECK_LAUNCH(ctx, "group_filter_kernel");
+
+  size_t sort_bytes = 0;
+  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(nullptr, sort_bytes, keys.get(),
+                                                      out.candidates.get(), pairs, mq,
+                                                      seg_begin.get(), seg_end.get(), stream));
+  TiBuffer<unsigned char> temp;
+  KNN_TRY(mem.allocate(ctx, temp, std::max<size_t>(sort_bytes, 1), "candidate sort workspace"));
+  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp.get(), sort_bytes, keys.get(),
+                                                      out.candidates.get(), pairs, mq,
+                                                      seg_begin.get(), seg_end.get(), stream));
+  mem.release(temp);
+  mem.release(keys);
+  mem.release(seg_begin);
+  mem.release(seg_end);
+  mem.release(scratch_value);
+  mem.release(scratch_count);
+  mem.release(dcc);
+  return KNN_OK;
+}
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn

@@ -1,0 +1,618 @@
+// ti_filter_level2.cu -- step 3 of the TI join (sections III-C and IV):
+// the point filter that finds the k' nearest (value, row) of every distinct
+// query.
+//
+// Work layout (thread-data remapping, IV-C1): the queries of a query
+// cluster are cut into warp groups of at most 32, so the 32 lanes of a warp
+// always serve queries of one cluster and walk the same candidate clusters
+// in the same order. Lane i of the warp owns query i of its group.
+//
+// Walk of one candidate target cluster ct (one warp, all lanes in step):
+//  * 2-landmark test, no distance needed: D(cq, ct) - D(q, cq) - R_t beyond
+//    theta means no member of ct can be near q;
+//  * x = D(q, ct) exactly, then the cluster-level 1-landmark tests
+//    (x - R_t and nearest(ct) - x beyond theta);
+//  * the warp jumps to the first member whose distance to the centre is at
+//    most max over lanes of (x + theta + margin) (members are sorted by
+//    descending distance, figure 4), then visits members one by one. Each
+//    lane tests |x - D(t, ct)| against its theta; members all lanes pass
+//    over are skipped, and the walk ends when every lane has reached a
+//    member closer to the centre than x - theta - margin (the paper's break).
+//  * a lane that passes computes D(q, t) exactly and offers (value, row) to
+//    its list; a better list tightens theta (full filter, Algorithm 2).
+// Every prune compares a bound with theta + margin strictly (rounding
+// margin of ../cpu/rounding_margin.h, evaluated with the current theta and
+// the largest member distance R_t, which only widens it), so a target whose
+// computed distance equals the k'-th is always computed: ties by row are
+// decided by entry_before, never by a bound.
+//
+// Variants (IV-B, IV-D):
+//  * full filter with the list in registers, shared or global memory;
+//  * inside-query parallelism: P warps share a warp group, warp s walks
+//    candidates s, s+P, ...; each lane keeps its own list, the lanes of one
+//    query share theta through atomicMin on its float bits in shared memory
+//    (non-negative floats order like their bits), and warp 0 merges the P
+//    sorted lists at the end;
+//  * partial filter: theta stays the level-1 bound; pass 1 counts the
+//    passing members, pass 2 computes and stores their values, a selection
+//    kernel keeps the k' smallest.
+#include <cub/cub.cuh>
+
+#include <algorithm>
+
+#include "ti_common.cuh"
+#include "ti_distance.cuh"
+#include "ti_topk.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+namespace {
+
+enum Mode { kFull = 0, kPartial = 1 };
+constexpr int kMaxParts = 8;
+constexpr int kMaxBlock = 256;
+
+struct Level2Args {
+  // queries, in position order
+  const float *qx;
+  const float *qdist;
+  const int32_t *qmember;
+  const int4 *groups;  // (query cluster, first position, count, 0)
+  const int32_t *n_groups;
+  const float *upper_bound;
+  const uint64_t *cand;
+  const int32_t *cand_count;
+  int64_t cand_stride;
+  // targets, in position order
+  const float *tcenters;
+  const int32_t *tbegin;
+  const float *tradius;
+  const float *tnearest;
+  const float *tdist;
+  const float *tx;
+  const int32_t *tfirst_row;
+  const int32_t *tmult;
+  const int32_t *trows_begin;
+  const int32_t *trows;
+  int stride;
+  int kprime;
+  int parts;
+  int groups_per_block;
+  int list_in_shared;
+  Margin margin;
+  // results by distinct query
+  float *result_value;
+  int32_t *result_row;
+  // inside-query parallelism: one list per (query slot, part)
+  float *part_value;
+  int32_t *part_row;
+  // global-memory lists, one per thread of the grid
+  float *global_value;
+  int32_t *global_row;
+  int64_t global_stride;
+  // partial filter
+  int write;              // 0: count pass, 1: write pass
+  int32_t *cand_total;    // per query position
+  const int64_t *cand_offset;
+  float *cand_value;
+  int32_t *cand_pos;
+  unsigned long long *counter;
+};
+
+__device__ __forceinline__ float widen(Margin m, float magnitude) {
+  return m.rel * magnitude + m.abs;
+}
+
+// First index i in [lo, hi) with d[i] <= thr for d non-increasing, else hi.
+// Warp-uniform arguments; each round samples 32 points and shrinks the
+// range 32 times.
+__device__ __forceinline__ int warp_first_leq(const float *d, int lo, int hi, float thr) {
+  const int lane = threadIdx.x % kWarp;
+  while (hi - lo > kWarp) {
+    int step = (hi - lo + kWarp - 1) / kWarp;
+    int idx = lo + lane * step;
+    bool ok = idx < hi && d[idx] <= thr;
+    unsigned mask = __ballot_sync(kFullMask, ok);
+    if (mask == 0) {
+      lo = lo + ((hi - 1 - lo) / step) * step + 1;  // past the last sample
+    } else {
+      int f = __ffs(mask) - 1;
+      int fidx = lo + f * step;
+      lo = f == 0 ? lo : lo + (f - 1) * step + 1;
+      hi = fidx;  // fidx satisfies the predicate: the answer is <= fidx
+      if (lo >= hi) return hi;
+    }
+  }
+  int idx = lo + lane;
+  bool ok = idx < hi && d[idx] <= thr;
+  unsigned mask = __ballot_sync(kFullMask, ok);
+  return mask ? lo + __ffs(mask) - 1 : hi;
+}
+
+constexpr float kInf = __builtin_huge_valf();
+
+template <int METRIC, int DPAD, class List, int MODE>
+__global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int lane = threadIdx.x % kWarp;
+  const int warp = threadIdx.x / kWarp;
+  const int P = a.parts;
+  const int gi = warp / P;
+  const int part = warp % P;
+  const int64_t g = (int64_t)blockIdx.x * a.groups_per_block + gi;
+  const bool has_group = g < *a.n_groups;
+  int4 grp = make_int4(0, 0, 0, 0);
+  if (has_group) grp = a.groups[g];
+  const int cq = grp.x;
+  const bool active = has_group && lane < grp.z;
+  const int qpos = grp.y + lane;
+
+  QueryRow<DPAD> q;
+  if (active)
+    q.load(a.qx + (int64_t)qpos * a.stride, a.stride);
+  else
+    q.clear();
+  const float dqc = active ? a.qdist[qpos] : 0.0f;
+  const float ub = has_group ? a.upper_bound[cq] : 0.0f;
+
+  // Shared theta of the P lanes that serve one query.
+  int *theta_shared = reinterpret_cast<int *>(smem) + gi * kWarp + lane;
+  if (MODE == kFull && P > 1) {
+    if (part == 0) *theta_shared = __float_as_int(ub);
+    __syncthreads();
+  }
+
+  List list;
+  if constexpr (MODE == kFull) {
+    float *lv = nullptr;
+    int32_t *lr = nullptr;
+    int64_t ls = 0;
+    if (a.list_in_shared) {
+      // after the theta words: values then rows, [slot][thread]
+      float *base = reinterpret_cast<float *>(smem) + a.groups_per_block * kWarp;
+      lv = base + threadIdx.x;
+      lr = reinterpret_cast<int32_t *>(base + (int64_t)blockDim.x * a.kprime) + threadIdx.x;
+      ls = blockDim.x;
+    } else if (a.global_value != nullptr) {
+      int64_t slot = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+      lv = a.global_value + slot;
+      lr = a.global_row + slot;
+      ls = a.global_stride;
+    }
+    list.init(a.kprime, lv, lr, ls);
+  }
+
+  float theta_own = ub;
+  unsigned long long distances = 0;
+  int32_t found = 0;
+  int64_t out_base = 0;
+  if (MODE == kPartial && a.write && active) out_base = a.cand_offset[qpos];
+
+  auto current_theta = [&]() -> float {
+    if (MODE == kFull && P > 1)
+      return fminf(theta_own, __int_as_float(*(volatile int *)theta_shared));
+    return theta_own;
+  };
+
+  if (has_group) {
+    const int ncand = a.cand_count[cq];
+    const uint64_t *cand = a.cand + (int64_t)cq * a.cand_stride;
+    for (int i = part; i < ncand; i += P) {
+      const uint64_t key = cand[i];
+      const int ct = (int)(uint32_t)key;
+      const float dcc = __uint_as_float((uint32_t)(key >> 32));
+      const float rt = a.tradius[ct];
+      float theta = current_theta();
+      bool need = active && !(dcc - dqc - rt > theta + widen(a.margin, dcc + dqc + rt + theta));
+      if (!__any_sync(kFullMask, need)) continue;
+      float x = 0.0f, sigma = 0.0f;
+      if (need) {
+        x = MetricOps<METRIC>::ti(
+            q.template value_to<METRIC>(a.tcenters + (int64_t)ct * a.stride));
+        distances++;
+        sigma = widen(a.margin, x + rt + theta);
+        need = !(x - rt > theta + sigma) && !(a.tnearest[ct] - x > theta + sigma);
+      }
+      if (!__any_sync(kFullMask, need)) continue;
+      float thr = need ? x + theta + sigma : 0.0f;
+      thr = __uint_as_float(__reduce_max_sync(kFullMask, __float_as_uint(thr)));
+      const int hi = a.tbegin[ct + 1];
+      int p = warp_first_leq(a.tdist, a.tbegin[ct], hi, thr);
+      bool stop = false;
+      for (; p < hi && !stop; p += kWarp) {
+        const int np = min(kWarp, hi - p);
+        const float e_lane = lane < np ? a.tdist[p + lane] : 0.0f;
+        theta = current_theta();
+        for (int j = 0; j < np; j++) {
+          const float e = __shfl_sync(kFullMask, e_lane, j);
+          const bool done = !need || (x - e > theta + sigma);
+          if (__all_sync(kFullMask, done)) {
+            stop = true;
+            break;
+          }
+          if (done || e - x > theta + sigma) continue;
+          const int pos = p + j;
+          if constexpr (MODE == kFull) {
+            const float v = q.template value_to<METRIC>(a.tx + (int64_t)pos * a.stride);
+            distances++;
+            if (v <= list.last_value()) {
+              const int mult = a.tmult[pos];
+              int32_t row = a.tfirst_row[pos];
+              for (int r = 0;;) {
+                if (!entry_before(v, row, list.last_value(), list.last_row())) break;
+                list.insert(v, row);
+                if (++r >= mult) break;
+                row = a.trows[a.trows_begin[pos] + r];
+              }
+              const float last = list.last_value();
+              if (last != kInf) {
+                const float t = MetricOps<METRIC>::ti(last);
+                if (t < theta_own) {
+                  theta_own = t;
+                  if (P > 1) atomicMin(theta_shared, __float_as_int(t));
+                }
+              }
+              theta = current_theta();
+            }
+          } else {
+            if (a.write) {
+              const float v = q.template value_to<METRIC>(a.tx + (int64_t)pos * a.stride);
+              distances++;
+              a.cand_value[out_base + found] = v;
+              a.cand_pos[out_base + found] = pos;
+            }
+            found++;
+          }
+        }
+      }
+    }
+  }
+
+  // distance counter: one atomic per warp
+  for (int off = kWarp / 2; off > 0; off /= 2)
+    distances += __shfl_down_sync(kFullMask, distances, off);
+  if (lane == 0 && distances != 0) atomicAdd(a.counter, distances);
+
+  if constexpr (MODE == kPartial) {
+    if (!a.write && active) a.cand_total[qpos] = found;
+  } else {
+    if (P == 1) {
+      if (active) {
+        const int64_t d = a.qmember[qpos];
+        list.store(a.kprime, a.result_value + d * a.kprime, a.result_row + d * a.kprime, 1);
+      }
+    } else {
+      const int64_t slot = g * kWarp + lane;
+      if (active)
+        list.store(a.kprime, a.part_value + (slot * P + part) * a.kprime,
+                   a.part_row + (slot * P + part) * a.kprime, 1);
+      __syncthreads();
+      if (part == 0 && active) {
+        const float *pv = a.part_value + slot * P * a.kprime;
+        const int32_t *pr = a.part_row + slot * P * a.kprime;
+        const int64_t d = a.qmember[qpos];
+        float *out_v = a.result_value + d * a.kprime;
+        int32_t *out_r = a.result_row + d * a.kprime;
+        int cursor[kMaxParts];
+        for (int s = 0; s < P; s++) cursor[s] = 0;
+        for (int i = 0; i < a.kprime; i++) {
+          int best = -1;
+          float bv = kInf;
+          int32_t br = kNoRow;
+          for (int s = 0; s < P; s++) {
+            if (cursor[s] >= a.kprime) continue;
+            float v = pv[s * a.kprime + cursor[s]];
+            int32_t r = pr[s * a.kprime + cursor[s]];
+            if (best < 0 || entry_before(v, r, bv, br)) {
+              best = s;
+              bv = v;
+              br = r;
+            }
+          }
+          out_v[i] = bv;
+          out_r[i] = br;
+          cursor[best]++;
+        }
+      }
+    }
+  }
+}
+
+// Partial filter, last step: the k' smallest (value, row) of each query's
+// stored candidates (one thread per query position, list in global memory).
+__global__ void partial_select_kernel(int64_t nq, const int32_t *qmember, const int32_t *total,
+                                      const int64_t *offset, const float *cand_value,
+                                      const int32_t *cand_pos, const int32_t *tfirst_row,
+                                      const int32_t *tmult, const int32_t *trows_begin,
+                                      const int32_t *trows, int kprime, float *list_value,
+                                      int32_t *list_row, float *result_value,
+                                      int32_t *result_row) {
+  int64_t qpos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (qpos >= nq) return;
+  StridedList list;
+  list.init(kprime, list_value + qpos, list_row + qpos, nq);
+  const int64_t begin = offset[qpos], end = begin + total[qpos];
+  for (int64_t c = begin; c < end; c++) {
+    const float v = cand_value[c];
+    if (!(v <= list.last_value())) continue;
+    const int pos = cand_pos[c];
+    const int mult = tmult[pos];
+    int32_t row = tfirst_row[pos];
+    for (int r = 0;;) {
+      if (!entry_before(v, row, list.last_value(), list.last_row())) break;
+      list.insert(v, row);
+      if (++r >= mult) break;
+      row = trows[trows_begin[pos] + r];
+    }
+  }
+  const int64_t d = qmember[qpos];
+  list.store(kprime, result_value + d * kprime, result_row + d * kprime, 1);
+}
+
+// Warp groups: ceil(size / 32) per query cluster.
+__global__ void group_counts_kernel(int m, const int32_t *begin, int32_t *count) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c > m) return;
+  count[c] = c < m ? (begin[c + 1] - begin[c] + kWarp - 1) / kWarp : 0;
+}
+
+__global__ void group_table_kernel(int m, const int32_t *begin, const int32_t *first_group,
+                                   int4 *groups, int32_t *n_groups) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= m) return;
+  int b = begin[c], size = begin[c + 1] - b;
+  int g0 = first_group[c];
+  for (int w = 0; w * kWarp < size; w++)
+    groups[g0 + w] = make_int4(c, b + w * kWarp, min(kWarp, size - w * kWarp), 0);
+  if (c == m - 1) *n_groups = g0 + (size + kWarp - 1) / kWarp;
+}
+
+// ---- kernel selection ----
+
+typedef void (*Level2Kernel)(Level2Args);
+
+template <int METRIC, int DPAD, int MODE>
+Level2Kernel pick_list(ListPlace place) {
+  if constexpr (MODE == kFull) {
+    switch (place) {
+      case ListPlace::Registers16: return level2_kernel<METRIC, DPAD, RegisterList<16>, MODE>;
+      case ListPlace::Registers32: return level2_kernel<METRIC, DPAD, RegisterList<32>, MODE>;
+      default: return level2_kernel<METRIC, DPAD, StridedList, MODE>;
+    }
+  } else {
+    return level2_kernel<METRIC, DPAD, StridedList, MODE>;
+  }
+}
+
+template <int METRIC, int MODE>
+Level2Kernel pick_stride(int dpad, ListPlace place) {
+  switch (dpad) {
+    case 4: return pick_list<METRIC, 4, MODE>(place);
+    case 8: return pick_list<METRIC, 8, MODE>(place);
+    case 16: return pick_list<METRIC, 16, MODE>(place);
+    case 24: return pick_list<METRIC, 24, MODE>(place);
+    case 32: return pick_list<METRIC, 32, MODE>(place);
+    case 40: return pick_list<METRIC, 40, MODE>(place);
+    case 48: return pick_list<METRIC, 48, MODE>(place);
+    case 64: return pick_list<METRIC, 64, MODE>(place);
+    default: return pick_list<METRIC, 0, MODE>(place);
+  }
+}
+
+Level2Kernel pick_kernel(KnnMetric metric, int stride, ListPlace place, int mode) {
+  int dpad = register_stride(stride);
+  if (metric == KNN_METRIC_L1)
+    return mode == kFull ? pick_stride<KNN_METRIC_L1, kFull>(dpad, place)
+                         : pick_stride<KNN_METRIC_L1, kPartial>(dpad, place);
+  return mode == kFull ? pick_stride<KNN_METRIC_L2, kFull>(dpad, place)
+                       : pick_stride<KNN_METRIC_L2, kPartial>(dpad, place);
+}
+
+struct LaunchShape {
+  int parts;
+  int groups_per_block;
+  int threads;
+  size_t smem;
+};
+
+LaunchShape launch_shape(int parts, bool list_in_shared, int kprime) {
+  LaunchShape s;
+  s.parts = parts;
+  s.groups_per_block = std::max(1, 4 / parts);
+  s.threads = kWarp * parts * s.groups_per_block;
+  s.smem = (size_t)s.groups_per_block * kWarp * sizeof(int);
+  if (list_in_shared) s.smem += (size_t)s.threads * kprime * (sizeof(float) + sizeof(int32_t));
+  return s;
+}
+
+KnnStatus launch(DeviceContext &ctx, Level2Kernel kernel, unsigned grid, const LaunchShape &shape,
+                 Level2Args &args, const char *what) {
+  if (shape.smem > 48 * 1024)
+    CUDA_CHECK(ctx, cudaFuncSetAttribute((const void *)kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)shape.smem));
+  void *params[] = {&args};
+  CUDA_CHECK(ctx, cudaLaunchKernel((const void *)kernel, dim3(grid), dim3(shape.threads), params,
+                                   shape.smem, ctx.stream));
+  (void)what;
+  return KNN_OK;
+}
+
+}  // namespace
+
+int level2_threads_per_query(const DeviceContext &ctx, KnnMetric metric, int stride,
+                             ListPlace place, int kprime, int64_t distinct_queries, double r) {
+  Level2Kernel kernel = pick_kernel(metric, stride, place, kFull);
+  LaunchShape shape = launch_shape(1, place == ListPlace::Shared, kprime);
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, (const void *)kernel, shape.threads,
+                                                    shape.smem) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  double max_concurrent = (double)blocks * shape.threads * ctx.prop.multiProcessorCount;
+  double ratio = r * max_concurrent / (double)std::max<int64_t>(1, distinct_queries);
+  if (ratio < 1.5) return 1;
+  return (int)std::min<double>(kMaxParts, std::floor(ratio + 0.5));
+}
+
+KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
+                        const DistinctSet &target_set, const Level1Result &level1,
+                        KnnMetric metric, const Level2Config &requested, Margin margin,
+                        float *result_value, int32_t *result_row,
+                        unsigned long long *distance_counter, Level2Config *used,
+                        MemoryBudget &mem, DeviceContext &ctx) {
+  cudaStream_t stream = ctx.stream;
+  Level2Config config = requested;
+  const int kprime = config.kprime;
+  const int64_t nq = queries.n;
+  const int mq = queries.m;
+
+  // Warp groups (thread-data remapping).
+  TiBuffer<int32_t> group_count, first_group, n_groups;
+  TiBuffer<int4> groups;
+  const int64_t max_groups = nq / kWarp + mq + 1;
+  KNN_TRY(mem.allocate(ctx, group_count, mq + 1, "warp groups"));
+  KNN_TRY(mem.allocate(ctx, first_group, mq + 1, "warp groups"));
+  KNN_TRY(mem.allocate(ctx, n_groups, 1, "warp groups"));
+  KNN_TRY(mem.allocate(ctx, groups, max_groups, "warp groups"));
+  group_counts_kernel<<<grid_for(mq + 1, 128), 128, 0, stream>>>(mq, queries.begin.get(),
+                                                                 group_count.get());
+  CUDA_CHECK_LAUNCH(ctx, "group_counts_kernel");
+  size_t scan_bytes = 0;
+  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, group_count.get(),
+                                                first_group.get(), mq + 1, stream));
+  TiBuffer<unsigned char> scan_temp;
+  KNN_TRY(mem.allocate(ctx, scan_temp, std::max<size_t>(scan_bytes, 1), "warp groups"));
+  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(scan_temp.get(), scan_bytes, group_count.get(),
+                                                first_group.get(), mq + 1, stream));
+  group_table_kernel<<<grid_for(mq, 128), 128, 0, stream>>>(
+      mq, queries.begin.get(), first_group.get(), groups.get(), n_groups.get());
+  CUDA_CHECK_LAUNCH(ctx, "group_table_kernel");
+
+  Level2Args a{};
+  a.qx = queries.x.get();
+  a.qdist = queries.dist.get();
+  a.qmember = queries.member.get();
+  a.groups = groups.get();
+  a.n_groups = n_groups.get();
+  a.upper_bound = level1.upper_bound.get();
+  a.cand = level1.candidates.get();
+  a.cand_count = level1.cand_count.get();
+  a.cand_stride = level1.cand_stride;
+  a.tcenters = targets.centers.get();
+  a.tbegin = targets.begin.get();
+  a.tradius = targets.radius.get();
+  a.tnearest = targets.nearest.get();
+  a.tdist = targets.dist.get();
+  a.tx = targets.x.get();
+  a.tfirst_row = targets.first_row.get();
+  a.tmult = targets.mult.get();
+  a.trows_begin = targets.rows_begin.get();
+  a.trows = target_set.rows.get();
+  a.stride = queries.stride;
+  a.kprime = kprime;
+  a.margin = margin;
+  a.result_value = result_value;
+  a.result_row = result_row;
+  a.counter = distance_counter;
+
+  if (ctx.cancelled()) return KNN_CANCELLED;
+
+  if (config.partial) {
+    // Pass 1: count the members that pass the fixed level-1 bound.
+    config.parts = 1;
+    LaunchShape shape = launch_shape(1, false, kprime);
+    a.parts = 1;
+    a.groups_per_block = shape.groups_per_block;
+    TiBuffer<int32_t> total;
+    TiBuffer<int64_t> offset;
+    KNN_TRY(mem.allocate(ctx, total, nq + 1, "partial filter counts"));
+    KNN_TRY(mem.allocate(ctx, offset, nq + 1, "partial filter counts"));
+    CUDA_CHECK(ctx, cudaMemsetAsync(total.get(), 0, (nq + 1) * sizeof(int32_t), stream));
+    a.write = 0;
+    a.cand_total = total.get();
+    const unsigned grid = grid_for(max_groups, shape.groups_per_block);
+    Level2Kernel kernel = pick_kernel(metric, queries.stride, config.place, kPartial);
+    KNN_TRY(launch(ctx, kernel, grid, shape, a, "level2 partial count"));
+    size_t off_bytes = 0;
+    CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, off_bytes, total.get(), offset.get(),
+                                                  nq + 1, stream));
+    TiBuffer<unsigned char> off_temp;
+    KNN_TRY(mem.allocate(ctx, off_temp, std::max<size_t>(off_bytes, 1), "partial filter counts"));
+    CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(off_temp.get(), off_bytes, total.get(),
+                                                  offset.get(), nq + 1, stream));
+    int64_t stored = 0;
+    CUDA_CHECK(ctx, cudaMemcpyAsync(&stored, offset.get() + nq, sizeof stored,
+                                    cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
+    if (ctx.cancelled()) return KNN_CANCELLED;
+    size_t need = (size_t)stored * (sizeof(float) + sizeof(int32_t)) +
+                  (size_t)nq * kprime * (sizeof(float) + sizeof(int32_t));
+    if (mem.budget() == 0 || mem.used() + need <= mem.budget()) {
+      TiBuffer<float> cand_value, list_value;
+      TiBuffer<int32_t> cand_pos, list_row;
+      KNN_TRY(mem.allocate(ctx, cand_value, std::max<int64_t>(stored, 1), "partial candidates"));
+      KNN_TRY(mem.allocate(ctx, cand_pos, std::max<int64_t>(stored, 1), "partial candidates"));
+      a.write = 1;
+      a.cand_offset = offset.get();
+      a.cand_value = cand_value.get();
+      a.cand_pos = cand_pos.get();
+      KNN_TRY(launch(ctx, kernel, grid, shape, a, "level2 partial write"));
+      if (ctx.cancelled()) return KNN_CANCELLED;
+      KNN_TRY(mem.allocate(ctx, list_value, (size_t)nq * kprime, "partial selection"));
+      KNN_TRY(mem.allocate(ctx, list_row, (size_t)nq * kprime, "partial selection"));
+      partial_select_kernel<<<grid_for(nq, 128), 128, 0, stream>>>(
+          nq, queries.member.get(), total.get(), offset.get(), cand_value.get(), cand_pos.get(),
+          targets.first_row.get(), targets.mult.get(), targets.rows_begin.get(),
+          target_set.rows.get(), kprime, list_value.get(), list_row.get(), result_value,
+          result_row);
+      CUDA_CHECK_LAUNCH(ctx, "partial_select_kernel");
+      *used = config;
+      return KNN_OK;
+    }
+    config.partial = false;  // the candidates do not fit: full filter instead
+  }
+
+  // Full filter.
+  config.parts = std::max(1, std::min(config.parts, kMaxParts));
+  if (config.place == ListPlace::Shared) {
+    LaunchShape s = launch_shape(config.parts, true, kprime);
+    if (s.smem > ctx.prop.sharedMemPerBlockOptin) config.place = ListPlace::Global;
+  }
+  if ((config.place == ListPlace::Registers16 && kprime > 16) ||
+      (config.place == ListPlace::Registers32 && kprime > 32))
+    config.place = ListPlace::Global;
+  const bool in_shared = config.place == ListPlace::Shared;
+  LaunchShape shape = launch_shape(config.parts, in_shared, kprime);
+  a.parts = config.parts;
+  a.groups_per_block = shape.groups_per_block;
+  a.list_in_shared = in_shared ? 1 : 0;
+  const unsigned grid = grid_for(max_groups, shape.groups_per_block);
+  TiBuffer<float> global_value, part_value;
+  TiBuffer<int32_t> global_row, part_row;
+  if (config.place == ListPlace::Global) {
+    int64_t slots = (int64_t)grid * shape.threads;
+    KNN_TRY(mem.allocate(ctx, global_value, (size_t)slots * kprime, "global top-k lists"));
+    KNN_TRY(mem.allocate(ctx, global_row, (size_t)slots * kprime, "global top-k lists"));
+    a.global_value = global_value.get();
+    a.global_row = global_row.get();
+    a.global_stride = slots;
+  }
+  if (config.parts > 1) {
+    size_t entries = (size_t)max_groups * kWarp * config.parts * kprime;
+    KNN_TRY(mem.allocate(ctx, part_value, entries, "inside-query lists"));
+    KNN_TRY(mem.allocate(ctx, part_row, entries, "inside-query lists"));
+    a.part_value = part_value.get();
+    a.part_row = part_row.get();
+  }
+  Level2Kernel kernel = pick_kernel(metric, queries.stride, config.place, kFull);
+  KNN_TRY(launch(ctx, kernel, grid, shape, a, "level2 full filter"));
+  *used = config;
+  return KNN_OK;
+}
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn
