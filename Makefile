@@ -105,4 +105,8 @@ unittest: test/engine_test
 gputest: test/gpu_engine_test
 	KNN_GPU_MODULE_DIR=$(CURDIR) test/gpu_engine_test
 
+# Benchmark runner (engine only); bench/run_bench.sh prepares data and runs it.
+bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) $(ENGINE_CXXFLAGS) -o $@ bench/knn_bench.cpp $(ENGINE_OBJS) -lpthread -ldl
+
 .PHONY: unittest gputest install-cuda uninstall-cuda

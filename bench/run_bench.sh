@@ -1,0 +1,44 @@
+#!/bin/sh
+# run_bench.sh -- decompresses the benchmark data into a temporary folder,
+# builds and runs bench/knn_bench (GPU brute / TI / auto and the CPU engine,
+# verified against each other), then the torch reference where torch is
+# installed, then the plot where matplotlib is installed.
+#
+#   bench/run_bench.sh [knn_bench options, e.g. --sets skin,kdd --repeat 3]
+#
+# Data: .bench-data/ (see bench/prepare_data.sh) or $KNN_BENCH_DATA.
+# KNN_BENCH_TORCH=0 skips the torch reference.
+# Results: bench/results/{knn_bench,torch_reference}.json and bench.png
+# (or $KNN_BENCH_OUT).
+set -eu
+cd "$(dirname "$0")/.."
+data=${KNN_BENCH_DATA:-.bench-data}
+out=${KNN_BENCH_OUT:-bench/results}
+mkdir -p "$out"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for f in "$data"/*.f32.xz; do
+  [ -e "$f" ] || continue
+  name=$(basename "$f" .f32.xz)
+  xz -dc "$f" > "$tmp/$name.f32"
+  cp "$data/$name.json" "$tmp/"
+done
+if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
+  gzip -dc "$data/train-images-idx3-ubyte.gz" > "$tmp/fashion-mnist.idx"
+fi
+make -s bench/knn_bench
+status=0
+KNN_GPU_MODULE_DIR=$PWD bench/knn_bench "$tmp" --out "$out/knn_bench.json" "$@" || status=$?
+if [ "${KNN_BENCH_TORCH:-1}" = 0 ]; then
+  echo "torch reference skipped (KNN_BENCH_TORCH=0)"
+elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  python3 bench/torch_reference.py "$tmp" --k 20 --out "$out/torch_reference.json" || status=$?
+else
+  echo "torch with CUDA not available: torch reference skipped"
+fi
+if python3 -c 'import matplotlib' 2>/dev/null; then
+  python3 bench/plot.py "$out/knn_bench.json" "$out/torch_reference.json" -o "$out/bench.png"
+else
+  echo "matplotlib not available: run bench/plot.py where it is"
+fi
+exit $status

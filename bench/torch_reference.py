@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""torch_reference.py -- the baseline the GPU engine is measured against:
+a brute-force k-NN self-join in PyTorch, fp32 (no TF32), chunked
+addmm (|t|^2 - 2 q.t, plus |q|^2) and topk, host arrays in, host results
+out, timed like bench/knn_bench (median of --repeat runs after a warm-up).
+It is approximate (GEMM-expanded distances, no self-exclusion, ties in
+any order): a speed reference only.
+
+    python3 bench/torch_reference.py DATA_DIR [--k 20] [--repeat 2] [--out FILE]
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+
+SETS = ["3DNet_head5000", "arcene", "keggD_std", "kegg_std", "blog", "fashion-mnist",
+        "skin", "ipums", "kdd"]
+
+
+def load(data_dir, name):
+    if name == "fashion-mnist":
+        path = os.path.join(data_dir, "fashion-mnist.idx")
+        if not os.path.exists(path):
+            return None
+        raw = np.fromfile(path, dtype=np.uint8)
+        count = int.from_bytes(raw[4:8].tobytes(), "big")
+        h = int.from_bytes(raw[8:12].tobytes(), "big")
+        w = int.from_bytes(raw[12:16].tobytes(), "big")
+        rows = min(count, 20000)
+        return "fashion-mnist-20k", raw[16:16 + rows * h * w].reshape(rows, h * w).astype(np.float32)
+    meta = os.path.join(data_dir, name + ".json")
+    if not os.path.exists(meta):
+        return None
+    with open(meta) as f:
+        m = json.load(f)
+    x = np.fromfile(os.path.join(data_dir, name + ".f32"), dtype="<f4")
+    return name, x.reshape(m["rows"], m["dims"])
+
+
+def knn_self_join(x, k, chunk_bytes=2 << 30):
+    """Host array in, host (distances, indices) out."""
+    dev = torch.device("cuda")
+    xt = torch.from_numpy(x).to(dev)
+    n = xt.shape[0]
+    norms = (xt * xt).sum(dim=1)
+    rows = max(1, min(n, chunk_bytes // (4 * n)))
+    kk = min(k, n)
+    out_d = torch.empty((n, kk), dtype=torch.float32, device=dev)
+    out_i = torch.empty((n, kk), dtype=torch.int64, device=dev)
+    for s in range(0, n, rows):
+        q = xt[s:s + rows]
+        d = torch.addmm(norms.unsqueeze(0), q, xt.t(), beta=1.0, alpha=-2.0)
+        d += norms[s:s + rows].unsqueeze(1)
+        v, i = torch.topk(d, kk, dim=1, largest=False, sorted=True)
+        out_d[s:s + rows] = v.clamp_min_(0).sqrt_()
+        out_i[s:s + rows] = i
+    d_host, i_host = out_d.cpu(), out_i.cpu()
+    torch.cuda.synchronize()
+    return d_host, i_host
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data_dir")
+    ap.add_argument("--k", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--out", default="bench/results/torch_reference.json")
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "k": args.k, "datasets": []}
+    for name in args.sets.split(","):
+        loaded = load(args.data_dir, name)
+        if loaded is None:
+            continue
+        label, x = loaded
+        knn_self_join(x[:1000], args.k)  # warm-up: context, kernels
+        times = []
+        for _ in range(args.repeat + 1):
+            t0 = time.perf_counter()
+            knn_self_join(x, args.k)
+            times.append(time.perf_counter() - t0)
+        times = times[1:]  # the first full-size run pays the allocator's growth
+        med = statistics.median(times)
+        print(f"{label:18s} torch {med:9.4f} s", flush=True)
+        result["datasets"].append({"name": label, "rows": int(x.shape[0]), "dims": int(x.shape[1]),
+                                   "seconds": times, "median": med})
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+// device_buffer.cuh -- owners of device memory, pinned host memory, streams
+// and events. Each frees what it holds when it goes out of scope, so every
+// return path of the engine (errors and cancellation included) releases
+// the device memory of the join.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <utility>
+
+#include "cuda_check.cuh"
+#include "cuda_engine.cuh"
+
+namespace knn {
+namespace cuda {
+
+// A typed cudaMalloc'ed array.
+template <class T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer &) = delete;
+  DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+
+  // Frees what was held and allocates `count` elements. `what` names the
+  // buffer in the out-of-memory message.
+  KnnStatus allocate(DeviceContext &ctx, size_t count, const char *what) {
+    release();
+    if (count == 0) return KNN_OK;
+    void *p = nullptr;
+    cudaError_t err = cudaMalloc(&p, count * sizeof(T));
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      char msg[256];
+      std::snprintf(msg, sizeof msg,
+                    "cudaMalloc of %.1f MiB for %s failed: %s (join budget %.1f MiB)",
+                    count * sizeof(T) / 1048576.0, what, cudaGetErrorString(err),
+                    ctx.memory_budget / 1048576.0);
+      if (ctx.error.empty()) ctx.error = msg;
+      return err == cudaErrorMemoryAllocation ? KNN_OUT_OF_MEMORY : KNN_DEVICE_ERROR;
+    }
+    ptr_ = static_cast<T *>(p);
+    count_ = count;
+    return KNN_OK;
+  }
+
+  void release() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+    count_ = 0;
+  }
+
+  T *get() const { return ptr_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+ private:
+  T *ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Page-locked host memory (the staging buffers of asynchronous copies).
+template <class T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  ~PinnedBuffer() { release(); }
+  PinnedBuffer(const PinnedBuffer &) = delete;
+  PinnedBuffer &operator=(const PinnedBuffer &) = delete;
+
+  KnnStatus allocate(DeviceContext &ctx, size_t count) {
+    release();
+    if (count == 0) return KNN_OK;
+    void *p = nullptr;
+    CUDA_CHECK(ctx, cudaMallocHost(&p, count * sizeof(T)));
+    ptr_ = static_cast<T *>(p);
+    count_ = count;
+    return KNN_OK;
+  }
+
+  void release() {
+    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    count_ = 0;
+  }
+
+  T *get() const { return ptr_; }
+  size_t size() const { return count_; }
+
+ private:
+  T *ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() = default;
+  ~Stream() {
+    if (s_ != nullptr) cudaStreamDestroy(s_);
+  }
+  Stream(const Stream &) = delete;
+  Stream &operator=(const Stream &) = delete;
+
+  KnnStatus create(DeviceContext &ctx) {
+    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+    return KNN_OK;
+  }
+  cudaStream_t get() const { return s_; }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+class Event {
+ public:
+  Event() = default;
+  ~Event() {
+    if (e_ != nullptr) cudaEventDestroy(e_);
+  }
+  Event(const Event &) = delete;
+  Event &operator=(const Event &) = delete;
+
+  KnnStatus create(DeviceContext &ctx) {
+    CUDA_CHECK(ctx, cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+    return KNN_OK;
+  }
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+}  // namespace cuda
+}  // namespace knn

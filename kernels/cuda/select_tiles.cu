@@ -1,0 +1,172 @@
+// select_tiles.cu -- streaming k-selection over distance tiles.
+//
+// Each query keeps, per target segment, a sorted list of its kp best
+// (value, row) entries seen so far (device memory, carried from tile to
+// tile). One warp handles one (query, segment) of a tile: it loads the
+// list into shared memory, reads its stretch of the tile row (coalesced),
+// and a lane keeps a pair only when it beats the current kp-th entry (the
+// threshold; after the first few tiles almost nothing passes; for float
+// tiles a cheap float test with proven margins, TileValue::may_beat,
+// rejects most pairs before the exact (key, row) test). Survivors
+// are appended to a buffer behind the list (ballot + popc give each lane
+// its slot); when the buffer is nearly full, the warp sorts list + buffer
+// (bitonic) and keeps the kp best. The ordering is the total (key, row)
+// order of select_keys.cuh, so ties are kept by smaller row, as the exact
+// result requires. Splitting the targets into segments gives small query
+// batches enough warps (down to one query: many warps over its targets).
+#include "bitonic.cuh"
+#include "brute_kernels.cuh"
+#include "cuda_check.cuh"
+
+namespace knn {
+namespace cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kUnroll = 4;  // tile loads in flight per lane
+
+template <int CAP>
+__device__ __forceinline__ void merge_buffer(uint64_t *key, uint32_t *row, int kp, int lane) {
+  __syncwarp();
+  bitonic_sort(key, row, nullptr, 2 * CAP, lane, 32, WarpSync());
+  for (int i = kp + lane; i < 2 * CAP; i += 32) {
+    key[i] = kEmptyKey;
+    row[i] = kEmptyRow;
+  }
+  __syncwarp();
+}
+
+// T: the tile's element type. Float tiles go through the float prefilter
+// of TileValue::may_beat; double (DGEMM) tiles compute the bound directly.
+template <int CAP, typename T>
+__global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs a) {
+  constexpr bool kDouble = sizeof(T) == sizeof(double);
+  __shared__ uint64_t s_key[kWarps][2 * CAP];
+  __shared__ uint32_t s_row[kWarps][2 * CAP];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tile_row = blockIdx.x * kWarps + warp;
+  if (tile_row >= a.nq) return;  // the whole warp leaves; no block barriers below
+  const int segment = blockIdx.y;
+  const int64_t q = a.query_base + tile_row;
+  const int64_t list = (q * a.segments + segment) * CAP;
+  uint64_t *key = s_key[warp];
+  uint32_t *row = s_row[warp];
+
+  for (int i = lane; i < CAP; i += 32) {
+    key[i] = a.list_key[list + i];
+    row[i] = a.list_row[list + i];
+    key[CAP + i] = kEmptyKey;
+    row[CAP + i] = kEmptyRow;
+  }
+  __syncwarp();
+  uint64_t thr_key = key[a.kp - 1];
+  uint32_t thr_row = row[a.kp - 1];
+  // The threshold's value rounded up to float and widened by 2^-18 of
+  // itself, for the prefilter (the widening absorbs the rounding of the
+  // prefilter's own float sum, see TileValue::may_beat); +inf while the list
+  // is not full or its threshold is NaN (no prefiltering).
+  auto threshold_up = [&]() {
+    if (thr_key >= kNanKey) return INFINITY;
+    const float up = __double2float_ru(key_value(thr_key));
+    return up + fabsf(up) * 0x1p-18f;
+  };
+  float thr_up = threshold_up();
+  auto threshold_d = [&]() { return thr_key < kNanKey ? key_value(thr_key) : INFINITY; };
+  double thr_d = threshold_d();
+  int buffered = 0;
+
+  const int seg_len = ((a.nt + a.segments - 1) / a.segments + 31) & ~31;
+  const int c_begin = segment * seg_len;
+  const int c_end = min(a.nt, c_begin + seg_len);
+  const T *values =
+      reinterpret_cast<const T *>(kDouble ? static_cast<const void *>(a.tile_d)
+                                          : static_cast<const void *>(a.tile)) +
+      tile_row * a.ld;
+  const bool exclude = a.query_keys != nullptr;
+  const int64_t qkey = exclude ? a.query_keys[q] : 0;
+  const bool norms = !kDouble && a.value.prefilter_reads_norms();
+  const float qn = norms ? a.value.query_norm[q] : 0.0f;
+  const float *tnorm = a.value.target_norm + a.target_base;
+  const unsigned lower_lanes = (1u << lane) - 1;
+
+  for (int c0 = c_begin; c0 < c_end; c0 += 32 * kUnroll) {
+    T v[kUnroll];
+    float tn[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      const int c = c0 + u * 32 + lane;
+      v[u] = c < c_end ? values[c] : T(0);
+      tn[u] = (norms && c < c_end) ? tnorm[c] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+      const int c = c0 + u * 32 + lane;
+      bool maybe;
+      if constexpr (kDouble)
+        maybe = c < c_end && !(a.value(v[u], q, a.target_base + c) > thr_d);
+      else
+        maybe = c < c_end && a.value.may_beat(v[u], qn, tn[u], thr_up);
+      if (!__any_sync(0xffffffffu, maybe)) continue;  // the common case
+      const int64_t t = a.target_base + c;
+      bool take = false;
+      uint64_t k = kEmptyKey;
+      if (maybe && !(exclude && a.target_keys[t] == qkey)) {
+        k = order_key(a.value(v[u], q, t));
+        take = entry_before(k, static_cast<uint32_t>(t), thr_key, thr_row);
+      }
+      const unsigned mask = __ballot_sync(0xffffffffu, take);
+      if (take) {
+        const int pos = CAP + buffered + __popc(mask & lower_lanes);
+        key[pos] = k;
+        row[pos] = static_cast<uint32_t>(t);
+      }
+      buffered += __popc(mask);
+      if (buffered > CAP - 32) {
+        merge_buffer<CAP>(key, row, a.kp, lane);
+        buffered = 0;
+        thr_key = key[a.kp - 1];
+        thr_row = row[a.kp - 1];
+        thr_up = threshold_up();
+        thr_d = threshold_d();
+      }
+    }
+  }
+  if (buffered > 0) merge_buffer<CAP>(key, row, a.kp, lane);
+  __syncwarp();
+  for (int i = lane; i < CAP; i += 32) {
+    a.list_key[list + i] = key[i];
+    a.list_row[list + i] = row[i];
+  }
+}
+
+template <int CAP>
+KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
+  dim3 grid((a.nq + kWarps - 1) / kWarps, a.segments);
+  if (a.tile_d != nullptr)
+    select_tile_kernel<CAP, double><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+  else
+    select_tile_kernel<CAP, float><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+  CUDA_CHECK_LAUNCH(ctx, "select_tile_kernel");
+  return KNN_OK;
+}
+
+}  // namespace
+
+KnnStatus launch_select_tile(DeviceContext &ctx, const SelectTileArgs &a) {
+  if (a.nq <= 0 || a.nt <= 0) return KNN_OK;
+  if (a.kp < 1 || a.kp > a.cap) {
+    ctx.error = "select_tile: kp out of range";
+    return KNN_INTERNAL_ERROR;
+  }
+  switch (a.cap) {
+    case 32: return launch_cap<32>(ctx, a);
+    case 64: return launch_cap<64>(ctx, a);
+    case 128: return launch_cap<128>(ctx, a);
+    case 256: return launch_cap<256>(ctx, a);
+  }
+  ctx.error = "select_tile: unsupported list capacity";
+  return KNN_INTERNAL_ERROR;
+}
+
+}  // namespace cuda
+}  // namespace knn

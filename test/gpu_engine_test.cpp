@@ -1,0 +1,541 @@
+// gpu_engine_test.cpp -- the GPU engine against the CPU engine, through
+// the job API (knn_job_start with device GPU / CPU), bit for bit: the same
+// neighbours in the same order with the same distances (NaN matches NaN).
+//
+// Run with `make gputest` (sets KNN_GPU_MODULE_DIR to the build directory).
+// Without a usable GPU every test is skipped with the reason.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "knn_engine.h"
+
+namespace {
+
+// ---- the GPU, once ----
+
+bool gpu_available(std::string *why) {
+  static int state = -1;
+  static std::string line;
+  if (state < 0) {
+    char buf[512] = "";
+    state = knn_engine_describe(buf, sizeof buf);
+    line = buf;
+  }
+  *why = line;
+  return state == 1;
+}
+
+#define REQUIRE_GPU()                                             \
+  do {                                                            \
+    std::string why_;                                             \
+    if (!gpu_available(&why_))                                    \
+      GTEST_SKIP() << "no GPU is available (" << why_ << ")";     \
+  } while (0)
+
+// ---- data ----
+
+struct Data {
+  int dim = 0;
+  std::vector<float> queries, targets;
+  std::vector<int64_t> query_keys, target_keys;
+  bool self = false;  // queries are the targets (same array), keys = row ids
+  int64_t nq() const { return self ? nt() : static_cast<int64_t>(queries.size()) / dim; }
+  int64_t nt() const { return static_cast<int64_t>(targets.size()) / dim; }
+};
+
+enum class Shape { kUniform, kIntegers, kClustered, kFarClusters };
+
+std::vector<float> make_rows(int64_t n, int dim, Shape shape, std::mt19937_64 &rng) {
+  std::vector<float> x(static_cast<size_t>(n) * dim);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> small_int(-3, 3);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  if (shape == Shape::kUniform) {
+    for (float &v : x) v = uni(rng);
+  } else if (shape == Shape::kIntegers) {
+    for (float &v : x) v = static_cast<float>(small_int(rng));  // many exact ties
+  } else {
+    // Gaussian blobs; kFarClusters puts them far from the origin with tiny
+    // spread (large norms against small distances: GEMM bounds are loose).
+    const int clusters = 12;
+    const float centre_scale = shape == Shape::kFarClusters ? 1000.0f : 10.0f;
+    const float spread = shape == Shape::kFarClusters ? 0.01f : 1.0f;
+    std::vector<float> centres(static_cast<size_t>(clusters) * dim);
+    for (float &c : centres) c = centre_scale * (1.0f + 0.1f * uni(rng));
+    for (size_t i = 0; i < centres.size(); i++)
+      if (i % 3 == 1) centres[i] = -centres[i];
+    std::uniform_int_distribution<int> pick(0, clusters - 1);
+    for (int64_t r = 0; r < n; r++) {
+      const int c = pick(rng);
+      for (int j = 0; j < dim; j++)
+        x[r * dim + j] = centres[static_cast<size_t>(c) * dim + j] + spread * noise(rng);
+    }
+  }
+  return x;
+}
+
+// Copies some rows over others, so that exact duplicates exist.
+void add_duplicates(std::vector<float> *x, int dim, int64_t copies, std::mt19937_64 &rng) {
+  const int64_t n = static_cast<int64_t>(x->size()) / dim;
+  if (n < 2) return;
+  std::uniform_int_distribution<int64_t> pick(0, n - 1);
+  for (int64_t i = 0; i < copies; i++) {
+    const int64_t from = pick(rng), to = pick(rng);
+    std::memcpy(x->data() + to * dim, x->data() + from * dim, sizeof(float) * dim);
+  }
+}
+
+Data make_data(int64_t nq, int64_t nt, int dim, Shape shape, uint64_t seed,
+               bool duplicates = false) {
+  std::mt19937_64 rng(seed);
+  Data d;
+  d.dim = dim;
+  d.targets = make_rows(nt, dim, shape, rng);
+  d.queries = make_rows(nq, dim, shape, rng);
+  if (duplicates) {
+    add_duplicates(&d.targets, dim, nt / 4, rng);
+    // Some queries equal some targets.
+    std::uniform_int_distribution<int64_t> pick(0, nt - 1);
+    for (int64_t i = 0; i < nq; i += 3)
+      std::memcpy(d.queries.data() + i * dim, d.targets.data() + pick(rng) * dim,
+                  sizeof(float) * dim);
+  }
+  return d;
+}
+
+// One table joined with itself: same array, keys = row ids (self-match
+// exclusion).
+Data make_self(int64_t n, int dim, Shape shape, uint64_t seed, bool duplicates = false) {
+  std::mt19937_64 rng(seed);
+  Data d;
+  d.dim = dim;
+  d.self = true;
+  d.targets = make_rows(n, dim, shape, rng);
+  if (duplicates) add_duplicates(&d.targets, dim, n / 3, rng);
+  d.target_keys.resize(n);
+  for (int64_t i = 0; i < n; i++) d.target_keys[i] = 1000 + i;
+  d.query_keys = d.target_keys;
+  return d;
+}
+
+// ---- running a join ----
+
+struct Outcome {
+  KnnStatus status = KNN_INTERNAL_ERROR;
+  std::string error;
+  KnnStats stats{};
+  std::vector<int64_t> neighbors;
+  std::vector<double> distances;
+};
+
+struct Options {
+  int k = 10;
+  KnnMetric metric = KNN_METRIC_L2;
+  KnnMethod method = KNN_METHOD_BRUTE;
+  int64_t gpu_memory_limit = 0;
+  bool keys = false;  // pass the Data's keys (self-joins always do)
+};
+
+KnnProblem make_problem(const Data &d, const Options &o, KnnDevice device) {
+  KnnProblem p{};
+  p.targets = d.targets.data();
+  p.n_targets = d.nt();
+  p.queries = d.self ? d.targets.data() : d.queries.data();
+  p.n_queries = d.nq();
+  p.dim = d.dim;
+  p.k = o.k;
+  p.metric = o.metric;
+  p.method = o.method;
+  p.device = device;
+  if (d.self || o.keys) {
+    p.query_keys = d.self ? d.target_keys.data() : d.query_keys.data();
+    p.target_keys = d.target_keys.data();
+  }
+  p.n_threads = 0;
+  p.gpu_memory_limit = o.gpu_memory_limit;
+  return p;
+}
+
+Outcome run(const KnnProblem &p) {
+  Outcome out;
+  const size_t slots = static_cast<size_t>(p.n_queries) * p.k;
+  out.neighbors.assign(slots, -7);  // poisoned: every slot must be written
+  out.distances.assign(slots, -7.0);
+  char err[512] = "";
+  KnnJob *job = knn_job_start(&p, out.neighbors.data(), out.distances.data(), err, sizeof err);
+  if (job == nullptr) {
+    out.error = err;
+    return out;
+  }
+  while (!knn_job_wait(job, 100)) {
+  }
+  out.status = knn_job_finish(job, &out.stats, err, sizeof err);
+  out.error = err;
+  return out;
+}
+
+bool same_distance(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::memcmp(&a, &b, sizeof a) == 0;  // bit for bit (also the sign of 0)
+}
+
+const char *metric_name(KnnMetric m) {
+  switch (m) {
+    case KNN_METRIC_L2: return "l2";
+    case KNN_METRIC_COSINE: return "cosine";
+    case KNN_METRIC_IP: return "ip";
+    case KNN_METRIC_L1: return "l1";
+  }
+  return "?";
+}
+
+const char *method_name(KnnMethod m) {
+  switch (m) {
+    case KNN_METHOD_AUTO: return "auto";
+    case KNN_METHOD_TI: return "ti";
+    case KNN_METHOD_BRUTE: return "brute";
+  }
+  return "?";
+}
+
+// The CPU answer of a case, computed once and reused for several GPU runs.
+Outcome cpu_answer(const Data &d, const Options &o) {
+  Options cpu = o;
+  cpu.method = KNN_METHOD_AUTO;
+  cpu.gpu_memory_limit = 0;
+  Outcome ref = run(make_problem(d, cpu, KNN_DEVICE_CPU));
+  EXPECT_EQ(ref.status, KNN_OK) << ref.error;
+  return ref;
+}
+
+// Runs the GPU engine on the case and compares with the CPU answer.
+void expect_gpu_matches(const Data &d, const Options &o, const Outcome &ref) {
+  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+  const Outcome gpu = run(p);
+  const std::string what = std::string("metric ") + metric_name(o.metric) + ", method " +
+                           method_name(o.method) + ", |Q| " + std::to_string(p.n_queries) +
+                           ", |T| " + std::to_string(p.n_targets) + ", dim " +
+                           std::to_string(p.dim) + ", k " + std::to_string(p.k) +
+                           (o.gpu_memory_limit ? ", limit " + std::to_string(o.gpu_memory_limit)
+                                               : std::string()) +
+                           (p.query_keys ? ", keys" : "");
+  ASSERT_EQ(gpu.status, KNN_OK) << what << ": " << gpu.error;
+  ASSERT_NE(std::string(gpu.stats.device).rfind("cpu", 0), 0u)
+      << what << ": the CPU engine answered (" << gpu.stats.device << ")";
+  ASSERT_EQ(gpu.neighbors.size(), ref.neighbors.size());
+  const int64_t k = p.k;
+  int64_t bad = 0;
+  for (size_t i = 0; i < ref.neighbors.size(); i++) {
+    if (gpu.neighbors[i] == ref.neighbors[i] && same_distance(gpu.distances[i], ref.distances[i]))
+      continue;
+    if (bad++ < 3)
+      ADD_FAILURE() << what << " [" << gpu.stats.method << " " << gpu.stats.variant << "]: query "
+                    << i / k << " slot " << i % k << ": gpu (" << gpu.neighbors[i] << ", "
+                    << gpu.distances[i] << ") cpu (" << ref.neighbors[i] << ", "
+                    << ref.distances[i] << ")";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " slots differ";
+}
+
+void check(const Data &d, const Options &o) {
+  const Outcome ref = cpu_answer(d, o);
+  if (ref.status != KNN_OK) return;
+  expect_gpu_matches(d, o, ref);
+}
+
+const KnnMetric kMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP, KNN_METRIC_L1};
+
+// ---- brute force ----
+
+TEST(GpuBrute, SweepOfShapes) {
+  REQUIRE_GPU();
+  const int dims[] = {1, 3, 8, 17, 64, 65, 130};
+  struct Sizes { int64_t nq, nt; };
+  const Sizes sizes[] = {{1, 500}, {37, 1000}, {300, 257}};
+  const int ks[] = {1, 5, 20};
+  uint64_t seed = 1;
+  for (int dim : dims)
+    for (const Sizes &s : sizes) {
+      const Data d = make_data(s.nq, s.nt, dim, dim < 8 ? Shape::kIntegers : Shape::kUniform,
+                               seed++, /*duplicates=*/true);
+      for (KnnMetric m : kMetrics)
+        for (int k : ks) {
+          Options o;
+          o.k = k;
+          o.metric = m;
+          check(d, o);
+        }
+    }
+}
+
+TEST(GpuBrute, SelfJoinWithTiesAndDuplicates) {
+  REQUIRE_GPU();
+  for (int dim : {2, 3, 70}) {
+    const Data d = make_self(3000, dim, Shape::kIntegers, 100 + dim, /*duplicates=*/true);
+    for (KnnMetric m : kMetrics)
+      for (int k : {1, 10, 64}) {
+        Options o;
+        o.k = k;
+        o.metric = m;
+        check(d, o);
+      }
+  }
+}
+
+TEST(GpuBrute, KeysOnDifferentTables) {
+  REQUIRE_GPU();
+  Data d = make_data(400, 2000, 20, Shape::kUniform, 7, true);
+  // Keys with collisions: each query key appears on several targets.
+  d.target_keys.resize(d.nt());
+  d.query_keys.resize(d.nq());
+  for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 97;
+  for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 101;
+  for (KnnMetric m : kMetrics) {
+    Options o;
+    o.k = 15;
+    o.metric = m;
+    o.keys = true;
+    check(d, o);
+    o.k = 2000;  // more than the eligible targets of every query
+    check(d, o);
+  }
+}
+
+TEST(GpuBrute, LargeKAndKBeyondTargets) {
+  REQUIRE_GPU();
+  for (int dim : {16, 100}) {
+    const Data small = make_data(50, 100, dim, Shape::kUniform, 11 + dim);
+    const Data big = make_data(120, 3000, dim, Shape::kClustered, 13 + dim, true);
+    for (KnnMetric m : kMetrics)
+      for (int k : {99, 100, 101, 256, 300, 2048}) {
+        Options o;
+        o.k = k;
+        o.metric = m;
+        check(small, o);
+        if (k >= 256) check(big, o);
+      }
+  }
+}
+
+TEST(GpuBrute, HighDimensions) {
+  REQUIRE_GPU();
+  for (int dim : {1000, 4096, 10000}) {
+    const Data d = make_data(40, 300, dim, Shape::kUniform, 20 + dim, true);
+    for (KnnMetric m : kMetrics) {
+      Options o;
+      o.k = 7;
+      o.metric = m;
+      check(d, o);
+    }
+  }
+}
+
+TEST(GpuBrute, ClusteredFarFromOriginNeedsFallback) {
+  // Large norms against small distances: the GEMM bounds cannot certify
+  // every query, so the exact fallback must take over.
+  REQUIRE_GPU();
+  const Data d = make_data(2000, 6000, 100, Shape::kFarClusters, 31, true);
+  for (KnnMetric m : kMetrics) {
+    Options o;
+    o.k = 20;
+    o.metric = m;
+    check(d, o);
+  }
+}
+
+// On GPUs with fast FP64 the L2 filter is a DGEMM; KNN_CUDA_DGEMM=0 forces
+// the SGEMM filter, whose (norm-relative) bounds must hold as well.
+TEST(GpuBrute, SgemmFilterForL2) {
+  REQUIRE_GPU();
+  const Data uniform = make_data(500, 4000, 100, Shape::kUniform, 35, true);
+  const Data far = make_data(1500, 5000, 90, Shape::kFarClusters, 36, true);
+  const Data self = make_self(4000, 300, Shape::kClustered, 37, true);
+  for (int k : {1, 20, 100}) {
+    Options o;
+    o.k = k;
+    const Outcome a = cpu_answer(uniform, o), b = cpu_answer(far, o), c = cpu_answer(self, o);
+    setenv("KNN_CUDA_DGEMM", "0", 1);
+    expect_gpu_matches(uniform, o, a);
+    expect_gpu_matches(far, o, b);
+    expect_gpu_matches(self, o, c);
+    unsetenv("KNN_CUDA_DGEMM");
+    expect_gpu_matches(far, o, b);
+    expect_gpu_matches(self, o, c);
+  }
+}
+
+TEST(GpuBrute, CosineWithZeroVectors) {
+  REQUIRE_GPU();
+  for (int dim : {5, 90}) {
+    Data d = make_data(300, 1500, dim, Shape::kIntegers, 40 + dim, true);
+    for (int64_t r = 0; r < d.nt(); r += 17)
+      std::fill(d.targets.begin() + r * dim, d.targets.begin() + (r + 1) * dim, 0.0f);
+    for (int64_t r = 0; r < d.nq(); r += 29)
+      std::fill(d.queries.begin() + r * dim, d.queries.begin() + (r + 1) * dim, 0.0f);
+    for (int k : {3, 100, 1500}) {
+      Options o;
+      o.k = k;
+      o.metric = KNN_METRIC_COSINE;
+      check(d, o);
+    }
+  }
+}
+
+TEST(GpuBrute, SingleQueryManyTargets) {
+  REQUIRE_GPU();
+  for (int dim : {16, 128}) {
+    const Data d = make_data(1, 200000, dim, Shape::kClustered, 50 + dim);
+    for (KnnMetric m : kMetrics) {
+      Options o;
+      o.k = 20;
+      o.metric = m;
+      check(d, o);
+    }
+  }
+}
+
+TEST(GpuBrute, MediumSelfJoins) {
+  REQUIRE_GPU();
+  {
+    const Data d = make_self(20000, 32, Shape::kClustered, 61, true);
+    Options o;
+    o.k = 20;
+    check(d, o);
+  }
+  {
+    const Data d = make_self(10000, 200, Shape::kClustered, 62, true);
+    for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_COSINE}) {
+      Options o;
+      o.k = 20;
+      o.metric = m;
+      check(d, o);
+    }
+  }
+}
+
+TEST(GpuBrute, ForcedChunking) {
+  // A small memory budget forces query and target chunks, the pinned
+  // double-buffered uploads and the merging of per-chunk results.
+  REQUIRE_GPU();
+  struct Case { int dim; int k; KnnMetric metric; int64_t limit; };
+  const Case cases[] = {
+      {32, 20, KNN_METRIC_L2, 2 << 20},     {32, 20, KNN_METRIC_L1, 6 << 20},
+      {128, 10, KNN_METRIC_L2, 3 << 20},    {128, 10, KNN_METRIC_COSINE, 8 << 20},
+      {128, 30, KNN_METRIC_IP, 4 << 20},    {16, 300, KNN_METRIC_L2, 16 << 20},
+  };
+  for (const Case &c : cases) {
+    const Data d = make_data(3000, 20000, c.dim, Shape::kClustered, 70 + c.dim + c.k, true);
+    Options o;
+    o.k = c.k;
+    o.metric = c.metric;
+    o.gpu_memory_limit = c.limit;
+    const Outcome ref = cpu_answer(d, o);
+    expect_gpu_matches(d, o, ref);
+    // The same with self-exclusion on a self-join.
+  }
+  const Data self = make_self(15000, 24, Shape::kIntegers, 79, true);
+  Options o;
+  o.k = 12;
+  o.gpu_memory_limit = 1 << 20;
+  check(self, o);
+}
+
+// ---- statuses ----
+
+TEST(GpuEngine, TooSmallBudgetIsOutOfMemory) {
+  REQUIRE_GPU();
+  const Data d = make_data(100, 1000, 64, Shape::kUniform, 90);
+  Options o;
+  o.gpu_memory_limit = 1000;  // bytes
+  const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
+  EXPECT_EQ(gpu.status, KNN_OUT_OF_MEMORY) << gpu.error;
+  EXPECT_FALSE(gpu.error.empty());
+}
+
+TEST(GpuEngine, CancelStopsAJoin) {
+  REQUIRE_GPU();
+  const Data d = make_self(400000, 64, Shape::kUniform, 91);
+  Options o;
+  o.k = 20;
+  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+  std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
+  std::vector<double> dist(nb.size());
+  char err[512] = "";
+  KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  knn_job_cancel(job);
+  KnnStats stats{};
+  const KnnStatus st = knn_job_finish(job, &stats, err, sizeof err);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Either it finished before the cancel arrived, or it stopped promptly.
+  if (st != KNN_OK) {
+    EXPECT_EQ(st, KNN_CANCELLED) << err;
+    EXPECT_LT(waited, 2.0);
+  }
+}
+
+TEST(GpuEngine, EmptySides) {
+  REQUIRE_GPU();
+  Data d = make_data(5, 0, 4, Shape::kUniform, 92);
+  Options o;
+  o.k = 3;
+  const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
+  ASSERT_EQ(gpu.status, KNN_OK) << gpu.error;
+  for (size_t i = 0; i < gpu.neighbors.size(); i++) {
+    EXPECT_EQ(gpu.neighbors[i], -1);
+    EXPECT_TRUE(std::isnan(gpu.distances[i]));
+  }
+}
+
+// ---- TI and AUTO (the triangle-inequality path) ----
+
+TEST(GpuTi, MatchesCpu) {
+  REQUIRE_GPU();
+  const Data shapes[] = {
+      make_data(2000, 30000, 3, Shape::kClustered, 101, true),
+      make_data(1, 30000, 8, Shape::kClustered, 102),
+      make_self(30000, 16, Shape::kClustered, 103, true),
+      make_self(12000, 4, Shape::kIntegers, 104, true),
+      make_data(3000, 5000, 40, Shape::kUniform, 105),
+  };
+  for (const Data &d : shapes)
+    for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1})
+      for (int k : {1, 20, 300}) {
+        Options o;
+        o.k = k;
+        o.metric = m;
+        const Outcome ref = cpu_answer(d, o);
+        for (KnnMethod method : {KNN_METHOD_TI, KNN_METHOD_AUTO}) {
+          o.method = method;
+          expect_gpu_matches(d, o, ref);
+        }
+      }
+}
+
+TEST(GpuTi, ChunkedAndOtherMetrics) {
+  REQUIRE_GPU();
+  const Data d = make_data(5000, 40000, 6, Shape::kClustered, 110, true);
+  Options o;
+  o.k = 10;
+  o.method = KNN_METHOD_TI;
+  o.gpu_memory_limit = 4 << 20;
+  check(d, o);
+  // TI on a metric it does not cover is answered by brute force.
+  o.gpu_memory_limit = 0;
+  o.metric = KNN_METRIC_COSINE;
+  check(d, o);
+}
+
+}  // namespace
