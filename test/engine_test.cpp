@@ -1,0 +1,749 @@
+// engine_test.cpp -- unit tests of the CPU engine (GoogleTest, no
+// PostgreSQL). Run with `make unittest`.
+//
+// The reference is written here, independently of the engine: every pair's
+// distance through kernels/knn_distance.h, a full sort with
+// knn_result_before, self-match exclusion, padding. TI, brute force and
+// AUTO must reproduce it bit for bit (neighbours, order and the bits of
+// every distance) on many shapes and kinds of data, duplicates and exact
+// ties included.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/cpu_engine.h"
+#include "cpu/lane_sums.h"
+#include "cpu/top_k.h"
+#include "knn_distance.h"
+#include "knn_engine.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------- data ----
+
+struct Matrix {
+  std::vector<float> values;
+  int64_t rows = 0;
+  int dim = 0;
+  const float *row(int64_t i) const { return values.data() + i * dim; }
+  float *row(int64_t i) { return values.data() + i * dim; }
+};
+
+enum class DataKind {
+  kUniform,        // independent uniform values
+  kBlobs,          // gaussian clusters
+  kDuplicates,     // blobs in which many rows are exact copies of others
+  kGrid,           // small integers: exact ties everywhere
+  kNearTies,       // a few base rows plus last-bit noise: near-ties
+};
+
+const char *kind_name(DataKind kind) {
+  switch (kind) {
+    case DataKind::kUniform: return "uniform";
+    case DataKind::kBlobs: return "blobs";
+    case DataKind::kDuplicates: return "duplicates";
+    case DataKind::kGrid: return "grid";
+    case DataKind::kNearTies: return "near-ties";
+  }
+  return "?";
+}
+
+Matrix make_data(DataKind kind, int64_t rows, int dim, std::mt19937_64 &rng) {
+  Matrix m;
+  m.rows = rows;
+  m.dim = dim;
+  m.values.resize(static_cast<size_t>(rows) * dim);
+  std::uniform_real_distribution<float> uniform(-10.0f, 10.0f);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  switch (kind) {
+    case DataKind::kUniform:
+      for (float &v : m.values) v = uniform(rng);
+      break;
+    case DataKind::kBlobs:
+    case DataKind::kDuplicates: {
+      const int n_blobs = 1 + static_cast<int>(rng() % 8);
+      std::vector<float> centres(static_cast<size_t>(n_blobs) * dim);
+      for (float &v : centres) v = uniform(rng) * 5.0f;
+      for (int64_t i = 0; i < rows; i++) {
+        const int b = static_cast<int>(rng() % n_blobs);
+        const float spread = 0.1f + static_cast<float>(b);
+        for (int j = 0; j < dim; j++)
+          m.row(i)[j] = centres[b * dim + j] + spread * normal(rng);
+      }
+      if (kind == DataKind::kDuplicates && rows > 1)
+        for (int64_t i = 0; i < rows; i++)
+          if (rng() % 3 != 0) {  // two rows in three copy an earlier one
+            const int64_t from = static_cast<int64_t>(rng() % std::max<int64_t>(1, i / 4 + 1));
+            std::memcpy(m.row(i), m.row(from), sizeof(float) * dim);
+          }
+      break;
+    }
+    case DataKind::kGrid:
+      for (float &v : m.values) v = static_cast<float>(rng() % 3);
+      break;
+    case DataKind::kNearTies: {
+      const int n_base = 1 + static_cast<int>(rng() % 4);
+      std::vector<float> base(static_cast<size_t>(n_base) * dim);
+      for (float &v : base) v = uniform(rng);
+      for (int64_t i = 0; i < rows; i++) {
+        const int b = static_cast<int>(rng() % n_base);
+        for (int j = 0; j < dim; j++) {
+          float v = base[b * dim + j];
+          const int nudge = static_cast<int>(rng() % 5) - 2;  // a few ulps
+          for (int s = 0; s < std::abs(nudge); s++)
+            v = std::nextafter(v, nudge > 0 ? 1e30f : -1e30f);
+          m.row(i)[j] = v;
+        }
+      }
+      break;
+    }
+  }
+  return m;
+}
+
+Matrix take_rows(const Matrix &from, int64_t first, int64_t count) {
+  Matrix m;
+  m.rows = count;
+  m.dim = from.dim;
+  m.values.resize(static_cast<size_t>(count) * from.dim);
+  for (int64_t i = 0; i < count; i++)
+    std::memcpy(m.row(i), from.row(first + i), sizeof(float) * from.dim);
+  return m;
+}
+
+// ----------------------------------------------------------- reference ----
+
+struct Result {
+  std::vector<int64_t> neighbors;
+  std::vector<double> distances;
+};
+
+double reference_distance(KnnMetric metric, const float *a, const float *b, int dim) {
+  switch (metric) {
+    case KNN_METRIC_L2:
+      return knn_l2_from_squared(knn_l2_squared(a, b, dim));
+    case KNN_METRIC_COSINE:
+      return knn_cosine_from_dot(knn_dot(a, b, dim), knn_dot(a, a, dim), knn_dot(b, b, dim));
+    case KNN_METRIC_IP:
+      return knn_ip_from_dot(knn_dot(a, b, dim));
+    case KNN_METRIC_L1:
+      return knn_l1_from_sum(knn_l1_sum(a, b, dim));
+  }
+  return 0;
+}
+
+// All pairs, full sort: the definition of the right answer.
+Result reference_join(const KnnProblem &p) {
+  Result r;
+  r.neighbors.assign(p.n_queries * p.k, -1);
+  r.distances.assign(p.n_queries * p.k, std::numeric_limits<double>::quiet_NaN());
+  std::vector<std::pair<double, int64_t>> all;
+  for (int64_t q = 0; q < p.n_queries; q++) {
+    all.clear();
+    const float *qr = p.queries + q * p.dim;
+    for (int64_t t = 0; t < p.n_targets; t++) {
+      if (p.query_keys != nullptr && p.query_keys[q] == p.target_keys[t]) continue;
+      all.emplace_back(reference_distance(p.metric, qr, p.targets + t * p.dim, p.dim), t);
+    }
+    std::sort(all.begin(), all.end(), [](const auto &a, const auto &b) {
+      return knn_result_before(a.first, a.second, b.first, b.second);
+    });
+    for (size_t i = 0; i < all.size() && static_cast<int64_t>(i) < p.k; i++) {
+      r.neighbors[q * p.k + i] = all[i].second;
+      r.distances[q * p.k + i] = all[i].first;
+    }
+  }
+  return r;
+}
+
+// ------------------------------------------------------------- running ----
+
+KnnProblem make_problem(const Matrix &queries, const Matrix &targets, int k,
+                        KnnMetric metric, KnnMethod method, int threads) {
+  KnnProblem p{};
+  p.queries = queries.values.data();
+  p.n_queries = queries.rows;
+  p.targets = targets.values.data();
+  p.n_targets = targets.rows;
+  p.dim = queries.dim;
+  p.k = k;
+  p.metric = metric;
+  p.method = method;
+  p.device = KNN_DEVICE_CPU;
+  p.n_threads = threads;
+  return p;
+}
+
+struct EngineRun {
+  KnnStatus status;
+  Result result;
+  KnnStats stats;
+  std::string error;
+};
+
+EngineRun run_engine(const KnnProblem &p, const int32_t *cancel = nullptr) {
+  EngineRun run;
+  run.result.neighbors.assign(std::max<int64_t>(1, p.n_queries * p.k), -7);
+  run.result.distances.assign(std::max<int64_t>(1, p.n_queries * p.k), -7.0);
+  run.status = knn::cpu_run(p, run.result.neighbors.data(), run.result.distances.data(),
+                            &run.stats, cancel, &run.error);
+  run.result.neighbors.resize(p.n_queries * p.k);
+  run.result.distances.resize(p.n_queries * p.k);
+  return run;
+}
+
+// Bit-for-bit equality, with the first difference in the message.
+::testing::AssertionResult same_result(const Result &expected, const Result &actual,
+                                       int k) {
+  if (expected.neighbors.size() != actual.neighbors.size())
+    return ::testing::AssertionFailure() << "result sizes differ";
+  for (size_t i = 0; i < expected.neighbors.size(); i++) {
+    if (expected.neighbors[i] != actual.neighbors[i] ||
+        std::memcmp(&expected.distances[i], &actual.distances[i], sizeof(double)) != 0)
+      return ::testing::AssertionFailure()
+             << "query " << i / k << " rank " << i % k << ": expected row "
+             << expected.neighbors[i] << " at " << expected.distances[i] << ", got row "
+             << actual.neighbors[i] << " at " << actual.distances[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+const KnnMetric kMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP,
+                              KNN_METRIC_L1};
+
+const char *metric_name(KnnMetric m) {
+  switch (m) {
+    case KNN_METRIC_L2: return "l2";
+    case KNN_METRIC_COSINE: return "cosine";
+    case KNN_METRIC_IP: return "ip";
+    case KNN_METRIC_L1: return "l1";
+  }
+  return "?";
+}
+
+// Runs TI, brute force and AUTO (threads 1 or 2) and compares each with
+// the reference.
+void expect_all_methods_match(const KnnProblem &base, const std::string &what,
+                              int threads) {
+  const Result expected = reference_join(base);
+  for (KnnMethod method : {KNN_METHOD_TI, KNN_METHOD_BRUTE, KNN_METHOD_AUTO}) {
+    KnnProblem p = base;
+    p.method = method;
+    p.n_threads = threads;
+    const EngineRun run = run_engine(p);
+    ASSERT_EQ(run.status, KNN_OK) << what << ": " << run.error;
+    EXPECT_TRUE(same_result(expected, run.result, p.k))
+        << what << " method " << method << " (ran " << run.stats.method << "), threads "
+        << threads;
+  }
+}
+
+// -------------------------------------------------------- building blocks -
+
+// lane_sums must return exactly what knn_distance.h returns, for every
+// dimension (full lane groups and every tail length) and batch size.
+TEST(LaneSums, BitIdenticalToCanonicalDistances) {
+  std::mt19937_64 rng(1);
+  std::uniform_real_distribution<float> u(-100.0f, 100.0f);
+  for (int dim = 1; dim <= 300; dim += (dim < 40 ? 1 : 13)) {
+    const int64_t count = 1 + static_cast<int64_t>(rng() % 21);
+    std::vector<float> q(dim), t(count * dim);
+    for (float &v : q) v = u(rng);
+    for (float &v : t) v = u(rng);
+    std::vector<const float *> rows(count);
+    for (int64_t r = 0; r < count; r++) rows[r] = &t[r * dim];
+    for (KnnMetric metric : kMetrics) {
+      std::vector<float> stored(count), scattered(count);
+      knn::cpu::lane_sums(metric, q.data(), t.data(), count, dim, stored.data());
+      knn::cpu::lane_sums_scattered(metric, q.data(), rows.data(), count, dim,
+                                    scattered.data());
+      for (int64_t r = 0; r < count; r++) {
+        const float *b = &t[r * dim];
+        const float expected = metric == KNN_METRIC_L2 ? knn_l2_squared(q.data(), b, dim)
+                               : metric == KNN_METRIC_L1 ? knn_l1_sum(q.data(), b, dim)
+                                                         : knn_dot(q.data(), b, dim);
+        ASSERT_EQ(0, std::memcmp(&expected, &stored[r], sizeof(float)))
+            << "dim " << dim << " metric " << metric_name(metric) << " row " << r;
+        ASSERT_EQ(0, std::memcmp(&expected, &scattered[r], sizeof(float)))
+            << "dim " << dim << " metric " << metric_name(metric) << " row " << r;
+      }
+    }
+  }
+}
+
+TEST(TopK, KeepsTheBestInResultOrder) {
+  std::mt19937_64 rng(2);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (int trial = 0; trial < 200; trial++) {
+    const int n = 1 + static_cast<int>(rng() % 60);
+    const int k = 1 + static_cast<int>(rng() % 30);
+    std::vector<std::pair<double, int64_t>> pairs;
+    for (int i = 0; i < n; i++) {
+      const int pick = static_cast<int>(rng() % 10);
+      const double d = pick == 0 ? nan : static_cast<double>(rng() % 5);  // many ties
+      pairs.emplace_back(d, i);
+    }
+    std::shuffle(pairs.begin(), pairs.end(), rng);
+    knn::cpu::TopK top(std::min(k, n));
+    for (const auto &[d, i] : pairs) top.offer(d, i);
+    std::vector<int64_t> got(k);
+    std::vector<double> got_d(k);
+    top.write_sorted(k, got.data(), got_d.data(), [](double x) { return x; });
+
+    std::sort(pairs.begin(), pairs.end(), [](const auto &a, const auto &b) {
+      return knn_result_before(a.first, a.second, b.first, b.second);
+    });
+    for (int r = 0; r < k; r++) {
+      if (r < n) {
+        ASSERT_EQ(got[r], pairs[r].second) << "trial " << trial << " rank " << r;
+        ASSERT_EQ(0, std::memcmp(&got_d[r], &pairs[r].first, sizeof(double)));
+      } else {
+        ASSERT_EQ(got[r], -1);
+        ASSERT_TRUE(std::isnan(got_d[r]));
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------- the join itself --
+
+// Many random shapes: every listed dimension x metric x kind of data, with
+// |Q| != |T|, |Q| = 1, k from 1 to 100 and beyond |T|.
+TEST(CpuEngine, MatchesReferenceOnRandomShapes) {
+  const int dims[] = {1, 2, 3, 4, 7, 8, 9, 17, 28, 64, 128, 300};
+  const DataKind kinds[] = {DataKind::kUniform, DataKind::kBlobs, DataKind::kDuplicates,
+                            DataKind::kGrid, DataKind::kNearTies};
+  std::mt19937_64 rng(3);
+  int cases = 0;
+  for (int dim : dims) {
+    for (KnnMetric metric : kMetrics) {
+      for (DataKind kind : kinds) {
+        // Smaller sets in many dimensions keep the reference affordable.
+        const int64_t max_rows = dim <= 32 ? 700 : dim <= 128 ? 300 : 150;
+        int64_t n_targets = 1 + static_cast<int64_t>(rng() % max_rows);
+        int64_t n_queries = rng() % 4 == 0 ? 1 : 1 + static_cast<int64_t>(rng() % max_rows);
+        int k;
+        switch (rng() % 4) {
+          case 0: k = 1; break;
+          case 1: k = 1 + static_cast<int>(rng() % 20); break;
+          case 2: k = 1 + static_cast<int>(rng() % 100); break;
+          default: k = static_cast<int>(n_targets) + 1 + static_cast<int>(rng() % 5); break;
+        }
+        // Queries from the same distribution: draw both sets as one.
+        Matrix all = make_data(kind, n_queries + n_targets, dim, rng);
+        const Matrix queries = take_rows(all, 0, n_queries);
+        const Matrix targets = take_rows(all, n_queries, n_targets);
+
+        const KnnProblem p = make_problem(queries, targets, k, metric, KNN_METHOD_AUTO, 1);
+        const std::string what = std::string(kind_name(kind)) + " dim " +
+                                 std::to_string(dim) + " " + metric_name(metric) + " |Q| " +
+                                 std::to_string(n_queries) + " |T| " +
+                                 std::to_string(n_targets) + " k " + std::to_string(k);
+        expect_all_methods_match(p, what, 1 + cases % 2);
+        cases++;
+      }
+    }
+  }
+  EXPECT_EQ(cases, 12 * 4 * 5);
+}
+
+// Larger low-dimensional sets, where TI forms many clusters and prunes a
+// lot; the shapes the real data sets have (few dimensions, many copies).
+TEST(CpuEngine, MatchesReferenceOnLargerClusteredSets) {
+  std::mt19937_64 rng(4);
+  struct Shape {
+    DataKind kind;
+    int dim;
+    int64_t n;
+    int k;
+  };
+  const Shape shapes[] = {
+      {DataKind::kDuplicates, 4, 4000, 20}, {DataKind::kGrid, 3, 3000, 20},
+      {DataKind::kBlobs, 28, 3000, 20},     {DataKind::kNearTies, 8, 2000, 10},
+      {DataKind::kBlobs, 2, 5000, 50},      {DataKind::kUniform, 9, 2500, 5},
+  };
+  for (const Shape &s : shapes)
+    for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+      const Matrix data = make_data(s.kind, s.n, s.dim, rng);
+      const Matrix queries = make_data(s.kind, s.n / 3, s.dim, rng);
+      const KnnProblem p = make_problem(queries, data, s.k, metric, KNN_METHOD_TI, 2);
+      const Result expected = reference_join(p);
+      for (int threads : {1, 2}) {
+        KnnProblem ti = p;
+        ti.n_threads = threads;
+        const EngineRun run = run_engine(ti);
+        ASSERT_EQ(run.status, KNN_OK) << run.error;
+        EXPECT_STREQ(run.stats.method, "ti");
+        EXPECT_LT(run.stats.distance_computations, run.stats.pairs)
+            << kind_name(s.kind) << ": TI pruned nothing";
+        EXPECT_TRUE(same_result(expected, run.result, p.k))
+            << kind_name(s.kind) << " dim " << s.dim << " " << metric_name(metric)
+            << " threads " << threads;
+      }
+    }
+}
+
+// Points on a line, at multiples of a large spacing: every triangle is
+// degenerate, so the TI bounds are tight, and the squares are rounded, so
+// a computed distance can exceed a computed bound by an ulp; symmetric
+// positions give exact ties. This is where a missing rounding margin or a
+// tie pruned too early shows.
+TEST(CpuEngine, TightBoundsOnALine) {
+  std::mt19937_64 rng(13);
+  int cases = 0;
+  for (int trial = 0; trial < 120; trial++) {
+    const int dim = 1 + trial % 3;
+    const float direction[3] = {1.0f, -2.0f, 3.0f};
+    const double spacing = 1000.0 + static_cast<double>(rng() % 5000) / 7.0;
+    const double origin = static_cast<double>(rng() % 100000);
+    auto make_line = [&](int64_t rows, int64_t positions) {
+      Matrix m;
+      m.rows = rows;
+      m.dim = dim;
+      m.values.resize(rows * dim);
+      for (int64_t i = 0; i < rows; i++) {
+        const double at = origin + spacing * static_cast<double>(rng() % positions);
+        for (int j = 0; j < dim; j++) m.row(i)[j] = static_cast<float>(at * direction[j]);
+      }
+      return m;
+    };
+    const int64_t positions = 20 + static_cast<int64_t>(rng() % 400);
+    const Matrix targets = make_line(50 + static_cast<int64_t>(rng() % 600), positions);
+    const Matrix queries = make_line(1 + static_cast<int64_t>(rng() % 300), positions);
+    const int k = 1 + static_cast<int>(rng() % 4);
+    for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+      const KnnProblem p = make_problem(queries, targets, k, metric, KNN_METHOD_TI, 1);
+      const Result expected = reference_join(p);
+      const EngineRun run = run_engine(p);
+      ASSERT_EQ(run.status, KNN_OK) << run.error;
+      EXPECT_TRUE(same_result(expected, run.result, k))
+          << "trial " << trial << " dim " << dim << " " << metric_name(metric);
+      // And the self-join of the targets.
+      std::vector<int64_t> keys(targets.rows);
+      for (int64_t i = 0; i < targets.rows; i++) keys[i] = i;
+      KnnProblem self = make_problem(targets, targets, k, metric, KNN_METHOD_TI, 2);
+      self.query_keys = keys.data();
+      self.target_keys = keys.data();
+      const EngineRun self_run = run_engine(self);
+      ASSERT_EQ(self_run.status, KNN_OK) << self_run.error;
+      EXPECT_TRUE(same_result(reference_join(self), self_run.result, k))
+          << "self-join trial " << trial << " dim " << dim << " " << metric_name(metric);
+      cases++;
+    }
+  }
+  EXPECT_EQ(cases, 240);
+}
+
+// The all-kNN graph of one table: queries and targets are the same rows,
+// each row's own key excluded.
+TEST(CpuEngine, SelfJoinExcludesEqualKeys) {
+  std::mt19937_64 rng(5);
+  const DataKind kinds[] = {DataKind::kDuplicates, DataKind::kGrid, DataKind::kBlobs,
+                            DataKind::kNearTies, DataKind::kUniform};
+  int cases = 0;
+  for (DataKind kind : kinds)
+    for (KnnMetric metric : kMetrics)
+      for (int dim : {1, 4, 17, 64}) {
+        const int64_t n = 1 + static_cast<int64_t>(rng() % (dim <= 17 ? 1500 : 400));
+        const Matrix data = make_data(kind, n, dim, rng);
+        std::vector<int64_t> keys(n);
+        for (int64_t i = 0; i < n; i++) keys[i] = 1000 + i;
+        const int k = 1 + static_cast<int>(rng() % 25);
+        KnnProblem p = make_problem(data, data, k, metric, KNN_METHOD_AUTO, 2);
+        p.query_keys = keys.data();
+        p.target_keys = keys.data();
+        expect_all_methods_match(
+            p, std::string("self-join ") + kind_name(kind) + " " + metric_name(metric) +
+                   " dim " + std::to_string(dim) + " n " + std::to_string(n) + " k " +
+                   std::to_string(k),
+            1 + cases % 2);
+        cases++;
+      }
+}
+
+// Keys need not be unique: a query then loses every target sharing its
+// key, which level 1 of TI must allow for.
+TEST(CpuEngine, RepeatedKeysExcludeEveryMatch) {
+  std::mt19937_64 rng(6);
+  for (int group : {2, 3, 7, 40}) {
+    const int64_t n = 1200;
+    const Matrix data = make_data(DataKind::kDuplicates, n, 3, rng);
+    std::vector<int64_t> keys(n);
+    for (int64_t i = 0; i < n; i++) keys[i] = i / group;  // runs of equal keys
+    for (int k : {1, 5, 30}) {
+      KnnProblem p = make_problem(data, data, k, KNN_METRIC_L2, KNN_METHOD_TI, 2);
+      p.query_keys = keys.data();
+      p.target_keys = keys.data();
+      expect_all_methods_match(p, "keys in groups of " + std::to_string(group), 2);
+    }
+  }
+  // Query keys that match no target exclude nothing.
+  const Matrix q = make_data(DataKind::kBlobs, 300, 5, rng);
+  const Matrix t = make_data(DataKind::kBlobs, 500, 5, rng);
+  std::vector<int64_t> qk(300, -1), tk(500);
+  for (int64_t i = 0; i < 500; i++) tk[i] = i;
+  KnnProblem p = make_problem(q, t, 10, KNN_METRIC_L1, KNN_METHOD_TI, 1);
+  p.query_keys = qk.data();
+  p.target_keys = tk.data();
+  expect_all_methods_match(p, "disjoint keys", 1);
+}
+
+// Every row the same point: every distance ties, order is by row alone.
+TEST(CpuEngine, AllRowsIdentical) {
+  for (int dim : {1, 5, 33}) {
+    Matrix data;
+    data.rows = 700;
+    data.dim = dim;
+    data.values.assign(700 * dim, 1.5f);
+    std::vector<int64_t> keys(700);
+    for (int i = 0; i < 700; i++) keys[i] = i;
+    for (KnnMetric metric : kMetrics) {
+      KnnProblem p = make_problem(data, data, 12, metric, KNN_METHOD_AUTO, 2);
+      p.query_keys = keys.data();
+      p.target_keys = keys.data();
+      expect_all_methods_match(p, "identical rows", 2);
+      // Expected by hand too: row 0 for every query but the first, etc.
+      const Result r = reference_join(p);
+      EXPECT_EQ(r.neighbors[0], 1);
+      EXPECT_EQ(r.neighbors[12], 0);
+    }
+  }
+}
+
+TEST(CpuEngine, EdgeSizes) {
+  std::mt19937_64 rng(7);
+  const Matrix one = make_data(DataKind::kUniform, 1, 6, rng);
+  const Matrix some = make_data(DataKind::kUniform, 9, 6, rng);
+  for (KnnMetric metric : kMetrics) {
+    // One target; one query; k far beyond |T|.
+    expect_all_methods_match(make_problem(some, one, 1, metric, KNN_METHOD_AUTO, 1),
+                             "one target", 1);
+    expect_all_methods_match(make_problem(one, some, 3, metric, KNN_METHOD_AUTO, 2),
+                             "one query", 2);
+    expect_all_methods_match(make_problem(some, some, 1000, metric, KNN_METHOD_AUTO, 2),
+                             "k > |T|", 2);
+  }
+  // No targets: every slot is padding.
+  Matrix none;
+  none.dim = 6;
+  const EngineRun run = run_engine(make_problem(some, none, 4, KNN_METRIC_L2, KNN_METHOD_TI, 1));
+  ASSERT_EQ(run.status, KNN_OK);
+  for (size_t i = 0; i < run.result.neighbors.size(); i++) {
+    EXPECT_EQ(run.result.neighbors[i], -1);
+    EXPECT_TRUE(std::isnan(run.result.distances[i]));
+  }
+  // No queries: nothing to do, nothing written.
+  const EngineRun empty = run_engine(make_problem(none, some, 4, KNN_METRIC_L2, KNN_METHOD_TI, 1));
+  EXPECT_EQ(empty.status, KNN_OK);
+}
+
+// Values the TI bounds cannot use (non-finite, or so large that sums
+// overflow) and cosine's zero vectors (NaN distances, sorted last).
+TEST(CpuEngine, NonFiniteAndExtremeValues) {
+  std::mt19937_64 rng(8);
+  Matrix data = make_data(DataKind::kBlobs, 400, 7, rng);
+  data.row(3)[0] = std::numeric_limits<float>::infinity();
+  data.row(10)[2] = -std::numeric_limits<float>::infinity();
+  data.row(17)[5] = std::numeric_limits<float>::quiet_NaN();
+  for (KnnMetric metric : kMetrics) {
+    const EngineRun ti = run_engine(make_problem(data, data, 9, metric, KNN_METHOD_TI, 2));
+    EXPECT_STREQ(ti.stats.method, "brute");  // TI declines such data
+    expect_all_methods_match(make_problem(data, data, 9, metric, KNN_METHOD_AUTO, 2),
+                             "non-finite values", 2);
+  }
+
+  Matrix huge = make_data(DataKind::kUniform, 300, 9, rng);
+  for (float &v : huge.values) v *= 1e36f;  // squares overflow to inf
+  for (KnnMetric metric : kMetrics)
+    expect_all_methods_match(make_problem(huge, huge, 7, metric, KNN_METHOD_AUTO, 1),
+                             "huge values", 1);
+
+  Matrix tiny = make_data(DataKind::kBlobs, 300, 9, rng);
+  for (float &v : tiny.values) v *= 1e-40f;  // denormal values and sums
+  for (KnnMetric metric : kMetrics)
+    expect_all_methods_match(make_problem(tiny, tiny, 7, metric, KNN_METHOD_AUTO, 1),
+                             "denormal values", 1);
+
+  Matrix zeros = make_data(DataKind::kUniform, 200, 4, rng);
+  for (int64_t i = 0; i < 200; i += 7) std::fill(zeros.row(i), zeros.row(i) + 4, 0.0f);
+  expect_all_methods_match(make_problem(zeros, zeros, 15, KNN_METRIC_COSINE,
+                                        KNN_METHOD_AUTO, 2),
+                           "cosine with zero vectors", 2);
+}
+
+TEST(CpuEngine, StatsDescribeTheRun) {
+  std::mt19937_64 rng(9);
+  const Matrix data = make_data(DataKind::kBlobs, 3000, 3, rng);
+  EngineRun ti = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_TI, 2));
+  ASSERT_EQ(ti.status, KNN_OK);
+  EXPECT_STREQ(ti.stats.device, "cpu (2 threads)");
+  EXPECT_STREQ(ti.stats.method, "ti");
+  EXPECT_EQ(ti.stats.pairs, 3000 * 3000);
+  EXPECT_GT(ti.stats.query_clusters, 1);
+  EXPECT_GT(ti.stats.target_clusters, 1);
+  EXPECT_GT(ti.stats.distance_computations, 0);
+  EXPECT_LT(ti.stats.distance_computations, ti.stats.pairs);
+  EXPECT_GT(ti.stats.seconds_total, 0.0);
+  EXPECT_LE(ti.stats.seconds_cluster, ti.stats.seconds_total);
+
+  EngineRun brute = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 1));
+  ASSERT_EQ(brute.status, KNN_OK);
+  EXPECT_STREQ(brute.stats.device, "cpu (1 thread)");
+  EXPECT_STREQ(brute.stats.method, "brute");
+  EXPECT_EQ(brute.stats.distance_computations, brute.stats.pairs);
+
+  // Inner product and cosine always run brute force.
+  EngineRun ip = run_engine(make_problem(data, data, 10, KNN_METRIC_IP, KNN_METHOD_TI, 1));
+  EXPECT_STREQ(ip.stats.method, "brute");
+
+  // AUTO keeps TI where it prunes (clustered, few dimensions) ...
+  EngineRun auto_ti = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_AUTO, 2));
+  EXPECT_STREQ(auto_ti.stats.method, "ti");
+  // ... and hands over to brute force after sampling where it cannot
+  // (uniform data in 64 dimensions), with the same results.
+  const Matrix uniform = make_data(DataKind::kUniform, 1500, 64, rng);
+  const KnnProblem p = make_problem(uniform, uniform, 10, KNN_METRIC_L2, KNN_METHOD_AUTO, 2);
+  EngineRun declined = run_engine(p);
+  ASSERT_EQ(declined.status, KNN_OK);
+  EXPECT_STREQ(declined.stats.method, "brute");
+  EXPECT_NE(std::string(declined.stats.variant).find("ti sample"), std::string::npos)
+      << declined.stats.variant;
+  EXPECT_GT(declined.stats.seconds_cluster, 0.0);
+  EXPECT_TRUE(same_result(reference_join(p), declined.result, p.k));
+}
+
+TEST(CpuEngine, InvalidArguments) {
+  std::mt19937_64 rng(10);
+  const Matrix data = make_data(DataKind::kUniform, 20, 4, rng);
+  std::vector<int64_t> keys(20, 1);
+  auto status_of = [&](KnnProblem p) {
+    std::vector<int64_t> n(20 * 8);
+    std::vector<double> d(20 * 8);
+    std::string error;
+    const KnnStatus s = knn::cpu_run(p, n.data(), d.data(), nullptr, nullptr, &error);
+    if (s != KNN_OK) {
+      EXPECT_FALSE(error.empty());
+    }
+    return s;
+  };
+  const KnnProblem good = make_problem(data, data, 5, KNN_METRIC_L2, KNN_METHOD_AUTO, 1);
+  EXPECT_EQ(status_of(good), KNN_OK);
+  KnnProblem p = good;
+  p.k = 0;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.k = -3;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.dim = 0;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.n_targets = -1;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.queries = nullptr;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.query_keys = keys.data();  // without target_keys
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.metric = static_cast<KnnMetric>(9);
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p = good;
+  p.n_threads = -1;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  std::string error;
+  EXPECT_EQ(knn::cpu_run(good, nullptr, nullptr, nullptr, nullptr, &error),
+            KNN_INVALID_ARGUMENT);
+}
+
+// ------------------------------------------------------------ cancelling --
+
+// A join that would run for many seconds stops soon after the flag is set,
+// in whichever phase it is (clustering, level 1/2, brute force).
+TEST(CpuEngine, CancelStopsQuickly) {
+  std::mt19937_64 rng(11);
+  const Matrix wide = make_data(DataKind::kUniform, 20000, 784, rng);
+  const Matrix narrow = make_data(DataKind::kDuplicates, 300000, 4, rng);
+  struct Case {
+    const Matrix *data;
+    KnnMethod method;
+    int delay_ms;
+  };
+  const Case cases[] = {
+      {&wide, KNN_METHOD_BRUTE, 30},  {&wide, KNN_METHOD_TI, 5},
+      {&wide, KNN_METHOD_TI, 300},    {&narrow, KNN_METHOD_TI, 20},
+      {&narrow, KNN_METHOD_TI, 250},  {&narrow, KNN_METHOD_BRUTE, 50},
+  };
+  for (const Case &c : cases) {
+    const KnnProblem p = make_problem(*c.data, *c.data, 20, KNN_METRIC_L2, c.method, 2);
+    int32_t cancel = 0;
+    Clock::time_point cancelled_at;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(c.delay_ms));
+      cancelled_at = Clock::now();
+      __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+    });
+    const EngineRun run = run_engine(p, &cancel);
+    const Clock::time_point returned = Clock::now();
+    canceller.join();
+    EXPECT_EQ(run.status, KNN_CANCELLED) << "method " << c.method << " delay " << c.delay_ms;
+    const double late_ms =
+        std::chrono::duration<double, std::milli>(returned - cancelled_at).count();
+    // ~50 ms is the goal; allow for a loaded CI machine.
+    EXPECT_LT(late_ms, 250.0) << "method " << c.method << " delay " << c.delay_ms;
+    RecordProperty("cancel_latency_ms", std::to_string(late_ms));
+  }
+  // A flag set before the start: nothing runs.
+  int32_t cancel = 1;
+  const EngineRun run = run_engine(make_problem(wide, wide, 5, KNN_METRIC_L2, KNN_METHOD_AUTO, 2),
+                             &cancel);
+  EXPECT_EQ(run.status, KNN_CANCELLED);
+}
+
+// ---------------------------------------------------------- the job API ---
+
+TEST(JobApi, CpuJobMatchesReferenceAndCancels) {
+  std::mt19937_64 rng(12);
+  const Matrix data = make_data(DataKind::kDuplicates, 2000, 6, rng);
+  KnnProblem p = make_problem(data, data, 8, KNN_METRIC_L2, KNN_METHOD_AUTO, 2);
+  std::vector<int64_t> n(p.n_queries * p.k);
+  std::vector<double> d(p.n_queries * p.k);
+  char err[256] = "";
+  KnnJob *job = knn_job_start(&p, n.data(), d.data(), err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  while (!knn_job_wait(job, 100)) {
+  }
+  KnnStats stats;
+  ASSERT_EQ(knn_job_finish(job, &stats, err, sizeof err), KNN_OK) << err;
+  EXPECT_TRUE(same_result(reference_join(p), Result{n, d}, p.k));
+  EXPECT_STREQ(stats.method, "ti");
+
+  const Matrix wide = make_data(DataKind::kUniform, 20000, 784, rng);
+  KnnProblem big = make_problem(wide, wide, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2);
+  std::vector<int64_t> bn(big.n_queries * big.k);
+  std::vector<double> bd(big.n_queries * big.k);
+  job = knn_job_start(&big, bn.data(), bd.data(), err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  EXPECT_EQ(knn_job_wait(job, 50), 0);
+  knn_job_cancel(job);
+  const Clock::time_point cancelled_at = Clock::now();
+  EXPECT_EQ(knn_job_wait(job, 2000), 1);
+  const double late_ms =
+      std::chrono::duration<double, std::milli>(Clock::now() - cancelled_at).count();
+  EXPECT_LT(late_ms, 250.0);
+  EXPECT_EQ(knn_job_finish(job, nullptr, err, sizeof err), KNN_CANCELLED);
+}
+
+}  // namespace
