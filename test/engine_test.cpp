@@ -534,6 +534,14 @@ TEST(CpuEngine, EdgeSizes) {
     expect_all_methods_match(make_problem(some, some, 1000, metric, KNN_METHOD_AUTO, 2),
                              "k > |T|", 2);
   }
+  // k in the tens of thousands: the engines then hold fewer queries' lists
+  // at a time.
+  const Matrix many = make_data(DataKind::kDuplicates, 40000, 2, rng);
+  const Matrix few = make_data(DataKind::kDuplicates, 3, 2, rng);
+  for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_COSINE})
+    expect_all_methods_match(make_problem(few, many, 40000, metric, KNN_METHOD_AUTO, 2),
+                             "k = |T| = 40000", 2);
+
   // No targets: every slot is padding.
   Matrix none;
   none.dim = 6;

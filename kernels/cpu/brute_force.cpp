@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../knn_distance.h"
 #include "lane_sums.h"
 #include "parallel_for.h"
 #include "row_distance.h"
@@ -16,14 +17,33 @@ namespace cpu {
 namespace {
 
 // A tile of target rows is read once per query of a block, so it should
-// stay in the per-core L2 cache; the block of queries shares each tile.
+// stay in the L1 cache; the block of queries (in L2) shares each tile.
 constexpr int64_t kTargetTileBytes = 24 * 1024;
 constexpr int64_t kQueryBlock = 32;
+
+// Fewer queries per block when k is large, to bound the top-k lists held.
+int64_t query_block(int64_t capacity) {
+  return std::max<int64_t>(1, std::min<int64_t>(kQueryBlock, (int64_t{1} << 20) / capacity));
+}
 
 // A multiple of the 8 rows lane_sums() takes per pass.
 int64_t target_tile_rows(int dim) {
   const int64_t rows = kTargetTileBytes / (static_cast<int64_t>(dim) * 4);
   return std::max<int64_t>(8, rows / 8 * 8);
+}
+
+// knn_dot(x, x) of every row, the norms cosine needs (computed once).
+std::vector<float> squared_norms(const float *rows, int64_t n, int dim,
+                                 const JoinInput &input) {
+  std::vector<float> norms(static_cast<size_t>(n));
+  constexpr int64_t kRowsPerItem = 1024;
+  parallel_for((n + kRowsPerItem - 1) / kRowsPerItem, input.n_threads, input.cancel,
+               [&](int64_t item, int) {
+                 const int64_t end = std::min(n, (item + 1) * kRowsPerItem);
+                 for (int64_t i = item * kRowsPerItem; i < end; i++)
+                   norms[i] = knn_dot(rows + i * dim, rows + i * dim, dim);
+               });
+  return norms;
 }
 
 }  // namespace
@@ -36,14 +56,16 @@ bool brute_force_join(const JoinInput &input, const JoinOutput &output,
   const bool cosine = input.metric == KNN_METRIC_COSINE;
   std::vector<float> query_norms, target_norms;
   if (cosine) {
-    query_norms = squared_norms(input.queries, input.n_queries, dim);
+    query_norms = squared_norms(input.queries, input.n_queries, dim, input);
     target_norms = input.same_rows()
                        ? query_norms
-                       : squared_norms(input.targets, input.n_targets, dim);
+                       : squared_norms(input.targets, input.n_targets, dim, input);
   }
 
   const int64_t tile_rows = target_tile_rows(dim);
-  const int64_t n_blocks = (input.n_queries + kQueryBlock - 1) / kQueryBlock;
+  const int64_t capacity = std::min<int64_t>(k, std::max<int64_t>(1, input.n_targets));
+  const int64_t block_size = query_block(capacity);
+  const int64_t n_blocks = (input.n_queries + block_size - 1) / block_size;
   const int workers = parallel_workers(n_blocks, input.n_threads);
 
   // Per worker: one TopK per query of its block and a row of sums.
@@ -52,16 +74,15 @@ bool brute_force_join(const JoinInput &input, const JoinOutput &output,
     std::vector<float> sums;
   };
   std::vector<Scratch> scratch(workers);
-  const int64_t capacity = std::min<int64_t>(k, std::max<int64_t>(1, input.n_targets));
   for (Scratch &s : scratch) {
-    s.best.assign(kQueryBlock, TopK(capacity));
+    s.best.assign(block_size, TopK(capacity));
     s.sums.resize(tile_rows);
   }
 
   parallel_for(n_blocks, input.n_threads, input.cancel, [&](int64_t block, int worker) {
     Scratch &s = scratch[worker];
-    const int64_t q_begin = block * kQueryBlock;
-    const int64_t q_end = std::min(q_begin + kQueryBlock, input.n_queries);
+    const int64_t q_begin = block * block_size;
+    const int64_t q_end = std::min(q_begin + block_size, input.n_queries);
     for (int64_t q = q_begin; q < q_end; q++) s.best[q - q_begin].clear();
 
     for (int64_t t_begin = 0; t_begin < input.n_targets; t_begin += tile_rows) {

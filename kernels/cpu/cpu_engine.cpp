@@ -4,13 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <new>
 #include <thread>
-#include <cstdlib>
 
 #include "brute_force.h"
 #include "join_input.h"
@@ -104,7 +102,7 @@ KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances,
   input.n_threads = resolve_threads(p.n_threads);
   input.cancel = cancel;
 
-  bool use_ti = choose_ti(p, input);
+  bool use_ti = false;
   cpu::JoinOutput output{neighbors, distances};
   cpu::JoinReport report;
   bool completed = true;
@@ -114,9 +112,10 @@ KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances,
     fill_padding(p, neighbors, distances);
     report.variant = "empty";
   } else {
+    use_ti = choose_ti(p, input);
     if (use_ti) {
       const cpu::TiOutcome outcome = cpu::ti_join(
-          input, output, [] { cpu::ClusteringOptions o; if (getenv("LMF")) o.landmarks_per_sqrt_n = atof(getenv("LMF")); return o; }(), p.method == KNN_METHOD_AUTO, &report);
+          input, output, cpu::ClusteringOptions(), p.method == KNN_METHOD_AUTO, &report);
       completed = outcome == cpu::TiOutcome::kDone;
       if (outcome == cpu::TiOutcome::kBruteForceIsFaster) {
         use_ti = false;  // the clustering time stays in seconds_cluster
@@ -147,7 +146,7 @@ KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances,
     stats->seconds_total = std::chrono::duration<double>(Clock::now() - start).count();
   }
   if (!completed || (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED))) {
-    set_error(error, "canceled");
+    set_error(error, "cancelled");
     return KNN_CANCELLED;
   }
   return KNN_OK;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "../knn_distance.h"
 #include "../knn_engine.h"
@@ -67,14 +66,6 @@ inline double distance_from_key(KnnMetric metric, double key) {
 inline double pair_distance(KnnMetric metric, const float *a, const float *b,
                             int dim) {
   return distance_from_sum(metric, pair_sum(metric, a, b, dim), 0.0f, 0.0f);
-}
-
-// knn_dot(x, x) of every row, the norms cosine needs (computed once).
-inline std::vector<float> squared_norms(const float *rows, int64_t n, int dim) {
-  std::vector<float> norms(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; i++)
-    norms[i] = knn_dot(rows + i * dim, rows + i * dim, dim);
-  return norms;
 }
 
 }  // namespace cpu

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -132,10 +131,11 @@ class TiJoin {
     std::sort(s.by_centre.begin(), s.by_centre.end());
 
     // Upper bounds R_q + D(cq,ct) + D(ct,t), each valid for every query
-    // within R_q of cq and one distinct target t; the bounds_needed_-th smallest bounds the
-    // k-th distance of every member (after exclusions). Nearest clusters and,
-    // within a cluster, the members nearest the centre come first, so both
-    // loops stop as soon as no smaller bound can follow (footnote 1).
+    // within R_q of cq and one distinct target t; the bounds_needed_-th
+    // smallest bounds the k-th distance of every such query (after
+    // exclusions). Nearest clusters and, within a cluster, the members
+    // nearest the centre come first, so both loops stop as soon as no
+    // smaller bound can follow (the paper's footnote 1).
     std::vector<double> &heap = s.bounds;
     heap.clear();
     const size_t needed = static_cast<size_t>(bounds_needed_);
