@@ -4,6 +4,8 @@
 # each data set: GPU TI, GPU brute force, auto, and the CPU engine; then the
 # pgvector-style LATERAL query (the KNN Join plan node) on skin, and
 # PostgreSQL's own plan for it on a sample of outer rows.
+# KNN_BENCH_RUNS (default "gpu:ti gpu:brute gpu:auto cpu:auto") picks the runs,
+# KNN_BENCH_COMPARE_DEVICE (default gpu) the engine of the TI-vs-brute check.
 # DATA_DIR holds NAME.f32 files (raw float32) and fashion-mnist's
 # train-images-idx3-ubyte.gz. Writes OUT_DIR/sql_bench.jsonl.
 set -uo pipefail
@@ -38,7 +40,7 @@ for name in $sets; do
   n=$(psql -X -At -c "SELECT count(*) FROM $name")
   echo "== $name: $n rows x $d (loaded in ${load_ms}s)"
   q="SELECT count(*) FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', 20, method => '%s')"
-  for run in gpu:ti gpu:brute gpu:auto cpu:auto; do
+  for run in ${KNN_BENCH_RUNS:-gpu:ti gpu:brute gpu:auto cpu:auto}; do
     device=${run%%:*} method=${run#*:}
     if [ "$device" = cpu ] && [ "$n" -gt 100000 ] && [ "$d" -gt 16 ]; then continue; fi
     # One session: the timed join, then its statistics.
@@ -53,7 +55,7 @@ for name in $sets; do
       "$name" "$n" "$d" "$device" "$method" "${ms:-null}" "${stats:-null}" >> "$out/sql_bench.jsonl"
   done
   # Exactness through SQL: TI and brute force agree row for row.
-  diff=$(psql -X -At -c "SET knn_gpu.device = gpu" -c "SELECT count(*) FROM (
+  diff=$(psql -X -At -c "SET knn_gpu.device = ${KNN_BENCH_COMPARE_DEVICE:-gpu}" -c "SELECT count(*) FROM (
       (SELECT * FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', 20, method => 'ti')
        EXCEPT ALL SELECT * FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', 20, method => 'brute'))) x" | tail -1)
   echo "   ti vs brute differing rows: $diff"
