@@ -12,6 +12,10 @@
 //       the exact values (tile_value.cuh): a DGEMM for L2 on GPUs with fast
 //       FP64 (its bound is relative to the distance), else an SGEMM (bound
 //       relative to the norms); select_tiles.cu keeps k' >= k + 16 of them.
+//       On an H200 the DGEMM filter is also the faster one (k = 20 self-
+//       joins: fashion-mnist 0.021 s against 0.023 s with the SGEMM filter;
+//       blog 0.071 s against 0.170 s, where 40 % of the SGEMM queries fail
+//       certification and are redone exactly).
 //  2. rerank.cu computes the candidates' exact distances with
 //     knn_distance.h, sorts them and, for GEMM candidates, certifies each
 //     query; queries that fail certification are redone exactly.
@@ -36,7 +40,7 @@
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
-#include "host_upload.cuh"
+#include "host_transfer.cuh"
 
 namespace knn {
 namespace cuda {
@@ -74,7 +78,6 @@ constexpr int kGemmSelectWarpsWanted = 4096;
 constexpr int kMinSegmentColumns = 2048;
 // Chunk rows stay addressable with 32-bit row numbers in the lists.
 constexpr int64_t kMaxChunkRows = int64_t(1) << 30;
-constexpr size_t kStageBytes = size_t(16) << 20;
 // The fused exact kernel (exact_select.cu): queries per launch, and the
 // blocks a launch should have (targets are split into segments to get them).
 constexpr int64_t kFusedRowsPerLaunch = 8192;
@@ -90,7 +93,11 @@ int next_pow2(int64_t x) {
   return p;
 }
 
-enum class Scoring { kExact, kGemm };
+// How the selection scores a pair: exactly, or by a lower bound from an
+// SGEMM (float tiles) or a DGEMM (double tiles, L2 only).
+enum class Scoring { kExact, kGemmFloat, kGemmDouble };
+
+bool is_gemm(Scoring s) { return s != Scoring::kExact; }
 
 // GPUs whose FP64 rate equals their FP32 rate (A100, H100/H200, B200):
 // there a DGEMM costs what an SGEMM does, and its error bound for L2 is
@@ -126,7 +133,7 @@ void shape(const KnnProblem &p, size_t budget, Plan *pl) {
   pl->t_chunked = pl->t_chunk < p.n_targets;
   pl->alias_queries = !pl->t_chunked && same_rows(p);
   // Small budgets (forced chunking) also get small tiles.
-  const bool gemm = pl->scoring == Scoring::kGemm;
+  const bool gemm = is_gemm(pl->scoring);
   const size_t element_bytes = pl->double_gemm ? 8 : 4;
   const int64_t elements = std::max<int64_t>(
       4096, std::min<int64_t>(gemm ? kGemmTileElements : kTileElements,
@@ -149,7 +156,7 @@ void shape(const KnnProblem &p, size_t budget, Plan *pl) {
     s = std::max(1, std::min(s, kMaxListEntries / pl->cap));
   }
   pl->segments = std::max(1, s);
-  pl->gather_rows = pl->scoring == Scoring::kGemm ? std::min(pl->q_chunk, kFallbackBatch) : 0;
+  pl->gather_rows = gemm ? std::min(pl->q_chunk, kFallbackBatch) : 0;
 
   const size_t dim = p.dim;
   const size_t row_extra = sizeof(float) + 1 + (p.query_keys != nullptr ? 8 : 0);
@@ -158,7 +165,7 @@ void shape(const KnnProblem &p, size_t budget, Plan *pl) {
   const size_t t_bytes = pl->t_chunk * row_bytes * (pl->t_chunked ? 2 : 1);
   size_t per_query = static_cast<size_t>(p.k) * 24 * (pl->t_chunked ? 2 : 1);
   if (!pl->full_sort) per_query += static_cast<size_t>(pl->segments) * pl->cap * 12;
-  if (pl->scoring == Scoring::kGemm) per_query += 1;
+  if (gemm) per_query += 1;
   const size_t q_bytes = pl->q_chunk * ((pl->alias_queries ? 0 : row_bytes) + per_query);
   const size_t tile = (pl->full_sort || pl->fused)
                           ? 0
@@ -172,15 +179,15 @@ void shape(const KnnProblem &p, size_t budget, Plan *pl) {
 KnnStatus make_plan(const KnnProblem &p, DeviceContext &ctx, Plan *pl) {
   const int k = p.k;
   const bool gemm_fits = k + kGemmMinExtra <= kMaxSelectCap;
-  pl->scoring = (p.metric != KNN_METRIC_L1 && p.dim > kGemmMinDim && p.dim <= kGemmMaxDim &&
-                 gemm_fits)
-                    ? Scoring::kGemm
-                    : Scoring::kExact;
-  if (pl->scoring == Scoring::kGemm) {
+  const bool gemm = p.metric != KNN_METRIC_L1 && p.dim > kGemmMinDim && p.dim <= kGemmMaxDim &&
+                    gemm_fits;
+  pl->scoring = Scoring::kExact;
+  if (gemm) {
     pl->cap = std::min(kMaxSelectCap, next_pow2(std::max({2 * k, k + kGemmMinExtra, 32})));
     const char *dgemm = std::getenv("KNN_CUDA_DGEMM");  // "0": force the SGEMM filter
     pl->double_gemm = p.metric == KNN_METRIC_L2 && fast_fp64(ctx.prop) &&
                       !(dgemm != nullptr && dgemm[0] == '0');
+    pl->scoring = pl->double_gemm ? Scoring::kGemmDouble : Scoring::kGemmFloat;
   } else {
     const int64_t wanted = std::min<int64_t>(k, p.n_targets);
     pl->full_sort = wanted > kMaxSelectCap;
@@ -227,6 +234,20 @@ struct Rows {
   const int64_t *keys = nullptr;
   int64_t n = 0;
   int64_t offset = 0;  // global row of row 0
+
+  // Rows [first, first + count) of these.
+  Rows slice(int64_t first, int64_t count, int dim) const {
+    Rows r = *this;
+    if (r.x != nullptr) r.x += first * dim;
+    if (r.xd != nullptr) r.xd += first * dim;
+    if (r.norm_d != nullptr) r.norm_d += first;
+    if (r.norm != nullptr) r.norm += first;
+    if (r.zero != nullptr) r.zero += first;
+    if (r.keys != nullptr) r.keys += first;
+    r.n = count;
+    r.offset += first;
+    return r;
+  }
 };
 
 struct RowBuffers {
@@ -281,10 +302,11 @@ class BruteForce {
   int64_t gemm_pairs = 0;       // pairs scored by the GEMM filter
   int64_t fallback_queries = 0; // (query, target chunk) redone with exact tiles
   double seconds_transfer = 0, seconds_filter = 0, seconds_select = 0;
-  // KNN_CUDA_TIMING=1: synchronize after each kernel and add up its time
-  // per kind (a diagnostic; it slows the join down a little).
+  // KNN_CUDA_TIMING=1: synchronize after each step and add up its time per
+  // kind (a diagnostic; it slows the join down a little).
   bool timing = false;
-  double t_score = 0, t_select_tiles = 0, t_fused = 0, t_rerank = 0, t_fallback = 0;
+  double t_alloc = 0, t_upload = 0, t_stats = 0, t_score = 0, t_select_tiles = 0, t_fused = 0,
+         t_rerank = 0, t_fallback = 0, t_download = 0;
 
  private:
   KnnStatus upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
@@ -293,7 +315,7 @@ class BruteForce {
   KnnStatus solve_block(const Rows &q, const Rows &t, ResultArrays out);
   KnnStatus select_pass(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap);
   KnnStatus rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
-                   const int32_t *out_index, ResultArrays out);
+                   const int32_t *out_index, ResultArrays out, uint8_t *certified);
   KnnStatus fallback(const Rows &q, const Rows &t, ResultArrays out);
   // With `timing`: waits for the stream and adds the time since the last mark.
   KnnStatus mark(double *bucket) {
@@ -310,10 +332,9 @@ class BruteForce {
   const KnnProblem &p_;
   DeviceContext &ctx_;
   const Plan &plan_;
-  HostUpload upload_;
   RowBuffers t_buf_[2], q_buf_, g_buf_;
-  DeviceBuffer<float> tile_;
-  DeviceBuffer<double> tile_d_;  // the DGEMM filter's tile
+  DeviceBuffer<float> tile_;     // exact or SGEMM tiles
+  DeviceBuffer<double> tile_d_;  // DGEMM tiles
   DeviceBuffer<uint64_t> list_key_;
   DeviceBuffer<uint32_t> list_row_;
   DeviceBuffer<uint8_t> certified_;
@@ -325,10 +346,10 @@ class BruteForce {
 
 KnnStatus BruteForce::upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
                                   int64_t first, int64_t n, DeviceContext &ctx) {
-  KNN_TRY(upload_.copy(ctx, dst.x.get(), host + first * p_.dim,
-                       static_cast<size_t>(n) * p_.dim * sizeof(float)));
+  KNN_TRY(upload_to_device(ctx, dst.x.get(), host + first * p_.dim,
+                           static_cast<size_t>(n) * p_.dim * sizeof(float)));
   if (host_keys != nullptr)
-    KNN_TRY(upload_.copy(ctx, dst.keys.get(), host_keys + first, n * sizeof(int64_t)));
+    KNN_TRY(upload_to_device(ctx, dst.keys.get(), host_keys + first, n * sizeof(int64_t)));
   return KNN_OK;
 }
 
@@ -359,7 +380,7 @@ KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t,
   segments_ = segments;  // rerank reads the lists with the same layout
   KNN_TRY(launch_clear_entries(ctx_, list_key_.get(), list_row_.get(),
                                q.n * segments * static_cast<int64_t>(cap)));
-  const bool dgemm = scoring == Scoring::kGemm && plan_.double_gemm;
+  const bool dgemm = scoring == Scoring::kGemmDouble;
   TileValue value;
   if (scoring == Scoring::kExact) {
     value.kind = exact_kind(p_.metric);
@@ -406,8 +427,12 @@ KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t,
     }
     return KNN_OK;
   }
-  if ((dgemm ? tile_d_.get() == nullptr : tile_.get() == nullptr)) {
+  if (dgemm ? tile_d_.get() == nullptr : tile_.get() == nullptr) {
     ctx_.error = "brute force: no distance tile planned";
+    return KNN_INTERNAL_ERROR;
+  }
+  if (dgemm && (q.xd == nullptr || t.xd == nullptr)) {
+    ctx_.error = "brute force: no double rows planned";
     return KNN_INTERNAL_ERROR;
   }
 
@@ -467,7 +492,7 @@ KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t,
 }
 
 KnnStatus BruteForce::rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
-                             const int32_t *out_index, ResultArrays out) {
+                             const int32_t *out_index, ResultArrays out, uint8_t *certified) {
   RerankArgs r;
   r.list_key = list_key_.get();
   r.list_row = list_row_.get();
@@ -487,7 +512,7 @@ KnnStatus BruteForce::rerank(Scoring scoring, const Rows &q, const Rows &t, int 
   r.target_offset = t.offset;
   r.out_index = out_index;
   r.out = out;
-  r.certified = scoring == Scoring::kGemm ? certified_.get() : nullptr;
+  r.certified = certified;
   exact_pairs += q.n * static_cast<int64_t>(kp);
   return launch_rerank(ctx_, r);
 }
@@ -515,7 +540,7 @@ KnnStatus BruteForce::fallback(const Rows &q, const Rows &t, ResultArrays out) {
     Rows g = g_buf_.view(n, 0);
     if (q.keys == nullptr) g.keys = nullptr;
     KNN_TRY(select_pass(Scoring::kExact, g, t, kp, cap));
-    KNN_TRY(rerank(Scoring::kExact, g, t, kp, cap, gather_index_.get(), out));
+    KNN_TRY(rerank(Scoring::kExact, g, t, kp, cap, gather_index_.get(), out, nullptr));
     // The index buffer is reused by the next batch.
     CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   }
@@ -545,16 +570,17 @@ KnnStatus BruteForce::solve_block(const Rows &q, const Rows &t, ResultArrays out
     return KNN_OK;
   }
   const Scoring scoring = plan_.scoring;
-  const int kp = static_cast<int>(std::min<int64_t>(
-      scoring == Scoring::kGemm ? plan_.cap : static_cast<int64_t>(p_.k), t.n));
+  const bool gemm = is_gemm(scoring);
+  const int kp = static_cast<int>(
+      std::min<int64_t>(gemm ? plan_.cap : static_cast<int64_t>(p_.k), t.n));
   Clock::time_point t0 = Clock::now();
   KNN_TRY(select_pass(scoring, q, t, kp, plan_.cap));
   seconds_filter += seconds_since(t0);
   t0 = Clock::now();
   KNN_TRY(mark(&t_select_tiles));
-  KNN_TRY(rerank(scoring, q, t, kp, plan_.cap, nullptr, out));
+  KNN_TRY(rerank(scoring, q, t, kp, plan_.cap, nullptr, out, gemm ? certified_.get() : nullptr));
   KNN_TRY(mark(&t_rerank));
-  if (scoring == Scoring::kGemm) KNN_TRY(fallback(q, t, out));
+  if (gemm) KNN_TRY(fallback(q, t, out));
   KNN_TRY(mark(&t_fallback));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   seconds_select += seconds_since(t0);
@@ -567,8 +593,6 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
   const bool keys = p_.query_keys != nullptr;
 
   // ---- allocations (all released by the owners' destructors) ----
-  size_t largest_upload = static_cast<size_t>(std::max(plan_.q_chunk, plan_.t_chunk)) * dim * 4;
-  KNN_TRY(upload_.init(ctx_, std::min(kStageBytes, largest_upload)));
   const bool dbl = plan_.double_gemm;
   for (int b = 0; b < (plan_.t_chunked ? 2 : 1); b++)
     KNN_TRY(t_buf_[b].allocate(ctx_, plan_.t_chunk, dim, keys, dbl, "target rows"));
@@ -584,7 +608,7 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
     KNN_TRY(list_key_.allocate(ctx_, lists, "candidate lists"));
     KNN_TRY(list_row_.allocate(ctx_, lists, "candidate lists"));
   }
-  if (plan_.scoring == Scoring::kGemm && !plan_.full_sort) {
+  if (is_gemm(plan_.scoring) && !plan_.full_sort) {
     KNN_TRY(certified_.allocate(ctx_, plan_.q_chunk, "certification flags"));
     KNN_TRY(gather_index_.allocate(ctx_, plan_.gather_rows, "fallback rows"));
     KNN_TRY(g_buf_.allocate(ctx_, plan_.gather_rows, dim, keys, false, "fallback rows"));
@@ -595,6 +619,10 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
     KNN_TRY(res_row_[b].allocate(ctx_, slots, "results"));
     KNN_TRY(res_dist_[b].allocate(ctx_, slots, "results"));
   }
+  // The allocations are ordered on ctx.stream; the uploads use the staging
+  // stream, which may touch them only once they are complete.
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  KNN_TRY(mark(&t_alloc));
   ResultArrays running{res_key_[0].get(), res_row_[0].get(), res_dist_[0].get()};
   ResultArrays block{res_key_[1].get(), res_row_[1].get(), res_dist_[1].get()};
 
@@ -603,25 +631,23 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
     const Clock::time_point t0 = Clock::now();
     KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
     seconds_transfer += seconds_since(t0);
+    KNN_TRY(mark(&t_upload));
     KNN_TRY(row_stats(t_buf_[0], p_.n_targets));
+    KNN_TRY(mark(&t_stats));
   }
 
   for (int64_t q_first = 0; q_first < p_.n_queries; q_first += plan_.q_chunk) {
     const int64_t nq = std::min(plan_.q_chunk, p_.n_queries - q_first);
     Rows q;
     if (plan_.alias_queries) {
-      q = t_buf_[0].view(nq, q_first);
-      q.x += q_first * dim;
-      if (q.xd != nullptr) q.xd += q_first * dim;
-      if (q.norm_d != nullptr) q.norm_d += q_first;
-      q.norm += q_first;
-      q.zero += q_first;
-      if (q.keys != nullptr) q.keys += q_first;
+      q = t_buf_[0].view(p_.n_targets, 0).slice(q_first, nq, dim);
     } else {
       const Clock::time_point t0 = Clock::now();
       KNN_TRY(upload_rows(q_buf_, p_.queries, p_.query_keys, q_first, nq, ctx_));
       seconds_transfer += seconds_since(t0);
+      KNN_TRY(mark(&t_upload));
       KNN_TRY(row_stats(q_buf_, nq));
+      KNN_TRY(mark(&t_stats));
       q = q_buf_.view(nq, q_first);
     }
 
@@ -654,6 +680,7 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
             DeviceContext tctx;
             tctx.device = ctx_.device;
             tctx.memory_budget = ctx_.memory_budget;
+            tctx.staging = ctx_.staging;
             try {
               if (cudaSetDevice(ctx_.device) != cudaSuccess) {
                 prefetch_status = KNN_DEVICE_ERROR;
@@ -685,15 +712,14 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
       }
     }
 
+    KNN_TRY(mark(&t_fallback));
     const Clock::time_point t0 = Clock::now();
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(neighbors + q_first * k, running.row,
-                                     static_cast<size_t>(nq) * k * sizeof(int64_t),
-                                     cudaMemcpyDeviceToHost, ctx_.stream));
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(distances + q_first * k, running.dist,
-                                     static_cast<size_t>(nq) * k * sizeof(double),
-                                     cudaMemcpyDeviceToHost, ctx_.stream));
-    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    KNN_TRY(download_to_host(ctx_, neighbors + q_first * k, running.row,
+                             static_cast<size_t>(nq) * k * sizeof(int64_t)));
+    KNN_TRY(download_to_host(ctx_, distances + q_first * k, running.dist,
+                             static_cast<size_t>(nq) * k * sizeof(double)));
     seconds_transfer += seconds_since(t0);
+    KNN_TRY(mark(&t_download));
     if (ctx_.cancelled()) {
       ctx_.error = "canceled";
       return KNN_CANCELLED;
@@ -713,20 +739,25 @@ KnnStatus brute_force_join(const KnnProblem &problem, int64_t *neighbors, double
   const char *timing = std::getenv("KNN_CUDA_TIMING");
   bf.timing = timing != nullptr && timing[0] == '1';
   const KnnStatus st = bf.run(neighbors, distances);
+  const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
+  const bool dgemm = gemm && plan.scoring == Scoring::kGemmDouble;
   if (bf.timing)
     std::fprintf(stderr,
-                 "knn brute timing: score %.4f select-tiles %.4f fused %.4f rerank %.4f "
-                 "fallback %.4f s (fallback queries %lld, S=%d cap=%d tile %dx%d)\n",
-                 bf.t_score, bf.t_select_tiles, bf.t_fused, bf.t_rerank, bf.t_fallback,
+                 "knn brute timing: alloc %.5f upload %.5f stats %.5f score %.5f "
+                 "select-tiles %.5f fused %.5f rerank %.5f fallback %.5f download %.5f s "
+                 "(%s, fallback queries %lld, S=%d cap=%d tile %dx%d)\n",
+                 bf.t_alloc, bf.t_upload, bf.t_stats, bf.t_score, bf.t_select_tiles, bf.t_fused,
+                 bf.t_rerank, bf.t_fallback, bf.t_download,
+                 !gemm ? "exact" : dgemm ? "dgemm" : "sgemm",
                  static_cast<long long>(bf.fallback_queries), plan.segments, plan.cap,
                  plan.tile_rows, plan.tile_cols);
   if (stats != nullptr) {
     std::snprintf(stats->method, sizeof stats->method, "brute");
     const char *scoring = plan.full_sort ? "exact-tiles/full-sort"
-                          : plan.double_gemm ? "dgemm-bound/warp-select"
-                          : plan.scoring == Scoring::kGemm ? "gemm-bound/warp-select"
-                          : plan.fused                     ? "exact-fused-select"
-                                                           : "exact-tiles/warp-select";
+                          : dgemm        ? "dgemm-bound/warp-select"
+                          : gemm         ? "sgemm-bound/warp-select"
+                          : plan.fused   ? "exact-fused-select"
+                                         : "exact-tiles/warp-select";
     char chunks[48] = "";
     if (plan.q_chunk < problem.n_queries || plan.t_chunked)
       std::snprintf(chunks, sizeof chunks, " chunks %lldx%lld",

@@ -2,6 +2,10 @@
 // kernels/cuda/). The module's exported entry points are in
 // ../knn_cuda_module.h; this header holds the per-join device context and
 // the two join methods.
+//
+// The stream, the cuBLAS handle and the pinned staging memory of a context
+// are not made per join: cuda_module.cu creates them once per device and
+// process and lends them to one join at a time.
 #pragma once
 
 #include <cublas_v2.h>
@@ -15,12 +19,15 @@
 namespace knn {
 namespace cuda {
 
+class PinnedStaging;  // host_transfer.cuh
+
 // Everything a method needs to run on the device for one join.
 struct DeviceContext {
   int device = 0;
   cudaDeviceProp prop{};
   cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
+  cublasHandle_t cublas = nullptr;   // bound to `stream`, FP32 pedantic math
+  PinnedStaging *staging = nullptr;  // pinned memory for host transfers (may be null)
   size_t memory_budget = 0;        // bytes this join may allocate
   const int32_t *cancel = nullptr; // non-zero: stop at the next check
   std::string error;               // set with a non-OK status

@@ -1,12 +1,13 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
 // ../knn_cuda_module.h): knn_cuda_probe and knn_cuda_run.
 //
-// knn_cuda_run sets up the device context of one join (device, stream,
-// cuBLAS handle in FP32 pedantic math: no TF32, no emulation, which the
-// brute-force error bounds rely on), derives the memory budget, picks the
+// knn_cuda_run borrows the device's runtime (stream, cuBLAS handle, pinned
+// staging memory: created on the device's first join and kept for the
+// process, see DeviceRuntime below), derives the memory budget, picks the
 // method and runs it. No C++ exception leaves this file, and every device
 // allocation of the join is owned by an RAII object of the method, so it is
-// released on every path.
+// released on every path (into the device's memory pool, which keeps a
+// bounded amount reserved for the next join).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <new>
 #include <string>
@@ -27,6 +29,7 @@
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
+#include "host_transfer.cuh"
 
 namespace knn {
 namespace cuda {
@@ -43,69 +46,104 @@ int chosen_device() {
 // Brute force is exact for every metric, and its GEMM/tile throughput does
 // not care about the data's structure; TI (clustered triangle-inequality
 // pruning) only works for metrics that obey the triangle inequality (L2,
-// L1) and pays off when the data's intrinsic dimension is low, which high
-// dimension relative to the data size makes unlikely (each cluster's
-// radius then stays close to the distances it should prune), and when
-// there are enough pairs for clustering to pay for itself. The thresholds
-// are first guesses, to be tuned from bench/ numbers.
+// L1), needs enough pairs for its clustering to pay for itself, and pays
+// off when the data's intrinsic dimension is low. That is unlikely when
+// the dimension is high relative to log2 of the data size (a cluster's
+// radius then stays close to the distances it should prune). Calibrated
+// on bench/ (H200, k = 20, dims per log2 of the rows in brackets): TI is
+// far ahead at skin (0.2), kegg (1.5 - 1.8), kdd (2.0) and ipums (3.4:
+// 0.033 s against 1.30 s); brute force is ahead at blog (17.7: 0.072 s
+// against TI's 0.079 s), fashion-mnist (55: 0.021 s against 0.53 s), and
+// below 1e8 pairs (3DNet, 5000 rows: 0.0016 s against 0.0022 s; arcene,
+// 100 rows). The threshold sits between ipums and blog, in log scale.
+constexpr double kTiMinPairs = 1e8;
+constexpr double kTiMaxDimPerLog2Rows = 8.0;
+
 KnnMethod choose_auto_method(const KnnProblem &p) {
-  if (p.metric == KNN_METRIC_IP || p.metric == KNN_METRIC_COSINE) return KNN_METHOD_BRUTE;
+  if (p.metric != KNN_METRIC_L2 && p.metric != KNN_METRIC_L1) return KNN_METHOD_BRUTE;
   const double pairs = static_cast<double>(p.n_queries) * static_cast<double>(p.n_targets);
-  if (pairs < 1e8) return KNN_METHOD_BRUTE;
+  if (pairs < kTiMinPairs) return KNN_METHOD_BRUTE;
   const double log2_targets = std::log2(std::max<double>(2.0, static_cast<double>(p.n_targets)));
-  if (p.dim > 4.0 * log2_targets) return KNN_METHOD_BRUTE;
+  if (p.dim > kTiMaxDimPerLog2Rows * log2_targets) return KNN_METHOD_BRUTE;
   return KNN_METHOD_TI;
 }
 
-// cuBLAS handles are costly to create (milliseconds); joins borrow one
-// per device from this pool and give it back.
-class CublasPool {
- public:
-  cublasHandle_t take(int device) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    for (size_t i = 0; i < free_.size(); i++)
-      if (free_[i].first == device) {
-        cublasHandle_t h = free_[i].second;
-        free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-        return h;
-      }
-    return nullptr;
-  }
-  void give_back(int device, cublasHandle_t h) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    free_.emplace_back(device, h);
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<std::pair<int, cublasHandle_t>> free_;
+// ---- the device runtime, kept for the life of the process ----
+// Querying the device's properties, creating a stream and a cuBLAS handle
+// (milliseconds) and page-locking staging memory each cost more than a
+// small join, so every device gets them once, on its first join, and keeps
+// them until the process exits. They belong to the process, not leaked:
+// the driver releases them at exit (nothing is destroyed from static
+// destructors, which could run after the CUDA runtime has shut down).
+// Joins on one device take turns (the mutex is held for a whole join), so
+// the shared stream, handle and staging memory never serve two joins.
+//
+// The device's default memory pool (cudaMallocAsync, used by both methods)
+// gets a release threshold: up to pool_keep_bytes() of the device memory
+// that a join frees stays reserved for the next join, so that allocating
+// costs microseconds instead of fresh page mappings; the rest goes back to
+// the driver when the join's stream is synchronized. (TI trims the pool to
+// zero after its joins, ti_join.cu.)
+struct DeviceRuntime {
+  std::timed_mutex mutex;  // held by the join using the device
+  bool ready = false;
+  cudaDeviceProp prop{};
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  cudaMemPool_t pool = nullptr;
+  PinnedStaging staging;
 };
 
-CublasPool &cublas_pool() {
-  static CublasPool *pool = new CublasPool();  // never destroyed: handles live until exit
-  return *pool;
+DeviceRuntime &runtime_of(int device) {
+  static std::mutex *registry_mutex = new std::mutex();  // never destroyed, see above
+  static std::map<int, DeviceRuntime *> *registry = new std::map<int, DeviceRuntime *>();
+  std::lock_guard<std::mutex> lock(*registry_mutex);
+  DeviceRuntime *&rt = (*registry)[device];
+  if (rt == nullptr) rt = new DeviceRuntime();
+  return *rt;
 }
 
-// Owns the stream and the borrowed cuBLAS handle of one join.
-class ContextGuard {
+// Device memory a process keeps reserved between joins:
+// KNN_GPU_POOL_KEEP_MIB, else 64 MiB -- enough for small joins to allocate
+// in microseconds, small enough that many backends, each with its own pool,
+// do not hold the GPU's memory between their joins.
+uint64_t pool_keep_bytes(const cudaDeviceProp &prop) {
+  const char *env = std::getenv("KNN_GPU_POOL_KEEP_MIB");
+  if (env != nullptr && env[0] != '\0') return static_cast<uint64_t>(std::atoll(env)) << 20;
+  return std::min<uint64_t>(prop.totalGlobalMem / 8, uint64_t(64) << 20);
+}
+
+// Creates what the runtime still lacks (what a failed attempt left out is
+// created by the next join). The device must be current and the runtime's
+// mutex held.
+KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
+  if (rt.ready) return KNN_OK;
+  CUDA_CHECK(ctx, cudaGetDeviceProperties(&rt.prop, ctx.device));
+  if (rt.stream == nullptr)
+    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&rt.stream, cudaStreamNonBlocking));
+  if (rt.cublas == nullptr) CUBLAS_CHECK(ctx, cublasCreate(&rt.cublas));
+  CUDA_CHECK(ctx, cudaDeviceGetDefaultMemPool(&rt.pool, ctx.device));
+  uint64_t keep = pool_keep_bytes(rt.prop);
+  CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  rt.ready = true;
+  return KNN_OK;
+}
+
+// At the end of a join, on every path: the shared stream must be idle,
+// with the join's frees done, before the next join borrows it.
+class StreamDrain {
  public:
-  explicit ContextGuard(DeviceContext &ctx) : ctx_(ctx) {}
-  ~ContextGuard() {
-    if (ctx_.cublas != nullptr) {
-      cublasSetStream(ctx_.cublas, nullptr);
-      cublas_pool().give_back(ctx_.device, ctx_.cublas);
-    }
-    if (ctx_.stream != nullptr) {
-      cudaStreamSynchronize(ctx_.stream);
-      cudaStreamDestroy(ctx_.stream);
-    }
+  explicit StreamDrain(DeviceContext &ctx) : ctx_(ctx) {}
+  ~StreamDrain() {
+    if (ctx_.stream != nullptr) (void)cudaStreamSynchronize(ctx_.stream);
+    (void)cudaGetLastError();
   }
 
  private:
   DeviceContext &ctx_;
 };
 
-KnnStatus setup_context(const KnnProblem &p, DeviceContext &ctx) {
+KnnStatus select_device(DeviceContext &ctx) {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess || count == 0) {
@@ -120,10 +158,17 @@ KnnStatus setup_context(const KnnProblem &p, DeviceContext &ctx) {
     return KNN_NO_DEVICE;
   }
   CUDA_CHECK(ctx, cudaSetDevice(ctx.device));
-  CUDA_CHECK(ctx, cudaGetDeviceProperties(&ctx.prop, ctx.device));
-  CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&ctx.stream, cudaStreamNonBlocking));
-  ctx.cublas = cublas_pool().take(ctx.device);
-  if (ctx.cublas == nullptr) CUBLAS_CHECK(ctx, cublasCreate(&ctx.cublas));
+  return KNN_OK;
+}
+
+// Lends the device's runtime to the join (its mutex held) and sets the
+// join's memory budget.
+KnnStatus setup_context(const KnnProblem &p, DeviceRuntime &rt, DeviceContext &ctx) {
+  KNN_TRY(open_runtime(rt, ctx));
+  ctx.prop = rt.prop;
+  ctx.stream = rt.stream;
+  ctx.cublas = rt.cublas;
+  ctx.staging = &rt.staging;
   CUBLAS_CHECK(ctx, cublasSetStream(ctx.cublas, ctx.stream));
   // Pedantic math: the prescribed precision only (no TF32, no reduced
   // precision emulation), which the GEMM filter's error bounds assume.
@@ -133,8 +178,14 @@ KnnStatus setup_context(const KnnProblem &p, DeviceContext &ctx) {
   CUBLAS_CHECK(ctx, cublasSetMathMode(ctx.cublas,
                                       default_math ? CUBLAS_DEFAULT_MATH : CUBLAS_PEDANTIC_MATH));
 
+  // What is free on the device, plus what the pool holds unused from
+  // earlier joins (cudaMallocAsync takes that first).
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(ctx, cudaMemGetInfo(&free_bytes, &total_bytes));
+  uint64_t reserved = 0, used = 0;
+  CUDA_CHECK(ctx, cudaMemPoolGetAttribute(rt.pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  CUDA_CHECK(ctx, cudaMemPoolGetAttribute(rt.pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  free_bytes += static_cast<size_t>(reserved - std::min(used, reserved));
   size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * 0.9);
   if (p.gpu_memory_limit > 0)
     budget = std::min(budget, static_cast<size_t>(p.gpu_memory_limit));
@@ -197,12 +248,28 @@ KnnStatus run_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
   }
   DeviceContext ctx;
   ctx.cancel = cancel;
-  ContextGuard guard(ctx);
-  KnnStatus st = setup_context(p, ctx);
+  KnnStatus st = select_device(ctx);
   if (st != KNN_OK) {
     *error = ctx.error;
     return st;
   }
+  DeviceRuntime &rt = runtime_of(ctx.device);
+  // Wait for the device's current join, still answering a cancel.
+  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(5))) {
+    if (ctx.cancelled()) {
+      *error = "canceled";
+      return KNN_CANCELLED;
+    }
+  }
+  const bool first_use = !rt.ready;
+  StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
+  st = setup_context(p, rt, ctx);
+  if (st != KNN_OK) {
+    *error = ctx.error;
+    return st;
+  }
+  const auto set_up = std::chrono::steady_clock::now();
 
   KnnMethod method = p.method == KNN_METHOD_AUTO ? choose_auto_method(p) : p.method;
   // TI covers the metrics that obey the triangle inequality; others (and
@@ -241,8 +308,14 @@ KnnStatus run_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
   }
   std::snprintf(local.device, sizeof local.device, "%s", ctx.prop.name);
   local.pairs = p.n_queries * p.n_targets;
-  local.seconds_total =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto done = std::chrono::steady_clock::now();
+  local.seconds_total = std::chrono::duration<double>(done - start).count();
+  const char *timing = std::getenv("KNN_CUDA_TIMING");
+  if (timing != nullptr && timing[0] == '1')
+    std::fprintf(stderr, "knn cuda join: setup %.5f s%s, %s %.5f s, total %.5f s\n",
+                 std::chrono::duration<double>(set_up - start).count(),
+                 first_use ? " (first join on the device)" : "", local.method,
+                 std::chrono::duration<double>(done - set_up).count(), local.seconds_total);
   if (stats != nullptr) *stats = local;
   if (st != KNN_OK) *error = ctx.error.empty() ? status_text(st) : ctx.error;
   return st;

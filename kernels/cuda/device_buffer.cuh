@@ -16,7 +16,14 @@
 namespace knn {
 namespace cuda {
 
-// A typed cudaMalloc'ed array.
+// A typed device array from the stream-ordered allocator: cudaMallocAsync
+// on ctx.stream, from the device's memory pool (cuda_module.cu gives the
+// pool a release threshold, so that memory freed by one join is reused by
+// the next without going back to the driver), and cudaFreeAsync on the same
+// stream when it goes out of scope. A buffer may be used on another stream
+// only after its allocating stream has been synchronized (brute_force.cu
+// does so once, after its allocations). Every join ends with a
+// synchronization of ctx.stream, so no buffer outlives its join.
 template <class T>
 class DeviceBuffer {
  public:
@@ -31,12 +38,23 @@ class DeviceBuffer {
     release();
     if (count == 0) return KNN_OK;
     void *p = nullptr;
-    cudaError_t err = cudaMalloc(&p, count * sizeof(T));
+    cudaError_t err = cudaMallocAsync(&p, count * sizeof(T), ctx.stream);
+    if (err == cudaErrorMemoryAllocation) {
+      // Memory the pool keeps from earlier joins may be in pieces that do
+      // not fit: hand it back to the driver and try once more.
+      (void)cudaGetLastError();
+      cudaMemPool_t pool;
+      if (cudaStreamSynchronize(ctx.stream) == cudaSuccess &&
+          cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess)
+        (void)cudaMemPoolTrimTo(pool, 0);
+      (void)cudaGetLastError();
+      err = cudaMallocAsync(&p, count * sizeof(T), ctx.stream);
+    }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       char msg[256];
       std::snprintf(msg, sizeof msg,
-                    "cudaMalloc of %.1f MiB for %s failed: %s (join budget %.1f MiB)",
+                    "device allocation of %.1f MiB for %s failed: %s (join budget %.1f MiB)",
                     count * sizeof(T) / 1048576.0, what, cudaGetErrorString(err),
                     ctx.memory_budget / 1048576.0);
       if (ctx.error.empty()) ctx.error = msg;
@@ -44,11 +62,12 @@ class DeviceBuffer {
     }
     ptr_ = static_cast<T *>(p);
     count_ = count;
+    stream_ = ctx.stream;
     return KNN_OK;
   }
 
   void release() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
+    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
     ptr_ = nullptr;
     count_ = 0;
   }
@@ -60,6 +79,7 @@ class DeviceBuffer {
  private:
   T *ptr_ = nullptr;
   size_t count_ = 0;
+  cudaStream_t stream_ = nullptr;
 };
 
 // Page-locked host memory (the staging buffers of asynchronous copies).

@@ -1,6 +1,7 @@
 // row_stats.cu -- small per-row kernels of the brute-force path: norms and
 // zero flags, gathering rows for the exact fallback, clearing lists and
 // results, merging the results of successive target chunks.
+#include <algorithm>
 #include <cmath>
 
 #include "brute_kernels.cuh"
@@ -29,17 +30,75 @@ __global__ void row_stats_kernel(const float *__restrict__ x, int64_t n, int dim
   }
 }
 
+// Long rows (above kWarpRowDim dimensions) get one warp each, whose loads
+// are coalesced; one thread per row would walk a long row alone.
+constexpr int kWarpRowDim = 64;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Rows of more than kWarpRowDim dimensions: one warp per row. knn_dot's 8
+// lanes are 8 sums in index order (dimension e goes to lane e % 8); the
+// warp stages 256 consecutive values at a time in shared memory (coalesced
+// loads), then threads 0..7 each add their lane's 32 products in order, so
+// every lane, and the fold, is bit for bit knn_dot's.
+__global__ void row_stats_warp_kernel(const float *__restrict__ x, int64_t n, int dim,
+                                      float *__restrict__ norm, uint8_t *__restrict__ zero) {
+  constexpr int kStage = 256;  // a multiple of KNN_LANES: lane = index % 8 within a stage too
+  __shared__ float stage[kThreads / 32][kStage];
+  const int lane = threadIdx.x % 32;
+  float *buf = stage[threadIdx.x / 32];
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < n;
+       r += warps) {
+    const float *row = x + r * dim;
+    float acc = 0.0f;  // knn_dot's lane `lane` (threads 0..7)
+    bool nonzero = false;
+    for (int base = 0; base < dim; base += kStage) {
+      const int count = min(kStage, dim - base);
+      for (int j = lane; j < count; j += 32) {
+        const float v = row[base + j];
+        buf[j] = v;
+        nonzero = nonzero || v != 0.0f;
+      }
+      __syncwarp();
+      if (lane < KNN_LANES)
+        for (int j = lane; j < count; j += KNN_LANES)
+          acc = KNN_FADD(acc, KNN_FMUL(buf[j], buf[j]));
+      __syncwarp();  // buf is refilled next
+    }
+    float lanes[KNN_LANES];
+#pragma unroll
+    for (int j = 0; j < KNN_LANES; j++) lanes[j] = __shfl_sync(kFullMask, acc, j);
+    nonzero = __any_sync(kFullMask, nonzero);
+    if (lane == 0) {
+      norm[r] = knn_fold_lanes(lanes);
+      zero[r] = nonzero ? 0 : 1;
+    }
+  }
+}
+
+// xd = x as doubles; norm_d = the double sums of squares, one warp per row
+// (coalesced). The order of those additions is free: the DGEMM filter's
+// bound holds for any order (tile_value.cuh), and each product of two
+// floats is exact in double (so contracting it into an FMA changes nothing).
 __global__ void to_double_kernel(const float *__restrict__ x, int64_t n, int dim,
                                  double *__restrict__ xd, double *__restrict__ norm_d) {
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * dim;
        i += step)
     xd[i] = x[i];
-  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n; r += step) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = step / 32;
+  for (int64_t r = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32; r < n;
+       r += warps) {
     const float *row = x + r * dim;
     double sum = 0.0;
-    for (int j = 0; j < dim; j++) sum += static_cast<double>(row[j]) * row[j];
-    norm_d[r] = sum;
+    for (int j = lane; j < dim; j += 32) {
+      const double v = row[j];
+      sum += v * v;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) sum += __shfl_down_sync(kFullMask, sum, off);
+    if (lane == 0) norm_d[r] = sum;
   }
 }
 
@@ -135,6 +194,11 @@ __global__ void merge_results_kernel(ResultArrays into, ResultArrays add, int64_
 KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int dim, float *norm,
                            uint8_t *zero) {
   if (n <= 0) return KNN_OK;
+  if (dim > kWarpRowDim) {
+    row_stats_warp_kernel<<<blocks_for(n * 32), kThreads, 0, ctx.stream>>>(x, n, dim, norm, zero);
+    CUDA_CHECK_LAUNCH(ctx, "row_stats_warp_kernel");
+    return KNN_OK;
+  }
   row_stats_kernel<<<blocks_for(n), kThreads, 0, ctx.stream>>>(x, n, dim, norm, zero);
   CUDA_CHECK_LAUNCH(ctx, "row_stats_kernel");
   return KNN_OK;
@@ -143,7 +207,8 @@ KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int di
 KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int dim, double *xd,
                            double *norm_d) {
   if (n <= 0) return KNN_OK;
-  to_double_kernel<<<blocks_for(n * dim), kThreads, 0, ctx.stream>>>(x, n, dim, xd, norm_d);
+  to_double_kernel<<<blocks_for(std::max<int64_t>(n * dim, n * 32)), kThreads, 0, ctx.stream>>>(
+      x, n, dim, xd, norm_d);
   CUDA_CHECK_LAUNCH(ctx, "to_double_kernel");
   return KNN_OK;
 }

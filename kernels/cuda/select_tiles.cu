@@ -23,7 +23,7 @@ namespace cuda {
 namespace {
 
 constexpr int kWarps = 4;
-constexpr int kUnroll = 4;  // tile loads in flight per lane
+constexpr int kUnroll = 8;  // tile loads in flight per lane
 
 template <int CAP>
 __device__ __forceinline__ void merge_buffer(uint64_t *key, uint32_t *row, int kp, int lane) {
@@ -37,7 +37,9 @@ __device__ __forceinline__ void merge_buffer(uint64_t *key, uint32_t *row, int k
 }
 
 // T: the tile's element type. Float tiles go through the float prefilter
-// of TileValue::may_beat; double (DGEMM) tiles compute the bound directly.
+// of TileValue::may_beat; double (DGEMM) tiles compute the bound directly
+// (TileValue::bound_l2_double, the only kind of double tiles), with the
+// targets' double norms loaded together with the tile values.
 template <int CAP, typename T>
 __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs a) {
   constexpr bool kDouble = sizeof(T) == sizeof(double);
@@ -87,31 +89,41 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   const bool norms = !kDouble && a.value.prefilter_reads_norms();
   const float qn = norms ? a.value.query_norm[q] : 0.0f;
   const float *tnorm = a.value.target_norm + a.target_base;
+  const double qn_d = kDouble ? a.value.query_norm_d[q] : 0.0;
+  const double *tnorm_d = kDouble ? a.value.target_norm_d + a.target_base : nullptr;
   const unsigned lower_lanes = (1u << lane) - 1;
 
   for (int c0 = c_begin; c0 < c_end; c0 += 32 * kUnroll) {
     T v[kUnroll];
     float tn[kUnroll];
+    double tn_d[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
       const int c = c0 + u * 32 + lane;
       v[u] = c < c_end ? values[c] : T(0);
       tn[u] = (norms && c < c_end) ? tnorm[c] : 0.0f;
+      if constexpr (kDouble) tn_d[u] = c < c_end ? tnorm_d[c] : 0.0;
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
       const int c = c0 + u * 32 + lane;
       bool maybe;
-      if constexpr (kDouble)
-        maybe = c < c_end && !(a.value(v[u], q, a.target_base + c) > thr_d);
-      else
+      double bound_d = 0.0;
+      if constexpr (kDouble) {
+        bound_d = a.value.bound_l2_double(v[u], qn_d, tn_d[u]);
+        maybe = c < c_end && !(bound_d > thr_d);
+      } else {
         maybe = c < c_end && a.value.may_beat(v[u], qn, tn[u], thr_up);
+      }
       if (!__any_sync(0xffffffffu, maybe)) continue;  // the common case
       const int64_t t = a.target_base + c;
       bool take = false;
       uint64_t k = kEmptyKey;
       if (maybe && !(exclude && a.target_keys[t] == qkey)) {
-        k = order_key(a.value(v[u], q, t));
+        if constexpr (kDouble)
+          k = order_key(bound_d);
+        else
+          k = order_key(a.value(v[u], q, t));
         take = entry_before(k, static_cast<uint32_t>(t), thr_key, thr_row);
       }
       const unsigned mask = __ballot_sync(0xffffffffu, take);
@@ -142,6 +154,10 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
 template <int CAP>
 KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
   dim3 grid((a.nq + kWarps - 1) / kWarps, a.segments);
+  if (a.tile_d != nullptr && a.value.kind != TileValueKind::kBoundL2Double) {
+    ctx.error = "select_tile: double tiles hold DGEMM dots of L2 only";
+    return KNN_INTERNAL_ERROR;
+  }
   if (a.tile_d != nullptr)
     select_tile_kernel<CAP, double><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
   else

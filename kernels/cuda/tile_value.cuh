@@ -99,12 +99,8 @@ struct TileValue {
         return knn_ip_from_dot(static_cast<float>(v));
       case TileValueKind::kExactCosine:
         return knn_cosine_from_dot(static_cast<float>(v), query_norm[q], target_norm[t]);
-      case TileValueKind::kBoundL2Double: {
-        const double sum = query_norm_d[q] + target_norm_d[t];
-        const double lower = (sum - 2.0 * v) - rel_d * sum;  // <= the real |q - t|^2
-        const double bound = lower > 0.0 ? lower * (1.0 - rel) - abs : lower - abs;
-        return isfinite(bound) ? bound : -INFINITY;
-      }
+      case TileValueKind::kBoundL2Double:
+        return bound_l2_double(v, query_norm_d[q], target_norm_d[t]);
       case TileValueKind::kBoundL2: {
         const double sum = static_cast<double>(query_norm[q]) + target_norm[t];
         const double bound = (sum - 2.0 * static_cast<double>(v)) - (rel * sum + abs);
@@ -126,6 +122,15 @@ struct TileValue {
       }
     }
     return -INFINITY;
+  }
+
+  // kBoundL2Double from the DGEMM dot v and the two double norms (the
+  // selection kernel loads the norms together with the tile values).
+  __device__ __forceinline__ double bound_l2_double(double v, double qn_d, double tn_d) const {
+    const double sum = qn_d + tn_d;
+    const double lower = (sum - 2.0 * v) - rel_d * sum;  // <= the real |q - t|^2
+    const double bound = lower > 0.0 ? lower * (1.0 - rel) - abs : lower - abs;
+    return isfinite(bound) ? bound : -INFINITY;
   }
 
   // True when the kind needs the target's norm in may_beat().
