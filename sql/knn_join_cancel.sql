@@ -1,6 +1,7 @@
 -- statement_timeout (and cancel) stop a running join within a fraction of a
 -- second, and the backend stays usable. The CPU engine is forced so that the
 -- join is long enough on any host.
+SET jit = off;  -- (a host without LLVM must not try to JIT the table creation)
 SET knn_gpu.device = cpu;
 SET knn_gpu.threads = 1;
 CREATE TABLE big AS
