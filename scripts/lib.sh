@@ -32,13 +32,18 @@ knn_build_and_install() {
 
 # Starts a throw-away cluster in $1 on port $2 and exports PGHOST/PGPORT/PGUSER.
 # The server runs as the invoking user, or as 'postgres' when that is root.
+KNN_CLUSTER_OWNER=$(id -un)
+[ "$(id -u)" = 0 ] && KNN_CLUSTER_OWNER=postgres
+
+# Runs a shell command line as the cluster's owner.
+knn_as_owner() {
+  if [ "$(id -u)" = 0 ]; then su "$KNN_CLUSTER_OWNER" -s /bin/bash -c "$1"; else bash -c "$1"; fi
+}
+
 knn_cluster_start() {
-  local dir=$1 port=$2 owner
-  owner=$(id -un)
-  [ "$(id -u)" = 0 ] && owner=postgres
+  local dir=$1 port=$2
   rm -rf "$dir"; mkdir -p "$dir"
-  [ "$(id -u)" = 0 ] && chown "$owner" "$dir"
-  knn_as_owner() { if [ "$(id -u)" = 0 ]; then su "$owner" -s /bin/bash -c "$1"; else bash -c "$1"; fi; }
+  [ "$(id -u)" = 0 ] && chown "$KNN_CLUSTER_OWNER" "$dir"
   knn_as_owner "'$PG_BIN/initdb' -D '$dir/data' -U postgres -A trust >'$dir/initdb.log' 2>&1" \
     || { cat "$dir/initdb.log"; return 1; }
   knn_as_owner "'$PG_BIN/pg_ctl' -D '$dir/data' -l '$dir/server.log' -w -o \"-p $port -k '$dir' -c listen_addresses='' -c fsync=off ${PG_SETTINGS:-}\" start" >/dev/null \
