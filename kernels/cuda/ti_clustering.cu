@@ -305,7 +305,7 @@ KnnStatus assign_with_gemm(const DistinctSet &set, const ClusterSet &cs, int32_t
   const int stride = set.stride;
   const int m = cs.m;
   int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(n, (int64_t{16} << 20) / m));
-  TiBuffer<float> moved_centers, center_norm, moved_rows, gram;
+  DeviceBuffer<float> moved_centers, center_norm, moved_rows, gram;
   KNN_TRY(mem.allocate(ctx, moved_centers, (size_t)m * stride, "assignment GEMM"));
   KNN_TRY(mem.allocate(ctx, center_norm, m, "assignment GEMM"));
   KNN_TRY(mem.allocate(ctx, moved_rows, (size_t)chunk * stride, "assignment GEMM"));
@@ -386,7 +386,7 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
   }
   int best = 0;
   if (candidate_sets > 1 && m > 1 && m < n) {
-    TiBuffer<double> score;
+    DeviceBuffer<double> score;
     KNN_TRY(mem.allocate(ctx, score, candidate_sets, "landmark scores"));
     CUDA_CHECK(ctx, cudaMemsetAsync(score.get(), 0, candidate_sets * sizeof(double), stream));
     dim3 grid(m, candidate_sets);
@@ -408,8 +408,8 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
   if (ctx.cancelled()) return KNN_CANCELLED;
 
   // Kernel 1: nearest centre, exact distance to it, local id.
-  TiBuffer<int32_t> cluster, local, size;
-  TiBuffer<float> dist;
+  DeviceBuffer<int32_t> cluster, local, size;
+  DeviceBuffer<float> dist;
   KNN_TRY(mem.allocate(ctx, cluster, n, "cluster assignment"));
   KNN_TRY(mem.allocate(ctx, local, n, "cluster assignment"));
   KNN_TRY(mem.allocate(ctx, dist, n, "cluster assignment"));
@@ -433,13 +433,13 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
   size_t scan_bytes = 0, sort_bytes = 0;
   CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, size.get(), out.begin.get(),
                                                 m + 1, stream));
-  TiBuffer<uint64_t> keys, sorted;
+  DeviceBuffer<uint64_t> keys, sorted;
   KNN_TRY(mem.allocate(ctx, keys, n, "cluster sort keys"));
   KNN_TRY(mem.allocate(ctx, sorted, n, "cluster sort keys"));
   CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(nullptr, sort_bytes, keys.get(),
                                                       sorted.get(), (int)n, m, out.begin.get(),
                                                       out.begin.get() + 1, stream));
-  TiBuffer<unsigned char> temp;
+  DeviceBuffer<unsigned char> temp;
   KNN_TRY(mem.allocate(ctx, temp, std::max(scan_bytes, sort_bytes), "cluster sort workspace"));
   CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(temp.get(), scan_bytes, size.get(),
                                                 out.begin.get(), m + 1, stream));

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <string>
 
+#include "device_buffer.cuh"
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
 
@@ -66,54 +67,10 @@ KnnStatus ti_join_with_options(const KnnProblem &problem, int64_t *neighbors,
 
 // ---- device memory of the join ----
 
-// A typed device array from the stream-ordered allocator (cudaMallocAsync on
-// ctx.stream), freed the same way when it goes out of scope. Unlike
-// cudaFree, cudaFreeAsync does not wait for the device, so temporaries can
-// be dropped between launches without stalling the pipeline. ti_join.cu
-// synchronizes and trims the pool before it returns, so no device memory
-// outlives the join on any path.
-template <class T>
-class TiBuffer {
- public:
-  TiBuffer() = default;
-  ~TiBuffer() { release(); }
-  TiBuffer(const TiBuffer &) = delete;
-  TiBuffer &operator=(const TiBuffer &) = delete;
-
-  KnnStatus allocate(DeviceContext &ctx, size_t count, const char *what) {
-    release();
-    if (count == 0) return KNN_OK;
-    void *p = nullptr;
-    cudaError_t err = cudaMallocAsync(&p, count * sizeof(T), ctx.stream);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();
-      char msg[256];
-      std::snprintf(msg, sizeof msg, "device allocation of %.1f MiB for %s failed: %s",
-                    count * sizeof(T) / 1048576.0, what, cudaGetErrorString(err));
-      if (ctx.error.empty()) ctx.error = msg;
-      return err == cudaErrorMemoryAllocation ? KNN_OUT_OF_MEMORY : KNN_DEVICE_ERROR;
-    }
-    ptr_ = static_cast<T *>(p);
-    count_ = count;
-    stream_ = ctx.stream;
-    return KNN_OK;
-  }
-
-  void release() {
-    if (ptr_ != nullptr) (void)cudaFreeAsync(ptr_, stream_);
-    ptr_ = nullptr;
-    count_ = 0;
-  }
-
-  T *get() const { return ptr_; }
-  size_t size() const { return count_; }
-  size_t bytes() const { return count_ * sizeof(T); }
-
- private:
-  T *ptr_ = nullptr;
-  size_t count_ = 0;
-  cudaStream_t stream_ = nullptr;
-};
+// The join's device arrays are DeviceBuffers (device_buffer.cuh): stream-
+// ordered, so temporaries can be dropped between launches without stalling
+// the pipeline. ti_join.cu synchronizes and trims the pool before it
+// returns, so no device memory outlives the join on any path.
 
 // Accounts every allocation of the join against ctx.memory_budget.
 class MemoryBudget {
@@ -121,7 +78,7 @@ class MemoryBudget {
   explicit MemoryBudget(size_t budget) : budget_(budget) {}
 
   template <class T>
-  KnnStatus allocate(DeviceContext &ctx, TiBuffer<T> &buffer, size_t count, const char *what) {
+  KnnStatus allocate(DeviceContext &ctx, DeviceBuffer<T> &buffer, size_t count, const char *what) {
     size_t bytes = count * sizeof(T);
     if (budget_ != 0 && used_ + bytes > budget_) {
       char msg[256];
@@ -139,7 +96,7 @@ class MemoryBudget {
 
   // For buffers dropped before the join ends.
   template <class T>
-  void release(TiBuffer<T> &buffer) {
+  void release(DeviceBuffer<T> &buffer) {
     used_ -= buffer.bytes();
     buffer.release();
   }
@@ -170,10 +127,10 @@ struct DistinctSet {
   int64_t n_rows = 0;
   int64_t n_distinct = 0;
   int stride = 0;
-  TiBuffer<float> x;             // n_distinct x stride
-  TiBuffer<int32_t> group_begin; // n_distinct + 1 offsets into rows
-  TiBuffer<int32_t> rows;        // the rows of each group, ascending
-  TiBuffer<int32_t> group_of_row;  // n_rows
+  DeviceBuffer<float> x;             // n_distinct x stride
+  DeviceBuffer<int32_t> group_begin; // n_distinct + 1 offsets into rows
+  DeviceBuffer<int32_t> rows;        // the rows of each group, ascending
+  DeviceBuffer<int32_t> group_of_row;  // n_rows
 };
 
 // Clusters of a distinct set around landmarks (ti_clustering.cu).
@@ -181,27 +138,27 @@ struct ClusterSet {
   int32_t m = 0;        // clusters
   int64_t n = 0;        // distinct points
   int stride = 0;
-  TiBuffer<float> centers;      // m x stride
-  TiBuffer<int32_t> begin;      // m + 1 offsets into positions
-  TiBuffer<float> radius;       // m: largest member distance (0 if empty)
-  TiBuffer<float> nearest;      // m: smallest member distance (+inf if empty)
-  TiBuffer<int32_t> member;     // n: distinct point at each position
-  TiBuffer<float> dist;         // n: ti distance to the own centre
-  TiBuffer<float> x;            // n x stride: vectors in position order
+  DeviceBuffer<float> centers;      // m x stride
+  DeviceBuffer<int32_t> begin;      // m + 1 offsets into positions
+  DeviceBuffer<float> radius;       // m: largest member distance (0 if empty)
+  DeviceBuffer<float> nearest;      // m: smallest member distance (+inf if empty)
+  DeviceBuffer<int32_t> member;     // n: distinct point at each position
+  DeviceBuffer<float> dist;         // n: ti distance to the own centre
+  DeviceBuffer<float> x;            // n x stride: vectors in position order
   // Row expansion of each position (the duplicate group of its point).
-  TiBuffer<int32_t> first_row;  // n: smallest row of the group
-  TiBuffer<int32_t> mult;       // n: rows in the group
-  TiBuffer<int32_t> rows_begin; // n: offset of the group in DistinctSet::rows
+  DeviceBuffer<int32_t> first_row;  // n: smallest row of the group
+  DeviceBuffer<int32_t> mult;       // n: rows in the group
+  DeviceBuffer<int32_t> rows_begin; // n: offset of the group in DistinctSet::rows
 };
 
 // Level-1 output for every query cluster (ti_filter_level1.cu).
 struct Level1Result {
   int64_t cand_stride = 0;           // = target clusters
-  TiBuffer<float> upper_bound;   // mq: no query of the cluster has its
+  DeviceBuffer<float> upper_bound;   // mq: no query of the cluster has its
                                      // k'-th neighbour farther (ti distance)
-  TiBuffer<uint64_t> candidates; // mq x cand_stride sorted keys:
+  DeviceBuffer<uint64_t> candidates; // mq x cand_stride sorted keys:
                                      // (centre distance bits << 32) | cluster
-  TiBuffer<int32_t> cand_count;  // mq
+  DeviceBuffer<int32_t> cand_count;  // mq
 };
 
 // The rounding margin of rounding_margin.h, in float for the kernels:

@@ -111,8 +111,8 @@ KnnStatus build_distinct_set(const DevicePoints &points, bool dedup, DistinctSet
     CUDA_CHECK_LAUNCH(ctx, "identity_groups_kernel");
     out.n_distinct = n;
   } else {
-    TiBuffer<uint64_t> hash, hash_sorted;
-    TiBuffer<int32_t> row, flag, group_index, n_groups;
+    DeviceBuffer<uint64_t> hash, hash_sorted;
+    DeviceBuffer<int32_t> row, flag, group_index, n_groups;
     KNN_TRY(mem.allocate(ctx, hash, n, "row hashes"));
     KNN_TRY(mem.allocate(ctx, hash_sorted, n, "row hashes"));
     KNN_TRY(mem.allocate(ctx, row, n, "row hashes"));
@@ -130,7 +130,7 @@ KnnStatus build_distinct_set(const DevicePoints &points, bool dedup, DistinctSet
                                                      out.rows.get(), (int)n, 0, 64, stream));
     CUDA_CHECK(ctx, cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, flag.get(),
                                                    group_index.get(), (int)n, stream));
-    TiBuffer<unsigned char> temp;
+    DeviceBuffer<unsigned char> temp;
     KNN_TRY(mem.allocate(ctx, temp, sort_bytes > scan_bytes ? sort_bytes : scan_bytes,
                          "sort workspace"));
     CUDA_CHECK(ctx, cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, hash.get(),

@@ -183,14 +183,14 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   cudaStream_t stream = ctx.stream;
   out.cand_stride = mt;
 
-  TiBuffer<float> dcc;
+  DeviceBuffer<float> dcc;
   KNN_TRY(mem.allocate(ctx, dcc, pairs, "centre distances"));
   center_distance_kernel<<<grid_for(pairs, 256), 256, 0, stream>>>(
       metric, queries.centers.get(), mq, targets.centers.get(), mt, queries.stride, dcc.get());
   CUDA_CHECK_LAUNCH(ctx, "center_distance_kernel");
 
-  TiBuffer<float> scratch_value;
-  TiBuffer<int32_t> scratch_count;
+  DeviceBuffer<float> scratch_value;
+  DeviceBuffer<int32_t> scratch_count;
   KNN_TRY(mem.allocate(ctx, scratch_value, (size_t)mq * (kprime + 1), "upper-bound lists"));
   KNN_TRY(mem.allocate(ctx, scratch_count, (size_t)mq * (kprime + 1), "upper-bound lists"));
   KNN_TRY(mem.allocate(ctx, out.upper_bound, mq, "upper bounds"));
@@ -213,8 +213,8 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   CUDA_CHECK_LAUNCH(ctx, "upper_bound_kernel");
   if (ctx.cancelled()) return KNN_CANCELLED;
 
-  TiBuffer<uint64_t> keys;
-  TiBuffer<int64_t> seg_begin, seg_end;
+  DeviceBuffer<uint64_t> keys;
+  DeviceBuffer<int64_t> seg_begin, seg_end;
   KNN_TRY(mem.allocate(ctx, keys, pairs, "candidate clusters"));
   KNN_TRY(mem.allocate(ctx, out.candidates, pairs, "candidate clusters"));
   KNN_TRY(mem.allocate(ctx, out.cand_count, mq, "candidate clusters"));
@@ -241,7 +241,7 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(nullptr, sort_bytes, keys.get(),
                                                       out.candidates.get(), pairs, mq,
                                                       seg_begin.get(), seg_end.get(), stream));
-  TiBuffer<unsigned char> temp;
+  DeviceBuffer<unsigned char> temp;
   KNN_TRY(mem.allocate(ctx, temp, std::max<size_t>(sort_bytes, 1), "candidate sort workspace"));
   CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp.get(), sort_bytes, keys.get(),
                                                       out.candidates.get(), pairs, mq,

@@ -470,8 +470,8 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   const int mq = queries.m;
 
   // Warp groups (thread-data remapping).
-  TiBuffer<int32_t> group_count, first_group, n_groups;
-  TiBuffer<int4> groups;
+  DeviceBuffer<int32_t> group_count, first_group, n_groups;
+  DeviceBuffer<int4> groups;
   const int64_t max_groups = nq / kWarp + mq + 1;
   KNN_TRY(mem.allocate(ctx, group_count, mq + 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, first_group, mq + 1, "warp groups"));
@@ -483,7 +483,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   size_t scan_bytes = 0;
   CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, group_count.get(),
                                                 first_group.get(), mq + 1, stream));
-  TiBuffer<unsigned char> scan_temp;
+  DeviceBuffer<unsigned char> scan_temp;
   KNN_TRY(mem.allocate(ctx, scan_temp, std::max<size_t>(scan_bytes, 1), "warp groups"));
   CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(scan_temp.get(), scan_bytes, group_count.get(),
                                                 first_group.get(), mq + 1, stream));
@@ -526,8 +526,8 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
     LaunchShape shape = launch_shape(1, false, kprime);
     a.parts = 1;
     a.groups_per_block = shape.groups_per_block;
-    TiBuffer<int32_t> total;
-    TiBuffer<int64_t> offset;
+    DeviceBuffer<int32_t> total;
+    DeviceBuffer<int64_t> offset;
     KNN_TRY(mem.allocate(ctx, total, nq + 1, "partial filter counts"));
     KNN_TRY(mem.allocate(ctx, offset, nq + 1, "partial filter counts"));
     CUDA_CHECK(ctx, cudaMemsetAsync(total.get(), 0, (nq + 1) * sizeof(int32_t), stream));
@@ -539,7 +539,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
     size_t off_bytes = 0;
     CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, off_bytes, total.get(), offset.get(),
                                                   nq + 1, stream));
-    TiBuffer<unsigned char> off_temp;
+    DeviceBuffer<unsigned char> off_temp;
     KNN_TRY(mem.allocate(ctx, off_temp, std::max<size_t>(off_bytes, 1), "partial filter counts"));
     CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(off_temp.get(), off_bytes, total.get(),
                                                   offset.get(), nq + 1, stream));
@@ -551,8 +551,8 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
     size_t need = (size_t)stored * (sizeof(float) + sizeof(int32_t)) +
                   (size_t)nq * kprime * (sizeof(float) + sizeof(int32_t));
     if (mem.budget() == 0 || mem.used() + need <= mem.budget()) {
-      TiBuffer<float> cand_value, list_value;
-      TiBuffer<int32_t> cand_pos, list_row;
+      DeviceBuffer<float> cand_value, list_value;
+      DeviceBuffer<int32_t> cand_pos, list_row;
       KNN_TRY(mem.allocate(ctx, cand_value, std::max<int64_t>(stored, 1), "partial candidates"));
       KNN_TRY(mem.allocate(ctx, cand_pos, std::max<int64_t>(stored, 1), "partial candidates"));
       a.write = 1;
@@ -590,8 +590,8 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.groups_per_block = shape.groups_per_block;
   a.list_in_shared = in_shared ? 1 : 0;
   const unsigned grid = grid_for(max_groups, shape.groups_per_block);
-  TiBuffer<float> global_value, part_value;
-  TiBuffer<int32_t> global_row, part_row;
+  DeviceBuffer<float> global_value, part_value;
+  DeviceBuffer<int32_t> global_row, part_row;
   if (config.place == ListPlace::Global) {
     int64_t slots = (int64_t)grid * shape.threads;
     KNN_TRY(mem.allocate(ctx, global_value, (size_t)slots * kprime, "global top-k lists"));

@@ -63,7 +63,7 @@ __global__ void pad_rows_kernel(const float *raw, int64_t n, int dim, int stride
 
 // One point set on the device, padded.
 struct UploadedSet {
-  TiBuffer<float> padded;
+  DeviceBuffer<float> padded;
   DevicePoints points;
 };
 
@@ -76,7 +76,7 @@ KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, Uploa
     pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
         out.padded.get(), n, dim, stride, out.padded.get(), max_abs_bits);
   } else {
-    TiBuffer<float> raw;
+    DeviceBuffer<float> raw;
     KNN_TRY(mem.allocate(ctx, raw, (size_t)n * dim, "points"));
     CUDA_CHECK(ctx, cudaMemcpyAsync(raw.get(), host, (size_t)n * dim * sizeof(float),
                                     cudaMemcpyHostToDevice, ctx.stream));
@@ -204,7 +204,7 @@ KnnStatus run_join(const KnnProblem &problem, int64_t *neighbors, double *distan
   cudaStream_t stream = ctx.stream;
 
   // ---- upload ----
-  TiBuffer<unsigned> max_abs;
+  DeviceBuffer<unsigned> max_abs;
   KNN_TRY(mem.allocate(ctx, max_abs, 1, "value range"));
   CUDA_CHECK(ctx, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), stream));
   UploadedSet query_upload, target_upload;
@@ -212,7 +212,7 @@ KnnStatus run_join(const KnnProblem &problem, int64_t *neighbors, double *distan
   if (!self)
     KNN_TRY(upload_points(problem.targets, nt, dim, stride, target_upload, max_abs.get(), mem,
                           ctx));
-  TiBuffer<int64_t> query_keys, target_keys;
+  DeviceBuffer<int64_t> query_keys, target_keys;
   int64_t excluded = 0;
   if (exclude) {
     excluded = max_rows_per_key(problem.target_keys, nt);
@@ -296,9 +296,9 @@ KnnStatus run_join(const KnnProblem &problem, int64_t *neighbors, double *distan
                      : level2_threads_per_query(ctx, metric, stride, config.place, kprime,
                                                 query_set.n_distinct,
                                                 options.cache_conflict_factor);
-  TiBuffer<float> result_value;
-  TiBuffer<int32_t> result_row;
-  TiBuffer<unsigned long long> counter;
+  DeviceBuffer<float> result_value;
+  DeviceBuffer<int32_t> result_row;
+  DeviceBuffer<unsigned long long> counter;
   KNN_TRY(mem.allocate(ctx, result_value, (size_t)query_set.n_distinct * kprime, "results"));
   KNN_TRY(mem.allocate(ctx, result_row, (size_t)query_set.n_distinct * kprime, "results"));
   KNN_TRY(mem.allocate(ctx, counter, 1, "distance counter"));
@@ -323,8 +323,8 @@ KnnStatus run_join(const KnnProblem &problem, int64_t *neighbors, double *distan
   const size_t room = budget > mem.used() ? budget - mem.used() : 0;
   int64_t chunk = std::min<int64_t>(nq, (int64_t)(room / 2 / (slot_bytes * k)));
   if (chunk < 1) chunk = std::min<int64_t>(nq, 1024);  // let the allocation report it
-  TiBuffer<int64_t> out_rows;
-  TiBuffer<double> out_distances;
+  DeviceBuffer<int64_t> out_rows;
+  DeviceBuffer<double> out_distances;
   KNN_TRY(mem.allocate(ctx, out_rows, (size_t)chunk * k, "results"));
   KNN_TRY(mem.allocate(ctx, out_distances, (size_t)chunk * k, "results"));
   unsigned long long computed = 0;
