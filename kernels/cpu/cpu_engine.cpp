@@ -13,6 +13,7 @@
 #include "brute_force.h"
 #include "join_input.h"
 #include "ti_join.h"
+#include "../problem_check.h"
 
 namespace knn {
 namespace {
@@ -35,28 +36,6 @@ void set_error(std::string *error, const char *message,
     *error += detail;
   } catch (...) {
   }
-}
-
-// Returns nullptr when the problem is well formed, else why not.
-const char *invalid_reason(const KnnProblem &p, const int64_t *neighbors,
-                           const double *distances) {
-  if (p.k < 1) return "k must be at least 1";
-  if (p.dim < 1) return "dim must be at least 1";
-  if (p.n_queries < 0 || p.n_targets < 0) return "negative row count";
-  if (p.metric < KNN_METRIC_L2 || p.metric > KNN_METRIC_L1) return "unknown metric";
-  if (p.method < KNN_METHOD_AUTO || p.method > KNN_METHOD_BRUTE) return "unknown method";
-  if (p.n_threads < 0) return "n_threads must not be negative";
-  if ((p.query_keys == nullptr) != (p.target_keys == nullptr))
-    return "query_keys and target_keys must be given together";
-  if (p.n_queries > 0 && p.queries == nullptr) return "queries is NULL";
-  if (p.n_targets > 0 && p.targets == nullptr) return "targets is NULL";
-  if (p.n_queries > 0 && (neighbors == nullptr || distances == nullptr))
-    return "result arrays are NULL";
-  const int64_t limit = std::numeric_limits<int64_t>::max() / 8;
-  if (p.n_queries > limit / p.k || p.n_queries > limit / p.dim ||
-      p.n_targets > limit / p.dim)
-    return "problem too large";
-  return nullptr;
 }
 
 int resolve_threads(int32_t requested) {
@@ -84,7 +63,7 @@ void fill_padding(const KnnProblem &p, int64_t *neighbors, double *distances) {
 KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances,
               KnnStats *stats, const int32_t *cancel, std::string *error) {
   const Clock::time_point start = Clock::now();
-  if (const char *why = invalid_reason(p, neighbors, distances)) {
+  if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
     set_error(error, why);
     return KNN_INVALID_ARGUMENT;
   }

@@ -30,6 +30,7 @@
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
 #include "host_transfer.cuh"
+#include "../problem_check.h"
 
 namespace knn {
 namespace cuda {
@@ -193,25 +194,6 @@ KnnStatus setup_context(const KnnProblem &p, DeviceRuntime &rt, DeviceContext &c
   return KNN_OK;
 }
 
-const char *invalid_reason(const KnnProblem &p, const int64_t *neighbors,
-                           const double *distances) {
-  if (p.k < 1) return "k must be at least 1";
-  if (p.dim < 1) return "dim must be at least 1";
-  if (p.n_queries < 0 || p.n_targets < 0) return "negative row count";
-  if (p.metric < KNN_METRIC_L2 || p.metric > KNN_METRIC_L1) return "unknown metric";
-  if (p.method < KNN_METHOD_AUTO || p.method > KNN_METHOD_BRUTE) return "unknown method";
-  if ((p.query_keys == nullptr) != (p.target_keys == nullptr))
-    return "query_keys and target_keys must be given together";
-  if (p.n_queries > 0 && p.queries == nullptr) return "queries is NULL";
-  if (p.n_targets > 0 && p.targets == nullptr) return "targets is NULL";
-  if (p.n_queries > 0 && (neighbors == nullptr || distances == nullptr))
-    return "result arrays are NULL";
-  const int64_t limit = std::numeric_limits<int64_t>::max() / 8;
-  if (p.n_queries > limit / p.k || p.n_queries > limit / p.dim || p.n_targets > limit / p.dim)
-    return "problem too large";
-  return nullptr;
-}
-
 void fill_empty(const KnnProblem &p, int64_t *neighbors, double *distances) {
   const int64_t n = p.n_queries * p.k;
   for (int64_t i = 0; i < n; i++) {
@@ -242,7 +224,7 @@ void copy_message(char *dst, size_t len, const std::string &msg) {
 KnnStatus run_join(const KnnProblem &p, int64_t *neighbors, double *distances, KnnStats *stats,
                    const int32_t *cancel, std::string *error) {
   const auto start = std::chrono::steady_clock::now();
-  if (const char *why = invalid_reason(p, neighbors, distances)) {
+  if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
     *error = why;
     return KNN_INVALID_ARGUMENT;
   }
