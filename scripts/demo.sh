@@ -18,5 +18,9 @@ INSERT INTO items VALUES (1, '[1,2,3]'), (2, '[4,5,6]'), (3, '[1,2,4]'), (4, '[0
 SELECT * FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2);
 \echo 'the same without the trivial self-match:'
 SELECT * FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2, exclude_self => true);
+\echo 'the pgvector-style LATERAL query, planned as one KNN Join:'
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id AS neighbour, n.dist FROM items q
+CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM items t ORDER BY t.v <-> q.v LIMIT 2) n;
 SQL
 echo "demo done: the throw-away cluster is stopped."
