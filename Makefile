@@ -2,8 +2,11 @@
 #   make                 build knn_gpu.so (+ knn_gpu_cuda.so when nvcc is found)
 #   make install         install into the server that pg_config names
 #   make installcheck    pg_regress suite against a running server
+#   make installcheck-pgvector   the tests against the real pgvector (installed
+#                        first: ../shared/pgvector/build.sh), same server
 #   make unittest        engine unit tests (GoogleTest, CPU)
 #   make gputest         GPU engine tests (skip with a message without a GPU)
+#   make bench/knn_bench test/ti_dev_driver   benchmark and GPU TI development tools
 # Options: CUDA=auto|0|1, NVCC=..., CUDA_HOME=..., GENCODE="-gencode ...".
 
 EXTENSION = knn_gpu
@@ -11,7 +14,9 @@ MODULE_big = knn_gpu
 PGFILEDESC = "knn_gpu - exact k-nearest-neighbour joins on the GPU"
 
 EXT_SRCS = $(sort $(wildcard extension/*.c))
-ENGINE_SRCS = kernels/knn_job.cpp $(sort $(wildcard kernels/cpu/*.cpp))
+# kernels/*.cpp: the job layer and the vocabulary (knn_vocabulary.h).
+ENGINE_SRCS = $(sort $(wildcard kernels/*.cpp kernels/cpu/*.cpp))
+VOCABULARY_OBJ = kernels/knn_vocabulary.o
 OBJS = $(EXT_SRCS:.c=.o) $(ENGINE_SRCS:.cpp=.o)
 
 # The install script is assembled from one file per concept.
@@ -24,7 +29,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test \
-	test/*.o bench/knn_bench regression.diffs regression.out results
+	test/ti_dev_driver test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -41,8 +46,14 @@ endif
 CXX ?= g++
 ENGINE_CXXFLAGS = -std=c++17 -O3 -fPIC -pthread -ffp-contract=off -Wall -Wextra -Wno-unused-parameter -I$(CURDIR)/kernels
 
-kernels/%.o: kernels/%.cpp $(wildcard kernels/*.h kernels/cpu/*.h)
+# Headers as dependencies, so that an edit rebuilds what includes it.
+ENGINE_HEADERS = $(wildcard kernels/*.h kernels/cpu/*.h)
+CUDA_HEADERS = $(wildcard kernels/*.h kernels/cuda/*.h kernels/cuda/*.cuh)
+
+kernels/%.o: kernels/%.cpp $(ENGINE_HEADERS)
 	$(CXX) $(ENGINE_CXXFLAGS) -c -o $@ $<
+
+$(EXT_SRCS:.c=.o): $(wildcard extension/*.h) kernels/knn_engine.h kernels/knn_vocabulary.h
 
 $(DATA_built): $(SQL_PARTS)
 	cat $(SQL_PARTS) > $@
@@ -73,10 +84,12 @@ all: $(CUDA_MODULE)
 install: install-cuda
 endif
 
-kernels/cuda/%.o: kernels/cuda/%.cu $(wildcard kernels/*.h kernels/cuda/*.cuh)
+kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_HEADERS)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
-$(CUDA_MODULE): $(CUDA_OBJS)
+# The module carries its own copy of the vocabulary: it must not depend on
+# knn_gpu.so.
+$(CUDA_MODULE): $(CUDA_OBJS) $(VOCABULARY_OBJ)
 	$(NVCC) -shared $(GENCODE) -o $@ $^ -cudart static -L$(CUDA_HOME)/lib64 -lcublas
 
 install-cuda: $(CUDA_MODULE)
@@ -90,7 +103,7 @@ uninstall-cuda:
 GTEST_LIBS = -lgtest -lgtest_main -lpthread -ldl
 ENGINE_OBJS = $(ENGINE_SRCS:.cpp=.o)
 
-test/%.o: test/%.cpp $(wildcard kernels/*.h kernels/cpu/*.h test/*.h)
+test/%.o: test/%.cpp $(ENGINE_HEADERS) $(wildcard kernels/cuda/*.h test/*.h)
 	$(CXX) $(ENGINE_CXXFLAGS) -c -o $@ $<
 
 test/engine_test: test/engine_test.o $(ENGINE_OBJS)
@@ -102,11 +115,24 @@ test/gpu_engine_test: test/gpu_engine_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BU
 unittest: test/engine_test
 	test/engine_test
 
+# Run from the repository root, where the test finds ./knn_gpu_cuda.so.
 gputest: test/gpu_engine_test
-	KNN_GPU_MODULE_DIR=$(CURDIR) test/gpu_engine_test
+	cd $(CURDIR) && test/gpu_engine_test
 
 # Benchmark runner (engine only); bench/run_bench.sh prepares data and runs it.
-bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
+		$(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) $(ENGINE_CXXFLAGS) -o $@ bench/knn_bench.cpp $(ENGINE_OBJS) -lpthread -ldl
 
-.PHONY: unittest gputest install-cuda uninstall-cuda
+# Development driver of the GPU TI join, linked with the CUDA objects
+# themselves (not the module) to reach their internals.
+test/ti_dev_driver: test/ti_dev_driver.cu $(filter-out kernels/cuda/cuda_module.o,$(CUDA_OBJS)) \
+		$(VOCABULARY_OBJ) $(CUDA_HEADERS)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(filter %.o,$^) -L$(CUDA_HOME)/lib64 -lcublas
+
+# test/pgvector/: its own database, as the tests create both extensions.
+installcheck-pgvector:
+	$(pg_regress_installcheck) --inputdir=test/pgvector --outputdir=test/pgvector \
+		--dbname=knn_pgvector_regression knn_pgvector
+
+.PHONY: unittest gputest installcheck-pgvector install-cuda uninstall-cuda

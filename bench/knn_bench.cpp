@@ -4,7 +4,8 @@
 //
 //   bench/knn_bench DATA_DIR [--k 20] [--repeat 2] [--out results.json]
 //                   [--sets a,b,c] [--cpu-max-rows 100000] [--metric l2]
-//                   [--methods brute,ti,auto,cpu]
+//                   [--methods brute,ti,auto,cpu] [--threads 0]
+//                   [--module-dir .]
 //
 // DATA_DIR holds NAME.f32 (raw little-endian float32, row-major) with
 // NAME.json beside it ("rows", "dims"), and optionally
@@ -13,10 +14,12 @@
 // prepares such a directory from the .xz files.
 //
 // Per data set: a self-join with self-match exclusion (keys = row ids,
-// the all-kNN graph), timed for GPU brute, GPU TI, GPU auto and the CPU
-// engine (only up to --cpu-max-rows rows: the CPU is the slow reference).
-// Every GPU result is compared bit for bit with the CPU result when the
-// CPU ran, else with GPU brute force. Prints a table; writes JSON.
+// the all-kNN graph), timed for each of --methods: brute, ti, auto on the
+// GPU; cpu (= cpu-auto), cpu-ti, cpu-brute on the CPU engine with
+// --threads threads (CPU runs only up to --cpu-max-rows rows: the CPU is
+// the slow reference). The GPU module is looked for in --module-dir. Every
+// result is compared bit for bit with a reference run: CPU brute force,
+// else another CPU run, else GPU brute force. Prints a table; writes JSON.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,6 +32,7 @@
 #include <vector>
 
 #include "knn_engine.h"
+#include "knn_vocabulary.h"
 
 namespace {
 
@@ -88,14 +92,16 @@ bool load_idx(const std::string &path, int64_t max_rows, DataSet *d) {
 }
 
 struct Run {
-  std::string engine, method;
+  KnnDevice device = KNN_DEVICE_CPU;
+  KnnMethod method = KNN_METHOD_AUTO;
+  std::string label;  // "gpu ti", "cpu brute", ...
   std::vector<double> seconds;
   KnnStatus status = KNN_OK;
   std::string error;
   KnnStats stats{};
   std::vector<int64_t> neighbors;
   std::vector<double> distances;
-  std::string verified_against;  // "cpu", "gpu-brute" or ""
+  std::string verified_against;  // the reference run's label, or ""
   bool match = false;
   int64_t mismatches = 0;
 };
@@ -147,166 +153,217 @@ std::string json_escape(const std::string &s) {
   return out;
 }
 
-KnnMetric parse_metric(const std::string &s) {
-  if (s == "cosine") return KNN_METRIC_COSINE;
-  if (s == "ip") return KNN_METRIC_IP;
-  if (s == "l1") return KNN_METRIC_L1;
-  return KNN_METRIC_L2;
+struct Options {
+  std::string dir;
+  int k = 20, repeat = 2, threads = 0;
+  int64_t cpu_max_rows = 100000;
+  std::string out_path = "bench/results/knn_bench.json";
+  KnnMetric metric = KNN_METRIC_L2;
+  std::vector<std::pair<KnnDevice, KnnMethod>> configs;
+  std::vector<std::string> sets = {"3DNet_head5000", "arcene", "keggD_std", "kegg_std", "blog",
+                                   "fashion-mnist", "skin", "ipums", "kdd"};
+};
+
+std::vector<std::string> split(const std::string &list) {
+  std::vector<std::string> items;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) items.push_back(item);
+  return items;
+}
+
+// "brute", "ti", "auto": the GPU; "cpu" or "cpu-METHOD": the CPU engine.
+bool parse_methods(const std::string &list, Options *o) {
+  o->configs.clear();
+  for (const std::string &item : split(list)) {
+    const bool cpu = item.compare(0, 3, "cpu") == 0;
+    const std::string name = !cpu ? item : item == "cpu" ? "auto" : item.substr(4);
+    KnnMethod method;
+    if ((cpu && item != "cpu" && item[3] != '-') || !knn_method_parse(name.c_str(), &method)) {
+      std::fprintf(stderr, "unknown method %s (%s, each optionally cpu-)\n", item.c_str(),
+                   knn_method_list());
+      return false;
+    }
+    o->configs.push_back({cpu ? KNN_DEVICE_CPU : KNN_DEVICE_GPU, method});
+  }
+  return true;
+}
+
+bool parse_options(int argc, char **argv, Options *o) {
+  if (argc < 2) return false;
+  o->dir = argv[1];
+  if (!parse_methods("brute,ti,auto,cpu", o)) return false;
+  for (int i = 2; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--k") o->k = std::atoi(v.c_str());
+    else if (a == "--repeat") o->repeat = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--out") o->out_path = v;
+    else if (a == "--cpu-max-rows") o->cpu_max_rows = std::atoll(v.c_str());
+    else if (a == "--threads") o->threads = std::atoi(v.c_str());
+    else if (a == "--module-dir") knn_engine_set_module_dir(v.c_str());
+    else if (a == "--sets") o->sets = split(v);
+    else if (a == "--methods") {
+      if (!parse_methods(v, o)) return false;
+    } else if (a == "--metric") {
+      if (!knn_metric_parse(v.c_str(), &o->metric)) {
+        std::fprintf(stderr, "unknown metric %s (%s)\n", v.c_str(), knn_metric_list());
+        return false;
+      }
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", a.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// Times one engine and method on a prepared problem.
+Run time_config(KnnProblem p, KnnDevice device, KnnMethod method, int repeat) {
+  Run r;
+  r.device = p.device = device;
+  r.method = p.method = method;
+  r.label = std::string(knn_device_name(device)) + " " + knn_method_name(method);
+  // One untimed GPU run first: module load, context and handles.
+  const int tries = device == KNN_DEVICE_GPU ? repeat + 1 : 1;
+  for (int t = 0; t < tries; t++) {
+    double s = 0;
+    r.status = run_once(p, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
+    if (r.status != KNN_OK) break;
+    if (device != KNN_DEVICE_GPU || t > 0) r.seconds.push_back(s);
+  }
+  return r;
+}
+
+// Every run against the reference: CPU brute, else a CPU run, else GPU brute.
+bool verify(std::vector<Run> *runs) {
+  const Run *ref = nullptr;
+  int best = 0;
+  for (const Run &r : *runs) {
+    if (r.status != KNN_OK) continue;
+    const bool brute = r.method == KNN_METHOD_BRUTE, cpu = r.device == KNN_DEVICE_CPU;
+    const int rank = cpu && brute ? 3 : cpu ? 2 : brute ? 1 : 0;
+    if (rank > best) {
+      best = rank;
+      ref = &r;
+    }
+  }
+  bool all_match = true;
+  for (Run &r : *runs) {
+    if (ref == nullptr || &r == ref || r.status != KNN_OK) continue;
+    r.verified_against = ref->label;
+    r.mismatches = count_mismatches(r, *ref);
+    r.match = r.mismatches == 0;
+    all_match = all_match && r.match;
+  }
+  return all_match;
+}
+
+std::string table_line(const DataSet &d, const Run &r) {
+  const std::string verified = r.verified_against.empty() ? "-"
+                               : r.match                  ? "=" + r.verified_against
+                                                          : "MISMATCH";
+  char line[512];
+  std::snprintf(line, sizeof line, "%-18s %8lld %6d  %-9s %9.4f  %-11s %s", d.name.c_str(),
+                static_cast<long long>(d.rows), d.dims, r.label.c_str(), median(r.seconds),
+                verified.c_str(), r.status == KNN_OK ? r.stats.variant : r.error.c_str());
+  return line;
+}
+
+void write_json_run(std::ostream &json, const Run &r) {
+  json << "\n      {\"engine\": \"" << knn_device_name(r.device) << "\", \"method\": \""
+       << knn_method_name(r.method) << "\", \"status\": " << r.status << ", \"error\": \""
+       << json_escape(r.error) << "\", \"seconds\": [";
+  for (size_t i = 0; i < r.seconds.size(); i++) json << (i ? ", " : "") << r.seconds[i];
+  json << "], \"median\": " << (r.seconds.empty() ? 0.0 : median(r.seconds))
+       << ", \"device\": \"" << json_escape(r.stats.device_name) << "\", \"ran\": \""
+       << knn_method_name(r.stats.method) << "\", \"variant\": \""
+       << json_escape(r.stats.variant) << "\", \"distance_computations\": "
+       << r.stats.distance_computations << ", \"seconds_transfer\": "
+       << r.stats.seconds_transfer << ", \"seconds_cluster\": " << r.stats.seconds_cluster
+       << ", \"seconds_filter\": " << r.stats.seconds_filter
+       << ", \"seconds_select\": " << r.stats.seconds_select
+       << ", \"verified_against\": \"" << r.verified_against
+       << "\", \"mismatches\": " << r.mismatches << "}";
+}
+
+// Runs every configuration on one data set; false on a mismatch.
+bool bench_set(const Options &o, bool have_gpu, const DataSet &d, std::ostream &json,
+               std::vector<std::string> *table) {
+  std::vector<int64_t> keys(d.rows);
+  for (int64_t i = 0; i < d.rows; i++) keys[i] = i;
+  KnnProblem p{};
+  p.queries = p.targets = d.x.data();
+  p.n_queries = p.n_targets = d.rows;
+  p.dim = d.dims;
+  p.k = o.k;
+  p.metric = o.metric;
+  p.n_threads = o.threads;
+  p.query_keys = p.target_keys = keys.data();
+
+  std::vector<Run> runs;
+  for (const auto &[device, method] : o.configs) {
+    if (device == KNN_DEVICE_GPU ? !have_gpu : d.rows > o.cpu_max_rows) continue;
+    runs.push_back(time_config(p, device, method, o.repeat));
+    const Run &r = runs.back();
+    std::printf("%-18s %-9s %8.4f s  %s %s %s\n", d.name.c_str(), r.label.c_str(),
+                median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
+                r.status == KNN_OK ? "" : r.error.c_str());
+    std::fflush(stdout);
+  }
+  const bool all_match = verify(&runs);
+  json << "\n    {\"name\": \"" << d.name << "\", \"rows\": " << d.rows
+       << ", \"dims\": " << d.dims << ", \"runs\": [";
+  for (size_t i = 0; i < runs.size(); i++) {
+    json << (i ? "," : "");
+    write_json_run(json, runs[i]);
+    table->push_back(table_line(d, runs[i]));
+  }
+  json << "]}";
+  return all_match;
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
-  if (argc < 2) {
+  Options o;
+  if (!parse_options(argc, argv, &o)) {
     std::fprintf(stderr,
                  "usage: %s DATA_DIR [--k 20] [--repeat 2] [--out FILE] [--sets a,b] "
-                 "[--cpu-max-rows N] [--metric l2|cosine|ip|l1]\n",
+                 "[--cpu-max-rows N] [--metric l2|cosine|ip|l1] "
+                 "[--methods brute,ti,auto,cpu,cpu-ti,cpu-brute] [--threads N] "
+                 "[--module-dir DIR]\n",
                  argv[0]);
     return 2;
   }
-  const std::string dir = argv[1];
-  int k = 20, repeat = 2;
-  int64_t cpu_max_rows = 100000;
-  std::string out_path = "bench/results/knn_bench.json";
-  std::string metric_name = "l2";
-  std::string methods = "brute,ti,auto,cpu";
-  std::vector<std::string> sets = {"3DNet_head5000", "arcene", "keggD_std", "kegg_std", "blog",
-                                   "fashion-mnist", "skin", "ipums", "kdd"};
-  for (int i = 2; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--k") k = std::atoi(v.c_str());
-    else if (a == "--repeat") repeat = std::max(1, std::atoi(v.c_str()));
-    else if (a == "--out") out_path = v;
-    else if (a == "--cpu-max-rows") cpu_max_rows = std::atoll(v.c_str());
-    else if (a == "--metric") metric_name = v;
-    else if (a == "--methods") methods = v;
-    else if (a == "--sets") {
-      sets.clear();
-      std::stringstream ss(v);
-      std::string s;
-      while (std::getline(ss, s, ',')) sets.push_back(s);
-    }
-  }
-  const KnnMetric metric = parse_metric(metric_name);
-
   char engine_line[512] = "";
   const int have_gpu = knn_engine_describe(engine_line, sizeof engine_line);
   std::printf("engine: %s\n", engine_line);
 
   std::ostringstream json;
-  json << "{\n  \"engine\": \"" << json_escape(engine_line) << "\",\n  \"k\": " << k
-       << ",\n  \"metric\": \"" << metric_name << "\",\n  \"repeat\": " << repeat
+  json << "{\n  \"engine\": \"" << json_escape(engine_line) << "\",\n  \"k\": " << o.k
+       << ",\n  \"metric\": \"" << knn_metric_name(o.metric) << "\",\n  \"repeat\": " << o.repeat
        << ",\n  \"datasets\": [";
   std::vector<std::string> table;
   bool first_set = true, all_match = true;
-
-  for (const std::string &name : sets) {
+  for (const std::string &name : o.sets) {
     DataSet d;
-    const bool ok = name == "fashion-mnist" ? load_idx(dir + "/fashion-mnist.idx", 20000, &d)
-                                            : load_f32(dir, name, &d);
+    const bool ok = name == "fashion-mnist" ? load_idx(o.dir + "/fashion-mnist.idx", 20000, &d)
+                                            : load_f32(o.dir, name, &d);
     if (!ok) {
       std::printf("%-18s missing, skipped\n", name.c_str());
       continue;
     }
-    std::vector<int64_t> keys(d.rows);
-    for (int64_t i = 0; i < d.rows; i++) keys[i] = i;
-    KnnProblem p{};
-    p.queries = p.targets = d.x.data();
-    p.n_queries = p.n_targets = d.rows;
-    p.dim = d.dims;
-    p.k = k;
-    p.metric = metric;
-    p.query_keys = p.target_keys = keys.data();
-
-    struct Config { const char *engine; KnnDevice device; KnnMethod method; const char *label; };
-    std::vector<Config> configs;
-    auto wanted = [&](const char *m) {
-      return ("," + methods + ",").find("," + std::string(m) + ",") != std::string::npos;
-    };
-    if (have_gpu) {
-      if (wanted("brute")) configs.push_back({"gpu", KNN_DEVICE_GPU, KNN_METHOD_BRUTE, "brute"});
-      if (wanted("ti")) configs.push_back({"gpu", KNN_DEVICE_GPU, KNN_METHOD_TI, "ti"});
-      if (wanted("auto")) configs.push_back({"gpu", KNN_DEVICE_GPU, KNN_METHOD_AUTO, "auto"});
-    }
-    if (wanted("cpu") && d.rows <= cpu_max_rows)
-      configs.push_back({"cpu", KNN_DEVICE_CPU, KNN_METHOD_AUTO, "auto"});
-
-    std::vector<Run> runs;
-    for (const Config &c : configs) {
-      Run r;
-      r.engine = c.engine;
-      r.method = c.label;
-      p.device = c.device;
-      p.method = c.method;
-      // One untimed GPU run first: module load, context and handles.
-      const int tries = c.device == KNN_DEVICE_GPU ? repeat + 1 : 1;
-      for (int t = 0; t < tries; t++) {
-        double s = 0;
-        r.status = run_once(p, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
-        if (r.status != KNN_OK) break;
-        if (c.device != KNN_DEVICE_GPU || t > 0) r.seconds.push_back(s);
-      }
-      std::printf("%-18s %s %-5s %8.4f s  %s %s %s\n", d.name.c_str(), r.engine.c_str(),
-                  r.method.c_str(), median(r.seconds), r.stats.method, r.stats.variant,
-                  r.status == KNN_OK ? "" : r.error.c_str());
-      std::fflush(stdout);
-      runs.push_back(std::move(r));
-    }
-    // Verification: every GPU run against the CPU, else against GPU brute.
-    const Run *cpu = nullptr, *brute = nullptr;
-    for (const Run &r : runs) {
-      if (r.engine == "cpu" && r.status == KNN_OK) cpu = &r;
-      if (r.engine == "gpu" && r.method == "brute" && r.status == KNN_OK) brute = &r;
-    }
-    for (Run &r : runs) {
-      if (r.engine != "gpu" || r.status != KNN_OK) continue;
-      const Run *ref = cpu != nullptr ? cpu : (&r != brute ? brute : nullptr);
-      if (ref == nullptr) continue;
-      r.verified_against = ref == cpu ? "cpu" : "gpu-brute";
-      r.mismatches = count_mismatches(r, *ref);
-      r.match = r.mismatches == 0;
-      all_match = all_match && r.match;
-    }
-
-    json << (first_set ? "" : ",") << "\n    {\"name\": \"" << d.name << "\", \"rows\": " << d.rows
-         << ", \"dims\": " << d.dims << ", \"runs\": [";
+    json << (first_set ? "" : ",");
     first_set = false;
-    bool first_run = true;
-    for (const Run &r : runs) {
-      char line[512];
-      std::snprintf(line, sizeof line, "%-18s %8lld %6d  %-3s %-5s %9.4f  %-8s %s",
-                    d.name.c_str(), static_cast<long long>(d.rows), d.dims, r.engine.c_str(),
-                    r.method.c_str(), median(r.seconds),
-                    r.verified_against.empty() ? "-"
-                    : r.match ? ("=" + r.verified_against).c_str()
-                              : "MISMATCH",
-                    r.status == KNN_OK ? r.stats.variant : r.error.c_str());
-      table.push_back(line);
-      json << (first_run ? "" : ",") << "\n      {\"engine\": \"" << r.engine
-           << "\", \"method\": \"" << r.method << "\", \"status\": " << r.status
-           << ", \"error\": \"" << json_escape(r.error) << "\", \"seconds\": [";
-      for (size_t i = 0; i < r.seconds.size(); i++) json << (i ? ", " : "") << r.seconds[i];
-      json << "], \"median\": " << (r.seconds.empty() ? 0.0 : median(r.seconds))
-           << ", \"device\": \"" << json_escape(r.stats.device) << "\", \"ran\": \""
-           << json_escape(r.stats.method) << "\", \"variant\": \""
-           << json_escape(r.stats.variant) << "\", \"distance_computations\": "
-           << r.stats.distance_computations << ", \"seconds_transfer\": "
-           << r.stats.seconds_transfer << ", \"seconds_cluster\": " << r.stats.seconds_cluster
-           << ", \"seconds_filter\": " << r.stats.seconds_filter
-           << ", \"seconds_select\": " << r.stats.seconds_select
-           << ", \"verified_against\": \"" << r.verified_against
-           << "\", \"mismatches\": " << r.mismatches << "}";
-      first_run = false;
-    }
-    json << "]}";
+    all_match = bench_set(o, have_gpu != 0, d, json, &table) && all_match;
   }
   json << "\n  ]\n}\n";
 
-  std::printf("\n%-18s %8s %6s  %-3s %-5s %9s  %-8s %s\n", "data set", "rows", "dims", "eng",
-              "meth", "seconds", "verified", "variant");
+  std::printf("\n%-18s %8s %6s  %-9s %9s  %-11s %s\n", "data set", "rows", "dims", "run",
+              "seconds", "verified", "variant");
   for (const std::string &line : table) std::printf("%s\n", line.c_str());
-  std::ofstream out(out_path);
+  std::ofstream out(o.out_path);
   out << json.str();
-  std::printf("\nwrote %s%s\n", out_path.c_str(), all_match ? "" : "  (MISMATCHES: see table)");
+  std::printf("\nwrote %s%s\n", o.out_path.c_str(), all_match ? "" : "  (MISMATCHES: see table)");
   return all_match ? 0 : 1;
 }

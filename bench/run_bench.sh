@@ -28,7 +28,7 @@ if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
 fi
 make -s bench/knn_bench
 status=0
-KNN_GPU_MODULE_DIR=$PWD bench/knn_bench "$tmp" --out "$out/knn_bench.json" "$@" || status=$?
+bench/knn_bench "$tmp" --module-dir "$PWD" --out "$out/knn_bench.json" "$@" || status=$?
 if [ "${KNN_BENCH_TORCH:-1}" = 0 ]; then
   echo "torch reference skipped (KNN_BENCH_TORCH=0)"
 elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then

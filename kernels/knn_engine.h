@@ -24,6 +24,8 @@
 extern "C" {
 #endif
 
+/* The names and parsers of the enums below: knn_vocabulary.h. */
+
 typedef enum KnnMetric
 {
 	KNN_METRIC_L2 = 0,			/* sqrt(sum (a-b)^2), pgvector <-> */
@@ -45,6 +47,20 @@ typedef enum KnnDevice
 	KNN_DEVICE_CPU = 1,
 	KNN_DEVICE_GPU = 2			/* GPU; the CPU engine with a notice if none */
 } KnnDevice;
+
+/*
+ * Test-only fault injection (knn_gpu.fault_injection): makes an engine
+ * entry throw a C++ exception at a chosen place, to prove that every entry
+ * turns it into a status and a message and that the backend survives.
+ */
+typedef enum KnnFault
+{
+	KNN_FAULT_NONE = 0,
+	KNN_FAULT_START = 1,		/* knn_job_start throws before the thread starts */
+	KNN_FAULT_RUN = 2,			/* the engine throws std::runtime_error on its thread */
+	KNN_FAULT_BAD_ALLOC = 3,	/* the engine throws std::bad_alloc on its thread */
+	KNN_FAULT_FINISH = 4		/* knn_job_finish throws after the thread is joined */
+} KnnFault;
 
 typedef enum KnnStatus
 {
@@ -76,16 +92,21 @@ typedef struct KnnProblem
 	const int64_t *query_keys;
 	const int64_t *target_keys;
 
-	int32_t		n_threads;		/* CPU threads; 0 = all cores */
+	int32_t		n_threads;		/* CPU threads; 0 = all cores, at most KNN_MAX_THREADS */
 	int64_t		gpu_memory_limit;	/* bytes the GPU engine may use; 0 = what is free */
+	KnnFault	fault;			/* KNN_FAULT_NONE except in tests */
 } KnnProblem;
+
+/* The most CPU threads an engine uses (knn_gpu.threads' upper bound). */
+#define KNN_MAX_THREADS 256
 
 /* What a finished job did, for EXPLAIN ANALYZE and knn_gpu_last_stats(). */
 typedef struct KnnStats
 {
-	char		device[128];	/* "cpu (2 threads)" or the GPU's name */
-	char		method[32];		/* "ti" or "brute" */
-	char		variant[64];	/* e.g. "full-filter/registers" */
+	KnnDevice	device;			/* the engine that ran: KNN_DEVICE_CPU or _GPU */
+	KnnMethod	method;			/* the method that ran: KNN_METHOD_TI or _BRUTE */
+	char		device_name[128];	/* "cpu (2 threads)" or the GPU's name */
+	char		variant[64];	/* free text, e.g. "full-filter/registers" */
 	int64_t		query_clusters;
 	int64_t		target_clusters;
 	int64_t		distance_computations;	/* exact distances evaluated */
@@ -137,7 +158,10 @@ void		knn_engine_set_module_dir(const char *dir);
  */
 int			knn_engine_describe(char *buf, size_t len);
 
-const char *knn_status_name(KnnStatus status);
+/*
+ * Every entry above is safe to call from C: none lets a C++ exception out
+ * and none returns without a status (or NULL) and a message.
+ */
 
 #ifdef __cplusplus
 }

@@ -4,210 +4,245 @@
 // statement_timeout), and finishes it. The job thread picks the engine: the
 // GPU module when one is usable (loaded once with dlopen, so knn_gpu.so never
 // links CUDA and loads on hosts without a driver), else the CPU engine.
+//
+// Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
+// and the job thread starts with all signals blocked (cpu/signal_free_thread.h), so
+// neither a C++ exception nor a PostgreSQL signal handler crosses the wall.
 
 #include <dlfcn.h>
+#include <limits.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <new>
-#include <string>
+#include <stdexcept>
 #include <thread>
 
 #include "cpu/cpu_engine.h"
+#include "cpu/signal_free_thread.h"
+#include "entry_guard.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
 
 namespace {
 
+constexpr size_t kMessageBytes = 512;
+
 // ---- the GPU module, loaded once per process ----
 
+// Fixed buffers only: nothing here allocates, so loading cannot throw.
 struct GpuModule {
-  std::once_flag loaded;
-  bool usable = false;          // module loaded and a GPU answered
-  std::string description;      // device line, or why there is none
+  std::mutex mutex;              // guards everything below
+  char dir[PATH_MAX] = "";       // knn_engine_set_module_dir; "" = the cwd
+  bool loaded = false;
+  bool usable = false;           // module loaded and a GPU answered
+  char description[384] = "";    // device line, or why there is none
   knn_cuda_run_fn run = nullptr;
 };
 
 GpuModule gpu_module;
-std::mutex module_dir_mutex;
-std::string module_dir;
 
-void load_gpu_module() {
-  std::string dir;
-  if (const char *env = std::getenv("KNN_GPU_MODULE_DIR")) dir = env;
-  if (dir.empty()) {
-    std::lock_guard<std::mutex> lock(module_dir_mutex);
-    dir = module_dir;
-  }
-  std::string path = (dir.empty() ? std::string(".") : dir) + "/knn_gpu_cuda.so";
-  void *handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+// Called once, under gpu_module.mutex. Signals stay blocked meanwhile so
+// that the threads the CUDA driver starts inherit a blocked mask even when
+// a backend thread loads the module (knn_engine_describe).
+void load_gpu_module(GpuModule &m) noexcept {
+  const knn::SignalsBlocked blocked;
+  char path[PATH_MAX + 32];
+  std::snprintf(path, sizeof path, "%s/knn_gpu_cuda.so", m.dir[0] != '\0' ? m.dir : ".");
+  void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char *why = dlerror();
-    gpu_module.description = std::string("GPU module not loaded: ") + (why ? why : path);
+    std::snprintf(m.description, sizeof m.description, "GPU module not loaded: %.350s",
+                  why != nullptr ? why : path);
     return;
   }
   auto probe = reinterpret_cast<knn_cuda_probe_fn>(dlsym(handle, KNN_CUDA_PROBE_SYMBOL));
   auto run = reinterpret_cast<knn_cuda_run_fn>(dlsym(handle, KNN_CUDA_RUN_SYMBOL));
   if (probe == nullptr || run == nullptr) {
-    gpu_module.description = "GPU module " + path + " lacks its entry points";
+    std::snprintf(m.description, sizeof m.description, "GPU module %.300s lacks its entry points",
+                  path);
     return;  // keep the handle: unloading CUDA libraries is not worth the risk
   }
-  char line[256] = "";
-  gpu_module.usable = probe(line, sizeof line) != 0;
-  gpu_module.description = line;
-  gpu_module.run = run;
+  m.usable = probe(m.description, sizeof m.description) != 0;
+  m.run = run;
 }
 
-GpuModule &gpu() {
-  std::call_once(gpu_module.loaded, load_gpu_module);
+// After loading, usable, description and run never change again, so the
+// callers read them without the lock.
+const GpuModule &gpu() {
+  std::lock_guard<std::mutex> lock(gpu_module.mutex);
+  if (!gpu_module.loaded) {
+    load_gpu_module(gpu_module);
+    gpu_module.loaded = true;
+  }
   return gpu_module;
-}
-
-void copy_message(char *dst, size_t len, const std::string &msg) {
-  if (dst == nullptr || len == 0) return;
-  std::snprintf(dst, len, "%s", msg.c_str());
 }
 
 }  // namespace
 
 struct KnnJob {
   KnnProblem problem;
-  int64_t *neighbors;
-  double *distances;
+  int64_t *neighbors = nullptr;
+  double *distances = nullptr;
   int32_t cancel = 0;  // written with __atomic_store_n, read by the engines
 
   std::mutex mutex;
   std::condition_variable finished_cv;
-  bool finished = false;
+  std::atomic<bool> finished{false};
   KnnStatus status = KNN_INTERNAL_ERROR;
   KnnStats stats{};
-  std::string error;
+  char error[kMessageBytes] = "";  // failure, or notice of an OK status
   std::thread thread;
 
-  void run();
-  void run_cpu(const char *note);
+  void run() noexcept;
+
+ private:
+  KnnStatus run_engines();
+  KnnStatus run_cpu(const char *note);
+  KnnStatus run_gpu(const GpuModule &m);
+  void announce_finished() noexcept;
 };
 
-void KnnJob::run_cpu(const char *note) {
-  KnnStatus st = knn::cpu_run(problem, neighbors, distances, &stats, &cancel, &error);
-  status = st;
-  if (note != nullptr && note[0] != '\0')
-    std::snprintf(stats.device + std::strlen(stats.device),
-                  sizeof stats.device - std::strlen(stats.device), " [%s]", note);
+KnnStatus KnnJob::run_cpu(const char *note) {
+  const KnnStatus st =
+      knn::cpu_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error);
+  if (note != nullptr) {
+    const size_t used = std::strlen(stats.device_name);
+    std::snprintf(stats.device_name + used, sizeof stats.device_name - used, " [%s]", note);
+  }
+  return st;
 }
 
-void KnnJob::run() {
+KnnStatus KnnJob::run_gpu(const GpuModule &m) {
+  const KnnStatus st = m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
+  // Under AUTO a GPU that cannot take this join hands it to the CPU.
+  if (problem.device != KNN_DEVICE_AUTO || (st != KNN_OUT_OF_MEMORY && st != KNN_DEVICE_ERROR))
+    return st;
+  char gpu_error[kMessageBytes];
+  knn::copy_message(gpu_error, sizeof gpu_error, error);
+  stats = KnnStats{};
+  error[0] = '\0';
+  const KnnStatus cpu_st = run_cpu("GPU failed, CPU engine ran");
+  if (cpu_st == KNN_OK)
+    std::snprintf(error, sizeof error, "the GPU engine failed (%.400s); the CPU engine ran",
+                  gpu_error);
+  return cpu_st;
+}
+
+KnnStatus KnnJob::run_engines() {
+  if (problem.fault == KNN_FAULT_RUN) throw std::runtime_error("fault injection");
+  if (problem.fault == KNN_FAULT_BAD_ALLOC) throw std::bad_alloc();
+  if (problem.device == KNN_DEVICE_CPU) return run_cpu(nullptr);
+  const GpuModule &m = gpu();
+  if (m.usable) return run_gpu(m);
+  // The CPU engine answers; when a GPU was asked for, the caller is told
+  // why (the message of an OK status is a notice).
+  const KnnStatus st = run_cpu("no GPU");
+  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+    std::snprintf(error, sizeof error, "no usable GPU (%s); the CPU engine ran", m.description);
+  return st;
+}
+
+void KnnJob::announce_finished() noexcept {
   try {
-    if (problem.device == KNN_DEVICE_CPU) {
-      run_cpu(nullptr);
-    } else {
-      GpuModule &m = gpu();
-      if (!m.usable) {
-        // The CPU engine answers; when a GPU was asked for, the caller is
-        // told why (the message of an OK status is a notice).
-        run_cpu("no GPU");
-        if (problem.device == KNN_DEVICE_GPU && status == KNN_OK)
-          error = "no usable GPU (" + m.description + "); the CPU engine ran";
-      } else {
-        char msg[512] = "";
-        status = m.run(&problem, neighbors, distances, &stats, &cancel, msg, sizeof msg);
-        error = msg;
-        // Under AUTO a GPU that cannot take this join hands it to the CPU.
-        bool retry_on_cpu = problem.device == KNN_DEVICE_AUTO &&
-                            (status == KNN_OUT_OF_MEMORY || status == KNN_DEVICE_ERROR);
-        if (retry_on_cpu) {
-          std::string gpu_error = error;
-          stats = KnnStats{};
-          error.clear();
-          run_cpu("GPU failed, CPU engine ran");
-          if (status == KNN_OK)
-            error = "the GPU engine failed (" + gpu_error + "); the CPU engine ran";
-        }
-      }
-    }
-  } catch (const std::bad_alloc &) {
-    status = KNN_OUT_OF_MEMORY;
-    error = "out of memory in the engine";
+    std::lock_guard<std::mutex> lock(mutex);
+    finished.store(true);
   } catch (...) {
-    status = KNN_INTERNAL_ERROR;
-    error = "unexpected exception in the engine";
+    finished.store(true);  // without the lock a waiter wakes at its timeout
   }
-  std::lock_guard<std::mutex> lock(mutex);
-  finished = true;
   finished_cv.notify_all();
+}
+
+void KnnJob::run() noexcept {
+  status = knn::guarded("engine", error, sizeof error, [this] { return run_engines(); });
+  announce_finished();
 }
 
 extern "C" {
 
 KnnJob *knn_job_start(const KnnProblem *problem, int64_t *neighbors, double *distances,
                       char *errbuf, size_t errlen) {
-  KnnJob *job = new (std::nothrow) KnnJob();
-  if (job == nullptr) {
-    copy_message(errbuf, errlen, "out of memory starting a join");
-    return nullptr;
-  }
-  job->problem = *problem;
-  job->neighbors = neighbors;
-  job->distances = distances;
-  try {
-    job->thread = std::thread([job] { job->run(); });
-  } catch (...) {
-    delete job;
-    copy_message(errbuf, errlen, "could not start an engine thread");
-    return nullptr;
-  }
-  return job;
+  KnnJob *started = nullptr;
+  knn::guarded("knn_job_start", errbuf, errlen, [&] {
+    if (problem == nullptr) throw std::invalid_argument("no problem");
+    std::unique_ptr<KnnJob> job(new KnnJob());
+    job->problem = *problem;
+    job->neighbors = neighbors;
+    job->distances = distances;
+    if (problem->fault == KNN_FAULT_START) throw std::runtime_error("fault injection");
+    KnnJob *raw = job.get();
+    job->thread = knn::start_signal_free_thread([raw] { raw->run(); });
+    started = job.release();
+    return KNN_OK;
+  });
+  return started;
 }
 
 int knn_job_wait(KnnJob *job, int timeout_ms) {
-  std::unique_lock<std::mutex> lock(job->mutex);
-  return job->finished_cv.wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                                   [job] { return job->finished; })
-             ? 1
-             : 0;
+  if (job == nullptr) return 1;
+  // A wait that fails only returns early: the caller polls again.
+  knn::guarded("knn_job_wait", nullptr, 0, [&] {
+    std::unique_lock<std::mutex> lock(job->mutex);
+    job->finished_cv.wait_for(lock, std::chrono::milliseconds(std::max(0, timeout_ms)),
+                              [job] { return job->finished.load(); });
+    return KNN_OK;
+  });
+  return job->finished.load() ? 1 : 0;
 }
 
-void knn_job_cancel(KnnJob *job) { __atomic_store_n(&job->cancel, 1, __ATOMIC_RELAXED); }
+void knn_job_cancel(KnnJob *job) {
+  if (job != nullptr) __atomic_store_n(&job->cancel, 1, __ATOMIC_RELAXED);
+}
 
 KnnStatus knn_job_finish(KnnJob *job, KnnStats *stats, char *errbuf, size_t errlen) {
-  if (job->thread.joinable()) job->thread.join();
-  KnnStatus status = job->status;
-  if (stats != nullptr) *stats = job->stats;
-  copy_message(errbuf, errlen, job->error);
-  delete job;
+  if (job == nullptr) {
+    knn::copy_message(errbuf, errlen, "knn_job_finish: no job");
+    return KNN_INVALID_ARGUMENT;
+  }
+  bool joined = false;
+  const KnnStatus status = knn::guarded("knn_job_finish", errbuf, errlen, [&] {
+    if (job->thread.joinable()) job->thread.join();
+    joined = true;
+    if (job->problem.fault == KNN_FAULT_FINISH) throw std::runtime_error("fault injection");
+    if (stats != nullptr) *stats = job->stats;
+    knn::copy_message(errbuf, errlen, job->error);
+    return job->status;
+  });
+  // A thread that could not be joined may still use the job: leak it
+  // rather than free memory under it.
+  if (joined) delete job;
   return status;
 }
 
 void knn_engine_set_module_dir(const char *dir) {
-  std::lock_guard<std::mutex> lock(module_dir_mutex);
-  module_dir = dir != nullptr ? dir : "";
+  knn::guarded("knn_engine_set_module_dir", nullptr, 0, [&] {
+    std::lock_guard<std::mutex> lock(gpu_module.mutex);
+    knn::copy_message(gpu_module.dir, sizeof gpu_module.dir, dir);
+    return KNN_OK;
+  });
 }
 
 int knn_engine_describe(char *buf, size_t len) {
-  GpuModule &m = gpu();
-  unsigned cores = std::thread::hardware_concurrency();
-  if (m.usable)
-    std::snprintf(buf, len, "gpu: %s", m.description.c_str());
-  else
-    std::snprintf(buf, len, "cpu: %u threads (%s)", cores, m.description.c_str());
-  return m.usable ? 1 : 0;
-}
-
-const char *knn_status_name(KnnStatus status) {
-  switch (status) {
-    case KNN_OK: return "ok";
-    case KNN_CANCELLED: return "cancelled";
-    case KNN_OUT_OF_MEMORY: return "out of memory";
-    case KNN_INVALID_ARGUMENT: return "invalid argument";
-    case KNN_DEVICE_ERROR: return "device error";
-    case KNN_NO_DEVICE: return "no device";
-    case KNN_INTERNAL_ERROR: return "internal error";
-  }
-  return "unknown";
+  if (buf == nullptr) len = 0;
+  int usable = 0;
+  knn::guarded("knn_engine_describe", buf, len, [&] {
+    const GpuModule &m = gpu();
+    usable = m.usable ? 1 : 0;
+    const unsigned threads =
+        std::min(std::thread::hardware_concurrency(), unsigned{KNN_MAX_THREADS});
+    if (m.usable)
+      std::snprintf(buf, len, "gpu: %s", m.description);
+    else
+      std::snprintf(buf, len, "cpu: %u threads (%s)", std::max(threads, 1u), m.description);
+    return KNN_OK;
+  });
+  return usable;
 }
 
 }  // extern "C"

@@ -3,11 +3,24 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "knn_engine.h"
 
 namespace knn {
+
+// The integer a C caller stored in an enum field. Reading an out-of-range
+// value through the C++ enum type is undefined, so the bytes are read.
+template <class Enum>
+int enum_value(const Enum &field) {
+  static_assert(sizeof(Enum) == sizeof(int), "C enums are int-sized");
+  int value;
+  std::memcpy(&value, &field, sizeof value);
+  return value;
+}
+
+inline bool in_range(int value, int first, int last) { return value >= first && value <= last; }
 
 // Returns nullptr when the problem is well formed, else why not.
 inline const char *problem_invalid_reason(const KnnProblem &p, const int64_t *neighbors,
@@ -15,9 +28,11 @@ inline const char *problem_invalid_reason(const KnnProblem &p, const int64_t *ne
   if (p.k < 1) return "k must be at least 1";
   if (p.dim < 1) return "dim must be at least 1";
   if (p.n_queries < 0 || p.n_targets < 0) return "negative row count";
-  if (p.metric < KNN_METRIC_L2 || p.metric > KNN_METRIC_L1) return "unknown metric";
-  if (p.method < KNN_METHOD_AUTO || p.method > KNN_METHOD_BRUTE) return "unknown method";
+  if (!in_range(enum_value(p.metric), KNN_METRIC_L2, KNN_METRIC_L1)) return "unknown metric";
+  if (!in_range(enum_value(p.method), KNN_METHOD_AUTO, KNN_METHOD_BRUTE)) return "unknown method";
+  if (!in_range(enum_value(p.device), KNN_DEVICE_AUTO, KNN_DEVICE_GPU)) return "unknown device";
   if (p.n_threads < 0) return "n_threads must not be negative";
+  if (p.n_threads > KNN_MAX_THREADS) return "n_threads exceeds KNN_MAX_THREADS";
   if ((p.query_keys == nullptr) != (p.target_keys == nullptr))
     return "query_keys and target_keys must be given together";
   if (p.n_queries > 0 && p.queries == nullptr) return "queries is NULL";

@@ -7,24 +7,35 @@
 // AUTO must reproduce it bit for bit (neighbours, order and the bits of
 // every distance) on many shapes and kinds of data, duplicates and exact
 // ties included.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <new>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cpu/cpu_engine.h"
 #include "cpu/lane_sums.h"
+#include "cpu/parallel_for.h"
 #include "cpu/top_k.h"
+#include "entry_guard.h"
 #include "knn_distance.h"
 #include "knn_engine.h"
+#include "knn_vocabulary.h"
 
 namespace {
 
@@ -196,8 +207,10 @@ EngineRun run_engine(const KnnProblem &p, const int32_t *cancel = nullptr) {
   EngineRun run;
   run.result.neighbors.assign(std::max<int64_t>(1, p.n_queries * p.k), -7);
   run.result.distances.assign(std::max<int64_t>(1, p.n_queries * p.k), -7.0);
+  char error[256] = "";
   run.status = knn::cpu_run(p, run.result.neighbors.data(), run.result.distances.data(),
-                            &run.stats, cancel, &run.error);
+                            &run.stats, cancel, error, sizeof error);
+  run.error = error;
   run.result.neighbors.resize(p.n_queries * p.k);
   run.result.distances.resize(p.n_queries * p.k);
   return run;
@@ -222,16 +235,6 @@ EngineRun run_engine(const KnnProblem &p, const int32_t *cancel = nullptr) {
 const KnnMetric kMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP,
                               KNN_METRIC_L1};
 
-const char *metric_name(KnnMetric m) {
-  switch (m) {
-    case KNN_METRIC_L2: return "l2";
-    case KNN_METRIC_COSINE: return "cosine";
-    case KNN_METRIC_IP: return "ip";
-    case KNN_METRIC_L1: return "l1";
-  }
-  return "?";
-}
-
 // Runs TI, brute force and AUTO (threads 1 or 2) and compares each with
 // the reference.
 void expect_all_methods_match(const KnnProblem &base, const std::string &what,
@@ -244,7 +247,8 @@ void expect_all_methods_match(const KnnProblem &base, const std::string &what,
     const EngineRun run = run_engine(p);
     ASSERT_EQ(run.status, KNN_OK) << what << ": " << run.error;
     EXPECT_TRUE(same_result(expected, run.result, p.k))
-        << what << " method " << method << " (ran " << run.stats.method << "), threads "
+        << what << " method " << knn_method_name(method) << " (ran "
+        << knn_method_name(run.stats.method) << "), threads "
         << threads;
   }
 }
@@ -274,9 +278,9 @@ TEST(LaneSums, BitIdenticalToCanonicalDistances) {
                                : metric == KNN_METRIC_L1 ? knn_l1_sum(q.data(), b, dim)
                                                          : knn_dot(q.data(), b, dim);
         ASSERT_EQ(0, std::memcmp(&expected, &stored[r], sizeof(float)))
-            << "dim " << dim << " metric " << metric_name(metric) << " row " << r;
+            << "dim " << dim << " metric " << knn_metric_name(metric) << " row " << r;
         ASSERT_EQ(0, std::memcmp(&expected, &scattered[r], sizeof(float)))
-            << "dim " << dim << " metric " << metric_name(metric) << " row " << r;
+            << "dim " << dim << " metric " << knn_metric_name(metric) << " row " << r;
       }
     }
   }
@@ -347,7 +351,7 @@ TEST(CpuEngine, MatchesReferenceOnRandomShapes) {
 
         const KnnProblem p = make_problem(queries, targets, k, metric, KNN_METHOD_AUTO, 1);
         const std::string what = std::string(kind_name(kind)) + " dim " +
-                                 std::to_string(dim) + " " + metric_name(metric) + " |Q| " +
+                                 std::to_string(dim) + " " + knn_metric_name(metric) + " |Q| " +
                                  std::to_string(n_queries) + " |T| " +
                                  std::to_string(n_targets) + " k " + std::to_string(k);
         expect_all_methods_match(p, what, 1 + cases % 2);
@@ -384,11 +388,11 @@ TEST(CpuEngine, MatchesReferenceOnLargerClusteredSets) {
         ti.n_threads = threads;
         const EngineRun run = run_engine(ti);
         ASSERT_EQ(run.status, KNN_OK) << run.error;
-        EXPECT_STREQ(run.stats.method, "ti");
+        EXPECT_EQ(run.stats.method, KNN_METHOD_TI);
         EXPECT_LT(run.stats.distance_computations, run.stats.pairs)
             << kind_name(s.kind) << ": TI pruned nothing";
         EXPECT_TRUE(same_result(expected, run.result, p.k))
-            << kind_name(s.kind) << " dim " << s.dim << " " << metric_name(metric)
+            << kind_name(s.kind) << " dim " << s.dim << " " << knn_metric_name(metric)
             << " threads " << threads;
       }
     }
@@ -428,7 +432,7 @@ TEST(CpuEngine, TightBoundsOnALine) {
       const EngineRun run = run_engine(p);
       ASSERT_EQ(run.status, KNN_OK) << run.error;
       EXPECT_TRUE(same_result(expected, run.result, k))
-          << "trial " << trial << " dim " << dim << " " << metric_name(metric);
+          << "trial " << trial << " dim " << dim << " " << knn_metric_name(metric);
       // And the self-join of the targets.
       std::vector<int64_t> keys(targets.rows);
       for (int64_t i = 0; i < targets.rows; i++) keys[i] = i;
@@ -438,7 +442,7 @@ TEST(CpuEngine, TightBoundsOnALine) {
       const EngineRun self_run = run_engine(self);
       ASSERT_EQ(self_run.status, KNN_OK) << self_run.error;
       EXPECT_TRUE(same_result(reference_join(self), self_run.result, k))
-          << "self-join trial " << trial << " dim " << dim << " " << metric_name(metric);
+          << "self-join trial " << trial << " dim " << dim << " " << knn_metric_name(metric);
       cases++;
     }
   }
@@ -464,7 +468,7 @@ TEST(CpuEngine, SelfJoinExcludesEqualKeys) {
         p.query_keys = keys.data();
         p.target_keys = keys.data();
         expect_all_methods_match(
-            p, std::string("self-join ") + kind_name(kind) + " " + metric_name(metric) +
+            p, std::string("self-join ") + kind_name(kind) + " " + knn_metric_name(metric) +
                    " dim " + std::to_string(dim) + " n " + std::to_string(n) + " k " +
                    std::to_string(k),
             1 + cases % 2);
@@ -566,7 +570,7 @@ TEST(CpuEngine, NonFiniteAndExtremeValues) {
   data.row(17)[5] = std::numeric_limits<float>::quiet_NaN();
   for (KnnMetric metric : kMetrics) {
     const EngineRun ti = run_engine(make_problem(data, data, 9, metric, KNN_METHOD_TI, 2));
-    EXPECT_STREQ(ti.stats.method, "brute");  // TI declines such data
+    EXPECT_EQ(ti.stats.method, KNN_METHOD_BRUTE);  // TI declines such data
     expect_all_methods_match(make_problem(data, data, 9, metric, KNN_METHOD_AUTO, 2),
                              "non-finite values", 2);
   }
@@ -595,8 +599,9 @@ TEST(CpuEngine, StatsDescribeTheRun) {
   const Matrix data = make_data(DataKind::kBlobs, 3000, 3, rng);
   EngineRun ti = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_TI, 2));
   ASSERT_EQ(ti.status, KNN_OK);
-  EXPECT_STREQ(ti.stats.device, "cpu (2 threads)");
-  EXPECT_STREQ(ti.stats.method, "ti");
+  EXPECT_EQ(ti.stats.device, KNN_DEVICE_CPU);
+  EXPECT_STREQ(ti.stats.device_name, "cpu (2 threads)");
+  EXPECT_EQ(ti.stats.method, KNN_METHOD_TI);
   EXPECT_EQ(ti.stats.pairs, 3000 * 3000);
   EXPECT_GT(ti.stats.query_clusters, 1);
   EXPECT_GT(ti.stats.target_clusters, 1);
@@ -607,24 +612,24 @@ TEST(CpuEngine, StatsDescribeTheRun) {
 
   EngineRun brute = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 1));
   ASSERT_EQ(brute.status, KNN_OK);
-  EXPECT_STREQ(brute.stats.device, "cpu (1 thread)");
-  EXPECT_STREQ(brute.stats.method, "brute");
+  EXPECT_STREQ(brute.stats.device_name, "cpu (1 thread)");
+  EXPECT_EQ(brute.stats.method, KNN_METHOD_BRUTE);
   EXPECT_EQ(brute.stats.distance_computations, brute.stats.pairs);
 
   // Inner product and cosine always run brute force.
   EngineRun ip = run_engine(make_problem(data, data, 10, KNN_METRIC_IP, KNN_METHOD_TI, 1));
-  EXPECT_STREQ(ip.stats.method, "brute");
+  EXPECT_EQ(ip.stats.method, KNN_METHOD_BRUTE);
 
   // AUTO keeps TI where it prunes (clustered, few dimensions) ...
   EngineRun auto_ti = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_AUTO, 2));
-  EXPECT_STREQ(auto_ti.stats.method, "ti");
+  EXPECT_EQ(auto_ti.stats.method, KNN_METHOD_TI);
   // ... and hands over to brute force after sampling where it cannot
   // (uniform data in 64 dimensions), with the same results.
   const Matrix uniform = make_data(DataKind::kUniform, 1500, 64, rng);
   const KnnProblem p = make_problem(uniform, uniform, 10, KNN_METRIC_L2, KNN_METHOD_AUTO, 2);
   EngineRun declined = run_engine(p);
   ASSERT_EQ(declined.status, KNN_OK);
-  EXPECT_STREQ(declined.stats.method, "brute");
+  EXPECT_EQ(declined.stats.method, KNN_METHOD_BRUTE);
   EXPECT_NE(std::string(declined.stats.variant).find("ti sample"), std::string::npos)
       << declined.stats.variant;
   EXPECT_GT(declined.stats.seconds_cluster, 0.0);
@@ -638,10 +643,10 @@ TEST(CpuEngine, InvalidArguments) {
   auto status_of = [&](KnnProblem p) {
     std::vector<int64_t> n(20 * 8);
     std::vector<double> d(20 * 8);
-    std::string error;
-    const KnnStatus s = knn::cpu_run(p, n.data(), d.data(), nullptr, nullptr, &error);
+    char error[256] = "";
+    const KnnStatus s = knn::cpu_run(p, n.data(), d.data(), nullptr, nullptr, error, sizeof error);
     if (s != KNN_OK) {
-      EXPECT_FALSE(error.empty());
+      EXPECT_NE(error[0], '\0');
     }
     return s;
   };
@@ -666,13 +671,22 @@ TEST(CpuEngine, InvalidArguments) {
   p.query_keys = keys.data();  // without target_keys
   EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
   p = good;
-  p.metric = static_cast<KnnMetric>(9);
+  const int unknown = 9;  // as C may store it; no C++ enum holds it
+  std::memcpy(&p.metric, &unknown, sizeof unknown);
   EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
   p = good;
   p.n_threads = -1;
   EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
-  std::string error;
-  EXPECT_EQ(knn::cpu_run(good, nullptr, nullptr, nullptr, nullptr, &error),
+  p = good;
+  p.n_threads = KNN_MAX_THREADS + 1;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p.n_threads = KNN_MAX_THREADS;
+  EXPECT_EQ(status_of(p), KNN_OK);
+  p = good;
+  std::memcpy(&p.device, &unknown, sizeof unknown);
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  char error[256] = "";
+  EXPECT_EQ(knn::cpu_run(good, nullptr, nullptr, nullptr, nullptr, error, sizeof error),
             KNN_INVALID_ARGUMENT);
 }
 
@@ -706,11 +720,12 @@ TEST(CpuEngine, CancelStopsQuickly) {
     const EngineRun run = run_engine(p, &cancel);
     const Clock::time_point returned = Clock::now();
     canceller.join();
-    EXPECT_EQ(run.status, KNN_CANCELLED) << "method " << c.method << " delay " << c.delay_ms;
+    EXPECT_EQ(run.status, KNN_CANCELLED)
+        << "method " << knn_method_name(c.method) << " delay " << c.delay_ms;
     const double late_ms =
         std::chrono::duration<double, std::milli>(returned - cancelled_at).count();
     // ~50 ms is the goal; allow for a loaded CI machine.
-    EXPECT_LT(late_ms, 250.0) << "method " << c.method << " delay " << c.delay_ms;
+    EXPECT_LT(late_ms, 250.0) << "method " << knn_method_name(c.method) << " delay " << c.delay_ms;
     RecordProperty("cancel_latency_ms", std::to_string(late_ms));
   }
   // A flag set before the start: nothing runs.
@@ -722,27 +737,48 @@ TEST(CpuEngine, CancelStopsQuickly) {
 
 // ---------------------------------------------------------- the job API ---
 
+// Runs a problem through the job API, as the extension does.
+struct JobRun {
+  bool started = false;
+  KnnStatus status = KNN_INTERNAL_ERROR;
+  std::string message;
+  KnnStats stats{};
+  Result result;
+};
+
+JobRun run_job(const KnnProblem &p) {
+  JobRun run;
+  run.result.neighbors.assign(p.n_queries * p.k, -7);
+  run.result.distances.assign(p.n_queries * p.k, -7.0);
+  char err[256] = "";
+  KnnJob *job = knn_job_start(&p, run.result.neighbors.data(), run.result.distances.data(), err,
+                              sizeof err);
+  run.message = err;
+  if (job == nullptr) return run;
+  run.started = true;
+  while (!knn_job_wait(job, 100)) {
+  }
+  run.status = knn_job_finish(job, &run.stats, err, sizeof err);
+  run.message = err;
+  return run;
+}
+
 TEST(JobApi, CpuJobMatchesReferenceAndCancels) {
   std::mt19937_64 rng(12);
   const Matrix data = make_data(DataKind::kDuplicates, 2000, 6, rng);
   KnnProblem p = make_problem(data, data, 8, KNN_METRIC_L2, KNN_METHOD_AUTO, 2);
-  std::vector<int64_t> n(p.n_queries * p.k);
-  std::vector<double> d(p.n_queries * p.k);
-  char err[256] = "";
-  KnnJob *job = knn_job_start(&p, n.data(), d.data(), err, sizeof err);
-  ASSERT_NE(job, nullptr) << err;
-  while (!knn_job_wait(job, 100)) {
-  }
-  KnnStats stats;
-  ASSERT_EQ(knn_job_finish(job, &stats, err, sizeof err), KNN_OK) << err;
-  EXPECT_TRUE(same_result(reference_join(p), Result{n, d}, p.k));
-  EXPECT_STREQ(stats.method, "ti");
+  const JobRun run = run_job(p);
+  ASSERT_EQ(run.status, KNN_OK) << run.message;
+  EXPECT_TRUE(same_result(reference_join(p), run.result, p.k));
+  EXPECT_EQ(run.stats.device, KNN_DEVICE_CPU);
+  EXPECT_EQ(run.stats.method, KNN_METHOD_TI);
 
   const Matrix wide = make_data(DataKind::kUniform, 20000, 784, rng);
   KnnProblem big = make_problem(wide, wide, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2);
   std::vector<int64_t> bn(big.n_queries * big.k);
   std::vector<double> bd(big.n_queries * big.k);
-  job = knn_job_start(&big, bn.data(), bd.data(), err, sizeof err);
+  char err[256] = "";
+  KnnJob *job = knn_job_start(&big, bn.data(), bd.data(), err, sizeof err);
   ASSERT_NE(job, nullptr) << err;
   EXPECT_EQ(knn_job_wait(job, 50), 0);
   knn_job_cancel(job);
@@ -752,6 +788,187 @@ TEST(JobApi, CpuJobMatchesReferenceAndCancels) {
       std::chrono::duration<double, std::milli>(Clock::now() - cancelled_at).count();
   EXPECT_LT(late_ms, 250.0);
   EXPECT_EQ(knn_job_finish(job, nullptr, err, sizeof err), KNN_CANCELLED);
+}
+
+// Every fault the engine can be told to inject ends as a status and a
+// message, frees the job, and leaves the engine working.
+TEST(JobApi, InjectedFaultsBecomeStatuses) {
+  std::mt19937_64 rng(14);
+  const Matrix data = make_data(DataKind::kBlobs, 500, 4, rng);
+  const KnnProblem p = make_problem(data, data, 5, KNN_METRIC_L2, KNN_METHOD_AUTO, 2);
+  const Result expected = reference_join(p);
+  struct Case {
+    KnnFault fault;
+    bool starts;
+    KnnStatus status;
+    const char *message;
+  };
+  const Case cases[] = {
+      {KNN_FAULT_START, false, KNN_INTERNAL_ERROR, "knn_job_start: fault injection"},
+      {KNN_FAULT_RUN, true, KNN_INTERNAL_ERROR, "engine: fault injection"},
+      {KNN_FAULT_BAD_ALLOC, true, KNN_OUT_OF_MEMORY, "engine: out of memory"},
+      {KNN_FAULT_FINISH, true, KNN_INTERNAL_ERROR, "knn_job_finish: fault injection"},
+  };
+  for (const Case &c : cases) {
+    KnnProblem faulty = p;
+    faulty.fault = c.fault;
+    const JobRun run = run_job(faulty);
+    EXPECT_EQ(run.started, c.starts) << knn_fault_name(c.fault);
+    if (c.starts) {
+      EXPECT_EQ(run.status, c.status) << knn_fault_name(c.fault);
+    }
+    EXPECT_EQ(run.message, c.message);
+    const JobRun after = run_job(p);
+    ASSERT_EQ(after.status, KNN_OK) << after.message;
+    EXPECT_TRUE(same_result(expected, after.result, p.k)) << "after " << knn_fault_name(c.fault);
+  }
+}
+
+// The entries take NULL without crashing and always say something.
+TEST(JobApi, EntriesAcceptNull) {
+  char err[128] = "";
+  EXPECT_EQ(knn_job_start(nullptr, nullptr, nullptr, err, sizeof err), nullptr);
+  EXPECT_NE(err[0], '\0');
+  EXPECT_EQ(knn_job_wait(nullptr, 10), 1);
+  knn_job_cancel(nullptr);
+  EXPECT_EQ(knn_job_finish(nullptr, nullptr, err, sizeof err), KNN_INVALID_ARGUMENT);
+  EXPECT_NE(err[0], '\0');
+  knn_engine_describe(nullptr, 0);
+  char line[8];
+  knn_engine_describe(line, sizeof line);  // truncated, still terminated
+  EXPECT_EQ(std::strlen(line), sizeof line - 1);
+}
+
+TEST(EntryGuard, EveryExceptionBecomesAStatus) {
+  char msg[64];
+  EXPECT_EQ(knn::guarded("here", msg, sizeof msg, []() -> KnnStatus { throw std::bad_alloc(); }),
+            KNN_OUT_OF_MEMORY);
+  EXPECT_STREQ(msg, "here: out of memory");
+  EXPECT_EQ(knn::guarded("here", msg, sizeof msg,
+                         []() -> KnnStatus { throw std::runtime_error("boom"); }),
+            KNN_INTERNAL_ERROR);
+  EXPECT_STREQ(msg, "here: boom");
+  EXPECT_EQ(knn::guarded("here", msg, sizeof msg, []() -> KnnStatus { throw 42; }),
+            KNN_INTERNAL_ERROR);
+  EXPECT_STREQ(msg, "here: unknown exception");
+  EXPECT_EQ(knn::guarded("here", nullptr, 0, [] { return KNN_CANCELLED; }), KNN_CANCELLED);
+  char small[5];
+  const std::string longer = "truncated";
+  knn::copy_message(small, sizeof small, longer.c_str());
+  EXPECT_STREQ(small, "trun");
+}
+
+// ------------------------------------------------------- engine threads --
+
+// SigBlk of a thread's /proc status file.
+std::string blocked_signals(const std::string &status_path) {
+  std::ifstream status(status_path);
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("SigBlk:", 0) == 0) return line.substr(line.find_first_not_of(" \t", 7));
+  return "";
+}
+
+// What SigBlk reads when a thread blocks every signal it can.
+std::string every_signal_blocked() {
+  std::string mask;
+  std::thread probe([&] {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, nullptr);
+    mask = blocked_signals("/proc/thread-self/status");
+  });
+  probe.join();
+  return mask;
+}
+
+bool same_mask(const sigset_t &a, const sigset_t &b) {
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sigismember(&a, sig) != sigismember(&b, sig)) return false;
+  return true;
+}
+
+// PostgreSQL's handlers must never run on an engine thread: the job
+// thread and every worker start with all signals blocked, and the
+// caller's own mask is left as it was.
+TEST(EngineThreads, StartWithEverySignalBlocked) {
+  const std::string all = every_signal_blocked();
+  ASSERT_FALSE(all.empty());
+  ASSERT_NE(blocked_signals("/proc/thread-self/status"), all);
+
+  // parallel_for: each of three workers holds an item until all have one.
+  std::atomic<int> holding{0};
+  std::vector<std::string> worker_masks(3);
+  knn::cpu::parallel_for(3, 3, nullptr, [&](int64_t, int worker) {
+    holding++;
+    const Clock::time_point give_up = Clock::now() + std::chrono::seconds(5);
+    while (holding.load() < 3 && Clock::now() < give_up) std::this_thread::yield();
+    worker_masks[worker] = blocked_signals("/proc/thread-self/status");
+  });
+  EXPECT_EQ(holding.load(), 3);
+  EXPECT_NE(worker_masks[0], all);  // the caller's thread, unchanged
+  EXPECT_EQ(worker_masks[1], all);
+  EXPECT_EQ(worker_masks[2], all);
+
+  // The job API: every thread but this one while a long join runs.
+  std::mt19937_64 rng(15);
+  const Matrix wide = make_data(DataKind::kUniform, 6000, 256, rng);
+  const KnnProblem p = make_problem(wide, wide, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2);
+  std::vector<int64_t> n(p.n_queries * p.k);
+  std::vector<double> d(p.n_queries * p.k);
+  sigset_t before, after;
+  pthread_sigmask(SIG_SETMASK, nullptr, &before);
+  char err[256] = "";
+  KnnJob *job = knn_job_start(&p, n.data(), d.data(), err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  pthread_sigmask(SIG_SETMASK, nullptr, &after);
+  EXPECT_TRUE(same_mask(before, after));
+  const std::string self = std::to_string(static_cast<long>(syscall(SYS_gettid)));
+  std::vector<std::string> masks;
+  const Clock::time_point give_up = Clock::now() + std::chrono::seconds(5);
+  while (masks.size() < 2 && Clock::now() < give_up && !knn_job_wait(job, 1)) {
+    masks.clear();
+    DIR *tasks = opendir("/proc/self/task");
+    ASSERT_NE(tasks, nullptr);
+    while (const dirent *e = readdir(tasks))
+      if (e->d_name[0] != '.' && self != e->d_name)
+        masks.push_back(blocked_signals(std::string("/proc/self/task/") + e->d_name + "/status"));
+    closedir(tasks);
+  }
+  knn_job_cancel(job);
+  knn_job_finish(job, nullptr, err, sizeof err);
+  EXPECT_GE(masks.size(), 2u);  // the job thread and its second worker
+  for (const std::string &mask : masks) EXPECT_EQ(mask, all);
+}
+
+// ------------------------------------------------------------ vocabulary --
+
+template <class Enum>
+void expect_round_trip(const KnnName *table, int (*parse)(const char *, Enum *),
+                       const char *(*name)(Enum)) {
+  for (const KnnName *n = table; n->name != nullptr; n++) {
+    Enum value{};
+    ASSERT_TRUE(parse(n->name, &value)) << n->name;
+    EXPECT_EQ(static_cast<int>(value), n->value);
+    Enum again{};
+    EXPECT_TRUE(parse(name(value), &again)) << name(value);
+    EXPECT_EQ(again, value);
+  }
+  Enum unused{};
+  EXPECT_FALSE(parse("no such name", &unused));
+  EXPECT_FALSE(parse(nullptr, &unused));
+}
+
+TEST(Vocabulary, NamesAndParsersAgree) {
+  expect_round_trip(knn_metric_names, knn_metric_parse, knn_metric_name);
+  expect_round_trip(knn_method_names, knn_method_parse, knn_method_name);
+  expect_round_trip(knn_device_names, knn_device_parse, knn_device_name);
+  expect_round_trip(knn_fault_names, knn_fault_parse, knn_fault_name);
+  KnnMetric metric;
+  EXPECT_TRUE(knn_metric_parse("Cosine", &metric));
+  EXPECT_EQ(metric, KNN_METRIC_COSINE);
+  EXPECT_STREQ(knn_metric_operator(KNN_METRIC_L1), "<+>");
+  EXPECT_STREQ(knn_status_name(KNN_OUT_OF_MEMORY), "out of memory");
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // Internal to kernels/ (C++); the extension reaches it through knn_job_*.
 #pragma once
 
-#include <string>
+#include <cstddef>
 
 #include "../knn_engine.h"
 
@@ -10,9 +10,10 @@ namespace knn {
 
 // Runs the join described by `problem` into neighbors/distances (layout as
 // in knn_engine.h). Polls `cancel` often enough to stop within a few
-// milliseconds. Never throws; on failure returns a status and sets *error.
+// milliseconds. Never throws; on failure returns a status and a one-line
+// message in errbuf (the signature of the GPU module's knn_cuda_run).
 KnnStatus cpu_run(const KnnProblem &problem, int64_t *neighbors,
                   double *distances, KnnStats *stats,
-                  const int32_t *cancel, std::string *error);
+                  const int32_t *cancel, char *errbuf, size_t errlen) noexcept;
 
 }  // namespace knn

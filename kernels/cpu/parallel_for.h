@@ -1,4 +1,5 @@
-// parallel_for.h -- run numbered work items on a few std::threads.
+// parallel_for.h -- run numbered work items on a few threads (started
+// with all signals blocked: signal_free_thread.h).
 //
 // Items are handed out one at a time through an atomic counter, so threads
 // that draw cheap items simply take more of them (work stealing without
@@ -15,6 +16,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "signal_free_thread.h"
 
 namespace knn {
 namespace cpu {
@@ -53,7 +56,8 @@ void parallel_for(int64_t n_items, int n_threads, const int32_t *cancel,
   std::vector<std::thread> threads;
   try {
     threads.reserve(workers - 1);
-    for (int w = 1; w < workers; w++) threads.emplace_back(work, w);
+    for (int w = 1; w < workers; w++)
+      threads.push_back(start_signal_free_thread([&work, w] { work(w); }));
   } catch (...) {
     // Could not start every thread: the ones running (and this one) still
     // finish all items, only slower.

@@ -16,9 +16,11 @@
 
 #include "lane_sums.h"
 #include "parallel_for.h"
-#include "rounding_margin.h"
 #include "row_distance.h"
 #include "top_k.h"
+#include "../exclusion_runs.h"
+#include "../rounding_margin.h"
+#include "../value_range.h"
 
 namespace knn {
 namespace cpu {
@@ -55,21 +57,6 @@ constexpr int64_t kSampleQueries = 64;
 // dimensions, 31% in 64 and 61% in 784. This fit stays a little below.
 double brute_force_break_even(int dim) {
   return 0.2 + 0.4 * dim / (dim + 200.0);
-}
-
-// With self-match exclusion a query may lose up to this many targets (all
-// those sharing its key), so level 1 must find that many more upper bounds
-// than k before its bound is safe.
-int64_t max_excluded_per_query(const JoinInput &input) {
-  if (input.query_keys == nullptr || input.n_targets == 0) return 0;
-  std::vector<int64_t> keys(input.target_keys, input.target_keys + input.n_targets);
-  std::sort(keys.begin(), keys.end());
-  int64_t longest = 1, run = 1;
-  for (size_t i = 1; i < keys.size(); i++) {
-    run = keys[i] == keys[i - 1] ? run + 1 : 1;
-    longest = std::max(longest, run);
-  }
-  return longest;
 }
 
 // Targets waiting for their exact distance to one query.
@@ -111,7 +98,9 @@ class TiJoin {
         qc_(queries),
         tc_(targets),
         margin_(input.metric, input.dim),
-        bounds_needed_(input.k + max_excluded_per_query(input)),
+        // A query may lose every target sharing its key to exclusion, so
+        // level 1 needs that many more upper bounds than k.
+        bounds_needed_(input.k + max_rows_per_key(input.target_keys, input.n_targets)),
         batch_size_(input.dim >= kBatchMinDim ? kMaxBatch : 1) {}
 
   // Level 1 for queries of cluster cq that all lie within rq of its centre
@@ -311,12 +300,7 @@ bool ti_join_supports(const JoinInput &input) {
   };
   scan(input.queries, input.n_queries * input.dim);
   if (!input.same_rows()) scan(input.targets, input.n_targets * input.dim);
-  if (!finite) return false;
-  // Largest possible sum, with room to spare below FLT_MAX (2^128).
-  const double reach = 2.0 * largest;
-  const double worst = input.metric == KNN_METRIC_L2 ? reach * reach * (input.dim + 16.0)
-                                                     : reach * (input.dim + 16.0);
-  return worst < std::ldexp(1.0, 120);
+  return finite && distances_stay_finite(input.metric, input.dim, largest);
 }
 
 TiOutcome ti_join(const JoinInput &input, const JoinOutput &output,

@@ -12,12 +12,11 @@
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <limits>
 #include <vector>
 
 #include "../knn_distance.h"
+#include "../result_padding.h"
 
 namespace knn {
 namespace cpu {
@@ -79,10 +78,7 @@ class TopK {
       neighbors[r] = heap_[r].row;
       distances[r] = to_distance(heap_[r].key);
     }
-    for (int64_t r = n; r < k; r++) {
-      neighbors[r] = -1;
-      distances[r] = std::numeric_limits<double>::quiet_NaN();
-    }
+    if (n < k) fill_empty_slots(k - n, neighbors + n, distances + n);
     heap_.clear();
   }
 

@@ -1,4 +1,4 @@
-// rounding_margin.h -- how far a triangle-inequality bound built from
+// rounding_margin.h -- (CPU and CUDA engines) how far a triangle-inequality bound built from
 // *computed* distances may be off, so that pruning never drops a true
 // neighbour or a tie.
 //
@@ -32,10 +32,9 @@
 
 #include <cmath>
 
-#include "../knn_engine.h"
+#include "knn_engine.h"
 
 namespace knn {
-namespace cpu {
 
 class RoundingMargin {
  public:
@@ -61,5 +60,4 @@ class RoundingMargin {
   double absolute_;
 };
 
-}  // namespace cpu
 }  // namespace knn
