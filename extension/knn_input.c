@@ -1,262 +1,178 @@
 /*
- * knn_input.c -- reading vector values (knn_gpu's or pgvector's vector,
- * real[], double precision[]) into one float32 matrix for the engine.
+ * knn_input.c -- the vector readers of knn_input.h.
+ *
+ * Values reach us from any column a query returns, so nothing in a value
+ * is trusted: the dimension in a vector's header is compared with the
+ * value's byte length, and an array's header with its length, before any
+ * element is read.
  */
 #include "postgres.h"
 
 #include <math.h>
 
-#include "access/htup_details.h"
 #include "catalog/pg_type.h"
-#include "miscadmin.h"
 #include "utils/array.h"
-#include "utils/builtins.h"
-#include "utils/lsyscache.h"
-#include "utils/memutils.h"
-#include "utils/syscache.h"
 
-#include "knn_gpu.h"
+#include "knn_input.h"
 #include "vector.h"
 
-/*
- * Both knn_gpu's and pgvector's type are called "vector" and share one
- * storage layout, so either is read the same way, in whatever schema.
- */
-KnnVectorKind
-knn_vector_kind(Oid typid)
+static KnnValueProblem
+dimension_problem(int dim)
 {
-	HeapTuple	tuple;
-	KnnVectorKind kind = KNN_VECTOR_UNSUPPORTED;
-
-	typid = getBaseType(typid);
-	if (typid == FLOAT4ARRAYOID)
-		return KNN_VECTOR_FLOAT4_ARRAY;
-	if (typid == FLOAT8ARRAYOID)
-		return KNN_VECTOR_FLOAT8_ARRAY;
-
-	tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
-	if (HeapTupleIsValid(tuple))
-	{
-		Form_pg_type typ = (Form_pg_type) GETSTRUCT(tuple);
-
-		if (strcmp(NameStr(typ->typname), "vector") == 0 && typ->typlen == -1)
-			kind = KNN_VECTOR_TYPE;
-		ReleaseSysCache(tuple);
-	}
-	return kind;
-}
-
-static ArrayType *
-checked_array(Datum value, Oid element_type)
-{
-	ArrayType  *array = DatumGetArrayTypeP(value);
-
-	if (ARR_NDIM(array) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("array must be 1-D")));
-	if (ARR_HASNULL(array) && array_contains_nulls(array))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("array must not contain nulls")));
-	Assert(ARR_ELEMTYPE(array) == element_type);
-	return array;
-}
-
-int
-knn_vector_datum_dim(Datum value, KnnVectorKind kind)
-{
-	switch (kind)
-	{
-		case KNN_VECTOR_TYPE:
-			return DatumGetVector(value)->dim;
-		case KNN_VECTOR_FLOAT4_ARRAY:
-		case KNN_VECTOR_FLOAT8_ARRAY:
-			{
-				ArrayType  *array = checked_array(value, kind == KNN_VECTOR_FLOAT4_ARRAY ?
-												  FLOAT4OID : FLOAT8OID);
-
-				return ARR_NDIM(array) == 0 ? 0 : ARR_DIMS(array)[0];
-			}
-		default:
-			elog(ERROR, "unsupported vector kind %d", (int) kind);
-	}
-	return 0;
-}
-
-static void
-reject_non_finite(const char *what)
-{
-	ereport(ERROR,
-			(errcode(ERRCODE_DATA_EXCEPTION),
-			 errmsg("%s has a NaN or infinite value", what),
-			 errhint("Vectors must hold finite numbers.")));
-}
-
-void
-knn_vector_datum_copy(Datum value, KnnVectorKind kind, int dim, float *out,
-					  const char *what)
-{
-	switch (kind)
-	{
-		case KNN_VECTOR_TYPE:
-			{
-				Vector	   *v = DatumGetVector(value);
-
-				for (int i = 0; i < dim; i++)
-				{
-					if (!isfinite(v->x[i]))
-						reject_non_finite(what);
-					out[i] = v->x[i];
-				}
-				break;
-			}
-		case KNN_VECTOR_FLOAT4_ARRAY:
-			{
-				float4	   *x = (float4 *) ARR_DATA_PTR(DatumGetArrayTypeP(value));
-
-				for (int i = 0; i < dim; i++)
-				{
-					if (!isfinite(x[i]))
-						reject_non_finite(what);
-					out[i] = x[i];
-				}
-				break;
-			}
-		case KNN_VECTOR_FLOAT8_ARRAY:
-			{
-				float8	   *x = (float8 *) ARR_DATA_PTR(DatumGetArrayTypeP(value));
-
-				for (int i = 0; i < dim; i++)
-				{
-					/* a finite float8 beyond float4's range is no vector either */
-					out[i] = (float) x[i];
-					if (!isfinite(x[i]) || !isfinite(out[i]))
-						reject_non_finite(what);
-				}
-				break;
-			}
-		default:
-			elog(ERROR, "unsupported vector kind %d", (int) kind);
-	}
-}
-
-void
-knn_matrix_init(KnnMatrix *m, const char *set_name)
-{
-	memset(m, 0, sizeof(*m));
-	m->dim = -1;
-	m->context = CurrentMemoryContext;
-	m->set_name = set_name;
-}
-
-void
-knn_matrix_append(KnnMatrix *m, int64 id, Datum value, KnnVectorKind kind)
-{
-	char		what[96];
-	Pointer		raw = DatumGetPointer(value);
-	Pointer		detoasted = (Pointer) PG_DETOAST_DATUM(value);
-	int			dim;
-
-	/* Detoast once; both helpers below then read the plain value. */
-	value = PointerGetDatum(detoasted);
-	dim = knn_vector_datum_dim(value, kind);
-
-	snprintf(what, sizeof(what), "%s id " INT64_FORMAT, m->set_name, id);
 	if (dim < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("%s has an empty vector", what)));
-	if (m->dim < 0)
-		m->dim = dim;
-	else if (dim != m->dim)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("dimension mismatch: %s has %d dimensions, expected %d",
-						what, dim, m->dim)));
-
-	if (m->n == m->capacity)
-	{
-		/* Huge allocations: the matrix may well pass 1 GB. */
-		int64		capacity = m->capacity == 0 ? 1024 : m->capacity * 2;
-		Size		value_bytes = (Size) capacity * m->dim * sizeof(float);
-
-		if (m->values == NULL)
-		{
-			m->values = MemoryContextAllocHuge(m->context, value_bytes);
-			m->ids = MemoryContextAllocHuge(m->context, capacity * sizeof(int64));
-		}
-		else
-		{
-			m->values = repalloc_huge(m->values, value_bytes);
-			m->ids = repalloc_huge(m->ids, capacity * sizeof(int64));
-		}
-		m->capacity = capacity;
-	}
-	knn_vector_datum_copy(value, kind, dim, m->values + m->n * m->dim, what);
-	m->ids[m->n] = id;
-	m->n++;
-	if (detoasted != raw)
-		pfree(detoasted);
+		return KNN_VALUE_EMPTY;
+	if (dim > VECTOR_MAX_DIM)
+		return KNN_VALUE_TOO_LONG;
+	return KNN_VALUE_OK;
 }
 
-typedef struct IdOrder
+static KnnValueProblem
+vector_view(struct varlena *value, KnnVectorView *view)
 {
-	int64		id;
-	int64		row;
-} IdOrder;
+	Size		size = VARSIZE_ANY(value);
+	Vector	   *v = (Vector *) value;
+	KnnValueProblem problem;
 
-static int
-compare_id_order(const void *a, const void *b)
+	if (VARATT_IS_EXTENDED(value) || size < offsetof(Vector, x))
+		return KNN_VALUE_MALFORMED;
+	problem = dimension_problem(v->dim);
+	if (problem != KNN_VALUE_OK)
+		return problem;
+	if (size != VECTOR_SIZE(v->dim))
+		return KNN_VALUE_MALFORMED;
+	view->dim = v->dim;
+	view->elements = v->x;
+	return KNN_VALUE_OK;
+}
+
+/* An array of element_type whose elements are element_size bytes. */
+static KnnValueProblem
+array_view(struct varlena *value, Oid element_type, int element_size, KnnVectorView *view)
 {
-	const IdOrder *x = a;
-	const IdOrder *y = b;
+	ArrayType  *array = (ArrayType *) value;
+	Size		size = VARSIZE_ANY(value);
+	Size		data_offset;
+	KnnValueProblem problem;
+	int			n;
 
-	if (x->id != y->id)
-		return x->id < y->id ? -1 : 1;
-	return x->row < y->row ? -1 : (x->row > y->row ? 1 : 0);
+	if (VARATT_IS_EXTENDED(value) || size < sizeof(ArrayType) ||
+		ARR_ELEMTYPE(array) != element_type)
+		return KNN_VALUE_MALFORMED;
+	if (ARR_NDIM(array) == 0)
+		return KNN_VALUE_EMPTY;
+	if (ARR_NDIM(array) != 1)
+		return KNN_VALUE_NOT_1D;
+	data_offset = ARR_DATA_OFFSET(array);
+	if (data_offset < ARR_OVERHEAD_NONULLS(1) || data_offset > size)
+		return KNN_VALUE_MALFORMED;
+	n = ARR_DIMS(array)[0];
+	problem = dimension_problem(n);
+	if (problem != KNN_VALUE_OK)
+		return problem;
+	if (ARR_HASNULL(array) && array_contains_nulls(array))
+		return KNN_VALUE_NULLS;
+	if ((Size) n * element_size > size - data_offset)
+		return KNN_VALUE_MALFORMED;
+	view->dim = n;
+	view->elements = ARR_DATA_PTR(array);
+	return KNN_VALUE_OK;
+}
+
+static KnnValueProblem
+float4_array_view(struct varlena *value, KnnVectorView *view)
+{
+	return array_view(value, FLOAT4OID, sizeof(float4), view);
+}
+
+static KnnValueProblem
+float8_array_view(struct varlena *value, KnnVectorView *view)
+{
+	return array_view(value, FLOAT8OID, sizeof(float8), view);
+}
+
+static bool
+copy_float4(const KnnVectorView *view, float *out)
+{
+	const float4 *x = view->elements;
+	bool		finite = true;
+
+	for (int i = 0; i < view->dim; i++)
+	{
+		finite &= isfinite(x[i]);
+		out[i] = x[i];
+	}
+	return finite;
+}
+
+static bool
+copy_float8(const KnnVectorView *view, float *out)
+{
+	const float8 *x = view->elements;
+	bool		finite = true;
+
+	for (int i = 0; i < view->dim; i++)
+	{
+		/* a finite float8 beyond float4's range is no vector either */
+		out[i] = (float) x[i];
+		finite &= isfinite(x[i]) && isfinite(out[i]);
+	}
+	return finite;
+}
+
+static const KnnVectorReader readers[] = {
+	{KNN_VECTOR_TYPE, vector_view, copy_float4},
+	{KNN_VECTOR_FLOAT4_ARRAY, float4_array_view, copy_float4},
+	{KNN_VECTOR_FLOAT8_ARRAY, float8_array_view, copy_float8},
+};
+
+const KnnVectorReader *
+knn_vector_reader(KnnVectorKind kind)
+{
+	for (int i = 0; i < (int) lengthof(readers); i++)
+		if (readers[i].kind == kind)
+			return &readers[i];
+	elog(ERROR, "unsupported vector kind %d", (int) kind);
+	return NULL;				/* not reached */
 }
 
 void
-knn_matrix_sort_by_id(KnnMatrix *m)
+knn_vector_problem_error(KnnValueProblem problem, const char *set_name, int64 id)
 {
-	IdOrder    *order;
-	float	   *values;
-	bool		sorted = true;
-
-	for (int64 i = 1; i < m->n && sorted; i++)
-		sorted = m->ids[i - 1] <= m->ids[i];
-	if (sorted)
-		return;
-
-	order = MemoryContextAllocHuge(CurrentMemoryContext, m->n * sizeof(IdOrder));
-	for (int64 i = 0; i < m->n; i++)
+	switch (problem)
 	{
-		order[i].id = m->ids[i];
-		order[i].row = i;
+		case KNN_VALUE_EMPTY:
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("%s id " INT64_FORMAT " has an empty vector", set_name, id)));
+			break;
+		case KNN_VALUE_TOO_LONG:
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("%s id " INT64_FORMAT " has more than %d dimensions",
+							set_name, id, VECTOR_MAX_DIM)));
+			break;
+		case KNN_VALUE_NOT_1D:
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("array must be 1-D")));
+			break;
+		case KNN_VALUE_NULLS:
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("array must not contain nulls")));
+			break;
+		case KNN_VALUE_NOT_FINITE:
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("%s id " INT64_FORMAT " has a NaN or infinite value", set_name, id),
+					 errhint("Vectors must hold finite numbers.")));
+			break;
+		case KNN_VALUE_MALFORMED:
+		case KNN_VALUE_OK:
+			break;
 	}
-	qsort(order, m->n, sizeof(IdOrder), compare_id_order);
-
-	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->dim * sizeof(float));
-	for (int64 i = 0; i < m->n; i++)
-	{
-		memcpy(values + i * m->dim, m->values + order[i].row * m->dim, m->dim * sizeof(float));
-		m->ids[i] = order[i].id;
-	}
-	pfree(m->values);
-	pfree(order);
-	m->values = values;
-	m->capacity = m->n;
-}
-
-void
-knn_matrix_free(KnnMatrix *m)
-{
-	if (m->values)
-		pfree(m->values);
-	if (m->ids)
-		pfree(m->ids);
-	m->values = NULL;
-	m->ids = NULL;
-	m->n = m->capacity = 0;
+	ereport(ERROR,
+			(errcode(ERRCODE_DATA_CORRUPTED),
+			 errmsg("%s id " INT64_FORMAT " has a malformed value", set_name, id),
+			 errdetail("Its length does not match its header.")));
 }

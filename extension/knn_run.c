@@ -1,109 +1,84 @@
 /*
  * knn_run.c -- running one engine job from a backend.
  *
- * The job runs on engine threads. This (the backend's) thread waits for it in
- * short slices, and when a cancel or statement_timeout arrives it asks the
- * job to stop, waits for the engine to release its threads and GPU memory,
- * and only then lets PostgreSQL raise the error -- no longjmp ever leaves
- * engine resources behind.
+ * The job runs on engine threads. This (the backend's) thread waits for it
+ * in short slices. Whatever interrupt arrives (cancel, statement_timeout,
+ * termination, or any other), the job is stopped -- asked to cancel, then
+ * waited for until the engine has released its threads and GPU memory --
+ * before PostgreSQL handles the interrupt: an ERROR's longjmp (PG_CATCH
+ * below), a FATAL's proc_exit (the exit callback), and postmaster death
+ * (checked here) never leave an engine thread running on freed memory.
  */
 #include "postgres.h"
 
 #include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/pmsignal.h"
 
-#include "knn_gpu.h"
+#include "knn_run.h"
+#include "knn_settings.h"
 
-/* How long the backend sleeps between looks at its interrupt flags. */
-#define KNN_POLL_MS 10
+/* How long the backend waits for the job between looks at its flags. */
+#define KNN_POLL_MS 5
 
-static const char *const metric_names[] = {"l2", "cosine", "ip", "l1"};
+/* The job this backend is running, if any (for the exit callback). */
+static KnnJob *running_job = NULL;
+static bool exit_callback_registered = false;
 
-KnnMetric
-knn_metric_from_name(const char *name)
+/* Cancels the running job and waits for it; its outcome no longer matters. */
+static void
+stop_running_job(void)
 {
-	for (int i = 0; i < (int) lengthof(metric_names); i++)
-		if (pg_strcasecmp(name, metric_names[i]) == 0)
-			return (KnnMetric) i;
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("unknown metric \"%s\"", name),
-			 errhint("Valid metrics are l2 (<->), cosine (<=>), ip (<#>, negative inner product) and l1 (<+>).")));
-	return KNN_METRIC_L2;		/* not reached */
-}
+	KnnJob	   *job = running_job;
+	char		ignored[8];
 
-const char *
-knn_metric_name(KnnMetric metric)
-{
-	return metric_names[metric];
-}
-
-KnnMethod
-knn_method_from_name(const char *name)
-{
-	if (pg_strcasecmp(name, "auto") == 0)
-		return KNN_METHOD_AUTO;
-	if (pg_strcasecmp(name, "ti") == 0)
-		return KNN_METHOD_TI;
-	if (pg_strcasecmp(name, "brute") == 0)
-		return KNN_METHOD_BRUTE;
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-			 errmsg("unknown method \"%s\"", name),
-			 errhint("Valid methods are auto, ti (triangle-inequality filtering) and brute.")));
-	return KNN_METHOD_AUTO;		/* not reached */
-}
-
-static bool
-cancel_requested(void)
-{
-	return QueryCancelPending || ProcDiePending;
-}
-
-void
-knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances,
-				KnnStats *stats)
-{
-	char		message[1024] = "";
-	KnnJob	   *job;
-	KnnStatus	status;
-	bool		cancelled = false;
-
-	problem->device = (KnnDevice) knn_gpu_device;
-	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
-	problem->n_threads = knn_gpu_threads;
-
-	job = knn_job_start(problem, neighbors, distances, message, sizeof(message));
 	if (job == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OUT_OF_MEMORY),
-				 errmsg("could not start the KNN join: %s", message)));
+		return;
+	running_job = NULL;
+	knn_job_cancel(job);
+	(void) knn_job_finish(job, NULL, ignored, sizeof(ignored));
+}
 
+static void
+stop_job_at_exit(int code, Datum arg)
+{
+	stop_running_job();
+}
+
+/* Waits for the job, answering interrupts; returns when it has finished. */
+static void
+wait_for_job(KnnJob *job)
+{
 	while (!knn_job_wait(job, KNN_POLL_MS))
 	{
-		if (!cancelled && cancel_requested())
+		if (!PostmasterIsAlive())
 		{
-			knn_job_cancel(job);
-			cancelled = true;
+			stop_running_job();
+			ereport(FATAL,
+					(errcode(ERRCODE_ADMIN_SHUTDOWN),
+					 errmsg("terminating connection due to unexpected postmaster exit")));
+		}
+		if (InterruptPending)
+		{
+			/* A cancel or a termination would raise: stop the job first. */
+			if (QueryCancelPending || ProcDiePending)
+				stop_running_job();
+			CHECK_FOR_INTERRUPTS();
+			if (running_job == NULL)
+				ereport(ERROR,
+						(errcode(ERRCODE_QUERY_CANCELED),
+						 errmsg("canceling KNN join due to user request")));
 		}
 	}
-	status = knn_job_finish(job, stats, message, sizeof(message));
+}
 
-	if (cancelled)
-	{
-		/* Raises the pending cancel / timeout / termination error. */
-		CHECK_FOR_INTERRUPTS();
-		ereport(ERROR,
-				(errcode(ERRCODE_QUERY_CANCELED),
-				 errmsg("canceling KNN join due to user request")));
-	}
-
+static void
+raise_for_status(KnnStatus status, const char *message)
+{
 	switch (status)
 	{
 		case KNN_OK:
-			if (message[0] != '\0')
-				ereport(NOTICE, (errmsg("%s", message)));
-			knn_stats_remember(stats, problem);
-			return;
+			break;
 		case KNN_CANCELLED:
 			ereport(ERROR,
 					(errcode(ERRCODE_QUERY_CANCELED),
@@ -128,9 +103,52 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances,
 					 errhint("Set knn_gpu.device = cpu to use the CPU engine.")));
 			break;
 		case KNN_INTERNAL_ERROR:
+		default:
 			ereport(ERROR,
 					(errcode(ERRCODE_INTERNAL_ERROR),
 					 errmsg("internal error in KNN join: %s", message)));
 			break;
 	}
+}
+
+void
+knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnStats *stats)
+{
+	char		message[1024] = "";
+	KnnJob	   *job;
+	KnnStatus	status;
+
+	problem->device = (KnnDevice) knn_gpu_device;
+	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
+	problem->n_threads = knn_gpu_threads;
+	problem->fault = (KnnFault) knn_gpu_fault_injection;
+
+	if (!exit_callback_registered)
+	{
+		before_shmem_exit(stop_job_at_exit, (Datum) 0);
+		exit_callback_registered = true;
+	}
+
+	job = knn_job_start(problem, neighbors, distances, message, sizeof(message));
+	if (job == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not start the KNN join: %s", message)));
+	running_job = job;
+	PG_TRY();
+	{
+		wait_for_job(job);
+	}
+	PG_CATCH();
+	{
+		stop_running_job();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	running_job = NULL;
+	status = knn_job_finish(job, stats, message, sizeof(message));
+	raise_for_status(status, message);
+	if (message[0] != '\0')
+		ereport(NOTICE, (errmsg("%s", message)));
 }

@@ -23,7 +23,7 @@
 #include "nodes/extensible.h"
 #include "nodes/pathnodes.h"
 
-#include "knn_gpu.h"
+#include "knn_catalog.h"
 
 #define KNN_JOIN_NAME "KNN Join"
 

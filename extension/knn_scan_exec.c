@@ -37,8 +37,12 @@
 #include "utils/memutils.h"
 #include "utils/ruleutils.h"
 
+#include "knn_matrix.h"
+#include "knn_run.h"
 #include "knn_scan.h"
-#include "vector.h"
+#include "knn_settings.h"
+#include "knn_stats.h"
+#include "knn_vocabulary.h"
 
 typedef struct KnnJoinState
 {
@@ -81,11 +85,8 @@ typedef struct KnnJoinState
 	int64		current_engine_rows;	/* of which from the engine */
 
 	/* For EXPLAIN ANALYZE: the last engine run */
-	bool		have_stats;
-	KnnStats	stats;
-	int64		stats_queries;
-	int64		stats_targets;
-	int32		stats_dim;
+	bool		have_record;
+	KnnJoinRecord record;
 	double		seconds_read;
 } KnnJoinState;
 
@@ -204,18 +205,6 @@ evaluate_limit(KnnJoinState *state)
 	return count;
 }
 
-/* The vector of a stored row, or NULL; detoasted into the caller's context. */
-static Vector *
-row_vector(TupleTableSlot *slot, MinimalTuple row, AttrNumber column)
-{
-	bool		isnull;
-	Datum		value;
-
-	ExecStoreMinimalTuple(row, slot, false);
-	value = slot_getattr(slot, column, &isnull);
-	return isnull ? NULL : DatumGetVector(value);
-}
-
 static void
 dimension_error(KnnJoinState *state, int target_dim, int query_dim)
 {
@@ -228,20 +217,117 @@ dimension_error(KnnJoinState *state, int target_dim, int query_dim)
 }
 
 /*
+ * The vector of a stored row, checked and viewed (false for NULL). The
+ * value is detoasted, if it must be, into the per-row context.
+ */
+static bool
+row_vector(TupleTableSlot *slot, MinimalTuple row, AttrNumber column,
+		   const KnnVectorReader *reader, const char *set_name, int64 id,
+		   KnnVectorView *view)
+{
+	bool		isnull;
+	Datum		value;
+	KnnValueProblem problem;
+
+	ExecStoreMinimalTuple(row, slot, false);
+	value = slot_getattr(slot, column, &isnull);
+	if (isnull)
+		return false;
+	problem = reader->view(PG_DETOAST_DATUM(value), view);
+	if (problem != KNN_VALUE_OK)
+		knn_vector_problem_error(problem, set_name, id);
+	return true;
+}
+
+/*
+ * The queries: every outer row's vector, read once. A query whose dimension
+ * differs from the first one's is kept out and remembered in *odd_dim: the
+ * nested loop fails on it only once it meets a target.
+ */
+static void
+read_queries(KnnJoinState *state, const KnnVectorReader *reader, KnnMatrix *queries,
+			 int *odd_dim)
+{
+	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
+
+	*odd_dim = -1;
+	for (int64 i = 0; i < state->n_outer; i++)
+	{
+		MemoryContext old;
+		KnnVectorView view;
+
+		CHECK_FOR_INTERRUPTS();
+		MemoryContextReset(row_cxt);
+		old = MemoryContextSwitchTo(row_cxt);
+		state->query_of_outer[i] = -1;
+		if (row_vector(state->outer_slot, state->outer_rows[i], state->query_column,
+					   reader, "query", i, &view))
+		{
+			MemoryContextSwitchTo(state->join_cxt);
+			if (queries->dim < 0 || view.dim == queries->dim)
+			{
+				state->query_of_outer[i] = queries->n;
+				knn_matrix_append_view(queries, i, &view, reader);
+			}
+			else if (*odd_dim < 0)
+				*odd_dim = view.dim;
+		}
+		MemoryContextSwitchTo(old);
+	}
+	MemoryContextReset(row_cxt);
+}
+
+/*
+ * The targets: every inner row's vector, read once; a non-NULL one against
+ * the queries' dimension, as the nested loop compares them. NULL vectors
+ * are listed in scan order. Without queries (query_dim < 0) no distance is
+ * ever computed, so only the NULLs are listed.
+ */
+static void
+read_targets(KnnJoinState *state, const KnnVectorReader *reader, int query_dim,
+			 KnnMatrix *targets)
+{
+	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
+
+	state->n_null_inner = 0;
+	for (int64 i = 0; i < state->n_inner; i++)
+	{
+		MemoryContext old;
+		KnnVectorView view;
+
+		CHECK_FOR_INTERRUPTS();
+		MemoryContextReset(row_cxt);
+		old = MemoryContextSwitchTo(row_cxt);
+		if (!row_vector(state->inner_slot, state->inner_rows[i], state->target_column,
+						reader, "target", i, &view))
+			state->null_inner[state->n_null_inner++] = i;
+		else if (query_dim >= 0)
+		{
+			if (view.dim != query_dim)
+				dimension_error(state, view.dim, query_dim);
+			MemoryContextSwitchTo(state->join_cxt);
+			state->inner_of_target[targets->n] = i;
+			knn_matrix_append_view(targets, i, &view, reader);
+		}
+		MemoryContextSwitchTo(old);
+	}
+	MemoryContextReset(row_cxt);
+}
+
+/*
  * Builds the engine's matrices from the stored rows (queries from outer
  * rows, targets from inner rows, NULL vectors left out) and runs it.
  */
 static void
 run_engine(KnnJoinState *state)
 {
-	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
-	MemoryContext old;
+	const KnnVectorReader *reader = knn_vector_reader(KNN_VECTOR_TYPE);
 	KnnMatrix	queries;
 	KnnMatrix	targets;
 	KnnProblem	problem;
-	int			query_dim = -1;
-	int			target_dim = -1;
-	int64		n_queries = 0;
+	KnnStats	stats;
+	MemoryContext old;
+	int			odd_query_dim;
 
 	old = MemoryContextSwitchTo(state->join_cxt);
 	state->query_of_outer = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
@@ -251,77 +337,18 @@ run_engine(KnnJoinState *state)
 	knn_matrix_init(&targets, "target");
 	MemoryContextSwitchTo(old);
 
-	/* Which rows have vectors; the first dimension of each side. */
-	for (int64 i = 0; i < state->n_outer; i++)
-	{
-		Vector	   *v;
+	read_queries(state, reader, &queries, &odd_query_dim);
+	read_targets(state, reader, queries.dim, &targets);
+	if (odd_query_dim >= 0 && targets.n > 0)
+		dimension_error(state, targets.dim, odd_query_dim);
 
-		MemoryContextReset(row_cxt);
-		old = MemoryContextSwitchTo(row_cxt);
-		v = row_vector(state->outer_slot, state->outer_rows[i], state->query_column);
-		MemoryContextSwitchTo(old);
-		state->query_of_outer[i] = v == NULL ? -1 : n_queries++;
-		if (v != NULL && query_dim < 0)
-			query_dim = v->dim;
-	}
-	state->n_null_inner = 0;
-	for (int64 i = 0; i < state->n_inner; i++)
-	{
-		Vector	   *v;
-
-		MemoryContextReset(row_cxt);
-		old = MemoryContextSwitchTo(row_cxt);
-		v = row_vector(state->inner_slot, state->inner_rows[i], state->target_column);
-		MemoryContextSwitchTo(old);
-		if (v == NULL)
-			state->null_inner[state->n_null_inner++] = i;
-		else if (target_dim < 0)
-			target_dim = v->dim;
-	}
-
-	/* No pair of non-NULL vectors: no distance to compute, no error. */
-	state->engine_k = (int32) Min(state->k, state->n_inner - state->n_null_inner);
-	if (n_queries == 0 || state->engine_k == 0)
+	/* No pair of non-NULL vectors: no distance to compute. */
+	state->engine_k = (int32) Min(state->k, targets.n);
+	if (queries.n == 0 || state->engine_k == 0)
 	{
 		state->engine_k = 0;
 		return;
 	}
-
-	/* Every vector against the other side's dimension, then copied. */
-	for (int64 i = 0; i < state->n_inner; i++)
-	{
-		Vector	   *v;
-
-		CHECK_FOR_INTERRUPTS();
-		MemoryContextReset(row_cxt);
-		old = MemoryContextSwitchTo(row_cxt);
-		v = row_vector(state->inner_slot, state->inner_rows[i], state->target_column);
-		if (v != NULL)
-		{
-			if (v->dim != query_dim)
-				dimension_error(state, v->dim, query_dim);
-			state->inner_of_target[targets.n] = i;
-			knn_matrix_append(&targets, i, PointerGetDatum(v), KNN_VECTOR_TYPE);
-		}
-		MemoryContextSwitchTo(old);
-	}
-	for (int64 i = 0; i < state->n_outer; i++)
-	{
-		Vector	   *v;
-
-		CHECK_FOR_INTERRUPTS();
-		MemoryContextReset(row_cxt);
-		old = MemoryContextSwitchTo(row_cxt);
-		v = row_vector(state->outer_slot, state->outer_rows[i], state->query_column);
-		if (v != NULL)
-		{
-			if (v->dim != target_dim)
-				dimension_error(state, target_dim, v->dim);
-			knn_matrix_append(&queries, i, PointerGetDatum(v), KNN_VECTOR_TYPE);
-		}
-		MemoryContextSwitchTo(old);
-	}
-	MemoryContextReset(row_cxt);
 
 	state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 											  sizeof(int64) * queries.n * state->engine_k);
@@ -334,18 +361,14 @@ run_engine(KnnJoinState *state)
 	problem.n_queries = queries.n;
 	problem.targets = targets.values;
 	problem.n_targets = targets.n;
-	problem.dim = query_dim;
+	problem.dim = queries.dim;
 	problem.k = state->engine_k;
 	problem.metric = state->metric;
 	problem.method = KNN_METHOD_AUTO;
-	problem.query_keys = NULL;
-	problem.target_keys = NULL;
-	knn_run_problem(&problem, state->neighbors, state->distances, &state->stats);
+	knn_run_problem(&problem, state->neighbors, state->distances, &stats);
 
-	state->have_stats = true;
-	state->stats_queries = queries.n;
-	state->stats_targets = targets.n;
-	state->stats_dim = query_dim;
+	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
+	state->have_record = true;
 	knn_matrix_free(&queries);
 	knn_matrix_free(&targets);
 }
@@ -385,11 +408,7 @@ compute_join(KnnJoinState *state)
 	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
 
 	if (state->k > 0)
-	{
 		run_engine(state);
-		if (state->engine_k > 0)
-			knn_stats_set_sql_phases(state->seconds_read, 0.0);
-	}
 }
 
 /* How many rows outer row i yields, and how many of them the engine gave. */
@@ -566,20 +585,6 @@ knn_join_end(CustomScanState *node)
 	MemoryContextDelete(state->join_cxt);
 }
 
-static const char *
-engine_setting_name(void)
-{
-	switch ((KnnDevice) knn_gpu_device)
-	{
-		case KNN_DEVICE_CPU:
-			return "cpu";
-		case KNN_DEVICE_GPU:
-			return "gpu";
-		default:
-			return "auto";
-	}
-}
-
 static void
 knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 {
@@ -599,7 +604,7 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 		ExplainPropertyText("K", deparse_expression(limit, context, false, false), es);
 	}
 	ExplainPropertyText("Metric", knn_metric_name(state->metric), es);
-	ExplainPropertyText("Engine", engine_setting_name(), es);
+	ExplainPropertyText("Engine", knn_device_name((KnnDevice) knn_gpu_device), es);
 
 	if (list_length(cscan->custom_exprs) > 1)
 	{
@@ -619,27 +624,6 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 		}
 	}
 
-	if (es->analyze && state->have_stats)
-	{
-		const KnnStats *s = &state->stats;
-
-		ExplainPropertyText("Engine Device", s->device, es);
-		ExplainPropertyText("Engine Method", s->method, es);
-		if (s->variant[0] != '\0')
-			ExplainPropertyText("Engine Variant", s->variant, es);
-		ExplainPropertyInteger("Queries", NULL, state->stats_queries, es);
-		ExplainPropertyInteger("Targets", NULL, state->stats_targets, es);
-		ExplainPropertyInteger("Dimensions", NULL, state->stats_dim, es);
-		ExplainPropertyInteger("Distance Computations", NULL, s->distance_computations, es);
-		ExplainPropertyInteger("Pairs", NULL, s->pairs, es);
-		if (es->timing)
-		{
-			ExplainPropertyFloat("Read Time", "ms", state->seconds_read * 1000.0, 3, es);
-			ExplainPropertyFloat("Cluster Time", "ms", s->seconds_cluster * 1000.0, 3, es);
-			ExplainPropertyFloat("Filter Time", "ms", s->seconds_filter * 1000.0, 3, es);
-			ExplainPropertyFloat("Select Time", "ms", s->seconds_select * 1000.0, 3, es);
-			ExplainPropertyFloat("Transfer Time", "ms", s->seconds_transfer * 1000.0, 3, es);
-			ExplainPropertyFloat("Engine Time", "ms", s->seconds_total * 1000.0, 3, es);
-		}
-	}
+	if (es->analyze && state->have_record)
+		knn_stats_explain(&state->record, es);
 }

@@ -22,7 +22,6 @@
 #include "catalog/pg_amop.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
-#include "commands/defrem.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/cost.h"
 #include "optimizer/optimizer.h"
@@ -34,6 +33,7 @@
 #include "utils/syscache.h"
 
 #include "knn_scan.h"
+#include "knn_settings.h"
 
 /*
  * Cost model. The nested loop is charged, per pair, a tuple, one operator
@@ -109,27 +109,6 @@ contains_placeholders_walker(Node *node, void *context)
 	return expression_tree_walker(node, contains_placeholders_walker, context);
 }
 
-/* The metric of a distance operator on vectors, by operator name. */
-static bool
-metric_of_operator(Oid opno, KnnMetric *metric)
-{
-	char	   *name = get_opname(opno);
-
-	if (name == NULL)
-		return false;
-	if (strcmp(name, "<->") == 0)
-		*metric = KNN_METRIC_L2;
-	else if (strcmp(name, "<=>") == 0)
-		*metric = KNN_METRIC_COSINE;
-	else if (strcmp(name, "<#>") == 0)
-		*metric = KNN_METRIC_IP;	/* pgvector's <#> is -(a.b), as is IP */
-	else if (strcmp(name, "<+>") == 0)
-		*metric = KNN_METRIC_L1;
-	else
-		return false;
-	return true;
-}
-
 /* Same distance expression, either operand order (all four are symmetric)? */
 static bool
 is_same_distance(Node *node, OpExpr *distance)
@@ -149,8 +128,9 @@ is_same_distance(Node *node, OpExpr *distance)
 
 /*
  * Checks the subquery's parse tree: one relation, WHERE on that relation
- * only, ORDER BY one ascending distance between a column of it and a column
- * of the outer query, LIMIT a constant or parameter, nothing else. Fills
+ * only, ORDER BY one ascending distance (a distance operator of knn_gpu or
+ * pgvector, knn_catalog.h) between a column of it and a column of the outer
+ * query, LIMIT a constant or parameter, nothing else. Fills
  * the path's shape fields; returns the subquery's relation index or 0.
  */
 static Index
@@ -203,7 +183,7 @@ recognise_subquery(Query *sq, KnnJoinPath *kp)
 		return 0;
 	distance = (OpExpr *) sort_tle->expr;
 	if (list_length(distance->args) != 2 || distance->opresulttype != FLOAT8OID ||
-		!metric_of_operator(distance->opno, &kp->metric))
+		!knn_distance_operator_metric(distance->opno, &kp->metric))
 		return 0;
 
 	/* between a column of the relation and a column of the outer query */
@@ -277,9 +257,8 @@ has_approximate_index(RelOptInfo *target_rel, KnnJoinPath *kp)
 	foreach(lc, target_rel->indexlist)
 	{
 		IndexOptInfo *index = lfirst_node(IndexOptInfo, lc);
-		char	   *am = get_am_name(index->relam);
 
-		if (am == NULL || (strcmp(am, "hnsw") != 0 && strcmp(am, "ivfflat") != 0))
+		if (!knn_is_approximate_index_am(index->relam))
 			continue;
 		if (index->nkeycolumns >= 1 &&
 			index->indexkeys[0] == kp->target_vector->varattno &&

@@ -1,6 +1,6 @@
 /*
- * knn_stats.c -- the last join's statistics, as JSON for
- * knn_gpu_last_stats() and as lines for EXPLAIN ANALYZE.
+ * knn_stats.c -- the join record (knn_stats.h): built here from one call,
+ * shown as JSON by knn_gpu_last_stats() and as EXPLAIN ANALYZE lines.
  */
 #include "postgres.h"
 
@@ -9,41 +9,29 @@
 #include "utils/builtins.h"
 #include "utils/json.h"
 
-#include "knn_gpu.h"
+#include "knn_stats.h"
+#include "knn_vocabulary.h"
 
 /* The last join of this backend (plain memory: outlives every query). */
-static struct
-{
-	bool		valid;
-	KnnStats	stats;
-	int64		n_queries;
-	int64		n_targets;
-	int32		dim;
-	int32		k;
-	KnnMetric	metric;
-	double		seconds_read;
-	double		seconds_return;
-}			last;
+static bool last_valid = false;
+static KnnJoinRecord last;
 
 void
-knn_stats_remember(const KnnStats *stats, const KnnProblem *problem)
+knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem, const KnnStats *engine,
+				 double seconds_read, double seconds_sort, double seconds_return)
 {
-	last.valid = true;
-	last.stats = *stats;
-	last.n_queries = problem->n_queries;
-	last.n_targets = problem->n_targets;
-	last.dim = problem->dim;
-	last.k = problem->k;
-	last.metric = problem->metric;
-	last.seconds_read = 0;
-	last.seconds_return = 0;
-}
-
-void
-knn_stats_set_sql_phases(double seconds_read, double seconds_return)
-{
-	last.seconds_read = seconds_read;
-	last.seconds_return = seconds_return;
+	memset(record, 0, sizeof(*record));
+	record->n_queries = problem->n_queries;
+	record->n_targets = problem->n_targets;
+	record->dim = problem->dim;
+	record->k = problem->k;
+	record->metric = problem->metric;
+	record->engine = *engine;
+	record->seconds_read = seconds_read;
+	record->seconds_sort = seconds_sort;
+	record->seconds_return = seconds_return;
+	last = *record;
+	last_valid = true;
 }
 
 static void
@@ -52,52 +40,72 @@ append_json_string(StringInfo buf, const char *key, const char *value)
 	escape_json(buf, key);
 	appendStringInfoChar(buf, ':');
 	escape_json(buf, value);
+	appendStringInfoChar(buf, ',');
 }
 
-char *
-knn_stats_last_json(void)
+static char *
+record_json(const KnnJoinRecord *r)
 {
 	StringInfoData buf;
-	const KnnStats *s = &last.stats;
+	const KnnStats *s = &r->engine;
 
-	if (!last.valid)
-		return NULL;
 	initStringInfo(&buf);
 	appendStringInfoChar(&buf, '{');
-	append_json_string(&buf, "device", s->device);
-	appendStringInfoChar(&buf, ',');
-	append_json_string(&buf, "method", s->method);
-	appendStringInfoChar(&buf, ',');
+	append_json_string(&buf, "engine", knn_device_name(s->device));
+	append_json_string(&buf, "device", s->device_name);
+	append_json_string(&buf, "method", knn_method_name(s->method));
 	append_json_string(&buf, "variant", s->variant);
-	appendStringInfoChar(&buf, ',');
-	append_json_string(&buf, "metric", knn_metric_name(last.metric));
+	append_json_string(&buf, "metric", knn_metric_name(r->metric));
 	appendStringInfo(&buf,
-					 ",\"queries\":" INT64_FORMAT ",\"targets\":" INT64_FORMAT
+					 "\"queries\":" INT64_FORMAT ",\"targets\":" INT64_FORMAT
 					 ",\"dim\":%d,\"k\":%d"
 					 ",\"query_clusters\":" INT64_FORMAT ",\"target_clusters\":" INT64_FORMAT
 					 ",\"threads_per_query\":%d"
 					 ",\"distance_computations\":" INT64_FORMAT ",\"pairs\":" INT64_FORMAT
 					 ",\"computed_fraction\":%.6g",
-					 last.n_queries, last.n_targets, last.dim, last.k,
+					 r->n_queries, r->n_targets, r->dim, r->k,
 					 s->query_clusters, s->target_clusters, s->threads_per_query,
 					 s->distance_computations, s->pairs,
 					 s->pairs > 0 ? (double) s->distance_computations / (double) s->pairs : 0.0);
 	appendStringInfo(&buf,
-					 ",\"seconds\":{\"read\":%.6f,\"transfer\":%.6f,\"cluster\":%.6f"
+					 ",\"seconds\":{\"read\":%.6f,\"sort\":%.6f,\"transfer\":%.6f,\"cluster\":%.6f"
 					 ",\"filter\":%.6f,\"select\":%.6f,\"engine_total\":%.6f,\"return\":%.6f}}",
-					 last.seconds_read, s->seconds_transfer, s->seconds_cluster,
+					 r->seconds_read, r->seconds_sort, s->seconds_transfer, s->seconds_cluster,
 					 s->seconds_filter, s->seconds_select, s->seconds_total,
-					 last.seconds_return);
+					 r->seconds_return);
 	return buf.data;
+}
+
+void
+knn_stats_explain(const KnnJoinRecord *r, ExplainState *es)
+{
+	const KnnStats *s = &r->engine;
+
+	ExplainPropertyText("Engine Device", s->device_name, es);
+	ExplainPropertyText("Engine Method", knn_method_name(s->method), es);
+	if (s->variant[0] != '\0')
+		ExplainPropertyText("Engine Variant", s->variant, es);
+	ExplainPropertyInteger("Queries", NULL, r->n_queries, es);
+	ExplainPropertyInteger("Targets", NULL, r->n_targets, es);
+	ExplainPropertyInteger("Dimensions", NULL, r->dim, es);
+	ExplainPropertyInteger("Distance Computations", NULL, s->distance_computations, es);
+	ExplainPropertyInteger("Pairs", NULL, s->pairs, es);
+	if (es->timing)
+	{
+		ExplainPropertyFloat("Read Time", "ms", r->seconds_read * 1000.0, 3, es);
+		ExplainPropertyFloat("Cluster Time", "ms", s->seconds_cluster * 1000.0, 3, es);
+		ExplainPropertyFloat("Filter Time", "ms", s->seconds_filter * 1000.0, 3, es);
+		ExplainPropertyFloat("Select Time", "ms", s->seconds_select * 1000.0, 3, es);
+		ExplainPropertyFloat("Transfer Time", "ms", s->seconds_transfer * 1000.0, 3, es);
+		ExplainPropertyFloat("Engine Time", "ms", s->seconds_total * 1000.0, 3, es);
+	}
 }
 
 PG_FUNCTION_INFO_V1(knn_gpu_last_stats);
 Datum
 knn_gpu_last_stats(PG_FUNCTION_ARGS)
 {
-	char	   *json = knn_stats_last_json();
-
-	if (json == NULL)
+	if (!last_valid)
 		PG_RETURN_NULL();
-	PG_RETURN_TEXT_P(cstring_to_text(json));
+	PG_RETURN_TEXT_P(cstring_to_text(record_json(&last)));
 }

@@ -107,13 +107,14 @@ SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n
 WHERE q.id = 7;
 
--- An approximate index (pgvector's hnsw or ivfflat) on the inner column,
--- whose operator class orders by the operator: the user's plan reads the
--- index, and is kept unless knn_gpu.exact_over_index asks for exact results.
--- (The regression database has no pgvector: a stand-in index access method
--- named hnsw, built on GiST's handler, with an ordering operator class. The
--- table stays empty, so the stand-in's support functions are never called;
--- only the plans are looked at.)
+-- An approximate index (pgvector's hnsw or ivfflat) on the inner column is
+-- recognised by catalog identity: its access method belongs to pgvector.
+-- A user's access method that is merely called hnsw (here built on GiST's
+-- handler, with an ordering operator class) is an exact index like any
+-- other: the costs decide, and knn_gpu.exact_over_index changes nothing.
+-- (The table stays empty, so the stand-in's support functions are never
+-- called; only the plans are looked at. pgvector's own index access methods
+-- are tested with pgvector, test/pgvector/.)
 BEGIN;
 CREATE ACCESS METHOD hnsw TYPE INDEX HANDLER gisthandler;
 CREATE FUNCTION knn_plans_consistent(internal, vector, smallint, oid, internal) RETURNS bool

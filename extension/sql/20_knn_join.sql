@@ -9,7 +9,7 @@ CREATE FUNCTION knn_join(
     method text DEFAULT 'auto')
 RETURNS TABLE (query_id bigint, target_id bigint, rank integer, distance double precision)
 AS 'MODULE_PATHNAME', 'knn_join'
-LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE ROWS 1000;
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1000;
 
 COMMENT ON FUNCTION knn_join(text, text, integer, text, boolean, text) IS
 'Exact k-nearest-neighbour join. queries and targets are SQL queries returning (integer id, vector | real[] | double precision[]); metric is l2, cosine, ip or l1; exclude_self drops pairs with equal ids; method is auto, ti or brute.';

@@ -1,0 +1,178 @@
+/*
+ * knn_catalog.c -- catalog identity of vector types, distance operators and
+ * approximate index access methods (see knn_catalog.h).
+ *
+ * An extension's name is trustworthy where an object's name is not:
+ * CREATE EXTENSION needs a control file on the server, and only an
+ * extension's owner can add objects to it, while any user can create a
+ * type or an operator called "vector" or "<->" in a schema of their own.
+ * A C function's symbol (prosrc) is trustworthy once the function belongs
+ * to such an extension: only a superuser creates C functions.
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_am.h"
+#include "catalog/dependency.h"
+#include "catalog/pg_depend.h"
+#include "catalog/pg_language.h"
+#include "catalog/pg_operator.h"
+#include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
+#include "commands/extension.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+
+#include "knn_catalog.h"
+
+#define KNN_GPU_EXTENSION "knn_gpu"
+#define PGVECTOR_EXTENSION "vector"
+
+/* A C function of an extension, by its symbol. */
+typedef struct KnownFunction
+{
+	const char *extension;
+	const char *symbol;
+	int			value;			/* what it means to the caller */
+} KnownFunction;
+
+/* The input functions of the vector types: the value is unused. */
+static const KnownFunction vector_input_functions[] = {
+	{KNN_GPU_EXTENSION, "knn_vector_in", 0},
+	{PGVECTOR_EXTENSION, "vector_in", 0},
+};
+
+/* The distance functions over vectors, and their metrics. */
+static const KnownFunction distance_functions[] = {
+	{KNN_GPU_EXTENSION, "knn_vector_l2_distance", KNN_METRIC_L2},
+	{KNN_GPU_EXTENSION, "knn_vector_cosine_distance", KNN_METRIC_COSINE},
+	{KNN_GPU_EXTENSION, "knn_vector_negative_inner_product", KNN_METRIC_IP},
+	{KNN_GPU_EXTENSION, "knn_vector_l1_distance", KNN_METRIC_L1},
+	{PGVECTOR_EXTENSION, "l2_distance", KNN_METRIC_L2},
+	{PGVECTOR_EXTENSION, "cosine_distance", KNN_METRIC_COSINE},
+	{PGVECTOR_EXTENSION, "vector_negative_inner_product", KNN_METRIC_IP},
+	{PGVECTOR_EXTENSION, "l1_distance", KNN_METRIC_L1},
+};
+
+/* The name of the extension an object belongs to, or NULL. */
+static char *
+owning_extension(Oid classid, Oid objid)
+{
+	Oid			extension = getExtensionOfObject(classid, objid);
+
+	return OidIsValid(extension) ? get_extension_name(extension) : NULL;
+}
+
+/*
+ * The entry of `known` that funcoid is (a C function of that extension with
+ * that symbol), or NULL.
+ */
+static const KnownFunction *
+identify_function(Oid funcoid, const KnownFunction *known, int n_known)
+{
+	HeapTuple	tuple;
+	Form_pg_proc proc;
+	char	   *symbol = NULL;
+	char	   *extension;
+	const KnownFunction *found = NULL;
+
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
+	if (!HeapTupleIsValid(tuple))
+		return NULL;
+	proc = (Form_pg_proc) GETSTRUCT(tuple);
+	if (proc->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
+
+		if (!isnull)
+			symbol = TextDatumGetCString(src);
+	}
+	ReleaseSysCache(tuple);
+	if (symbol == NULL)
+		return NULL;
+
+	extension = owning_extension(ProcedureRelationId, funcoid);
+	for (int i = 0; i < n_known && extension != NULL; i++)
+		if (strcmp(known[i].symbol, symbol) == 0 &&
+			strcmp(known[i].extension, extension) == 0)
+			found = &known[i];
+	return found;
+}
+
+/* Is typid (no domain) the vector type of knn_gpu or of pgvector? */
+static bool
+is_vector_type(Oid typid)
+{
+	HeapTuple	tuple;
+	Oid			input;
+	const KnownFunction *known;
+	char	   *extension;
+	bool		varlena;
+
+	tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	varlena = ((Form_pg_type) GETSTRUCT(tuple))->typlen == -1 &&
+		((Form_pg_type) GETSTRUCT(tuple))->typtype == TYPTYPE_BASE;
+	input = ((Form_pg_type) GETSTRUCT(tuple))->typinput;
+	ReleaseSysCache(tuple);
+	if (!varlena)
+		return false;
+
+	known = identify_function(input, vector_input_functions,
+							  lengthof(vector_input_functions));
+	if (known == NULL)
+		return false;
+	/* The type must belong to the extension whose input function it uses. */
+	extension = owning_extension(TypeRelationId, typid);
+	return extension != NULL && strcmp(extension, known->extension) == 0;
+}
+
+KnnVectorKind
+knn_vector_kind(Oid typid)
+{
+	typid = getBaseType(typid);
+	if (typid == FLOAT4ARRAYOID)
+		return KNN_VECTOR_FLOAT4_ARRAY;
+	if (typid == FLOAT8ARRAYOID)
+		return KNN_VECTOR_FLOAT8_ARRAY;
+	return is_vector_type(typid) ? KNN_VECTOR_TYPE : KNN_VECTOR_UNSUPPORTED;
+}
+
+bool
+knn_distance_operator_metric(Oid opno, KnnMetric *metric)
+{
+	HeapTuple	tuple;
+	Form_pg_operator op;
+	Oid			function;
+	Oid			left;
+	Oid			right;
+	const KnownFunction *known;
+
+	tuple = SearchSysCache1(OPEROID, ObjectIdGetDatum(opno));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	op = (Form_pg_operator) GETSTRUCT(tuple);
+	function = op->oprcode;
+	left = op->oprleft;
+	right = op->oprright;
+	ReleaseSysCache(tuple);
+
+	if (left != right || !is_vector_type(left))
+		return false;
+	known = identify_function(function, distance_functions, lengthof(distance_functions));
+	if (known == NULL)
+		return false;
+	*metric = (KnnMetric) known->value;
+	return true;
+}
+
+bool
+knn_is_approximate_index_am(Oid amoid)
+{
+	char	   *extension = owning_extension(AccessMethodRelationId, amoid);
+
+	return extension != NULL && strcmp(extension, PGVECTOR_EXTENSION) == 0;
+}

@@ -1,0 +1,40 @@
+/*
+ * knn_catalog.h -- what a type, an operator or an index access method is,
+ * decided by catalog identity, never by name.
+ *
+ * A vector type is knn_gpu's own or pgvector's: a varlena type that belongs
+ * to the extension knn_gpu or vector (pg_depend) and whose input function is
+ * that extension's C function for vectors. A distance operator is one whose
+ * function is one of those extensions' C distance functions over such a
+ * type. An approximate index is one whose access method belongs to pgvector.
+ * Anything a user creates, under whatever name, is none of these.
+ */
+#ifndef KNN_CATALOG_H
+#define KNN_CATALOG_H
+
+#include "postgres.h"
+
+#include "knn_engine.h"
+
+/* The column types whose values can be read as a float32 vector. */
+typedef enum KnnVectorKind
+{
+	KNN_VECTOR_UNSUPPORTED = 0,
+	KNN_VECTOR_TYPE,			/* knn_gpu's or pgvector's vector (one layout) */
+	KNN_VECTOR_FLOAT4_ARRAY,	/* real[] */
+	KNN_VECTOR_FLOAT8_ARRAY		/* double precision[] */
+} KnnVectorKind;
+
+/* The kind of a type (a domain counts as its base type). */
+extern KnnVectorKind knn_vector_kind(Oid typid);
+
+/*
+ * Is opno a distance operator between two vectors of knn_gpu or pgvector?
+ * Then *metric says which distance it computes.
+ */
+extern bool knn_distance_operator_metric(Oid opno, KnnMetric *metric);
+
+/* Is amoid one of pgvector's (approximate) index access methods? */
+extern bool knn_is_approximate_index_am(Oid amoid);
+
+#endif							/* KNN_CATALOG_H */

@@ -1,0 +1,185 @@
+/*
+ * knn_matrix.c -- the engine's input matrices (knn_matrix.h).
+ *
+ * The id sort is a stable least-significant-digit radix sort rather than
+ * qsort: it takes linear time, and it checks for interrupts between slices
+ * of work, so a cancel during the sort of tens of millions of rows is
+ * answered within milliseconds.
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+#include "miscadmin.h"
+
+#include "knn_matrix.h"
+
+/* Elements (or rows of values) between two looks at the interrupt flags. */
+#define KNN_INTERRUPT_SLICE 65536
+#define KNN_RADIX_BITS 16
+#define KNN_RADIX_BUCKETS (1 << KNN_RADIX_BITS)
+
+void
+knn_matrix_init(KnnMatrix *m, const char *set_name)
+{
+	memset(m, 0, sizeof(*m));
+	m->dim = -1;
+	m->context = CurrentMemoryContext;
+	m->set_name = set_name;
+}
+
+static void
+grow(KnnMatrix *m)
+{
+	/* Huge allocations: the matrix may well pass 1 GB. */
+	int64		capacity = m->capacity == 0 ? 1024 : m->capacity * 2;
+	Size		value_bytes = (Size) capacity * m->dim * sizeof(float);
+
+	if (m->values == NULL)
+	{
+		m->values = MemoryContextAllocHuge(m->context, value_bytes);
+		m->ids = MemoryContextAllocHuge(m->context, capacity * sizeof(int64));
+	}
+	else
+	{
+		m->values = repalloc_huge(m->values, value_bytes);
+		m->ids = repalloc_huge(m->ids, capacity * sizeof(int64));
+	}
+	m->capacity = capacity;
+}
+
+void
+knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
+					   const KnnVectorReader *reader)
+{
+	if (m->dim < 0)
+		m->dim = view->dim;
+	else if (view->dim != m->dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("dimension mismatch: %s id " INT64_FORMAT " has %d dimensions, expected %d",
+						m->set_name, id, view->dim, m->dim)));
+	if (m->n == m->capacity)
+		grow(m);
+	if (!reader->copy(view, m->values + m->n * m->dim))
+		knn_vector_problem_error(KNN_VALUE_NOT_FINITE, m->set_name, id);
+	m->ids[m->n] = id;
+	m->n++;
+}
+
+void
+knn_matrix_append(KnnMatrix *m, int64 id, Datum value, const KnnVectorReader *reader)
+{
+	struct varlena *raw = (struct varlena *) DatumGetPointer(value);
+	struct varlena *detoasted = PG_DETOAST_DATUM(value);
+	KnnVectorView view;
+	KnnValueProblem problem = reader->view(detoasted, &view);
+
+	if (problem != KNN_VALUE_OK)
+		knn_vector_problem_error(problem, m->set_name, id);
+	knn_matrix_append_view(m, id, &view, reader);
+	if (detoasted != raw)
+		pfree(detoasted);
+}
+
+typedef struct IdRow
+{
+	uint64		key;			/* the id with its sign bit flipped: unsigned order */
+	int64		row;
+} IdRow;
+
+/* One stable counting pass over the digit at shift; false if all share it. */
+static bool
+radix_pass(const IdRow *from, IdRow *to, int64 n, int shift, int64 *count)
+{
+	memset(count, 0, sizeof(int64) * KNN_RADIX_BUCKETS);
+	for (int64 i = 0; i < n; i++)
+	{
+		count[(from[i].key >> shift) & (KNN_RADIX_BUCKETS - 1)]++;
+		if ((i & (KNN_INTERRUPT_SLICE - 1)) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	if (count[(from[0].key >> shift) & (KNN_RADIX_BUCKETS - 1)] == n)
+		return false;
+	for (int64 b = 0, start = 0; b < KNN_RADIX_BUCKETS; b++)
+	{
+		int64		c = count[b];
+
+		count[b] = start;
+		start += c;
+	}
+	for (int64 i = 0; i < n; i++)
+	{
+		to[count[(from[i].key >> shift) & (KNN_RADIX_BUCKETS - 1)]++] = from[i];
+		if ((i & (KNN_INTERRUPT_SLICE - 1)) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	return true;
+}
+
+/* The rows in stable id order. */
+static IdRow *
+sorted_rows(const KnnMatrix *m)
+{
+	IdRow	   *a = MemoryContextAllocHuge(CurrentMemoryContext, m->n * sizeof(IdRow));
+	IdRow	   *b = MemoryContextAllocHuge(CurrentMemoryContext, m->n * sizeof(IdRow));
+	int64	   *count = palloc(sizeof(int64) * KNN_RADIX_BUCKETS);
+
+	for (int64 i = 0; i < m->n; i++)
+	{
+		a[i].key = (uint64) m->ids[i] ^ (UINT64CONST(1) << 63);
+		a[i].row = i;
+	}
+	for (int shift = 0; shift < 64; shift += KNN_RADIX_BITS)
+	{
+		if (radix_pass(a, b, m->n, shift, count))
+		{
+			IdRow	   *swap = a;
+
+			a = b;
+			b = swap;
+		}
+	}
+	pfree(b);
+	pfree(count);
+	return a;
+}
+
+void
+knn_matrix_sort_by_id(KnnMatrix *m)
+{
+	IdRow	   *order;
+	float	   *values;
+	bool		sorted = true;
+	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, m->dim));
+
+	for (int64 i = 1; i < m->n && sorted; i++)
+		sorted = m->ids[i - 1] <= m->ids[i];
+	if (sorted)
+		return;
+
+	order = sorted_rows(m);
+	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->dim * sizeof(float));
+	for (int64 i = 0; i < m->n; i++)
+	{
+		memcpy(values + i * m->dim, m->values + order[i].row * m->dim, m->dim * sizeof(float));
+		m->ids[i] = (int64) (order[i].key ^ (UINT64CONST(1) << 63));
+		if (i % rows_per_slice == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(m->values);
+	pfree(order);
+	m->values = values;
+	m->capacity = m->n;
+}
+
+void
+knn_matrix_free(KnnMatrix *m)
+{
+	if (m->values)
+		pfree(m->values);
+	if (m->ids)
+		pfree(m->ids);
+	m->values = NULL;
+	m->ids = NULL;
+	m->n = m->capacity = 0;
+}

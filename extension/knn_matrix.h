@@ -1,0 +1,43 @@
+/*
+ * knn_matrix.h -- a growing float32 matrix of vectors with their ids, built
+ * row by row for the engine, and put in id order.
+ */
+#ifndef KNN_MATRIX_H
+#define KNN_MATRIX_H
+
+#include "postgres.h"
+
+#include "knn_input.h"
+
+typedef struct KnnMatrix
+{
+	int64		n;				/* rows so far */
+	int64		capacity;
+	int32		dim;			/* -1 until the first row */
+	float	   *values;			/* n x dim, row-major (huge allocation) */
+	int64	   *ids;
+	const char *set_name;		/* "query" or "target", for messages */
+	MemoryContext context;		/* where the arrays live (the caller's at init) */
+} KnnMatrix;
+
+extern void knn_matrix_init(KnnMatrix *m, const char *set_name);
+
+/*
+ * Appends one non-null value (detoasted here, once); ERROR for a malformed,
+ * empty or non-finite value or a dimension mismatch, naming the id.
+ */
+extern void knn_matrix_append(KnnMatrix *m, int64 id, Datum value,
+							  const KnnVectorReader *reader);
+
+/* The same for a value already checked by reader->view. */
+extern void knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
+								   const KnnVectorReader *reader);
+
+/*
+ * Sorts rows by id (stable), so that row order breaks ties by id. Checks
+ * for interrupts as it goes.
+ */
+extern void knn_matrix_sort_by_id(KnnMatrix *m);
+extern void knn_matrix_free(KnnMatrix *m);
+
+#endif							/* KNN_MATRIX_H */

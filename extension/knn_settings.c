@@ -1,0 +1,77 @@
+/*
+ * knn_settings.c -- the knn_gpu.* settings. Their option names come from
+ * the engine's vocabulary (knn_vocabulary.h), their limits from the engine
+ * ABI, so that what a setting accepts is what the engine does.
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "utils/guc.h"
+#include "utils/memutils.h"
+
+#include "knn_settings.h"
+#include "knn_vocabulary.h"
+
+int			knn_gpu_device = KNN_DEVICE_AUTO;
+int			knn_gpu_memory_limit_mb = 0;
+int			knn_gpu_threads = 0;
+bool		knn_gpu_enable_knn_join = true;
+bool		knn_gpu_exact_over_index = false;
+int			knn_gpu_fault_injection = KNN_FAULT_NONE;
+
+/* A GUC option table from a vocabulary table (allocated once, kept). */
+static const struct config_enum_entry *
+enum_options(const KnnName *names)
+{
+	struct config_enum_entry *options;
+	int			n = 0;
+
+	while (names[n].name != NULL)
+		n++;
+	options = MemoryContextAllocZero(TopMemoryContext, sizeof(*options) * (n + 1));
+	for (int i = 0; i < n; i++)
+	{
+		options[i].name = names[i].name;
+		options[i].val = names[i].value;
+		options[i].hidden = false;
+	}
+	return options;
+}
+
+void
+knn_settings_define(void)
+{
+	DefineCustomEnumVariable("knn_gpu.device",
+							 "Which engine runs KNN joins: auto, gpu or cpu.",
+							 "auto uses the GPU when one is usable and the CPU engine otherwise; "
+							 "gpu does the same but says so with a NOTICE when no GPU is usable.",
+							 &knn_gpu_device, KNN_DEVICE_AUTO, enum_options(knn_device_names),
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("knn_gpu.gpu_memory_limit",
+							"Most GPU memory one KNN join may use (0 = what is free).",
+							"Larger joins are processed in chunks.",
+							&knn_gpu_memory_limit_mb, 0, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MB, NULL, NULL, NULL);
+	DefineCustomIntVariable("knn_gpu.threads",
+							"CPU threads the CPU engine uses (0 = all cores).",
+							NULL,
+							&knn_gpu_threads, 0, 0, KNN_MAX_THREADS,
+							PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("knn_gpu.enable_knn_join",
+							 "Plans LATERAL top-k distance joins as one batched KNN Join node.",
+							 NULL,
+							 &knn_gpu_enable_knn_join, true,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("knn_gpu.exact_over_index",
+							 "Uses the exact KNN Join node even where an approximate index (hnsw, ivfflat) would answer.",
+							 NULL,
+							 &knn_gpu_exact_over_index, false,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomEnumVariable("knn_gpu.fault_injection",
+							 "Test only: makes an engine entry throw (start, run, bad_alloc, finish).",
+							 "Proves that engine failures become errors and the backend survives.",
+							 &knn_gpu_fault_injection, KNN_FAULT_NONE, enum_options(knn_fault_names),
+							 PGC_SUSET, GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("knn_gpu");
+}

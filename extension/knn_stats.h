@@ -1,0 +1,39 @@
+/*
+ * knn_stats.h -- the record of one join: the engine's statistics plus the
+ * backend's phase times. knn_stats.c alone builds it, keeps the last one
+ * for knn_gpu_last_stats(), and shows it in EXPLAIN ANALYZE.
+ */
+#ifndef KNN_STATS_H
+#define KNN_STATS_H
+
+#include "postgres.h"
+
+#include "commands/explain.h"
+
+#include "knn_engine.h"
+
+typedef struct KnnJoinRecord
+{
+	int64		n_queries;
+	int64		n_targets;
+	int32		dim;
+	int32		k;
+	KnnMetric	metric;
+	KnnStats	engine;
+	double		seconds_read;	/* reading both sides' rows */
+	double		seconds_sort;	/* putting rows in id order */
+	double		seconds_return; /* handing rows back (0 where not measured) */
+} KnnJoinRecord;
+
+/*
+ * Builds the record of a finished join into *record and keeps a copy as
+ * this backend's last join.
+ */
+extern void knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem,
+							 const KnnStats *engine, double seconds_read,
+							 double seconds_sort, double seconds_return);
+
+/* EXPLAIN ANALYZE's lines for a record. */
+extern void knn_stats_explain(const KnnJoinRecord *record, ExplainState *es);
+
+#endif							/* KNN_STATS_H */
