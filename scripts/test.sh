@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # test.sh -- every test, on a fresh machine: installs what is missing, builds
 # and installs knn_gpu, runs the engine unit tests (GoogleTest), the GPU
-# tests (they skip, saying so, where no GPU is usable) and the pg_regress
-# suite against a throw-away PostgreSQL. Ends with one summary line.
+# tests (they skip, saying so, where no GPU is usable), the pg_regress
+# suite against a throw-away PostgreSQL, and the tests against the real
+# pgvector (../shared/pgvector; skipped, saying so, where it is absent).
+# Ends with one summary line.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 
@@ -23,6 +25,18 @@ echo "== pg_regress suite"
 knn_cluster_start "${TMPDIR:-/tmp}/knn_gpu_test" "${PGPORT_TEST:-5498}" || exit 1
 make installcheck PG_CONFIG="$PG_BIN/pg_config" 2>&1 | tee "$logs/regress.log"
 [ -f regression.diffs ] && cat regression.diffs
+
+echo "== tests against the real pgvector"
+pgvector_dir="$KNN_ROOT/../shared/pgvector"
+pgvector_skipped=0
+if [ -f "$pgvector_dir/build.sh" ]; then
+  as_root env PG_CONFIG="$PG_BIN/pg_config" bash "$pgvector_dir/build.sh"
+  make installcheck-pgvector PG_CONFIG="$PG_BIN/pg_config" 2>&1 | tee "$logs/pgvector.log"
+  [ -f test/pgvector/regression.diffs ] && cat test/pgvector/regression.diffs
+else
+  echo "skipped: $pgvector_dir is absent (these tests need the real pgvector)" | tee "$logs/pgvector.log"
+  pgvector_skipped=1
+fi
 knn_cluster_stop
 
 # Tally: GoogleTest's closing lines and pg_regress's per-test lines.
@@ -33,10 +47,13 @@ for log in "$logs/unit.log" "$logs/gpu.log"; do
   if [ -z "$p$f$s" ]; then failed=$((failed + 1)); echo "no GoogleTest summary in $(basename "$log")"; fi
   passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0})); skipped=$((skipped + ${s:-0}))
 done
-r_ok=$(grep -cE '^(ok|test) .* \.\.\. ok|^ok [0-9]+ ' "$logs/regress.log")
-r_fail=$(grep -cE '\.\.\. FAILED|^not ok [0-9]+ ' "$logs/regress.log")
+regress_ok() { grep -cE '^(ok|test) .* \.\.\. ok|^ok [0-9]+ ' "$1"; }
+regress_failed() { grep -cE '\.\.\. FAILED|^not ok [0-9]+ ' "$1"; }
+r_ok=$(regress_ok "$logs/regress.log"); r_fail=$(regress_failed "$logs/regress.log")
 [ "$r_ok" -gt 0 ] || { r_fail=$((r_fail + 1)); echo "pg_regress ran no test"; }
-passed=$((passed + r_ok)); failed=$((failed + r_fail))
-echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed."
+v_ok=$(regress_ok "$logs/pgvector.log"); v_fail=$(regress_failed "$logs/pgvector.log")
+if [ "$pgvector_skipped" = 0 ] && [ "$v_ok" -eq 0 ]; then v_fail=$((v_fail + 1)); echo "the pgvector tests ran no test"; fi
+passed=$((passed + r_ok + v_ok)); failed=$((failed + r_fail + v_fail)); skipped=$((skipped + pgvector_skipped))
+echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped")."
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
