@@ -14,6 +14,7 @@
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "funcapi.h"
+#include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "portability/instr_time.h"
@@ -62,32 +63,24 @@ text_argument(FunctionCallInfo fcinfo, int n, const char *name)
 	return text_to_cstring(PG_GETARG_TEXT_PP(n));
 }
 
-static KnnMetric
-metric_argument(FunctionCallInfo fcinfo, int n)
+/* The value that names[] gives a text argument; ERROR listing the valid ones. */
+static int
+named_argument(FunctionCallInfo fcinfo, int n, const char *what, const KnnName *names)
 {
-	char	   *name = text_argument(fcinfo, n, "metric");
-	KnnMetric	metric;
+	char	   *name = text_argument(fcinfo, n, what);
+	StringInfoData valid;
 
-	if (!knn_metric_parse(name, &metric))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("unknown metric \"%s\"", quoted_prefix(name)),
-				 errhint("Valid metrics are %s.", knn_metric_list())));
-	return metric;
-}
-
-static KnnMethod
-method_argument(FunctionCallInfo fcinfo, int n)
-{
-	char	   *name = text_argument(fcinfo, n, "method");
-	KnnMethod	method;
-
-	if (!knn_method_parse(name, &method))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("unknown method \"%s\"", quoted_prefix(name)),
-				 errhint("Valid methods are %s.", knn_method_list())));
-	return method;
+	for (const KnnName *entry = names; entry->name != NULL; entry++)
+		if (pg_strcasecmp(entry->name, name) == 0)
+			return entry->value;
+	initStringInfo(&valid);
+	for (const KnnName *entry = names; entry->name != NULL; entry++)
+		appendStringInfo(&valid, "%s%s", entry == names ? "" : ", ", entry->name);
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("unknown %s \"%s\"", what, quoted_prefix(name)),
+			 errhint("Valid values are %s.", valid.data)));
+	return 0;					/* not reached */
 }
 
 static int64
@@ -256,9 +249,9 @@ knn_join(PG_FUNCTION_ARGS)
 	char	   *queries_sql = text_argument(fcinfo, 0, "queries");
 	char	   *targets_sql = text_argument(fcinfo, 1, "targets");
 	int32		k;
-	KnnMetric	metric = metric_argument(fcinfo, 3);
+	KnnMetric	metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
 	bool		exclude_self;
-	KnnMethod	method = method_argument(fcinfo, 5);
+	KnnMethod	method = (KnnMethod) named_argument(fcinfo, 5, "method", knn_method_names);
 	KnnMatrix	queries;
 	KnnMatrix	targets;
 	KnnProblem	problem;
@@ -312,13 +305,7 @@ knn_join(PG_FUNCTION_ARGS)
 	neighbors = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(int64));
 	distances = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(double));
 
-	memset(&problem, 0, sizeof(problem));
-	problem.queries = queries.values;
-	problem.n_queries = queries.n;
-	problem.targets = targets.values;
-	problem.n_targets = targets.n;
-	problem.dim = queries.dim;
-	problem.k = slots;
+	knn_matrix_problem(&problem, &queries, &targets, slots);
 	problem.metric = metric;
 	problem.method = method;
 	if (exclude_self)

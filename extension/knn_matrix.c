@@ -183,3 +183,16 @@ knn_matrix_free(KnnMatrix *m)
 	m->ids = NULL;
 	m->n = m->capacity = 0;
 }
+
+void
+knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatrix *targets,
+				   int32 k)
+{
+	memset(problem, 0, sizeof(*problem));
+	problem->queries = queries->values;
+	problem->n_queries = queries->n;
+	problem->targets = targets->values;
+	problem->n_targets = targets->n;
+	problem->dim = queries->dim;
+	problem->k = k;
+}

@@ -7,6 +7,7 @@
 
 #include "postgres.h"
 
+#include "knn_engine.h"
 #include "knn_input.h"
 
 typedef struct KnnMatrix
@@ -39,5 +40,9 @@ extern void knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *
  */
 extern void knn_matrix_sort_by_id(KnnMatrix *m);
 extern void knn_matrix_free(KnnMatrix *m);
+
+/* A problem of k neighbours of the queries' rows among the targets' rows. */
+extern void knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries,
+							   const KnnMatrix *targets, int32 k);
 
 #endif							/* KNN_MATRIX_H */

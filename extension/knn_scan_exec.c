@@ -217,23 +217,32 @@ dimension_error(KnnJoinState *state, int target_dim, int query_dim)
 }
 
 /*
- * The vector of a stored row, checked and viewed (false for NULL). The
- * value is detoasted, if it must be, into the per-row context.
+ * The vector of a stored row, checked and viewed (false for NULL). A value
+ * that must be detoasted is, into the per-row context, which is reset at
+ * the next row.
  */
 static bool
-row_vector(TupleTableSlot *slot, MinimalTuple row, AttrNumber column,
+row_vector(KnnJoinState *state, TupleTableSlot *slot, MinimalTuple row, AttrNumber column,
 		   const KnnVectorReader *reader, const char *set_name, int64 id,
 		   KnnVectorView *view)
 {
+	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
+	MemoryContext old;
 	bool		isnull;
 	Datum		value;
+	struct varlena *detoasted;
 	KnnValueProblem problem;
 
+	CHECK_FOR_INTERRUPTS();
+	MemoryContextReset(row_cxt);
 	ExecStoreMinimalTuple(row, slot, false);
 	value = slot_getattr(slot, column, &isnull);
 	if (isnull)
 		return false;
-	problem = reader->view(PG_DETOAST_DATUM(value), view);
+	old = MemoryContextSwitchTo(row_cxt);
+	detoasted = PG_DETOAST_DATUM(value);
+	MemoryContextSwitchTo(old);
+	problem = reader->view(detoasted, view);
 	if (problem != KNN_VALUE_OK)
 		knn_vector_problem_error(problem, set_name, id);
 	return true;
@@ -248,33 +257,23 @@ static void
 read_queries(KnnJoinState *state, const KnnVectorReader *reader, KnnMatrix *queries,
 			 int *odd_dim)
 {
-	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
-
 	*odd_dim = -1;
 	for (int64 i = 0; i < state->n_outer; i++)
 	{
-		MemoryContext old;
 		KnnVectorView view;
 
-		CHECK_FOR_INTERRUPTS();
-		MemoryContextReset(row_cxt);
-		old = MemoryContextSwitchTo(row_cxt);
 		state->query_of_outer[i] = -1;
-		if (row_vector(state->outer_slot, state->outer_rows[i], state->query_column,
-					   reader, "query", i, &view))
+		if (!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
+						reader, "query", i, &view))
+			continue;
+		if (queries->dim < 0 || view.dim == queries->dim)
 		{
-			MemoryContextSwitchTo(state->join_cxt);
-			if (queries->dim < 0 || view.dim == queries->dim)
-			{
-				state->query_of_outer[i] = queries->n;
-				knn_matrix_append_view(queries, i, &view, reader);
-			}
-			else if (*odd_dim < 0)
-				*odd_dim = view.dim;
+			state->query_of_outer[i] = queries->n;
+			knn_matrix_append_view(queries, i, &view, reader);
 		}
-		MemoryContextSwitchTo(old);
+		else if (*odd_dim < 0)
+			*odd_dim = view.dim;
 	}
-	MemoryContextReset(row_cxt);
 }
 
 /*
@@ -287,31 +286,22 @@ static void
 read_targets(KnnJoinState *state, const KnnVectorReader *reader, int query_dim,
 			 KnnMatrix *targets)
 {
-	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
-
 	state->n_null_inner = 0;
 	for (int64 i = 0; i < state->n_inner; i++)
 	{
-		MemoryContext old;
 		KnnVectorView view;
 
-		CHECK_FOR_INTERRUPTS();
-		MemoryContextReset(row_cxt);
-		old = MemoryContextSwitchTo(row_cxt);
-		if (!row_vector(state->inner_slot, state->inner_rows[i], state->target_column,
+		if (!row_vector(state, state->inner_slot, state->inner_rows[i], state->target_column,
 						reader, "target", i, &view))
 			state->null_inner[state->n_null_inner++] = i;
 		else if (query_dim >= 0)
 		{
 			if (view.dim != query_dim)
 				dimension_error(state, view.dim, query_dim);
-			MemoryContextSwitchTo(state->join_cxt);
 			state->inner_of_target[targets->n] = i;
 			knn_matrix_append_view(targets, i, &view, reader);
 		}
-		MemoryContextSwitchTo(old);
 	}
-	MemoryContextReset(row_cxt);
 }
 
 /*
@@ -339,6 +329,7 @@ run_engine(KnnJoinState *state)
 
 	read_queries(state, reader, &queries, &odd_query_dim);
 	read_targets(state, reader, queries.dim, &targets);
+	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
 	if (odd_query_dim >= 0 && targets.n > 0)
 		dimension_error(state, targets.dim, odd_query_dim);
 
@@ -356,13 +347,7 @@ run_engine(KnnJoinState *state)
 											  sizeof(double) * queries.n * state->engine_k);
 
 	/* Targets are in scan order, so the engine breaks ties by scan order. */
-	memset(&problem, 0, sizeof(problem));
-	problem.queries = queries.values;
-	problem.n_queries = queries.n;
-	problem.targets = targets.values;
-	problem.n_targets = targets.n;
-	problem.dim = queries.dim;
-	problem.k = state->engine_k;
+	knn_matrix_problem(&problem, &queries, &targets, state->engine_k);
 	problem.metric = state->metric;
 	problem.method = KNN_METHOD_AUTO;
 	knn_run_problem(&problem, state->neighbors, state->distances, &stats);

@@ -135,21 +135,19 @@ SELECT pg_temp.error_of($q$SET knn_gpu.fault_injection = 'run'$q$);
 -- 4. An engine entry that throws becomes an ERROR; the backend survives and
 --    the next join works. (Set by a superuser, run by the user.)
 RESET ROLE;
-SET knn_gpu.fault_injection = 'start';
+DO $$
+DECLARE
+  fault text;
+BEGIN
+  FOREACH fault IN ARRAY ARRAY['start', 'run', 'bad_alloc', 'finish'] LOOP
+    PERFORM set_config('knn_gpu.fault_injection', fault, false);
+    SET ROLE knn_mallory;
+    RAISE NOTICE '%: %', fault, pg_temp.error_of(
+      $q$SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1)$q$);
+    RESET ROLE;
+  END LOOP;
+END $$;
 SET ROLE knn_mallory;
-SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1)$q$);
-RESET ROLE;
-SET knn_gpu.fault_injection = 'run';
-SET ROLE knn_mallory;
-SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1)$q$);
-RESET ROLE;
-SET knn_gpu.fault_injection = 'bad_alloc';
-SET ROLE knn_mallory;
-SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1)$q$);
-RESET ROLE;
-SET knn_gpu.fault_injection = 'finish';
-SET ROLE knn_mallory;
-SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1)$q$);
 -- The KNN Join node goes through the same wall.
 SELECT pg_temp.error_of($q$SELECT count(*) FROM pts q CROSS JOIN LATERAL (SELECT t.id FROM pts t ORDER BY t.v <-> q.v LIMIT 3) n$q$);
 RESET ROLE;
