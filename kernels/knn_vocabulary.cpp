@@ -67,16 +67,6 @@ const char *knn_status_name(KnnStatus status) {
   return "unknown";
 }
 
-const char *knn_metric_operator(KnnMetric metric) {
-  switch (metric) {
-    case KNN_METRIC_L2: return "<->";
-    case KNN_METRIC_COSINE: return "<=>";
-    case KNN_METRIC_IP: return "<#>";
-    case KNN_METRIC_L1: return "<+>";
-  }
-  return "?";
-}
-
 int knn_metric_parse(const char *name, KnnMetric *out) {
   return parse_enum(knn_metric_names, name, out);
 }

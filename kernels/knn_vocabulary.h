@@ -37,9 +37,6 @@ const char *knn_device_name(KnnDevice device);
 const char *knn_fault_name(KnnFault fault);
 const char *knn_status_name(KnnStatus status);	/* "ok", "cancelled", ... */
 
-/* The pgvector operator of a metric: "<->", "<=>", "<#>" or "<+>". */
-const char *knn_metric_operator(KnnMetric metric);
-
 /* Return 1 and set *out when name is a known spelling, else 0. */
 int			knn_metric_parse(const char *name, KnnMetric *out);
 int			knn_method_parse(const char *name, KnnMethod *out);

@@ -967,7 +967,6 @@ TEST(Vocabulary, NamesAndParsersAgree) {
   KnnMetric metric;
   EXPECT_TRUE(knn_metric_parse("Cosine", &metric));
   EXPECT_EQ(metric, KNN_METRIC_COSINE);
-  EXPECT_STREQ(knn_metric_operator(KNN_METRIC_L1), "<+>");
   EXPECT_STREQ(knn_status_name(KNN_OUT_OF_MEMORY), "out of memory");
 }
 
