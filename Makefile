@@ -6,7 +6,7 @@
 #                        first: ../shared/pgvector/build.sh), same server
 #   make unittest        engine unit tests (GoogleTest, CPU)
 #   make gputest         GPU engine tests (skip with a message without a GPU)
-#   make bench/knn_bench test/ti_dev_driver   benchmark and GPU TI development tools
+#   make bench/knn_bench engine benchmark (bench/run_bench.sh runs it)
 # Options: CUDA=auto|0|1, NVCC=..., CUDA_HOME=..., GENCODE="-gencode ...".
 
 EXTENSION = knn_gpu
@@ -29,7 +29,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test \
-	test/ti_dev_driver test/*.o bench/knn_bench regression.diffs regression.out results
+	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
@@ -123,12 +123,6 @@ gputest: test/gpu_engine_test
 bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
 		$(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) $(ENGINE_CXXFLAGS) -o $@ bench/knn_bench.cpp $(ENGINE_OBJS) -lpthread -ldl
-
-# Development driver of the GPU TI join, linked with the CUDA objects
-# themselves (not the module) to reach their internals.
-test/ti_dev_driver: test/ti_dev_driver.cu $(filter-out kernels/cuda/cuda_module.o,$(CUDA_OBJS)) \
-		$(VOCABULARY_OBJ) $(CUDA_HEADERS)
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(filter %.o,$^) -L$(CUDA_HOME)/lib64 -lcublas
 
 # test/pgvector/: its own database, as the tests create both extensions.
 installcheck-pgvector:

@@ -26,7 +26,7 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
  * before it returns, whatever the outcome. What the process keeps between
  * joins: per device a stream, a cuBLAS handle, 32 MiB of pinned staging
  * memory and up to 64 MiB reserved in the memory pool
- * (KNN_GPU_POOL_KEEP_MIB changes that).
+ * (at most an eighth of the device's memory).
  */
 typedef KnnStatus (*knn_cuda_run_fn) (const KnnProblem *problem,
 									  int64_t *neighbors, double *distances,

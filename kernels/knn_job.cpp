@@ -6,7 +6,7 @@
 // links CUDA and loads on hosts without a driver), else the CPU engine.
 //
 // Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
-// and the job thread starts with all signals blocked (cpu/signal_free_thread.h), so
+// and the job thread starts with all signals blocked (signal_free_thread.h), so
 // neither a C++ exception nor a PostgreSQL signal handler crosses the wall.
 
 #include <dlfcn.h>
@@ -25,7 +25,7 @@
 #include <thread>
 
 #include "cpu/cpu_engine.h"
-#include "cpu/signal_free_thread.h"
+#include "signal_free_thread.h"
 #include "entry_guard.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"

@@ -1,24 +1,41 @@
 // gpu_engine_test.cpp -- the GPU engine against the CPU engine, through
 // the job API (knn_job_start with device GPU / CPU), bit for bit: the same
 // neighbours in the same order with the same distances (NaN matches NaN).
+// The variants the GPU engine otherwise picks for itself (SGEMM filter, TI
+// list places, threads per query, partial filter, ...) are forced through
+// the module's test entry (kernels/cuda/knn_cuda_testing.h) and compared
+// the same way.
 //
-// Run with `make gputest` (sets KNN_GPU_MODULE_DIR to the build directory).
-// Without a usable GPU every test is skipped with the reason.
+// Run with `make gputest`, from the repository root (where
+// knn_gpu_cuda.so is built). Without a usable GPU every test is skipped
+// with the reason.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cuda/knn_cuda_testing.h"
 #include "knn_engine.h"
+#include "knn_vocabulary.h"
 
 namespace {
+
+// The module lives in the directory the tests run from.
+class ModuleDir : public ::testing::Environment {
+ public:
+  void SetUp() override { knn_engine_set_module_dir("."); }
+};
+::testing::Environment *const kModuleDir = ::testing::AddGlobalTestEnvironment(new ModuleDir);
 
 // ---- the GPU, once ----
 
@@ -52,7 +69,16 @@ struct Data {
   int64_t nt() const { return static_cast<int64_t>(targets.size()) / dim; }
 };
 
-enum class Shape { kUniform, kIntegers, kClustered, kFarClusters };
+enum class Shape {
+  kUniform,
+  kIntegers,      // small integers: many exact ties
+  kClustered,
+  kFarClusters,   // tiny spread far from the origin: GEMM bounds are loose
+  kFarGrid,       // a grid of step 1/8 around 1e5: large values, small distances
+  kTiny,          // multiples of 1e-22: squares underflow to subnormals and zero
+  kSignedZeros,   // -0, +0, 1 and 2
+  kHuge           // multiples of 1e14: large, but every distance stays finite
+};
 
 std::vector<float> make_rows(int64_t n, int dim, Shape shape, std::mt19937_64 &rng) {
   std::vector<float> x(static_cast<size_t>(n) * dim);
@@ -62,7 +88,16 @@ std::vector<float> make_rows(int64_t n, int dim, Shape shape, std::mt19937_64 &r
   if (shape == Shape::kUniform) {
     for (float &v : x) v = uni(rng);
   } else if (shape == Shape::kIntegers) {
-    for (float &v : x) v = static_cast<float>(small_int(rng));  // many exact ties
+    for (float &v : x) v = static_cast<float>(small_int(rng));
+  } else if (shape == Shape::kFarGrid) {
+    for (float &v : x) v = 1.0e5f + static_cast<float>(rng() % 1000) * 0.125f;
+  } else if (shape == Shape::kTiny) {
+    for (float &v : x) v = static_cast<float>(rng() % 7) * 1.0e-22f;
+  } else if (shape == Shape::kSignedZeros) {
+    const float values[] = {-0.0f, 0.0f, 1.0f, 2.0f};
+    for (float &v : x) v = values[rng() % 4];
+  } else if (shape == Shape::kHuge) {
+    for (float &v : x) v = static_cast<float>(rng() % 1000) * 1.0e14f;
   } else {
     // Gaussian blobs; kFarClusters puts them far from the origin with tiny
     // spread (large norms against small distances: GEMM bounds are loose).
@@ -143,6 +178,13 @@ struct Options {
   KnnMethod method = KNN_METHOD_BRUTE;
   int64_t gpu_memory_limit = 0;
   bool keys = false;  // pass the Data's keys (self-joins always do)
+  // Non-null: run through the module's test entry with these choices forced.
+  const KnnCudaTestOptions *forced = nullptr;
+  // The method that must have run, a piece its variant must hold and one
+  // it must not (null: any).
+  KnnMethod expect_method = KNN_METHOD_AUTO;
+  const char *expect_variant = nullptr;
+  const char *reject_variant = nullptr;
 };
 
 KnnProblem make_problem(const Data &d, const Options &o, KnnDevice device) {
@@ -183,28 +225,40 @@ Outcome run(const KnnProblem &p) {
   return out;
 }
 
+// The module's test entry (the job layer loads the same file, so this is
+// the same module instance), or null when it is missing.
+knn_cuda_run_tuned_fn tuned_entry() {
+  static const knn_cuda_run_tuned_fn fn = [] {
+    void *module = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_LOCAL);
+    return module == nullptr ? nullptr
+                             : reinterpret_cast<knn_cuda_run_tuned_fn>(
+                                   dlsym(module, KNN_CUDA_RUN_TUNED_SYMBOL));
+  }();
+  return fn;
+}
+
+// The GPU engine with `forced` choices, on this thread.
+Outcome run_forced(const KnnProblem &p, const KnnCudaTestOptions &forced,
+                   const int32_t *cancel = nullptr) {
+  Outcome out;
+  const size_t slots = static_cast<size_t>(p.n_queries) * p.k;
+  out.neighbors.assign(slots, -7);
+  out.distances.assign(slots, -7.0);
+  const knn_cuda_run_tuned_fn entry = tuned_entry();
+  if (entry == nullptr) {
+    out.error = std::string("no ") + KNN_CUDA_RUN_TUNED_SYMBOL + " in ./knn_gpu_cuda.so";
+    return out;
+  }
+  char err[512] = "";
+  out.status = entry(&p, &forced, out.neighbors.data(), out.distances.data(), &out.stats, cancel,
+                     err, sizeof err);
+  out.error = err;
+  return out;
+}
+
 bool same_distance(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   return std::memcmp(&a, &b, sizeof a) == 0;  // bit for bit (also the sign of 0)
-}
-
-const char *metric_name(KnnMetric m) {
-  switch (m) {
-    case KNN_METRIC_L2: return "l2";
-    case KNN_METRIC_COSINE: return "cosine";
-    case KNN_METRIC_IP: return "ip";
-    case KNN_METRIC_L1: return "l1";
-  }
-  return "?";
-}
-
-const char *method_name(KnnMethod m) {
-  switch (m) {
-    case KNN_METHOD_AUTO: return "auto";
-    case KNN_METHOD_TI: return "ti";
-    case KNN_METHOD_BRUTE: return "brute";
-  }
-  return "?";
 }
 
 // The CPU answer of a case, computed once and reused for several GPU runs.
@@ -217,20 +271,36 @@ Outcome cpu_answer(const Data &d, const Options &o) {
   return ref;
 }
 
+std::string describe(const KnnProblem &p, const Options &o) {
+  return std::string("metric ") + knn_metric_name(o.metric) + ", method " +
+         knn_method_name(o.method) + ", |Q| " + std::to_string(p.n_queries) + ", |T| " +
+         std::to_string(p.n_targets) + ", dim " + std::to_string(p.dim) + ", k " +
+         std::to_string(p.k) +
+         (o.gpu_memory_limit ? ", limit " + std::to_string(o.gpu_memory_limit) : std::string()) +
+         (p.query_keys ? ", keys" : "") + (o.forced ? ", forced variant" : "");
+}
+
 // Runs the GPU engine on the case and compares with the CPU answer.
 void expect_gpu_matches(const Data &d, const Options &o, const Outcome &ref) {
   const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
-  const Outcome gpu = run(p);
-  const std::string what = std::string("metric ") + metric_name(o.metric) + ", method " +
-                           method_name(o.method) + ", |Q| " + std::to_string(p.n_queries) +
-                           ", |T| " + std::to_string(p.n_targets) + ", dim " +
-                           std::to_string(p.dim) + ", k " + std::to_string(p.k) +
-                           (o.gpu_memory_limit ? ", limit " + std::to_string(o.gpu_memory_limit)
-                                               : std::string()) +
-                           (p.query_keys ? ", keys" : "");
+  const Outcome gpu = o.forced ? run_forced(p, *o.forced) : run(p);
+  const std::string what = describe(p, o);
   ASSERT_EQ(gpu.status, KNN_OK) << what << ": " << gpu.error;
-  ASSERT_NE(std::string(gpu.stats.device).rfind("cpu", 0), 0u)
-      << what << ": the CPU engine answered (" << gpu.stats.device << ")";
+  ASSERT_EQ(gpu.stats.device, KNN_DEVICE_GPU)
+      << what << ": the CPU engine answered (" << gpu.stats.device_name << ")";
+  const std::string variant = gpu.stats.variant;
+  if (o.expect_method != KNN_METHOD_AUTO) {
+    EXPECT_EQ(gpu.stats.method, o.expect_method)
+        << what << ": " << knn_method_name(gpu.stats.method) << " " << variant;
+  }
+  if (o.expect_variant != nullptr) {
+    EXPECT_NE(variant.find(o.expect_variant), std::string::npos)
+        << what << ": variant " << variant << ", wanted " << o.expect_variant;
+  }
+  if (o.reject_variant != nullptr) {
+    EXPECT_EQ(variant.find(o.reject_variant), std::string::npos)
+        << what << ": variant " << variant << ", not wanted " << o.reject_variant;
+  }
   ASSERT_EQ(gpu.neighbors.size(), ref.neighbors.size());
   const int64_t k = p.k;
   int64_t bad = 0;
@@ -238,10 +308,10 @@ void expect_gpu_matches(const Data &d, const Options &o, const Outcome &ref) {
     if (gpu.neighbors[i] == ref.neighbors[i] && same_distance(gpu.distances[i], ref.distances[i]))
       continue;
     if (bad++ < 3)
-      ADD_FAILURE() << what << " [" << gpu.stats.method << " " << gpu.stats.variant << "]: query "
-                    << i / k << " slot " << i % k << ": gpu (" << gpu.neighbors[i] << ", "
-                    << gpu.distances[i] << ") cpu (" << ref.neighbors[i] << ", "
-                    << ref.distances[i] << ")";
+      ADD_FAILURE() << what << " [" << knn_method_name(gpu.stats.method) << " "
+                    << gpu.stats.variant << "]: query " << i / k << " slot " << i % k
+                    << ": gpu (" << gpu.neighbors[i] << ", " << gpu.distances[i] << ") cpu ("
+                    << ref.neighbors[i] << ", " << ref.distances[i] << ")";
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " slots differ";
 }
@@ -254,6 +324,17 @@ void check(const Data &d, const Options &o) {
 
 const KnnMetric kMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP, KNN_METRIC_L1};
 
+// Every metric, with each k of ks.
+void check_each_metric(const Data &d, std::initializer_list<int> ks) {
+  for (KnnMetric m : kMetrics)
+    for (int k : ks) {
+      Options o;
+      o.k = k;
+      o.metric = m;
+      check(d, o);
+    }
+}
+
 // ---- brute force ----
 
 TEST(GpuBrute, SweepOfShapes) {
@@ -261,34 +342,20 @@ TEST(GpuBrute, SweepOfShapes) {
   const int dims[] = {1, 3, 8, 17, 64, 65, 130};
   struct Sizes { int64_t nq, nt; };
   const Sizes sizes[] = {{1, 500}, {37, 1000}, {300, 257}};
-  const int ks[] = {1, 5, 20};
   uint64_t seed = 1;
   for (int dim : dims)
     for (const Sizes &s : sizes) {
       const Data d = make_data(s.nq, s.nt, dim, dim < 8 ? Shape::kIntegers : Shape::kUniform,
                                seed++, /*duplicates=*/true);
-      for (KnnMetric m : kMetrics)
-        for (int k : ks) {
-          Options o;
-          o.k = k;
-          o.metric = m;
-          check(d, o);
-        }
+      check_each_metric(d, {1, 5, 20});
     }
 }
 
 TEST(GpuBrute, SelfJoinWithTiesAndDuplicates) {
   REQUIRE_GPU();
-  for (int dim : {2, 3, 70}) {
-    const Data d = make_self(3000, dim, Shape::kIntegers, 100 + dim, /*duplicates=*/true);
-    for (KnnMetric m : kMetrics)
-      for (int k : {1, 10, 64}) {
-        Options o;
-        o.k = k;
-        o.metric = m;
-        check(d, o);
-      }
-  }
+  for (int dim : {2, 3, 70})
+    check_each_metric(make_self(3000, dim, Shape::kIntegers, 100 + dim, /*duplicates=*/true),
+                      {1, 10, 64});
 }
 
 TEST(GpuBrute, KeysOnDifferentTables) {
@@ -328,46 +395,36 @@ TEST(GpuBrute, LargeKAndKBeyondTargets) {
 
 TEST(GpuBrute, HighDimensions) {
   REQUIRE_GPU();
-  for (int dim : {1000, 4096, 10000}) {
-    const Data d = make_data(40, 300, dim, Shape::kUniform, 20 + dim, true);
-    for (KnnMetric m : kMetrics) {
-      Options o;
-      o.k = 7;
-      o.metric = m;
-      check(d, o);
-    }
-  }
+  for (int dim : {1000, 4096, 10000})
+    check_each_metric(make_data(40, 300, dim, Shape::kUniform, 20 + dim, true), {7});
 }
 
 TEST(GpuBrute, ClusteredFarFromOriginNeedsFallback) {
   // Large norms against small distances: the GEMM bounds cannot certify
   // every query, so the exact fallback must take over.
   REQUIRE_GPU();
-  const Data d = make_data(2000, 6000, 100, Shape::kFarClusters, 31, true);
-  for (KnnMetric m : kMetrics) {
-    Options o;
-    o.k = 20;
-    o.metric = m;
-    check(d, o);
-  }
+  check_each_metric(make_data(2000, 6000, 100, Shape::kFarClusters, 31, true), {20});
 }
 
-// On GPUs with fast FP64 the L2 filter is a DGEMM; KNN_CUDA_DGEMM=0 forces
+// On GPUs with fast FP64 the L2 filter is a DGEMM; the test entry forces
 // the SGEMM filter, whose (norm-relative) bounds must hold as well.
 TEST(GpuBrute, SgemmFilterForL2) {
   REQUIRE_GPU();
   const Data uniform = make_data(500, 4000, 100, Shape::kUniform, 35, true);
   const Data far = make_data(1500, 5000, 90, Shape::kFarClusters, 36, true);
   const Data self = make_self(4000, 300, Shape::kClustered, 37, true);
+  KnnCudaTestOptions sgemm{};
+  sgemm.sgemm_filter = 1;
   for (int k : {1, 20, 100}) {
     Options o;
     o.k = k;
     const Outcome a = cpu_answer(uniform, o), b = cpu_answer(far, o), c = cpu_answer(self, o);
-    setenv("KNN_CUDA_DGEMM", "0", 1);
-    expect_gpu_matches(uniform, o, a);
-    expect_gpu_matches(far, o, b);
-    expect_gpu_matches(self, o, c);
-    unsetenv("KNN_CUDA_DGEMM");
+    Options forced = o;
+    forced.forced = &sgemm;
+    forced.expect_variant = "sgemm-bound";
+    expect_gpu_matches(uniform, forced, a);
+    expect_gpu_matches(far, forced, b);
+    expect_gpu_matches(self, forced, c);
     expect_gpu_matches(far, o, b);
     expect_gpu_matches(self, o, c);
   }
@@ -392,15 +449,8 @@ TEST(GpuBrute, CosineWithZeroVectors) {
 
 TEST(GpuBrute, SingleQueryManyTargets) {
   REQUIRE_GPU();
-  for (int dim : {16, 128}) {
-    const Data d = make_data(1, 200000, dim, Shape::kClustered, 50 + dim);
-    for (KnnMetric m : kMetrics) {
-      Options o;
-      o.k = 20;
-      o.metric = m;
-      check(d, o);
-    }
-  }
+  for (int dim : {16, 128})
+    check_each_metric(make_data(1, 200000, dim, Shape::kClustered, 50 + dim), {20});
 }
 
 TEST(GpuBrute, MediumSelfJoins) {
@@ -438,10 +488,9 @@ TEST(GpuBrute, ForcedChunking) {
     o.k = c.k;
     o.metric = c.metric;
     o.gpu_memory_limit = c.limit;
-    const Outcome ref = cpu_answer(d, o);
-    expect_gpu_matches(d, o, ref);
-    // The same with self-exclusion on a self-join.
+    check(d, o);
   }
+  // The same with self-exclusion on a self-join.
   const Data self = make_self(15000, 24, Shape::kIntegers, 79, true);
   Options o;
   o.k = 12;
@@ -454,11 +503,15 @@ TEST(GpuBrute, ForcedChunking) {
 TEST(GpuEngine, TooSmallBudgetIsOutOfMemory) {
   REQUIRE_GPU();
   const Data d = make_data(100, 1000, 64, Shape::kUniform, 90);
-  Options o;
-  o.gpu_memory_limit = 1000;  // bytes
-  const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
-  EXPECT_EQ(gpu.status, KNN_OUT_OF_MEMORY) << gpu.error;
-  EXPECT_FALSE(gpu.error.empty());
+  // TI runs out first, then the brute force it falls back to.
+  for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI}) {
+    Options o;
+    o.method = method;
+    o.gpu_memory_limit = 1000;  // bytes
+    const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
+    EXPECT_EQ(gpu.status, KNN_OUT_OF_MEMORY) << knn_method_name(method) << ": " << gpu.error;
+    EXPECT_FALSE(gpu.error.empty());
+  }
 }
 
 TEST(GpuEngine, CancelStopsAJoin) {
@@ -536,6 +589,168 @@ TEST(GpuTi, ChunkedAndOtherMetrics) {
   o.gpu_memory_limit = 0;
   o.metric = KNN_METRIC_COSINE;
   check(d, o);
+}
+
+// ---- TI variants (forced through the test entry) ----
+
+// One TI case: data, k, metric, keys, the choices forced and a piece of the
+// variant string that proves they ran.
+struct TiCase {
+  const char *name;
+  Data data;
+  int k;
+  KnnMetric metric;
+  KnnCudaTestOptions forced;
+  const char *expect_variant;
+  int64_t gpu_memory_limit;
+  const char *reject_variant = nullptr;
+};
+
+KnnCudaTestOptions forced_ti(int filter, int list, int parts) {
+  KnnCudaTestOptions f{};
+  f.ti_filter = filter;
+  f.ti_list = list;
+  f.ti_threads_per_query = parts;
+  return f;
+}
+
+void check_ti_case(const TiCase &c) {
+  SCOPED_TRACE(c.name);
+  Options o;
+  o.k = c.k;
+  o.metric = c.metric;
+  o.method = KNN_METHOD_TI;
+  o.keys = !c.data.query_keys.empty();
+  o.gpu_memory_limit = c.gpu_memory_limit;
+  o.forced = &c.forced;
+  o.expect_method = KNN_METHOD_TI;
+  o.expect_variant = c.expect_variant;
+  o.reject_variant = c.reject_variant;
+  check(c.data, o);
+}
+
+// Self-join keys other than row ids: shuffled ids, or two rows per key.
+Data with_self_keys(Data d, bool shuffled, bool pairs, uint64_t seed) {
+  for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = pairs ? i / 2 : i;
+  if (shuffled) {
+    std::mt19937_64 rng(seed);
+    std::shuffle(d.target_keys.begin(), d.target_keys.end(), rng);
+  }
+  d.query_keys = d.target_keys;
+  return d;
+}
+
+TEST(GpuTi, ForcedFiltersListsAndThreads) {
+  REQUIRE_GPU();
+  const KnnMetric L2 = KNN_METRIC_L2, L1 = KNN_METRIC_L1;
+  const Data grid = make_self(3000, 4, Shape::kIntegers, 201, true);
+  const Data dups = make_self(3000, 8, Shape::kIntegers, 202, true);
+  const Data blobs = make_self(3000, 24, Shape::kClustered, 203, true);
+  const Data two_sets = make_data(2000, 2500, 3, Shape::kClustered, 204, true);
+  const TiCase cases[] = {
+      {"registers", dups, 20, L2, forced_ti(1, 1, 1), "full/registers", 0},
+      {"shared", dups, 20, L2, forced_ti(1, 2, 1), "full/shared", 0},
+      {"global", dups, 20, L2, forced_ti(1, 3, 1), "full/global", 0},
+      {"parts 2", grid, 20, L2, forced_ti(1, 0, 2), "inside-query x2", 0},
+      {"parts 3 L1", grid, 20, L1, forced_ti(1, 0, 3), "inside-query x3", 0},
+      {"parts 8 shared", blobs, 20, L2, forced_ti(1, 2, 8), "shared/remap/inside-query x8", 0},
+      {"parts 8 global", blobs, 20, L2, forced_ti(1, 3, 8), "global/remap/inside-query x8", 0},
+      {"partial", grid, 20, L2, forced_ti(2, 0, 0), "partial/", 0},
+      {"partial L1 two sets", two_sets, 40, L1, forced_ti(2, 0, 0), "partial/", 0},
+      {"k64 global", grid, 64, L2, forced_ti(0, 3, 0), "full/global", 0},
+      {"k100 full", dups, 100, L2, forced_ti(1, 0, 0), "full/", 0},
+      {"small budget, output in chunks", dups, 20, L2, forced_ti(1, 0, 1), "full/", 2500000},
+  };
+  for (const TiCase &c : cases) check_ti_case(c);
+}
+
+TEST(GpuTi, ForcedClusteringAndDuplicates) {
+  REQUIRE_GPU();
+  const Data grid = make_self(3000, 4, Shape::kIntegers, 211, true);
+  const Data dups = make_self(3000, 8, Shape::kIntegers, 213, true);
+  const Data blobs = make_self(3000, 61, Shape::kClustered, 212, true);
+  KnnCudaTestOptions no_dedup{}, assign_direct{}, assign_gemm{}, few{}, many{};
+  no_dedup.ti_keep_duplicates = 1;
+  assign_direct.ti_gemm_assign_min_stride = 1 << 30;
+  assign_gemm.ti_gemm_assign_min_stride = 8;
+  few.ti_landmark_factor = 1.5;
+  many.ti_landmark_factor = 6.0;
+  const TiCase cases[] = {
+      {"no dedup", grid, 20, KNN_METRIC_L2, no_dedup, "/remap", 0, "/dedup"},
+      {"assign direct", blobs, 20, KNN_METRIC_L2, assign_direct, "/dedup", 0},
+      {"assign gemm", dups, 20, KNN_METRIC_L2, assign_gemm, "/dedup", 0},
+      {"landmarks 1.5 sqrt", blobs, 20, KNN_METRIC_L2, few, "/dedup", 0},
+      {"landmarks 6 sqrt", grid, 20, KNN_METRIC_L1, many, "/dedup", 0},
+  };
+  for (const TiCase &c : cases) check_ti_case(c);
+}
+
+// Shapes of data and keys the TI bounds and the exclusion must get right.
+TEST(GpuTi, ValuesKeysAndSizes) {
+  REQUIRE_GPU();
+  const KnnCudaTestOptions defaults{};
+  const KnnMetric L2 = KNN_METRIC_L2, L1 = KNN_METRIC_L1;
+  Data two_sets_keys = make_data(1500, 1800, 4, Shape::kIntegers, 229, true);
+  two_sets_keys.query_keys.resize(1500);
+  two_sets_keys.target_keys.resize(1800);
+  for (int64_t i = 0; i < 1500; i++) two_sets_keys.query_keys[i] = i;
+  for (int64_t j = 0; j < 1800; j++) two_sets_keys.target_keys[j] = j % 1000;
+  const TiCase cases[] = {
+      {"far from the origin", make_self(2000, 61, Shape::kFarGrid, 221, false), 20, L2, defaults,
+       nullptr, 0},
+      {"generic stride", make_self(1500, 100, Shape::kUniform, 222, false), 10, L2, defaults,
+       nullptr, 0},
+      {"generic stride L1", make_self(1200, 130, Shape::kIntegers, 223, false), 7, L1, defaults,
+       nullptr, 0},
+      {"d1", make_self(2000, 1, Shape::kIntegers, 224, true), 20, L2, defaults, nullptr, 0},
+      {"tiny values", make_self(2000, 5, Shape::kTiny, 225, false), 20, L2, defaults, nullptr, 0},
+      {"tiny values L1", make_self(2000, 5, Shape::kTiny, 225, false), 20, L1, defaults, nullptr,
+       0},
+      {"signed zeros", make_self(2000, 6, Shape::kSignedZeros, 226, false), 20, L2, defaults,
+       nullptr, 0},
+      {"huge finite values", make_self(2000, 4, Shape::kHuge, 227, false), 20, L2, defaults,
+       nullptr, 0},
+      {"k beyond the targets", make_data(300, 15, 5, Shape::kUniform, 228), 20, L2, defaults,
+       nullptr, 0},
+      {"k = targets", make_self(21, 3, Shape::kIntegers, 230, false), 20, L2, defaults, nullptr,
+       0},
+      {"k1", make_self(3000, 4, Shape::kIntegers, 231, true), 1, L2, defaults, nullptr, 0},
+      {"shuffled keys",
+       with_self_keys(make_self(2000, 4, Shape::kIntegers, 232, true), true, false, 1), 20, L2,
+       defaults, nullptr, 0},
+      {"two rows per key",
+       with_self_keys(make_self(2000, 4, Shape::kIntegers, 233, true), false, true, 2), 20, L2,
+       defaults, nullptr, 0},
+      {"two sets, colliding keys", two_sets_keys, 20, L2, defaults, nullptr, 0},
+  };
+  for (const TiCase &c : cases) check_ti_case(c);
+}
+
+// Distances that could overflow break the TI bounds: brute force answers.
+TEST(GpuTi, OverflowingValuesGoToBruteForce) {
+  REQUIRE_GPU();
+  Data d = make_self(500, 4, Shape::kIntegers, 240, false);
+  d.targets[17] = 1.0e30f;
+  const KnnCudaTestOptions defaults{};
+  Options o;
+  o.k = 5;
+  o.method = KNN_METHOD_TI;
+  o.forced = &defaults;
+  o.expect_method = KNN_METHOD_BRUTE;
+  check(d, o);
+}
+
+TEST(GpuEngine, CancelledBeforeTheStart) {
+  REQUIRE_GPU();
+  const Data d = make_self(3000, 4, Shape::kIntegers, 250, false);
+  const KnnCudaTestOptions defaults{};
+  const int32_t cancel = 1;
+  for (KnnMethod method : {KNN_METHOD_TI, KNN_METHOD_BRUTE}) {
+    Options o;
+    o.method = method;
+    const Outcome gpu = run_forced(make_problem(d, o, KNN_DEVICE_GPU), defaults, &cancel);
+    EXPECT_EQ(gpu.status, KNN_CANCELLED) << knn_method_name(method) << ": " << gpu.error;
+  }
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // parallel_for.h -- run numbered work items on a few threads (started
-// with all signals blocked: signal_free_thread.h).
+// with all signals blocked: ../signal_free_thread.h).
 //
 // Items are handed out one at a time through an atomic counter, so threads
 // that draw cheap items simply take more of them (work stealing without
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "signal_free_thread.h"
+#include "../signal_free_thread.h"
 
 namespace knn {
 namespace cpu {

@@ -11,6 +11,14 @@
 namespace knn {
 namespace cuda {
 
+// The smallest power of two >= x: the sizes the sort (and the candidate
+// lists it merges) come in.
+inline int next_pow2(int64_t x) {
+  int p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+
 struct WarpSync {
   __device__ __forceinline__ void operator()() const { __syncwarp(); }
 };

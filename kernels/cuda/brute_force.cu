@@ -1,4 +1,6 @@
 // brute_force.cu -- knn::cuda::brute_force_join: the exact all-pairs join.
+// brute_plan.cu decides how (scoring, list sizes, chunks, tiles); this file
+// runs the plan.
 //
 // For a query chunk and a target chunk resident on the device:
 //  1. Candidates are selected per query from (queries x targets) values
@@ -12,10 +14,8 @@
 //       the exact values (tile_value.cuh): a DGEMM for L2 on GPUs with fast
 //       FP64 (its bound is relative to the distance), else an SGEMM (bound
 //       relative to the norms); select_tiles.cu keeps k' >= k + 16 of them.
-//       On an H200 the DGEMM filter is also the faster one (k = 20 self-
-//       joins: fashion-mnist 0.021 s against 0.023 s with the SGEMM filter;
-//       blog 0.071 s against 0.170 s, where 40 % of the SGEMM queries fail
-//       certification and are redone exactly).
+//       Where FP64 is fast the DGEMM filter is also the faster one: its
+//       tighter bound certifies far more queries, so fewer are redone.
 //  2. rerank.cu computes the candidates' exact distances with
 //     knn_distance.h, sorts them and, for GEMM candidates, certifies each
 //     query; queries that fail certification are redone exactly.
@@ -30,16 +30,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <string>
-#include <thread>
 #include <vector>
 
+#include "bitonic.cuh"
 #include "brute_kernels.cuh"
+#include "brute_plan.cuh"
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
+#include "device_thread.cuh"
 #include "host_transfer.cuh"
 
 namespace knn {
@@ -52,204 +51,7 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// ---- tuning (see the benchmark notes in bench/) ----
-// At or below this many dimensions exact tiles are used for every metric:
-// 3 float operations per pair and dimension against the GEMM's 2, but no
-// certification and no fallback, and the selection dominates anyway.
-constexpr int kGemmMinDim = 64;
-// The GEMM bound constants assume d * 2^-24 small (tile_value.cuh).
-constexpr int kGemmMaxDim = 1 << 16;
-// GEMM lists keep k' = max(2k, k + 16) candidates (rounded up to the list
-// capacity): the margin between the k-th and the k'-th is what certifies.
-constexpr int kGemmMinExtra = 16;
-// An exact distance tile of 8 Mi floats (32 MiB) stays mostly in L2
-// between the kernel that writes it and the selection that reads it.
-constexpr int64_t kTileElements = int64_t(8) << 20;
-constexpr int kMaxTileRows = 1024;
-// GEMM tiles are larger (up to 4096 x 16384): cuBLAS runs large products
-// far more efficiently, and fewer segments per query mean fewer candidate
-// lists to warm up (the first tiles of a list pass many candidates).
-constexpr int64_t kGemmTileElements = int64_t(64) << 20;
-constexpr int kGemmMaxTileRows = 4096;
-// The selection wants this many warps per launch; with few queries per
-// tile the targets are split into more segments (one warp each).
-constexpr int kSelectWarpsWanted = 16384;
-constexpr int kGemmSelectWarpsWanted = 4096;
-constexpr int kMinSegmentColumns = 2048;
-// Chunk rows stay addressable with 32-bit row numbers in the lists.
-constexpr int64_t kMaxChunkRows = int64_t(1) << 30;
-// The fused exact kernel (exact_select.cu): queries per launch, and the
-// blocks a launch should have (targets are split into segments to get them).
-constexpr int64_t kFusedRowsPerLaunch = 8192;
-constexpr int kFusedBlocksWanted = 1024;
-// Small query batches use tiles + warp selection instead: the fused
-// kernel's blocks take 32 queries each.
-constexpr int64_t kFusedMinQueries = 9;
-constexpr int64_t kFallbackBatch = 16384;
-
-int next_pow2(int64_t x) {
-  int p = 1;
-  while (p < x) p <<= 1;
-  return p;
-}
-
-// How the selection scores a pair: exactly, or by a lower bound from an
-// SGEMM (float tiles) or a DGEMM (double tiles, L2 only).
-enum class Scoring { kExact, kGemmFloat, kGemmDouble };
-
-bool is_gemm(Scoring s) { return s != Scoring::kExact; }
-
-// GPUs whose FP64 rate equals their FP32 rate (A100, H100/H200, B200):
-// there a DGEMM costs what an SGEMM does, and its error bound for L2 is
-// relative to the distance rather than to the norms (tile_value.cuh).
-bool fast_fp64(const cudaDeviceProp &prop) {
-  return (prop.major == 8 && prop.minor == 0) || prop.major == 9 ||
-         (prop.major == 10 && prop.minor == 0);
-}
-
-struct Plan {
-  Scoring scoring = Scoring::kExact;
-  bool full_sort = false;
-  bool fused = false;       // exact tiles and selection in one kernel
-  bool double_gemm = false; // L2 filtered by a DGEMM (double rows and tiles)
-  int cap = 32;             // list capacity (power of two, 32..256)
-  int segments = 1;         // lists per query
-  int64_t q_chunk = 0;      // queries per chunk
-  int64_t t_chunk = 0;      // targets per chunk
-  bool t_chunked = false;   // several target chunks (double-buffered)
-  bool alias_queries = false;  // self-join with resident targets: query rows are target rows
-  int tile_rows = 0, tile_cols = 0;
-  int64_t gather_rows = 0;  // fallback batch
-  size_t full_sort_budget = 0;
-  size_t bytes = 0;         // device bytes the plan allocates
-};
-
-bool same_rows(const KnnProblem &p) {
-  return p.queries == p.targets && p.n_queries <= p.n_targets &&
-         p.query_keys == p.target_keys;
-}
-
-void shape(const KnnProblem &p, size_t budget, Plan *pl) {
-  pl->t_chunked = pl->t_chunk < p.n_targets;
-  pl->alias_queries = !pl->t_chunked && same_rows(p);
-  // Small budgets (forced chunking) also get small tiles.
-  const bool gemm = is_gemm(pl->scoring);
-  const size_t element_bytes = pl->double_gemm ? 8 : 4;
-  const int64_t elements = std::max<int64_t>(
-      4096, std::min<int64_t>(gemm ? kGemmTileElements : kTileElements,
-                              static_cast<int64_t>(budget / 16 / element_bytes)));
-  pl->tile_rows =
-      static_cast<int>(std::min<int64_t>(pl->q_chunk, gemm ? kGemmMaxTileRows : kMaxTileRows));
-  pl->tile_rows = static_cast<int>(std::min<int64_t>(pl->tile_rows, std::max<int64_t>(1, elements / 256)));
-  pl->tile_cols = static_cast<int>(
-      std::min<int64_t>(pl->t_chunk, std::max<int64_t>(256, elements / pl->tile_rows)));
-  int s = std::max(1, (gemm ? kGemmSelectWarpsWanted : kSelectWarpsWanted) / pl->tile_rows);
-  s = std::min(s, kMaxListEntries / pl->cap);
-  s = std::min(s, std::max(1, pl->tile_cols / kMinSegmentColumns));
-  pl->fused = pl->scoring == Scoring::kExact && !pl->full_sort &&
-              fused_select_supports(p.metric, pl->cap) && p.n_queries >= kFusedMinQueries;
-  if (pl->fused) {
-    const int64_t rows = std::min(pl->q_chunk, kFusedRowsPerLaunch);
-    const int64_t blocks = (rows + fused_select_rows_per_block() - 1) / fused_select_rows_per_block();
-    s = static_cast<int>(std::min<int64_t>((kFusedBlocksWanted + blocks - 1) / blocks,
-                                           std::max<int64_t>(1, pl->t_chunk / 256)));
-    s = std::max(1, std::min(s, kMaxListEntries / pl->cap));
-  }
-  pl->segments = std::max(1, s);
-  pl->gather_rows = gemm ? std::min(pl->q_chunk, kFallbackBatch) : 0;
-
-  const size_t dim = p.dim;
-  const size_t row_extra = sizeof(float) + 1 + (p.query_keys != nullptr ? 8 : 0);
-  const size_t row_bytes =
-      dim * sizeof(float) + row_extra + (pl->double_gemm ? dim * sizeof(double) + 8 : 0);
-  const size_t t_bytes = pl->t_chunk * row_bytes * (pl->t_chunked ? 2 : 1);
-  size_t per_query = static_cast<size_t>(p.k) * 24 * (pl->t_chunked ? 2 : 1);
-  if (!pl->full_sort) per_query += static_cast<size_t>(pl->segments) * pl->cap * 12;
-  if (gemm) per_query += 1;
-  const size_t q_bytes = pl->q_chunk * ((pl->alias_queries ? 0 : row_bytes) + per_query);
-  const size_t tile = (pl->full_sort || pl->fused)
-                          ? 0
-                          : static_cast<size_t>(pl->tile_rows) * pl->tile_cols *
-                                (pl->double_gemm ? 8 : 4);
-  const size_t gather = pl->gather_rows * (row_bytes + 4);
-  const size_t sort = pl->full_sort ? full_sort_bytes(1, pl->t_chunk) : 0;
-  pl->bytes = t_bytes + q_bytes + tile + gather + sort;
-}
-
-KnnStatus make_plan(const KnnProblem &p, DeviceContext &ctx, Plan *pl) {
-  const int k = p.k;
-  const bool gemm_fits = k + kGemmMinExtra <= kMaxSelectCap;
-  const bool gemm = p.metric != KNN_METRIC_L1 && p.dim > kGemmMinDim && p.dim <= kGemmMaxDim &&
-                    gemm_fits;
-  pl->scoring = Scoring::kExact;
-  if (gemm) {
-    pl->cap = std::min(kMaxSelectCap, next_pow2(std::max({2 * k, k + kGemmMinExtra, 32})));
-    const char *dgemm = std::getenv("KNN_CUDA_DGEMM");  // "0": force the SGEMM filter
-    pl->double_gemm = p.metric == KNN_METRIC_L2 && fast_fp64(ctx.prop) &&
-                      !(dgemm != nullptr && dgemm[0] == '0');
-    pl->scoring = pl->double_gemm ? Scoring::kGemmDouble : Scoring::kGemmFloat;
-  } else {
-    const int64_t wanted = std::min<int64_t>(k, p.n_targets);
-    pl->full_sort = wanted > kMaxSelectCap;
-    pl->cap = next_pow2(std::max<int64_t>(wanted, 32));
-    if (pl->full_sort) pl->cap = 32;  // unused
-  }
-
-  const size_t budget = ctx.memory_budget;
-  pl->q_chunk = std::min(p.n_queries, kMaxChunkRows);
-  pl->t_chunk = std::min(p.n_targets, kMaxChunkRows);
-  for (int iter = 0; iter < 256; iter++) {
-    shape(p, budget, pl);
-    if (pl->bytes <= budget) {
-      pl->full_sort_budget = budget - pl->bytes + (pl->full_sort ? full_sort_bytes(1, pl->t_chunk) : 0);
-      return KNN_OK;
-    }
-    // Shrink whichever side holds more: targets first when equal, since a
-    // smaller target chunk also shrinks the large-k sort.
-    const size_t row_bytes = static_cast<size_t>(p.dim) * (pl->double_gemm ? 12 : 4) + 21;
-    const size_t t_part = pl->t_chunk * row_bytes * 2;
-    const size_t q_part = pl->bytes - std::min(pl->bytes, t_part);
-    if ((t_part >= q_part || pl->q_chunk == 1) && pl->t_chunk > 1)
-      pl->t_chunk = (pl->t_chunk + 1) / 2;
-    else if (pl->q_chunk > 1)
-      pl->q_chunk = (pl->q_chunk + 1) / 2;
-    else
-      break;
-  }
-  char msg[256];
-  std::snprintf(msg, sizeof msg,
-                "the GPU memory budget (%.1f MiB) is too small for this join (dim %d, k %d)",
-                budget / 1048576.0, p.dim, p.k);
-  ctx.error = msg;
-  return KNN_OUT_OF_MEMORY;
-}
-
-// Rows of one side on the device: vectors, knn_dot norms, zero flags, keys.
-struct Rows {
-  const float *x = nullptr;
-  const double *xd = nullptr;      // x as doubles (DGEMM filter only)
-  const double *norm_d = nullptr;  // sums of squares in double (DGEMM filter only)
-  const float *norm = nullptr;
-  const uint8_t *zero = nullptr;
-  const int64_t *keys = nullptr;
-  int64_t n = 0;
-  int64_t offset = 0;  // global row of row 0
-
-  // Rows [first, first + count) of these.
-  Rows slice(int64_t first, int64_t count, int dim) const {
-    Rows r = *this;
-    if (r.x != nullptr) r.x += first * dim;
-    if (r.xd != nullptr) r.xd += first * dim;
-    if (r.norm_d != nullptr) r.norm_d += first;
-    if (r.norm != nullptr) r.norm += first;
-    if (r.zero != nullptr) r.zero += first;
-    if (r.keys != nullptr) r.keys += first;
-    r.n = count;
-    r.offset += first;
-    return r;
-  }
-};
-
+// The device arrays of one side's rows (Rows is their view).
 struct RowBuffers {
   DeviceBuffer<float> x, norm;
   DeviceBuffer<uint8_t> zero;
@@ -283,12 +85,21 @@ struct RowBuffers {
   }
 };
 
-// Joins a helper thread on every path out of a scope.
-struct ThreadGuard {
-  std::thread thread;
-  ~ThreadGuard() {
-    if (thread.joinable()) thread.join();
+// The running k best of a query chunk, and the k best of the current
+// target chunk (merged into the running ones when targets are chunked).
+struct ResultBuffers {
+  DeviceBuffer<uint64_t> key;
+  DeviceBuffer<int64_t> row;
+  DeviceBuffer<double> dist;
+
+  KnnStatus allocate(DeviceContext &ctx, size_t slots) {
+    KNN_TRY(key.allocate(ctx, slots, "results"));
+    KNN_TRY(row.allocate(ctx, slots, "results"));
+    KNN_TRY(dist.allocate(ctx, slots, "results"));
+    return KNN_OK;
   }
+
+  ResultArrays view() const { return ResultArrays{key.get(), row.get(), dist.get()}; }
 };
 
 class BruteForce {
@@ -299,34 +110,41 @@ class BruteForce {
   KnnStatus run(int64_t *neighbors, double *distances);
 
   int64_t exact_pairs = 0;      // exact distances evaluated
-  int64_t gemm_pairs = 0;       // pairs scored by the GEMM filter
   int64_t fallback_queries = 0; // (query, target chunk) redone with exact tiles
   double seconds_transfer = 0, seconds_filter = 0, seconds_select = 0;
-  // KNN_CUDA_TIMING=1: synchronize after each step and add up its time per
-  // kind (a diagnostic; it slows the join down a little).
-  bool timing = false;
-  double t_alloc = 0, t_upload = 0, t_stats = 0, t_score = 0, t_select_tiles = 0, t_fused = 0,
-         t_rerank = 0, t_fallback = 0, t_download = 0;
 
  private:
-  KnnStatus upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
-                        int64_t first, int64_t n, DeviceContext &ctx);
-  KnnStatus row_stats(const RowBuffers &b, int64_t n);
+  // ---- stages of run() ----
+  KnnStatus allocate();
+  KnnStatus load_resident_targets();
+  KnnStatus load_queries(int64_t first, int64_t n, Rows *q);
+  KnnStatus join_target_chunks(const Rows &q, ResultArrays running);
+  KnnStatus join_target_chunk(const Rows &q, int64_t chunk, ResultArrays block);
+  KnnStatus download(int64_t first, int64_t n, ResultArrays running, int64_t *neighbors,
+                     double *distances);
+
+  // ---- one (query chunk, target chunk) block ----
   KnnStatus solve_block(const Rows &q, const Rows &t, ResultArrays out);
+  KnnStatus full_sort(const Rows &q, const Rows &t, ResultArrays out);
   KnnStatus select_pass(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap);
+  int segments_for(bool fused, const Rows &q, const Rows &t, int cap) const;
+  TileValue tile_value(Scoring scoring, const Rows &q, const Rows &t) const;
+  KnnStatus select_fused(const Rows &q, const Rows &t, const CandidateLists &lists);
+  KnnStatus select_tiled(Scoring scoring, const Rows &q, const Rows &t,
+                         const CandidateLists &lists);
+  KnnStatus score_tile(Scoring scoring, const Rows &q, const Rows &t, int64_t q0, int nq,
+                       int64_t t0, int nt);
   KnnStatus rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
                    const int32_t *out_index, ResultArrays out, uint8_t *certified);
   KnnStatus fallback(const Rows &q, const Rows &t, ResultArrays out);
-  // With `timing`: waits for the stream and adds the time since the last mark.
-  KnnStatus mark(double *bucket) {
-    if (!timing) return KNN_OK;
-    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-    const Clock::time_point now = Clock::now();
-    *bucket += std::chrono::duration<double>(now - last_mark_).count();
-    last_mark_ = now;
-    return KNN_OK;
+
+  KnnStatus upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
+                        int64_t first, int64_t n, DeviceContext &ctx);
+  KnnStatus row_stats(const RowBuffers &b, int64_t n);
+  int64_t target_chunk_rows(int64_t chunk) const {
+    return std::min(plan_.t_chunk, p_.n_targets - chunk * plan_.t_chunk);
   }
-  Clock::time_point last_mark_ = Clock::now();
+
   int segments_ = 1;  // lists per query of the last select_pass
 
   const KnnProblem &p_;
@@ -339,9 +157,7 @@ class BruteForce {
   DeviceBuffer<uint32_t> list_row_;
   DeviceBuffer<uint8_t> certified_;
   DeviceBuffer<int32_t> gather_index_;
-  DeviceBuffer<uint64_t> res_key_[2];
-  DeviceBuffer<int64_t> res_row_[2];
-  DeviceBuffer<double> res_dist_[2];
+  ResultBuffers results_[2];  // [0] running, [1] the current target chunk's
 };
 
 KnnStatus BruteForce::upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
@@ -360,73 +176,101 @@ KnnStatus BruteForce::row_stats(const RowBuffers &b, int64_t n) {
   return KNN_OK;
 }
 
-KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t, int kp,
-                                  int cap) {
-  const int dim = p_.dim;
-  const bool fused = scoring == Scoring::kExact && fused_select_supports(p_.metric, cap) &&
-                     (q.n >= kFusedMinQueries || tile_.get() == nullptr);
-  int segments = std::min(plan_.segments, kMaxListEntries / cap);
-  if (fused) {
-    // Enough blocks for the GPU: split the targets further when there are
-    // few queries (the exact fallback's batches), as far as the lists fit.
-    const int64_t rows = std::min(q.n, kFusedRowsPerLaunch);
-    const int64_t blocks = (rows + fused_select_rows_per_block() - 1) / fused_select_rows_per_block();
-    const int64_t fit = static_cast<int64_t>(list_key_.size()) / (q.n * static_cast<int64_t>(cap));
-    int64_t want = (kFusedBlocksWanted + blocks - 1) / blocks;
-    want = std::min({want, std::max<int64_t>(1, t.n / 256), fit,
-                     static_cast<int64_t>(kMaxListEntries / cap)});
-    segments = static_cast<int>(std::max<int64_t>(1, want));
-  }
-  segments_ = segments;  // rerank reads the lists with the same layout
-  KNN_TRY(launch_clear_entries(ctx_, list_key_.get(), list_row_.get(),
-                               q.n * segments * static_cast<int64_t>(cap)));
-  const bool dgemm = scoring == Scoring::kGemmDouble;
+// Lists per query: the plan's, or for the fused kernel enough blocks for
+// the GPU (the targets split further when there are few queries, as in the
+// exact fallback's batches), as far as the lists fit.
+int BruteForce::segments_for(bool fused, const Rows &q, const Rows &t, int cap) const {
+  if (!fused) return std::min(plan_.segments, kMaxListEntries / cap);
+  const int64_t rows = std::min(q.n, kFusedRowsPerLaunch);
+  const int64_t blocks = (rows + fused_select_rows_per_block() - 1) / fused_select_rows_per_block();
+  const int64_t fit = static_cast<int64_t>(list_key_.size()) / (q.n * static_cast<int64_t>(cap));
+  int64_t want = (kFusedBlocksWanted + blocks - 1) / blocks;
+  want = std::min({want, std::max<int64_t>(1, t.n / 256), fit,
+                   static_cast<int64_t>(kMaxListEntries / cap)});
+  return static_cast<int>(std::max<int64_t>(1, want));
+}
+
+// What the selection compares for a pair under `scoring` (tile_value.cuh).
+TileValue BruteForce::tile_value(Scoring scoring, const Rows &q, const Rows &t) const {
   TileValue value;
   if (scoring == Scoring::kExact) {
     value.kind = exact_kind(p_.metric);
-  } else if (dgemm) {
-    set_double_bound_constants(&value, dim);
+  } else if (scoring == Scoring::kGemmDouble) {
+    set_double_bound_constants(&value, p_.dim);
     value.query_norm_d = q.norm_d;
     value.target_norm_d = t.norm_d;
   } else {
-    set_bound_constants(&value, p_.metric, dim);
+    set_bound_constants(&value, p_.metric, p_.dim);
   }
   value.query_norm = q.norm;
   value.target_norm = t.norm;
   value.query_zero = q.zero;
   value.target_zero = t.zero;
+  return value;
+}
 
+// Fills the candidate lists of q (kp each, capacity cap) from the targets t.
+KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t, int kp,
+                                  int cap) {
   // Fused whenever possible; a fused plan has no tile buffer, so its
   // small last chunk of queries stays fused too.
-  if (fused) {
-    for (int64_t q0 = 0; q0 < q.n; q0 += kFusedRowsPerLaunch) {
-      FusedSelectArgs f;
-      f.metric = p_.metric;
-      f.dim = dim;
-      f.queries = q.x;
-      f.query_base = q0;
-      f.nq = static_cast<int>(std::min<int64_t>(kFusedRowsPerLaunch, q.n - q0));
-      f.targets = t.x;
-      f.nt = static_cast<int>(t.n);
-      f.query_keys = q.keys;
-      f.target_keys = t.keys;
-      f.list_key = list_key_.get();
-      f.list_row = list_row_.get();
-      f.segments = segments;
-      f.cap = cap;
-      f.kp = kp;
-      KNN_TRY(mark(&t_rerank));  // whatever ran before (list clearing) is small
-      KNN_TRY(launch_fused_select(ctx_, f));
-      KNN_TRY(mark(&t_fused));
-      exact_pairs += static_cast<int64_t>(f.nq) * t.n;
-      CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-      if (ctx_.cancelled()) {
-        ctx_.error = "canceled";
-        return KNN_CANCELLED;
-      }
-    }
-    return KNN_OK;
+  const bool fused = scoring == Scoring::kExact && fused_select_supports(p_.metric, cap) &&
+                     (q.n >= kFusedMinQueries || tile_.get() == nullptr);
+  CandidateLists lists{list_key_.get(), list_row_.get(), segments_for(fused, q, t, cap), cap, kp};
+  segments_ = lists.segments;  // rerank reads the lists with the same layout
+  KNN_TRY(launch_clear_entries(ctx_, lists.key, lists.row,
+                               q.n * lists.segments * static_cast<int64_t>(cap)));
+  return fused ? select_fused(q, t, lists) : select_tiled(scoring, q, t, lists);
+}
+
+KnnStatus BruteForce::select_fused(const Rows &q, const Rows &t, const CandidateLists &lists) {
+  for (int64_t q0 = 0; q0 < q.n; q0 += kFusedRowsPerLaunch) {
+    FusedSelectArgs f;
+    f.metric = p_.metric;
+    f.dim = p_.dim;
+    f.queries = q.x;
+    f.query_base = q0;
+    f.nq = static_cast<int>(std::min<int64_t>(kFusedRowsPerLaunch, q.n - q0));
+    f.targets = t.x;
+    f.nt = static_cast<int>(t.n);
+    f.query_keys = q.keys;
+    f.target_keys = t.keys;
+    f.lists = lists;
+    KNN_TRY(launch_fused_select(ctx_, f));
+    exact_pairs += static_cast<int64_t>(f.nq) * t.n;
+    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    KNN_TRY(ctx_.cancel_point());
   }
+  return KNN_OK;
+}
+
+// Tile [q0, q0 + nq) x [t0, t0 + nt) of the plan's kind into tile_ / tile_d_.
+KnnStatus BruteForce::score_tile(Scoring scoring, const Rows &q, const Rows &t, int64_t q0,
+                                 int nq, int64_t t0, int nt) {
+  const int dim = p_.dim;
+  if (scoring == Scoring::kExact) {
+    exact_pairs += static_cast<int64_t>(nq) * nt;
+    return launch_exact_tile(ctx_, p_.metric, q.x + q0 * dim, nq, t.x + t0 * dim, nt, dim,
+                             tile_.get(), plan_.tile_cols);
+  }
+  // tile[i][j] = dot(query q0+i, target t0+j): column-major C = T^T Q.
+  if (scoring == Scoring::kGemmDouble) {
+    const double one = 1.0, zero = 0.0;
+    CUBLAS_CHECK(ctx_, cublasDgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, dim, &one,
+                                   t.xd + t0 * dim, dim, q.xd + q0 * dim, dim, &zero,
+                                   tile_d_.get(), plan_.tile_cols));
+  } else {
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(ctx_, cublasSgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, dim, &one,
+                                   t.x + t0 * dim, dim, q.x + q0 * dim, dim, &zero,
+                                   tile_.get(), plan_.tile_cols));
+  }
+  return KNN_OK;
+}
+
+KnnStatus BruteForce::select_tiled(Scoring scoring, const Rows &q, const Rows &t,
+                                   const CandidateLists &lists) {
+  const bool dgemm = scoring == Scoring::kGemmDouble;
   if (dgemm ? tile_d_.get() == nullptr : tile_.get() == nullptr) {
     ctx_.error = "brute force: no distance tile planned";
     return KNN_INTERNAL_ERROR;
@@ -435,58 +279,27 @@ KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t,
     ctx_.error = "brute force: no double rows planned";
     return KNN_INTERNAL_ERROR;
   }
-
-  const float one = 1.0f, zero = 0.0f;
-  const double one_d = 1.0, zero_d = 0.0;
+  SelectTileArgs a;
+  a.tile = dgemm ? nullptr : tile_.get();
+  a.tile_d = dgemm ? tile_d_.get() : nullptr;
+  a.ld = plan_.tile_cols;
+  a.value = tile_value(scoring, q, t);
+  a.query_keys = q.keys;
+  a.target_keys = t.keys;
+  a.lists = lists;
   for (int64_t q0 = 0; q0 < q.n; q0 += plan_.tile_rows) {
-    const int nq = static_cast<int>(std::min<int64_t>(plan_.tile_rows, q.n - q0));
+    a.nq = static_cast<int>(std::min<int64_t>(plan_.tile_rows, q.n - q0));
+    a.query_base = q0;
     for (int64_t t0 = 0; t0 < t.n; t0 += plan_.tile_cols) {
-      const int nt = static_cast<int>(std::min<int64_t>(plan_.tile_cols, t.n - t0));
-      if (scoring == Scoring::kExact) {
-        KNN_TRY(launch_exact_tile(ctx_, p_.metric, q.x + q0 * dim, nq, t.x + t0 * dim, nt, dim,
-                                  tile_.get(), plan_.tile_cols));
-        exact_pairs += static_cast<int64_t>(nq) * nt;
-        KNN_TRY(mark(&t_score));
-      } else if (dgemm) {
-        CUBLAS_CHECK(ctx_, cublasDgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, dim, &one_d,
-                                       t.xd + t0 * dim, dim, q.xd + q0 * dim, dim, &zero_d,
-                                       tile_d_.get(), plan_.tile_cols));
-        gemm_pairs += static_cast<int64_t>(nq) * nt;
-        KNN_TRY(mark(&t_score));
-      } else {
-        // tile[i][j] = dot(query q0+i, target t0+j): column-major C = T^T Q.
-        CUBLAS_CHECK(ctx_, cublasSgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, dim, &one,
-                                       t.x + t0 * dim, dim, q.x + q0 * dim, dim, &zero,
-                                       tile_.get(), plan_.tile_cols));
-        gemm_pairs += static_cast<int64_t>(nq) * nt;
-        KNN_TRY(mark(&t_score));
-      }
-      SelectTileArgs a;
-      a.tile = dgemm ? nullptr : tile_.get();
-      a.tile_d = dgemm ? tile_d_.get() : nullptr;
-      a.ld = plan_.tile_cols;
-      a.nq = nq;
-      a.nt = nt;
-      a.query_base = q0;
+      a.nt = static_cast<int>(std::min<int64_t>(plan_.tile_cols, t.n - t0));
       a.target_base = t0;
-      a.value = value;
-      a.query_keys = q.keys;
-      a.target_keys = t.keys;
-      a.list_key = list_key_.get();
-      a.list_row = list_row_.get();
-      a.segments = segments;
-      a.cap = cap;
-      a.kp = kp;
+      KNN_TRY(score_tile(scoring, q, t, q0, a.nq, t0, a.nt));
       KNN_TRY(launch_select_tile(ctx_, a));
-      KNN_TRY(mark(&t_select_tiles));
     }
     // One row of tiles at a time: keeps the queue short, so that a cancel
     // is noticed within one row of tiles.
     CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-    if (ctx_.cancelled()) {
-      ctx_.error = "canceled";
-      return KNN_CANCELLED;
-    }
+    KNN_TRY(ctx_.cancel_point());
   }
   return KNN_OK;
 }
@@ -494,22 +307,13 @@ KnnStatus BruteForce::select_pass(Scoring scoring, const Rows &q, const Rows &t,
 KnnStatus BruteForce::rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
                              const int32_t *out_index, ResultArrays out, uint8_t *certified) {
   RerankArgs r;
-  r.list_key = list_key_.get();
-  r.list_row = list_row_.get();
-  r.segments = segments_;
-  r.cap = cap;
-  r.kp = kp;
+  r.lists = CandidateLists{list_key_.get(), list_row_.get(), segments_, cap, kp};
   r.k = p_.k;
   r.exact_lists = scoring == Scoring::kExact;
   r.metric = p_.metric;
   r.dim = p_.dim;
-  r.nq = q.n;
-  r.queries = q.x;
-  r.query_norm = q.norm;
-  r.targets = t.x;
-  r.target_norm = t.norm;
-  r.n_targets = t.n;
-  r.target_offset = t.offset;
+  r.q = q;
+  r.t = t;
   r.out_index = out_index;
   r.out = out;
   r.certified = certified;
@@ -534,8 +338,8 @@ KnnStatus BruteForce::fallback(const Rows &q, const Rows &t, ResultArrays out) {
     const int64_t n = std::min<int64_t>(plan_.gather_rows, failed.size() - b);
     CUDA_CHECK(ctx_, cudaMemcpyAsync(gather_index_.get(), failed.data() + b, n * sizeof(int32_t),
                                      cudaMemcpyHostToDevice, ctx_.stream));
-    KNN_TRY(launch_gather_rows(ctx_, gather_index_.get(), n, p_.dim, q.x, q.norm, q.zero, q.keys,
-                               g_buf_.x.get(), g_buf_.norm.get(), g_buf_.zero.get(),
+    KNN_TRY(launch_gather_rows(ctx_, gather_index_.get(), n, p_.dim, q, g_buf_.x.get(),
+                               g_buf_.norm.get(), g_buf_.zero.get(),
                                q.keys != nullptr ? g_buf_.keys.get() : nullptr));
     Rows g = g_buf_.view(n, 0);
     if (q.keys == nullptr) g.keys = nullptr;
@@ -547,28 +351,25 @@ KnnStatus BruteForce::fallback(const Rows &q, const Rows &t, ResultArrays out) {
   return KNN_OK;
 }
 
+KnnStatus BruteForce::full_sort(const Rows &q, const Rows &t, ResultArrays out) {
+  const Clock::time_point t0 = Clock::now();
+  FullSortArgs a;
+  a.metric = p_.metric;
+  a.dim = p_.dim;
+  a.k = p_.k;
+  a.q = q;
+  a.t = t;
+  a.out = out;
+  a.budget = plan_.full_sort_budget;
+  KNN_TRY(run_full_sort(ctx_, a, &exact_pairs));
+  seconds_filter += seconds_since(t0);
+  return KNN_OK;
+}
+
+// The k best of t for every query of q, into out; ends with the stream
+// synchronized.
 KnnStatus BruteForce::solve_block(const Rows &q, const Rows &t, ResultArrays out) {
-  if (plan_.full_sort) {
-    const Clock::time_point t0 = Clock::now();
-    FullSortArgs a;
-    a.metric = p_.metric;
-    a.dim = p_.dim;
-    a.k = p_.k;
-    a.nq = q.n;
-    a.queries = q.x;
-    a.query_norm = q.norm;
-    a.query_keys = q.keys;
-    a.nt = t.n;
-    a.targets = t.x;
-    a.target_norm = t.norm;
-    a.target_keys = t.keys;
-    a.target_offset = t.offset;
-    a.out = out;
-    a.budget = plan_.full_sort_budget;
-    KNN_TRY(run_full_sort(ctx_, a, &exact_pairs));
-    seconds_filter += seconds_since(t0);
-    return KNN_OK;
-  }
+  if (plan_.full_sort) return full_sort(q, t, out);
   const Scoring scoring = plan_.scoring;
   const bool gemm = is_gemm(scoring);
   const int kp = static_cast<int>(
@@ -577,24 +378,20 @@ KnnStatus BruteForce::solve_block(const Rows &q, const Rows &t, ResultArrays out
   KNN_TRY(select_pass(scoring, q, t, kp, plan_.cap));
   seconds_filter += seconds_since(t0);
   t0 = Clock::now();
-  KNN_TRY(mark(&t_select_tiles));
   KNN_TRY(rerank(scoring, q, t, kp, plan_.cap, nullptr, out, gemm ? certified_.get() : nullptr));
-  KNN_TRY(mark(&t_rerank));
   if (gemm) KNN_TRY(fallback(q, t, out));
-  KNN_TRY(mark(&t_fallback));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   seconds_select += seconds_since(t0);
   return KNN_OK;
 }
 
-KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
+// Every device array of the plan (all released by the owners' destructors).
+KnnStatus BruteForce::allocate() {
   const int dim = p_.dim;
-  const int k = p_.k;
   const bool keys = p_.query_keys != nullptr;
-
-  // ---- allocations (all released by the owners' destructors) ----
   const bool dbl = plan_.double_gemm;
-  for (int b = 0; b < (plan_.t_chunked ? 2 : 1); b++)
+  const int buffers = plan_.t_chunked ? 2 : 1;
+  for (int b = 0; b < buffers; b++)
     KNN_TRY(t_buf_[b].allocate(ctx_, plan_.t_chunk, dim, keys, dbl, "target rows"));
   if (!plan_.alias_queries)
     KNN_TRY(q_buf_.allocate(ctx_, plan_.q_chunk, dim, keys, dbl, "query rows"));
@@ -613,158 +410,150 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
     KNN_TRY(gather_index_.allocate(ctx_, plan_.gather_rows, "fallback rows"));
     KNN_TRY(g_buf_.allocate(ctx_, plan_.gather_rows, dim, keys, false, "fallback rows"));
   }
-  const size_t slots = static_cast<size_t>(plan_.q_chunk) * k;
-  for (int b = 0; b < (plan_.t_chunked ? 2 : 1); b++) {
-    KNN_TRY(res_key_[b].allocate(ctx_, slots, "results"));
-    KNN_TRY(res_row_[b].allocate(ctx_, slots, "results"));
-    KNN_TRY(res_dist_[b].allocate(ctx_, slots, "results"));
-  }
+  const size_t slots = static_cast<size_t>(plan_.q_chunk) * p_.k;
+  for (int b = 0; b < buffers; b++) KNN_TRY(results_[b].allocate(ctx_, slots));
   // The allocations are ordered on ctx.stream; the uploads use the staging
   // stream, which may touch them only once they are complete.
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-  KNN_TRY(mark(&t_alloc));
-  ResultArrays running{res_key_[0].get(), res_row_[0].get(), res_dist_[0].get()};
-  ResultArrays block{res_key_[1].get(), res_row_[1].get(), res_dist_[1].get()};
+  return KNN_OK;
+}
 
-  const int64_t n_t_chunks = (p_.n_targets + plan_.t_chunk - 1) / plan_.t_chunk;
-  if (!plan_.t_chunked) {
-    const Clock::time_point t0 = Clock::now();
-    KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
-    seconds_transfer += seconds_since(t0);
-    KNN_TRY(mark(&t_upload));
-    KNN_TRY(row_stats(t_buf_[0], p_.n_targets));
-    KNN_TRY(mark(&t_stats));
+// Targets that fit in one chunk stay on the device for every query chunk.
+KnnStatus BruteForce::load_resident_targets() {
+  const Clock::time_point t0 = Clock::now();
+  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
+  seconds_transfer += seconds_since(t0);
+  return row_stats(t_buf_[0], p_.n_targets);
+}
+
+// Query rows [first, first + n) on the device (or, in a self-join with
+// resident targets, the same rows of the targets).
+KnnStatus BruteForce::load_queries(int64_t first, int64_t n, Rows *q) {
+  if (plan_.alias_queries) {
+    *q = t_buf_[0].view(p_.n_targets, 0).slice(first, n, p_.dim);
+    return KNN_OK;
   }
+  const Clock::time_point t0 = Clock::now();
+  KNN_TRY(upload_rows(q_buf_, p_.queries, p_.query_keys, first, n, ctx_));
+  seconds_transfer += seconds_since(t0);
+  KNN_TRY(row_stats(q_buf_, n));
+  *q = q_buf_.view(n, first);
+  return KNN_OK;
+}
 
-  for (int64_t q_first = 0; q_first < p_.n_queries; q_first += plan_.q_chunk) {
-    const int64_t nq = std::min(plan_.q_chunk, p_.n_queries - q_first);
-    Rows q;
-    if (plan_.alias_queries) {
-      q = t_buf_[0].view(p_.n_targets, 0).slice(q_first, nq, dim);
-    } else {
+// Target chunk `chunk` (already uploaded into its buffer) against q, into
+// block; the next chunk is uploaded by a helper thread meanwhile.
+KnnStatus BruteForce::join_target_chunk(const Rows &q, int64_t chunk, ResultArrays block) {
+  const int64_t t_first = chunk * plan_.t_chunk;
+  const int64_t nt = target_chunk_rows(chunk);
+  RowBuffers &cur = t_buf_[chunk % 2];
+  KNN_TRY(row_stats(cur, nt));
+  // The other buffer's last reader (chunk - 1) is done: solve_block ends
+  // with a stream synchronization. The helper only touches that buffer and
+  // the problem's host arrays, and is joined before this returns or throws.
+  DeviceThread prefetch;
+  const int64_t next = chunk + 1;
+  if (next * plan_.t_chunk < p_.n_targets) {
+    RowBuffers *buffer = &t_buf_[next % 2];
+    const int64_t next_first = next * plan_.t_chunk, next_n = target_chunk_rows(next);
+    auto upload_next = [this, buffer, next_first, next_n](DeviceContext &ctx) {
+      return upload_rows(*buffer, p_.targets, p_.target_keys, next_first, next_n, ctx);
+    };
+    if (!prefetch.start(ctx_, upload_next)) {
+      // No thread: upload now, without the overlap.
       const Clock::time_point t0 = Clock::now();
-      KNN_TRY(upload_rows(q_buf_, p_.queries, p_.query_keys, q_first, nq, ctx_));
+      KNN_TRY(upload_next(ctx_));
       seconds_transfer += seconds_since(t0);
-      KNN_TRY(mark(&t_upload));
-      KNN_TRY(row_stats(q_buf_, nq));
-      KNN_TRY(mark(&t_stats));
-      q = q_buf_.view(nq, q_first);
     }
+  }
+  const KnnStatus st = solve_block(q, cur.view(nt, t_first), block);
+  if (prefetch.running()) {
+    const Clock::time_point w = Clock::now();
+    prefetch.wait();
+    seconds_transfer += seconds_since(w);  // only the part not hidden
+  }
+  KNN_TRY(st);
+  return prefetch.finish(ctx_);
+}
 
-    if (!plan_.t_chunked) {
-      KNN_TRY(solve_block(q, t_buf_[0].view(p_.n_targets, 0), running));
-    } else {
-      KNN_TRY(launch_clear_results(ctx_, running, nq, k));
-      // Chunk 0 now; chunk c+1 is uploaded by a helper thread while chunk c
-      // is processed.
-      const Clock::time_point t0 = Clock::now();
-      KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0,
-                          std::min(plan_.t_chunk, p_.n_targets), ctx_));
-      seconds_transfer += seconds_since(t0);
-      for (int64_t c = 0; c < n_t_chunks; c++) {
-        const int64_t t_first = c * plan_.t_chunk;
-        const int64_t nt = std::min(plan_.t_chunk, p_.n_targets - t_first);
-        RowBuffers &cur = t_buf_[c % 2];
-        KNN_TRY(row_stats(cur, nt));
-        // The other buffer's last reader (chunk c-1) is done: solve_block
-        // ends with a stream synchronization.
-        ThreadGuard prefetch;
-        KnnStatus prefetch_status = KNN_OK;
-        std::string prefetch_error;
-        if (c + 1 < n_t_chunks) {
-          const int64_t next_first = t_first + plan_.t_chunk;
-          const int64_t next_n = std::min(plan_.t_chunk, p_.n_targets - next_first);
-          RowBuffers *next = &t_buf_[(c + 1) % 2];
-          prefetch.thread = std::thread([this, next, next_first, next_n, &prefetch_status,
-                                         &prefetch_error] {
-            DeviceContext tctx;
-            tctx.device = ctx_.device;
-            tctx.memory_budget = ctx_.memory_budget;
-            tctx.staging = ctx_.staging;
-            try {
-              if (cudaSetDevice(ctx_.device) != cudaSuccess) {
-                prefetch_status = KNN_DEVICE_ERROR;
-                prefetch_error = "cudaSetDevice failed in the upload thread";
-                return;
-              }
-              prefetch_status = upload_rows(*next, p_.targets, p_.target_keys, next_first,
-                                            next_n, tctx);
-              prefetch_error = tctx.error;
-            } catch (...) {
-              prefetch_status = KNN_INTERNAL_ERROR;
-              prefetch_error = "exception in the upload thread";
-            }
-          });
-        }
-        Rows t = cur.view(nt, t_first);
-        const KnnStatus st = solve_block(q, t, block);
-        if (prefetch.thread.joinable()) {
-          const Clock::time_point w = Clock::now();
-          prefetch.thread.join();
-          seconds_transfer += seconds_since(w);  // only the part not hidden
-        }
-        if (st != KNN_OK) return st;
-        if (prefetch_status != KNN_OK) {
-          ctx_.error = prefetch_error;
-          return prefetch_status;
-        }
-        KNN_TRY(launch_merge_results(ctx_, running, block, nq, k));
-      }
-    }
-
-    KNN_TRY(mark(&t_fallback));
-    const Clock::time_point t0 = Clock::now();
-    KNN_TRY(download_to_host(ctx_, neighbors + q_first * k, running.row,
-                             static_cast<size_t>(nq) * k * sizeof(int64_t)));
-    KNN_TRY(download_to_host(ctx_, distances + q_first * k, running.dist,
-                             static_cast<size_t>(nq) * k * sizeof(double)));
-    seconds_transfer += seconds_since(t0);
-    KNN_TRY(mark(&t_download));
-    if (ctx_.cancelled()) {
-      ctx_.error = "canceled";
-      return KNN_CANCELLED;
-    }
+// Every target chunk against q: the k best of each merged into running.
+KnnStatus BruteForce::join_target_chunks(const Rows &q, ResultArrays running) {
+  const ResultArrays block = results_[1].view();
+  KNN_TRY(launch_clear_results(ctx_, running, q.n, p_.k));
+  // Chunk 0 now; chunk c+1 is uploaded by a helper thread while chunk c is
+  // processed.
+  const Clock::time_point t0 = Clock::now();
+  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, target_chunk_rows(0), ctx_));
+  seconds_transfer += seconds_since(t0);
+  const int64_t chunks = (p_.n_targets + plan_.t_chunk - 1) / plan_.t_chunk;
+  for (int64_t c = 0; c < chunks; c++) {
+    KNN_TRY(join_target_chunk(q, c, block));
+    KNN_TRY(launch_merge_results(ctx_, running, block, q.n, p_.k));
   }
   return KNN_OK;
 }
 
+KnnStatus BruteForce::download(int64_t first, int64_t n, ResultArrays running,
+                               int64_t *neighbors, double *distances) {
+  const int k = p_.k;
+  const Clock::time_point t0 = Clock::now();
+  KNN_TRY(download_to_host(ctx_, neighbors + first * k, running.row,
+                           static_cast<size_t>(n) * k * sizeof(int64_t)));
+  KNN_TRY(download_to_host(ctx_, distances + first * k, running.dist,
+                           static_cast<size_t>(n) * k * sizeof(double)));
+  seconds_transfer += seconds_since(t0);
+  return KNN_OK;
+}
+
+KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
+  KNN_TRY(allocate());
+  if (!plan_.t_chunked) KNN_TRY(load_resident_targets());
+  const ResultArrays running = results_[0].view();
+  for (int64_t q_first = 0; q_first < p_.n_queries; q_first += plan_.q_chunk) {
+    const int64_t nq = std::min(plan_.q_chunk, p_.n_queries - q_first);
+    Rows q;
+    KNN_TRY(load_queries(q_first, nq, &q));
+    if (plan_.t_chunked)
+      KNN_TRY(join_target_chunks(q, running));
+    else
+      KNN_TRY(solve_block(q, t_buf_[0].view(p_.n_targets, 0), running));
+    KNN_TRY(download(q_first, nq, running, neighbors, distances));
+    KNN_TRY(ctx_.cancel_point());
+  }
+  return KNN_OK;
+}
+
+// "dgemm-bound/warp-select k'=64 chunks 1000x5000 +fallback" and the like.
+void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
+              KnnStats *stats) {
+  const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
+  const char *scoring = plan.full_sort                            ? "exact-tiles/full-sort"
+                        : gemm && plan.scoring == Scoring::kGemmDouble ? "dgemm-bound/warp-select"
+                        : gemm                                     ? "sgemm-bound/warp-select"
+                        : plan.fused                               ? "exact-fused-select"
+                                                                   : "exact-tiles/warp-select";
+  char chunks[48] = "";
+  if (plan.q_chunk < problem.n_queries || plan.t_chunked)
+    std::snprintf(chunks, sizeof chunks, " chunks %lldx%lld",
+                  static_cast<long long>(plan.q_chunk), static_cast<long long>(plan.t_chunk));
+  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s", scoring,
+                plan.full_sort ? problem.k : plan.cap, chunks,
+                bf.fallback_queries > 0 ? " +fallback" : "");
+}
+
 }  // namespace
 
-KnnStatus brute_force_join(const KnnProblem &problem, int64_t *neighbors, double *distances,
-                           KnnStats *stats, DeviceContext &ctx) {
+KnnStatus brute_force_join(const KnnProblem &problem, const JoinTuning &tuning,
+                           int64_t *neighbors, double *distances, KnnStats *stats,
+                           DeviceContext &ctx) {
   const Clock::time_point start = Clock::now();
   Plan plan;
-  KNN_TRY(make_plan(problem, ctx, &plan));
+  KNN_TRY(make_plan(problem, tuning, ctx, &plan));
   BruteForce bf(problem, ctx, plan);
-  const char *timing = std::getenv("KNN_CUDA_TIMING");
-  bf.timing = timing != nullptr && timing[0] == '1';
   const KnnStatus st = bf.run(neighbors, distances);
-  const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
-  const bool dgemm = gemm && plan.scoring == Scoring::kGemmDouble;
-  if (bf.timing)
-    std::fprintf(stderr,
-                 "knn brute timing: alloc %.5f upload %.5f stats %.5f score %.5f "
-                 "select-tiles %.5f fused %.5f rerank %.5f fallback %.5f download %.5f s "
-                 "(%s, fallback queries %lld, S=%d cap=%d tile %dx%d)\n",
-                 bf.t_alloc, bf.t_upload, bf.t_stats, bf.t_score, bf.t_select_tiles, bf.t_fused,
-                 bf.t_rerank, bf.t_fallback, bf.t_download,
-                 !gemm ? "exact" : dgemm ? "dgemm" : "sgemm",
-                 static_cast<long long>(bf.fallback_queries), plan.segments, plan.cap,
-                 plan.tile_rows, plan.tile_cols);
   if (stats != nullptr) {
-    std::snprintf(stats->method, sizeof stats->method, "brute");
-    const char *scoring = plan.full_sort ? "exact-tiles/full-sort"
-                          : dgemm        ? "dgemm-bound/warp-select"
-                          : gemm         ? "sgemm-bound/warp-select"
-                          : plan.fused   ? "exact-fused-select"
-                                         : "exact-tiles/warp-select";
-    char chunks[48] = "";
-    if (plan.q_chunk < problem.n_queries || plan.t_chunked)
-      std::snprintf(chunks, sizeof chunks, " chunks %lldx%lld",
-                    static_cast<long long>(plan.q_chunk), static_cast<long long>(plan.t_chunk));
-    std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s", scoring,
-                  plan.full_sort ? problem.k : plan.cap, chunks,
-                  bf.fallback_queries > 0 ? " +fallback" : "");
+    stats->method = KNN_METHOD_BRUTE;
+    describe(problem, plan, bf, stats);
     stats->distance_computations = bf.exact_pairs;
     stats->pairs = problem.n_queries * problem.n_targets;
     stats->threads_per_query = plan.full_sort ? 1 : 32 * plan.segments;

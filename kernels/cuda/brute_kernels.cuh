@@ -26,6 +26,46 @@ struct ResultArrays {
   double *dist = nullptr;
 };
 
+// Rows of one side on the device (a chunk of it, or a slice of a chunk):
+// n vectors of dim floats, their knn_dot norms and zero flags, keys (null
+// without self-match exclusion) and, for the DGEMM filter only, the vectors
+// and sums of squares in double.
+struct Rows {
+  const float *x = nullptr;
+  const double *xd = nullptr;
+  const double *norm_d = nullptr;
+  const float *norm = nullptr;
+  const uint8_t *zero = nullptr;
+  const int64_t *keys = nullptr;
+  int64_t n = 0;
+  int64_t offset = 0;  // global row of row 0
+
+  // Rows [first, first + count) of these.
+  Rows slice(int64_t first, int64_t count, int dim) const {
+    Rows r = *this;
+    if (r.x != nullptr) r.x += first * dim;
+    if (r.xd != nullptr) r.xd += first * dim;
+    if (r.norm_d != nullptr) r.norm_d += first;
+    if (r.norm != nullptr) r.norm += first;
+    if (r.zero != nullptr) r.zero += first;
+    if (r.keys != nullptr) r.keys += first;
+    r.n = count;
+    r.offset += first;
+    return r;
+  }
+};
+
+// The candidate lists of a chunk of queries: (chunk query q, segment s)
+// owns cap entries at ((q * segments) + s) * cap, sorted, kEmptyKey past
+// its count; each keeps its kp best.
+struct CandidateLists {
+  uint64_t *key = nullptr;
+  uint32_t *row = nullptr;
+  int segments = 1;
+  int cap = 32;  // 32, 64, 128 or 256
+  int kp = 1;    // <= cap
+};
+
 // norm[i] = knn_dot(x_i, x_i); zero[i] = every component of x_i is 0.
 KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int dim,
                            float *norm, uint8_t *zero);
@@ -36,11 +76,10 @@ KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int di
                            double *norm_d);
 
 // dst row i = src row index[i] (rows of dim floats), plus norm, zero flag
-// and key (each may be null).
+// and key (each dst array may be null).
 KnnStatus launch_gather_rows(DeviceContext &ctx, const int32_t *index, int64_t n, int dim,
-                             const float *src, const float *src_norm, const uint8_t *src_zero,
-                             const int64_t *src_key, float *dst, float *dst_norm,
-                             uint8_t *dst_zero, int64_t *dst_key);
+                             const Rows &src, float *dst, float *dst_norm, uint8_t *dst_zero,
+                             int64_t *dst_key);
 
 // Sets n entries to (kEmptyKey, kEmptyRow).
 KnnStatus launch_clear_entries(DeviceContext &ctx, uint64_t *key, uint32_t *row, int64_t n);
@@ -59,7 +98,8 @@ KnnStatus launch_exact_tile(DeviceContext &ctx, KnnMetric metric, const float *q
                             int64_t ld);
 
 // One streaming step of the selection: folds the tile (nq rows x nt
-// columns, row stride ld) into the per-query candidate lists.
+// columns, row stride ld) into the per-query candidate lists; segment s of
+// every tile goes to list s.
 struct SelectTileArgs {
   const float *tile = nullptr;   // a float tile (exact values, SGEMM dots), or
   const double *tile_d = nullptr;  // a double tile (DGEMM dots)
@@ -71,14 +111,7 @@ struct SelectTileArgs {
   TileValue value;
   const int64_t *query_keys = nullptr;   // chunk rows; null: no exclusion
   const int64_t *target_keys = nullptr;
-  // Lists: (chunk query q, segment s) owns cap entries at
-  // ((q * segments) + s) * cap, sorted, kEmptyKey past its count. Segment s
-  // of every tile goes to list s.
-  uint64_t *list_key = nullptr;
-  uint32_t *list_row = nullptr;
-  int segments = 1;
-  int cap = 32;                // 32, 64, 128 or 256
-  int kp = 1;                  // entries kept per list (<= cap)
+  CandidateLists lists;
 };
 KnnStatus launch_select_tile(DeviceContext &ctx, const SelectTileArgs &args);
 
@@ -99,11 +132,7 @@ struct FusedSelectArgs {
   int nt = 0;
   const int64_t *query_keys = nullptr;  // chunk rows; null: no exclusion
   const int64_t *target_keys = nullptr;
-  uint64_t *list_key = nullptr;       // layout as in SelectTileArgs
-  uint32_t *list_row = nullptr;
-  int segments = 1;
-  int cap = 32;
-  int kp = 1;
+  CandidateLists lists;
 };
 constexpr int kMaxFusedCap = 128;
 bool fused_select_supports(KnnMetric metric, int cap);
@@ -116,44 +145,28 @@ constexpr int kMaxListEntries = 2048;  // segments * cap per query (rerank's sha
 // Certifies (certified[i] = 1) when the candidate set provably holds the
 // exact k best; always 1 when the lists came from exact tiles.
 struct RerankArgs {
-  const uint64_t *list_key = nullptr;
-  const uint32_t *list_row = nullptr;
-  int segments = 1;
-  int cap = 32;
-  int kp = 1;
+  CandidateLists lists;
   int k = 1;
   bool exact_lists = true;
   KnnMetric metric = KNN_METRIC_L2;
   int dim = 0;
-  int64_t nq = 0;
-  const float *queries = nullptr;        // chunk rows (list i <-> query row i)
-  const float *query_norm = nullptr;     // cosine only
-  const float *targets = nullptr;        // the target chunk
-  const float *target_norm = nullptr;
-  int64_t n_targets = 0;                 // rows of the target chunk
-  int64_t target_offset = 0;             // global row of chunk row 0
+  Rows q;                                // list i <-> query row i (norms: cosine only)
+  Rows t;                                // the target chunk
   const int32_t *out_index = nullptr;    // results of list i go to slot out_index[i] (null: i)
   ResultArrays out;
   uint8_t *certified = nullptr;          // per list i (may be null when exact)
 };
 KnnStatus launch_rerank(DeviceContext &ctx, const RerankArgs &args);
 
-// Large k: every exact distance of `nq` queries against the target chunk,
-// sorted per query; writes the k best of query i to out slots i*k...
+// Large k: every exact distance of the queries q against the target chunk
+// t, sorted per query; writes the k best of query i to out slots i*k...
 // Works in batches of queries that fit `budget` bytes.
 struct FullSortArgs {
   KnnMetric metric = KNN_METRIC_L2;
   int dim = 0;
   int k = 1;
-  int64_t nq = 0;
-  const float *queries = nullptr;
-  const float *query_norm = nullptr;
-  const int64_t *query_keys = nullptr;
-  int64_t nt = 0;
-  const float *targets = nullptr;
-  const float *target_norm = nullptr;
-  const int64_t *target_keys = nullptr;
-  int64_t target_offset = 0;
+  Rows q;
+  Rows t;
   ResultArrays out;
   size_t budget = 0;  // device bytes this step may allocate
 };

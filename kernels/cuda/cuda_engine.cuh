@@ -15,6 +15,7 @@
 #include <string>
 
 #include "../knn_engine.h"
+#include "join_tuning.cuh"
 
 namespace knn {
 namespace cuda {
@@ -35,18 +36,27 @@ struct DeviceContext {
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
   }
+
+  // KNN_CANCELLED (with its message) once a cancel has been asked for, else
+  // KNN_OK: KNN_TRY(ctx.cancel_point()) between launches and chunks.
+  KnnStatus cancel_point() {
+    if (!cancelled()) return KNN_OK;
+    if (error.empty()) error = "canceled";
+    return KNN_CANCELLED;
+  }
 };
 
 // Exact brute force: cuBLAS GEMM tiles as a filter with a proven error
 // margin, k-selection, exact re-rank with knn_distance.h; chunked when the
 // sets do not fit the budget. Handles every metric.
-KnnStatus brute_force_join(const KnnProblem &problem, int64_t *neighbors,
-                           double *distances, KnnStats *stats,
+KnnStatus brute_force_join(const KnnProblem &problem, const JoinTuning &tuning,
+                           int64_t *neighbors, double *distances, KnnStats *stats,
                            DeviceContext &ctx);
 
 // Sweet KNN: clustered triangle-inequality join (L2 and L1; the caller
-// routes other metrics elsewhere).
-KnnStatus ti_join(const KnnProblem &problem, int64_t *neighbors,
+// routes other metrics elsewhere). Inputs whose distances could overflow go
+// to brute_force_join.
+KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                   double *distances, KnnStats *stats, DeviceContext &ctx);
 
 }  // namespace cuda

@@ -97,60 +97,52 @@ class PinnedBuffer {
     void *p = nullptr;
     CUDA_CHECK(ctx, cudaMallocHost(&p, count * sizeof(T)));
     ptr_ = static_cast<T *>(p);
-    count_ = count;
     return KNN_OK;
   }
 
   void release() {
-    if (ptr_ != nullptr) cudaFreeHost(ptr_);
+    if (ptr_ != nullptr) (void)cudaFreeHost(ptr_);
     ptr_ = nullptr;
-    count_ = 0;
   }
 
   T *get() const { return ptr_; }
-  size_t size() const { return count_; }
 
  private:
   T *ptr_ = nullptr;
-  size_t count_ = 0;
 };
 
-class Stream {
+// A CUDA stream or event, destroyed with its owner. Created on first use
+// (PinnedStaging::reserve), so create() reports a failure as a status.
+template <class Handle, cudaError_t (*Destroy)(Handle)>
+class OwnedHandle {
  public:
-  Stream() = default;
-  ~Stream() {
-    if (s_ != nullptr) cudaStreamDestroy(s_);
+  OwnedHandle() = default;
+  ~OwnedHandle() {
+    if (h_ != nullptr) (void)Destroy(h_);
   }
-  Stream(const Stream &) = delete;
-  Stream &operator=(const Stream &) = delete;
+  OwnedHandle(const OwnedHandle &) = delete;
+  OwnedHandle &operator=(const OwnedHandle &) = delete;
 
-  KnnStatus create(DeviceContext &ctx) {
-    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
-    return KNN_OK;
-  }
-  cudaStream_t get() const { return s_; }
+  Handle get() const { return h_; }
 
- private:
-  cudaStream_t s_ = nullptr;
+ protected:
+  Handle h_ = nullptr;
 };
 
-class Event {
+class Stream : public OwnedHandle<cudaStream_t, cudaStreamDestroy> {
  public:
-  Event() = default;
-  ~Event() {
-    if (e_ != nullptr) cudaEventDestroy(e_);
-  }
-  Event(const Event &) = delete;
-  Event &operator=(const Event &) = delete;
-
   KnnStatus create(DeviceContext &ctx) {
-    CUDA_CHECK(ctx, cudaEventCreateWithFlags(&e_, cudaEventDisableTiming));
+    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&h_, cudaStreamNonBlocking));
     return KNN_OK;
   }
-  cudaEvent_t get() const { return e_; }
+};
 
- private:
-  cudaEvent_t e_ = nullptr;
+class Event : public OwnedHandle<cudaEvent_t, cudaEventDestroy> {
+ public:
+  KnnStatus create(DeviceContext &ctx) {
+    CUDA_CHECK(ctx, cudaEventCreateWithFlags(&h_, cudaEventDisableTiming));
+    return KNN_OK;
+  }
 };
 
 }  // namespace cuda

@@ -73,11 +73,11 @@ __global__ void __launch_bounds__(kThreads, 2) fused_select_kernel(FusedSelectAr
   const int q0 = blockIdx.y * BQ;  // first query (launch row) of the block
   const int s = blockIdx.x;        // target segment
   const int dim = a.dim;
-  const int seg_len = ((a.nt + a.segments - 1) / a.segments + BT - 1) / BT * BT;
+  const int seg_len = ((a.nt + a.lists.segments - 1) / a.lists.segments + BT - 1) / BT * BT;
   const int t_begin = s * seg_len;
   const int t_end = min(a.nt, t_begin + seg_len);
   const bool exclude = a.query_keys != nullptr;
-  const int kp = a.kp;
+  const int kp = a.lists.kp;
 
   // ---- the lists of the block's queries, and their thresholds ----
   for (int i = tid; i < BQ * L::kTotal; i += kThreads) {
@@ -86,9 +86,9 @@ __global__ void __launch_bounds__(kThreads, 2) fused_select_kernel(FusedSelectAr
     uint64_t key = kEmptyKey;
     uint32_t row = kEmptyRow;
     if (j < CAP && q < a.nq) {
-      const int64_t at = ((a.query_base + q) * a.segments + s) * CAP + j;
-      key = a.list_key[at];
-      row = a.list_row[at];
+      const int64_t at = ((a.query_base + q) * a.lists.segments + s) * CAP + j;
+      key = a.lists.key[at];
+      row = a.lists.row[at];
     }
     skey[i] = key;
     srow[i] = row;
@@ -176,12 +176,7 @@ __global__ void __launch_bounds__(kThreads, 2) fused_select_kernel(FusedSelectAr
   };
 
   float acc[MQ][MT][KNN_LANES];
-#pragma unroll
-  for (int m = 0; m < MQ; m++)
-#pragma unroll
-    for (int n = 0; n < MT; n++)
-#pragma unroll
-      for (int j = 0; j < KNN_LANES; j++) acc[m][n][j] = 0.0f;
+  clear_lanes(acc);
 
   int t0 = t_begin, d0 = 0;
   if (t0 < t_end) load(t0, d0);
@@ -196,27 +191,7 @@ __global__ void __launch_bounds__(kThreads, 2) fused_select_kernel(FusedSelectAr
     const int next_d0 = last_chunk ? 0 : d0 + kChunk;
     if (next_t0 < t_end) load(next_t0, next_d0);
 
-#pragma unroll
-    for (int g = 0; g < kChunk; g += 4) {
-      if (g >= chunk_dims) break;
-      const int lane0 = g % KNN_LANES;
-      float4 x[MQ], y[MT];
-#pragma unroll
-      for (int m = 0; m < MQ; m++)
-        x[m] = *reinterpret_cast<const float4 *>(&sq[(ty * MQ + m) * kStride + g]);
-#pragma unroll
-      for (int n = 0; n < MT; n++)
-        y[n] = *reinterpret_cast<const float4 *>(&st[(tx + n * TX) * kStride + g]);
-#pragma unroll
-      for (int m = 0; m < MQ; m++)
-#pragma unroll
-        for (int n = 0; n < MT; n++) {
-          acc[m][n][lane0 + 0] = lane_add<OP>(acc[m][n][lane0 + 0], x[m].x, y[n].x);
-          acc[m][n][lane0 + 1] = lane_add<OP>(acc[m][n][lane0 + 1], x[m].y, y[n].y);
-          acc[m][n][lane0 + 2] = lane_add<OP>(acc[m][n][lane0 + 2], x[m].z, y[n].z);
-          acc[m][n][lane0 + 3] = lane_add<OP>(acc[m][n][lane0 + 3], x[m].w, y[n].w);
-        }
-    }
+    add_staged_chunk<OP, MQ, MT, TX, kChunk, kStride>(acc, sq, st, tx, ty, chunk_dims);
 
     if (last_chunk) {
       // Filter the tile's pairs against the thresholds.
@@ -259,9 +234,9 @@ __global__ void __launch_bounds__(kThreads, 2) fused_select_kernel(FusedSelectAr
     const int qq = i / CAP, j = i % CAP;
     const int q = q0 + qq;
     if (q >= a.nq) continue;
-    const int64_t at = ((a.query_base + q) * a.segments + s) * CAP + j;
-    a.list_key[at] = skey[qq * L::kTotal + j];
-    a.list_row[at] = srow[qq * L::kTotal + j];
+    const int64_t at = ((a.query_base + q) * a.lists.segments + s) * CAP + j;
+    a.lists.key[at] = skey[qq * L::kTotal + j];
+    a.lists.row[at] = srow[qq * L::kTotal + j];
   }
 }
 
@@ -271,7 +246,7 @@ KnnStatus launch_typed(DeviceContext &ctx, const FusedSelectArgs &a) {
   CUDA_CHECK(ctx, cudaFuncSetAttribute(fused_select_kernel<OP, CAP>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(bytes)));
-  dim3 grid(a.segments, (a.nq + BQ - 1) / BQ);
+  dim3 grid(a.lists.segments, (a.nq + BQ - 1) / BQ);
   fused_select_kernel<OP, CAP><<<grid, kThreads, bytes, ctx.stream>>>(a);
   CUDA_CHECK_LAUNCH(ctx, "fused_select_kernel");
   return KNN_OK;
@@ -279,7 +254,7 @@ KnnStatus launch_typed(DeviceContext &ctx, const FusedSelectArgs &a) {
 
 template <int OP>
 KnnStatus launch_op(DeviceContext &ctx, const FusedSelectArgs &a) {
-  switch (a.cap) {
+  switch (a.lists.cap) {
     case 32: return launch_typed<OP, 32>(ctx, a);
     case 64: return launch_typed<OP, 64>(ctx, a);
     case 128: return launch_typed<OP, 128>(ctx, a);
@@ -298,7 +273,8 @@ int fused_select_rows_per_block() { return BQ; }
 
 KnnStatus launch_fused_select(DeviceContext &ctx, const FusedSelectArgs &a) {
   if (a.nq <= 0 || a.nt <= 0) return KNN_OK;
-  if (a.kp < 1 || a.kp > a.cap || !fused_select_supports(a.metric, a.cap)) {
+  const CandidateLists &l = a.lists;
+  if (l.kp < 1 || l.kp > l.cap || !fused_select_supports(a.metric, l.cap)) {
     ctx.error = "fused select: arguments out of range";
     return KNN_INTERNAL_ERROR;
   }

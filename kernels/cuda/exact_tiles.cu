@@ -44,12 +44,7 @@ exact_tile_kernel(const float *__restrict__ queries, int nq, const float *__rest
   const int t0 = blockIdx.x * BT;
 
   float acc[kQueriesPerThread][kTargetsPerThread][KNN_LANES];
-#pragma unroll
-  for (int m = 0; m < kQueriesPerThread; m++)
-#pragma unroll
-    for (int n = 0; n < kTargetsPerThread; n++)
-#pragma unroll
-      for (int j = 0; j < KNN_LANES; j++) acc[m][n][j] = 0.0f;
+  clear_lanes(acc);
 
   for (int d0 = 0; d0 < dim; d0 += kChunk) {
     // Stage the chunk (its dimensions rounded up to 4), zero-padded past the
@@ -71,27 +66,8 @@ exact_tile_kernel(const float *__restrict__ queries, int nq, const float *__rest
     }
     __syncthreads();
 
-#pragma unroll
-    for (int g = 0; g < kChunk; g += 4) {
-      if (g >= chunk_dims) break;
-      const int lane0 = g % KNN_LANES;  // 0 or 4: compile-time after unrolling
-      float4 a[kQueriesPerThread], b[kTargetsPerThread];
-#pragma unroll
-      for (int m = 0; m < kQueriesPerThread; m++)
-        a[m] = *reinterpret_cast<const float4 *>(&sq[(ty * kQueriesPerThread + m) * kStride + g]);
-#pragma unroll
-      for (int n = 0; n < kTargetsPerThread; n++)
-        b[n] = *reinterpret_cast<const float4 *>(&st[(tx + n * TX) * kStride + g]);
-#pragma unroll
-      for (int m = 0; m < kQueriesPerThread; m++)
-#pragma unroll
-        for (int n = 0; n < kTargetsPerThread; n++) {
-          acc[m][n][lane0 + 0] = lane_add<OP>(acc[m][n][lane0 + 0], a[m].x, b[n].x);
-          acc[m][n][lane0 + 1] = lane_add<OP>(acc[m][n][lane0 + 1], a[m].y, b[n].y);
-          acc[m][n][lane0 + 2] = lane_add<OP>(acc[m][n][lane0 + 2], a[m].z, b[n].z);
-          acc[m][n][lane0 + 3] = lane_add<OP>(acc[m][n][lane0 + 3], a[m].w, b[n].w);
-        }
-    }
+    add_staged_chunk<OP, kQueriesPerThread, kTargetsPerThread, TX, kChunk, kStride>(
+        acc, sq, st, tx, ty, chunk_dims);
     __syncthreads();
   }
 

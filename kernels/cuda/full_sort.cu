@@ -14,17 +14,13 @@
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
 #include "exact_pair.cuh"
+#include "grid.cuh"
 
 namespace knn {
 namespace cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-int grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(b, 1 << 20)));
-}
 
 __global__ void make_keys_kernel(const float *__restrict__ values, int64_t rows, int64_t nt,
                                  int64_t query_base, TileValue value,
@@ -51,27 +47,27 @@ __global__ void take_best_kernel(FullSortArgs a, int64_t query_base, int64_t row
                                  const uint64_t *__restrict__ keys,
                                  const uint32_t *__restrict__ target_rows) {
   const int64_t total = rows * a.k;
+  const int64_t nt = a.t.n;
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += step) {
     const int64_t r = i / a.k, j = i % a.k;
     const int64_t q = query_base + r;
     const int64_t o = q * a.k + j;
-    const uint64_t key = j < a.nt ? keys[r * a.nt + j] : kEmptyKey;
+    const uint64_t key = j < nt ? keys[r * nt + j] : kEmptyKey;
     if (key == kEmptyKey) {
       a.out.key[o] = kEmptyKey;
       a.out.row[o] = -1;
       a.out.dist[o] = NAN;
       continue;
     }
-    const uint32_t t = target_rows[r * a.nt + j];
+    const uint32_t t = target_rows[r * nt + j];
     const bool cosine = a.metric == KNN_METRIC_COSINE;
     double value, dist;
-    exact_pair(a.metric, a.queries + q * a.dim, a.targets + static_cast<int64_t>(t) * a.dim,
-               a.dim, cosine ? a.query_norm[q] : 0.0f, cosine ? a.target_norm[t] : 0.0f, &value,
-               &dist);
+    exact_pair(a.metric, a.q.x + q * a.dim, a.t.x + static_cast<int64_t>(t) * a.dim, a.dim,
+               cosine ? a.q.norm[q] : 0.0f, cosine ? a.t.norm[t] : 0.0f, &value, &dist);
     a.out.key[o] = key;
-    a.out.row[o] = a.target_offset + t;
+    a.out.row[o] = a.t.offset + t;
     a.out.dist[o] = dist;
   }
 }
@@ -95,19 +91,17 @@ size_t full_sort_bytes(int64_t rows, int64_t nt) {
 }
 
 KnnStatus run_full_sort(DeviceContext &ctx, const FullSortArgs &a, int64_t *exact_pairs) {
-  if (a.nq <= 0) return KNN_OK;
-  if (a.nt <= 0) {
-    ResultArrays out = a.out;
-    return launch_clear_results(ctx, out, a.nq, a.k);
-  }
+  const int64_t nq = a.q.n, nt = a.t.n;
+  if (nq <= 0) return KNN_OK;
+  if (nt <= 0) return launch_clear_results(ctx, a.out, nq, a.k);
   // The largest batch that fits; tiles are limited to 2^31 - 1 rows.
-  int64_t batch = std::min<int64_t>(a.nq, 1 << 20);
-  while (batch > 1 && full_sort_bytes(batch, a.nt) > a.budget) batch = (batch + 1) / 2;
-  if (full_sort_bytes(batch, a.nt) > a.budget) {
+  int64_t batch = std::min<int64_t>(nq, 1 << 20);
+  while (batch > 1 && full_sort_bytes(batch, nt) > a.budget) batch = (batch + 1) / 2;
+  if (full_sort_bytes(batch, nt) > a.budget) {
     char msg[200];
     std::snprintf(msg, sizeof msg,
                   "the large-k path needs %.1f MiB for one query against %lld targets",
-                  full_sort_bytes(1, a.nt) / 1048576.0, static_cast<long long>(a.nt));
+                  full_sort_bytes(1, nt) / 1048576.0, static_cast<long long>(nt));
     ctx.error = msg;
     return KNN_OUT_OF_MEMORY;
   }
@@ -117,8 +111,8 @@ KnnStatus run_full_sort(DeviceContext &ctx, const FullSortArgs &a, int64_t *exac
   DeviceBuffer<uint32_t> rows_in, rows_out;
   DeviceBuffer<int64_t> offsets;
   DeviceBuffer<unsigned char> temp;
-  const size_t pairs = static_cast<size_t>(batch) * a.nt;
-  size_t temp_bytes = cub_temp_bytes(batch, a.nt);
+  const size_t pairs = static_cast<size_t>(batch) * nt;
+  size_t temp_bytes = cub_temp_bytes(batch, nt);
   KNN_TRY(values.allocate(ctx, pairs, "large-k distances"));
   KNN_TRY(keys_in.allocate(ctx, pairs, "large-k keys"));
   KNN_TRY(keys_out.allocate(ctx, pairs, "large-k keys"));
@@ -129,31 +123,27 @@ KnnStatus run_full_sort(DeviceContext &ctx, const FullSortArgs &a, int64_t *exac
 
   TileValue value;
   value.kind = exact_kind(a.metric);
-  value.query_norm = a.query_norm;
-  value.target_norm = a.target_norm;
+  value.query_norm = a.q.norm;
+  value.target_norm = a.t.norm;
 
-  for (int64_t b0 = 0; b0 < a.nq; b0 += batch) {
-    if (ctx.cancelled()) {
-      ctx.error = "canceled";
-      return KNN_CANCELLED;
-    }
-    const int64_t rows = std::min(batch, a.nq - b0);
-    KNN_TRY(launch_exact_tile(ctx, a.metric, a.queries + b0 * a.dim, static_cast<int>(rows),
-                              a.targets, static_cast<int>(a.nt), a.dim, values.get(), a.nt));
-    make_keys_kernel<<<grid_for(rows * a.nt), kThreads, 0, ctx.stream>>>(
-        values.get(), rows, a.nt, b0, value, a.query_keys, a.target_keys, keys_in.get(),
-        rows_in.get(), offsets.get());
+  for (int64_t b0 = 0; b0 < nq; b0 += batch) {
+    KNN_TRY(ctx.cancel_point());
+    const int64_t rows = std::min(batch, nq - b0);
+    KNN_TRY(launch_exact_tile(ctx, a.metric, a.q.x + b0 * a.dim, static_cast<int>(rows), a.t.x,
+                              static_cast<int>(nt), a.dim, values.get(), nt));
+    make_keys_kernel<<<grid_stride_blocks(rows * nt, kThreads), kThreads, 0, ctx.stream>>>(
+        values.get(), rows, nt, b0, value, a.q.keys, a.t.keys, keys_in.get(), rows_in.get(),
+        offsets.get());
     CUDA_CHECK_LAUNCH(ctx, "make_keys_kernel");
     size_t bytes = temp.bytes();
     CUDA_CHECK(ctx, cub::DeviceSegmentedSort::StableSortPairs(
                         temp.get(), bytes, keys_in.get(), keys_out.get(), rows_in.get(),
-                        rows_out.get(), rows * a.nt, rows, offsets.get(), offsets.get() + 1,
+                        rows_out.get(), rows * nt, rows, offsets.get(), offsets.get() + 1,
                         ctx.stream));
-    take_best_kernel<<<grid_for(rows * a.k), kThreads, 0, ctx.stream>>>(a, b0, rows,
-                                                                       keys_out.get(),
-                                                                       rows_out.get());
+    take_best_kernel<<<grid_stride_blocks(rows * a.k, kThreads), kThreads, 0, ctx.stream>>>(
+        a, b0, rows, keys_out.get(), rows_out.get());
     CUDA_CHECK_LAUNCH(ctx, "take_best_kernel");
-    if (exact_pairs != nullptr) *exact_pairs += rows * a.nt;
+    if (exact_pairs != nullptr) *exact_pairs += rows * nt;
     // Keep the queue short so that cancel is noticed soon.
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
   }

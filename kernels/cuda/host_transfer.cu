@@ -1,10 +1,9 @@
 // host_transfer.cu -- staged host <-> device copies (see host_transfer.cuh).
 #include <algorithm>
 #include <cstring>
-#include <string>
 #include <thread>
-#include <vector>
 
+#include "device_thread.cuh"
 #include "host_transfer.cuh"
 
 namespace knn {
@@ -85,53 +84,40 @@ KnnStatus run_parts(DeviceContext &ctx, size_t total, int workers, Part part) {
   auto begin_of = [&](int w) { return std::min(total, static_cast<size_t>(w) * share); };
   auto bytes_of = [&](int w) { return std::min(total, begin_of(w) + share) - begin_of(w); };
 
-  std::vector<KnnStatus> status(workers, KNN_OK);
-  std::vector<std::string> errors(workers);
-  std::vector<char> on_caller(workers, 0);
-  std::vector<std::thread> threads;
-  threads.reserve(workers);
-  struct Joiner {
-    std::vector<std::thread> &threads;
-    ~Joiner() {
-      for (std::thread &t : threads)
-        if (t.joinable()) t.join();
-    }
-  } joiner{threads};
-
+  bool on_caller[PinnedStaging::kMaxWorkers] = {};
+  DeviceThread helpers[PinnedStaging::kMaxWorkers];  // joined before the lambdas go
   for (int w = 1; w < workers; w++) {
     if (bytes_of(w) == 0) continue;
-    try {
-      threads.emplace_back([&, w] {
-        try {
-          DeviceContext local;
-          local.device = ctx.device;
-          local.memory_budget = ctx.memory_budget;
-          if (cudaSetDevice(ctx.device) != cudaSuccess) {
-            (void)cudaGetLastError();
-            status[w] = KNN_DEVICE_ERROR;
-            errors[w] = "cudaSetDevice failed in a copy thread";
-            return;
-          }
-          status[w] = part(local, w, begin_of(w), bytes_of(w));
-          errors[w] = local.error;
-        } catch (...) {
-          status[w] = KNN_INTERNAL_ERROR;
-        }
-      });
-    } catch (...) {
-      on_caller[w] = 1;  // no thread: the caller copies this part too
-    }
+    on_caller[w] = !helpers[w].start(ctx, [&, w](DeviceContext &local) {
+      return part(local, w, begin_of(w), bytes_of(w));
+    });
   }
-  status[0] = part(ctx, 0, begin_of(0), bytes_of(0));
+  KnnStatus status = part(ctx, 0, begin_of(0), bytes_of(0));
   for (int w = 1; w < workers; w++)
-    if (on_caller[w] && status[0] == KNN_OK) status[w] = part(ctx, w, begin_of(w), bytes_of(w));
-  for (std::thread &t : threads) t.join();
-  for (int w = 0; w < workers; w++)
-    if (status[w] != KNN_OK) {
-      if (ctx.error.empty())
-        ctx.error = errors[w].empty() ? "a host copy thread failed" : errors[w];
-      return status[w];
-    }
+    if (on_caller[w] && status == KNN_OK) status = part(ctx, w, begin_of(w), bytes_of(w));
+  for (int w = 1; w < workers; w++) {
+    const KnnStatus helper = helpers[w].finish(ctx);
+    if (status == KNN_OK) status = helper;
+  }
+  return status;
+}
+
+// A copy through the staging slices: part(ctx, staging, worker, begin, n)
+// moves bytes [begin, begin + n) on the upload stream or on ctx.stream.
+// Every copy issued is waited for, also after a failure: the slices are
+// reused by the next transfer.
+template <class Part>
+KnnStatus staged_copy(DeviceContext &ctx, size_t bytes, bool on_upload_stream, Part part) {
+  PinnedStaging &st = *ctx.staging;
+  const int workers = workers_for(bytes);
+  KNN_TRY(st.reserve(ctx, workers));
+  const KnnStatus status =
+      run_parts(ctx, bytes, workers, [&](DeviceContext &c, int w, size_t begin, size_t n) {
+        return part(c, st, w, begin, n);
+      });
+  const cudaError_t err = cudaStreamSynchronize(on_upload_stream ? st.upload_stream() : ctx.stream);
+  if (status != KNN_OK) return status;
+  CUDA_CHECK(ctx, err);
   return KNN_OK;
 }
 
@@ -143,21 +129,12 @@ KnnStatus upload_to_device(DeviceContext &ctx, void *dst, const void *src, size_
     CUDA_CHECK(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
     return KNN_OK;
   }
-  PinnedStaging &st = *ctx.staging;
-  const int workers = workers_for(bytes);
-  KNN_TRY(st.reserve(ctx, workers));
   unsigned char *to = static_cast<unsigned char *>(dst);
   const unsigned char *from = static_cast<const unsigned char *>(src);
-  const KnnStatus status =
-      run_parts(ctx, bytes, workers, [&](DeviceContext &c, int w, size_t begin, size_t n) {
-        return upload_part(c, st, w, to + begin, from + begin, n);
-      });
-  // Wait for every copy issued, also after a failure: the slices are reused
-  // by the next transfer.
-  const cudaError_t err = cudaStreamSynchronize(st.upload_stream());
-  if (status != KNN_OK) return status;
-  CUDA_CHECK(ctx, err);
-  return KNN_OK;
+  return staged_copy(ctx, bytes, true,
+                     [&](DeviceContext &c, PinnedStaging &st, int w, size_t begin, size_t n) {
+                       return upload_part(c, st, w, to + begin, from + begin, n);
+                     });
 }
 
 KnnStatus download_to_host(DeviceContext &ctx, void *dst, const void *src, size_t bytes) {
@@ -167,20 +144,13 @@ KnnStatus download_to_host(DeviceContext &ctx, void *dst, const void *src, size_
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     return KNN_OK;
   }
-  PinnedStaging &st = *ctx.staging;
-  const int workers = workers_for(bytes);
-  KNN_TRY(st.reserve(ctx, workers));
   unsigned char *to = static_cast<unsigned char *>(dst);
   const unsigned char *from = static_cast<const unsigned char *>(src);
   const cudaStream_t stream = ctx.stream;
-  const KnnStatus status =
-      run_parts(ctx, bytes, workers, [&](DeviceContext &c, int w, size_t begin, size_t n) {
-        return download_part(c, st, w, stream, to + begin, from + begin, n);
-      });
-  const cudaError_t err = cudaStreamSynchronize(stream);
-  if (status != KNN_OK) return status;
-  CUDA_CHECK(ctx, err);
-  return KNN_OK;
+  return staged_copy(ctx, bytes, false,
+                     [&](DeviceContext &c, PinnedStaging &st, int w, size_t begin, size_t n) {
+                       return download_part(c, st, w, stream, to + begin, from + begin, n);
+                     });
 }
 
 }  // namespace cuda

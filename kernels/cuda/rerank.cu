@@ -30,12 +30,6 @@ namespace {
 
 constexpr int kThreads = 128;
 
-int next_pow2(int x) {
-  int p = 1;
-  while (p < x) p <<= 1;
-  return p;
-}
-
 __global__ void __launch_bounds__(kThreads) rerank_kernel(RerankArgs a, int n_in, int n_cand) {
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t *lkey = reinterpret_cast<uint64_t *>(smem);          // n_in
@@ -48,7 +42,7 @@ __global__ void __launch_bounds__(kThreads) rerank_kernel(RerankArgs a, int n_in
 
   const int64_t i = blockIdx.x;
   const int tid = threadIdx.x;
-  const int total = a.segments * a.cap;
+  const int total = a.lists.segments * a.lists.cap;
   const int64_t base = i * total;
   if (tid == 0) {
     s_truncated = 0;
@@ -57,31 +51,32 @@ __global__ void __launch_bounds__(kThreads) rerank_kernel(RerankArgs a, int n_in
   __syncthreads();
   for (int j = tid; j < n_in; j += kThreads) {
     if (j < total) {
-      lkey[j] = a.list_key[base + j];
-      lrow[j] = a.list_row[base + j];
+      lkey[j] = a.lists.key[base + j];
+      lrow[j] = a.lists.row[base + j];
       // A list holding kp entries may have dropped targets (unless kp
       // covers the whole chunk).
-      if (j % a.cap == a.kp - 1 && lkey[j] != kEmptyKey && a.kp < a.n_targets) s_truncated = 1;
+      if (j % a.lists.cap == a.lists.kp - 1 && lkey[j] != kEmptyKey && a.lists.kp < a.t.n)
+        s_truncated = 1;
     } else {
       lkey[j] = kEmptyKey;
       lrow[j] = kEmptyRow;
     }
   }
   __syncthreads();
-  if (a.segments > 1) bitonic_sort(lkey, lrow, nullptr, n_in, tid, kThreads, BlockSync());
+  if (a.lists.segments > 1) bitonic_sort(lkey, lrow, nullptr, n_in, tid, kThreads, BlockSync());
   for (int j = tid; j < n_in; j += kThreads)
     if (lkey[j] != kEmptyKey && (j + 1 == n_in || lkey[j + 1] == kEmptyKey)) s_count = j + 1;
   __syncthreads();
-  const int count = min(a.kp, s_count);
+  const int count = min(a.lists.kp, s_count);
 
-  const float *q = a.queries + i * a.dim;
-  const float q_norm = a.metric == KNN_METRIC_COSINE ? a.query_norm[i] : 0.0f;
+  const float *q = a.q.x + i * a.dim;
+  const float q_norm = a.metric == KNN_METRIC_COSINE ? a.q.norm[i] : 0.0f;
   for (int j = tid; j < n_cand; j += kThreads) {
     if (j < count) {
       const uint32_t t = lrow[j];
-      const float t_norm = a.metric == KNN_METRIC_COSINE ? a.target_norm[t] : 0.0f;
+      const float t_norm = a.metric == KNN_METRIC_COSINE ? a.t.norm[t] : 0.0f;
       double value, dist;
-      exact_pair(a.metric, q, a.targets + static_cast<int64_t>(t) * a.dim, a.dim, q_norm, t_norm,
+      exact_pair(a.metric, q, a.t.x + static_cast<int64_t>(t) * a.dim, a.dim, q_norm, t_norm,
                  &value, &dist);
       ekey[j] = order_key(value);
       erow[j] = t;
@@ -99,8 +94,8 @@ __global__ void __launch_bounds__(kThreads) rerank_kernel(RerankArgs a, int n_in
   if (tid == 0 && a.certified != nullptr) {
     bool proven = true;
     if (!a.exact_lists && s_truncated && count >= a.k) {
-      const uint64_t l_key = lkey[a.kp - 1];
-      const uint32_t l_row = lrow[a.kp - 1];
+      const uint64_t l_key = lkey[a.lists.kp - 1];
+      const uint32_t l_row = lrow[a.lists.kp - 1];
       const uint64_t x_key = ekey[a.k - 1];
       if (l_key == kNanKey)
         proven = x_key != kNanKey || erow[a.k - 1] <= l_row;
@@ -113,7 +108,7 @@ __global__ void __launch_bounds__(kThreads) rerank_kernel(RerankArgs a, int n_in
     const int64_t o = slot * a.k + j;
     if (j < count) {
       a.out.key[o] = ekey[j];
-      a.out.row[o] = a.target_offset + erow[j];
+      a.out.row[o] = a.t.offset + erow[j];
       a.out.dist[o] = edist[j];
     } else {
       a.out.key[o] = kEmptyKey;
@@ -126,18 +121,18 @@ __global__ void __launch_bounds__(kThreads) rerank_kernel(RerankArgs a, int n_in
 }  // namespace
 
 KnnStatus launch_rerank(DeviceContext &ctx, const RerankArgs &a) {
-  if (a.nq <= 0) return KNN_OK;
+  if (a.q.n <= 0) return KNN_OK;
   // k may exceed kp only when the chunk has fewer than k targets (then kp
   // is all of them).
-  const int total = a.segments * a.cap;
-  if (total > kMaxListEntries || a.kp > a.cap || a.nq > 2147483647LL) {
+  const int total = a.lists.segments * a.lists.cap;
+  if (total > kMaxListEntries || a.lists.kp > a.lists.cap || a.q.n > 2147483647LL) {
     ctx.error = "rerank: list layout out of range";
     return KNN_INTERNAL_ERROR;
   }
   const int n_in = next_pow2(total);
-  const int n_cand = next_pow2(a.kp);
+  const int n_cand = next_pow2(a.lists.kp);
   const size_t bytes = static_cast<size_t>(n_in) * 12 + static_cast<size_t>(n_cand) * 20;
-  rerank_kernel<<<static_cast<unsigned>(a.nq), kThreads, bytes, ctx.stream>>>(a, n_in, n_cand);
+  rerank_kernel<<<static_cast<unsigned>(a.q.n), kThreads, bytes, ctx.stream>>>(a, n_in, n_cand);
   CUDA_CHECK_LAUNCH(ctx, "rerank_kernel");
   return KNN_OK;
 }

@@ -6,6 +6,7 @@
 
 #include "brute_kernels.cuh"
 #include "cuda_check.cuh"
+#include "grid.cuh"
 
 namespace knn {
 namespace cuda {
@@ -13,10 +14,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65536 * 16 ? (b > 0 ? b : 1) : 65536 * 16);
-}
+int blocks_for(int64_t n) { return grid_stride_blocks(n, kThreads); }
+
 
 __global__ void row_stats_kernel(const float *__restrict__ x, int64_t n, int dim,
                                  float *__restrict__ norm, uint8_t *__restrict__ zero) {
@@ -214,12 +213,11 @@ KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int di
 }
 
 KnnStatus launch_gather_rows(DeviceContext &ctx, const int32_t *index, int64_t n, int dim,
-                             const float *src, const float *src_norm, const uint8_t *src_zero,
-                             const int64_t *src_key, float *dst, float *dst_norm,
-                             uint8_t *dst_zero, int64_t *dst_key) {
+                             const Rows &src, float *dst, float *dst_norm, uint8_t *dst_zero,
+                             int64_t *dst_key) {
   if (n <= 0) return KNN_OK;
   gather_rows_kernel<<<blocks_for(n * dim), kThreads, 0, ctx.stream>>>(
-      index, n, dim, src, src_norm, src_zero, src_key, dst, dst_norm, dst_zero, dst_key);
+      index, n, dim, src.x, src.norm, src.zero, src.keys, dst, dst_norm, dst_zero, dst_key);
   CUDA_CHECK_LAUNCH(ctx, "gather_rows_kernel");
   return KNN_OK;
 }

@@ -50,19 +50,19 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   if (tile_row >= a.nq) return;  // the whole warp leaves; no block barriers below
   const int segment = blockIdx.y;
   const int64_t q = a.query_base + tile_row;
-  const int64_t list = (q * a.segments + segment) * CAP;
+  const int64_t list = (q * a.lists.segments + segment) * CAP;
   uint64_t *key = s_key[warp];
   uint32_t *row = s_row[warp];
 
   for (int i = lane; i < CAP; i += 32) {
-    key[i] = a.list_key[list + i];
-    row[i] = a.list_row[list + i];
+    key[i] = a.lists.key[list + i];
+    row[i] = a.lists.row[list + i];
     key[CAP + i] = kEmptyKey;
     row[CAP + i] = kEmptyRow;
   }
   __syncwarp();
-  uint64_t thr_key = key[a.kp - 1];
-  uint32_t thr_row = row[a.kp - 1];
+  uint64_t thr_key = key[a.lists.kp - 1];
+  uint32_t thr_row = row[a.lists.kp - 1];
   // The threshold's value rounded up to float and widened by 2^-18 of
   // itself, for the prefilter (the widening absorbs the rounding of the
   // prefilter's own float sum, see TileValue::may_beat); +inf while the list
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   double thr_d = threshold_d();
   int buffered = 0;
 
-  const int seg_len = ((a.nt + a.segments - 1) / a.segments + 31) & ~31;
+  const int seg_len = ((a.nt + a.lists.segments - 1) / a.lists.segments + 31) & ~31;
   const int c_begin = segment * seg_len;
   const int c_end = min(a.nt, c_begin + seg_len);
   const T *values =
@@ -134,26 +134,26 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
       }
       buffered += __popc(mask);
       if (buffered > CAP - 32) {
-        merge_buffer<CAP>(key, row, a.kp, lane);
+        merge_buffer<CAP>(key, row, a.lists.kp, lane);
         buffered = 0;
-        thr_key = key[a.kp - 1];
-        thr_row = row[a.kp - 1];
+        thr_key = key[a.lists.kp - 1];
+        thr_row = row[a.lists.kp - 1];
         thr_up = threshold_up();
         thr_d = threshold_d();
       }
     }
   }
-  if (buffered > 0) merge_buffer<CAP>(key, row, a.kp, lane);
+  if (buffered > 0) merge_buffer<CAP>(key, row, a.lists.kp, lane);
   __syncwarp();
   for (int i = lane; i < CAP; i += 32) {
-    a.list_key[list + i] = key[i];
-    a.list_row[list + i] = row[i];
+    a.lists.key[list + i] = key[i];
+    a.lists.row[list + i] = row[i];
   }
 }
 
 template <int CAP>
 KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
-  dim3 grid((a.nq + kWarps - 1) / kWarps, a.segments);
+  dim3 grid((a.nq + kWarps - 1) / kWarps, a.lists.segments);
   if (a.tile_d != nullptr && a.value.kind != TileValueKind::kBoundL2Double) {
     ctx.error = "select_tile: double tiles hold DGEMM dots of L2 only";
     return KNN_INTERNAL_ERROR;
@@ -170,11 +170,11 @@ KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
 
 KnnStatus launch_select_tile(DeviceContext &ctx, const SelectTileArgs &a) {
   if (a.nq <= 0 || a.nt <= 0) return KNN_OK;
-  if (a.kp < 1 || a.kp > a.cap) {
+  if (a.lists.kp < 1 || a.lists.kp > a.lists.cap) {
     ctx.error = "select_tile: kp out of range";
     return KNN_INTERNAL_ERROR;
   }
-  switch (a.cap) {
+  switch (a.lists.cap) {
     case 32: return launch_cap<32>(ctx, a);
     case 64: return launch_cap<64>(ctx, a);
     case 128: return launch_cap<128>(ctx, a);

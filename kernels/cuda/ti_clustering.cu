@@ -279,21 +279,10 @@ KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int
   const int64_t n = set.n_distinct;
   const int stride = set.stride;
   const unsigned grid = grid_for(n, 128);
-#define TI_ASSIGN(D)                                                                  \
-  assign_direct_kernel<METRIC, D><<<grid, 128, 0, ctx.stream>>>(                      \
-      set.x.get(), n, stride, cs.centers.get(), cs.m, cluster, dist, local, size)
-  switch (register_stride(stride)) {
-    case 4: TI_ASSIGN(4); break;
-    case 8: TI_ASSIGN(8); break;
-    case 16: TI_ASSIGN(16); break;
-    case 24: TI_ASSIGN(24); break;
-    case 32: TI_ASSIGN(32); break;
-    case 40: TI_ASSIGN(40); break;
-    case 48: TI_ASSIGN(48); break;
-    case 64: TI_ASSIGN(64); break;
-    default: TI_ASSIGN(0); break;
-  }
-#undef TI_ASSIGN
+  with_register_stride(stride, [&](auto d) {
+    assign_direct_kernel<METRIC, decltype(d)::value><<<grid, 128, 0, ctx.stream>>>(
+        set.x.get(), n, stride, cs.centers.get(), cs.m, cluster, dist, local, size);
+  });
   CUDA_CHECK_LAUNCH(ctx, "assign_direct_kernel");
   return KNN_OK;
 }
@@ -321,7 +310,7 @@ KnnStatus assign_with_gemm(const DistinctSet &set, const ClusterSet &cs, int32_t
   CUBLAS_CHECK(ctx, cublasSetPointerMode(ctx.cublas, CUBLAS_POINTER_MODE_HOST));
   const float one = 1.0f, zero = 0.0f;
   for (int64_t first = 0; first < n; first += chunk) {
-    if (ctx.cancelled()) return KNN_CANCELLED;
+    KNN_TRY(ctx.cancel_point());
     int64_t count = std::min(chunk, n - first);
     translate_rows_kernel<<<grid_for(count * stride, 256), 256, 0, ctx.stream>>>(
         set.x.get() + first * stride, count, stride, origin, moved_rows.get());
@@ -332,22 +321,11 @@ KnnStatus assign_with_gemm(const DistinctSet &set, const ClusterSet &cs, int32_t
                                    moved_rows.get(), CUDA_R_32F, stride, &zero, gram.get(),
                                    CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     const unsigned grid = grid_for(count * kWarp, 256);
-#define TI_GRAM(D)                                                                         \
-  assign_from_gram_kernel<D><<<grid, 256, 0, ctx.stream>>>(                                \
-      set.x.get(), first, count, stride, cs.centers.get(), m, center_norm.get(), gram.get(), \
-      cluster, dist, local, size)
-    switch (register_stride(stride)) {
-      case 4: TI_GRAM(4); break;
-      case 8: TI_GRAM(8); break;
-      case 16: TI_GRAM(16); break;
-      case 24: TI_GRAM(24); break;
-      case 32: TI_GRAM(32); break;
-      case 40: TI_GRAM(40); break;
-      case 48: TI_GRAM(48); break;
-      case 64: TI_GRAM(64); break;
-      default: TI_GRAM(0); break;
-    }
-#undef TI_GRAM
+    with_register_stride(stride, [&](auto d) {
+      assign_from_gram_kernel<decltype(d)::value><<<grid, 256, 0, ctx.stream>>>(
+          set.x.get(), first, count, stride, cs.centers.get(), m, center_norm.get(), gram.get(),
+          cluster, dist, local, size);
+    });
     CUDA_CHECK_LAUNCH(ctx, "assign_from_gram_kernel");
   }
   mem.release(moved_centers);
@@ -357,20 +335,12 @@ KnnStatus assign_with_gemm(const DistinctSet &set, const ClusterSet &cs, int32_t
   return KNN_OK;
 }
 
-}  // namespace
-
-KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clusters,
-                         int candidate_sets, int gemm_min_stride, ClusterSet &out,
-                         MemoryBudget &mem, DeviceContext &ctx) {
+// Landmarks: the most spread-out of `candidate_sets` random samples of m
+// distinct points, gathered into out.centers.
+KnnStatus choose_landmarks(const DistinctSet &set, KnnMetric metric, int m, int candidate_sets,
+                           ClusterSet &out, MemoryBudget &mem, DeviceContext &ctx) {
   const int64_t n = set.n_distinct;
   const int stride = set.stride;
-  cudaStream_t stream = ctx.stream;
-  const int m = (int)std::max<int64_t>(1, std::min<int64_t>(clusters, n));
-  out.m = m;
-  out.n = n;
-  out.stride = stride;
-
-  // Landmarks: the most spread-out of `candidate_sets` random samples.
   candidate_sets = std::max(1, std::min(candidate_sets, 32));
   SampleSets sets{};
   uint64_t rng = 0x5EED5EEDull ^ (uint64_t)n * 0x9E3779B97F4A7C15ull;
@@ -388,51 +358,66 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
   if (candidate_sets > 1 && m > 1 && m < n) {
     DeviceBuffer<double> score;
     KNN_TRY(mem.allocate(ctx, score, candidate_sets, "landmark scores"));
-    CUDA_CHECK(ctx, cudaMemsetAsync(score.get(), 0, candidate_sets * sizeof(double), stream));
+    CUDA_CHECK(ctx, cudaMemsetAsync(score.get(), 0, candidate_sets * sizeof(double), ctx.stream));
     dim3 grid(m, candidate_sets);
-    landmark_spread_kernel<<<grid, 128, 0, stream>>>(set.x.get(), n, stride, metric, m, sets,
-                                                     score.get());
+    landmark_spread_kernel<<<grid, 128, 0, ctx.stream>>>(set.x.get(), n, stride, metric, m, sets,
+                                                         score.get());
     CUDA_CHECK_LAUNCH(ctx, "landmark_spread_kernel");
     std::vector<double> host(candidate_sets);
     CUDA_CHECK(ctx, cudaMemcpyAsync(host.data(), score.get(), candidate_sets * sizeof(double),
-                                    cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
+                                    cudaMemcpyDeviceToHost, ctx.stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     for (int s = 1; s < candidate_sets; s++)
       if (host[s] > host[best]) best = s;
   }
   if (m == n) sets.set[best] = AffineSample{1, 0};  // every point is a centre
   KNN_TRY(mem.allocate(ctx, out.centers, (size_t)m * stride, "cluster centres"));
-  gather_centers_kernel<<<grid_for((int64_t)m * (stride / 4), 256), 256, 0, stream>>>(
+  gather_centers_kernel<<<grid_for((int64_t)m * (stride / 4), 256), 256, 0, ctx.stream>>>(
       set.x.get(), n, stride, m, sets.set[best], out.centers.get());
   CUDA_CHECK_LAUNCH(ctx, "gather_centers_kernel");
-  if (ctx.cancelled()) return KNN_CANCELLED;
+  return KNN_OK;
+}
 
-  // Kernel 1: nearest centre, exact distance to it, local id.
+// Kernel 1's output: each distinct point's centre, exact distance to it and
+// local id in its cluster, and the cluster sizes (m + 1, the last 0).
+struct Assignment {
   DeviceBuffer<int32_t> cluster, local, size;
   DeviceBuffer<float> dist;
-  KNN_TRY(mem.allocate(ctx, cluster, n, "cluster assignment"));
-  KNN_TRY(mem.allocate(ctx, local, n, "cluster assignment"));
-  KNN_TRY(mem.allocate(ctx, dist, n, "cluster assignment"));
-  KNN_TRY(mem.allocate(ctx, size, m + 1, "cluster assignment"));
-  CUDA_CHECK(ctx, cudaMemsetAsync(size.get(), 0, (m + 1) * sizeof(int32_t), stream));
-  bool gemm = metric == KNN_METRIC_L2 && stride >= gemm_min_stride && m > 1;
-  if (gemm) {
-    KNN_TRY(assign_with_gemm(set, out, cluster.get(), dist.get(), local.get(), size.get(), mem,
-                             ctx));
-  } else if (metric == KNN_METRIC_L1) {
-    KNN_TRY(launch_assign_direct<KNN_METRIC_L1>(set, out, cluster.get(), dist.get(), local.get(),
-                                                size.get(), ctx));
-  } else {
-    KNN_TRY(launch_assign_direct<KNN_METRIC_L2>(set, out, cluster.get(), dist.get(), local.get(),
-                                                size.get(), ctx));
-  }
-  if (ctx.cancelled()) return KNN_CANCELLED;
+};
 
+KnnStatus assign_points(const DistinctSet &set, KnnMetric metric, int gemm_min_stride,
+                        const ClusterSet &cs, Assignment &as, MemoryBudget &mem,
+                        DeviceContext &ctx) {
+  const int64_t n = set.n_distinct;
+  const int m = cs.m;
+  KNN_TRY(mem.allocate(ctx, as.cluster, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, as.local, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, as.dist, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, as.size, m + 1, "cluster assignment"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(as.size.get(), 0, (m + 1) * sizeof(int32_t), ctx.stream));
+  int32_t *cluster = as.cluster.get(), *local = as.local.get(), *size = as.size.get();
+  float *dist = as.dist.get();
+  if (metric == KNN_METRIC_L2 && set.stride >= gemm_min_stride && m > 1)
+    return assign_with_gemm(set, cs, cluster, dist, local, size, mem, ctx);
+  if (metric == KNN_METRIC_L1)
+    return launch_assign_direct<KNN_METRIC_L1>(set, cs, cluster, dist, local, size, ctx);
+  return launch_assign_direct<KNN_METRIC_L2>(set, cs, cluster, dist, local, size, ctx);
+}
+
+// Kernel 2 and the rest: offsets, positions in cluster order (each cluster
+// by descending distance to its centre), the members' vectors and rows,
+// and the clusters' extents.
+KnnStatus build_cluster_arrays(const DistinctSet &set, const Assignment &as, ClusterSet &out,
+                               MemoryBudget &mem, DeviceContext &ctx) {
+  const int64_t n = set.n_distinct;
+  const int stride = set.stride;
+  const int m = out.m;
+  cudaStream_t stream = ctx.stream;
   // Offsets (size[m] is 0, so begin[m] is the total).
   KNN_TRY(mem.allocate(ctx, out.begin, m + 1, "cluster offsets"));
   size_t scan_bytes = 0, sort_bytes = 0;
-  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, size.get(), out.begin.get(),
-                                                m + 1, stream));
+  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, as.size.get(),
+                                                out.begin.get(), m + 1, stream));
   DeviceBuffer<uint64_t> keys, sorted;
   KNN_TRY(mem.allocate(ctx, keys, n, "cluster sort keys"));
   KNN_TRY(mem.allocate(ctx, sorted, n, "cluster sort keys"));
@@ -441,11 +426,11 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
                                                       out.begin.get() + 1, stream));
   DeviceBuffer<unsigned char> temp;
   KNN_TRY(mem.allocate(ctx, temp, std::max(scan_bytes, sort_bytes), "cluster sort workspace"));
-  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(temp.get(), scan_bytes, size.get(),
+  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(temp.get(), scan_bytes, as.size.get(),
                                                 out.begin.get(), m + 1, stream));
   // Kernel 2: scatter by local id, then order each cluster.
-  scatter_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(n, cluster.get(), dist.get(),
-                                                            local.get(), out.begin.get(),
+  scatter_keys_kernel<<<grid_for(n, 256), 256, 0, stream>>>(n, as.cluster.get(), as.dist.get(),
+                                                            as.local.get(), out.begin.get(),
                                                             keys.get());
   CUDA_CHECK_LAUNCH(ctx, "scatter_keys_kernel");
   CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp.get(), sort_bytes, keys.get(),
@@ -471,13 +456,31 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
                                                               out.radius.get(),
                                                               out.nearest.get());
   CUDA_CHECK_LAUNCH(ctx, "cluster_extent_kernel");
-  mem.release(cluster);
-  mem.release(local);
-  mem.release(size);
-  mem.release(dist);
   mem.release(keys);
   mem.release(sorted);
   mem.release(temp);
+  return KNN_OK;
+}
+
+}  // namespace
+
+KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clusters,
+                         int candidate_sets, int gemm_min_stride, ClusterSet &out,
+                         MemoryBudget &mem, DeviceContext &ctx) {
+  const int64_t n = set.n_distinct;
+  out.m = (int)std::max<int64_t>(1, std::min<int64_t>(clusters, n));
+  out.n = n;
+  out.stride = set.stride;
+  KNN_TRY(choose_landmarks(set, metric, out.m, candidate_sets, out, mem, ctx));
+  KNN_TRY(ctx.cancel_point());
+  Assignment as;
+  KNN_TRY(assign_points(set, metric, gemm_min_stride, out, as, mem, ctx));
+  KNN_TRY(ctx.cancel_point());
+  KNN_TRY(build_cluster_arrays(set, as, out, mem, ctx));
+  mem.release(as.cluster);
+  mem.release(as.local);
+  mem.release(as.size);
+  mem.release(as.dist);
   return KNN_OK;
 }
 

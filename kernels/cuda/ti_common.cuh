@@ -9,7 +9,7 @@
 //    is exactly knn_result_before on the operator's float8 result.
 //  * ti distance: the value turned into a metric distance in float
 //    (sqrtf for L2, the value itself for L1); the triangle inequality holds
-//    for it up to the rounding margin of ../cpu/rounding_margin.h.
+//    for it up to the rounding margin of ../rounding_margin.h.
 //  * distinct point: one of the bitwise-distinct rows of a set (ti_dedup.cu).
 //    The join runs on distinct points and expands them back to rows.
 //  * position: the index of a distinct point in cluster order (clusters one
@@ -18,13 +18,15 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <string>
 
-#include "device_buffer.cuh"
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
+#include "device_buffer.cuh"
+#include "grid.cuh"
+#include "join_tuning.cuh"
 
 namespace knn {
 namespace cuda {
@@ -34,36 +36,6 @@ constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 // Row of an unused slot of a top-k list; every real row is smaller.
 constexpr int32_t kNoRow = INT32_MAX;
-
-enum class FilterKind { Adaptive, Full, Partial };
-enum class ListKind { Adaptive, Registers, Shared, Global };
-
-// Knobs of the join. The defaults are the adaptive scheme of section IV-D;
-// the development driver forces variants through them to measure.
-struct TiOptions {
-  FilterKind filter = FilterKind::Adaptive;
-  ListKind list = ListKind::Adaptive;
-  int threads_per_query = 0;           // 0: adaptive (IV-D3)
-  double landmark_factor = 3.0;        // clusters per set = factor * sqrt(n)
-  int landmark_candidate_sets = 10;    // best spread of this many random sets
-  // r of IV-D3. The paper's 0.25 gives one thread per query on every
-  // benchmark set here (the register-resident kernel already limits the
-  // concurrency it is applied to); measured on an H200, 2-4 warps per query
-  // were 10-15% faster on kegg_std and keggD_std and one was best on skin
-  // and ipums, which r = 1 reproduces.
-  double cache_conflict_factor = 1.0;
-  // Partial filter when k / dim exceeds this (the paper: 8). Measured on an
-  // H200 the full filter was faster in every case tried (skin k=64: 0.036 s
-  // vs 0.056 s, k=256: 0.33 s vs 0.44 s; kegg_std and keggD_std likewise),
-  // so the adaptive scheme never picks it; FilterKind::Partial still can.
-  double partial_filter_ratio = __builtin_huge_val();
-  bool dedup = true;                   // merge bitwise-identical rows
-  int gemm_assign_min_stride = 48;     // cuBLAS assignment from this stride (L2)
-};
-
-KnnStatus ti_join_with_options(const KnnProblem &problem, int64_t *neighbors,
-                               double *distances, KnnStats *stats,
-                               DeviceContext &ctx, const TiOptions &options);
 
 // ---- device memory of the join ----
 
@@ -79,7 +51,7 @@ class MemoryBudget {
 
   template <class T>
   KnnStatus allocate(DeviceContext &ctx, DeviceBuffer<T> &buffer, size_t count, const char *what) {
-    size_t bytes = count * sizeof(T);
+    const size_t bytes = count * sizeof(T);
     if (budget_ != 0 && used_ + bytes > budget_) {
       char msg[256];
       std::snprintf(msg, sizeof msg,
@@ -90,7 +62,6 @@ class MemoryBudget {
     }
     KNN_TRY(buffer.allocate(ctx, count, what));
     used_ += bytes;
-    if (used_ > peak_) peak_ = used_;
     return KNN_OK;
   }
 
@@ -102,14 +73,25 @@ class MemoryBudget {
   }
 
   size_t used() const { return used_; }
-  size_t peak() const { return peak_; }
   size_t budget() const { return budget_; }
 
  private:
   size_t budget_;
   size_t used_ = 0;
-  size_t peak_ = 0;
 };
+
+// CUB's two calls: the first sizes the workspace, which goes to temp
+// (counted against mem), the second runs. call(void *temp, size_t &bytes)
+// returns the CUB call's cudaError_t.
+template <class Call>
+KnnStatus run_cub(DeviceContext &ctx, MemoryBudget &mem, DeviceBuffer<unsigned char> &temp,
+                  const char *what, Call call) {
+  size_t bytes = 0;
+  KNN_CHECK_RESULT(ctx, call(nullptr, bytes), what);
+  KNN_TRY(mem.allocate(ctx, temp, std::max<size_t>(bytes, 1), what));
+  KNN_CHECK_RESULT(ctx, call(temp.get(), bytes), what);
+  return KNN_OK;
+}
 
 // ---- the data of each stage ----
 
@@ -133,6 +115,20 @@ struct DistinctSet {
   DeviceBuffer<int32_t> group_of_row;  // n_rows
 };
 
+// What the kernels read of a ClusterSet (its arrays; see there).
+struct ClusterView {
+  const float *centers;
+  const int32_t *begin;
+  const float *radius;
+  const float *nearest;
+  const int32_t *member;
+  const float *dist;
+  const float *x;
+  const int32_t *first_row;
+  const int32_t *mult;
+  const int32_t *rows_begin;
+};
+
 // Clusters of a distinct set around landmarks (ti_clustering.cu).
 struct ClusterSet {
   int32_t m = 0;        // clusters
@@ -149,6 +145,12 @@ struct ClusterSet {
   DeviceBuffer<int32_t> first_row;  // n: smallest row of the group
   DeviceBuffer<int32_t> mult;       // n: rows in the group
   DeviceBuffer<int32_t> rows_begin; // n: offset of the group in DistinctSet::rows
+
+  ClusterView view() const {
+    return ClusterView{centers.get(), begin.get(), radius.get(),    nearest.get(),
+                       member.get(),  dist.get(),  x.get(),         first_row.get(),
+                       mult.get(),    rows_begin.get()};
+  }
 };
 
 // Level-1 output for every query cluster (ti_filter_level1.cu).
@@ -222,15 +224,6 @@ KnnStatus expand_results(const DistinctSet &queries, KnnMetric metric, int64_t f
                          const int32_t *result_row, const int64_t *query_keys,
                          const int64_t *target_keys, int64_t *out_rows, double *out_distances,
                          DeviceContext &ctx);
-
-// ---- small shared helpers ----
-
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-inline unsigned grid_for(int64_t threads, int block) {
-  int64_t g = ceil_div(threads, block);
-  return static_cast<unsigned>(g < 1 ? 1 : (g > 2147483647 ? 2147483647 : g));
-}
 
 }  // namespace ti
 }  // namespace cuda

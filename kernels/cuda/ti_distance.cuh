@@ -15,6 +15,8 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "../knn_distance.h"
 #include "../knn_engine.h"
 
@@ -37,6 +39,24 @@ inline int register_stride(int stride) {
   for (int s : kStrideBuckets)
     if (stride == s) return s;
   return 0;
+}
+
+// f(std::integral_constant<int, D>()) with D = register_stride(stride):
+// picks the kernel instantiation for the rows' stride.
+template <class F>
+decltype(auto) with_register_stride(int stride, F &&f) {
+  static_assert(sizeof kStrideBuckets / sizeof kStrideBuckets[0] == 8, "one case per bucket");
+  switch (register_stride(stride)) {
+    case 4: return f(std::integral_constant<int, 4>());
+    case 8: return f(std::integral_constant<int, 8>());
+    case 16: return f(std::integral_constant<int, 16>());
+    case 24: return f(std::integral_constant<int, 24>());
+    case 32: return f(std::integral_constant<int, 32>());
+    case 40: return f(std::integral_constant<int, 40>());
+    case 48: return f(std::integral_constant<int, 48>());
+    case 64: return f(std::integral_constant<int, 64>());
+    default: return f(std::integral_constant<int, 0>());
+  }
 }
 
 template <int METRIC>
@@ -112,12 +132,6 @@ struct QueryRow<0> {
     return MetricOps<METRIC>::value(row, t, stride);
   }
 };
-
-// Value between two rows in global memory (runtime stride).
-template <int METRIC>
-__device__ __forceinline__ float row_value(const float *a, const float *b, int stride) {
-  return MetricOps<METRIC>::value(a, b, stride);
-}
 
 // Runtime-metric versions for the small kernels that are not templated.
 __device__ __forceinline__ float row_value_rt(KnnMetric metric, const float *a, const float *b,

@@ -43,12 +43,6 @@ __global__ void center_distance_kernel(KnnMetric metric, const float *qc, int mq
 
 struct UpperBoundArgs {
   int mq, mt, kprime;
-  const int32_t *q_begin;
-  const float *q_radius;
-  const int32_t *t_begin;
-  const float *t_nearest;
-  const float *t_dist;
-  const int32_t *t_mult;
   const float *dcc;
   float *scratch_value;   // mq x (kprime + 1)
   int32_t *scratch_count; // mq x (kprime + 1)
@@ -81,15 +75,15 @@ __device__ float insert_bound(float *value, int32_t *count, int &len, int kprime
   return __int_as_float(0x7f800000);
 }
 
-__global__ void upper_bound_kernel(UpperBoundArgs a) {
+__global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView t) {
   int cq = blockIdx.x * blockDim.x + threadIdx.x;
   if (cq >= a.mq) return;
   const float inf = __int_as_float(0x7f800000);
-  if (a.q_begin[cq + 1] == a.q_begin[cq]) {
+  if (q.begin[cq + 1] == q.begin[cq]) {
     a.upper_bound[cq] = 0.0f;  // no queries: never read
     return;
   }
-  const float rq = a.q_radius[cq];
+  const float rq = q.radius[cq];
   const float *dcc = a.dcc + (int64_t)cq * a.mt;
   float *value = a.scratch_value + (int64_t)cq * (a.kprime + 1);
   int32_t *count = a.scratch_count + (int64_t)cq * (a.kprime + 1);
@@ -99,7 +93,7 @@ __global__ void upper_bound_kernel(UpperBoundArgs a) {
   int first = -1;
   float first_d = inf;
   for (int ct = 0; ct < a.mt; ct++) {
-    if (a.t_begin[ct + 1] > a.t_begin[ct] && (first < 0 || dcc[ct] < first_d)) {
+    if (t.begin[ct + 1] > t.begin[ct] && (first < 0 || dcc[ct] < first_d)) {
       first = ct;
       first_d = dcc[ct];
     }
@@ -111,14 +105,14 @@ __global__ void upper_bound_kernel(UpperBoundArgs a) {
   for (int it = -1; it < a.mt; it++) {
     int ct = it < 0 ? first : it;
     if (it >= 0 && ct == first) continue;
-    int b = a.t_begin[ct], e = a.t_begin[ct + 1];
+    int b = t.begin[ct], e = t.begin[ct + 1];
     if (e == b) continue;
     float base = rq + dcc[ct];
-    if (!(base + a.t_nearest[ct] < kth)) continue;
+    if (!(base + t.nearest[ct] < kth)) continue;
     for (int pos = e - 1; pos >= b; pos--) {
-      float bound = base + a.t_dist[pos];
+      float bound = base + t.dist[pos];
       if (!(bound < kth)) break;
-      kth = insert_bound(value, count, len, a.kprime, bound, a.t_mult[pos]);
+      kth = insert_bound(value, count, len, a.kprime, bound, t.mult[pos]);
     }
   }
   a.upper_bound[cq] = kth == inf ? inf : kth + widen(a.margin, kth);
@@ -126,10 +120,6 @@ __global__ void upper_bound_kernel(UpperBoundArgs a) {
 
 struct GroupFilterArgs {
   int mq, mt;
-  const int32_t *q_begin;
-  const float *q_radius;
-  const int32_t *t_begin;
-  const float *t_radius;
   const float *dcc;
   const float *upper_bound;
   Margin margin;
@@ -141,12 +131,12 @@ struct GroupFilterArgs {
 
 constexpr int kFilterBlock = 256;
 
-__global__ void group_filter_kernel(GroupFilterArgs a) {
+__global__ void group_filter_kernel(GroupFilterArgs a, ClusterView q, ClusterView t) {
   typedef cub::BlockScan<int, kFilterBlock> Scan;
   __shared__ typename Scan::TempStorage temp;
   const int cq = blockIdx.x;
-  const bool has_queries = a.q_begin[cq + 1] > a.q_begin[cq];
-  const float rq = a.q_radius[cq];
+  const bool has_queries = q.begin[cq + 1] > q.begin[cq];
+  const float rq = q.radius[cq];
   const float ub = a.upper_bound[cq];
   const int64_t row = (int64_t)cq * a.mt;
   int written = 0;
@@ -154,9 +144,9 @@ __global__ void group_filter_kernel(GroupFilterArgs a) {
     int ct = c0 + threadIdx.x;
     int keep = 0;
     float d = 0.0f;
-    if (has_queries && ct < a.mt && a.t_begin[ct + 1] > a.t_begin[ct]) {
+    if (has_queries && ct < a.mt && t.begin[ct + 1] > t.begin[ct]) {
       d = a.dcc[row + ct];
-      float rt = a.t_radius[ct];
+      float rt = t.radius[ct];
       float lower = d - rq - rt;
       keep = (lower > ub + widen(a.margin, d + rq + rt + ub)) ? 0 : 1;
     }
@@ -198,20 +188,14 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   ua.mq = mq;
   ua.mt = mt;
   ua.kprime = kprime;
-  ua.q_begin = queries.begin.get();
-  ua.q_radius = queries.radius.get();
-  ua.t_begin = targets.begin.get();
-  ua.t_nearest = targets.nearest.get();
-  ua.t_dist = targets.dist.get();
-  ua.t_mult = targets.mult.get();
   ua.dcc = dcc.get();
   ua.scratch_value = scratch_value.get();
   ua.scratch_count = scratch_count.get();
   ua.margin = margin;
   ua.upper_bound = out.upper_bound.get();
-  upper_bound_kernel<<<grid_for(mq, 64), 64, 0, stream>>>(ua);
+  upper_bound_kernel<<<grid_for(mq, 64), 64, 0, stream>>>(ua, queries.view(), targets.view());
   CUDA_CHECK_LAUNCH(ctx, "upper_bound_kernel");
-  if (ctx.cancelled()) return KNN_CANCELLED;
+  KNN_TRY(ctx.cancel_point());
 
   DeviceBuffer<uint64_t> keys;
   DeviceBuffer<int64_t> seg_begin, seg_end;
@@ -223,10 +207,6 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   GroupFilterArgs ga;
   ga.mq = mq;
   ga.mt = mt;
-  ga.q_begin = queries.begin.get();
-  ga.q_radius = queries.radius.get();
-  ga.t_begin = targets.begin.get();
-  ga.t_radius = targets.radius.get();
   ga.dcc = dcc.get();
   ga.upper_bound = out.upper_bound.get();
   ga.margin = margin;
@@ -234,18 +214,14 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   ga.count = out.cand_count.get();
   ga.segment_begin = seg_begin.get();
   ga.segment_end = seg_end.get();
-  group_filter_kernel<<<mq, kFilterBlock, 0, stream>>>(ga);
+  group_filter_kernel<<<mq, kFilterBlock, 0, stream>>>(ga, queries.view(), targets.view());
   CUDA_CHECK_LAUNCH(ctx, "group_filter_kernel");
 
-  size_t sort_bytes = 0;
-  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(nullptr, sort_bytes, keys.get(),
-                                                      out.candidates.get(), pairs, mq,
-                                                      seg_begin.get(), seg_end.get(), stream));
   DeviceBuffer<unsigned char> temp;
-  KNN_TRY(mem.allocate(ctx, temp, std::max<size_t>(sort_bytes, 1), "candidate sort workspace"));
-  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp.get(), sort_bytes, keys.get(),
-                                                      out.candidates.get(), pairs, mq,
-                                                      seg_begin.get(), seg_end.get(), stream));
+  KNN_TRY(run_cub(ctx, mem, temp, "candidate sort workspace", [&](void *t, size_t &bytes) {
+    return cub::DeviceSegmentedSort::SortKeys(t, bytes, keys.get(), out.candidates.get(), pairs,
+                                              mq, seg_begin.get(), seg_end.get(), stream);
+  }));
   mem.release(temp);
   mem.release(keys);
   mem.release(seg_begin);

@@ -21,7 +21,7 @@
 //  * a lane that passes computes D(q, t) exactly and offers (value, row) to
 //    its list; a better list tightens theta (full filter, Algorithm 2).
 // Every prune compares a bound with theta + margin strictly (rounding
-// margin of ../cpu/rounding_margin.h, evaluated with the current theta and
+// margin of ../rounding_margin.h, evaluated with the current theta and
 // the largest member distance R_t, which only widens it), so a target whose
 // computed distance equals the k'-th is always computed: ties by row are
 // decided by entry_before, never by a bound.
@@ -54,27 +54,15 @@ constexpr int kMaxParts = 8;
 constexpr int kMaxBlock = 256;
 
 struct Level2Args {
-  // queries, in position order
-  const float *qx;
-  const float *qdist;
-  const int32_t *qmember;
-  const int4 *groups;  // (query cluster, first position, count, 0)
+  ClusterView q;          // queries, in position order
+  const int4 *groups;     // (query cluster, first position, count, 0)
   const int32_t *n_groups;
   const float *upper_bound;
   const uint64_t *cand;
   const int32_t *cand_count;
   int64_t cand_stride;
-  // targets, in position order
-  const float *tcenters;
-  const int32_t *tbegin;
-  const float *tradius;
-  const float *tnearest;
-  const float *tdist;
-  const float *tx;
-  const int32_t *tfirst_row;
-  const int32_t *tmult;
-  const int32_t *trows_begin;
-  const int32_t *trows;
+  ClusterView t;          // targets, in position order
+  const int32_t *trows;   // the target set's rows of each duplicate group
   int stride;
   int kprime;
   int parts;
@@ -150,10 +138,10 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
 
   QueryRow<DPAD> q;
   if (active)
-    q.load(a.qx + (int64_t)qpos * a.stride, a.stride);
+    q.load(a.q.x + (int64_t)qpos * a.stride, a.stride);
   else
     q.clear();
-  const float dqc = active ? a.qdist[qpos] : 0.0f;
+  const float dqc = active ? a.q.dist[qpos] : 0.0f;
   const float ub = has_group ? a.upper_bound[cq] : 0.0f;
 
   // Shared theta of the P lanes that serve one query.
@@ -202,27 +190,27 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       const uint64_t key = cand[i];
       const int ct = (int)(uint32_t)key;
       const float dcc = __uint_as_float((uint32_t)(key >> 32));
-      const float rt = a.tradius[ct];
+      const float rt = a.t.radius[ct];
       float theta = current_theta();
       bool need = active && !(dcc - dqc - rt > theta + widen(a.margin, dcc + dqc + rt + theta));
       if (!__any_sync(kFullMask, need)) continue;
       float x = 0.0f, sigma = 0.0f;
       if (need) {
         x = MetricOps<METRIC>::ti(
-            q.template value_to<METRIC>(a.tcenters + (int64_t)ct * a.stride));
+            q.template value_to<METRIC>(a.t.centers + (int64_t)ct * a.stride));
         distances++;
         sigma = widen(a.margin, x + rt + theta);
-        need = !(x - rt > theta + sigma) && !(a.tnearest[ct] - x > theta + sigma);
+        need = !(x - rt > theta + sigma) && !(a.t.nearest[ct] - x > theta + sigma);
       }
       if (!__any_sync(kFullMask, need)) continue;
       float thr = need ? x + theta + sigma : 0.0f;
       thr = __uint_as_float(__reduce_max_sync(kFullMask, __float_as_uint(thr)));
-      const int hi = a.tbegin[ct + 1];
-      int p = warp_first_leq(a.tdist, a.tbegin[ct], hi, thr);
+      const int hi = a.t.begin[ct + 1];
+      int p = warp_first_leq(a.t.dist, a.t.begin[ct], hi, thr);
       bool stop = false;
       for (; p < hi && !stop; p += kWarp) {
         const int np = min(kWarp, hi - p);
-        const float e_lane = lane < np ? a.tdist[p + lane] : 0.0f;
+        const float e_lane = lane < np ? a.t.dist[p + lane] : 0.0f;
         theta = current_theta();
         for (int j = 0; j < np; j++) {
           const float e = __shfl_sync(kFullMask, e_lane, j);
@@ -234,16 +222,16 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
           if (done || e - x > theta + sigma) continue;
           const int pos = p + j;
           if constexpr (MODE == kFull) {
-            const float v = q.template value_to<METRIC>(a.tx + (int64_t)pos * a.stride);
+            const float v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
             distances++;
             if (v <= list.last_value()) {
-              const int mult = a.tmult[pos];
-              int32_t row = a.tfirst_row[pos];
+              const int mult = a.t.mult[pos];
+              int32_t row = a.t.first_row[pos];
               for (int r = 0;;) {
                 if (!entry_before(v, row, list.last_value(), list.last_row())) break;
                 list.insert(v, row);
                 if (++r >= mult) break;
-                row = a.trows[a.trows_begin[pos] + r];
+                row = a.trows[a.t.rows_begin[pos] + r];
               }
               const float last = list.last_value();
               if (last != kInf) {
@@ -257,7 +245,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
             }
           } else {
             if (a.write) {
-              const float v = q.template value_to<METRIC>(a.tx + (int64_t)pos * a.stride);
+              const float v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
               distances++;
               a.cand_value[out_base + found] = v;
               a.cand_pos[out_base + found] = pos;
@@ -279,7 +267,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
   } else {
     if (P == 1) {
       if (active) {
-        const int64_t d = a.qmember[qpos];
+        const int64_t d = a.q.member[qpos];
         list.store(a.kprime, a.result_value + d * a.kprime, a.result_row + d * a.kprime, 1);
       }
     } else {
@@ -291,7 +279,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       if (part == 0 && active) {
         const float *pv = a.part_value + slot * P * a.kprime;
         const int32_t *pr = a.part_row + slot * P * a.kprime;
-        const int64_t d = a.qmember[qpos];
+        const int64_t d = a.q.member[qpos];
         float *out_v = a.result_value + d * a.kprime;
         int32_t *out_r = a.result_row + d * a.kprime;
         int cursor[kMaxParts];
@@ -386,27 +374,17 @@ Level2Kernel pick_list(ListPlace place) {
 }
 
 template <int METRIC, int MODE>
-Level2Kernel pick_stride(int dpad, ListPlace place) {
-  switch (dpad) {
-    case 4: return pick_list<METRIC, 4, MODE>(place);
-    case 8: return pick_list<METRIC, 8, MODE>(place);
-    case 16: return pick_list<METRIC, 16, MODE>(place);
-    case 24: return pick_list<METRIC, 24, MODE>(place);
-    case 32: return pick_list<METRIC, 32, MODE>(place);
-    case 40: return pick_list<METRIC, 40, MODE>(place);
-    case 48: return pick_list<METRIC, 48, MODE>(place);
-    case 64: return pick_list<METRIC, 64, MODE>(place);
-    default: return pick_list<METRIC, 0, MODE>(place);
-  }
+Level2Kernel pick_stride(int stride, ListPlace place) {
+  return with_register_stride(
+      stride, [&](auto d) { return pick_list<METRIC, decltype(d)::value, MODE>(place); });
 }
 
 Level2Kernel pick_kernel(KnnMetric metric, int stride, ListPlace place, int mode) {
-  int dpad = register_stride(stride);
   if (metric == KNN_METRIC_L1)
-    return mode == kFull ? pick_stride<KNN_METRIC_L1, kFull>(dpad, place)
-                         : pick_stride<KNN_METRIC_L1, kPartial>(dpad, place);
-  return mode == kFull ? pick_stride<KNN_METRIC_L2, kFull>(dpad, place)
-                       : pick_stride<KNN_METRIC_L2, kPartial>(dpad, place);
+    return mode == kFull ? pick_stride<KNN_METRIC_L1, kFull>(stride, place)
+                         : pick_stride<KNN_METRIC_L1, kPartial>(stride, place);
+  return mode == kFull ? pick_stride<KNN_METRIC_L2, kFull>(stride, place)
+                       : pick_stride<KNN_METRIC_L2, kPartial>(stride, place);
 }
 
 struct LaunchShape {
@@ -427,7 +405,7 @@ LaunchShape launch_shape(int parts, bool list_in_shared, int kprime) {
 }
 
 KnnStatus launch(DeviceContext &ctx, Level2Kernel kernel, unsigned grid, const LaunchShape &shape,
-                 Level2Args &args, const char *what) {
+                 Level2Args &args) {
   if (shape.smem > 48 * 1024)
     CUDA_CHECK(ctx, cudaFuncSetAttribute((const void *)kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -435,8 +413,134 @@ KnnStatus launch(DeviceContext &ctx, Level2Kernel kernel, unsigned grid, const L
   void *params[] = {&args};
   CUDA_CHECK(ctx, cudaLaunchKernel((const void *)kernel, dim3(grid), dim3(shape.threads), params,
                                    shape.smem, ctx.stream));
-  (void)what;
   return KNN_OK;
+}
+
+// The warp groups of the query clusters (thread-data remapping): ceil(size
+// / 32) per cluster, each (cluster, first position, count, 0).
+struct WarpGroups {
+  DeviceBuffer<int32_t> count, first, n_groups;
+  DeviceBuffer<int4> groups;
+  DeviceBuffer<unsigned char> scan_temp;
+  int64_t max_groups = 0;
+};
+
+KnnStatus build_warp_groups(const ClusterSet &queries, WarpGroups &g, MemoryBudget &mem,
+                            DeviceContext &ctx) {
+  const int mq = queries.m;
+  g.max_groups = queries.n / kWarp + mq + 1;
+  KNN_TRY(mem.allocate(ctx, g.count, mq + 1, "warp groups"));
+  KNN_TRY(mem.allocate(ctx, g.first, mq + 1, "warp groups"));
+  KNN_TRY(mem.allocate(ctx, g.n_groups, 1, "warp groups"));
+  KNN_TRY(mem.allocate(ctx, g.groups, g.max_groups, "warp groups"));
+  group_counts_kernel<<<grid_for(mq + 1, 128), 128, 0, ctx.stream>>>(mq, queries.begin.get(),
+                                                                     g.count.get());
+  CUDA_CHECK_LAUNCH(ctx, "group_counts_kernel");
+  KNN_TRY(run_cub(ctx, mem, g.scan_temp, "warp groups", [&](void *temp, size_t &bytes) {
+    return cub::DeviceScan::ExclusiveSum(temp, bytes, g.count.get(), g.first.get(), mq + 1,
+                                         ctx.stream);
+  }));
+  group_table_kernel<<<grid_for(mq, 128), 128, 0, ctx.stream>>>(
+      mq, queries.begin.get(), g.first.get(), g.groups.get(), g.n_groups.get());
+  CUDA_CHECK_LAUNCH(ctx, "group_table_kernel");
+  return KNN_OK;
+}
+
+// The partial filter (theta fixed at the level-1 bound): pass 1 counts the
+// members that pass, pass 2 stores their values, a selection keeps the k'
+// smallest. *done is false when the candidates do not fit the budget (then
+// nothing is written and the full filter must run instead).
+KnnStatus run_partial(const ClusterSet &queries, const ClusterSet &targets,
+                      const DistinctSet &target_set, KnnMetric metric, ListPlace place,
+                      int64_t max_groups, Level2Args a, bool *done, MemoryBudget &mem,
+                      DeviceContext &ctx) {
+  const int64_t nq = queries.n;
+  const int kprime = a.kprime;
+  const LaunchShape shape = launch_shape(1, false, kprime);
+  a.parts = 1;
+  a.groups_per_block = shape.groups_per_block;
+  DeviceBuffer<int32_t> total;
+  DeviceBuffer<int64_t> offset;
+  KNN_TRY(mem.allocate(ctx, total, nq + 1, "partial filter counts"));
+  KNN_TRY(mem.allocate(ctx, offset, nq + 1, "partial filter counts"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(total.get(), 0, (nq + 1) * sizeof(int32_t), ctx.stream));
+  a.write = 0;
+  a.cand_total = total.get();
+  const unsigned grid = grid_for(max_groups, shape.groups_per_block);
+  const Level2Kernel kernel = pick_kernel(metric, queries.stride, place, kPartial);
+  KNN_TRY(launch(ctx, kernel, grid, shape, a));
+  DeviceBuffer<unsigned char> off_temp;
+  KNN_TRY(run_cub(ctx, mem, off_temp, "partial filter counts", [&](void *temp, size_t &bytes) {
+    return cub::DeviceScan::ExclusiveSum(temp, bytes, total.get(), offset.get(), nq + 1,
+                                         ctx.stream);
+  }));
+  int64_t stored = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&stored, offset.get() + nq, sizeof stored,
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  KNN_TRY(ctx.cancel_point());
+  const size_t need = (size_t)stored * (sizeof(float) + sizeof(int32_t)) +
+                      (size_t)nq * kprime * (sizeof(float) + sizeof(int32_t));
+  *done = mem.budget() == 0 || mem.used() + need <= mem.budget();
+  if (!*done) return KNN_OK;
+  DeviceBuffer<float> cand_value, list_value;
+  DeviceBuffer<int32_t> cand_pos, list_row;
+  KNN_TRY(mem.allocate(ctx, cand_value, std::max<int64_t>(stored, 1), "partial candidates"));
+  KNN_TRY(mem.allocate(ctx, cand_pos, std::max<int64_t>(stored, 1), "partial candidates"));
+  a.write = 1;
+  a.cand_offset = offset.get();
+  a.cand_value = cand_value.get();
+  a.cand_pos = cand_pos.get();
+  KNN_TRY(launch(ctx, kernel, grid, shape, a));
+  KNN_TRY(ctx.cancel_point());
+  KNN_TRY(mem.allocate(ctx, list_value, (size_t)nq * kprime, "partial selection"));
+  KNN_TRY(mem.allocate(ctx, list_row, (size_t)nq * kprime, "partial selection"));
+  partial_select_kernel<<<grid_for(nq, 128), 128, 0, ctx.stream>>>(
+      nq, queries.member.get(), total.get(), offset.get(), cand_value.get(), cand_pos.get(),
+      targets.first_row.get(), targets.mult.get(), targets.rows_begin.get(),
+      target_set.rows.get(), kprime, list_value.get(), list_row.get(), a.result_value,
+      a.result_row);
+  CUDA_CHECK_LAUNCH(ctx, "partial_select_kernel");
+  return KNN_OK;
+}
+
+// The full filter (Algorithm 2) with the lists where config says, or in
+// global memory where they do not fit; *config becomes what ran.
+KnnStatus run_full(const ClusterSet &queries, KnnMetric metric, int64_t max_groups,
+                   Level2Config *config, Level2Args a, MemoryBudget &mem, DeviceContext &ctx) {
+  const int kprime = config->kprime;
+  config->parts = std::max(1, std::min(config->parts, kMaxParts));
+  if (config->place == ListPlace::Shared) {
+    const LaunchShape s = launch_shape(config->parts, true, kprime);
+    if (s.smem > ctx.prop.sharedMemPerBlockOptin) config->place = ListPlace::Global;
+  }
+  if ((config->place == ListPlace::Registers16 && kprime > 16) ||
+      (config->place == ListPlace::Registers32 && kprime > 32))
+    config->place = ListPlace::Global;
+  const bool in_shared = config->place == ListPlace::Shared;
+  const LaunchShape shape = launch_shape(config->parts, in_shared, kprime);
+  a.parts = config->parts;
+  a.groups_per_block = shape.groups_per_block;
+  a.list_in_shared = in_shared ? 1 : 0;
+  const unsigned grid = grid_for(max_groups, shape.groups_per_block);
+  DeviceBuffer<float> global_value, part_value;
+  DeviceBuffer<int32_t> global_row, part_row;
+  if (config->place == ListPlace::Global) {
+    const int64_t slots = (int64_t)grid * shape.threads;
+    KNN_TRY(mem.allocate(ctx, global_value, (size_t)slots * kprime, "global top-k lists"));
+    KNN_TRY(mem.allocate(ctx, global_row, (size_t)slots * kprime, "global top-k lists"));
+    a.global_value = global_value.get();
+    a.global_row = global_row.get();
+    a.global_stride = slots;
+  }
+  if (config->parts > 1) {
+    const size_t entries = (size_t)max_groups * kWarp * config->parts * kprime;
+    KNN_TRY(mem.allocate(ctx, part_value, entries, "inside-query lists"));
+    KNN_TRY(mem.allocate(ctx, part_row, entries, "inside-query lists"));
+    a.part_value = part_value.get();
+    a.part_row = part_row.get();
+  }
+  return launch(ctx, pick_kernel(metric, queries.stride, config->place, kFull), grid, shape, a);
 }
 
 }  // namespace
@@ -463,152 +567,40 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
                         float *result_value, int32_t *result_row,
                         unsigned long long *distance_counter, Level2Config *used,
                         MemoryBudget &mem, DeviceContext &ctx) {
-  cudaStream_t stream = ctx.stream;
-  Level2Config config = requested;
-  const int kprime = config.kprime;
-  const int64_t nq = queries.n;
-  const int mq = queries.m;
-
-  // Warp groups (thread-data remapping).
-  DeviceBuffer<int32_t> group_count, first_group, n_groups;
-  DeviceBuffer<int4> groups;
-  const int64_t max_groups = nq / kWarp + mq + 1;
-  KNN_TRY(mem.allocate(ctx, group_count, mq + 1, "warp groups"));
-  KNN_TRY(mem.allocate(ctx, first_group, mq + 1, "warp groups"));
-  KNN_TRY(mem.allocate(ctx, n_groups, 1, "warp groups"));
-  KNN_TRY(mem.allocate(ctx, groups, max_groups, "warp groups"));
-  group_counts_kernel<<<grid_for(mq + 1, 128), 128, 0, stream>>>(mq, queries.begin.get(),
-                                                                 group_count.get());
-  CUDA_CHECK_LAUNCH(ctx, "group_counts_kernel");
-  size_t scan_bytes = 0;
-  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, group_count.get(),
-                                                first_group.get(), mq + 1, stream));
-  DeviceBuffer<unsigned char> scan_temp;
-  KNN_TRY(mem.allocate(ctx, scan_temp, std::max<size_t>(scan_bytes, 1), "warp groups"));
-  CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(scan_temp.get(), scan_bytes, group_count.get(),
-                                                first_group.get(), mq + 1, stream));
-  group_table_kernel<<<grid_for(mq, 128), 128, 0, stream>>>(
-      mq, queries.begin.get(), first_group.get(), groups.get(), n_groups.get());
-  CUDA_CHECK_LAUNCH(ctx, "group_table_kernel");
+  WarpGroups groups;
+  KNN_TRY(build_warp_groups(queries, groups, mem, ctx));
 
   Level2Args a{};
-  a.qx = queries.x.get();
-  a.qdist = queries.dist.get();
-  a.qmember = queries.member.get();
-  a.groups = groups.get();
-  a.n_groups = n_groups.get();
+  a.q = queries.view();
+  a.groups = groups.groups.get();
+  a.n_groups = groups.n_groups.get();
   a.upper_bound = level1.upper_bound.get();
   a.cand = level1.candidates.get();
   a.cand_count = level1.cand_count.get();
   a.cand_stride = level1.cand_stride;
-  a.tcenters = targets.centers.get();
-  a.tbegin = targets.begin.get();
-  a.tradius = targets.radius.get();
-  a.tnearest = targets.nearest.get();
-  a.tdist = targets.dist.get();
-  a.tx = targets.x.get();
-  a.tfirst_row = targets.first_row.get();
-  a.tmult = targets.mult.get();
-  a.trows_begin = targets.rows_begin.get();
+  a.t = targets.view();
   a.trows = target_set.rows.get();
   a.stride = queries.stride;
-  a.kprime = kprime;
+  a.kprime = requested.kprime;
   a.margin = margin;
   a.result_value = result_value;
   a.result_row = result_row;
   a.counter = distance_counter;
+  KNN_TRY(ctx.cancel_point());
 
-  if (ctx.cancelled()) return KNN_CANCELLED;
-
+  Level2Config config = requested;
   if (config.partial) {
-    // Pass 1: count the members that pass the fixed level-1 bound.
-    config.parts = 1;
-    LaunchShape shape = launch_shape(1, false, kprime);
-    a.parts = 1;
-    a.groups_per_block = shape.groups_per_block;
-    DeviceBuffer<int32_t> total;
-    DeviceBuffer<int64_t> offset;
-    KNN_TRY(mem.allocate(ctx, total, nq + 1, "partial filter counts"));
-    KNN_TRY(mem.allocate(ctx, offset, nq + 1, "partial filter counts"));
-    CUDA_CHECK(ctx, cudaMemsetAsync(total.get(), 0, (nq + 1) * sizeof(int32_t), stream));
-    a.write = 0;
-    a.cand_total = total.get();
-    const unsigned grid = grid_for(max_groups, shape.groups_per_block);
-    Level2Kernel kernel = pick_kernel(metric, queries.stride, config.place, kPartial);
-    KNN_TRY(launch(ctx, kernel, grid, shape, a, "level2 partial count"));
-    size_t off_bytes = 0;
-    CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(nullptr, off_bytes, total.get(), offset.get(),
-                                                  nq + 1, stream));
-    DeviceBuffer<unsigned char> off_temp;
-    KNN_TRY(mem.allocate(ctx, off_temp, std::max<size_t>(off_bytes, 1), "partial filter counts"));
-    CUDA_CHECK(ctx, cub::DeviceScan::ExclusiveSum(off_temp.get(), off_bytes, total.get(),
-                                                  offset.get(), nq + 1, stream));
-    int64_t stored = 0;
-    CUDA_CHECK(ctx, cudaMemcpyAsync(&stored, offset.get() + nq, sizeof stored,
-                                    cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-    if (ctx.cancelled()) return KNN_CANCELLED;
-    size_t need = (size_t)stored * (sizeof(float) + sizeof(int32_t)) +
-                  (size_t)nq * kprime * (sizeof(float) + sizeof(int32_t));
-    if (mem.budget() == 0 || mem.used() + need <= mem.budget()) {
-      DeviceBuffer<float> cand_value, list_value;
-      DeviceBuffer<int32_t> cand_pos, list_row;
-      KNN_TRY(mem.allocate(ctx, cand_value, std::max<int64_t>(stored, 1), "partial candidates"));
-      KNN_TRY(mem.allocate(ctx, cand_pos, std::max<int64_t>(stored, 1), "partial candidates"));
-      a.write = 1;
-      a.cand_offset = offset.get();
-      a.cand_value = cand_value.get();
-      a.cand_pos = cand_pos.get();
-      KNN_TRY(launch(ctx, kernel, grid, shape, a, "level2 partial write"));
-      if (ctx.cancelled()) return KNN_CANCELLED;
-      KNN_TRY(mem.allocate(ctx, list_value, (size_t)nq * kprime, "partial selection"));
-      KNN_TRY(mem.allocate(ctx, list_row, (size_t)nq * kprime, "partial selection"));
-      partial_select_kernel<<<grid_for(nq, 128), 128, 0, stream>>>(
-          nq, queries.member.get(), total.get(), offset.get(), cand_value.get(), cand_pos.get(),
-          targets.first_row.get(), targets.mult.get(), targets.rows_begin.get(),
-          target_set.rows.get(), kprime, list_value.get(), list_row.get(), result_value,
-          result_row);
-      CUDA_CHECK_LAUNCH(ctx, "partial_select_kernel");
+    config.parts = 1;  // also for the full filter, should the partial one not fit
+    bool done = false;
+    KNN_TRY(run_partial(queries, targets, target_set, metric, config.place, groups.max_groups, a,
+                        &done, mem, ctx));
+    if (done) {
       *used = config;
       return KNN_OK;
     }
     config.partial = false;  // the candidates do not fit: full filter instead
   }
-
-  // Full filter.
-  config.parts = std::max(1, std::min(config.parts, kMaxParts));
-  if (config.place == ListPlace::Shared) {
-    LaunchShape s = launch_shape(config.parts, true, kprime);
-    if (s.smem > ctx.prop.sharedMemPerBlockOptin) config.place = ListPlace::Global;
-  }
-  if ((config.place == ListPlace::Registers16 && kprime > 16) ||
-      (config.place == ListPlace::Registers32 && kprime > 32))
-    config.place = ListPlace::Global;
-  const bool in_shared = config.place == ListPlace::Shared;
-  LaunchShape shape = launch_shape(config.parts, in_shared, kprime);
-  a.parts = config.parts;
-  a.groups_per_block = shape.groups_per_block;
-  a.list_in_shared = in_shared ? 1 : 0;
-  const unsigned grid = grid_for(max_groups, shape.groups_per_block);
-  DeviceBuffer<float> global_value, part_value;
-  DeviceBuffer<int32_t> global_row, part_row;
-  if (config.place == ListPlace::Global) {
-    int64_t slots = (int64_t)grid * shape.threads;
-    KNN_TRY(mem.allocate(ctx, global_value, (size_t)slots * kprime, "global top-k lists"));
-    KNN_TRY(mem.allocate(ctx, global_row, (size_t)slots * kprime, "global top-k lists"));
-    a.global_value = global_value.get();
-    a.global_row = global_row.get();
-    a.global_stride = slots;
-  }
-  if (config.parts > 1) {
-    size_t entries = (size_t)max_groups * kWarp * config.parts * kprime;
-    KNN_TRY(mem.allocate(ctx, part_value, entries, "inside-query lists"));
-    KNN_TRY(mem.allocate(ctx, part_row, entries, "inside-query lists"));
-    a.part_value = part_value.get();
-    a.part_row = part_row.get();
-  }
-  Level2Kernel kernel = pick_kernel(metric, queries.stride, config.place, kFull);
-  KNN_TRY(launch(ctx, kernel, grid, shape, a, "level2 full filter"));
+  KNN_TRY(run_full(queries, metric, groups.max_groups, &config, a, mem, ctx));
   *used = config;
   return KNN_OK;
 }

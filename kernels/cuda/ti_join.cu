@@ -24,9 +24,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
-#include "../cpu/rounding_margin.h"
+#include "../exclusion_runs.h"
+#include "../result_padding.h"
+#include "../rounding_margin.h"
+#include "../value_range.h"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 
@@ -93,39 +95,6 @@ KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, Uploa
   return KNN_OK;
 }
 
-// The largest number of targets that share one key: a query loses at most
-// that many targets to self-match exclusion.
-int64_t max_rows_per_key(const int64_t *keys, int64_t n) {
-  bool increasing = true;
-  for (int64_t i = 1; i < n && increasing; i++) increasing = keys[i] > keys[i - 1];
-  if (increasing) return n > 0 ? 1 : 0;
-  std::vector<int64_t> sorted(keys, keys + n);
-  std::sort(sorted.begin(), sorted.end());
-  int64_t longest = 1, run = 1;
-  for (int64_t i = 1; i < n; i++) {
-    run = sorted[i] == sorted[i - 1] ? run + 1 : 1;
-    longest = std::max(longest, run);
-  }
-  return longest;
-}
-
-// Values this large could make a computed distance overflow to +inf.
-bool values_fit(KnnMetric metric, int dim, unsigned max_abs_bits) {
-  if (max_abs_bits >= 0x7f800000u) return false;  // inf or NaN
-  float m;
-  std::memcpy(&m, &max_abs_bits, sizeof m);
-  double span = 2.0 * (double)m;  // |a - b|
-  double worst = metric == KNN_METRIC_L2 ? (double)dim * span * span : (double)dim * span;
-  return worst < 3.4e38 / 64.0;
-}
-
-void fill_empty(int64_t n, int k, int64_t *neighbors, double *distances) {
-  for (int64_t i = 0; i < n * k; i++) {
-    neighbors[i] = -1;
-    distances[i] = std::nan("");
-  }
-}
-
 int32_t landmarks_for(double factor, int64_t n) {
   double m = std::floor(factor * std::sqrt((double)n) + 0.5);
   return (int32_t)std::max<double>(1.0, std::min<double>(m, (double)n));
@@ -164,235 +133,304 @@ const char *place_name(ListPlace p) {
   }
 }
 
-KnnStatus run_join(const KnnProblem &problem, int64_t *neighbors, double *distances,
-                   KnnStats *stats, DeviceContext &ctx, const TiOptions &options) {
-  const Clock::time_point t_start = Clock::now();
-  const int64_t nq = problem.n_queries, nt = problem.n_targets;
-  const int dim = problem.dim, k = problem.k;
-  const KnnMetric metric = problem.metric;
-  if (metric != KNN_METRIC_L2 && metric != KNN_METRIC_L1) {
-    ctx.error = "the TI join supports only the L2 and L1 metrics";
-    return KNN_INVALID_ARGUMENT;
-  }
-  if (k < 1 || dim < 1 || nq < 0 || nt < 0) {
-    ctx.error = "invalid problem (k, dim or sizes)";
-    return KNN_INVALID_ARGUMENT;
-  }
-  if (stats != nullptr) {
-    std::snprintf(stats->method, sizeof stats->method, "ti");
-    stats->pairs = nq * nt;
-  }
-  if (nq == 0) return KNN_OK;
-  if (nt == 0) {
-    fill_empty(nq, k, neighbors, distances);
-    return KNN_OK;
-  }
-  // Rows are int32 on the device (kNoRow = INT32_MAX marks an empty slot).
-  if (nq >= INT32_MAX - 1 || nt >= INT32_MAX - 1)
-    return brute_force_join(problem, neighbors, distances, stats, ctx);
+// One join, stage by stage. Every device array is a member (or a local of
+// a stage), so all of them are released when the join object goes.
+class TiJoin {
+ public:
+  TiJoin(const KnnProblem &p, const TiOptions &options, DeviceContext &ctx)
+      : p_(p),
+        options_(options),
+        ctx_(ctx),
+        self_(p.queries == p.targets && p.n_queries == p.n_targets),
+        exclude_(p.query_keys != nullptr && p.target_keys != nullptr),
+        stride_(padded_stride(p.dim)),
+        budget_(ctx.memory_budget),
+        mem_(ctx.memory_budget) {}
 
-  const bool self = problem.queries == problem.targets && nq == nt;
-  const bool exclude = problem.query_keys != nullptr && problem.target_keys != nullptr;
-  const int stride = padded_stride(dim);
-  size_t budget = ctx.memory_budget;
-  if (budget == 0) {
+  // Stage 1: the points and keys on the device; *finite tells whether every
+  // distance stays finite (else the join must go to brute force).
+  KnnStatus upload(bool *finite);
+  // The other stages, then the statistics.
+  KnnStatus finish(int64_t *neighbors, double *distances, KnnStats *stats);
+
+ private:
+  KnnStatus upload_keys();
+  KnnStatus cluster();
+  KnnStatus filter();
+  Level2Config level2_config(int kprime) const;
+  KnnStatus output(int64_t *neighbors, double *distances);
+  KnnStatus output_rows(int64_t first, int64_t count, int64_t *neighbors, double *distances,
+                        DeviceBuffer<int64_t> &rows, DeviceBuffer<double> &dist);
+  void describe(KnnStats *stats) const;
+
+  const DistinctSet &target_set() const { return self_ ? query_set_ : target_set_own_; }
+  const ClusterSet &target_clusters() const {
+    return self_ ? query_clusters_ : target_clusters_own_;
+  }
+
+  const KnnProblem &p_;
+  const TiOptions &options_;
+  DeviceContext &ctx_;
+  const bool self_, exclude_;
+  const int stride_;
+  size_t budget_;
+  MemoryBudget mem_;
+
+  UploadedSet query_upload_, target_upload_;
+  DeviceBuffer<int64_t> query_keys_, target_keys_;
+  int64_t excluded_ = 0;  // the most targets one query can lose to exclusion
+  DistinctSet query_set_, target_set_own_;
+  ClusterSet query_clusters_, target_clusters_own_;
+  Level1Result level1_;
+  Level2Config used_;
+  int kprime_ = 0;
+  DeviceBuffer<float> result_value_;
+  DeviceBuffer<int32_t> result_row_;
+  DeviceBuffer<unsigned long long> counter_;
+
+  Clock::time_point t_start_ = Clock::now(), t_uploaded_, t_clustered_, t_filtered_;
+  double select_seconds_ = 0, download_seconds_ = 0;
+  unsigned long long computed_ = 0;
+};
+
+KnnStatus TiJoin::upload_keys() {
+  if (!exclude_) return KNN_OK;
+  const int64_t nq = p_.n_queries, nt = p_.n_targets;
+  excluded_ = max_rows_per_key(p_.target_keys, nt);
+  KNN_TRY(mem_.allocate(ctx_, query_keys_, nq, "keys"));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), p_.query_keys, nq * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
+  if (self_ && p_.query_keys == p_.target_keys) return KNN_OK;
+  KNN_TRY(mem_.allocate(ctx_, target_keys_, nt, "keys"));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(target_keys_.get(), p_.target_keys, nt * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
+  return KNN_OK;
+}
+
+KnnStatus TiJoin::upload(bool *finite) {
+  if (budget_ == 0) {
     size_t free_bytes = 0, total_bytes = 0;
-    CUDA_CHECK(ctx, cudaMemGetInfo(&free_bytes, &total_bytes));
-    budget = free_bytes;
+    CUDA_CHECK(ctx_, cudaMemGetInfo(&free_bytes, &total_bytes));
+    budget_ = free_bytes;
+    mem_ = MemoryBudget(budget_);
   }
-  MemoryBudget mem(budget);
-  cudaStream_t stream = ctx.stream;
-
-  // ---- upload ----
   DeviceBuffer<unsigned> max_abs;
-  KNN_TRY(mem.allocate(ctx, max_abs, 1, "value range"));
-  CUDA_CHECK(ctx, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), stream));
-  UploadedSet query_upload, target_upload;
-  KNN_TRY(upload_points(problem.queries, nq, dim, stride, query_upload, max_abs.get(), mem, ctx));
-  if (!self)
-    KNN_TRY(upload_points(problem.targets, nt, dim, stride, target_upload, max_abs.get(), mem,
-                          ctx));
-  DeviceBuffer<int64_t> query_keys, target_keys;
-  int64_t excluded = 0;
-  if (exclude) {
-    excluded = max_rows_per_key(problem.target_keys, nt);
-    KNN_TRY(mem.allocate(ctx, query_keys, nq, "keys"));
-    CUDA_CHECK(ctx, cudaMemcpyAsync(query_keys.get(), problem.query_keys, nq * sizeof(int64_t),
-                                    cudaMemcpyHostToDevice, stream));
-    if (!(self && problem.query_keys == problem.target_keys)) {
-      KNN_TRY(mem.allocate(ctx, target_keys, nt, "keys"));
-      CUDA_CHECK(ctx, cudaMemcpyAsync(target_keys.get(), problem.target_keys,
-                                      nt * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
-    }
-  }
+  KNN_TRY(mem_.allocate(ctx_, max_abs, 1, "value range"));
+  CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+  KNN_TRY(upload_points(p_.queries, p_.n_queries, p_.dim, stride_, query_upload_, max_abs.get(),
+                        mem_, ctx_));
+  if (!self_)
+    KNN_TRY(upload_points(p_.targets, p_.n_targets, p_.dim, stride_, target_upload_,
+                          max_abs.get(), mem_, ctx_));
+  KNN_TRY(upload_keys());
   unsigned max_abs_bits = 0;
-  CUDA_CHECK(ctx, cudaMemcpyAsync(&max_abs_bits, max_abs.get(), sizeof max_abs_bits,
-                                  cudaMemcpyDeviceToHost, stream));
-  CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-  const Clock::time_point t_uploaded = Clock::now();
-  if (!values_fit(metric, dim, max_abs_bits)) {
-    // The bounds need finite distances; brute force handles everything.
-    query_upload.padded.release();
-    target_upload.padded.release();
-    return brute_force_join(problem, neighbors, distances, stats, ctx);
-  }
-  if (ctx.cancelled()) return KNN_CANCELLED;
-  const DevicePoints &query_points = query_upload.points;
-  const DevicePoints &target_points = self ? query_upload.points : target_upload.points;
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&max_abs_bits, max_abs.get(), sizeof max_abs_bits,
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  t_uploaded_ = Clock::now();
+  float max_abs_value;
+  std::memcpy(&max_abs_value, &max_abs_bits, sizeof max_abs_value);
+  *finite = distances_stay_finite(p_.metric, p_.dim, max_abs_value);
+  return ctx_.cancel_point();
+}
 
-  // ---- duplicate groups and clusters ----
-  DistinctSet query_set, target_set_own;
-  KNN_TRY(build_distinct_set(query_points, options.dedup, query_set, mem, ctx));
-  if (!self) KNN_TRY(build_distinct_set(target_points, options.dedup, target_set_own, mem, ctx));
-  const DistinctSet &target_set = self ? query_set : target_set_own;
-  if (ctx.cancelled()) return KNN_CANCELLED;
+// Stage 2: duplicate groups, then clusters of the distinct points.
+KnnStatus TiJoin::cluster() {
+  KNN_TRY(build_distinct_set(query_upload_.points, options_.dedup, query_set_, mem_, ctx_));
+  if (!self_)
+    KNN_TRY(build_distinct_set(target_upload_.points, options_.dedup, target_set_own_, mem_,
+                               ctx_));
+  KNN_TRY(ctx_.cancel_point());
 
-  int32_t mq = landmarks_for(options.landmark_factor, query_set.n_distinct);
-  int32_t mt = landmarks_for(options.landmark_factor, target_set.n_distinct);
+  int32_t mq = landmarks_for(options_.landmark_factor, query_set_.n_distinct);
+  int32_t mt = landmarks_for(options_.landmark_factor, target_set().n_distinct);
   // Cap by the budget: the cluster-pair matrices take about 32 bytes a pair.
   const double pair_bytes = 32.0;
-  if (pair_bytes * mq * mt > budget / 4.0) {
-    double scale = std::sqrt(budget / 4.0 / (pair_bytes * mq * mt));
+  if (pair_bytes * mq * mt > budget_ / 4.0) {
+    double scale = std::sqrt(budget_ / 4.0 / (pair_bytes * mq * mt));
     mq = std::max<int32_t>(1, (int32_t)(mq * scale));
     mt = std::max<int32_t>(1, (int32_t)(mt * scale));
   }
-  if (self) mq = mt;
-  ClusterSet query_clusters, target_clusters_own;
-  KNN_TRY(build_clusters(query_set, metric, mq, options.landmark_candidate_sets,
-                         options.gemm_assign_min_stride, query_clusters, mem, ctx));
-  if (!self)
-    KNN_TRY(build_clusters(target_set, metric, mt, options.landmark_candidate_sets,
-                           options.gemm_assign_min_stride, target_clusters_own, mem, ctx));
-  const ClusterSet &target_clusters = self ? query_clusters : target_clusters_own;
+  if (self_) mq = mt;
+  KNN_TRY(build_clusters(query_set_, p_.metric, mq, options_.landmark_candidate_sets,
+                         options_.gemm_assign_min_stride, query_clusters_, mem_, ctx_));
+  if (!self_)
+    KNN_TRY(build_clusters(target_set_own_, p_.metric, mt, options_.landmark_candidate_sets,
+                           options_.gemm_assign_min_stride, target_clusters_own_, mem_, ctx_));
   // The rows and distinct points are no longer needed: the clusters hold
   // their own copies in position order.
-  mem.release(query_upload.padded);
-  mem.release(target_upload.padded);
-  mem.release(query_set.x);
-  mem.release(target_set_own.x);
-  CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-  const Clock::time_point t_clustered = Clock::now();
-  if (ctx.cancelled()) return KNN_CANCELLED;
+  mem_.release(query_upload_.padded);
+  mem_.release(target_upload_.padded);
+  mem_.release(query_set_.x);
+  mem_.release(target_set_own_.x);
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  t_clustered_ = Clock::now();
+  return ctx_.cancel_point();
+}
 
-  // ---- filters ----
-  const int kprime = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)k + excluded);
-  const cpu::RoundingMargin rounding(metric, stride);
+// The adaptive scheme of IV-D (or what the options force).
+Level2Config TiJoin::level2_config(int kprime) const {
+  Level2Config config;
+  config.kprime = kprime;
+  config.partial = options_.filter == FilterKind::Partial ||
+                   (options_.filter == FilterKind::Adaptive &&
+                    (double)p_.k / p_.dim > options_.partial_filter_ratio);
+  config.place = choose_list_place(ctx_, kprime, options_.list);
+  config.parts = options_.threads_per_query > 0
+                     ? options_.threads_per_query
+                     : level2_threads_per_query(ctx_, p_.metric, stride_, config.place, kprime,
+                                                query_set_.n_distinct,
+                                                options_.cache_conflict_factor);
+  return config;
+}
+
+// Stage 3: the k' nearest (value, row) of every distinct query.
+KnnStatus TiJoin::filter() {
+  kprime_ = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)p_.k + excluded_);
+  const RoundingMargin rounding(p_.metric, stride_);
   Margin margin;
   margin.rel = (float)rounding.relative();
   margin.abs = (float)(rounding(0.0));
-  Level1Result level1;
-  KNN_TRY(level1_filter(query_clusters, target_clusters, metric, kprime, margin, level1, mem,
-                        ctx));
-  if (ctx.cancelled()) return KNN_CANCELLED;
+  KNN_TRY(level1_filter(query_clusters_, target_clusters(), p_.metric, kprime_, margin, level1_,
+                        mem_, ctx_));
+  KNN_TRY(ctx_.cancel_point());
 
-  Level2Config config;
-  config.kprime = kprime;
-  config.partial = options.filter == FilterKind::Partial ||
-                   (options.filter == FilterKind::Adaptive &&
-                    (double)k / dim > options.partial_filter_ratio);
-  config.place = choose_list_place(ctx, kprime, options.list);
-  config.parts = options.threads_per_query > 0
-                     ? options.threads_per_query
-                     : level2_threads_per_query(ctx, metric, stride, config.place, kprime,
-                                                query_set.n_distinct,
-                                                options.cache_conflict_factor);
-  DeviceBuffer<float> result_value;
-  DeviceBuffer<int32_t> result_row;
-  DeviceBuffer<unsigned long long> counter;
-  KNN_TRY(mem.allocate(ctx, result_value, (size_t)query_set.n_distinct * kprime, "results"));
-  KNN_TRY(mem.allocate(ctx, result_row, (size_t)query_set.n_distinct * kprime, "results"));
-  KNN_TRY(mem.allocate(ctx, counter, 1, "distance counter"));
-  CUDA_CHECK(ctx, cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream));
-  Level2Config used = config;
-  KNN_TRY(level2_filter(query_clusters, target_clusters, target_set, level1, metric, config,
-                        margin, result_value.get(), result_row.get(), counter.get(), &used, mem,
-                        ctx));
-  CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-  const Clock::time_point t_filtered = Clock::now();
-  if (ctx.cancelled()) return KNN_CANCELLED;
-  mem.release(level1.candidates);
-  mem.release(level1.cand_count);
-  mem.release(level1.upper_bound);
+  const Level2Config config = level2_config(kprime_);
+  const size_t slots = (size_t)query_set_.n_distinct * kprime_;
+  KNN_TRY(mem_.allocate(ctx_, result_value_, slots, "results"));
+  KNN_TRY(mem_.allocate(ctx_, result_row_, slots, "results"));
+  KNN_TRY(mem_.allocate(ctx_, counter_, 1, "distance counter"));
+  CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
+  used_ = config;
+  KNN_TRY(level2_filter(query_clusters_, target_clusters(), target_set(), level1_, p_.metric,
+                        config, margin, result_value_.get(), result_row_.get(), counter_.get(),
+                        &used_, mem_, ctx_));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  t_filtered_ = Clock::now();
+  KNN_TRY(ctx_.cancel_point());
+  mem_.release(level1_.candidates);
+  mem_.release(level1_.cand_count);
+  mem_.release(level1_.upper_bound);
+  return KNN_OK;
+}
 
-  // ---- rows, exclusion, float8 ----
-  // Level-2 scratch is gone; the output (16 bytes a slot) is written and
-  // copied in chunks of rows that fit what is left of the budget.
-  const int64_t *target_key_ptr = nullptr;
-  if (exclude) target_key_ptr = target_keys.get() != nullptr ? target_keys.get() : query_keys.get();
+// Query rows [first, first + count): expanded on the device, then copied.
+KnnStatus TiJoin::output_rows(int64_t first, int64_t count, int64_t *neighbors,
+                              double *distances, DeviceBuffer<int64_t> &rows,
+                              DeviceBuffer<double> &dist) {
+  const int k = p_.k;
+  const int64_t *target_keys = nullptr;
+  if (exclude_) target_keys = target_keys_.get() != nullptr ? target_keys_.get() : query_keys_.get();
+  const Clock::time_point t0 = Clock::now();
+  KNN_TRY(expand_results(query_set_, p_.metric, first, count, k, kprime_, result_value_.get(),
+                         result_row_.get(), exclude_ ? query_keys_.get() : nullptr, target_keys,
+                         rows.get(), dist.get(), ctx_));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  const Clock::time_point t1 = Clock::now();
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(neighbors + first * k, rows.get(),
+                                   (size_t)count * k * sizeof(int64_t), cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(distances + first * k, dist.get(),
+                                   (size_t)count * k * sizeof(double), cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  select_seconds_ += seconds_between(t0, t1);
+  download_seconds_ += seconds_between(t1, Clock::now());
+  return KNN_OK;
+}
+
+// Stage 4: rows, exclusion, float8. The level-2 scratch is gone; the
+// output (16 bytes a slot) is written and copied in chunks of rows that
+// fit what is left of the budget.
+KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
+  const int64_t nq = p_.n_queries;
+  const int k = p_.k;
   const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
-  const size_t room = budget > mem.used() ? budget - mem.used() : 0;
+  const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
   int64_t chunk = std::min<int64_t>(nq, (int64_t)(room / 2 / (slot_bytes * k)));
   if (chunk < 1) chunk = std::min<int64_t>(nq, 1024);  // let the allocation report it
-  DeviceBuffer<int64_t> out_rows;
-  DeviceBuffer<double> out_distances;
-  KNN_TRY(mem.allocate(ctx, out_rows, (size_t)chunk * k, "results"));
-  KNN_TRY(mem.allocate(ctx, out_distances, (size_t)chunk * k, "results"));
-  unsigned long long computed = 0;
-  CUDA_CHECK(ctx, cudaMemcpyAsync(&computed, counter.get(), sizeof computed,
-                                  cudaMemcpyDeviceToHost, stream));
-  double select_seconds = 0, download_seconds = 0;
+  DeviceBuffer<int64_t> rows;
+  DeviceBuffer<double> dist;
+  KNN_TRY(mem_.allocate(ctx_, rows, (size_t)chunk * k, "results"));
+  KNN_TRY(mem_.allocate(ctx_, dist, (size_t)chunk * k, "results"));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
   for (int64_t first = 0; first < nq; first += chunk) {
-    if (ctx.cancelled()) return KNN_CANCELLED;
-    const int64_t count = std::min(chunk, nq - first);
-    const Clock::time_point t0 = Clock::now();
-    KNN_TRY(expand_results(query_set, metric, first, count, k, kprime, result_value.get(),
-                           result_row.get(), exclude ? query_keys.get() : nullptr,
-                           target_key_ptr, out_rows.get(), out_distances.get(), ctx));
-    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-    const Clock::time_point t1 = Clock::now();
-    CUDA_CHECK(ctx, cudaMemcpyAsync(neighbors + first * k, out_rows.get(),
-                                    (size_t)count * k * sizeof(int64_t),
-                                    cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(ctx, cudaMemcpyAsync(distances + first * k, out_distances.get(),
-                                    (size_t)count * k * sizeof(double), cudaMemcpyDeviceToHost,
-                                    stream));
-    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-    select_seconds += seconds_between(t0, t1);
-    download_seconds += seconds_between(t1, Clock::now());
-  }
-  const Clock::time_point t_done = Clock::now();
-
-  if (stats != nullptr) {
-    char parts[32] = "";
-    if (used.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used.parts);
-    std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s",
-                  used.partial ? "partial" : "full",
-                  used.partial ? "global" : place_name(used.place), parts,
-                  options.dedup ? "/dedup" : "");
-    stats->query_clusters = query_clusters.m;
-    stats->target_clusters = target_clusters.m;
-    stats->distance_computations = (int64_t)computed;
-    stats->threads_per_query = used.parts;
-    stats->seconds_transfer = seconds_between(t_start, t_uploaded) + download_seconds;
-    stats->seconds_cluster = seconds_between(t_uploaded, t_clustered);
-    stats->seconds_filter = seconds_between(t_clustered, t_filtered);
-    stats->seconds_select = select_seconds;
-    stats->seconds_total = seconds_between(t_start, t_done);
+    KNN_TRY(ctx_.cancel_point());
+    KNN_TRY(output_rows(first, std::min(chunk, nq - first), neighbors, distances, rows, dist));
   }
   return KNN_OK;
 }
 
-}  // namespace
+void TiJoin::describe(KnnStats *stats) const {
+  const Clock::time_point t_done = Clock::now();
+  stats->method = KNN_METHOD_TI;
+  stats->pairs = p_.n_queries * p_.n_targets;
+  char parts[32] = "";
+  if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used_.parts);
+  std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s",
+                used_.partial ? "partial" : "full",
+                used_.partial ? "global" : place_name(used_.place), parts,
+                options_.dedup ? "/dedup" : "");
+  stats->query_clusters = query_clusters_.m;
+  stats->target_clusters = target_clusters().m;
+  stats->distance_computations = (int64_t)computed_;
+  stats->threads_per_query = used_.parts;
+  stats->seconds_transfer = seconds_between(t_start_, t_uploaded_) + download_seconds_;
+  stats->seconds_cluster = seconds_between(t_uploaded_, t_clustered_);
+  stats->seconds_filter = seconds_between(t_clustered_, t_filtered_);
+  stats->seconds_select = select_seconds_;
+  stats->seconds_total = seconds_between(t_start_, t_done);
+}
 
-KnnStatus ti_join_with_options(const KnnProblem &problem, int64_t *neighbors, double *distances,
-                               KnnStats *stats, DeviceContext &ctx, const TiOptions &options) {
-  KnnStatus status = run_join(problem, neighbors, distances, stats, ctx, options);
+KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats) {
+  KNN_TRY(cluster());
+  KNN_TRY(filter());
+  KNN_TRY(output(neighbors, distances));
+  if (stats != nullptr) describe(stats);
+  return KNN_OK;
+}
+
+KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
+                   double *distances, KnnStats *stats, DeviceContext &ctx) {
+  if (problem.metric != KNN_METRIC_L2 && problem.metric != KNN_METRIC_L1) {
+    ctx.error = "the TI join supports only the L2 and L1 metrics";
+    return KNN_INVALID_ARGUMENT;
+  }
+  const int64_t nq = problem.n_queries, nt = problem.n_targets;
+  if (nq == 0 || nt == 0) {
+    fill_padding(nq, problem.k, neighbors, distances);
+    return KNN_OK;
+  }
+  // Rows are int32 on the device (kNoRow = INT32_MAX marks an empty slot).
+  if (nq >= INT32_MAX - 1 || nt >= INT32_MAX - 1)
+    return brute_force_join(problem, tuning, neighbors, distances, stats, ctx);
+  {
+    TiJoin join(problem, tuning.ti, ctx);
+    bool finite = false;
+    KNN_TRY(join.upload(&finite));
+    if (finite) return join.finish(neighbors, distances, stats);
+  }
+  // The bounds need finite distances; brute force handles everything (the
+  // join's device memory was released above).
+  return brute_force_join(problem, tuning, neighbors, distances, stats, ctx);
+}
+
+}  // namespace
+}  // namespace ti
+
+KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
+                  double *distances, KnnStats *stats, DeviceContext &ctx) {
+  const KnnStatus status = ti::run_join(problem, tuning, neighbors, distances, stats, ctx);
   // Every buffer of the join has been handed to cudaFreeAsync by now; wait
   // for the frees and return the pool's memory to the device.
-  cudaError_t err = cudaStreamSynchronize(ctx.stream);
+  const cudaError_t err = cudaStreamSynchronize(ctx.stream);
   cudaMemPool_t pool;
   if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
   (void)cudaGetLastError();
   if (status == KNN_OK && err != cudaSuccess)
-    return cuda_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
+    return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
   return status;
-}
-
-}  // namespace ti
-
-KnnStatus ti_join(const KnnProblem &problem, int64_t *neighbors, double *distances,
-                  KnnStats *stats, DeviceContext &ctx) {
-  return ti::ti_join_with_options(problem, neighbors, distances, stats, ctx, ti::TiOptions());
 }
 
 }  // namespace cuda

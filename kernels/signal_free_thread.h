@@ -3,7 +3,7 @@
 // must only ever run on the backend's own thread; a new thread inherits the
 // creating thread's signal mask, so every signal is blocked while the
 // thread is created and the creator's mask is restored afterwards. Used by
-// the job layer and the CPU engine (namespace knn: nothing CPU-specific).
+// the job layer and both engines.
 #pragma once
 
 #include <pthread.h>

@@ -1,0 +1,86 @@
+// device_thread.cuh -- a helper thread of a join that runs one step on the
+// join's device (an upload overlapping the kernels, a share of a host
+// copy). It starts with every signal blocked (../signal_free_thread.h,
+// shared with the job layer and the CPU engine), owns what the step
+// reports, and is joined by its owner's destructor on every path, so it
+// never outlives what it was given.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <new>
+#include <system_error>
+#include <thread>
+
+#include "../signal_free_thread.h"
+#include "../entry_guard.h"
+#include "cuda_engine.cuh"
+
+namespace knn {
+namespace cuda {
+
+class DeviceThread {
+ public:
+  DeviceThread() = default;
+  ~DeviceThread() { wait(); }
+  DeviceThread(const DeviceThread &) = delete;
+  DeviceThread &operator=(const DeviceThread &) = delete;
+
+  // Runs step(DeviceContext &) -> KnnStatus on a new thread, with a context
+  // of its own on parent's device (same budget and staging memory, no
+  // stream). Returns false when no thread could be started (then nothing
+  // runs and the caller does the step itself).
+  template <class Step>
+  bool start(const DeviceContext &parent, Step step) {
+    const int device = parent.device;
+    const size_t budget = parent.memory_budget;
+    PinnedStaging *const staging = parent.staging;
+    try {
+      thread_ = start_signal_free_thread([this, device, budget, staging, step]() {
+        status_ = guarded("GPU engine thread", error_, sizeof error_, [&]() -> KnnStatus {
+          DeviceContext ctx;
+          ctx.device = device;
+          ctx.memory_budget = budget;
+          ctx.staging = staging;
+          if (cudaSetDevice(device) != cudaSuccess) {
+            (void)cudaGetLastError();
+            copy_message(error_, sizeof error_, "cudaSetDevice failed on an engine thread");
+            return KNN_DEVICE_ERROR;
+          }
+          const KnnStatus st = step(ctx);
+          if (st != KNN_OK) copy_message(error_, sizeof error_, ctx.error.c_str());
+          return st;
+        });
+      });
+    } catch (const std::system_error &) {
+      return false;
+    } catch (const std::bad_alloc &) {
+      return false;
+    }
+    return true;
+  }
+
+  bool running() const { return thread_.joinable(); }
+
+  // Waits for the thread (if one was started).
+  void wait() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Waits, then returns the step's status; a failure's message goes to
+  // ctx.error (unless that already holds one).
+  KnnStatus finish(DeviceContext &ctx) {
+    wait();
+    if (status_ != KNN_OK && ctx.error.empty())
+      ctx.error = error_[0] != '\0' ? error_ : "an engine thread failed";
+    return status_;
+  }
+
+ private:
+  std::thread thread_;
+  KnnStatus status_ = KNN_OK;
+  char error_[512] = "";
+};
+
+}  // namespace cuda
+}  // namespace knn

@@ -1,0 +1,42 @@
+/*
+ * knn_cuda_testing.h -- a second entry of the GPU engine module
+ * (knn_gpu_cuda.so), for the engine tests only: knn_cuda_run with choices
+ * that the engine otherwise makes for itself forced (join_tuning.cuh), so
+ * that every variant can be compared with the CPU engine. The job layer
+ * (knn_job.cpp) never looks this symbol up, so nothing reaches it from SQL.
+ * Plain C, no CUDA headers.
+ */
+#ifndef KNN_CUDA_TESTING_H
+#define KNN_CUDA_TESTING_H
+
+#include "../knn_engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Zero in every field: the engine's own choices. */
+typedef struct KnnCudaTestOptions
+{
+	int			sgemm_filter;	/* brute force: SGEMM bound for L2 where a DGEMM one is used */
+	int			ti_filter;		/* 0 adaptive, 1 full, 2 partial */
+	int			ti_list;		/* top-k lists: 0 adaptive, 1 registers, 2 shared, 3 global */
+	int			ti_threads_per_query;	/* 0 adaptive, else 1 .. 8 */
+	int			ti_keep_duplicates;	/* 1: no merging of bitwise-identical rows */
+	int			ti_gemm_assign_min_stride;	/* 0 default; the cuBLAS assignment from this stride */
+	double		ti_landmark_factor;	/* 0 default; clusters per set = factor * sqrt(rows) */
+} KnnCudaTestOptions;
+
+/* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */
+typedef KnnStatus (*knn_cuda_run_tuned_fn) (const KnnProblem *problem,
+											const KnnCudaTestOptions *options,
+											int64_t *neighbors, double *distances,
+											KnnStats *stats, const int32_t *cancel,
+											char *errbuf, size_t errlen);
+#define KNN_CUDA_RUN_TUNED_SYMBOL "knn_cuda_run_tuned"
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif							/* KNN_CUDA_TESTING_H */
