@@ -7,7 +7,7 @@
 #   bench/run_bench.sh [knn_bench options, e.g. --sets skin,kdd --repeat 3]
 #
 # Data: .bench-data/ (see bench/prepare_data.sh) or $KNN_BENCH_DATA.
-# KNN_BENCH_TORCH=0 skips the torch reference.
+# KNN_BENCH_TORCH=0 skips the torch reference; KNN_BENCH_BUILD=0 skips the build.
 # Results: bench/results/{knn_bench,torch_reference}.json and bench.png
 # (or $KNN_BENCH_OUT).
 set -eu
@@ -26,7 +26,9 @@ done
 if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
   gzip -dc "$data/train-images-idx3-ubyte.gz" > "$tmp/fashion-mnist.idx"
 fi
-make -s bench/knn_bench
+# KNN_BENCH_BUILD=0: bench/knn_bench and knn_gpu_cuda.so were built elsewhere
+# (a GPU host without the build tools) and travel with the tree.
+[ "${KNN_BENCH_BUILD:-1}" = 0 ] || make -s bench/knn_bench
 status=0
 bench/knn_bench "$tmp" --module-dir "$PWD" --out "$out/knn_bench.json" "$@" || status=$?
 if [ "${KNN_BENCH_TORCH:-1}" = 0 ]; then
