@@ -128,6 +128,8 @@ sorted_rows(const KnnMatrix *m)
 	{
 		a[i].key = (uint64) m->ids[i] ^ (UINT64CONST(1) << 63);
 		a[i].row = i;
+		if ((i & (KNN_INTERRUPT_SLICE - 1)) == 0)
+			CHECK_FOR_INTERRUPTS();
 	}
 	for (int shift = 0; shift < 64; shift += KNN_RADIX_BITS)
 	{
