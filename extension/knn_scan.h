@@ -5,11 +5,17 @@
  *     CROSS JOIN LATERAL (SELECT ..., t.v <-> q.v AS dist FROM items t
  *                         ORDER BY t.v <-> q.v LIMIT k) n
  *
+ * and its variants: LEFT JOIN LATERAL (...) ON ..., "WHERE t.id <> q.id"
+ * in the subquery (the engine's self-exclusion, keys from knn_keys.h),
+ * further ORDER BY keys after the distance (the inner scan's order, which
+ * is the tie order), and OFFSET.
+ *
  * as one batched join: every outer row and every row of items is read once,
  * all vectors go to the engine in one call, and the rows come back per
  * outer row in distance order, as the nested loop would return them.
  *
- * knn_scan_path.c  recognises the shape (set_join_pathlist_hook), costs it
+ * knn_scan_shape.c recognises the subquery's shape;
+ * knn_scan_path.c  checks the join (set_join_pathlist_hook), costs it
  *                  and adds a KnnJoinPath beside PostgreSQL's nested loop;
  * knn_scan_plan.c  turns the path into a CustomScan: the outer side's plan
  *                  and a plain scan plan of the inner relation as children;
@@ -51,8 +57,25 @@ typedef struct KnnJoinPath
 	List	   *needed_columns; /* IntList: the other subquery columns used
 								 * above the join, ascending */
 	Expr	   *limit;			/* the LIMIT count as the subquery planned it */
-	List	   *join_clauses;	/* RestrictInfos checked on each joined row */
+	Expr	   *offset;			/* the OFFSET, or NULL */
+	List	   *tie_order;		/* SortGroupClauses after the distance's */
+	JoinType	jointype;		/* JOIN_INNER or JOIN_LEFT */
+	List	   *join_clauses;	/* RestrictInfos that decide a match (all of
+								 * them for an inner join) */
+	List	   *other_clauses;	/* JOIN_LEFT: pushed-down ones, checked after
+								 * null-extension too */
+
+	/* Self-exclusion "exclude_target <> exclude_query", or all NULL/0. */
+	Node	   *exclude_qual;	/* the conjunct of the subquery's WHERE */
+	Var		   *exclude_target; /* inner operand, as in the subquery */
+	Var		   *exclude_query;	/* outer operand, as a Var of this query */
+	Oid			exclude_collation;
 } KnnJoinPath;
+
+/* knn_scan_shape.c */
+extern Index knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp);
+extern bool knn_scan_is_run_time_constant(Node *node);
+extern bool knn_scan_reject(const char *reason);	/* DEBUG1; returns false */
 
 /* knn_scan_plan.c */
 extern const CustomPathMethods knn_join_path_methods;
@@ -74,14 +97,29 @@ typedef enum KnnJoinPrivate
 	KNN_PRIVATE_TARGET_COLUMN,	/* Integer: target vector column in inner rows */
 	KNN_PRIVATE_TARGET_IS_LEFT, /* Integer: 1 when ORDER BY target <op> query */
 	KNN_PRIVATE_SOURCES,		/* IntList: one source per scan column */
+	KNN_PRIVATE_JOIN_TYPE,		/* Integer: JoinType, inner or left */
+	KNN_PRIVATE_EXCLUDE_QUERY,	/* Integer: key column in outer rows, 0 = none */
+	KNN_PRIVATE_EXCLUDE_TARGET, /* Integer: key column in inner rows */
+	KNN_PRIVATE_EXCLUDE_TYPE,	/* Integer: the keys' type (an Oid) */
+	KNN_PRIVATE_EXCLUDE_COLLATION,	/* Integer: the operator's collation */
+	KNN_PRIVATE_EXCLUDE_TEXT,	/* String: "t.id <> q.id" for EXPLAIN */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 
 /*
- * custom_exprs: the LIMIT count, then the join filter (implicitly ANDed
- * clauses checked on each joined row: filters above the subquery's LIMIT and
- * the join's clauses).
+ * custom_exprs: the LIMIT count, the OFFSET (or NULL), the join filter (a
+ * List, implicitly ANDed: clauses that decide whether a joined row is a
+ * match -- filters above the subquery's LIMIT and the join's clauses) and
+ * the filter (a List, JOIN_LEFT only: pushed-down clauses, checked on
+ * matches and null-extended rows alike).
  */
+typedef enum KnnJoinExpr
+{
+	KNN_EXPR_LIMIT = 0,
+	KNN_EXPR_OFFSET,
+	KNN_EXPR_JOIN_FILTER,
+	KNN_EXPR_FILTER
+} KnnJoinExpr;
 
 /* custom_plans: the outer side's plan, then the inner relation's scan. */
 #define KNN_OUTER_CHILD 0

@@ -10,22 +10,34 @@
  *  - Ties (equal distances) come in the order the inner scan returned the
  *    rows: inner rows are the engine's targets in scan order, and the engine
  *    breaks ties by target row. (PostgreSQL leaves the order of ties
- *    unspecified, so any order is one its plan could give.)
+ *    unspecified, so any order is one its plan could give; ORDER BY keys
+ *    after the distance are the inner scan's ORDER BY, so they order ties
+ *    exactly as PostgreSQL's sort does.)
  *  - NaN distances (cosine with a zero vector) sort after all numbers and
  *    NULL distances after NaN, as ORDER BY float8 ASC does. An inner row
  *    with a NULL vector has a NULL distance: such rows fill up to k after
  *    the engine's rows, in scan order.
  *  - An outer row with a NULL vector has NULL distances to everything: it
  *    gets the first k inner rows in scan order, with NULL distance.
- *  - LIMIT NULL means all rows; a negative LIMIT is the same error as the
- *    Limit node's; LIMIT 0 reads no inner rows.
+ *  - LIMIT NULL means all rows; a negative LIMIT or OFFSET is the same
+ *    error as the Limit node's; LIMIT 0 reads no inner rows. OFFSET n skips
+ *    the first n rows of each outer row (the engine is asked for n + k).
+ *  - Self-exclusion ("t.id <> q.id" in the subquery): both sides' values
+ *    map to keys equal exactly when the values are (knn_keys.h), and the
+ *    engine never pairs equal keys. A NULL on either side makes "<>" NULL,
+ *    so an outer row with a NULL key has no rows and an inner row with a
+ *    NULL key belongs to none.
+ *  - LEFT JOIN: an outer row none of whose rows passes the join filter
+ *    comes once with NULLs for the subquery's columns; the filter (pushed-
+ *    down clauses) is checked on both kinds of rows.
  *  - The inner side is read only when some outer row exists, and vector
  *    dimensions are checked only between non-NULL query and target vectors,
- *    so the operator's "different vector dimensions" error happens exactly
- *    when the nested loop would hit it.
+ *    (and not between an excluded pair), so the operator's "different
+ *    vector dimensions" error happens when the nested loop would hit it.
  *
  * The rows then pass the node's quals (filters above the subquery's LIMIT
- * and join clauses) and its projection. A rescan starts over.
+ * and join clauses: the join filter, and for LEFT JOIN the filter) and its
+ * projection. A rescan starts over.
  */
 #include "postgres.h"
 
@@ -37,6 +49,7 @@
 #include "utils/memutils.h"
 #include "utils/ruleutils.h"
 
+#include "knn_keys.h"
 #include "knn_matrix.h"
 #include "knn_run.h"
 #include "knn_scan.h"
@@ -55,8 +68,15 @@ typedef struct KnnJoinState
 	bool		target_is_left;
 	int			n_scan_columns;
 	int		   *column_source;	/* see KNN_PRIVATE_SOURCES */
+	JoinType	jointype;		/* JOIN_INNER or JOIN_LEFT */
 	ExprState  *limit_state;
+	ExprState  *offset_state;	/* NULL when there is no OFFSET */
 	ExprState  *join_filter;	/* NULL when there is none */
+	ExprState  *other_filter;	/* NULL when there is none */
+	AttrNumber	exclude_query_column;	/* self-exclusion key, 0 = none */
+	AttrNumber	exclude_target_column;
+	Oid			exclude_type;
+	Oid			exclude_collation;
 	PlanState  *outer_ps;
 	PlanState  *inner_ps;
 	TupleTableSlot *outer_slot; /* reads back a stored outer row */
@@ -70,7 +90,10 @@ typedef struct KnnJoinState
 	int64		n_inner;
 	MinimalTuple *inner_rows;
 	int64		k;				/* rows per outer row, at most n_inner */
+	int64		offset;			/* rows skipped first */
 	int64	   *query_of_outer; /* outer row -> engine query, -1 = NULL vector */
+	int64	   *outer_key;		/* self-exclusion keys, KNN_NULL_KEY for NULL */
+	int64	   *inner_key;
 	int64	   *inner_of_target;	/* engine target -> inner row */
 	int64	   *null_inner;		/* inner rows with a NULL vector, scan order */
 	int64		n_null_inner;
@@ -78,17 +101,29 @@ typedef struct KnnJoinState
 	int64	   *neighbors;		/* n_queries x engine_k */
 	double	   *distances;
 
-	/* Where emission stands */
+	/* Where emission stands: the current outer row's sorted rows */
 	int64		current_outer;
-	int64		current_rank;
-	int64		current_rows;	/* rows the current outer row yields */
-	int64		current_engine_rows;	/* of which from the engine */
+	bool		row_started;
+	bool		in_tail;		/* past the engine's rows: NULL distances */
+	int64		position;		/* in the engine's rows, or in the tail */
+	int64		emitted;		/* rows after the OFFSET so far */
+	bool		matched;		/* a row passed the join filter */
 
 	/* For EXPLAIN ANALYZE: the last engine run */
 	bool		have_record;
 	KnnJoinRecord record;
 	double		seconds_read;
 } KnnJoinState;
+
+/* An outer row whose key is NULL: "<>" is never true for it. */
+#define KNN_NULL_KEY PG_INT64_MIN
+
+typedef enum KnnRowKind
+{
+	KNN_ROW_NONE,				/* no more rows */
+	KNN_ROW_JOINED,				/* an outer row with one of its neighbours */
+	KNN_ROW_NULL_EXTENDED		/* JOIN_LEFT: an outer row without any */
+} KnnRowKind;
 
 static void knn_join_begin(CustomScanState *node, EState *estate, int eflags);
 static TupleTableSlot *knn_join_exec(CustomScanState *node);
@@ -134,6 +169,11 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	state->query_column = private_int(cscan, KNN_PRIVATE_QUERY_COLUMN);
 	state->target_column = private_int(cscan, KNN_PRIVATE_TARGET_COLUMN);
 	state->target_is_left = private_int(cscan, KNN_PRIVATE_TARGET_IS_LEFT) != 0;
+	state->jointype = (JoinType) private_int(cscan, KNN_PRIVATE_JOIN_TYPE);
+	state->exclude_query_column = private_int(cscan, KNN_PRIVATE_EXCLUDE_QUERY);
+	state->exclude_target_column = private_int(cscan, KNN_PRIVATE_EXCLUDE_TARGET);
+	state->exclude_type = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_TYPE);
+	state->exclude_collation = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_COLLATION);
 	state->n_scan_columns = list_length(sources);
 	state->column_source = palloc(sizeof(int) * Max(1, state->n_scan_columns));
 	foreach(lc, sources)
@@ -145,8 +185,12 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	state->inner_ps = ExecInitNode(list_nth(cscan->custom_plans, KNN_INNER_CHILD), estate, eflags);
 	node->custom_ps = list_make2(state->outer_ps, state->inner_ps);
 
-	state->limit_state = ExecInitExpr(linitial(cscan->custom_exprs), &node->ss.ps);
-	state->join_filter = ExecInitQual(list_copy_tail(cscan->custom_exprs, 1), &node->ss.ps);
+	state->limit_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT), &node->ss.ps);
+	state->offset_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_OFFSET), &node->ss.ps);
+	state->join_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_JOIN_FILTER),
+									  &node->ss.ps);
+	state->other_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_FILTER),
+									   &node->ss.ps);
 	state->outer_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->outer_ps),
 											   &TTSOpsMinimalTuple);
 	state->inner_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->inner_ps),
@@ -185,19 +229,28 @@ read_all_rows(PlanState *child, MemoryContext cxt, int64 *n_rows)
 	return rows;
 }
 
-/* The LIMIT as the Limit node reads it: NULL = all, negative = error. */
+/*
+ * LIMIT or OFFSET as the Limit node reads them: NULL is no limit (-1) and
+ * no offset (0); negative is the Limit node's error.
+ */
 static int64
-evaluate_limit(KnnJoinState *state)
+evaluate_count(KnnJoinState *state, ExprState *expr, bool is_offset)
 {
 	ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
 	bool		isnull;
 	Datum		value;
 	int64		count;
 
-	value = ExecEvalExprSwitchContext(state->limit_state, econtext, &isnull);
+	if (expr == NULL)
+		return is_offset ? 0 : -1;
+	value = ExecEvalExprSwitchContext(expr, econtext, &isnull);
 	if (isnull)
-		return -1;
+		return is_offset ? 0 : -1;
 	count = DatumGetInt64(value);
+	if (count < 0 && is_offset)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_ROW_COUNT_IN_RESULT_OFFSET_CLAUSE),
+				 errmsg("OFFSET must not be negative")));
 	if (count < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_ROW_COUNT_IN_LIMIT_CLAUSE),
@@ -249,56 +302,139 @@ row_vector(KnnJoinState *state, TupleTableSlot *slot, MinimalTuple row, AttrNumb
 }
 
 /*
- * The queries: every outer row's vector, read once. A query whose dimension
- * differs from the first one's is kept out and remembered in *odd_dim: the
- * nested loop fails on it only once it meets a target.
+ * Self-exclusion keys of every stored row (KNN_NULL_KEY for NULL): inner
+ * values get keys by equality, outer values the key of an equal inner value
+ * or -1, which no inner row has.
+ */
+static void
+build_keys(KnnJoinState *state)
+{
+	MemoryContext old = MemoryContextSwitchTo(state->join_cxt);
+	KnnKeys    *keys = knn_keys_create(state->exclude_type, state->exclude_collation);
+	bool		isnull;
+	Datum		value;
+
+	state->inner_key = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+	state->outer_key = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	for (int64 i = 0; i < state->n_inner; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		ExecStoreMinimalTuple(state->inner_rows[i], state->inner_slot, false);
+		value = slot_getattr(state->inner_slot, state->exclude_target_column, &isnull);
+		state->inner_key[i] = isnull ? KNN_NULL_KEY : knn_keys_add(keys, value);
+	}
+	for (int64 i = 0; i < state->n_outer; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		ExecStoreMinimalTuple(state->outer_rows[i], state->outer_slot, false);
+		value = slot_getattr(state->outer_slot, state->exclude_query_column, &isnull);
+		state->outer_key[i] = isnull ? KNN_NULL_KEY : knn_keys_find(keys, value);
+	}
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * Which keys a set of rows has, as far as the dimension checks need to
+ * know: all the same one (first), or not.
+ */
+typedef struct KnnKeySet
+{
+	int64		n;
+	int64		first;
+	bool		differ;
+} KnnKeySet;
+
+static void
+key_set_add(KnnKeySet *set, int64 key)
+{
+	if (set->n++ == 0)
+		set->first = key;
+	else if (key != set->first)
+		set->differ = true;
+}
+
+/* Does every row of set have exactly this key (then none pairs with it)? */
+static bool
+key_set_all(const KnnKeySet *set, bool exclude, int64 key)
+{
+	return exclude && !set->differ && (set->n == 0 || set->first == key);
+}
+
+/*
+ * The queries: every outer row's vector, read once (not for an outer row
+ * whose key is NULL: it has no rows). A query whose dimension differs from
+ * the first one's is kept out and remembered in *odd_dim and *odd_keys:
+ * the nested loop fails on it only once it meets a target it is not
+ * excluded from.
  */
 static void
 read_queries(KnnJoinState *state, const KnnVectorReader *reader, KnnMatrix *queries,
-			 int *odd_dim)
+			 int64 *query_keys, KnnKeySet *query_key_set, int *odd_dim, KnnKeySet *odd_keys)
 {
 	*odd_dim = -1;
 	for (int64 i = 0; i < state->n_outer; i++)
 	{
 		KnnVectorView view;
+		int64		key = state->outer_key != NULL ? state->outer_key[i] : 0;
 
 		state->query_of_outer[i] = -1;
-		if (!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
+		if (key == KNN_NULL_KEY ||
+			!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
 						reader, "query", i, &view))
 			continue;
 		if (queries->dim < 0 || view.dim == queries->dim)
 		{
 			state->query_of_outer[i] = queries->n;
+			query_keys[queries->n] = key;
+			key_set_add(query_key_set, key);
 			knn_matrix_append_view(queries, i, &view, reader);
 		}
-		else if (*odd_dim < 0)
-			*odd_dim = view.dim;
+		else
+		{
+			if (*odd_dim < 0)
+				*odd_dim = view.dim;
+			key_set_add(odd_keys, key);
+		}
 	}
 }
 
 /*
  * The targets: every inner row's vector, read once; a non-NULL one against
- * the queries' dimension, as the nested loop compares them. NULL vectors
- * are listed in scan order. Without queries (query_dim < 0) no distance is
- * ever computed, so only the NULLs are listed.
+ * the queries' dimension, as the nested loop compares them (unless every
+ * query is excluded from it, and no query of another dimension could meet
+ * it). NULL vectors are listed in scan order. Without queries (query_dim <
+ * 0) no distance is ever computed, so only the NULLs are listed. An inner
+ * row with a NULL key belongs to no outer row.
  */
 static void
 read_targets(KnnJoinState *state, const KnnVectorReader *reader, int query_dim,
-			 KnnMatrix *targets)
+			 const KnnKeySet *query_key_set, bool odd_queries, KnnMatrix *targets,
+			 int64 *target_keys, KnnKeySet *target_key_set)
 {
+	bool		exclude = state->inner_key != NULL;
+
 	state->n_null_inner = 0;
 	for (int64 i = 0; i < state->n_inner; i++)
 	{
 		KnnVectorView view;
+		int64		key = exclude ? state->inner_key[i] : 0;
 
+		if (key == KNN_NULL_KEY)
+			continue;
 		if (!row_vector(state, state->inner_slot, state->inner_rows[i], state->target_column,
 						reader, "target", i, &view))
 			state->null_inner[state->n_null_inner++] = i;
 		else if (query_dim >= 0)
 		{
 			if (view.dim != query_dim)
-				dimension_error(state, view.dim, query_dim);
+			{
+				if (odd_queries || !key_set_all(query_key_set, exclude, key))
+					dimension_error(state, view.dim, query_dim);
+				continue;
+			}
 			state->inner_of_target[targets->n] = i;
+			target_keys[targets->n] = key;
+			key_set_add(target_key_set, key);
 			knn_matrix_append_view(targets, i, &view, reader);
 		}
 	}
@@ -309,7 +445,7 @@ read_targets(KnnJoinState *state, const KnnVectorReader *reader, int query_dim,
  * rows, targets from inner rows, NULL vectors left out) and runs it.
  */
 static void
-run_engine(KnnJoinState *state)
+run_engine(KnnJoinState *state, int64 wanted)
 {
 	const KnnVectorReader *reader = knn_vector_reader(KNN_VECTOR_TYPE);
 	KnnMatrix	queries;
@@ -318,23 +454,35 @@ run_engine(KnnJoinState *state)
 	KnnStats	stats;
 	MemoryContext old;
 	int			odd_query_dim;
+	KnnKeySet	query_key_set = {0};
+	KnnKeySet	odd_key_set = {0};
+	KnnKeySet	target_key_set = {0};
+	int64	   *query_keys;
+	int64	   *target_keys;
 
+	if (state->exclude_query_column > 0)
+		build_keys(state);
 	old = MemoryContextSwitchTo(state->join_cxt);
 	state->query_of_outer = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
 	state->inner_of_target = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
 	state->null_inner = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+	query_keys = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	target_keys = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
 	knn_matrix_init(&queries, "query");
 	knn_matrix_init(&targets, "target");
 	MemoryContextSwitchTo(old);
 
-	read_queries(state, reader, &queries, &odd_query_dim);
-	read_targets(state, reader, queries.dim, &targets);
+	read_queries(state, reader, &queries, query_keys, &query_key_set, &odd_query_dim, &odd_key_set);
+	read_targets(state, reader, queries.dim, &query_key_set, odd_query_dim >= 0,
+				 &targets, target_keys, &target_key_set);
 	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
-	if (odd_query_dim >= 0 && targets.n > 0)
+	if (odd_query_dim >= 0 && targets.n > 0 &&
+		!(key_set_all(&odd_key_set, state->inner_key != NULL, target_key_set.first) &&
+		  !target_key_set.differ))
 		dimension_error(state, targets.dim, odd_query_dim);
 
 	/* No pair of non-NULL vectors: no distance to compute. */
-	state->engine_k = (int32) Min(state->k, targets.n);
+	state->engine_k = (int32) Min(wanted, targets.n);
 	if (queries.n == 0 || state->engine_k == 0)
 	{
 		state->engine_k = 0;
@@ -350,6 +498,11 @@ run_engine(KnnJoinState *state)
 	knn_matrix_problem(&problem, &queries, &targets, state->engine_k);
 	problem.metric = state->metric;
 	problem.method = KNN_METHOD_AUTO;
+	if (state->inner_key != NULL)
+	{
+		problem.query_keys = query_keys;
+		problem.target_keys = target_keys;
+	}
 	knn_run_problem(&problem, state->neighbors, state->distances, &stats);
 
 	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
@@ -369,8 +522,7 @@ compute_join(KnnJoinState *state)
 	INSTR_TIME_SET_CURRENT(start);
 	state->computed = true;
 	state->current_outer = 0;
-	state->current_rank = 0;
-	state->current_rows = -1;
+	state->row_started = false;
 	state->n_inner = 0;
 	state->k = 0;
 	state->engine_k = 0;
@@ -379,12 +531,16 @@ compute_join(KnnJoinState *state)
 	if (state->n_outer == 0)
 		return;					/* the nested loop never starts its inner side */
 
-	limit = evaluate_limit(state);
+	/* As the Limit node: OFFSET first, and LIMIT 0 reads nothing. */
+	state->offset = evaluate_count(state, state->offset_state, true);
+	limit = evaluate_count(state, state->limit_state, false);
 	if (limit == 0)
 		return;
 	state->inner_rows = read_all_rows(state->inner_ps, state->join_cxt, &state->n_inner);
-	state->k = limit < 0 ? state->n_inner : Min(limit, state->n_inner);
-	if (state->k > PG_INT32_MAX)
+	if (state->offset < state->n_inner)
+		state->k = limit < 0 ? state->n_inner - state->offset :
+			Min(limit, state->n_inner - state->offset);
+	if (state->offset + state->k > PG_INT32_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("KNN Join supports at most %d rows per outer row", PG_INT32_MAX)));
@@ -393,78 +549,97 @@ compute_join(KnnJoinState *state)
 	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
 
 	if (state->k > 0)
-		run_engine(state);
+		run_engine(state, state->offset + state->k);
 }
 
-/* How many rows outer row i yields, and how many of them the engine gave. */
+/* Does the self-exclusion keep this inner row from the current outer row? */
+static bool
+excluded(KnnJoinState *state, int64 inner_row)
+{
+	return state->inner_key != NULL &&
+		(state->inner_key[inner_row] == KNN_NULL_KEY ||
+		 state->inner_key[inner_row] == state->outer_key[state->current_outer]);
+}
+
+/*
+ * The next row of the current outer row's subquery, sorted as its ORDER BY
+ * sorts: the engine's rows, then those with a NULL distance in scan order
+ * (inner rows with a NULL vector, or every row for a NULL query vector).
+ * false at the end.
+ */
+static bool
+next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *distance_null)
+{
+	int64		query;
+	int64		tail_length;
+
+	if (state->k == 0 ||
+		(state->outer_key != NULL && state->outer_key[state->current_outer] == KNN_NULL_KEY))
+		return false;
+	query = state->query_of_outer[state->current_outer];
+	if (query >= 0 && !state->in_tail)
+	{
+		int64		slot = query * state->engine_k + state->position;
+
+		if (state->position < state->engine_k && state->neighbors[slot] >= 0)
+		{
+			state->position++;
+			*inner_row = state->inner_of_target[state->neighbors[slot]];
+			*distance = state->distances[slot];
+			*distance_null = false;
+			return true;
+		}
+		state->in_tail = true;
+		state->position = 0;
+	}
+	tail_length = query >= 0 ? state->n_null_inner : state->n_inner;
+	while (state->position < tail_length)
+	{
+		int64		row = query >= 0 ? state->null_inner[state->position] : state->position;
+
+		state->position++;
+		if (excluded(state, row))
+			continue;
+		*inner_row = row;
+		*distance_null = true;
+		return true;
+	}
+	return false;
+}
+
+/* Starts the current outer row: its sorted rows, past the OFFSET. */
 static void
 start_outer_row(KnnJoinState *state)
 {
-	int64		query = state->query_of_outer[state->current_outer];
-	int64		engine_rows = 0;
+	int64		row;
+	double		distance;
+	bool		distance_null;
 
-	if (query >= 0)
+	state->row_started = true;
+	state->in_tail = false;
+	state->position = 0;
+	state->emitted = 0;
+	state->matched = false;
+	for (int64 i = 0; i < state->offset; i++)
 	{
-		const int64 *neighbors = state->neighbors + query * state->engine_k;
-
-		while (engine_rows < state->engine_k && neighbors[engine_rows] >= 0)
-			engine_rows++;
-		state->current_rows = Min(state->k, engine_rows + state->n_null_inner);
+		CHECK_FOR_INTERRUPTS();
+		if (!next_candidate(state, &row, &distance, &distance_null))
+			break;
 	}
-	else
-		state->current_rows = state->k;
-	state->current_engine_rows = engine_rows;
-	state->current_rank = 0;
 }
 
-/* Fills the scan slot with the next joined row; false at the end. */
-static bool
-next_joined_row(KnnJoinState *state, TupleTableSlot *scan_slot)
+/*
+ * Fills the scan slot from an outer row and an inner row (inner_row < 0:
+ * NULLs for the subquery's columns).
+ */
+static void
+fill_scan_slot(KnnJoinState *state, TupleTableSlot *scan_slot, int64 outer_row,
+			   int64 inner_row, double distance, bool distance_null)
 {
-	int64		inner_row;
-	bool		distance_null;
-	double		distance = 0;
-
-	if (state->k == 0)
-		return false;
-	for (;;)
-	{
-		if (state->current_outer >= state->n_outer)
-			return false;
-		if (state->current_rows < 0)
-			start_outer_row(state);
-		if (state->current_rank < state->current_rows)
-			break;
-		state->current_outer++;
-		state->current_rows = -1;
-	}
-
-	if (state->query_of_outer[state->current_outer] < 0)
-	{
-		/* NULL query vector: every distance is NULL, scan order */
-		inner_row = state->current_rank;
-		distance_null = true;
-	}
-	else if (state->current_rank < state->current_engine_rows)
-	{
-		int64		slot = state->query_of_outer[state->current_outer] * state->engine_k +
-			state->current_rank;
-
-		inner_row = state->inner_of_target[state->neighbors[slot]];
-		distance = state->distances[slot];
-		distance_null = false;
-	}
-	else
-	{
-		/* after the engine's rows: inner rows whose vector is NULL */
-		inner_row = state->null_inner[state->current_rank - state->current_engine_rows];
-		distance_null = true;
-	}
-	state->current_rank++;
-
 	ExecClearTuple(scan_slot);
-	ExecStoreMinimalTuple(state->outer_rows[state->current_outer], state->outer_slot, false);
-	ExecStoreMinimalTuple(state->inner_rows[inner_row], state->inner_slot, false);
+	ExecStoreMinimalTuple(state->outer_rows[outer_row], state->outer_slot, false);
+	if (inner_row >= 0)
+		ExecStoreMinimalTuple(state->inner_rows[inner_row], state->inner_slot, false);
 	for (int i = 0; i < state->n_scan_columns; i++)
 	{
 		int			source = state->column_source[i];
@@ -472,17 +647,49 @@ next_joined_row(KnnJoinState *state, TupleTableSlot *scan_slot)
 		if (source > 0)
 			scan_slot->tts_values[i] = slot_getattr(state->outer_slot, source,
 													&scan_slot->tts_isnull[i]);
-		else if (source < 0)
+		else if (source < 0 && inner_row >= 0)
 			scan_slot->tts_values[i] = slot_getattr(state->inner_slot, -source,
 													&scan_slot->tts_isnull[i]);
 		else
 		{
 			scan_slot->tts_values[i] = Float8GetDatum(distance);
-			scan_slot->tts_isnull[i] = distance_null;
+			scan_slot->tts_isnull[i] = distance_null || inner_row < 0;
 		}
 	}
 	ExecStoreVirtualTuple(scan_slot);
-	return true;
+}
+
+/* Fills the scan slot with the next row of the join. */
+static KnnRowKind
+next_row(KnnJoinState *state, TupleTableSlot *scan_slot)
+{
+	int64		inner_row;
+	double		distance = 0;
+	bool		distance_null;
+
+	for (;;)
+	{
+		int64		outer_row = state->current_outer;
+
+		if (outer_row >= state->n_outer)
+			return KNN_ROW_NONE;
+		if (!state->row_started)
+			start_outer_row(state);
+		if (state->emitted < state->k &&
+			next_candidate(state, &inner_row, &distance, &distance_null))
+		{
+			state->emitted++;
+			fill_scan_slot(state, scan_slot, outer_row, inner_row, distance, distance_null);
+			return KNN_ROW_JOINED;
+		}
+		state->current_outer++;
+		state->row_started = false;
+		if (state->jointype == JOIN_LEFT && !state->matched)
+		{
+			fill_scan_slot(state, scan_slot, outer_row, -1, 0, true);
+			return KNN_ROW_NULL_EXTENDED;
+		}
+	}
 }
 
 /*
@@ -494,7 +701,6 @@ knn_join_exec(CustomScanState *node)
 {
 	KnnJoinState *state = (KnnJoinState *) node;
 	ExprContext *econtext = node->ss.ps.ps_ExprContext;
-	ExprState  *qual = state->join_filter;
 	ProjectionInfo *projection = node->ss.ps.ps_ProjInfo;
 	TupleTableSlot *scan_slot = node->ss.ss_ScanTupleSlot;
 
@@ -507,14 +713,29 @@ knn_join_exec(CustomScanState *node)
 
 	for (;;)
 	{
+		KnnRowKind	kind;
+
 		CHECK_FOR_INTERRUPTS();
 		ResetExprContext(econtext);
-		if (!next_joined_row(state, scan_slot))
+		kind = next_row(state, scan_slot);
+		if (kind == KNN_ROW_NONE)
 			return NULL;
 		econtext->ecxt_scantuple = scan_slot;
-		if (qual == NULL || ExecQual(qual, econtext))
-			return projection ? ExecProject(projection) : scan_slot;
-		InstrCountFiltered1(node, 1);
+		if (kind == KNN_ROW_JOINED)
+		{
+			if (state->join_filter != NULL && !ExecQual(state->join_filter, econtext))
+			{
+				InstrCountFiltered1(node, 1);
+				continue;
+			}
+			state->matched = true;
+		}
+		if (state->other_filter != NULL && !ExecQual(state->other_filter, econtext))
+		{
+			InstrCountFiltered2(node, 1);
+			continue;
+		}
+		return projection ? ExecProject(projection) : scan_slot;
 	}
 }
 
@@ -525,6 +746,8 @@ forget_execution(KnnJoinState *state)
 	state->outer_rows = NULL;
 	state->inner_rows = NULL;
 	state->query_of_outer = NULL;
+	state->outer_key = NULL;
+	state->inner_key = NULL;
 	state->inner_of_target = NULL;
 	state->null_inner = NULL;
 	state->neighbors = NULL;
@@ -570,44 +793,70 @@ knn_join_end(CustomScanState *node)
 	MemoryContextDelete(state->join_cxt);
 }
 
+/* A filter's clauses, as EXPLAIN shows them, with how many rows it removed. */
 static void
-knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
+explain_filter(CustomScanState *node, List *ancestors, ExplainState *es, List *quals,
+			   const char *label, const char *removed_label, double removed)
 {
-	KnnJoinState *state = (KnnJoinState *) node;
-	CustomScan *cscan = (CustomScan *) node->ss.ps.plan;
-	Node	   *limit = linitial(cscan->custom_exprs);
+	List	   *context;
+	double		nloops;
 
-	if (IsA(limit, Const) && ((Const *) limit)->constisnull)
-		ExplainPropertyText("K", "ALL", es);
-	else if (IsA(limit, Const))
-		ExplainPropertyInteger("K", NULL, DatumGetInt64(((Const *) limit)->constvalue), es);
+	if (quals == NIL)
+		return;
+	context = set_deparse_context_plan(es->deparse_cxt, node->ss.ps.plan, ancestors);
+	ExplainPropertyText(label, deparse_expression((Node *) make_ands_explicit(quals),
+												  context, true, false), es);
+	if (es->analyze && node->ss.ps.instrument != NULL)
+	{
+		nloops = node->ss.ps.instrument->nloops;
+		if (removed > 0 || es->format != EXPLAIN_FORMAT_TEXT)
+			ExplainPropertyFloat(removed_label, NULL, nloops > 0 ? removed / nloops : 0.0, 0, es);
+	}
+}
+
+/* LIMIT or OFFSET: a number, ALL, or the expression. */
+static void
+explain_count(CustomScanState *node, List *ancestors, ExplainState *es, const char *label,
+			  Node *count)
+{
+	if (IsA(count, Const) && ((Const *) count)->constisnull)
+		ExplainPropertyText(label, "ALL", es);
+	else if (IsA(count, Const))
+		ExplainPropertyInteger(label, NULL, DatumGetInt64(((Const *) count)->constvalue), es);
 	else
 	{
 		List	   *context = set_deparse_context_plan(es->deparse_cxt,
 													   node->ss.ps.plan, ancestors);
 
-		ExplainPropertyText("K", deparse_expression(limit, context, false, false), es);
+		ExplainPropertyText(label, deparse_expression(count, context, false, false), es);
 	}
+}
+
+static void
+knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
+{
+	KnnJoinState *state = (KnnJoinState *) node;
+	CustomScan *cscan = (CustomScan *) node->ss.ps.plan;
+	Node	   *offset = list_nth(cscan->custom_exprs, KNN_EXPR_OFFSET);
+	Instrumentation *instrument = node->ss.ps.instrument;
+
+	if (state->jointype == JOIN_LEFT)
+		ExplainPropertyText("Join Type", "Left", es);
+	explain_count(node, ancestors, es, "K", list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT));
+	if (offset != NULL)
+		explain_count(node, ancestors, es, "Offset", offset);
 	ExplainPropertyText("Metric", knn_metric_name(state->metric), es);
 	ExplainPropertyText("Engine", knn_device_name((KnnDevice) knn_gpu_device), es);
+	if (state->exclude_query_column > 0)
+		ExplainPropertyText("Self Exclusion",
+							strVal(list_nth(cscan->custom_private, KNN_PRIVATE_EXCLUDE_TEXT)), es);
 
-	if (list_length(cscan->custom_exprs) > 1)
-	{
-		List	   *context = set_deparse_context_plan(es->deparse_cxt,
-													   node->ss.ps.plan, ancestors);
-		Node	   *filter = (Node *) make_ands_explicit(list_copy_tail(cscan->custom_exprs, 1));
-
-		ExplainPropertyText("Join Filter", deparse_expression(filter, context, true, false), es);
-		if (es->analyze && node->ss.ps.instrument != NULL)
-		{
-			double		nloops = node->ss.ps.instrument->nloops;
-			double		removed = node->ss.ps.instrument->nfiltered1;
-
-			if (removed > 0 || es->format != EXPLAIN_FORMAT_TEXT)
-				ExplainPropertyFloat("Rows Removed by Join Filter", NULL,
-									 nloops > 0 ? removed / nloops : 0.0, 0, es);
-		}
-	}
+	explain_filter(node, ancestors, es, list_nth(cscan->custom_exprs, KNN_EXPR_JOIN_FILTER),
+				   "Join Filter", "Rows Removed by Join Filter",
+				   instrument ? instrument->nfiltered1 : 0);
+	explain_filter(node, ancestors, es, list_nth(cscan->custom_exprs, KNN_EXPR_FILTER),
+				   "Filter", "Rows Removed by Filter",
+				   instrument ? instrument->nfiltered2 : 0);
 
 	if (es->analyze && state->have_record)
 		knn_stats_explain(&state->record, es);

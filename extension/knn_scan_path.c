@@ -12,10 +12,12 @@
  * once per outer row. The subquery is not flattened (it has a LIMIT), so the
  * join of q and n reaches set_join_pathlist_hook with n as a RTE_SUBQUERY
  * base rel. There we check, on the subquery's parse tree, that it is exactly
- * "top k of one relation by distance to one outer column", and if so add a
- * CustomPath for the whole join; add_path keeps whichever is cheaper.
+ * "top k of one relation by distance to one outer column" (knn_scan_shape.c),
+ * that the join is an inner or a left join we can reproduce, and if so add
+ * a CustomPath for the whole join; add_path keeps whichever is cheaper.
  *
- * Anything we cannot prove equivalent keeps PostgreSQL's plan, silently.
+ * Anything we cannot prove equivalent keeps PostgreSQL's plan; the reason
+ * is logged at DEBUG1 (knn_scan_shape.c).
  */
 #include "postgres.h"
 
@@ -53,52 +55,6 @@
 
 static set_join_pathlist_hook_type prev_join_pathlist_hook = NULL;
 
-/* Does the expression reference any query level above its own? */
-static bool
-references_upper_levels_walker(Node *node, void *context)
-{
-	if (node == NULL)
-		return false;
-	if (IsA(node, Var))
-		return ((Var *) node)->varlevelsup > 0;
-	if (IsA(node, PlaceHolderVar))
-		return ((PlaceHolderVar *) node)->phlevelsup > 0;
-	if (IsA(node, Aggref) || IsA(node, GroupingFunc) || IsA(node, SubLink))
-		return true;			/* never in the shapes we accept */
-	return expression_tree_walker(node, references_upper_levels_walker, context);
-}
-
-static bool
-references_upper_levels(Node *node)
-{
-	return references_upper_levels_walker(node, NULL);
-}
-
-/* Does the value depend on a row (a Var of any level) or on the executor? */
-static bool
-varies_within_query_walker(Node *node, void *context)
-{
-	if (node == NULL)
-		return false;
-	if (IsA(node, Var) || IsA(node, PlaceHolderVar) || IsA(node, Aggref) ||
-		IsA(node, SubLink) || IsA(node, SubPlan))
-		return true;
-	if (IsA(node, Param) && ((Param *) node)->paramkind != PARAM_EXTERN)
-		return true;
-	return expression_tree_walker(node, varies_within_query_walker, context);
-}
-
-/*
- * A LIMIT we can evaluate once when the node starts: constants, $n
- * parameters and stable or immutable functions of them.
- */
-static bool
-is_run_time_constant(Node *node)
-{
-	return node != NULL && !varies_within_query_walker(node, NULL) &&
-		!contain_volatile_functions(node);
-}
-
 static bool
 contains_placeholders_walker(Node *node, void *context)
 {
@@ -107,140 +63,6 @@ contains_placeholders_walker(Node *node, void *context)
 	if (IsA(node, PlaceHolderVar))
 		return true;
 	return expression_tree_walker(node, contains_placeholders_walker, context);
-}
-
-/* Same distance expression, either operand order (all four are symmetric)? */
-static bool
-is_same_distance(Node *node, OpExpr *distance)
-{
-	OpExpr	   *op;
-
-	if (node == NULL || !IsA(node, OpExpr))
-		return false;
-	op = (OpExpr *) node;
-	if (op->opno != distance->opno || list_length(op->args) != 2)
-		return false;
-	return (equal(linitial(op->args), linitial(distance->args)) &&
-			equal(lsecond(op->args), lsecond(distance->args))) ||
-		(equal(linitial(op->args), lsecond(distance->args)) &&
-		 equal(lsecond(op->args), linitial(distance->args)));
-}
-
-/*
- * Checks the subquery's parse tree: one relation, WHERE on that relation
- * only, ORDER BY one ascending distance (a distance operator of knn_gpu or
- * pgvector, knn_catalog.h) between a column of it and a column of the outer
- * query, LIMIT a constant or parameter, nothing else. Fills
- * the path's shape fields; returns the subquery's relation index or 0.
- */
-static Index
-recognise_subquery(Query *sq, KnnJoinPath *kp)
-{
-	SortGroupClause *sort;
-	TargetEntry *sort_tle;
-	OpExpr	   *distance;
-	RangeTblRef *rtr;
-	RangeTblEntry *target_rte;
-	Node	   *left;
-	Node	   *right;
-	Var		   *target_var;
-	Var		   *query_var;
-	ListCell   *lc;
-
-	if (sq->commandType != CMD_SELECT || sq->utilityStmt != NULL ||
-		sq->setOperations != NULL || sq->groupClause != NIL ||
-		sq->groupingSets != NIL || sq->havingQual != NULL ||
-		sq->hasAggs || sq->hasWindowFuncs || sq->hasTargetSRFs ||
-		sq->hasSubLinks || sq->hasDistinctOn || sq->distinctClause != NIL ||
-		sq->hasForUpdate || sq->rowMarks != NIL || sq->cteList != NIL ||
-		sq->hasRecursive || sq->hasModifyingCTE || sq->windowClause != NIL ||
-		sq->limitOffset != NULL || sq->limitCount == NULL ||
-		sq->limitOption != LIMIT_OPTION_COUNT ||
-		list_length(sq->sortClause) != 1)
-		return 0;
-
-	/* FROM one plain relation */
-	if (list_length(sq->rtable) != 1 || sq->jointree == NULL ||
-		list_length(sq->jointree->fromlist) != 1 ||
-		!IsA(linitial(sq->jointree->fromlist), RangeTblRef))
-		return 0;
-	rtr = linitial_node(RangeTblRef, sq->jointree->fromlist);
-	target_rte = rt_fetch(rtr->rtindex, sq->rtable);
-	if (target_rte->rtekind != RTE_RELATION || target_rte->tablesample != NULL)
-		return 0;
-
-	/* WHERE on the inner relation only, same result every time */
-	if (references_upper_levels(sq->jointree->quals) ||
-		contain_volatile_functions(sq->jointree->quals))
-		return 0;
-
-	/* ORDER BY <distance> ASC NULLS LAST: float8's "<" */
-	sort = linitial_node(SortGroupClause, sq->sortClause);
-	if (sort->sortop != Float8LessOperator || sort->nulls_first)
-		return 0;
-	sort_tle = get_sortgroupclause_tle(sort, sq->targetList);
-	if (!IsA(sort_tle->expr, OpExpr))
-		return 0;
-	distance = (OpExpr *) sort_tle->expr;
-	if (list_length(distance->args) != 2 || distance->opresulttype != FLOAT8OID ||
-		!knn_distance_operator_metric(distance->opno, &kp->metric))
-		return 0;
-
-	/* between a column of the relation and a column of the outer query */
-	left = linitial(distance->args);
-	right = lsecond(distance->args);
-	if (!IsA(left, Var) || !IsA(right, Var))
-		return 0;
-	if (((Var *) left)->varlevelsup == 0 && ((Var *) right)->varlevelsup == 1)
-	{
-		target_var = (Var *) left;
-		query_var = (Var *) right;
-		kp->target_is_left = true;
-	}
-	else if (((Var *) left)->varlevelsup == 1 && ((Var *) right)->varlevelsup == 0)
-	{
-		target_var = (Var *) right;
-		query_var = (Var *) left;
-		kp->target_is_left = false;
-	}
-	else
-		return 0;
-	if (target_var->varno != rtr->rtindex || target_var->varattno <= 0 ||
-		query_var->varattno <= 0 ||
-		knn_vector_kind(target_var->vartype) != KNN_VECTOR_TYPE ||
-		target_var->vartype != query_var->vartype)
-		return 0;
-
-	/*
-	 * The select list: the distance (either operand order) or expressions of
-	 * the relation alone, with no volatile functions (we evaluate them for
-	 * every row of the relation, not only for the k kept).
-	 */
-	kp->distance_columns = NIL;
-	foreach(lc, sq->targetList)
-	{
-		TargetEntry *tle = lfirst_node(TargetEntry, lc);
-
-		if (tle == sort_tle || is_same_distance((Node *) tle->expr, distance))
-		{
-			if (!tle->resjunk)
-				kp->distance_columns = lappend_int(kp->distance_columns, tle->resno);
-			continue;
-		}
-		if (references_upper_levels((Node *) tle->expr) ||
-			contain_volatile_functions((Node *) tle->expr))
-			return 0;
-	}
-
-	/* LIMIT: evaluated once at run time (no references to any row) */
-	if (!is_run_time_constant(sq->limitCount))
-		return 0;
-
-	kp->distance_operator = distance->opno;
-	kp->target_vector = target_var;
-	kp->query_vector = copyObject(query_var);
-	kp->query_vector->varlevelsup = 0;
-	return rtr->rtindex;
 }
 
 /*
@@ -329,7 +151,7 @@ cost_knn_join(PlannerInfo *root, KnnJoinPath *kp, Path *outer_path,
 	QualCost	qual_cost;
 	Cost		startup;
 
-	cost_qual_eval(&qual_cost, kp->join_clauses, root);
+	cost_qual_eval(&qual_cost, list_concat(list_copy(kp->join_clauses), kp->other_clauses), root);
 
 	startup = outer_path->total_cost + target_rel->cheapest_total_path->total_cost;
 	startup += (n_queries + n_targets) * (cpu_tuple_cost + cpu_operator_cost);
@@ -340,6 +162,109 @@ cost_knn_join(PlannerInfo *root, KnnJoinPath *kp, Path *outer_path,
 	kp->cpath.path.startup_cost = startup;
 	kp->cpath.path.total_cost = startup +
 		joinrel->rows * (cpu_tuple_cost + qual_cost.per_tuple);
+}
+
+/*
+ * Splits the join's clauses: those that decide whether a joined row is a
+ * match (for an inner join, all; for a left join, the ON clauses and the
+ * filters PostgreSQL pushed into the subquery's scan) and, for a left join,
+ * the pushed-down ones, checked on null-extended rows too, as the nested
+ * loop's "otherqual".
+ */
+static void
+split_join_clauses(RelOptInfo *joinrel, RelOptInfo *innerrel, JoinType jointype,
+				   JoinPathExtraData *extra, KnnJoinPath *kp)
+{
+	ListCell   *lc;
+
+	kp->join_clauses = NIL;
+	kp->other_clauses = NIL;
+	foreach(lc, extra->restrictlist)
+	{
+		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
+
+		if (jointype == JOIN_LEFT && RINFO_IS_PUSHED_DOWN(rinfo, joinrel->relids))
+			kp->other_clauses = lappend(kp->other_clauses, rinfo);
+		else
+			kp->join_clauses = lappend(kp->join_clauses, rinfo);
+	}
+	kp->join_clauses = list_concat(kp->join_clauses, innerrel->baserestrictinfo);
+}
+
+/*
+ * The join around the recognised subquery: inner or left, the outer
+ * operands available in the outer side's rows, no PlaceHolderVars, no
+ * whole-row reference, LIMIT and OFFSET as the subquery planned them.
+ */
+static bool
+check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
+		   RelOptInfo *innerrel, JoinType jointype, JoinPathExtraData *extra,
+		   Path *outer_path, KnnJoinPath *kp)
+{
+	PlannerInfo *subroot = innerrel->subroot;
+	List	   *clauses = NIL;
+	ListCell   *lc;
+
+	if (jointype != JOIN_INNER && jointype != JOIN_LEFT)
+		return knn_scan_reject("the join is neither an inner nor a left join");
+	if (root->rowMarks != NIL)
+		return knn_scan_reject("the query locks rows");
+	kp->jointype = jointype;
+
+	if (!bms_is_member(kp->query_vector->varno, outerrel->relids) ||
+		!outer_provides(outer_path, (Expr *) kp->query_vector) ||
+		(kp->exclude_query != NULL &&
+		 (!bms_is_member(kp->exclude_query->varno, outerrel->relids) ||
+		  !outer_provides(outer_path, (Expr *) kp->exclude_query))))
+		return knn_scan_reject("an outer operand is not a column of the outer side's rows");
+
+	/*
+	 * Clauses above the subquery's LIMIT: filters on its output and the join
+	 * clauses. The nested loop checks them on each of the k rows; so do we.
+	 * PlaceHolderVars would need evaluating at a level we do not model.
+	 */
+	split_join_clauses(joinrel, innerrel, jointype, extra, kp);
+	foreach(lc, list_concat(list_copy(kp->join_clauses), kp->other_clauses))
+		clauses = lappend(clauses, lfirst_node(RestrictInfo, lc)->clause);
+	if (contains_placeholders_walker((Node *) joinrel->reltarget->exprs, NULL) ||
+		contains_placeholders_walker((Node *) clauses, NULL))
+		return knn_scan_reject("the join uses PlaceHolderVars");
+	if (!collect_needed_columns(joinrel, innerrel, clauses, outer_path, kp))
+		return knn_scan_reject("a whole-row reference to the subquery, or a column the outer side does not provide");
+
+	/* LIMIT and OFFSET as planned in the subquery (constants folded, $n bound). */
+	kp->limit = (Expr *) subroot->parse->limitCount;
+	kp->offset = (Expr *) subroot->parse->limitOffset;
+	if (!knn_scan_is_run_time_constant((Node *) kp->limit) ||
+		(kp->offset != NULL && !knn_scan_is_run_time_constant((Node *) kp->offset)))
+		return knn_scan_reject("LIMIT or OFFSET is not a constant or parameter");
+	return true;
+}
+
+/* Fills in the path's generic fields; costs it. */
+static void
+build_path(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *innerrel,
+		   Path *outer_path, RelOptInfo *target_rel, KnnJoinPath *kp)
+{
+	kp->subquery_rel = innerrel;
+	kp->cpath.path.type = T_CustomPath;
+	kp->cpath.path.pathtype = T_CustomScan;
+	kp->cpath.path.parent = joinrel;
+	kp->cpath.path.pathtarget = joinrel->reltarget;
+	kp->cpath.path.param_info = NULL;
+	/* One backend reads everything and runs the engine: never in a worker. */
+	kp->cpath.path.parallel_aware = false;
+	kp->cpath.path.parallel_safe = false;
+	kp->cpath.path.parallel_workers = 0;
+	/* Rows come out in the outer side's order, as from the nested loop. */
+	kp->cpath.path.pathkeys = build_join_pathkeys(root, joinrel, kp->jointype,
+												  outer_path->pathkeys);
+	/* The node projects its output itself, like a join node. */
+	kp->cpath.flags = CUSTOMPATH_SUPPORT_PROJECTION;
+	kp->cpath.custom_paths = list_make1(outer_path);
+	kp->cpath.custom_private = NIL;
+	kp->cpath.methods = &knn_join_path_methods;
+	cost_knn_join(root, kp, outer_path, joinrel, target_rel);
 }
 
 static void
@@ -353,19 +278,16 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 	Path	   *outer_path;
 	KnnJoinPath *kp;
 	Index		target_rti;
-	Expr	   *limit;
-	List	   *clauses = NIL;
-	ListCell   *lc;
 	bool		approximate;
 
 	if (prev_join_pathlist_hook)
 		prev_join_pathlist_hook(root, joinrel, outerrel, innerrel, jointype, extra);
 
-	if (!knn_gpu_enable_knn_join || jointype != JOIN_INNER ||
+	if (!knn_gpu_enable_knn_join ||
 		joinrel->reloptkind != RELOPT_JOINREL ||
 		innerrel->reloptkind != RELOPT_BASEREL ||
 		innerrel->rtekind != RTE_SUBQUERY || innerrel->subroot == NULL ||
-		IS_DUMMY_REL(innerrel) || root->rowMarks != NIL)
+		IS_DUMMY_REL(innerrel))
 		return;
 
 	/* The subquery may reference the outer side only, which must need nothing. */
@@ -382,38 +304,13 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		return;
 
 	kp = palloc0(sizeof(KnnJoinPath));
-	target_rti = recognise_subquery(rte->subquery, kp);
-	if (target_rti == 0)
+	target_rti = knn_scan_recognise_subquery(rte->subquery, kp);
+	if (target_rti == 0 ||
+		!check_join(root, joinrel, outerrel, innerrel, jointype, extra, outer_path, kp))
 		return;
-
-	/* The outer operand must come from the outer side's rows. */
-	if (!bms_is_member(kp->query_vector->varno, outerrel->relids) ||
-		!outer_provides(outer_path, (Expr *) kp->query_vector))
-		return;
-
-	/*
-	 * Clauses above the subquery's LIMIT: filters on its output and the join
-	 * clauses. The nested loop checks them on each of the k rows; so do we.
-	 * PlaceHolderVars would need evaluating at a level we do not model.
-	 */
-	kp->join_clauses = list_concat(list_copy(extra->restrictlist),
-								   innerrel->baserestrictinfo);
-	foreach(lc, kp->join_clauses)
-		clauses = lappend(clauses, lfirst_node(RestrictInfo, lc)->clause);
-	if (contains_placeholders_walker((Node *) joinrel->reltarget->exprs, NULL) ||
-		contains_placeholders_walker((Node *) clauses, NULL))
-		return;
-	if (!collect_needed_columns(joinrel, innerrel, clauses, outer_path, kp))
-		return;
-
-	/* The LIMIT as planned in the subquery (constants folded, $n bound). */
-	subroot = innerrel->subroot;
-	limit = (Expr *) subroot->parse->limitCount;
-	if (!is_run_time_constant((Node *) limit))
-		return;
-	kp->limit = limit;
 
 	/* The inner relation as the subquery planned it, for costs and indexes. */
+	subroot = innerrel->subroot;
 	if (target_rti >= (Index) subroot->simple_rel_array_size)
 		return;
 	target_rel = subroot->simple_rel_array[target_rti];
@@ -421,27 +318,12 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		return;
 	approximate = has_approximate_index(target_rel, kp);
 	if (approximate && !knn_gpu_exact_over_index)
+	{
+		knn_scan_reject("an approximate index answers the subquery (knn_gpu.exact_over_index is off)");
 		return;
+	}
 
-	kp->subquery_rel = innerrel;
-	kp->cpath.path.type = T_CustomPath;
-	kp->cpath.path.pathtype = T_CustomScan;
-	kp->cpath.path.parent = joinrel;
-	kp->cpath.path.pathtarget = joinrel->reltarget;
-	kp->cpath.path.param_info = NULL;
-	/* One backend reads everything and runs the engine: never in a worker. */
-	kp->cpath.path.parallel_aware = false;
-	kp->cpath.path.parallel_safe = false;
-	kp->cpath.path.parallel_workers = 0;
-	/* Rows come out in the outer side's order, as from the nested loop. */
-	kp->cpath.path.pathkeys = build_join_pathkeys(root, joinrel, jointype,
-												  outer_path->pathkeys);
-	/* The node projects its output itself, like a join node. */
-	kp->cpath.flags = CUSTOMPATH_SUPPORT_PROJECTION;
-	kp->cpath.custom_paths = list_make1(outer_path);
-	kp->cpath.custom_private = NIL;
-	kp->cpath.methods = &knn_join_path_methods;
-	cost_knn_join(root, kp, outer_path, joinrel, target_rel);
+	build_path(root, joinrel, innerrel, outer_path, target_rel, kp);
 
 	/*
 	 * Exact results were asked for over an approximate index: every other

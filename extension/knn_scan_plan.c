@@ -3,10 +3,11 @@
  *
  * The node has two children: the outer side's plan (from custom_paths) and
  * a plain scan plan of the inner relation. The inner plan is the user's
- * subquery planned again without its ORDER BY and LIMIT and with a select
- * list of what the join needs:
+ * subquery planned again without its LIMIT, OFFSET, distance ordering and
+ * self-exclusion, and with a select list of what the join needs:
  *
- *     SELECT t.v, <other columns of n used above> FROM items t WHERE ...
+ *     SELECT t.v, <other columns of n used above>, [t.id,]
+ *     FROM items t WHERE <the other conditions> [ORDER BY <tie keys>]
  *
  * Planned by subquery_planner, it is an ordinary PostgreSQL plan of the
  * relation: visibility, row-level security, permissions, WHERE filters,
@@ -31,6 +32,8 @@
 #include "optimizer/planner.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
 
 #include "knn_scan.h"
 
@@ -40,9 +43,59 @@ static const CustomScanMethods knn_join_scan_methods = {
 };
 
 /*
- * Plans "SELECT <vector>, <needed columns> FROM <relation> WHERE ..." from
- * the user's subquery. Column 1 is the target vector; column 2 + i is the
- * i-th of kp->needed_columns.
+ * The scan query's select list: column 1 is the target vector, column 2 + i
+ * the i-th of kp->needed_columns, then the self-exclusion key (if any),
+ * then the ORDER BY keys after the distance (if any).
+ */
+static List *
+inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
+{
+	List	   *tlist = NIL;
+	AttrNumber	resno = 1;
+	ListCell   *lc;
+
+	tlist = lappend(tlist, makeTargetEntry((Expr *) copyObject(kp->target_vector),
+										   resno++, pstrdup("vector"), false));
+	foreach(lc, kp->needed_columns)
+	{
+		TargetEntry *copy = flatCopyTargetEntry(get_tle_by_resno(subquery_tlist,
+																 lfirst_int(lc)));
+
+		copy->resno = resno++;
+		copy->ressortgroupref = 0;
+		copy->resjunk = false;
+		tlist = lappend(tlist, copy);
+	}
+	if (kp->exclude_target != NULL)
+		tlist = lappend(tlist, makeTargetEntry((Expr *) copyObject(kp->exclude_target),
+											   resno++, pstrdup("key"), false));
+	foreach(lc, kp->tie_order)
+	{
+		TargetEntry *copy = flatCopyTargetEntry(get_sortgroupclause_tle(lfirst(lc),
+																		subquery_tlist));
+
+		copy->resno = resno++;
+		copy->resjunk = false;
+		tlist = lappend(tlist, copy);
+	}
+	return tlist;
+}
+
+/* The subquery's WHERE without the self-exclusion (it refers to the outer row). */
+static Node *
+inner_where(KnnJoinPath *kp, Node *quals)
+{
+	List	   *conjuncts;
+
+	if (kp->exclude_qual == NULL)
+		return quals;
+	conjuncts = list_delete(make_ands_implicit((Expr *) quals), kp->exclude_qual);
+	return conjuncts == NIL ? NULL : (Node *) make_ands_explicit(conjuncts);
+}
+
+/*
+ * Plans "SELECT <vector>, <needed columns> FROM <relation> WHERE ...
+ * [ORDER BY <tie keys>]" from the user's subquery (inner_select_list).
  */
 static Plan *
 plan_inner_relation(PlannerInfo *root, KnnJoinPath *kp)
@@ -50,29 +103,18 @@ plan_inner_relation(PlannerInfo *root, KnnJoinPath *kp)
 	RelOptInfo *subquery_rel = kp->subquery_rel;
 	RangeTblEntry *rte = planner_rt_fetch(subquery_rel->relid, root);
 	Query	   *scan_query = copyObject(rte->subquery);
-	List	   *tlist = NIL;
-	AttrNumber	resno = 1;
 	PlannerInfo *subroot;
 	RelOptInfo *final_rel;
 	Plan	   *plan;
 	SubqueryScan *wrapper;
 	ListCell   *lc;
 
-	tlist = lappend(tlist, makeTargetEntry((Expr *) copyObject(kp->target_vector),
-										   resno++, pstrdup("vector"), false));
-	foreach(lc, kp->needed_columns)
-	{
-		TargetEntry *tle = get_tle_by_resno(scan_query->targetList, lfirst_int(lc));
-		TargetEntry *copy = flatCopyTargetEntry(tle);
-
-		copy->resno = resno++;
-		copy->ressortgroupref = 0;
-		copy->resjunk = false;
-		tlist = lappend(tlist, copy);
-	}
-	scan_query->targetList = tlist;
-	scan_query->sortClause = NIL;
+	scan_query->targetList = inner_select_list(kp, scan_query->targetList);
+	scan_query->jointree->quals = inner_where(kp, scan_query->jointree->quals);
+	/* Scan order is the tie order: the engine breaks ties by target row. */
+	scan_query->sortClause = copyObject(kp->tie_order);
 	scan_query->limitCount = NULL;
+	scan_query->limitOffset = NULL;
 
 	/* Every row is wanted: tuple_fraction 0. */
 	subroot = subquery_planner(root->glob, scan_query, root, false, 0.0);
@@ -105,6 +147,24 @@ plan_inner_relation(PlannerInfo *root, KnnJoinPath *kp)
 	return (Plan *) wrapper;
 }
 
+/* "t.id <> q.id" for EXPLAIN, with the range tables' aliases. */
+static char *
+exclusion_text(PlannerInfo *root, KnnJoinPath *kp)
+{
+	RangeTblEntry *subquery_rte = planner_rt_fetch(kp->subquery_rel->relid, root);
+	RangeTblEntry *target_rte = rt_fetch(kp->exclude_target->varno,
+										 subquery_rte->subquery->rtable);
+	RangeTblEntry *query_rte = planner_rt_fetch(kp->exclude_query->varno, root);
+
+	return psprintf("%s.%s <> %s.%s",
+					quote_identifier(target_rte->eref->aliasname),
+					quote_identifier(get_rte_attribute_name(target_rte,
+															kp->exclude_target->varattno)),
+					quote_identifier(query_rte->eref->aliasname),
+					quote_identifier(get_rte_attribute_name(query_rte,
+															kp->exclude_query->varattno)));
+}
+
 /* The column of the outer plan's rows that holds expr; ERROR if none. */
 static AttrNumber
 outer_column(Plan *outer_plan, Expr *expr)
@@ -129,34 +189,36 @@ inner_column(KnnJoinPath *kp, AttrNumber attno)
 	return 0;					/* not reached */
 }
 
-static Plan *
-knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
-				   List *tlist, List *clauses, List *custom_plans)
+/* The clauses of a list of RestrictInfos. */
+static List *
+clauses_of(List *rinfos)
 {
-	KnnJoinPath *kp = (KnnJoinPath *) best_path;
-	Plan	   *outer_plan = linitial(custom_plans);
-	Plan	   *inner_plan = plan_inner_relation(root, kp);
-	Index		subquery_relid = kp->subquery_rel->relid;
-	CustomScan *cscan = makeNode(CustomScan);
-	List	   *quals = NIL;
-	List	   *scan_tlist;
-	List	   *sources = NIL;
+	List	   *clauses = NIL;
 	ListCell   *lc;
 
-	/* Checked on each joined row (clauses is empty for a join rel). */
-	foreach(lc, list_concat(list_copy(clauses), kp->join_clauses))
-		quals = lappend(quals, lfirst_node(RestrictInfo, lc)->clause);
+	foreach(lc, rinfos)
+		clauses = lappend(clauses, lfirst_node(RestrictInfo, lc)->clause);
+	return clauses;
+}
 
-	/*
-	 * The scan tuple: every Var of the join's output and the quals. Each
-	 * comes from the outer rows, the inner rows, or is the distance. (The
-	 * path's target, not tlist: with CUSTOMPATH_SUPPORT_PROJECTION a
-	 * projection above may pass no tlist and set its own expressions of
-	 * these Vars.)
-	 */
-	scan_tlist = add_to_flat_tlist(NIL, pull_var_clause((Node *) best_path->path.pathtarget->exprs, 0));
+/*
+ * The scan tuple: every Var of the join's output and the quals. Each comes
+ * from the outer rows, the inner rows, or is the distance; *sources says
+ * which (KNN_PRIVATE_SOURCES). (The path's target, not only tlist: with
+ * CUSTOMPATH_SUPPORT_PROJECTION a projection above may pass no tlist and
+ * set its own expressions of these Vars.)
+ */
+static List *
+scan_tuple(KnnJoinPath *kp, Plan *outer_plan, List *tlist, List *quals, List **sources)
+{
+	Index		subquery_relid = kp->subquery_rel->relid;
+	List	   *scan_tlist;
+	ListCell   *lc;
+
+	scan_tlist = add_to_flat_tlist(NIL, pull_var_clause((Node *) kp->cpath.path.pathtarget->exprs, 0));
 	scan_tlist = add_to_flat_tlist(scan_tlist, pull_var_clause((Node *) tlist, 0));
 	scan_tlist = add_to_flat_tlist(scan_tlist, pull_var_clause((Node *) quals, 0));
+	*sources = NIL;
 	foreach(lc, scan_tlist)
 	{
 		Var		   *var = castNode(Var, lfirst_node(TargetEntry, lc)->expr);
@@ -168,8 +230,30 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 			source = 0;
 		else
 			source = -inner_column(kp, var->varattno);
-		sources = lappend_int(sources, source);
+		*sources = lappend_int(*sources, source);
 	}
+	return scan_tlist;
+}
+
+static Plan *
+knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
+				   List *tlist, List *clauses, List *custom_plans)
+{
+	KnnJoinPath *kp = (KnnJoinPath *) best_path;
+	Plan	   *outer_plan = linitial(custom_plans);
+	Plan	   *inner_plan = plan_inner_relation(root, kp);
+	CustomScan *cscan = makeNode(CustomScan);
+	List	   *join_quals;
+	List	   *other_quals;
+	List	   *sources;
+	bool		exclude = kp->exclude_target != NULL;
+
+	/* Whether a row matches (clauses is empty for a join rel), and after. */
+	join_quals = clauses_of(list_concat(list_copy(clauses), kp->join_clauses));
+	other_quals = clauses_of(kp->other_clauses);
+	cscan->custom_scan_tlist = scan_tuple(kp, outer_plan, tlist,
+										  list_concat(list_copy(join_quals), other_quals),
+										  &sources);
 
 	/*
 	 * The quals go into custom_exprs rather than plan.qual, so that EXPLAIN
@@ -180,14 +264,25 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->scan.scanrelid = 0;
 	cscan->flags = best_path->flags;
 	cscan->custom_plans = list_make2(outer_plan, inner_plan);
-	cscan->custom_exprs = lcons(copyObject(kp->limit), quals);
+	cscan->custom_exprs = list_make4(copyObject(kp->limit), copyObject(kp->offset),
+									 join_quals, other_quals);
 	cscan->custom_private = list_make5(makeInteger(kp->metric),
 									   makeInteger(outer_column(outer_plan,
 																(Expr *) kp->query_vector)),
 									   makeInteger(1),
 									   makeInteger(kp->target_is_left ? 1 : 0),
 									   sources);
-	cscan->custom_scan_tlist = scan_tlist;
+	cscan->custom_private = lappend(cscan->custom_private, makeInteger(kp->jointype));
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger(exclude ? outer_column(outer_plan, (Expr *) kp->exclude_query) : 0));
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger(exclude ? 2 + list_length(kp->needed_columns) : 0));
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger(exclude ? (int) kp->exclude_target->vartype : 0));
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger((int) kp->exclude_collation));
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeString(exclude ? exclusion_text(root, kp) : pstrdup("")));
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

@@ -17,13 +17,14 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
 
--- Descending order, or ORDER BY with another key.
+-- Descending order, or ORDER BY another key first. (Keys after the
+-- distance are its tie order: knn_scan_shapes.)
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v DESC LIMIT 3) n;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
-CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v, t.id LIMIT 3) n;
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.id, t.v <-> q.v LIMIT 3) n;
 -- NULLS FIRST, an expression of the distance, a distance to a constant.
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
@@ -38,10 +39,11 @@ CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> '[1,1]' 
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> t.w LIMIT 3) n;
--- OFFSET, WITH TIES, DISTINCT, aggregates.
+-- OFFSET from the outer row (a constant one is run: knn_scan_shapes),
+-- WITH TIES, DISTINCT, aggregates.
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
-CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3 OFFSET 1) n;
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3 OFFSET q.k) n;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v
@@ -60,11 +62,12 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t WHERE random() < 2
                     ORDER BY t.v <-> q.v LIMIT 3) n;
--- The subquery referencing other outer columns: in WHERE, in its select
--- list, in LIMIT; a LIMIT from a subquery.
+-- The subquery referencing other outer columns: in WHERE (other than as
+-- a self-exclusion "t.id <> q.id": knn_scan_shapes), in its select list,
+-- in LIMIT; a LIMIT from a subquery.
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
-CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t WHERE t.id <> q.id
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t WHERE t.id < q.id
                     ORDER BY t.v <-> q.v LIMIT 3) n;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
@@ -76,15 +79,12 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v
                     LIMIT (SELECT 3)) n;
--- More than one relation in the subquery; LEFT JOIN LATERAL; the whole
--- subquery row used above.
+-- More than one relation in the subquery; the whole subquery row used
+-- above. (LEFT JOIN LATERAL is run: knn_scan_shapes.)
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t JOIN knn_plans_queries u ON u.id = t.id
                     ORDER BY t.v <-> q.v LIMIT 3) n;
-EXPLAIN (COSTS OFF)
-SELECT q.id, n.id FROM knn_plans_queries q
-LEFT JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n ON true;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;

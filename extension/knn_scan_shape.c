@@ -1,0 +1,353 @@
+/*
+ * knn_scan_shape.c -- is a LATERAL subquery a top-k distance query the KNN
+ * Join can run? Checked on the subquery's parse tree:
+ *
+ *     SELECT <expressions of t>, <the distance> FROM <one relation> t
+ *     [WHERE <conditions on t> [AND t.id <> q.id]]
+ *     ORDER BY <distance between a column of t and one of the outer query>
+ *              [, <expressions of t>, ...]
+ *     LIMIT <run-time constant> [OFFSET <run-time constant>]
+ *
+ * Anything else keeps PostgreSQL's plan. For subqueries ordered by a
+ * distance, the reason is logged at DEBUG1 ("KNN Join not used: ...").
+ */
+#include "postgres.h"
+
+#include "catalog/pg_operator.h"
+#include "catalog/pg_type.h"
+#include "nodes/makefuncs.h"
+#include "nodes/nodeFuncs.h"
+#include "optimizer/optimizer.h"
+#include "optimizer/tlist.h"
+#include "parser/parsetree.h"
+
+#include "knn_keys.h"
+#include "knn_scan.h"
+
+bool
+knn_scan_reject(const char *reason)
+{
+	elog(DEBUG1, "KNN Join not used: %s", reason);
+	return false;
+}
+
+/* Does the expression reference any query level above its own? */
+static bool
+references_upper_levels_walker(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var))
+		return ((Var *) node)->varlevelsup > 0;
+	if (IsA(node, PlaceHolderVar))
+		return ((PlaceHolderVar *) node)->phlevelsup > 0;
+	if (IsA(node, Aggref) || IsA(node, GroupingFunc) || IsA(node, SubLink))
+		return true;			/* never in the shapes we accept */
+	return expression_tree_walker(node, references_upper_levels_walker, context);
+}
+
+static bool
+references_upper_levels(Node *node)
+{
+	return references_upper_levels_walker(node, NULL);
+}
+
+/* Does the value depend on a row (a Var of any level) or on the executor? */
+static bool
+varies_within_query_walker(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var) || IsA(node, PlaceHolderVar) || IsA(node, Aggref) ||
+		IsA(node, SubLink) || IsA(node, SubPlan))
+		return true;
+	if (IsA(node, Param) && ((Param *) node)->paramkind != PARAM_EXTERN)
+		return true;
+	return expression_tree_walker(node, varies_within_query_walker, context);
+}
+
+/*
+ * A LIMIT or OFFSET we can evaluate once when the node starts: constants,
+ * $n parameters and stable or immutable functions of them.
+ */
+bool
+knn_scan_is_run_time_constant(Node *node)
+{
+	return node != NULL && !varies_within_query_walker(node, NULL) &&
+		!contain_volatile_functions(node);
+}
+
+static bool
+contains_distance_walker(Node *node, void *context)
+{
+	KnnMetric	metric;
+
+	if (node == NULL)
+		return false;
+	if (IsA(node, OpExpr) && knn_distance_operator_metric(((OpExpr *) node)->opno, &metric))
+		return true;
+	return expression_tree_walker(node, contains_distance_walker, context);
+}
+
+/* Is some ORDER BY key a distance? Only then do we say why we decline. */
+static bool
+looks_like_top_k(Query *sq)
+{
+	ListCell   *lc;
+
+	foreach(lc, sq->sortClause)
+	{
+		TargetEntry *tle = get_sortgroupclause_tle(lfirst_node(SortGroupClause, lc),
+												   sq->targetList);
+
+		if (contains_distance_walker((Node *) tle->expr, NULL))
+			return true;
+	}
+	return false;
+}
+
+/* Same distance expression, either operand order (all four are symmetric)? */
+static bool
+is_same_distance(Node *node, OpExpr *distance)
+{
+	OpExpr	   *op;
+
+	if (node == NULL || !IsA(node, OpExpr))
+		return false;
+	op = (OpExpr *) node;
+	if (op->opno != distance->opno || list_length(op->args) != 2)
+		return false;
+	return (equal(linitial(op->args), linitial(distance->args)) &&
+			equal(lsecond(op->args), lsecond(distance->args))) ||
+		(equal(linitial(op->args), lsecond(distance->args)) &&
+		 equal(lsecond(op->args), linitial(distance->args)));
+}
+
+/* The clauses we cannot run at all. */
+static bool
+recognise_clauses(Query *sq)
+{
+	if (sq->setOperations != NULL)
+		return knn_scan_reject("the subquery is a set operation");
+	if (sq->groupClause != NIL || sq->groupingSets != NIL || sq->havingQual != NULL ||
+		sq->hasAggs)
+		return knn_scan_reject("the subquery aggregates");
+	if (sq->hasWindowFuncs || sq->windowClause != NIL)
+		return knn_scan_reject("the subquery has window functions");
+	if (sq->hasTargetSRFs)
+		return knn_scan_reject("the subquery has a set-returning function in its select list");
+	if (sq->hasSubLinks)
+		return knn_scan_reject("the subquery has a sub-select");
+	if (sq->hasDistinctOn || sq->distinctClause != NIL)
+		return knn_scan_reject("the subquery has DISTINCT");
+	if (sq->hasForUpdate || sq->rowMarks != NIL)
+		return knn_scan_reject("the subquery locks rows");
+	if (sq->cteList != NIL || sq->hasRecursive || sq->hasModifyingCTE)
+		return knn_scan_reject("the subquery has WITH");
+	if (sq->limitCount == NULL)
+		return knn_scan_reject("the subquery has no LIMIT");
+	if (sq->limitOption != LIMIT_OPTION_COUNT)
+		return knn_scan_reject("the subquery has FETCH ... WITH TIES");
+	return true;
+}
+
+/* FROM one plain relation: its RangeTblRef, or NULL. */
+static RangeTblRef *
+recognise_relation(Query *sq)
+{
+	RangeTblRef *rtr;
+	RangeTblEntry *rte;
+
+	if (list_length(sq->rtable) != 1 || sq->jointree == NULL ||
+		list_length(sq->jointree->fromlist) != 1 ||
+		!IsA(linitial(sq->jointree->fromlist), RangeTblRef))
+	{
+		knn_scan_reject("the subquery reads more than one relation");
+		return NULL;
+	}
+	rtr = linitial_node(RangeTblRef, sq->jointree->fromlist);
+	rte = rt_fetch(rtr->rtindex, sq->rtable);
+	if (rte->rtekind != RTE_RELATION || rte->tablesample != NULL)
+	{
+		knn_scan_reject("the subquery reads something other than a table");
+		return NULL;
+	}
+	return rtr;
+}
+
+/*
+ * The first ORDER BY key: ascending, NULLS LAST (float8's "<"), a distance
+ * operator (knn_catalog.h) between a column of the relation and a column
+ * of the outer query, of the same vector type. Returns its OpExpr or NULL.
+ */
+static OpExpr *
+recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
+{
+	SortGroupClause *sort = linitial_node(SortGroupClause, sq->sortClause);
+	TargetEntry *tle = get_sortgroupclause_tle(sort, sq->targetList);
+	OpExpr	   *distance = (OpExpr *) tle->expr;
+	Var		   *left;
+	Var		   *right;
+
+	if (!IsA(distance, OpExpr) || list_length(distance->args) != 2 ||
+		distance->opresulttype != FLOAT8OID ||
+		!knn_distance_operator_metric(distance->opno, &kp->metric) ||
+		!IsA(linitial(distance->args), Var) || !IsA(lsecond(distance->args), Var))
+	{
+		knn_scan_reject("the first ORDER BY key is not a distance operator between two columns");
+		return NULL;
+	}
+	if (sort->sortop != Float8LessOperator || sort->nulls_first)
+	{
+		knn_scan_reject("the distance is not sorted ASC NULLS LAST");
+		return NULL;
+	}
+	left = linitial(distance->args);
+	right = lsecond(distance->args);
+	kp->target_is_left = left->varlevelsup == 0;
+	kp->target_vector = kp->target_is_left ? left : right;
+	kp->query_vector = copyObject(kp->target_is_left ? right : left);
+	if (kp->target_vector->varlevelsup != 0 || kp->query_vector->varlevelsup != 1 ||
+		kp->target_vector->varno != rtr->rtindex || kp->target_vector->varattno <= 0 ||
+		kp->query_vector->varattno <= 0 ||
+		knn_vector_kind(kp->target_vector->vartype) != KNN_VECTOR_TYPE ||
+		kp->target_vector->vartype != kp->query_vector->vartype)
+	{
+		knn_scan_reject("the distance is not between a vector column of the relation and one of the outer query");
+		return NULL;
+	}
+	kp->query_vector->varlevelsup = 0;
+	kp->distance_operator = distance->opno;
+	return distance;
+}
+
+/*
+ * The ORDER BY keys after the distance break its ties: expressions of the
+ * relation alone, evaluated by the inner scan plan, whose ORDER BY they
+ * become (in the user's own SortGroupClauses, so the same operators,
+ * directions and collations). The engine breaks ties by scan order.
+ */
+static bool
+recognise_tie_order(Query *sq)
+{
+	ListCell   *lc;
+
+	for_each_from(lc, sq->sortClause, 1)
+	{
+		TargetEntry *tle = get_sortgroupclause_tle(lfirst_node(SortGroupClause, lc),
+												   sq->targetList);
+
+		if (references_upper_levels((Node *) tle->expr))
+			return knn_scan_reject("an ORDER BY key after the distance references the outer query");
+		if (contain_volatile_functions((Node *) tle->expr))
+			return knn_scan_reject("an ORDER BY key after the distance is volatile");
+	}
+	return true;
+}
+
+/*
+ * "t.id <> q.id": the negator of the default equality (type cache) of both
+ * columns' type, which has a hash function, so that values map to keys.
+ */
+static bool
+recognise_exclusion(Node *qual, RangeTblRef *rtr, KnnJoinPath *kp)
+{
+	OpExpr	   *op = (OpExpr *) qual;
+	Var		   *left;
+	Var		   *right;
+	Var		   *target;
+	Var		   *query;
+
+	if (!IsA(op, OpExpr) || list_length(op->args) != 2 ||
+		!IsA(linitial(op->args), Var) || !IsA(lsecond(op->args), Var))
+		return false;
+	left = linitial(op->args);
+	right = lsecond(op->args);
+	target = left->varlevelsup == 0 ? left : right;
+	query = left->varlevelsup == 0 ? right : left;
+	if (target->varlevelsup != 0 || query->varlevelsup != 1 ||
+		target->varno != rtr->rtindex || target->varattno <= 0 || query->varattno <= 0 ||
+		target->vartype != query->vartype ||
+		!knn_keys_supported(target->vartype, op->opno))
+		return false;
+	kp->exclude_qual = qual;
+	kp->exclude_target = target;
+	kp->exclude_query = copyObject(query);
+	kp->exclude_query->varlevelsup = 0;
+	kp->exclude_collation = op->inputcollid;
+	return true;
+}
+
+/*
+ * WHERE: conditions on the relation alone, same result every time, and at
+ * most one self-exclusion.
+ */
+static bool
+recognise_where(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
+{
+	ListCell   *lc;
+
+	if (contain_volatile_functions(sq->jointree->quals))
+		return knn_scan_reject("the subquery's WHERE is volatile");
+	foreach(lc, make_ands_implicit((Expr *) sq->jointree->quals))
+	{
+		Node	   *qual = lfirst(lc);
+
+		if (!references_upper_levels(qual))
+			continue;
+		if (kp->exclude_qual != NULL || !recognise_exclusion(qual, rtr, kp))
+			return knn_scan_reject("the subquery's WHERE references the outer query other than by one \"inner column <> outer column\" of a type with default hashable equality");
+	}
+	return true;
+}
+
+/*
+ * The select list: the distance (either operand order) or expressions of
+ * the relation alone, with no volatile functions (we evaluate them for
+ * every row of the relation, not only for the k kept).
+ */
+static bool
+recognise_select_list(Query *sq, OpExpr *distance, KnnJoinPath *kp)
+{
+	ListCell   *lc;
+
+	kp->distance_columns = NIL;
+	foreach(lc, sq->targetList)
+	{
+		TargetEntry *tle = lfirst_node(TargetEntry, lc);
+
+		if ((Expr *) distance == tle->expr || is_same_distance((Node *) tle->expr, distance))
+		{
+			if (!tle->resjunk)
+				kp->distance_columns = lappend_int(kp->distance_columns, tle->resno);
+			continue;
+		}
+		if (references_upper_levels((Node *) tle->expr))
+			return knn_scan_reject("the subquery's select list references the outer query other than in the distance");
+		if (contain_volatile_functions((Node *) tle->expr))
+			return knn_scan_reject("the subquery's select list is volatile");
+	}
+	return true;
+}
+
+Index
+knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp)
+{
+	RangeTblRef *rtr;
+	OpExpr	   *distance;
+
+	if (sq->commandType != CMD_SELECT || sq->utilityStmt != NULL || !looks_like_top_k(sq))
+		return 0;
+	if (!recognise_clauses(sq) || (rtr = recognise_relation(sq)) == NULL ||
+		(distance = recognise_distance(sq, rtr, kp)) == NULL ||
+		!recognise_tie_order(sq) || !recognise_where(sq, rtr, kp) ||
+		!recognise_select_list(sq, distance, kp))
+		return 0;
+
+	/* LIMIT and OFFSET: evaluated once at run time (no references to any row) */
+	if (!knn_scan_is_run_time_constant(sq->limitCount) ||
+		(sq->limitOffset != NULL && !knn_scan_is_run_time_constant(sq->limitOffset)))
+		return knn_scan_reject("LIMIT or OFFSET is not a constant or parameter"), 0;
+	kp->tie_order = list_copy_tail(sq->sortClause, 1);
+	return rtr->rtindex;
+}

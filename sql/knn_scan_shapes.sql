@@ -1,0 +1,571 @@
+--
+-- The KNN Join's variants of the LATERAL top-k query: LEFT JOIN LATERAL,
+-- self-exclusion "WHERE t.id <> q.id", further ORDER BY keys after the
+-- distance (the tie order), and OFFSET. Each runs as Custom Scan (KNN Join)
+-- and returns what PostgreSQL's own plan returns.
+--
+SET extra_float_digits = 0;
+
+-- 13 rows near the origin (two NULL vectors, a duplicate of [1,0], a row
+-- whose keys are all NULL, a duplicate tag 'b'), then 3000 far rows.
+-- Every key column holds the same value in another type: id, tag (text),
+-- uid (uuid), big (bigint), num (numeric, written with another scale on
+-- the query side), code (bpchar, with trailing blanks on the query side)
+-- and ci (text in a case-insensitive ICU collation, upper case on the query
+-- side).
+CREATE COLLATION knn_shapes_ci (provider = icu, locale = 'und-u-ks-level2',
+								deterministic = false);
+CREATE TABLE knn_shapes_items (id int, v vector, tag text, uid uuid, big bigint,
+							   num numeric, code bpchar, ci text COLLATE knn_shapes_ci);
+INSERT INTO knn_shapes_items (id, v, tag) VALUES
+	(1, '[0,0]', 'a'), (2, '[1,0]', 'b'), (3, '[0,1]', 'c'), (4, '[1,1]', 'd'),
+	(5, '[2,0]', 'e'), (6, NULL, 'f'), (7, '[3,4]', 'g'), (8, '[-1,0]', 'h'),
+	(9, NULL, 'i'), (10, '[0,-2]', 'j'), (11, '[1,0]', 'b'), (12, '[5,5]', NULL),
+	(NULL, '[0,0]', NULL);
+INSERT INTO knn_shapes_items (id, v, tag)
+	SELECT i, format('[%s,%s]', 100 + i % 50, 200 + i % 70)::vector, 'far' || i
+	FROM generate_series(1001, 4000) i;
+UPDATE knn_shapes_items SET uid = md5(id::text)::uuid, big = id + 10000000000,
+	num = id, code = 'k' || id, ci = tag;
+CREATE TABLE knn_shapes_queries (qn int, id int, v vector, tag text, uid uuid, big bigint,
+								 num numeric, code bpchar, ci text COLLATE knn_shapes_ci);
+INSERT INTO knn_shapes_queries (qn, id, v, tag) VALUES
+	(1, 1, '[0,0]', 'a'), (2, 2, '[1,0]', 'b'), (3, 3, NULL, 'c'), (4, 4, '[2,2]', 'd'),
+	(5, NULL, '[0,0]', NULL), (6, 6, '[-3,1]', 'f'), (7, 7, '[4,4]', 'g'),
+	(8, 99, '[1,2]', 'zz'), (9, 11, '[1,0]', 'b');
+UPDATE knn_shapes_queries SET uid = md5(id::text)::uuid, big = id + 10000000000,
+	num = id + 0.00, code = 'k' || id || '  ', ci = upper(tag);
+CREATE TABLE knn_shapes_empty (id int, v vector, tag text);
+ANALYZE knn_shapes_items, knn_shapes_queries;
+
+-- Does the plan of query contain the KNN Join node?
+CREATE FUNCTION pg_temp.knn_uses_join(query text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+	line text;
+BEGIN
+	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
+		IF line LIKE '%Custom Scan (KNN Join)%' THEN
+			RETURN true;
+		END IF;
+	END LOOP;
+	RETURN false;
+END
+$$;
+
+-- A query returning (qid, nid, dist), one line per qid: "nid:dist ..." in
+-- the order the rows came ("null" for NULL); an error unless the KNN Join
+-- ran it.
+CREATE FUNCTION pg_temp.knn_show(query text) RETURNS TABLE (qid int, neighbours text)
+LANGUAGE plpgsql AS $$
+DECLARE
+	grouped text := format(
+		'SELECT r.qid, string_agg(coalesce(r.nid::text, ''null'') || '':'' || coalesce(r.dist::text, ''null''), '' '' ORDER BY r.pos)
+		 FROM (SELECT row_number() OVER () AS pos, s.* FROM (%s) s) r
+		 GROUP BY r.qid ORDER BY r.qid', query);
+BEGIN
+	IF NOT pg_temp.knn_uses_join(grouped) THEN
+		RAISE EXCEPTION 'no KNN Join in the plan of %', query;
+	END IF;
+	RETURN QUERY EXECUTE grouped;
+END
+$$;
+
+-- Runs a query returning (qid, nid, dist) with the node on and off and
+-- compares: which plan had the node, row counts, rows in one result and not
+-- the other (EXCEPT ALL both ways; on (qid, dist) only when compare_ids is
+-- false, for queries with ties at the k-th place, where PostgreSQL may keep
+-- any of the tied rows), whether the sequence of (qid, dist) is the same,
+-- and whether the distances ascend (NULLs last) per qid.
+CREATE FUNCTION pg_temp.knn_check(query text, compare_ids boolean DEFAULT true)
+RETURNS TABLE (node_on boolean, node_off boolean, rows_on bigint, rows_off bigint,
+			   differing bigint, same_order boolean, ascending boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+	numbered text := format('SELECT row_number() OVER () AS pos, r.* FROM (%s) r', query);
+	saved text := current_setting('knn_gpu.enable_knn_join');
+BEGIN
+	PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+	node_on := pg_temp.knn_uses_join(numbered);
+	EXECUTE 'CREATE TEMP TABLE knn_scan_on AS ' || numbered;
+	PERFORM set_config('knn_gpu.enable_knn_join', 'off', true);
+	node_off := pg_temp.knn_uses_join(numbered);
+	EXECUTE 'CREATE TEMP TABLE knn_scan_off AS ' || numbered;
+	PERFORM set_config('knn_gpu.enable_knn_join', saved, true);
+
+	SELECT count(*) INTO rows_on FROM knn_scan_on;
+	SELECT count(*) INTO rows_off FROM knn_scan_off;
+	SELECT count(*) INTO differing FROM (
+		(SELECT qid, dist, CASE WHEN compare_ids THEN nid END FROM knn_scan_on
+		 EXCEPT ALL
+		 SELECT qid, dist, CASE WHEN compare_ids THEN nid END FROM knn_scan_off)
+		UNION ALL
+		(SELECT qid, dist, CASE WHEN compare_ids THEN nid END FROM knn_scan_off
+		 EXCEPT ALL
+		 SELECT qid, dist, CASE WHEN compare_ids THEN nid END FROM knn_scan_on)) d;
+	SELECT NOT EXISTS (
+		SELECT FROM knn_scan_on a FULL JOIN knn_scan_off b USING (pos)
+		WHERE a.qid IS DISTINCT FROM b.qid OR a.dist IS DISTINCT FROM b.dist) INTO same_order;
+	SELECT NOT EXISTS (
+		SELECT FROM knn_scan_on a JOIN knn_scan_on b ON b.pos = a.pos + 1 AND b.qid = a.qid
+		WHERE a.dist > b.dist OR (a.dist IS NULL AND b.dist IS NOT NULL)) INTO ascending;
+	DROP TABLE knn_scan_on, knn_scan_off;
+	RETURN NEXT;
+END
+$$;
+
+--
+-- 1. LEFT JOIN LATERAL ... ON ...: an outer row none of whose rows passes the
+-- ON clause keeps one row with NULLs for the subquery's columns.
+--
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, n.dist
+FROM knn_shapes_queries q
+LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                   ORDER BY t.v <-> q.v LIMIT 3) n ON true;
+-- With nothing filtered it is the inner join's result; a NULL query vector
+-- (qn 3) gets the first 3 rows with NULL distances, as in knn_scan.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v LIMIT 3) n ON true $$, false);
+-- The ON clause on the subquery's output and on both sides: rows at
+-- distance below 1.5 to a neighbour of another id. Worked out by hand
+-- (the top 3 by distance, then id, NULL id last; then the ON clause):
+--  1 [0,0]:  1 0, NULL 0, 2 1 (1: own id, NULL: "<>" is NULL) -> 2
+--  2 [1,0]:  2 0, 11 0, 1 1                                   -> 11, 1
+--  3 NULL:   NULL distances                              -> NULL-extended
+--  4 [2,2]:  4 sqrt(2), 5 2, 2 sqrt(5) (4: own id)       -> NULL-extended
+--  5 [0,0]:  id NULL: "n.id <> q.id" is NULL             -> NULL-extended
+--  6 [-3,1]: 8 sqrt(5) ...                               -> NULL-extended
+--  7 [4,4]:  7 1, 12 sqrt(2), 4 sqrt(18) (7: own id)     -> 12
+--  8 [1,2]:  4 1, 3 sqrt(2), 2 2 (id 99)                 -> 4, 3
+--  9 [1,0]:  2 0, 11 0, 1 1 (id 11)                      -> 2, 1
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, n.dist
+FROM knn_shapes_queries q
+LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                   ORDER BY t.v <-> q.v, t.id LIMIT 3) n ON n.dist < 1.5 AND n.id <> q.id;
+SELECT * FROM pg_temp.knn_show($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v, t.id LIMIT 3) n ON n.dist < 1.5 AND n.id <> q.id $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v, t.id LIMIT 3) n ON n.dist < 1.5 AND n.id <> q.id $$);
+-- An ON clause on the outer side alone decides a match too; a constant
+-- column of the subquery is NULL in a NULL-extended row.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v, t.id LIMIT 2) n ON q.qn > 3 $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.one AS dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, 1.0::float8 AS one FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v, t.id LIMIT 2) n ON n.id > 3 $$);
+-- A WHERE clause that is not strict stays above the outer join ("Filter"):
+-- it sees the NULL-extended rows too. Expressions over the NULLs.
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, coalesce(n.dist, -1) AS dist
+FROM knn_shapes_queries q
+LEFT JOIN LATERAL (SELECT t.id, t.v <=> q.v AS dist FROM knn_shapes_items t
+                   ORDER BY t.v <=> q.v LIMIT 2) n ON n.dist < 0.1
+WHERE n.id IS NULL OR n.id % 2 = 0;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, coalesce(n.dist, -1) AS dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <=> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <=> q.v, t.id LIMIT 2) n ON n.dist < 0.1
+	WHERE n.id IS NULL OR n.id % 2 = 0 $$);
+-- The inner relation filtered to nothing, empty, LIMIT 0, OFFSET past the
+-- end: every outer row once, with NULLs.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   WHERE t.id < 0 ORDER BY t.v <-> q.v LIMIT 3) n ON true $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_empty t
+	                   ORDER BY t.v <-> q.v LIMIT 3) n ON true $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v LIMIT 0) n ON true $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 3 OFFSET 13) n ON true $$);
+-- Every metric; only some outer rows have matches.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <#> q.v AS dist FROM knn_shapes_items t
+	                   WHERE t.id < 100 ORDER BY t.v <#> q.v, t.id LIMIT 4) n ON n.dist < -2 $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, q.v <+> t.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <+> q.v, t.id LIMIT 4) n ON n.dist <= 2 $$);
+-- The anti-join idiom: outer rows without a neighbour within 2.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v LIMIT 1) n ON n.dist < 2
+	WHERE n.id IS NULL $$);
+-- No outer rows: nothing, and no error for a negative LIMIT.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.id AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_empty q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   ORDER BY t.v <-> q.v LIMIT -1) n ON true $$);
+
+--
+-- 2. Self-exclusion: "t.id <> q.id" in the subquery is the engine's
+-- exclusion of equal keys. A NULL on either side makes "<>" NULL: an outer
+-- row with a NULL id (qn 5) has no rows, an inner row with a NULL id (the
+-- one at [0,0]) belongs to none.
+--
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, n.dist
+FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                    WHERE t.id <> q.id AND t.id < 3000
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+-- By hand (ties in id order):
+--  1 [0,0]:  (1 excluded) 2, 3, 8 at 1
+--  2 [1,0]:  (2 excluded) 11 0, 1 1, 4 1
+--  3 NULL:   NULL distances: 1, 2, 4 (3 excluded)
+--  4 [2,2]:  (4 excluded) 5 2, 2 and 3 sqrt(5)
+--  5 [0,0]:  id NULL: nothing
+--  6 [-3,1]: 8 sqrt(5), 3 3, 1 sqrt(10)
+--  7 [4,4]:  (7 excluded) 12 sqrt(2), 4 sqrt(18), 5 sqrt(20)
+--  8 [1,2]:  99 is no item's: 4 1, 3 sqrt(2), 2 2
+--  9 [1,0]:  (11 excluded) 2 0, 1 1, 4 1
+SELECT * FROM pg_temp.knn_show($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.id < 3000
+	                    ORDER BY t.v <-> q.v LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+-- Operands in the other order; every key type: bigint, text (two items
+-- share tag 'b', both excluded for qn 2 and 9; item 12's tag is NULL),
+-- uuid, numeric (1 = 1.00) and bpchar ('k1' = 'k1  ').
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE q.big <> t.big ORDER BY t.v <-> q.v, t.id LIMIT 4) n $$);
+SELECT * FROM pg_temp.knn_show($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.tag <> q.tag AND t.id <= 12
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 12) n $$)
+WHERE qid IN (2, 7, 9);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <=> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.tag <> q.tag ORDER BY t.v <=> q.v, t.id LIMIT 5) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <#> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.uid <> q.uid ORDER BY t.v <#> q.v, t.id LIMIT 5) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <+> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.num <> q.num ORDER BY t.v <+> q.v, t.id LIMIT 5) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.code <> q.code ORDER BY t.v <-> q.v, t.id LIMIT 5) n $$);
+-- A case-insensitive collation: 'B' (qn 2 and 9) excludes both 'b' items.
+SELECT * FROM pg_temp.knn_show($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.ci <> q.ci ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$)
+WHERE qid IN (2, 9);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.ci <> q.ci ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+-- NULL target vectors fill the last places (items 6 and 9), except the
+-- excluded one; k beyond the rows left.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.id BETWEEN 4 AND 9
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 7) n $$);
+-- The all-kNN graph of one table: a self-join, with LEFT JOIN and OFFSET.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT a.id AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_items a
+	CROSS JOIN LATERAL (SELECT b.id, a.v <-> b.v AS dist FROM knn_shapes_items b
+	                    WHERE b.id <> a.id ORDER BY a.v <-> b.v, b.id LIMIT 3) n
+	WHERE a.id % 10 = 3 OR a.id < 20 OR a.id IS NULL $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT a.id AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_items a
+	LEFT JOIN LATERAL (SELECT b.id, a.v <-> b.v AS dist FROM knn_shapes_items b
+	                   WHERE b.id <> a.id AND b.id < 1000
+	                   ORDER BY a.v <-> b.v, b.id LIMIT 2 OFFSET 9) n ON true
+	WHERE a.id % 100 = 3 OR a.id < 20 OR a.id IS NULL $$);
+-- A pair the exclusion removes never computes its distance, so vectors
+-- of different dimensions in it are no error: the 3-D item 5000 is only
+-- the 2-D outer rows' own id. Another outer row would meet it: an error.
+CREATE TABLE knn_shapes_mixed (id int, v vector);
+INSERT INTO knn_shapes_mixed SELECT id, v FROM knn_shapes_items WHERE v IS NOT NULL;
+INSERT INTO knn_shapes_mixed VALUES (5000, '[1,2,3]');
+CREATE TABLE knn_shapes_own (id int, v vector);
+INSERT INTO knn_shapes_own SELECT 5000, format('[%s,2]', i)::vector FROM generate_series(1, 50) i;
+ANALYZE knn_shapes_mixed, knn_shapes_own;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.v::text AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_own q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_mixed t
+	                    WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+INSERT INTO knn_shapes_own VALUES (1, '[0,0]');
+SELECT pg_temp.knn_uses_join($$
+	SELECT count(*) FROM knn_shapes_own q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_mixed t WHERE t.id <> q.id
+	                    ORDER BY t.v <-> q.v LIMIT 3) n $$);
+SELECT count(*) FROM knn_shapes_own q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_mixed t WHERE t.id <> q.id
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+SET knn_gpu.enable_knn_join = off;
+SELECT count(*) FROM knn_shapes_own q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_mixed t WHERE t.id <> q.id
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+RESET knn_gpu.enable_knn_join;
+DROP TABLE knn_shapes_mixed, knn_shapes_own;
+-- Not a self-exclusion: another comparison, an expression, two types,
+-- two of them. PostgreSQL's plan stays.
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id < q.id
+	                    ORDER BY t.v <-> q.v LIMIT 3) n $$);
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id <> q.id + 1
+	                    ORDER BY t.v <-> q.v LIMIT 3) n $$);
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id <> q.big
+	                    ORDER BY t.v <-> q.v LIMIT 3) n $$);
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.tag <> q.tag
+	                    ORDER BY t.v <-> q.v LIMIT 3) n $$);
+
+--
+-- 3. ORDER BY the distance, then columns of the relation: the inner scan
+-- is sorted by them, and ties come in that order, so even neighbours tied
+-- at the k-th place are PostgreSQL's (ids compared below).
+--
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, n.dist
+FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                    ORDER BY t.v <-> q.v, t.tag DESC, t.id LIMIT 3) n;
+-- By hand, ties by tag descending (NULL first, as DESC sorts it; 'b'
+-- twice: then id):
+--  1 [0,0]:  at 0: the NULL-id row (tag NULL), 1; then at 1: h 8, c 3, b 2,
+--            b 11                                      -> NULL, 1, 8
+--  2 [1,0]:  at 0: 2, 11 (both 'b'); then at 1: NULL-id row (tag NULL),
+--            e 5, d 4, a 1                             -> 2, 11, NULL
+--  4 [2,2]:  4 sqrt(2), 5 2, then at sqrt(5): g 7, c 3, b 2, b 11 -> 4, 5, 7
+SELECT * FROM pg_temp.knn_show($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.tag DESC, t.id LIMIT 3) n $$)
+WHERE qid IN (1, 2, 4);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.tag DESC, t.id LIMIT 3) n $$);
+-- A NULL query vector: every distance is NULL, so the tie keys alone.
+-- Keys that are expressions, NULLS FIRST, a key not in the select list.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.id % 3, t.id DESC LIMIT 5) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <=> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id IS NULL OR t.id < 13
+	                    ORDER BY t.v <=> q.v, t.id NULLS FIRST LIMIT 13) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <#> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <#> q.v, t.uid LIMIT 6) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <+> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <+> q.v, t.code COLLATE "C" DESC LIMIT 6) n $$);
+-- Not a tie order: the distance not first, a key of the outer query, a
+-- volatile key.
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t
+	                    ORDER BY t.id, t.v <-> q.v LIMIT 3) n $$);
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.id + q.id LIMIT 3) n $$);
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.id, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, random() LIMIT 3) n $$);
+
+--
+-- 4. OFFSET: the ranks after the first n.
+--
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, n.dist
+FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                    ORDER BY t.v <-> q.v, t.id LIMIT 2 OFFSET 2) n;
+-- By hand: ranks 3 and 4 of the table at the top of section 3 (ties by id).
+--  1 [0,0]:  1 0, NULL-id 0, 2 1, 3 1, 8 1, 11 1     -> 2, 3
+--  3 NULL:   NULL distances in id order, NULL id last -> 3, 4
+--  7 [4,4]:  7 1, 12 sqrt(2), 4 sqrt(18), 5 sqrt(20) -> 4, 5
+SELECT * FROM pg_temp.knn_show($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2 OFFSET 2) n $$)
+WHERE qid IN (1, 3, 7);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2 OFFSET 2) n $$);
+-- Without a tie order (distances compared), into the NULL vectors' places,
+-- OFFSET NULL, LIMIT ALL, past the end, every metric.
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v LIMIT 4 OFFSET 5) n $$, false);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <=> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id < 100 ORDER BY t.v <=> q.v, t.id LIMIT 4 OFFSET 9) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <#> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <#> q.v, t.id LIMIT 3 OFFSET NULL) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <+> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id < 100 ORDER BY t.v <+> q.v, t.id LIMIT ALL OFFSET 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 3 OFFSET 12) n $$, false);
+-- OFFSET and LIMIT as parameters, custom and generic plans; a negative
+-- OFFSET is the Limit node's error, checked before LIMIT's.
+PREPARE knn_shapes_stmt(int, int) AS
+	SELECT q.qn, n.id, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id LIMIT $1 OFFSET $2) n
+	WHERE q.qn IN (1, 3);
+EXPLAIN (COSTS OFF) EXECUTE knn_shapes_stmt(2, 1);
+EXECUTE knn_shapes_stmt(2, 1);
+SET plan_cache_mode = force_generic_plan;
+EXPLAIN (COSTS OFF) EXECUTE knn_shapes_stmt(2, 1);
+EXECUTE knn_shapes_stmt(2, 1);
+EXECUTE knn_shapes_stmt(1, 3);
+EXECUTE knn_shapes_stmt(0, -1);
+EXECUTE knn_shapes_stmt(-1, -1);
+SET knn_gpu.enable_knn_join = off;
+EXECUTE knn_shapes_stmt(0, -1);
+RESET knn_gpu.enable_knn_join;
+RESET plan_cache_mode;
+DEALLOCATE knn_shapes_stmt;
+
+-- All four at once, re-run per outer row with a new parameter (a rescan):
+-- the second nearest of another id within o.x, if any.
+EXPLAIN (COSTS OFF)
+SELECT o.x, (SELECT string_agg(q.qn || '>' || coalesce(n.id::text, '-'), ' ' ORDER BY q.qn)
+             FROM knn_shapes_queries q
+             LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                                WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id
+                                LIMIT 1 OFFSET 1) n ON n.dist < o.x
+             WHERE q.qn <> o.x)
+FROM generate_series(1, 3) o(x);
+SELECT o.x, (SELECT string_agg(q.qn || '>' || coalesce(n.id::text, '-'), ' ' ORDER BY q.qn)
+             FROM knn_shapes_queries q
+             LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                                WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id
+                                LIMIT 1 OFFSET 1) n ON n.dist < o.x
+             WHERE q.qn <> o.x)
+FROM generate_series(1, 3) o(x);
+SET knn_gpu.enable_knn_join = off;
+SELECT o.x, (SELECT string_agg(q.qn || '>' || coalesce(n.id::text, '-'), ' ' ORDER BY q.qn)
+             FROM knn_shapes_queries q
+             LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                                WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id
+                                LIMIT 1 OFFSET 1) n ON n.dist < o.x
+             WHERE q.qn <> o.x)
+FROM generate_series(1, 3) o(x);
+RESET knn_gpu.enable_knn_join;
+
+--
+-- 5. What is still declined says why at DEBUG1, once per join considered.
+--
+SET client_min_messages = debug1;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id < q.id
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t
+                    ORDER BY t.v <-> q.v FETCH FIRST 3 ROWS WITH TIES) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n FROM knn_shapes_queries q
+LEFT JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 3) n ON true;
+-- (No message for a subquery that is not ordered by a distance.)
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id < q.id
+                    ORDER BY t.id LIMIT 3) n;
+RESET client_min_messages;
+
+DROP TABLE knn_shapes_items, knn_shapes_queries, knn_shapes_empty;
+DROP COLLATION knn_shapes_ci;
