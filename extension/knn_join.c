@@ -17,6 +17,7 @@
 #include "lib/stringinfo.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "optimizer/optimizer.h"
 #include "portability/instr_time.h"
 #include "utils/builtins.h"
 #include "utils/plancache.h"
@@ -99,9 +100,11 @@ read_id(Datum value, Oid type)
 
 /*
  * The prepared text must be exactly one plain SELECT: no data-modifying
- * CTE, no FOR UPDATE/SHARE, no INTO, no other statement.
+ * CTE, no FOR UPDATE/SHARE, no INTO, no other statement. Returns whether
+ * it is free of volatile functions (then it gives the same rows each time
+ * it runs in this snapshot).
  */
-static void
+static bool
 check_plain_select(SPIPlanPtr plan, const char *arg)
 {
 	List	   *sources = SPI_plan_get_plan_sources(plan);
@@ -130,6 +133,7 @@ check_plain_select(SPIPlanPtr plan, const char *arg)
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("%s must be a plain SELECT returning (id, vector)", arg),
 				 errdetail("It locks rows (FOR UPDATE or FOR SHARE).")));
+	return !contain_volatile_functions((Node *) query);
 }
 
 /* The reader of the set's vector column, after checking both columns. */
@@ -161,15 +165,16 @@ check_columns(TupleDesc desc, const char *arg, Oid *id_type)
 /*
  * Runs one set's query (the knn_join argument called `arg`) and appends its
  * rows to the matrix. Rows whose vector is NULL are skipped; a NULL id is an
- * error.
+ * error. Returns whether the query has no volatile function.
  */
-static void
+static bool
 read_set(const char *sql, const char *arg, KnnMatrix *matrix)
 {
 	SPIPlanPtr	plan;
 	Portal		portal;
 	const KnnVectorReader *reader = NULL;
 	Oid			id_type = InvalidOid;
+	bool		stable;
 
 	plan = SPI_prepare(sql, 0, NULL);
 	if (plan == NULL)
@@ -177,7 +182,7 @@ read_set(const char *sql, const char *arg, KnnMatrix *matrix)
 				(errcode(ERRCODE_SYNTAX_ERROR),
 				 errmsg("could not prepare %s: %s", arg,
 						SPI_result_code_string(SPI_result))));
-	check_plain_select(plan, arg);
+	stable = check_plain_select(plan, arg);
 
 	portal = SPI_cursor_open(NULL, plan, NULL, NULL, true);
 	for (;;)
@@ -211,6 +216,7 @@ read_set(const char *sql, const char *arg, KnnMatrix *matrix)
 		SPI_freetuptable(SPI_tuptable);
 	}
 	SPI_cursor_close(portal);
+	return stable;
 }
 
 /* Hands the engine's result back as rows. */
@@ -253,7 +259,8 @@ knn_join(PG_FUNCTION_ARGS)
 	bool		exclude_self;
 	KnnMethod	method = (KnnMethod) named_argument(fcinfo, 5, "method", knn_method_names);
 	KnnMatrix	queries;
-	KnnMatrix	targets;
+	KnnMatrix	target_set;
+	KnnMatrix  *targets = &target_set;
 	KnnProblem	problem;
 	KnnStats	stats;
 	KnnJoinRecord record;
@@ -279,44 +286,53 @@ knn_join(PG_FUNCTION_ARGS)
 
 	INSTR_TIME_SET_CURRENT(start);
 	knn_matrix_init(&queries, "query");
-	knn_matrix_init(&targets, "target");
+	knn_matrix_init(targets, "target");
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	read_set(queries_sql, "queries", &queries);
-	read_set(targets_sql, "targets", &targets);
+
+	/*
+	 * The same text without volatile functions gives the same rows again in
+	 * this snapshot: read it once, and the engine sees one matrix on both
+	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
+	 */
+	if (read_set(queries_sql, "queries", &queries) && strcmp(queries_sql, targets_sql) == 0)
+		targets = &queries;
+	else
+		read_set(targets_sql, "targets", targets);
 	SPI_finish();
 
-	if (queries.n == 0 || targets.n == 0)
+	if (queries.n == 0 || targets->n == 0)
 		PG_RETURN_NULL();
-	if (queries.dim != targets.dim)
+	if (queries.dim != targets->dim)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("query vectors have %d dimensions but target vectors have %d",
-						queries.dim, targets.dim)));
+						queries.dim, targets->dim)));
 	seconds_read = seconds_since(start);
 
 	INSTR_TIME_SET_CURRENT(start);
 	knn_matrix_sort_by_id(&queries);
-	knn_matrix_sort_by_id(&targets);
+	if (targets != &queries)
+		knn_matrix_sort_by_id(targets);
 	seconds_sort = seconds_since(start);
 
 	/* k past the target count returns every target: no need for more slots. */
-	slots = (int32) Min((int64) k, targets.n);
+	slots = (int32) Min((int64) k, targets->n);
 	neighbors = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(int64));
 	distances = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(double));
 
-	knn_matrix_problem(&problem, &queries, &targets, slots);
+	knn_matrix_problem(&problem, &queries, targets, slots);
 	problem.metric = metric;
 	problem.method = method;
 	if (exclude_self)
 	{
 		problem.query_keys = queries.ids;
-		problem.target_keys = targets.ids;
+		problem.target_keys = targets->ids;
 	}
 	knn_run_problem(&problem, neighbors, distances, &stats);
 
 	INSTR_TIME_SET_CURRENT(start);
-	return_rows(rsinfo, &queries, &targets, slots, neighbors, distances);
+	return_rows(rsinfo, &queries, targets, slots, neighbors, distances);
 	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort,
 					 seconds_since(start));
 	PG_RETURN_NULL();

@@ -71,3 +71,30 @@ SELECT knn_gpu_last_stats()->>'device' ~ '^cpu' AS ran_on_cpu, knn_gpu_last_stat
 SELECT count(*) FROM knn_join('SELECT id, v FROM items', 'SELECT id, v FROM items', 2, method => 'brute');
 SELECT knn_gpu_last_stats()->>'method' AS method;
 RESET knn_gpu.device;
+
+-- The same text on both sides, with no volatile function, is read once (one
+-- scan of the table) and joined as a self-join; the result is the one two
+-- reads give. A volatile text is run once per side.
+CREATE TABLE self_rows AS
+SELECT i AS id, format('[%s,%s]', (i * 37) % 101, (i * 11) % 17)::vector AS v
+FROM generate_series(1, 500) i;
+CREATE FUNCTION pg_temp.scans() RETURNS bigint LANGUAGE sql AS
+$$ SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'self_rows' $$;
+BEGIN;
+SELECT pg_temp.scans() AS before \gset
+CREATE TEMP TABLE once AS
+SELECT * FROM knn_join('SELECT id, v FROM self_rows', 'SELECT id, v FROM self_rows', 5, exclude_self => true);
+SELECT pg_temp.scans() - :before AS scans_for_one_text;
+SELECT pg_temp.scans() AS before \gset
+CREATE TEMP TABLE twice AS
+SELECT * FROM knn_join('SELECT id, v FROM self_rows', 'SELECT id, v FROM  self_rows', 5, exclude_self => true);
+SELECT pg_temp.scans() - :before AS scans_for_two_texts;
+SELECT pg_temp.scans() AS before \gset
+SELECT count(*) FROM knn_join('SELECT id, v FROM self_rows WHERE random() >= 0', 'SELECT id, v FROM self_rows WHERE random() >= 0', 5);
+SELECT pg_temp.scans() - :before AS scans_for_a_volatile_text;
+COMMIT;
+SELECT count(*) AS rows,
+       (SELECT count(*) FROM (TABLE once EXCEPT ALL TABLE twice) a) +
+       (SELECT count(*) FROM (TABLE twice EXCEPT ALL TABLE once) b) AS differing
+FROM once;
+DROP TABLE self_rows, once, twice;
