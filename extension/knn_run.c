@@ -14,6 +14,7 @@
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/pmsignal.h"
+#include "utils/wait_event.h"
 
 #include "knn_run.h"
 #include "knn_settings.h"
@@ -135,16 +136,20 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("could not start the KNN join: %s", message)));
 	running_job = job;
+	/* pg_stat_activity shows the wait: wait_event_type "Extension". */
+	pgstat_report_wait_start(PG_WAIT_EXTENSION);
 	PG_TRY();
 	{
 		wait_for_job(job);
 	}
 	PG_CATCH();
 	{
+		pgstat_report_wait_end();
 		stop_running_job();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	pgstat_report_wait_end();
 
 	running_job = NULL;
 	status = knn_job_finish(job, stats, message, sizeof(message));
