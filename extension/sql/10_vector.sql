@@ -47,6 +47,13 @@ BEGIN
 		SELECT 'pg_extension'::regclass, knn.oid, 0, 'pg_extension'::regclass, pgvector.oid, 0, 'n'
 		FROM pg_extension knn, pg_extension pgvector
 		WHERE knn.extname = 'knn_gpu' AND pgvector.extname = 'vector';
+		-- pgvector's operators call no knn_gpu function, so nothing loads
+		-- knn_gpu's planner hook in a new session before its first KNN query.
+		-- (A NOTICE would not be seen: extension scripts run with
+		-- client_min_messages raised to WARNING.)
+		RAISE WARNING 'knn_gpu uses pgvector''s type "vector"'
+			USING DETAIL = 'Until knn_gpu''s library is loaded in a session, LATERAL top-k queries with pgvector''s operators keep PostgreSQL''s plan.',
+				  HINT = 'Load it for every session: ALTER SYSTEM SET session_preload_libraries = ''knn_gpu''; SELECT pg_reload_conf(); (or ALTER DATABASE ... SET, or LOAD ''knn_gpu'' in a session).';
 		RETURN;
 	END IF;
 
