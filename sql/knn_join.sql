@@ -98,3 +98,24 @@ SELECT count(*) AS rows,
        (SELECT count(*) FROM (TABLE twice EXCEPT ALL TABLE once) b) AS differing
 FROM once;
 DROP TABLE self_rows, once, twice;
+
+-- The row estimate: |Q| x min(k, |T|) from the planner's estimates of the
+-- two texts; the default 1000 for a text that does not plan (its error
+-- comes when the join runs).
+CREATE TABLE est_q AS SELECT i AS id, format('[%s,%s]', i, i)::vector AS v FROM generate_series(1, 20) i;
+CREATE TABLE est_t AS SELECT i AS id, format('[%s,%s]', i, i)::vector AS v FROM generate_series(1, 100) i;
+ANALYZE est_q, est_t;
+CREATE FUNCTION pg_temp.estimated_rows(statement text) RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+  plan json;
+BEGIN
+  EXECUTE 'EXPLAIN (FORMAT JSON) ' || statement INTO plan;
+  RETURN (plan->0->'Plan'->>'Plan Rows')::float8;
+END $$;
+SELECT pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM est_q', 'SELECT id, v FROM est_t', 5)$q$) AS k5,
+       pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM est_q', 'SELECT id, v FROM est_t', 500)$q$) AS k500,
+       pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM est_t', 'SELECT id, v FROM est_t', 3, exclude_self => true)$q$) AS self_k3,
+       pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM no_such_table', 'SELECT id, v FROM est_t', 5)$q$) AS no_table,
+       pg_temp.estimated_rows($q$SELECT * FROM knn_join('DELETE FROM est_q RETURNING id, v', 'SELECT id, v FROM est_t', 5)$q$) AS not_select;
+SELECT count(*) AS rows_left FROM est_q;
+DROP TABLE est_q, est_t;

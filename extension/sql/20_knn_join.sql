@@ -1,5 +1,11 @@
 -- knn_join: for every row of a query set, the k nearest rows of a target set.
 
+-- Its row estimate: |Q| x min(k, |T|) from the planner's estimates of the
+-- two query texts (ROWS 1000 where they do not plan).
+CREATE FUNCTION knn_join_support(internal) RETURNS internal
+AS 'MODULE_PATHNAME', 'knn_join_support'
+LANGUAGE C STRICT;
+
 CREATE FUNCTION knn_join(
     queries text,
     targets text,
@@ -9,7 +15,7 @@ CREATE FUNCTION knn_join(
     method text DEFAULT 'auto')
 RETURNS TABLE (query_id bigint, target_id bigint, rank integer, distance double precision)
 AS 'MODULE_PATHNAME', 'knn_join'
-LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1000;
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1000 SUPPORT knn_join_support;
 
 COMMENT ON FUNCTION knn_join(text, text, integer, text, boolean, text) IS
 'Exact k-nearest-neighbour join. queries and targets are SQL queries returning (integer id, vector | real[] | double precision[]); metric is l2, cosine, ip or l1; exclude_self drops pairs with equal ids; method is auto, ti or brute.';

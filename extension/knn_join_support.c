@@ -1,0 +1,123 @@
+/*
+ * knn_join_support.c -- the planner support function of knn_join(): its
+ * row estimate, |Q| x min(k, |T|), from the planner's own estimates of the
+ * two query texts, instead of a fixed ROWS 1000.
+ *
+ * The texts are planned in a subtransaction, rolled back once the estimate
+ * is read: a text that does not plan (a syntax error, a missing table)
+ * leaves the default estimate, and the error comes, as before, when
+ * knn_join runs. Only a cancel is passed on.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "fmgr.h"
+#include "nodes/supportnodes.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/resowner.h"
+
+/* The planner's row estimate of one plain SELECT text, or -1. */
+static double
+planned_rows(const char *sql)
+{
+	List	   *raw;
+	List	   *queries;
+	Query	   *query;
+
+	raw = pg_parse_query(sql);
+	if (list_length(raw) != 1)
+		return -1;
+	queries = pg_analyze_and_rewrite_fixedparams(linitial_node(RawStmt, raw), sql,
+												 NULL, 0, NULL);
+	if (list_length(queries) != 1)
+		return -1;
+	query = linitial_node(Query, queries);
+	if (query->commandType != CMD_SELECT || query->utilityStmt != NULL ||
+		query->hasModifyingCTE || query->rowMarks != NIL)
+		return -1;
+	return pg_plan_query(query, sql, 0, NULL)->planTree->plan_rows;
+}
+
+/* planned_rows() in a subtransaction: -1 for any error but a cancel. */
+static double
+estimate_rows(const char *sql)
+{
+	MemoryContext context = CurrentMemoryContext;
+	ResourceOwner owner = CurrentResourceOwner;
+	double		rows = -1;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(context);
+	PG_TRY();
+	{
+		rows = planned_rows(sql);
+		/* Nothing of it is kept: give back its locks too. */
+		RollbackAndReleaseCurrentSubTransaction();
+	}
+	PG_CATCH();
+	{
+		ErrorData  *error;
+
+		MemoryContextSwitchTo(context);
+		error = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(context);
+		CurrentResourceOwner = owner;
+		if (error->sqlerrcode == ERRCODE_QUERY_CANCELED)
+			ReThrowError(error);
+		FreeErrorData(error);
+		rows = -1;
+	}
+	PG_END_TRY();
+	MemoryContextSwitchTo(context);
+	CurrentResourceOwner = owner;
+	return rows;
+}
+
+/* The text of a constant, non-null text argument, or NULL. */
+static char *
+constant_text(Node *arg)
+{
+	if (arg == NULL || !IsA(arg, Const) || ((Const *) arg)->constisnull)
+		return NULL;
+	return TextDatumGetCString(((Const *) arg)->constvalue);
+}
+
+PG_FUNCTION_INFO_V1(knn_join_support);
+Datum
+knn_join_support(PG_FUNCTION_ARGS)
+{
+	Node	   *request = (Node *) PG_GETARG_POINTER(0);
+	SupportRequestRows *rows_request;
+	FuncExpr   *call;
+	char	   *queries;
+	char	   *targets;
+	Node	   *k;
+	double		n_queries;
+	double		n_targets;
+
+	if (!IsA(request, SupportRequestRows))
+		PG_RETURN_POINTER(NULL);
+	rows_request = (SupportRequestRows *) request;
+	if (!IsA(rows_request->node, FuncExpr))
+		PG_RETURN_POINTER(NULL);
+	call = (FuncExpr *) rows_request->node;
+	if (list_length(call->args) < 3)
+		PG_RETURN_POINTER(NULL);
+	queries = constant_text(linitial(call->args));
+	targets = constant_text(lsecond(call->args));
+	k = lthird(call->args);
+	if (queries == NULL || targets == NULL || !IsA(k, Const) || ((Const *) k)->constisnull ||
+		DatumGetInt32(((Const *) k)->constvalue) < 1)
+		PG_RETURN_POINTER(NULL);
+
+	n_queries = estimate_rows(queries);
+	n_targets = strcmp(queries, targets) == 0 ? n_queries : estimate_rows(targets);
+	if (n_queries < 0 || n_targets < 0)
+		PG_RETURN_POINTER(NULL);
+	rows_request->rows = Max(1.0, n_queries * Min((double) DatumGetInt32(((Const *) k)->constvalue),
+												  n_targets));
+	PG_RETURN_POINTER(rows_request);
+}
