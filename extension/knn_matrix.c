@@ -198,3 +198,22 @@ knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatri
 	problem->dim = queries->dim;
 	problem->k = k;
 }
+
+bool
+knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b)
+{
+	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, a->dim));
+
+	if (a->n != b->n || a->dim != b->dim)
+		return false;
+	for (int64 first = 0; first < a->n; first += rows_per_slice)
+	{
+		int64		rows = Min(rows_per_slice, a->n - first);
+
+		CHECK_FOR_INTERRUPTS();
+		if (memcmp(a->values + first * a->dim, b->values + first * b->dim,
+				   (Size) rows * a->dim * sizeof(float)) != 0)
+			return false;
+	}
+	return true;
+}

@@ -41,6 +41,9 @@ extern void knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *
 extern void knn_matrix_sort_by_id(KnnMatrix *m);
 extern void knn_matrix_free(KnnMatrix *m);
 
+/* Do both hold the same rows, bit for bit, in the same order? */
+extern bool knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b);
+
 /* A problem of k neighbours of the queries' rows among the targets' rows. */
 extern void knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries,
 							   const KnnMatrix *targets, int32 k);

@@ -503,6 +503,15 @@ run_engine(KnnJoinState *state, int64 wanted)
 		problem.query_keys = query_keys;
 		problem.target_keys = target_keys;
 	}
+
+	/*
+	 * A self-join of one table reads the same vectors, in the same order, on
+	 * both sides: one matrix tells the engine so (shared clustering, the
+	 * symmetric Gram matrix). The result cannot differ: the values are the
+	 * same bits.
+	 */
+	if (knn_matrix_same_values(&queries, &targets))
+		problem.targets = problem.queries;
 	knn_run_problem(&problem, state->neighbors, state->distances, &stats);
 
 	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);

@@ -384,5 +384,25 @@ SELECT * FROM pg_temp.knn_check($$
 	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_scan_items t
 	                    ORDER BY t.v <-> q.v LIMIT -1) n $$);
 
+-- A self-join of one table: both sides read the same vectors in the same
+-- order, so the engine gets one matrix (with the CPU's TI join, one shared
+-- clustering); the rows are the nested loop's (ties by id: the data has
+-- equal distances at the k-th place).
+SET knn_gpu.device = cpu;
+CREATE TABLE knn_scan_self AS
+SELECT i AS id, format('[%s,%s,%s]', (i * 37) % 1001, (i * 11) % 997, (i * 7) % 89)::vector AS v
+FROM generate_series(1, 3000) i;
+ANALYZE knn_scan_self;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.id AS qid, n.id AS nid, n.dist
+	FROM knn_scan_self q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_scan_self t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 4) n $$);
+SELECT count(*) FROM knn_scan_self q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_scan_self t ORDER BY t.v <-> q.v, t.id LIMIT 4) n;
+SELECT s->>'method' <> 'ti' OR s->>'variant' LIKE '%shared-clusters%' AS one_matrix
+FROM knn_gpu_last_stats() s;
+RESET knn_gpu.device;
+
 DROP TABLE knn_scan_items, knn_scan_queries, knn_scan_parts, knn_scan_mixed,
-	knn_scan_no_vectors, knn_scan_empty;
+	knn_scan_no_vectors, knn_scan_empty, knn_scan_self;
