@@ -16,7 +16,9 @@
 // Per data set: a self-join with self-match exclusion (keys = row ids,
 // the all-kNN graph), timed for each of --methods: brute, ti, auto on the
 // GPU; cpu (= cpu-auto), cpu-ti, cpu-brute on the CPU engine with
-// --threads threads (CPU runs only up to --cpu-max-rows rows: the CPU is
+// --threads threads, and cpu-blas / cpu-avx2 (the CPU brute force forced
+// to its SGEMM or its AVX2 variant, through knn::cpu_run_tuned, which SQL
+// cannot reach) (CPU runs only up to --cpu-max-rows rows: the CPU is
 // the slow reference). The GPU module is looked for in --module-dir. Every
 // result is compared bit for bit with a reference run: CPU brute force,
 // else another CPU run, else GPU brute force. Prints a table; writes JSON.
@@ -31,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_tuning.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
 
@@ -91,9 +94,18 @@ bool load_idx(const std::string &path, int64_t max_rows, DataSet *d) {
   return ok;
 }
 
+// One entry of --methods.
+struct Config {
+  KnnDevice device = KNN_DEVICE_CPU;
+  KnnMethod method = KNN_METHOD_AUTO;
+  knn::CpuTuning::Variant forced = knn::CpuTuning::Variant::kAuto;
+  std::string name;  // "auto", "ti", "brute", "blas", "avx2"
+};
+
 struct Run {
   KnnDevice device = KNN_DEVICE_CPU;
   KnnMethod method = KNN_METHOD_AUTO;
+  std::string method_name;
   std::string label;  // "gpu ti", "cpu brute", ...
   std::vector<double> seconds;
   KnnStatus status = KNN_OK;
@@ -112,10 +124,28 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-KnnStatus run_once(const KnnProblem &p, std::vector<int64_t> *nb, std::vector<double> *dist,
-                   KnnStats *stats, std::string *error, double *seconds) {
+// A forced CPU variant runs on this thread (cpu_run_tuned), not as a job.
+KnnStatus run_tuned(const KnnProblem &p, knn::CpuTuning::Variant forced,
+                    std::vector<int64_t> *nb, std::vector<double> *dist, KnnStats *stats,
+                    std::string *error, double *seconds) {
+  knn::CpuTuning tuning;
+  tuning.variant = forced;
+  char err[512] = "";
+  const auto t0 = std::chrono::steady_clock::now();
+  const KnnStatus st =
+      knn::cpu_run_tuned(p, tuning, nb->data(), dist->data(), stats, nullptr, err, sizeof err);
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *error = err;
+  return st;
+}
+
+KnnStatus run_once(const KnnProblem &p, knn::CpuTuning::Variant forced,
+                   std::vector<int64_t> *nb, std::vector<double> *dist, KnnStats *stats,
+                   std::string *error, double *seconds) {
   nb->assign(static_cast<size_t>(p.n_queries) * p.k, -7);
   dist->assign(nb->size(), -7.0);
+  if (forced != knn::CpuTuning::Variant::kAuto)
+    return run_tuned(p, forced, nb, dist, stats, error, seconds);
   char err[512] = "";
   const auto t0 = std::chrono::steady_clock::now();
   KnnJob *job = knn_job_start(&p, nb->data(), dist->data(), err, sizeof err);
@@ -159,7 +189,7 @@ struct Options {
   int64_t cpu_max_rows = 100000;
   std::string out_path = "bench/results/knn_bench.json";
   KnnMetric metric = KNN_METRIC_L2;
-  std::vector<std::pair<KnnDevice, KnnMethod>> configs;
+  std::vector<Config> configs;
   std::vector<std::string> sets = {"3DNet_head5000", "arcene", "keggD_std", "kegg_std", "blog",
                                    "fashion-mnist", "skin", "ipums", "kdd"};
 };
@@ -172,19 +202,28 @@ std::vector<std::string> split(const std::string &list) {
   return items;
 }
 
-// "brute", "ti", "auto": the GPU; "cpu" or "cpu-METHOD": the CPU engine.
+// "brute", "ti", "auto": the GPU; "cpu" or "cpu-METHOD": the CPU engine;
+// "cpu-blas", "cpu-avx2": a forced CPU brute-force variant.
 bool parse_methods(const std::string &list, Options *o) {
   o->configs.clear();
   for (const std::string &item : split(list)) {
+    Config c;
     const bool cpu = item.compare(0, 3, "cpu") == 0;
-    const std::string name = !cpu ? item : item == "cpu" ? "auto" : item.substr(4);
-    KnnMethod method;
-    if ((cpu && item != "cpu" && item[3] != '-') || !knn_method_parse(name.c_str(), &method)) {
-      std::fprintf(stderr, "unknown method %s (%s, each optionally cpu-)\n", item.c_str(),
-                   knn_method_list());
+    c.device = cpu ? KNN_DEVICE_CPU : KNN_DEVICE_GPU;
+    c.name = !cpu ? item : item == "cpu" ? "auto" : item.substr(4);
+    if (cpu && (c.name == "blas" || c.name == "avx2")) {
+      c.method = KNN_METHOD_BRUTE;
+      c.forced = c.name == "blas" ? knn::CpuTuning::Variant::kBlas
+                                  : knn::CpuTuning::Variant::kAvx2;
+    } else if ((cpu && item != "cpu" && item[3] != '-') ||
+               !knn_method_parse(c.name.c_str(), &c.method)) {
+      std::fprintf(stderr, "unknown method %s (%s, each optionally cpu-; cpu-blas, cpu-avx2)\n",
+                   item.c_str(), knn_method_list());
       return false;
+    } else {
+      c.name = knn_method_name(c.method);
     }
-    o->configs.push_back({cpu ? KNN_DEVICE_CPU : KNN_DEVICE_GPU, method});
+    o->configs.push_back(c);
   }
   return true;
 }
@@ -218,30 +257,34 @@ bool parse_options(int argc, char **argv, Options *o) {
 }
 
 // Times one engine and method on a prepared problem.
-Run time_config(KnnProblem p, KnnDevice device, KnnMethod method, int repeat) {
+Run time_config(KnnProblem p, const Config &c, int repeat) {
   Run r;
+  const KnnDevice device = c.device;
   r.device = p.device = device;
-  r.method = p.method = method;
-  r.label = std::string(knn_device_name(device)) + " " + knn_method_name(method);
+  r.method = p.method = c.method;
+  r.method_name = c.name;
+  r.label = std::string(knn_device_name(device)) + " " + c.name;
   // One untimed GPU run first: module load, context and handles.
-  const int tries = device == KNN_DEVICE_GPU ? repeat + 1 : 1;
+  const int tries = device == KNN_DEVICE_GPU ? repeat + 1 : repeat;
   for (int t = 0; t < tries; t++) {
     double s = 0;
-    r.status = run_once(p, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
+    r.status = run_once(p, c.forced, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
     if (r.status != KNN_OK) break;
     if (device != KNN_DEVICE_GPU || t > 0) r.seconds.push_back(s);
   }
   return r;
 }
 
-// Every run against the reference: CPU brute, else a CPU run, else GPU brute.
+// Every run against the reference: CPU brute (the AVX2 one first), else a
+// CPU run, else GPU brute.
 bool verify(std::vector<Run> *runs) {
   const Run *ref = nullptr;
   int best = 0;
   for (const Run &r : *runs) {
     if (r.status != KNN_OK) continue;
     const bool brute = r.method == KNN_METHOD_BRUTE, cpu = r.device == KNN_DEVICE_CPU;
-    const int rank = cpu && brute ? 3 : cpu ? 2 : brute ? 1 : 0;
+    const int rank = cpu && r.method_name == "avx2" ? 4 : cpu && brute ? 3 : cpu ? 2
+                     : brute ? 1 : 0;
     if (rank > best) {
       best = rank;
       ref = &r;
@@ -271,7 +314,7 @@ std::string table_line(const DataSet &d, const Run &r) {
 
 void write_json_run(std::ostream &json, const Run &r) {
   json << "\n      {\"engine\": \"" << knn_device_name(r.device) << "\", \"method\": \""
-       << knn_method_name(r.method) << "\", \"status\": " << r.status << ", \"error\": \""
+       << r.method_name << "\", \"status\": " << r.status << ", \"error\": \""
        << json_escape(r.error) << "\", \"seconds\": [";
   for (size_t i = 0; i < r.seconds.size(); i++) json << (i ? ", " : "") << r.seconds[i];
   json << "], \"median\": " << (r.seconds.empty() ? 0.0 : median(r.seconds))
@@ -301,9 +344,9 @@ bool bench_set(const Options &o, bool have_gpu, const DataSet &d, std::ostream &
   p.query_keys = p.target_keys = keys.data();
 
   std::vector<Run> runs;
-  for (const auto &[device, method] : o.configs) {
-    if (device == KNN_DEVICE_GPU ? !have_gpu : d.rows > o.cpu_max_rows) continue;
-    runs.push_back(time_config(p, device, method, o.repeat));
+  for (const Config &c : o.configs) {
+    if (c.device == KNN_DEVICE_GPU ? !have_gpu : d.rows > o.cpu_max_rows) continue;
+    runs.push_back(time_config(p, c, o.repeat));
     const Run &r = runs.back();
     std::printf("%-18s %-9s %8.4f s  %s %s %s\n", d.name.c_str(), r.label.c_str(),
                 median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
@@ -330,7 +373,7 @@ int main(int argc, char **argv) {
     std::fprintf(stderr,
                  "usage: %s DATA_DIR [--k 20] [--repeat 2] [--out FILE] [--sets a,b] "
                  "[--cpu-max-rows N] [--metric l2|cosine|ip|l1] "
-                 "[--methods brute,ti,auto,cpu,cpu-ti,cpu-brute] [--threads N] "
+                 "[--methods brute,ti,auto,cpu,cpu-ti,cpu-brute,cpu-blas,cpu-avx2] [--threads N] "
                  "[--module-dir DIR]\n",
                  argv[0]);
     return 2;

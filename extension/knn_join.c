@@ -345,7 +345,10 @@ knn_gpu_info(PG_FUNCTION_ARGS)
 	char		line[512];
 
 	if (knn_gpu_device == KNN_DEVICE_CPU)
-		snprintf(line, sizeof(line), "cpu: knn_gpu.device = cpu");
+	{
+		knn_engine_describe_cpu(line, sizeof(line));
+		strlcat(line, " (knn_gpu.device = cpu)", sizeof(line));
+	}
 	else
 		knn_engine_describe(line, sizeof(line));
 	PG_RETURN_TEXT_P(cstring_to_text(line));

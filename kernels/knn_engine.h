@@ -159,6 +159,12 @@ void		knn_engine_set_module_dir(const char *dir);
 int			knn_engine_describe(char *buf, size_t len);
 
 /*
+ * The CPU engine's line alone, without looking for a GPU, e.g.
+ * "cpu: 2 threads, BLAS: OpenBLAS 0.3.21 (libopenblas.so.0)".
+ */
+void		knn_engine_describe_cpu(char *buf, size_t len);
+
+/*
  * Every entry above is safe to call from C: none lets a C++ exception out
  * and none returns without a status (or NULL) and a message.
  */

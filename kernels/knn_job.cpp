@@ -234,15 +234,28 @@ int knn_engine_describe(char *buf, size_t len) {
   knn::guarded("knn_engine_describe", buf, len, [&] {
     const GpuModule &m = gpu();
     usable = m.usable ? 1 : 0;
-    const unsigned threads =
-        std::min(std::thread::hardware_concurrency(), unsigned{KNN_MAX_THREADS});
-    if (m.usable)
+    if (len == 0) return KNN_OK;
+    if (m.usable) {
       std::snprintf(buf, len, "gpu: %s", m.description);
-    else
-      std::snprintf(buf, len, "cpu: %u threads (%s)", std::max(threads, 1u), m.description);
+    } else {
+      knn_engine_describe_cpu(buf, len);
+      const size_t used = std::strlen(buf);
+      std::snprintf(buf + used, len - used, " (%s)", m.description);
+    }
     return KNN_OK;
   });
   return usable;
+}
+
+void knn_engine_describe_cpu(char *buf, size_t len) {
+  if (buf == nullptr || len == 0) return;
+  knn::guarded("knn_engine_describe_cpu", buf, len, [&] {
+    const unsigned threads =
+        std::min(std::thread::hardware_concurrency(), unsigned{KNN_MAX_THREADS});
+    std::snprintf(buf, len, "cpu: %u threads, BLAS: %s", std::max(threads, 1u),
+                  knn::cpu_blas_description());
+    return KNN_OK;
+  });
 }
 
 }  // extern "C"

@@ -7,7 +7,7 @@ PG_BIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-# PostgreSQL 15 server + headers, a compiler and GoogleTest, from apt.
+# PostgreSQL 15 server + headers, a compiler, GoogleTest and OpenBLAS, from apt.
 knn_install_prerequisites() {
   local missing=()
   [ -x "$PG_BIN/postgres" ] || missing+=(postgresql-15)
@@ -16,6 +16,8 @@ knn_install_prerequisites() {
   command -v make >/dev/null || missing+=(make)
   [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/aarch64-linux-gnu/libgtest.a ] || missing+=(libgtest-dev)
   command -v xz >/dev/null || missing+=(xz-utils)
+  # The CPU engine's SGEMM brute force (loaded at run time; optional).
+  ls /usr/lib/*/libopenblas.so.0 >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "== installing ${missing[*]}"
     as_root apt-get update -qq

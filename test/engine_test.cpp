@@ -28,7 +28,11 @@
 #include <thread>
 #include <vector>
 
+#include <sys/resource.h>
+
+#include "cpu/blas_library.h"
 #include "cpu/cpu_engine.h"
+#include "cpu/cpu_tuning.h"
 #include "cpu/lane_sums.h"
 #include "cpu/parallel_for.h"
 #include "cpu/top_k.h"
@@ -614,7 +618,11 @@ TEST(CpuEngine, StatsDescribeTheRun) {
   ASSERT_EQ(brute.status, KNN_OK);
   EXPECT_STREQ(brute.stats.device_name, "cpu (1 thread)");
   EXPECT_EQ(brute.stats.method, KNN_METHOD_BRUTE);
-  EXPECT_EQ(brute.stats.distance_computations, brute.stats.pairs);
+  // The AVX2 loop computes every pair; the SGEMM one re-ranks candidates.
+  if (std::string(brute.stats.variant).rfind("blas", 0) == 0)
+    EXPECT_LE(brute.stats.distance_computations, brute.stats.pairs);
+  else
+    EXPECT_EQ(brute.stats.distance_computations, brute.stats.pairs);
 
   // Inner product and cosine always run brute force.
   EngineRun ip = run_engine(make_problem(data, data, 10, KNN_METRIC_IP, KNN_METHOD_TI, 1));
@@ -624,15 +632,18 @@ TEST(CpuEngine, StatsDescribeTheRun) {
   EngineRun auto_ti = run_engine(make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_AUTO, 2));
   EXPECT_EQ(auto_ti.stats.method, KNN_METHOD_TI);
   // ... and hands over to brute force after sampling where it cannot
-  // (uniform data in 64 dimensions), with the same results.
+  // (uniform data in 64 dimensions), with the same results; where the
+  // SGEMM brute force is far faster than the AVX2 one it skips sampling.
   const Matrix uniform = make_data(DataKind::kUniform, 1500, 64, rng);
   const KnnProblem p = make_problem(uniform, uniform, 10, KNN_METRIC_L2, KNN_METHOD_AUTO, 2);
   EngineRun declined = run_engine(p);
   ASSERT_EQ(declined.status, KNN_OK);
   EXPECT_EQ(declined.stats.method, KNN_METHOD_BRUTE);
-  EXPECT_NE(std::string(declined.stats.variant).find("ti sample"), std::string::npos)
-      << declined.stats.variant;
-  EXPECT_GT(declined.stats.seconds_cluster, 0.0);
+  if (std::string(declined.stats.variant).rfind("blas", 0) != 0) {
+    EXPECT_NE(std::string(declined.stats.variant).find("ti sample"), std::string::npos)
+        << declined.stats.variant;
+    EXPECT_GT(declined.stats.seconds_cluster, 0.0);
+  }
   EXPECT_TRUE(same_result(reference_join(p), declined.result, p.k));
 }
 
@@ -882,6 +893,14 @@ std::string every_signal_blocked() {
   return mask;
 }
 
+// A thread caught while pthread_create starts it blocks even glibc's
+// internal signals for a moment: a superset of `all` counts as blocked.
+bool blocks_at_least(const std::string &mask, const std::string &all) {
+  if (mask.empty() || all.empty()) return false;
+  const unsigned long long m = std::stoull(mask, nullptr, 16), a = std::stoull(all, nullptr, 16);
+  return (m & a) == a;
+}
+
 bool same_mask(const sigset_t &a, const sigset_t &b) {
   for (int sig = 1; sig < NSIG; sig++)
     if (sigismember(&a, sig) != sigismember(&b, sig)) return false;
@@ -910,10 +929,11 @@ TEST(EngineThreads, StartWithEverySignalBlocked) {
   EXPECT_EQ(worker_masks[1], all);
   EXPECT_EQ(worker_masks[2], all);
 
-  // The job API: every thread but this one while a long join runs.
+  // The job API: every thread but this one while a long join runs (L1:
+  // the AVX2 loop, slow enough to look at), OpenBLAS's threads included.
   std::mt19937_64 rng(15);
   const Matrix wide = make_data(DataKind::kUniform, 6000, 256, rng);
-  const KnnProblem p = make_problem(wide, wide, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2);
+  const KnnProblem p = make_problem(wide, wide, 10, KNN_METRIC_L1, KNN_METHOD_BRUTE, 2);
   std::vector<int64_t> n(p.n_queries * p.k);
   std::vector<double> d(p.n_queries * p.k);
   sigset_t before, after;
@@ -938,7 +958,188 @@ TEST(EngineThreads, StartWithEverySignalBlocked) {
   knn_job_cancel(job);
   knn_job_finish(job, nullptr, err, sizeof err);
   EXPECT_GE(masks.size(), 2u);  // the job thread and its second worker
-  for (const std::string &mask : masks) EXPECT_EQ(mask, all);
+  for (const std::string &mask : masks) EXPECT_TRUE(blocks_at_least(mask, all)) << mask;
+}
+
+// ------------------------------------------------- the SGEMM brute force --
+
+EngineRun run_tuned(const KnnProblem &p, const knn::CpuTuning &tuning,
+                    const int32_t *cancel = nullptr) {
+  EngineRun run;
+  run.result.neighbors.assign(std::max<int64_t>(1, p.n_queries * p.k), -7);
+  run.result.distances.assign(std::max<int64_t>(1, p.n_queries * p.k), -7.0);
+  char error[256] = "";
+  run.status = knn::cpu_run_tuned(p, tuning, run.result.neighbors.data(),
+                                  run.result.distances.data(), &run.stats, cancel, error,
+                                  sizeof error);
+  run.error = error;
+  run.result.neighbors.resize(p.n_queries * p.k);
+  run.result.distances.resize(p.n_queries * p.k);
+  return run;
+}
+
+#define SKIP_WITHOUT_BLAS()                                                         \
+  if (!knn::cpu::blas_library().usable()) {                                         \
+    GTEST_SKIP() << "no optimised BLAS (apt-get install libopenblas0-pthread): "   \
+                 << knn::cpu::blas_library().description;                          \
+  }
+
+knn::CpuTuning forced(knn::CpuTuning::Variant variant, bool symmetric = true,
+                      int64_t block_rows = 0) {
+  knn::CpuTuning t;
+  t.variant = variant;
+  t.symmetric = symmetric;
+  t.block_rows = block_rows;
+  return t;
+}
+
+// The SGEMM variant (symmetric or not, small and default tiles) against the
+// reference and the AVX2 variant, bit for bit, on random shapes up to 2048
+// dimensions, every metric, ties, duplicates, exclusion keys and k > n.
+TEST(BlasBruteForce, MatchesReferenceAndAvx2) {
+  SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(21);
+  const DataKind kinds[] = {DataKind::kUniform, DataKind::kBlobs, DataKind::kDuplicates,
+                            DataKind::kGrid, DataKind::kNearTies};
+  const int dims[] = {1, 3, 8, 17, 64, 100, 300, 784, 2048};
+  for (int round = 0; round < 24; round++) {
+    const DataKind kind = kinds[round % 5];
+    const int dim = dims[rng() % 9];
+    const int64_t rows = 1 + static_cast<int64_t>(rng() % (dim > 500 ? 300 : 700));
+    const Matrix data = make_data(kind, rows, dim, rng);
+    const bool self = round % 3 != 0;
+    const Matrix queries = self ? data : take_rows(data, 0, std::max<int64_t>(1, rows / 2));
+    const int k = static_cast<int>(1 + rng() % (round % 4 == 0 ? rows + 5 : 25));
+    std::vector<int64_t> keys(rows);
+    for (int64_t i = 0; i < rows; i++) keys[i] = round % 2 ? i : i / 3;  // repeated keys too
+    for (KnnMetric metric : kMetrics) {
+      KnnProblem p = make_problem(queries, data, k, metric, KNN_METHOD_BRUTE, 2);
+      if (self && round % 4 != 3) p.query_keys = p.target_keys = keys.data();
+      const Result expected = reference_join(p);
+      const EngineRun avx2 = run_tuned(p, forced(knn::CpuTuning::Variant::kAvx2));
+      ASSERT_EQ(avx2.status, KNN_OK) << avx2.error;
+      for (int v = 0; v < 3; v++) {
+        const knn::CpuTuning t =
+            forced(knn::CpuTuning::Variant::kBlas, v != 1, v == 2 ? 0 : 1 + rng() % 40);
+        const EngineRun blas = run_tuned(p, t);
+        ASSERT_EQ(blas.status, KNN_OK) << blas.error;
+        const std::string what = std::string(kind_name(kind)) + " rows " +
+                                 std::to_string(rows) + " dim " + std::to_string(dim) + " k " +
+                                 std::to_string(k) + " " + knn_metric_name(metric) +
+                                 " variant " + blas.stats.variant;
+        EXPECT_TRUE(same_result(expected, blas.result, k)) << what;
+        EXPECT_TRUE(same_result(avx2.result, blas.result, k)) << what;
+        if (metric == KNN_METRIC_L1) {
+          EXPECT_STREQ(blas.stats.variant, "blocked/avx2");
+        }
+      }
+    }
+  }
+}
+
+// Many exact copies: candidate lists overflow and those queries are redone
+// exactly; huge values leave the bound's range and the AVX2 loop runs.
+TEST(BlasBruteForce, OverflowAndRangeFallBackExactly) {
+  SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(22);
+  Matrix data = make_data(DataKind::kBlobs, 600, 40, rng);
+  for (int64_t i = 1; i < 400; i++) std::memcpy(data.row(i), data.row(0), sizeof(float) * 40);
+  for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP}) {
+    const KnnProblem p = make_problem(data, data, 3, metric, KNN_METHOD_BRUTE, 2);
+    const EngineRun blas = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas));
+    ASSERT_EQ(blas.status, KNN_OK) << blas.error;
+    EXPECT_TRUE(same_result(reference_join(p), blas.result, p.k)) << knn_metric_name(metric);
+  }
+  Matrix huge = make_data(DataKind::kUniform, 50, 16, rng);
+  huge.row(7)[3] = 3e37f;
+  Matrix zero = make_data(DataKind::kUniform, 50, 16, rng);
+  std::fill(zero.row(5), zero.row(6), 0.0f);  // cosine: NaN distances
+  Matrix tiny = make_data(DataKind::kUniform, 50, 16, rng);
+  tiny.row(9)[2] = 1e-40f;  // subnormal: a BLAS may read it as 0
+  for (const Matrix *m : {&huge, &zero, &tiny})
+    for (KnnMetric metric : kMetrics) {
+      const KnnProblem p = make_problem(*m, *m, 4, metric, KNN_METHOD_BRUTE, 2);
+      const EngineRun blas = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas));
+      ASSERT_EQ(blas.status, KNN_OK) << blas.error;
+      EXPECT_TRUE(same_result(reference_join(p), blas.result, p.k)) << knn_metric_name(metric);
+      if (m == &tiny) {
+        EXPECT_STREQ(blas.stats.variant, "blocked/avx2");
+      }
+    }
+}
+
+// A cancel stops a BLAS-heavy join between tiles, within 50 ms.
+TEST(BlasBruteForce, CancelStopsWithin50ms) {
+  SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(23);
+  const Matrix wide = make_data(DataKind::kUniform, 20000, 784, rng);
+  double best_ms = 1e9;
+  for (int delay_ms : {20, 150, 400}) {
+    for (bool symmetric : {true, false}) {
+      const KnnProblem p = make_problem(wide, wide, 20, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2);
+      int32_t cancel = 0;
+      Clock::time_point cancelled_at;
+      std::thread canceller([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+        cancelled_at = Clock::now();
+        __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+      });
+      const EngineRun run =
+          run_tuned(p, forced(knn::CpuTuning::Variant::kBlas, symmetric), &cancel);
+      const Clock::time_point returned = Clock::now();
+      canceller.join();
+      EXPECT_EQ(run.status, KNN_CANCELLED) << "delay " << delay_ms;
+      const double ms = std::chrono::duration<double, std::milli>(returned - cancelled_at).count();
+      RecordProperty("blas_cancel_latency_ms", std::to_string(ms));
+      EXPECT_LT(ms, 250.0) << "delay " << delay_ms;  // a loaded CI machine
+      best_ms = std::min(best_ms, ms);
+    }
+  }
+  EXPECT_LT(best_ms, 50.0);
+}
+
+double process_cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// knn_gpu.threads bounds the BLAS too: one thread uses one core, and every
+// thread OpenBLAS started has every signal blocked.
+TEST(BlasBruteForce, ThreadBoundAndSignalMasks) {
+  SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(24);
+  const Matrix data = make_data(DataKind::kUniform, 6000, 512, rng);
+  const KnnProblem p = make_problem(data, data, 10, KNN_METRIC_L2, KNN_METHOD_BRUTE, 1);
+  const double cpu0 = process_cpu_seconds();
+  const Clock::time_point t0 = Clock::now();
+  const EngineRun run = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas));
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double cpu = process_cpu_seconds() - cpu0;
+  ASSERT_EQ(run.status, KNN_OK) << run.error;
+  EXPECT_STREQ(run.stats.device_name, "cpu (1 thread)");
+  EXPECT_LT(cpu, 1.25 * wall + 0.02) << "cpu " << cpu << " s in " << wall << " s";
+
+  const std::string all = every_signal_blocked();
+  const std::string self = std::to_string(static_cast<long>(syscall(SYS_gettid)));
+  DIR *tasks = opendir("/proc/self/task");
+  ASSERT_NE(tasks, nullptr);
+  while (const dirent *e = readdir(tasks))
+    if (e->d_name[0] != '.' && self != e->d_name) {
+      const std::string mask =
+          blocked_signals(std::string("/proc/self/task/") + e->d_name + "/status");
+      EXPECT_TRUE(blocks_at_least(mask, all)) << "thread " << e->d_name << ": " << mask;
+    }
+  closedir(tasks);
+}
+
+// knn_gpu_info()'s line names the BLAS.
+TEST(BlasBruteForce, DescribeNamesTheBlas) {
+  char line[512] = "";
+  knn_engine_describe(line, sizeof line);
+  EXPECT_NE(std::string(line).find("BLAS: "), std::string::npos) << line;
+  EXPECT_NE(std::string(line).find(knn::cpu::blas_library().description), std::string::npos)
+      << line;
 }
 
 // ------------------------------------------------------------ vocabulary --

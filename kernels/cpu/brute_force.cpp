@@ -32,7 +32,8 @@ int64_t target_tile_rows(int dim) {
   return std::max<int64_t>(8, rows / 8 * 8);
 }
 
-// knn_dot(x, x) of every row, the norms cosine needs (computed once).
+}  // namespace
+
 std::vector<float> squared_norms(const float *rows, int64_t n, int dim,
                                  const JoinInput &input) {
   std::vector<float> norms(static_cast<size_t>(n));
@@ -46,10 +47,14 @@ std::vector<float> squared_norms(const float *rows, int64_t n, int dim,
   return norms;
 }
 
-}  // namespace
 
 bool brute_force_join(const JoinInput &input, const JoinOutput &output,
                       JoinReport *report) {
+  return brute_force_queries(input, output, nullptr, input.n_queries, report);
+}
+
+bool brute_force_queries(const JoinInput &input, const JoinOutput &output,
+                         const int64_t *query_rows, int64_t n_rows, JoinReport *report) {
   const auto start = std::chrono::steady_clock::now();
   const int dim = input.dim;
   const int64_t k = input.k;
@@ -65,7 +70,8 @@ bool brute_force_join(const JoinInput &input, const JoinOutput &output,
   const int64_t tile_rows = target_tile_rows(dim);
   const int64_t capacity = std::min<int64_t>(k, std::max<int64_t>(1, input.n_targets));
   const int64_t block_size = query_block(capacity);
-  const int64_t n_blocks = (input.n_queries + block_size - 1) / block_size;
+  const int64_t n_blocks = (n_rows + block_size - 1) / block_size;
+  auto query_of = [&](int64_t i) { return query_rows != nullptr ? query_rows[i] : i; };
   const int workers = parallel_workers(n_blocks, input.n_threads);
 
   // Per worker: one TopK per query of its block and a row of sums.
@@ -82,14 +88,15 @@ bool brute_force_join(const JoinInput &input, const JoinOutput &output,
   parallel_for(n_blocks, input.n_threads, input.cancel, [&](int64_t block, int worker) {
     Scratch &s = scratch[worker];
     const int64_t q_begin = block * block_size;
-    const int64_t q_end = std::min(q_begin + block_size, input.n_queries);
-    for (int64_t q = q_begin; q < q_end; q++) s.best[q - q_begin].clear();
+    const int64_t q_end = std::min(q_begin + block_size, n_rows);
+    for (int64_t i = q_begin; i < q_end; i++) s.best[i - q_begin].clear();
 
     for (int64_t t_begin = 0; t_begin < input.n_targets; t_begin += tile_rows) {
       if (input.cancelled()) return;
       const int64_t count = std::min(tile_rows, input.n_targets - t_begin);
-      for (int64_t q = q_begin; q < q_end; q++) {
-        TopK &best = s.best[q - q_begin];
+      for (int64_t i = q_begin; i < q_end; i++) {
+        const int64_t q = query_of(i);
+        TopK &best = s.best[i - q_begin];
         lane_sums(input.metric, input.query_row(q), input.target_row(t_begin),
                   count, dim, s.sums.data());
         const float q_norm = cosine ? query_norms[q] : 0.0f;
@@ -101,13 +108,15 @@ bool brute_force_join(const JoinInput &input, const JoinOutput &output,
         }
       }
     }
-    for (int64_t q = q_begin; q < q_end; q++)
-      s.best[q - q_begin].write_sorted(
+    for (int64_t i = q_begin; i < q_end; i++) {
+      const int64_t q = query_of(i);
+      s.best[i - q_begin].write_sorted(
           k, output.neighbors + q * k, output.distances + q * k,
           [&](double key) { return distance_from_key(input.metric, key); });
+    }
   });
 
-  report->distance_computations = input.n_queries * input.n_targets;
+  report->distance_computations += n_rows * input.n_targets;
   // Distances and selection run together, pair by pair.
   report->seconds_select =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -10,6 +10,7 @@
 #include "landmark_search.h"
 #include "parallel_for.h"
 #include "row_distance.h"
+#include "ti_padded_sum.h"
 
 namespace knn {
 namespace cpu {
@@ -78,54 +79,61 @@ std::vector<int64_t> sample_rows(const float *rows, int64_t n, int dim,
   return picked;
 }
 
+// Sum of the pairwise distances of the landmark rows `set`, estimated
+// from kMaxScoredPairs random pairs when it has more pairs than that.
+// *scored counts the distances evaluated; NaN when cancelled.
+double spread(const float *rows, int dim, KnnMetric metric, const std::vector<int64_t> &set,
+              Random &random, const int32_t *cancel, int64_t *scored) {
+  const int64_t size = static_cast<int64_t>(set.size());
+  const double pair_count = 0.5 * static_cast<double>(size) * static_cast<double>(size - 1);
+  double sum = 0;
+  int64_t count = 0;
+  auto add = [&](int64_t i, int64_t j) {
+    if ((count & 1023) == 0 && cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED))
+      return false;
+    sum += pair_distance(metric, rows + set[i] * dim, rows + set[j] * dim, dim);
+    count++;
+    return true;
+  };
+  if (pair_count <= kMaxScoredPairs) {
+    for (int64_t i = 0; i < size; i++)
+      for (int64_t j = i + 1; j < size; j++)
+        if (!add(i, j)) return std::nan("");
+  } else {
+    while (count < kMaxScoredPairs) {
+      const int64_t i = random.below(size), j = random.below(size);
+      if (i != j && !add(i, j)) return std::nan("");
+    }
+  }
+  *scored = count;
+  return count == 0 ? 0 : sum / static_cast<double>(count) * pair_count;
+}
+
 // The most spread-out of options.candidate_sets random sets of up to m
-// rows: the largest sum of pairwise distances (estimated from a fixed
-// number of random pairs when a set has more pairs than that).
+// rows (spread() above). Each set is drawn from a generator of its own, so
+// that the sets are drawn and scored in parallel and the same input still
+// gives the same landmarks.
 std::vector<int64_t> choose_landmarks(const float *rows, int64_t n, int dim,
                                       KnnMetric metric, int64_t m,
                                       const ClusteringOptions &options,
                                       int n_threads, const int32_t *cancel,
                                       int64_t *evaluated) {
-  Random random{options.seed};
   const int n_sets = std::max(1, options.candidate_sets);
   struct Candidate {
     std::vector<int64_t> rows;
-    std::vector<std::pair<int32_t, int32_t>> pairs;  // positions in rows
-    double pair_count = 0;                           // pairs the set has
     double score = 0;
+    int64_t scored = 0;
   };
   std::vector<Candidate> sets(n_sets);
-  for (Candidate &s : sets) {
-    s.rows = sample_rows(rows, n, dim, m, random);
-    const int64_t size = static_cast<int64_t>(s.rows.size());
-    s.pair_count = 0.5 * static_cast<double>(size) * static_cast<double>(size - 1);
-    if (s.pair_count <= kMaxScoredPairs) {
-      for (int64_t i = 0; i < size; i++)
-        for (int64_t j = i + 1; j < size; j++) s.pairs.emplace_back(i, j);
-    } else {
-      while (static_cast<int64_t>(s.pairs.size()) < kMaxScoredPairs) {
-        const int64_t i = random.below(size), j = random.below(size);
-        if (i != j) s.pairs.emplace_back(i, j);
-      }
-    }
-  }
-  if (n_sets == 1) return sets[0].rows;
-
   parallel_for(n_sets, n_threads, cancel, [&](int64_t index, int) {
+    Random random{Random{options.seed + static_cast<uint64_t>(index)}.next()};
     Candidate &s = sets[index];
-    double sum = 0;
-    for (size_t p = 0; p < s.pairs.size(); p++) {
-      if ((p & 1023) == 0 && cancel != nullptr &&
-          __atomic_load_n(cancel, __ATOMIC_RELAXED))
-        return;
-      sum += pair_distance(metric, rows + s.rows[s.pairs[p].first] * dim,
-                           rows + s.rows[s.pairs[p].second] * dim, dim);
-    }
-    s.score = s.pairs.empty() ? 0 : sum / s.pairs.size() * s.pair_count;
+    s.rows = sample_rows(rows, n, dim, m, random);
+    if (n_sets > 1) s.score = spread(rows, dim, metric, s.rows, random, cancel, &s.scored);
   });
   int best = 0;
   for (int s = 0; s < n_sets; s++) {
-    *evaluated += static_cast<int64_t>(sets[s].pairs.size());
+    *evaluated += sets[s].scored;
     if (sets[s].score > sets[best].score) best = s;
   }
   return sets[best].rows;
@@ -166,12 +174,14 @@ bool build_clustering(const float *rows, int64_t n, int dim, KnnMetric metric,
   std::vector<int64_t> evaluated(workers, 0);
   parallel_for(n_items, n_threads, cancel, [&](int64_t item, int worker) {
     const int64_t end = std::min(n, (item + 1) * kRowsPerAssignItem);
+    int64_t count = 0;  // a local count: the workers' slots share a cache line
     for (int64_t i = item * kRowsPerAssignItem; i < end; i++) {
       const float *row = rows + i * dim;
-      const int64_t c = search.nearest(row, scratch[worker].data(), &evaluated[worker]);
+      const int64_t c = search.nearest(row, scratch[worker].data(), &count);
       nearest[i] = static_cast<int32_t>(c);
       distance[i] = pair_distance(metric, row, &landmarks[c * dim], dim);
     }
+    evaluated[worker] += count;
   });
   for (int64_t e : evaluated) *landmark_distances += e;
   *landmark_distances += n;
@@ -189,12 +199,13 @@ bool build_clustering(const float *rows, int64_t n, int dim, KnnMetric metric,
 
   Clustering &cl = *out;
   cl.dim = dim;
+  cl.stride = padded_stride(dim);
   cl.n_clusters = kept;
-  cl.centres.resize(static_cast<size_t>(kept) * dim);
+  cl.centres.assign(static_cast<size_t>(kept) * cl.stride, 0.0f);
   cl.begin.assign(kept + 1, 0);
   for (int64_t c = 0; c < m; c++)
     if (renumber[c] >= 0) {
-      std::memcpy(&cl.centres[renumber[c] * dim], &landmarks[c * dim],
+      std::memcpy(&cl.centres[renumber[c] * cl.stride], &landmarks[c * dim],
                   sizeof(float) * dim);
       cl.begin[renumber[c] + 1] = count[c];
     }
@@ -210,7 +221,7 @@ bool build_clustering(const float *rows, int64_t n, int dim, KnnMetric metric,
   }
 
   cl.radius.assign(kept, 0.0);
-  cl.member_data.reset(new float[static_cast<size_t>(n) * dim]);  // filled below
+  cl.member_data.reset(new float[static_cast<size_t>(n) * cl.stride]);  // filled below
   parallel_for(kept, n_threads, cancel, [&](int64_t c, int) {
     const int64_t b = cl.begin[c], e = cl.begin[c + 1];
     std::vector<std::pair<double, int64_t>> order(e - b);
@@ -220,8 +231,9 @@ bool build_clustering(const float *rows, int64_t n, int dim, KnnMetric metric,
     for (int64_t j = b; j < e; j++) {
       cl.member_distance[j] = order[j - b].first;
       cl.member_row[j] = order[j - b].second;
-      std::memcpy(&cl.member_data[j * dim], rows + order[j - b].second * dim,
-                  sizeof(float) * dim);
+      float *member = &cl.member_data[j * cl.stride];
+      std::memcpy(member, rows + order[j - b].second * dim, sizeof(float) * dim);
+      std::fill(member + dim, member + cl.stride, 0.0f);
     }
     cl.radius[c] = cl.member_distance[b];
   });

@@ -19,8 +19,11 @@ namespace cpu {
 
 struct Clustering {
   int dim = 0;
+  // Centres and members are stored `stride` floats apart, zero-padded to
+  // whole blocks of 8 lanes (ti_padded_sum.h).
+  int stride = 0;
   int64_t n_clusters = 0;
-  std::vector<float> centres;          // n_clusters x dim (landmark rows)
+  std::vector<float> centres;          // n_clusters x stride (landmark rows)
   std::vector<double> radius;          // largest member-to-centre distance
   std::vector<int64_t> begin;          // n_clusters + 1 offsets into members
   // Members grouped by cluster. Within a cluster: descending distance to
@@ -31,8 +34,8 @@ struct Clustering {
   // it first, a long single-threaded pass that cannot be cancelled.
   std::unique_ptr<float[]> member_data;
 
-  const float *centre(int64_t c) const { return centres.data() + c * dim; }
-  const float *member(int64_t j) const { return member_data.get() + j * dim; }
+  const float *centre(int64_t c) const { return centres.data() + c * stride; }
+  const float *member(int64_t j) const { return member_data.get() + j * stride; }
   int64_t size(int64_t c) const { return begin[c + 1] - begin[c]; }
 };
 

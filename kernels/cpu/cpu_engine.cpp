@@ -1,5 +1,6 @@
-// cpu_engine.cpp -- knn::cpu_run: checks the problem, picks TI or brute
-// force, runs it and fills KnnStats. No exception leaves this file.
+// cpu_engine.cpp -- knn::cpu_run: checks the problem, picks TI, the SGEMM
+// brute force or the AVX2 one (from a measured cost model and TI's own
+// sample), runs it and fills KnnStats. No exception leaves this file.
 #include "cpu_engine.h"
 
 #include <algorithm>
@@ -8,7 +9,11 @@
 #include <cstring>
 #include <thread>
 
+#include "blas_library.h"
 #include "brute_force.h"
+#include "cost_model.h"
+#include "cpu_tuning.h"
+#include "gemm_join.h"
 #include "join_input.h"
 #include "ti_join.h"
 #include "../entry_guard.h"
@@ -47,32 +52,65 @@ cpu::JoinInput join_input(const KnnProblem &p, const int32_t *cancel) {
   return input;
 }
 
-bool choose_ti(const KnnProblem &p, const cpu::JoinInput &input) {
+// AUTO skips TI's sample (and its clustering) only where TI is hopeless
+// against the SGEMM brute force: very many dimensions (TI's bounds lose
+// their grip; fashion-mnist, 784-d: TI 9.6 s, SGEMM 1.8 s) and an SGEMM
+// predicted this many times faster than the AVX2 loop, the brute force
+// TI's own break-even share (ti_join.cpp) is measured against. Below that
+// dimension TI samples and decides (blog, 281-d: TI 1.1 s, SGEMM 15 s).
+constexpr double kBlasSkipsTi = 2.5;
+constexpr int kBlasSkipsTiMinDim = 512;
+
+bool choose_ti(const KnnProblem &p, const cpu::JoinInput &input, const CpuTuning &tuning,
+               const cpu::BruteForceCosts &costs) {
+  if (tuning.variant == CpuTuning::Variant::kTi) return cpu::ti_join_supports(input);
+  if (tuning.variant != CpuTuning::Variant::kAuto) return false;
   if (p.method == KNN_METHOD_BRUTE) return false;
   if (!cpu::ti_join_supports(input)) return false;  // cosine, IP, huge values
   if (p.method == KNN_METHOD_TI) return true;
   const double pairs = static_cast<double>(p.n_queries) * static_cast<double>(p.n_targets);
-  return pairs >= kAutoTiMinPairs;
+  if (pairs < kAutoTiMinPairs) return false;
+  return input.dim < kBlasSkipsTiMinDim ||
+         costs.blas_seconds * kBlasSkipsTi > costs.avx2_seconds;
+}
+
+bool choose_blas(const CpuTuning &tuning, const cpu::BruteForceCosts &costs) {
+  if (tuning.variant == CpuTuning::Variant::kBlas) return true;
+  if (tuning.variant != CpuTuning::Variant::kAuto) return false;
+  return costs.blas_seconds < costs.avx2_seconds;
 }
 
 // Runs the chosen method; returns false when cancelled. *used_ti says
 // whether TI produced the result (it may hand over to brute force).
-bool join(const KnnProblem &p, const cpu::JoinInput &input, const cpu::JoinOutput &output,
-          cpu::JoinReport *report, bool *used_ti) {
+bool join(const KnnProblem &p, const CpuTuning &tuning, const cpu::JoinInput &input,
+          const cpu::JoinOutput &output, cpu::JoinReport *report, bool *used_ti) {
   *used_ti = false;
   if (p.n_queries == 0 || p.n_targets == 0) {
     fill_padding(p.n_queries, p.k, output.neighbors, output.distances);
     report->variant = "empty";
     return true;
   }
-  if (choose_ti(p, input)) {
-    const cpu::TiOutcome outcome = cpu::ti_join(input, output, cpu::ClusteringOptions(),
-                                                p.method == KNN_METHOD_AUTO, report);
+  const bool symmetric = tuning.symmetric && input.same_rows();
+  const cpu::BruteForceCosts costs = tuning.variant == CpuTuning::Variant::kAuto
+                                         ? cpu::predict_brute_force(input, symmetric)
+                                         : cpu::BruteForceCosts{};
+  if (choose_ti(p, input, tuning, costs)) {
+    const bool may_decline =
+        p.method == KNN_METHOD_AUTO && tuning.variant == CpuTuning::Variant::kAuto;
+    const cpu::TiOutcome outcome =
+        cpu::ti_join(input, output, cpu::ClusteringOptions(), may_decline, report);
     if (outcome != cpu::TiOutcome::kBruteForceIsFaster) {
       *used_ti = true;
       return outcome == cpu::TiOutcome::kDone;
     }
     report->query_clusters = report->target_clusters = 0;  // clustering time stays
+  }
+  if (choose_blas(tuning, costs)) {
+    cpu::GemmOptions options;
+    options.symmetric = tuning.symmetric;
+    options.block_rows = tuning.block_rows;
+    const cpu::GemmOutcome outcome = cpu::gemm_join(input, output, options, report);
+    if (outcome != cpu::GemmOutcome::kUnsupported) return outcome == cpu::GemmOutcome::kDone;
   }
   return cpu::brute_force_join(input, output, report);
 }
@@ -100,8 +138,9 @@ void fill_stats(const KnnProblem &p, const cpu::JoinInput &input, const cpu::Joi
   stats->seconds_total = std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances, KnnStats *stats,
-              const int32_t *cancel, char *errbuf, size_t errlen) {
+KnnStatus run(const KnnProblem &p, const CpuTuning &tuning, int64_t *neighbors,
+              double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
+              size_t errlen) {
   const Clock::time_point start = Clock::now();
   if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
     copy_message(errbuf, errlen, why);
@@ -110,7 +149,8 @@ KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances, KnnSta
   const cpu::JoinInput input = join_input(p, cancel);
   cpu::JoinReport report;
   bool used_ti = false;
-  const bool completed = join(p, input, cpu::JoinOutput{neighbors, distances}, &report, &used_ti);
+  const bool completed =
+      join(p, tuning, input, cpu::JoinOutput{neighbors, distances}, &report, &used_ti);
   if (stats != nullptr) fill_stats(p, input, report, used_ti, start, stats);
   if (!completed || input.cancelled()) {
     copy_message(errbuf, errlen, "cancelled");
@@ -123,9 +163,17 @@ KnnStatus run(const KnnProblem &p, int64_t *neighbors, double *distances, KnnSta
 
 KnnStatus cpu_run(const KnnProblem &problem, int64_t *neighbors, double *distances,
                   KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) noexcept {
+  return cpu_run_tuned(problem, CpuTuning(), neighbors, distances, stats, cancel, errbuf, errlen);
+}
+
+KnnStatus cpu_run_tuned(const KnnProblem &problem, const CpuTuning &tuning, int64_t *neighbors,
+                        double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
+                        size_t errlen) noexcept {
   return guarded("CPU engine", errbuf, errlen, [&] {
-    return run(problem, neighbors, distances, stats, cancel, errbuf, errlen);
+    return run(problem, tuning, neighbors, distances, stats, cancel, errbuf, errlen);
   });
 }
+
+const char *cpu_blas_description() noexcept { return cpu::blas_library().description; }
 
 }  // namespace knn

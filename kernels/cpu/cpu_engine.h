@@ -16,4 +16,8 @@ KnnStatus cpu_run(const KnnProblem &problem, int64_t *neighbors,
                   double *distances, KnnStats *stats,
                   const int32_t *cancel, char *errbuf, size_t errlen) noexcept;
 
+// Which BLAS the engine uses: "OpenBLAS 0.3.21 (libopenblas.so.0)" or
+// "none (why)". Loads it on first call (with every signal blocked).
+const char *cpu_blas_description() noexcept;
+
 }  // namespace knn

@@ -2,54 +2,12 @@
 // (lane_sums.h).
 #include "lane_sums.h"
 
-#include <cmath>
-
+#include "lane_terms.h"
 #include "../knn_distance.h"
 
 namespace knn {
 namespace cpu {
 namespace {
-
-// Eight float lanes as one GCC vector value: +, - and * act lane by lane
-// with ordinary IEEE float rounding, exactly like the scalar code.
-typedef float Lanes __attribute__((vector_size(KNN_LANES * sizeof(float))));
-typedef uint32_t LaneBits __attribute__((vector_size(KNN_LANES * sizeof(float))));
-
-// (Vectors are passed by reference: by value, their ABI differs with and
-// without AVX.)
-__attribute__((always_inline)) inline void load_lanes(Lanes &v, const float *p) {
-  __builtin_memcpy(&v, p, sizeof(v));
-}
-
-// The term each metric sums, written as in knn_distance.h (term() for the
-// tail, add() for whole groups of 8 dimensions).
-struct SquaredDifference {  // L2
-  static float term(float a, float b) {
-    float d = a - b;
-    return d * d;
-  }
-  __attribute__((always_inline)) static void add(Lanes &sum, const Lanes &a,
-                                                 const Lanes &b) {
-    Lanes d = a - b;
-    sum = sum + d * d;
-  }
-};
-struct Product {  // cosine, inner product
-  static float term(float a, float b) { return a * b; }
-  __attribute__((always_inline)) static void add(Lanes &sum, const Lanes &a,
-                                                 const Lanes &b) {
-    sum = sum + a * b;
-  }
-};
-struct AbsoluteDifference {  // L1
-  static float term(float a, float b) { return std::fabs(a - b); }
-  __attribute__((always_inline)) static void add(Lanes &sum, const Lanes &a,
-                                                 const Lanes &b) {
-    // fabsf clears the sign bit; so does this mask, lane by lane.
-    LaneBits bits = reinterpret_cast<LaneBits>(a - b) & 0x7fffffffu;
-    sum = sum + reinterpret_cast<Lanes>(bits);
-  }
-};
 
 constexpr int kTargetsPerPass = 8;
 
@@ -95,18 +53,18 @@ __attribute__((always_inline)) inline void sum_remainder(
   if (count - r >= 1) lane_sums_pass<Term, 1>(query, rows + r, dim, sums + r);
 }
 
-// Rows stored one after the other.
+// Rows stored one after the other, `stride` floats apart.
 template <class Term>
 __attribute__((always_inline)) inline void sum_stored_rows(
     const float *query, const float *targets, int64_t count, int dim,
-    float *sums) {
+    int64_t stride, float *sums) {
   const float *rows[kTargetsPerPass];
   int64_t r = 0;
   for (; r + kTargetsPerPass <= count; r += kTargetsPerPass) {
-    for (int n = 0; n < kTargetsPerPass; n++) rows[n] = targets + (r + n) * dim;
+    for (int n = 0; n < kTargetsPerPass; n++) rows[n] = targets + (r + n) * stride;
     lane_sums_pass<Term, kTargetsPerPass>(query, rows, dim, sums + r);
   }
-  for (int64_t n = 0; r + n < count; n++) rows[n] = targets + (r + n) * dim;
+  for (int64_t n = 0; r + n < count; n++) rows[n] = targets + (r + n) * stride;
   sum_remainder<Term>(query, rows, count - r, dim, sums + r);
 }
 
@@ -126,8 +84,8 @@ __attribute__((always_inline)) inline void sum_scattered_rows(
 // the same sequence of correctly rounded float adds and multiplies.
 template <class Term>
 void rows_generic(const float *query, const float *targets, int64_t count,
-                  int dim, float *sums) {
-  sum_stored_rows<Term>(query, targets, count, dim, sums);
+                  int dim, int64_t stride, float *sums) {
+  sum_stored_rows<Term>(query, targets, count, dim, stride, sums);
 }
 template <class Term>
 void scattered_generic(const float *query, const float *const *rows,
@@ -141,8 +99,8 @@ template <class Term>
 __attribute__((target("avx2"))) void rows_avx2(const float *query,
                                                const float *targets,
                                                int64_t count, int dim,
-                                               float *sums) {
-  sum_stored_rows<Term>(query, targets, count, dim, sums);
+                                               int64_t stride, float *sums) {
+  sum_stored_rows<Term>(query, targets, count, dim, stride, sums);
 }
 template <class Term>
 __attribute__((target("avx2"))) void scattered_avx2(const float *query,
@@ -160,11 +118,11 @@ bool cpu_has_avx2() {
 
 template <class Term>
 void rows_dispatch(const float *query, const float *targets, int64_t count,
-                   int dim, float *sums) {
+                   int dim, int64_t stride, float *sums) {
 #ifdef KNN_HAVE_AVX2_PATH
-  if (cpu_has_avx2()) return rows_avx2<Term>(query, targets, count, dim, sums);
+  if (cpu_has_avx2()) return rows_avx2<Term>(query, targets, count, dim, stride, sums);
 #endif
-  rows_generic<Term>(query, targets, count, dim, sums);
+  rows_generic<Term>(query, targets, count, dim, stride, sums);
 }
 
 template <class Term>
@@ -180,14 +138,19 @@ void scattered_dispatch(const float *query, const float *const *rows,
 
 void lane_sums(KnnMetric metric, const float *query, const float *targets,
                int64_t count, int dim, float *sums) {
+  lane_sums_strided(metric, query, targets, count, dim, dim, sums);
+}
+
+void lane_sums_strided(KnnMetric metric, const float *query, const float *targets,
+                       int64_t count, int dim, int64_t stride, float *sums) {
   switch (metric) {
     case KNN_METRIC_L2:
-      return rows_dispatch<SquaredDifference>(query, targets, count, dim, sums);
+      return rows_dispatch<SquaredDifference>(query, targets, count, dim, stride, sums);
     case KNN_METRIC_COSINE:
     case KNN_METRIC_IP:
-      return rows_dispatch<Product>(query, targets, count, dim, sums);
+      return rows_dispatch<Product>(query, targets, count, dim, stride, sums);
     case KNN_METRIC_L1:
-      return rows_dispatch<AbsoluteDifference>(query, targets, count, dim, sums);
+      return rows_dispatch<AbsoluteDifference>(query, targets, count, dim, stride, sums);
   }
 }
 

@@ -26,6 +26,10 @@ namespace cpu {
 void lane_sums(KnnMetric metric, const float *query, const float *targets,
                int64_t count, int dim, float *sums);
 
+// The same for target rows `stride` floats apart (stride >= dim).
+void lane_sums_strided(KnnMetric metric, const float *query, const float *targets,
+                       int64_t count, int dim, int64_t stride, float *sums);
+
 // The same for rows that are not stored together: rows[r] for r < count.
 void lane_sums_scattered(KnnMetric metric, const float *query,
                          const float *const *rows, int64_t count, int dim,

@@ -1,8 +1,9 @@
 // ti_join.h -- exact join with triangle-inequality filtering (Sweet KNN,
-// sections II-C and III): cluster both sets around landmarks, drop target
-// clusters too far from a query cluster (level 1), then skip single targets
-// whose bound already exceeds the query's current k-th distance (level 2).
-// Internal to kernels/cpu/.
+// sections II-C and III): merge identical rows (ti_distinct.h), cluster
+// both sets of distinct points around landmarks, drop target clusters too
+// far from a query cluster (level 1), then skip single targets whose bound
+// already exceeds the query's current k-th distance (level 2,
+// ti_filters.h). Internal to kernels/cpu/.
 #pragma once
 
 #include "clustering.h"
