@@ -507,6 +507,45 @@ TEST(CpuEngine, RepeatedKeysExcludeEveryMatch) {
   expect_all_methods_match(p, "disjoint keys", 1);
 }
 
+// Duplicate rows on two different sets, with keys that repeat on both (the
+// TI join merges identical rows; each row then drops its own excluded
+// targets), and a self-join whose groups of identical rows outnumber k + 1:
+// lists full of distance 0, where the merged rows and the skip over equal
+// distances must still give the reference's rows, in row order.
+TEST(CpuEngine, DuplicateGroupsWithKeys) {
+  std::mt19937_64 rng(11);
+  for (int dim : {2, 9, 30}) {
+    const Matrix q = make_data(DataKind::kDuplicates, 700, dim, rng);
+    const Matrix t = make_data(DataKind::kDuplicates, 900, dim, rng);
+    std::vector<int64_t> qk(700), tk(900);
+    for (int64_t i = 0; i < 700; i++) qk[i] = i % 50;
+    for (int64_t i = 0; i < 900; i++) tk[i] = i % 70;
+    for (int k : {1, 8, 25}) {
+      KnnProblem p = make_problem(q, t, k, KNN_METRIC_L2, KNN_METHOD_TI, 2);
+      p.query_keys = qk.data();
+      p.target_keys = tk.data();
+      expect_all_methods_match(p, "separate sets with duplicates, dim " + std::to_string(dim) +
+                                      " k " + std::to_string(k), 2);
+    }
+  }
+  Matrix groups;
+  groups.rows = 1200;
+  groups.dim = 6;
+  groups.values.resize(1200 * 6);
+  for (int64_t i = 0; i < 1200; i++)
+    for (int d = 0; d < 6; d++) groups.values[i * 6 + d] = static_cast<float>((i / 40) * 3 + d);
+  std::vector<int64_t> ids(1200);
+  for (int64_t i = 0; i < 1200; i++) ids[i] = i;
+  for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1})
+    for (int k : {5, 39, 45}) {
+      KnnProblem p = make_problem(groups, groups, k, metric, KNN_METHOD_TI, 2);
+      p.query_keys = ids.data();
+      p.target_keys = ids.data();
+      expect_all_methods_match(p, std::string("groups of 40 identical rows, ") +
+                                      knn_metric_name(metric) + " k " + std::to_string(k), 2);
+    }
+}
+
 // Every row the same point: every distance ties, order is by row alone.
 TEST(CpuEngine, AllRowsIdentical) {
   for (int dim : {1, 5, 33}) {

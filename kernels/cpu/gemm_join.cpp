@@ -32,14 +32,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A tile side: up to 512 x 512 floats (1 MiB, L2-sized) amortise the
-// SGEMM's packing; fewer rows in many dimensions keep one tile's SGEMM
-// (2 B^2 d flops, about 20 ms at 40 GFLOP/s) well inside the 50 ms a
-// cancel may wait.
-int64_t default_block_rows(int dim) {
-  const double rows = std::sqrt(4e8 / std::max(1, dim));
-  return std::max<int64_t>(64, std::min<int64_t>(512, static_cast<int64_t>(rows) / 32 * 32));
-}
 
 // Candidate lists of all queries held at once by the symmetric variant,
 // at their first capacity (vectors may hold up to twice their size).
@@ -361,6 +353,15 @@ std::vector<int64_t> rerank_all(const JoinInput &in, GemmJoin &join, JoinReport 
 
 }  // namespace
 
+// A tile side: up to 512 x 512 floats (1 MiB, L2-sized) amortise the
+// SGEMM's packing; fewer rows in many dimensions keep one tile's SGEMM
+// (2 B^2 d flops, about 20 ms at 40 GFLOP/s) well inside the 50 ms a
+// cancel may wait.
+int64_t gemm_block_rows(int dim) {
+  const double rows = std::sqrt(4e8 / std::max(1, dim));
+  return std::max<int64_t>(64, std::min<int64_t>(512, static_cast<int64_t>(rows) / 32 * 32));
+}
+
 GemmOutcome gemm_join(const JoinInput &input, const JoinOutput &output,
                       const GemmOptions &options, JoinReport *report) {
   const Clock::time_point start = Clock::now();
@@ -379,7 +380,7 @@ GemmOutcome gemm_join(const JoinInput &input, const JoinOutput &output,
     return GemmOutcome::kUnsupported;
 
   const int64_t block = options.block_rows > 0 ? std::min<int64_t>(options.block_rows, 4096)
-                                               : default_block_rows(input.dim);
+                                               : gemm_block_rows(input.dim);
   GemmJoin join(input, output, std::move(qn), std::move(tn));
   join.reset(0, input.n_queries);
   const int64_t state_bytes =

@@ -24,6 +24,9 @@ enum class GemmOutcome {
   kUnsupported,  // no BLAS, L1, or values outside the bound's range; nothing written
 };
 
+// Rows per tile side by default (a function of the dimension only).
+int64_t gemm_block_rows(int dim);
+
 // Throws std::bad_alloc. Queries whose candidate list overflows are redone
 // by the exact brute force.
 GemmOutcome gemm_join(const JoinInput &input, const JoinOutput &output,
