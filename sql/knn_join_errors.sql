@@ -1,12 +1,5 @@
 -- Bad input gets a clear error with a proper SQLSTATE; the session stays usable.
--- error_of() shows the SQLSTATE and the message of the error a statement raises.
-CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-  EXECUTE statement;
-  RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-  RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+\i sql/error_of.psql
 CREATE TABLE e (id bigint, v vector);
 INSERT INTO e VALUES (1, '[1,2]'), (2, '[3,4]');
 

@@ -12,13 +12,7 @@ CREATE SCHEMA mallory AUTHORIZATION knn_mallory;
 SELECT pg_backend_pid() AS backend_at_start \gset
 SET ROLE knn_mallory;
 
-CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-  EXECUTE statement;
-  RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-  RETURN SQLSTATE || ': ' || SQLERRM;
-END $$;
+\i sql/error_of.psql
 
 -- 1. Types called "vector" that are not a vector type: a range (the reported
 --    crash: its value was read with pgvector's layout), a composite, a

@@ -5,15 +5,7 @@
 --   vector -> vector(n)                                         (implicit)
 --
 
-CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE statement;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.psql
 
 SELECT castsource::regtype AS source, casttarget::regtype AS target,
 	castcontext AS context, castmethod AS method

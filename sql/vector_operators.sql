@@ -4,15 +4,7 @@
 -- partial sums are exact, so the order of summation cannot change them.
 --
 
-CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE statement;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.psql
 
 -- a = [1,2,3], b = [4,5,6]: differences 3,3,3; a.b = 4+10+18 = 32;
 -- |a|^2 = 14, |b|^2 = 77

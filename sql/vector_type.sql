@@ -3,16 +3,7 @@
 -- Everything here is what pgvector does for the same input.
 --
 
--- error_of(statement): the SQLSTATE and message a statement fails with
-CREATE FUNCTION pg_temp.error_of(statement text) RETURNS text
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE statement;
-	RETURN 'no error';
-EXCEPTION WHEN OTHERS THEN
-	RETURN SQLSTATE || ': ' || SQLERRM;
-END
-$$;
+\i sql/error_of.psql
 
 -- text input: blanks are allowed around numbers and brackets
 SELECT '[1,2,3]'::vector;
