@@ -74,7 +74,7 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 	HeapTuple	tuple;
 	Form_pg_proc proc;
 	char	   *symbol = NULL;
-	char	   *extension;
+	char	   *extension = NULL;
 	const KnownFunction *found = NULL;
 
 	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
@@ -93,11 +93,19 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 	if (symbol == NULL)
 		return NULL;
 
-	extension = owning_extension(ProcedureRelationId, funcoid);
-	for (int i = 0; i < n_known && extension != NULL; i++)
-		if (strcmp(known[i].symbol, symbol) == 0 &&
-			strcmp(known[i].extension, extension) == 0)
+	/* The symbol first: the pg_depend scan only for a known one. */
+	for (int i = 0; i < n_known; i++)
+	{
+		if (strcmp(known[i].symbol, symbol) != 0)
+			continue;
+		if (extension == NULL)
+			extension = owning_extension(ProcedureRelationId, funcoid);
+		if (extension != NULL && strcmp(known[i].extension, extension) == 0)
+		{
 			found = &known[i];
+			break;
+		}
+	}
 	return found;
 }
 

@@ -168,7 +168,9 @@ knn_vector_problem_error(KnnValueProblem problem, const char *set_name, int64 id
 					 errhint("Vectors must hold finite numbers.")));
 			break;
 		case KNN_VALUE_MALFORMED:
+			break;
 		case KNN_VALUE_OK:
+			elog(ERROR, "no problem to report for %s id " INT64_FORMAT, set_name, id);
 			break;
 	}
 	ereport(ERROR,

@@ -47,6 +47,9 @@ estimate_rows(const char *sql)
 	ResourceOwner owner = CurrentResourceOwner;
 	double		rows = -1;
 
+	/* No subtransaction can start in parallel mode: keep the default. */
+	if (IsInParallelMode())
+		return -1;
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(context);
 	PG_TRY();

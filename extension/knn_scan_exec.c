@@ -764,6 +764,7 @@ forget_execution(KnnJoinState *state)
 	state->n_outer = state->n_inner = state->n_null_inner = 0;
 	state->k = 0;
 	state->engine_k = 0;
+	state->have_record = false;
 	MemoryContextReset(state->join_cxt);
 }
 

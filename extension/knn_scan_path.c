@@ -29,6 +29,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/pathnode.h"
 #include "optimizer/paths.h"
+#include "optimizer/restrictinfo.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
 #include "utils/lsyscache.h"
@@ -202,8 +203,7 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 		   Path *outer_path, KnnJoinPath *kp)
 {
 	PlannerInfo *subroot = innerrel->subroot;
-	List	   *clauses = NIL;
-	ListCell   *lc;
+	List	   *clauses;
 
 	if (jointype != JOIN_INNER && jointype != JOIN_LEFT)
 		return knn_scan_reject("the join is neither an inner nor a left join");
@@ -224,8 +224,7 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 	 * PlaceHolderVars would need evaluating at a level we do not model.
 	 */
 	split_join_clauses(joinrel, innerrel, jointype, extra, kp);
-	foreach(lc, list_concat(list_copy(kp->join_clauses), kp->other_clauses))
-		clauses = lappend(clauses, lfirst_node(RestrictInfo, lc)->clause);
+	clauses = get_actual_clauses(list_concat(list_copy(kp->join_clauses), kp->other_clauses));
 	if (contains_placeholders_walker((Node *) joinrel->reltarget->exprs, NULL) ||
 		contains_placeholders_walker((Node *) clauses, NULL))
 		return knn_scan_reject("the join uses PlaceHolderVars");

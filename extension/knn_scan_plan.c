@@ -30,6 +30,7 @@
 #include "optimizer/pathnode.h"
 #include "optimizer/planmain.h"
 #include "optimizer/planner.h"
+#include "optimizer/restrictinfo.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
 #include "utils/builtins.h"
@@ -189,18 +190,6 @@ inner_column(KnnJoinPath *kp, AttrNumber attno)
 	return 0;					/* not reached */
 }
 
-/* The clauses of a list of RestrictInfos. */
-static List *
-clauses_of(List *rinfos)
-{
-	List	   *clauses = NIL;
-	ListCell   *lc;
-
-	foreach(lc, rinfos)
-		clauses = lappend(clauses, lfirst_node(RestrictInfo, lc)->clause);
-	return clauses;
-}
-
 /*
  * The scan tuple: every Var of the join's output and the quals. Each comes
  * from the outer rows, the inner rows, or is the distance; *sources says
@@ -249,8 +238,8 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	bool		exclude = kp->exclude_target != NULL;
 
 	/* Whether a row matches (clauses is empty for a join rel), and after. */
-	join_quals = clauses_of(list_concat(list_copy(clauses), kp->join_clauses));
-	other_quals = clauses_of(kp->other_clauses);
+	join_quals = get_actual_clauses(list_concat(list_copy(clauses), kp->join_clauses));
+	other_quals = get_actual_clauses(kp->other_clauses);
 	cscan->custom_scan_tlist = scan_tuple(kp, outer_plan, tlist,
 										  list_concat(list_copy(join_quals), other_quals),
 										  &sources);

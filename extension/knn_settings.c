@@ -34,7 +34,6 @@ enum_options(const KnnName *names)
 	{
 		options[i].name = names[i].name;
 		options[i].val = names[i].value;
-		options[i].hidden = false;
 	}
 	return options;
 }

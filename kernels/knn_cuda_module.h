@@ -24,7 +24,7 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
  * Runs a whole join on the GPU, blocking. Polls *cancel (non-zero = stop)
  * between launches and chunks. Frees every device allocation of the join
  * before it returns, whatever the outcome. What the process keeps between
- * joins: per device a stream, a cuBLAS handle, 32 MiB of pinned staging
+ * joins: on device 0, a stream, a cuBLAS handle, 32 MiB of pinned staging
  * memory and up to 64 MiB reserved in the memory pool
  * (at most an eighth of the device's memory).
  */

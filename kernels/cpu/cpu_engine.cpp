@@ -103,7 +103,9 @@ bool join(const KnnProblem &p, const CpuTuning &tuning, const cpu::JoinInput &in
       *used_ti = true;
       return outcome == cpu::TiOutcome::kDone;
     }
-    report->query_clusters = report->target_clusters = 0;  // clustering time stays
+    // The brute force's pairs are what count; the clustering time stays.
+    report->query_clusters = report->target_clusters = 0;
+    report->distance_computations = 0;
   }
   if (choose_blas(tuning, costs)) {
     cpu::GemmOptions options;

@@ -175,7 +175,12 @@ TiOutcome ti_join(const JoinInput &input, const JoinOutput &output,
   const int64_t chunk = query_chunk(filters.capacity());
   const std::vector<Slice> slices = make_slices(*sides.query_clusters, chunk);
   const int64_t n_slices = static_cast<int64_t>(slices.size());
-  std::vector<TiScratch> scratch(parallel_workers(n_slices, input.n_threads));
+  // Enough scratch for the sample's workers too (fewer slices than sampled
+  // queries when identical rows merge into few clusters).
+  const int64_t n_sampled =
+      may_decline ? std::min<int64_t>(kSampleQueries, sides.queries->n_distinct) : 0;
+  std::vector<TiScratch> scratch(
+      parallel_workers(std::max(n_slices, n_sampled), input.n_threads));
   for (TiScratch &s : scratch) filters.prepare_scratch(chunk, &s);
 
   const Clock::time_point join_start = Clock::now();

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 #include <mutex>
 #include <string>
 
@@ -329,5 +330,10 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
   return knn::cuda::run_entry(problem, options, neighbors, distances, stats, cancel, errbuf,
                               errlen);
 }
+
+// The entries are found with dlsym: their types must be the headers'.
+static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
 
 }  // extern "C"

@@ -14,6 +14,7 @@
 
 #include "../signal_free_thread.h"
 #include "../entry_guard.h"
+#include "cuda_check.cuh"
 #include "cuda_engine.cuh"
 
 namespace knn {
@@ -32,6 +33,7 @@ class DeviceThread {
   // runs and the caller does the step itself).
   template <class Step>
   bool start(const DeviceContext &parent, Step step) {
+    wait();  // a second start waits for the first thread
     const int device = parent.device;
     const size_t budget = parent.memory_budget;
     PinnedStaging *const staging = parent.staging;
@@ -42,12 +44,10 @@ class DeviceThread {
           ctx.device = device;
           ctx.memory_budget = budget;
           ctx.staging = staging;
-          if (cudaSetDevice(device) != cudaSuccess) {
-            (void)cudaGetLastError();
-            copy_message(error_, sizeof error_, "cudaSetDevice failed on an engine thread");
-            return KNN_DEVICE_ERROR;
-          }
-          const KnnStatus st = step(ctx);
+          const KnnStatus st = [&]() -> KnnStatus {
+            CUDA_CHECK(ctx, cudaSetDevice(device));
+            return step(ctx);
+          }();
           if (st != KNN_OK) copy_message(error_, sizeof error_, ctx.error.c_str());
           return st;
         });

@@ -26,7 +26,6 @@
 #include <cstring>
 
 #include "../exclusion_runs.h"
-#include "../result_padding.h"
 #include "../rounding_margin.h"
 #include "../value_range.h"
 #include "ti_common.cuh"
@@ -393,15 +392,9 @@ KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats)
 
 KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                    double *distances, KnnStats *stats, DeviceContext &ctx) {
-  if (problem.metric != KNN_METRIC_L2 && problem.metric != KNN_METRIC_L1) {
-    ctx.error = "the TI join supports only the L2 and L1 metrics";
-    return KNN_INVALID_ARGUMENT;
-  }
+  // (cuda_module.cu sends empty sides and metrics other than L2 and L1
+  // elsewhere.)
   const int64_t nq = problem.n_queries, nt = problem.n_targets;
-  if (nq == 0 || nt == 0) {
-    fill_padding(nq, problem.k, neighbors, distances);
-    return KNN_OK;
-  }
   // Rows are int32 on the device (kNoRow = INT32_MAX marks an empty slot).
   if (nq >= INT32_MAX - 1 || nt >= INT32_MAX - 1)
     return brute_force_join(problem, tuning, neighbors, distances, stats, ctx);
