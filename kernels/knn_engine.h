@@ -2,7 +2,8 @@
  * knn_engine.h -- the only bridge between PostgreSQL code (extension/) and
  * the engines (kernels/). Plain C ABI: no PostgreSQL and no CUDA headers.
  *
- * A join is described by a KnnProblem: two row-major float32 matrices and k.
+ * A join is described by a KnnProblem: two row-major matrices of one
+ * element type (float32, float16 or bits) and k.
  * The result for query i lives in neighbors[i*k .. i*k+k-1] (target row
  * indices) and distances[...] (the operator's float8 value). Per query the
  * rows are ordered by (distance, target row index); NaN distances sort last,
@@ -31,8 +32,26 @@ typedef enum KnnMetric
 	KNN_METRIC_L2 = 0,			/* sqrt(sum (a-b)^2), pgvector <-> */
 	KNN_METRIC_COSINE = 1,		/* 1 - a.b/(|a||b|), pgvector <=> */
 	KNN_METRIC_IP = 2,			/* -(a.b), pgvector <#> */
-	KNN_METRIC_L1 = 3			/* sum |a-b|, pgvector <+> */
+	KNN_METRIC_L1 = 3,			/* sum |a-b|, pgvector <+> */
+	KNN_METRIC_HAMMING = 4,		/* differing bits, pgvector <~> (bit rows only) */
+	KNN_METRIC_JACCARD = 5		/* 1 - |a&b|/|a|b|, pgvector <%> (bit rows only) */
 } KnnMetric;
+
+/*
+ * What one element of a row is. A row of dim elements takes
+ *   FLOAT32: 4 * dim bytes (pgvector vector),
+ *   FLOAT16: 2 * dim bytes, IEEE binary16 (pgvector halfvec),
+ *   BIT:     (dim + 7) / 8 bytes, element i in bit 7 - i % 8 of byte i / 8,
+ *            the bits past dim zero (PostgreSQL's bit(n) layout).
+ * Distances are those of the operator on the element values: a float16
+ * join is exactly the float32 join of the same values widened.
+ */
+typedef enum KnnElement
+{
+	KNN_ELEMENT_FLOAT32 = 0,
+	KNN_ELEMENT_FLOAT16 = 1,
+	KNN_ELEMENT_BIT = 2
+} KnnElement;
 
 typedef enum KnnMethod
 {
@@ -75,11 +94,12 @@ typedef enum KnnStatus
 
 typedef struct KnnProblem
 {
-	const float *queries;		/* n_queries x dim, row-major */
+	KnnElement	element;		/* of both matrices; see KnnElement */
+	const void *queries;		/* n_queries rows of dim elements, row-major */
 	int64_t		n_queries;
-	const float *targets;		/* n_targets x dim, row-major */
+	const void *targets;		/* n_targets rows of dim elements, row-major */
 	int64_t		n_targets;
-	int32_t		dim;
+	int32_t		dim;			/* elements (bits for KNN_ELEMENT_BIT) per row */
 	int32_t		k;				/* >= 1 */
 	KnnMetric	metric;
 	KnnMethod	method;

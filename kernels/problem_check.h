@@ -28,7 +28,12 @@ inline const char *problem_invalid_reason(const KnnProblem &p, const int64_t *ne
   if (p.k < 1) return "k must be at least 1";
   if (p.dim < 1) return "dim must be at least 1";
   if (p.n_queries < 0 || p.n_targets < 0) return "negative row count";
-  if (!in_range(enum_value(p.metric), KNN_METRIC_L2, KNN_METRIC_L1)) return "unknown metric";
+  if (!in_range(enum_value(p.metric), KNN_METRIC_L2, KNN_METRIC_JACCARD)) return "unknown metric";
+  if (!in_range(enum_value(p.element), KNN_ELEMENT_FLOAT32, KNN_ELEMENT_BIT))
+    return "unknown element type";
+  if ((p.element == KNN_ELEMENT_BIT) !=
+      (p.metric == KNN_METRIC_HAMMING || p.metric == KNN_METRIC_JACCARD))
+    return "hamming and jaccard are the metrics of bit rows, and only of them";
   if (!in_range(enum_value(p.method), KNN_METHOD_AUTO, KNN_METHOD_BRUTE)) return "unknown method";
   if (!in_range(enum_value(p.device), KNN_DEVICE_AUTO, KNN_DEVICE_GPU)) return "unknown device";
   if (p.n_threads < 0) return "n_threads must not be negative";
@@ -45,5 +50,18 @@ inline const char *problem_invalid_reason(const KnnProblem &p, const int64_t *ne
     return "problem too large";
   return nullptr;
 }
+
+// The check of the float32 engines (the CPU engine's joins and the GPU
+// module), which take float32 rows only.
+inline const char *float_problem_invalid_reason(const KnnProblem &p, const int64_t *neighbors,
+                                                const double *distances) {
+  if (const char *why = problem_invalid_reason(p, neighbors, distances)) return why;
+  if (p.element != KNN_ELEMENT_FLOAT32) return "this engine takes float32 rows only";
+  return nullptr;
+}
+
+// The rows of a float32 problem (the element type every engine computes on;
+// knn_job.cpp hands the engines float32 rows unless they take others).
+inline const float *float_rows(const void *rows) { return static_cast<const float *>(rows); }
 
 }  // namespace knn

@@ -37,6 +37,7 @@
 #include "cpu/parallel_for.h"
 #include "cpu/top_k.h"
 #include "entry_guard.h"
+#include "problem_check.h"
 #include "knn_distance.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
@@ -154,6 +155,8 @@ double reference_distance(KnnMetric metric, const float *a, const float *b, int 
       return knn_ip_from_dot(knn_dot(a, b, dim));
     case KNN_METRIC_L1:
       return knn_l1_from_sum(knn_l1_sum(a, b, dim));
+    default:  // bit metrics: not a float join
+      break;
   }
   return 0;
 }
@@ -166,10 +169,10 @@ Result reference_join(const KnnProblem &p) {
   std::vector<std::pair<double, int64_t>> all;
   for (int64_t q = 0; q < p.n_queries; q++) {
     all.clear();
-    const float *qr = p.queries + q * p.dim;
+    const float *qr = knn::float_rows(p.queries) + q * p.dim;
     for (int64_t t = 0; t < p.n_targets; t++) {
       if (p.query_keys != nullptr && p.query_keys[q] == p.target_keys[t]) continue;
-      all.emplace_back(reference_distance(p.metric, qr, p.targets + t * p.dim, p.dim), t);
+      all.emplace_back(reference_distance(p.metric, qr, knn::float_rows(p.targets) + t * p.dim, p.dim), t);
     }
     std::sort(all.begin(), all.end(), [](const auto &a, const auto &b) {
       return knn_result_before(a.first, a.second, b.first, b.second);

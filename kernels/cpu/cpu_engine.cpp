@@ -38,9 +38,9 @@ int resolve_threads(int32_t requested) {
 
 cpu::JoinInput join_input(const KnnProblem &p, const int32_t *cancel) {
   cpu::JoinInput input;
-  input.queries = p.queries;
+  input.queries = float_rows(p.queries);
   input.n_queries = p.n_queries;
-  input.targets = p.targets;
+  input.targets = float_rows(p.targets);
   input.n_targets = p.n_targets;
   input.dim = p.dim;
   input.k = p.k;
@@ -144,7 +144,7 @@ KnnStatus run(const KnnProblem &p, const CpuTuning &tuning, int64_t *neighbors,
               double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
               size_t errlen) {
   const Clock::time_point start = Clock::now();
-  if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
+  if (const char *why = float_problem_invalid_reason(p, neighbors, distances)) {
     copy_message(errbuf, errlen, why);
     return KNN_INVALID_ARGUMENT;
   }

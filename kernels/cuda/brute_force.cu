@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "../problem_check.h"
 #include "bitonic.cuh"
 #include "brute_kernels.cuh"
 #include "brute_plan.cuh"
@@ -421,7 +422,7 @@ KnnStatus BruteForce::allocate() {
 // Targets that fit in one chunk stay on the device for every query chunk.
 KnnStatus BruteForce::load_resident_targets() {
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
+  KNN_TRY(upload_rows(t_buf_[0], float_rows(p_.targets), p_.target_keys, 0, p_.n_targets, ctx_));
   seconds_transfer += seconds_since(t0);
   return row_stats(t_buf_[0], p_.n_targets);
 }
@@ -434,7 +435,7 @@ KnnStatus BruteForce::load_queries(int64_t first, int64_t n, Rows *q) {
     return KNN_OK;
   }
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(q_buf_, p_.queries, p_.query_keys, first, n, ctx_));
+  KNN_TRY(upload_rows(q_buf_, float_rows(p_.queries), p_.query_keys, first, n, ctx_));
   seconds_transfer += seconds_since(t0);
   KNN_TRY(row_stats(q_buf_, n));
   *q = q_buf_.view(n, first);
@@ -457,7 +458,7 @@ KnnStatus BruteForce::join_target_chunk(const Rows &q, int64_t chunk, ResultArra
     RowBuffers *buffer = &t_buf_[next % 2];
     const int64_t next_first = next * plan_.t_chunk, next_n = target_chunk_rows(next);
     auto upload_next = [this, buffer, next_first, next_n](DeviceContext &ctx) {
-      return upload_rows(*buffer, p_.targets, p_.target_keys, next_first, next_n, ctx);
+      return upload_rows(*buffer, float_rows(p_.targets), p_.target_keys, next_first, next_n, ctx);
     };
     if (!prefetch.start(ctx_, upload_next)) {
       // No thread: upload now, without the overlap.
@@ -483,7 +484,7 @@ KnnStatus BruteForce::join_target_chunks(const Rows &q, ResultArrays running) {
   // Chunk 0 now; chunk c+1 is uploaded by a helper thread while chunk c is
   // processed.
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, target_chunk_rows(0), ctx_));
+  KNN_TRY(upload_rows(t_buf_[0], float_rows(p_.targets), p_.target_keys, 0, target_chunk_rows(0), ctx_));
   seconds_transfer += seconds_since(t0);
   const int64_t chunks = (p_.n_targets + plan_.t_chunk - 1) / plan_.t_chunk;
   for (int64_t c = 0; c < chunks; c++) {

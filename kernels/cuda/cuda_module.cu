@@ -217,7 +217,7 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, int64_t *neigh
                    double *distances, KnnStats *stats, const int32_t *cancel,
                    DeviceContext &ctx) {
   const auto start = std::chrono::steady_clock::now();
-  if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
+  if (const char *why = float_problem_invalid_reason(p, neighbors, distances)) {
     ctx.error = why;
     return KNN_INVALID_ARGUMENT;
   }

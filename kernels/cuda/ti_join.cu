@@ -26,6 +26,7 @@
 #include <cstring>
 
 #include "../exclusion_runs.h"
+#include "../problem_check.h"
 #include "../rounding_margin.h"
 #include "../value_range.h"
 #include "ti_common.cuh"
@@ -216,10 +217,10 @@ KnnStatus TiJoin::upload(bool *finite) {
   DeviceBuffer<unsigned> max_abs;
   KNN_TRY(mem_.allocate(ctx_, max_abs, 1, "value range"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
-  KNN_TRY(upload_points(p_.queries, p_.n_queries, p_.dim, stride_, query_upload_, max_abs.get(),
+  KNN_TRY(upload_points(float_rows(p_.queries), p_.n_queries, p_.dim, stride_, query_upload_, max_abs.get(),
                         mem_, ctx_));
   if (!self_)
-    KNN_TRY(upload_points(p_.targets, p_.n_targets, p_.dim, stride_, target_upload_,
+    KNN_TRY(upload_points(float_rows(p_.targets), p_.n_targets, p_.dim, stride_, target_upload_,
                           max_abs.get(), mem_, ctx_));
   KNN_TRY(upload_keys());
   unsigned max_abs_bits = 0;
