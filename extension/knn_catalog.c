@@ -37,13 +37,15 @@ typedef struct KnownFunction
 	int			value;			/* what it means to the caller */
 } KnownFunction;
 
-/* The input functions of the vector types: the value is unused. */
+/* The input functions of the vector types, and the kind they make. */
 static const KnownFunction vector_input_functions[] = {
-	{KNN_GPU_EXTENSION, "knn_vector_in", 0},
-	{PGVECTOR_EXTENSION, "vector_in", 0},
+	{KNN_GPU_EXTENSION, "knn_vector_in", KNN_VECTOR_TYPE},
+	{PGVECTOR_EXTENSION, "vector_in", KNN_VECTOR_TYPE},
+	{KNN_GPU_EXTENSION, "knn_halfvec_in", KNN_VECTOR_HALFVEC},
+	{PGVECTOR_EXTENSION, "halfvec_in", KNN_VECTOR_HALFVEC},
 };
 
-/* The distance functions over vectors, and their metrics. */
+/* The distance functions of each kind of operand, and their metrics. */
 static const KnownFunction distance_functions[] = {
 	{KNN_GPU_EXTENSION, "knn_vector_l2_distance", KNN_METRIC_L2},
 	{KNN_GPU_EXTENSION, "knn_vector_cosine_distance", KNN_METRIC_COSINE},
@@ -53,6 +55,24 @@ static const KnownFunction distance_functions[] = {
 	{PGVECTOR_EXTENSION, "cosine_distance", KNN_METRIC_COSINE},
 	{PGVECTOR_EXTENSION, "vector_negative_inner_product", KNN_METRIC_IP},
 	{PGVECTOR_EXTENSION, "l1_distance", KNN_METRIC_L1},
+};
+
+static const KnownFunction halfvec_distance_functions[] = {
+	{KNN_GPU_EXTENSION, "knn_halfvec_l2_distance", KNN_METRIC_L2},
+	{KNN_GPU_EXTENSION, "knn_halfvec_cosine_distance", KNN_METRIC_COSINE},
+	{KNN_GPU_EXTENSION, "knn_halfvec_negative_inner_product", KNN_METRIC_IP},
+	{KNN_GPU_EXTENSION, "knn_halfvec_l1_distance", KNN_METRIC_L1},
+	{PGVECTOR_EXTENSION, "halfvec_l2_distance", KNN_METRIC_L2},
+	{PGVECTOR_EXTENSION, "halfvec_cosine_distance", KNN_METRIC_COSINE},
+	{PGVECTOR_EXTENSION, "halfvec_negative_inner_product", KNN_METRIC_IP},
+	{PGVECTOR_EXTENSION, "halfvec_l1_distance", KNN_METRIC_L1},
+};
+
+static const KnownFunction bit_distance_functions[] = {
+	{KNN_GPU_EXTENSION, "knn_bit_hamming_distance", KNN_METRIC_HAMMING},
+	{KNN_GPU_EXTENSION, "knn_bit_jaccard_distance", KNN_METRIC_JACCARD},
+	{PGVECTOR_EXTENSION, "hamming_distance", KNN_METRIC_HAMMING},
+	{PGVECTOR_EXTENSION, "jaccard_distance", KNN_METRIC_JACCARD},
 };
 
 /* The name of the extension an object belongs to, or NULL. */
@@ -109,9 +129,12 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 	return found;
 }
 
-/* Is typid (no domain) the vector type of knn_gpu or of pgvector? */
-static bool
-is_vector_type(Oid typid)
+/*
+ * The kind of typid (no domain) when it is the vector or halfvec type of
+ * knn_gpu or of pgvector, else KNN_VECTOR_UNSUPPORTED.
+ */
+static KnnVectorKind
+extension_vector_kind(Oid typid)
 {
 	HeapTuple	tuple;
 	Oid			input;
@@ -127,15 +150,17 @@ is_vector_type(Oid typid)
 	input = ((Form_pg_type) GETSTRUCT(tuple))->typinput;
 	ReleaseSysCache(tuple);
 	if (!varlena)
-		return false;
+		return KNN_VECTOR_UNSUPPORTED;
 
 	known = identify_function(input, vector_input_functions,
 							  lengthof(vector_input_functions));
 	if (known == NULL)
-		return false;
+		return KNN_VECTOR_UNSUPPORTED;
 	/* The type must belong to the extension whose input function it uses. */
 	extension = owning_extension(TypeRelationId, typid);
-	return extension != NULL && strcmp(extension, known->extension) == 0;
+	if (extension == NULL || strcmp(extension, known->extension) != 0)
+		return KNN_VECTOR_UNSUPPORTED;
+	return (KnnVectorKind) known->value;
 }
 
 KnnVectorKind
@@ -146,7 +171,9 @@ knn_vector_kind(Oid typid)
 		return KNN_VECTOR_FLOAT4_ARRAY;
 	if (typid == FLOAT8ARRAYOID)
 		return KNN_VECTOR_FLOAT8_ARRAY;
-	return is_vector_type(typid) ? KNN_VECTOR_TYPE : KNN_VECTOR_UNSUPPORTED;
+	if (typid == BITOID || typid == VARBITOID)
+		return KNN_VECTOR_BIT;
+	return extension_vector_kind(typid);
 }
 
 bool
@@ -158,6 +185,7 @@ knn_distance_operator_metric(Oid opno, KnnMetric *metric)
 	Oid			left;
 	Oid			right;
 	const KnownFunction *known;
+	KnnVectorKind kind;
 
 	tuple = SearchSysCache1(OPEROID, ObjectIdGetDatum(opno));
 	if (!HeapTupleIsValid(tuple))
@@ -168,9 +196,28 @@ knn_distance_operator_metric(Oid opno, KnnMetric *metric)
 	right = op->oprright;
 	ReleaseSysCache(tuple);
 
-	if (left != right || !is_vector_type(left))
+	if (left != right)
 		return false;
-	known = identify_function(function, distance_functions, lengthof(distance_functions));
+	/* bit operands are bit itself: a domain's operator is none of ours */
+	kind = left == BITOID ? KNN_VECTOR_BIT : extension_vector_kind(left);
+	switch (kind)
+	{
+		case KNN_VECTOR_TYPE:
+			known = identify_function(function, distance_functions,
+									  lengthof(distance_functions));
+			break;
+		case KNN_VECTOR_HALFVEC:
+			known = identify_function(function, halfvec_distance_functions,
+									  lengthof(halfvec_distance_functions));
+			break;
+		case KNN_VECTOR_BIT:
+			known = identify_function(function, bit_distance_functions,
+									  lengthof(bit_distance_functions));
+			break;
+		default:
+			known = NULL;
+			break;
+	}
 	if (known == NULL)
 		return false;
 	*metric = (KnnMetric) known->value;

@@ -2,11 +2,12 @@
  * knn_catalog.h -- what a type, an operator or an index access method is,
  * decided by catalog identity, never by name.
  *
- * A vector type is knn_gpu's own or pgvector's: a varlena type that belongs
- * to the extension knn_gpu or vector (pg_depend) and whose input function is
- * that extension's C function for vectors. A distance operator is one whose
+ * A vector (halfvec) type is knn_gpu's own or pgvector's: a varlena type
+ * that belongs to the extension knn_gpu or vector (pg_depend) and whose
+ * input function is that extension's C function for vectors (halfvecs).
+ * bit and bit varying are PostgreSQL's own (fixed OIDs). A distance operator is one whose
  * function is one of those extensions' C distance functions over such a
- * type. An approximate index is one whose access method belongs to pgvector.
+ * type (for bit: pgvector's or knn_gpu's hamming and jaccard distances). An approximate index is one whose access method belongs to pgvector.
  * Anything a user creates, under whatever name, is none of these.
  */
 #ifndef KNN_CATALOG_H
@@ -16,21 +17,24 @@
 
 #include "knn_engine.h"
 
-/* The column types whose values can be read as a float32 vector. */
+/* The column types whose values can be joined. */
 typedef enum KnnVectorKind
 {
 	KNN_VECTOR_UNSUPPORTED = 0,
 	KNN_VECTOR_TYPE,			/* knn_gpu's or pgvector's vector (one layout) */
 	KNN_VECTOR_FLOAT4_ARRAY,	/* real[] */
-	KNN_VECTOR_FLOAT8_ARRAY		/* double precision[] */
+	KNN_VECTOR_FLOAT8_ARRAY,	/* double precision[] */
+	KNN_VECTOR_HALFVEC,			/* knn_gpu's or pgvector's halfvec (one layout) */
+	KNN_VECTOR_BIT				/* PostgreSQL's bit or bit varying */
 } KnnVectorKind;
 
 /* The kind of a type (a domain counts as its base type). */
 extern KnnVectorKind knn_vector_kind(Oid typid);
 
 /*
- * Is opno a distance operator between two vectors of knn_gpu or pgvector?
- * Then *metric says which distance it computes.
+ * Is opno a distance operator of knn_gpu or pgvector between two values of
+ * one joinable type (vector, halfvec, bit)? Then *metric says which distance
+ * it computes.
  */
 extern bool knn_distance_operator_metric(Oid opno, KnnMetric *metric);
 

@@ -12,7 +12,10 @@
 
 #include "catalog/pg_type.h"
 #include "utils/array.h"
+#include "utils/varbit.h"
 
+#include "half_float.h"
+#include "halfvec.h"
 #include "knn_input.h"
 #include "vector.h"
 
@@ -90,9 +93,54 @@ float8_array_view(struct varlena *value, KnnVectorView *view)
 	return array_view(value, FLOAT8OID, sizeof(float8), view);
 }
 
-static bool
-copy_float4(const KnnVectorView *view, float *out)
+/* A halfvec: the same header as vector, binary16 elements. */
+static KnnValueProblem
+halfvec_view(struct varlena *value, KnnVectorView *view)
 {
+	Size		size = VARSIZE_ANY(value);
+	HalfVector *v = (HalfVector *) value;
+	KnnValueProblem problem;
+
+	if (VARATT_IS_EXTENDED(value) || size < offsetof(HalfVector, x))
+		return KNN_VALUE_MALFORMED;
+	problem = dimension_problem(v->dim);
+	if (problem != KNN_VALUE_OK)
+		return problem;
+	if (size != HALFVEC_SIZE(v->dim))
+		return KNN_VALUE_MALFORMED;
+	view->dim = v->dim;
+	view->elements = v->x;
+	return KNN_VALUE_OK;
+}
+
+/*
+ * A bit string: int32 bit length, then its bytes (bit and bit varying);
+ * the length must account for the value's size exactly.
+ */
+static KnnValueProblem
+bit_view(struct varlena *value, KnnVectorView *view)
+{
+	Size		size = VARSIZE_ANY(value);
+	VarBit	   *v = (VarBit *) value;
+	int32		bits;
+
+	if (VARATT_IS_EXTENDED(value) || size < VARHDRSZ + VARBITHDRSZ)
+		return KNN_VALUE_MALFORMED;
+	bits = VARBITLEN(v);
+	/* any positive length fits an engine row (int32 bits, int64 bytes) */
+	if (bits < 1)
+		return bits == 0 ? KNN_VALUE_EMPTY : KNN_VALUE_MALFORMED;
+	if (size != VARBITTOTALLEN((Size) bits))
+		return KNN_VALUE_MALFORMED;
+	view->dim = bits;
+	view->elements = VARBITS(v);
+	return KNN_VALUE_OK;
+}
+
+static bool
+copy_float4(const KnnVectorView *view, void *row)
+{
+	float	   *out = row;
 	const float4 *x = view->elements;
 	bool		finite = true;
 
@@ -105,8 +153,9 @@ copy_float4(const KnnVectorView *view, float *out)
 }
 
 static bool
-copy_float8(const KnnVectorView *view, float *out)
+copy_float8(const KnnVectorView *view, void *row)
 {
+	float	   *out = row;
 	const float8 *x = view->elements;
 	bool		finite = true;
 
@@ -119,20 +168,101 @@ copy_float8(const KnnVectorView *view, float *out)
 	return finite;
 }
 
+/* The raw binary16 bits, no widening (the engine widens). */
+static bool
+copy_half(const KnnVectorView *view, void *row)
+{
+	uint16	   *out = row;
+	const uint16 *x = view->elements;
+	bool		finite = true;
+
+	for (int i = 0; i < view->dim; i++)
+	{
+		finite &= knn_half_is_finite(x[i]);
+		out[i] = x[i];
+	}
+	return finite;
+}
+
+/*
+ * A vector's float4 values rounded to binary16, as pgvector's implicit
+ * cast vector -> halfvec does; a value beyond binary16's range is no
+ * halfvec (that cast raises "out of range").
+ */
+static bool
+copy_float4_as_half(const KnnVectorView *view, void *row)
+{
+	uint16	   *out = row;
+	const float4 *x = view->elements;
+	bool		finite = true;
+
+	for (int i = 0; i < view->dim; i++)
+	{
+		out[i] = knn_float_to_half(x[i]);
+		finite &= knn_half_is_finite(out[i]);
+	}
+	return finite;
+}
+
+/* The bytes as they are; the padding bits past dim are zero in a bit value. */
+static bool
+copy_bits(const KnnVectorView *view, void *row)
+{
+	memcpy(row, view->elements, knn_row_bytes(KNN_ELEMENT_BIT, view->dim));
+	return true;
+}
+
+/* The first reader of a kind is the one of its own element type. */
 static const KnnVectorReader readers[] = {
-	{KNN_VECTOR_TYPE, vector_view, copy_float4},
-	{KNN_VECTOR_FLOAT4_ARRAY, float4_array_view, copy_float4},
-	{KNN_VECTOR_FLOAT8_ARRAY, float8_array_view, copy_float8},
+	{KNN_VECTOR_TYPE, KNN_ELEMENT_FLOAT32, vector_view, copy_float4},
+	{KNN_VECTOR_FLOAT4_ARRAY, KNN_ELEMENT_FLOAT32, float4_array_view, copy_float4},
+	{KNN_VECTOR_FLOAT8_ARRAY, KNN_ELEMENT_FLOAT32, float8_array_view, copy_float8},
+	{KNN_VECTOR_HALFVEC, KNN_ELEMENT_FLOAT16, halfvec_view, copy_half},
+	{KNN_VECTOR_BIT, KNN_ELEMENT_BIT, bit_view, copy_bits},
+	{KNN_VECTOR_TYPE, KNN_ELEMENT_FLOAT16, vector_view, copy_float4_as_half},
 };
+
+const KnnVectorReader *
+knn_vector_reader_for(KnnVectorKind kind, KnnElement element)
+{
+	for (int i = 0; i < (int) lengthof(readers); i++)
+		if (readers[i].kind == kind && readers[i].element == element)
+			return &readers[i];
+	return NULL;
+}
+
+KnnElement
+knn_vector_kind_element(KnnVectorKind kind)
+{
+	for (int i = 0; i < (int) lengthof(readers); i++)
+		if (readers[i].kind == kind)
+			return readers[i].element;
+	return KNN_ELEMENT_FLOAT32;
+}
 
 const KnnVectorReader *
 knn_vector_reader(KnnVectorKind kind)
 {
-	for (int i = 0; i < (int) lengthof(readers); i++)
-		if (readers[i].kind == kind)
-			return &readers[i];
-	elog(ERROR, "unsupported vector kind %d", (int) kind);
-	return NULL;				/* not reached */
+	const KnnVectorReader *reader = knn_vector_reader_for(kind, knn_vector_kind_element(kind));
+
+	if (reader == NULL)
+		elog(ERROR, "unsupported vector kind %d", (int) kind);
+	return reader;
+}
+
+Size
+knn_row_bytes(KnnElement element, int dim)
+{
+	switch (element)
+	{
+		case KNN_ELEMENT_FLOAT16:
+			return (Size) dim * sizeof(uint16);
+		case KNN_ELEMENT_BIT:
+			return ((Size) dim + 7) / 8;
+		case KNN_ELEMENT_FLOAT32:
+		default:
+			return (Size) dim * sizeof(float);
+	}
 }
 
 void
@@ -165,7 +295,7 @@ knn_vector_problem_error(KnnValueProblem problem, const char *set_name, int64 id
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_EXCEPTION),
 					 errmsg("%s id " INT64_FORMAT " has a NaN or infinite value", set_name, id),
-					 errhint("Vectors must hold finite numbers.")));
+					 errhint("Vectors must hold finite numbers (a vector joined with halfvec values must fit in halfvec).")));
 			break;
 		case KNN_VALUE_MALFORMED:
 			break;

@@ -3,9 +3,11 @@
  * exclude_self, method): for every row of the query set, the k nearest rows
  * of the target set; and knn_gpu_info().
  *
- * Each text is one plain SELECT returning (integer id, vector), run through
+ * Each text is one plain SELECT returning (integer id, vector | halfvec |
+ * bit | real[] | double precision[]), run through
  * SPI with the caller's privileges. Rows are read through a cursor in
- * batches into one float32 matrix per set, sorted by id (so the engine's
+ * batches into one matrix per set (float32, float16 for halfvec, bits for
+ * bit: knn_join_element), sorted by id (so the engine's
  * tie order, by row, is the order by id), handed to the engine in one
  * call, and the result is returned as a materialised set.
  */
@@ -136,63 +138,142 @@ check_plain_select(SPIPlanPtr plan, const char *arg)
 	return !contain_volatile_functions((Node *) query);
 }
 
-/* The reader of the set's vector column, after checking both columns. */
-static const KnnVectorReader *
-check_columns(TupleDesc desc, const char *arg, Oid *id_type)
+/* One set of knn_join: its query text, prepared, and its columns. */
+typedef struct KnnSet
 {
+	const char *sql;
+	const char *arg;			/* "queries" or "targets", for messages */
+	SPIPlanPtr	plan;
+	bool		stable;			/* no volatile function */
+	Oid			id_type;
+	Oid			vector_type;
 	KnnVectorKind kind;
+} KnnSet;
 
-	if (desc->natts != 2)
+/* Checks the two columns a set returns. */
+static void
+check_columns(TupleDesc desc, KnnSet *set)
+{
+	if (desc == NULL || desc->natts != 2)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("%s must return 2 columns (id, vector), not %d",
-						arg, desc->natts)));
-	*id_type = SPI_gettypeid(desc, 1);
-	if (*id_type != INT2OID && *id_type != INT4OID && *id_type != INT8OID)
+						set->arg, desc == NULL ? 0 : desc->natts)));
+	set->id_type = TupleDescAttr(desc, 0)->atttypid;
+	if (set->id_type != INT2OID && set->id_type != INT4OID && set->id_type != INT8OID)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("the first column of %s must be an integer id, not %s",
-						arg, format_type_be(*id_type))));
-	kind = knn_vector_kind(SPI_gettypeid(desc, 2));
-	if (kind == KNN_VECTOR_UNSUPPORTED)
+						set->arg, format_type_be(set->id_type))));
+	set->vector_type = TupleDescAttr(desc, 1)->atttypid;
+	set->kind = knn_vector_kind(set->vector_type);
+	if (set->kind == KNN_VECTOR_UNSUPPORTED)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("the second column of %s must be a vector, real[] or double precision[], not %s",
-						arg, format_type_be(SPI_gettypeid(desc, 2)))));
-	return knn_vector_reader(kind);
+				 errmsg("the second column of %s must be a vector, halfvec, bit, real[] or double precision[], not %s",
+						set->arg, format_type_be(set->vector_type))));
 }
 
 /*
- * Runs one set's query (the knn_join argument called `arg`) and appends its
- * rows to the matrix. Rows whose vector is NULL are skipped; a NULL id is an
- * error. Returns whether the query has no volatile function.
+ * Prepares a set's text and checks its columns, before any row is read:
+ * both sets' types decide how either is read (knn_join_element).
  */
-static bool
-read_set(const char *sql, const char *arg, KnnMatrix *matrix)
+static void
+prepare_set(KnnSet *set)
 {
-	SPIPlanPtr	plan;
-	Portal		portal;
-	const KnnVectorReader *reader = NULL;
-	Oid			id_type = InvalidOid;
-	bool		stable;
-
-	plan = SPI_prepare(sql, 0, NULL);
-	if (plan == NULL)
+	set->plan = SPI_prepare(set->sql, 0, NULL);
+	if (set->plan == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_SYNTAX_ERROR),
-				 errmsg("could not prepare %s: %s", arg,
+				 errmsg("could not prepare %s: %s", set->arg,
 						SPI_result_code_string(SPI_result))));
-	stable = check_plain_select(plan, arg);
+	set->stable = check_plain_select(set->plan, set->arg);
+	check_columns(((CachedPlanSource *) linitial(SPI_plan_get_plan_sources(set->plan)))->resultDesc,
+				  set);
+}
 
-	portal = SPI_cursor_open(NULL, plan, NULL, NULL, true);
+static bool
+is_bit_metric(KnnMetric metric)
+{
+	return metric == KNN_METRIC_HAMMING || metric == KNN_METRIC_JACCARD;
+}
+
+/*
+ * The engine's element type for the two sets and the metric: bits for bit
+ * columns (hamming, jaccard only); float16 where a halfvec meets a halfvec
+ * or a vector (pgvector's implicit cast vector -> halfvec: the vector is
+ * rounded to halfvec, as "h <-> v" would); float32 otherwise.
+ */
+static KnnElement
+knn_join_element(const KnnSet *queries, const KnnSet *targets, KnnMetric metric)
+{
+	KnnElement	element;
+
+	if (queries->kind == KNN_VECTOR_BIT || targets->kind == KNN_VECTOR_BIT)
+	{
+		if (queries->kind != targets->kind)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("cannot join %s with %s",
+							format_type_be(queries->vector_type),
+							format_type_be(targets->vector_type)),
+					 errdetail("Bit strings join only bit strings.")));
+		element = KNN_ELEMENT_BIT;
+	}
+	else if (queries->kind == KNN_VECTOR_HALFVEC || targets->kind == KNN_VECTOR_HALFVEC)
+	{
+		const KnnSet *other = queries->kind == KNN_VECTOR_HALFVEC ? targets : queries;
+
+		if (other->kind != KNN_VECTOR_HALFVEC && other->kind != KNN_VECTOR_TYPE)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("cannot join %s with %s",
+							format_type_be(queries->vector_type),
+							format_type_be(targets->vector_type)),
+					 errhint("Cast the %s column to halfvec in its query text.", other->arg)));
+		element = KNN_ELEMENT_FLOAT16;
+	}
+	else
+		element = KNN_ELEMENT_FLOAT32;
+
+	if ((element == KNN_ELEMENT_BIT) != is_bit_metric(metric))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("metric %s does not apply to %s columns", knn_metric_name(metric),
+						format_type_be(queries->vector_type)),
+				 element == KNN_ELEMENT_BIT
+				 ? errhint("Bit strings take the metrics hamming and jaccard.")
+				 : errhint("hamming and jaccard are the metrics of bit strings; vectors take l2, cosine, ip and l1.")));
+	return element;
+}
+
+/*
+ * Runs one set's prepared query and appends its rows to the matrix, read
+ * by `reader`. Rows whose vector is NULL are skipped; a NULL id is an error.
+ */
+static void
+read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix)
+{
+	Portal		portal;
+	bool		checked = false;
+
+	portal = SPI_cursor_open(NULL, set->plan, NULL, NULL, true);
 	for (;;)
 	{
 		TupleDesc	desc;
 
 		SPI_cursor_fetch(portal, true, KNN_FETCH_BATCH);
 		desc = SPI_tuptable->tupdesc;
-		if (reader == NULL)
-			reader = check_columns(desc, arg, &id_type);
+		/* the rows must be of the types the reader was chosen for */
+		if (!checked)
+		{
+			if (desc->natts != 2 || SPI_gettypeid(desc, 1) != set->id_type ||
+				SPI_gettypeid(desc, 2) != set->vector_type)
+				ereport(ERROR,
+						(errcode(ERRCODE_DATATYPE_MISMATCH),
+						 errmsg("%s changed its column types while it ran", set->arg)));
+			checked = true;
+		}
 
 		for (uint64 r = 0; r < SPI_processed; r++)
 		{
@@ -205,10 +286,10 @@ read_set(const char *sql, const char *arg, KnnMatrix *matrix)
 			if (id_null)
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-						 errmsg("%s returned a NULL id", arg)));
+						 errmsg("%s returned a NULL id", set->arg)));
 			if (vector_null)
 				continue;		/* documented: rows without a vector take no part */
-			knn_matrix_append(matrix, read_id(id, id_type), vector, reader);
+			knn_matrix_append(matrix, read_id(id, set->id_type), vector, reader);
 			CHECK_FOR_INTERRUPTS();
 		}
 		if (SPI_processed < KNN_FETCH_BATCH)
@@ -216,7 +297,6 @@ read_set(const char *sql, const char *arg, KnnMatrix *matrix)
 		SPI_freetuptable(SPI_tuptable);
 	}
 	SPI_cursor_close(portal);
-	return stable;
 }
 
 /* Hands the engine's result back as rows. */
@@ -258,6 +338,12 @@ knn_join(PG_FUNCTION_ARGS)
 	KnnMetric	metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
 	bool		exclude_self;
 	KnnMethod	method = (KnnMethod) named_argument(fcinfo, 5, "method", knn_method_names);
+	KnnSet		query_set = {0};
+	KnnSet		target_text = {0};
+	KnnSet	   *target_source = &target_text;
+	KnnElement	element;
+	MemoryContext caller_context;
+	MemoryContext old_context;
 	KnnMatrix	queries;
 	KnnMatrix	target_set;
 	KnnMatrix  *targets = &target_set;
@@ -285,24 +371,46 @@ knn_join(PG_FUNCTION_ARGS)
 	InitMaterializedSRF(fcinfo, 0);
 
 	INSTR_TIME_SET_CURRENT(start);
-	knn_matrix_init(&queries, "query");
-	knn_matrix_init(targets, "target");
+	caller_context = CurrentMemoryContext;
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+	query_set.sql = queries_sql;
+	query_set.arg = "queries";
+	prepare_set(&query_set);
+	if (strcmp(queries_sql, targets_sql) == 0)
+		target_source = &query_set;
+	else
+	{
+		target_text.sql = targets_sql;
+		target_text.arg = "targets";
+		prepare_set(&target_text);
+	}
+	element = knn_join_element(&query_set, target_source, metric);
+	/* The matrices outlive SPI_finish: they live in the caller's context. */
+	old_context = MemoryContextSwitchTo(caller_context);
+	knn_matrix_init(&queries, "query", element);
+	knn_matrix_init(targets, "target", element);
+	MemoryContextSwitchTo(old_context);
 
 	/*
 	 * The same text without volatile functions gives the same rows again in
 	 * this snapshot: read it once, and the engine sees one matrix on both
 	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
 	 */
-	if (read_set(queries_sql, "queries", &queries) && strcmp(queries_sql, targets_sql) == 0)
+	read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries);
+	if (target_source == &query_set && query_set.stable)
 		targets = &queries;
 	else
-		read_set(targets_sql, "targets", targets);
+		read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets);
 	SPI_finish();
 
 	if (queries.n == 0 || targets->n == 0)
 		PG_RETURN_NULL();
+	if (queries.dim != targets->dim && element == KNN_ELEMENT_BIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("different bit lengths: query bit strings have %d bits but target bit strings have %d",
+						queries.dim, targets->dim)));
 	if (queries.dim != targets->dim)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),

@@ -19,10 +19,11 @@
 #define KNN_RADIX_BUCKETS (1 << KNN_RADIX_BITS)
 
 void
-knn_matrix_init(KnnMatrix *m, const char *set_name)
+knn_matrix_init(KnnMatrix *m, const char *set_name, KnnElement element)
 {
 	memset(m, 0, sizeof(*m));
 	m->dim = -1;
+	m->element = element;
 	m->context = CurrentMemoryContext;
 	m->set_name = set_name;
 }
@@ -32,7 +33,7 @@ grow(KnnMatrix *m)
 {
 	/* Huge allocations: the matrix may well pass 1 GB. */
 	int64		capacity = m->capacity == 0 ? 1024 : m->capacity * 2;
-	Size		value_bytes = (Size) capacity * m->dim * sizeof(float);
+	Size		value_bytes = (Size) capacity * m->row_bytes;
 
 	if (m->values == NULL)
 	{
@@ -51,16 +52,27 @@ void
 knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
 					   const KnnVectorReader *reader)
 {
+	Assert(reader->element == m->element);
 	if (m->dim < 0)
+	{
 		m->dim = view->dim;
+		m->row_bytes = knn_row_bytes(m->element, m->dim);
+	}
 	else if (view->dim != m->dim)
+	{
+		if (m->element == KNN_ELEMENT_BIT)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("different bit lengths: %s id " INT64_FORMAT " has %d bits, expected %d",
+							m->set_name, id, view->dim, m->dim)));
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("dimension mismatch: %s id " INT64_FORMAT " has %d dimensions, expected %d",
 						m->set_name, id, view->dim, m->dim)));
+	}
 	if (m->n == m->capacity)
 		grow(m);
-	if (!reader->copy(view, m->values + m->n * m->dim))
+	if (!reader->copy(view, m->values + m->n * m->row_bytes))
 		knn_vector_problem_error(KNN_VALUE_NOT_FINITE, m->set_name, id);
 	m->ids[m->n] = id;
 	m->n++;
@@ -150,9 +162,9 @@ void
 knn_matrix_sort_by_id(KnnMatrix *m)
 {
 	IdRow	   *order;
-	float	   *values;
+	char	   *values;
 	bool		sorted = true;
-	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, m->dim));
+	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, (int64) m->row_bytes / 4));
 
 	for (int64 i = 1; i < m->n && sorted; i++)
 		sorted = m->ids[i - 1] <= m->ids[i];
@@ -160,10 +172,10 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 		return;
 
 	order = sorted_rows(m);
-	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->dim * sizeof(float));
+	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->row_bytes);
 	for (int64 i = 0; i < m->n; i++)
 	{
-		memcpy(values + i * m->dim, m->values + order[i].row * m->dim, m->dim * sizeof(float));
+		memcpy(values + i * m->row_bytes, m->values + order[i].row * m->row_bytes, m->row_bytes);
 		m->ids[i] = (int64) (order[i].key ^ (UINT64CONST(1) << 63));
 		if (i % rows_per_slice == 0)
 			CHECK_FOR_INTERRUPTS();
@@ -191,6 +203,7 @@ knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatri
 				   int32 k)
 {
 	memset(problem, 0, sizeof(*problem));
+	problem->element = queries->element;
 	problem->queries = queries->values;
 	problem->n_queries = queries->n;
 	problem->targets = targets->values;
@@ -202,17 +215,17 @@ knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatri
 bool
 knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b)
 {
-	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, a->dim));
+	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, (int64) a->row_bytes / 4));
 
-	if (a->n != b->n || a->dim != b->dim)
+	if (a->n != b->n || a->dim != b->dim || a->element != b->element)
 		return false;
 	for (int64 first = 0; first < a->n; first += rows_per_slice)
 	{
 		int64		rows = Min(rows_per_slice, a->n - first);
 
 		CHECK_FOR_INTERRUPTS();
-		if (memcmp(a->values + first * a->dim, b->values + first * b->dim,
-				   (Size) rows * a->dim * sizeof(float)) != 0)
+		if (memcmp(a->values + first * a->row_bytes, b->values + first * b->row_bytes,
+				   (Size) rows * a->row_bytes) != 0)
 			return false;
 	}
 	return true;

@@ -1,6 +1,7 @@
 /*
- * knn_matrix.h -- a growing float32 matrix of vectors with their ids, built
- * row by row for the engine, and put in id order.
+ * knn_matrix.h -- a growing matrix of rows of one element type (float32,
+ * float16 or bits: knn_engine.h) with their ids, built row by row for the
+ * engine, and put in id order.
  */
 #ifndef KNN_MATRIX_H
 #define KNN_MATRIX_H
@@ -15,17 +16,20 @@ typedef struct KnnMatrix
 	int64		n;				/* rows so far */
 	int64		capacity;
 	int32		dim;			/* -1 until the first row */
-	float	   *values;			/* n x dim, row-major (huge allocation) */
+	KnnElement	element;		/* of every row */
+	Size		row_bytes;		/* knn_row_bytes(element, dim), once dim is set */
+	char	   *values;			/* n rows of row_bytes (huge allocation) */
 	int64	   *ids;
 	const char *set_name;		/* "query" or "target", for messages */
 	MemoryContext context;		/* where the arrays live (the caller's at init) */
 } KnnMatrix;
 
-extern void knn_matrix_init(KnnMatrix *m, const char *set_name);
+extern void knn_matrix_init(KnnMatrix *m, const char *set_name, KnnElement element);
 
 /*
- * Appends one non-null value (detoasted here, once); ERROR for a malformed,
- * empty or non-finite value or a dimension mismatch, naming the id.
+ * Appends one non-null value (detoasted here, once) through a reader of the
+ * matrix's element type; ERROR for a malformed, empty or non-finite value
+ * or a dimension (bit length) mismatch, naming the id.
  */
 extern void knn_matrix_append(KnnMatrix *m, int64 id, Datum value,
 							  const KnnVectorReader *reader);

@@ -63,6 +63,7 @@ typedef struct KnnJoinState
 
 	/* From the plan */
 	KnnMetric	metric;
+	KnnVectorKind kind;			/* of both vector columns (vector, halfvec, bit) */
 	AttrNumber	query_column;	/* query vector in the outer rows */
 	AttrNumber	target_column;	/* target vector in the inner rows */
 	bool		target_is_left;
@@ -195,6 +196,12 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 											   &TTSOpsMinimalTuple);
 	state->inner_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->inner_ps),
 											   &TTSOpsMinimalTuple);
+	/* The planner checked the column's type; it decides the element type. */
+	state->kind = knn_vector_kind(TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
+												state->target_column - 1)->atttypid);
+	if (state->kind != KNN_VECTOR_TYPE && state->kind != KNN_VECTOR_HALFVEC &&
+		state->kind != KNN_VECTOR_BIT)
+		elog(ERROR, "KNN Join: the target column is not of a joinable type");
 	state->join_cxt = AllocSetContextCreate(CurrentMemoryContext, "KNN Join",
 											ALLOCSET_DEFAULT_SIZES);
 }
@@ -262,6 +269,18 @@ static void
 dimension_error(KnnJoinState *state, int target_dim, int query_dim)
 {
 	/* The operator's own message, operands in the user's order. */
+	if (state->kind == KNN_VECTOR_BIT)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("different bit lengths %d and %d",
+						state->target_is_left ? target_dim : query_dim,
+						state->target_is_left ? query_dim : target_dim)));
+	if (state->kind == KNN_VECTOR_HALFVEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("different halfvec dimensions %d and %d",
+						state->target_is_left ? target_dim : query_dim,
+						state->target_is_left ? query_dim : target_dim)));
 	ereport(ERROR,
 			(errcode(ERRCODE_DATA_EXCEPTION),
 			 errmsg("different vector dimensions %d and %d",
@@ -447,7 +466,7 @@ read_targets(KnnJoinState *state, const KnnVectorReader *reader, int query_dim,
 static void
 run_engine(KnnJoinState *state, int64 wanted)
 {
-	const KnnVectorReader *reader = knn_vector_reader(KNN_VECTOR_TYPE);
+	const KnnVectorReader *reader = knn_vector_reader(state->kind);
 	KnnMatrix	queries;
 	KnnMatrix	targets;
 	KnnProblem	problem;
@@ -468,8 +487,8 @@ run_engine(KnnJoinState *state, int64 wanted)
 	state->null_inner = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
 	query_keys = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
 	target_keys = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
-	knn_matrix_init(&queries, "query");
-	knn_matrix_init(&targets, "target");
+	knn_matrix_init(&queries, "query", reader->element);
+	knn_matrix_init(&targets, "target", reader->element);
 	MemoryContextSwitchTo(old);
 
 	read_queries(state, reader, &queries, query_keys, &query_key_set, &odd_query_dim, &odd_key_set);
@@ -856,6 +875,11 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 	if (offset != NULL)
 		explain_count(node, ancestors, es, "Offset", offset);
 	ExplainPropertyText("Metric", knn_metric_name(state->metric), es);
+	/* vector columns, the common case, keep their plans' lines unchanged */
+	if (state->kind == KNN_VECTOR_HALFVEC)
+		ExplainPropertyText("Element", "float16 (halfvec)", es);
+	else if (state->kind == KNN_VECTOR_BIT)
+		ExplainPropertyText("Element", "bit", es);
 	ExplainPropertyText("Engine", knn_device_name((KnnDevice) knn_gpu_device), es);
 	if (state->exclude_query_column > 0)
 		ExplainPropertyText("Self Exclusion",

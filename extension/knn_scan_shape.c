@@ -175,6 +175,13 @@ recognise_relation(Query *sq)
 	return rtr;
 }
 
+/* The column types the node joins (the operator decided the metric). */
+static bool
+is_joinable_kind(KnnVectorKind kind)
+{
+	return kind == KNN_VECTOR_TYPE || kind == KNN_VECTOR_HALFVEC || kind == KNN_VECTOR_BIT;
+}
+
 /*
  * The first ORDER BY key: ascending, NULLS LAST (float8's "<"), a distance
  * operator (knn_catalog.h) between a column of the relation and a column
@@ -210,7 +217,7 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 	if (kp->target_vector->varlevelsup != 0 || kp->query_vector->varlevelsup != 1 ||
 		kp->target_vector->varno != rtr->rtindex || kp->target_vector->varattno <= 0 ||
 		kp->query_vector->varattno <= 0 ||
-		knn_vector_kind(kp->target_vector->vartype) != KNN_VECTOR_TYPE ||
+		!is_joinable_kind(knn_vector_kind(kp->target_vector->vartype)) ||
 		kp->target_vector->vartype != kp->query_vector->vartype)
 	{
 		knn_scan_reject("the distance is not between a vector column of the relation and one of the outer query");

@@ -26,6 +26,7 @@ knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem, const KnnStat
 	record->dim = problem->dim;
 	record->k = problem->k;
 	record->metric = problem->metric;
+	record->element = problem->element;
 	record->engine = *engine;
 	record->seconds_read = seconds_read;
 	record->seconds_sort = seconds_sort;
@@ -56,6 +57,7 @@ record_json(const KnnJoinRecord *r)
 	append_json_string(&buf, "method", knn_method_name(s->method));
 	append_json_string(&buf, "variant", s->variant);
 	append_json_string(&buf, "metric", knn_metric_name(r->metric));
+	append_json_string(&buf, "element", knn_element_name(r->element));
 	appendStringInfo(&buf,
 					 "\"queries\":" INT64_FORMAT ",\"targets\":" INT64_FORMAT
 					 ",\"dim\":%d,\"k\":%d"

@@ -19,6 +19,7 @@ typedef struct KnnJoinRecord
 	int32		dim;
 	int32		k;
 	KnnMetric	metric;
+	KnnElement	element;		/* of the rows the extension read */
 	KnnStats	engine;
 	double		seconds_read;	/* reading both sides' rows */
 	double		seconds_sort;	/* putting rows in id order */

@@ -23,8 +23,12 @@
 #include <new>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
+#include "cpu/bit_join.h"
 #include "cpu/cpu_engine.h"
+#include "half_float.h"
+#include "problem_check.h"
 #include "signal_free_thread.h"
 #include "entry_guard.h"
 #include "knn_cuda_module.h"
@@ -73,6 +77,24 @@ void load_gpu_module(GpuModule &m) noexcept {
   m.run = run;
 }
 
+// float16 rows widened to float32 for the float engines: exact (every
+// binary16 is a float), so a halfvec join is the vector join of the same
+// values, as pgvector's halfvec operators compute it. Returns false when
+// cancelled on the way.
+bool widen_rows(const void *rows, int64_t n, int32_t dim, const int32_t *cancel,
+                std::vector<float> *out) {
+  const auto *h = static_cast<const uint16_t *>(rows);
+  const int64_t count = n * dim;
+  out->resize(static_cast<size_t>(count));
+  constexpr int64_t kSlice = int64_t{1} << 20;  // elements between looks at cancel
+  for (int64_t first = 0; first < count; first += kSlice) {
+    if (__atomic_load_n(cancel, __ATOMIC_RELAXED) != 0) return false;
+    const int64_t end = std::min(count, first + kSlice);
+    for (int64_t i = first; i < end; i++) (*out)[i] = knn_half_to_float(h[i]);
+  }
+  return true;
+}
+
 // After loading, usable, description and run never change again, so the
 // callers read them without the lock.
 const GpuModule &gpu() {
@@ -99,11 +121,16 @@ struct KnnJob {
   KnnStats stats{};
   char error[kMessageBytes] = "";  // failure, or notice of an OK status
   std::thread thread;
+  std::vector<float> wide_queries;  // float16 rows widened (FLOAT16 problems)
+  std::vector<float> wide_targets;
 
   void run() noexcept;
 
  private:
   KnnStatus run_engines();
+  KnnStatus run_float_engines();
+  KnnStatus run_bit();
+  KnnStatus widen();
   KnnStatus run_cpu(const char *note);
   KnnStatus run_gpu(const GpuModule &m);
   void announce_finished() noexcept;
@@ -135,9 +162,52 @@ KnnStatus KnnJob::run_gpu(const GpuModule &m) {
   return cpu_st;
 }
 
+// Bit rows: the CPU bit engine, whatever the device (no GPU bit kernel).
+KnnStatus KnnJob::run_bit() {
+  const KnnStatus st =
+      knn::cpu::bit_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error);
+  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+    std::snprintf(error, sizeof error,
+                  "the GPU engine has no kernel for bit rows; the CPU engine ran");
+  if (problem.device != KNN_DEVICE_CPU) {
+    const size_t used = std::strlen(stats.device_name);
+    std::snprintf(stats.device_name + used, sizeof stats.device_name - used,
+                  " [bit rows: CPU engine]");
+  }
+  return st;
+}
+
+// Turns a FLOAT16 problem into the FLOAT32 problem of the same values.
+KnnStatus KnnJob::widen() {
+  if (const char *why = knn::problem_invalid_reason(problem, neighbors, distances)) {
+    knn::copy_message(error, sizeof error, why);
+    return KNN_INVALID_ARGUMENT;
+  }
+  const bool shared = problem.queries == problem.targets && problem.n_queries == problem.n_targets;
+  if (!widen_rows(problem.queries, problem.n_queries, problem.dim, &cancel, &wide_queries) ||
+      (!shared &&
+       !widen_rows(problem.targets, problem.n_targets, problem.dim, &cancel, &wide_targets))) {
+    knn::copy_message(error, sizeof error, "cancelled");
+    return KNN_CANCELLED;
+  }
+  problem.element = KNN_ELEMENT_FLOAT32;
+  problem.queries = wide_queries.data();
+  problem.targets = shared ? wide_queries.data() : wide_targets.data();
+  return KNN_OK;
+}
+
 KnnStatus KnnJob::run_engines() {
   if (problem.fault == KNN_FAULT_RUN) throw std::runtime_error("fault injection");
   if (problem.fault == KNN_FAULT_BAD_ALLOC) throw std::bad_alloc();
+  if (problem.element == KNN_ELEMENT_BIT) return run_bit();
+  if (problem.element == KNN_ELEMENT_FLOAT16) {
+    const KnnStatus st = widen();
+    if (st != KNN_OK) return st;
+  }
+  return run_float_engines();
+}
+
+KnnStatus KnnJob::run_float_engines() {
   if (problem.device == KNN_DEVICE_CPU) return run_cpu(nullptr);
   const GpuModule &m = gpu();
   if (m.usable) return run_gpu(m);

@@ -7,7 +7,8 @@ extern "C" {
 
 const KnnName knn_metric_names[] = {
     {"l2", KNN_METRIC_L2}, {"cosine", KNN_METRIC_COSINE}, {"ip", KNN_METRIC_IP},
-    {"l1", KNN_METRIC_L1}, {nullptr, 0}};
+    {"l1", KNN_METRIC_L1}, {"hamming", KNN_METRIC_HAMMING}, {"jaccard", KNN_METRIC_JACCARD},
+    {nullptr, 0}};
 const KnnName knn_method_names[] = {
     {"auto", KNN_METHOD_AUTO}, {"ti", KNN_METHOD_TI}, {"brute", KNN_METHOD_BRUTE}, {nullptr, 0}};
 const KnnName knn_device_names[] = {
@@ -54,6 +55,15 @@ const char *knn_method_name(KnnMethod method) { return name_of(knn_method_names,
 const char *knn_device_name(KnnDevice device) { return name_of(knn_device_names, device); }
 const char *knn_fault_name(KnnFault fault) { return name_of(knn_fault_names, fault); }
 
+const char *knn_element_name(KnnElement element) {
+  switch (element) {
+    case KNN_ELEMENT_FLOAT32: return "float32";
+    case KNN_ELEMENT_FLOAT16: return "float16";
+    case KNN_ELEMENT_BIT: return "bit";
+  }
+  return "unknown";
+}
+
 const char *knn_status_name(KnnStatus status) {
   switch (status) {
     case KNN_OK: return "ok";
@@ -80,7 +90,7 @@ int knn_fault_parse(const char *name, KnnFault *out) {
   return parse_enum(knn_fault_names, name, out);
 }
 
-const char *knn_metric_list(void) { return "l2, cosine, ip, l1"; }
+const char *knn_metric_list(void) { return "l2, cosine, ip, l1, hamming, jaccard"; }
 const char *knn_method_list(void) { return "auto, ti, brute"; }
 
 }  // extern "C"

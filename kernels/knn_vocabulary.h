@@ -26,7 +26,7 @@ typedef struct KnnName
  * case-insensitive. knn_*_name() returns the first spelling of a value, or
  * "unknown" for a value outside the enum.
  */
-extern const KnnName knn_metric_names[];	/* l2, cosine, ip, l1 */
+extern const KnnName knn_metric_names[];	/* l2, cosine, ip, l1, hamming, jaccard */
 extern const KnnName knn_method_names[];	/* auto, ti, brute */
 extern const KnnName knn_device_names[];	/* auto, cpu, gpu */
 extern const KnnName knn_fault_names[];		/* none, start, run, bad_alloc, finish */
@@ -35,6 +35,7 @@ const char *knn_metric_name(KnnMetric metric);
 const char *knn_method_name(KnnMethod method);
 const char *knn_device_name(KnnDevice device);
 const char *knn_fault_name(KnnFault fault);
+const char *knn_element_name(KnnElement element);	/* "float32", "float16", "bit" */
 const char *knn_status_name(KnnStatus status);	/* "ok", "cancelled", ... */
 
 /* Return 1 and set *out when name is a known spelling, else 0. */
@@ -43,7 +44,7 @@ int			knn_method_parse(const char *name, KnnMethod *out);
 int			knn_device_parse(const char *name, KnnDevice *out);
 int			knn_fault_parse(const char *name, KnnFault *out);
 
-/* "l2, cosine, ip, l1" and the like, for error hints. */
+/* "l2, cosine, ip, l1, hamming, jaccard" and the like, for error hints. */
 const char *knn_metric_list(void);
 const char *knn_method_list(void);
 

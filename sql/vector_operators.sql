@@ -16,9 +16,11 @@ SELECT '[1,2,3]'::vector <-> '[4,5,6]'::vector AS l2,
 	'[1,2,3]'::vector <#> '[4,5,6]'::vector AS negative_ip,
 	'[1,2,3]'::vector <=> '[4,5,6]'::vector AS cosine,
 	'[1,2,3]'::vector <+> '[4,5,6]'::vector AS l1;
-SELECT l2_distance('[1,2,3]', '[4,5,6]'), inner_product('[1,2,3]', '[4,5,6]'),
-	negative_inner_product('[1,2,3]', '[4,5,6]'),
-	cosine_distance('[1,2,3]', '[4,5,6]'), l1_distance('[1,2,3]', '[4,5,6]');
+-- (one operand typed: with halfvec there, as with pgvector, two untyped
+-- literals would be ambiguous)
+SELECT l2_distance('[1,2,3]'::vector, '[4,5,6]'), inner_product('[1,2,3]'::vector, '[4,5,6]'),
+	negative_inner_product('[1,2,3]'::vector, '[4,5,6]'),
+	cosine_distance('[1,2,3]'::vector, '[4,5,6]'), l1_distance('[1,2,3]'::vector, '[4,5,6]');
 
 -- 20 dimensions (two full blocks of 8 lanes and a tail of 4):
 -- a = [1..20], b = [20..1], a[i] - b[i] = 2i - 21 = -19, -17, ..., 17, 19
@@ -38,7 +40,7 @@ FROM long_pair;
 -- folded at the end. For a = [1e8,1,1,1,1,1,1,1,-1e8] and b = 9 ones, lane 0
 -- holds 1e8 - 1e8 = 0 and lanes 1..7 hold 1 each: a.b = 7 (the exact value).
 -- A left-to-right float sum would lose every 1 against 1e8 and return 0.
-SELECT inner_product('[1e8,1,1,1,1,1,1,1,-1e8]', '[1,1,1,1,1,1,1,1,1]'),
+SELECT inner_product('[1e8,1,1,1,1,1,1,1,-1e8]'::vector, '[1,1,1,1,1,1,1,1,1]'),
 	'[1e8,1,1,1,1,1,1,1,-1e8]'::vector <#> '[1,1,1,1,1,1,1,1,1]' AS negative_ip;
 
 -- parallel, opposite and orthogonal vectors: cosine 0, 2 and 1;
@@ -88,11 +90,11 @@ FROM (VALUES ($$SELECT '[1,2]'::vector <-> '[1,2,3]'$$),
 			 ($$SELECT '[1,2]'::vector <#> '[1,2,3]'$$),
 			 ($$SELECT '[1,2]'::vector <=> '[1,2,3]'$$),
 			 ($$SELECT '[1,2]'::vector <+> '[1,2,3]'$$),
-			 ($$SELECT inner_product('[1,2,3]', '[1,2]')$$),
-			 ($$SELECT l2_distance('[1]', '[1,2]')$$)) AS t(statement);
+			 ($$SELECT inner_product('[1,2,3]'::vector, '[1,2]')$$),
+			 ($$SELECT l2_distance('[1]'::vector, '[1,2]')$$)) AS t(statement);
 
 -- NULL in, NULL out
-SELECT NULL::vector <-> '[1]' IS NULL AS l2_null, l1_distance('[1]', NULL) IS NULL AS l1_null;
+SELECT NULL::vector <-> '[1]' IS NULL AS l2_null, l1_distance('[1]'::vector, NULL) IS NULL AS l1_null;
 
 -- comparison: element by element, then the shorter vector first
 SELECT '[1,2]'::vector < '[1,3]' AS lt, '[1,2]'::vector < '[1,2,0]' AS prefix_lt,

@@ -30,6 +30,7 @@
 
 #include <sys/resource.h>
 
+#include "cpu/bit_join.h"
 #include "cpu/blas_library.h"
 #include "cpu/cpu_engine.h"
 #include "cpu/cpu_tuning.h"
@@ -37,6 +38,7 @@
 #include "cpu/parallel_for.h"
 #include "cpu/top_k.h"
 #include "entry_guard.h"
+#include "half_float.h"
 #include "problem_check.h"
 #include "knn_distance.h"
 #include "knn_engine.h"
@@ -1215,6 +1217,295 @@ TEST(Vocabulary, NamesAndParsersAgree) {
   EXPECT_TRUE(knn_metric_parse("Cosine", &metric));
   EXPECT_EQ(metric, KNN_METRIC_COSINE);
   EXPECT_STREQ(knn_status_name(KNN_OUT_OF_MEMORY), "out of memory");
+}
+
+// ---------------------------------------------------- float16 and bits ----
+
+// binary16 -> binary32 against the definition: (-1)^s * 2^(e-15) * 1.m, or
+// 2^-14 * 0.m for subnormals (exact in double), for all 65536 patterns.
+TEST(HalfFloat, WidensEveryPatternExactly) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    const float f = knn_half_to_float(static_cast<uint16_t>(h));
+    const int sign = (h & 0x8000) ? -1 : 1;
+    const int e = (h >> 10) & 0x1F;
+    const int m = h & 0x3FF;
+    if (e == 0x1F) {
+      if (m == 0) {
+        EXPECT_TRUE(std::isinf(f) && std::signbit(f) == (sign < 0)) << h;
+      } else {
+        uint32_t bits;
+        std::memcpy(&bits, &f, sizeof bits);
+        // pgvector's portable HalfToFloat4: the quiet NaN of the sign
+        EXPECT_EQ(bits, (sign < 0 ? 0x80000000u : 0u) | 0x7FC00000u) << h;
+      }
+      continue;
+    }
+    const double expected =
+        sign * (e == 0 ? std::ldexp(m, -24) : std::ldexp(1024 + m, e - 25));
+    EXPECT_EQ(static_cast<double>(f), expected) << h;
+    EXPECT_EQ(std::signbit(f), sign < 0) << h;
+    // and back: every binary16 value narrows to itself
+    EXPECT_EQ(knn_float_to_half(f), static_cast<uint16_t>(h)) << h;
+  }
+}
+
+// float -> binary16 rounds to the nearest, ties to even, against a
+// reference that picks the nearer of the two neighbouring halves in double.
+TEST(HalfFloat, NarrowsToNearestEven) {
+  std::mt19937_64 rng(81);
+  std::uniform_int_distribution<uint32_t> any;
+  for (int i = 0; i < 200000; i++) {
+    float f;
+    const uint32_t bits = any(rng);
+    std::memcpy(&f, &bits, sizeof f);
+    if (!std::isfinite(f)) continue;
+    const uint16_t h = knn_float_to_half(f);
+    if (std::fabs(static_cast<double>(f)) >= 65520.0) {  // 65504 + half an ulp
+      EXPECT_EQ(h & 0x7FFF, 0x7C00) << f;
+      continue;
+    }
+    const double got = knn_half_to_float(h);
+    // neighbours of got: the error must be at most half the gap, and a tie
+    // must land on an even mantissa
+    const uint16_t up = static_cast<uint16_t>((h & 0x7FFF) + 1);
+    const double gap = std::fabs(static_cast<double>(knn_half_to_float(up)) -
+                                 std::fabs(got));
+    const double err = std::fabs(got - static_cast<double>(f));
+    EXPECT_LE(err, gap / 2) << f;
+    if (err == gap / 2 && err > 0) {
+      EXPECT_EQ(h & 1, 0) << f;
+    }
+    if (got != 0) {
+      EXPECT_EQ(std::signbit(got), std::signbit(f)) << f;
+    }
+  }
+  EXPECT_EQ(knn_float_to_half(65504.0f), 0x7BFF);
+  EXPECT_EQ(knn_float_to_half(65519.99f), 0x7BFF);
+  EXPECT_EQ(knn_float_to_half(65520.0f), 0x7C00);
+  EXPECT_EQ(knn_float_to_half(std::ldexp(1.0f, -25)), 0);       // tie to even: 0
+  EXPECT_EQ(knn_float_to_half(std::ldexp(1.5f, -25)), 1);       // above the tie
+  EXPECT_EQ(knn_float_to_half(std::ldexp(3.0f, -25)), 2);       // 1.5 ulp: tie to even
+}
+
+// A float16 job is the float32 job of the widened values, bit for bit, on
+// random shapes with duplicates, ties and self-exclusion.
+TEST(JobApi, Float16RowsAreWidenedExactly) {
+  std::mt19937_64 rng(82);
+  for (int trial = 0; trial < 24; trial++) {
+    const int dim = 1 + static_cast<int>(rng() % 40);
+    const int64_t nq = 1 + static_cast<int64_t>(rng() % 60);
+    const int64_t nt = 1 + static_cast<int64_t>(rng() % 90);
+    const int k = 1 + static_cast<int>(rng() % 12);  // at times above nt
+    // few distinct small values: many duplicate rows and tied distances
+    std::uniform_int_distribution<int> value(-4, 4);
+    auto make = [&](int64_t rows) {
+      std::vector<uint16_t> h(rows * dim);
+      for (auto &x : h) x = knn_float_to_half(value(rng) * 0.375f);
+      return h;
+    };
+    const std::vector<uint16_t> hq = make(nq);
+    const bool self = trial % 3 == 0;
+    const std::vector<uint16_t> ht = self ? hq : make(nt);
+    const int64_t n_targets = self ? nq : nt;
+    std::vector<float> fq(hq.size()), ft(ht.size());
+    for (size_t i = 0; i < hq.size(); i++) fq[i] = knn_half_to_float(hq[i]);
+    for (size_t i = 0; i < ht.size(); i++) ft[i] = knn_half_to_float(ht[i]);
+    std::vector<int64_t> qkeys(nq), tkeys(n_targets);
+    for (int64_t i = 0; i < nq; i++) qkeys[i] = i / 2;  // repeated keys too
+    for (int64_t i = 0; i < n_targets; i++) tkeys[i] = i / 2;
+    for (KnnMetric metric : kMetrics) {
+      KnnProblem half{};
+      half.element = KNN_ELEMENT_FLOAT16;
+      half.queries = hq.data();
+      half.n_queries = nq;
+      half.targets = self ? static_cast<const void *>(hq.data()) : ht.data();
+      half.n_targets = n_targets;
+      half.dim = dim;
+      half.k = k;
+      half.metric = metric;
+      half.device = KNN_DEVICE_CPU;
+      half.n_threads = 2;
+      if (trial % 2 == 1) {
+        half.query_keys = qkeys.data();
+        half.target_keys = tkeys.data();
+      }
+      KnnProblem wide = half;
+      wide.element = KNN_ELEMENT_FLOAT32;
+      wide.queries = fq.data();
+      wide.targets = self ? fq.data() : ft.data();
+      const JobRun run = run_job(half);
+      ASSERT_EQ(run.status, KNN_OK) << run.message;
+      EXPECT_TRUE(same_result(reference_join(wide), run.result, k))
+          << "trial " << trial << " metric " << knn_metric_name(metric);
+    }
+  }
+}
+
+// Naive bit reference: bit i of a row is bit 7 - i % 8 of byte i / 8.
+bool bit_at(const std::vector<uint8_t> &rows, int64_t row, int dim, int i) {
+  const int64_t bytes = (dim + 7) / 8;
+  return (rows[row * bytes + i / 8] >> (7 - i % 8)) & 1;
+}
+
+double reference_bit_distance(KnnMetric metric, const std::vector<uint8_t> &a, int64_t ra,
+                              const std::vector<uint8_t> &b, int64_t rb, int dim) {
+  uint64_t differ = 0, both = 0, ones_a = 0, ones_b = 0;
+  for (int i = 0; i < dim; i++) {
+    const bool x = bit_at(a, ra, dim, i), y = bit_at(b, rb, dim, i);
+    differ += x != y;
+    both += x && y;
+    ones_a += x;
+    ones_b += y;
+  }
+  if (metric == KNN_METRIC_HAMMING) return static_cast<double>(differ);
+  // pgvector: 1 when no bit is shared (two all-zero strings included)
+  return both == 0 ? 1.0 : 1.0 - static_cast<double>(both) / (ones_a + ones_b - both);
+}
+
+Result reference_bit_join(const KnnProblem &p, const std::vector<uint8_t> &q,
+                          const std::vector<uint8_t> &t) {
+  Result r;
+  r.neighbors.assign(p.n_queries * p.k, -1);
+  r.distances.assign(p.n_queries * p.k, std::numeric_limits<double>::quiet_NaN());
+  for (int64_t i = 0; i < p.n_queries; i++) {
+    std::vector<std::pair<double, int64_t>> all;
+    for (int64_t j = 0; j < p.n_targets; j++) {
+      if (p.query_keys != nullptr && p.query_keys[i] == p.target_keys[j]) continue;
+      all.emplace_back(reference_bit_distance(p.metric, q, i, t, j, p.dim), j);
+    }
+    std::sort(all.begin(), all.end());  // distance, then row: the result order
+    for (size_t r2 = 0; r2 < all.size() && static_cast<int64_t>(r2) < p.k; r2++) {
+      r.neighbors[i * p.k + r2] = all[r2].second;
+      r.distances[i * p.k + r2] = all[r2].first;
+    }
+  }
+  return r;
+}
+
+std::vector<uint8_t> random_bits(int64_t rows, int dim, int density_percent, std::mt19937_64 &rng,
+                                 bool stray_padding) {
+  const int64_t bytes = (dim + 7) / 8;
+  std::vector<uint8_t> out(rows * bytes, 0);
+  for (int64_t r = 0; r < rows; r++)
+    for (int i = 0; i < dim; i++)
+      if (static_cast<int>(rng() % 100) < density_percent)
+        out[r * bytes + i / 8] |= static_cast<uint8_t>(0x80 >> (i % 8));
+  // bits past dim must not count, whatever a caller leaves there
+  if (stray_padding && dim % 8 != 0)
+    for (int64_t r = 0; r < rows; r++) out[r * bytes + bytes - 1] |= 0xFF >> (dim % 8);
+  return out;
+}
+
+TEST(BitEngine, MatchesNaiveReferenceOnRandomShapes) {
+  std::mt19937_64 rng(83);
+  for (int trial = 0; trial < 40; trial++) {
+    const int dim = 1 + static_cast<int>(rng() % 200);
+    const int64_t nq = static_cast<int64_t>(rng() % 50);
+    const bool self = trial % 4 == 0;
+    const int64_t nt = self ? nq : static_cast<int64_t>(rng() % 80);
+    const int k = 1 + static_cast<int>(rng() % 15);
+    // low density on short rows: many duplicates, ties and all-zero rows
+    const int density = trial % 3 == 0 ? 5 : 50;
+    const std::vector<uint8_t> q = random_bits(nq, dim, density, rng, trial % 5 == 1);
+    const std::vector<uint8_t> t = self ? q : random_bits(nt, dim, density, rng, false);
+    std::vector<int64_t> qkeys(nq), tkeys(nt);
+    for (int64_t i = 0; i < nq; i++) qkeys[i] = i % 7;
+    for (int64_t i = 0; i < nt; i++) tkeys[i] = i % 5;
+    for (KnnMetric metric : {KNN_METRIC_HAMMING, KNN_METRIC_JACCARD}) {
+      KnnProblem p{};
+      p.element = KNN_ELEMENT_BIT;
+      p.queries = q.data();
+      p.n_queries = nq;
+      p.targets = self ? static_cast<const void *>(q.data()) : t.data();
+      p.n_targets = nt;
+      p.dim = dim;
+      p.k = k;
+      p.metric = metric;
+      p.device = trial % 2 == 0 ? KNN_DEVICE_CPU : KNN_DEVICE_AUTO;
+      p.n_threads = 1 + trial % 3;
+      if (trial % 3 == 2) {
+        p.query_keys = qkeys.data();
+        p.target_keys = tkeys.data();
+      }
+      // padding bits cleared for the reference, as the engine masks them
+      std::vector<uint8_t> clean_q = q, clean_t = t;
+      const int64_t bytes = (dim + 7) / 8;
+      if (dim % 8 != 0) {
+        for (int64_t r = 0; r < nq; r++) clean_q[r * bytes + bytes - 1] &= 0xFF << (8 - dim % 8);
+        for (int64_t r = 0; r < nt; r++) clean_t[r * bytes + bytes - 1] &= 0xFF << (8 - dim % 8);
+      }
+      const Result expected = reference_bit_join(p, clean_q, self ? clean_q : clean_t);
+      const JobRun run = run_job(p);
+      ASSERT_EQ(run.status, KNN_OK) << run.message;
+      EXPECT_TRUE(same_result(expected, run.result, k))
+          << "trial " << trial << " " << knn_metric_name(metric) << " dim " << dim << " nq "
+          << nq << " nt " << nt << " k " << k;
+      if (nq > 0) {
+        EXPECT_STREQ(run.stats.variant, "bit popcount");
+      }
+    }
+  }
+}
+
+TEST(BitEngine, PgvectorFormulas) {
+  EXPECT_EQ(knn::cpu::jaccard_from_counts(0, 0, 0), 1.0);  // two all-zero strings
+  EXPECT_EQ(knn::cpu::jaccard_from_counts(0, 3, 2), 1.0);
+  EXPECT_EQ(knn::cpu::jaccard_from_counts(2, 3, 2), 1 - 2.0 / 3.0);
+  EXPECT_EQ(knn::cpu::hamming_from_count(17), 17.0);
+}
+
+TEST(BitEngine, RejectsFloatMetricsAndCancels) {
+  std::mt19937_64 rng(84);
+  const std::vector<uint8_t> rows = random_bits(6000, 1024, 50, rng, false);
+  KnnProblem p{};
+  p.element = KNN_ELEMENT_BIT;
+  p.queries = p.targets = rows.data();
+  p.n_queries = p.n_targets = 6000;
+  p.dim = 1024;
+  p.k = 5;
+  p.metric = KNN_METRIC_L2;
+  p.device = KNN_DEVICE_CPU;
+  JobRun bad = run_job(p);
+  EXPECT_EQ(bad.status, KNN_INVALID_ARGUMENT);
+  // float rows with a bit metric are refused too
+  KnnProblem floats = p;
+  floats.element = KNN_ELEMENT_FLOAT32;
+  floats.metric = KNN_METRIC_HAMMING;
+  EXPECT_NE(knn::problem_invalid_reason(floats, nullptr, nullptr), nullptr);
+
+  p.metric = KNN_METRIC_HAMMING;
+  p.n_threads = 1;
+  std::vector<int64_t> n(p.n_queries * p.k);
+  std::vector<double> d(p.n_queries * p.k);
+  char err[256] = "";
+  KnnJob *job = knn_job_start(&p, n.data(), d.data(), err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  EXPECT_EQ(knn_job_wait(job, 20), 0);
+  knn_job_cancel(job);
+  const Clock::time_point at = Clock::now();
+  EXPECT_EQ(knn_job_wait(job, 2000), 1);
+  const double late_ms = std::chrono::duration<double, std::milli>(Clock::now() - at).count();
+  EXPECT_LT(late_ms, 250.0);
+  EXPECT_EQ(knn_job_finish(job, nullptr, err, sizeof err), KNN_CANCELLED);
+}
+
+// A GPU asked for: the CPU bit engine runs and says so in the notice.
+TEST(BitEngine, GpuDeviceRunsOnCpuWithNotice) {
+  std::mt19937_64 rng(85);
+  const std::vector<uint8_t> rows = random_bits(30, 70, 40, rng, false);
+  KnnProblem p{};
+  p.element = KNN_ELEMENT_BIT;
+  p.queries = p.targets = rows.data();
+  p.n_queries = p.n_targets = 30;
+  p.dim = 70;
+  p.k = 4;
+  p.metric = KNN_METRIC_JACCARD;
+  p.device = KNN_DEVICE_GPU;
+  const JobRun run = run_job(p);
+  ASSERT_EQ(run.status, KNN_OK) << run.message;
+  EXPECT_NE(run.message.find("no kernel for bit rows"), std::string::npos) << run.message;
+  EXPECT_EQ(run.stats.device, KNN_DEVICE_CPU);
+  EXPECT_TRUE(same_result(reference_bit_join(p, rows, rows), run.result, p.k));
 }
 
 }  // namespace

@@ -1,17 +1,24 @@
 --
 -- knn_gpu beside the real pgvector (installed first, so knn_gpu uses its
--- type): pgvector's vector type, its distance operators and its approximate
--- index access methods are recognised by catalog identity; its other types
--- (halfvec, sparsevec) are not read as vectors, whatever they are called.
+-- types): pgvector's vector and halfvec types, its distance operators
+-- (bit's <~> and <%> included) and its approximate index access methods are
+-- recognised by catalog identity; sparsevec is not read, whatever it is
+-- called. (knn_pgvector_second: the other install order.)
 --
 CREATE EXTENSION vector;
 CREATE EXTENSION knn_gpu;
 
--- knn_gpu created no type of its own: "vector" is pgvector's.
+-- knn_gpu created no type of its own: "vector" and "halfvec" are pgvector's,
+-- and so are the bit operators <~> and <%>.
 SELECT t.typname, e.extname
 FROM pg_type t JOIN pg_depend d ON d.classid = 'pg_type'::regclass AND d.objid = t.oid AND d.deptype = 'e'
 JOIN pg_extension e ON e.oid = d.refobjid
 WHERE t.typname IN ('vector', 'halfvec', 'sparsevec') ORDER BY 1;
+SELECT o.oprname, o.oprleft::regtype, e.extname
+FROM pg_operator o JOIN pg_depend d ON d.classid = 'pg_operator'::regclass AND d.objid = o.oid AND d.deptype = 'e'
+JOIN pg_extension e ON e.oid = d.refobjid
+WHERE o.oprname IN ('<~>', '<%>', '<->') AND o.oprleft IN ('bit'::regtype, 'halfvec'::regtype)
+ORDER BY 1, 2;
 
 -- Small integers: every distance is exact, so pgvector's operators (built
 -- with -fassociative-math) and knn_gpu's engine agree to the last bit.
@@ -31,9 +38,45 @@ SELECT count(*) AS differing FROM (
      SELECT t.id, t.v <+> q.v AS d, row_number() OVER (ORDER BY t.v <+> q.v, t.id) AS rank
      FROM items t ORDER BY t.v <+> q.v, t.id LIMIT 5) n WHERE q.id <= 20)) x;
 
--- halfvec and sparsevec belong to pgvector but are not vectors.
-SELECT * FROM knn_join('SELECT id, h FROM items', 'SELECT id, h FROM items', 1);
+-- knn_join reads pgvector's halfvec, and returns what its operators order
+-- by, for each metric (small integers: pgvector's F16C/FMA sums are exact).
+SELECT m.metric, (SELECT count(*) FROM (
+  (SELECT query_id, target_id, rank, distance
+   FROM knn_join('SELECT id, h FROM items WHERE id <= 20', 'SELECT id, h FROM items', 5, m.metric))
+  EXCEPT ALL
+  (SELECT q.id, n.id, n.rank::int, n.d FROM items q CROSS JOIN LATERAL (
+     SELECT t.id, CASE m.metric WHEN 'l2' THEN t.h <-> q.h WHEN 'cosine' THEN t.h <=> q.h
+                    WHEN 'ip' THEN t.h <#> q.h ELSE t.h <+> q.h END AS d,
+            row_number() OVER (ORDER BY CASE m.metric WHEN 'l2' THEN t.h <-> q.h WHEN 'cosine' THEN t.h <=> q.h
+                    WHEN 'ip' THEN t.h <#> q.h ELSE t.h <+> q.h END, t.id) AS rank
+     FROM items t ORDER BY 2, t.id LIMIT 5) n WHERE q.id <= 20)) x) AS differing
+FROM (VALUES ('l2'), ('cosine'), ('ip'), ('l1')) m(metric);
+SELECT knn_gpu_last_stats()->>'element' AS element;
+-- halfvec queries with pgvector vector targets: as pgvector's implicit cast
+SELECT count(*) AS differing FROM (
+  (SELECT query_id, target_id, distance
+   FROM knn_join('SELECT id, h FROM items WHERE id <= 20', 'SELECT id, v FROM items', 3))
+  EXCEPT ALL
+  (SELECT q.id, n.id, n.d FROM items q CROSS JOIN LATERAL (
+     SELECT t.id, q.h <-> t.v AS d FROM items t ORDER BY 2, 1 LIMIT 3) n WHERE q.id <= 20)) x;
+-- sparsevec belongs to pgvector but is not read.
 SELECT * FROM knn_join('SELECT id, v::sparsevec FROM items', 'SELECT id, v FROM items', 1);
+
+-- bit: pgvector's binary_quantize, its <~> and <%>, and knn_join's hamming
+-- and jaccard give the same rows.
+CREATE TABLE bits AS SELECT id, binary_quantize(v::vector - '[3,5,6]')::bit(3) AS b FROM items;
+INSERT INTO bits SELECT id + 1000, ((id * 37) % 8)::bit(3) FROM items WHERE id <= 50;
+SELECT m.metric, (SELECT count(*) FROM (
+  (SELECT query_id, target_id, rank, distance
+   FROM knn_join('SELECT id, b FROM bits WHERE id % 13 = 0', 'SELECT id, b FROM bits', 7, m.metric, true))
+  EXCEPT ALL
+  (SELECT q.id, n.id, n.rank::int, n.d FROM bits q CROSS JOIN LATERAL (
+     SELECT t.id, CASE m.metric WHEN 'hamming' THEN t.b <~> q.b ELSE t.b <%> q.b END AS d,
+            row_number() OVER (ORDER BY CASE m.metric WHEN 'hamming' THEN t.b <~> q.b ELSE t.b <%> q.b END, t.id) AS rank
+     FROM bits t WHERE t.id <> q.id ORDER BY 2, t.id LIMIT 7) n WHERE q.id % 13 = 0)) x) AS differing
+FROM (VALUES ('hamming'), ('jaccard')) m(metric);
+SELECT count(*) AS rows FROM knn_join('SELECT id, b FROM bits WHERE id % 13 = 0', 'SELECT id, b FROM bits', 7, 'jaccard', true);
+SELECT * FROM knn_join('SELECT id, b FROM bits', 'SELECT id, b FROM bits', 1, 'l2');
 
 -- The LATERAL query with each of pgvector's distance operators is planned
 -- as the KNN Join, with the metric of that operator ...
@@ -57,9 +100,30 @@ RESET knn_gpu.enable_knn_join;
 SELECT count(*) AS rows, (SELECT count(*) FROM (TABLE with_node EXCEPT ALL TABLE without_node) x) AS differing
 FROM with_node;
 
--- halfvec's <-> is pgvector's operator too, but not over vectors.
+-- pgvector's halfvec and bit operators are planned as the KNN Join too,
+-- with the nested loop's rows.
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM items q CROSS JOIN LATERAL (SELECT t.id FROM items t ORDER BY t.h <-> q.h LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM bits q CROSS JOIN LATERAL (SELECT t.id FROM bits t ORDER BY q.b <%> t.b LIMIT 3) n;
+CREATE TEMP TABLE h_with AS
+SELECT q.id AS qid, n.id, n.d FROM items q
+CROSS JOIN LATERAL (SELECT t.id, t.h <=> q.h AS d FROM items t ORDER BY t.h <=> q.h, t.id LIMIT 4) n;
+CREATE TEMP TABLE b_with AS
+SELECT q.id AS qid, n.id, n.d FROM bits q
+CROSS JOIN LATERAL (SELECT t.id, t.b <~> q.b AS d FROM bits t WHERE t.id <> q.id ORDER BY t.b <~> q.b, t.id LIMIT 4) n;
+SET knn_gpu.enable_knn_join = off;
+CREATE TEMP TABLE h_without AS
+SELECT q.id AS qid, n.id, n.d FROM items q
+CROSS JOIN LATERAL (SELECT t.id, t.h <=> q.h AS d FROM items t ORDER BY t.h <=> q.h, t.id LIMIT 4) n;
+CREATE TEMP TABLE b_without AS
+SELECT q.id AS qid, n.id, n.d FROM bits q
+CROSS JOIN LATERAL (SELECT t.id, t.b <~> q.b AS d FROM bits t WHERE t.id <> q.id ORDER BY t.b <~> q.b, t.id LIMIT 4) n;
+RESET knn_gpu.enable_knn_join;
+SELECT (SELECT count(*) FROM h_with) AS halfvec_rows,
+  (SELECT count(*) FROM ((TABLE h_with EXCEPT ALL TABLE h_without) UNION ALL (TABLE h_without EXCEPT ALL TABLE h_with)) x) AS halfvec_differing,
+  (SELECT count(*) FROM b_with) AS bit_rows,
+  (SELECT count(*) FROM ((TABLE b_with EXCEPT ALL TABLE b_without) UNION ALL (TABLE b_without EXCEPT ALL TABLE b_with)) x) AS bit_differing;
 
 -- pgvector's hnsw index answers approximately: PostgreSQL's plan is kept,
 -- unless knn_gpu.exact_over_index asks for exact results.
@@ -71,6 +135,6 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM items q CROSS JOIN LATERAL (SELECT t.id FROM items t ORDER BY t.v <-> q.v LIMIT 3) n;
 RESET knn_gpu.exact_over_index;
 
-DROP TABLE items;
+DROP TABLE items, bits;
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;

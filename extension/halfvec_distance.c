@@ -1,0 +1,91 @@
+/*
+ * halfvec_distance.c -- the distance functions of knn_gpu's halfvec (the
+ * operators <->, <#>, <=>, <+> on halfvec, when pgvector's type is absent).
+ *
+ * A halfvec distance is the vector distance of the widened values
+ * (kernels/half_float.h: exact), with the canonical sums of knn_distance.h,
+ * so that these operators, knn_join and the KNN Join node return the same
+ * float8 bit for bit (the engine widens float16 rows the same way).
+ */
+#include "postgres.h"
+
+#include "fmgr.h"
+
+#include "half_float.h"
+#include "halfvec.h"
+#include "knn_distance.h"
+
+PG_FUNCTION_INFO_V1(knn_halfvec_l2_distance);
+PG_FUNCTION_INFO_V1(knn_halfvec_inner_product);
+PG_FUNCTION_INFO_V1(knn_halfvec_negative_inner_product);
+PG_FUNCTION_INFO_V1(knn_halfvec_cosine_distance);
+PG_FUNCTION_INFO_V1(knn_halfvec_l1_distance);
+
+/* Both operands widened into palloc'd floats, dimensions checked. */
+static int
+widen_pair(FunctionCallInfo fcinfo, float **a, float **b)
+{
+	HalfVector *x = PG_GETARG_HALFVEC_P(0);
+	HalfVector *y = PG_GETARG_HALFVEC_P(1);
+
+	if (x->dim != y->dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("different halfvec dimensions %d and %d", x->dim, y->dim)));
+	*a = palloc(sizeof(float) * x->dim);
+	*b = palloc(sizeof(float) * x->dim);
+	knn_halfvec_widen(x, *a);
+	knn_halfvec_widen(y, *b);
+	return x->dim;
+}
+
+Datum
+knn_halfvec_l2_distance(PG_FUNCTION_ARGS)
+{
+	float	   *a;
+	float	   *b;
+	int			dim = widen_pair(fcinfo, &a, &b);
+
+	PG_RETURN_FLOAT8(knn_l2_from_squared(knn_l2_squared(a, b, dim)));
+}
+
+Datum
+knn_halfvec_inner_product(PG_FUNCTION_ARGS)
+{
+	float	   *a;
+	float	   *b;
+	int			dim = widen_pair(fcinfo, &a, &b);
+
+	PG_RETURN_FLOAT8((double) knn_dot(a, b, dim));
+}
+
+Datum
+knn_halfvec_negative_inner_product(PG_FUNCTION_ARGS)
+{
+	float	   *a;
+	float	   *b;
+	int			dim = widen_pair(fcinfo, &a, &b);
+
+	PG_RETURN_FLOAT8(knn_ip_from_dot(knn_dot(a, b, dim)));
+}
+
+Datum
+knn_halfvec_cosine_distance(PG_FUNCTION_ARGS)
+{
+	float	   *a;
+	float	   *b;
+	int			dim = widen_pair(fcinfo, &a, &b);
+
+	PG_RETURN_FLOAT8(knn_cosine_from_dot(knn_dot(a, b, dim), knn_dot(a, a, dim),
+										 knn_dot(b, b, dim)));
+}
+
+Datum
+knn_halfvec_l1_distance(PG_FUNCTION_ARGS)
+{
+	float	   *a;
+	float	   *b;
+	int			dim = widen_pair(fcinfo, &a, &b);
+
+	PG_RETURN_FLOAT8(knn_l1_from_sum(knn_l1_sum(a, b, dim)));
+}
