@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "../knn_distance.h"
+#include "cost_model.h"
 #include "lane_sums.h"
 #include "parallel_for.h"
 #include "row_distance.h"
@@ -33,6 +34,10 @@ int64_t target_tile_rows(int dim) {
 }
 
 }  // namespace
+
+int64_t brute_force_query_block(int k, int64_t n_targets) {
+  return query_block(std::min<int64_t>(k, std::max<int64_t>(1, n_targets)));
+}
 
 std::vector<float> squared_norms(const float *rows, int64_t n, int dim,
                                  const JoinInput &input) {
@@ -69,7 +74,7 @@ bool brute_force_queries(const JoinInput &input, const JoinOutput &output,
 
   const int64_t tile_rows = target_tile_rows(dim);
   const int64_t capacity = std::min<int64_t>(k, std::max<int64_t>(1, input.n_targets));
-  const int64_t block_size = query_block(capacity);
+  const int64_t block_size = brute_force_query_block(input.k, input.n_targets);
   const int64_t n_blocks = (n_rows + block_size - 1) / block_size;
   auto query_of = [&](int64_t i) { return query_rows != nullptr ? query_rows[i] : i; };
   const int workers = parallel_workers(n_blocks, input.n_threads);

@@ -19,22 +19,40 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Seconds per (pair x dimension) of each inner loop on one thread, plus
-// what each pair costs besides (selection, the filter of both tile views).
+// Seconds per (pair x dimension) of each inner loop on one thread, at the
+// calibration's shape (kCalibrationRows square tiles of kCalibrationDim).
 struct Calibration {
   double lane_sum = 1e-9;
   double gemm = std::numeric_limits<double>::infinity();
 };
-// Measured (2 threads, k = 20): keggD_std (21-d) spends ~20 ns a pair in
-// the AVX2 loop besides its lane sums, ~5 ns in the SGEMM one.
-constexpr double kAvx2PerPair = 1e-8;   // key, top-k test
-constexpr double kBlasPerPair = 5e-9;   // bounds of both views, candidate lists
-constexpr int64_t kBlasMinRows = 256;
+constexpr int kCalibrationDim = 256, kCalibrationRows = 256;
+
+// What the calibration does not see, measured on 2 threads, k = 20 (a
+// 2-core Xeon with OpenBLAS 0.3.21; only tiny joins are sensitive to them):
+// the AVX2 loop's key and top-k test per pair (keggD_std, 21-d: ~20 ns a
+// pair besides its lane sums);
+constexpr double kAvx2PerPair = 1e-8;
+// the SGEMM's packing and edges: per multiply-add it costs about
+// 1 + kGemmPackingRows / (tile side) + kGemmEdgeDims / dim times its
+// asymptotic rate (32 x 32 tiles: 2.3x; 3 dimensions: 4.7x);
+constexpr double kGemmPackingRows = 36.0;
+constexpr double kGemmEdgeDims = 11.0;
+// the filter of both tile views, per pair;
+constexpr double kBlasPerPair = 5e-9;
+// a candidate list's first fill and compactions (keep, nth_element) and
+// its re-rank bookkeeping, per list entry (2k + 32 of them a query);
+constexpr double kBlasPerListEntry = 1e-7;
+// the re-rank's scattered rows against the calibration's contiguous ones
+// (arcene, 10000-d);
+constexpr double kScatteredRowsFactor = 1.6;
+// and the passes over the input (norms, the subnormal scan, the SGEMM's
+// first, cold reads of each row), per value.
+constexpr double kBlasPerInputValue = 5e-10;
 
 template <class F>
-double best_of_three(F &&f) {
+double best_of_five(F &&f) {
   double best = std::numeric_limits<double>::infinity();
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 5; i++) {
     const Clock::time_point t = Clock::now();
     f();
     best = std::min(best, std::chrono::duration<double>(Clock::now() - t).count());
@@ -43,19 +61,19 @@ double best_of_three(F &&f) {
 }
 
 Calibration measure() {
-  constexpr int kDim = 256, kRows = 256, kQueries = 16;
+  constexpr int kDim = kCalibrationDim, kRows = kCalibrationRows, kQueries = 16;
   std::vector<float> x(static_cast<size_t>(kRows) * kDim), g(kRows * kRows), sums(kRows);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float &v : x) v = u(rng);
   Calibration c;
-  const double lanes = best_of_three([&] {
+  const double lanes = best_of_five([&] {
     for (int q = 0; q < kQueries; q++)
       lane_sums(KNN_METRIC_L2, x.data() + q * kDim, x.data(), kRows, kDim, sums.data());
   });
   c.lane_sum = lanes / (double(kQueries) * kRows * kDim);
   if (blas_library().usable()) {
-    const double gemm = best_of_three(
+    const double gemm = best_of_five(
         [&] { gemm_abt(x.data(), kRows, x.data(), kRows, kDim, g.data(), kRows); });
     c.gemm = gemm / (double(kRows) * kRows * kDim);
   }
@@ -69,34 +87,76 @@ const Calibration &calibration() {
   return c;
 }
 
+double ceil_div(double a, double b) { return std::ceil(a / b); }
+
+// Seconds of `items` equal work items of `item_seconds` each on `threads`
+// threads that take them one at a time: the busiest thread's share.
+double spread(double items, double item_seconds, double threads) {
+  return ceil_div(items, threads) * item_seconds;
+}
+
+// One SGEMM multiply-add at tile side `rows` and depth `dim`.
+double gemm_seconds_per_mac(const Calibration &c, double rows, int dim) {
+  auto shape = [](double r, double d) { return 1.0 + kGemmPackingRows / r + kGemmEdgeDims / d; };
+  return c.gemm / shape(kCalibrationRows, kCalibrationDim) * shape(rows, dim);
+}
+
+double predict_avx2(const Calibration &c, const JoinInput &input, double threads) {
+  const double per_pair = c.lane_sum * input.dim + kAvx2PerPair;
+  const double block = std::min<double>(
+      static_cast<double>(brute_force_query_block(input.k, input.n_targets)),
+      static_cast<double>(input.n_queries));
+  const double blocks = ceil_div(static_cast<double>(input.n_queries), block);
+  return spread(blocks, block * static_cast<double>(input.n_targets) * per_pair, threads);
+}
+
+double predict_blas(const Calibration &c, const JoinInput &input, bool symmetric,
+                    double threads) {
+  const double nq = static_cast<double>(input.n_queries);
+  const double nt = static_cast<double>(input.n_targets);
+  const double d = input.dim;
+  const double block = static_cast<double>(gemm_block_rows(input.dim));
+  // Threads share tiles: block pairs of a self-join (a diagonal one is a
+  // whole square), query blocks otherwise; the busiest thread has at
+  // least the largest tile.
+  const double side = std::min(block, nq);
+  const double q_blocks = ceil_div(nq, block);
+  double macs, tiles;
+  if (symmetric) {
+    macs = d * (nq * nq + nq * side) / 2;
+    tiles = q_blocks * (q_blocks + 1) / 2;
+  } else {
+    macs = d * nq * nt;
+    tiles = q_blocks;
+  }
+  const double per_mac = gemm_seconds_per_mac(c, std::min(side, nt), input.dim);
+  const double largest_tile = symmetric ? side * side * d : side * nt * d;
+  const double list_entries = nq * (2.0 * input.k + 32);
+  const double tile_work =
+      macs * per_mac + nq * nt * kBlasPerPair + list_entries * kBlasPerListEntry;
+  const double tile_seconds =
+      std::max(tile_work / std::min(threads, tiles), largest_tile * per_mac);
+  // The re-rank: about k + 2 candidates a query, in items of 64 queries.
+  const double rerank_per_query =
+      (input.k + 2.0) * c.lane_sum * d * kScatteredRowsFactor;
+  const double rerank_block = std::min(64.0, nq);
+  const double rerank =
+      spread(ceil_div(nq, rerank_block), rerank_block * rerank_per_query, threads);
+  const double values = (input.same_rows() ? nq : nq + nt) * d;
+  return tile_seconds + rerank + values * kBlasPerInputValue;
+}
+
 }  // namespace
 
 BruteForceCosts predict_brute_force(const JoinInput &input, bool symmetric) {
   const Calibration &c = calibration();
-  const double pairs = static_cast<double>(input.n_queries) * input.n_targets;
   const double threads = std::max(1, input.n_threads);
   BruteForceCosts costs;
-  costs.avx2_seconds = pairs * (c.lane_sum * input.dim + kAvx2PerPair) / threads;
-  // Fewer rows than a tile side on either side leave the SGEMM a thin,
-  // matrix-vector-like product that the calibration's square one does not
-  // predict (arcene, 100 x 10000: 11 ms against 4 ms for the AVX2 loop).
-  if (input.metric == KNN_METRIC_L1 || !blas_library().usable() ||
-      std::min(input.n_queries, input.n_targets) < kBlasMinRows) {
+  costs.avx2_seconds = predict_avx2(c, input, threads);
+  if (input.metric == KNN_METRIC_L1 || !blas_library().usable() || !std::isfinite(c.gemm))
     costs.blas_seconds = std::numeric_limits<double>::infinity();
-  } else {
-    // A small tile side wastes the SGEMM's packing: below 64 dimensions
-    // the measured rate is not reached.
-    const double dim_penalty = input.dim >= 64 ? 1.0 : 64.0 / input.dim;
-    const double gemm_share = symmetric ? 0.5 : 1.0;
-    // Threads share tiles (block pairs of a self-join, query blocks
-    // otherwise): a join of fewer tiles than threads leaves threads idle.
-    const double blocks =
-        std::ceil(static_cast<double>(input.n_queries) / gemm_block_rows(input.dim));
-    const double tiles = symmetric ? blocks * (blocks + 1) / 2 : blocks;
-    costs.blas_seconds = pairs *
-                         (c.gemm * input.dim * dim_penalty * gemm_share + kBlasPerPair) /
-                         std::min(threads, tiles);
-  }
+  else
+    costs.blas_seconds = predict_blas(c, input, symmetric, threads);
   return costs;
 }
 

@@ -19,5 +19,9 @@ struct BruteForceCosts {
 // Predictions for this join (the first call measures; thread-safe).
 BruteForceCosts predict_brute_force(const JoinInput &input, bool symmetric);
 
+// Queries per work item of the AVX2 brute force (brute_force.cpp, which
+// defines it), for the model's view of how the items spread over threads.
+int64_t brute_force_query_block(int k, int64_t n_targets);
+
 }  // namespace cpu
 }  // namespace knn

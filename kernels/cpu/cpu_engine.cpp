@@ -66,12 +66,14 @@ bool choose_ti(const KnnProblem &p, const cpu::JoinInput &input, const CpuTuning
   if (tuning.variant == CpuTuning::Variant::kTi) return cpu::ti_join_supports(input);
   if (tuning.variant != CpuTuning::Variant::kAuto) return false;
   if (p.method == KNN_METHOD_BRUTE) return false;
-  if (!cpu::ti_join_supports(input)) return false;  // cosine, IP, huge values
-  if (p.method == KNN_METHOD_TI) return true;
-  const double pairs = static_cast<double>(p.n_queries) * static_cast<double>(p.n_targets);
-  if (pairs < kAutoTiMinPairs) return false;
-  return input.dim < kBlasSkipsTiMinDim ||
-         costs.blas_seconds * kBlasSkipsTi > costs.avx2_seconds;
+  if (p.method != KNN_METHOD_TI) {
+    const double pairs = static_cast<double>(p.n_queries) * static_cast<double>(p.n_targets);
+    if (pairs < kAutoTiMinPairs) return false;
+    if (input.dim >= kBlasSkipsTiMinDim && costs.blas_seconds * kBlasSkipsTi <= costs.avx2_seconds)
+      return false;
+  }
+  // Last: it reads every value, which the cheap tests above may spare.
+  return cpu::ti_join_supports(input);  // cosine, IP, huge values
 }
 
 bool choose_blas(const CpuTuning &tuning, const cpu::BruteForceCosts &costs) {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -269,17 +270,28 @@ bool norms_ok(const GemmBound &bound, const std::vector<float> &norms) {
   return true;
 }
 
+// Does x[0..count) hold a subnormal? On the bits, without branches, so
+// that it vectorises (a test per value with && branches on every zero of
+// sparse data): magnitude bits in [1, 0x7fffff].
+__attribute__((target_clones("avx2", "default"))) bool any_subnormal(const float *x,
+                                                                     int64_t count) {
+  int any = 0;
+  for (int64_t i = 0; i < count; i++) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    any |= ((bits & 0x7fffffffu) - 1u) < 0x007fffffu;
+  }
+  return any != 0;
+}
+
 // True when some value is subnormal (gemm_bound.h, section 5).
 bool has_subnormal(const float *x, int64_t count, const JoinInput &in) {
-  constexpr int64_t kPerItem = int64_t{1} << 20;
+  constexpr int64_t kPerItem = int64_t{1} << 18;
   std::atomic<bool> found{false};
   parallel_for((count + kPerItem - 1) / kPerItem, in.n_threads, in.cancel,
                [&](int64_t item, int) {
-                 const int64_t end = std::min(count, (item + 1) * kPerItem);
-                 bool any = false;
-                 for (int64_t i = item * kPerItem; i < end; i++)
-                   any |= x[i] != 0.0f && std::fabs(x[i]) < 0x1p-126f;
-                 if (any) found = true;
+                 const int64_t begin = item * kPerItem;
+                 if (any_subnormal(x + begin, std::min(count - begin, kPerItem))) found = true;
                });
   return found;
 }
@@ -297,7 +309,9 @@ void symmetric_pass(const JoinInput &in, GemmJoin &join, int64_t block) {
     for (int64_t j = i + 1; j < n_blocks; j++) pairs.push_back({i, j});
   std::unique_ptr<std::mutex[]> locks(new std::mutex[n_blocks]);
   const int workers = parallel_workers(static_cast<int64_t>(pairs.size()), in.n_threads);
-  std::vector<std::vector<float>> tiles(workers, std::vector<float>(block * block));
+  // No bigger than the join: a fresh tile is page faults and zeroing.
+  const int64_t side = std::min(block, n);
+  std::vector<std::vector<float>> tiles(workers, std::vector<float>(side * side));
   parallel_for(static_cast<int64_t>(pairs.size()), in.n_threads, in.cancel,
                [&](int64_t item, int worker) {
     const int64_t i = pairs[item].first, j = pairs[item].second;
@@ -322,7 +336,8 @@ std::vector<int64_t> general_pass(const JoinInput &in, GemmJoin &join, int64_t b
                                   JoinReport *report) {
   const int64_t n_blocks = (in.n_queries + block - 1) / block;
   const int workers = parallel_workers(n_blocks, in.n_threads);
-  std::vector<std::vector<float>> tiles(workers, std::vector<float>(block * block));
+  std::vector<std::vector<float>> tiles(
+      workers, std::vector<float>(std::min(block, in.n_queries) * std::min(block, in.n_targets)));
   std::vector<RerankScratch> scratch = rerank_scratch(in, workers);
   parallel_for(n_blocks, in.n_threads, in.cancel, [&](int64_t item, int worker) {
     const int64_t q0 = item * block, nq = std::min(block, in.n_queries - q0);

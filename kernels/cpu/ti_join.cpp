@@ -6,7 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <limits>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "parallel_for.h"
@@ -36,8 +37,10 @@ int64_t query_chunk(int64_t capacity) {
 constexpr int64_t kMaxMergedExclusion = 16;
 
 // Distinct queries TI joins to judge whether it beats brute force (see
-// ti_join.h).
+// ti_join.h), and how TiSample takes them.
 constexpr int64_t kSampleQueries = 64;
+constexpr int64_t kSampleStride = 4;          // first pass: every 4th
+constexpr double kSampleClearMargin = 4.0;    // first pass decides below 1/4 of break-even
 
 // Share of all pairs above which TI is slower than brute force. Per pair it
 // computes, TI pays a fixed cost (bounds, scattered rows) on top of a
@@ -116,28 +119,91 @@ std::vector<Slice> make_slices(const Clustering &queries, int64_t chunk) {
   return slices;
 }
 
-// Joins a few distinct queries spread over the set, one per item (a
-// one-query slice: its radius is its own distance to the centre), and
-// returns the share of all pairs TI would compute at their rate. Their
-// results are exact and simply recomputed if TI goes on.
-double sample_share(const JoinInput &input, const TiFilters &filters, const TiSides &sides,
-                    std::vector<TiScratch> &scratch) {
-  const Clustering &queries = *sides.query_clusters;
-  const int64_t n = sides.queries->n_distinct;
-  const int64_t n_sample = std::min<int64_t>(kSampleQueries, n);
-  parallel_for(n_sample, input.n_threads, input.cancel, [&](int64_t i, int worker) {
-    const int64_t j = i * n / n_sample;
-    const int64_t cluster = std::upper_bound(queries.begin.begin(), queries.begin.end(), j) -
-                            queries.begin.begin() - 1;
-    const double ub = filters.level1(cluster, queries.member_distance[j], scratch[worker]);
-    filters.level2(j, j + 1, ub, scratch[worker]);
-  });
-  int64_t computed = 0;
-  for (const TiScratch &s : scratch) computed += s.distances;
+// Joins sample queries, each on its own (a one-query slice: its radius is
+// its own distance to the centre), and returns the share of all pairs TI
+// would compute at their rate. The sample is the distinct queries
+// i * n / kSampleQueries; a first pass joins every kSampleStride-th of
+// them and settles the question when their share is far from the
+// break-even (the sample costs a level 1 per query, a noticeable part of
+// small joins); otherwise the rest are joined too and all of them decide.
+// Their results are exact and simply recomputed if TI goes on.
+class TiSample {
+ public:
+  TiSample(const JoinInput &input, const TiFilters &filters, const TiSides &sides,
+           std::vector<TiScratch> &scratch)
+      : input_(input), filters_(filters), sides_(sides), scratch_(scratch),
+        n_(sides.queries->n_distinct), n_sample_(std::min<int64_t>(kSampleQueries, n_)) {}
+
+  // Returns the share the decision rests on.
+  double share(double break_even) {
+    join(0);
+    if (first_share_ * kSampleClearMargin < break_even) return first_share_;
+    for (int64_t pass = 1; pass < kSampleStride; pass++) join(pass);
+    return share_of(computed(), n_sample_);
+  }
+
+ private:
+  // Joins the sample queries i with i % kSampleStride == pass.
+  void join(int64_t pass) {
+    const int64_t count = (n_sample_ - pass + kSampleStride - 1) / kSampleStride;
+    const Clustering &queries = *sides_.query_clusters;
+    parallel_for(count, input_.n_threads, input_.cancel, [&](int64_t item, int worker) {
+      const int64_t j = (item * kSampleStride + pass) * n_ / n_sample_;
+      const int64_t cluster = std::upper_bound(queries.begin.begin(), queries.begin.end(), j) -
+                              queries.begin.begin() - 1;
+      const double ub = filters_.level1(cluster, queries.member_distance[j], scratch_[worker]);
+      filters_.level2(j, j + 1, ub, scratch_[worker]);
+    });
+    if (pass == 0) first_share_ = share_of(computed(), count);
+  }
+
+  int64_t computed() const {
+    int64_t sum = 0;
+    for (const TiScratch &s : scratch_) sum += s.distances;
+    return sum;
+  }
+
   // Each distinct query serves n_queries / n of the query rows.
-  return static_cast<double>(computed) / static_cast<double>(n_sample) *
-         static_cast<double>(n) /
-         (static_cast<double>(input.n_queries) * static_cast<double>(input.n_targets));
+  double share_of(int64_t distances, int64_t queries) const {
+    return static_cast<double>(distances) / static_cast<double>(queries) *
+           static_cast<double>(n_) /
+           (static_cast<double>(input_.n_queries) * static_cast<double>(input_.n_targets));
+  }
+
+  const JoinInput &input_;
+  const TiFilters &filters_;
+  const TiSides &sides_;
+  std::vector<TiScratch> &scratch_;
+  const int64_t n_, n_sample_;
+  double first_share_ = 0;
+};
+
+// The bits of |x| for the largest |x| in x[0..count): compared as
+// integers, which order non-negative floats as their values, put NaN and
+// infinity at or above kInfinityBits and vectorise without branches.
+constexpr uint32_t kInfinityBits = 0x7f800000u;
+
+__attribute__((target_clones("avx2", "default"))) uint32_t largest_magnitude_bits(
+    const float *x, int64_t count) {
+  uint32_t largest = 0;
+  for (int64_t i = 0; i < count; i++) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    bits &= 0x7fffffffu;
+    largest = bits > largest ? bits : largest;
+  }
+  return largest;
+}
+
+uint32_t largest_magnitude_bits(const float *x, int64_t count, const JoinInput &input) {
+  constexpr int64_t kPerItem = int64_t{1} << 18;
+  const int64_t n_items = (count + kPerItem - 1) / kPerItem;
+  std::vector<uint32_t> largest(static_cast<size_t>(std::max<int64_t>(1, n_items)), 0);
+  parallel_for(n_items, input.n_threads, nullptr, [&](int64_t item, int) {
+    const int64_t begin = item * kPerItem;
+    largest[item] = largest_magnitude_bits(x + begin, std::min(count - begin, kPerItem));
+  });
+  return *std::max_element(largest.begin(), largest.end());
 }
 
 }  // namespace
@@ -146,20 +212,14 @@ bool ti_join_supports(const JoinInput &input) {
   if (input.metric != KNN_METRIC_L2 && input.metric != KNN_METRIC_L1) return false;
   // Level 2 packs a target row into 32 bits (ti_top_k.h).
   if (input.n_targets > int64_t{0xffffffff}) return false;
-  // The largest magnitude; any NaN or infinity fails `finite` (a loop
-  // without early exit, so that it vectorises).
-  float largest = 0.0f;
-  bool finite = true;
-  auto scan = [&](const float *v, int64_t count) {
-    for (int64_t i = 0; i < count; i++) {
-      const float a = std::fabs(v[i]);
-      finite &= a <= std::numeric_limits<float>::max();
-      largest = a > largest ? a : largest;
-    }
-  };
-  scan(input.queries, input.n_queries * input.dim);
-  if (!input.same_rows()) scan(input.targets, input.n_targets * input.dim);
-  return finite && distances_stay_finite(input.metric, input.dim, largest);
+  uint32_t largest_bits = largest_magnitude_bits(input.queries, input.n_queries * input.dim, input);
+  if (!input.same_rows())
+    largest_bits = std::max(largest_bits, largest_magnitude_bits(
+                                              input.targets, input.n_targets * input.dim, input));
+  if (largest_bits >= kInfinityBits) return false;  // NaN or infinity
+  float largest;
+  std::memcpy(&largest, &largest_bits, sizeof largest);
+  return distances_stay_finite(input.metric, input.dim, largest);
 }
 
 TiOutcome ti_join(const JoinInput &input, const JoinOutput &output,
@@ -185,10 +245,10 @@ TiOutcome ti_join(const JoinInput &input, const JoinOutput &output,
 
   const Clock::time_point join_start = Clock::now();
   if (may_decline) {
-    report->ti_sample_share = sample_share(input, filters, sides, scratch);
+    const double break_even = brute_force_break_even(input.dim);
+    report->ti_sample_share = TiSample(input, filters, sides, scratch).share(break_even);
     if (input.cancelled()) return TiOutcome::kCancelled;
-    if (report->ti_sample_share > brute_force_break_even(input.dim))
-      return TiOutcome::kBruteForceIsFaster;
+    if (report->ti_sample_share > break_even) return TiOutcome::kBruteForceIsFaster;
   }
   parallel_for(n_slices, input.n_threads, input.cancel, [&](int64_t item, int worker) {
     TiScratch &s = scratch[worker];
