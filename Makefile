@@ -28,7 +28,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
-EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test \
+EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -112,8 +112,12 @@ test/engine_test: test/engine_test.o $(ENGINE_OBJS)
 test/gpu_engine_test: test/gpu_engine_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) -o $@ test/gpu_engine_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
 
-unittest: test/engine_test
+test/group_engine_test: test/group_engine_test.o $(ENGINE_OBJS)
+	$(CXX) -o $@ $^ $(GTEST_LIBS)
+
+unittest: test/engine_test test/group_engine_test
 	test/engine_test
+	test/group_engine_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
 gputest: test/gpu_engine_test

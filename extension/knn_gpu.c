@@ -7,6 +7,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 
+#include "knn_admission.h"
 #include "knn_engine.h"
 #include "knn_scan.h"
 #include "knn_settings.h"
@@ -22,6 +23,8 @@ _PG_init(void)
 
 	/* The GPU module (knn_gpu_cuda.so) is installed beside this library. */
 	knn_engine_set_module_dir(pkglib_path);
+	/* One GPU probe per server run, not per session (knn_admission.c). */
+	knn_admission_setup_probe_record();
 
 	knn_scan_register();
 }

@@ -4,7 +4,8 @@
  * of the target set; and knn_gpu_info().
  *
  * Each text is one plain SELECT returning (integer id, vector | halfvec |
- * bit | real[] | double precision[]), run through
+ * bit | real[] | double precision[]), optionally followed by group key
+ * columns (knn_join_groups.h: a query meets only targets of equal keys), run through
  * SPI with the caller's privileges. Rows are read through a cursor in
  * batches into one matrix per set (float32, float16 for halfvec, bits for
  * bit: knn_join_element), sorted by id (so the engine's
@@ -25,6 +26,7 @@
 #include "utils/plancache.h"
 #include "utils/tuplestore.h"
 
+#include "knn_join_groups.h"
 #include "knn_matrix.h"
 #include "knn_run.h"
 #include "knn_settings.h"
@@ -145,20 +147,24 @@ typedef struct KnnSet
 	const char *arg;			/* "queries" or "targets", for messages */
 	SPIPlanPtr	plan;
 	bool		stable;			/* no volatile function */
+	int			natts;			/* 2, plus the group key columns */
 	Oid			id_type;
 	Oid			vector_type;
 	KnnVectorKind kind;
+	KnnJoinGroupColumns groups;
 } KnnSet;
 
-/* Checks the two columns a set returns. */
+/* Checks the columns a set returns: id, vector and an optional group key. */
 static void
 check_columns(TupleDesc desc, KnnSet *set)
 {
-	if (desc == NULL || desc->natts != 2)
+	if (desc == NULL || desc->natts < 2)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("%s must return 2 columns (id, vector), not %d",
+				 errmsg("%s must return at least 2 columns (id, vector), not %d",
 						set->arg, desc == NULL ? 0 : desc->natts)));
+	set->natts = desc->natts;
+	knn_join_group_columns(desc, set->arg, &set->groups);
 	set->id_type = TupleDescAttr(desc, 0)->atttypid;
 	if (set->id_type != INT2OID && set->id_type != INT4OID && set->id_type != INT8OID)
 		ereport(ERROR,
@@ -247,12 +253,23 @@ knn_join_element(const KnnSet *queries, const KnnSet *targets, KnnMetric metric)
 	return element;
 }
 
+/* Are the group columns of the rows of the types the text was prepared with? */
+static bool
+same_group_types(TupleDesc desc, const KnnJoinGroupColumns *groups)
+{
+	for (int i = 0; i < groups->n; i++)
+		if (SPI_gettypeid(desc, 3 + i) != groups->types[i])
+			return false;
+	return true;
+}
+
 /*
  * Runs one set's prepared query and appends its rows to the matrix, read
  * by `reader`. Rows whose vector is NULL are skipped; a NULL id is an error.
  */
 static void
-read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix)
+read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
+		 KnnGroupKeys *groups)
 {
 	Portal		portal;
 	bool		checked = false;
@@ -267,8 +284,9 @@ read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix)
 		/* the rows must be of the types the reader was chosen for */
 		if (!checked)
 		{
-			if (desc->natts != 2 || SPI_gettypeid(desc, 1) != set->id_type ||
-				SPI_gettypeid(desc, 2) != set->vector_type)
+			if (desc->natts != set->natts || SPI_gettypeid(desc, 1) != set->id_type ||
+				SPI_gettypeid(desc, 2) != set->vector_type ||
+				!same_group_types(desc, &set->groups))
 				ereport(ERROR,
 						(errcode(ERRCODE_DATATYPE_MISMATCH),
 						 errmsg("%s changed its column types while it ran", set->arg)));
@@ -289,7 +307,18 @@ read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix)
 						 errmsg("%s returned a NULL id", set->arg)));
 			if (vector_null)
 				continue;		/* documented: rows without a vector take no part */
-			knn_matrix_append(matrix, read_id(id, set->id_type), vector, reader);
+			if (groups != NULL)
+			{
+				int64		group = knn_join_row_group(groups, &set->groups, tuple, desc);
+
+				/* a NULL key equals nothing, as "t.g = q.g" in SQL */
+				if (group == KNN_GROUP_NULL)
+					continue;
+				knn_matrix_append_grouped(matrix, read_id(id, set->id_type), group, vector,
+										  reader);
+			}
+			else
+				knn_matrix_append(matrix, read_id(id, set->id_type), vector, reader);
 			CHECK_FOR_INTERRUPTS();
 		}
 		if (SPI_processed < KNN_FETCH_BATCH)
@@ -350,6 +379,7 @@ knn_join(PG_FUNCTION_ARGS)
 	KnnProblem	problem;
 	KnnStats	stats;
 	KnnJoinRecord record;
+	KnnGroupKeys *groups;
 	int64	   *neighbors;
 	double	   *distances;
 	int32		slots;
@@ -386,10 +416,17 @@ knn_join(PG_FUNCTION_ARGS)
 		prepare_set(&target_text);
 	}
 	element = knn_join_element(&query_set, target_source, metric);
+	/* Group keys of both sets map to one set of group ids (SPI's context). */
+	groups = knn_join_group_keys(&query_set.groups, &target_source->groups);
 	/* The matrices outlive SPI_finish: they live in the caller's context. */
 	old_context = MemoryContextSwitchTo(caller_context);
 	knn_matrix_init(&queries, "query", element);
 	knn_matrix_init(targets, "target", element);
+	if (groups != NULL)
+	{
+		knn_matrix_use_groups(&queries);
+		knn_matrix_use_groups(targets);
+	}
 	MemoryContextSwitchTo(old_context);
 
 	/*
@@ -397,11 +434,12 @@ knn_join(PG_FUNCTION_ARGS)
 	 * this snapshot: read it once, and the engine sees one matrix on both
 	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
 	 */
-	read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries);
+	read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
 	if (target_source == &query_set && query_set.stable)
 		targets = &queries;
 	else
-		read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets);
+		read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets,
+				 groups);
 	SPI_finish();
 
 	if (queries.n == 0 || targets->n == 0)

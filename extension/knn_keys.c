@@ -6,6 +6,7 @@
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "utils/datum.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/typcache.h"
@@ -42,6 +43,8 @@ struct KnnKeys
 	FmgrInfo	equal_function;
 	Oid			collation;
 	bool		varlena;
+	bool		byval;
+	int16		typlen;
 	MemoryContext context;		/* the map and detoasted values */
 	MemoryContext scratch;		/* what the functions allocate */
 	int			calls;			/* since scratch was last reset */
@@ -60,6 +63,14 @@ static bool
 keys_equal(KnnKeys *keys, Datum a, Datum b)
 {
 	return DatumGetBool(FunctionCall2Coll(&keys->equal_function, keys->collation, a, b));
+}
+
+bool
+knn_keys_hashable(Oid type)
+{
+	TypeCacheEntry *entry = lookup_type_cache(type, TYPECACHE_EQ_OPR | TYPECACHE_HASH_PROC);
+
+	return OidIsValid(entry->eq_opr) && OidIsValid(entry->hash_proc);
 }
 
 bool
@@ -86,6 +97,8 @@ knn_keys_create(Oid type, Oid collation)
 	fmgr_info_copy(&keys->equal_function, &entry->eq_opr_finfo, keys->context);
 	keys->collation = collation;
 	keys->varlena = entry->typlen == -1;
+	keys->byval = entry->typbyval;
+	keys->typlen = entry->typlen;
 	keys->scratch = AllocSetContextCreate(keys->context, "KNN Join keys",
 										  ALLOCSET_SMALL_SIZES);
 	keys->table = knn_keys_table_create(keys->context, 1024, keys);
@@ -121,15 +134,23 @@ enter_scratch(KnnKeys *keys)
 int64
 knn_keys_add(KnnKeys *keys, Datum value)
 {
-	Datum		plain = plain_value(keys, value, keys->context);
 	MemoryContext old = enter_scratch(keys);
+	Datum		plain = plain_value(keys, value, keys->scratch);
 	KnnKeyEntry *entry;
 	bool		found;
 
 	entry = knn_keys_table_insert(keys->table, plain, &found);
-	MemoryContextSwitchTo(old);
 	if (!found)
+	{
+		/* The map keeps its own copy: the caller's tuple may go away. */
+		if (!keys->byval)
+		{
+			MemoryContextSwitchTo(keys->context);
+			entry->value = datumCopy(plain, false, keys->typlen);
+		}
 		entry->key = keys->n_keys++;
+	}
+	MemoryContextSwitchTo(old);
 	return entry->key;
 }
 
@@ -142,4 +163,10 @@ knn_keys_find(KnnKeys *keys, Datum value)
 	entry = knn_keys_table_lookup(keys->table, plain_value(keys, value, keys->scratch));
 	MemoryContextSwitchTo(old);
 	return entry != NULL ? entry->key : -1;
+}
+
+int64
+knn_keys_count(const KnnKeys *keys)
+{
+	return keys->n_keys;
 }

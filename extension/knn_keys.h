@@ -18,6 +18,12 @@
  */
 extern bool knn_keys_supported(Oid type, Oid opno);
 
+/*
+ * Has the type a default equality operator and a hash function consistent
+ * with it (type cache)? The group keys of knn_join need both.
+ */
+extern bool knn_keys_hashable(Oid type);
+
 typedef struct KnnKeys KnnKeys;
 
 /* An empty map in the current memory context. */
@@ -25,11 +31,14 @@ extern KnnKeys *knn_keys_create(Oid type, Oid collation);
 
 /*
  * The key of a non-NULL value, a new one (0, 1, ...) when no equal value was
- * added before. The value must stay valid while the map is used.
+ * added before. The map keeps a copy of the values it holds.
  */
 extern int64 knn_keys_add(KnnKeys *keys, Datum value);
 
 /* The key of an equal value added before, or -1. */
 extern int64 knn_keys_find(KnnKeys *keys, Datum value);
+
+/* How many keys were given out (they are 0 .. count - 1). */
+extern int64 knn_keys_count(const KnnKeys *keys);
 
 #endif							/* KNN_KEYS_H */

@@ -39,11 +39,15 @@ grow(KnnMatrix *m)
 	{
 		m->values = MemoryContextAllocHuge(m->context, value_bytes);
 		m->ids = MemoryContextAllocHuge(m->context, capacity * sizeof(int64));
+		if (m->grouped)
+			m->groups = MemoryContextAllocHuge(m->context, capacity * sizeof(int64));
 	}
 	else
 	{
 		m->values = repalloc_huge(m->values, value_bytes);
 		m->ids = repalloc_huge(m->ids, capacity * sizeof(int64));
+		if (m->grouped)
+			m->groups = repalloc_huge(m->groups, capacity * sizeof(int64));
 	}
 	m->capacity = capacity;
 }
@@ -91,6 +95,22 @@ knn_matrix_append(KnnMatrix *m, int64 id, Datum value, const KnnVectorReader *re
 	knn_matrix_append_view(m, id, &view, reader);
 	if (detoasted != raw)
 		pfree(detoasted);
+}
+
+void
+knn_matrix_use_groups(KnnMatrix *m)
+{
+	Assert(m->n == 0 && m->values == NULL);
+	m->grouped = true;
+}
+
+void
+knn_matrix_append_grouped(KnnMatrix *m, int64 id, int64 group, Datum value,
+						  const KnnVectorReader *reader)
+{
+	Assert(m->grouped);
+	knn_matrix_append(m, id, value, reader);
+	m->groups[m->n - 1] = group;
 }
 
 typedef struct IdRow
@@ -163,6 +183,7 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 {
 	IdRow	   *order;
 	char	   *values;
+	int64	   *groups;
 	bool		sorted = true;
 	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, (int64) m->row_bytes / 4));
 
@@ -173,15 +194,23 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 
 	order = sorted_rows(m);
 	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->row_bytes);
+	groups = m->grouped ? MemoryContextAllocHuge(m->context, (Size) m->n * sizeof(int64)) : NULL;
 	for (int64 i = 0; i < m->n; i++)
 	{
 		memcpy(values + i * m->row_bytes, m->values + order[i].row * m->row_bytes, m->row_bytes);
 		m->ids[i] = (int64) (order[i].key ^ (UINT64CONST(1) << 63));
+		if (groups)
+			groups[i] = m->groups[order[i].row];
 		if (i % rows_per_slice == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
 	pfree(m->values);
 	pfree(order);
+	if (groups)
+	{
+		pfree(m->groups);
+		m->groups = groups;
+	}
 	m->values = values;
 	m->capacity = m->n;
 }
@@ -193,8 +222,11 @@ knn_matrix_free(KnnMatrix *m)
 		pfree(m->values);
 	if (m->ids)
 		pfree(m->ids);
+	if (m->groups)
+		pfree(m->groups);
 	m->values = NULL;
 	m->ids = NULL;
+	m->groups = NULL;
 	m->n = m->capacity = 0;
 }
 
@@ -210,6 +242,11 @@ knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatri
 	problem->n_targets = targets->n;
 	problem->dim = queries->dim;
 	problem->k = k;
+	if (queries->grouped && targets->grouped)
+	{
+		problem->query_groups = queries->groups;
+		problem->target_groups = targets->groups;
+	}
 }
 
 bool

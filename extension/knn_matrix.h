@@ -20,6 +20,8 @@ typedef struct KnnMatrix
 	Size		row_bytes;		/* knn_row_bytes(element, dim), once dim is set */
 	char	   *values;			/* n rows of row_bytes (huge allocation) */
 	int64	   *ids;
+	int64	   *groups;			/* per-row group keys, or NULL (knn_matrix_use_groups) */
+	bool		grouped;
 	const char *set_name;		/* "query" or "target", for messages */
 	MemoryContext context;		/* where the arrays live (the caller's at init) */
 } KnnMatrix;
@@ -33,6 +35,14 @@ extern void knn_matrix_init(KnnMatrix *m, const char *set_name, KnnElement eleme
  */
 extern void knn_matrix_append(KnnMatrix *m, int64 id, Datum value,
 							  const KnnVectorReader *reader);
+
+/*
+ * Makes the matrix keep a group key per row (before the first row); rows
+ * are then appended with knn_matrix_append_grouped.
+ */
+extern void knn_matrix_use_groups(KnnMatrix *m);
+extern void knn_matrix_append_grouped(KnnMatrix *m, int64 id, int64 group, Datum value,
+									  const KnnVectorReader *reader);
 
 /* The same for a value already checked by reader->view. */
 extern void knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
@@ -48,7 +58,10 @@ extern void knn_matrix_free(KnnMatrix *m);
 /* Do both hold the same rows, bit for bit, in the same order? */
 extern bool knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b);
 
-/* A problem of k neighbours of the queries' rows among the targets' rows. */
+/*
+ * A problem of k neighbours of the queries' rows among the targets' rows;
+ * per group when both matrices keep group keys.
+ */
 extern void knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries,
 							   const KnnMatrix *targets, int32 k);
 

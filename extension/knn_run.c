@@ -8,19 +8,40 @@
  * before PostgreSQL handles the interrupt: an ERROR's longjmp (PG_CATCH
  * below), a FATAL's proc_exit (the exit callback), and postmaster death
  * (checked here) never leave an engine thread running on freed memory.
+ *
+ * Admission: a job that is about to run on the GPU asks for one of the
+ * server's knn_gpu.max_gpu_jobs slots (knn_admission.c) and waits; this
+ * thread then waits for a slot in the same way (5 ms polls, any interrupt
+ * stops the job first), hands the join its share of the GPU memory budget,
+ * and gives the slot back once the engine has finished, on every path.
  */
 #include "postgres.h"
 
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/pmsignal.h"
+#include "portability/instr_time.h"
+#include "storage/latch.h"
+#include "utils/ps_status.h"
 #include "utils/wait_event.h"
 
+#include "knn_admission.h"
 #include "knn_run.h"
 #include "knn_settings.h"
 
 /* How long the backend waits for the job between looks at its flags. */
 #define KNN_POLL_MS 5
+
+/*
+ * The wait events: both show as wait_event_type "Extension" in PG15 (which
+ * names no extension events); the ids tell them apart for tools that read
+ * the raw value, and the process title says "waiting for a GPU slot".
+ */
+#define KNN_WAIT_ENGINE PG_WAIT_EXTENSION
+#define KNN_WAIT_GPU_SLOT (PG_WAIT_EXTENSION | 1)
+
+/* What the last call's admission did (knn_run_last_admission). */
+static KnnAdmissionRecord last_admission;
 
 /* The job this backend is running, if any (for the exit callback). */
 static KnnJob *running_job = NULL;
@@ -44,6 +65,90 @@ static void
 stop_job_at_exit(int code, Datum arg)
 {
 	stop_running_job();
+	knn_admission_release();
+}
+
+static void
+exit_for_postmaster_death(void)
+{
+	stop_running_job();
+	ereport(FATAL,
+			(errcode(ERRCODE_ADMIN_SHUTDOWN),
+			 errmsg("terminating connection due to unexpected postmaster exit")));
+}
+
+/* Answers pending interrupts, stopping the job before anything raises. */
+static void
+answer_interrupts(void)
+{
+	if (!InterruptPending)
+		return;
+	/* A cancel or a termination would raise: stop the job first. */
+	if (QueryCancelPending || ProcDiePending)
+		stop_running_job();
+	CHECK_FOR_INTERRUPTS();
+	if (running_job == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_QUERY_CANCELED),
+				 errmsg("canceling KNN join due to user request")));
+}
+
+/*
+ * The job asked for a GPU slot: takes one, waiting while all are taken
+ * (woken by any interrupt through the latch, else every KNN_POLL_MS), then
+ * admits the job with its share of the memory budget.
+ */
+static void
+admit_job(KnnJob *job)
+{
+	instr_time	start;
+	instr_time	now;
+
+	INSTR_TIME_SET_CURRENT(start);
+	if (!knn_admission_try_acquire())
+	{
+		const char *old_title = NULL;
+		char	   *title = NULL;
+		int			len = 0;
+
+		last_admission.queued = true;
+		if (update_process_title)
+		{
+			old_title = get_ps_display(&len);
+			title = psprintf("%.*s waiting for a GPU slot", len, old_title);
+			old_title = pnstrdup(old_title, len);
+			set_ps_display(title);
+		}
+		do
+		{
+			int			rc;
+
+			/* WaitLatch reports the event and clears it again on return. */
+			rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_POSTMASTER_DEATH,
+						   KNN_POLL_MS, KNN_WAIT_GPU_SLOT);
+			pgstat_report_wait_start(KNN_WAIT_GPU_SLOT);
+			if (rc & WL_LATCH_SET)
+				ResetLatch(MyLatch);
+			if (rc & WL_POSTMASTER_DEATH)
+				exit_for_postmaster_death();
+			answer_interrupts();
+		} while (!knn_admission_try_acquire());
+		if (title != NULL)
+		{
+			set_ps_display(old_title);
+			pfree(title);
+			pfree((char *) old_title);
+		}
+		pgstat_report_wait_start(KNN_WAIT_ENGINE);
+	}
+	INSTR_TIME_SET_CURRENT(now);
+	INSTR_TIME_SUBTRACT(now, start);
+	last_admission.admitted = true;
+	last_admission.slot = knn_admission_slot();
+	last_admission.max_gpu_jobs = knn_gpu_max_gpu_jobs;
+	last_admission.seconds_queued = INSTR_TIME_GET_DOUBLE(now);
+	last_admission.gpu_memory_limit = knn_admission_memory_limit();
+	knn_job_admit(job, last_admission.gpu_memory_limit);
 }
 
 /* Waits for the job, answering interrupts; returns when it has finished. */
@@ -53,24 +158,17 @@ wait_for_job(KnnJob *job)
 	while (!knn_job_wait(job, KNN_POLL_MS))
 	{
 		if (!PostmasterIsAlive())
-		{
-			stop_running_job();
-			ereport(FATAL,
-					(errcode(ERRCODE_ADMIN_SHUTDOWN),
-					 errmsg("terminating connection due to unexpected postmaster exit")));
-		}
-		if (InterruptPending)
-		{
-			/* A cancel or a termination would raise: stop the job first. */
-			if (QueryCancelPending || ProcDiePending)
-				stop_running_job();
-			CHECK_FOR_INTERRUPTS();
-			if (running_job == NULL)
-				ereport(ERROR,
-						(errcode(ERRCODE_QUERY_CANCELED),
-						 errmsg("canceling KNN join due to user request")));
-		}
+			exit_for_postmaster_death();
+		answer_interrupts();
+		if (!last_admission.admitted && knn_job_wants_slot(job))
+			admit_job(job);
 	}
+}
+
+const KnnAdmissionRecord *
+knn_run_last_admission(void)
+{
+	return &last_admission;
 }
 
 static void
@@ -119,10 +217,24 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 	KnnJob	   *job;
 	KnnStatus	status;
 
+	/* A slot is never carried from one join to the next. */
+	knn_admission_release();
+	memset(&last_admission, 0, sizeof(last_admission));
+	last_admission.slot = -1;
+
 	problem->device = (KnnDevice) knn_gpu_device;
 	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
 	problem->n_threads = knn_gpu_threads;
-	problem->fault = (KnnFault) knn_gpu_fault_injection;
+	if (knn_gpu_fault_injection == KNN_GPU_FAULT_ADMIT_CPU)
+	{
+		problem->fault = KNN_FAULT_NONE;
+		problem->admission = KNN_ADMISSION_ALL;
+	}
+	else
+	{
+		problem->fault = (KnnFault) knn_gpu_fault_injection;
+		problem->admission = KNN_ADMISSION_GPU;
+	}
 
 	if (!exit_callback_registered)
 	{
@@ -137,7 +249,7 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 				 errmsg("could not start the KNN join: %s", message)));
 	running_job = job;
 	/* pg_stat_activity shows the wait: wait_event_type "Extension". */
-	pgstat_report_wait_start(PG_WAIT_EXTENSION);
+	pgstat_report_wait_start(KNN_WAIT_ENGINE);
 	PG_TRY();
 	{
 		wait_for_job(job);
@@ -146,6 +258,7 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 	{
 		pgstat_report_wait_end();
 		stop_running_job();
+		knn_admission_release();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
@@ -153,6 +266,8 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 
 	running_job = NULL;
 	status = knn_job_finish(job, stats, message, sizeof(message));
+	/* The engine has let go of the GPU: the next join may have it. */
+	knn_admission_release();
 	raise_for_status(status, message);
 	if (message[0] != '\0')
 		ereport(NOTICE, (errmsg("%s", message)));

@@ -14,9 +14,26 @@
  * answering every interrupt and postmaster death within a few
  * milliseconds; ERROR (with a SQLSTATE) on failure, NOTICE when the GPU was
  * wanted but the CPU engine ran. The engine has stopped and released its
- * threads and GPU memory before this returns or raises.
+ * threads and GPU memory before this returns or raises. A join that runs on
+ * the GPU first takes one of the server's knn_gpu.max_gpu_jobs slots,
+ * waiting (cancellably) while all are taken, and gives it back before this
+ * returns or raises.
  */
 extern void knn_run_problem(KnnProblem *problem, int64 *neighbors,
 							double *distances, KnnStats *stats);
+
+/* What admission did for one join (knn_gpu.max_gpu_jobs). */
+typedef struct KnnAdmissionRecord
+{
+	bool		admitted;		/* the join took a GPU slot */
+	bool		queued;			/* ... after waiting for one */
+	int			slot;			/* which (0-based), -1 = none */
+	int			max_gpu_jobs;	/* of how many */
+	double		seconds_queued; /* from the engine's request to the slot */
+	int64		gpu_memory_limit;	/* bytes handed to the engine, 0 = free */
+} KnnAdmissionRecord;
+
+/* The admission of this backend's last knn_run_problem call. */
+extern const KnnAdmissionRecord *knn_run_last_admission(void);
 
 #endif							/* KNN_RUN_H */

@@ -7,6 +7,8 @@
  *
  * and its variants: LEFT JOIN LATERAL (...) ON ..., "WHERE t.id <> q.id"
  * in the subquery (the engine's self-exclusion, keys from knn_keys.h),
+ * "WHERE t.g = q.g [AND t.h = q.h ...]" (the engine's per-group join, group
+ * ids from knn_group_keys.h),
  * further ORDER BY keys after the distance (the inner scan's order, which
  * is the tie order), and OFFSET.
  *
@@ -70,6 +72,15 @@ typedef struct KnnJoinPath
 	Var		   *exclude_target; /* inner operand, as in the subquery */
 	Var		   *exclude_query;	/* outer operand, as a Var of this query */
 	Oid			exclude_collation;
+
+	/*
+	 * Group equalities "group_targets[i] = group_queries[i]": a query meets
+	 * only targets whose group columns all equal its own.
+	 */
+	List	   *group_quals;	/* the conjuncts of the subquery's WHERE */
+	List	   *group_targets;	/* Vars: inner operands, as in the subquery */
+	List	   *group_queries;	/* Vars: outer operands, as Vars of this query */
+	List	   *group_collations;	/* OidList: each operator's collation */
 } KnnJoinPath;
 
 /* knn_scan_shape.c */
@@ -103,6 +114,11 @@ typedef enum KnnJoinPrivate
 	KNN_PRIVATE_EXCLUDE_TYPE,	/* Integer: the keys' type (an Oid) */
 	KNN_PRIVATE_EXCLUDE_COLLATION,	/* Integer: the operator's collation */
 	KNN_PRIVATE_EXCLUDE_TEXT,	/* String: "t.id <> q.id" for EXPLAIN */
+	KNN_PRIVATE_GROUP_QUERY,	/* IntList: group key columns in outer rows, NIL = none */
+	KNN_PRIVATE_GROUP_TARGET,	/* IntList: group key columns in inner rows */
+	KNN_PRIVATE_GROUP_TYPES,	/* IntList: the keys' types (Oids) */
+	KNN_PRIVATE_GROUP_COLLATIONS,	/* IntList: the operators' collations */
+	KNN_PRIVATE_GROUP_TEXT,		/* String: "t.g = q.g, ..." for EXPLAIN */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 

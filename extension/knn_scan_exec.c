@@ -27,6 +27,13 @@
  *    engine never pairs equal keys. A NULL on either side makes "<>" NULL,
  *    so an outer row with a NULL key has no rows and an inner row with a
  *    NULL key belongs to none.
+ *  - Groups ("t.g = q.g [AND t.h = q.h ...]" in the subquery): both sides'
+ *    values map to group ids equal exactly when every column is equal
+ *    (knn_group_keys.h) and the engine joins each group apart. A NULL in a
+ *    group column makes "=" NULL: such an outer row has no rows and such an
+ *    inner row belongs to none; rows with a NULL vector or NULL distance
+ *    come only from the outer row's group, as the nested loop's filter
+ *    would let them through.
  *  - LEFT JOIN: an outer row none of whose rows passes the join filter
  *    comes once with NULLs for the subquery's columns; the filter (pushed-
  *    down clauses) is checked on both kinds of rows.
@@ -49,6 +56,7 @@
 #include "utils/memutils.h"
 #include "utils/ruleutils.h"
 
+#include "knn_group_keys.h"
 #include "knn_keys.h"
 #include "knn_matrix.h"
 #include "knn_run.h"
@@ -78,6 +86,11 @@ typedef struct KnnJoinState
 	AttrNumber	exclude_target_column;
 	Oid			exclude_type;
 	Oid			exclude_collation;
+	int			n_group_columns;	/* 0 = no groups */
+	AttrNumber *group_query_columns;
+	AttrNumber *group_target_columns;
+	Oid		   *group_types;
+	Oid		   *group_collations;
 	PlanState  *outer_ps;
 	PlanState  *inner_ps;
 	TupleTableSlot *outer_slot; /* reads back a stored outer row */
@@ -95,6 +108,9 @@ typedef struct KnnJoinState
 	int64	   *query_of_outer; /* outer row -> engine query, -1 = NULL vector */
 	int64	   *outer_key;		/* self-exclusion keys, KNN_NULL_KEY for NULL */
 	int64	   *inner_key;
+	int64	   *outer_group;	/* group ids, KNN_GROUP_NULL for a NULL, -1 for */
+	int64	   *inner_group;	/* an outer group no inner row has */
+	int64		group_bound;	/* every group id is below it */
 	int64	   *inner_of_target;	/* engine target -> inner row */
 	int64	   *null_inner;		/* inner rows with a NULL vector, scan order */
 	int64		n_null_inner;
@@ -175,6 +191,26 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	state->exclude_target_column = private_int(cscan, KNN_PRIVATE_EXCLUDE_TARGET);
 	state->exclude_type = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_TYPE);
 	state->exclude_collation = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_COLLATION);
+	state->n_group_columns = list_length(list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_QUERY));
+	if (state->n_group_columns > 0)
+	{
+		List	   *query_columns = list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_QUERY);
+		List	   *target_columns = list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_TARGET);
+		List	   *types = list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_TYPES);
+		List	   *collations = list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_COLLATIONS);
+
+		state->group_query_columns = palloc(sizeof(AttrNumber) * state->n_group_columns);
+		state->group_target_columns = palloc(sizeof(AttrNumber) * state->n_group_columns);
+		state->group_types = palloc(sizeof(Oid) * state->n_group_columns);
+		state->group_collations = palloc(sizeof(Oid) * state->n_group_columns);
+		for (int g = 0; g < state->n_group_columns; g++)
+		{
+			state->group_query_columns[g] = list_nth_int(query_columns, g);
+			state->group_target_columns[g] = list_nth_int(target_columns, g);
+			state->group_types[g] = (Oid) list_nth_int(types, g);
+			state->group_collations[g] = (Oid) list_nth_int(collations, g);
+		}
+	}
 	state->n_scan_columns = list_length(sources);
 	state->column_source = palloc(sizeof(int) * Max(1, state->n_scan_columns));
 	foreach(lc, sources)
@@ -350,6 +386,56 @@ build_keys(KnnJoinState *state)
 		state->outer_key[i] = isnull ? KNN_NULL_KEY : knn_keys_find(keys, value);
 	}
 	MemoryContextSwitchTo(old);
+}
+
+/* The group columns of a stored row. */
+static void
+row_group_values(TupleTableSlot *slot, MinimalTuple row, int n, const AttrNumber *columns,
+				 Datum *values, bool *isnull)
+{
+	ExecStoreMinimalTuple(row, slot, false);
+	for (int g = 0; g < n; g++)
+		values[g] = slot_getattr(slot, columns[g], &isnull[g]);
+}
+
+/*
+ * Group ids of every stored row: inner rows' values get ids by equality,
+ * outer rows' the id of equal inner values, or -1 (no inner row has them).
+ */
+static void
+build_groups(KnnJoinState *state)
+{
+	MemoryContext old = MemoryContextSwitchTo(state->join_cxt);
+	KnnGroupKeys *groups = knn_group_keys_create(state->n_group_columns, state->group_types,
+												 state->group_collations);
+	Datum	   *values = palloc(sizeof(Datum) * state->n_group_columns);
+	bool	   *isnull = palloc(sizeof(bool) * state->n_group_columns);
+
+	state->inner_group = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+	state->outer_group = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	for (int64 i = 0; i < state->n_inner; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		row_group_values(state->inner_slot, state->inner_rows[i], state->n_group_columns,
+						 state->group_target_columns, values, isnull);
+		state->inner_group[i] = knn_group_keys_add(groups, values, isnull);
+	}
+	for (int64 i = 0; i < state->n_outer; i++)
+	{
+		CHECK_FOR_INTERRUPTS();
+		row_group_values(state->outer_slot, state->outer_rows[i], state->n_group_columns,
+						 state->group_query_columns, values, isnull);
+		state->outer_group[i] = knn_group_keys_find(groups, values, isnull);
+	}
+	state->group_bound = knn_group_keys_bound(groups);
+	MemoryContextSwitchTo(old);
+}
+
+/* Does an outer row have no rows at all, its group being NULL or unmatched? */
+static bool
+outer_without_group(KnnJoinState *state, int64 outer_row)
+{
+	return state->outer_group != NULL && state->outer_group[outer_row] < 0;
 }
 
 /*
@@ -539,6 +625,262 @@ run_engine(KnnJoinState *state, int64 wanted)
 	knn_matrix_free(&targets);
 }
 
+/*
+ * Dimensions of the grouped join: each query's (0 = no part), and per group
+ * the first query's and one other, if its queries differ.
+ */
+typedef struct KnnGroupDims
+{
+	int		   *outer_dim;
+	int		   *group_dim;
+	int		   *group_other_dim;
+} KnnGroupDims;
+
+/* The targets of the groups whose queries have one dimension, read once. */
+typedef struct KnnDimTargets
+{
+	int			dim;
+	KnnMatrix	targets;
+	int64	   *inner_rows;		/* per target: its inner row */
+	int64	   *groups;
+	int64	   *keys;			/* self-exclusion keys (0 without) */
+} KnnDimTargets;
+
+/*
+ * The queries' dimensions, per group, and the distinct ones in order of
+ * first appearance (*dim_list). Numbers the queries in query_of_outer.
+ */
+static void
+read_group_query_dims(KnnJoinState *state, const KnnVectorReader *reader, KnnGroupDims *dims,
+					  int64 *n_queries, List **dim_list)
+{
+	*n_queries = 0;
+	*dim_list = NIL;
+	for (int64 i = 0; i < state->n_outer; i++)
+	{
+		KnnVectorView view;
+		int64		g = state->outer_group[i];
+
+		state->query_of_outer[i] = -1;
+		dims->outer_dim[i] = 0;
+		if ((state->outer_key != NULL && state->outer_key[i] == KNN_NULL_KEY) ||
+			outer_without_group(state, i) ||
+			!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
+						reader, "query", i, &view))
+			continue;
+		dims->outer_dim[i] = view.dim;
+		state->query_of_outer[i] = (*n_queries)++;
+		if (!list_member_int(*dim_list, view.dim))
+			*dim_list = lappend_int(*dim_list, view.dim);
+		if (dims->group_dim[g] == 0)
+			dims->group_dim[g] = view.dim;
+		else if (dims->group_dim[g] != view.dim && dims->group_other_dim[g] == 0)
+			dims->group_other_dim[g] = view.dim;
+	}
+}
+
+/*
+ * Reads every inner row's vector once, into the targets of its group's
+ * dimension, and fails as the nested loop would: when a query and a target
+ * of one group differ (with a self-exclusion this is stricter than the
+ * nested loop, which would skip an excluded pair of different dimensions).
+ * Lists the inner rows with a NULL vector; a row of a group without
+ * queries is never compared, so it is left out.
+ */
+static void
+read_group_targets(KnnJoinState *state, const KnnVectorReader *reader, const KnnGroupDims *dims,
+				   KnnDimTargets *per_dim, int n_dims, int64 *n_targets)
+{
+	*n_targets = 0;
+	state->n_null_inner = 0;
+	for (int64 i = 0; i < state->n_inner; i++)
+	{
+		KnnVectorView view;
+		int64		g = state->inner_group[i];
+		KnnDimTargets *into = per_dim;
+
+		if ((state->inner_key != NULL && state->inner_key[i] == KNN_NULL_KEY) ||
+			g == KNN_GROUP_NULL)
+			continue;
+		if (!row_vector(state, state->inner_slot, state->inner_rows[i], state->target_column,
+						reader, "target", i, &view))
+		{
+			state->null_inner[state->n_null_inner++] = i;
+			continue;
+		}
+		if (dims->group_dim[g] == 0)
+			continue;
+		if (view.dim != dims->group_dim[g])
+			dimension_error(state, view.dim, dims->group_dim[g]);
+		if (dims->group_other_dim[g] != 0)
+			dimension_error(state, view.dim, dims->group_other_dim[g]);
+		/* group_dim[g] is some query's dimension, so one of per_dim's */
+		while (into->dim != view.dim)
+			into++;
+		into->inner_rows[into->targets.n] = i;
+		into->groups[into->targets.n] = g;
+		into->keys[into->targets.n] = state->inner_key != NULL ? state->inner_key[i] : 0;
+		knn_matrix_append_view(&into->targets, i, &view, reader);
+		(*n_targets)++;
+	}
+}
+
+/*
+ * One engine run over the groups whose rows have one dimension; its rows
+ * land in the join's array of rows per query (targets numbered from
+ * *target_base on, in scan order).
+ */
+static void
+run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const KnnGroupDims *dims,
+					KnnDimTargets *dt, int64 wanted, int64 *target_base, int64 *scratch_query,
+					int64 *query_keys, int64 *query_groups)
+{
+	KnnMatrix	queries;
+	KnnProblem	problem;
+	KnnStats	stats;
+	MemoryContext old = MemoryContextSwitchTo(state->join_cxt);
+	int64		base = *target_base;
+	int32		k;
+	int64	   *neighbors;
+	double	   *distances;
+
+	knn_matrix_init(&queries, "query", reader->element);
+	MemoryContextSwitchTo(old);
+	for (int64 j = 0; j < dt->targets.n; j++)
+		state->inner_of_target[base + j] = dt->inner_rows[j];
+	*target_base = base + dt->targets.n;
+	if (dt->targets.n == 0)
+		return;
+	/* the queries, read again (they are usually far fewer than the targets) */
+	for (int64 i = 0; i < state->n_outer; i++)
+	{
+		KnnVectorView view;
+
+		if (dims->outer_dim[i] != dt->dim ||
+			!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
+						reader, "query", i, &view))
+			continue;
+		scratch_query[queries.n] = state->query_of_outer[i];
+		query_groups[queries.n] = state->outer_group[i];
+		query_keys[queries.n] = state->outer_key != NULL ? state->outer_key[i] : 0;
+		knn_matrix_append_view(&queries, i, &view, reader);
+	}
+	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
+
+	k = (int32) Min(wanted, dt->targets.n);
+	neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * queries.n * k);
+	distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * queries.n * k);
+	knn_matrix_problem(&problem, &queries, &dt->targets, k);
+	problem.metric = state->metric;
+	problem.method = KNN_METHOD_AUTO;
+	problem.query_groups = query_groups;
+	problem.target_groups = dt->groups;
+	if (state->inner_key != NULL)
+	{
+		problem.query_keys = query_keys;
+		problem.target_keys = dt->keys;
+	}
+	/* One table on both sides: one matrix (see run_engine). */
+	if (knn_matrix_same_values(&queries, &dt->targets) &&
+		memcmp(query_groups, dt->groups, sizeof(int64) * queries.n) == 0)
+		problem.targets = problem.queries;
+	knn_run_problem(&problem, neighbors, distances, &stats);
+	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
+	state->have_record = true;
+
+	for (int64 j = 0; j < queries.n; j++)
+	{
+		int64		slot = scratch_query[j] * state->engine_k;
+
+		for (int32 r = 0; r < k; r++)
+		{
+			int64		t = neighbors[j * k + r];
+
+			state->neighbors[slot + r] = t < 0 ? -1 : base + t;
+			state->distances[slot + r] = distances[j * k + r];
+		}
+		if ((j & 4095) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(neighbors);
+	pfree(distances);
+	knn_matrix_free(&queries);
+}
+
+/*
+ * The per-group join ("t.g = q.g ..."). Only pairs of one group are
+ * compared, so groups may differ in dimension: one engine run per
+ * dimension (almost always one), each a per-group problem.
+ */
+static void
+run_grouped_engine(KnnJoinState *state, int64 wanted)
+{
+	const KnnVectorReader *reader = knn_vector_reader(state->kind);
+	KnnGroupDims dims;
+	KnnDimTargets *per_dim;
+	List	   *dim_list;
+	int			n_dims;
+	MemoryContext old;
+	int64		n_queries;
+	int64		n_targets;
+	int64		target_base = 0;
+	int64	   *scratch_query;
+	int64	   *query_keys;
+	int64	   *query_groups;
+
+	if (state->exclude_query_column > 0)
+		build_keys(state);
+	build_groups(state);
+	old = MemoryContextSwitchTo(state->join_cxt);
+	state->query_of_outer = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	state->inner_of_target = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+	state->null_inner = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+	dims.outer_dim = palloc_extended(sizeof(int) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	dims.group_dim = palloc_extended(sizeof(int) * Max(1, state->group_bound),
+									 MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	dims.group_other_dim = palloc_extended(sizeof(int) * Max(1, state->group_bound),
+										   MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	read_group_query_dims(state, reader, &dims, &n_queries, &dim_list);
+	n_dims = list_length(dim_list);
+	per_dim = palloc0(sizeof(KnnDimTargets) * Max(1, n_dims));
+	for (int d = 0; d < n_dims; d++)
+	{
+		per_dim[d].dim = list_nth_int(dim_list, d);
+		knn_matrix_init(&per_dim[d].targets, "target", reader->element);
+		per_dim[d].inner_rows = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+		per_dim[d].groups = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+		per_dim[d].keys = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
+	}
+	MemoryContextSwitchTo(old);
+	/* (without any query vector, only the NULL-vector inner rows matter) */
+	read_group_targets(state, reader, &dims, per_dim, n_dims, &n_targets);
+	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
+	state->engine_k = (int32) Min(wanted, n_targets);
+	if (n_queries == 0 || state->engine_k == 0)
+	{
+		state->engine_k = 0;
+		return;
+	}
+	state->neighbors = MemoryContextAllocHuge(state->join_cxt,
+											  sizeof(int64) * n_queries * state->engine_k);
+	state->distances = MemoryContextAllocHuge(state->join_cxt,
+											  sizeof(double) * n_queries * state->engine_k);
+	for (int64 i = 0; i < n_queries * state->engine_k; i++)
+		state->neighbors[i] = -1;	/* a group with fewer targets than k */
+
+	old = MemoryContextSwitchTo(state->join_cxt);
+	scratch_query = palloc_extended(sizeof(int64) * n_queries, MCXT_ALLOC_HUGE);
+	query_keys = palloc_extended(sizeof(int64) * n_queries, MCXT_ALLOC_HUGE);
+	query_groups = palloc_extended(sizeof(int64) * n_queries, MCXT_ALLOC_HUGE);
+	MemoryContextSwitchTo(old);
+	for (int d = 0; d < n_dims; d++)
+	{
+		run_group_dimension(state, reader, &dims, &per_dim[d], wanted, &target_base,
+							scratch_query, query_keys, query_groups);
+		knn_matrix_free(&per_dim[d].targets);
+	}
+}
+
 /* The whole join, on the first call after start or rescan. */
 static void
 compute_join(KnnJoinState *state)
@@ -576,17 +918,24 @@ compute_join(KnnJoinState *state)
 	INSTR_TIME_SUBTRACT(read_done, start);
 	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
 
-	if (state->k > 0)
+	if (state->k > 0 && state->n_group_columns > 0)
+		run_grouped_engine(state, state->offset + state->k);
+	else if (state->k > 0)
 		run_engine(state, state->offset + state->k);
 }
 
-/* Does the self-exclusion keep this inner row from the current outer row? */
+/*
+ * Does the self-exclusion keep this inner row from the current outer row,
+ * or is it of another group?
+ */
 static bool
 excluded(KnnJoinState *state, int64 inner_row)
 {
-	return state->inner_key != NULL &&
-		(state->inner_key[inner_row] == KNN_NULL_KEY ||
-		 state->inner_key[inner_row] == state->outer_key[state->current_outer]);
+	return (state->inner_key != NULL &&
+			(state->inner_key[inner_row] == KNN_NULL_KEY ||
+			 state->inner_key[inner_row] == state->outer_key[state->current_outer])) ||
+		(state->inner_group != NULL &&
+		 state->inner_group[inner_row] != state->outer_group[state->current_outer]);
 }
 
 /*
@@ -602,7 +951,8 @@ next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *di
 	int64		tail_length;
 
 	if (state->k == 0 ||
-		(state->outer_key != NULL && state->outer_key[state->current_outer] == KNN_NULL_KEY))
+		(state->outer_key != NULL && state->outer_key[state->current_outer] == KNN_NULL_KEY) ||
+		outer_without_group(state, state->current_outer))
 		return false;
 	query = state->query_of_outer[state->current_outer];
 	if (query >= 0 && !state->in_tail)
@@ -776,6 +1126,8 @@ forget_execution(KnnJoinState *state)
 	state->query_of_outer = NULL;
 	state->outer_key = NULL;
 	state->inner_key = NULL;
+	state->outer_group = NULL;
+	state->inner_group = NULL;
 	state->inner_of_target = NULL;
 	state->null_inner = NULL;
 	state->neighbors = NULL;
@@ -884,6 +1236,9 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 	if (state->exclude_query_column > 0)
 		ExplainPropertyText("Self Exclusion",
 							strVal(list_nth(cscan->custom_private, KNN_PRIVATE_EXCLUDE_TEXT)), es);
+	if (state->n_group_columns > 0)
+		ExplainPropertyText("Group Keys",
+							strVal(list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_TEXT)), es);
 
 	explain_filter(node, ancestors, es, list_nth(cscan->custom_exprs, KNN_EXPR_JOIN_FILTER),
 				   "Join Filter", "Rows Removed by Join Filter",

@@ -204,6 +204,7 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 {
 	PlannerInfo *subroot = innerrel->subroot;
 	List	   *clauses;
+	ListCell   *lc;
 
 	if (jointype != JOIN_INNER && jointype != JOIN_LEFT)
 		return knn_scan_reject("the join is neither an inner nor a left join");
@@ -217,6 +218,14 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 		 (!bms_is_member(kp->exclude_query->varno, outerrel->relids) ||
 		  !outer_provides(outer_path, (Expr *) kp->exclude_query))))
 		return knn_scan_reject("an outer operand is not a column of the outer side's rows");
+	foreach(lc, kp->group_queries)
+	{
+		Var		   *query = lfirst_node(Var, lc);
+
+		if (!bms_is_member(query->varno, outerrel->relids) ||
+			!outer_provides(outer_path, (Expr *) query))
+			return knn_scan_reject("an outer operand is not a column of the outer side's rows");
+	}
 
 	/*
 	 * Clauses above the subquery's LIMIT: filters on its output and the join

@@ -3,10 +3,11 @@
  *
  * The node has two children: the outer side's plan (from custom_paths) and
  * a plain scan plan of the inner relation. The inner plan is the user's
- * subquery planned again without its LIMIT, OFFSET, distance ordering and
- * self-exclusion, and with a select list of what the join needs:
+ * subquery planned again without its LIMIT, OFFSET, distance ordering,
+ * self-exclusion and group equalities, and with a select list of what the
+ * join needs:
  *
- *     SELECT t.v, <other columns of n used above>, [t.id,]
+ *     SELECT t.v, <other columns of n used above>, [t.id,] [t.g, ...]
  *     FROM items t WHERE <the other conditions> [ORDER BY <tie keys>]
  *
  * Planned by subquery_planner, it is an ordinary PostgreSQL plan of the
@@ -33,10 +34,13 @@
 #include "optimizer/restrictinfo.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
+#include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 
 #include "knn_scan.h"
+
+static AttrNumber outer_column(Plan *outer_plan, Expr *expr);
 
 static const CustomScanMethods knn_join_scan_methods = {
 	.CustomName = KNN_JOIN_NAME,
@@ -46,7 +50,8 @@ static const CustomScanMethods knn_join_scan_methods = {
 /*
  * The scan query's select list: column 1 is the target vector, column 2 + i
  * the i-th of kp->needed_columns, then the self-exclusion key (if any),
- * then the ORDER BY keys after the distance (if any).
+ * then the group keys (group_column), then the ORDER BY keys after the
+ * distance (if any).
  */
 static List *
 inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
@@ -70,6 +75,9 @@ inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
 	if (kp->exclude_target != NULL)
 		tlist = lappend(tlist, makeTargetEntry((Expr *) copyObject(kp->exclude_target),
 											   resno++, pstrdup("key"), false));
+	foreach(lc, kp->group_targets)
+		tlist = lappend(tlist, makeTargetEntry((Expr *) copyObject(lfirst(lc)),
+											   resno++, pstrdup("group"), false));
 	foreach(lc, kp->tie_order)
 	{
 		TargetEntry *copy = flatCopyTargetEntry(get_sortgroupclause_tle(lfirst(lc),
@@ -82,15 +90,23 @@ inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
 	return tlist;
 }
 
-/* The subquery's WHERE without the self-exclusion (it refers to the outer row). */
+/*
+ * The subquery's WHERE without the self-exclusion and the group equalities
+ * (they refer to the outer row).
+ */
 static Node *
 inner_where(KnnJoinPath *kp, Node *quals)
 {
 	List	   *conjuncts;
+	ListCell   *lc;
 
-	if (kp->exclude_qual == NULL)
+	if (kp->exclude_qual == NULL && kp->group_quals == NIL)
 		return quals;
-	conjuncts = list_delete(make_ands_implicit((Expr *) quals), kp->exclude_qual);
+	conjuncts = make_ands_implicit((Expr *) quals);
+	if (kp->exclude_qual != NULL)
+		conjuncts = list_delete(conjuncts, kp->exclude_qual);
+	foreach(lc, kp->group_quals)
+		conjuncts = list_delete(conjuncts, lfirst(lc));
 	return conjuncts == NIL ? NULL : (Node *) make_ands_explicit(conjuncts);
 }
 
@@ -148,22 +164,64 @@ plan_inner_relation(PlannerInfo *root, KnnJoinPath *kp)
 	return (Plan *) wrapper;
 }
 
-/* "t.id <> q.id" for EXPLAIN, with the range tables' aliases. */
+/* "t.id <> q.id" (or "t.g = q.g") for EXPLAIN, with the range tables' aliases. */
+static char *
+comparison_text(PlannerInfo *root, KnnJoinPath *kp, Var *target, Var *query, const char *op)
+{
+	RangeTblEntry *subquery_rte = planner_rt_fetch(kp->subquery_rel->relid, root);
+	RangeTblEntry *target_rte = rt_fetch(target->varno, subquery_rte->subquery->rtable);
+	RangeTblEntry *query_rte = planner_rt_fetch(query->varno, root);
+
+	return psprintf("%s.%s %s %s.%s",
+					quote_identifier(target_rte->eref->aliasname),
+					quote_identifier(get_rte_attribute_name(target_rte, target->varattno)),
+					op,
+					quote_identifier(query_rte->eref->aliasname),
+					quote_identifier(get_rte_attribute_name(query_rte, query->varattno)));
+}
+
 static char *
 exclusion_text(PlannerInfo *root, KnnJoinPath *kp)
 {
-	RangeTblEntry *subquery_rte = planner_rt_fetch(kp->subquery_rel->relid, root);
-	RangeTblEntry *target_rte = rt_fetch(kp->exclude_target->varno,
-										 subquery_rte->subquery->rtable);
-	RangeTblEntry *query_rte = planner_rt_fetch(kp->exclude_query->varno, root);
+	return comparison_text(root, kp, kp->exclude_target, kp->exclude_query, "<>");
+}
 
-	return psprintf("%s.%s <> %s.%s",
-					quote_identifier(target_rte->eref->aliasname),
-					quote_identifier(get_rte_attribute_name(target_rte,
-															kp->exclude_target->varattno)),
-					quote_identifier(query_rte->eref->aliasname),
-					quote_identifier(get_rte_attribute_name(query_rte,
-															kp->exclude_query->varattno)));
+/*
+ * The group keys for custom_private: their columns in the outer and the
+ * inner rows (after the exclusion key: inner_select_list), types,
+ * collations, and "t.g = q.g, t.h = q.h" for EXPLAIN.
+ */
+static void
+group_private(PlannerInfo *root, KnnJoinPath *kp, Plan *outer_plan, CustomScan *cscan)
+{
+	List	   *query_columns = NIL;
+	List	   *target_columns = NIL;
+	List	   *types = NIL;
+	List	   *collations = NIL;
+	StringInfoData text;
+	AttrNumber	inner = 2 + list_length(kp->needed_columns) + (kp->exclude_target != NULL ? 1 : 0);
+	ListCell   *lt;
+	ListCell   *lq;
+	ListCell   *lcoll;
+
+	initStringInfo(&text);
+	forthree(lt, kp->group_targets, lq, kp->group_queries, lcoll, kp->group_collations)
+	{
+		Var		   *target = lfirst_node(Var, lt);
+		Var		   *query = lfirst_node(Var, lq);
+
+		query_columns = lappend_int(query_columns, outer_column(outer_plan, (Expr *) query));
+		target_columns = lappend_int(target_columns, inner++);
+		types = lappend_int(types, (int) target->vartype);
+		collations = lappend_int(collations, (int) lfirst_oid(lcoll));
+		appendStringInfo(&text, "%s%s", text.len > 0 ? ", " : "",
+						 comparison_text(root, kp, target, query, "="));
+	}
+	cscan->custom_private = lappend(cscan->custom_private, query_columns);
+	cscan->custom_private = lappend(cscan->custom_private, target_columns);
+	cscan->custom_private = lappend(cscan->custom_private, types);
+	cscan->custom_private = lappend(cscan->custom_private, collations);
+	cscan->custom_private = lappend(cscan->custom_private, makeString(text.data));
 }
 
 /* The column of the outer plan's rows that holds expr; ERROR if none. */
@@ -272,6 +330,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 									makeInteger((int) kp->exclude_collation));
 	cscan->custom_private = lappend(cscan->custom_private,
 									makeString(exclude ? exclusion_text(root, kp) : pstrdup("")));
+	group_private(root, kp, outer_plan, cscan);
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

@@ -3,7 +3,7 @@
  * Join can run? Checked on the subquery's parse tree:
  *
  *     SELECT <expressions of t>, <the distance> FROM <one relation> t
- *     [WHERE <conditions on t> [AND t.id <> q.id]]
+ *     [WHERE <conditions on t> [AND t.g = q.g ...] [AND t.id <> q.id]]
  *     ORDER BY <distance between a column of t and one of the outer query>
  *              [, <expressions of t>, ...]
  *     LIMIT <run-time constant> [OFFSET <run-time constant>]
@@ -20,6 +20,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
+#include "utils/typcache.h"
 
 #include "knn_keys.h"
 #include "knn_scan.h"
@@ -285,9 +286,58 @@ recognise_exclusion(Node *qual, RangeTblRef *rtr, KnnJoinPath *kp)
 	return true;
 }
 
+/* The expression under binary-compatible relabellings (a domain to its base). */
+static Node *
+without_relabel(Node *node)
+{
+	while (node != NULL && IsA(node, RelabelType))
+		node = (Node *) ((RelabelType *) node)->arg;
+	return node;
+}
+
 /*
- * WHERE: conditions on the relation alone, same result every time, and at
- * most one self-exclusion.
+ * "t.g = q.g": the default equality (type cache) of both columns' type,
+ * which has a hash function consistent with it, so that values map to
+ * group ids (knn_group_keys.h).
+ */
+static bool
+recognise_group(Node *qual, RangeTblRef *rtr, KnnJoinPath *kp)
+{
+	OpExpr	   *op = (OpExpr *) qual;
+	Var		   *left;
+	Var		   *right;
+	Var		   *target;
+	Var		   *query;
+	TypeCacheEntry *entry;
+
+	if (!IsA(op, OpExpr) || list_length(op->args) != 2)
+		return false;
+	/* a domain's column is relabelled to its base type: look through that */
+	left = (Var *) without_relabel(linitial(op->args));
+	right = (Var *) without_relabel(lsecond(op->args));
+	if (!IsA(left, Var) || !IsA(right, Var))
+		return false;
+	target = left->varlevelsup == 0 ? left : right;
+	query = left->varlevelsup == 0 ? right : left;
+	if (target->varlevelsup != 0 || query->varlevelsup != 1 ||
+		target->varno != rtr->rtindex || target->varattno <= 0 || query->varattno <= 0 ||
+		target->vartype != query->vartype || !knn_keys_hashable(target->vartype))
+		return false;
+	entry = lookup_type_cache(target->vartype, TYPECACHE_EQ_OPR);
+	if (entry->eq_opr != op->opno)
+		return false;
+	query = copyObject(query);
+	query->varlevelsup = 0;
+	kp->group_quals = lappend(kp->group_quals, qual);
+	kp->group_targets = lappend(kp->group_targets, target);
+	kp->group_queries = lappend(kp->group_queries, query);
+	kp->group_collations = lappend_oid(kp->group_collations, op->inputcollid);
+	return true;
+}
+
+/*
+ * WHERE: conditions on the relation alone, same result every time, group
+ * equalities, and at most one self-exclusion.
  */
 static bool
 recognise_where(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
@@ -300,10 +350,10 @@ recognise_where(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 	{
 		Node	   *qual = lfirst(lc);
 
-		if (!references_upper_levels(qual))
+		if (!references_upper_levels(qual) || recognise_group(qual, rtr, kp))
 			continue;
 		if (kp->exclude_qual != NULL || !recognise_exclusion(qual, rtr, kp))
-			return knn_scan_reject("the subquery's WHERE references the outer query other than by one \"inner column <> outer column\" of a type with default hashable equality");
+			return knn_scan_reject("the subquery's WHERE references the outer query other than by \"inner column = outer column\" and one \"inner column <> outer column\", of one type with default hashable equality");
 	}
 	return true;
 }

@@ -19,23 +19,42 @@ int			knn_gpu_threads = 0;
 bool		knn_gpu_enable_knn_join = true;
 bool		knn_gpu_exact_over_index = false;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
+int			knn_gpu_max_gpu_jobs = 4;
+int			knn_gpu_memory_budget_mb = 0;
 
-/* A GUC option table from a vocabulary table (allocated once, kept). */
+/* The most admission slots (slot files): far more than any GPU runs at once. */
+#define KNN_MAX_GPU_JOBS 1024
+
+/*
+ * A GUC option table from a vocabulary table (allocated once, kept), plus
+ * one extension-only option when extra_name is not NULL.
+ */
 static const struct config_enum_entry *
-enum_options(const KnnName *names)
+enum_options_plus(const KnnName *names, const char *extra_name, int extra_value)
 {
 	struct config_enum_entry *options;
 	int			n = 0;
 
 	while (names[n].name != NULL)
 		n++;
-	options = MemoryContextAllocZero(TopMemoryContext, sizeof(*options) * (n + 1));
+	options = MemoryContextAllocZero(TopMemoryContext, sizeof(*options) * (n + 2));
 	for (int i = 0; i < n; i++)
 	{
 		options[i].name = names[i].name;
 		options[i].val = names[i].value;
 	}
+	if (extra_name != NULL)
+	{
+		options[n].name = extra_name;
+		options[n].val = extra_value;
+	}
 	return options;
+}
+
+static const struct config_enum_entry *
+enum_options(const KnnName *names)
+{
+	return enum_options_plus(names, NULL, 0);
 }
 
 void
@@ -68,9 +87,27 @@ knn_settings_define(void)
 							 &knn_gpu_exact_over_index, false,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomEnumVariable("knn_gpu.fault_injection",
-							 "Test only: makes an engine entry throw (start, run, bad_alloc, finish).",
+							 "Test only: makes an engine entry throw (start, run, bad_alloc, finish), "
+							 "or CPU joins take GPU admission slots (admit_cpu).",
 							 "Proves that engine failures become errors and the backend survives.",
-							 &knn_gpu_fault_injection, KNN_FAULT_NONE, enum_options(knn_fault_names),
+							 &knn_gpu_fault_injection, KNN_FAULT_NONE,
+							 enum_options_plus(knn_fault_names, "admit_cpu", KNN_GPU_FAULT_ADMIT_CPU),
 							 PGC_SUSET, GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL, NULL, NULL, NULL);
+
+	/*
+	 * Cluster-wide, so set in postgresql.conf (reload): a per-session value
+	 * would let a session ignore the limit that the others keep.
+	 */
+	DefineCustomIntVariable("knn_gpu.max_gpu_jobs",
+							"How many KNN joins may run on the GPU at once, across the server.",
+							"A GPU join that finds them all running waits (wait event Extension).",
+							&knn_gpu_max_gpu_jobs, 4, 1, KNN_MAX_GPU_JOBS,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
+	DefineCustomIntVariable("knn_gpu.gpu_memory_budget",
+							"GPU memory all running KNN joins may use together (0 = no budget).",
+							"Each admitted join may use gpu_memory_budget / max_gpu_jobs "
+							"(or gpu_memory_limit, when smaller); larger joins are chunked.",
+							&knn_gpu_memory_budget_mb, 0, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_MB, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("knn_gpu");
 }

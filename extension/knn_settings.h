@@ -12,6 +12,15 @@ extern int	knn_gpu_threads;			/* knn_gpu.threads, 0 = all cores */
 extern bool knn_gpu_enable_knn_join;	/* knn_gpu.enable_knn_join (CustomScan) */
 extern bool knn_gpu_exact_over_index;	/* knn_gpu.exact_over_index (CustomScan) */
 extern int	knn_gpu_fault_injection;	/* KnnFault: knn_gpu.fault_injection (tests) */
+extern int	knn_gpu_max_gpu_jobs;		/* knn_gpu.max_gpu_jobs: GPU joins at once, cluster-wide */
+extern int	knn_gpu_memory_budget_mb;	/* knn_gpu.gpu_memory_budget, 0 = none */
+
+/*
+ * knn_gpu.fault_injection = admit_cpu (tests only, superuser): CPU joins
+ * take an admission slot as GPU joins do, so that the queue can be tested
+ * without a GPU. The extension's own value, never handed to the engine.
+ */
+#define KNN_GPU_FAULT_ADMIT_CPU 1000
 
 /* Defines every setting; called once from _PG_init. */
 extern void knn_settings_define(void);

@@ -31,6 +31,7 @@ knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem, const KnnStat
 	record->seconds_read = seconds_read;
 	record->seconds_sort = seconds_sort;
 	record->seconds_return = seconds_return;
+	record->admission = *knn_run_last_admission();
 	last = *record;
 	last_valid = true;
 }
@@ -69,9 +70,19 @@ record_json(const KnnJoinRecord *r)
 					 s->query_clusters, s->target_clusters, s->threads_per_query,
 					 s->distance_computations, s->pairs,
 					 s->pairs > 0 ? (double) s->distance_computations / (double) s->pairs : 0.0);
+	if (r->admission.admitted)
+		appendStringInfo(&buf,
+						 ",\"admission\":{\"slot\":%d,\"max_gpu_jobs\":%d,\"queued\":%s"
+						 ",\"gpu_memory_limit_mb\":" INT64_FORMAT "}",
+						 r->admission.slot, r->admission.max_gpu_jobs,
+						 r->admission.queued ? "true" : "false",
+						 r->admission.gpu_memory_limit / (1024 * 1024));
+	else
+		appendStringInfoString(&buf, ",\"admission\":null");
 	appendStringInfo(&buf,
-					 ",\"seconds\":{\"read\":%.6f,\"sort\":%.6f,\"transfer\":%.6f,\"cluster\":%.6f"
+					 ",\"seconds\":{\"queued\":%.6f,\"read\":%.6f,\"sort\":%.6f,\"transfer\":%.6f,\"cluster\":%.6f"
 					 ",\"filter\":%.6f,\"select\":%.6f,\"engine_total\":%.6f,\"return\":%.6f}}",
+					 r->admission.seconds_queued,
 					 r->seconds_read, r->seconds_sort, s->seconds_transfer, s->seconds_cluster,
 					 s->seconds_filter, s->seconds_select, s->seconds_total,
 					 r->seconds_return);
@@ -92,6 +103,15 @@ knn_stats_explain(const KnnJoinRecord *r, ExplainState *es)
 	ExplainPropertyInteger("Dimensions", NULL, r->dim, es);
 	ExplainPropertyInteger("Distance Computations", NULL, s->distance_computations, es);
 	ExplainPropertyInteger("Pairs", NULL, s->pairs, es);
+	/* Only joins that took a GPU slot: others never queue. */
+	if (r->admission.admitted)
+	{
+		ExplainPropertyInteger("GPU Slot", NULL, r->admission.slot, es);
+		ExplainPropertyText("GPU Slot Queued", r->admission.queued ? "yes" : "no", es);
+		if (es->timing)
+			ExplainPropertyFloat("GPU Slot Wait", "ms",
+								 r->admission.seconds_queued * 1000.0, 3, es);
+	}
 	if (es->timing)
 	{
 		ExplainPropertyFloat("Read Time", "ms", r->seconds_read * 1000.0, 3, es);

@@ -11,6 +11,7 @@
 #include "commands/explain.h"
 
 #include "knn_engine.h"
+#include "knn_run.h"
 
 typedef struct KnnJoinRecord
 {
@@ -24,11 +25,13 @@ typedef struct KnnJoinRecord
 	double		seconds_read;	/* reading both sides' rows */
 	double		seconds_sort;	/* putting rows in id order */
 	double		seconds_return; /* handing rows back (0 where not measured) */
+	KnnAdmissionRecord admission;	/* the GPU slot, and the wait for it */
 } KnnJoinRecord;
 
 /*
  * Builds the record of a finished join into *record and keeps a copy as
- * this backend's last join.
+ * this backend's last join. Called right after knn_run_problem: the
+ * admission is that call's.
  */
 extern void knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem,
 							 const KnnStats *engine, double seconds_read,

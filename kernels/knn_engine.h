@@ -115,6 +115,22 @@ typedef struct KnnProblem
 	int32_t		n_threads;		/* CPU threads; 0 = all cores, at most KNN_MAX_THREADS */
 	int64_t		gpu_memory_limit;	/* bytes the GPU engine may use; 0 = what is free */
 	KnnFault	fault;			/* KNN_FAULT_NONE except in tests */
+
+	/*
+	 * Per-group joins: when both are non-NULL (n_queries and n_targets
+	 * entries), a query is joined only with the targets of an equal group
+	 * id; a query whose group has no target gets only empty slots. The
+	 * job layer runs each group as its own problem (group_split.h).
+	 */
+	const int64_t *query_groups;
+	const int64_t *target_groups;
+
+	/*
+	 * Admission (KnnAdmission): with KNN_ADMISSION_GPU a job that is about
+	 * to run on the GPU first asks its caller for a slot and waits,
+	 * cancellably, until knn_job_admit() (see below); 0 = never asks.
+	 */
+	int32_t		admission;
 } KnnProblem;
 
 /* The most CPU threads an engine uses (knn_gpu.threads' upper bound). */
@@ -183,6 +199,39 @@ int			knn_engine_describe(char *buf, size_t len);
  * "cpu: 2 threads, BLAS: OpenBLAS 0.3.21 (libopenblas.so.0)".
  */
 void		knn_engine_describe_cpu(char *buf, size_t len);
+
+/*
+ * Admission to the GPU (knn_gpu.max_gpu_jobs). A job started with
+ * problem->admission != KNN_ADMISSION_NONE that chooses the GPU (or, with
+ * KNN_ADMISSION_ALL, a test-only mode, any float engine) stops before the
+ * engine runs and waits: knn_job_wants_slot() then returns 1 (and
+ * knn_job_wait() returns early), and the caller, once it holds a slot,
+ * calls knn_job_admit() with the GPU memory the join may use (bytes, 0 =
+ * keep problem->gpu_memory_limit). A job cancelled while it waits ends with
+ * KNN_CANCELLED. A job asks at most once.
+ */
+typedef enum KnnAdmission
+{
+	KNN_ADMISSION_NONE = 0,
+	KNN_ADMISSION_GPU = 1,		/* GPU joins ask */
+	KNN_ADMISSION_ALL = 2		/* tests: CPU float joins ask too */
+} KnnAdmission;
+
+int			knn_job_wants_slot(KnnJob *job);
+void		knn_job_admit(KnnJob *job, int64_t gpu_memory_limit);
+
+/*
+ * The server-wide record of the GPU probe. path: a file the engine may
+ * create and replace (written atomically with rename); server_key: one line
+ * naming this server run (e.g. the postmaster's pid and start time). The
+ * first process that loads the GPU module writes what its probe found; a
+ * later process whose record says "no usable GPU", for the same server run
+ * and the same module file, does not load the module under
+ * KNN_DEVICE_AUTO (KNN_DEVICE_GPU still loads it and probes again, and
+ * rewrites the record). A missing, foreign or damaged record means "probe".
+ * Not set (the default): every process probes.
+ */
+void		knn_engine_set_probe_record(const char *path, const char *server_key);
 
 /*
  * Every entry above is safe to call from C: none lets a C++ exception out

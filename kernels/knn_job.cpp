@@ -4,18 +4,25 @@
 // statement_timeout), and finishes it. The job thread picks the engine: the
 // GPU module when one is usable (loaded once with dlopen, so knn_gpu.so never
 // links CUDA and loads on hosts without a driver), else the CPU engine.
+// Where the server's probe record says there is no usable GPU, AUTO does
+// not load the module at all; a GPU job can wait for an admission slot
+// (knn_job_wants_slot / knn_job_admit) before it runs.
 //
 // Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
 // and the job thread starts with all signals blocked (signal_free_thread.h), so
 // neither a C++ exception nor a PostgreSQL signal handler crosses the wall.
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -31,6 +38,7 @@
 #include "problem_check.h"
 #include "signal_free_thread.h"
 #include "entry_guard.h"
+#include "group_split.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
 
@@ -48,6 +56,15 @@ struct GpuModule {
   bool usable = false;           // module loaded and a GPU answered
   char description[384] = "";    // device line, or why there is none
   knn_cuda_run_fn run = nullptr;
+  // The server's probe record (knn_engine_set_probe_record); "" = none.
+  char record_path[PATH_MAX] = "";
+  char server_key[256] = "";
+  bool record_read = false;      // looked at once per process
+  bool from_record = false;      // not loaded: the record says no usable GPU
+  char record_note[160] = "";    // why the record could not be written
+  bool record_valid = false;     // a valid record was read: its outcome below
+  bool record_usable = false;
+  char record_reason[384] = "";
 };
 
 GpuModule gpu_module;
@@ -77,6 +94,153 @@ void load_gpu_module(GpuModule &m) noexcept {
   m.run = run;
 }
 
+// ---- the server's probe record ----
+//
+// Loading the module (libcudart, cuBLAS) and asking the driver costs about
+// 100 ms even where there is no GPU, in every new backend. The first process
+// that probes writes the outcome to one small file; a later process of the
+// same server run reads it and, when it says "no usable GPU", skips the
+// module under AUTO. The record is trusted for that skip only: anything odd
+// (missing, not a regular file of ours, too long, another server run or
+// module file, a bad checksum) means "probe again". Plain POSIX calls only:
+// this runs on engine threads as well as on the backend's.
+
+constexpr char kRecordMagic[] = "knn_gpu probe record 1";
+constexpr size_t kRecordMax = 2048;
+
+uint64_t fnv1a(const char *s, size_t n) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < n; i++) {
+    h ^= static_cast<unsigned char>(s[i]);
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+// "<server key> module <dev>:<inode>:<size>:<mtime>" ("absent" without a
+// module file): installing or replacing the module makes the record stale.
+void record_key(const GpuModule &m, char *out, size_t len) {
+  char path[PATH_MAX + 32];
+  std::snprintf(path, sizeof path, "%s/knn_gpu_cuda.so", m.dir[0] != '\0' ? m.dir : ".");
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    std::snprintf(out, len, "%s module absent", m.server_key);
+    return;
+  }
+  std::snprintf(out, len, "%s module %llu:%llu:%lld:%lld.%09ld", m.server_key,
+                static_cast<unsigned long long>(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino), static_cast<long long>(st.st_size),
+                static_cast<long long>(st.st_mtim.tv_sec), static_cast<long>(st.st_mtim.tv_nsec));
+}
+
+// Printable ASCII only, one line: the reason comes from a file.
+void copy_printable(char *out, size_t len, const char *in, size_t n) {
+  size_t j = 0;
+  for (size_t i = 0; i < n && j + 1 < len; i++)
+    out[j++] = (in[i] >= 0x20 && in[i] < 0x7f) ? in[i] : '?';
+  if (len > 0) out[j] = '\0';
+}
+
+// Takes the line starting with prefix at *pos; false if it is not there.
+bool take_line(const char *buf, size_t n, size_t *pos, const char *prefix, const char **value,
+               size_t *value_len) {
+  const size_t plen = std::strlen(prefix);
+  if (n - *pos < plen || std::memcmp(buf + *pos, prefix, plen) != 0) return false;
+  const char *nl = static_cast<const char *>(std::memchr(buf + *pos, '\n', n - *pos));
+  if (nl == nullptr) return false;
+  *value = buf + *pos + plen;
+  *value_len = static_cast<size_t>(nl - *value);
+  *pos = static_cast<size_t>(nl - buf) + 1;
+  return true;
+}
+
+// True when the record is valid for this server run and module file;
+// *usable and *reason are then what its probe found.
+bool read_record(const GpuModule &m, bool *usable, char *reason, size_t reason_len) {
+  if (m.record_path[0] == '\0' || m.server_key[0] == '\0') return false;
+  const int fd = open(m.record_path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return false;
+  char buf[kRecordMax];
+  ssize_t n = -1;
+  struct stat st;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+      st.st_size > 0 && static_cast<size_t>(st.st_size) < sizeof buf)
+    n = read(fd, buf, sizeof buf);
+  close(fd);
+  if (n <= 0 || static_cast<size_t>(n) >= sizeof buf) return false;
+  const size_t len = static_cast<size_t>(n);
+  char key[sizeof m.server_key + 128];
+  record_key(m, key, sizeof key);
+  size_t pos = 0;
+  const char *v;
+  size_t vl;
+  const char *reason_v;
+  size_t reason_l;
+  if (!take_line(buf, len, &pos, kRecordMagic, &v, &vl) || vl != 0) return false;
+  if (!take_line(buf, len, &pos, "key ", &v, &vl) || vl != std::strlen(key) ||
+      std::memcmp(v, key, vl) != 0)
+    return false;
+  if (!take_line(buf, len, &pos, "usable ", &v, &vl) || vl != 1 || (v[0] != '0' && v[0] != '1'))
+    return false;
+  *usable = v[0] == '1';
+  if (!take_line(buf, len, &pos, "reason ", &reason_v, &reason_l)) return false;
+  const size_t checked = pos;
+  if (!take_line(buf, len, &pos, "check ", &v, &vl) || vl != 16 || pos != len) return false;
+  char want[17];
+  std::snprintf(want, sizeof want, "%016llx",
+                static_cast<unsigned long long>(fnv1a(buf, checked)));
+  if (std::memcmp(v, want, 16) != 0) return false;
+  copy_printable(reason, reason_len, reason_v, reason_l);
+  return true;
+}
+
+// Writes what this process's probe found (atomically: a file of our own,
+// then rename). A failure is noted for knn_engine_describe, nothing more.
+void write_record(GpuModule &m) {
+  if (m.record_path[0] == '\0' || m.server_key[0] == '\0') return;
+  char key[sizeof m.server_key + 128];
+  record_key(m, key, sizeof key);
+  char reason[sizeof m.description];
+  copy_printable(reason, sizeof reason, m.description, std::strlen(m.description));
+  char body[kRecordMax];
+  int n = std::snprintf(body, sizeof body, "%s\nkey %s\nusable %d\nreason %s\n", kRecordMagic, key,
+                        m.usable ? 1 : 0, reason);
+  if (n <= 0 || static_cast<size_t>(n) + 32 >= sizeof body) return;
+  n += std::snprintf(body + n, sizeof body - n, "check %016llx\n",
+                     static_cast<unsigned long long>(fnv1a(body, static_cast<size_t>(n))));
+  char tmp[PATH_MAX + 32];
+  std::snprintf(tmp, sizeof tmp, "%s.%ld.tmp", m.record_path, static_cast<long>(getpid()));
+  const int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+  bool ok = fd >= 0;
+  int why = ok ? 0 : errno;
+  if (ok) {
+    ok = write(fd, body, static_cast<size_t>(n)) == n;
+    if (!ok) why = errno;
+    if (close(fd) != 0 && ok) {
+      ok = false;
+      why = errno;
+    }
+  }
+  if (ok && rename(tmp, m.record_path) != 0) {
+    ok = false;
+    why = errno;
+  }
+  if (!ok) {
+    if (fd >= 0) unlink(tmp);
+    std::snprintf(m.record_note, sizeof m.record_note, "probe record not written: %.120s",
+                  std::strerror(why != 0 ? why : EIO));
+  }
+}
+
+// What the job layer needs of the module, copied under the lock.
+struct GpuView {
+  bool usable = false;
+  bool from_record = false;
+  knn_cuda_run_fn run = nullptr;
+  char description[384] = "";
+  char record_note[160] = "";
+};
+
 // float16 rows widened to float32 for the float engines: exact (every
 // binary16 is a float), so a halfvec join is the vector join of the same
 // values, as pgvector's halfvec operators compute it. Returns false when
@@ -95,15 +259,43 @@ bool widen_rows(const void *rows, int64_t n, int32_t dim, const int32_t *cancel,
   return true;
 }
 
-// After loading, usable, description and run never change again, so the
-// callers read them without the lock.
-const GpuModule &gpu() {
+// The module as AUTO (must_load = false) or GPU (true) sees it. The first
+// call of a process reads the server's probe record; AUTO then skips the
+// module where the record says no GPU is usable; GPU always loads it
+// (probing again, and rewriting the record). Once loaded, usable,
+// description and run never change again.
+GpuView gpu(bool must_load) {
+  GpuView view;
   std::lock_guard<std::mutex> lock(gpu_module.mutex);
-  if (!gpu_module.loaded) {
-    load_gpu_module(gpu_module);
-    gpu_module.loaded = true;
+  GpuModule &m = gpu_module;
+  if (!m.loaded && !m.record_read) {
+    m.record_read = true;
+    m.record_valid = read_record(m, &m.record_usable, m.record_reason, sizeof m.record_reason);
+    if (m.record_valid && !m.record_usable) {  // a GPU: the module is loaded anyway
+      m.from_record = true;
+      std::snprintf(m.description, sizeof m.description, "%.300s; from the server's probe record",
+                    m.record_reason);
+    }
   }
-  return gpu_module;
+  if (!m.loaded && (must_load || !m.from_record)) {
+    m.description[0] = '\0';
+    m.from_record = false;
+    load_gpu_module(m);
+    m.loaded = true;
+    char reason[sizeof m.description];
+    copy_printable(reason, sizeof reason, m.description, std::strlen(m.description));
+    // Rewritten only when it says something else (or nothing valid).
+    if (!m.record_valid || m.record_usable != m.usable || std::strcmp(reason, m.record_reason) != 0)
+      write_record(m);
+  }
+  view.usable = m.usable;
+  view.from_record = m.from_record;
+  view.run = m.run;
+  static_assert(sizeof view.description == sizeof m.description, "");
+  static_assert(sizeof view.record_note == sizeof m.record_note, "");
+  std::memcpy(view.description, m.description, sizeof view.description);
+  std::memcpy(view.record_note, m.record_note, sizeof view.record_note);
+  return view;
 }
 
 }  // namespace
@@ -123,16 +315,23 @@ struct KnnJob {
   std::thread thread;
   std::vector<float> wide_queries;  // float16 rows widened (FLOAT16 problems)
   std::vector<float> wide_targets;
+  // Admission (knn_job_wants_slot / knn_job_admit), under mutex.
+  enum class Slot { kNone, kWanted, kGranted } slot = Slot::kNone;
+  int64_t granted_memory_limit = 0;
+  std::condition_variable admitted_cv;
 
   void run() noexcept;
 
  private:
   KnnStatus run_engines();
+  KnnStatus run_one();
+  KnnStatus run_groups();
   KnnStatus run_float_engines();
   KnnStatus run_bit();
   KnnStatus widen();
   KnnStatus run_cpu(const char *note);
-  KnnStatus run_gpu(const GpuModule &m);
+  KnnStatus run_gpu(const GpuView &m);
+  KnnStatus await_slot();
   void announce_finished() noexcept;
 };
 
@@ -146,7 +345,30 @@ KnnStatus KnnJob::run_cpu(const char *note) {
   return st;
 }
 
-KnnStatus KnnJob::run_gpu(const GpuModule &m) {
+// Asks the caller for a slot and waits for it (once per job: the groups of
+// a per-group join share it), looking at cancel every few milliseconds.
+KnnStatus KnnJob::await_slot() {
+  std::unique_lock<std::mutex> lock(mutex);
+  if (slot == Slot::kNone) {
+    slot = Slot::kWanted;
+    finished_cv.notify_all();  // knn_job_wait returns: the caller sees the request
+  }
+  while (slot != Slot::kGranted) {
+    if (__atomic_load_n(&cancel, __ATOMIC_RELAXED) != 0) {
+      knn::copy_message(error, sizeof error, "cancelled while waiting for a GPU slot");
+      return KNN_CANCELLED;
+    }
+    admitted_cv.wait_for(lock, std::chrono::milliseconds(5));
+  }
+  if (granted_memory_limit > 0) problem.gpu_memory_limit = granted_memory_limit;
+  return KNN_OK;
+}
+
+KnnStatus KnnJob::run_gpu(const GpuView &m) {
+  if (problem.admission != KNN_ADMISSION_NONE) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
   const KnnStatus st = m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
   // Under AUTO a GPU that cannot take this join hands it to the CPU.
   if (problem.device != KNN_DEVICE_AUTO || (st != KNN_OUT_OF_MEMORY && st != KNN_DEVICE_ERROR))
@@ -199,6 +421,12 @@ KnnStatus KnnJob::widen() {
 KnnStatus KnnJob::run_engines() {
   if (problem.fault == KNN_FAULT_RUN) throw std::runtime_error("fault injection");
   if (problem.fault == KNN_FAULT_BAD_ALLOC) throw std::bad_alloc();
+  if (problem.query_groups != nullptr || problem.target_groups != nullptr) return run_groups();
+  return run_one();
+}
+
+// One plain problem through the engine its rows and device call for.
+KnnStatus KnnJob::run_one() {
   if (problem.element == KNN_ELEMENT_BIT) return run_bit();
   if (problem.element == KNN_ELEMENT_FLOAT16) {
     const KnnStatus st = widen();
@@ -207,13 +435,56 @@ KnnStatus KnnJob::run_engines() {
   return run_float_engines();
 }
 
+// A per-group problem: float16 rows are widened once, then every group's
+// sub-problem runs through run_one() in place of the whole problem
+// (group_split.h maps its rows back and sums the statistics).
+KnnStatus KnnJob::run_groups() {
+  if (problem.query_groups == nullptr || problem.target_groups == nullptr) {
+    knn::copy_message(error, sizeof error, "query_groups and target_groups must be given together");
+    return KNN_INVALID_ARGUMENT;
+  }
+  if (const char *why = knn::problem_invalid_reason(problem, neighbors, distances)) {
+    knn::copy_message(error, sizeof error, why);
+    return KNN_INVALID_ARGUMENT;
+  }
+  if (problem.element == KNN_ELEMENT_FLOAT16) {
+    const KnnStatus st = widen();
+    if (st != KNN_OK) return st;
+  }
+  const KnnProblem whole = problem;
+  int64_t *const whole_neighbors = neighbors;
+  double *const whole_distances = distances;
+  KnnStats summed{};
+  const KnnStatus st = knn::run_grouped(
+      whole, whole_neighbors, whole_distances, &summed, &cancel, error, sizeof error,
+      [this](const KnnProblem &sub, int64_t *n, double *d, KnnStats *s) {
+        problem = sub;
+        neighbors = n;
+        distances = d;
+        stats = KnnStats{};
+        const KnnStatus sub_st = run_one();
+        *s = stats;
+        return sub_st;
+      });
+  problem = whole;
+  neighbors = whole_neighbors;
+  distances = whole_distances;
+  stats = summed;
+  return st;
+}
+
 KnnStatus KnnJob::run_float_engines() {
+  // Test mode: CPU joins take a slot as GPU joins do (no GPU in CI).
+  if (problem.admission == KNN_ADMISSION_ALL) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
   if (problem.device == KNN_DEVICE_CPU) return run_cpu(nullptr);
-  const GpuModule &m = gpu();
+  const GpuView m = gpu(problem.device == KNN_DEVICE_GPU);
   if (m.usable) return run_gpu(m);
   // The CPU engine answers; when a GPU was asked for, the caller is told
   // why (the message of an OK status is a notice).
-  const KnnStatus st = run_cpu("no GPU");
+  const KnnStatus st = run_cpu(m.from_record ? "no GPU: server's probe record" : "no GPU");
   if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
     std::snprintf(error, sizeof error, "no usable GPU (%s); the CPU engine ran", m.description);
   return st;
@@ -260,14 +531,44 @@ int knn_job_wait(KnnJob *job, int timeout_ms) {
   knn::guarded("knn_job_wait", nullptr, 0, [&] {
     std::unique_lock<std::mutex> lock(job->mutex);
     job->finished_cv.wait_for(lock, std::chrono::milliseconds(std::max(0, timeout_ms)),
-                              [job] { return job->finished.load(); });
+                              [job] {
+                                return job->finished.load() ||
+                                       job->slot == KnnJob::Slot::kWanted;
+                              });
     return KNN_OK;
   });
   return job->finished.load() ? 1 : 0;
 }
 
 void knn_job_cancel(KnnJob *job) {
-  if (job != nullptr) __atomic_store_n(&job->cancel, 1, __ATOMIC_RELAXED);
+  if (job != nullptr) {
+    __atomic_store_n(&job->cancel, 1, __ATOMIC_RELAXED);
+    job->admitted_cv.notify_all();  // a job waiting for a slot stops now
+  }
+}
+
+int knn_job_wants_slot(KnnJob *job) {
+  if (job == nullptr) return 0;
+  int wanted = 0;
+  knn::guarded("knn_job_wants_slot", nullptr, 0, [&] {
+    std::lock_guard<std::mutex> lock(job->mutex);
+    wanted = job->slot == KnnJob::Slot::kWanted ? 1 : 0;
+    return KNN_OK;
+  });
+  return wanted;
+}
+
+void knn_job_admit(KnnJob *job, int64_t gpu_memory_limit) {
+  if (job == nullptr) return;
+  knn::guarded("knn_job_admit", nullptr, 0, [&] {
+    {
+      std::lock_guard<std::mutex> lock(job->mutex);
+      job->granted_memory_limit = std::max<int64_t>(0, gpu_memory_limit);
+      job->slot = KnnJob::Slot::kGranted;
+    }
+    job->admitted_cv.notify_all();
+    return KNN_OK;
+  });
 }
 
 KnnStatus knn_job_finish(KnnJob *job, KnnStats *stats, char *errbuf, size_t errlen) {
@@ -290,6 +591,21 @@ KnnStatus knn_job_finish(KnnJob *job, KnnStats *stats, char *errbuf, size_t errl
   return status;
 }
 
+void knn_engine_set_probe_record(const char *path, const char *server_key) {
+  knn::guarded("knn_engine_set_probe_record", nullptr, 0, [&] {
+    std::lock_guard<std::mutex> lock(gpu_module.mutex);
+    // Too long a name is no record at all, rather than another file's.
+    const bool fits = path != nullptr && server_key != nullptr &&
+                      std::strlen(path) < sizeof gpu_module.record_path &&
+                      std::strlen(server_key) < sizeof gpu_module.server_key &&
+                      std::strchr(server_key, '\n') == nullptr;
+    knn::copy_message(gpu_module.record_path, sizeof gpu_module.record_path, fits ? path : "");
+    knn::copy_message(gpu_module.server_key, sizeof gpu_module.server_key,
+                      fits ? server_key : "");
+    return KNN_OK;
+  });
+}
+
 void knn_engine_set_module_dir(const char *dir) {
   knn::guarded("knn_engine_set_module_dir", nullptr, 0, [&] {
     std::lock_guard<std::mutex> lock(gpu_module.mutex);
@@ -302,7 +618,7 @@ int knn_engine_describe(char *buf, size_t len) {
   if (buf == nullptr) len = 0;
   int usable = 0;
   knn::guarded("knn_engine_describe", buf, len, [&] {
-    const GpuModule &m = gpu();
+    const GpuView m = gpu(false);
     usable = m.usable ? 1 : 0;
     if (len == 0) return KNN_OK;
     if (m.usable) {
@@ -311,6 +627,10 @@ int knn_engine_describe(char *buf, size_t len) {
       knn_engine_describe_cpu(buf, len);
       const size_t used = std::strlen(buf);
       std::snprintf(buf + used, len - used, " (%s)", m.description);
+    }
+    if (m.record_note[0] != '\0') {
+      const size_t used = std::strlen(buf);
+      std::snprintf(buf + used, len - used, " [%s]", m.record_note);
     }
     return KNN_OK;
   });

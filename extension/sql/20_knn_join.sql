@@ -18,7 +18,7 @@ AS 'MODULE_PATHNAME', 'knn_join'
 LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1000 SUPPORT knn_join_support;
 
 COMMENT ON FUNCTION knn_join(text, text, integer, text, boolean, text) IS
-'Exact k-nearest-neighbour join. queries and targets are SQL queries returning (integer id, vector | halfvec | real[] | double precision[] | bit); metric is l2, cosine, ip or l1 for vectors, hamming or jaccard for bit strings; exclude_self drops pairs with equal ids; method is auto, ti or brute.';
+'Exact k-nearest-neighbour join. queries and targets are SQL queries returning (integer id, vector | halfvec | real[] | double precision[] | bit), optionally followed by group key columns of hashable types: each query then meets only the targets whose keys all equal its own (NULL matches nothing); metric is l2, cosine, ip or l1 for vectors, hamming or jaccard for bit strings; exclude_self drops pairs with equal ids; method is auto, ti or brute.';
 
 CREATE FUNCTION knn_gpu_info() RETURNS text
 AS 'MODULE_PATHNAME', 'knn_gpu_info'

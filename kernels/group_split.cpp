@@ -1,0 +1,202 @@
+// group_split.cpp -- per-group joins in the job layer (group_split.h).
+//
+// Partitioning is a counting sort over dense group numbers (a hash map from
+// the caller's int64 group ids), linear and stable, so every group's rows
+// stay in ascending row (= id) order and the engines' tie order by row is
+// still the order by id. Each group's rows are gathered into contiguous
+// buffers, reused from group to group.
+
+#include "group_split.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+
+#include "entry_guard.h"
+#include "result_padding.h"
+
+namespace knn {
+
+namespace {
+
+// Rows between two looks at the cancel flag.
+constexpr int64_t kSlice = int64_t{1} << 16;
+
+bool cancelled(const int32_t *cancel) {
+  return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
+}
+
+size_t row_bytes(const KnnProblem &p) {
+  switch (p.element) {
+    case KNN_ELEMENT_FLOAT16:
+      return 2 * static_cast<size_t>(p.dim);
+    case KNN_ELEMENT_BIT:
+      return (static_cast<size_t>(p.dim) + 7) / 8;
+    default:
+      return 4 * static_cast<size_t>(p.dim);
+  }
+}
+
+// Stable counting sort of rows by their dense group (-1: no group, dropped).
+bool bucket_rows(const std::vector<int64_t> &group_of, int64_t n_groups, const int32_t *cancel,
+                 std::vector<int64_t> *rows, std::vector<int64_t> *begin) {
+  begin->assign(n_groups + 1, 0);
+  for (int64_t g : group_of)
+    if (g >= 0) (*begin)[g + 1]++;
+  for (int64_t g = 0; g < n_groups; g++) (*begin)[g + 1] += (*begin)[g];
+  std::vector<int64_t> next(begin->begin(), begin->end() - 1);
+  rows->resize(static_cast<size_t>((*begin)[n_groups]));
+  const int64_t n = static_cast<int64_t>(group_of.size());
+  for (int64_t i = 0; i < n; i++) {
+    if ((i & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
+    if (group_of[i] >= 0) (*rows)[next[group_of[i]]++] = i;
+  }
+  return true;
+}
+
+// Copies the listed rows into one contiguous buffer; false when cancelled.
+bool gather_rows(const void *rows, size_t bytes, const int64_t *list, int64_t n,
+                 const int32_t *cancel, std::vector<unsigned char> *out) {
+  out->resize(static_cast<size_t>(n) * bytes);
+  const auto *from = static_cast<const unsigned char *>(rows);
+  for (int64_t i = 0; i < n; i++) {
+    if ((i & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
+    std::memcpy(out->data() + static_cast<size_t>(i) * bytes,
+                from + static_cast<size_t>(list[i]) * bytes, bytes);
+  }
+  return true;
+}
+
+void gather_keys(const int64_t *keys, const int64_t *list, int64_t n, std::vector<int64_t> *out) {
+  out->resize(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; i++) (*out)[i] = keys[list[i]];
+}
+
+void add_stats(const KnnStats &group, bool first, KnnStats *sum) {
+  if (first) {
+    sum->device = group.device;
+    sum->method = group.method;
+    std::memcpy(sum->device_name, group.device_name, sizeof sum->device_name);
+    std::memcpy(sum->variant, group.variant, sizeof sum->variant);
+  }
+  sum->query_clusters += group.query_clusters;
+  sum->target_clusters += group.target_clusters;
+  sum->distance_computations += group.distance_computations;
+  sum->threads_per_query = std::max(sum->threads_per_query, group.threads_per_query);
+  sum->seconds_transfer += group.seconds_transfer;
+  sum->seconds_cluster += group.seconds_cluster;
+  sum->seconds_filter += group.seconds_filter;
+  sum->seconds_select += group.seconds_select;
+}
+
+}  // namespace
+
+bool partition_groups(const KnnProblem &p, const int32_t *cancel, GroupPartition *out) {
+  std::unordered_map<int64_t, int64_t> dense;
+  std::vector<int64_t> target_group(static_cast<size_t>(p.n_targets));
+  for (int64_t t = 0; t < p.n_targets; t++) {
+    if ((t & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
+    target_group[t] =
+        dense.emplace(p.target_groups[t], static_cast<int64_t>(dense.size())).first->second;
+  }
+  std::vector<int64_t> query_group(static_cast<size_t>(p.n_queries));
+  for (int64_t q = 0; q < p.n_queries; q++) {
+    if ((q & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
+    const auto found = dense.find(p.query_groups[q]);
+    query_group[q] = found == dense.end() ? -1 : found->second;  // no target: empty slots
+  }
+  const int64_t n_groups = static_cast<int64_t>(dense.size());
+  return bucket_rows(target_group, n_groups, cancel, &out->target_rows, &out->target_begin) &&
+         bucket_rows(query_group, n_groups, cancel, &out->query_rows, &out->query_begin);
+}
+
+KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances,
+                      KnnStats *stats, const int32_t *cancel, char *message,
+                      size_t message_len, const SubProblemRunner &run) {
+  const auto start = std::chrono::steady_clock::now();
+  *stats = KnnStats{};
+  stats->device = KNN_DEVICE_CPU;
+  stats->method = p.method == KNN_METHOD_TI ? KNN_METHOD_TI : KNN_METHOD_BRUTE;
+  copy_message(stats->device_name, sizeof stats->device_name, "none (no group has targets)");
+  fill_padding(p.n_queries, p.k, neighbors, distances);
+
+  GroupPartition part;
+  if (!partition_groups(p, cancel, &part)) {
+    copy_message(message, message_len, "cancelled");
+    return KNN_CANCELLED;
+  }
+  const size_t bytes = row_bytes(p);
+  const bool keyed = p.query_keys != nullptr && p.target_keys != nullptr;
+  std::vector<unsigned char> query_buf, target_buf;
+  std::vector<int64_t> query_keys, target_keys, sub_neighbors;
+  std::vector<double> sub_distances;
+  char notice[512] = "";
+  int64_t groups_run = 0;
+
+  for (int64_t g = 0; g < part.groups(); g++) {
+    const int64_t *qrows = part.query_rows.data() + part.query_begin[g];
+    const int64_t *trows = part.target_rows.data() + part.target_begin[g];
+    const int64_t nq = part.query_begin[g + 1] - part.query_begin[g];
+    const int64_t nt = part.target_begin[g + 1] - part.target_begin[g];
+    if (nq == 0) continue;  // targets nobody asks for
+    if (cancelled(cancel)) {
+      copy_message(message, message_len, "cancelled");
+      return KNN_CANCELLED;
+    }
+    // One table on both sides with one grouping: the group's sub-problem
+    // is a self-join too, which the engines share work for.
+    const bool shared = p.queries == p.targets && nq == nt && std::equal(qrows, qrows + nq, trows);
+    if (!gather_rows(p.queries, bytes, qrows, nq, cancel, &query_buf) ||
+        (!shared && !gather_rows(p.targets, bytes, trows, nt, cancel, &target_buf))) {
+      copy_message(message, message_len, "cancelled");
+      return KNN_CANCELLED;
+    }
+    KnnProblem sub = p;
+    sub.query_groups = nullptr;
+    sub.target_groups = nullptr;
+    sub.queries = query_buf.data();
+    sub.n_queries = nq;
+    sub.targets = shared ? query_buf.data() : target_buf.data();
+    sub.n_targets = nt;
+    sub.k = static_cast<int32_t>(std::min<int64_t>(p.k, nt));  // more slots stay empty
+    if (keyed) {
+      gather_keys(p.query_keys, qrows, nq, &query_keys);
+      gather_keys(p.target_keys, trows, nt, &target_keys);
+      sub.query_keys = query_keys.data();
+      sub.target_keys = target_keys.data();
+    }
+    sub_neighbors.resize(static_cast<size_t>(nq) * sub.k);
+    sub_distances.resize(static_cast<size_t>(nq) * sub.k);
+    KnnStats group_stats{};
+    message[0] = '\0';
+    const KnnStatus st = run(sub, sub_neighbors.data(), sub_distances.data(), &group_stats);
+    if (st != KNN_OK) return st;  // message says why
+    if (notice[0] == '\0') copy_message(notice, sizeof notice, message);
+    add_stats(group_stats, groups_run == 0, stats);
+    groups_run++;
+    for (int64_t i = 0; i < nq; i++) {
+      int64_t *nb = neighbors + qrows[i] * p.k;
+      double *d = distances + qrows[i] * p.k;
+      for (int32_t r = 0; r < sub.k; r++) {
+        const int64_t t = sub_neighbors[i * sub.k + r];
+        nb[r] = t < 0 ? kNoNeighbor : trows[t];
+        d[r] = sub_distances[i * sub.k + r];
+      }
+    }
+  }
+  stats->pairs = 0;
+  for (int64_t g = 0; g < part.groups(); g++)
+    stats->pairs += (part.query_begin[g + 1] - part.query_begin[g]) *
+                    (part.target_begin[g + 1] - part.target_begin[g]);
+  const size_t used = std::strlen(stats->variant);
+  std::snprintf(stats->variant + used, sizeof stats->variant - used, "%sgroups: %lld",
+                used > 0 ? ", " : "", static_cast<long long>(groups_run));
+  stats->seconds_total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  copy_message(message, message_len, notice);
+  return KNN_OK;
+}
+
+}  // namespace knn
