@@ -7,6 +7,12 @@
 //                   [--methods brute,ti,auto,cpu] [--threads 0]
 //                   [--module-dir .]
 //
+// GPU methods brute-sgemm, brute-dgemm, brute-hgemm force the brute
+// force's GEMM filter (SGEMM, DGEMM, fp16 tensor cores) through the
+// module's test entry (knn_cuda_testing.h), for A/B comparisons;
+// brute-hgemm-pipelined also overlaps each tile's GEMM with the previous
+// tile's selection.
+//
 // DATA_DIR holds NAME.f32 (raw little-endian float32, row-major) with
 // NAME.json beside it ("rows", "dims"), and optionally
 // fashion-mnist.idx (uncompressed IDX images: 16-byte header, uint8
@@ -33,7 +39,10 @@
 #include <string>
 #include <vector>
 
+#include <dlfcn.h>
+
 #include "cpu/cpu_tuning.h"
+#include "cuda/knn_cuda_testing.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
 
@@ -99,8 +108,12 @@ struct Config {
   KnnDevice device = KNN_DEVICE_CPU;
   KnnMethod method = KNN_METHOD_AUTO;
   knn::CpuTuning::Variant forced = knn::CpuTuning::Variant::kAuto;
-  std::string name;  // "auto", "ti", "brute", "blas", "avx2"
+  int gpu_filter = 0;  // GPU brute force with a forced GEMM filter (knn_cuda_testing.h)
+  bool gpu_pipeline = false;  // ... and its tiles pipelined (fp16 filter)
+  std::string name;  // "auto", "ti", "brute", "blas", "avx2", "brute-hgemm", ...
 };
+
+std::string g_module_dir = ".";
 
 struct Run {
   KnnDevice device = KNN_DEVICE_CPU;
@@ -139,11 +152,39 @@ KnnStatus run_tuned(const KnnProblem &p, knn::CpuTuning::Variant forced,
   return st;
 }
 
-KnnStatus run_once(const KnnProblem &p, knn::CpuTuning::Variant forced,
+// A forced GPU filter runs through the module's test entry, on this thread.
+KnnStatus run_gpu_tuned(const KnnProblem &p, int filter, bool pipeline, std::vector<int64_t> *nb,
+                        std::vector<double> *dist, KnnStats *stats, std::string *error,
+                        double *seconds) {
+  static knn_cuda_run_tuned_fn entry = nullptr;
+  if (entry == nullptr) {
+    void *module = dlopen((g_module_dir + "/knn_gpu_cuda.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (module != nullptr)
+      entry = reinterpret_cast<knn_cuda_run_tuned_fn>(dlsym(module, KNN_CUDA_RUN_TUNED_SYMBOL));
+    if (entry == nullptr) {
+      *error = "no knn_gpu_cuda.so test entry in " + g_module_dir;
+      return KNN_INTERNAL_ERROR;
+    }
+  }
+  KnnCudaTestOptions o{};
+  o.brute_filter = filter;
+  o.brute_pipeline = pipeline ? 1 : 0;
+  char err[512] = "";
+  const auto t0 = std::chrono::steady_clock::now();
+  const KnnStatus st = entry(&p, &o, nb->data(), dist->data(), stats, nullptr, err, sizeof err);
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *error = err;
+  return st;
+}
+
+KnnStatus run_once(const KnnProblem &p, knn::CpuTuning::Variant forced, int gpu_filter,
+                   bool gpu_pipeline,
                    std::vector<int64_t> *nb, std::vector<double> *dist, KnnStats *stats,
                    std::string *error, double *seconds) {
   nb->assign(static_cast<size_t>(p.n_queries) * p.k, -7);
   dist->assign(nb->size(), -7.0);
+  if (gpu_filter > 0)
+    return run_gpu_tuned(p, gpu_filter, gpu_pipeline, nb, dist, stats, error, seconds);
   if (forced != knn::CpuTuning::Variant::kAuto)
     return run_tuned(p, forced, nb, dist, stats, error, seconds);
   char err[512] = "";
@@ -211,7 +252,20 @@ bool parse_methods(const std::string &list, Options *o) {
     const bool cpu = item.compare(0, 3, "cpu") == 0;
     c.device = cpu ? KNN_DEVICE_CPU : KNN_DEVICE_GPU;
     c.name = !cpu ? item : item == "cpu" ? "auto" : item.substr(4);
-    if (cpu && (c.name == "blas" || c.name == "avx2")) {
+    if (!cpu && c.name.compare(0, 6, "brute-") == 0) {
+      const std::string f = c.name.substr(6);
+      c.method = KNN_METHOD_BRUTE;
+      c.gpu_filter = f == "sgemm" ? 1 : f == "dgemm" ? 2 : f == "hgemm" ? 3 : 0;
+      if (f == "hgemm-pipelined") {
+        c.gpu_filter = 3;
+        c.gpu_pipeline = true;
+      }
+      if (c.gpu_filter == 0) {
+        std::fprintf(stderr, "unknown method %s (brute-sgemm, brute-dgemm, brute-hgemm, brute-hgemm-pipelined)\n",
+                     item.c_str());
+        return false;
+      }
+    } else if (cpu && (c.name == "blas" || c.name == "avx2")) {
       c.method = KNN_METHOD_BRUTE;
       c.forced = c.name == "blas" ? knn::CpuTuning::Variant::kBlas
                                   : knn::CpuTuning::Variant::kAvx2;
@@ -239,7 +293,10 @@ bool parse_options(int argc, char **argv, Options *o) {
     else if (a == "--out") o->out_path = v;
     else if (a == "--cpu-max-rows") o->cpu_max_rows = std::atoll(v.c_str());
     else if (a == "--threads") o->threads = std::atoi(v.c_str());
-    else if (a == "--module-dir") knn_engine_set_module_dir(v.c_str());
+    else if (a == "--module-dir") {
+      knn_engine_set_module_dir(v.c_str());
+      g_module_dir = v;
+    }
     else if (a == "--sets") o->sets = split(v);
     else if (a == "--methods") {
       if (!parse_methods(v, o)) return false;
@@ -268,7 +325,7 @@ Run time_config(KnnProblem p, const Config &c, int repeat) {
   const int tries = device == KNN_DEVICE_GPU ? repeat + 1 : repeat;
   for (int t = 0; t < tries; t++) {
     double s = 0;
-    r.status = run_once(p, c.forced, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
+    r.status = run_once(p, c.forced, c.gpu_filter, c.gpu_pipeline, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
     if (r.status != KNN_OK) break;
     if (device != KNN_DEVICE_GPU || t > 0) r.seconds.push_back(s);
   }
@@ -373,7 +430,9 @@ int main(int argc, char **argv) {
     std::fprintf(stderr,
                  "usage: %s DATA_DIR [--k 20] [--repeat 2] [--out FILE] [--sets a,b] "
                  "[--cpu-max-rows N] [--metric l2|cosine|ip|l1] "
-                 "[--methods brute,ti,auto,cpu,cpu-ti,cpu-brute,cpu-blas,cpu-avx2] [--threads N] "
+                 "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-dgemm,brute-sgemm,"
+                 "cpu,cpu-ti,cpu-brute,"
+                 "cpu-blas,cpu-avx2] [--threads N] "
                  "[--module-dir DIR]\n",
                  argv[0]);
     return 2;

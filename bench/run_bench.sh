@@ -8,6 +8,10 @@
 #
 # Data: .bench-data/ (see bench/prepare_data.sh) or $KNN_BENCH_DATA.
 # KNN_BENCH_TORCH=0 skips the torch reference; KNN_BENCH_BUILD=0 skips the build.
+# KNN_BENCH_EMBED="300000x768 1000000x768" adds embedding-like sets generated
+# on the fly (bench/make_cpu_sets.py embedding: unit-norm Gaussian mixture,
+# seeded), named embed-DIMd-ROWS; pass them to --sets. KNN_BENCH_TORCH_MODES
+# (default fp32,tf32,bf16) picks the torch runs (all but fp32 inexact).
 # Results: bench/results/{knn_bench,torch_reference}.json and bench.png
 # (or $KNN_BENCH_OUT).
 set -eu
@@ -26,6 +30,11 @@ done
 if [ -e "$data/train-images-idx3-ubyte.gz" ]; then
   gzip -dc "$data/train-images-idx3-ubyte.gz" > "$tmp/fashion-mnist.idx"
 fi
+for spec in ${KNN_BENCH_EMBED:-}; do
+  rows=${spec%x*}
+  dims=${spec#*x}
+  python3 bench/make_cpu_sets.py embedding "$rows" "$dims" "$tmp" "embed-${dims}d-${rows}"
+done
 # KNN_BENCH_BUILD=0: bench/knn_bench and knn_gpu_cuda.so were built elsewhere
 # (a GPU host without the build tools) and travel with the tree.
 [ "${KNN_BENCH_BUILD:-1}" = 0 ] || make -s bench/knn_bench
@@ -34,7 +43,9 @@ bench/knn_bench "$tmp" --module-dir "$PWD" --out "$out/knn_bench.json" "$@" || s
 if [ "${KNN_BENCH_TORCH:-1}" = 0 ]; then
   echo "torch reference skipped (KNN_BENCH_TORCH=0)"
 elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  python3 bench/torch_reference.py "$tmp" --k 20 --out "$out/torch_reference.json" || status=$?
+  sets=$(ls "$tmp" | sed -n 's/\.json$//p' | tr '\n' ',')
+  python3 bench/torch_reference.py "$tmp" --k 20 --out "$out/torch_reference.json" \
+    --sets "${sets}fashion-mnist" --modes "${KNN_BENCH_TORCH_MODES:-fp32,tf32,bf16}" || status=$?
 else
   echo "torch with CUDA not available: torch reference skipped"
 fi

@@ -4,9 +4,13 @@ a brute-force k-NN self-join in PyTorch, fp32 (no TF32), chunked
 addmm (|t|^2 - 2 q.t, plus |q|^2) and topk, host arrays in, host results
 out, timed like bench/knn_bench (median of --repeat runs after a warm-up).
 It is approximate (GEMM-expanded distances, no self-exclusion, ties in
-any order): a speed reference only.
+any order): a speed reference only. --modes adds reduced-precision runs
+(tf32: TF32 tensor cores; bf16, fp16: the rows and the GEMM in that format,
+fp32 accumulation), which are inexact even as references: marked
+"exact": false in the JSON.
 
     python3 bench/torch_reference.py DATA_DIR [--k 20] [--repeat 2] [--out FILE]
+                                     [--sets a,b] [--modes fp32,tf32,bf16,fp16]
 """
 import argparse
 import json
@@ -41,15 +45,18 @@ def load(data_dir, name):
     return name, x.reshape(m["rows"], m["dims"])
 
 
-def knn_self_join(x, k, chunk_bytes=2 << 30):
+def knn_self_join(x, k, chunk_bytes=2 << 30, mode="fp32"):
     """Host array in, host (distances, indices) out."""
     dev = torch.device("cuda")
+    torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
     xt = torch.from_numpy(x).to(dev)
+    if mode in ("bf16", "fp16"):
+        xt = xt.to(torch.bfloat16 if mode == "bf16" else torch.float16)
     n = xt.shape[0]
-    norms = (xt * xt).sum(dim=1)
+    norms = (xt.float() * xt.float()).sum(dim=1).to(xt.dtype)
     rows = max(1, min(n, chunk_bytes // (4 * n)))
     kk = min(k, n)
-    out_d = torch.empty((n, kk), dtype=torch.float32, device=dev)
+    out_d = torch.empty((n, kk), dtype=xt.dtype, device=dev)
     out_i = torch.empty((n, kk), dtype=torch.int64, device=dev)
     for s in range(0, n, rows):
         q = xt[s:s + rows]
@@ -70,6 +77,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--out", default="bench/results/torch_reference.json")
+    ap.add_argument("--modes", default="fp32")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -80,17 +88,20 @@ def main():
         if loaded is None:
             continue
         label, x = loaded
-        knn_self_join(x[:1000], args.k)  # warm-up: context, kernels
-        times = []
-        for _ in range(args.repeat + 1):
-            t0 = time.perf_counter()
-            knn_self_join(x, args.k)
-            times.append(time.perf_counter() - t0)
-        times = times[1:]  # the first full-size run pays the allocator's growth
-        med = statistics.median(times)
-        print(f"{label:18s} torch {med:9.4f} s", flush=True)
-        result["datasets"].append({"name": label, "rows": int(x.shape[0]), "dims": int(x.shape[1]),
-                                   "seconds": times, "median": med})
+        for mode in args.modes.split(","):
+            knn_self_join(x[:1000], args.k, mode=mode)  # warm-up: context, kernels
+            times = []
+            for _ in range(args.repeat + 1):
+                t0 = time.perf_counter()
+                knn_self_join(x, args.k, mode=mode)
+                times.append(time.perf_counter() - t0)
+            times = times[1:]  # the first full-size run pays the allocator's growth
+            med = statistics.median(times)
+            print(f"{label:18s} torch {mode:5s} {med:9.4f} s", flush=True)
+            entry = {"name": label, "rows": int(x.shape[0]), "dims": int(x.shape[1]),
+                     "seconds": times, "median": med, "mode": mode, "exact": False}
+            result["datasets"].append(entry)
+        torch.backends.cuda.matmul.allow_tf32 = False
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -498,6 +498,210 @@ TEST(GpuBrute, ForcedChunking) {
   check(self, o);
 }
 
+// ---- the fp16 tensor-core filter (brute_filter = 3) ----
+
+// Unit-norm rows of a Gaussian mixture, as embeddings are (bench's
+// make_cpu_sets.py embedding, smaller).
+std::vector<float> make_embeddings(int64_t n, int dim, int centres, double spread,
+                                   std::mt19937_64 &rng) {
+  std::normal_distribution<double> g(0.0, 1.0);
+  std::vector<double> c(static_cast<size_t>(centres) * dim);
+  for (double &v : c) v = g(rng);
+  std::vector<float> x(static_cast<size_t>(n) * dim);
+  std::vector<double> row(dim);
+  for (int64_t r = 0; r < n; r++) {
+    const int64_t k = static_cast<int64_t>(rng() % centres);
+    double norm = 0;
+    for (int j = 0; j < dim; j++) {
+      row[j] = c[k * dim + j] / std::sqrt(dim) + spread * g(rng) / std::sqrt(dim);
+      norm += row[j] * row[j];
+    }
+    for (int j = 0; j < dim; j++) x[r * dim + j] = static_cast<float>(row[j] / std::sqrt(norm));
+  }
+  return x;
+}
+
+Data make_embedding_data(int64_t nq, int64_t nt, int dim, uint64_t seed, double spread = 0.8) {
+  std::mt19937_64 rng(seed);
+  Data d;
+  d.dim = dim;
+  d.targets = make_embeddings(nt, dim, 20, spread, rng);
+  d.queries = make_embeddings(nq, dim, 20, spread, rng);
+  add_duplicates(&d.targets, dim, nt / 10, rng);
+  for (int64_t i = 0; i < nq; i += 5)
+    std::memcpy(d.queries.data() + i * dim, d.targets.data() + (rng() % nt) * dim,
+                sizeof(float) * dim);
+  return d;
+}
+
+KnnCudaTestOptions forced_filter(int filter) {
+  KnnCudaTestOptions f{};
+  f.brute_filter = filter;
+  return f;
+}
+
+const KnnMetric kGemmMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP};
+
+// The case with the fp16 filter forced (for every GEMM metric and k), and
+// the engine's own choice, against one CPU answer each.
+void check_half(const Data &d, std::initializer_list<int> ks, bool also_auto = false,
+                int64_t limit = 0) {
+  static const KnnCudaTestOptions half = forced_filter(3);
+  for (KnnMetric m : kGemmMetrics)
+    for (int k : ks) {
+      Options o;
+      o.k = k;
+      o.metric = m;
+      o.gpu_memory_limit = limit;
+      const Outcome ref = cpu_answer(d, o);
+      if (ref.status != KNN_OK) continue;
+      Options f = o;
+      f.forced = &half;
+      // k' = max(2k, k + 16) must fit a list: beyond, the exact paths run.
+      if (k + 16 <= 256) f.expect_variant = "hgemm-bound";
+      expect_gpu_matches(d, f, ref);
+      if (also_auto) expect_gpu_matches(d, o, ref);
+    }
+}
+
+TEST(GpuHalf, EmbeddingsEveryMetricAndDimension) {
+  REQUIRE_GPU();
+  for (int dim : {384, 768, 1536})
+    check_half(make_embedding_data(300, 4000, dim, 300 + dim), {1, 10, 64, 200}, true);
+}
+
+TEST(GpuHalf, SelfJoinsWithTiesAndDuplicates) {
+  REQUIRE_GPU();
+  // Small integers: many exact ties (decided by row), duplicates.
+  check_half(make_self(3000, 384, Shape::kIntegers, 401, true), {1, 10, 100});
+  check_half(make_self(3000, 768, Shape::kUniform, 402, true), {10, 240});
+  // Tight clusters: the k-th and k'-th neighbours are close, many queries
+  // fail certification and are redone exactly.
+  const Data tight = make_embedding_data(500, 5000, 768, 403, 0.02);
+  check_half(tight, {10, 50});
+}
+
+TEST(GpuHalf, LargeKUsesTheExactPaths) {
+  REQUIRE_GPU();
+  check_half(make_embedding_data(60, 3000, 384, 404), {241, 1000, 3000, 5000});
+}
+
+// Targets that differ from the query in one element by one ulp (and
+// copies of it): distances far below the fp16 filter's resolution.
+TEST(GpuHalf, OneUlpApartAtTheCertificationBoundary) {
+  REQUIRE_GPU();
+  for (int dim : {384, 768}) {
+    std::mt19937_64 rng(500 + dim);
+    Data d;
+    d.dim = dim;
+    d.queries = make_embeddings(40, dim, 4, 0.5, rng);
+    d.targets.clear();
+    for (int64_t q = 0; q < 40; q++)
+      for (int c = 0; c < 60; c++) {
+        std::vector<float> row(d.queries.begin() + q * dim, d.queries.begin() + (q + 1) * dim);
+        if (c % 3 != 0) {
+          const int j = static_cast<int>(rng() % dim);
+          row[j] = std::nextafter(row[j], c % 2 ? 2.0f : -2.0f);
+          if (c % 5 == 0) {
+            const int j2 = static_cast<int>(rng() % dim);
+            row[j2] = std::nextafter(row[j2], 2.0f);
+          }
+        }
+        d.targets.insert(d.targets.end(), row.begin(), row.end());
+      }
+    std::vector<float> extra = make_embeddings(1000, dim, 4, 0.5, rng);
+    d.targets.insert(d.targets.end(), extra.begin(), extra.end());
+    check_half(d, {1, 10, 30, 100});
+  }
+}
+
+// Huge, tiny and mixed scales, zero rows, signed zeros, far clusters.
+TEST(GpuHalf, ScalesZerosAndFarClusters) {
+  REQUIRE_GPU();
+  for (Shape shape : {Shape::kHuge, Shape::kTiny, Shape::kSignedZeros, Shape::kFarClusters,
+                      Shape::kFarGrid})
+    check_half(make_data(200, 2500, 384, shape, 600 + static_cast<int>(shape), true), {10, 40});
+  // Rows of mixed magnitude: some elements 1e-30, some 1e30-scaled rows,
+  // rows with fp16-subnormal elements after scaling, zero rows.
+  std::mt19937_64 rng(610);
+  Data d = make_data(150, 2000, 768, Shape::kUniform, 611, true);
+  for (std::vector<float> *x : {&d.queries, &d.targets}) {
+    const int64_t n = static_cast<int64_t>(x->size()) / 768;
+    for (int64_t r = 0; r < n; r++) {
+      float *row = x->data() + r * 768;
+      switch (r % 7) {
+        case 0: for (int j = 0; j < 768; j++) row[j] *= 1e30f; break;
+        case 1: for (int j = 0; j < 768; j++) row[j] *= 1e-30f; break;
+        case 2: for (int j = 0; j < 768; j += 2) row[j] *= 1e-9f; break;
+        case 3: std::fill(row, row + 768, 0.0f); break;
+        case 4: row[r % 768] = 3e4f; break;
+        default: break;
+      }
+    }
+  }
+  check_half(d, {5, 20});
+}
+
+TEST(GpuHalf, ChunkedAndSmallBatches) {
+  REQUIRE_GPU();
+  const Data d = make_embedding_data(3000, 20000, 384, 700);
+  check_half(d, {10}, false, 24 << 20);
+  check_half(make_embedding_data(1, 5000, 768, 701), {1, 10});
+  check_half(make_embedding_data(5, 5000, 768, 702), {10});
+  Options self;
+  self.k = 10;
+  self.gpu_memory_limit = 16 << 20;
+  check(make_self(12000, 512, Shape::kClustered, 703, true), self);
+}
+
+// The fp16 filter with the next tile's GEMM beside the current selection
+// (two tiles, a second stream): small budgets give many small tiles.
+TEST(GpuHalf, PipelinedTiles) {
+  REQUIRE_GPU();
+  KnnCudaTestOptions pipelined = forced_filter(3);
+  pipelined.brute_pipeline = 1;
+  const Data big = make_embedding_data(3000, 20000, 384, 900);
+  const Data self = make_self(6000, 768, Shape::kClustered, 901, true);
+  for (KnnMetric m : kGemmMetrics)
+    for (int64_t limit : {int64_t(0), int64_t(24) << 20}) {
+      Options o;
+      o.k = 10;
+      o.metric = m;
+      o.gpu_memory_limit = limit;
+      o.forced = &pipelined;
+      o.expect_variant = "hgemm-bound/pipelined";
+      check(big, o);
+      o.k = 40;
+      check(self, o);
+    }
+}
+
+// The engine's own choice at embedding dimensions, and the DGEMM filter
+// still reachable for A/B.
+TEST(GpuHalf, AutoPicksTensorCoresAndDgemmStaysForcible) {
+  REQUIRE_GPU();
+  const Data d = make_embedding_data(500, 6000, 768, 800);
+  const KnnCudaTestOptions dgemm = forced_filter(2), sgemm = forced_filter(1);
+  Options o;
+  o.k = 10;
+  const Outcome ref = cpu_answer(d, o);
+  Options a = o;
+  a.expect_variant = "hgemm-bound";
+  expect_gpu_matches(d, a, ref);
+  Options b = o;
+  b.forced = &dgemm;
+  b.expect_variant = "dgemm-bound";
+  expect_gpu_matches(d, b, ref);
+  Options c = o;
+  c.forced = &sgemm;
+  c.expect_variant = "sgemm-bound";
+  expect_gpu_matches(d, c, ref);
+  Options l1 = o;
+  l1.metric = KNN_METRIC_L1;
+  l1.reject_variant = "gemm";
+  check(d, l1);
+}
+
 // ---- statuses ----
 
 TEST(GpuEngine, TooSmallBudgetIsOutOfMemory) {

@@ -58,9 +58,12 @@ struct RowBuffers {
   DeviceBuffer<uint8_t> zero;
   DeviceBuffer<int64_t> keys;
   DeviceBuffer<double> xd, norm_d;
+  DeviceBuffer<uint16_t> xh;
+  DeviceBuffer<HalfRowStats> half;
+  DeviceBuffer<float> half_scale;
 
   KnnStatus allocate(DeviceContext &ctx, int64_t rows, int dim, bool with_keys,
-                     bool with_double, const char *what) {
+                     bool with_double, bool with_half, const char *what) {
     KNN_TRY(x.allocate(ctx, static_cast<size_t>(rows) * dim, what));
     KNN_TRY(norm.allocate(ctx, rows, what));
     KNN_TRY(zero.allocate(ctx, rows, what));
@@ -68,6 +71,11 @@ struct RowBuffers {
     if (with_double) {
       KNN_TRY(xd.allocate(ctx, static_cast<size_t>(rows) * dim, what));
       KNN_TRY(norm_d.allocate(ctx, rows, what));
+    }
+    if (with_half) {
+      KNN_TRY(xh.allocate(ctx, static_cast<size_t>(rows) * half_row_stride(dim), what));
+      KNN_TRY(half.allocate(ctx, rows, what));
+      KNN_TRY(half_scale.allocate(ctx, rows, what));
     }
     return KNN_OK;
   }
@@ -77,6 +85,9 @@ struct RowBuffers {
     r.x = x.get();
     r.xd = xd.get();
     r.norm_d = norm_d.get();
+    r.xh = xh.get();
+    r.half = half.get();
+    r.half_scale = half_scale.get();
     r.norm = norm.get();
     r.zero = zero.get();
     r.keys = keys.get();
@@ -135,6 +146,9 @@ class BruteForce {
                          const CandidateLists &lists);
   KnnStatus score_tile(Scoring scoring, const Rows &q, const Rows &t, int64_t q0, int nq,
                        int64_t t0, int nt);
+  KnnStatus half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq, int64_t t0, int nt,
+                      float *out, cudaStream_t stream);
+  KnnStatus select_tiled_pipelined(const Rows &q, const Rows &t, SelectTileArgs a);
   KnnStatus rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
                    const int32_t *out_index, ResultArrays out, uint8_t *certified);
   KnnStatus fallback(const Rows &q, const Rows &t, ResultArrays out);
@@ -154,6 +168,10 @@ class BruteForce {
   RowBuffers t_buf_[2], q_buf_, g_buf_;
   DeviceBuffer<float> tile_;     // exact or SGEMM tiles
   DeviceBuffer<double> tile_d_;  // DGEMM tiles
+  // The fp16 filter's second tile, its GEMM stream and their events.
+  DeviceBuffer<float> tile2_;
+  Stream gemm_stream_;
+  Event gemm_done_[2], tile_free_[2];
   DeviceBuffer<uint64_t> list_key_;
   DeviceBuffer<uint32_t> list_row_;
   DeviceBuffer<uint8_t> certified_;
@@ -174,6 +192,9 @@ KnnStatus BruteForce::row_stats(const RowBuffers &b, int64_t n) {
   KNN_TRY(launch_row_stats(ctx_, b.x.get(), n, p_.dim, b.norm.get(), b.zero.get()));
   if (plan_.double_gemm)
     KNN_TRY(launch_to_double(ctx_, b.x.get(), n, p_.dim, b.xd.get(), b.norm_d.get()));
+  if (plan_.half_gemm)
+    KNN_TRY(launch_to_half(ctx_, b.x.get(), n, p_.dim, b.xh.get(), b.half.get(),
+                           b.half_scale.get()));
   return KNN_OK;
 }
 
@@ -200,6 +221,12 @@ TileValue BruteForce::tile_value(Scoring scoring, const Rows &q, const Rows &t) 
     set_double_bound_constants(&value, p_.dim);
     value.query_norm_d = q.norm_d;
     value.target_norm_d = t.norm_d;
+  } else if (scoring == Scoring::kGemmHalf) {
+    set_half_bound_constants(&value, p_.metric, p_.dim);
+    value.query_half = q.half;
+    value.target_half = t.half;
+    value.query_scale = q.half_scale;
+    value.target_scale = t.half_scale;
   } else {
     set_bound_constants(&value, p_.metric, p_.dim);
   }
@@ -255,6 +282,7 @@ KnnStatus BruteForce::score_tile(Scoring scoring, const Rows &q, const Rows &t, 
                              tile_.get(), plan_.tile_cols);
   }
   // tile[i][j] = dot(query q0+i, target t0+j): column-major C = T^T Q.
+  if (scoring == Scoring::kGemmHalf) return half_gemm(q, t, q0, nq, t0, nt, tile_.get(), ctx_.stream);
   if (scoring == Scoring::kGemmDouble) {
     const double one = 1.0, zero = 0.0;
     CUBLAS_CHECK(ctx_, cublasDgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, dim, &one,
@@ -265,6 +293,73 @@ KnnStatus BruteForce::score_tile(Scoring scoring, const Rows &q, const Rows &t, 
     CUBLAS_CHECK(ctx_, cublasSgemm(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, dim, &one,
                                    t.x + t0 * dim, dim, q.x + q0 * dim, dim, &zero,
                                    tile_.get(), plan_.tile_cols));
+  }
+  return KNN_OK;
+}
+
+// The fp16 tensor-core tile into `out` on `stream`: scaled dots with fp32
+// accumulation (half_bound.cuh states what the bound assumes of it). The
+// handle's pedantic mode is lifted for this call only (tensor cores);
+// reductions stay in fp32 (the output type). Both settings are restored
+// before any failure is reported.
+KnnStatus BruteForce::half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq, int64_t t0,
+                                int nt, float *out, cudaStream_t stream) {
+  if (q.xh == nullptr || t.xh == nullptr) {
+    ctx_.error = "brute force: no fp16 rows planned";
+    return KNN_INTERNAL_ERROR;
+  }
+  const int ld = half_row_stride(p_.dim);
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(ctx_, cublasSetStream(ctx_.cublas, stream));
+  cublasStatus_t st = cublasSetMathMode(
+      ctx_.cublas, static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                             CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasGemmEx(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, ld, &one, t.xh + t0 * ld,
+                      CUDA_R_16F, ld, q.xh + q0 * ld, CUDA_R_16F, ld, &zero, out, CUDA_R_32F,
+                      plan_.tile_cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  const cublasStatus_t mode = cublasSetMathMode(ctx_.cublas, CUBLAS_PEDANTIC_MATH);
+  const cublasStatus_t back = cublasSetStream(ctx_.cublas, ctx_.stream);
+  CUBLAS_CHECK(ctx_, st);
+  CUBLAS_CHECK(ctx_, mode);
+  CUBLAS_CHECK(ctx_, back);
+  return KNN_OK;
+}
+
+// The fp16 filter's tiles, pipelined: the GEMM of the next tile (on
+// gemm_stream_, into the other of two tile buffers) runs while the
+// selection reads the current one. Events order each GEMM after the
+// selection that last read its buffer, and each selection after its GEMM.
+KnnStatus BruteForce::select_tiled_pipelined(const Rows &q, const Rows &t, SelectTileArgs a) {
+  const cudaStream_t main = ctx_.stream, side = gemm_stream_.get();
+  // On every return (errors included) the side stream is idle, so that no
+  // GEMM still writes a tile when the buffers are freed on the main stream.
+  struct Drain {
+    cudaStream_t s;
+    ~Drain() { (void)cudaStreamSynchronize(s); }
+  } drain{side};
+  float *tiles[2] = {tile_.get(), tile2_.get()};
+  // The side stream starts after everything queued so far (rows, lists).
+  for (int b = 0; b < 2; b++) CUDA_CHECK(ctx_, cudaEventRecord(tile_free_[b].get(), main));
+  int64_t i = 0;
+  for (int64_t q0 = 0; q0 < q.n; q0 += plan_.tile_rows) {
+    a.nq = static_cast<int>(std::min<int64_t>(plan_.tile_rows, q.n - q0));
+    a.query_base = q0;
+    for (int64_t t0 = 0; t0 < t.n; t0 += plan_.tile_cols, i++) {
+      const int b = static_cast<int>(i % 2);
+      a.nt = static_cast<int>(std::min<int64_t>(plan_.tile_cols, t.n - t0));
+      a.target_base = t0;
+      a.tile = tiles[b];
+      CUDA_CHECK(ctx_, cudaStreamWaitEvent(side, tile_free_[b].get(), 0));
+      KNN_TRY(half_gemm(q, t, q0, a.nq, t0, a.nt, tiles[b], side));
+      CUDA_CHECK(ctx_, cudaEventRecord(gemm_done_[b].get(), side));
+      CUDA_CHECK(ctx_, cudaStreamWaitEvent(main, gemm_done_[b].get(), 0));
+      KNN_TRY(launch_select_tile(ctx_, a));
+      CUDA_CHECK(ctx_, cudaEventRecord(tile_free_[b].get(), main));
+    }
+    // Every GEMM so far precedes a selection on the main stream.
+    CUDA_CHECK(ctx_, cudaStreamSynchronize(main));
+    KNN_TRY(ctx_.cancel_point());
   }
   return KNN_OK;
 }
@@ -288,6 +383,7 @@ KnnStatus BruteForce::select_tiled(Scoring scoring, const Rows &q, const Rows &t
   a.query_keys = q.keys;
   a.target_keys = t.keys;
   a.lists = lists;
+  if (scoring == Scoring::kGemmHalf && plan_.pipelined) return select_tiled_pipelined(q, t, a);
   for (int64_t q0 = 0; q0 < q.n; q0 += plan_.tile_rows) {
     a.nq = static_cast<int>(std::min<int64_t>(plan_.tile_rows, q.n - q0));
     a.query_base = q0;
@@ -391,11 +487,12 @@ KnnStatus BruteForce::allocate() {
   const int dim = p_.dim;
   const bool keys = p_.query_keys != nullptr;
   const bool dbl = plan_.double_gemm;
+  const bool half = plan_.half_gemm;
   const int buffers = plan_.t_chunked ? 2 : 1;
   for (int b = 0; b < buffers; b++)
-    KNN_TRY(t_buf_[b].allocate(ctx_, plan_.t_chunk, dim, keys, dbl, "target rows"));
+    KNN_TRY(t_buf_[b].allocate(ctx_, plan_.t_chunk, dim, keys, dbl, half, "target rows"));
   if (!plan_.alias_queries)
-    KNN_TRY(q_buf_.allocate(ctx_, plan_.q_chunk, dim, keys, dbl, "query rows"));
+    KNN_TRY(q_buf_.allocate(ctx_, plan_.q_chunk, dim, keys, dbl, half, "query rows"));
   if (!plan_.full_sort) {
     const size_t lists = static_cast<size_t>(plan_.q_chunk) * plan_.segments * plan_.cap;
     const size_t tile_elements = static_cast<size_t>(plan_.tile_rows) * plan_.tile_cols;
@@ -403,13 +500,21 @@ KnnStatus BruteForce::allocate() {
       KNN_TRY(tile_d_.allocate(ctx_, tile_elements, "distance tile"));
     else if (!plan_.fused)
       KNN_TRY(tile_.allocate(ctx_, tile_elements, "distance tile"));
+    if (plan_.pipelined) {
+      KNN_TRY(tile2_.allocate(ctx_, tile_elements, "distance tile"));
+      KNN_TRY(gemm_stream_.create(ctx_));
+      for (int b = 0; b < 2; b++) {
+        KNN_TRY(gemm_done_[b].create(ctx_));
+        KNN_TRY(tile_free_[b].create(ctx_));
+      }
+    }
     KNN_TRY(list_key_.allocate(ctx_, lists, "candidate lists"));
     KNN_TRY(list_row_.allocate(ctx_, lists, "candidate lists"));
   }
   if (is_gemm(plan_.scoring) && !plan_.full_sort) {
     KNN_TRY(certified_.allocate(ctx_, plan_.q_chunk, "certification flags"));
     KNN_TRY(gather_index_.allocate(ctx_, plan_.gather_rows, "fallback rows"));
-    KNN_TRY(g_buf_.allocate(ctx_, plan_.gather_rows, dim, keys, false, "fallback rows"));
+    KNN_TRY(g_buf_.allocate(ctx_, plan_.gather_rows, dim, keys, false, false, "fallback rows"));
   }
   const size_t slots = static_cast<size_t>(plan_.q_chunk) * p_.k;
   for (int b = 0; b < buffers; b++) KNN_TRY(results_[b].allocate(ctx_, slots));
@@ -530,16 +635,20 @@ void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
   const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
   const char *scoring = plan.full_sort                            ? "exact-tiles/full-sort"
                         : gemm && plan.scoring == Scoring::kGemmDouble ? "dgemm-bound/warp-select"
+                        : gemm && plan.scoring == Scoring::kGemmHalf
+                            ? (plan.pipelined ? "hgemm-bound/pipelined" : "hgemm-bound/warp-select")
                         : gemm                                     ? "sgemm-bound/warp-select"
                         : plan.fused                               ? "exact-fused-select"
                                                                    : "exact-tiles/warp-select";
-  char chunks[48] = "";
+  char chunks[48] = "", fallback[40] = "";
   if (plan.q_chunk < problem.n_queries || plan.t_chunked)
     std::snprintf(chunks, sizeof chunks, " chunks %lldx%lld",
                   static_cast<long long>(plan.q_chunk), static_cast<long long>(plan.t_chunk));
+  if (bf.fallback_queries > 0)
+    std::snprintf(fallback, sizeof fallback, " +fallback %lld",
+                  static_cast<long long>(bf.fallback_queries));
   std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s", scoring,
-                plan.full_sort ? problem.k : plan.cap, chunks,
-                bf.fallback_queries > 0 ? " +fallback" : "");
+                plan.full_sort ? problem.k : plan.cap, chunks, fallback);
 }
 
 }  // namespace

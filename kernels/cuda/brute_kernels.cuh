@@ -5,6 +5,7 @@
 //   exact_tiles.cu  exact canonical distance tiles (knn_distance.h order)
 //   select_tiles.cu streaming top-k' per query over distance tiles
 //   exact_select.cu exact tiles and selection fused (no tile in memory)
+//   half_rows.cu    fp16 rows and their numbers for the tensor-core filter
 //   rerank.cu       exact re-rank of the candidates and certification
 //   full_sort.cu    large k: every exact distance of a query, sorted
 #pragma once
@@ -28,10 +29,14 @@ struct ResultArrays {
 
 // Rows of one side on the device (a chunk of it, or a slice of a chunk):
 // n vectors of dim floats, their knn_dot norms and zero flags, keys (null
-// without self-match exclusion) and, for the DGEMM filter only, the vectors
-// and sums of squares in double.
+// without self-match exclusion), for the DGEMM filter only the vectors and
+// sums of squares in double, and for the fp16 filter only the scaled fp16
+// rows (stride half_row_stride(dim)), their numbers and float scales.
 struct Rows {
   const float *x = nullptr;
+  const uint16_t *xh = nullptr;
+  const HalfRowStats *half = nullptr;
+  const float *half_scale = nullptr;
   const double *xd = nullptr;
   const double *norm_d = nullptr;
   const float *norm = nullptr;
@@ -45,6 +50,9 @@ struct Rows {
     Rows r = *this;
     if (r.x != nullptr) r.x += first * dim;
     if (r.xd != nullptr) r.xd += first * dim;
+    if (r.xh != nullptr) r.xh += first * half_row_stride(dim);
+    if (r.half != nullptr) r.half += first;
+    if (r.half_scale != nullptr) r.half_scale += first;
     if (r.norm_d != nullptr) r.norm_d += first;
     if (r.norm != nullptr) r.norm += first;
     if (r.zero != nullptr) r.zero += first;
@@ -74,6 +82,11 @@ KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int di
 // DGEMM filter of L2).
 KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int dim, double *xd,
                            double *norm_d);
+
+// The rows of the fp16 filter (half_rows.cu, half_bound.cuh): xh (n rows
+// of half_row_stride(dim) fp16 values, as uint16_t), stats, float scales.
+KnnStatus launch_to_half(DeviceContext &ctx, const float *x, int64_t n, int dim, uint16_t *xh,
+                         HalfRowStats *stats, float *scale);
 
 // dst row i = src row index[i] (rows of dim floats), plus norm, zero flag
 // and key (each dst array may be null).

@@ -40,6 +40,17 @@ constexpr int64_t kMaxChunkRows = int64_t(1) << 30;
 // of at most this many.
 constexpr int64_t kFallbackBatch = 16384;
 
+// The fp16 tensor-core filter from this many dimensions (embeddings: 384
+// and up) on GPUs with fp16 tensor cores of the Ampere generation or later
+// (sm_80+): there its GEMM costs a tenth of the DGEMM. Its bound is
+// relative to the norms and a few times looser than the SGEMM one, so data
+// whose near neighbours are close relative to their norms fail its
+// certification and are redone exactly: below this dimension (blog, 281
+// dimensions, is such a set) the DGEMM / SGEMM filters stay.
+constexpr int kHalfMinDim = 384;
+
+bool has_half_tensor_cores(const cudaDeviceProp &prop) { return prop.major >= 8; }
+
 // GPUs whose FP64 rate equals their FP32 rate (A100, H100/H200, B200):
 // there a DGEMM costs what an SGEMM does, and its error bound for L2 is
 // relative to the distance rather than to the norms (tile_value.cuh).
@@ -87,17 +98,20 @@ size_t plan_bytes(const KnnProblem &p, const Plan &pl) {
   const bool gemm = is_gemm(pl.scoring);
   const size_t dim = p.dim;
   const size_t row_extra = sizeof(float) + 1 + (p.query_keys != nullptr ? 8 : 0);
-  const size_t row_bytes =
-      dim * sizeof(float) + row_extra + (pl.double_gemm ? dim * sizeof(double) + 8 : 0);
+  const size_t half_bytes =
+      pl.half_gemm ? static_cast<size_t>(half_row_stride(p.dim)) * 2 + sizeof(HalfRowStats) + 4 : 0;
+  const size_t row_bytes = dim * sizeof(float) + row_extra +
+                           (pl.double_gemm ? dim * sizeof(double) + 8 : 0) + half_bytes;
   const size_t t_bytes = pl.t_chunk * row_bytes * (pl.t_chunked ? 2 : 1);
   size_t per_query = static_cast<size_t>(p.k) * 24 * (pl.t_chunked ? 2 : 1);
   if (!pl.full_sort) per_query += static_cast<size_t>(pl.segments) * pl.cap * 12;
   if (gemm) per_query += 1;
   const size_t q_bytes = pl.q_chunk * ((pl.alias_queries ? 0 : row_bytes) + per_query);
+  // A pipelined fp16 filter has two tiles (brute_force.cu).
   const size_t tile = (pl.full_sort || pl.fused)
                           ? 0
                           : static_cast<size_t>(pl.tile_rows) * pl.tile_cols *
-                                (pl.double_gemm ? 8 : 4);
+                                (pl.double_gemm ? 8 : 4) * (pl.pipelined ? 2 : 1);
   const size_t gather = pl.gather_rows * (row_bytes + 4);
   const size_t sort = pl.full_sort ? full_sort_bytes(1, pl.t_chunk) : 0;
   return t_bytes + q_bytes + tile + gather + sort;
@@ -115,12 +129,25 @@ void choose_scoring(const KnnProblem &p, const JoinTuning &tuning, const cudaDev
                     Plan *pl) {
   const int k = p.k;
   const bool gemm_fits = k + kGemmMinExtra <= kMaxSelectCap;
-  const bool gemm = p.metric != KNN_METRIC_L1 && p.dim > kGemmMinDim && p.dim <= kGemmMaxDim &&
-                    gemm_fits;
+  const BruteFilter forced = tuning.brute_filter;
+  const bool forced_half = forced == BruteFilter::kHalf && p.metric != KNN_METRIC_L1 &&
+                           p.dim <= kGemmMaxDim && gemm_fits;
+  const bool gemm = forced_half || (p.metric != KNN_METRIC_L1 && p.dim > kGemmMinDim &&
+                                    p.dim <= kGemmMaxDim && gemm_fits);
   pl->scoring = Scoring::kExact;
   if (gemm) {
     pl->cap = std::min(kMaxSelectCap, next_pow2(std::max({2 * k, k + kGemmMinExtra, 32})));
-    pl->double_gemm = p.metric == KNN_METRIC_L2 && fast_fp64(prop) && !tuning.sgemm_filter;
+    const bool auto_half = forced == BruteFilter::kAuto && !tuning.sgemm_filter &&
+                           p.dim >= kHalfMinDim && has_half_tensor_cores(prop);
+    if (forced_half || auto_half) {
+      pl->half_gemm = true;
+      pl->pipelined = tuning.pipeline_tiles;
+      pl->scoring = Scoring::kGemmHalf;
+      return;
+    }
+    const bool want_double = forced == BruteFilter::kDgemm ||
+                             (forced == BruteFilter::kAuto && fast_fp64(prop) && !tuning.sgemm_filter);
+    pl->double_gemm = p.metric == KNN_METRIC_L2 && want_double && forced != BruteFilter::kSgemm;
     pl->scoring = pl->double_gemm ? Scoring::kGemmDouble : Scoring::kGemmFloat;
   } else {
     const int64_t wanted = std::min<int64_t>(k, p.n_targets);
@@ -146,7 +173,9 @@ KnnStatus make_plan(const KnnProblem &p, const JoinTuning &tuning, DeviceContext
     }
     // Shrink whichever side holds more: targets first when equal, since a
     // smaller target chunk also shrinks the large-k sort.
-    const size_t row_bytes = static_cast<size_t>(p.dim) * (pl->double_gemm ? 12 : 4) + 21;
+    const size_t row_bytes =
+        static_cast<size_t>(p.dim) * (pl->double_gemm ? 12 : pl->half_gemm ? 6 : 4) + 21 +
+        (pl->half_gemm ? sizeof(HalfRowStats) + 4 : 0);
     const size_t t_part = pl->t_chunk * row_bytes * 2;
     const size_t q_part = pl->bytes - std::min(pl->bytes, t_part);
     if ((t_part >= q_part || pl->q_chunk == 1) && pl->t_chunk > 1)

@@ -22,8 +22,9 @@ constexpr int kFusedBlocksWanted = 1024;
 constexpr int64_t kFusedMinQueries = 9;
 
 // How the selection scores a pair: exactly, or by a lower bound from an
-// SGEMM (float tiles) or a DGEMM (double tiles, L2 only).
-enum class Scoring { kExact, kGemmFloat, kGemmDouble };
+// SGEMM (float tiles), a DGEMM (double tiles, L2 only) or an fp16
+// tensor-core GEMM of scaled rows (float tiles, half_bound.cuh).
+enum class Scoring { kExact, kGemmFloat, kGemmDouble, kGemmHalf };
 
 inline bool is_gemm(Scoring s) { return s != Scoring::kExact; }
 
@@ -32,6 +33,8 @@ struct Plan {
   bool full_sort = false;
   bool fused = false;       // exact tiles and selection in one kernel
   bool double_gemm = false; // L2 filtered by a DGEMM (double rows and tiles)
+  bool half_gemm = false;   // filtered by an fp16 tensor-core GEMM (fp16 rows)
+  bool pipelined = false;   // fp16: two tiles, the next GEMM beside the selection
   int cap = 32;             // list capacity (power of two, 32..256)
   int segments = 1;         // lists per query
   int64_t q_chunk = 0;      // queries per chunk

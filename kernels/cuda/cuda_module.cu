@@ -246,6 +246,10 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   JoinTuning t;
   if (o == nullptr) return t;
   t.sgemm_filter = o->sgemm_filter != 0;
+  if (o->brute_filter == 1) t.brute_filter = BruteFilter::kSgemm;
+  if (o->brute_filter == 2) t.brute_filter = BruteFilter::kDgemm;
+  if (o->brute_filter == 3) t.brute_filter = BruteFilter::kHalf;
+  t.pipeline_tiles = o->brute_pipeline != 0;
   if (o->ti_filter == 1) t.ti.filter = ti::FilterKind::Full;
   if (o->ti_filter == 2) t.ti.filter = ti::FilterKind::Partial;
   if (o->ti_list == 1) t.ti.list = ti::ListKind::Registers;

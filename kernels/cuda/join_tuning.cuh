@@ -33,10 +33,20 @@ struct TiOptions {
 
 }  // namespace ti
 
+// Brute force: the GEMM filter to use where one is used (brute_plan.cu).
+enum class BruteFilter { kAuto, kSgemm, kDgemm, kHalf };
+
 struct JoinTuning {
   // Brute force: filter L2 with the SGEMM bound even on GPUs where the
   // DGEMM one is used (brute_plan.cu, fast_fp64).
   bool sgemm_filter = false;
+  // Brute force: force a GEMM filter (kDgemm: L2 only; kHalf: any metric
+  // but L1, any dimension above 0, even where auto would not pick it).
+  BruteFilter brute_filter = BruteFilter::kAuto;
+  // Brute force, fp16 filter: run the next tile's GEMM on a second stream
+  // while the current tile is selected (two tiles). Off by default until
+  // measured on the device.
+  bool pipeline_tiles = false;
   ti::TiOptions ti;
 };
 

@@ -25,6 +25,9 @@ typedef struct KnnCudaTestOptions
 	int			ti_keep_duplicates;	/* 1: no merging of bitwise-identical rows */
 	int			ti_gemm_assign_min_stride;	/* 0 default; the cuBLAS assignment from this stride */
 	double		ti_landmark_factor;	/* 0 default; clusters per set = factor * sqrt(rows) */
+	int			brute_filter;	/* brute force GEMM filter: 0 auto, 1 SGEMM, 2 DGEMM (L2),
+								 * 3 fp16 tensor cores (not L1) */
+	int			brute_pipeline;	/* fp16 filter: next tile's GEMM beside the selection */
 } KnnCudaTestOptions;
 
 /* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */

@@ -36,13 +36,23 @@ __device__ __forceinline__ void merge_buffer(uint64_t *key, uint32_t *row, int k
   __syncwarp();
 }
 
-// T: the tile's element type. Float tiles go through the float prefilter
-// of TileValue::may_beat; double (DGEMM) tiles compute the bound directly
-// (TileValue::bound_l2_double, the only kind of double tiles), with the
-// targets' double norms loaded together with the tile values.
-template <int CAP, typename T>
+// T: the tile's element type; KIND: the TileValueKind (a constant, so
+// that the loop holds only its case). Float tiles go through the float
+// prefilter of TileValue::may_beat_as; double (DGEMM) tiles compute the
+// bound directly (TileValue::bound_l2_double, the only kind of double
+// tiles), with the targets' double norms loaded together with the tile
+// values. A step loads kUnroll values per lane and prefilters them all;
+// only when some lane may keep one does the warp walk them again (rarely,
+// once the lists are warm), reloading what the exact test needs.
+template <int CAP, typename T, int KIND>
 __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs a) {
   constexpr bool kDouble = sizeof(T) == sizeof(double);
+  constexpr TileValueKind kKind = static_cast<TileValueKind>(KIND);
+  constexpr bool kNorms =
+      !kDouble && (kKind == TileValueKind::kExactCosine || kKind >= TileValueKind::kBoundL2);
+  constexpr bool kScales = !kDouble && (kKind == TileValueKind::kBoundL2Half ||
+                                        kKind == TileValueKind::kBoundIpHalf ||
+                                        kKind == TileValueKind::kBoundCosineHalf);
   __shared__ uint64_t s_key[kWarps][2 * CAP];
   __shared__ uint32_t s_row[kWarps][2 * CAP];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -86,44 +96,59 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
       tile_row * a.ld;
   const bool exclude = a.query_keys != nullptr;
   const int64_t qkey = exclude ? a.query_keys[q] : 0;
-  const bool norms = !kDouble && a.value.prefilter_reads_norms();
-  const float qn = norms ? a.value.query_norm[q] : 0.0f;
+  const float qn = kNorms ? a.value.query_norm[q] : 0.0f;
   const float *tnorm = a.value.target_norm + a.target_base;
+  const float qs = kScales ? a.value.query_scale[q] : 1.0f;
+  const float *tscale = kScales ? a.value.target_scale + a.target_base : nullptr;
   const double qn_d = kDouble ? a.value.query_norm_d[q] : 0.0;
   const double *tnorm_d = kDouble ? a.value.target_norm_d + a.target_base : nullptr;
   const unsigned lower_lanes = (1u << lane) - 1;
 
   for (int c0 = c_begin; c0 < c_end; c0 += 32 * kUnroll) {
-    T v[kUnroll];
-    float tn[kUnroll];
-    double tn_d[kUnroll];
+    unsigned maybe_bits = 0;
+    {
+      T v[kUnroll];
+      float tn[kUnroll];
+      float ts[kUnroll];
+      double tn_d[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
-      const int c = c0 + u * 32 + lane;
-      v[u] = c < c_end ? values[c] : T(0);
-      tn[u] = (norms && c < c_end) ? tnorm[c] : 0.0f;
-      if constexpr (kDouble) tn_d[u] = c < c_end ? tnorm_d[c] : 0.0;
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
-      const int c = c0 + u * 32 + lane;
-      bool maybe;
-      double bound_d = 0.0;
-      if constexpr (kDouble) {
-        bound_d = a.value.bound_l2_double(v[u], qn_d, tn_d[u]);
-        maybe = c < c_end && !(bound_d > thr_d);
-      } else {
-        maybe = c < c_end && a.value.may_beat(v[u], qn, tn[u], thr_up);
+      for (int u = 0; u < kUnroll; u++) {
+        const int c = c0 + u * 32 + lane;
+        v[u] = c < c_end ? values[c] : T(0);
+        if constexpr (kNorms) tn[u] = c < c_end ? tnorm[c] : 0.0f;
+        else tn[u] = 0.0f;
+        if constexpr (kScales) ts[u] = c < c_end ? tscale[c] : 1.0f;
+        else ts[u] = 1.0f;
+        if constexpr (kDouble) tn_d[u] = c < c_end ? tnorm_d[c] : 0.0;
       }
-      if (!__any_sync(0xffffffffu, maybe)) continue;  // the common case
+#pragma unroll
+      for (int u = 0; u < kUnroll; u++) {
+        const int c = c0 + u * 32 + lane;
+        bool maybe;
+        if constexpr (kDouble) {
+          maybe = c < c_end && !(a.value.bound_l2_double(v[u], qn_d, tn_d[u]) > thr_d);
+        } else {
+          // fp16 tiles hold scaled dots: the prefilter takes them unscaled.
+          const float vp = kScales ? static_cast<float>(v[u]) * (qs * ts[u]) : static_cast<float>(v[u]);
+          maybe = c < c_end && a.value.may_beat_as(kKind, vp, qn, tn[u], thr_up);
+        }
+        maybe_bits |= maybe ? 1u << u : 0u;
+      }
+    }
+    if (!__any_sync(0xffffffffu, maybe_bits != 0)) continue;  // the common case
+#pragma unroll 1
+    for (int u = 0; u < kUnroll; u++) {
+      const bool maybe = (maybe_bits >> u) & 1u;
+      if (!__any_sync(0xffffffffu, maybe)) continue;
+      const int c = c0 + u * 32 + lane;
       const int64_t t = a.target_base + c;
       bool take = false;
       uint64_t k = kEmptyKey;
       if (maybe && !(exclude && a.target_keys[t] == qkey)) {
         if constexpr (kDouble)
-          k = order_key(bound_d);
+          k = order_key(a.value.bound_l2_double(values[c], qn_d, tnorm_d[c]));
         else
-          k = order_key(a.value(v[u], q, t));
+          k = order_key(a.value.at(kKind, values[c], q, t));
         take = entry_before(k, static_cast<uint32_t>(t), thr_key, thr_row);
       }
       const unsigned mask = __ballot_sync(0xffffffffu, take);
@@ -151,6 +176,11 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   }
 }
 
+template <int CAP, int KIND>
+void launch_kind(DeviceContext &ctx, const SelectTileArgs &a, dim3 grid) {
+  select_tile_kernel<CAP, float, KIND><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+}
+
 template <int CAP>
 KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
   dim3 grid((a.nq + kWarps - 1) / kWarps, a.lists.segments);
@@ -158,10 +188,25 @@ KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
     ctx.error = "select_tile: double tiles hold DGEMM dots of L2 only";
     return KNN_INTERNAL_ERROR;
   }
-  if (a.tile_d != nullptr)
-    select_tile_kernel<CAP, double><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
-  else
-    select_tile_kernel<CAP, float><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+  if (a.tile_d != nullptr) {
+    select_tile_kernel<CAP, double, static_cast<int>(TileValueKind::kBoundL2Double)>
+        <<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+  } else {
+    switch (a.value.kind) {
+      case TileValueKind::kExactSum: launch_kind<CAP, 0>(ctx, a, grid); break;
+      case TileValueKind::kExactNegDot: launch_kind<CAP, 1>(ctx, a, grid); break;
+      case TileValueKind::kExactCosine: launch_kind<CAP, 2>(ctx, a, grid); break;
+      case TileValueKind::kBoundL2: launch_kind<CAP, 3>(ctx, a, grid); break;
+      case TileValueKind::kBoundIp: launch_kind<CAP, 4>(ctx, a, grid); break;
+      case TileValueKind::kBoundCosine: launch_kind<CAP, 5>(ctx, a, grid); break;
+      case TileValueKind::kBoundL2Half: launch_kind<CAP, 7>(ctx, a, grid); break;
+      case TileValueKind::kBoundIpHalf: launch_kind<CAP, 8>(ctx, a, grid); break;
+      case TileValueKind::kBoundCosineHalf: launch_kind<CAP, 9>(ctx, a, grid); break;
+      default:
+        ctx.error = "select_tile: float tiles of an unknown kind";
+        return KNN_INTERNAL_ERROR;
+    }
+  }
   CUDA_CHECK_LAUNCH(ctx, "select_tile_kernel");
   return KNN_OK;
 }

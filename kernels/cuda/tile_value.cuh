@@ -6,7 +6,8 @@
 //    knn_distance.h (squared L2, L1 sum or dot product), bit for bit what
 //    the CPU computes; the selection value is then an exact, strictly
 //    monotone image of the operator's float8 result;
-//  * GEMM tiles (cuBLAS SGEMM; DGEMM for L2 on GPUs with fast FP64) hold
+//  * GEMM tiles (cuBLAS SGEMM; DGEMM for L2 on GPUs with fast FP64; fp16
+//    tensor cores on scaled rows, bound in half_bound.cuh) hold
 //    dot products that are NOT exact; the
 //    selection value is then a proven LOWER BOUND of the exact value, and
 //    the candidates are re-ranked exactly and certified (rerank.cu).
@@ -62,6 +63,7 @@
 
 #include "../knn_distance.h"
 #include "../knn_engine.h"
+#include "half_bound.cuh"
 
 namespace knn {
 namespace cuda {
@@ -73,8 +75,17 @@ enum class TileValueKind : int {
   kBoundL2 = 3,       // GEMM tile of dots: lower bound of the squared L2
   kBoundIp = 4,       // GEMM tile of dots: lower bound of -dot
   kBoundCosine = 5,   // GEMM tile of dots: lower bound of the cosine distance
-  kBoundL2Double = 6  // DGEMM tile of double dots: lower bound of the squared L2
+  kBoundL2Double = 6,  // DGEMM tile of double dots: lower bound of the squared L2
+  // fp16 tensor-core tiles of scaled dots (half_bound.cuh): lower bounds
+  kBoundL2Half = 7,
+  kBoundIpHalf = 8,
+  kBoundCosineHalf = 9
 };
+
+__host__ __device__ inline bool is_half_kind(TileValueKind k) {
+  return k == TileValueKind::kBoundL2Half || k == TileValueKind::kBoundIpHalf ||
+         k == TileValueKind::kBoundCosineHalf;
+}
 
 // Everything a tile value needs besides the float itself. Norms and zero
 // flags are indexed by the row within the query / target chunk.
@@ -89,10 +100,27 @@ struct TileValue {
   double rel = 0;  // relative error factor E of the bound kinds
   double abs = 0;  // absolute (underflow) term
   double rel_d = 0;  // kBoundL2Double: the DGEMM side's relative error factor
+  // The fp16 kinds: per-row numbers, float inverse scales (NaN: the row is
+  // never prefiltered), the bound's constants.
+  const HalfRowStats *query_half = nullptr;
+  const HalfRowStats *target_half = nullptr;
+  const float *query_scale = nullptr;
+  const float *target_scale = nullptr;
+  HalfBound half;
+  // The prefilter's relative margin of the bound kinds (may_beat): rel for
+  // the SGEMM kinds, the derived margin of half_bound.cuh for the fp16 ones.
+  float pre = 0.0f;
 
   // v is the tile's value: a float (exact tiles, SGEMM) or a double (DGEMM).
   __device__ __forceinline__ double operator()(double v, int64_t q, int64_t t) const {
-    switch (kind) {
+    return at(kind, v, q, t);
+  }
+
+  // The same with the kind given: the selection kernels pass a constant, so
+  // that only its case is compiled into their loops (a small loop body: the
+  // full switch, inlined many times, misses the instruction cache).
+  __device__ __forceinline__ double at(TileValueKind k, double v, int64_t q, int64_t t) const {
+    switch (k) {
       case TileValueKind::kExactSum:
         return v;
       case TileValueKind::kExactNegDot:
@@ -120,6 +148,14 @@ struct TileValue {
         const double bound = (1.0 - s) - (rel + abs / scale);
         return isfinite(bound) ? bound : -INFINITY;
       }
+      case TileValueKind::kBoundL2Half:
+        return half.l2(static_cast<float>(v), query_half[q], target_half[t]);
+      case TileValueKind::kBoundIpHalf:
+        return half.ip(static_cast<float>(v), query_half[q], target_half[t]);
+      case TileValueKind::kBoundCosineHalf:
+        if (query_zero[q] || target_zero[t]) return NAN;
+        return half.cosine(static_cast<float>(v), query_half[q], target_half[t], query_norm[q],
+                           target_norm[t]);
     }
     return -INFINITY;
   }
@@ -138,6 +174,11 @@ struct TileValue {
     return kind == TileValueKind::kExactCosine || kind >= TileValueKind::kBoundL2;
   }
 
+  // True for the fp16 kinds (the prefilter also reads the rows' scales).
+  __device__ __forceinline__ bool prefilter_reads_scales() const {
+    return is_half_kind(kind);
+  }
+
   // A cheap float test that never rejects a pair which the exact test
   // (operator() then the (key, row) order) could keep against a threshold
   // of value thr: it returns false only when the pair's value is certainly
@@ -147,10 +188,16 @@ struct TileValue {
   // terms: below 3e-7 of qn + tn, far under the 1e-5 used) plus, for the
   // bounds, the subtracted error term E (rel * scale, the underflow term
   // being below 1e-30). Non-finite approximations always go to the exact
-  // test.
+  // test. For the fp16 kinds v is the tile value times both rows' float
+  // inverse scales (half_bound.cuh derives `pre`).
   __device__ __forceinline__ bool may_beat(float v, float qn, float tn, float thr_up) const {
+    return may_beat_as(kind, v, qn, tn, thr_up);
+  }
+  __device__ __forceinline__ bool may_beat_as(TileValueKind k, float v, float qn, float tn,
+                                              float thr_up) const {
+    if (!isfinite(v)) return true;  // also a NaN scale (fmaxf would drop the NaN)
     float approx, margin;
-    switch (kind) {
+    switch (k) {
       case TileValueKind::kExactSum:
         approx = v;
         margin = 0.0f;
@@ -159,22 +206,26 @@ struct TileValue {
         approx = -v;
         margin = 0.0f;
         break;
-      case TileValueKind::kBoundL2: {
+      case TileValueKind::kBoundL2:
+      case TileValueKind::kBoundL2Half: {
         const float sum = qn + tn;
         approx = sum - 2.0f * v;
-        margin = static_cast<float>(rel + 1e-5) * sum + 1e-30f;
+        margin = (pre + 1e-5f) * sum + 1e-30f;
         break;
       }
       case TileValueKind::kBoundIp:
+      case TileValueKind::kBoundIpHalf:
         approx = -v;
-        margin = static_cast<float>(rel + 1e-5) * 0.5f * (qn + tn) + 1e-30f;  // >= E
+        margin = (pre + 1e-5f) * 0.5f * (qn + tn) + 1e-30f;  // >= E
         break;
       default: {  // cosine, exact or bound
         const float prod = qn * tn;
-        if (!(prod > 1e-30f)) return true;  // tiny, zero or NaN norms: exact test
+        // Tiny, zero, NaN or overflowing norms or product (a norm below
+        // 1e-30 may be a subnormal float, off by much of itself): exact test.
+        if (!(prod > 1e-30f) || isinf(prod) || !(qn > 1e-30f) || !(tn > 1e-30f)) return true;
         const float sim = fminf(1.0f, fmaxf(-1.0f, v * rsqrtf(prod)));
         approx = 1.0f - sim;
-        margin = static_cast<float>(rel) + 1e-4f;
+        margin = pre + 1e-4f;
         break;
       }
     }
@@ -205,6 +256,31 @@ inline void set_bound_constants(TileValue *tv, KnnMetric metric, int dim) {
       break;
     case KNN_METRIC_L1:
       break;  // no GEMM form: L1 always uses exact tiles
+  }
+  tv->pre = static_cast<float>(tv->rel);
+}
+
+// The fp16 tensor-core filter (half_bound.cuh).
+inline void set_half_bound_constants(TileValue *tv, KnnMetric metric, int dim) {
+  const double u = std::ldexp(1.0, -24);
+  const double d = dim;
+  tv->half = make_half_bound(dim);
+  const double k = half_prefilter_k(dim);
+  switch (metric) {
+    case KNN_METRIC_L2:
+      tv->kind = TileValueKind::kBoundL2Half;
+      tv->pre = static_cast<float>(1.01 * k + (6.0 * d + 16.0) * u + std::ldexp(1.0, -20));
+      break;
+    case KNN_METRIC_IP:
+      tv->kind = TileValueKind::kBoundIpHalf;
+      tv->pre = static_cast<float>(1.01 * (k + tv->half.g1) + std::ldexp(1.0, -20));
+      break;
+    case KNN_METRIC_COSINE:
+      tv->kind = TileValueKind::kBoundCosineHalf;
+      tv->pre = static_cast<float>(1.02 * (k + tv->half.g1));
+      break;
+    case KNN_METRIC_L1:
+      break;  // no GEMM form
   }
 }
 
