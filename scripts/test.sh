@@ -40,7 +40,10 @@ fi
 knn_cluster_stop
 
 # Tally: GoogleTest's closing lines and pg_regress's per-test lines.
-gtest_count() { sed -n "s/^\[  $1 *\] \([0-9]*\) tests\?[.,].*/\1/p" "$2" | tail -1; }
+# A log may hold several GoogleTest binaries (make unittest runs two): sum them.
+gtest_count() {
+  sed -n "s/^\[  $1 *\] \([0-9]*\) tests\?[.,].*/\1/p" "$2" | awk '{ n += $1; seen = 1 } END { if (seen) print n }'
+}
 passed=0 failed=0 skipped=0
 for log in "$logs/unit.log" "$logs/gpu.log"; do
   p=$(gtest_count PASSED "$log"); f=$(gtest_count FAILED "$log"); s=$(gtest_count SKIPPED "$log")

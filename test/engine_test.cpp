@@ -18,6 +18,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -34,6 +35,7 @@
 #include "cpu/blas_library.h"
 #include "cpu/cpu_engine.h"
 #include "cpu/cpu_tuning.h"
+#include "cpu/gemm_join.h"
 #include "cpu/lane_sums.h"
 #include "cpu/parallel_for.h"
 #include "cpu/top_k.h"
@@ -1188,6 +1190,163 @@ TEST(BlasBruteForce, DescribeNamesTheBlas) {
   EXPECT_NE(std::string(line).find("BLAS: "), std::string::npos) << line;
   EXPECT_NE(std::string(line).find(knn::cpu::blas_library().description), std::string::npos)
       << line;
+}
+
+// A self-join with fewer rows than one tile side (100 rows in 10000
+// dimensions: the default tile is 192 rows) and self-exclusion keys: the
+// tiles are sized to the join, and auto, the SGEMM (symmetric and general)
+// and the AVX2 loop agree with the reference bit for bit.
+TEST(BlasBruteForce, SelfJoinSmallerThanOneTile) {
+  SKIP_WITHOUT_BLAS();
+  constexpr int64_t kRows = 100;
+  constexpr int kDim = 10000;
+  ASSERT_GT(knn::cpu::gemm_block_rows(kDim), kRows);
+  std::mt19937_64 rng(26);
+  std::vector<int64_t> keys(kRows);
+  for (int64_t i = 0; i < kRows; i++) keys[i] = 1000 + i;
+  for (DataKind kind : {DataKind::kBlobs, DataKind::kDuplicates}) {
+    const Matrix data = make_data(kind, kRows, kDim, rng);
+    for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP}) {
+      KnnProblem p = make_problem(data, data, 20, metric, KNN_METHOD_AUTO, 2);
+      p.query_keys = p.target_keys = keys.data();
+      const std::string what = std::string(kind_name(kind)) + " " + knn_metric_name(metric);
+      const Result expected = reference_join(p);
+      const EngineRun auto_run = run_engine(p);
+      const EngineRun blas = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas));
+      const EngineRun general = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas, false));
+      const EngineRun avx2 = run_tuned(p, forced(knn::CpuTuning::Variant::kAvx2));
+      for (const EngineRun *run : {&auto_run, &blas, &general, &avx2})
+        ASSERT_EQ(run->status, KNN_OK) << what << ": " << run->error;
+      // The SGEMM really ran (not its exact fallback), on one tile.
+      EXPECT_STREQ(blas.stats.variant, "blas/symmetric") << what;
+      EXPECT_STREQ(general.stats.variant, "blas") << what;
+      EXPECT_STREQ(avx2.stats.variant, "blocked/avx2") << what;
+      EXPECT_EQ(auto_run.stats.method, KNN_METHOD_BRUTE) << what;  // 10^4 pairs
+      EXPECT_TRUE(same_result(expected, avx2.result, p.k)) << what << " avx2";
+      EXPECT_TRUE(same_result(expected, blas.result, p.k)) << what << " blas/symmetric";
+      EXPECT_TRUE(same_result(expected, general.result, p.k)) << what << " blas";
+      EXPECT_TRUE(same_result(expected, auto_run.result, p.k))
+          << what << " auto (ran " << auto_run.stats.variant << ")";
+      EXPECT_TRUE(same_result(blas.result, avx2.result, p.k)) << what << " blas vs avx2";
+      EXPECT_TRUE(same_result(auto_run.result, blas.result, p.k)) << what << " auto vs blas";
+      for (int64_t i = 0; i < kRows * p.k; i++)  // the keys exclude each row's own match
+        ASSERT_NE(blas.result.neighbors[i], i / p.k) << what;
+    }
+  }
+}
+
+// ------------------------------------ value checks in chunks of 2^18 ----
+
+// TI's support check (ti_join_supports: NaN, infinity, huge values) and
+// the SGEMM's subnormal check (gemm_join.cpp, has_subnormal) read the rows
+// in parallel chunks of 2^18 values. A value in a later chunk must count as
+// much as one in the first: at the first value of the second chunk and at
+// the very last value, in the vectorised loop's scalar tail. 3001 x 127 =
+// 381127 values: two chunks, the second 118983 long (not a multiple of 8).
+constexpr int64_t kValueChunk = int64_t{1} << 18;
+constexpr int64_t kChunkedRows = 3001;
+constexpr int kChunkedDim = 127;
+constexpr int64_t kChunkedValues = kChunkedRows * kChunkedDim;
+static_assert(kChunkedValues > kValueChunk + 100000, "a second, long chunk");
+static_assert(kChunkedValues < 2 * kValueChunk, "no third chunk");
+
+// One odd value in the large side of a join (3001 x 127) against a small
+// other side (64 rows): two separate matrices, so that each side is
+// checked on its own (a self-join checks its one matrix once).
+struct ChunkedJoin {
+  Matrix queries, targets;
+  std::string what;
+};
+
+ChunkedJoin chunked_join(bool in_queries, int64_t index, float value, std::mt19937_64 &rng) {
+  ChunkedJoin j;
+  Matrix large = make_data(DataKind::kBlobs, kChunkedRows, kChunkedDim, rng);
+  Matrix small = make_data(DataKind::kBlobs, 64, kChunkedDim, rng);
+  large.values[index] = value;
+  j.queries = in_queries ? large : small;
+  j.targets = in_queries ? small : large;
+  char what[160];
+  std::snprintf(what, sizeof what, "%g at value %lld (row %lld) of the %s", value,
+                static_cast<long long>(index), static_cast<long long>(index / kChunkedDim),
+                in_queries ? "queries" : "targets");
+  j.what = what;
+  return j;
+}
+
+// A NaN or an infinity beyond the first 2^18 values, in the targets or in
+// the queries, still makes TI decline (even forced): brute force runs and
+// matches the reference. Were only the first chunk read, TI would run.
+TEST(CpuChunkedChecks, NonFiniteBeyondFirstChunkMakesTiDecline) {
+  std::mt19937_64 rng(27);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Without the odd value TI runs on these shapes: the test is not vacuous.
+  for (bool in_queries : {false, true}) {
+    const ChunkedJoin clean = chunked_join(in_queries, 0, 1.0f, rng);
+    const EngineRun ti =
+        run_engine(make_problem(clean.queries, clean.targets, 5, KNN_METRIC_L2, KNN_METHOD_TI, 2));
+    ASSERT_EQ(ti.status, KNN_OK) << ti.error;
+    ASSERT_EQ(ti.stats.method, KNN_METHOD_TI) << clean.what;
+  }
+  const int64_t places[] = {kValueChunk, kChunkedValues - 1};
+  int n = 0;
+  for (float value : {nan, inf})
+    for (bool in_queries : {false, true})
+      for (int64_t index : places) {
+        // Alternate signs and the two metrics TI supports.
+        const float v = n % 2 ? -value : value;
+        const KnnMetric metric = n % 3 == 2 ? KNN_METRIC_L1 : KNN_METRIC_L2;
+        n++;
+        const ChunkedJoin j = chunked_join(in_queries, index, v, rng);
+        const std::string what = j.what + " " + knn_metric_name(metric);
+        const KnnProblem p = make_problem(j.queries, j.targets, 5, metric, KNN_METHOD_TI, 2);
+        const Result expected = reference_join(p);
+        const EngineRun by_method = run_engine(p);
+        const EngineRun by_tuning = run_tuned(p, forced(knn::CpuTuning::Variant::kTi));
+        for (const EngineRun *run : {&by_method, &by_tuning}) {
+          ASSERT_EQ(run->status, KNN_OK) << what << ": " << run->error;
+          EXPECT_EQ(run->stats.method, KNN_METHOD_BRUTE) << what << " ran " << run->stats.variant;
+          EXPECT_EQ(std::string(run->stats.variant).rfind("two-level", 0), std::string::npos)
+              << what << " ran " << run->stats.variant;
+          EXPECT_TRUE(same_result(expected, run->result, p.k)) << what;
+        }
+      }
+}
+
+// A float subnormal beyond the first 2^18 values, in the targets or in the
+// queries, still sends the SGEMM brute force to the exact AVX2 one (a BLAS
+// may read subnormals as 0: gemm_bound.h). The bit patterns at both ends
+// of the subnormal range (1 and 0x7fffff) are used.
+TEST(CpuChunkedChecks, SubnormalBeyondFirstChunkAvoidsBlas) {
+  SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(28);
+  const float smallest = std::numeric_limits<float>::denorm_min();
+  const float largest = std::nextafter(std::numeric_limits<float>::min(), 0.0f);
+  ASSERT_EQ(std::fpclassify(largest), FP_SUBNORMAL);
+  // Without the subnormal the SGEMM runs on these shapes.
+  for (bool in_queries : {false, true}) {
+    const ChunkedJoin clean = chunked_join(in_queries, 0, 1.0f, rng);
+    const EngineRun blas = run_tuned(
+        make_problem(clean.queries, clean.targets, 5, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2),
+        forced(knn::CpuTuning::Variant::kBlas));
+    ASSERT_EQ(blas.status, KNN_OK) << blas.error;
+    ASSERT_STREQ(blas.stats.variant, "blas") << clean.what;
+  }
+  const int64_t places[] = {kValueChunk, kChunkedValues - 1};
+  const KnnMetric metrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP};
+  int n = 0;
+  for (float value : {smallest, -largest})
+    for (bool in_queries : {false, true})
+      for (int64_t index : places) {
+        const KnnMetric metric = metrics[n++ % 3];
+        const ChunkedJoin j = chunked_join(in_queries, index, value, rng);
+        const std::string what = j.what + " " + knn_metric_name(metric);
+        const KnnProblem p = make_problem(j.queries, j.targets, 5, metric, KNN_METHOD_BRUTE, 2);
+        const EngineRun blas = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas));
+        ASSERT_EQ(blas.status, KNN_OK) << what << ": " << blas.error;
+        EXPECT_STREQ(blas.stats.variant, "blocked/avx2") << what;
+        EXPECT_TRUE(same_result(reference_join(p), blas.result, p.k)) << what;
+      }
 }
 
 // ------------------------------------------------------------ vocabulary --
