@@ -12,6 +12,7 @@
 # on the fly (bench/make_cpu_sets.py embedding: unit-norm Gaussian mixture,
 # seeded), named embed-DIMd-ROWS; pass them to --sets. KNN_BENCH_TORCH_MODES
 # (default fp32,tf32,bf16) picks the torch runs (all but fp32 inexact).
+# KNN_BENCH_K (default 20) is k for knn_bench and torch alike.
 # Results: bench/results/{knn_bench,torch_reference}.json and bench.png
 # (or $KNN_BENCH_OUT).
 set -eu
@@ -39,12 +40,13 @@ done
 # (a GPU host without the build tools) and travel with the tree.
 [ "${KNN_BENCH_BUILD:-1}" = 0 ] || make -s bench/knn_bench
 status=0
-bench/knn_bench "$tmp" --module-dir "$PWD" --out "$out/knn_bench.json" "$@" || status=$?
+k=${KNN_BENCH_K:-20}
+bench/knn_bench "$tmp" --module-dir "$PWD" --k "$k" --out "$out/knn_bench.json" "$@" || status=$?
 if [ "${KNN_BENCH_TORCH:-1}" = 0 ]; then
   echo "torch reference skipped (KNN_BENCH_TORCH=0)"
 elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
   sets=$(ls "$tmp" | sed -n 's/\.json$//p' | tr '\n' ',')
-  python3 bench/torch_reference.py "$tmp" --k 20 --out "$out/torch_reference.json" \
+  python3 bench/torch_reference.py "$tmp" --k "$k" --out "$out/torch_reference.json" \
     --sets "${sets}fashion-mnist" --modes "${KNN_BENCH_TORCH_MODES:-fp32,tf32,bf16}" || status=$?
 else
   echo "torch with CUDA not available: torch reference skipped"

@@ -246,13 +246,15 @@ CROSS JOIN LATERAL (SELECT t.tag, t.v <=> q.v AS dist FROM knn_scan_items t
                     ORDER BY t.v <=> q.v LIMIT 2) n;
 
 -- EXPLAIN ANALYZE adds the engine's statistics (device, method and the
--- number of distances computed depend on the machine and the engine).
+-- number of distances computed depend on the machine and the engine; the
+-- GPU slot lines appear only where the join ran on a GPU).
 CREATE FUNCTION pg_temp.knn_explain_analyze(query text) RETURNS SETOF text
 LANGUAGE plpgsql AS $$
 DECLARE
 	line text;
 BEGIN
 	FOR line IN EXECUTE 'EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) ' || query LOOP
+		CONTINUE WHEN line ~ '^\s*GPU Slot';
 		IF line ~ '(Engine Device|Engine Method|Engine Variant|Distance Computations):' THEN
 			line := regexp_replace(line, ': .*', ': ...');
 		END IF;

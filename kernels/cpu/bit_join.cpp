@@ -120,12 +120,6 @@ std::vector<uint64_t> row_counts(const BitRows &rows, int64_t n) {
   return counts;
 }
 
-int resolve_threads(int32_t requested) {
-  int n = requested;
-  if (n == 0) n = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, std::min(n, KNN_MAX_THREADS));
-}
-
 bool cancelled(const int32_t *cancel) {
   return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
 }

@@ -15,6 +15,7 @@
 #include "cpu_tuning.h"
 #include "gemm_join.h"
 #include "join_input.h"
+#include "parallel_for.h"
 #include "ti_join.h"
 #include "../entry_guard.h"
 #include "../problem_check.h"
@@ -30,12 +31,6 @@ using Clock = std::chrono::steady_clock;
 // hands over to brute force when that is faster (ti_join.h).
 constexpr double kAutoTiMinPairs = 1e6;
 
-int resolve_threads(int32_t requested) {
-  int n = requested;
-  if (n == 0) n = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, std::min(n, KNN_MAX_THREADS));
-}
-
 cpu::JoinInput join_input(const KnnProblem &p, const int32_t *cancel) {
   cpu::JoinInput input;
   input.queries = float_rows(p.queries);
@@ -47,7 +42,7 @@ cpu::JoinInput join_input(const KnnProblem &p, const int32_t *cancel) {
   input.metric = p.metric;
   input.query_keys = p.query_keys;
   input.target_keys = p.target_keys;
-  input.n_threads = resolve_threads(p.n_threads);
+  input.n_threads = cpu::resolve_threads(p.n_threads);
   input.cancel = cancel;
   return input;
 }

@@ -17,10 +17,19 @@
 #include <thread>
 #include <vector>
 
+#include "../knn_engine.h"
 #include "../signal_free_thread.h"
 
 namespace knn {
 namespace cpu {
+
+// The threads a problem asks for (KnnProblem::n_threads): 0 = every core,
+// at most KNN_MAX_THREADS.
+inline int resolve_threads(int32_t requested) {
+  int n = requested;
+  if (n == 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, std::min(n, KNN_MAX_THREADS));
+}
 
 // body(item, worker) for every item in [0, n_items); worker is in
 // [0, threads used) and indexes per-thread scratch space.
