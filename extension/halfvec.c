@@ -26,6 +26,7 @@
 #include "half_float.h"
 #include "halfvec.h"
 #include "vector.h"
+#include "vector_checks.h"
 
 PG_FUNCTION_INFO_V1(knn_halfvec_in);
 PG_FUNCTION_INFO_V1(knn_halfvec_out);
@@ -121,29 +122,21 @@ knn_halfvec_widen(const HalfVector *v, float *out)
 
 /* ---- text form ---- */
 
-static inline bool
-is_blank(char c)
-{
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
-
-static inline const char *
-skip_blanks(const char *p)
-{
-	while (is_blank(*p))
-		p++;
-	return p;
-}
-
-static void report_invalid_syntax(const char *literal, const char *detail) pg_attribute_noreturn();
-
+/*
+ * A number of the text form: strtof, as float4in, then rounded to half (the
+ * text rounds once to float, then to half, as pgvector's halfvec_in); only
+ * a finite value can overflow (NaN and infinities are refused by check_half).
+ */
 static void
-report_invalid_syntax(const char *literal, const char *detail)
+check_halfvec_text_element(float value, const char *number, int number_len)
 {
-	ereport(ERROR,
-			(errcode(ERRCODE_INVALID_TEXT_REPRESENTATION),
-			 errmsg("invalid input syntax for type halfvec: \"%s\"", literal),
-			 detail ? errdetail("%s", detail) : 0));
+	uint16		h = knn_float_to_half(value);
+
+	if ((h & 0x7FFF) == 0x7C00 && !isinf(value))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("\"%s\" is out of range for type halfvec", pnstrdup(number, number_len))));
+	check_half(h);
 }
 
 Datum
@@ -151,68 +144,15 @@ knn_halfvec_in(PG_FUNCTION_ARGS)
 {
 	const char *literal = PG_GETARG_CSTRING(0);
 	int32		typmod = PG_GETARG_INT32(2);
-	const char *p = skip_blanks(literal);
-	uint16	   *values;
-	int			capacity = 16;
-	int			dim = 0;
+	int			dim;
+	float	   *values = knn_parse_vector_text(literal, "halfvec", HALFVEC_MAX_DIM,
+											   check_halfvec_text_element, &dim);
 	HalfVector *result;
-
-	if (*p != '[')
-		report_invalid_syntax(literal, "Vector contents must start with \"[\".");
-	p = skip_blanks(p + 1);
-	if (*p == ']')
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("halfvec must have at least 1 dimension")));
-	values = palloc(sizeof(uint16) * capacity);
-	for (;;)
-	{
-		char	   *end;
-		float		value;
-		uint16		h;
-
-		if (dim == HALFVEC_MAX_DIM)
-			ereport(ERROR,
-					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("halfvec cannot have more than %d dimensions", HALFVEC_MAX_DIM)));
-		p = skip_blanks(p);
-		if (*p == '\0')
-			report_invalid_syntax(literal, NULL);
-		errno = 0;
-		/* strtof, as float4in: the text rounds once, to float, then to half */
-		value = strtof(p, &end);
-		if (end == p)
-			report_invalid_syntax(literal, NULL);
-		h = knn_float_to_half(value);
-		/* NaN stays NaN (refused below); only a finite value can overflow */
-		if ((errno == ERANGE && isinf(value)) || ((h & 0x7FFF) == 0x7C00 && !isinf(value)))
-			ereport(ERROR,
-					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-					 errmsg("\"%s\" is out of range for type halfvec", pnstrdup(p, end - p))));
-		check_half(h);
-		if (dim == capacity)
-		{
-			capacity = Min(capacity * 2, HALFVEC_MAX_DIM);
-			values = repalloc(values, sizeof(uint16) * capacity);
-		}
-		values[dim++] = h;
-		p = skip_blanks(end);
-		if (*p == ',')
-			p++;
-		else if (*p == ']')
-		{
-			p++;
-			break;
-		}
-		else
-			report_invalid_syntax(literal, NULL);
-	}
-	if (*skip_blanks(p) != '\0')
-		report_invalid_syntax(literal, "Junk after closing right brace.");
 
 	knn_halfvec_check_typmod(typmod, dim);
 	result = knn_halfvec_new(dim);
-	memcpy(result->x, values, sizeof(uint16) * dim);
+	for (int i = 0; i < dim; i++)
+		result->x[i] = knn_float_to_half(values[i]);
 	pfree(values);
 	PG_RETURN_HALFVEC_P(result);
 }

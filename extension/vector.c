@@ -105,24 +105,29 @@ skip_blanks(const char *p)
 	return p;
 }
 
-static void report_invalid_syntax(const char *literal, const char *detail) pg_attribute_noreturn();
+static void report_invalid_syntax(const char *type_name, const char *literal,
+								  const char *detail) pg_attribute_noreturn();
 
 static void
-report_invalid_syntax(const char *literal, const char *detail)
+report_invalid_syntax(const char *type_name, const char *literal, const char *detail)
 {
 	ereport(ERROR,
 			(errcode(ERRCODE_INVALID_TEXT_REPRESENTATION),
-			 errmsg("invalid input syntax for type vector: \"%s\"", literal),
+			 errmsg("invalid input syntax for type %s: \"%s\"", type_name, literal),
 			 detail ? errdetail("%s", detail) : 0));
 }
 
 /*
- * Parses '[x1, x2, ...]' into a palloc'd array of floats; *dim_out gets the
- * count. Each number is read with strtof, like float4in, so that the text
- * '0.1' gives the same float as '0.1'::real (no rounding through double).
+ * Parses '[x1, x2, ...]', the text form of vector and halfvec, into a
+ * palloc'd array of floats; *dim_out gets the count. Each number is read
+ * with strtof, like float4in, so that the text '0.1' gives the same float
+ * as '0.1'::real (no rounding through double); check_element then vets it
+ * in place (number points at its text, of number_len bytes), so a bad
+ * value is reported before any later syntax error, as pgvector does.
  */
-static float *
-parse_vector_text(const char *literal, int *dim_out)
+float *
+knn_parse_vector_text(const char *literal, const char *type_name, int max_dim,
+					  KnnTextElementCheck check_element, int *dim_out)
 {
 	const char *p = skip_blanks(literal);
 	int			capacity = 16;
@@ -130,12 +135,12 @@ parse_vector_text(const char *literal, int *dim_out)
 	float	   *values;
 
 	if (*p != '[')
-		report_invalid_syntax(literal, "Vector contents must start with \"[\".");
+		report_invalid_syntax(type_name, literal, "Vector contents must start with \"[\".");
 	p = skip_blanks(p + 1);
 	if (*p == ']')
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("vector must have at least 1 dimension")));
+				 errmsg("%s must have at least 1 dimension", type_name)));
 
 	values = palloc(sizeof(float) * capacity);
 	for (;;)
@@ -143,30 +148,29 @@ parse_vector_text(const char *literal, int *dim_out)
 		char	   *end;
 		float		value;
 
-		if (dim == VECTOR_MAX_DIM)
+		if (dim == max_dim)
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-					 errmsg("vector cannot have more than %d dimensions",
-							VECTOR_MAX_DIM)));
+					 errmsg("%s cannot have more than %d dimensions", type_name, max_dim)));
 
 		/* a number: strtof would skip blanks itself, but not stop at '\0' */
 		p = skip_blanks(p);
 		if (*p == '\0')
-			report_invalid_syntax(literal, NULL);
+			report_invalid_syntax(type_name, literal, NULL);
 		errno = 0;
 		value = strtof(p, &end);
 		if (end == p)
-			report_invalid_syntax(literal, NULL);
+			report_invalid_syntax(type_name, literal, NULL);
 		if (errno == ERANGE && isinf(value))
 			ereport(ERROR,
 					(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
-					 errmsg("\"%s\" is out of range for type vector",
-							pnstrdup(p, end - p))));
-		knn_vector_check_element(value);
+					 errmsg("\"%s\" is out of range for type %s",
+							pnstrdup(p, end - p), type_name)));
+		check_element(value, p, (int) (end - p));
 
 		if (dim == capacity)
 		{
-			capacity = Min(capacity * 2, VECTOR_MAX_DIM);
+			capacity = Min(capacity * 2, max_dim);
 			values = repalloc(values, sizeof(float) * capacity);
 		}
 		values[dim++] = value;
@@ -181,14 +185,20 @@ parse_vector_text(const char *literal, int *dim_out)
 			break;
 		}
 		else
-			report_invalid_syntax(literal, NULL);
+			report_invalid_syntax(type_name, literal, NULL);
 	}
 
 	if (*skip_blanks(p) != '\0')
-		report_invalid_syntax(literal, "Junk after closing right brace.");
+		report_invalid_syntax(type_name, literal, "Junk after closing right brace.");
 
 	*dim_out = dim;
 	return values;
+}
+
+static void
+check_vector_text_element(float value, const char *number, int number_len)
+{
+	knn_vector_check_element(value);
 }
 
 Datum
@@ -197,7 +207,8 @@ knn_vector_in(PG_FUNCTION_ARGS)
 	const char *literal = PG_GETARG_CSTRING(0);
 	int32		typmod = PG_GETARG_INT32(2);
 	int			dim;
-	float	   *values = parse_vector_text(literal, &dim);
+	float	   *values = knn_parse_vector_text(literal, "vector", VECTOR_MAX_DIM,
+												 check_vector_text_element, &dim);
 	Vector	   *result;
 
 	knn_vector_check_typmod(typmod, dim);

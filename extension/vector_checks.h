@@ -19,4 +19,13 @@ extern void knn_vector_check_typmod(int32 typmod, int dim);
 /* ERROR for NaN or an infinity. */
 extern void knn_vector_check_element(float value);
 
+/*
+ * The text form '[x1, x2, ...]' shared by vector and halfvec: parsed into
+ * palloc'd floats, each vetted by check_element as it is read; errors name
+ * type_name. Returns the values, *dim_out their count.
+ */
+typedef void (*KnnTextElementCheck) (float value, const char *number, int number_len);
+extern float *knn_parse_vector_text(const char *literal, const char *type_name, int max_dim,
+									KnnTextElementCheck check_element, int *dim_out);
+
 #endif							/* KNN_VECTOR_CHECKS_H */
