@@ -301,28 +301,6 @@ knn_halfvec_to_float4(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(result);
 }
 
-/* An array element as a float, rounded to nearest like a cast to real. */
-static float
-element_to_float(Datum element, Oid element_type)
-{
-	switch (element_type)
-	{
-		case INT4OID:
-			return (float) DatumGetInt32(element);
-		case FLOAT4OID:
-			return DatumGetFloat4(element);
-		case FLOAT8OID:
-			return (float) DatumGetFloat8(element);
-		case NUMERICOID:
-			return DatumGetFloat4(DirectFunctionCall1(numeric_float4, element));
-		default:
-			ereport(ERROR,
-					(errcode(ERRCODE_DATA_EXCEPTION),
-					 errmsg("unsupported array type")));
-			return 0;
-	}
-}
-
 /* SQL: knn_array_to_halfvec(integer[]/real[]/float8[]/numeric[], typmod, explicit) */
 Datum
 knn_array_to_halfvec(PG_FUNCTION_ARGS)
@@ -330,31 +308,17 @@ knn_array_to_halfvec(PG_FUNCTION_ARGS)
 	ArrayType  *array = PG_GETARG_ARRAYTYPE_P(0);
 	int32		typmod = PG_GETARG_INT32(1);
 	Oid			element_type = ARR_ELEMTYPE(array);
-	int16		element_len;
-	bool		element_byval;
-	char		element_align;
-	Datum	   *elements;
 	int			n;
+	Datum	   *elements = knn_array_elements(array, &n);
 	HalfVector *result;
 
-	if (ARR_NDIM(array) > 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("array must be 1-D")));
-	if (array_contains_nulls(array))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("array must not contain nulls")));
-	get_typlenbyvalalign(element_type, &element_len, &element_byval, &element_align);
-	deconstruct_array(array, element_type, element_len, element_byval, element_align,
-					  &elements, NULL, &n);
 	check_dim(n);
 	knn_halfvec_check_typmod(typmod, n);
 	result = knn_halfvec_new(n);
 	/* pgvector: every element's range first, then NaN and infinities */
 	for (int i = 0; i < n; i++)
 	{
-		float		value = element_to_float(elements[i], element_type);
+		float		value = knn_array_element_to_float(elements[i], element_type, "halfvec");
 
 		result->x[i] = knn_float_to_half(value);
 		if (!knn_half_is_finite(result->x[i]) && isfinite(value))

@@ -21,9 +21,12 @@
 PG_FUNCTION_INFO_V1(knn_array_to_vector);
 PG_FUNCTION_INFO_V1(knn_vector_to_float4);
 
-/* An array element as a float, rounded to nearest like a cast to real. */
-static float
-element_to_float(Datum element, Oid element_type)
+/*
+ * An array element as a float, rounded to nearest like a cast to real
+ * (vector_checks.h); type_name names the target in the error.
+ */
+float
+knn_array_element_to_float(Datum element, Oid element_type, const char *type_name)
 {
 	switch (element_type)
 	{
@@ -37,25 +40,21 @@ element_to_float(Datum element, Oid element_type)
 			/* numeric_float4 reports values beyond the float range itself */
 			return DatumGetFloat4(DirectFunctionCall1(numeric_float4, element));
 		default:
-			elog(ERROR, "cannot cast an array of type %s to vector",
-				 format_type_be(element_type));
+			elog(ERROR, "cannot cast an array of type %s to %s",
+				 format_type_be(element_type), type_name);
 			return 0;			/* keep the compiler quiet */
 	}
 }
 
-/* SQL: knn_array_to_vector(anyof integer[]/real[]/float8[]/numeric[], typmod, explicit) */
-Datum
-knn_array_to_vector(PG_FUNCTION_ARGS)
+/* The elements of a 1-D array without NULLs (vector_checks.h). */
+Datum *
+knn_array_elements(ArrayType *array, int *n_out)
 {
-	ArrayType  *array = PG_GETARG_ARRAYTYPE_P(0);
-	int32		typmod = PG_GETARG_INT32(1);
 	Oid			element_type = ARR_ELEMTYPE(array);
 	int16		element_len;
 	bool		element_byval;
 	char		element_align;
 	Datum	   *elements;
-	int			n;
-	Vector	   *result;
 
 	if (ARR_NDIM(array) > 1)
 		ereport(ERROR,
@@ -68,7 +67,20 @@ knn_array_to_vector(PG_FUNCTION_ARGS)
 
 	get_typlenbyvalalign(element_type, &element_len, &element_byval, &element_align);
 	deconstruct_array(array, element_type, element_len, element_byval, element_align,
-					  &elements, NULL, &n);
+					  &elements, NULL, n_out);
+	return elements;
+}
+
+/* SQL: knn_array_to_vector(anyof integer[]/real[]/float8[]/numeric[], typmod, explicit) */
+Datum
+knn_array_to_vector(PG_FUNCTION_ARGS)
+{
+	ArrayType  *array = PG_GETARG_ARRAYTYPE_P(0);
+	int32		typmod = PG_GETARG_INT32(1);
+	Oid			element_type = ARR_ELEMTYPE(array);
+	int			n;
+	Datum	   *elements = knn_array_elements(array, &n);
+	Vector	   *result;
 
 	/* an empty array has no dimension at all, hence n == 0 */
 	knn_vector_check_dim(n);
@@ -77,7 +89,7 @@ knn_array_to_vector(PG_FUNCTION_ARGS)
 	result = knn_vector_new(n);
 	for (int i = 0; i < n; i++)
 	{
-		result->x[i] = element_to_float(elements[i], element_type);
+		result->x[i] = knn_array_element_to_float(elements[i], element_type, "vector");
 		knn_vector_check_element(result->x[i]);
 	}
 	pfree(elements);

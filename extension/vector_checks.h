@@ -10,6 +10,8 @@
 
 #include "postgres.h"
 
+#include "utils/array.h"
+
 /* ERROR unless 1 <= dim <= VECTOR_MAX_DIM. */
 extern void knn_vector_check_dim(int dim);
 
@@ -24,6 +26,12 @@ extern void knn_vector_check_element(float value);
  * palloc'd floats, each vetted by check_element as it is read; errors name
  * type_name. Returns the values, *dim_out their count.
  */
+/* The elements of a 1-D array without NULLs (ERROR otherwise). */
+extern Datum *knn_array_elements(ArrayType *array, int *n_out);
+
+/* An int4, real, float8 or numeric array element rounded to float. */
+extern float knn_array_element_to_float(Datum element, Oid element_type, const char *type_name);
+
 typedef void (*KnnTextElementCheck) (float value, const char *number, int number_len);
 extern float *knn_parse_vector_text(const char *literal, const char *type_name, int max_dim,
 									KnnTextElementCheck check_element, int *dim_out);
