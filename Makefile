@@ -19,9 +19,17 @@ ENGINE_SRCS = $(sort $(wildcard kernels/*.cpp kernels/cpu/*.cpp))
 VOCABULARY_OBJ = kernels/knn_vocabulary.o
 OBJS = $(EXT_SRCS:.c=.o) $(ENGINE_SRCS:.cpp=.o)
 
-# The install script is assembled from one file per concept.
+# The install script of the current version is assembled from one file per
+# concept. A released version's script is kept as it was shipped
+# (extension/sql/history/) so that ALTER EXTENSION ... UPDATE can start from
+# it; the upgrade script is the parts added since, after the statements that
+# change what that version had (extension/sql/upgrade/).
+EXTVERSION = 0.2
 SQL_PARTS = $(sort $(wildcard extension/sql/*.sql))
-DATA_built = knn_gpu--0.1.sql
+PARTS_OF_0_1 = $(addprefix extension/sql/,10_vector.sql 12_halfvec.sql 14_bit.sql 20_knn_join.sql)
+UPGRADE_0_1_PARTS = extension/sql/upgrade/0.1--0.2.sql $(filter-out $(PARTS_OF_0_1),$(SQL_PARTS))
+DATA_built = knn_gpu--$(EXTVERSION).sql knn_gpu--0.1--0.2.sql
+DATA = extension/sql/history/knn_gpu--0.1.sql
 
 REGRESS = $(basename $(notdir $(sort $(wildcard sql/*.sql))))
 REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
@@ -55,8 +63,11 @@ kernels/%.o: kernels/%.cpp $(ENGINE_HEADERS)
 
 $(EXT_SRCS:.c=.o): $(wildcard extension/*.h) kernels/knn_engine.h kernels/knn_vocabulary.h
 
-$(DATA_built): $(SQL_PARTS)
+knn_gpu--$(EXTVERSION).sql: $(SQL_PARTS)
 	cat $(SQL_PARTS) > $@
+
+knn_gpu--0.1--0.2.sql: $(UPGRADE_0_1_PARTS)
+	cat $(UPGRADE_0_1_PARTS) > $@
 
 # ---- CUDA engine module (dlopen'ed by knn_gpu.so) ----
 CUDA ?= auto
