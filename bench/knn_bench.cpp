@@ -16,8 +16,10 @@
 // DATA_DIR holds NAME.f32 (raw little-endian float32, row-major) with
 // NAME.json beside it ("rows", "dims"), and optionally
 // fashion-mnist.idx (uncompressed IDX images: 16-byte header, uint8
-// pixels), of which the first 20000 rows are used. bench/run_bench.sh
-// prepares such a directory from the .xz files.
+// pixels), of which the first --fashion-rows (20000) rows are used.
+// bench/run_bench.sh prepares such a directory from the .xz files.
+// --queries 1,4,12: instead of the self-join, batches of that many of each
+// set's rows (evenly spaced) against all its rows (small query batches).
 //
 // Per data set: a self-join with self-match exclusion (keys = row ids,
 // the all-kNN graph), timed for each of --methods: brute, ti, auto on the
@@ -93,7 +95,7 @@ bool load_idx(const std::string &path, int64_t max_rows, DataSet *d) {
            (int64_t(header[i + 2]) << 8) | int64_t(header[i + 3]);
   };
   const int64_t count = be32(4), h = be32(8), w = be32(12);
-  d->name = "fashion-mnist-20k";
+  d->name = "fashion-mnist-" + std::to_string(std::min(count, max_rows) / 1000) + "k";
   d->rows = std::min(count, max_rows);
   d->dims = static_cast<int>(h * w);
   std::vector<unsigned char> bytes(static_cast<size_t>(d->rows) * d->dims);
@@ -233,6 +235,10 @@ struct Options {
   std::vector<Config> configs;
   std::vector<std::string> sets = {"3DNet_head5000", "arcene", "keggD_std", "kegg_std", "blog",
                                    "fashion-mnist", "skin", "ipums", "kdd"};
+  int64_t fashion_rows = 20000;
+  // Query batch sizes: when set, each set is joined as small batches of its
+  // rows (evenly spaced) against all its rows instead of as a self-join.
+  std::vector<int64_t> query_batches;
 };
 
 std::vector<std::string> split(const std::string &list) {
@@ -298,6 +304,11 @@ bool parse_options(int argc, char **argv, Options *o) {
       g_module_dir = v;
     }
     else if (a == "--sets") o->sets = split(v);
+    else if (a == "--fashion-rows") o->fashion_rows = std::max<int64_t>(1, std::atoll(v.c_str()));
+    else if (a == "--queries") {
+      o->query_batches.clear();
+      for (const std::string &n : split(v)) o->query_batches.push_back(std::max<int64_t>(1, std::atoll(n.c_str())));
+    }
     else if (a == "--methods") {
       if (!parse_methods(v, o)) return false;
     } else if (a == "--metric") {
@@ -386,9 +397,42 @@ void write_json_run(std::ostream &json, const Run &r) {
        << "\", \"mismatches\": " << r.mismatches << "}";
 }
 
-// Runs every configuration on one data set; false on a mismatch.
-bool bench_set(const Options &o, bool have_gpu, const DataSet &d, std::ostream &json,
-               std::vector<std::string> *table) {
+// Runs every configuration on one problem over data set d (named `name`
+// in the output); false on a mismatch.
+bool bench_problem(const Options &o, bool have_gpu, const DataSet &d, const std::string &name,
+                   const KnnProblem &p, bool first, std::ostream &json,
+                   std::vector<std::string> *table) {
+  DataSet label;
+  label.name = name;
+  label.rows = d.rows;
+  label.dims = d.dims;
+  std::vector<Run> runs;
+  for (const Config &c : o.configs) {
+    if (c.device == KNN_DEVICE_GPU ? !have_gpu : d.rows > o.cpu_max_rows) continue;
+    runs.push_back(time_config(p, c, o.repeat));
+    const Run &r = runs.back();
+    std::printf("%-18s %-9s %8.4f s  %s %s %s\n", name.c_str(), r.label.c_str(),
+                median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
+                r.status == KNN_OK ? "" : r.error.c_str());
+    std::fflush(stdout);
+  }
+  const bool all_match = verify(&runs);
+  json << (first ? "" : ",") << "\n    {\"name\": \"" << name << "\", \"rows\": " << d.rows
+       << ", \"dims\": " << d.dims << ", \"queries\": " << p.n_queries << ", \"runs\": [";
+  for (size_t i = 0; i < runs.size(); i++) {
+    json << (i ? "," : "");
+    write_json_run(json, runs[i]);
+    table->push_back(table_line(label, runs[i]));
+  }
+  json << "]}";
+  return all_match;
+}
+
+// The self-join of a data set (the all-kNN graph, self-matches excluded),
+// or, with --queries, batches of its rows (evenly spaced, the same
+// exclusion) against all of them; false on a mismatch.
+bool bench_set(const Options &o, bool have_gpu, const DataSet &d, bool *first,
+               std::ostream &json, std::vector<std::string> *table) {
   std::vector<int64_t> keys(d.rows);
   for (int64_t i = 0; i < d.rows; i++) keys[i] = i;
   KnnProblem p{};
@@ -399,26 +443,28 @@ bool bench_set(const Options &o, bool have_gpu, const DataSet &d, std::ostream &
   p.metric = o.metric;
   p.n_threads = o.threads;
   p.query_keys = p.target_keys = keys.data();
-
-  std::vector<Run> runs;
-  for (const Config &c : o.configs) {
-    if (c.device == KNN_DEVICE_GPU ? !have_gpu : d.rows > o.cpu_max_rows) continue;
-    runs.push_back(time_config(p, c, o.repeat));
-    const Run &r = runs.back();
-    std::printf("%-18s %-9s %8.4f s  %s %s %s\n", d.name.c_str(), r.label.c_str(),
-                median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
-                r.status == KNN_OK ? "" : r.error.c_str());
-    std::fflush(stdout);
+  if (o.query_batches.empty()) {
+    const bool ok = bench_problem(o, have_gpu, d, d.name, p, *first, json, table);
+    *first = false;
+    return ok;
   }
-  const bool all_match = verify(&runs);
-  json << "\n    {\"name\": \"" << d.name << "\", \"rows\": " << d.rows
-       << ", \"dims\": " << d.dims << ", \"runs\": [";
-  for (size_t i = 0; i < runs.size(); i++) {
-    json << (i ? "," : "");
-    write_json_run(json, runs[i]);
-    table->push_back(table_line(d, runs[i]));
+  bool all_match = true;
+  for (int64_t n : o.query_batches) {
+    n = std::min(n, d.rows);
+    std::vector<float> rows(static_cast<size_t>(n) * d.dims);
+    std::vector<int64_t> row_keys(n);
+    for (int64_t i = 0; i < n; i++) {
+      row_keys[i] = i * d.rows / n;
+      std::copy_n(d.x.data() + row_keys[i] * d.dims, d.dims, rows.data() + i * d.dims);
+    }
+    KnnProblem b = p;
+    b.queries = rows.data();
+    b.n_queries = n;
+    b.query_keys = row_keys.data();
+    all_match = bench_problem(o, have_gpu, d, d.name + "-q" + std::to_string(n), b, *first, json,
+                              table) && all_match;
+    *first = false;
   }
-  json << "]}";
   return all_match;
 }
 
@@ -433,7 +479,7 @@ int main(int argc, char **argv) {
                  "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-dgemm,brute-sgemm,"
                  "cpu,cpu-ti,cpu-brute,"
                  "cpu-blas,cpu-avx2] [--threads N] "
-                 "[--module-dir DIR]\n",
+                 "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12]\n",
                  argv[0]);
     return 2;
   }
@@ -449,15 +495,13 @@ int main(int argc, char **argv) {
   bool first_set = true, all_match = true;
   for (const std::string &name : o.sets) {
     DataSet d;
-    const bool ok = name == "fashion-mnist" ? load_idx(o.dir + "/fashion-mnist.idx", 20000, &d)
+    const bool ok = name == "fashion-mnist" ? load_idx(o.dir + "/fashion-mnist.idx", o.fashion_rows, &d)
                                             : load_f32(o.dir, name, &d);
     if (!ok) {
       std::printf("%-18s missing, skipped\n", name.c_str());
       continue;
     }
-    json << (first_set ? "" : ",");
-    first_set = false;
-    all_match = bench_set(o, have_gpu != 0, d, json, &table) && all_match;
+    all_match = bench_set(o, have_gpu != 0, d, &first_set, json, &table) && all_match;
   }
   json << "\n  ]\n}\n";
 

@@ -12,7 +12,10 @@
 # on the fly (bench/make_cpu_sets.py embedding: unit-norm Gaussian mixture,
 # seeded), named embed-DIMd-ROWS; pass them to --sets. KNN_BENCH_TORCH_MODES
 # (default fp32,tf32,bf16) picks the torch runs (all but fp32 inexact).
-# KNN_BENCH_K (default 20) is k for knn_bench and torch alike.
+# KNN_BENCH_K (default 20) is k for knn_bench and torch alike, and so are
+# KNN_BENCH_SETS (a,b: the sets; default every set found),
+# KNN_BENCH_QUERIES (1,4,12: small query batches against each set instead of
+# its self-join) and KNN_BENCH_FASHION_ROWS (default 20000).
 # Results: bench/results/{knn_bench,torch_reference}.json and bench.png
 # (or $KNN_BENCH_OUT).
 set -eu
@@ -41,13 +44,20 @@ done
 [ "${KNN_BENCH_BUILD:-1}" = 0 ] || make -s bench/knn_bench
 status=0
 k=${KNN_BENCH_K:-20}
-bench/knn_bench "$tmp" --module-dir "$PWD" --k "$k" --out "$out/knn_bench.json" "$@" || status=$?
+common=""
+[ -z "${KNN_BENCH_QUERIES:-}" ] || common="$common --queries $KNN_BENCH_QUERIES"
+[ -z "${KNN_BENCH_FASHION_ROWS:-}" ] || common="$common --fashion-rows $KNN_BENCH_FASHION_ROWS"
+[ -z "${KNN_BENCH_SETS:-}" ] || common="$common --sets $KNN_BENCH_SETS"
+# shellcheck disable=SC2086  # $common holds whole options
+bench/knn_bench "$tmp" --module-dir "$PWD" --k "$k" --out "$out/knn_bench.json" $common "$@" || status=$?
 if [ "${KNN_BENCH_TORCH:-1}" = 0 ]; then
   echo "torch reference skipped (KNN_BENCH_TORCH=0)"
 elif python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-  sets=$(ls "$tmp" | sed -n 's/\.json$//p' | tr '\n' ',')
+  sets=${KNN_BENCH_SETS:-$(ls "$tmp" | sed -n 's/\.json$//p' | tr '\n' ',')fashion-mnist}
+  # shellcheck disable=SC2086
   python3 bench/torch_reference.py "$tmp" --k "$k" --out "$out/torch_reference.json" \
-    --sets "${sets}fashion-mnist" --modes "${KNN_BENCH_TORCH_MODES:-fp32,tf32,bf16}" || status=$?
+    $(echo "$common" | sed 's/--sets [^ ]*//') --sets "$sets" \
+    --modes "${KNN_BENCH_TORCH_MODES:-fp32,tf32,bf16}" || status=$?
 else
   echo "torch with CUDA not available: torch reference skipped"
 fi

@@ -11,6 +11,10 @@ fp32 accumulation), which are inexact even as references: marked
 
     python3 bench/torch_reference.py DATA_DIR [--k 20] [--repeat 2] [--out FILE]
                                      [--sets a,b] [--modes fp32,tf32,bf16,fp16]
+                                     [--fashion-rows 20000] [--queries 1,4,12]
+
+--queries: instead of the self-join, batches of that many rows (evenly
+spaced, as bench/knn_bench picks them) against all rows of the set.
 """
 import argparse
 import json
@@ -25,7 +29,7 @@ SETS = ["3DNet_head5000", "arcene", "keggD_std", "kegg_std", "blog", "fashion-mn
         "skin", "ipums", "kdd"]
 
 
-def load(data_dir, name):
+def load(data_dir, name, fashion_rows=20000):
     if name == "fashion-mnist":
         path = os.path.join(data_dir, "fashion-mnist.idx")
         if not os.path.exists(path):
@@ -34,8 +38,8 @@ def load(data_dir, name):
         count = int.from_bytes(raw[4:8].tobytes(), "big")
         h = int.from_bytes(raw[8:12].tobytes(), "big")
         w = int.from_bytes(raw[12:16].tobytes(), "big")
-        rows = min(count, 20000)
-        return "fashion-mnist-20k", raw[16:16 + rows * h * w].reshape(rows, h * w).astype(np.float32)
+        rows = min(count, fashion_rows)
+        return f"fashion-mnist-{rows // 1000}k", raw[16:16 + rows * h * w].reshape(rows, h * w).astype(np.float32)
     meta = os.path.join(data_dir, name + ".json")
     if not os.path.exists(meta):
         return None
@@ -45,23 +49,28 @@ def load(data_dir, name):
     return name, x.reshape(m["rows"], m["dims"])
 
 
-def knn_self_join(x, k, chunk_bytes=2 << 30, mode="fp32"):
-    """Host array in, host (distances, indices) out."""
+def knn_self_join(x, k, chunk_bytes=2 << 30, mode="fp32", queries=None):
+    """Host array in, host (distances, indices) out. queries: a host array
+    of query rows (default: x itself, the self-join)."""
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
+    dtype = torch.bfloat16 if mode == "bf16" else torch.float16 if mode == "fp16" else None
     xt = torch.from_numpy(x).to(dev)
-    if mode in ("bf16", "fp16"):
-        xt = xt.to(torch.bfloat16 if mode == "bf16" else torch.float16)
-    n = xt.shape[0]
+    qt = xt if queries is None else torch.from_numpy(queries).to(dev)
+    if dtype is not None:
+        xt = xt.to(dtype)
+        qt = xt if queries is None else qt.to(dtype)
+    n, nq = xt.shape[0], qt.shape[0]
     norms = (xt.float() * xt.float()).sum(dim=1).to(xt.dtype)
-    rows = max(1, min(n, chunk_bytes // (4 * n)))
+    q_norms = norms if queries is None else (qt.float() * qt.float()).sum(dim=1).to(xt.dtype)
+    rows = max(1, min(nq, chunk_bytes // (4 * n)))
     kk = min(k, n)
-    out_d = torch.empty((n, kk), dtype=xt.dtype, device=dev)
-    out_i = torch.empty((n, kk), dtype=torch.int64, device=dev)
-    for s in range(0, n, rows):
-        q = xt[s:s + rows]
+    out_d = torch.empty((nq, kk), dtype=xt.dtype, device=dev)
+    out_i = torch.empty((nq, kk), dtype=torch.int64, device=dev)
+    for s in range(0, nq, rows):
+        q = qt[s:s + rows]
         d = torch.addmm(norms.unsqueeze(0), q, xt.t(), beta=1.0, alpha=-2.0)
-        d += norms[s:s + rows].unsqueeze(1)
+        d += q_norms[s:s + rows].unsqueeze(1)
         v, i = torch.topk(d, kk, dim=1, largest=False, sorted=True)
         out_d[s:s + rows] = v.clamp_min_(0).sqrt_()
         out_i[s:s + rows] = i
@@ -78,29 +87,40 @@ def main():
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--out", default="bench/results/torch_reference.json")
     ap.add_argument("--modes", default="fp32")
+    ap.add_argument("--fashion-rows", type=int, default=20000)
+    ap.add_argument("--queries", default="")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     result = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "k": args.k, "datasets": []}
     for name in args.sets.split(","):
-        loaded = load(args.data_dir, name)
+        loaded = load(args.data_dir, name, args.fashion_rows)
         if loaded is None:
             continue
-        label, x = loaded
-        for mode in args.modes.split(","):
-            knn_self_join(x[:1000], args.k, mode=mode)  # warm-up: context, kernels
-            times = []
-            for _ in range(args.repeat + 1):
-                t0 = time.perf_counter()
-                knn_self_join(x, args.k, mode=mode)
-                times.append(time.perf_counter() - t0)
-            times = times[1:]  # the first full-size run pays the allocator's growth
-            med = statistics.median(times)
-            print(f"{label:18s} torch {mode:5s} {med:9.4f} s", flush=True)
-            entry = {"name": label, "rows": int(x.shape[0]), "dims": int(x.shape[1]),
-                     "seconds": times, "median": med, "mode": mode, "exact": False}
-            result["datasets"].append(entry)
+        set_label, x = loaded
+        batches = [None]
+        if args.queries:
+            batches = [min(int(b), x.shape[0]) for b in args.queries.split(",")]
+        for batch in batches:
+            label, queries = set_label, None
+            if batch is not None:
+                label = f"{set_label}-q{batch}"
+                queries = np.ascontiguousarray(x[[i * x.shape[0] // batch for i in range(batch)]])
+            for mode in args.modes.split(","):
+                knn_self_join(x[:1000], args.k, mode=mode)  # warm-up: context, kernels
+                times = []
+                for _ in range(args.repeat + 1):
+                    t0 = time.perf_counter()
+                    knn_self_join(x, args.k, mode=mode, queries=queries)
+                    times.append(time.perf_counter() - t0)
+                times = times[1:]  # the first full-size run pays the allocator's growth
+                med = statistics.median(times)
+                print(f"{label:18s} torch {mode:5s} {med:9.4f} s", flush=True)
+                entry = {"name": label, "rows": int(x.shape[0]), "dims": int(x.shape[1]),
+                         "queries": int(x.shape[0] if queries is None else queries.shape[0]),
+                         "seconds": times, "median": med, "mode": mode, "exact": False}
+                result["datasets"].append(entry)
         torch.backends.cuda.matmul.allow_tf32 = False
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
