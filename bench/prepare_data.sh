@@ -3,7 +3,7 @@
 # inside the repository, ignored by git, so that it can travel to a GPU host
 # (the device tool carries ignored folders only when named) and be found by
 # run_bench.sh. Sources: /work/shared/datasets (*.f32.xz + *.json) and the
-# Debian package dataset-fashion-mnist (first 20000 training images).
+# Debian package dataset-fashion-mnist (its 60000 training images).
 set -eu
 cd "$(dirname "$0")/.."
 src=${KNN_DATASETS:-../shared/datasets}
@@ -15,14 +15,9 @@ for f in "$src"/*.f32.xz; do
   name=$(basename "$f" .f32.xz)
   cp "$f" "$src/$name.json" .bench-data/
 done
-# Only the first 20000 images are used: keep a truncated copy (IDX header
-# with the count set to 20000, then 20000 * 784 bytes), about 9 MB gzipped.
-if [ -e "$fashion" ] && [ ! -e .bench-data/train-images-idx3-ubyte.gz ]; then
-  gzip -dc "$fashion" | python3 -c '
-import sys
-data = sys.stdin.buffer.read()
-n = 20000
-header = data[:4] + n.to_bytes(4, "big") + data[8:16]
-sys.stdout.buffer.write(header + data[16:16 + n * 28 * 28])' | gzip -9 > .bench-data/train-images-idx3-ubyte.gz
+# fashion-mnist's training images as they are (60000, 26 MB gzipped);
+# knn_bench and the torch reference use the first --fashion-rows of them.
+if [ -e "$fashion" ] && ! cmp -s "$fashion" .bench-data/train-images-idx3-ubyte.gz; then
+  cp "$fashion" .bench-data/train-images-idx3-ubyte.gz
 fi
 ls -la .bench-data

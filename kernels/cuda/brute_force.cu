@@ -147,7 +147,7 @@ class BruteForce {
   KnnStatus score_tile(Scoring scoring, const Rows &q, const Rows &t, int64_t q0, int nq,
                        int64_t t0, int nt);
   KnnStatus half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq, int64_t t0, int nt,
-                      float *out, cudaStream_t stream);
+                      void *out, cudaStream_t stream);
   KnnStatus select_tiled_pipelined(const Rows &q, const Rows &t, SelectTileArgs a);
   KnnStatus rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
                    const int32_t *out_index, ResultArrays out, uint8_t *certified);
@@ -222,7 +222,7 @@ TileValue BruteForce::tile_value(Scoring scoring, const Rows &q, const Rows &t) 
     value.query_norm_d = q.norm_d;
     value.target_norm_d = t.norm_d;
   } else if (scoring == Scoring::kGemmHalf) {
-    set_half_bound_constants(&value, p_.metric, p_.dim);
+    set_half_bound_constants(&value, p_.metric, p_.dim, plan_.half_tiles);
     value.query_half = q.half;
     value.target_half = t.half;
     value.query_scale = q.half_scale;
@@ -298,12 +298,13 @@ KnnStatus BruteForce::score_tile(Scoring scoring, const Rows &q, const Rows &t, 
 }
 
 // The fp16 tensor-core tile into `out` on `stream`: scaled dots with fp32
-// accumulation (half_bound.cuh states what the bound assumes of it). The
+// accumulation, written as fp16 or fp32 (plan_.half_tiles; half_bound.cuh
+// states what the bound assumes of both). The
 // handle's pedantic mode is lifted for this call only (tensor cores);
 // reductions stay in fp32 (the output type). Both settings are restored
 // before any failure is reported.
 KnnStatus BruteForce::half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq, int64_t t0,
-                                int nt, float *out, cudaStream_t stream) {
+                                int nt, void *out, cudaStream_t stream) {
   if (q.xh == nullptr || t.xh == nullptr) {
     ctx_.error = "brute force: no fp16 rows planned";
     return KNN_INTERNAL_ERROR;
@@ -316,7 +317,8 @@ KnnStatus BruteForce::half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq
                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasGemmEx(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, ld, &one, t.xh + t0 * ld,
-                      CUDA_R_16F, ld, q.xh + q0 * ld, CUDA_R_16F, ld, &zero, out, CUDA_R_32F,
+                      CUDA_R_16F, ld, q.xh + q0 * ld, CUDA_R_16F, ld, &zero, out,
+                      plan_.half_tiles ? CUDA_R_16F : CUDA_R_32F,
                       plan_.tile_cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   const cublasStatus_t mode = cublasSetMathMode(ctx_.cublas, CUBLAS_PEDANTIC_MATH);
   const cublasStatus_t back = cublasSetStream(ctx_.cublas, ctx_.stream);
@@ -349,7 +351,10 @@ KnnStatus BruteForce::select_tiled_pipelined(const Rows &q, const Rows &t, Selec
       const int b = static_cast<int>(i % 2);
       a.nt = static_cast<int>(std::min<int64_t>(plan_.tile_cols, t.n - t0));
       a.target_base = t0;
-      a.tile = tiles[b];
+      if (plan_.half_tiles)
+        a.tile_h = reinterpret_cast<const uint16_t *>(tiles[b]);
+      else
+        a.tile = tiles[b];
       CUDA_CHECK(ctx_, cudaStreamWaitEvent(side, tile_free_[b].get(), 0));
       KNN_TRY(half_gemm(q, t, q0, a.nq, t0, a.nt, tiles[b], side));
       CUDA_CHECK(ctx_, cudaEventRecord(gemm_done_[b].get(), side));
@@ -376,7 +381,9 @@ KnnStatus BruteForce::select_tiled(Scoring scoring, const Rows &q, const Rows &t
     return KNN_INTERNAL_ERROR;
   }
   SelectTileArgs a;
-  a.tile = dgemm ? nullptr : tile_.get();
+  const bool half_tiles = scoring == Scoring::kGemmHalf && plan_.half_tiles;
+  a.tile = dgemm || half_tiles ? nullptr : tile_.get();
+  a.tile_h = half_tiles ? reinterpret_cast<const uint16_t *>(tile_.get()) : nullptr;
   a.tile_d = dgemm ? tile_d_.get() : nullptr;
   a.ld = plan_.tile_cols;
   a.value = tile_value(scoring, q, t);
@@ -629,7 +636,8 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
   return KNN_OK;
 }
 
-// "dgemm-bound/warp-select k'=64 chunks 1000x5000 +fallback" and the like.
+// "dgemm-bound/warp-select k'=64 chunks 1000x5000 +fallback 3" or
+// "hgemm-bound/warp-select k'=32 fp16-tiles" and the like.
 void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
               KnnStats *stats) {
   const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
@@ -647,8 +655,9 @@ void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
   if (bf.fallback_queries > 0)
     std::snprintf(fallback, sizeof fallback, " +fallback %lld",
                   static_cast<long long>(bf.fallback_queries));
-  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s", scoring,
-                plan.full_sort ? problem.k : plan.cap, chunks, fallback);
+  const char *tiles = gemm && plan.half_tiles ? " fp16-tiles" : "";
+  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s", scoring,
+                plan.full_sort ? problem.k : plan.cap, tiles, chunks, fallback);
 }
 
 }  // namespace

@@ -115,7 +115,8 @@ KnnStatus launch_exact_tile(DeviceContext &ctx, KnnMetric metric, const float *q
 // every tile goes to list s.
 struct SelectTileArgs {
   const float *tile = nullptr;   // a float tile (exact values, SGEMM dots), or
-  const double *tile_d = nullptr;  // a double tile (DGEMM dots)
+  const double *tile_d = nullptr;  // a double tile (DGEMM dots), or
+  const uint16_t *tile_h = nullptr;  // an fp16 tile (the fp16 filter's scaled dots)
   int64_t ld = 0;
   int nq = 0;                  // tile rows
   int nt = 0;                  // tile columns

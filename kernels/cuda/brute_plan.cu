@@ -142,6 +142,7 @@ void choose_scoring(const KnnProblem &p, const JoinTuning &tuning, const cudaDev
     if (forced_half || auto_half) {
       pl->half_gemm = true;
       pl->pipelined = tuning.pipeline_tiles;
+      pl->half_tiles = tuning.half_tiles && half_row_stride(p.dim) <= kHalfTileMaxStride;
       pl->scoring = Scoring::kGemmHalf;
       return;
     }

@@ -23,7 +23,7 @@ constexpr int64_t kFusedMinQueries = 9;
 
 // How the selection scores a pair: exactly, or by a lower bound from an
 // SGEMM (float tiles), a DGEMM (double tiles, L2 only) or an fp16
-// tensor-core GEMM of scaled rows (float tiles, half_bound.cuh).
+// tensor-core GEMM of scaled rows (fp16 or float tiles, half_bound.cuh).
 enum class Scoring { kExact, kGemmFloat, kGemmDouble, kGemmHalf };
 
 inline bool is_gemm(Scoring s) { return s != Scoring::kExact; }
@@ -35,6 +35,7 @@ struct Plan {
   bool double_gemm = false; // L2 filtered by a DGEMM (double rows and tiles)
   bool half_gemm = false;   // filtered by an fp16 tensor-core GEMM (fp16 rows)
   bool pipelined = false;   // fp16: two tiles, the next GEMM beside the selection
+  bool half_tiles = false;  // fp16: the GEMM writes fp16 tiles (half the traffic)
   int cap = 32;             // list capacity (power of two, 32..256)
   int segments = 1;         // lists per query
   int64_t q_chunk = 0;      // queries per chunk

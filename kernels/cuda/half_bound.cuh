@@ -43,13 +43,25 @@
 // where S = sum |h_q,i h_t,i| <= ||h_q|| ||h_t|| (Cauchy-Schwarz); the
 // factor (1 + 2^-10) covers the second-order terms (n 2^-22 <= 2^-6).
 //
+// ---- fp16 output tiles ----
+// The GEMM may also write G rounded to fp16 (cuBLAS GemmEx, output
+// CUDA_R_16F, fp32 compute): g = fp16(G), in half the memory traffic of an
+// fp32 tile. NVIDIA documents neither the conversion's rounding nor its
+// direction, so only a faithful rounding is assumed (the result is one of
+// the two fp16 neighbours of G): |g - G| <= ulp(G) <= 2^-10 |G| for normal
+// results and <= 2^-24 (the subnormal spacing) otherwise, so
+//   |g - G| <= o_r |g| + o_a,  o_r = 2^-10 / (1 - 2^-10),  o_a = 2^-24.
+// No overflow: |h_i| < 1 makes |G| < (1 + c) n, below fp16's 65504 for
+// n <= kHalfTileMaxStride. The bound below then uses g for G and adds
+// (o_r |g| + o_a) inv_q inv_t to E (o_r = o_a = 0 for fp32 tiles).
+//
 // ---- The dot product ----
 // With p = G inv_q inv_t (double; a product of powers of two: exact) and
 // q . t = (x'_q . x'_t) inv_q inv_t,
 //   x'_q . x'_t - h_q . h_t = h_q . r_t + r_q . x'_t, so, with flushed
 //   subnormals or not (||s|| terms, see above; ||h_t|| <= xn_t),
 //   |q . t - p| <= E := hn_q rn_t + rn_q xn_t + c hn_q hn_t
-//                        + (n + 2) 2^-126 inv_q inv_t,
+//                        + ((n + 2) 2^-126 + o_r |g| + o_a) inv_q inv_t,
 // computed in double and multiplied by (1 + 2^-30) (its own rounding).
 // The canonical float dot c_f = knn_dot(q, t) (IP, cosine) has
 // |c_f - q . t| <= gamma_{d+1} sum |q_i t_i| + (2d + 4) 2^-150
@@ -81,7 +93,11 @@
 // inv <= 2 m <= 2 ||x||. Hence
 //   E <= K ||q|| ||t||, K = (2 (rho + sigma)(1 + rho) + c (1 + rho)^2
 //                          + 4 (n + 2) 2^-126)(1 + 2^-28),
-// and ||q|| ||t|| <= (qn + tn) / 2 up to gamma_d. (A zero row has inv = 1
+// and ||q|| ||t|| <= (qn + tn) / 2 up to gamma_d. fp16 output tiles add
+// to K the output term: |g| inv_q inv_t <= (1 + 2^-10)((1 + c)(1 + rho)^2
+// ||q|| ||t|| + 2^-24 inv_q inv_t) and inv_q inv_t <= 4 ||q|| ||t||, so
+//   K_out = 1.02 o_r (1 + rho)^2 + 2^-21
+// (1.02 >= (1 + 2^-9)(1 + 2^-10)(1 + c) for c <= 2^-7, i.e. n <= 2^15). (A zero row has inv = 1
 // and E = (n + 2) 2^-126 inv_t <= 4 (n + 2) 2^-126 ||t||, which is below
 // max(1e-30, margin) for every ||t||.) The float test itself errs by a few
 // ulps of qn + tn (and the canonical norms qn, tn differ from the squared
@@ -120,16 +136,22 @@ constexpr double kHalfSubnormalShare = 0x1p-12;
 // GEMMs want rows of a multiple of 8 halves.
 inline int half_row_stride(int dim) { return (dim + 7) & ~7; }
 
+// fp16 output tiles only up to this GEMM length (no overflow, see above).
+constexpr int kHalfTileMaxStride = 1 << 15;
+
 struct HalfBound {
   double c = 0;      // accumulation factor c
   double acc = 0;    // (d + 2) 2^-126, scaled units
   double g1 = 0;     // G1
   double rel = 0;    // 2 (d + 3) 2^-24 (L2)
   double under = 0;  // U = (8d + 16) 2^-150
+  double out_rel = 0;  // o_r: fp16 output tiles, else 0
+  double out_abs = 0;  // o_a: fp16 output tiles, else 0
 
-  __device__ __forceinline__ double dot_error(const HalfRowStats &q,
+  __device__ __forceinline__ double dot_error(float g, const HalfRowStats &q,
                                               const HalfRowStats &t) const {
-    const double e = q.hn * t.rn + q.rn * t.xn + c * q.hn * t.hn + acc * q.inv * t.inv;
+    const double scaled = acc + out_rel * fabs(static_cast<double>(g)) + out_abs;
+    const double e = q.hn * t.rn + q.rn * t.xn + c * q.hn * t.hn + scaled * q.inv * t.inv;
     return e * (1.0 + 0x1p-30);
   }
 
@@ -137,7 +159,7 @@ struct HalfBound {
                                        const HalfRowStats &t) const {
     const double p = static_cast<double>(g) * q.inv * t.inv;
     const double s2 = q.sq + t.sq;
-    const double lower = (s2 - 2.0 * p) - 2.0 * dot_error(q, t) - 0x1p-34 * s2 - 0x1p-50 * fabs(p);
+    const double lower = (s2 - 2.0 * p) - 2.0 * dot_error(g, q, t) - 0x1p-34 * s2 - 0x1p-50 * fabs(p);
     const double bound = lower > 0.0 ? lower * (1.0 - rel) - under : lower - under;
     return isfinite(bound) ? bound : -INFINITY;
   }
@@ -145,7 +167,7 @@ struct HalfBound {
   __device__ __forceinline__ double ip(float g, const HalfRowStats &q,
                                        const HalfRowStats &t) const {
     const double p = static_cast<double>(g) * q.inv * t.inv;
-    const double e = (dot_error(q, t) + g1 * q.xn * t.xn) * (1.0 + 0x1p-30);
+    const double e = (dot_error(g, q, t) + g1 * q.xn * t.xn) * (1.0 + 0x1p-30);
     const double bound = -p - e - 0x1p-50 * fabs(p) - under;
     return isfinite(bound) ? bound : -INFINITY;
   }
@@ -154,7 +176,7 @@ struct HalfBound {
   __device__ __forceinline__ double cosine(float g, const HalfRowStats &q, const HalfRowStats &t,
                                            float qn, float tn) const {
     const double p = static_cast<double>(g) * q.inv * t.inv;
-    const double up = p + (dot_error(q, t) + g1 * q.xn * t.xn) * (1.0 + 0x1p-30) + under;
+    const double up = p + (dot_error(g, q, t) + g1 * q.xn * t.xn) * (1.0 + 0x1p-30) + under;
     const double scale = sqrt(static_cast<double>(qn) * static_cast<double>(tn));
     if (!(scale > 0.0)) return -INFINITY;
     double s = up / scale;
@@ -165,9 +187,10 @@ struct HalfBound {
   }
 };
 
-// The constants of the bound for dim, and the prefilter's relative margin
-// for the metric (see above; 0 for L1, which has no GEMM form).
-inline HalfBound make_half_bound(int dim) {
+// The constants of the bound for dim (half_tiles: the GEMM writes fp16),
+// and the prefilter's relative margin for the metric (see above; 0 for L1,
+// which has no GEMM form).
+inline HalfBound make_half_bound(int dim, bool half_tiles) {
   const double d = dim;
   const double n = half_row_stride(dim);  // the GEMM's additions (zero padding included)
   HalfBound b;
@@ -176,6 +199,10 @@ inline HalfBound make_half_bound(int dim) {
   b.g1 = 2.0 * (d + 2.0) * std::ldexp(1.0, -24);
   b.rel = 2.0 * (d + 3.0) * std::ldexp(1.0, -24);
   b.under = (8.0 * d + 16.0) * std::ldexp(1.0, -150);
+  if (half_tiles) {
+    b.out_rel = std::ldexp(1.0, -10) / (1.0 - std::ldexp(1.0, -10));
+    b.out_abs = std::ldexp(1.0, -24);
+  }
   return b;
 }
 
@@ -184,11 +211,13 @@ inline double half_rho(int dim) {
   return std::ldexp(1.0, -11) + std::ldexp(1.0, -24) * std::sqrt(static_cast<double>(dim));
 }
 
-inline double half_prefilter_k(int dim) {
-  const HalfBound b = make_half_bound(dim);
+inline double half_prefilter_k(int dim, bool half_tiles) {
+  const HalfBound b = make_half_bound(dim, half_tiles);
   const double rho = half_rho(dim);
+  const double out =
+      half_tiles ? 1.02 * b.out_rel * (1.0 + rho) * (1.0 + rho) + std::ldexp(1.0, -21) : 0.0;
   return (2.0 * (rho + kHalfSubnormalShare) * (1.0 + rho) + b.c * (1.0 + rho) * (1.0 + rho) +
-          4.0 * b.acc) *
+          4.0 * b.acc + out) *
          (1.0 + std::ldexp(1.0, -28));
 }
 

@@ -47,6 +47,10 @@ struct JoinTuning {
   // while the current tile is selected (two tiles). Off by default until
   // measured on the device.
   bool pipeline_tiles = false;
+  // Brute force, fp16 filter: the GEMM writes fp16 tiles (half the memory
+  // traffic of fp32 ones, a slightly wider bound: half_bound.cuh) where the
+  // GEMM is short enough for them; false: fp32 tiles.
+  bool half_tiles = true;
   ti::TiOptions ti;
 };
 

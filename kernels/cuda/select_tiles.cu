@@ -14,6 +14,8 @@
 // order of select_keys.cuh, so ties are kept by smaller row, as the exact
 // result requires. Splitting the targets into segments gives small query
 // batches enough warps (down to one query: many warps over its targets).
+#include <cuda_fp16.h>
+
 #include "bitonic.cuh"
 #include "brute_kernels.cuh"
 #include "cuda_check.cuh"
@@ -37,7 +39,7 @@ __device__ __forceinline__ void merge_buffer(uint64_t *key, uint32_t *row, int k
 }
 
 // T: the tile's element type; KIND: the TileValueKind (a constant, so
-// that the loop holds only its case). Float tiles go through the float
+// that the loop holds only its case). Float and fp16 tiles go through the float
 // prefilter of TileValue::may_beat_as; double (DGEMM) tiles compute the
 // bound directly (TileValue::bound_l2_double, the only kind of double
 // tiles), with the targets' double norms loaded together with the tile
@@ -47,6 +49,7 @@ __device__ __forceinline__ void merge_buffer(uint64_t *key, uint32_t *row, int k
 template <int CAP, typename T, int KIND>
 __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs a) {
   constexpr bool kDouble = sizeof(T) == sizeof(double);
+  constexpr bool kHalfTile = sizeof(T) == sizeof(__half);
   constexpr TileValueKind kKind = static_cast<TileValueKind>(KIND);
   constexpr bool kNorms =
       !kDouble && (kKind == TileValueKind::kExactCosine || kKind >= TileValueKind::kBoundL2);
@@ -91,8 +94,9 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   const int c_begin = segment * seg_len;
   const int c_end = min(a.nt, c_begin + seg_len);
   const T *values =
-      reinterpret_cast<const T *>(kDouble ? static_cast<const void *>(a.tile_d)
-                                          : static_cast<const void *>(a.tile)) +
+      reinterpret_cast<const T *>(kDouble     ? static_cast<const void *>(a.tile_d)
+                                  : kHalfTile ? static_cast<const void *>(a.tile_h)
+                                              : static_cast<const void *>(a.tile)) +
       tile_row * a.ld;
   const bool exclude = a.query_keys != nullptr;
   const int64_t qkey = exclude ? a.query_keys[q] : 0;
@@ -148,7 +152,7 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
         if constexpr (kDouble)
           k = order_key(a.value.bound_l2_double(values[c], qn_d, tnorm_d[c]));
         else
-          k = order_key(a.value.at(kKind, values[c], q, t));
+          k = order_key(a.value.at(kKind, static_cast<float>(values[c]), q, t));
         take = entry_before(k, static_cast<uint32_t>(t), thr_key, thr_row);
       }
       const unsigned mask = __ballot_sync(0xffffffffu, take);
@@ -181,6 +185,12 @@ void launch_kind(DeviceContext &ctx, const SelectTileArgs &a, dim3 grid) {
   select_tile_kernel<CAP, float, KIND><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
 }
 
+// fp16 tiles hold the fp16 filter's dots only.
+template <int CAP, int KIND>
+void launch_half_kind(DeviceContext &ctx, const SelectTileArgs &a, dim3 grid) {
+  select_tile_kernel<CAP, __half, KIND><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+}
+
 template <int CAP>
 KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
   dim3 grid((a.nq + kWarps - 1) / kWarps, a.lists.segments);
@@ -188,9 +198,19 @@ KnnStatus launch_cap(DeviceContext &ctx, const SelectTileArgs &a) {
     ctx.error = "select_tile: double tiles hold DGEMM dots of L2 only";
     return KNN_INTERNAL_ERROR;
   }
+  if (a.tile_h != nullptr && !is_half_kind(a.value.kind)) {
+    ctx.error = "select_tile: fp16 tiles hold the fp16 filter's dots only";
+    return KNN_INTERNAL_ERROR;
+  }
   if (a.tile_d != nullptr) {
     select_tile_kernel<CAP, double, static_cast<int>(TileValueKind::kBoundL2Double)>
         <<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+  } else if (a.tile_h != nullptr) {
+    switch (a.value.kind) {
+      case TileValueKind::kBoundL2Half: launch_half_kind<CAP, 7>(ctx, a, grid); break;
+      case TileValueKind::kBoundIpHalf: launch_half_kind<CAP, 8>(ctx, a, grid); break;
+      default: launch_half_kind<CAP, 9>(ctx, a, grid); break;
+    }
   } else {
     switch (a.value.kind) {
       case TileValueKind::kExactSum: launch_kind<CAP, 0>(ctx, a, grid); break;

@@ -260,12 +260,13 @@ inline void set_bound_constants(TileValue *tv, KnnMetric metric, int dim) {
   tv->pre = static_cast<float>(tv->rel);
 }
 
-// The fp16 tensor-core filter (half_bound.cuh).
-inline void set_half_bound_constants(TileValue *tv, KnnMetric metric, int dim) {
+// The fp16 tensor-core filter (half_bound.cuh); half_tiles: its GEMM
+// writes fp16 tiles.
+inline void set_half_bound_constants(TileValue *tv, KnnMetric metric, int dim, bool half_tiles) {
   const double u = std::ldexp(1.0, -24);
   const double d = dim;
-  tv->half = make_half_bound(dim);
-  const double k = half_prefilter_k(dim);
+  tv->half = make_half_bound(dim, half_tiles);
+  const double k = half_prefilter_k(dim, half_tiles);
   switch (metric) {
     case KNN_METRIC_L2:
       tv->kind = TileValueKind::kBoundL2Half;
