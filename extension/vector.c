@@ -20,9 +20,9 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 
-#include "knn_distance.h"
 #include "vector.h"
 #include "vector_checks.h"
+#include "vector_math.h"
 
 PG_FUNCTION_INFO_V1(knn_vector_in);
 PG_FUNCTION_INFO_V1(knn_vector_out);
@@ -351,11 +351,11 @@ knn_vector_dims(PG_FUNCTION_ARGS)
 	PG_RETURN_INT32(vector->dim);
 }
 
-/* Euclidean norm, from the canonical dot product (knn_distance.h). */
+/* Euclidean norm in double precision, as pgvector's (vector_math.h). */
 Datum
 knn_vector_norm(PG_FUNCTION_ARGS)
 {
 	Vector	   *vector = PG_GETARG_VECTOR_P(0);
 
-	PG_RETURN_FLOAT8(sqrt((double) knn_dot(vector->x, vector->x, vector->dim)));
+	PG_RETURN_FLOAT8(knn_vector_norm_of(vector));
 }

@@ -1,0 +1,26 @@
+/*
+ * vector_math.h -- helpers shared by the functions of vector values
+ * (vector_math.c, vector_aggregate.c, vector.c's vector_norm).
+ */
+#ifndef KNN_VECTOR_MATH_H
+#define KNN_VECTOR_MATH_H
+
+#include "postgres.h"
+#include "fmgr.h"
+
+#include "vector.h"
+
+/* Argument n, detoasted; ERROR when its size disagrees with its dim. */
+extern Vector *knn_vector_arg(FunctionCallInfo fcinfo, int n);
+
+/* ERROR "different vector dimensions %d and %d" unless a and b agree. */
+extern void knn_vector_check_same_dims(const Vector *a, const Vector *b);
+
+/*
+ * The Euclidean norm with pgvector's arithmetic: squares summed in double
+ * precision (no float vector overflows it), in the order of pgvector's
+ * packaged build (see vector_math.c).
+ */
+extern double knn_vector_norm_of(const Vector *v);
+
+#endif							/* KNN_VECTOR_MATH_H */
