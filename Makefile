@@ -36,7 +36,8 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
-EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test \
+EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test \
+	test/gpu_first_use_test test/gpu_bit_test \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -123,16 +124,29 @@ test/engine_test: test/engine_test.o $(ENGINE_OBJS)
 test/gpu_engine_test: test/gpu_engine_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) -o $@ test/gpu_engine_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
 
+# Its own binary: its first test needs a process that has not used the GPU.
+test/gpu_first_use_test: test/gpu_first_use_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) -o $@ test/gpu_first_use_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
+
+test/gpu_bit_test: test/gpu_bit_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) -o $@ test/gpu_bit_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
+
 test/group_engine_test: test/group_engine_test.o $(ENGINE_OBJS)
 	$(CXX) -o $@ $^ $(GTEST_LIBS)
 
-unittest: test/engine_test test/group_engine_test
+test/range_engine_test: test/range_engine_test.o $(ENGINE_OBJS)
+	$(CXX) -o $@ $^ $(GTEST_LIBS)
+
+unittest: test/engine_test test/group_engine_test test/range_engine_test
 	test/engine_test
 	test/group_engine_test
+	test/range_engine_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
-gputest: test/gpu_engine_test
+gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test
 	cd $(CURDIR) && test/gpu_engine_test
+	cd $(CURDIR) && test/gpu_first_use_test
+	cd $(CURDIR) && test/gpu_bit_test
 
 # Benchmark runner (engine only); bench/run_bench.sh prepares data and runs it.
 bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
@@ -142,6 +156,6 @@ bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
 # test/pgvector/: its own database, as the tests create both extensions.
 installcheck-pgvector:
 	$(pg_regress_installcheck) --inputdir=test/pgvector --outputdir=test/pgvector \
-		--dbname=knn_pgvector_regression knn_pgvector knn_pgvector_second
+		--dbname=knn_pgvector_regression knn_pgvector knn_pgvector_second knn_pgvector_functions
 
 .PHONY: unittest gputest installcheck-pgvector install-cuda uninstall-cuda

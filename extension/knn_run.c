@@ -272,3 +272,79 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 	if (message[0] != '\0')
 		ereport(NOTICE, (errmsg("%s", message)));
 }
+
+/* Pairs taken from a range job at a time. */
+#define KNN_PAIR_BATCH 8192
+
+void
+knn_run_range_problem(KnnProblem *problem, KnnPairSink sink, void *sink_arg, KnnStats *stats)
+{
+	char		message[1024] = "";
+	KnnJob	   *job;
+	KnnStatus	status;
+	int64	   *query_rows = palloc(KNN_PAIR_BATCH * sizeof(int64));
+	int64	   *target_rows = palloc(KNN_PAIR_BATCH * sizeof(int64));
+	double	   *distances = palloc(KNN_PAIR_BATCH * sizeof(double));
+
+	knn_admission_release();
+	memset(&last_admission, 0, sizeof(last_admission));
+	last_admission.slot = -1;
+
+	problem->device = (KnnDevice) knn_gpu_device;
+	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
+	problem->n_threads = knn_gpu_threads;
+	problem->admission = KNN_ADMISSION_NONE;
+	problem->fault = knn_gpu_fault_injection == KNN_GPU_FAULT_ADMIT_CPU
+		? KNN_FAULT_NONE : (KnnFault) knn_gpu_fault_injection;
+
+	if (!exit_callback_registered)
+	{
+		before_shmem_exit(stop_job_at_exit, (Datum) 0);
+		exit_callback_registered = true;
+	}
+
+	job = knn_job_start(problem, NULL, NULL, message, sizeof(message));
+	if (job == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not start the KNN range join: %s", message)));
+	running_job = job;
+	pgstat_report_wait_start(KNN_WAIT_ENGINE);
+	PG_TRY();
+	{
+		for (;;)
+		{
+			int64		n = knn_job_take_pairs(job, query_rows, target_rows, distances,
+											   KNN_PAIR_BATCH, KNN_POLL_MS);
+
+			if (n < 0)
+				break;
+			if (n > 0)
+			{
+				pgstat_report_wait_end();
+				sink(sink_arg, query_rows, target_rows, distances, n);
+				pgstat_report_wait_start(KNN_WAIT_ENGINE);
+			}
+			if (!PostmasterIsAlive())
+				exit_for_postmaster_death();
+			answer_interrupts();
+		}
+	}
+	PG_CATCH();
+	{
+		pgstat_report_wait_end();
+		stop_running_job();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pgstat_report_wait_end();
+
+	running_job = NULL;
+	status = knn_job_finish(job, stats, message, sizeof(message));
+	pfree(query_rows);
+	pfree(target_rows);
+	pfree(distances);
+	raise_for_status(status, message);
+	if (message[0] != '\0')
+		ereport(NOTICE, (errmsg("%s", message)));
+}

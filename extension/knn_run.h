@@ -22,6 +22,23 @@
 extern void knn_run_problem(KnnProblem *problem, int64 *neighbors,
 							double *distances, KnnStats *stats);
 
+/*
+ * Range jobs (problem->range set): receives the pairs as the engine hands
+ * them over, in its order (by query row, then distance, then target row).
+ * Runs on the backend's thread and may raise: the job is stopped first.
+ */
+typedef void (*KnnPairSink) (void *arg, const int64 *query_rows, const int64 *target_rows,
+							 const double *distances, int64 n);
+
+/*
+ * Runs a range problem as knn_run_problem runs a join (settings, interrupts,
+ * errors, the notice), handing its pairs to sink in blocks while the engine
+ * works, so that memory stays bounded however many pairs there are. Range
+ * jobs run on the CPU engine and never take a GPU slot.
+ */
+extern void knn_run_range_problem(KnnProblem *problem, KnnPairSink sink, void *sink_arg,
+								  KnnStats *stats);
+
 /* What admission did for one join (knn_gpu.max_gpu_jobs). */
 typedef struct KnnAdmissionRecord
 {

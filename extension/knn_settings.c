@@ -7,6 +7,8 @@
 
 #include <limits.h>
 
+#include "miscadmin.h"
+#include "storage/ipc.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
 
@@ -21,6 +23,7 @@ bool		knn_gpu_exact_over_index = false;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
+int			knn_gpu_idle_release_s = 60;
 
 /* The most admission slots (slot files): far more than any GPU runs at once. */
 #define KNN_MAX_GPU_JOBS 1024
@@ -55,6 +58,23 @@ static const struct config_enum_entry *
 enum_options(const KnnName *names)
 {
 	return enum_options_plus(names, NULL, 0);
+}
+
+/* The engine keeps its own copy: its threads never read PostgreSQL's. */
+static void
+assign_gpu_idle_release(int newval, void *extra)
+{
+	knn_engine_set_gpu_idle_release((int64_t) newval * 1000);
+}
+
+/*
+ * Before exit() tears down the CUDA runtime, the engine's background
+ * threads (GPU warm-up, idle release) must have stopped.
+ */
+static void
+engine_shutdown_at_exit(int code, Datum arg)
+{
+	knn_engine_shutdown();
 }
 
 void
@@ -109,5 +129,24 @@ knn_settings_define(void)
 							"(or gpu_memory_limit, when smaller); larger joins are chunked.",
 							&knn_gpu_memory_budget_mb, 0, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_MB, NULL, NULL, NULL);
+
+	/*
+	 * Reload, like the two above: how long an idle backend may hold GPU
+	 * memory is the administrator's decision for all sessions.
+	 */
+	DefineCustomIntVariable("knn_gpu.gpu_idle_release",
+							"Idle time after which a backend gives back its GPU context and memory (0 = never).",
+							"The context, memory pool reserve, pinned staging memory and cuBLAS handle "
+							"are released; the next GPU join creates them again.",
+							&knn_gpu_idle_release_s, 60, 0, INT_MAX,
+							PGC_SIGHUP, GUC_UNIT_S, NULL, assign_gpu_idle_release, NULL);
+
+	/*
+	 * A backend runs _PG_init itself unless the library is preloaded; a
+	 * preloaded library's exit callbacks are dropped in each child, and
+	 * the engine then stops its threads from an atexit handler of its own.
+	 */
+	if (!process_shared_preload_libraries_in_progress)
+		on_proc_exit(engine_shutdown_at_exit, (Datum) 0);
 	MarkGUCPrefixReserved("knn_gpu");
 }

@@ -14,6 +14,7 @@ extern bool knn_gpu_exact_over_index;	/* knn_gpu.exact_over_index (CustomScan) *
 extern int	knn_gpu_fault_injection;	/* KnnFault: knn_gpu.fault_injection (tests) */
 extern int	knn_gpu_max_gpu_jobs;		/* knn_gpu.max_gpu_jobs: GPU joins at once, cluster-wide */
 extern int	knn_gpu_memory_budget_mb;	/* knn_gpu.gpu_memory_budget, 0 = none */
+extern int	knn_gpu_idle_release_s;	/* knn_gpu.gpu_idle_release, seconds, 0 = never */
 
 /*
  * knn_gpu.fault_injection = admit_cpu (tests only, superuser): CPU joins

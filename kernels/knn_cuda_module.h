@@ -21,18 +21,49 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
 #define KNN_CUDA_PROBE_SYMBOL "knn_cuda_probe"
 
 /*
- * Runs a whole join on the GPU, blocking. Polls *cancel (non-zero = stop)
+ * Runs a whole join on the GPU, blocking: float32 rows, or bit rows
+ * (Hamming, Jaccard) with k <= KNN_CUDA_BIT_MAX_K. Polls *cancel (non-zero = stop)
  * between launches and chunks. Frees every device allocation of the join
  * before it returns, whatever the outcome. What the process keeps between
- * joins: on device 0, a stream, a cuBLAS handle, 32 MiB of pinned staging
- * memory and up to 64 MiB reserved in the memory pool
- * (at most an eighth of the device's memory).
+ * joins (until released, see below): on device 0, the context, a stream, a
+ * cuBLAS handle, 32 MiB of pinned staging memory and up to 64 MiB reserved
+ * in the memory pool (at most an eighth of the device's memory).
  */
+/* The largest k of the GPU bit join (bit rows); larger k: the CPU engine. */
+#define KNN_CUDA_BIT_MAX_K 256
+
 typedef KnnStatus (*knn_cuda_run_fn) (const KnnProblem *problem,
 									  int64_t *neighbors, double *distances,
 									  KnnStats *stats, const int32_t *cancel,
 									  char *errbuf, size_t errlen);
 #define KNN_CUDA_RUN_SYMBOL "knn_cuda_run"
+
+/*
+ * The device runtime that joins share (the CUDA context, a stream, the
+ * cuBLAS handle, pinned staging memory, a pool reserve): creating it costs
+ * a fraction of a second, the context above all, so the job layer creates
+ * it ahead of the first GPU join while the CPU engine answers small joins
+ * (knn_job.cpp, gpu_cold_start.h).
+ *
+ * runtime_ready: 1 when it exists (non-blocking).
+ * warm_up: creates it (blocking; waits for a running join).
+ * release: gives all of it back, the context included, so the process holds
+ *   no GPU memory (blocking; waits for a running join); the next join or
+ *   warm-up creates it again.
+ * set_idle_release: a thread of the module releases it once no join has
+ *   used it for idle_ms (0 = never; the default).
+ * shutdown: stops that thread (process exit).
+ */
+typedef int (*knn_cuda_runtime_ready_fn) (void);
+#define KNN_CUDA_RUNTIME_READY_SYMBOL "knn_cuda_runtime_ready"
+typedef KnnStatus (*knn_cuda_warm_up_fn) (char *errbuf, size_t errlen);
+#define KNN_CUDA_WARM_UP_SYMBOL "knn_cuda_warm_up"
+typedef KnnStatus (*knn_cuda_release_fn) (char *errbuf, size_t errlen);
+#define KNN_CUDA_RELEASE_SYMBOL "knn_cuda_release"
+typedef void (*knn_cuda_set_idle_release_fn) (int64_t idle_ms);
+#define KNN_CUDA_SET_IDLE_RELEASE_SYMBOL "knn_cuda_set_idle_release"
+typedef void (*knn_cuda_shutdown_fn) (void);
+#define KNN_CUDA_SHUTDOWN_SYMBOL "knn_cuda_shutdown"
 
 #ifdef __cplusplus
 }

@@ -131,7 +131,27 @@ typedef struct KnnProblem
 	 * cancellably, until knn_job_admit() (see below); 0 = never asks.
 	 */
 	int32_t		admission;
+
+	/*
+	 * Range joins (KnnRange): with KNN_RANGE_BELOW (distance < max_distance)
+	 * or KNN_RANGE_AT_MOST (<=) the job returns every pair within the
+	 * radius, compared as PostgreSQL compares float8 (NaN above every
+	 * number and equal to itself), and k is a cap per query: 0 = every pair,
+	 * n > 0 = the first n. Pairs come ordered by query row, then (distance,
+	 * target row), through knn_job_take_pairs(); knn_job_start's neighbors
+	 * and distances are then unused (NULL). Keys and groups apply as above.
+	 * KNN_RANGE_NONE (0, a zeroed problem): the k-nearest join above.
+	 */
+	double		max_distance;
+	int32_t		range;			/* KnnRange */
 } KnnProblem;
+
+typedef enum KnnRange
+{
+	KNN_RANGE_NONE = 0,
+	KNN_RANGE_BELOW = 1,		/* distance < max_distance */
+	KNN_RANGE_AT_MOST = 2		/* distance <= max_distance */
+} KnnRange;
 
 /* The most CPU threads an engine uses (knn_gpu.threads' upper bound). */
 #define KNN_MAX_THREADS 256
@@ -232,6 +252,35 @@ void		knn_job_admit(KnnJob *job, int64_t gpu_memory_limit);
  * Not set (the default): every process probes.
  */
 void		knn_engine_set_probe_record(const char *path, const char *server_key);
+
+/*
+ * GPU memory of an idle process (knn_gpu.gpu_idle_release): once no join
+ * has used the GPU for idle_ms, the GPU module gives back its context,
+ * memory pool reserve, pinned staging memory and cuBLAS handle; the next
+ * GPU join creates them again. 0 = keep them (the default). Takes effect
+ * from the next GPU join (or background warm-up) on.
+ */
+void		knn_engine_set_gpu_idle_release(int64_t idle_ms);
+
+/*
+ * At process exit (before exit() runs atexit handlers): waits for the
+ * engine's background threads (the GPU runtime's warm-up, the idle
+ * release timer) and stops them, so that none runs while the process
+ * tears down the CUDA runtime.
+ */
+void		knn_engine_shutdown(void);
+
+/*
+ * The pairs of a range job (problem->range != KNN_RANGE_NONE), in order:
+ * copies up to capacity of them into the caller's arrays and returns how
+ * many, waiting up to timeout_ms while none is ready; returns -1 once the
+ * job has finished and every pair has been taken (knn_job_finish then
+ * says whether it ended well). The engine works ahead by a bounded number
+ * of pairs and then waits for the caller, so a caller must take pairs
+ * until -1 or cancel the job before knn_job_finish.
+ */
+int64_t		knn_job_take_pairs(KnnJob *job, int64_t *query_rows, int64_t *target_rows,
+							   double *distances, int64_t capacity, int timeout_ms);
 
 /*
  * Every entry above is safe to call from C: none lets a C++ exception out

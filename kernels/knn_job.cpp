@@ -6,7 +6,10 @@
 // links CUDA and loads on hosts without a driver), else the CPU engine.
 // Where the server's probe record says there is no usable GPU, AUTO does
 // not load the module at all; a GPU job can wait for an admission slot
-// (knn_job_wants_slot / knn_job_admit) before it runs.
+// (knn_job_wants_slot / knn_job_admit) before it runs. Where this process's
+// GPU runtime does not exist yet, AUTO runs joins that the CPU answers
+// sooner on the CPU and creates the runtime in the background
+// (gpu_cold_start.h).
 //
 // Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
 // and the job thread starts with all signals blocked (signal_free_thread.h), so
@@ -24,24 +27,29 @@
 #include <condition_variable>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
+#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "cpu/bit_join.h"
 #include "cpu/cpu_engine.h"
 #include "cpu/parallel_for.h"
+#include "cpu/range_join.h"
 #include "half_float.h"
 #include "problem_check.h"
 #include "signal_free_thread.h"
 #include "entry_guard.h"
 #include "group_split.h"
+#include "gpu_cold_start.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
+#include "pair_queue.h"
 
 namespace {
 
@@ -57,6 +65,11 @@ struct GpuModule {
   bool usable = false;           // module loaded and a GPU answered
   char description[384] = "";    // device line, or why there is none
   knn_cuda_run_fn run = nullptr;
+  // The runtime entries (optional: an older module lacks them).
+  knn_cuda_runtime_ready_fn runtime_ready = nullptr;
+  knn_cuda_warm_up_fn warm_up = nullptr;
+  knn_cuda_set_idle_release_fn set_idle_release = nullptr;
+  knn_cuda_shutdown_fn shutdown = nullptr;
   // The server's probe record (knn_engine_set_probe_record); "" = none.
   char record_path[PATH_MAX] = "";
   char server_key[256] = "";
@@ -93,6 +106,12 @@ void load_gpu_module(GpuModule &m) noexcept {
   }
   m.usable = probe(m.description, sizeof m.description) != 0;
   m.run = run;
+  m.runtime_ready =
+      reinterpret_cast<knn_cuda_runtime_ready_fn>(dlsym(handle, KNN_CUDA_RUNTIME_READY_SYMBOL));
+  m.warm_up = reinterpret_cast<knn_cuda_warm_up_fn>(dlsym(handle, KNN_CUDA_WARM_UP_SYMBOL));
+  m.set_idle_release = reinterpret_cast<knn_cuda_set_idle_release_fn>(
+      dlsym(handle, KNN_CUDA_SET_IDLE_RELEASE_SYMBOL));
+  m.shutdown = reinterpret_cast<knn_cuda_shutdown_fn>(dlsym(handle, KNN_CUDA_SHUTDOWN_SYMBOL));
 }
 
 // ---- the server's probe record ----
@@ -238,6 +257,7 @@ struct GpuView {
   bool usable = false;
   bool from_record = false;
   knn_cuda_run_fn run = nullptr;
+  knn_cuda_set_idle_release_fn set_idle_release = nullptr;
   char description[384] = "";
   char record_note[160] = "";
 };
@@ -275,6 +295,19 @@ bool widen_rows(const void *rows, int64_t n, int32_t dim, int n_threads,
   return __atomic_load_n(cancel, __ATOMIC_RELAXED) == 0;
 }
 
+// Reads the server's probe record, once per process, before the module
+// is loaded. Under gpu_module.mutex.
+void read_record_once(GpuModule &m) {
+  if (m.loaded || m.record_read) return;
+  m.record_read = true;
+  m.record_valid = read_record(m, &m.record_usable, m.record_reason, sizeof m.record_reason);
+  if (m.record_valid && !m.record_usable) {  // a GPU: the module is loaded anyway
+    m.from_record = true;
+    std::snprintf(m.description, sizeof m.description, "%.300s; from the server's probe record",
+                  m.record_reason);
+  }
+}
+
 // The module as AUTO (must_load = false) or GPU (true) sees it. The first
 // call of a process reads the server's probe record; AUTO then skips the
 // module where the record says no GPU is usable; GPU always loads it
@@ -284,15 +317,7 @@ GpuView gpu(bool must_load) {
   GpuView view;
   std::lock_guard<std::mutex> lock(gpu_module.mutex);
   GpuModule &m = gpu_module;
-  if (!m.loaded && !m.record_read) {
-    m.record_read = true;
-    m.record_valid = read_record(m, &m.record_usable, m.record_reason, sizeof m.record_reason);
-    if (m.record_valid && !m.record_usable) {  // a GPU: the module is loaded anyway
-      m.from_record = true;
-      std::snprintf(m.description, sizeof m.description, "%.300s; from the server's probe record",
-                    m.record_reason);
-    }
-  }
+  read_record_once(m);
   if (!m.loaded && (must_load || !m.from_record)) {
     m.description[0] = '\0';
     m.from_record = false;
@@ -307,11 +332,102 @@ GpuView gpu(bool must_load) {
   view.usable = m.usable;
   view.from_record = m.from_record;
   view.run = m.run;
+  view.set_idle_release = m.set_idle_release;
   static_assert(sizeof view.description == sizeof m.description, "");
   static_assert(sizeof view.record_note == sizeof m.record_note, "");
   std::memcpy(view.description, m.description, sizeof view.description);
   std::memcpy(view.record_note, m.record_note, sizeof view.record_note);
   return view;
+}
+
+// ---- the GPU runtime, created ahead of the first GPU join ----
+//
+// Under AUTO a process whose GPU runtime does not exist yet runs joins that
+// the CPU engine answers sooner than the runtime's creation
+// (gpu_cold_start.h) on the CPU, and creates the runtime meanwhile on a
+// background thread (signals blocked, never calling PostgreSQL): loading
+// the module and probing, then knn_cuda_warm_up. knn_engine_shutdown waits
+// for that thread before the process exits.
+
+std::atomic<int64_t> gpu_idle_release_ms{0};  // knn_engine_set_gpu_idle_release
+
+struct WarmUp {
+  std::mutex mutex;
+  std::condition_variable done;
+  bool running = false;
+  bool shut_down = false;  // knn_engine_shutdown: no new warm-up
+};
+
+WarmUp &warm_up_state() {
+  static WarmUp *w = new WarmUp();  // never destroyed: a detached thread uses it
+  return *w;
+}
+
+void shutdown_at_exit() { knn_engine_shutdown(); }
+
+// Hands the idle release setting to the module, whose timer thread it may
+// start. The first time, registers knn_engine_shutdown with atexit: the
+// CUDA runtime registered its own teardown when it started (before this),
+// so ours runs first and stops the thread before the teardown.
+void push_idle_release(knn_cuda_set_idle_release_fn set_idle_release) {
+  if (set_idle_release == nullptr) return;
+  static std::once_flag registered;
+  std::call_once(registered, [] { (void)std::atexit(shutdown_at_exit); });
+  set_idle_release(gpu_idle_release_ms.load());
+}
+
+void warm_up_gpu() noexcept {
+  knn::guarded("GPU warm-up", nullptr, 0, [] {
+    const GpuView view = gpu(false);
+    knn_cuda_warm_up_fn warm_up = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(gpu_module.mutex);
+      warm_up = gpu_module.warm_up;
+    }
+    if (view.usable && warm_up != nullptr) {
+      char error[kMessageBytes];
+      (void)warm_up(error, sizeof error);  // a failure shows in the next GPU join
+      push_idle_release(view.set_idle_release);
+    }
+    return KNN_OK;
+  });
+  WarmUp &w = warm_up_state();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  w.running = false;
+  w.done.notify_all();
+}
+
+// Starts the background warm-up unless one runs (or the process exits).
+void start_warm_up() {
+  WarmUp &w = warm_up_state();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (w.running || w.shut_down) return;
+  try {
+    knn::start_signal_free_thread(warm_up_gpu).detach();
+    w.running = true;
+  } catch (const std::system_error &) {
+    // No thread: the first GPU join creates the runtime itself.
+  }
+}
+
+// Under AUTO: true when this join should run on the CPU because the GPU
+// runtime is not ready and the CPU answers sooner than its creation (the
+// caller then starts the creation, start_warm_up). Never waits for the
+// module.
+bool gpu_cold_prefers_cpu(const KnnProblem &p) {
+  {
+    std::unique_lock<std::mutex> lock(gpu_module.mutex, std::try_to_lock);
+    if (lock.owns_lock()) {
+      GpuModule &m = gpu_module;
+      read_record_once(m);
+      if (!m.loaded && m.from_record) return false;  // no GPU: the CPU path follows anyway
+      if (m.loaded && !m.usable) return false;
+      if (m.loaded && (m.runtime_ready == nullptr || m.warm_up == nullptr || m.runtime_ready() != 0))
+        return false;  // ready (or a module that cannot warm up ahead)
+    }
+    // Not locked: a background load holds the module: not ready.
+  }
+  return knn::cpu_answers_before_cold_gpu(p);
 }
 
 }  // namespace
@@ -335,6 +451,8 @@ struct KnnJob {
   enum class Slot { kNone, kWanted, kGranted } slot = Slot::kNone;
   int64_t granted_memory_limit = 0;
   std::condition_variable admitted_cv;
+  // Range jobs: the pairs on their way to knn_job_take_pairs.
+  std::unique_ptr<knn::PairQueue> pairs;
 
   void run() noexcept;
 
@@ -344,6 +462,7 @@ struct KnnJob {
   KnnStatus run_groups();
   KnnStatus run_float_engines();
   KnnStatus run_bit();
+  KnnStatus run_range();
   KnnStatus widen();
   KnnStatus run_cpu(const char *note);
   KnnStatus run_gpu(const GpuView &m);
@@ -351,9 +470,12 @@ struct KnnJob {
   void announce_finished() noexcept;
 };
 
+// The CPU engine of the problem's rows: the bit engine or the float one.
 KnnStatus KnnJob::run_cpu(const char *note) {
   const KnnStatus st =
-      knn::cpu_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error);
+      problem.element == KNN_ELEMENT_BIT
+          ? knn::cpu::bit_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error)
+          : knn::cpu_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error);
   if (note != nullptr) {
     const size_t used = std::strlen(stats.device_name);
     std::snprintf(stats.device_name + used, sizeof stats.device_name - used, " [%s]", note);
@@ -386,6 +508,7 @@ KnnStatus KnnJob::run_gpu(const GpuView &m) {
     if (admitted != KNN_OK) return admitted;
   }
   const KnnStatus st = m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
+  push_idle_release(m.set_idle_release);
   // Under AUTO a GPU that cannot take this join hands it to the CPU.
   if (problem.device != KNN_DEVICE_AUTO || (st != KNN_OUT_OF_MEMORY && st != KNN_DEVICE_ERROR))
     return st;
@@ -400,18 +523,28 @@ KnnStatus KnnJob::run_gpu(const GpuView &m) {
   return cpu_st;
 }
 
-// Bit rows: the CPU bit engine, whatever the device (no GPU bit kernel).
+// Bit rows: the GPU bit join (k up to KNN_CUDA_BIT_MAX_K) under GPU, and
+// under AUTO where a GPU is usable and ready (as float rows); else the CPU
+// bit engine, and a notice says why when the GPU was asked for.
 KnnStatus KnnJob::run_bit() {
-  const KnnStatus st =
-      knn::cpu::bit_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error);
-  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
-    std::snprintf(error, sizeof error,
-                  "the GPU engine has no kernel for bit rows; the CPU engine ran");
-  if (problem.device != KNN_DEVICE_CPU) {
-    const size_t used = std::strlen(stats.device_name);
-    std::snprintf(stats.device_name + used, sizeof stats.device_name - used,
-                  " [bit rows: CPU engine]");
+  if (problem.device == KNN_DEVICE_CPU) return run_cpu(nullptr);
+  if (problem.k > KNN_CUDA_BIT_MAX_K) {
+    const KnnStatus st = run_cpu("k above the GPU bit join's 256");
+    if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+      std::snprintf(error, sizeof error,
+                    "the GPU bit join takes k up to %d; the CPU engine ran", KNN_CUDA_BIT_MAX_K);
+    return st;
   }
+  if (problem.device == KNN_DEVICE_AUTO && gpu_cold_prefers_cpu(problem)) {
+    const KnnStatus st = run_cpu("GPU not ready, CPU answers sooner");
+    start_warm_up();
+    return st;
+  }
+  const GpuView m = gpu(problem.device == KNN_DEVICE_GPU);
+  if (m.usable) return run_gpu(m);
+  const KnnStatus st = run_cpu(m.from_record ? "no GPU: server's probe record" : "no GPU");
+  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+    std::snprintf(error, sizeof error, "no usable GPU (%s); the CPU engine ran", m.description);
   return st;
 }
 
@@ -438,8 +571,55 @@ KnnStatus KnnJob::widen() {
 KnnStatus KnnJob::run_engines() {
   if (problem.fault == KNN_FAULT_RUN) throw std::runtime_error("fault injection");
   if (problem.fault == KNN_FAULT_BAD_ALLOC) throw std::bad_alloc();
+  if (problem.range != KNN_RANGE_NONE) return run_range();
   if (problem.query_groups != nullptr || problem.target_groups != nullptr) return run_groups();
   return run_one();
+}
+
+// A range problem (cpu/range_join.h): the CPU engine, whatever the device
+// (no GPU range kernel yet; a GPU request is answered with a notice), its
+// pairs handed over through the job's queue. Groups are a filter of the
+// join itself, not split here.
+KnnStatus KnnJob::run_range() {
+  if (pairs == nullptr) {
+    knn::copy_message(error, sizeof error, "a range job needs its pair queue");
+    return KNN_INTERNAL_ERROR;
+  }
+  if (problem.element == KNN_ELEMENT_FLOAT16) {
+    if (problem.dim < 1 || problem.n_queries < 0 || problem.n_targets < 0 ||
+        problem.n_queries > INT64_MAX / 16 / problem.dim ||
+        problem.n_targets > INT64_MAX / 16 / problem.dim) {
+      knn::copy_message(error, sizeof error, "bad dimensions or row counts");
+      return KNN_INVALID_ARGUMENT;
+    }
+    const bool shared = problem.queries == problem.targets && problem.n_queries == problem.n_targets;
+    const int threads = knn::cpu::resolve_threads(problem.n_threads);
+    if (!widen_rows(problem.queries, problem.n_queries, problem.dim, threads, &cancel, &wide_queries) ||
+        (!shared && !widen_rows(problem.targets, problem.n_targets, problem.dim, threads, &cancel,
+                                &wide_targets))) {
+      knn::copy_message(error, sizeof error, "cancelled");
+      return KNN_CANCELLED;
+    }
+    problem.element = KNN_ELEMENT_FLOAT32;
+    problem.queries = wide_queries.data();
+    problem.targets = shared ? wide_queries.data() : wide_targets.data();
+  }
+  knn::PairQueue &queue = *pairs;
+  const KnnStatus st = knn::cpu::range_run(
+      problem,
+      [this, &queue](int64_t q, const int64_t *t, const double *d, int64_t n) {
+        return queue.put(q, t, d, n, &cancel);
+      },
+      &stats, &cancel, error, sizeof error);
+  if (problem.device != KNN_DEVICE_CPU) {
+    const size_t used = std::strlen(stats.device_name);
+    std::snprintf(stats.device_name + used, sizeof stats.device_name - used,
+                  " [range join: CPU engine]");
+  }
+  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+    std::snprintf(error, sizeof error,
+                  "the GPU engine has no range join yet; the CPU engine ran");
+  return st;
 }
 
 // One plain problem through the engine its rows and device call for.
@@ -497,6 +677,13 @@ KnnStatus KnnJob::run_float_engines() {
     if (admitted != KNN_OK) return admitted;
   }
   if (problem.device == KNN_DEVICE_CPU) return run_cpu(nullptr);
+  if (problem.device == KNN_DEVICE_AUTO && gpu_cold_prefers_cpu(problem)) {
+    // The warm-up starts after the CPU join: loading CUDA meanwhile slowed
+    // the join itself (an H200 host: 0.19 s instead of 0.08 s).
+    const KnnStatus st = run_cpu("GPU not ready, CPU answers sooner");
+    start_warm_up();
+    return st;
+  }
   const GpuView m = gpu(problem.device == KNN_DEVICE_GPU);
   if (m.usable) return run_gpu(m);
   // The CPU engine answers; when a GPU was asked for, the caller is told
@@ -519,6 +706,7 @@ void KnnJob::announce_finished() noexcept {
 
 void KnnJob::run() noexcept {
   status = knn::guarded("engine", error, sizeof error, [this] { return run_engines(); });
+  if (pairs != nullptr) pairs->close();
   announce_finished();
 }
 
@@ -533,6 +721,8 @@ KnnJob *knn_job_start(const KnnProblem *problem, int64_t *neighbors, double *dis
     job->problem = *problem;
     job->neighbors = neighbors;
     job->distances = distances;
+    // A range job's pairs: the engine works at most this many ahead.
+    if (problem->range != KNN_RANGE_NONE) job->pairs.reset(new knn::PairQueue(int64_t{1} << 16));
     if (problem->fault == KNN_FAULT_START) throw std::runtime_error("fault injection");
     KnnJob *raw = job.get();
     job->thread = knn::start_signal_free_thread([raw] { raw->run(); });
@@ -555,6 +745,24 @@ int knn_job_wait(KnnJob *job, int timeout_ms) {
     return KNN_OK;
   });
   return job->finished.load() ? 1 : 0;
+}
+
+int64_t knn_job_take_pairs(KnnJob *job, int64_t *query_rows, int64_t *target_rows,
+                           double *distances, int64_t capacity, int timeout_ms) {
+  if (job == nullptr || job->pairs == nullptr) return -1;
+  if (capacity < 1 || query_rows == nullptr || target_rows == nullptr || distances == nullptr)
+    return 0;
+  int64_t taken = -1;
+  const KnnStatus st = knn::guarded("knn_job_take_pairs", nullptr, 0, [&] {
+    taken = job->pairs->take(query_rows, target_rows, distances, capacity, timeout_ms);
+    return KNN_OK;
+  });
+  // Pairs that cannot be taken must not keep the engine waiting for room.
+  if (st != KNN_OK) {
+    knn_job_cancel(job);
+    return -1;
+  }
+  return taken;
 }
 
 void knn_job_cancel(KnnJob *job) {
@@ -619,6 +827,25 @@ void knn_engine_set_probe_record(const char *path, const char *server_key) {
     knn::copy_message(gpu_module.record_path, sizeof gpu_module.record_path, fits ? path : "");
     knn::copy_message(gpu_module.server_key, sizeof gpu_module.server_key,
                       fits ? server_key : "");
+    return KNN_OK;
+  });
+}
+
+void knn_engine_set_gpu_idle_release(int64_t idle_ms) {
+  gpu_idle_release_ms.store(std::max<int64_t>(0, idle_ms));
+}
+
+void knn_engine_shutdown(void) {
+  knn::guarded("knn_engine_shutdown", nullptr, 0, [] {
+    WarmUp &w = warm_up_state();
+    {
+      std::unique_lock<std::mutex> lock(w.mutex);
+      w.shut_down = true;
+      // Bounded: a driver that hangs must not keep the process from exiting.
+      w.done.wait_for(lock, std::chrono::seconds(10), [&w] { return !w.running; });
+    }
+    std::unique_lock<std::mutex> lock(gpu_module.mutex, std::try_to_lock);
+    if (lock.owns_lock() && gpu_module.shutdown != nullptr) gpu_module.shutdown();
     return KNN_OK;
   });
 }

@@ -57,7 +57,10 @@ SELECT knn_gpu_last_stats()->>'element' AS element, knn_gpu_last_stats()->>'vari
 SELECT count(*) FROM knn_join('SELECT id, b FROM bits WHERE id = 11', 'SELECT id, b FROM bits', 10000, 'hamming');
 -- no GPU kernel for bit rows: with the GPU asked for, the CPU engine runs and says so
 SET knn_gpu.device = gpu;
+SET client_min_messages = warning;
 SELECT count(*) FROM knn_join('SELECT id, b FROM bits WHERE id = 11', 'SELECT id, b FROM bits', 3, 'hamming');
+RESET client_min_messages;
+SELECT knn_gpu_last_stats()->>'engine' = 'gpu' OR knn_gpu_last_stats()->>'device' ~ '\[no GPU' AS engine_as_expected;
 RESET knn_gpu.device;
 
 -- errors: metrics, types, lengths

@@ -1,11 +1,13 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
-// ../knn_cuda_module.h): knn_cuda_probe and knn_cuda_run, plus the tests'
-// knn_cuda_run_tuned (knn_cuda_testing.h).
+// ../knn_cuda_module.h): knn_cuda_probe and knn_cuda_run, the runtime's
+// warm-up, release and idle timer, plus the tests' knn_cuda_run_tuned
+// (knn_cuda_testing.h).
 //
-// knn_cuda_run borrows the device's runtime (stream, cuBLAS handle, pinned
-// staging memory: created on the first join and kept for the process, see
-// DeviceRuntime below), derives the memory budget, picks the method and
-// runs it. No C++ exception leaves this file (entry_guard.h), and every
+// knn_cuda_run borrows the device's runtime (context, stream, cuBLAS
+// handle, pinned staging memory: created on the first join or by
+// knn_cuda_warm_up, kept until the idle keeper or knn_cuda_release gives
+// them back, see device_runtime.cuh), derives the memory budget, picks the
+// method (bit rows: bit_join.cu) and runs it. No C++ exception leaves this file (entry_guard.h), and every
 // device allocation of the join is owned by an RAII object of the method,
 // so it is released on every path (into the device's memory pool, which
 // keeps a bounded amount reserved for the next join).
@@ -30,17 +32,17 @@
 #include "../knn_vocabulary.h"
 #include "../problem_check.h"
 #include "../result_padding.h"
+#include "bit_join.cuh"
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
+#include "device_runtime.cuh"
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
 
 namespace knn {
 namespace cuda {
 namespace {
-
-constexpr int kDevice = 0;
 
 // ---- AUTO: which method a join gets ----
 // Brute force is exact for every metric, and its GEMM/tile throughput does
@@ -66,59 +68,6 @@ KnnMethod choose_auto_method(const KnnProblem &p) {
   return KNN_METHOD_TI;
 }
 
-// ---- the device runtime, kept for the life of the process ----
-// Querying the device's properties, creating a stream and a cuBLAS handle
-// (milliseconds) and page-locking staging memory each cost more than a
-// small join, so the device gets them once, on its first join, and keeps
-// them until the process exits. They belong to the process, not leaked:
-// the driver releases them at exit (nothing is destroyed from static
-// destructors, which could run after the CUDA runtime has shut down).
-// Joins take turns (the mutex is held for a whole join), so the shared
-// stream, handle and staging memory never serve two joins.
-//
-// The device's default memory pool (cudaMallocAsync, used by both methods)
-// gets a release threshold: up to kPoolKeepBytes of the device memory that
-// a join frees stays reserved for the next join, so that allocating costs
-// microseconds instead of fresh page mappings; the rest goes back to the
-// driver when the join's stream is synchronized. (TI trims the pool to
-// zero after its joins, ti_join.cu.)
-struct DeviceRuntime {
-  std::timed_mutex mutex;  // held by the join using the device
-  bool ready = false;
-  cudaDeviceProp prop{};
-  cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  cudaMemPool_t pool = nullptr;
-  PinnedStaging staging;
-};
-
-DeviceRuntime &runtime() {
-  static DeviceRuntime *rt = new DeviceRuntime();  // never destroyed, see above
-  return *rt;
-}
-
-// Device memory a process keeps reserved between joins (at most an eighth
-// of the device): enough for small joins to allocate in microseconds, small
-// enough that many backends, each with its own pool, do not hold the GPU's
-// memory between their joins.
-constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
-
-// Creates what the runtime still lacks (what a failed attempt left out is
-// created by the next join). The device must be current and the runtime's
-// mutex held.
-KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
-  if (rt.ready) return KNN_OK;
-  CUDA_CHECK(ctx, cudaGetDeviceProperties(&rt.prop, ctx.device));
-  if (rt.stream == nullptr)
-    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&rt.stream, cudaStreamNonBlocking));
-  if (rt.cublas == nullptr) CUBLAS_CHECK(ctx, cublasCreate(&rt.cublas));
-  CUDA_CHECK(ctx, cudaDeviceGetDefaultMemPool(&rt.pool, ctx.device));
-  uint64_t keep = std::min<uint64_t>(rt.prop.totalGlobalMem / 8, kPoolKeepBytes);
-  CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  rt.ready = true;
-  return KNN_OK;
-}
-
 // At the end of a join, on every path: the shared stream must be idle,
 // with the join's frees done, before the next join borrows it.
 class StreamDrain {
@@ -133,21 +82,6 @@ class StreamDrain {
   DeviceContext &ctx_;
 };
 
-// Makes device 0 current, or says why there is none.
-KnnStatus select_device(DeviceContext &ctx) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    ctx.error = std::string("no usable GPU: ") +
-                (err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    return KNN_NO_DEVICE;
-  }
-  ctx.device = kDevice;
-  CUDA_CHECK(ctx, cudaSetDevice(ctx.device));
-  return KNN_OK;
-}
-
 // Lends the device's runtime to the join (its mutex held) and sets the
 // join's memory budget.
 KnnStatus setup_context(const KnnProblem &p, DeviceRuntime &rt, DeviceContext &ctx) {
@@ -155,7 +89,7 @@ KnnStatus setup_context(const KnnProblem &p, DeviceRuntime &rt, DeviceContext &c
   ctx.prop = rt.prop;
   ctx.stream = rt.stream;
   ctx.cublas = rt.cublas;
-  ctx.staging = &rt.staging;
+  ctx.staging = rt.staging.get();
   CUBLAS_CHECK(ctx, cublasSetStream(ctx.cublas, ctx.stream));
   // Pedantic math: the prescribed precision only (no TF32, no reduced
   // precision emulation), which the GEMM filter's error bounds assume.
@@ -188,6 +122,7 @@ KnnMethod method_for(const KnnProblem &p) {
 // Runs the join's method on the prepared context; stats are the method's.
 KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
                      double *distances, KnnStats *stats, DeviceContext &ctx) {
+  if (p.element == KNN_ELEMENT_BIT) return bit_join(p, neighbors, distances, stats, ctx);
   if (p.n_queries == 0 || p.n_targets == 0) {
     fill_padding(p.n_queries, p.k, neighbors, distances);
     stats->method = KNN_METHOD_BRUTE;
@@ -217,18 +152,26 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, int64_t *neigh
                    double *distances, KnnStats *stats, const int32_t *cancel,
                    DeviceContext &ctx) {
   const auto start = std::chrono::steady_clock::now();
-  if (const char *why = float_problem_invalid_reason(p, neighbors, distances)) {
+  // Float32 rows (the job layer widens float16), or bit rows (bit_join.cu).
+  if (const char *why = p.element == KNN_ELEMENT_BIT
+                            ? problem_invalid_reason(p, neighbors, distances)
+                            : float_problem_invalid_reason(p, neighbors, distances)) {
     ctx.error = why;
     return KNN_INVALID_ARGUMENT;
   }
   ctx.cancel = cancel;
   KNN_TRY(select_device(ctx));
-  DeviceRuntime &rt = runtime();
+  DeviceRuntime &rt = device_runtime();
   // Wait for the device's current join, still answering a cancel.
   std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
   while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
   StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
   KNN_TRY(setup_context(p, rt, ctx));
+
+  struct MarkUsed {  // on every path: the idle keeper counts from the join's end
+    DeviceRuntime &rt;
+    ~MarkUsed() { mark_runtime_used(rt); }
+  } mark_used{rt};
 
   KnnStats local{};
   KnnStatus st = run_method(p, tuning, neighbors, distances, &local, ctx);
@@ -291,7 +234,7 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
   // The CUDA runtime and driver start threads of their own during the first
   // calls; they inherit this mask, so no signal handler runs on them.
   const SignalsBlocked blocked;
-  copy_message(errbuf, errlen, "");
+  knn::copy_message(errbuf, errlen, "");
   return guarded("GPU engine", errbuf, errlen, [&]() -> KnnStatus {
     if (problem == nullptr) {
       copy_message(errbuf, errlen, "problem is NULL");
@@ -307,11 +250,70 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
   });
 }
 
+// Creates the runtime ahead of the first join (blocking; the job layer
+// runs it on a thread of its own).
+KnnStatus warm_up(char *errbuf, size_t errlen) {
+  DeviceContext ctx;
+  KnnStatus st = select_device(ctx);
+  if (st == KNN_OK) {
+    DeviceRuntime &rt = device_runtime();
+    std::lock_guard<std::timed_mutex> turn(rt.mutex);
+    st = open_runtime(rt, ctx);
+  }
+  if (st != KNN_OK) copy_message(errbuf, errlen, ctx.error.c_str());
+  return st;
+}
+
+// Gives the runtime back now, after the running join if there is one.
+KnnStatus release(char *errbuf, size_t errlen) {
+  DeviceRuntime &rt = device_runtime();
+  std::lock_guard<std::timed_mutex> turn(rt.mutex);
+  if (!rt.ready.load() && rt.stream == nullptr && rt.cublas == nullptr) return KNN_OK;
+  DeviceContext ctx;
+  KnnStatus st = select_device(ctx);
+  if (st == KNN_OK) st = release_runtime(rt, ctx);
+  if (st != KNN_OK) copy_message(errbuf, errlen, ctx.error.c_str());
+  return st;
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace knn
 
 extern "C" {
+
+__attribute__((visibility("default"))) int knn_cuda_runtime_ready(void) {
+  return knn::cuda::device_runtime().ready.load() ? 1 : 0;
+}
+
+__attribute__((visibility("default"))) KnnStatus knn_cuda_warm_up(char *errbuf, size_t errlen) {
+  const knn::SignalsBlocked blocked;  // see run_entry
+  knn::copy_message(errbuf, errlen, "");
+  return knn::guarded("GPU warm-up", errbuf, errlen,
+                      [&] { return knn::cuda::warm_up(errbuf, errlen); });
+}
+
+__attribute__((visibility("default"))) KnnStatus knn_cuda_release(char *errbuf, size_t errlen) {
+  const knn::SignalsBlocked blocked;
+  knn::copy_message(errbuf, errlen, "");
+  return knn::guarded("GPU release", errbuf, errlen,
+                      [&] { return knn::cuda::release(errbuf, errlen); });
+}
+
+__attribute__((visibility("default"))) void knn_cuda_set_idle_release(int64_t idle_ms) {
+  const knn::SignalsBlocked blocked;  // the keeper thread inherits this mask
+  knn::guarded("GPU idle release", nullptr, 0, [&] {
+    knn::cuda::set_idle_release(idle_ms);
+    return KNN_OK;
+  });
+}
+
+__attribute__((visibility("default"))) void knn_cuda_shutdown(void) {
+  knn::guarded("GPU shutdown", nullptr, 0, [&] {
+    knn::cuda::stop_idle_keeper();
+    return KNN_OK;
+  });
+}
 
 __attribute__((visibility("default"))) int knn_cuda_probe(char *buf, size_t len) {
   const knn::SignalsBlocked blocked;  // see run_entry
@@ -339,5 +341,10 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
 static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_set_idle_release), knn_cuda_set_idle_release_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_shutdown), knn_cuda_shutdown_fn>::value, "");
 
 }  // extern "C"
