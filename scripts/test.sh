@@ -39,6 +39,9 @@ else
 fi
 knn_cluster_stop
 
+echo "== sharded tables: a coordinator and two shards (postgres_fdw)"
+bash "$KNN_ROOT/test/shard_test.sh" 2>&1 | tee "$logs/shard.log"
+
 # Tally: GoogleTest's closing lines and pg_regress's per-test lines.
 # A log may hold several GoogleTest binaries (make unittest runs two): sum them.
 gtest_count() {
@@ -57,6 +60,10 @@ r_ok=$(regress_ok "$logs/regress.log"); r_fail=$(regress_failed "$logs/regress.l
 v_ok=$(regress_ok "$logs/pgvector.log"); v_fail=$(regress_failed "$logs/pgvector.log")
 if [ "$pgvector_skipped" = 0 ] && [ "$v_ok" -eq 0 ]; then v_fail=$((v_fail + 1)); echo "the pgvector tests ran no test"; fi
 passed=$((passed + r_ok + v_ok)); failed=$((failed + r_fail + v_fail)); skipped=$((skipped + pgvector_skipped))
-echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped")."
+shard_summary='s/^shard tests: \([0-9]*\) passed, \([0-9]*\) failed$/'
+s_ok=$(sed -n "${shard_summary}\1/p" "$logs/shard.log"); s_fail=$(sed -n "${shard_summary}\2/p" "$logs/shard.log")
+[ -n "$s_ok" ] || { s_ok=0; s_fail=1; echo "the shard test ended without its summary"; }
+passed=$((passed + s_ok)); failed=$((failed + s_fail))
+echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped"). Sharded tables: $s_ok passed, $s_fail failed."
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,118 @@
+/*
+ * knn_shard_merge.c -- the exact global top k of a sharded knn_join from
+ * the per-query lists of its sources (knn_shard.h), and the statistics of
+ * the last sharded join (knn_gpu_last_shard_stats()).
+ *
+ * Every source returned its own k best by (distance, target id), with the
+ * distance the operator's value bit for bit, so the k best of the union
+ * are the k best overall: sorting each query's few candidates (at most
+ * sources x k) is all the merge needs.
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+#include "utils/tuplestore.h"
+
+#include "knn_shard.h"
+
+/* Rows handed back between two looks at the interrupt flags. */
+#define MERGE_SLICE 4096
+
+typedef struct Candidate
+{
+	double		distance;
+	int64		target_id;
+} Candidate;
+
+/* (distance, target id), NaN after every number as PostgreSQL sorts float8. */
+static int
+compare_candidates(const void *a, const void *b)
+{
+	const Candidate *x = (const Candidate *) a;
+	const Candidate *y = (const Candidate *) b;
+	bool		x_nan = isnan(x->distance);
+	bool		y_nan = isnan(y->distance);
+
+	if (x_nan != y_nan)
+		return x_nan ? 1 : -1;
+	if (!x_nan && x->distance != y->distance)
+		return x->distance < y->distance ? -1 : 1;
+	if (x->target_id != y->target_id)
+		return x->target_id < y->target_id ? -1 : 1;
+	return 0;
+}
+
+int64
+knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
+				const KnnShardLists *sources, int n_sources, int32 k)
+{
+	int64		most = 0;
+	Candidate  *candidates;
+	int64		emitted = 0;
+
+	for (int64 q = 0; q < n_queries; q++)
+	{
+		int64		n = 0;
+
+		for (int s = 0; s < n_sources; s++)
+			n += sources[s].offsets[q + 1] - sources[s].offsets[q];
+		most = Max(most, n);
+	}
+	candidates = palloc_extended(Max(most, 1) * sizeof(Candidate), MCXT_ALLOC_HUGE);
+
+	for (int64 q = 0; q < n_queries; q++)
+	{
+		int64		n = 0;
+
+		for (int s = 0; s < n_sources; s++)
+			for (int64 i = sources[s].offsets[q]; i < sources[s].offsets[q + 1]; i++)
+			{
+				candidates[n].distance = sources[s].distances[i];
+				candidates[n].target_id = sources[s].target_ids[i];
+				n++;
+			}
+		qsort(candidates, n, sizeof(Candidate), compare_candidates);
+		for (int64 r = 0; r < Min(n, (int64) k); r++)
+		{
+			Datum		values[4];
+			bool		nulls[4] = {false, false, false, false};
+
+			values[0] = Int64GetDatum(query_ids[q]);
+			values[1] = Int64GetDatum(candidates[r].target_id);
+			values[2] = Int32GetDatum((int32) (r + 1));
+			values[3] = Float8GetDatum(candidates[r].distance);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			if (++emitted % MERGE_SLICE == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+	}
+	pfree(candidates);
+	return emitted;
+}
+
+/* Plain memory of the backend: outlives every query, replaced by the next join. */
+static char *last_stats = NULL;
+
+void
+knn_shard_set_last_stats(const char *json)
+{
+	char	   *copy = MemoryContextStrdup(TopMemoryContext, json);
+
+	if (last_stats != NULL)
+		pfree(last_stats);
+	last_stats = copy;
+}
+
+PG_FUNCTION_INFO_V1(knn_gpu_last_shard_stats);
+Datum
+knn_gpu_last_shard_stats(PG_FUNCTION_ARGS)
+{
+	if (last_stats == NULL)
+		PG_RETURN_NULL();
+	PG_RETURN_TEXT_P(cstring_to_text(last_stats));
+}

@@ -1,0 +1,405 @@
+#!/usr/bin/env bash
+# shard_test.sh -- knn_join over a table sharded across PostgreSQL servers.
+#
+# Starts three throw-away servers: a coordinator and two shards, with
+# knn_gpu installed (built and installed beforehand: make install) and
+# postgres_fdw from the server package's contrib. The same generated rows
+# are held whole in one plain table (items_all) and sharded by hash
+# (items_h: a partition on each shard and a local one) and by range
+# (items_r: two partitions on shard 1, one on shard 2, a local one, and one
+# in a database of shard 2 without knn_gpu, whose rows are read through
+# postgres_fdw with a NOTICE). Every sharded join must equal the join of
+# items_all (EXCEPT ALL both ways: the same neighbours, ranks and
+# distances), and must have run on the shards (knn_gpu_last_shard_stats()).
+# Then: a shard stopped (an ERROR naming it), statement_timeout and a cancel
+# in the middle of the shards' work (their work stops, nothing is left
+# behind on them).
+#
+# Ends with "shard tests: N passed, N failed". Ports: SHARD_TEST_PORTS
+# (default "5561 5562 5563"); directories: SHARD_TEST_DIRS (default three
+# under a fresh temporary directory); SHARD_TEST_KEEP=1 leaves them running.
+set -uo pipefail
+source "$(dirname "$0")/../scripts/lib.sh"
+
+read -r -a PORTS <<<"${SHARD_TEST_PORTS:-5561 5562 5563}"
+if [ -n "${SHARD_TEST_DIRS:-}" ]; then
+  read -r -a DIRS <<<"$SHARD_TEST_DIRS"
+else
+  base=$(mktemp -d "${TMPDIR:-/tmp}/knn_shard_test.XXXXXX")
+  chmod 755 "$base"
+  DIRS=("$base/coordinator" "$base/shard1" "$base/shard2")
+fi
+NAMES=(coordinator shard1 shard2)
+passed=0 failed=0
+
+pass() { passed=$((passed + 1)); echo "ok: $1"; }
+fail() { failed=$((failed + 1)); echo "FAILED: $1"; }
+# check NAME EXPECTED ACTUAL
+check() { if [ "$2" = "$3" ]; then pass "$1"; else fail "$1 (expected '$2', got '$3')"; fi; }
+
+start_server() {
+  local i=$1 dir=${DIRS[$1]} port=${PORTS[$1]}
+  # a server still running there (SHARD_TEST_KEEP) would outlive its directory
+  [ -f "$dir/data/postmaster.pid" ] && knn_as_owner "'$PG_BIN/pg_ctl' -D '$dir/data' -m immediate stop" >/dev/null 2>&1
+  rm -rf "$dir"; mkdir -p "$dir"
+  [ "$(id -u)" = 0 ] && chown "$KNN_CLUSTER_OWNER" "$dir"
+  knn_as_owner "'$PG_BIN/initdb' -D '$dir/data' -U postgres -A trust >'$dir/initdb.log' 2>&1" \
+    || { cat "$dir/initdb.log"; return 1; }
+  resume_server "$i"
+}
+resume_server() {
+  local dir=${DIRS[$1]} port=${PORTS[$1]}
+  knn_as_owner "'$PG_BIN/pg_ctl' -D '$dir/data' -l '$dir/server.log' -w -o \"-p $port -k '$dir' -c listen_addresses='' -c fsync=off\" start" >/dev/null \
+    || { tail -20 "$dir/server.log"; return 1; }
+}
+stop_server() {
+  knn_as_owner "'$PG_BIN/pg_ctl' -D '${DIRS[$1]}/data' -m fast stop" >/dev/null 2>&1
+}
+stop_all() { for i in 0 1 2; do stop_server "$i"; done; }
+# SHARD_TEST_KEEP=1 leaves the servers running, to look at them afterwards.
+[ "${SHARD_TEST_KEEP:-0}" = 1 ] || trap stop_all EXIT
+
+# sql SERVER [DATABASE] -- psql on one server, script on stdin or -c
+sql() {
+  local i=$1; shift
+  local db=postgres
+  if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then db=$1; shift; fi
+  "$PG_BIN/psql" -X -q -At -v ON_ERROR_STOP=1 -h "${DIRS[$i]}" -p "${PORTS[$i]}" -U postgres -d "$db" "$@"
+}
+
+for i in 0 1 2; do
+  start_server "$i" || { echo "shard tests: 0 passed, 1 failed"; exit 1; }
+done
+
+# ---- set-up ----
+# The generated vectors: 8 values from a hash of (id, position), thirds so
+# that halfvec rounds them, few enough distinct ones that distances tie.
+GEN="CREATE FUNCTION gen_vec(i bigint, d int DEFAULT 8) RETURNS vector IMMUTABLE LANGUAGE sql AS
+\$\$ SELECT array_agg(((hashint8(i * 1000 + j) & 15) - 7)::real / 3 ORDER BY j)::vector FROM generate_series(1, d) j \$\$;"
+COLUMNS="id bigint, cat int, v vector(8), h halfvec(8), b bit(8)"
+
+for i in 1 2; do
+  sql "$i" <<EOF || { echo "shard tests: 0 passed, 1 failed"; exit 1; }
+CREATE EXTENSION knn_gpu;
+CREATE TABLE items_h_$((i - 1)) ($COLUMNS);
+CREATE TABLE big_$i (id bigint, v vector(96));
+EOF
+done
+sql 1 -c "CREATE TABLE items_r_a ($COLUMNS); CREATE TABLE items_r_c ($COLUMNS);"
+sql 2 -c "CREATE TABLE items_r_b ($COLUMNS);"
+sql 1 -c "CREATE TABLE items_f_a ($COLUMNS);"
+# a database of shard 2 without knn_gpu: no vector type there, so text columns
+sql 2 -c "CREATE DATABASE plain"
+sql 2 plain -c "CREATE TABLE items_r_p (id bigint, cat int, v text, h text, b bit(8))"
+
+sql 0 <<EOF || { echo "shard tests: 0 passed, 1 failed"; exit 1; }
+CREATE EXTENSION knn_gpu;
+CREATE EXTENSION postgres_fdw;
+CREATE SERVER shard1 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '${DIRS[1]}', port '${PORTS[1]}', dbname 'postgres');
+CREATE SERVER shard2 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '${DIRS[2]}', port '${PORTS[2]}', dbname 'postgres');
+CREATE SERVER shard2_plain FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '${DIRS[2]}', port '${PORTS[2]}', dbname 'plain');
+CREATE USER MAPPING FOR postgres SERVER shard1 OPTIONS (user 'postgres');
+CREATE USER MAPPING FOR postgres SERVER shard2 OPTIONS (user 'postgres');
+CREATE USER MAPPING FOR postgres SERVER shard2_plain OPTIONS (user 'postgres');
+$GEN
+
+CREATE TABLE items_all ($COLUMNS);
+INSERT INTO items_all
+  SELECT i, i % 5, gen_vec(i), gen_vec(i)::halfvec, binary_quantize(gen_vec(i))::bit(8)
+  FROM generate_series(1, 1100) i;
+INSERT INTO items_all VALUES (1101, 1, NULL, NULL, NULL);
+
+CREATE TABLE items_h ($COLUMNS) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE items_h_0 PARTITION OF items_h FOR VALUES WITH (MODULUS 3, REMAINDER 0)
+  SERVER shard1 OPTIONS (table_name 'items_h_0');
+CREATE FOREIGN TABLE items_h_1 PARTITION OF items_h FOR VALUES WITH (MODULUS 3, REMAINDER 1)
+  SERVER shard2 OPTIONS (table_name 'items_h_1');
+CREATE TABLE items_h_2 PARTITION OF items_h FOR VALUES WITH (MODULUS 3, REMAINDER 2);
+INSERT INTO items_h SELECT * FROM items_all;
+
+CREATE TABLE items_r ($COLUMNS) PARTITION BY RANGE (id);
+CREATE FOREIGN TABLE items_r_a PARTITION OF items_r FOR VALUES FROM (MINVALUE) TO (300)
+  SERVER shard1 OPTIONS (table_name 'items_r_a');
+CREATE FOREIGN TABLE items_r_b PARTITION OF items_r FOR VALUES FROM (300) TO (600)
+  SERVER shard2 OPTIONS (table_name 'items_r_b');
+CREATE FOREIGN TABLE items_r_c PARTITION OF items_r FOR VALUES FROM (600) TO (800)
+  SERVER shard1 OPTIONS (table_name 'items_r_c');
+CREATE TABLE items_r_d PARTITION OF items_r FOR VALUES FROM (800) TO (1000);
+CREATE FOREIGN TABLE items_r_p PARTITION OF items_r FOR VALUES FROM (1000) TO (MAXVALUE)
+  SERVER shard2_plain OPTIONS (table_name 'items_r_p');
+INSERT INTO items_r SELECT * FROM items_all;
+
+-- a partition of another foreign-data wrapper (file_fdw, no user mapping) beside a shard's
+CREATE EXTENSION file_fdw;
+CREATE SERVER files FOREIGN DATA WRAPPER file_fdw;
+COPY (SELECT * FROM items_all WHERE id >= 1000) TO '${DIRS[0]}/items_f_b.csv' (FORMAT csv);
+CREATE TABLE items_f ($COLUMNS) PARTITION BY RANGE (id);
+CREATE FOREIGN TABLE items_f_a PARTITION OF items_f FOR VALUES FROM (MINVALUE) TO (1000)
+  SERVER shard1 OPTIONS (table_name 'items_f_a');
+CREATE FOREIGN TABLE items_f_b PARTITION OF items_f FOR VALUES FROM (1000) TO (MAXVALUE)
+  SERVER files OPTIONS (filename '${DIRS[0]}/items_f_b.csv', format 'csv');
+INSERT INTO items_f_a SELECT * FROM items_all WHERE id < 1000;
+
+-- queries: some ids of the targets (exclude_self has work), some of their own
+CREATE TABLE q ($COLUMNS);
+INSERT INTO q SELECT * FROM items_all WHERE id % 23 = 0;
+INSERT INTO q SELECT 5000 + i, 0, gen_vec(5000 + i), gen_vec(5000 + i)::halfvec,
+  binary_quantize(gen_vec(5000 + i))::bit(8) FROM generate_series(1, 10) i;
+
+-- a filter postgres_fdw cannot ship (a user's function): filtered here
+CREATE FUNCTION odd_cat(int) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS 'BEGIN RETURN \$1 % 2 = 1; END';
+
+-- a big table on the two shards only, for cancels in the middle of their work
+CREATE TABLE big (id bigint, v vector(96)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE big_1 PARTITION OF big FOR VALUES WITH (MODULUS 2, REMAINDER 0)
+  SERVER shard1 OPTIONS (table_name 'big_1');
+CREATE FOREIGN TABLE big_2 PARTITION OF big FOR VALUES WITH (MODULUS 2, REMAINDER 1)
+  SERVER shard2 OPTIONS (table_name 'big_2');
+INSERT INTO big SELECT i, gen_vec(i, 96) FROM generate_series(1, 30000) i;
+-- many queries (shipping them takes a while), for cancels while they are shipped
+CREATE TABLE bigq AS SELECT b.id * 10 + g AS id, b.v FROM big b, generate_series(0, 9) g;
+
+-- the shards' temporary tables, seen from the coordinator's own remote sessions
+CREATE FOREIGN TABLE shard1_pg_class (relname name, relpersistence "char")
+  SERVER shard1 OPTIONS (schema_name 'pg_catalog', table_name 'pg_class');
+CREATE FOREIGN TABLE shard2_pg_class (relname name, relpersistence "char")
+  SERVER shard2 OPTIONS (schema_name 'pg_catalog', table_name 'pg_class');
+ANALYZE;
+EOF
+sql 1 -c "ANALYZE" && sql 2 -c "ANALYZE"
+
+rows=$(sql 0 -c "SELECT (SELECT count(*) FROM items_h_0) > 0 AND (SELECT count(*) FROM items_h_1) > 0 AND (SELECT count(*) FROM items_h_2) > 0 AND (SELECT count(*) FROM items_r_p) = 102")
+check "the rows are spread over the shards and the local partitions" t "$rows"
+
+# compare NAME QUERIES SHARDED_TARGETS SINGLE_SERVER_TARGETS K METRIC EXCLUDE_SELF SHARDS
+# -> differences both ways, rows, and how many shards joined
+compare() {
+  local out
+  out=$(sql 0 -v "qs=$2" -v "ts=$3" -v "tr=$4" -v "k=$5" -v "m=$6" -v "x=$7" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+CREATE TEMP TABLE s AS SELECT * FROM knn_join(:'qs', :'ts', :k, :'m', :x);
+CREATE TEMP TABLE n AS SELECT coalesce(json_array_length(knn_gpu_last_shard_stats()->'shards'), 0) AS shards;
+CREATE TEMP TABLE r AS SELECT * FROM knn_join(:'qs', :'tr', :k, :'m', :x);
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+EOF
+)
+  check "$1" "0 differences, true, $8 shards" "$out"
+}
+
+V="SELECT id, v FROM q"
+for table in items_h items_r; do
+  for metric in l2 cosine ip l1; do
+    compare "$table $metric" "$V" "SELECT id, v FROM $table" "SELECT id, v FROM items_all" 5 "$metric" false 2
+  done
+  compare "$table l2 exclude_self" "$V" "SELECT id, v FROM $table" "SELECT id, v FROM items_all" 7 l2 true 2
+  compare "$table l1 k past the row count" "$V" "SELECT id, v FROM $table WHERE cat = 3" \
+    "SELECT id, v FROM items_all WHERE cat = 3" 1000 l1 false 2
+  compare "$table filter pushed to the shards" "$V" "SELECT id, v FROM $table WHERE cat <> 2 AND id > 40" \
+    "SELECT id, v FROM items_all WHERE cat <> 2 AND id > 40" 5 cosine false 2
+  compare "$table filter the shards cannot run (read here)" "$V" "SELECT id, v FROM $table WHERE odd_cat(cat)" \
+    "SELECT id, v FROM items_all WHERE odd_cat(cat)" 5 l2 false 0
+  compare "$table halfvec l2" "SELECT id, h FROM q" "SELECT id, h FROM $table" "SELECT id, h FROM items_all" 5 l2 false 2
+  compare "$table vector queries, halfvec targets, ip" "$V" "SELECT id, h FROM $table" "SELECT id, h FROM items_all" 5 ip false 2
+  compare "$table bit hamming exclude_self" "SELECT id, b FROM q" "SELECT id, b FROM $table" "SELECT id, b FROM items_all" 6 hamming true 2
+  compare "$table bit jaccard" "SELECT id, b FROM q" "SELECT id, b FROM $table" "SELECT id, b FROM items_all" 6 jaccard false 2
+  compare "$table self-join exclude_self" "SELECT id, v FROM $table" "SELECT id, v FROM $table" "SELECT id, v FROM items_all" 4 l2 true 2
+done
+compare "ordered targets (Merge Append)" "$V" "SELECT id, v FROM items_h ORDER BY id" \
+  "SELECT id, v FROM items_all" 5 l2 false 2
+compare "LIMIT over the partitions: joined here" "$V" "SELECT id, v FROM items_h ORDER BY id LIMIT 500" \
+  "SELECT id, v FROM items_all ORDER BY id LIMIT 500" 5 l2 false 0
+compare "a computed column: joined here" "$V" "SELECT id + 0, v FROM items_h" \
+  "SELECT id, v FROM items_all" 5 l2 false 0
+compare "a file_fdw partition beside a shard" "$V" "SELECT id, v FROM items_f" \
+  "SELECT id, v FROM items_all" 5 l2 true 1
+compare "one partition after pruning" "$V" "SELECT id, v FROM items_r WHERE id < 250" \
+  "SELECT id, v FROM items_all WHERE id < 250" 5 l2 false 1
+compare "a foreign table on its own" "$V" "SELECT id, v FROM items_h_1" \
+  "SELECT id, v FROM items_all WHERE satisfies_hash_partition('items_h'::regclass, 3, 1, id)" 5 l2 false 1
+
+# The server without knn_gpu is named in a NOTICE; the statistics list what ran where.
+out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 3)" 2>&1)
+case "$out" in
+  *'NOTICE:  knn_join reads the rows of foreign server "shard2_plain" here: knn_gpu is not installed there'*) pass "NOTICE names the server without knn_gpu" ;;
+  *) fail "NOTICE names the server without knn_gpu: $out" ;;
+esac
+out=$(sql 0 <<'EOF'
+SET client_min_messages = warning;
+SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r WHERE cat <> 4', 3);
+SELECT s->>'server', s->>'partitions', (s->>'rows')::int > 0, (s->>'seconds_join')::float8 >= 0,
+       s->>'remote_sql' LIKE '%knn_join(%' || 'WHERE ((cat <> 4))%'
+FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1;
+SELECT knn_gpu_last_shard_stats()->'fallback'->0->>'server', knn_gpu_last_shard_stats()->'local'->>'targets',
+       (knn_gpu_last_shard_stats()->'seconds'->>'merge')::float8 >= 0;
+EOF
+)
+check "statistics: per shard rows, time and remote SQL; fallback; local part" \
+  "$(printf '%s\n' 171 'shard1|2|t|t|t' 'shard2|1|t|t|t' 'shard2_plain|241|t')" "$out"
+out=$(sql 0 -c "SET client_min_messages = debug1" \
+  -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1 | grep -c 'knn_join: foreign server "shard[12]" joins: SELECT')
+check "DEBUG1 shows each shard's remote SQL" 2 "$out"
+
+# A temporary table per join lives only as long as the join, even in one transaction.
+out=$(sql 0 <<'EOF'
+SET client_min_messages = warning;
+BEGIN;
+SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+SELECT count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+COMMIT;
+EOF
+)
+check "two joins in one transaction leave no temporary table on the shards" "$(printf 't\nt\n0\n0')" "$out"
+
+# The shard's own statistics come along.
+out=$(sql 0 -c "SET client_min_messages = warning" \
+  -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" \
+  -c "SELECT string_agg((s->'remote_stats'->>'queries') || '/' || (s->'remote_stats'->>'targets'), ' ' ORDER BY s->>'server')
+      FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s")
+check "each shard's own knn_gpu_last_stats()" "$(printf 't\n57/%s 57/%s' \
+  "$(sql 1 -c 'SELECT count(v) FROM items_h_0')" "$(sql 2 -c 'SELECT count(v) FROM items_h_1')")" "$out"
+
+# Rights: the caller's on the partitioned table, the user mapping's on the shards.
+sql 0 -c "CREATE ROLE alice" -c "GRANT SELECT ON q TO alice" >/dev/null
+out=$(sql 0 -c "SET ROLE alice" -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)
+case "$out" in
+  *'ERROR:  permission denied for table items_h'*) pass "no SELECT on the sharded table: permission denied" ;;
+  *) fail "no SELECT on the sharded table: permission denied: $out" ;;
+esac
+sql 0 -c "GRANT SELECT ON items_h TO alice" >/dev/null
+out=$(sql 0 -c "SET ROLE alice" -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)
+case "$out" in
+  *'ERROR:  user mapping not found for "alice"'*) pass "no user mapping: postgres_fdw's error" ;;
+  *) fail "no user mapping: postgres_fdw's error: $out" ;;
+esac
+
+# The shard runs as the user mapping says: alice's maps to alice_remote on shard1.
+sql 1 -c "CREATE ROLE alice_remote LOGIN" >/dev/null
+sql 0 -c "CREATE USER MAPPING FOR alice SERVER shard1 OPTIONS (user 'alice_remote', password_required 'false')" \
+  -c "CREATE USER MAPPING FOR alice SERVER shard2 OPTIONS (user 'postgres', password_required 'false')" \
+  -c "GRANT SELECT ON items_all TO alice" >/dev/null
+out=$(sql 0 -c "SET ROLE alice" -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)
+case "$out" in
+  *'ERROR:  permission denied for table items_h_0'*'knn_join on foreign server "shard1"'*)
+    pass "the shard's rights are the user mapping's" ;;
+  *) fail "the shard's rights are the user mapping's: $out" ;;
+esac
+sql 1 -c "GRANT SELECT ON items_h_0 TO alice_remote" >/dev/null
+out=$(sql 0 <<'EOF' 2>&1
+SET client_min_messages = warning;
+SET ROLE alice;
+CREATE TEMP TABLE s AS SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5, 'l1');
+CREATE TEMP TABLE r AS SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 5, 'l1');
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b),
+       json_array_length(knn_gpu_last_shard_stats()->'shards');
+EOF
+)
+check "an ordinary user with user mappings: the same result, on the shards" "0|2" "$out"
+
+# ---- a shard that is down ----
+stop_server 2
+out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)
+case "$out" in
+  *'ERROR:  could not connect to server "shard2"'*) pass "a stopped shard: ERROR naming the server" ;;
+  *) fail "a stopped shard: ERROR naming the server: $out" ;;
+esac
+resume_server 2 || fail "restarting shard2"
+
+# A shard that fails during the join: its error, and the server's name.
+sql 1 -c "ALTER TABLE items_h_0 RENAME TO items_h_0_away" >/dev/null
+out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)
+case "$out" in
+  *ERROR*'knn_join on foreign server "shard1"'*) pass "a failing shard: its ERROR, naming the server" ;;
+  *) fail "a failing shard: its ERROR, naming the server: $out" ;;
+esac
+sql 1 -c "ALTER TABLE items_h_0_away RENAME TO items_h_0" >/dev/null
+
+# ---- statement_timeout and cancel in the middle of the shards' work ----
+BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM big', 10, 'l2', false, 'brute')"
+active_on_shards() {
+  local n=0 c
+  for i in 1 2; do
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%knn_join(%' AND pid <> pg_backend_pid()")
+    n=$((n + c))
+  done
+  echo "$n"
+}
+start=$(date +%s%N)
+out=$(sql 0 <<EOF 2>&1
+SET statement_timeout = '1500ms';
+\set ON_ERROR_STOP 0
+$BIG;
+RESET statement_timeout;
+SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+EOF
+)
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+case "$out" in
+  *'canceling statement due to statement timeout'*) pass "statement_timeout ends a sharded join" ;;
+  *) fail "statement_timeout ends a sharded join: $out" ;;
+esac
+check "after the timeout: no temporary table on the shards, the session works" \
+  "$(printf 'after:0\nafter:0\nagain:true')" "$(echo "$out" | grep -E '^(after|again):')"
+check "the shards stopped working" 0 "$(active_on_shards)"
+
+# statement_timeout at many points of a join: reading the queries, shipping
+# them, the shards' work; each must end at once, leave nothing behind, and
+# leave a session that works.
+BIGQ="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
+ok=0 points=0
+for t in $(seq 100 30 1000) 1300 1800; do
+  points=$((points + 1))
+  start=$(date +%s%N)
+  out=$(sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+SET statement_timeout = '${t}ms';
+\\set ON_ERROR_STOP 0
+$BIGQ;
+RESET statement_timeout;
+SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+EOF
+)
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 again:true " ] &&
+     ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
+    ok=$((ok + 1))
+  else
+    echo "statement_timeout = ${t}ms (${ms} ms in all): $out"
+  fi
+done
+check "statement_timeout at $points points: ends at once, nothing left behind, the session works" "$points" "$ok"
+check "the shards stopped working" 0 "$(active_on_shards)"
+
+sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIG" >"${DIRS[0]}/cancel.out" 2>&1 &
+bg=$!
+seen=0
+for _ in $(seq 1 100); do
+  [ "$(active_on_shards)" -ge 2 ] && { seen=1; break; }
+  sleep 0.1
+done
+check "the big join runs on both shards" 1 "$seen"
+sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+start=$(date +%s%N)
+wait "$bg"
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+case "$(cat "${DIRS[0]}/cancel.out")" in
+  *'canceling statement due to user request'*) pass "a cancel ends a sharded join (${ms} ms)" ;;
+  *) fail "a cancel ends a sharded join: $(cat "${DIRS[0]}/cancel.out")" ;;
+esac
+check "the cancel stopped the shards' work" 0 "$(active_on_shards)"
+leftovers=0
+for i in 1 2; do
+  leftovers=$((leftovers + $(sql "$i" -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'knn_shard_queries%'")))
+done
+check "no temporary table left on the shards" 0 "$leftovers"
+
+echo "shard tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
