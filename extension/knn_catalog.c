@@ -11,17 +11,22 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
 #include "catalog/pg_am.h"
 #include "catalog/dependency.h"
 #include "catalog/pg_depend.h"
+#include "catalog/pg_extension.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
 #include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/lsyscache.h"
+#include "utils/rel.h"
 #include "utils/syscache.h"
 
 #include "knn_catalog.h"
@@ -230,4 +235,93 @@ knn_is_approximate_index_am(Oid amoid)
 	char	   *extension = owning_extension(AccessMethodRelationId, amoid);
 
 	return extension != NULL && strcmp(extension, PGVECTOR_EXTENSION) == 0;
+}
+
+/*
+ * Is funcoid the C function `symbol` of extension extoid, taking two values
+ * of typid and returning float8?
+ */
+static bool
+is_distance_function(Oid funcoid, Oid typid, const char *symbol)
+{
+	HeapTuple	tuple;
+	Form_pg_proc proc;
+	bool		match = false;
+
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	proc = (Form_pg_proc) GETSTRUCT(tuple);
+	if (proc->prolang == ClanguageId && proc->pronargs == 2 &&
+		proc->proargtypes.values[0] == typid && proc->proargtypes.values[1] == typid &&
+		proc->prorettype == FLOAT8OID)
+	{
+		bool		isnull;
+		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
+
+		match = !isnull && strcmp(TextDatumGetCString(src), symbol) == 0;
+	}
+	ReleaseSysCache(tuple);
+	return match;
+}
+
+Oid
+knn_pgvector_distance_function(Oid typid, KnnMetric metric)
+{
+	const KnownFunction *known;
+	int			n_known;
+	const char *symbol = NULL;
+	Oid			extoid;
+	Oid			found = InvalidOid;
+	Relation	depend;
+	ScanKeyData key[2];
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	char	   *owner;
+
+	typid = getBaseType(typid);
+	switch (extension_vector_kind(typid))
+	{
+		case KNN_VECTOR_TYPE:
+			known = distance_functions;
+			n_known = lengthof(distance_functions);
+			break;
+		case KNN_VECTOR_HALFVEC:
+			known = halfvec_distance_functions;
+			n_known = lengthof(halfvec_distance_functions);
+			break;
+		default:
+			return InvalidOid;
+	}
+	owner = owning_extension(TypeRelationId, typid);
+	if (owner == NULL || strcmp(owner, PGVECTOR_EXTENSION) != 0)
+		return InvalidOid;
+	for (int i = 0; i < n_known; i++)
+		if (strcmp(known[i].extension, PGVECTOR_EXTENSION) == 0 && known[i].value == (int) metric)
+			symbol = known[i].symbol;
+	extoid = get_extension_oid(PGVECTOR_EXTENSION, true);
+	if (symbol == NULL || !OidIsValid(extoid))
+		return InvalidOid;
+
+	/* pgvector's members, through pg_depend: never a lookup by name. */
+	depend = table_open(DependRelationId, AccessShareLock);
+	ScanKeyInit(&key[0], Anum_pg_depend_refclassid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(ExtensionRelationId));
+	ScanKeyInit(&key[1], Anum_pg_depend_refobjid, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(extoid));
+	scan = systable_beginscan(depend, DependReferenceIndexId, true, NULL, 2, key);
+	while (HeapTupleIsValid(tuple = systable_getnext(scan)))
+	{
+		Form_pg_depend dep = (Form_pg_depend) GETSTRUCT(tuple);
+
+		if (dep->classid == ProcedureRelationId && dep->deptype == DEPENDENCY_EXTENSION &&
+			is_distance_function(dep->objid, typid, symbol))
+		{
+			found = dep->objid;
+			break;
+		}
+	}
+	systable_endscan(scan);
+	table_close(depend, AccessShareLock);
+	return found;
 }

@@ -38,6 +38,14 @@ extern KnnVectorKind knn_vector_kind(Oid typid);
  */
 extern bool knn_distance_operator_metric(Oid opno, KnnMetric *metric);
 
+/*
+ * pgvector's own function computing `metric` between two values of typid,
+ * when typid is pgvector's vector or halfvec (a domain counts as its base
+ * type); else InvalidOid. Found among pgvector's members by symbol and
+ * argument types, never by name.
+ */
+extern Oid knn_pgvector_distance_function(Oid typid, KnnMetric metric);
+
 /* Is amoid one of pgvector's (approximate) index access methods? */
 extern bool knn_is_approximate_index_am(Oid amoid);
 

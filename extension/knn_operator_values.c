@@ -1,0 +1,352 @@
+/*
+ * knn_operator_values.c -- results ranked by pgvector's own operator
+ * (knn_operator_values.h).
+ *
+ * ---- How far pgvector's value P can be from the canonical value C ----
+ * Both compute the same float expression in some order of additions (and
+ * maybe with fused multiply-adds). With u = 2^-24 and g = gamma_{d+4} =
+ * (d + 4) u / (1 - (d + 4) u), any such evaluation of a sum of d terms, each
+ * from at most two roundings, is within g of the exact sum S of the
+ * absolute terms, plus tiny = (2d + 16) 2^-149 for gradual underflow:
+ *  * L2 (squares): |X - S| <= g S + tiny for X = P^2 and X = C^2, so
+ *    P^2 >= C^2 (1 - 2g) - 2 tiny; we use C^2 (1 - 3g) - 3 tiny (also
+ *    covering the double square of C).
+ *  * L1 (sums of |a - b|): P >= C (1 - 3g) - 3 tiny, likewise.
+ *  * inner product: |dot_X - dot| <= g sum |q_i t_i| + tiny <= g |q| |t| +
+ *    tiny, so P >= C - 2 (g |q| T + tiny), T the largest target norm.
+ *  * cosine: dot and both squared norms are within g relative (of |q||t|,
+ *    |q|^2, |t|^2) when no square underflows, so each similarity is within
+ *    2g (+ 2^-50 for the double quotient) of the exact one and clamping
+ *    keeps that: P >= C - (6g + 2^-40). Where some row's squared norm is
+ *    positive but below 2^-100 underflow may dominate: no bound (-inf).
+ * Each lower bound L(C) grows with C. A target that is not among a query's
+ * candidates has C >= C_last, the last candidate's canonical value, so its
+ * operator value is at least L(C_last): when that exceeds the k-th best
+ * operator value among the candidates, no such target can rank (ties by row
+ * need not be looked at: the inequality is strict). NaN canonical values
+ * (zero vectors under cosine) give no bound.
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "miscadmin.h"
+#include "utils/float.h"
+
+#include "half_float.h"
+#include "knn_catalog.h"
+#include "knn_distance.h"
+#include "knn_operator_values.h"
+#include "knn_run.h"
+
+/* Candidates beyond k in the first engine run: max(kExtraMin, k). */
+#define KNN_EXTRA_MIN 16
+/* Squared norms below this (and above 0) make the cosine bound unsafe. */
+#define KNN_COSINE_TINY_NORM2 0x1p-100
+
+bool
+knn_operator_values_init(KnnOperatorValues *ov, Oid typid, KnnMetric metric,
+						 KnnElement element)
+{
+	KnnVectorKind kind = knn_vector_kind(typid);
+	Oid			function;
+
+	memset(ov, 0, sizeof(*ov));
+	if (metric != KNN_METRIC_L2 && metric != KNN_METRIC_COSINE && metric != KNN_METRIC_IP &&
+		metric != KNN_METRIC_L1)
+		return false;
+	if (!((kind == KNN_VECTOR_TYPE && element == KNN_ELEMENT_FLOAT32) ||
+		  (kind == KNN_VECTOR_HALFVEC && element == KNN_ELEMENT_FLOAT16)))
+		return false;
+	function = knn_pgvector_distance_function(typid, metric);
+	if (!OidIsValid(function))
+		return false;
+	fmgr_info(function, &ov->function);
+	ov->collation = InvalidOid;
+	ov->metric = metric;
+	return true;
+}
+
+/* What the bound needs beyond the metric (see the top of this file). */
+typedef struct ValueBound
+{
+	KnnMetric	metric;
+	double		g;
+	double		tiny;
+	double		max_target_norm;	/* inner product */
+	bool		unsafe;			/* cosine with a tiny norm among the targets */
+} ValueBound;
+
+/* A row as floats: the matrix's own for float32 rows, else widened. */
+static const float *
+row_floats(const KnnMatrix *m, int64 row, float *buffer)
+{
+	const char *p = m->values + (Size) row * m->row_bytes;
+
+	if (m->element == KNN_ELEMENT_FLOAT32)
+		return (const float *) p;
+	for (int i = 0; i < m->dim; i++)
+		buffer[i] = knn_half_to_float(((const uint16 *) p)[i]);
+	return buffer;
+}
+
+static double
+squared_norm(const float *x, int dim)
+{
+	double		s = 0;
+
+	for (int i = 0; i < dim; i++)
+		s += (double) x[i] * x[i];
+	return s;
+}
+
+static void
+bound_init(ValueBound *b, KnnMetric metric, const KnnMatrix *targets)
+{
+	const double d = targets->dim;
+	float	   *buffer = palloc(sizeof(float) * Max(1, targets->dim));
+
+	b->metric = metric;
+	b->g = (d + 4) * 0x1p-24 / (1 - (d + 4) * 0x1p-24);
+	b->tiny = (2 * d + 16) * 0x1p-149;
+	b->max_target_norm = 0;
+	b->unsafe = false;
+	if (metric == KNN_METRIC_IP || metric == KNN_METRIC_COSINE)
+	{
+		for (int64 t = 0; t < targets->n; t++)
+		{
+			double		n2 = squared_norm(row_floats(targets, t, buffer), targets->dim);
+
+			if ((t & 4095) == 0)
+				CHECK_FOR_INTERRUPTS();
+			b->max_target_norm = Max(b->max_target_norm, sqrt(n2));
+			if (n2 > 0 && n2 < KNN_COSINE_TINY_NORM2)
+				b->unsafe = true;
+		}
+		/* the double sums' own rounding */
+		b->max_target_norm *= 1 + 0x1p-30;
+	}
+	pfree(buffer);
+}
+
+/*
+ * The least operator value of a pair whose canonical value is c (query norm
+ * qn for the inner product, squared norm qn2 for cosine); -inf when unknown.
+ */
+static double
+lowest_operator_value(const ValueBound *b, double c, double qn, double qn2)
+{
+	double		low;
+
+	if (isnan(c))
+		return -INFINITY;
+	switch (b->metric)
+	{
+		case KNN_METRIC_L2:
+			low = c * c * (1 - 3 * b->g) - 3 * b->tiny;
+			return low > 0 ? sqrt(low) * (1 - 0x1p-40) : 0;
+		case KNN_METRIC_L1:
+			return c * (1 - 3 * b->g) - 3 * b->tiny;
+		case KNN_METRIC_IP:
+			return c - 2 * (b->g * qn * b->max_target_norm + b->tiny) * (1 + 0x1p-20);
+		case KNN_METRIC_COSINE:
+			if (b->unsafe || (qn2 > 0 && qn2 < KNN_COSINE_TINY_NORM2))
+				return -INFINITY;
+			return c - (6 * b->g + 0x1p-40);
+		default:
+			return -INFINITY;
+	}
+}
+
+/* pgvector's layout of vector and halfvec: varlena header, dim, unused, elements. */
+typedef struct OperatorArgument
+{
+	char	   *bytes;
+} OperatorArgument;
+
+static void
+argument_init(OperatorArgument *a, const KnnMatrix *m)
+{
+	Size		size = 8 + m->row_bytes;
+
+	a->bytes = palloc0(size);
+	SET_VARSIZE(a->bytes, size);
+	*(int16 *) (a->bytes + 4) = (int16) m->dim;
+	*(int16 *) (a->bytes + 6) = 0;
+}
+
+static Datum
+argument_row(OperatorArgument *a, const KnnMatrix *m, int64 row)
+{
+	memcpy(a->bytes + 8, m->values + (Size) row * m->row_bytes, m->row_bytes);
+	return PointerGetDatum(a->bytes);
+}
+
+typedef struct RankedTarget
+{
+	double		value;
+	int64		row;
+} RankedTarget;
+
+static int
+ranked_compare(const void *pa, const void *pb)
+{
+	const RankedTarget *a = pa;
+	const RankedTarget *b = pb;
+
+	if (knn_result_before(a->value, a->row, b->value, b->row))
+		return -1;
+	if (knn_result_before(b->value, b->row, a->value, a->row))
+		return 1;
+	return 0;
+}
+
+/*
+ * Ranks the candidates of one query by the operator into out_rows /
+ * out_values (k slots); returns true when they are proven to be its k best.
+ */
+static bool
+rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qarg,
+		   OperatorArgument *targ, const KnnMatrix *queries, int64 q, const KnnMatrix *targets,
+		   int32 candidates, const int64 *rows, const double *canonical, int32 k,
+		   RankedTarget *scratch, int64 *out_rows, double *out_values, float *qbuffer)
+{
+	Datum		qdatum = argument_row(qarg, queries, q);
+	int32		real = 0;
+	double		kth;
+	double		qn2 = 0;
+
+	for (int32 c = 0; c < candidates && rows[c] >= 0; c++)
+	{
+		Datum		v = FunctionCall2Coll(&ov->function, ov->collation, qdatum,
+										  argument_row(targ, targets, rows[c]));
+
+		scratch[real].value = DatumGetFloat8(v);
+		scratch[real].row = rows[c];
+		real++;
+	}
+	ov->operator_calls += real;
+	qsort(scratch, real, sizeof(RankedTarget), ranked_compare);
+	for (int32 r = 0; r < k; r++)
+	{
+		out_rows[r] = r < real ? scratch[r].row : -1;
+		out_values[r] = r < real ? scratch[r].value : get_float8_nan();
+	}
+	/* Fewer than asked for: every eligible target was a candidate. */
+	if (real < candidates)
+		return true;
+	kth = scratch[Min(k, real) - 1].value;
+	if (bound->metric == KNN_METRIC_IP || bound->metric == KNN_METRIC_COSINE)
+		qn2 = squared_norm(row_floats(queries, q, qbuffer), queries->dim);
+	return lowest_operator_value(bound, canonical[candidates - 1], sqrt(qn2) * (1 + 0x1p-30),
+								 qn2) > kth;
+}
+
+/* The query rows `which` of problem p, as the queries of *sub. */
+static void
+gather_queries(KnnProblem *sub, const KnnProblem *p, Size row_bytes, const int64 *which,
+			   int64 n)
+{
+	char	   *values = MemoryContextAllocHuge(CurrentMemoryContext, Max(1, (Size) n * row_bytes));
+	int64	   *keys = p->query_keys != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
+	int64	   *groups = p->query_groups != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
+
+	for (int64 i = 0; i < n; i++)
+	{
+		memcpy(values + (Size) i * row_bytes,
+			   (const char *) p->queries + (Size) which[i] * row_bytes, row_bytes);
+		if (keys != NULL)
+			keys[i] = p->query_keys[which[i]];
+		if (groups != NULL)
+			groups[i] = p->query_groups[which[i]];
+	}
+	sub->queries = values;
+	sub->n_queries = n;
+	sub->query_keys = keys;
+	sub->query_groups = groups;
+}
+
+static void
+free_gathered(KnnProblem *sub)
+{
+	pfree((void *) sub->queries);
+	if (sub->query_keys != NULL)
+		pfree((void *) sub->query_keys);
+	if (sub->query_groups != NULL)
+		pfree((void *) sub->query_groups);
+}
+
+void
+knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
+						const KnnMatrix *queries, const KnnMatrix *targets,
+						int64 *neighbors, double *distances, KnnStats *stats)
+{
+	const int32 k = problem->k;
+	ValueBound	bound;
+	OperatorArgument qarg;
+	OperatorArgument targ;
+	int64	   *open = palloc(sizeof(int64) * Max(1, queries->n));	/* unproven query rows */
+	int64		n_open = queries->n;
+	int64		candidates = Min(targets->n, (int64) k + Max(KNN_EXTRA_MIN, k));
+	float	   *qbuffer = palloc(sizeof(float) * Max(1, queries->dim));
+	bool		first = true;
+
+	ov->operator_calls = 0;
+	ov->queries_completed = 0;
+	bound_init(&bound, ov->metric, targets);
+	argument_init(&qarg, queries);
+	argument_init(&targ, targets);
+	for (int64 i = 0; i < queries->n; i++)
+		open[i] = i;
+
+	while (n_open > 0)
+	{
+		KnnProblem	run = *problem;
+		KnnStats	run_stats;
+		int64	   *rows;
+		double	   *canonical;
+		RankedTarget *scratch = palloc(sizeof(RankedTarget) * candidates);
+		int64		still_open = 0;
+		const bool complete = candidates >= targets->n;
+
+		if (!first)
+			gather_queries(&run, problem, queries->row_bytes, open, n_open);
+		run.k = (int32) candidates;
+		rows = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(int64));
+		canonical = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(double));
+		knn_run_problem(&run, rows, canonical, &run_stats);
+		if (first)
+			*stats = run_stats;
+		else
+			stats->distance_computations += run_stats.distance_computations;
+
+		for (int64 i = 0; i < n_open; i++)
+		{
+			const int64 q = open[i];
+
+			if ((i & 255) == 0)
+				CHECK_FOR_INTERRUPTS();
+			if (!rank_query(ov, &bound, &qarg, &targ, queries, q, targets, (int32) candidates,
+							rows + i * candidates, canonical + i * candidates, k, scratch,
+							neighbors + q * k, distances + q * k, qbuffer) &&
+				!complete)
+				open[still_open++] = q;
+			else if (!first)
+				ov->queries_completed++;
+		}
+		pfree(rows);
+		pfree(canonical);
+		pfree(scratch);
+		if (!first)
+			free_gathered(&run);
+		n_open = still_open;
+		candidates = Min(targets->n, candidates * 4);
+		first = false;
+	}
+	elog(DEBUG1, "knn_gpu: ranked by pgvector's operator: %lld operator calls, %lld queries run again with more candidates",
+		 (long long) ov->operator_calls, (long long) ov->queries_completed);
+	pfree(open);
+	pfree(qbuffer);
+	pfree(qarg.bytes);
+	pfree(targ.bytes);
+}

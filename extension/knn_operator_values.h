@@ -1,0 +1,59 @@
+/*
+ * knn_operator_values.h -- results ranked by pgvector's own operator.
+ *
+ * pgvector's distance functions sum in an order of their compiler's choosing
+ * (-fassociative-math), so their values can differ in the last bits from the
+ * engine's canonical ones (knn_distance.h), and so can the order of near
+ * ties. When the user's operator is pgvector's, a join asks the engine for
+ * more candidates than k, takes each candidate's value from the operator
+ * itself (fmgr) and ranks by that value, then the target row. A proven bound
+ * on how far the two values can be apart says when no target outside the
+ * candidates can rank among the k best; a query for which it cannot say so is
+ * finished against all its eligible targets (canonical distances, cheap and
+ * in C, pick those that may rank; the operator decides).
+ */
+#ifndef KNN_OPERATOR_VALUES_H
+#define KNN_OPERATOR_VALUES_H
+
+#include "postgres.h"
+
+#include "fmgr.h"
+
+#include "knn_engine.h"
+#include "knn_matrix.h"
+
+typedef struct KnnOperatorValues
+{
+	FmgrInfo	function;		/* pgvector's distance function */
+	Oid			collation;
+	KnnMetric	metric;
+	/* what the last knn_operator_values_rank call did */
+	int64		operator_calls;
+	int64		queries_completed;	/* finished against all eligible targets */
+} KnnOperatorValues;
+
+/*
+ * Prepares ov for values of typid joined with metric, in rows of element:
+ * true when typid is pgvector's vector (float32 rows) or halfvec (float16
+ * rows) and metric one of its float metrics; false when the engine's values
+ * already are the operator's (knn_gpu's own types, bit strings, arrays).
+ */
+extern bool knn_operator_values_init(KnnOperatorValues *ov, Oid typid, KnnMetric metric,
+									 KnnElement element);
+
+/*
+ * Runs problem (whose query and target rows are those of the matrices
+ * queries and targets, with the caller's k, metric, method, keys and groups)
+ * so that neighbors / distances (k
+ * per query) hold the k best targets by the operator's value, ties by target
+ * row, with the operator's values. The engine is asked for more candidates
+ * than k; the queries whose candidates do not prove their k best are run
+ * again, with four times as many, until they do (at worst every eligible
+ * target is a candidate). stats are the first engine run's, with the
+ * distance computations of all runs.
+ */
+extern void knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
+									const KnnMatrix *queries, const KnnMatrix *targets,
+									int64 *neighbors, double *distances, KnnStats *stats);
+
+#endif							/* KNN_OPERATOR_VALUES_H */
