@@ -6,11 +6,17 @@
  * Each text is one plain SELECT returning (integer id, vector | halfvec |
  * bit | real[] | double precision[]), optionally followed by group key
  * columns (knn_join_groups.h: a query meets only targets of equal keys), run through
- * SPI with the caller's privileges. Rows are read through a cursor in
+ * SPI with the caller's privileges, with the bind parameters of params
+ * (knn_join_params.h). Rows are read through a cursor in
  * batches into one matrix per set (float32, float16 for halfvec, bits for
  * bit: knn_join_element), sorted by id (so the engine's
  * tie order, by row, is the order by id), handed to the engine in one
  * call, and the result is returned as a materialised set.
+ *
+ * The overload with a key argument takes ids of the key's type (any type
+ * with a default btree ordering): they are read as values, and the engine
+ * sees their ranks in that order (knn_key_order.h), so ties are broken by
+ * the key's order and exclude_self compares keys by their equality.
  */
 #include "postgres.h"
 
@@ -23,13 +29,20 @@
 #include "optimizer/optimizer.h"
 #include "portability/instr_time.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/plancache.h"
 #include "utils/tuplestore.h"
 
+#include "knn_join_explain.h"
 #include "knn_join_groups.h"
+#include "knn_join_params.h"
+#include "knn_key_order.h"
 #include "knn_matrix.h"
+#include "knn_operator_values.h"
+#include "knn_progress.h"
 #include "knn_run.h"
 #include "knn_settings.h"
+#include "knn_shard.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
 
@@ -58,13 +71,21 @@ quoted_prefix(const char *text)
 	return psprintf("%.*s%s", len, text, text[len] != '\0' ? "..." : "");
 }
 
-static char *
-text_argument(FunctionCallInfo fcinfo, int n, const char *name)
+/* An argument that must not be NULL; ERROR naming it (and the function) otherwise. */
+static void
+require_argument(FunctionCallInfo fcinfo, int n, const char *name)
 {
 	if (PG_ARGISNULL(n))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("knn_join: %s must not be NULL", name)));
+				 errmsg("%s: %s must not be NULL", get_func_name(fcinfo->flinfo->fn_oid),
+						name)));
+}
+
+static char *
+text_argument(FunctionCallInfo fcinfo, int n, const char *name)
+{
+	require_argument(fcinfo, n, name);
 	return text_to_cstring(PG_GETARG_TEXT_PP(n));
 }
 
@@ -140,12 +161,35 @@ check_plain_select(SPIPlanPtr plan, const char *arg)
 	return !contain_volatile_functions((Node *) query);
 }
 
+/* What a call of knn_join asks for. */
+typedef struct KnnJoinCall
+{
+	char	   *queries_sql;
+	char	   *targets_sql;
+	int32		k;
+	KnnMetric	metric;
+	bool		exclude_self;
+	KnnMethod	method;
+	Oid			key_type;		/* InvalidOid: integer ids, returned as bigint */
+	bool		has_params;
+	KnnJoinParams params;
+	/* knn_range_join: every pair within radius, k (0 = none) per query */
+	bool		range;
+	double		radius;
+	bool		inclusive;		/* <= radius, else < radius */
+} KnnJoinCall;
+
 /* One set of knn_join: its query text, prepared, and its columns. */
 typedef struct KnnSet
 {
 	const char *sql;
 	const char *arg;			/* "queries" or "targets", for messages */
 	SPIPlanPtr	plan;
+	Datum	   *param_values;	/* the bind parameters, or NULL */
+	char	   *param_nulls;
+	Oid			key_type;		/* the call's, InvalidOid for integer ids */
+	Oid			key_collation;
+	KnnKeyColumn *keys;			/* the key values read (keyed calls) */
 	bool		stable;			/* no volatile function */
 	int			natts;			/* 2, plus the group key columns */
 	Oid			id_type;
@@ -166,11 +210,33 @@ check_columns(TupleDesc desc, KnnSet *set)
 	set->natts = desc->natts;
 	knn_join_group_columns(desc, set->arg, &set->groups);
 	set->id_type = TupleDescAttr(desc, 0)->atttypid;
-	if (set->id_type != INT2OID && set->id_type != INT4OID && set->id_type != INT8OID)
+	if (OidIsValid(set->key_type))
+	{
+		/*
+		 * The column's values are returned as the key's type: a column of
+		 * a domain over it is fine, a plain column for a domain key is not
+		 * (its values were never checked against the domain).
+		 */
+		if (set->id_type != set->key_type &&
+			(getBaseType(set->key_type) != set->key_type ||
+			 getBaseType(set->id_type) != set->key_type))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("the first column of %s is of type %s, not of the key's type %s",
+							set->arg, format_type_be(set->id_type),
+							format_type_be(set->key_type)),
+					 errhint("Cast the id column in the query text, or pass key => NULL::%s.",
+							 format_type_be(set->id_type))));
+		knn_key_check_type(set->id_type, set->arg);
+		set->key_collation = TupleDescAttr(desc, 0)->attcollation;
+	}
+	else if (set->id_type != INT2OID && set->id_type != INT4OID && set->id_type != INT8OID)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("the first column of %s must be an integer id, not %s",
-						set->arg, format_type_be(set->id_type))));
+						set->arg, format_type_be(set->id_type)),
+				 errhint("Pass key => NULL::%s to join ids of that type.",
+						 format_type_be(set->id_type))));
 	set->vector_type = TupleDescAttr(desc, 1)->atttypid;
 	set->kind = knn_vector_kind(set->vector_type);
 	if (set->kind == KNN_VECTOR_UNSUPPORTED)
@@ -185,9 +251,14 @@ check_columns(TupleDesc desc, KnnSet *set)
  * both sets' types decide how either is read (knn_join_element).
  */
 static void
-prepare_set(KnnSet *set)
+prepare_set(KnnSet *set, const KnnJoinCall *call)
 {
-	set->plan = SPI_prepare(set->sql, 0, NULL);
+	set->key_type = call->key_type;
+	if (call->has_params)
+		set->plan = knn_join_params_prepare(set->sql, set->arg, &call->params,
+											&set->param_values, &set->param_nulls);
+	else
+		set->plan = SPI_prepare(set->sql, 0, NULL);
 	if (set->plan == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_SYNTAX_ERROR),
@@ -264,17 +335,63 @@ same_group_types(TupleDesc desc, const KnnJoinGroupColumns *groups)
 }
 
 /*
+ * The engine id of a row about to be appended: the integer id, or for a
+ * keyed call the key's row number (ranked once all rows are read).
+ */
+static int64
+row_id(KnnSet *set, Datum id, const KnnMatrix *matrix)
+{
+	int64		row;
+
+	if (!OidIsValid(set->key_type))
+		return read_id(id, set->id_type);
+	row = knn_key_column_add(set->keys, id);
+	Assert(row == matrix->n);
+	return row;
+}
+
+/* The row being read, for the error context of keyed calls. */
+typedef struct KeyedRowContext
+{
+	const KnnSet *set;
+	Datum		key;
+	bool		valid;
+} KeyedRowContext;
+
+/*
+ * A keyed call's matrix names rows by number in its messages ("query id
+ * 5"): the context names the row by its key.
+ */
+static void
+keyed_row_context(void *arg)
+{
+	KeyedRowContext *row = (KeyedRowContext *) arg;
+	Oid			output;
+	bool		varlena;
+
+	if (!row->valid)
+		return;
+	getTypeOutputInfo(row->set->key_type, &output, &varlena);
+	errcontext("%s row with the key %s", row->set->arg,
+			   quoted_prefix(OidOutputFunctionCall(output, row->key)));
+}
+
+/*
  * Runs one set's prepared query and appends its rows to the matrix, read
  * by `reader`. Rows whose vector is NULL are skipped; a NULL id is an error.
  */
 static void
-read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
+read_set(KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
 		 KnnGroupKeys *groups)
 {
 	Portal		portal;
 	bool		checked = false;
+	KeyedRowContext row = {set, (Datum) 0, false};
+	ErrorContextCallback callback = {error_context_stack, keyed_row_context, &row};
 
-	portal = SPI_cursor_open(NULL, set->plan, NULL, NULL, true);
+	if (set->keys != NULL)
+		error_context_stack = &callback;
+	portal = SPI_cursor_open(NULL, set->plan, set->param_values, set->param_nulls, true);
 	for (;;)
 	{
 		TupleDesc	desc;
@@ -305,8 +422,11 @@ read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
 				ereport(ERROR,
 						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 						 errmsg("%s returned a NULL id", set->arg)));
+			knn_progress_rows(1);
 			if (vector_null)
 				continue;		/* documented: rows without a vector take no part */
+			row.key = id;
+			row.valid = set->keys != NULL;
 			if (groups != NULL)
 			{
 				int64		group = knn_join_row_group(groups, &set->groups, tuple, desc);
@@ -314,23 +434,27 @@ read_set(const KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
 				/* a NULL key equals nothing, as "t.g = q.g" in SQL */
 				if (group == KNN_GROUP_NULL)
 					continue;
-				knn_matrix_append_grouped(matrix, read_id(id, set->id_type), group, vector,
+				knn_matrix_append_grouped(matrix, row_id(set, id, matrix), group, vector,
 										  reader);
 			}
 			else
-				knn_matrix_append(matrix, read_id(id, set->id_type), vector, reader);
+				knn_matrix_append(matrix, row_id(set, id, matrix), vector, reader);
 			CHECK_FOR_INTERRUPTS();
 		}
+		row.valid = false;
 		if (SPI_processed < KNN_FETCH_BATCH)
 			break;
 		SPI_freetuptable(SPI_tuptable);
 	}
 	SPI_cursor_close(portal);
+	if (set->keys != NULL)
+		error_context_stack = callback.previous;
 }
 
 /* Hands the engine's result back as rows. */
 static void
 return_rows(ReturnSetInfo *rsinfo, const KnnMatrix *queries, const KnnMatrix *targets,
+			const KnnKeyColumn *query_keys, const KnnKeyColumn *target_keys,
 			int32 slots, const int64 *neighbors, const double *distances)
 {
 	int64		emitted = 0;
@@ -345,28 +469,110 @@ return_rows(ReturnSetInfo *rsinfo, const KnnMatrix *queries, const KnnMatrix *ta
 
 			if (t < 0)
 				break;
-			values[0] = Int64GetDatum(queries->ids[q]);
-			values[1] = Int64GetDatum(targets->ids[t]);
+			if (query_keys != NULL)
+			{
+				/* keyed: ids are ranks of the keys (knn_key_order.h) */
+				values[0] = query_keys->by_rank[queries->ids[q]];
+				values[1] = target_keys->by_rank[targets->ids[t]];
+			}
+			else
+			{
+				values[0] = Int64GetDatum(queries->ids[q]);
+				values[1] = Int64GetDatum(targets->ids[t]);
+			}
 			values[2] = Int32GetDatum(r + 1);
 			values[3] = Float8GetDatum(distances[q * slots + r]);
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 			if (++emitted % KNN_RETURN_SLICE == 0)
+			{
+				knn_progress_rows(KNN_RETURN_SLICE);
 				CHECK_FOR_INTERRUPTS();
+			}
 		}
 	}
 }
 
-PG_FUNCTION_INFO_V1(knn_join);
-Datum
-knn_join(PG_FUNCTION_ARGS)
+/* Where a range join's pairs go: the result, ranked within each query. */
+typedef struct RangeOutput
+{
+	ReturnSetInfo *rsinfo;
+	const KnnMatrix *queries;
+	const KnnMatrix *targets;
+	const KnnKeyColumn *query_keys;
+	const KnnKeyColumn *target_keys;
+	int64		query_row;		/* of the last pair, -1 before the first */
+	int64		rank;			/* of the last pair within its query */
+	int64		emitted;
+} RangeOutput;
+
+/* KnnPairSink: the engine's pairs as result rows, as they come. */
+static void
+put_range_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
+				const double *distances, int64 n)
+{
+	RangeOutput *out = (RangeOutput *) arg;
+
+	for (int64 i = 0; i < n; i++)
+	{
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+		int64		q = query_rows[i];
+		int64		t = target_rows[i];
+
+		if (q < 0 || q >= out->queries->n || t < 0 || t >= out->targets->n)
+			elog(ERROR, "knn_range_join: the engine returned a row out of range");
+		out->rank = q == out->query_row ? out->rank + 1 : 1;
+		out->query_row = q;
+		if (out->rank > PG_INT32_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("knn_range_join: more than %d pairs for one query", PG_INT32_MAX),
+					 errhint("Cap the pairs per query with k.")));
+		if (out->query_keys != NULL)
+		{
+			values[0] = out->query_keys->by_rank[out->queries->ids[q]];
+			values[1] = out->target_keys->by_rank[out->targets->ids[t]];
+		}
+		else
+		{
+			values[0] = Int64GetDatum(out->queries->ids[q]);
+			values[1] = Int64GetDatum(out->targets->ids[t]);
+		}
+		values[2] = Int32GetDatum((int32) out->rank);
+		values[3] = Float8GetDatum(distances[i]);
+		tuplestore_putvalues(out->rsinfo->setResult, out->rsinfo->setDesc, values, nulls);
+		if (++out->emitted % KNN_RETURN_SLICE == 0)
+			knn_progress_rows(KNN_RETURN_SLICE);
+	}
+}
+
+/* Keyed calls: the key column of a set, in the caller's context. */
+static KnnKeyColumn *
+key_column(const KnnSet *set, MemoryContext context)
+{
+	MemoryContext old = MemoryContextSwitchTo(context);
+	KnnKeyColumn *column = palloc(sizeof(KnnKeyColumn));
+
+	knn_key_column_init(column, set->key_type, set->key_collation, set->arg);
+	MemoryContextSwitchTo(old);
+	return column;
+}
+
+/* Keyed calls: one collation orders and compares both sets' keys. */
+static void
+check_key_collations(const KnnSet *queries, const KnnSet *targets)
+{
+	if (targets != queries && queries->key_collation != targets->key_collation)
+		ereport(ERROR,
+				(errcode(ERRCODE_COLLATION_MISMATCH),
+				 errmsg("the keys of queries and targets have different collations"),
+				 errhint("Use COLLATE on the id column of one query text.")));
+}
+
+static void
+knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
-	char	   *queries_sql = text_argument(fcinfo, 0, "queries");
-	char	   *targets_sql = text_argument(fcinfo, 1, "targets");
-	int32		k;
-	KnnMetric	metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
-	bool		exclude_self;
-	KnnMethod	method = (KnnMethod) named_argument(fcinfo, 5, "method", knn_method_names);
 	KnnSet		query_set = {0};
 	KnnSet		target_text = {0};
 	KnnSet	   *target_source = &target_text;
@@ -376,6 +582,7 @@ knn_join(PG_FUNCTION_ARGS)
 	KnnMatrix	queries;
 	KnnMatrix	target_set;
 	KnnMatrix  *targets = &target_set;
+	KnnKeyColumn *target_keys = NULL;
 	KnnProblem	problem;
 	KnnStats	stats;
 	KnnJoinRecord record;
@@ -383,41 +590,40 @@ knn_join(PG_FUNCTION_ARGS)
 	int64	   *neighbors;
 	double	   *distances;
 	int32		slots;
+	KnnOperatorValues operator_values;
+	bool		by_operator;
 	instr_time	start;
 	double		seconds_read;
 	double		seconds_sort;
-
-	if (PG_ARGISNULL(2) || PG_ARGISNULL(4))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("knn_join: %s must not be NULL", PG_ARGISNULL(2) ? "k" : "exclude_self")));
-	k = PG_GETARG_INT32(2);
-	exclude_self = PG_GETARG_BOOL(4);
-	if (k < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("k must be at least 1, not %d", k)));
 
 	InitMaterializedSRF(fcinfo, 0);
 
 	INSTR_TIME_SET_CURRENT(start);
 	caller_context = CurrentMemoryContext;
+	knn_progress_begin(call->range ? "knn_range_join" : "knn_join", call->k);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	query_set.sql = queries_sql;
+	query_set.sql = call->queries_sql;
 	query_set.arg = "queries";
-	prepare_set(&query_set);
-	if (strcmp(queries_sql, targets_sql) == 0)
+	prepare_set(&query_set, call);
+	if (strcmp(call->queries_sql, call->targets_sql) == 0)
 		target_source = &query_set;
 	else
 	{
-		target_text.sql = targets_sql;
+		target_text.sql = call->targets_sql;
 		target_text.arg = "targets";
-		prepare_set(&target_text);
+		prepare_set(&target_text, call);
 	}
-	element = knn_join_element(&query_set, target_source, metric);
+	element = knn_join_element(&query_set, target_source, call->metric);
 	/* Group keys of both sets map to one set of group ids (SPI's context). */
 	groups = knn_join_group_keys(&query_set.groups, &target_source->groups);
+	if (OidIsValid(call->key_type))
+	{
+		check_key_collations(&query_set, target_source);
+		query_set.keys = key_column(&query_set, caller_context);
+		if (target_source != &query_set)
+			target_text.keys = key_column(&target_text, caller_context);
+	}
 	/* The matrices outlive SPI_finish: they live in the caller's context. */
 	old_context = MemoryContextSwitchTo(caller_context);
 	knn_matrix_init(&queries, "query", element);
@@ -435,15 +641,41 @@ knn_join(PG_FUNCTION_ARGS)
 	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
 	 */
 	read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
+	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
+	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
+	if (!OidIsValid(call->key_type) && !call->has_params && !call->range &&
+		knn_shard_try_join(rsinfo, &queries, target_source->plan, target_source->sql,
+						   target_source->kind, call->k, call->metric, call->exclude_self,
+						   call->method))
+	{
+		SPI_finish();
+		knn_progress_end();
+		return;
+	}
 	if (target_source == &query_set && query_set.stable)
+	{
 		targets = &queries;
+		target_keys = query_set.keys;
+	}
 	else
+	{
+		KnnKeyColumn *query_keys = query_set.keys;
+
+		/* The same volatile text, read again: its keys of their own. */
+		if (target_source == &query_set && query_keys != NULL)
+			query_set.keys = key_column(&query_set, caller_context);
 		read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets,
 				 groups);
+		target_keys = target_source->keys;
+		query_set.keys = query_keys;
+	}
 	SPI_finish();
 
 	if (queries.n == 0 || targets->n == 0)
-		PG_RETURN_NULL();
+	{
+		knn_progress_end();
+		return;
+	}
 	if (queries.dim != targets->dim && element == KNN_ELEMENT_BIT)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
@@ -456,31 +688,219 @@ knn_join(PG_FUNCTION_ARGS)
 						queries.dim, targets->dim)));
 	seconds_read = seconds_since(start);
 
+	knn_progress_phase(KNN_PROGRESS_SORTING);
 	INSTR_TIME_SET_CURRENT(start);
+	if (query_set.keys != NULL)
+		knn_key_columns_rank(query_set.keys, queries.ids,
+							 targets != &queries ? target_keys : NULL,
+							 targets != &queries ? targets->ids : NULL);
 	knn_matrix_sort_by_id(&queries);
 	if (targets != &queries)
 		knn_matrix_sort_by_id(targets);
 	seconds_sort = seconds_since(start);
 
+	if (call->range)
+	{
+		RangeOutput output = {rsinfo, &queries, targets, query_set.keys, target_keys, -1, 0, 0};
+
+		knn_matrix_problem(&problem, &queries, targets, call->k);
+		problem.metric = call->metric;
+		problem.method = call->method;
+		problem.max_distance = call->radius;
+		problem.range = call->inclusive ? KNN_RANGE_AT_MOST : KNN_RANGE_BELOW;
+		if (call->exclude_self)
+		{
+			problem.query_keys = queries.ids;
+			problem.target_keys = targets->ids;
+		}
+		knn_progress_totals(queries.n, targets->n, -1);
+		knn_progress_phase(KNN_PROGRESS_ENGINE);
+		/* The pairs go into the result while the engine works: no return phase. */
+		knn_run_range_problem(&problem, put_range_pairs, &output, &stats);
+		knn_progress_work(stats.distance_computations);
+		knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0);
+		knn_join_explain_report(&record);
+		knn_progress_end();
+		return;
+	}
+
 	/* k past the target count returns every target: no need for more slots. */
-	slots = (int32) Min((int64) k, targets->n);
+	slots = (int32) Min((int64) call->k, targets->n);
+	knn_progress_totals(queries.n, targets->n, -1);
 	neighbors = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(int64));
 	distances = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(double));
 
 	knn_matrix_problem(&problem, &queries, targets, slots);
-	problem.metric = metric;
-	problem.method = method;
-	if (exclude_self)
+	problem.metric = call->metric;
+	problem.method = call->method;
+	if (call->exclude_self)
 	{
 		problem.query_keys = queries.ids;
 		problem.target_keys = targets->ids;
 	}
-	knn_run_problem(&problem, neighbors, distances, &stats);
+	knn_progress_phase(KNN_PROGRESS_ENGINE);
+	/* pgvector's columns: rank by pgvector's own operator's values. */
+	by_operator = query_set.vector_type == target_source->vector_type &&
+		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
+								 element);
+	if (by_operator)
+		knn_operator_values_run(&operator_values, &problem, &queries, targets, neighbors,
+								distances, &stats);
+	else
+		knn_run_problem(&problem, neighbors, distances, &stats);
+	knn_progress_work(stats.distance_computations);
+	knn_progress_totals(queries.n, targets->n, stats.pairs);
+	knn_progress_phase(KNN_PROGRESS_RETURNING);
 
 	INSTR_TIME_SET_CURRENT(start);
-	return_rows(rsinfo, &queries, targets, slots, neighbors, distances);
+	return_rows(rsinfo, &queries, targets, query_set.keys, target_keys, slots, neighbors,
+				distances);
 	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort,
 					 seconds_since(start));
+	knn_join_explain_report(&record);
+	knn_progress_end();
+}
+
+/* Runs the call, closing its progress row on the way out of an ERROR too. */
+static void
+knn_join_run_reported(FunctionCallInfo fcinfo, const KnnJoinCall *call)
+{
+	PG_TRY();
+	{
+		knn_join_run(fcinfo, call);
+	}
+	PG_CATCH();
+	{
+		knn_progress_end();
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+}
+
+/*
+ * The arguments every form has: queries, targets, k, then metric,
+ * exclude_self and method at the given positions.
+ */
+static void
+read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg,
+					  int exclude_self_arg, int method_arg)
+{
+	memset(call, 0, sizeof(*call));
+	call->queries_sql = text_argument(fcinfo, 0, "queries");
+	call->targets_sql = text_argument(fcinfo, 1, "targets");
+	require_argument(fcinfo, 2, "k");
+	call->k = PG_GETARG_INT32(2);
+	call->metric = (KnnMetric) named_argument(fcinfo, metric_arg, "metric", knn_metric_names);
+	require_argument(fcinfo, exclude_self_arg, "exclude_self");
+	call->exclude_self = PG_GETARG_BOOL(exclude_self_arg);
+	call->method = (KnnMethod) named_argument(fcinfo, method_arg, "method", knn_method_names);
+	if (call->k < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("k must be at least 1, not %d", call->k)));
+}
+
+/* params: NULL means none; NULL elements are NULL values. */
+static void
+read_params_argument(FunctionCallInfo fcinfo, KnnJoinCall *call, int n)
+{
+	if (PG_ARGISNULL(n))
+		return;
+	call->has_params = true;
+	knn_join_params_read(PG_GETARG_ARRAYTYPE_P(n), &call->params);
+}
+
+/* knn_join(queries, targets, k, metric, exclude_self, method) */
+PG_FUNCTION_INFO_V1(knn_join);
+Datum
+knn_join(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	read_common_arguments(fcinfo, &call, 3, 4, 5);
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * The forms below take exclude_self fifth, where the first form has it:
+ * a positional call of the first form (metric, exclude_self as unknown
+ * literals) then resolves to it alone (20_knn_join.sql, 22_...).
+ */
+
+/* knn_join(queries, targets, k, params, exclude_self, metric, method) */
+PG_FUNCTION_INFO_V1(knn_join_params);
+Datum
+knn_join_params(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	read_common_arguments(fcinfo, &call, 5, 4, 6);
+	read_params_argument(fcinfo, &call, 3);
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * knn_join(queries, targets, k, key, exclude_self, metric, method, params):
+ * ids of key's type (its value is not used, NULL::uuid is the usual form).
+ */
+PG_FUNCTION_INFO_V1(knn_join_keyed);
+Datum
+knn_join_keyed(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+	Oid			key_type = get_fn_expr_argtype(fcinfo->flinfo, 3);
+
+	read_common_arguments(fcinfo, &call, 5, 4, 6);
+	read_params_argument(fcinfo, &call, 7);
+	if (!OidIsValid(key_type))
+		elog(ERROR, "knn_join: could not determine the key's type");
+	call.key_type = key_type;
+	if (getBaseType(key_type) == RECORDOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("knn_join: the key cannot be an anonymous record"),
+				 errhint("Use a named composite type: key => NULL::my_type.")));
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * knn_range_join(queries, targets, radius, metric, exclude_self, k,
+ * inclusive, method, params): every pair within radius (k: at most that
+ * many per query, NULL = all), through the same reading, keys and
+ * statistics as knn_join; the engine's range job hands its pairs over while
+ * it works, so it never holds more than a bounded number of them.
+ */
+PG_FUNCTION_INFO_V1(knn_range_join);
+Datum
+knn_range_join(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	call.queries_sql = text_argument(fcinfo, 0, "queries");
+	call.targets_sql = text_argument(fcinfo, 1, "targets");
+	require_argument(fcinfo, 2, "radius");
+	call.radius = PG_GETARG_FLOAT8(2);
+	call.metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
+	require_argument(fcinfo, 4, "exclude_self");
+	call.exclude_self = PG_GETARG_BOOL(4);
+	if (!PG_ARGISNULL(5))
+	{
+		call.k = PG_GETARG_INT32(5);
+		if (call.k < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("k must be at least 1 (or NULL for every pair), not %d", call.k)));
+	}
+	require_argument(fcinfo, 6, "inclusive");
+	call.inclusive = PG_GETARG_BOOL(6);
+	call.method = (KnnMethod) named_argument(fcinfo, 7, "method", knn_method_names);
+	read_params_argument(fcinfo, &call, 8);
+	call.range = true;
+	knn_join_run_reported(fcinfo, &call);
 	PG_RETURN_NULL();
 }
 

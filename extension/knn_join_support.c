@@ -1,7 +1,8 @@
 /*
  * knn_join_support.c -- the planner support function of knn_join(): its
  * row estimate, |Q| x min(k, |T|), from the planner's own estimates of the
- * two query texts, instead of a fixed ROWS 1000.
+ * two query texts, instead of a fixed ROWS 1000 (for every form of
+ * knn_join: queries, targets and k come first in each).
  *
  * The texts are planned in a subtransaction, rolled back once the estimate
  * is read: a text that does not plan (a syntax error, a missing table)
@@ -17,6 +18,8 @@
 #include "utils/builtins.h"
 #include "utils/resowner.h"
 
+#include "knn_join_params.h"
+
 /* The planner's row estimate of one plain SELECT text, or -1. */
 static double
 planned_rows(const char *sql)
@@ -24,12 +27,15 @@ planned_rows(const char *sql)
 	List	   *raw;
 	List	   *queries;
 	Query	   *query;
+	Oid		   *param_types = NULL;
+	int			n_params = 0;
 
 	raw = pg_parse_query(sql);
 	if (list_length(raw) != 1)
 		return -1;
-	queries = pg_analyze_and_rewrite_fixedparams(linitial_node(RawStmt, raw), sql,
-												 NULL, 0, NULL);
+	/* $1, $2, ... (the params argument) are planned as unknown values. */
+	queries = knn_join_params_analyze(linitial_node(RawStmt, raw), sql, &param_types,
+									  &n_params);
 	if (list_length(queries) != 1)
 		return -1;
 	query = linitial_node(Query, queries);

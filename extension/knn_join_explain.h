@@ -1,0 +1,32 @@
+/*
+ * knn_join_explain.h -- EXPLAIN ANALYZE of a statement calling knn_join
+ * shows the engine's statistics.
+ *
+ * The planner wraps the Function Scan of a knn_join call in a Custom Scan
+ * "KNN Join Function" (set_rel_pathlist_hook) that passes its rows through
+ * unchanged; while it reads them, a knn_join call that finishes reports its
+ * record to it, and EXPLAIN ANALYZE prints the record under the node, as
+ * the KNN Join node does.
+ */
+#ifndef KNN_JOIN_EXPLAIN_H
+#define KNN_JOIN_EXPLAIN_H
+
+#include "postgres.h"
+
+#include "fmgr.h"
+
+#include "knn_stats.h"
+
+/* The C entry points of knn_join's SQL forms (knn_join.c). */
+extern Datum knn_join(PG_FUNCTION_ARGS);
+extern Datum knn_join_params(PG_FUNCTION_ARGS);
+extern Datum knn_join_keyed(PG_FUNCTION_ARGS);
+extern Datum knn_range_join(PG_FUNCTION_ARGS);
+
+/* Installs the planner hook; from _PG_init. */
+extern void knn_join_explain_register(void);
+
+/* A knn_join call's record, for the node reading its rows (if any). */
+extern void knn_join_explain_report(const KnnJoinRecord *record);
+
+#endif							/* KNN_JOIN_EXPLAIN_H */

@@ -1,0 +1,277 @@
+/*
+ * knn_progress.c -- per-backend progress files (knn_progress.h) and
+ * knn_gpu_progress_rows(), which reads them.
+ *
+ * The record has a change counter at both ends: a reader that sees two
+ * different values read it while it was being rewritten, and reads again.
+ */
+#include "postgres.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "access/xact.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/ipc.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+#include "knn_progress.h"
+
+#define KNN_PROGRESS_DIR "pg_stat_tmp"
+#define KNN_PROGRESS_PREFIX "knn_gpu_progress."
+#define KNN_PROGRESS_MAGIC 0x4b4e5031	/* "KNP1" */
+/* Least time between two writes that only count rows. */
+#define KNN_PROGRESS_INTERVAL_MS 100
+/* Rows counted between two looks at the clock. */
+#define KNN_PROGRESS_CLOCK_ROWS 256
+
+typedef struct KnnProgressRecord
+{
+	uint32		magic;
+	uint32		changes;		/* bumped at each write */
+	int32		pid;
+	int32		phase;			/* KnnProgressPhase; IDLE: no join */
+	int32		k;
+	char		source[24];
+	TimestampTz backend_start;
+	TimestampTz query_start;	/* the statement's, as pg_stat_activity's */
+	TimestampTz join_start;
+	TimestampTz phase_start;
+	int64		queries_read;
+	int64		targets_read;
+	int64		n_queries;		/* -1 until known */
+	int64		n_targets;
+	int64		rows_total;
+	int64		rows_returned;
+	int64		distance_computations;	/* -1 until the engine has finished */
+	uint32		changes_again;	/* == changes when the record is whole */
+} KnnProgressRecord;
+
+static KnnProgressRecord current;
+static int	progress_fd = -1;
+static char progress_path[MAXPGPATH];
+static TimestampTz last_write;
+static int	rows_since_clock;
+
+static const char *const phase_names[] = {
+	"idle", "reading queries", "reading targets", "sorting", "engine running", "returning rows"
+};
+
+static void
+remove_file_at_exit(int code, Datum arg)
+{
+	if (progress_fd >= 0)
+	{
+		close(progress_fd);
+		progress_fd = -1;
+		unlink(progress_path);
+	}
+}
+
+/* Writes the record; progress is best effort, so a failure is only logged. */
+static void
+write_record(void)
+{
+	current.changes++;
+	current.changes_again = current.changes;
+	last_write = GetCurrentTimestamp();
+	rows_since_clock = 0;
+	if (progress_fd < 0)
+		return;
+	if (pwrite(progress_fd, &current, sizeof(current), 0) != sizeof(current))
+		ereport(DEBUG1,
+				(errcode_for_file_access(),
+				 errmsg("could not write \"%s\": %m", progress_path)));
+}
+
+static void
+open_file(void)
+{
+	if (progress_fd >= 0 || DataDir == NULL)
+		return;
+	snprintf(progress_path, sizeof(progress_path), "%s/%s/%s%d", DataDir, KNN_PROGRESS_DIR,
+			 KNN_PROGRESS_PREFIX, MyProcPid);
+	progress_fd = open(progress_path, O_RDWR | O_CREAT | O_CLOEXEC, S_IRUSR | S_IWUSR);
+	if (progress_fd < 0)
+	{
+		ereport(DEBUG1,
+				(errcode_for_file_access(),
+				 errmsg("could not open \"%s\": %m", progress_path)));
+		return;
+	}
+	on_proc_exit(remove_file_at_exit, (Datum) 0);
+}
+
+void
+knn_progress_begin(const char *source, int32 k)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	open_file();
+	current.magic = KNN_PROGRESS_MAGIC;
+	current.pid = MyProcPid;
+	current.k = k;
+	strlcpy(current.source, source, sizeof(current.source));
+	current.backend_start = MyStartTimestamp;
+	current.query_start = GetCurrentStatementStartTimestamp();
+	current.join_start = now;
+	current.phase_start = now;
+	current.phase = KNN_PROGRESS_READING_QUERIES;
+	current.queries_read = 0;
+	current.targets_read = 0;
+	current.n_queries = -1;
+	current.n_targets = -1;
+	current.rows_total = -1;
+	current.rows_returned = 0;
+	current.distance_computations = -1;
+	write_record();
+}
+
+void
+knn_progress_phase(KnnProgressPhase phase)
+{
+	if (current.phase == KNN_PROGRESS_IDLE || current.phase == (int32) phase)
+		return;
+	current.phase = phase;
+	current.phase_start = GetCurrentTimestamp();
+	write_record();
+}
+
+void
+knn_progress_rows(int64 n)
+{
+	switch (current.phase)
+	{
+		case KNN_PROGRESS_READING_QUERIES:
+			current.queries_read += n;
+			break;
+		case KNN_PROGRESS_READING_TARGETS:
+			current.targets_read += n;
+			break;
+		case KNN_PROGRESS_RETURNING:
+			current.rows_returned += n;
+			break;
+		default:
+			return;
+	}
+	rows_since_clock += n;
+	if (rows_since_clock >= KNN_PROGRESS_CLOCK_ROWS)
+	{
+		rows_since_clock = 0;
+		if (TimestampDifferenceExceeds(last_write, GetCurrentTimestamp(),
+									   KNN_PROGRESS_INTERVAL_MS))
+			write_record();
+	}
+}
+
+void
+knn_progress_totals(int64 n_queries, int64 n_targets, int64 result_rows)
+{
+	if (current.phase == KNN_PROGRESS_IDLE)
+		return;
+	current.n_queries = n_queries;
+	current.n_targets = n_targets;
+	current.rows_total = result_rows;
+	write_record();
+}
+
+void
+knn_progress_work(int64 distance_computations)
+{
+	if (current.phase == KNN_PROGRESS_IDLE)
+		return;
+	current.distance_computations = distance_computations;
+}
+
+void
+knn_progress_end(void)
+{
+	if (current.phase == KNN_PROGRESS_IDLE)
+		return;
+	current.phase = KNN_PROGRESS_IDLE;
+	write_record();
+}
+
+/* Reads one file into *record; false if it is not a whole, live join's. */
+static bool
+read_record(const char *path, int32 pid, KnnProgressRecord *record)
+{
+	int			fd = open(path, O_RDONLY | O_CLOEXEC);
+	bool		whole = false;
+
+	if (fd < 0)
+		return false;
+	for (int attempt = 0; attempt < 10 && !whole; attempt++)
+		whole = pread(fd, record, sizeof(*record), 0) == sizeof(*record) &&
+			record->changes == record->changes_again;
+	close(fd);
+	/* A dead backend's file (it crashed) or another file of that name. */
+	return whole && record->magic == KNN_PROGRESS_MAGIC && record->pid == pid &&
+		record->phase > KNN_PROGRESS_IDLE && record->phase <= KNN_PROGRESS_RETURNING &&
+		(kill(pid, 0) == 0 || errno == EPERM);
+}
+
+static Datum
+count_or_null(int64 value, bool *isnull)
+{
+	*isnull = value < 0;
+	return Int64GetDatum(value);
+}
+
+PG_FUNCTION_INFO_V1(knn_gpu_progress_rows);
+Datum
+knn_gpu_progress_rows(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	char		dir_path[MAXPGPATH];
+	DIR		   *dir;
+	struct dirent *entry;
+
+	InitMaterializedSRF(fcinfo, 0);
+	snprintf(dir_path, sizeof(dir_path), "%s/%s", DataDir, KNN_PROGRESS_DIR);
+	dir = AllocateDir(dir_path);
+	while ((entry = ReadDir(dir, dir_path)) != NULL)
+	{
+		char		path[MAXPGPATH];
+		KnnProgressRecord record;
+		char	   *end;
+		long		pid;
+		Datum		values[15];
+		bool		nulls[15] = {0};
+
+		if (strncmp(entry->d_name, KNN_PROGRESS_PREFIX, strlen(KNN_PROGRESS_PREFIX)) != 0)
+			continue;
+		errno = 0;
+		pid = strtol(entry->d_name + strlen(KNN_PROGRESS_PREFIX), &end, 10);
+		if (*end != '\0' || errno != 0 || pid <= 0 || pid > PG_INT32_MAX)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir_path, entry->d_name);
+		if (!read_record(path, (int32) pid, &record))
+			continue;
+		record.source[sizeof(record.source) - 1] = '\0';
+		values[0] = Int32GetDatum(record.pid);
+		values[1] = TimestampTzGetDatum(record.backend_start);
+		values[2] = TimestampTzGetDatum(record.query_start);
+		values[3] = CStringGetTextDatum(record.source);
+		values[4] = CStringGetTextDatum(phase_names[record.phase]);
+		values[5] = TimestampTzGetDatum(record.join_start);
+		values[6] = TimestampTzGetDatum(record.phase_start);
+		values[7] = Int32GetDatum(record.k);
+		values[8] = Int64GetDatum(record.queries_read);
+		values[9] = Int64GetDatum(record.targets_read);
+		values[10] = count_or_null(record.n_queries, &nulls[10]);
+		values[11] = count_or_null(record.n_targets, &nulls[11]);
+		values[12] = count_or_null(record.distance_computations, &nulls[12]);
+		values[13] = Int64GetDatum(record.rows_returned);
+		values[14] = count_or_null(record.rows_total, &nulls[14]);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	FreeDir(dir);
+	return (Datum) 0;
+}

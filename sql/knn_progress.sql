@@ -1,0 +1,66 @@
+-- A running join's progress, seen from another session: a second session
+-- (dblink) runs a long CPU join, this one polls the knn_gpu_progress view
+-- until the join is in the engine, checks the counts it shows and the wait
+-- event beside it in pg_stat_activity, then cancels the join: its row goes.
+SET client_min_messages = warning;	-- another test may have created dblink
+CREATE EXTENSION IF NOT EXISTS dblink;
+RESET client_min_messages;
+SET jit = off;
+CREATE TABLE progress_rows AS
+SELECT i AS id, array_agg(((i * 7919 + j * 104729) % 1000)::real / 1000 ORDER BY j)::vector AS v
+FROM generate_series(1, 20000) i, generate_series(1, 128) j GROUP BY i;
+-- Nothing runs: no row.
+SELECT count(*) AS rows FROM knn_gpu_progress;
+SELECT dblink_connect('watched', format('host=%s port=%s dbname=%s',
+  split_part(current_setting('unix_socket_directories'), ',', 1),
+  current_setting('port'), current_database())) AS connected;
+SELECT dblink_exec('watched', 'SET knn_gpu.device = cpu') AS set_device;
+SELECT dblink_exec('watched', 'SET knn_gpu.threads = 1') AS set_threads;
+SELECT dblink_send_query('watched',
+  'SELECT count(*) FROM knn_join(''SELECT id, v FROM progress_rows'', ''SELECT id, v FROM progress_rows WHERE id > 0'', 10, method => ''brute'')') AS sent;
+-- Poll (up to 60 s) until the other backend's join waits for the engine; the
+-- phases seen on the way are those of a join (any of them may be too short to see).
+CREATE FUNCTION pg_temp.watch() RETURNS TABLE (phases_seen_valid boolean, source text, phase text,
+  k integer, queries_read bigint, targets_read bigint, queries bigint, targets bigint,
+  computations_known boolean, rows_returned bigint, wait_event_type text, elapsed_positive boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+  seen text[] := '{}';
+  p record;
+BEGIN
+  FOR i IN 1 .. 6000 LOOP
+    FOR p IN SELECT g.*, a.wait_event_type AS wait FROM knn_gpu_progress g JOIN pg_stat_activity a USING (pid)
+             WHERE g.pid <> pg_backend_pid() LOOP
+      seen := seen || p.phase;
+      -- the wait event is set right after the phase is written
+      IF p.phase = 'engine running' AND p.wait = 'Extension' THEN
+        RETURN QUERY SELECT seen <@ ARRAY['reading queries', 'reading targets', 'sorting', 'engine running'],
+          p.source, p.phase, p.k, p.queries_read, p.targets_read, p.queries, p.targets,
+          p.distance_computations IS NOT NULL, p.rows_returned, p.wait::text, p.elapsed > interval '0';
+        RETURN;
+      END IF;
+    END LOOP;
+    PERFORM pg_sleep(0.01);
+    -- pg_stat_activity is read once per transaction unless cleared
+    PERFORM pg_stat_clear_snapshot();
+  END LOOP;
+  RETURN QUERY SELECT false, NULL, 'not seen', NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint,
+    NULL::bigint, NULL::boolean, NULL::bigint, NULL, NULL::boolean;
+END $$;
+SELECT * FROM pg_temp.watch();
+-- The row is joinable to pg_stat_activity by pid and names the database.
+SELECT a.datname = current_database() AS same_database, a.query LIKE 'SELECT count(*) FROM knn_join(%' AS its_query
+FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
+SELECT dblink_cancel_query('watched') AS cancel;
+SELECT count(*) AS rows FROM dblink_get_result('watched', false) AS r(count bigint);
+SELECT dblink_error_message('watched') LIKE '%cancel%' AS was_cancelled;
+SELECT count(*) AS end_of_results FROM dblink_get_result('watched', false) AS r(count bigint);
+-- The cancelled join left no row, even in the files (the view would hide
+-- it anyway, as the backend is idle), and a join that ends normally leaves none.
+SELECT count(*) AS rows FROM knn_gpu_progress;
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+SELECT * FROM dblink('watched', 'SELECT count(*) FROM knn_join(''SELECT id, v FROM progress_rows WHERE id < 50'', ''SELECT id, v FROM progress_rows'', 3)') AS r(count bigint);
+SELECT count(*) AS rows FROM knn_gpu_progress;
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+SELECT dblink_disconnect('watched') AS disconnected;
+DROP TABLE progress_rows;
