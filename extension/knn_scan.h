@@ -5,12 +5,15 @@
  *     CROSS JOIN LATERAL (SELECT ..., t.v <-> q.v AS dist FROM items t
  *                         ORDER BY t.v <-> q.v LIMIT k) n
  *
+ * (and a plain join "FROM queries q JOIN items t ON t.v <-> q.v < r", which is
+ * what such a subquery with a radius and without ORDER BY or LIMIT becomes)
  * and its variants: LEFT JOIN LATERAL (...) ON ..., "WHERE t.id <> q.id"
  * in the subquery (the engine's self-exclusion, keys from knn_keys.h),
  * "WHERE t.g = q.g [AND t.h = q.h ...]" (the engine's per-group join, group
  * ids from knn_group_keys.h),
  * further ORDER BY keys after the distance (the inner scan's order, which
- * is the tie order), and OFFSET.
+ * is the tie order), OFFSET, and a radius "WHERE t.v <-> q.v < r" (or <=;
+ * r a run-time constant), with or without LIMIT (the engine's range join).
  *
  * as one batched join: every outer row and every row of items is read once,
  * all vectors go to the engine in one call, and the rows come back per
@@ -47,7 +50,12 @@ extern void knn_scan_register(void);
 typedef struct KnnJoinPath
 {
 	CustomPath	cpath;			/* must be first */
-	RelOptInfo *subquery_rel;	/* the lateral subquery: the join's inner rel */
+	RelOptInfo *subquery_rel;	/* the lateral subquery: the join's inner rel
+								 * (NULL for a plain radius join) */
+	Path	   *inner_path;		/* a plain radius join "a.v <op> b.v < r" of
+								 * two relations of this query: the inner
+								 * side's path (custom_paths' second);
+								 * NULL for a lateral subquery */
 	Var		   *target_vector;	/* inner operand: a Var of the subquery's one
 								 * relation, as it appears in the subquery */
 	Var		   *query_vector;	/* outer operand, as a Var of this query */
@@ -81,12 +89,20 @@ typedef struct KnnJoinPath
 	List	   *group_targets;	/* Vars: inner operands, as in the subquery */
 	List	   *group_queries;	/* Vars: outer operands, as Vars of this query */
 	List	   *group_collations;	/* OidList: each operator's collation */
+
+	/* Radius "<distance> < radius" (or <=), or NULL. */
+	Node	   *radius_qual;	/* the conjunct of the subquery's WHERE, or
+								 * a plain join's clause */
+	Expr	   *radius;			/* the run-time constant */
+	bool		radius_inclusive;	/* <= rather than < */
 } KnnJoinPath;
 
 /* knn_scan_shape.c */
 extern Index knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp);
 extern bool knn_scan_is_run_time_constant(Node *node);
 extern bool knn_scan_reject(const char *reason);	/* DEBUG1; returns false */
+extern bool knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids,
+											 Relids outer_relids, KnnJoinPath *kp);
 
 /* knn_scan_plan.c */
 extern const CustomPathMethods knn_join_path_methods;
@@ -119,22 +135,25 @@ typedef enum KnnJoinPrivate
 	KNN_PRIVATE_GROUP_TYPES,	/* IntList: the keys' types (Oids) */
 	KNN_PRIVATE_GROUP_COLLATIONS,	/* IntList: the operators' collations */
 	KNN_PRIVATE_GROUP_TEXT,		/* String: "t.g = q.g, ..." for EXPLAIN */
+	KNN_PRIVATE_RADIUS,			/* Integer: KnnRange, KNN_RANGE_NONE = no radius */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 
 /*
- * custom_exprs: the LIMIT count, the OFFSET (or NULL), the join filter (a
- * List, implicitly ANDed: clauses that decide whether a joined row is a
- * match -- filters above the subquery's LIMIT and the join's clauses) and
- * the filter (a List, JOIN_LEFT only: pushed-down clauses, checked on
- * matches and null-extended rows alike).
+ * custom_exprs: the LIMIT count (NULL: none), the OFFSET (or NULL), the
+ * join filter (a List, implicitly ANDed: clauses that decide whether a
+ * joined row is a match -- filters above the subquery's LIMIT and the
+ * join's clauses), the filter (a List, JOIN_LEFT only: pushed-down
+ * clauses, checked on matches and null-extended rows alike) and the radius
+ * (or NULL).
  */
 typedef enum KnnJoinExpr
 {
 	KNN_EXPR_LIMIT = 0,
 	KNN_EXPR_OFFSET,
 	KNN_EXPR_JOIN_FILTER,
-	KNN_EXPR_FILTER
+	KNN_EXPR_FILTER,
+	KNN_EXPR_RADIUS
 } KnnJoinExpr;
 
 /* custom_plans: the outer side's plan, then the inner relation's scan. */

@@ -42,6 +42,12 @@
  *    (and not between an excluded pair), so the operator's "different
  *    vector dimensions" error happens when the nested loop would hit it.
  *
+ *  - Radius ("WHERE <distance> < r", or <=, in the subquery; r evaluated
+ *    once): the engine's range join (knn_run_range_problem) returns, per
+ *    query, the pairs within r in distance order, capped at OFFSET + LIMIT
+ *    when there is a LIMIT. A NULL distance or a NULL r makes the
+ *    comparison NULL: such rows never come.
+ *
  * The rows then pass the node's quals (filters above the subquery's LIMIT
  * and join clauses: the join filter, and for LEFT JOIN the filter) and its
  * projection. A rescan starts over.
@@ -53,12 +59,14 @@
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "portability/instr_time.h"
+#include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/ruleutils.h"
 
 #include "knn_group_keys.h"
 #include "knn_keys.h"
 #include "knn_matrix.h"
+#include "knn_operator_values.h"
 #include "knn_run.h"
 #include "knn_scan.h"
 #include "knn_settings.h"
@@ -91,6 +99,8 @@ typedef struct KnnJoinState
 	AttrNumber *group_target_columns;
 	Oid		   *group_types;
 	Oid		   *group_collations;
+	KnnRange	radius_mode;	/* KNN_RANGE_NONE: the top-k join */
+	ExprState  *radius_state;
 	PlanState  *outer_ps;
 	PlanState  *inner_ps;
 	TupleTableSlot *outer_slot; /* reads back a stored outer row */
@@ -115,8 +125,14 @@ typedef struct KnnJoinState
 	int64	   *null_inner;		/* inner rows with a NULL vector, scan order */
 	int64		n_null_inner;
 	int32		engine_k;		/* neighbours per query from the engine */
-	int64	   *neighbors;		/* n_queries x engine_k */
+	int64	   *neighbors;		/* n_queries x engine_k; radius: see range_begin */
 	double	   *distances;
+	/* Radius: query q's pairs are [range_begin[q], range_begin[q + 1]) */
+	int64	   *range_begin;
+	int64	   *range_query;	/* while the engine runs: each pair's query */
+	int64		range_count;	/* pairs received */
+	int64		range_capacity; /* of neighbors, distances and range_query */
+	double		radius;
 
 	/* Where emission stands: the current outer row's sorted rows */
 	int64		current_outer;
@@ -191,6 +207,7 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	state->exclude_target_column = private_int(cscan, KNN_PRIVATE_EXCLUDE_TARGET);
 	state->exclude_type = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_TYPE);
 	state->exclude_collation = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_COLLATION);
+	state->radius_mode = (KnnRange) private_int(cscan, KNN_PRIVATE_RADIUS);
 	state->n_group_columns = list_length(list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_QUERY));
 	if (state->n_group_columns > 0)
 	{
@@ -224,6 +241,7 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 
 	state->limit_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT), &node->ss.ps);
 	state->offset_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_OFFSET), &node->ss.ps);
+	state->radius_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_RADIUS), &node->ss.ps);
 	state->join_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_JOIN_FILTER),
 									  &node->ss.ps);
 	state->other_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_FILTER),
@@ -240,6 +258,28 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 		elog(ERROR, "KNN Join: the target column is not of a joinable type");
 	state->join_cxt = AllocSetContextCreate(CurrentMemoryContext, "KNN Join",
 											ALLOCSET_DEFAULT_SIZES);
+}
+
+/*
+ * Runs a k-nearest problem whose rows are those of queries and targets. With
+ * pgvector's type the results are ranked by pgvector's own operator and
+ * carry its values (knn_operator_values.h), as PostgreSQL's plan would; with
+ * knn_gpu's type the engine's values are the operator's.
+ */
+static void
+run_knn(KnnJoinState *state, const KnnVectorReader *reader, KnnProblem *problem,
+		const KnnMatrix *queries, const KnnMatrix *targets, int64 *neighbors,
+		double *distances, KnnStats *stats)
+{
+	KnnOperatorValues by_operator;
+	Oid			type = TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
+									 state->target_column - 1)->atttypid;
+
+	if (knn_operator_values_init(&by_operator, type, state->metric, reader->element))
+		knn_operator_values_run(&by_operator, problem, queries, targets, neighbors, distances,
+								stats);
+	else
+		knn_run_problem(problem, neighbors, distances, stats);
 }
 
 /* Reads a child to the end, keeping its rows as minimal tuples. */
@@ -545,6 +585,117 @@ read_targets(KnnJoinState *state, const KnnVectorReader *reader, int query_dim,
 	}
 }
 
+/* One engine run of a radius join: where its query and target rows go. */
+typedef struct KnnRangeRun
+{
+	KnnJoinState *state;
+	const int64 *query_map;		/* run's query row -> the join's, NULL = same */
+	int64		target_base;	/* run's target row + this = the join's */
+} KnnRangeRun;
+
+/* KnnPairSink of a radius join: appends the pairs, with the join's rows. */
+static void
+keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
+		   const double *distances, int64 n)
+{
+	KnnRangeRun *run = (KnnRangeRun *) arg;
+	KnnJoinState *state = run->state;
+	int64		c = state->range_count;
+
+	if (c + n > state->range_capacity)
+	{
+		int64		capacity = Max(state->range_capacity * 2, c + n);
+
+		state->neighbors = repalloc_huge(state->neighbors, sizeof(int64) * capacity);
+		state->distances = repalloc_huge(state->distances, sizeof(double) * capacity);
+		state->range_query = repalloc_huge(state->range_query, sizeof(int64) * capacity);
+		state->range_capacity = capacity;
+	}
+	for (int64 i = 0; i < n; i++)
+	{
+		state->range_query[c + i] = run->query_map != NULL ? run->query_map[query_rows[i]]
+			: query_rows[i];
+		state->neighbors[c + i] = run->target_base + target_rows[i];
+		state->distances[c + i] = distances[i];
+	}
+	state->range_count = c + n;
+}
+
+/* Before the runs of a radius join: no pair yet. */
+static void
+start_ranges(KnnJoinState *state)
+{
+	state->range_capacity = 1024;
+	state->range_count = 0;
+	state->neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * state->range_capacity);
+	state->distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * state->range_capacity);
+	state->range_query = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * state->range_capacity);
+}
+
+/*
+ * A radius join of the problem's queries and targets (problem->k: the cap
+ * per query): its pairs appended in the engine's order (per query by
+ * distance, then target row).
+ */
+static void
+run_range(KnnJoinState *state, KnnProblem *problem, KnnStats *stats, const int64 *query_map,
+		  int64 target_base)
+{
+	KnnRangeRun run = {state, query_map, target_base};
+
+	problem->range = state->radius_mode;
+	problem->max_distance = state->radius;
+	knn_run_range_problem(problem, keep_pairs, &run, stats);
+}
+
+/*
+ * After the runs: query q's pairs are [range_begin[q], range_begin[q + 1])
+ * (a stable counting sort by query: each query's pairs come from one run,
+ * in order).
+ */
+static void
+finish_ranges(KnnJoinState *state, int64 n_queries)
+{
+	int64		n = state->range_count;
+	int64	   *begin = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * (n_queries + 1));
+	bool		in_order = true;
+
+	memset(begin, 0, sizeof(int64) * (n_queries + 1));
+	for (int64 c = 0; c < n; c++)
+	{
+		begin[state->range_query[c] + 1]++;
+		if (c > 0 && state->range_query[c] < state->range_query[c - 1])
+			in_order = false;
+	}
+	for (int64 q = 0; q < n_queries; q++)
+		begin[q + 1] += begin[q];
+	if (!in_order)
+	{
+		int64	   *fill = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * Max(1, n_queries));
+		int64	   *neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * Max(1, n));
+		double	   *distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * Max(1, n));
+
+		memcpy(fill, begin, sizeof(int64) * n_queries);
+		for (int64 c = 0; c < n; c++)
+		{
+			int64		slot = fill[state->range_query[c]]++;
+
+			neighbors[slot] = state->neighbors[c];
+			distances[slot] = state->distances[c];
+			if ((c & 65535) == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+		pfree(fill);
+		pfree(state->neighbors);
+		pfree(state->distances);
+		state->neighbors = neighbors;
+		state->distances = distances;
+	}
+	pfree(state->range_query);
+	state->range_query = NULL;
+	state->range_begin = begin;
+}
+
 /*
  * Builds the engine's matrices from the stored rows (queries from outer
  * rows, targets from inner rows, NULL vectors left out) and runs it.
@@ -594,10 +745,13 @@ run_engine(KnnJoinState *state, int64 wanted)
 		return;
 	}
 
-	state->neighbors = MemoryContextAllocHuge(state->join_cxt,
-											  sizeof(int64) * queries.n * state->engine_k);
-	state->distances = MemoryContextAllocHuge(state->join_cxt,
-											  sizeof(double) * queries.n * state->engine_k);
+	if (state->radius_mode == KNN_RANGE_NONE)
+	{
+		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
+												  sizeof(int64) * queries.n * state->engine_k);
+		state->distances = MemoryContextAllocHuge(state->join_cxt,
+												  sizeof(double) * queries.n * state->engine_k);
+	}
 
 	/* Targets are in scan order, so the engine breaks ties by scan order. */
 	knn_matrix_problem(&problem, &queries, &targets, state->engine_k);
@@ -617,7 +771,15 @@ run_engine(KnnJoinState *state, int64 wanted)
 	 */
 	if (knn_matrix_same_values(&queries, &targets))
 		problem.targets = problem.queries;
-	knn_run_problem(&problem, state->neighbors, state->distances, &stats);
+	if (state->radius_mode != KNN_RANGE_NONE)
+	{
+		start_ranges(state);
+		run_range(state, &problem, &stats, NULL, 0);
+		finish_ranges(state, queries.n);
+	}
+	else
+		run_knn(state, reader, &problem, &queries, &targets, state->neighbors, state->distances,
+				&stats);
 
 	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
 	state->have_record = true;
@@ -768,8 +930,6 @@ run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const Kn
 	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
 
 	k = (int32) Min(wanted, dt->targets.n);
-	neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * queries.n * k);
-	distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * queries.n * k);
 	knn_matrix_problem(&problem, &queries, &dt->targets, k);
 	problem.metric = state->metric;
 	problem.method = KNN_METHOD_AUTO;
@@ -784,7 +944,17 @@ run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const Kn
 	if (knn_matrix_same_values(&queries, &dt->targets) &&
 		memcmp(query_groups, dt->groups, sizeof(int64) * queries.n) == 0)
 		problem.targets = problem.queries;
-	knn_run_problem(&problem, neighbors, distances, &stats);
+	if (state->radius_mode != KNN_RANGE_NONE)
+	{
+		run_range(state, &problem, &stats, scratch_query, base);
+		knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
+		state->have_record = true;
+		knn_matrix_free(&queries);
+		return;
+	}
+	neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * queries.n * k);
+	distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * queries.n * k);
+	run_knn(state, reader, &problem, &queries, &dt->targets, neighbors, distances, &stats);
 	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
 	state->have_record = true;
 
@@ -861,12 +1031,17 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 		state->engine_k = 0;
 		return;
 	}
-	state->neighbors = MemoryContextAllocHuge(state->join_cxt,
-											  sizeof(int64) * n_queries * state->engine_k);
-	state->distances = MemoryContextAllocHuge(state->join_cxt,
-											  sizeof(double) * n_queries * state->engine_k);
-	for (int64 i = 0; i < n_queries * state->engine_k; i++)
-		state->neighbors[i] = -1;	/* a group with fewer targets than k */
+	if (state->radius_mode != KNN_RANGE_NONE)
+		start_ranges(state);
+	else
+	{
+		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
+												  sizeof(int64) * n_queries * state->engine_k);
+		state->distances = MemoryContextAllocHuge(state->join_cxt,
+												  sizeof(double) * n_queries * state->engine_k);
+		for (int64 i = 0; i < n_queries * state->engine_k; i++)
+			state->neighbors[i] = -1;	/* a group with fewer targets than k */
+	}
 
 	old = MemoryContextSwitchTo(state->join_cxt);
 	scratch_query = palloc_extended(sizeof(int64) * n_queries, MCXT_ALLOC_HUGE);
@@ -879,6 +1054,8 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 							scratch_query, query_keys, query_groups);
 		knn_matrix_free(&per_dim[d].targets);
 	}
+	if (state->radius_mode != KNN_RANGE_NONE)
+		finish_ranges(state, n_queries);
 }
 
 /* The whole join, on the first call after start or rescan. */
@@ -906,6 +1083,17 @@ compute_join(KnnJoinState *state)
 	limit = evaluate_count(state, state->limit_state, false);
 	if (limit == 0)
 		return;
+	/* "<distance> < NULL" is never true: no rows (but LEFT JOIN's). */
+	if (state->radius_mode != KNN_RANGE_NONE)
+	{
+		ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
+		bool		isnull;
+		Datum		value = ExecEvalExprSwitchContext(state->radius_state, econtext, &isnull);
+
+		if (isnull)
+			return;
+		state->radius = DatumGetFloat8(value);
+	}
 	state->inner_rows = read_all_rows(state->inner_ps, state->join_cxt, &state->n_inner);
 	if (state->offset < state->n_inner)
 		state->k = limit < 0 ? state->n_inner - state->offset :
@@ -955,6 +1143,22 @@ next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *di
 		outer_without_group(state, state->current_outer))
 		return false;
 	query = state->query_of_outer[state->current_outer];
+	if (state->radius_mode != KNN_RANGE_NONE)
+	{
+		/* No tail: a NULL distance is never within the radius. */
+		int64		slot;
+
+		if (query < 0 || state->range_begin == NULL)
+			return false;
+		slot = state->range_begin[query] + state->position;
+		if (slot >= state->range_begin[query + 1])
+			return false;
+		state->position++;
+		*inner_row = state->inner_of_target[state->neighbors[slot]];
+		*distance = state->distances[slot];
+		*distance_null = false;
+		return true;
+	}
 	if (query >= 0 && !state->in_tail)
 	{
 		int64		slot = query * state->engine_k + state->position;
@@ -1132,6 +1336,9 @@ forget_execution(KnnJoinState *state)
 	state->null_inner = NULL;
 	state->neighbors = NULL;
 	state->distances = NULL;
+	state->range_begin = NULL;
+	state->range_query = NULL;
+	state->range_count = state->range_capacity = 0;
 	state->n_outer = state->n_inner = state->n_null_inner = 0;
 	state->k = 0;
 	state->engine_k = 0;
@@ -1213,6 +1420,25 @@ explain_count(CustomScanState *node, List *ancestors, ExplainState *es, const ch
 	}
 }
 
+/* "Radius: < 0.5" (or "<= $1"): the bound the distance is compared with. */
+static void
+explain_radius(CustomScanState *node, List *ancestors, ExplainState *es, Node *radius,
+			   bool inclusive)
+{
+	const char *bound;
+
+	if (IsA(radius, Const) && ((Const *) radius)->constisnull)
+		bound = "NULL";
+	else if (IsA(radius, Const))
+		bound = DatumGetCString(DirectFunctionCall1(float8out, ((Const *) radius)->constvalue));
+	else
+		bound = deparse_expression(radius,
+								   set_deparse_context_plan(es->deparse_cxt, node->ss.ps.plan,
+															ancestors),
+								   false, false);
+	ExplainPropertyText("Radius", psprintf("%s %s", inclusive ? "<=" : "<", bound), es);
+}
+
 static void
 knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 {
@@ -1223,7 +1449,11 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 
 	if (state->jointype == JOIN_LEFT)
 		ExplainPropertyText("Join Type", "Left", es);
-	explain_count(node, ancestors, es, "K", list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT));
+	if (state->radius_mode != KNN_RANGE_NONE)
+		explain_radius(node, ancestors, es, list_nth(cscan->custom_exprs, KNN_EXPR_RADIUS),
+					   state->radius_mode == KNN_RANGE_AT_MOST);
+	if (list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT) != NULL)
+		explain_count(node, ancestors, es, "K", list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT));
 	if (offset != NULL)
 		explain_count(node, ancestors, es, "Offset", offset);
 	ExplainPropertyText("Metric", knn_metric_name(state->metric), es);

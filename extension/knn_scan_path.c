@@ -240,12 +240,22 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 	if (!collect_needed_columns(joinrel, innerrel, clauses, outer_path, kp))
 		return knn_scan_reject("a whole-row reference to the subquery, or a column the outer side does not provide");
 
-	/* LIMIT and OFFSET as planned in the subquery (constants folded, $n bound). */
+	/*
+	 * LIMIT and OFFSET as planned in the subquery (constants folded, $n
+	 * bound); the radius folded the same way. No LIMIT (only with a
+	 * radius): every row within the radius.
+	 */
 	kp->limit = (Expr *) subroot->parse->limitCount;
 	kp->offset = (Expr *) subroot->parse->limitOffset;
-	if (!knn_scan_is_run_time_constant((Node *) kp->limit) ||
+	if ((kp->limit != NULL && !knn_scan_is_run_time_constant((Node *) kp->limit)) ||
 		(kp->offset != NULL && !knn_scan_is_run_time_constant((Node *) kp->offset)))
 		return knn_scan_reject("LIMIT or OFFSET is not a constant or parameter");
+	if (kp->radius != NULL)
+	{
+		kp->radius = (Expr *) eval_const_expressions(root, (Node *) copyObject(kp->radius));
+		if (!knn_scan_is_run_time_constant((Node *) kp->radius))
+			return knn_scan_reject("the radius is not a constant or parameter");
+	}
 	return true;
 }
 
@@ -275,6 +285,100 @@ build_path(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *innerrel,
 	cost_knn_join(root, kp, outer_path, joinrel, target_rel);
 }
 
+/* Is every Var of the expressions one of the two paths' output? */
+static bool
+paths_provide(List *exprs, Path *outer_path, Path *inner_path)
+{
+	List	   *vars = pull_var_clause((Node *) exprs, 0);
+	ListCell   *lc;
+
+	foreach(lc, vars)
+		if (!outer_provides(outer_path, lfirst(lc)) && !outer_provides(inner_path, lfirst(lc)))
+			return false;
+	return true;
+}
+
+/*
+ * A plain join of two relations of this query with a radius join clause
+ * "a.v <op> b.v < r" (or <=): the lateral subquery with a radius and
+ * without ORDER BY or LIMIT after PostgreSQL pulled it up, or the join
+ * written so. The outer side's rows are the queries, the inner side's the
+ * targets (the distances are symmetric, bit for bit, so either order is
+ * the operator's value); the other clauses filter the engine's pairs.
+ */
+static void
+try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
+					  RelOptInfo *innerrel, JoinType jointype, JoinPathExtraData *extra)
+{
+	Path	   *outer_path = outerrel->cheapest_total_path;
+	Path	   *inner_path = innerrel->cheapest_total_path;
+	KnnJoinPath *kp = NULL;
+	RestrictInfo *radius_rinfo = NULL;
+	List	   *clauses;
+	ListCell   *lc;
+
+	if ((jointype != JOIN_INNER && jointype != JOIN_LEFT) || root->rowMarks != NIL ||
+		outer_path == NULL || inner_path == NULL ||
+		outer_path->param_info != NULL || inner_path->param_info != NULL ||
+		!bms_is_empty(joinrel->lateral_relids) || !bms_is_empty(innerrel->lateral_relids) ||
+		!bms_is_empty(outerrel->lateral_relids))
+		return;
+	foreach(lc, extra->restrictlist)
+	{
+		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
+
+		if (jointype == JOIN_LEFT && RINFO_IS_PUSHED_DOWN(rinfo, joinrel->relids))
+			continue;
+		kp = palloc0(sizeof(KnnJoinPath));
+		if (knn_scan_recognise_radius_clause(rinfo->clause, innerrel->relids, outerrel->relids, kp))
+		{
+			radius_rinfo = rinfo;
+			break;
+		}
+		pfree(kp);
+		kp = NULL;
+	}
+	if (kp == NULL)
+		return;
+
+	/* The other clauses: the join filter, and for a left join the filter. */
+	kp->jointype = jointype;
+	foreach(lc, extra->restrictlist)
+	{
+		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
+
+		if (rinfo == radius_rinfo)
+			continue;
+		if (jointype == JOIN_LEFT && RINFO_IS_PUSHED_DOWN(rinfo, joinrel->relids))
+			kp->other_clauses = lappend(kp->other_clauses, rinfo);
+		else
+			kp->join_clauses = lappend(kp->join_clauses, rinfo);
+	}
+	clauses = get_actual_clauses(list_concat(list_copy(kp->join_clauses), kp->other_clauses));
+	if (contains_placeholders_walker((Node *) joinrel->reltarget->exprs, NULL) ||
+		contains_placeholders_walker((Node *) clauses, NULL))
+	{
+		knn_scan_reject("the join uses PlaceHolderVars");
+		return;
+	}
+	if (!outer_provides(outer_path, (Expr *) kp->query_vector) ||
+		!outer_provides(inner_path, (Expr *) kp->target_vector) ||
+		!paths_provide(joinrel->reltarget->exprs, outer_path, inner_path) ||
+		!paths_provide(clauses, outer_path, inner_path))
+	{
+		knn_scan_reject("a column the join needs is not in its sides' rows");
+		return;
+	}
+	kp->radius = (Expr *) eval_const_expressions(root, (Node *) copyObject(kp->radius));
+	if (!knn_scan_is_run_time_constant((Node *) kp->radius))
+		return;
+	kp->inner_path = inner_path;
+	build_path(root, joinrel, innerrel, outer_path, innerrel, kp);
+	kp->subquery_rel = NULL;
+	kp->cpath.custom_paths = list_make2(outer_path, inner_path);
+	add_path(joinrel, &kp->cpath.path);
+}
+
 static void
 knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 					   RelOptInfo *outerrel, RelOptInfo *innerrel,
@@ -291,12 +395,15 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 	if (prev_join_pathlist_hook)
 		prev_join_pathlist_hook(root, joinrel, outerrel, innerrel, jointype, extra);
 
-	if (!knn_gpu_enable_knn_join ||
-		joinrel->reloptkind != RELOPT_JOINREL ||
-		innerrel->reloptkind != RELOPT_BASEREL ||
-		innerrel->rtekind != RTE_SUBQUERY || innerrel->subroot == NULL ||
-		IS_DUMMY_REL(innerrel))
+	if (!knn_gpu_enable_knn_join || joinrel->reloptkind != RELOPT_JOINREL ||
+		IS_DUMMY_REL(innerrel) || IS_DUMMY_REL(outerrel))
 		return;
+	if (innerrel->reloptkind != RELOPT_BASEREL ||
+		innerrel->rtekind != RTE_SUBQUERY || innerrel->subroot == NULL)
+	{
+		try_plain_radius_join(root, joinrel, outerrel, innerrel, jointype, extra);
+		return;
+	}
 
 	/* The subquery may reference the outer side only, which must need nothing. */
 	if (!bms_is_subset(innerrel->lateral_relids, outerrel->relids) ||

@@ -91,8 +91,8 @@ inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
 }
 
 /*
- * The subquery's WHERE without the self-exclusion and the group equalities
- * (they refer to the outer row).
+ * The subquery's WHERE without the self-exclusion, the group equalities
+ * and the radius (they refer to the outer row).
  */
 static Node *
 inner_where(KnnJoinPath *kp, Node *quals)
@@ -100,11 +100,13 @@ inner_where(KnnJoinPath *kp, Node *quals)
 	List	   *conjuncts;
 	ListCell   *lc;
 
-	if (kp->exclude_qual == NULL && kp->group_quals == NIL)
+	if (kp->exclude_qual == NULL && kp->group_quals == NIL && kp->radius_qual == NULL)
 		return quals;
 	conjuncts = make_ands_implicit((Expr *) quals);
 	if (kp->exclude_qual != NULL)
 		conjuncts = list_delete(conjuncts, kp->exclude_qual);
+	if (kp->radius_qual != NULL)
+		conjuncts = list_delete(conjuncts, kp->radius_qual);
 	foreach(lc, kp->group_quals)
 		conjuncts = list_delete(conjuncts, lfirst(lc));
 	return conjuncts == NIL ? NULL : (Node *) make_ands_explicit(conjuncts);
@@ -235,6 +237,17 @@ outer_column(Plan *outer_plan, Expr *expr)
 	return tle->resno;
 }
 
+/* A plain join: the column of the inner plan's rows that holds expr. */
+static AttrNumber
+inner_plan_column(Plan *inner_plan, Expr *expr)
+{
+	TargetEntry *tle = tlist_member(expr, inner_plan->targetlist);
+
+	if (tle == NULL)
+		elog(ERROR, "KNN Join: inner plan does not provide a needed column");
+	return tle->resno;
+}
+
 /* The column of the inner plan's rows that holds subquery column attno. */
 static AttrNumber
 inner_column(KnnJoinPath *kp, AttrNumber attno)
@@ -256,9 +269,10 @@ inner_column(KnnJoinPath *kp, AttrNumber attno)
  * set its own expressions of these Vars.)
  */
 static List *
-scan_tuple(KnnJoinPath *kp, Plan *outer_plan, List *tlist, List *quals, List **sources)
+scan_tuple(KnnJoinPath *kp, Plan *outer_plan, Plan *inner_plan, List *tlist, List *quals,
+		   List **sources)
 {
-	Index		subquery_relid = kp->subquery_rel->relid;
+	Index		subquery_relid = kp->subquery_rel != NULL ? kp->subquery_rel->relid : 0;
 	List	   *scan_tlist;
 	ListCell   *lc;
 
@@ -271,7 +285,14 @@ scan_tuple(KnnJoinPath *kp, Plan *outer_plan, List *tlist, List *quals, List **s
 		Var		   *var = castNode(Var, lfirst_node(TargetEntry, lc)->expr);
 		int			source;
 
-		if (var->varno != subquery_relid)
+		if (kp->inner_path != NULL)
+		{
+			/* A plain join: a column of either side's rows. */
+			TargetEntry *tle = tlist_member((Expr *) var, outer_plan->targetlist);
+
+			source = tle != NULL ? tle->resno : -inner_plan_column(inner_plan, (Expr *) var);
+		}
+		else if (var->varno != subquery_relid)
 			source = outer_column(outer_plan, (Expr *) var);
 		else if (list_member_int(kp->distance_columns, var->varattno))
 			source = 0;
@@ -288,7 +309,8 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 {
 	KnnJoinPath *kp = (KnnJoinPath *) best_path;
 	Plan	   *outer_plan = linitial(custom_plans);
-	Plan	   *inner_plan = plan_inner_relation(root, kp);
+	Plan	   *inner_plan = kp->inner_path != NULL ? lsecond(custom_plans) :
+		plan_inner_relation(root, kp);
 	CustomScan *cscan = makeNode(CustomScan);
 	List	   *join_quals;
 	List	   *other_quals;
@@ -298,7 +320,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	/* Whether a row matches (clauses is empty for a join rel), and after. */
 	join_quals = get_actual_clauses(list_concat(list_copy(clauses), kp->join_clauses));
 	other_quals = get_actual_clauses(kp->other_clauses);
-	cscan->custom_scan_tlist = scan_tuple(kp, outer_plan, tlist,
+	cscan->custom_scan_tlist = scan_tuple(kp, outer_plan, inner_plan, tlist,
 										  list_concat(list_copy(join_quals), other_quals),
 										  &sources);
 
@@ -311,12 +333,13 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->scan.scanrelid = 0;
 	cscan->flags = best_path->flags;
 	cscan->custom_plans = list_make2(outer_plan, inner_plan);
-	cscan->custom_exprs = list_make4(copyObject(kp->limit), copyObject(kp->offset),
-									 join_quals, other_quals);
+	cscan->custom_exprs = list_make5(copyObject(kp->limit), copyObject(kp->offset),
+									 join_quals, other_quals, copyObject(kp->radius));
 	cscan->custom_private = list_make5(makeInteger(kp->metric),
 									   makeInteger(outer_column(outer_plan,
 																(Expr *) kp->query_vector)),
-									   makeInteger(1),
+									   makeInteger(kp->inner_path != NULL ?
+												   inner_plan_column(inner_plan, (Expr *) kp->target_vector) : 1),
 									   makeInteger(kp->target_is_left ? 1 : 0),
 									   sources);
 	cscan->custom_private = lappend(cscan->custom_private, makeInteger(kp->jointype));
@@ -331,6 +354,10 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->custom_private = lappend(cscan->custom_private,
 									makeString(exclude ? exclusion_text(root, kp) : pstrdup("")));
 	group_private(root, kp, outer_plan, cscan);
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger(kp->radius == NULL ? KNN_RANGE_NONE :
+												kp->radius_inclusive ? KNN_RANGE_AT_MOST :
+												KNN_RANGE_BELOW));
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

@@ -3,10 +3,13 @@
  * Join can run? Checked on the subquery's parse tree:
  *
  *     SELECT <expressions of t>, <the distance> FROM <one relation> t
- *     [WHERE <conditions on t> [AND t.g = q.g ...] [AND t.id <> q.id]]
+ *     [WHERE <conditions on t> [AND t.g = q.g ...] [AND t.id <> q.id]
+ *            [AND <the distance> < (or <=) <run-time constant>]]
  *     ORDER BY <distance between a column of t and one of the outer query>
  *              [, <expressions of t>, ...]
  *     LIMIT <run-time constant> [OFFSET <run-time constant>]
+ *
+ * (With the radius condition, LIMIT is optional: every row within it.)
  *
  * Anything else keeps PostgreSQL's plan. For subqueries ordered by a
  * distance, the reason is logged at DEBUG1 ("KNN Join not used: ...").
@@ -20,6 +23,8 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
+#include "access/stratnum.h"
+#include "utils/lsyscache.h"
 #include "utils/typcache.h"
 
 #include "knn_keys.h"
@@ -145,8 +150,6 @@ recognise_clauses(Query *sq)
 		return knn_scan_reject("the subquery locks rows");
 	if (sq->cteList != NIL || sq->hasRecursive || sq->hasModifyingCTE)
 		return knn_scan_reject("the subquery has WITH");
-	if (sq->limitCount == NULL)
-		return knn_scan_reject("the subquery has no LIMIT");
 	if (sq->limitOption != LIMIT_OPTION_COUNT)
 		return knn_scan_reject("the subquery has FETCH ... WITH TIES");
 	return true;
@@ -336,11 +339,64 @@ recognise_group(Node *qual, RangeTblRef *rtr, KnnJoinPath *kp)
 }
 
 /*
- * WHERE: conditions on the relation alone, same result every time, group
- * equalities, and at most one self-exclusion.
+ * The float8 comparison "<" or "<=" (*inclusive) that opno is, read with
+ * the distance on its left (*distance_left) or right ("r > d" is "d < r"),
+ * by catalog identity: float8's default btree operator family.
  */
 static bool
-recognise_where(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
+radius_comparison(Oid opno, bool distance_left, bool *inclusive)
+{
+	TypeCacheEntry *entry = lookup_type_cache(FLOAT8OID, TYPECACHE_BTREE_OPFAMILY);
+	int			below = distance_left ? BTLessStrategyNumber : BTGreaterStrategyNumber;
+	int			at_most = distance_left ? BTLessEqualStrategyNumber : BTGreaterEqualStrategyNumber;
+
+	if (!OidIsValid(entry->btree_opf))
+		return false;
+	if (opno == get_opfamily_member(entry->btree_opf, FLOAT8OID, FLOAT8OID, below))
+		*inclusive = false;
+	else if (opno == get_opfamily_member(entry->btree_opf, FLOAT8OID, FLOAT8OID, at_most))
+		*inclusive = true;
+	else
+		return false;
+	return true;
+}
+
+/*
+ * "<the distance> < r" or "<= r" (or "r > <the distance>", ">="), the
+ * distance being the ORDER BY's and r a run-time constant: the radius.
+ */
+static bool
+recognise_radius(Node *qual, OpExpr *distance, KnnJoinPath *kp)
+{
+	OpExpr	   *op = (OpExpr *) qual;
+	bool		distance_left;
+	bool		inclusive;
+	Node	   *radius;
+
+	if (!IsA(op, OpExpr) || list_length(op->args) != 2)
+		return false;
+	if (is_same_distance(linitial(op->args), distance))
+		distance_left = true;
+	else if (is_same_distance(lsecond(op->args), distance))
+		distance_left = false;
+	else
+		return false;
+	radius = distance_left ? lsecond(op->args) : linitial(op->args);
+	if (!radius_comparison(op->opno, distance_left, &inclusive) ||
+		exprType(radius) != FLOAT8OID || !knn_scan_is_run_time_constant(radius))
+		return false;
+	kp->radius_qual = qual;
+	kp->radius = (Expr *) radius;
+	kp->radius_inclusive = inclusive;
+	return true;
+}
+
+/*
+ * WHERE: conditions on the relation alone, same result every time, group
+ * equalities, at most one self-exclusion and at most one radius.
+ */
+static bool
+recognise_where(Query *sq, RangeTblRef *rtr, OpExpr *distance, KnnJoinPath *kp)
 {
 	ListCell   *lc;
 
@@ -352,9 +408,16 @@ recognise_where(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 
 		if (!references_upper_levels(qual) || recognise_group(qual, rtr, kp))
 			continue;
-		if (kp->exclude_qual != NULL || !recognise_exclusion(qual, rtr, kp))
-			return knn_scan_reject("the subquery's WHERE references the outer query other than by \"inner column = outer column\" and one \"inner column <> outer column\", of one type with default hashable equality");
+		if (kp->radius_qual == NULL && recognise_radius(qual, distance, kp))
+			continue;
+		if (kp->exclude_qual == NULL && recognise_exclusion(qual, rtr, kp))
+			continue;
+		if (contains_distance_walker(qual, NULL))
+			return knn_scan_reject("the subquery's WHERE uses a distance other than in one \"<the ORDER BY distance> < (or <=) <constant or parameter>\"");
+		return knn_scan_reject("the subquery's WHERE references the outer query other than by \"inner column = outer column\" and one \"inner column <> outer column\", of one type with default hashable equality");
 	}
+	if (kp->radius_qual == NULL && sq->limitCount == NULL)
+		return knn_scan_reject("the subquery has no LIMIT (and no radius: \"distance < constant\")");
 	return true;
 }
 
@@ -387,6 +450,60 @@ recognise_select_list(Query *sq, OpExpr *distance, KnnJoinPath *kp)
 	return true;
 }
 
+/*
+ * A plain join's clause "a.v <op> b.v < r" (or <=, or "r > ..."): a
+ * distance operator between a column of the inner relations (inner_relids)
+ * and one of the outer ones, of one vector type, and r a run-time
+ * constant. (A LATERAL subquery without ORDER BY and LIMIT is pulled up
+ * into such a join.) Fills the distance and radius fields of kp.
+ */
+bool
+knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids, Relids outer_relids,
+								 KnnJoinPath *kp)
+{
+	OpExpr	   *op = (OpExpr *) clause;
+	OpExpr	   *distance;
+	Node	   *radius;
+	Var		   *left;
+	Var		   *right;
+	bool		distance_left;
+	bool		inclusive;
+	KnnMetric	metric;
+
+	if (!IsA(op, OpExpr) || list_length(op->args) != 2)
+		return false;
+	distance_left = IsA(linitial(op->args), OpExpr);
+	distance = (OpExpr *) (distance_left ? linitial(op->args) : lsecond(op->args));
+	radius = distance_left ? lsecond(op->args) : linitial(op->args);
+	if (!IsA(distance, OpExpr) || list_length(distance->args) != 2 ||
+		distance->opresulttype != FLOAT8OID ||
+		!knn_distance_operator_metric(distance->opno, &metric) ||
+		!IsA(linitial(distance->args), Var) || !IsA(lsecond(distance->args), Var) ||
+		!radius_comparison(op->opno, distance_left, &inclusive) ||
+		exprType(radius) != FLOAT8OID || !knn_scan_is_run_time_constant(radius))
+		return false;
+	left = linitial(distance->args);
+	right = lsecond(distance->args);
+	if (left->varlevelsup != 0 || right->varlevelsup != 0 ||
+		left->varattno <= 0 || right->varattno <= 0 || left->vartype != right->vartype ||
+		!is_joinable_kind(knn_vector_kind(left->vartype)))
+		return false;
+	if (bms_is_member(left->varno, inner_relids) && bms_is_member(right->varno, outer_relids))
+		kp->target_is_left = true;
+	else if (bms_is_member(right->varno, inner_relids) && bms_is_member(left->varno, outer_relids))
+		kp->target_is_left = false;
+	else
+		return false;
+	kp->metric = metric;
+	kp->distance_operator = distance->opno;
+	kp->target_vector = kp->target_is_left ? left : right;
+	kp->query_vector = kp->target_is_left ? right : left;
+	kp->radius_qual = (Node *) clause;
+	kp->radius = (Expr *) radius;
+	kp->radius_inclusive = inclusive;
+	return true;
+}
+
 Index
 knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp)
 {
@@ -397,12 +514,12 @@ knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp)
 		return 0;
 	if (!recognise_clauses(sq) || (rtr = recognise_relation(sq)) == NULL ||
 		(distance = recognise_distance(sq, rtr, kp)) == NULL ||
-		!recognise_tie_order(sq) || !recognise_where(sq, rtr, kp) ||
+		!recognise_tie_order(sq) || !recognise_where(sq, rtr, distance, kp) ||
 		!recognise_select_list(sq, distance, kp))
 		return 0;
 
 	/* LIMIT and OFFSET: evaluated once at run time (no references to any row) */
-	if (!knn_scan_is_run_time_constant(sq->limitCount) ||
+	if ((sq->limitCount != NULL && !knn_scan_is_run_time_constant(sq->limitCount)) ||
 		(sq->limitOffset != NULL && !knn_scan_is_run_time_constant(sq->limitOffset)))
 		return knn_scan_reject("LIMIT or OFFSET is not a constant or parameter"), 0;
 	kp->tie_order = list_copy_tail(sq->sortClause, 1);
