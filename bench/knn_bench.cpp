@@ -5,7 +5,7 @@
 //   bench/knn_bench DATA_DIR [--k 20] [--repeat 2] [--out results.json]
 //                   [--sets a,b,c] [--cpu-max-rows 100000] [--metric l2]
 //                   [--methods brute,ti,auto,cpu] [--threads 0]
-//                   [--module-dir .]
+//                   [--module-dir .] [--gpu-memory-fractions 0,0.5,0.25]
 //
 // GPU methods brute-sgemm, brute-dgemm, brute-hgemm force the brute
 // force's GEMM filter (SGEMM, DGEMM, fp16 tensor cores) through the
@@ -27,7 +27,9 @@
 // --threads threads, and cpu-blas / cpu-avx2 (the CPU brute force forced
 // to its SGEMM or its AVX2 variant, through knn::cpu_run_tuned, which SQL
 // cannot reach) (CPU runs only up to --cpu-max-rows rows: the CPU is
-// the slow reference). The GPU module is looked for in --module-dir. Every
+// the slow reference). --gpu-memory-fractions 0,0.5,0.25 runs each set
+// once per GPU memory budget, given as a fraction of the set's size (0: no
+// limit; rows named SET-memF). The GPU module is looked for in --module-dir. Every
 // result is compared bit for bit with a reference run: CPU brute force,
 // else another CPU run, else GPU brute force. Prints a table; writes JSON.
 #include <algorithm>
@@ -239,6 +241,9 @@ struct Options {
   // Query batch sizes: when set, each set is joined as small batches of its
   // rows (evenly spaced) against all its rows instead of as a self-join.
   std::vector<int64_t> query_batches;
+  // GPU memory budgets as fractions of the data set's size (rows x dims x
+  // 4 bytes; 0: no limit): each set is run once per fraction.
+  std::vector<double> memory_fractions;
 };
 
 std::vector<std::string> split(const std::string &list) {
@@ -308,6 +313,10 @@ bool parse_options(int argc, char **argv, Options *o) {
     else if (a == "--queries") {
       o->query_batches.clear();
       for (const std::string &n : split(v)) o->query_batches.push_back(std::max<int64_t>(1, std::atoll(n.c_str())));
+    }
+    else if (a == "--gpu-memory-fractions") {
+      o->memory_fractions.clear();
+      for (const std::string &f : split(v)) o->memory_fractions.push_back(std::max(0.0, std::atof(f.c_str())));
     }
     else if (a == "--methods") {
       if (!parse_methods(v, o)) return false;
@@ -393,6 +402,7 @@ void write_json_run(std::ostream &json, const Run &r) {
        << r.stats.seconds_transfer << ", \"seconds_cluster\": " << r.stats.seconds_cluster
        << ", \"seconds_filter\": " << r.stats.seconds_filter
        << ", \"seconds_select\": " << r.stats.seconds_select
+       << ", \"seconds_engine_total\": " << r.stats.seconds_total
        << ", \"verified_against\": \"" << r.verified_against
        << "\", \"mismatches\": " << r.mismatches << "}";
 }
@@ -443,6 +453,20 @@ bool bench_set(const Options &o, bool have_gpu, const DataSet &d, bool *first,
   p.metric = o.metric;
   p.n_threads = o.threads;
   p.query_keys = p.target_keys = keys.data();
+  if (!o.memory_fractions.empty()) {
+    bool all_match = true;
+    for (double f : o.memory_fractions) {
+      KnnProblem b = p;
+      const double data_bytes = static_cast<double>(d.rows) * d.dims * sizeof(float);
+      b.gpu_memory_limit = f > 0 ? static_cast<int64_t>(f * data_bytes) : 0;
+      char suffix[64] = "";
+      if (f > 0) std::snprintf(suffix, sizeof suffix, "-mem%g", f);
+      all_match = bench_problem(o, have_gpu, d, d.name + suffix, b, *first, json, table) &&
+                  all_match;
+      *first = false;
+    }
+    return all_match;
+  }
   if (o.query_batches.empty()) {
     const bool ok = bench_problem(o, have_gpu, d, d.name, p, *first, json, table);
     *first = false;
@@ -479,7 +503,8 @@ int main(int argc, char **argv) {
                  "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-dgemm,brute-sgemm,"
                  "cpu,cpu-ti,cpu-brute,"
                  "cpu-blas,cpu-avx2] [--threads N] "
-                 "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12]\n",
+                 "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12] "
+                 "[--gpu-memory-fractions 0,0.5,0.25,0.125]\n",
                  argv[0]);
     return 2;
   }

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -954,6 +955,275 @@ TEST(GpuEngine, CancelledBeforeTheStart) {
     o.method = method;
     const Outcome gpu = run_forced(make_problem(d, o, KNN_DEVICE_GPU), defaults, &cancel);
     EXPECT_EQ(gpu.status, KNN_CANCELLED) << knn_method_name(method) << ": " << gpu.error;
+  }
+}
+
+// ---- TI out of core (budgets below what the in-memory join needs) ----
+
+// The shape an out-of-core variant names: "ti/out-of-core QxT parts of
+// RqxRt/..." (query parts x target parts, rows per part).
+struct OutOfCoreShape {
+  int query_parts = 0, target_parts = 0;
+  long long query_rows = 0, target_rows = 0;
+  bool cached = false;
+};
+
+bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
+  const size_t at = variant.find("ti/out-of-core ");
+  if (at == std::string::npos) return false;
+  if (std::sscanf(variant.c_str() + at, "ti/out-of-core %dx%d parts of %lldx%lld",
+                  &s->query_parts, &s->target_parts, &s->query_rows, &s->target_rows) != 4)
+    return false;
+  s->cached = variant.find("/cached") != std::string::npos;
+  return true;
+}
+
+// Bit-for-bit comparison of two answers (rows, distances, padding).
+void expect_same_answer(const Outcome &got, const Outcome &want, const std::string &what) {
+  ASSERT_EQ(got.neighbors.size(), want.neighbors.size()) << what;
+  int64_t bad = 0;
+  for (size_t i = 0; i < want.neighbors.size(); i++) {
+    if (got.neighbors[i] == want.neighbors[i] &&
+        same_distance(got.distances[i], want.distances[i]))
+      continue;
+    if (bad++ < 3)
+      ADD_FAILURE() << what << ": slot " << i << ": (" << got.neighbors[i] << ", "
+                    << got.distances[i] << ") instead of (" << want.neighbors[i] << ", "
+                    << want.distances[i] << ")";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " slots differ";
+}
+
+// The TI join of a case on the GPU at budget `limit` (0: none), through the
+// job layer, or through the test entry when o.forced is set.
+Outcome gpu_ti(const Data &d, Options o, int64_t limit) {
+  o.method = KNN_METHOD_TI;
+  o.gpu_memory_limit = limit;
+  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+  return o.forced ? run_forced(p, *o.forced) : run(p);
+}
+
+// Runs the case in memory and at each budget of `limits`; every answer
+// must equal the CPU engine's and the in-memory GPU join's bit for bit,
+// and each limited run at least `floor` bytes must have been the
+// out-of-core TI join (below, brute force may answer a budget too small
+// for the smallest parts). Returns the out-of-core shapes that ran
+// (printed, so that a run shows what it covered).
+std::vector<OutOfCoreShape> check_out_of_core(const Data &d, const Options &o,
+                                              const std::vector<int64_t> &limits,
+                                              const char *name, int64_t floor = 0) {
+  std::vector<OutOfCoreShape> shapes;
+  Options cpu = o;
+  cpu.method = KNN_METHOD_TI;
+  const Outcome ref = cpu_answer(d, cpu);
+  if (ref.status != KNN_OK) return shapes;
+  const std::string base = std::string(name) + " (" + knn_metric_name(o.metric) +
+                           ", k " + std::to_string(o.k) + ")";
+  const Outcome in_memory = gpu_ti(d, o, 0);
+  EXPECT_EQ(in_memory.status, KNN_OK) << base << ": " << in_memory.error;
+  if (in_memory.status != KNN_OK) return shapes;
+  EXPECT_EQ(std::string(in_memory.stats.variant).find("out-of-core"), std::string::npos)
+      << base << ": without a limit the join runs in memory: " << in_memory.stats.variant;
+  expect_same_answer(in_memory, ref, base + " in memory vs cpu");
+  for (int64_t limit : limits) {
+    const std::string what = base + ", limit " + std::to_string(limit);
+    const Outcome gpu = gpu_ti(d, o, limit);
+    EXPECT_EQ(gpu.status, KNN_OK) << what << ": " << gpu.error;
+    if (gpu.status != KNN_OK) continue;
+    std::printf("  [out-of-core] %s: %s %s, %lld distances\n", what.c_str(),
+                knn_method_name(gpu.stats.method), gpu.stats.variant,
+                static_cast<long long>(gpu.stats.distance_computations));
+    EXPECT_EQ(gpu.stats.device, KNN_DEVICE_GPU) << what;
+    OutOfCoreShape shape;
+    const bool out_of_core = out_of_core_shape(gpu.stats.variant, &shape);
+    if (limit >= floor) {
+      EXPECT_EQ(gpu.stats.method, KNN_METHOD_TI) << what << ": " << gpu.stats.variant;
+      EXPECT_TRUE(out_of_core) << what << ": not the out-of-core join: " << gpu.stats.variant;
+    }
+    if (out_of_core) shapes.push_back(shape);
+    expect_same_answer(gpu, ref, what + " vs cpu");
+    expect_same_answer(gpu, in_memory, what + " vs in-memory gpu");
+  }
+  return shapes;
+}
+
+TEST(GpuTiOutOfCore, SelfJoinsWithDuplicatesL2AndL1) {
+  REQUIRE_GPU();
+  // 20000 x 8: the in-memory join needs several MB; the budgets leave it
+  // 1/2 to 1/8 of that.
+  const Data d = make_self(20000, 8, Shape::kClustered, 301, true);
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    for (int k : {1, 20}) {
+      Options o;
+      o.k = k;
+      o.metric = m;
+      const std::vector<OutOfCoreShape> shapes =
+          check_out_of_core(d, o, {3 << 20, 3 << 19, 3 << 18}, "self 20000x8");
+      ASSERT_EQ(shapes.size(), 3u);
+      // The smallest budget needs several parts on both sides, and parts
+      // cached between query parts.
+      EXPECT_GT(shapes.back().query_parts, 1);
+      EXPECT_GT(shapes.back().target_parts, 1);
+      EXPECT_TRUE(shapes.back().cached);
+    }
+  }
+}
+
+TEST(GpuTiOutOfCore, TwoSetsTiesAndCollidingKeys) {
+  REQUIRE_GPU();
+  // Integers: many exact ties, broken by target row across parts. Target
+  // keys j % 1000 exclude up to 15 rows a query (k' = k + 15 > 32: level 2's
+  // lists in global memory).
+  Data keyed = make_data(6000, 15000, 3, Shape::kIntegers, 311, true);
+  keyed.query_keys.resize(6000);
+  keyed.target_keys.resize(15000);
+  for (int64_t i = 0; i < 6000; i++) keyed.query_keys[i] = i;
+  for (int64_t j = 0; j < 15000; j++) keyed.target_keys[j] = j % 1000;
+  const Data blobs = make_data(8000, 16000, 5, Shape::kClustered, 312, true);
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 20;
+    o.metric = m;
+    o.keys = true;
+    check_out_of_core(keyed, o, {1 << 20, 1 << 19}, "two sets, colliding keys");
+    o.keys = false;
+    check_out_of_core(blobs, o, {1 << 20, 1 << 19}, "two sets, clustered");
+  }
+}
+
+TEST(GpuTiOutOfCore, DuplicateGroupSpanningParts) {
+  REQUIRE_GPU();
+  // Every other row is the same point: a duplicate group with rows in
+  // every target part, k' ties at distance 0 for half the queries, which
+  // must come out as the smallest target rows whatever part they sit in.
+  Data d = make_self(10000, 4, Shape::kUniform, 321, false);
+  for (int64_t i = 2; i < d.nt(); i += 2)
+    std::memcpy(d.targets.data() + i * 4, d.targets.data(), 4 * sizeof(float));
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 50;
+    o.metric = m;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {1 << 20, 1 << 19}, "duplicate group across parts");
+    for (const OutOfCoreShape &s : shapes) EXPECT_GT(s.target_parts, 1);
+  }
+}
+
+TEST(GpuTiOutOfCore, KLargerThanATargetPart) {
+  REQUIRE_GPU();
+  // Wide rows (the build of a target part holds three copies) and a few
+  // queries (one query part): at 700 kB the target parts hold fewer rows
+  // than k, so every list is filled across parts.
+  const Data d = make_data(40, 2000, 1000, Shape::kClustered, 331, true);
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 30;
+    o.metric = m;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {700000}, "40 x 2000 x 1000");
+    ASSERT_EQ(shapes.size(), 1u);
+    EXPECT_LT(shapes[0].target_rows, o.k);
+  }
+}
+
+TEST(GpuTiOutOfCore, BudgetSweep) {
+  REQUIRE_GPU();
+  // A sweep of budgets with k = 100 (k' = 101: global-memory lists): every
+  // one must be exact; below 800 kB brute force may answer (the smallest
+  // parts do not fit).
+  const Data d = make_self(3000, 2, Shape::kIntegers, 332, true);
+  std::vector<int64_t> limits;
+  for (double b = 6e6; b > 2e5; b *= 0.85) limits.push_back(static_cast<int64_t>(b));
+  Options o;
+  o.k = 100;
+  check_out_of_core(d, o, limits, "k 100, sweep", 800000);
+}
+
+TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
+  REQUIRE_GPU();
+  const Data d = make_self(12000, 6, Shape::kClustered, 341, true);
+  const KnnCudaTestOptions forced[] = {forced_ti(1, 1, 1), forced_ti(1, 2, 1),
+                                       forced_ti(1, 3, 1), forced_ti(1, 0, 4),
+                                       forced_ti(2, 0, 0)};
+  for (const KnnCudaTestOptions &f : forced) {
+    Options o;
+    o.k = 20;
+    o.forced = &f;
+    const std::string name = "forced filter " + std::to_string(f.ti_filter) + " list " +
+                             std::to_string(f.ti_list) + " threads " +
+                             std::to_string(f.ti_threads_per_query);
+    check_out_of_core(d, o, {1 << 20}, name.c_str());
+  }
+  // Several threads per query asked for (inside-query parallelism) while
+  // lists are carried across target parts: few queries, many targets.
+  const Data wide = make_data(2000, 400000, 4, Shape::kClustered, 342, true);
+  Options wide_options;
+  wide_options.k = 20;
+  const Outcome wide_ref = cpu_answer(wide, wide_options);
+  for (const KnnCudaTestOptions &f : {forced_ti(1, 0, 4), forced_ti(1, 3, 2), forced_ti(0, 0, 0)}) {
+    Options o = wide_options;
+    o.forced = &f;
+    const std::string name = "2000 x 400000, threads " + std::to_string(f.ti_threads_per_query);
+    const Outcome &ref = wide_ref;
+    const Outcome gpu = gpu_ti(wide, o, 16 << 20);
+    ASSERT_EQ(gpu.status, KNN_OK) << name << ": " << gpu.error;
+    std::printf("  [out-of-core] %s: %s\n", name.c_str(), gpu.stats.variant);
+    OutOfCoreShape shape;
+    EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << name << ": " << gpu.stats.variant;
+    EXPECT_GT(shape.target_parts, 1) << name;
+    // Carried lists run one thread per query, whatever was asked for.
+    EXPECT_EQ(std::string(gpu.stats.variant).find("/x"), std::string::npos)
+        << name << ": " << gpu.stats.variant;
+    expect_same_answer(gpu, ref, name + " vs cpu");
+  }
+  // No duplicate merging: every copy is its own target.
+  KnnCudaTestOptions no_dedup{};
+  no_dedup.ti_keep_duplicates = 1;
+  Options o;
+  o.k = 20;
+  o.forced = &no_dedup;
+  check_out_of_core(d, o, {1 << 20}, "no dedup");
+}
+
+TEST(GpuTiOutOfCore, OverflowingValuesStillGoToBruteForce) {
+  REQUIRE_GPU();
+  // The non-finite target sits in the last target part: found only after
+  // earlier parts were filtered.
+  Data d = make_self(6000, 4, Shape::kIntegers, 351, false);
+  d.targets[(d.nt() - 3) * 4] = 1.0e30f;
+  Options o;
+  o.k = 5;
+  o.method = KNN_METHOD_TI;
+  o.gpu_memory_limit = 1 << 19;
+  o.expect_method = KNN_METHOD_BRUTE;
+  check(d, o);
+}
+
+TEST(GpuTiOutOfCore, CancelStopsBetweenParts) {
+  REQUIRE_GPU();
+  const Data d = make_self(300000, 8, Shape::kClustered, 361, false);
+  Options o;
+  o.k = 20;
+  o.method = KNN_METHOD_TI;
+  o.gpu_memory_limit = 16 << 20;
+  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+  std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
+  std::vector<double> dist(nb.size());
+  char err[512] = "";
+  KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto t0 = std::chrono::steady_clock::now();
+  knn_job_cancel(job);
+  KnnStats stats{};
+  const KnnStatus st = knn_job_finish(job, &stats, err, sizeof err);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("  [out-of-core] cancel: status %d after %.3f s (%s)\n", static_cast<int>(st),
+              waited, st == KNN_OK ? stats.variant : err);
+  if (st != KNN_OK) {
+    EXPECT_EQ(st, KNN_CANCELLED) << err;
+    EXPECT_LT(waited, 1.0);
   }
 }
 

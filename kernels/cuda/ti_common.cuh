@@ -178,9 +178,29 @@ struct Level2Config {
   ListPlace place = ListPlace::Registers32;
   int parts = 1;              // threads (warps) per query, IV-D3
   int kprime = 0;             // list length: k + excluded rows per query
+  // Out-of-core join: the lists go on from result_value/result_row (the
+  // nearest of the target parts done so far) instead of starting empty.
+  // Full filter only.
+  bool resume = false;
 };
 
 // ---- stage entry points (each returns KNN_OK or sets ctx.error) ----
+
+// ti_join.cu: one point set on the device, rows padded to `stride` floats;
+// the largest |value| goes to *max_abs_bits (atomicMax on float bits).
+struct UploadedSet {
+  DeviceBuffer<float> padded;
+  DevicePoints points;
+};
+KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, UploadedSet &out,
+                        unsigned *max_abs_bits, MemoryBudget &mem, DeviceContext &ctx);
+
+// ti_join.cu: clusters for n distinct points (factor * sqrt(n), at least 1).
+int32_t landmarks_for(double factor, int64_t n);
+
+// ti_join.cu: where the level-2 lists of k' entries live (IV-D2).
+ListPlace choose_list_place(const DeviceContext &ctx, int kprime, ListKind forced);
+const char *place_name(ListPlace p);
 
 // ti_dedup.cu: groups bitwise-identical rows of `points`.
 KnnStatus build_distinct_set(const DevicePoints &points, bool dedup, DistinctSet &out,
@@ -224,6 +244,18 @@ KnnStatus expand_results(const DistinctSet &queries, KnnMetric metric, int64_t f
                          const int32_t *result_row, const int64_t *query_keys,
                          const int64_t *target_keys, int64_t *out_rows, double *out_distances,
                          DeviceContext &ctx);
+
+// ti_out_of_core.cu: the join for sets whose clusters and lists do not fit
+// the budget: query parts x target parts, each query's list carried from one
+// target part to the next. *finite is false (and nothing is written) when a
+// distance could overflow; the caller then runs brute force.
+KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
+                           int64_t *neighbors, double *distances, KnnStats *stats,
+                           bool *finite, DeviceContext &ctx);
+
+// ti_out_of_core.cu: a conservative estimate of the device memory of the
+// in-memory join (ti_join.cu), to skip it where it cannot fit.
+size_t in_memory_join_bytes(const KnnProblem &problem, int kprime);
 
 }  // namespace ti
 }  // namespace cuda

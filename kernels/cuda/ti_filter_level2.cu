@@ -68,6 +68,7 @@ struct Level2Args {
   int parts;
   int groups_per_block;
   int list_in_shared;
+  int resume;             // seed the lists from result_value/result_row
   Margin margin;
   // results by distinct query
   float *result_value;
@@ -146,10 +147,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
 
   // Shared theta of the P lanes that serve one query.
   int *theta_shared = reinterpret_cast<int *>(smem) + gi * kWarp + lane;
-  if (MODE == kFull && P > 1) {
-    if (part == 0) *theta_shared = __float_as_int(ub);
-    __syncthreads();
-  }
+  float theta_own = ub;
 
   List list;
   if constexpr (MODE == kFull) {
@@ -169,9 +167,24 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       ls = a.global_stride;
     }
     list.init(a.kprime, lv, lr, ls);
+    // Out-of-core join: the list goes on from the target parts done so far,
+    // and its k'-th entry bounds theta from the start. Part 0 alone takes
+    // the seeds, so the merge of the P lists below sees each entry once.
+    if (a.resume && active && part == 0) {
+      const int64_t d = a.q.member[qpos];
+      const float *seed_v = a.result_value + d * a.kprime;
+      const int32_t *seed_r = a.result_row + d * a.kprime;
+      for (int i = 0; i < a.kprime && seed_r[i] != kNoRow; i++)
+        if (entry_before(seed_v[i], seed_r[i], list.last_value(), list.last_row()))
+          list.insert(seed_v[i], seed_r[i]);
+      const float last = list.last_value();
+      if (last != kInf) theta_own = fminf(theta_own, MetricOps<METRIC>::ti(last));
+    }
   }
-
-  float theta_own = ub;
+  if (MODE == kFull && P > 1) {
+    if (part == 0) *theta_shared = __float_as_int(theta_own);
+    __syncthreads();
+  }
   unsigned long long distances = 0;
   int32_t found = 0;
   int64_t out_base = 0;
@@ -588,7 +601,9 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.counter = distance_counter;
   KNN_TRY(ctx.cancel_point());
 
+  a.resume = requested.resume ? 1 : 0;
   Level2Config config = requested;
+  if (config.resume) config.partial = false;  // the partial filter cannot resume
   if (config.partial) {
     config.parts = 1;  // also for the full filter, should the partial one not fit
     bool done = false;

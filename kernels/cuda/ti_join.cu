@@ -9,6 +9,9 @@
 //   level-2 filter          ti_filter_level2.cu  (III-C, IV)
 //   rows, exclusion, float8 ti_output.cu
 //
+// A join whose points, clusters and lists do not fit the memory budget
+// runs in parts instead (ti_out_of_core.cu), never as brute force.
+//
 // The adaptive scheme of IV-D is decided here: the partial filter when
 // k / dim exceeds a ratio (TiOptions says why it is off by default), the
 // place of the top-k lists from the device's shared memory and register
@@ -63,11 +66,7 @@ __global__ void pad_rows_kernel(const float *raw, int64_t n, int dim, int stride
   if (threadIdx.x % kWarp == 0) atomicMax(max_abs_bits, local);
 }
 
-// One point set on the device, padded.
-struct UploadedSet {
-  DeviceBuffer<float> padded;
-  DevicePoints points;
-};
+}  // namespace
 
 KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, UploadedSet &out,
                         unsigned *max_abs_bits, MemoryBudget &mem, DeviceContext &ctx) {
@@ -132,6 +131,8 @@ const char *place_name(ListPlace p) {
     default: return "global";
   }
 }
+
+namespace {
 
 // One join, stage by stage. Every device array is a member (or a local of
 // a stage), so all of them are released when the join object goes.
@@ -391,6 +392,26 @@ KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats)
   return KNN_OK;
 }
 
+// The whole join on the device at once. *finite as for out_of_core_join.
+KnnStatus in_memory_join(const KnnProblem &problem, const TiOptions &options,
+                         int64_t *neighbors, double *distances, KnnStats *stats, bool *finite,
+                         DeviceContext &ctx) {
+  TiJoin join(problem, options, ctx);
+  KNN_TRY(join.upload(finite));
+  if (!*finite) return KNN_OK;
+  return join.finish(neighbors, distances, stats);
+}
+
+// The budget the join may use: the module's, else what the device has free.
+KnnStatus join_budget(DeviceContext &ctx, size_t *budget) {
+  *budget = ctx.memory_budget;
+  if (*budget != 0) return KNN_OK;
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(ctx, cudaMemGetInfo(&free_bytes, &total_bytes));
+  *budget = free_bytes;
+  return KNN_OK;
+}
+
 KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                    double *distances, KnnStats *stats, DeviceContext &ctx) {
   // (cuda_module.cu sends empty sides and metrics other than L2 and L1
@@ -399,12 +420,29 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
   // Rows are int32 on the device (kNoRow = INT32_MAX marks an empty slot).
   if (nq >= INT32_MAX - 1 || nt >= INT32_MAX - 1)
     return brute_force_join(problem, tuning, neighbors, distances, stats, ctx);
-  {
-    TiJoin join(problem, tuning.ti, ctx);
-    bool finite = false;
-    KNN_TRY(join.upload(&finite));
-    if (finite) return join.finish(neighbors, distances, stats);
+  // Where the in-memory join cannot fit the budget, or runs out of memory
+  // after all, the out-of-core join takes over: the TI join never hands a
+  // join to brute force for lack of memory.
+  size_t budget = 0;
+  KNN_TRY(join_budget(ctx, &budget));
+  const int64_t excluded = problem.query_keys != nullptr && problem.target_keys != nullptr
+                               ? max_rows_per_key(problem.target_keys, nt)
+                               : 0;
+  const int kprime = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)problem.k + excluded);
+  bool finite = false;
+  KnnStatus status = KNN_OUT_OF_MEMORY;
+  if (in_memory_join_bytes(problem, kprime) <= budget) {
+    status = in_memory_join(problem, tuning.ti, neighbors, distances, stats, &finite, ctx);
+    if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
+      // The in-memory join's buffers are queued for freeing on the stream;
+      // let them go before the out-of-core join allocates.
+      CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+      ctx.error.clear();
+    }
   }
+  if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled())
+    status = out_of_core_join(problem, tuning.ti, neighbors, distances, stats, &finite, ctx);
+  if (status != KNN_OK || finite) return status;
   // The bounds need finite distances; brute force handles everything (the
   // join's device memory was released above).
   return brute_force_join(problem, tuning, neighbors, distances, stats, ctx);

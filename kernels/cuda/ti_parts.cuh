@@ -1,0 +1,107 @@
+// ti_parts.cuh -- the pieces of the out-of-core TI join (ti_out_of_core.cu):
+// how the rows are cut into parts (PartPlan, ti_part_plan.cu) and the
+// target parts on the device (TargetParts, ti_target_parts.cu).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ti_common.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+
+// Query parts and target parts (row ranges) sized so that one query part
+// and one target part, with their clusters, lists and scratch, fit the
+// budget. The sizes are estimates; halve() shrinks them when a part did
+// not fit after all.
+class PartPlan {
+ public:
+  PartPlan(const KnnProblem &p, const TiOptions &options, size_t budget);
+
+  size_t budget = 0;
+  int kprime = 0;         // list length: k + the most rows one key excludes
+  int64_t query_rows = 0;  // rows per query part (the last may be shorter)
+  int64_t target_rows = 0;
+  // Several query parts: every target part is clustered first, kept in
+  // pinned host memory, and copied back for each query part.
+  bool cache_targets = false;
+
+  int query_parts() const { return parts(n_queries_, query_rows); }
+  int target_parts() const { return parts(n_targets_, target_rows); }
+  int64_t target_first(int index) const { return (int64_t)index * target_rows; }
+  int64_t target_count(int index) const;
+  // The i-th target part that query part q visits: for a self-join the part
+  // with q's own rows first (theta tightens early), then the others.
+  int target_order(int q, int i) const;
+  // Clusters for a part with n distinct points (capped so that the level-1
+  // pair matrices of a query and a target part stay small).
+  int32_t clusters_for(int64_t n_distinct) const;
+  // The same for a query part, fewer where level 2's lists are in global
+  // memory (one per thread slot of the warp groups).
+  int32_t query_clusters_for(int64_t n_distinct) const;
+  // Halves both part sizes; false once both are at the smallest size.
+  bool halve();
+
+ private:
+  static int parts(int64_t n, int64_t rows) { return (int)((n + rows - 1) / rows); }
+
+  int64_t n_queries_ = 0, n_targets_ = 0;
+  bool self_ = false;
+  bool global_lists_ = false;  // k' > 32: level 2's lists in global memory
+  double landmark_factor_ = 1.0;
+  double cluster_scale_ = 1.0;
+};
+
+// One target part on the device: its distinct points and clusters, with
+// global target rows in set.rows and clusters.first_row.
+struct TargetPart {
+  int64_t first = 0;    // first target row of the part
+  float max_abs = 0;    // largest |value| of its rows
+  DistinctSet set;
+  ClusterSet clusters;
+};
+
+// The target parts, each clustered once (upload, duplicates, clusters);
+// where the plan caches them, the clustered arrays go to pinned host
+// memory on the first get() and later ones copy them back.
+class TargetParts {
+ public:
+  TargetParts(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
+              DeviceContext &ctx);
+  ~TargetParts();
+  TargetParts(const TargetParts &) = delete;
+  TargetParts &operator=(const TargetParts &) = delete;
+
+  // Part `index` on the device in `out`, allocated from mem. *finite is
+  // false when a distance between it and a query part whose largest |value|
+  // is query_max_abs could overflow.
+  KnnStatus get(int index, float query_max_abs, TargetPart &out, bool *finite,
+                MemoryBudget &mem);
+
+  bool cached() const { return cache_; }
+  int64_t clusters() const { return clusters_; }
+  double cluster_seconds() const { return cluster_seconds_; }
+
+ private:
+  struct HostPart;  // ti_target_parts.cu
+
+  KnnStatus build(int index, float query_max_abs, TargetPart &out, bool *finite,
+                  MemoryBudget &mem);
+  KnnStatus store(int index, const TargetPart &part);
+  KnnStatus load(int index, TargetPart &out, MemoryBudget &mem);
+
+  const KnnProblem &p_;
+  const TiOptions &options_;
+  const PartPlan &plan_;
+  DeviceContext &ctx_;
+  bool cache_;
+  std::vector<HostPart *> host_;
+  int64_t clusters_ = 0;
+  double cluster_seconds_ = 0;
+};
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn

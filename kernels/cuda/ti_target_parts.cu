@@ -1,0 +1,220 @@
+// ti_target_parts.cu -- the target parts of the out-of-core TI join on the
+// device (TargetParts of ti_parts.cuh).
+//
+// A part is built once: its rows go up, are deduplicated and clustered as
+// in ti_join.cu, and its row numbers are shifted to global target rows
+// (level 2 writes them into the lists, and ties across parts are broken by
+// them). Where the plan caches parts, the arrays level 1 and level 2 read
+// are copied into one pinned host block per part, and later query parts
+// copy them back: a copy at PCIe speed instead of a new clustering. Copies
+// and kernels are ordered on the join's stream, so the host never waits
+// for a part. If pinned memory cannot be had, parts are simply rebuilt.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "../problem_check.h"
+#include "../value_range.h"
+#include "ti_distance.cuh"
+#include "ti_parts.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+namespace {
+
+__global__ void shift_rows_kernel(int32_t *rows, int64_t n, int32_t offset) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) rows[i] += offset;
+}
+
+KnnStatus shift_rows(DeviceContext &ctx, int32_t *rows, int64_t n, int64_t offset) {
+  if (n == 0 || offset == 0) return KNN_OK;
+  shift_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(rows, n, (int32_t)offset);
+  CUDA_CHECK_LAUNCH(ctx, "shift_rows_kernel");
+  return KNN_OK;
+}
+
+constexpr size_t kAlign = 256;
+
+size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+// The arrays of one clustered part, in one pinned block.
+struct TargetParts::HostPart {
+  PinnedBuffer<unsigned char> block;
+  bool ready = false;
+  int64_t first = 0, n_rows = 0, n_distinct = 0;
+  int32_t m = 0;
+  float max_abs = 0;
+
+  // The arrays in the block, in this order, each aligned.
+  struct Layout {
+    size_t centers, begin, radius, nearest, dist, x, first_row, mult, rows_begin, rows, total;
+  };
+  static Layout layout(int32_t m, int64_t n, int64_t n_rows, int stride) {
+    Layout l;
+    size_t at = 0;
+    auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at += aligned(bytes);
+      return here;
+    };
+    l.centers = take((size_t)m * stride * sizeof(float));
+    l.begin = take((size_t)(m + 1) * sizeof(int32_t));
+    l.radius = take((size_t)m * sizeof(float));
+    l.nearest = take((size_t)m * sizeof(float));
+    l.dist = take((size_t)n * sizeof(float));
+    l.x = take((size_t)n * stride * sizeof(float));
+    l.first_row = take((size_t)n * sizeof(int32_t));
+    l.mult = take((size_t)n * sizeof(int32_t));
+    l.rows_begin = take((size_t)n * sizeof(int32_t));
+    l.rows = take((size_t)n_rows * sizeof(int32_t));
+    l.total = std::max<size_t>(at, 1);
+    return l;
+  }
+};
+
+TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
+                         DeviceContext &ctx)
+    : p_(p), options_(options), plan_(plan), ctx_(ctx), cache_(plan.cache_targets) {
+  host_.assign(plan.target_parts(), nullptr);
+}
+
+TargetParts::~TargetParts() {
+  // Copies into or out of the pinned blocks may still be queued (an error
+  // path): let them finish before the blocks go.
+  if (ctx_.stream != nullptr) (void)cudaStreamSynchronize(ctx_.stream);
+  (void)cudaGetLastError();
+  for (HostPart *h : host_) delete h;
+}
+
+KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bool *finite,
+                             MemoryBudget &mem) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int stride = padded_stride(p_.dim);
+  const int64_t first = plan_.target_first(index), count = plan_.target_count(index);
+  DeviceBuffer<unsigned> max_abs;
+  KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
+  CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+  UploadedSet upload;
+  KNN_TRY(upload_points(float_rows(p_.targets) + first * p_.dim, count, p_.dim, stride, upload,
+                        max_abs.get(), mem, ctx_));
+  unsigned bits = 0;
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&bits, max_abs.get(), sizeof bits, cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  mem.release(max_abs);
+  std::memcpy(&out.max_abs, &bits, sizeof out.max_abs);
+  out.first = first;
+  // The bounds need finite distances: stop before clustering otherwise.
+  *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
+  if (!*finite) return KNN_OK;
+
+  KNN_TRY(build_distinct_set(upload.points, options_.dedup, out.set, mem, ctx_));
+  KNN_TRY(ctx_.cancel_point());
+  KNN_TRY(build_clusters(out.set, p_.metric, plan_.clusters_for(out.set.n_distinct),
+                         options_.landmark_candidate_sets, options_.gemm_assign_min_stride,
+                         out.clusters, mem, ctx_));
+  mem.release(upload.padded);
+  mem.release(out.set.x);
+  KNN_TRY(shift_rows(ctx_, out.set.rows.get(), out.set.n_rows, first));
+  KNN_TRY(shift_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, first));
+  clusters_ += out.clusters.m;
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  cluster_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return KNN_OK;
+}
+
+// Queues copies of the part's arrays into a pinned block (a failed pinned
+// allocation turns caching off; nothing else is lost).
+KnnStatus TargetParts::store(int index, const TargetPart &part) {
+  const int stride = padded_stride(p_.dim);
+  const ClusterSet &c = part.clusters;
+  HostPart *h = new HostPart;
+  const HostPart::Layout l = HostPart::layout(c.m, c.n, part.set.n_rows, stride);
+  if (h->block.allocate(ctx_, l.total) != KNN_OK) {
+    ctx_.error.clear();  // (allocate has cleared the CUDA error)
+    delete h;
+    cache_ = false;
+    return KNN_OK;
+  }
+  host_[index] = h;
+  unsigned char *b = h->block.get();
+  auto down = [&](size_t at, const void *src, size_t bytes) -> KnnStatus {
+    if (bytes == 0) return KNN_OK;
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(b + at, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
+    return KNN_OK;
+  };
+  const size_t f = sizeof(float), i = sizeof(int32_t);
+  KNN_TRY(down(l.centers, c.centers.get(), (size_t)c.m * stride * f));
+  KNN_TRY(down(l.begin, c.begin.get(), (size_t)(c.m + 1) * i));
+  KNN_TRY(down(l.radius, c.radius.get(), (size_t)c.m * f));
+  KNN_TRY(down(l.nearest, c.nearest.get(), (size_t)c.m * f));
+  KNN_TRY(down(l.dist, c.dist.get(), (size_t)c.n * f));
+  KNN_TRY(down(l.x, c.x.get(), (size_t)c.n * stride * f));
+  KNN_TRY(down(l.first_row, c.first_row.get(), (size_t)c.n * i));
+  KNN_TRY(down(l.mult, c.mult.get(), (size_t)c.n * i));
+  KNN_TRY(down(l.rows_begin, c.rows_begin.get(), (size_t)c.n * i));
+  KNN_TRY(down(l.rows, part.set.rows.get(), (size_t)part.set.n_rows * i));
+  h->first = part.first;
+  h->n_rows = part.set.n_rows;
+  h->n_distinct = part.set.n_distinct;
+  h->m = c.m;
+  h->max_abs = part.max_abs;
+  h->ready = true;
+  return KNN_OK;
+}
+
+// Queues the copies of a cached part back to the device.
+KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
+  const int stride = padded_stride(p_.dim);
+  const HostPart &h = *host_[index];
+  const HostPart::Layout l = HostPart::layout(h.m, h.n_distinct, h.n_rows, stride);
+  const unsigned char *b = h.block.get();
+  ClusterSet &c = out.clusters;
+  c.m = h.m;
+  c.n = h.n_distinct;
+  c.stride = stride;
+  out.set.n_rows = h.n_rows;
+  out.set.n_distinct = h.n_distinct;
+  out.set.stride = stride;
+  out.first = h.first;
+  out.max_abs = h.max_abs;
+  auto up = [&](auto &buffer, size_t count, size_t at, const char *what) -> KnnStatus {
+    KNN_TRY(mem.allocate(ctx_, buffer, count, what));
+    if (count == 0) return KNN_OK;
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(buffer.get(), b + at, buffer.bytes(), cudaMemcpyHostToDevice,
+                                     ctx_.stream));
+    return KNN_OK;
+  };
+  KNN_TRY(up(c.centers, (size_t)h.m * stride, l.centers, "cluster centres"));
+  KNN_TRY(up(c.begin, (size_t)h.m + 1, l.begin, "cluster offsets"));
+  KNN_TRY(up(c.radius, (size_t)h.m, l.radius, "cluster extents"));
+  KNN_TRY(up(c.nearest, (size_t)h.m, l.nearest, "cluster extents"));
+  KNN_TRY(up(c.dist, (size_t)h.n_distinct, l.dist, "cluster members"));
+  KNN_TRY(up(c.x, (size_t)h.n_distinct * stride, l.x, "clustered points"));
+  KNN_TRY(up(c.first_row, (size_t)h.n_distinct, l.first_row, "cluster members"));
+  KNN_TRY(up(c.mult, (size_t)h.n_distinct, l.mult, "cluster members"));
+  KNN_TRY(up(c.rows_begin, (size_t)h.n_distinct, l.rows_begin, "cluster members"));
+  KNN_TRY(up(out.set.rows, (size_t)h.n_rows, l.rows, "duplicate groups"));
+  return KNN_OK;
+}
+
+KnnStatus TargetParts::get(int index, float query_max_abs, TargetPart &out, bool *finite,
+                           MemoryBudget &mem) {
+  if (host_[index] != nullptr && host_[index]->ready) {
+    KNN_TRY(load(index, out, mem));
+    *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
+    return KNN_OK;
+  }
+  KNN_TRY(build(index, query_max_abs, out, finite, mem));
+  if (*finite && cache_) KNN_TRY(store(index, out));
+  return KNN_OK;
+}
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn
