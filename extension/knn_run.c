@@ -210,14 +210,14 @@ raise_for_status(KnnStatus status, const char *message)
 	}
 }
 
-void
-knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnStats *stats)
+/*
+ * What every job takes from the settings: the device, memory limit,
+ * threads and test fault; admission as given (a test mode makes CPU joins
+ * ask for slots too). No slot is carried over from the previous join.
+ */
+static void
+prepare_job(KnnProblem *problem, KnnAdmission admission)
 {
-	char		message[1024] = "";
-	KnnJob	   *job;
-	KnnStatus	status;
-
-	/* A slot is never carried from one join to the next. */
 	knn_admission_release();
 	memset(&last_admission, 0, sizeof(last_admission));
 	last_admission.slot = -1;
@@ -225,15 +225,13 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 	problem->device = (KnnDevice) knn_gpu_device;
 	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
 	problem->n_threads = knn_gpu_threads;
+	problem->admission = admission;
+	problem->fault = (KnnFault) knn_gpu_fault_injection;
 	if (knn_gpu_fault_injection == KNN_GPU_FAULT_ADMIT_CPU)
 	{
 		problem->fault = KNN_FAULT_NONE;
-		problem->admission = KNN_ADMISSION_ALL;
-	}
-	else
-	{
-		problem->fault = (KnnFault) knn_gpu_fault_injection;
-		problem->admission = KNN_ADMISSION_GPU;
+		if (admission != KNN_ADMISSION_NONE)
+			problem->admission = KNN_ADMISSION_ALL;
 	}
 
 	if (!exit_callback_registered)
@@ -241,13 +239,46 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 		before_shmem_exit(stop_job_at_exit, (Datum) 0);
 		exit_callback_registered = true;
 	}
+}
 
-	job = knn_job_start(problem, neighbors, distances, message, sizeof(message));
+/* Starts the job (what: "join" or "range join"); ERROR when not even that worked. */
+static KnnJob *
+start_job(const KnnProblem *problem, int64 *neighbors, double *distances, const char *what)
+{
+	char		message[1024] = "";
+	KnnJob	   *job = knn_job_start(problem, neighbors, distances, message, sizeof(message));
+
 	if (job == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not start the KNN join: %s", message)));
+				 errmsg("could not start the KNN %s: %s", what, message)));
 	running_job = job;
+	return job;
+}
+
+/* Frees the finished job; ERROR for its failure, NOTICE for its notice. */
+static void
+finish_job(KnnJob *job, KnnStats *stats)
+{
+	char		message[1024] = "";
+	KnnStatus	status;
+
+	running_job = NULL;
+	status = knn_job_finish(job, stats, message, sizeof(message));
+	/* The engine has let go of the GPU: the next join may have it. */
+	knn_admission_release();
+	raise_for_status(status, message);
+	if (message[0] != '\0')
+		ereport(NOTICE, (errmsg("%s", message)));
+}
+
+void
+knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnStats *stats)
+{
+	KnnJob	   *job;
+
+	prepare_job(problem, KNN_ADMISSION_GPU);
+	job = start_job(problem, neighbors, distances, "join");
 	/* pg_stat_activity shows the wait: wait_event_type "Extension". */
 	pgstat_report_wait_start(KNN_WAIT_ENGINE);
 	PG_TRY();
@@ -263,14 +294,7 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 	}
 	PG_END_TRY();
 	pgstat_report_wait_end();
-
-	running_job = NULL;
-	status = knn_job_finish(job, stats, message, sizeof(message));
-	/* The engine has let go of the GPU: the next join may have it. */
-	knn_admission_release();
-	raise_for_status(status, message);
-	if (message[0] != '\0')
-		ereport(NOTICE, (errmsg("%s", message)));
+	finish_job(job, stats);
 }
 
 /* Pairs taken from a range job at a time. */
@@ -279,36 +303,14 @@ knn_run_problem(KnnProblem *problem, int64 *neighbors, double *distances, KnnSta
 void
 knn_run_range_problem(KnnProblem *problem, KnnPairSink sink, void *sink_arg, KnnStats *stats)
 {
-	char		message[1024] = "";
 	KnnJob	   *job;
-	KnnStatus	status;
 	int64	   *query_rows = palloc(KNN_PAIR_BATCH * sizeof(int64));
 	int64	   *target_rows = palloc(KNN_PAIR_BATCH * sizeof(int64));
 	double	   *distances = palloc(KNN_PAIR_BATCH * sizeof(double));
 
-	knn_admission_release();
-	memset(&last_admission, 0, sizeof(last_admission));
-	last_admission.slot = -1;
-
-	problem->device = (KnnDevice) knn_gpu_device;
-	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
-	problem->n_threads = knn_gpu_threads;
-	problem->admission = KNN_ADMISSION_NONE;
-	problem->fault = knn_gpu_fault_injection == KNN_GPU_FAULT_ADMIT_CPU
-		? KNN_FAULT_NONE : (KnnFault) knn_gpu_fault_injection;
-
-	if (!exit_callback_registered)
-	{
-		before_shmem_exit(stop_job_at_exit, (Datum) 0);
-		exit_callback_registered = true;
-	}
-
-	job = knn_job_start(problem, NULL, NULL, message, sizeof(message));
-	if (job == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not start the KNN range join: %s", message)));
-	running_job = job;
+	/* Range jobs run on the CPU engine: they take no GPU slot. */
+	prepare_job(problem, KNN_ADMISSION_NONE);
+	job = start_job(problem, NULL, NULL, "range join");
 	pgstat_report_wait_start(KNN_WAIT_ENGINE);
 	PG_TRY();
 	{
@@ -338,13 +340,8 @@ knn_run_range_problem(KnnProblem *problem, KnnPairSink sink, void *sink_arg, Knn
 	}
 	PG_END_TRY();
 	pgstat_report_wait_end();
-
-	running_job = NULL;
-	status = knn_job_finish(job, stats, message, sizeof(message));
 	pfree(query_rows);
 	pfree(target_rows);
 	pfree(distances);
-	raise_for_status(status, message);
-	if (message[0] != '\0')
-		ereport(NOTICE, (errmsg("%s", message)));
+	finish_job(job, stats);
 }

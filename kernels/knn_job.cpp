@@ -462,6 +462,7 @@ struct KnnJob {
   KnnStatus run_groups();
   KnnStatus run_float_engines();
   KnnStatus run_bit();
+  KnnStatus run_gpu_or_cpu();
   KnnStatus run_range();
   KnnStatus widen();
   KnnStatus run_cpu(const char *note);
@@ -535,17 +536,7 @@ KnnStatus KnnJob::run_bit() {
                     "the GPU bit join takes k up to %d; the CPU engine ran", KNN_CUDA_BIT_MAX_K);
     return st;
   }
-  if (problem.device == KNN_DEVICE_AUTO && gpu_cold_prefers_cpu(problem)) {
-    const KnnStatus st = run_cpu("GPU not ready, CPU answers sooner");
-    start_warm_up();
-    return st;
-  }
-  const GpuView m = gpu(problem.device == KNN_DEVICE_GPU);
-  if (m.usable) return run_gpu(m);
-  const KnnStatus st = run_cpu(m.from_record ? "no GPU: server's probe record" : "no GPU");
-  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
-    std::snprintf(error, sizeof error, "no usable GPU (%s); the CPU engine ran", m.description);
-  return st;
+  return run_gpu_or_cpu();
 }
 
 // Turns a FLOAT16 problem into the FLOAT32 problem of the same values.
@@ -677,6 +668,13 @@ KnnStatus KnnJob::run_float_engines() {
     if (admitted != KNN_OK) return admitted;
   }
   if (problem.device == KNN_DEVICE_CPU) return run_cpu(nullptr);
+  return run_gpu_or_cpu();
+}
+
+// GPU or AUTO: the GPU where it is usable, except that under AUTO a
+// process whose GPU runtime is not ready yet lets the CPU answer when that
+// is sooner (and warms the GPU up for the next join).
+KnnStatus KnnJob::run_gpu_or_cpu() {
   if (problem.device == KNN_DEVICE_AUTO && gpu_cold_prefers_cpu(problem)) {
     // The warm-up starts after the CPU join: loading CUDA meanwhile slowed
     // the join itself (an H200 host: 0.19 s instead of 0.08 s).

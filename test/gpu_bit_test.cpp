@@ -18,34 +18,13 @@
 #include <vector>
 
 #include "knn_cuda_module.h"
+#include "gpu_test_support.h"
 #include "knn_engine.h"
 
 namespace {
 
-class ModuleDir : public ::testing::Environment {
- public:
-  void SetUp() override { knn_engine_set_module_dir("."); }
-};
-::testing::Environment *const kModuleDir = ::testing::AddGlobalTestEnvironment(new ModuleDir);
-
-bool gpu_available(std::string *why) {
-  static int state = -1;
-  static std::string line;
-  if (state < 0) {
-    char buf[512] = "";
-    state = knn_engine_describe(buf, sizeof buf);
-    line = buf;
-  }
-  *why = line;
-  return state == 1;
-}
-
-#define REQUIRE_GPU()                                         \
-  do {                                                        \
-    std::string why_;                                         \
-    if (!gpu_available(&why_))                                \
-      GTEST_SKIP() << "no GPU is available (" << why_ << ")"; \
-  } while (0)
+::testing::Environment *const kModuleDir =
+    ::testing::AddGlobalTestEnvironment(new gpu_test::ModuleDir);
 
 struct Result {
   KnnStatus status = KNN_INTERNAL_ERROR;
