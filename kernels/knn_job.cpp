@@ -278,14 +278,16 @@ const float *half_to_float_table() {
 // binary16 is a float), so a halfvec join is the vector join of the same
 // values, as pgvector's halfvec operators compute it. Slices run on the
 // job's CPU threads (200000 x 1536 values otherwise take a second on one).
+// The buffer is not zero-filled first (every element is written here, and
+// a zero fill of a large matrix is a single-threaded pass of its own).
 // Returns false when cancelled on the way.
 bool widen_rows(const void *rows, int64_t n, int32_t dim, int n_threads,
-                const int32_t *cancel, std::vector<float> *out) {
+                const int32_t *cancel, std::unique_ptr<float[]> *out) {
   const auto *h = static_cast<const uint16_t *>(rows);
   const int64_t count = n * dim;
-  out->resize(static_cast<size_t>(count));
+  out->reset(new float[static_cast<size_t>(std::max<int64_t>(count, 1))]);
   const float *table = half_to_float_table();
-  float *wide = out->data();
+  float *wide = out->get();
   constexpr int64_t kSlice = int64_t{1} << 20;  // elements between looks at cancel
   knn::cpu::parallel_for((count + kSlice - 1) / kSlice, n_threads, cancel,
                          [&](int64_t slice, int) {
@@ -445,8 +447,8 @@ struct KnnJob {
   KnnStats stats{};
   char error[kMessageBytes] = "";  // failure, or notice of an OK status
   std::thread thread;
-  std::vector<float> wide_queries;  // float16 rows widened (FLOAT16 problems)
-  std::vector<float> wide_targets;
+  std::unique_ptr<float[]> wide_queries;  // float16 rows widened (FLOAT16 problems)
+  std::unique_ptr<float[]> wide_targets;
   // Admission (knn_job_wants_slot / knn_job_admit), under mutex.
   enum class Slot { kNone, kWanted, kGranted } slot = Slot::kNone;
   int64_t granted_memory_limit = 0;
@@ -465,6 +467,7 @@ struct KnnJob {
   KnnStatus run_gpu_or_cpu();
   KnnStatus run_range();
   KnnStatus widen();
+  bool widen_problem_rows();
   KnnStatus run_cpu(const char *note);
   KnnStatus run_gpu(const GpuView &m);
   KnnStatus await_slot();
@@ -545,18 +548,26 @@ KnnStatus KnnJob::widen() {
     knn::copy_message(error, sizeof error, why);
     return KNN_INVALID_ARGUMENT;
   }
+  if (!widen_problem_rows()) {
+    knn::copy_message(error, sizeof error, "cancelled");
+    return KNN_CANCELLED;
+  }
+  return KNN_OK;
+}
+
+// The problem's float16 rows replaced by float32 ones (one matrix when
+// both sides share it); false when cancelled on the way.
+bool KnnJob::widen_problem_rows() {
   const bool shared = problem.queries == problem.targets && problem.n_queries == problem.n_targets;
   const int threads = knn::cpu::resolve_threads(problem.n_threads);
   if (!widen_rows(problem.queries, problem.n_queries, problem.dim, threads, &cancel, &wide_queries) ||
       (!shared &&
-       !widen_rows(problem.targets, problem.n_targets, problem.dim, threads, &cancel, &wide_targets))) {
-    knn::copy_message(error, sizeof error, "cancelled");
-    return KNN_CANCELLED;
-  }
+       !widen_rows(problem.targets, problem.n_targets, problem.dim, threads, &cancel, &wide_targets)))
+    return false;
   problem.element = KNN_ELEMENT_FLOAT32;
-  problem.queries = wide_queries.data();
-  problem.targets = shared ? wide_queries.data() : wide_targets.data();
-  return KNN_OK;
+  problem.queries = wide_queries.get();
+  problem.targets = shared ? wide_queries.get() : wide_targets.get();
+  return true;
 }
 
 KnnStatus KnnJob::run_engines() {
@@ -583,17 +594,10 @@ KnnStatus KnnJob::run_range() {
       knn::copy_message(error, sizeof error, "bad dimensions or row counts");
       return KNN_INVALID_ARGUMENT;
     }
-    const bool shared = problem.queries == problem.targets && problem.n_queries == problem.n_targets;
-    const int threads = knn::cpu::resolve_threads(problem.n_threads);
-    if (!widen_rows(problem.queries, problem.n_queries, problem.dim, threads, &cancel, &wide_queries) ||
-        (!shared && !widen_rows(problem.targets, problem.n_targets, problem.dim, threads, &cancel,
-                                &wide_targets))) {
+    if (!widen_problem_rows()) {
       knn::copy_message(error, sizeof error, "cancelled");
       return KNN_CANCELLED;
     }
-    problem.element = KNN_ELEMENT_FLOAT32;
-    problem.queries = wide_queries.data();
-    problem.targets = shared ? wide_queries.data() : wide_targets.data();
   }
   knn::PairQueue &queue = *pairs;
   const KnnStatus st = knn::cpu::range_run(
