@@ -52,16 +52,6 @@
 /* How much of a user's argument an error message quotes. */
 #define KNN_QUOTE_LIMIT 32
 
-static double
-seconds_since(instr_time start)
-{
-	instr_time	now;
-
-	INSTR_TIME_SET_CURRENT(now);
-	INSTR_TIME_SUBTRACT(now, start);
-	return INSTR_TIME_GET_DOUBLE(now);
-}
-
 /* At most KNN_QUOTE_LIMIT characters of a user's text, "..." if cut. */
 static char *
 quoted_prefix(const char *text)
@@ -686,7 +676,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 				(errcode(ERRCODE_DATA_EXCEPTION),
 				 errmsg("query vectors have %d dimensions but target vectors have %d",
 						queries.dim, targets->dim)));
-	seconds_read = seconds_since(start);
+	seconds_read = knn_seconds_since(start);
 
 	knn_progress_phase(KNN_PROGRESS_SORTING);
 	INSTR_TIME_SET_CURRENT(start);
@@ -697,7 +687,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	knn_matrix_sort_by_id(&queries);
 	if (targets != &queries)
 		knn_matrix_sort_by_id(targets);
-	seconds_sort = seconds_since(start);
+	seconds_sort = knn_seconds_since(start);
 
 	if (call->range)
 	{
@@ -756,7 +746,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	return_rows(rsinfo, &queries, targets, query_set.keys, target_keys, slots, neighbors,
 				distances);
 	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort,
-					 seconds_since(start));
+					 knn_seconds_since(start));
 	knn_join_explain_report(&record);
 	knn_progress_end();
 }

@@ -50,16 +50,6 @@
 #define FDW_PRIVATE_SELECT_SQL 0
 #define FDW_PRIVATE_RETRIEVED_ATTRS 1
 
-static double
-seconds_since(instr_time start)
-{
-	instr_time	now;
-
-	INSTR_TIME_SET_CURRENT(now);
-	INSTR_TIME_SUBTRACT(now, start);
-	return INSTR_TIME_GET_DOUBLE(now);
-}
-
 /* The partitions' scans under the top of the plan, or NIL where it is no such shape. */
 static List *
 partition_scans(Plan *top)
@@ -410,7 +400,7 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, int32 k, KnnMetric metri
 						  queries->dim, targets->dim)));
 	INSTR_TIME_SET_CURRENT(start);
 	knn_matrix_sort_by_id(targets);
-	seconds_sort = seconds_since(start);
+	seconds_sort = knn_seconds_since(start);
 
 	slots = (int32) Min((int64) k, targets->n);
 	neighbors = palloc_extended((Size) queries->n * slots * sizeof(int64), MCXT_ALLOC_HUGE);
@@ -582,7 +572,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 
 	INSTR_TIME_SET_CURRENT(phase);
 	knn_shard_remote_ship(sp.shards, sp.n_shards, queries);
-	seconds_ship = seconds_since(phase);
+	seconds_ship = knn_seconds_since(phase);
 	for (int s = 0; s < sp.n_shards; s++)
 		knn_shard_remote_send(sp.shards[s], k, metric, exclude_self, method);
 
@@ -598,10 +588,10 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 
 			INSTR_TIME_SET_CURRENT(phase);
 			read_local_part(stmt, targets_sql, &sp, &local, target_kind);
-			seconds_read = seconds_since(phase);
+			seconds_read = knn_seconds_since(phase);
 			join_local_part(queries, &local, k, metric, exclude_self, method,
 							&sources[sp.n_shards], seconds_read);
-			seconds_local = seconds_since(phase);
+			seconds_local = knn_seconds_since(phase);
 		}
 		if (pass == 0)
 			knn_shard_remote_collect(sp.shards, sp.n_shards, queries->ids, queries->n);
@@ -612,8 +602,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	for (int s = 0; s < sp.n_shards; s++)
 		sources[s] = sp.shards[s]->lists;
 	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, sp.n_shards + 1, k);
-	seconds_merge = seconds_since(phase);
+	seconds_merge = knn_seconds_since(phase);
 	record_stats(&sp, queries, &local, k, fallbacks.data, seconds_ship, seconds_local,
-				 seconds_merge, seconds_since(start), rows);
+				 seconds_merge, knn_seconds_since(start), rows);
 	return true;
 }

@@ -9,6 +9,7 @@
 #include "postgres.h"
 
 #include "commands/explain.h"
+#include "portability/instr_time.h"
 
 #include "knn_engine.h"
 #include "knn_run.h"
@@ -27,6 +28,17 @@ typedef struct KnnJoinRecord
 	double		seconds_return; /* handing rows back (0 where not measured) */
 	KnnAdmissionRecord admission;	/* the GPU slot, and the wait for it */
 } KnnJoinRecord;
+
+/* Seconds from start to now: the record's phase times. */
+static inline double
+knn_seconds_since(instr_time start)
+{
+	instr_time	now;
+
+	INSTR_TIME_SET_CURRENT(now);
+	INSTR_TIME_SUBTRACT(now, start);
+	return INSTR_TIME_GET_DOUBLE(now);
+}
 
 /*
  * Builds the record of a finished join into *record and keeps a copy as

@@ -9,13 +9,13 @@
 #include "group_split.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
 
 #include "entry_guard.h"
 #include "result_padding.h"
+#include "stopwatch.h"
 
 namespace knn {
 
@@ -115,7 +115,7 @@ bool partition_groups(const KnnProblem &p, const int32_t *cancel, GroupPartition
 KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances,
                       KnnStats *stats, const int32_t *cancel, char *message,
                       size_t message_len, const SubProblemRunner &run) {
-  const auto start = std::chrono::steady_clock::now();
+  const Clock::time_point start = Clock::now();
   *stats = KnnStats{};
   stats->device = KNN_DEVICE_CPU;
   stats->method = p.method == KNN_METHOD_TI ? KNN_METHOD_TI : KNN_METHOD_BRUTE;
@@ -193,8 +193,7 @@ KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances
   const size_t used = std::strlen(stats->variant);
   std::snprintf(stats->variant + used, sizeof stats->variant - used, "%sgroups: %lld",
                 used > 0 ? ", " : "", static_cast<long long>(groups_run));
-  stats->seconds_total =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats->seconds_total = seconds_since(start);
   copy_message(message, message_len, notice);
   return KNN_OK;
 }

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -26,12 +25,12 @@
 #include "parallel_for.h"
 #include "row_distance.h"
 #include "top_k.h"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cpu {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 
 // Candidate lists of all queries held at once by the symmetric variant,
@@ -66,10 +65,6 @@ struct Candidate {
   double upper;  // U
   int64_t row;
 };
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 class GemmJoin {
  public:

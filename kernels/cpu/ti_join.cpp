@@ -4,7 +4,6 @@
 #include "ti_join.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,16 +14,11 @@
 #include "ti_filters.h"
 #include "../exclusion_runs.h"
 #include "../value_range.h"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cpu {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Level 2 walks the distinct queries of a cluster together in slices of at
 // most this many (each holds a list of `capacity` pairs).

@@ -17,7 +17,6 @@
 // overflow in the next round, the warp sorts list + buffer (bitonic.cuh)
 // and keeps the CAP best. Keys are select_keys.cuh's order keys.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -34,6 +33,7 @@
 #include "grid.cuh"
 #include "host_transfer.cuh"
 #include "select_keys.cuh"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cuda {
@@ -188,7 +188,6 @@ std::vector<uint64_t> pack(const void *rows, int64_t n, int dim, int64_t words, 
 
 KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, KnnStats *stats,
                    DeviceContext &ctx) {
-  using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   *stats = KnnStats{};
   stats->method = KNN_METHOD_BRUTE;
@@ -250,7 +249,7 @@ KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
   KNN_TRY(upload_to_device(ctx, d_targets.get(), targets.data(), d_targets.bytes()));
   if (exclude)
     KNN_TRY(upload_to_device(ctx, d_target_keys.get(), p.target_keys, d_target_keys.bytes()));
-  double transfer = std::chrono::duration<double>(Clock::now() - t_transfer).count();
+  double transfer = seconds_since(t_transfer);
   double select = 0;
 
   for (int64_t q0 = 0; q0 < p.n_queries; q0 += chunk) {
@@ -262,7 +261,7 @@ KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
     if (exclude)
       KNN_TRY(upload_to_device(ctx, d_query_keys.get(), p.query_keys + q0,
                                static_cast<size_t>(nq) * 8));
-    transfer += std::chrono::duration<double>(Clock::now() - t).count();
+    transfer += seconds_since(t);
     t = Clock::now();
     BitArgs a;
     a.queries = d_queries.get();
@@ -277,13 +276,13 @@ KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
     a.out_dist = d_dist.get();
     KNN_TRY(launch(ctx, a, cap, jaccard));
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
-    select += std::chrono::duration<double>(Clock::now() - t).count();
+    select += seconds_since(t);
     t = Clock::now();
     KNN_TRY(download_to_host(ctx, neighbors + q0 * p.k, d_rows.get(),
                              static_cast<size_t>(nq) * p.k * 8));
     KNN_TRY(download_to_host(ctx, distances + q0 * p.k, d_dist.get(),
                              static_cast<size_t>(nq) * p.k * 8));
-    transfer += std::chrono::duration<double>(Clock::now() - t).count();
+    transfer += seconds_since(t);
   }
   std::snprintf(stats->variant, sizeof stats->variant, "bit popcount (warp per query, list %d)",
                 cap);
@@ -291,7 +290,7 @@ KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
   stats->distance_computations = stats->pairs;
   stats->seconds_transfer = transfer;
   stats->seconds_select = select;
-  stats->seconds_total = std::chrono::duration<double>(Clock::now() - start).count();
+  stats->seconds_total = seconds_since(start);
   return KNN_OK;
 }
 

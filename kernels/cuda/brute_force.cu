@@ -28,7 +28,6 @@
 // next target chunk is uploaded (pinned double buffer, own stream, helper
 // thread) while the current one is processed.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <vector>
 
@@ -41,16 +40,11 @@
 #include "device_buffer.cuh"
 #include "device_thread.cuh"
 #include "host_transfer.cuh"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cuda {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // The device arrays of one side's rows (Rows is their view).
 struct RowBuffers {

@@ -25,7 +25,6 @@
 // goes first, where each query's nearest neighbours most likely are, so
 // theta is tight before the other parts are filtered.
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -36,17 +35,12 @@
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 #include "ti_parts.cuh"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cuda {
 namespace ti {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // One query part against every target part.
 class OutOfCoreJoin {

@@ -10,13 +10,13 @@
 // and kernels are ordered on the join's stream, so the host never waits
 // for a part. If pinned memory cannot be had, parts are simply rebuilt.
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 
 #include "../problem_check.h"
 #include "../value_range.h"
 #include "ti_distance.cuh"
 #include "ti_parts.cuh"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cuda {
@@ -92,7 +92,7 @@ TargetParts::~TargetParts() {
 
 KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bool *finite,
                              MemoryBudget &mem) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const Clock::time_point t0 = Clock::now();
   const int stride = padded_stride(p_.dim);
   const int64_t first = plan_.target_first(index), count = plan_.target_count(index);
   DeviceBuffer<unsigned> max_abs;
@@ -123,8 +123,7 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
   KNN_TRY(shift_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, first));
   clusters_ += out.clusters.m;
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-  cluster_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  cluster_seconds_ += seconds_since(t0);
   return KNN_OK;
 }
 
