@@ -41,6 +41,9 @@ checksum="SELECT sum(target_id * rank)::bigint AS s, sum(distance)::numeric(30,6
 ref=$(PGOPTIONS="-c knn_gpu.device=cpu" psql_q -F ' ' -c "$checksum")
 ref_s=${ref%% *} ref_d=${ref##* }
 echo "reference (CPU engine): ids $ref_s, distances $ref_d"
+# One session's second GPU join, with its phases (the first builds the context).
+PGOPTIONS="-c knn_gpu.device=${KNN_SESSIONS_DEVICE:-gpu}" psql_q -c "$checksum" -c '\timing on' -c "$checksum" \
+  -c "SELECT knn_gpu_last_stats()" > "$out/one_session.txt" 2>&1
 
 cat > "$out/sessions_join.sql" <<SQL
 SET knn_gpu.device = ${KNN_SESSIONS_DEVICE:-gpu};
