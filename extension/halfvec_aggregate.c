@@ -33,23 +33,20 @@ knn_halfvec_accum(PG_FUNCTION_ARGS)
 }
 
 /*
- * The sums over the count, each rounded to float and then to half
- * ("out of range for type halfvec" beyond binary16); NULL for no values
- * (SQL's avg).
+ * The means rounded to float and then to half ("out of range for type
+ * halfvec" beyond binary16); NULL for no values (SQL's avg).
  */
 Datum
 knn_halfvec_avg(PG_FUNCTION_ARGS)
 {
-	ArrayType  *state = PG_GETARG_ARRAYTYPE_P(0);
 	int			dim;
-	float8	   *values = knn_avg_state_values(state, "halfvec_avg", &dim);
-	float8		n = values[0];
+	float	   *means = knn_avg_state_means(PG_GETARG_ARRAYTYPE_P(0), "halfvec_avg", &dim);
 	HalfVector *result;
 
-	if (n == 0.0)
+	if (means == NULL)
 		PG_RETURN_NULL();
 	result = knn_halfvec_new(dim);
 	for (int i = 0; i < dim; i++)
-		result->x[i] = knn_halfvec_element((float) (values[i + 1] / n));
+		result->x[i] = knn_halfvec_element(means[i]);
 	PG_RETURN_HALFVEC_P(result);
 }

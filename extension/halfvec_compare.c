@@ -5,6 +5,8 @@
  * halfvec (extension/sql/18_halfvec_functions.sql): pgvector's order, that
  * of vector_compare.c on the widened values -- element by element, then the
  * shorter first when one is a prefix of the other; -0 equals 0.
+ * knn_halfvec_cmp, knn_halfvec_lt ... knn_halfvec_gt are defined by
+ * KNN_ORDER_FUNCTIONS (order_functions.h) from compare_args.
  */
 #include "postgres.h"
 
@@ -12,14 +14,7 @@
 
 #include "half_float.h"
 #include "halfvec.h"
-
-PG_FUNCTION_INFO_V1(knn_halfvec_cmp);
-PG_FUNCTION_INFO_V1(knn_halfvec_lt);
-PG_FUNCTION_INFO_V1(knn_halfvec_le);
-PG_FUNCTION_INFO_V1(knn_halfvec_eq);
-PG_FUNCTION_INFO_V1(knn_halfvec_ne);
-PG_FUNCTION_INFO_V1(knn_halfvec_ge);
-PG_FUNCTION_INFO_V1(knn_halfvec_gt);
+#include "order_functions.h"
 
 /* -1, 0 or 1 as the halfvec arguments 0 and 1 sort before, with, after. */
 static int
@@ -46,44 +41,4 @@ compare_args(FunctionCallInfo fcinfo)
 	return result;
 }
 
-Datum
-knn_halfvec_cmp(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_INT32(compare_args(fcinfo));
-}
-
-Datum
-knn_halfvec_lt(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) < 0);
-}
-
-Datum
-knn_halfvec_le(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) <= 0);
-}
-
-Datum
-knn_halfvec_eq(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) == 0);
-}
-
-Datum
-knn_halfvec_ne(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) != 0);
-}
-
-Datum
-knn_halfvec_ge(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) >= 0);
-}
-
-Datum
-knn_halfvec_gt(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) > 0);
-}
+KNN_ORDER_FUNCTIONS(halfvec, compare_args)

@@ -38,8 +38,8 @@ PG_FUNCTION_INFO_V1(knn_vector_avg);
  * the count, float8, no NULLs. function_name is the SQL name, for the
  * message (pgvector's words; an internal error, as there).
  */
-float8 *
-knn_avg_state_values(ArrayType *state, const char *function_name, int *dim_out)
+static float8 *
+state_values(ArrayType *state, const char *function_name, int *dim_out)
 {
 	if (ARR_NDIM(state) != 1 || ARR_DIMS(state)[0] < 1 ||
 		ARR_HASNULL(state) || ARR_ELEMTYPE(state) != FLOAT8OID)
@@ -85,7 +85,7 @@ ArrayType *
 knn_avg_state_accum(ArrayType *state, const float *value, int value_dim, const char *function_name)
 {
 	int			dim;
-	float8	   *values = knn_avg_state_values(state, function_name, &dim);
+	float8	   *values = state_values(state, function_name, &dim);
 	float8	   *sums;
 
 	if (dim == 0)
@@ -125,8 +125,8 @@ knn_vector_combine(PG_FUNCTION_ARGS)
 	ArrayType  *state2 = PG_GETARG_ARRAYTYPE_P(1);
 	int			dim1;
 	int			dim2;
-	float8	   *values1 = knn_avg_state_values(state1, "vector_combine", &dim1);
-	float8	   *values2 = knn_avg_state_values(state2, "vector_combine", &dim2);
+	float8	   *values1 = state_values(state1, "vector_combine", &dim1);
+	float8	   *values2 = state_values(state2, "vector_combine", &dim2);
 	float8		n = values1[0] + values2[0];
 
 	/* a state without a dimension (no value yet) takes the other's sums */
@@ -147,23 +147,37 @@ knn_vector_combine(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(make_state(n, add_sums(values1 + 1, values2 + 1, dim1), dim1));
 }
 
-/* The sums over the count, as a vector; NULL for no values (SQL's avg). */
+/* The means, sums over the count, rounded to float (vector_aggregate.h). */
+float *
+knn_avg_state_means(ArrayType *state, const char *function_name, int *dim_out)
+{
+	float8	   *values = state_values(state, function_name, dim_out);
+	float8		n = values[0];
+	float	   *means;
+
+	if (n == 0.0)
+		return NULL;
+	means = palloc(sizeof(float) * Max(*dim_out, 1));
+	for (int i = 0; i < *dim_out; i++)
+		means[i] = (float) (values[i + 1] / n);
+	return means;
+}
+
+/* The means as a vector; NULL for no values (SQL's avg). */
 Datum
 knn_vector_avg(PG_FUNCTION_ARGS)
 {
-	ArrayType  *state = PG_GETARG_ARRAYTYPE_P(0);
 	int			dim;
-	float8	   *values = knn_avg_state_values(state, "vector_avg", &dim);
-	float8		n = values[0];
+	float	   *means = knn_avg_state_means(PG_GETARG_ARRAYTYPE_P(0), "vector_avg", &dim);
 	Vector	   *result;
 
-	if (n == 0.0)
+	if (means == NULL)
 		PG_RETURN_NULL();
 	result = knn_vector_new(dim);
 	for (int i = 0; i < dim; i++)
 	{
-		result->x[i] = (float) (values[i + 1] / n);
-		knn_vector_check_element(result->x[i]);
+		knn_vector_check_element(means[i]);
+		result->x[i] = means[i];
 	}
 	PG_RETURN_VECTOR_P(result);
 }

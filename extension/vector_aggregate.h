@@ -12,10 +12,12 @@
 #include "utils/array.h"
 
 /*
- * The state's values {n, s1, ...} after checking its shape; *dim_out is the
- * number of sums. function_name (the SQL name) is in the error.
+ * The final function's values: each sum over the count, in double, rounded
+ * to float; NULL when the count is 0 (SQL's avg of no values). *dim_out is
+ * their number (0 for a state without sums). The state's shape is checked
+ * first; function_name (the SQL name) is in the error.
  */
-extern float8 *knn_avg_state_values(ArrayType *state, const char *function_name, int *dim_out);
+extern float *knn_avg_state_means(ArrayType *state, const char *function_name, int *dim_out);
 
 /*
  * A new state: state plus one value of value_dim elements (widened to
