@@ -100,6 +100,30 @@ knn_halfvec_element(float value)
 }
 
 HalfVector *
+knn_halfvec_arg(FunctionCallInfo fcinfo, int n)
+{
+	HalfVector *v = PG_GETARG_HALFVEC_P(n);
+
+	if (VARSIZE_ANY(v) < offsetof(HalfVector, x) ||
+		v->dim < 1 || v->dim > HALFVEC_MAX_DIM ||
+		VARSIZE_ANY(v) != HALFVEC_SIZE(v->dim))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("invalid halfvec value: %u bytes for its dimension count",
+						(unsigned int) VARSIZE_ANY(v))));
+	return v;
+}
+
+void
+knn_halfvec_check_same_dims(const HalfVector *a, const HalfVector *b)
+{
+	if (a->dim != b->dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("different halfvec dimensions %d and %d", a->dim, b->dim)));
+}
+
+HalfVector *
 knn_halfvec_new(int dim)
 {
 	Size		size;

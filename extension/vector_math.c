@@ -164,30 +164,38 @@ knn_vector_l2_normalize(PG_FUNCTION_ARGS)
  * Like substring: positions before 1 count but give no element, and the
  * result is what remains of [start, start + count) inside 1 .. dim, which
  * must be at least one element. Computed in 64 bits: start + count may
- * overflow int32.
+ * overflow int32. Shared with halfvec's subvector (vector_math.h).
  */
-Datum
-knn_vector_subvector(PG_FUNCTION_ARGS)
+int
+knn_subvector_range(int dim, int32 start, int32 count, const char *type_name, int *first)
 {
-	Vector	   *a = knn_vector_arg(fcinfo, 0);
-	int64		start = PG_GETARG_INT32(1);
-	int64		count = PG_GETARG_INT32(2);
+	int64		from = start;
 	int64		end;
-	Vector	   *result;
 
 	if (count < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("vector must have at least 1 dimension")));
-	end = Min(start + count, (int64) a->dim + 1);
-	start = Max(start, 1);
-	if (start > a->dim || end <= start)
+				 errmsg("%s must have at least 1 dimension", type_name)));
+	end = Min(from + count, (int64) dim + 1);
+	from = Max(from, 1);
+	if (from > dim || end <= from)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("vector must have at least 1 dimension")));
+				 errmsg("%s must have at least 1 dimension", type_name)));
+	*first = (int) (from - 1);
+	return (int) (end - from);
+}
 
-	result = knn_vector_new((int) (end - start));
-	memcpy(result->x, a->x + (start - 1), sizeof(float) * result->dim);
+Datum
+knn_vector_subvector(PG_FUNCTION_ARGS)
+{
+	Vector	   *a = knn_vector_arg(fcinfo, 0);
+	int			first;
+	int			n = knn_subvector_range(a->dim, PG_GETARG_INT32(1), PG_GETARG_INT32(2),
+										"vector", &first);
+	Vector	   *result = knn_vector_new(n);
+
+	memcpy(result->x, a->x + first, sizeof(float) * n);
 	PG_FREE_IF_COPY(a, 0);
 	PG_RETURN_VECTOR_P(result);
 }
