@@ -242,40 +242,6 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 								 qn2) > kth;
 }
 
-/* The query rows `which` of problem p, as the queries of *sub. */
-static void
-gather_queries(KnnProblem *sub, const KnnProblem *p, Size row_bytes, const int64 *which,
-			   int64 n)
-{
-	char	   *values = MemoryContextAllocHuge(CurrentMemoryContext, Max(1, (Size) n * row_bytes));
-	int64	   *keys = p->query_keys != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
-	int64	   *groups = p->query_groups != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
-
-	for (int64 i = 0; i < n; i++)
-	{
-		memcpy(values + (Size) i * row_bytes,
-			   (const char *) p->queries + (Size) which[i] * row_bytes, row_bytes);
-		if (keys != NULL)
-			keys[i] = p->query_keys[which[i]];
-		if (groups != NULL)
-			groups[i] = p->query_groups[which[i]];
-	}
-	sub->queries = values;
-	sub->n_queries = n;
-	sub->query_keys = keys;
-	sub->query_groups = groups;
-}
-
-static void
-free_gathered(KnnProblem *sub)
-{
-	pfree((void *) sub->queries);
-	if (sub->query_keys != NULL)
-		pfree((void *) sub->query_keys);
-	if (sub->query_groups != NULL)
-		pfree((void *) sub->query_groups);
-}
-
 void
 knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 						const KnnMatrix *queries, const KnnMatrix *targets,
@@ -310,7 +276,7 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 		const bool complete = candidates >= targets->n;
 
 		if (!first)
-			gather_queries(&run, problem, queries->row_bytes, open, n_open);
+			knn_problem_gather_queries(&run, problem, queries->row_bytes, open, n_open);
 		run.k = (int32) candidates;
 		rows = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(int64));
 		canonical = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(double));
@@ -338,7 +304,7 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 		pfree(canonical);
 		pfree(scratch);
 		if (!first)
-			free_gathered(&run);
+			knn_problem_free_gathered(&run);
 		n_open = still_open;
 		candidates = Min(targets->n, candidates * 4);
 		first = false;
