@@ -705,8 +705,18 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		}
 		knn_progress_totals(queries.n, targets->n, -1);
 		knn_progress_phase(KNN_PROGRESS_ENGINE);
-		/* The pairs go into the result while the engine works: no return phase. */
-		knn_run_range_problem(&problem, put_range_pairs, &output, &stats);
+		/*
+		 * The pairs go into the result while the engine works: no return
+		 * phase. pgvector's columns: the radius applies to its operator's
+		 * values.
+		 */
+		if (query_set.vector_type == target_source->vector_type &&
+			knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
+									 element))
+			knn_operator_values_range(&operator_values, &problem, &queries, targets,
+									  put_range_pairs, &output, &stats);
+		else
+			knn_run_range_problem(&problem, put_range_pairs, &output, &stats);
 		knn_progress_work(stats.distance_computations);
 		knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0);
 		knn_join_explain_report(&record);

@@ -303,16 +303,23 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
  * carry its values (knn_operator_values.h), as PostgreSQL's plan would; with
  * knn_gpu's type the engine's values are the operator's.
  */
+/* The type of both vector columns. */
+static Oid
+target_type(KnnJoinState *state)
+{
+	return TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
+						 state->target_column - 1)->atttypid;
+}
+
 static void
 run_knn(KnnJoinState *state, const KnnVectorReader *reader, KnnProblem *problem,
 		const KnnMatrix *queries, const KnnMatrix *targets, int64 *neighbors,
 		double *distances, KnnStats *stats)
 {
 	KnnOperatorValues by_operator;
-	Oid			type = TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
-									 state->target_column - 1)->atttypid;
 
-	if (knn_operator_values_init(&by_operator, type, state->metric, reader->element))
+	if (knn_operator_values_init(&by_operator, target_type(state), state->metric,
+								 reader->element))
 		knn_operator_values_run(&by_operator, problem, queries, targets, neighbors, distances,
 								stats);
 	else
@@ -676,16 +683,24 @@ start_ranges(KnnJoinState *state)
  * appended in the engine's order (per query by distance, then target row).
  */
 static void
-run_range(KnnJoinState *state, KnnProblem *problem, KnnStats *stats, const int64 *query_map,
-		  int64 target_base)
+run_range(KnnJoinState *state, const KnnVectorReader *reader, KnnProblem *problem,
+		  const KnnMatrix *queries, const KnnMatrix *targets, KnnStats *stats,
+		  const int64 *query_map, int64 target_base)
 {
 	KnnRangeRun run = {state, query_map, target_base};
+	KnnOperatorValues by_operator;
 
 	problem->range = state->radius_mode;
 	problem->max_distance = state->radius;
 	if (state->with_ties)
 		problem->k = 0;
-	knn_run_range_problem(problem, keep_pairs, &run, stats);
+	/* pgvector's type: the radius applies to its operator's values */
+	if (knn_operator_values_init(&by_operator, target_type(state), state->metric,
+								 reader->element))
+		knn_operator_values_range(&by_operator, problem, queries, targets, keep_pairs, &run,
+								  stats);
+	else
+		knn_run_range_problem(problem, keep_pairs, &run, stats);
 }
 
 /* run_knn for knn_scan_run_with_ties, on one run's targets. */
@@ -851,7 +866,7 @@ run_engine(KnnJoinState *state, int64 wanted)
 	if (state->radius_mode != KNN_RANGE_NONE)
 	{
 		start_ranges(state);
-		run_range(state, &problem, &stats, NULL, 0);
+		run_range(state, reader, &problem, &queries, &targets, &stats, NULL, 0);
 		finish_ranges(state, queries.n);
 	}
 	else if (state->with_ties)
@@ -1040,7 +1055,8 @@ run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const Kn
 	if (state->radius_mode != KNN_RANGE_NONE || state->with_ties)
 	{
 		if (state->radius_mode != KNN_RANGE_NONE)
-			run_range(state, &problem, &stats, scratch_query, base);
+			run_range(state, reader, &problem, &queries, &dt->targets, &stats, scratch_query,
+					  base);
 		else
 			run_ties(state, reader, &problem, &queries, &dt->targets, wanted, &stats,
 					 scratch_query, base);
