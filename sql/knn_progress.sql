@@ -62,5 +62,33 @@ SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
 SELECT * FROM dblink('watched', 'SELECT count(*) FROM knn_join(''SELECT id, v FROM progress_rows WHERE id < 50'', ''SELECT id, v FROM progress_rows'', 3)') AS r(count bigint);
 SELECT count(*) AS rows FROM knn_gpu_progress;
 SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+
+-- The KNN Join node reports the same way: source "KNN Join", its phases,
+-- the rows it read, k once its LIMIT is evaluated, and the wait event
+-- while the engine runs (rows of no structure, so that the engine takes a
+-- few seconds on one thread).
+CREATE TABLE progress_random AS
+SELECT i AS id, array_agg((hashint4(i * 1000 + j) & 1023)::real / 1024 ORDER BY j)::vector AS v
+FROM generate_series(1, 30000) i, generate_series(1, 128) j GROUP BY i;
+ANALYZE progress_random;
+SELECT dblink_send_query('watched',
+  'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t ORDER BY t.v <-> q.v LIMIT 10) n') AS sent;
+SELECT * FROM pg_temp.watch();
+SELECT a.query LIKE 'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL%' AS its_query,
+       p.source, p.queries, p.targets
+FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
+SELECT dblink_cancel_query('watched') AS cancel;
+SELECT count(*) AS rows FROM dblink_get_result('watched', false) AS r(count bigint);
+SELECT dblink_error_message('watched') LIKE '%cancel%' AS was_cancelled;
+SELECT count(*) AS end_of_results FROM dblink_get_result('watched', false) AS r(count bigint);
+SELECT count(*) AS rows FROM knn_gpu_progress;
+-- A node that returns all its rows, and one whose consumer stops early
+-- (LIMIT above it: the node is ended before its last row), leave no row.
+SELECT * FROM dblink('watched', 'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000') AS r(count bigint);
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+SELECT count(*) AS knn_join_plans FROM dblink('watched', 'EXPLAIN (COSTS OFF) SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(line text)
+WHERE line LIKE '%KNN Join%';
+SELECT count(*) AS rows FROM dblink('watched', 'SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(id int);
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
 SELECT dblink_disconnect('watched') AS disconnected;
-DROP TABLE progress_rows;
+DROP TABLE progress_rows, progress_random;
