@@ -86,9 +86,12 @@ SELECT count(*) AS rows FROM knn_gpu_progress;
 -- (LIMIT above it: the node is ended before its last row), leave no row.
 SELECT * FROM dblink('watched', 'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000') AS r(count bigint);
 SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+-- (A LIMIT 1 above prefers a plan that starts fast: nested loops are off.)
+SELECT dblink_exec('watched', 'SET enable_nestloop = off') AS set_nestloop;
 SELECT count(*) AS knn_join_plans FROM dblink('watched', 'EXPLAIN (COSTS OFF) SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(line text)
 WHERE line LIKE '%KNN Join%';
 SELECT count(*) AS rows FROM dblink('watched', 'SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(id int);
 SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+SELECT dblink_exec('watched', 'RESET enable_nestloop') AS reset_nestloop;
 SELECT dblink_disconnect('watched') AS disconnected;
 DROP TABLE progress_rows, progress_random;
