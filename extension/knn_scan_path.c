@@ -349,18 +349,15 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 	List	   *clauses;
 	ListCell   *lc;
 
-	if ((jointype != JOIN_INNER && jointype != JOIN_LEFT) || root->rowMarks != NIL ||
-		outer_path == NULL || inner_path == NULL ||
-		outer_path->param_info != NULL || inner_path->param_info != NULL ||
-		!bms_is_empty(joinrel->lateral_relids) || !bms_is_empty(innerrel->lateral_relids) ||
-		!bms_is_empty(outerrel->lateral_relids))
-		return;
+	bool		has_distance = false;
+
 	foreach(lc, extra->restrictlist)
 	{
 		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
 
 		if (jointype == JOIN_LEFT && RINFO_IS_PUSHED_DOWN(rinfo, joinrel->relids))
 			continue;
+		has_distance = has_distance || knn_scan_contains_distance((Node *) rinfo->clause);
 		kp = palloc0(sizeof(KnnJoinPath));
 		if (knn_scan_recognise_radius_clause(rinfo->clause, innerrel->relids, outerrel->relids, kp))
 		{
@@ -371,7 +368,30 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 		kp = NULL;
 	}
 	if (kp == NULL)
+	{
+		/* (a join without any distance is no radius join: no message) */
+		if (has_distance)
+			knn_scan_reject("no join clause is \"<distance between a vector column of each side> < (or <=) <constant or parameter>\"");
 		return;
+	}
+	if (jointype != JOIN_INNER && jointype != JOIN_LEFT)
+	{
+		knn_scan_reject("the radius join is neither an inner nor a left join");
+		return;
+	}
+	if (root->rowMarks != NIL)
+	{
+		knn_scan_reject("the query locks rows");
+		return;
+	}
+	if (outer_path == NULL || inner_path == NULL ||
+		outer_path->param_info != NULL || inner_path->param_info != NULL ||
+		!bms_is_empty(joinrel->lateral_relids) || !bms_is_empty(innerrel->lateral_relids) ||
+		!bms_is_empty(outerrel->lateral_relids))
+	{
+		knn_scan_reject("a side of the radius join references a relation outside it (LATERAL)");
+		return;
+	}
 
 	/* The other clauses: the join filter, and for a left join the filter. */
 	kp->jointype = jointype;
@@ -403,7 +423,10 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 	}
 	kp->radius = (Expr *) eval_const_expressions(root, (Node *) copyObject(kp->radius));
 	if (!knn_scan_is_run_time_constant((Node *) kp->radius))
+	{
+		knn_scan_reject("the radius is not a constant or parameter");
 		return;
+	}
 	kp->inner_path = inner_path;
 	build_path(root, joinrel, innerrel, outer_path, innerrel, kp);
 	kp->subquery_rel = NULL;

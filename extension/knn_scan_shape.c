@@ -100,6 +100,12 @@ contains_distance_walker(Node *node, void *context)
 	return expression_tree_walker(node, contains_distance_walker, context);
 }
 
+bool
+knn_scan_contains_distance(Node *node)
+{
+	return contains_distance_walker(node, NULL);
+}
+
 /* Is some ORDER BY key a distance? Only then do we say why we decline. */
 static bool
 looks_like_top_k(Query *sq)

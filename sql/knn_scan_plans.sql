@@ -131,6 +131,15 @@ CROSS JOIN LATERAL (SELECT t.id FROM (VALUES (1, '[1,1]'::vector), (2, '[2,2]'))
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v::halfvec LIMIT 3) n;
+-- A plain join on a distance that is not a radius of a constant or a
+-- parameter (one from a row; a distance of an expression); a join without
+-- any distance says nothing.
+EXPLAIN (COSTS OFF)
+SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON t.v <-> q.v < q.k;
+EXPLAIN (COSTS OFF)
+SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON (t.v + t.w) <-> q.v < 2;
+EXPLAIN (COSTS OFF)
+SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON t.id = q.k;
 DROP VIEW knn_plans_joined;
 RESET client_min_messages;
 
