@@ -122,6 +122,48 @@ BEGIN
 END $$;
 SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM node_differences;
 
+-- FETCH FIRST ... WITH TIES over a view, with pgvector's types: the ties
+-- are decided on pgvector's values (30 copies of row 1 tie at distance 0,
+-- far past 3). Compared as sets of (query, target, distance): the order
+-- within a tie is the plan's choice.
+CREATE VIEW pts_view AS SELECT id, v, h FROM pts WHERE id % 7 <> 3;
+CREATE FUNCTION ties_rows(op text, col text)
+RETURNS TABLE (qid int, tid int, d float8)
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY EXECUTE format(
+    'SELECT q.id, n.id, n.d
+     FROM pts q CROSS JOIN LATERAL (
+       SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts_view t
+       ORDER BY t.%1$s %2$s q.%1$s FETCH FIRST 3 ROWS WITH TIES) n', col, op);
+END $$;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
+  SELECT t.id, t.h <+> q.h AS d FROM pts_view t ORDER BY t.h <+> q.h FETCH FIRST 3 ROWS WITH TIES) n;
+CREATE TABLE ties_differences (op text, col text, rows bigint, n bigint);
+DO $$
+DECLARE o text; c text;
+BEGIN
+  FOREACH o IN ARRAY ARRAY['<->', '<=>', '<#>', '<+>'] LOOP
+    FOREACH c IN ARRAY ARRAY['v', 'h'] LOOP
+      SET LOCAL knn_gpu.enable_knn_join = on;
+      CREATE TEMP TABLE node AS SELECT * FROM ties_rows(o, c);
+      SET LOCAL knn_gpu.enable_knn_join = off;
+      CREATE TEMP TABLE plain AS SELECT * FROM ties_rows(o, c);
+      INSERT INTO ties_differences
+        SELECT o, c, (SELECT count(*) FROM node),
+               (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) x)
+             + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) y);
+      DROP TABLE node, plain;
+    END LOOP;
+  END LOOP;
+END $$;
+SELECT count(*) AS comparisons, min(rows) > 3 * (SELECT count(*) FROM pts) AS ties_past_3,
+       sum(n) AS differing_rows FROM ties_differences;
+DROP TABLE ties_differences;
+DROP FUNCTION ties_rows(text, text);
+DROP VIEW pts_view;
+
 -- A radius with pgvector's type: the pairs whose pgvector value is < r (or
 -- <= r) are exactly those of PostgreSQL's plan, also at radii equal to
 -- some pair's value, where the canonical value alone could decide the
