@@ -55,6 +55,7 @@
 #define KNN_ENGINE_STARTUP_COST 100.0
 
 static set_join_pathlist_hook_type prev_join_pathlist_hook = NULL;
+static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
 
 static bool
 contains_placeholders_walker(Node *node, void *context)
@@ -542,12 +543,40 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 	add_path(joinrel, &kp->cpath.path);
 }
 
+/*
+ * A top-k subquery written as a sub-select (in EXISTS, IN or a select
+ * list) is planned on its own and run once per outer row: there is no join
+ * for the KNN Join to replace. Says so, and how to write it: for a
+ * sub-select that is itself the top-k query (planned while its parent
+ * still preprocesses its expressions, before the parent's relations exist;
+ * a LATERAL subquery is planned among them), and for a top-k subquery in
+ * FROM that references a query further out than the one it is a relation of.
+ */
+static void
+knn_sub_select_pathlist_hook(PlannerInfo *root, RelOptInfo *rel, Index rti,
+							 RangeTblEntry *rte)
+{
+	if (prev_rel_pathlist_hook)
+		prev_rel_pathlist_hook(root, rel, rti, rte);
+	if (!knn_gpu_enable_knn_join || rel->reloptkind != RELOPT_BASEREL)
+		return;
+	if ((rte->rtekind == RTE_RELATION && root->parent_root != NULL &&
+		 root->parent_root->simple_rel_array == NULL &&
+		 root->parent_root->plan_params != NIL && root->parse->limitCount != NULL &&
+		 knn_scan_orders_by_distance(root->parse)) ||
+		(rte->rtekind == RTE_SUBQUERY && rte->subquery != NULL &&
+		 knn_scan_top_k_reaches_up(rte->subquery, 2)))
+		knn_scan_reject("the top-k subquery is inside a sub-select (in EXISTS, IN or a select list), not a join: write it as CROSS JOIN LATERAL or LEFT JOIN LATERAL");
+}
+
 void
 knn_scan_register(void)
 {
 	knn_scan_register_plan();
 	prev_join_pathlist_hook = set_join_pathlist_hook;
 	set_join_pathlist_hook = knn_join_pathlist_hook;
+	prev_rel_pathlist_hook = set_rel_pathlist_hook;
+	set_rel_pathlist_hook = knn_sub_select_pathlist_hook;
 }
 
 /*

@@ -106,6 +106,36 @@ knn_scan_contains_distance(Node *node)
 	return contains_distance_walker(node, NULL);
 }
 
+static bool looks_like_top_k(Query *sq);
+
+bool
+knn_scan_orders_by_distance(Query *sq)
+{
+	return looks_like_top_k(sq);
+}
+
+static bool
+references_level_walker(Node *node, void *levels)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var))
+		return ((Var *) node)->varlevelsup >= *(Index *) levels;
+	return expression_tree_walker(node, references_level_walker, levels);
+}
+
+bool
+knn_scan_top_k_reaches_up(Query *sq, Index levels)
+{
+	TargetEntry *tle;
+
+	if (sq->commandType != CMD_SELECT || sq->limitCount == NULL || sq->sortClause == NIL ||
+		!looks_like_top_k(sq))
+		return false;
+	tle = get_sortgroupclause_tle(linitial_node(SortGroupClause, sq->sortClause), sq->targetList);
+	return references_level_walker((Node *) tle->expr, &levels);
+}
+
 /* Is some ORDER BY key a distance? Only then do we say why we decline. */
 static bool
 looks_like_top_k(Query *sq)

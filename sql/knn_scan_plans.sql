@@ -140,6 +140,19 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON (t.v + t.w) <-> q.v < 2;
 EXPLAIN (COSTS OFF)
 SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON t.id = q.k;
+-- The top-k query as a sub-select (in a select list, in EXISTS, in IN) is
+-- no join: it says how to write it.
+EXPLAIN (COSTS OFF)
+SELECT q.id, (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 1) AS nearest
+FROM knn_plans_queries q;
+EXPLAIN (COSTS OFF)
+SELECT q.id FROM knn_plans_queries q
+WHERE EXISTS (SELECT FROM (SELECT t.v <-> q.v AS d FROM knn_plans_items t
+                           ORDER BY t.v <-> q.v LIMIT 3) n WHERE n.d < 1);
+EXPLAIN (COSTS OFF)
+SELECT q.id FROM knn_plans_queries q
+WHERE q.k IN (SELECT n.id FROM LATERAL (SELECT t.id FROM knn_plans_items t
+                                        ORDER BY t.v <-> q.v LIMIT 3) n);
 DROP VIEW knn_plans_joined;
 RESET client_min_messages;
 
