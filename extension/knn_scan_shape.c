@@ -395,7 +395,7 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 		return NULL;
 	}
 	kp->query_vector = (Expr *) copyObject(query);
-	IncrementVarSublevelsUp((Node *) kp->query_vector, -1, 0);
+	IncrementVarSublevelsUp((Node *) kp->query_vector, -1, 1);
 	kp->target_relation_column = relation_column(sq, rtr->rtindex, kp->target_vector->varattno);
 	kp->distance_operator = distance->opno;
 	return distance;
