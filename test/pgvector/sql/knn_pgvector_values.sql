@@ -90,79 +90,63 @@ WHERE a.id <= 30 AND b.id <= 100 AND (a.v <-> b.v) <> canonical_l2(a.v, b.v);
 
 -- The KNN Join node too: each LATERAL query, planned as a KNN Join, gives
 -- the rows, order and distances of PostgreSQL's plan (knn_join off).
-CREATE FUNCTION lateral_rows(op text, col text)
-RETURNS TABLE (qid int, tid int, d float8, r bigint)
+-- node_vs_plain(query): whether the node ran it, its rows, and the rows in
+-- one result and not in the other (EXCEPT ALL both ways).
+CREATE FUNCTION node_vs_plain(q text, OUT node boolean, OUT rows bigint, OUT n bigint)
 LANGUAGE plpgsql AS $$
+DECLARE line text;
 BEGIN
-  RETURN QUERY EXECUTE format(
-    'SELECT q.id, n.id, n.d, row_number() OVER (PARTITION BY q.id)
+  PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+  node := false;
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
+    node := node OR line LIKE '%KNN Join%';
+  END LOOP;
+  EXECUTE 'CREATE TEMP TABLE node AS ' || q;
+  PERFORM set_config('knn_gpu.enable_knn_join', 'off', true);
+  EXECUTE 'CREATE TEMP TABLE plain AS ' || q;
+  PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+  SELECT count(*) INTO rows FROM plain;
+  SELECT (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) x)
+       + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) y) INTO n;
+  DROP TABLE node, plain;
+END $$;
+-- Per query, the rows in the order they came (r).
+CREATE FUNCTION lateral_query(op text, col text) RETURNS text
+LANGUAGE sql AS $$
+  SELECT format(
+    'SELECT q.id AS qid, n.id AS tid, n.d, row_number() OVER (PARTITION BY q.id) AS r
      FROM pts q CROSS JOIN LATERAL (
        SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts t
-       ORDER BY t.%1$s %2$s q.%1$s, t.id LIMIT 5) n', col, op);
-END $$;
+       ORDER BY t.%1$s %2$s q.%1$s, t.id LIMIT 5) n', col, op)
+$$;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
   SELECT t.id, t.v <=> q.v AS d FROM pts t ORDER BY t.v <=> q.v, t.id LIMIT 5) n;
-CREATE TABLE node_differences (op text, col text, n bigint);
-DO $$
-DECLARE o text; c text;
-BEGIN
-  FOREACH o IN ARRAY ARRAY['<->', '<=>', '<#>', '<+>'] LOOP
-    FOREACH c IN ARRAY ARRAY['v', 'h'] LOOP
-      SET LOCAL knn_gpu.enable_knn_join = on;
-      CREATE TEMP TABLE node AS SELECT * FROM lateral_rows(o, c);
-      SET LOCAL knn_gpu.enable_knn_join = off;
-      CREATE TEMP TABLE plain AS SELECT * FROM lateral_rows(o, c);
-      INSERT INTO node_differences
-        SELECT o, c, (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) x)
-                   + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) y);
-      DROP TABLE node, plain;
-    END LOOP;
-  END LOOP;
-END $$;
-SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM node_differences;
-
--- FETCH FIRST ... WITH TIES over a view, with pgvector's types: the ties
--- are decided on pgvector's values (30 copies of row 1 tie at distance 0,
--- far past 3). Compared as sets of (query, target, distance): the order
--- within a tie is the plan's choice.
+-- FETCH FIRST ... WITH TIES over a view: the ties are decided on
+-- pgvector's values (30 copies of row 1 tie at distance 0, far past 3).
+-- Compared as sets of (query, target, distance): the order within a tie is
+-- the plan's choice.
 CREATE VIEW pts_view AS SELECT id, v, h FROM pts WHERE id % 7 <> 3;
-CREATE FUNCTION ties_rows(op text, col text)
-RETURNS TABLE (qid int, tid int, d float8)
-LANGUAGE plpgsql AS $$
-BEGIN
-  RETURN QUERY EXECUTE format(
-    'SELECT q.id, n.id, n.d
+CREATE FUNCTION ties_query(op text, col text) RETURNS text
+LANGUAGE sql AS $$
+  SELECT format(
+    'SELECT q.id AS qid, n.id AS tid, n.d
      FROM pts q CROSS JOIN LATERAL (
        SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts_view t
-       ORDER BY t.%1$s %2$s q.%1$s FETCH FIRST 3 ROWS WITH TIES) n', col, op);
-END $$;
+       ORDER BY t.%1$s %2$s q.%1$s FETCH FIRST 3 ROWS WITH TIES) n', col, op)
+$$;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
   SELECT t.id, t.h <+> q.h AS d FROM pts_view t ORDER BY t.h <+> q.h FETCH FIRST 3 ROWS WITH TIES) n;
-CREATE TABLE ties_differences (op text, col text, rows bigint, n bigint);
-DO $$
-DECLARE o text; c text;
-BEGIN
-  FOREACH o IN ARRAY ARRAY['<->', '<=>', '<#>', '<+>'] LOOP
-    FOREACH c IN ARRAY ARRAY['v', 'h'] LOOP
-      SET LOCAL knn_gpu.enable_knn_join = on;
-      CREATE TEMP TABLE node AS SELECT * FROM ties_rows(o, c);
-      SET LOCAL knn_gpu.enable_knn_join = off;
-      CREATE TEMP TABLE plain AS SELECT * FROM ties_rows(o, c);
-      INSERT INTO ties_differences
-        SELECT o, c, (SELECT count(*) FROM node),
-               (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) x)
-             + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) y);
-      DROP TABLE node, plain;
-    END LOOP;
-  END LOOP;
-END $$;
-SELECT count(*) AS comparisons, min(rows) > 3 * (SELECT count(*) FROM pts) AS ties_past_3,
-       sum(n) AS differing_rows FROM ties_differences;
-DROP TABLE ties_differences;
-DROP FUNCTION ties_rows(text, text);
-DROP VIEW pts_view;
+CREATE TABLE node_differences AS
+SELECT o AS op, c AS col, s AS shape, x.*
+FROM unnest(ARRAY['<->', '<=>', '<#>', '<+>']) o, unnest(ARRAY['v', 'h']) c,
+     unnest(ARRAY['limit', 'ties']) s,
+     LATERAL node_vs_plain(CASE s WHEN 'limit' THEN lateral_query(o, c) ELSE ties_query(o, c) END) x;
+SELECT shape, count(*) AS comparisons, bool_and(node) AS all_by_the_node,
+       min(rows) > 3 * (SELECT count(*) FROM pts) AS more_than_3_per_query,
+       sum(n) AS differing_rows
+FROM node_differences GROUP BY shape ORDER BY shape;
 
 -- A radius with pgvector's type: the pairs whose pgvector value is < r (or
 -- <= r) are exactly those of PostgreSQL's plan, also at radii equal to
@@ -214,35 +198,13 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
   SELECT t.id, t.v <-> q.v AS d FROM pts t WHERE t.v <-> q.v <= 0.5
   ORDER BY t.v <-> q.v, t.id) n WHERE q.id <= 60;
-CREATE TABLE radius_differences (op text, col text, r float8, cmp text, lim text,
-                                 node boolean, pairs bigint, n bigint);
-DO $$
-DECLARE x record; cmp text; lim text; q text; line text; used boolean;
-BEGIN
-  FOR x IN SELECT * FROM radii LOOP
-    FOREACH cmp IN ARRAY ARRAY['<', '<='] LOOP
-      FOREACH lim IN ARRAY ARRAY['', 'LIMIT 2'] LOOP
-        q := radius_query(x.op, x.col, x.r, cmp, lim);
-        SET LOCAL knn_gpu.enable_knn_join = on;
-        used := false;
-        FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
-          used := used OR line LIKE '%KNN Join%';
-        END LOOP;
-        EXECUTE 'CREATE TEMP TABLE node AS ' || q;
-        SET LOCAL knn_gpu.enable_knn_join = off;
-        EXECUTE 'CREATE TEMP TABLE plain AS ' || q;
-        INSERT INTO radius_differences
-          SELECT x.op, x.col, x.r, cmp, lim, used, (SELECT count(*) FROM plain),
-                 (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) a)
-               + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) b);
-        DROP TABLE node, plain;
-      END LOOP;
-    END LOOP;
-  END LOOP;
-END $$;
+CREATE TABLE radius_differences AS
+SELECT r.op, r.col, r.r, cmp, lim, x.*
+FROM radii r, unnest(ARRAY['<', '<=']) cmp, unnest(ARRAY['', 'LIMIT 2']) lim,
+     LATERAL node_vs_plain(radius_query(r.op, r.col, r.r, cmp, lim)) x;
 -- Every comparison ran the node; 0 differing rows.
 SELECT count(*) AS comparisons, bool_and(node) AS all_by_the_node,
-       sum(pairs) AS pairs, sum(n) AS differing_rows FROM radius_differences;
+       sum(rows) AS pairs, sum(n) AS differing_rows FROM radius_differences;
 SELECT * FROM radius_differences WHERE n <> 0 OR NOT node;
 
 CREATE TABLE range_differences (op text, col text, r float8, inclusive boolean, pairs bigint,
@@ -277,10 +239,12 @@ SELECT count(*) AS comparisons, sum(pairs) AS pairs, sum(n) AS differing_rows
 FROM range_differences;
 SELECT * FROM range_differences WHERE n <> 0;
 DROP TABLE radii, radius_differences, range_differences;
-DROP FUNCTION radius_query(text, text, float8, text, text);
+DROP FUNCTION radius_query(text, text, float8, text, text), ties_query(text, text),
+  lateral_query(text, text), node_vs_plain(text);
+DROP VIEW pts_view;
 
 DROP TABLE pts, differences, node_differences;
-DROP FUNCTION by_operator(text, text, boolean), lateral_rows(text, text), canonical_l2(vector, vector);
+DROP FUNCTION by_operator(text, text, boolean), canonical_l2(vector, vector);
 DROP AGGREGATE real_sum(real);
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;
