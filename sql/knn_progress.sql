@@ -47,14 +47,21 @@ BEGIN
   RETURN QUERY SELECT false, NULL, 'not seen', NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint,
     NULL::bigint, NULL::boolean, NULL::bigint, NULL, NULL::boolean;
 END $$;
+-- Cancels the other session's statement: no rows, its error says so, and
+-- no result after it.
+CREATE FUNCTION pg_temp.cancel_watched(OUT cancel text, OUT rows bigint,
+                                       OUT was_cancelled boolean, OUT end_of_results bigint)
+LANGUAGE sql AS $$
+  SELECT dblink_cancel_query('watched'),
+         (SELECT count(*) FROM dblink_get_result('watched', false) AS r(count bigint)),
+         dblink_error_message('watched') LIKE '%cancel%',
+         (SELECT count(*) FROM dblink_get_result('watched', false) AS r(count bigint))
+$$;
 SELECT * FROM pg_temp.watch();
 -- The row is joinable to pg_stat_activity by pid and names the database.
 SELECT a.datname = current_database() AS same_database, a.query LIKE 'SELECT count(*) FROM knn_join(%' AS its_query
 FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
-SELECT dblink_cancel_query('watched') AS cancel;
-SELECT count(*) AS rows FROM dblink_get_result('watched', false) AS r(count bigint);
-SELECT dblink_error_message('watched') LIKE '%cancel%' AS was_cancelled;
-SELECT count(*) AS end_of_results FROM dblink_get_result('watched', false) AS r(count bigint);
+SELECT * FROM pg_temp.cancel_watched();
 -- The cancelled join left no row, even in the files (the view would hide
 -- it anyway, as the backend is idle), and a join that ends normally leaves none.
 SELECT count(*) AS rows FROM knn_gpu_progress;
@@ -77,10 +84,7 @@ SELECT * FROM pg_temp.watch();
 SELECT a.query LIKE 'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL%' AS its_query,
        p.source, p.queries, p.targets
 FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
-SELECT dblink_cancel_query('watched') AS cancel;
-SELECT count(*) AS rows FROM dblink_get_result('watched', false) AS r(count bigint);
-SELECT dblink_error_message('watched') LIKE '%cancel%' AS was_cancelled;
-SELECT count(*) AS end_of_results FROM dblink_get_result('watched', false) AS r(count bigint);
+SELECT * FROM pg_temp.cancel_watched();
 SELECT count(*) AS rows FROM knn_gpu_progress;
 -- A node that returns all its rows, and one whose consumer stops early
 -- (LIMIT above it: the node is ended before its last row), leave no row.

@@ -100,35 +100,27 @@ SELECT * FROM pg_temp.knn_check($$
 	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_ties_items t
 	                    ORDER BY t.v <-> q.v, t.tag DESC NULLS LAST, t.g
 	                    FETCH FIRST 6 ROWS WITH TIES) n $$);
+-- The number of rows per query of "ORDER BY t.v <-> q.v<keys> FETCH FIRST
+-- n ROWS WITH TIES", from the node.
+CREATE FUNCTION pg_temp.tie_rows(keys text, n int) RETURNS TABLE (qid int, rows bigint)
+LANGUAGE sql AS $$
+  SELECT s.qid, (SELECT count(*) FROM unnest(string_to_array(s.neighbours, ' ')))
+  FROM pg_temp.knn_show(format($q$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_ties_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_ties_items t
+	                    ORDER BY t.v <-> q.v%s FETCH FIRST %s ROWS WITH TIES) n $q$, keys, n)) s
+$$;
 -- By hand, for [9.5,9.5] (qn 102): the 300 copies of [9,9] are nearest;
 -- the first 2 by tag ('y' for all), so all 300 tie on (distance, tag);
 -- by (distance, g), the 100 of the first g.
-SELECT qid, (SELECT count(*) FROM unnest(string_to_array(neighbours, ' '))) AS rows
-FROM pg_temp.knn_show($$
-	SELECT q.qn AS qid, n.id AS nid, n.dist
-	FROM knn_ties_queries q
-	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_ties_items t
-	                    ORDER BY t.v <-> q.v, t.tag FETCH FIRST 2 ROWS WITH TIES) n $$)
-WHERE qid = 102;
-SELECT qid, (SELECT count(*) FROM unnest(string_to_array(neighbours, ' '))) AS rows
-FROM pg_temp.knn_show($$
-	SELECT q.qn AS qid, n.id AS nid, n.dist
-	FROM knn_ties_queries q
-	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_ties_items t
-	                    ORDER BY t.v <-> q.v, t.g FETCH FIRST 2 ROWS WITH TIES) n $$)
-WHERE qid = 102;
+SELECT * FROM pg_temp.tie_rows(', t.tag', 2) WHERE qid = 102;
+SELECT * FROM pg_temp.tie_rows(', t.g', 2) WHERE qid = 102;
 
 -- NULL distances tie with each other: a NULL query vector (qn 17, 34, 51)
--- ties every row (all 1880 of them, above), or with a key after the
--- distance those equal on it; an n reaching into the NULL vectors of the
--- items.
-SELECT qid, (SELECT count(*) FROM unnest(string_to_array(neighbours, ' '))) AS rows
-FROM pg_temp.knn_show($$
-	SELECT q.qn AS qid, n.id AS nid, n.dist
-	FROM knn_ties_queries q
-	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_ties_items t
-	                    ORDER BY t.v <-> q.v FETCH FIRST 3 ROWS WITH TIES) n $$)
-WHERE qid % 17 = 0;
+-- ties every row (all 1840 of them), or with a key after the distance
+-- those equal on it; an n reaching into the NULL vectors of the items.
+SELECT * FROM pg_temp.tie_rows('', 3) WHERE qid % 17 = 0;
 SELECT * FROM pg_temp.knn_check($$
 	SELECT q.qn AS qid, n.id AS nid, n.dist
 	FROM knn_ties_queries q
