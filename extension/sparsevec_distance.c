@@ -5,12 +5,12 @@
  *
  * - L2, L1 and the inner product walk both index lists in ascending index
  *   order, summing in float one element at a time (an index stored in only
- *   one operand counts against zero); pgvector's loops do the same and
- *   are not vectorised.
+ *   one operand counts against zero), as pgvector's loops do; but the
+ *   elements of b after a's last one are summed in the order of pgvector's
+ *   vectorised last loop (add_terms_in_lanes below).
  * - cosine divides that inner product by sqrt(|a|^2 * |b|^2) in double,
- *   each squared norm a float sum in the order of pgvector's vectorised
- *   loop (squares_in_lanes below), clamped to [-1, 1]; a zero operand
- *   gives NaN.
+ *   each squared norm a float sum in that vectorised order, clamped to
+ *   [-1, 1]; a zero operand gives NaN.
  * - l2_norm and l2_normalize use vector_norm's double sum (vector_math.h),
  *   the same loop in pgvector.
  *
@@ -54,9 +54,44 @@ typedef enum
 	SUM_ABSOLUTE_DIFFERENCES	/* L1 */
 } DifferenceSum;
 
+static inline float
+term(float d, DifferenceSum kind)
+{
+	/* |0 - x| is |x| and (0 - x)^2 is x^2: no sign to keep */
+	return kind == SUM_SQUARED_DIFFERENCES ? d * d : fabsf(d);
+}
+
+/*
+ * sum + the terms of x[0..n-1] in the order of pgvector's reduction loops
+ * as GCC vectorises them for x86-64 (SSE2, -fassociative-math): under 4
+ * elements one by one; else lane k sums the terms of elements 4m + k over
+ * the whole blocks of four, the lanes fold as (l0 + l2) + (l1 + l3) and
+ * join sum, then the last n % 4 terms follow one by one.
+ */
+static float
+add_terms_in_lanes(float sum, const float *x, int n, DifferenceSum kind)
+{
+	int			blocks_end = n >= 4 ? n - n % 4 : 0;
+
+	if (blocks_end > 0)
+	{
+		float		lane[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+		for (int i = 0; i < blocks_end; i += 4)
+			for (int k = 0; k < 4; k++)
+				lane[k] += term(x[i + k], kind);
+		sum += (lane[0] + lane[2]) + (lane[1] + lane[3]);
+	}
+	for (int i = blocks_end; i < n; i++)
+		sum += term(x[i], kind);
+	return sum;
+}
+
 /*
  * Sum over every index stored in a or b of f(a_i - b_i), f the square or
- * the absolute value, in ascending index order, in float.
+ * the absolute value, in float: in ascending index order up to a's last
+ * element; b's elements after it (pgvector's last loop, vectorised) in
+ * lanes.
  */
 static float
 difference_sum(const SparseVector *a, const SparseVector *b, DifferenceSum kind)
@@ -67,20 +102,19 @@ difference_sum(const SparseVector *a, const SparseVector *b, DifferenceSum kind)
 	int			i = 0;
 	int			j = 0;
 
-	while (i < a->nnz || j < b->nnz)
+	while (i < a->nnz)
 	{
 		float		d;
 
-		if (j >= b->nnz || (i < a->nnz && a->indices[i] < b->indices[j]))
+		if (j >= b->nnz || a->indices[i] < b->indices[j])
 			d = ax[i++];
-		else if (i >= a->nnz || b->indices[j] < a->indices[i])
+		else if (b->indices[j] < a->indices[i])
 			d = bx[j++];
 		else
 			d = ax[i++] - bx[j++];
-		/* |0 - x| is |x| and (0 - x)^2 is x^2: no sign to keep */
-		sum += kind == SUM_SQUARED_DIFFERENCES ? d * d : fabsf(d);
+		sum += term(d, kind);
 	}
-	return sum;
+	return add_terms_in_lanes(sum, bx + j, b->nnz - j, kind);
 }
 
 /* Sum of a_i * b_i over the indices stored in both, ascending, in float. */
@@ -102,29 +136,6 @@ inner_product(const SparseVector *a, const SparseVector *b)
 		else
 			sum += ax[i++] * bx[j++];
 	}
-	return sum;
-}
-
-/*
- * Sum of x_i^2 in float, in the order of pgvector's loop as GCC vectorises
- * it for x86-64 (SSE2, -fassociative-math): under 4 elements one by one;
- * else lane k sums the squares of elements 4m + k over the whole blocks of
- * four, the lanes fold as (l0 + l2) + (l1 + l3), then the last n % 4
- * squares follow one by one.
- */
-static float
-squares_in_lanes(const float *x, int n)
-{
-	int			blocks_end = n >= 4 ? n - n % 4 : 0;
-	float		lane[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-	float		sum;
-
-	for (int i = 0; i < blocks_end; i += 4)
-		for (int k = 0; k < 4; k++)
-			lane[k] += x[i + k] * x[i + k];
-	sum = blocks_end > 0 ? (lane[0] + lane[2]) + (lane[1] + lane[3]) : 0.0f;
-	for (int i = blocks_end; i < n; i++)
-		sum += x[i] * x[i];
 	return sum;
 }
 
@@ -189,8 +200,8 @@ knn_sparsevec_cosine_distance(PG_FUNCTION_ARGS)
 
 	get_pair(fcinfo, &a, &b);
 	similarity = inner_product(a, b);
-	a_squares = squares_in_lanes(SPARSEVEC_VALUES(a), a->nnz);
-	b_squares = squares_in_lanes(SPARSEVEC_VALUES(b), b->nnz);
+	a_squares = add_terms_in_lanes(0.0f, SPARSEVEC_VALUES(a), a->nnz, SUM_SQUARED_DIFFERENCES);
+	b_squares = add_terms_in_lanes(0.0f, SPARSEVEC_VALUES(b), b->nnz, SUM_SQUARED_DIFFERENCES);
 	similarity /= sqrt((double) a_squares * (double) b_squares);
 	/* rounding can leave |similarity| just above 1; NaN passes through */
 	if (similarity > 1)
