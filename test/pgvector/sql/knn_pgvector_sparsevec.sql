@@ -176,6 +176,31 @@ FROM unnest(ARRAY['{1:1,2:2}/2', ' {1 :1, 2: 2 } /2 ', E'\t{\n1:1\r}\f/\x0B3', '
                   '{2147483647:1}/1000000000', '{1000000000:1}/1000000000', '{1:1}/1000000001',
                   '{1:1}/99999999999999999999', '{99999999999999999999:1}/5', '{-99999999999999999999:1}/5',
                   '{1:1,' || repeat(',', 16000) || '}/2', repeat(' ', 5) || '{}/3' || repeat(' ', 5)]) s;
+-- random edits of valid texts (1..3 pieces inserted or characters deleted
+-- at random places): the same value, or the same error
+SELECT setseed(0.75);
+CREATE TEMP TABLE mutated AS
+WITH RECURSIVE edits(n, s, step) AS (
+  SELECT n, (ARRAY['{1:1,3:-2.5}/5', ' { 2 : 0.5 , 1 : 3e2 } / 3 ', '{}/1', '{1:0,2:1}/2', '{10:1,9:2,8:3}/10',
+                   '{5:1.5e-38,1:-3.4028235e38,3:0x1p-3}/1000000000'])[1 + n % 6], 0
+  FROM generate_series(1, 3000) n
+  UNION ALL
+  SELECT n, CASE WHEN random() < 0.6
+                 THEN overlay(s PLACING (ARRAY['0', '1', '9', '.', 'e', 'e-', '-', '+', '{', '}', ':', ',', '/', ' ',
+                                               E'\t', 'nan', 'inf', '0x', 'p', 'a', 'e39', 'e-46', '2147483648',
+                                               '99999999999999999999', '1000000001'])[1 + floor(random() * 25)::int]
+                      FROM 1 + floor(random() * (length(s) + 1))::int FOR 0)
+                 ELSE overlay(s PLACING '' FROM 1 + floor(random() * (length(s) + 1))::int FOR 1 + floor(random() * 2)::int) END,
+         step + 1
+  FROM edits WHERE step < 1 + n % 3
+)
+SELECT n, s FROM edits WHERE step = 1 + n % 3;
+SELECT count(*) AS texts, count(DISTINCT s) AS distinct_texts,
+       count(*) FILTER (WHERE pg_temp.result_of(format('SELECT %L::sparsevec::text', s))
+                              <> pg_temp.result_of(format('SELECT %L::pgv.sparsevec::text', s))) AS differing,
+       count(*) FILTER (WHERE pg_temp.result_of(format('SELECT %L::sparsevec::text', s)) !~ '^[0-9A-Z]{5}: ') AS accepted
+FROM mutated;
+
 SELECT count(*) AS cases,
        count(*) FILTER (WHERE pg_temp.result_of(format('SELECT %s(%L::%s, %s, true)::text', f, x, ty, m))
                               <> pg_temp.result_of(format('SELECT pgv.%s(%L::%s, %s, true)::text', f, x,
