@@ -23,6 +23,7 @@
 #include "utils/builtins.h"
 
 #include "sparsevec.h"
+#include "vector_checks.h"
 
 PG_FUNCTION_INFO_V1(knn_sparsevec_in);
 PG_FUNCTION_INFO_V1(knn_sparsevec_out);
@@ -61,15 +62,6 @@ knn_sparsevec_check_nnz(int nnz, int dim)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("sparsevec cannot have more elements than dimensions")));
-}
-
-void
-knn_sparsevec_check_typmod(int32 typmod, int dim)
-{
-	if (typmod != -1 && typmod != dim)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("expected %d dimensions, not %d", typmod, dim)));
 }
 
 void
@@ -298,7 +290,7 @@ knn_sparsevec_in(PG_FUNCTION_ARGS)
 		report_syntax(literal, "Junk after closing.");
 
 	knn_sparsevec_check_dim(dim);
-	knn_sparsevec_check_typmod(typmod, dim);
+	knn_vector_check_typmod(typmod, dim);
 
 	/*
 	 * More elements than dimensions is an index out of bounds or a
@@ -348,24 +340,7 @@ knn_sparsevec_out(PG_FUNCTION_ARGS)
 Datum
 knn_sparsevec_typmod_in(PG_FUNCTION_ARGS)
 {
-	ArrayType  *modifiers = PG_GETARG_ARRAYTYPE_P(0);
-	int32	   *values;
-	int			n;
-
-	values = ArrayGetIntegerTypmods(modifiers, &n);
-	if (n != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid type modifier")));
-	if (values[0] < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type sparsevec must be at least 1")));
-	if (values[0] > SPARSEVEC_MAX_DIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type sparsevec cannot exceed %d", SPARSEVEC_MAX_DIM)));
-	PG_RETURN_INT32(values[0]);
+	PG_RETURN_INT32(knn_dimensions_typmod(PG_GETARG_ARRAYTYPE_P(0), "sparsevec", SPARSEVEC_MAX_DIM));
 }
 
 /* SQL: sparsevec(sparsevec, typmod, explicit), the cast to sparsevec(n) */
@@ -374,7 +349,7 @@ knn_sparsevec_typmod_cast(PG_FUNCTION_ARGS)
 {
 	SparseVector *v = knn_sparsevec_arg(fcinfo, 0);
 
-	knn_sparsevec_check_typmod(PG_GETARG_INT32(1), v->dim);
+	knn_vector_check_typmod(PG_GETARG_INT32(1), v->dim);
 	PG_RETURN_POINTER(v);
 }
 
@@ -399,7 +374,7 @@ knn_sparsevec_recv(PG_FUNCTION_ARGS)
 
 	knn_sparsevec_check_dim(dim);
 	knn_sparsevec_check_nnz(nnz, dim);
-	knn_sparsevec_check_typmod(typmod, dim);
+	knn_vector_check_typmod(typmod, dim);
 	if (unused != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),

@@ -52,10 +52,12 @@ extern SparseVector *knn_sparsevec_arg(FunctionCallInfo fcinfo, int n);
 /* A value of dim dimensions with room for nnz elements (both checked). */
 extern SparseVector *knn_sparsevec_new(int dim, int nnz);
 
-/* The validity rules, with pgvector's SQLSTATEs and messages. */
+/*
+ * The validity rules, with pgvector's SQLSTATEs and messages (the typmod's:
+ * knn_vector_check_typmod, vector_checks.h).
+ */
 extern void knn_sparsevec_check_dim(int dim);
 extern void knn_sparsevec_check_nnz(int nnz, int dim);
-extern void knn_sparsevec_check_typmod(int32 typmod, int dim);
 extern void knn_sparsevec_check_element(float value);
 
 #endif							/* KNN_SPARSEVEC_H */

@@ -63,7 +63,7 @@ knn_vector_to_sparsevec(PG_FUNCTION_ARGS)
 	Vector	   *v = knn_vector_arg(fcinfo, 0);
 
 	knn_sparsevec_check_dim(v->dim);
-	knn_sparsevec_check_typmod(PG_GETARG_INT32(1), v->dim);
+	knn_vector_check_typmod(PG_GETARG_INT32(1), v->dim);
 	PG_RETURN_POINTER(sparsevec_of_dense(v->x, v->dim));
 }
 
@@ -82,7 +82,7 @@ knn_halfvec_to_sparsevec(PG_FUNCTION_ARGS)
 				 errmsg("invalid halfvec value: %u bytes for its dimension count",
 						(unsigned int) VARSIZE_ANY(v))));
 	knn_sparsevec_check_dim(v->dim);
-	knn_sparsevec_check_typmod(PG_GETARG_INT32(1), v->dim);
+	knn_vector_check_typmod(PG_GETARG_INT32(1), v->dim);
 	widened = palloc(sizeof(float) * v->dim);
 	knn_halfvec_widen(v, widened);
 	PG_RETURN_POINTER(sparsevec_of_dense(widened, v->dim));
@@ -100,7 +100,7 @@ knn_array_to_sparsevec(PG_FUNCTION_ARGS)
 
 	/* an empty array has no dimension at all, hence n == 0 */
 	knn_sparsevec_check_dim(n);
-	knn_sparsevec_check_typmod(PG_GETARG_INT32(1), n);
+	knn_vector_check_typmod(PG_GETARG_INT32(1), n);
 	x = palloc(sizeof(float) * n);
 	for (int i = 0; i < n; i++)
 		x[i] = knn_array_element_to_float(elements[i], element_type, "sparsevec");
