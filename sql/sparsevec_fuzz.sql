@@ -30,8 +30,8 @@
 --        an accepted value prints in the canonical form, reads back to the
 --        same bytes, and its binary form passes the binary reference.
 --
--- Route to the receive function: it takes 'internal', so each payload is
--- written as a one-row COPY BINARY file of a bytea column (whose binary
+-- Route to the receive function (pg_temp.fuzz_copy_in, sql/fuzz_helpers.psql):
+-- it takes 'internal', so each payload is written as a one-row COPY BINARY file of a bytea column (whose binary
 -- form is its raw bytes) and loaded with COPY ... FROM (FORMAT binary) into
 -- a table with a sparsevec column, which hands exactly those bytes to
 -- knn_sparsevec_recv with the column's typmod. Both COPYs are server-side,
@@ -39,6 +39,8 @@
 -- sparsevec_fuzz.copy in the data directory, overwritten for each input. A
 -- BEFORE INSERT trigger records what was received and keeps no row.
 --
+
+\i sql/fuzz_helpers.psql
 
 CREATE SCHEMA sparsevec_fuzz;
 CREATE TABLE sparsevec_fuzz.start AS
@@ -129,21 +131,6 @@ CREATE TRIGGER capture BEFORE INSERT ON sparsevec_fuzz.bin_any FOR EACH ROW EXEC
 CREATE TRIGGER capture BEFORE INSERT ON sparsevec_fuzz.bin_3 FOR EACH ROW EXECUTE FUNCTION sparsevec_fuzz.capture();
 CREATE TRIGGER capture BEFORE INSERT ON sparsevec_fuzz.bin_1000 FOR EACH ROW EXECUTE FUNCTION sparsevec_fuzz.capture();
 
--- The receive function itself, through a COPY BINARY file (see the header).
-CREATE FUNCTION sparsevec_fuzz.try_bin(p bytea, tbl text, path text, OUT state text, OUT received text)
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE format('COPY (SELECT %L::bytea) TO %L (FORMAT binary)', p, path);
-	BEGIN
-		PERFORM set_config('sparsevec_fuzz.received', '', true);
-		EXECUTE format('COPY sparsevec_fuzz.%I FROM %L (FORMAT binary)', tbl, path);
-		state := 'ok';
-		received := current_setting('sparsevec_fuzz.received');
-	EXCEPTION WHEN OTHERS THEN
-		state := SQLSTATE;
-	END;
-END $$;
-
 -- A valid payload: dim dimensions, up to nnz distinct ascending indices
 -- below dim, values of all magnitudes (never zero).
 CREATE FUNCTION sparsevec_fuzz.make_bin(dim int, nnz int) RETURNS bytea
@@ -181,14 +168,11 @@ BEGIN
 		k := 1 + floor(random() * 3)::int;
 		CASE floor(random() * 8)::int
 			WHEN 0 THEN
-				p := substring(p FROM 1 FOR floor(random() * len)::int);
+				p := pg_temp.fuzz_edit_bytes(p, 'truncate', pos, k);
 			WHEN 1 THEN
-				p := p || (SELECT string_agg(set_byte('\x00'::bytea, 0, floor(random() * 256)::int), ''::bytea)
-						   FROM generate_series(1, 1 + floor(random() * 8)::int));
+				p := pg_temp.fuzz_edit_bytes(p, 'append', pos, k);
 			WHEN 2 THEN
-				IF len > 0 THEN
-					p := set_byte(p, least(pos, len - 1), floor(random() * 256)::int);
-				END IF;
+				p := pg_temp.fuzz_edit_bytes(p, 'set', pos, k);
 			WHEN 3 THEN
 				field := floor(random() * 3)::int;
 				IF len >= 4 * field + 4 THEN
@@ -218,11 +202,7 @@ BEGIN
 						[1 + floor(random() * 4)::int]) FROM 9 FOR 4);
 				END IF;
 			ELSE
-				IF random() < 0.5 THEN
-					p := overlay(p PLACING substring('\x5a00ff'::bytea FROM 1 FOR k) FROM pos + 1 FOR 0);
-				ELSE
-					p := overlay(p PLACING ''::bytea FROM pos + 1 FOR k);
-				END IF;
+				p := pg_temp.fuzz_edit_bytes(p, 'shift', pos, k);
 		END CASE;
 	END LOOP;
 	RETURN p;
@@ -288,7 +268,8 @@ BEGIN
 			tm := CASE WHEN random() < 0.7 THEN -1 ELSE (ARRAY[3, 1000])[1 + floor(random() * 2)::int] END;
 		END IF;
 		ref := sparsevec_fuzz.ref_bin(p, tm);
-		got := sparsevec_fuzz.try_bin(p, CASE WHEN tm = -1 THEN 'bin_any' ELSE 'bin_' || tm END, path);
+		got := pg_temp.fuzz_copy_in(p, 'sparsevec_fuzz.' || CASE WHEN tm = -1 THEN 'bin_any' ELSE 'bin_' || tm END, path,
+			'sparsevec_fuzz.received');
 		IF NOT got.state = ANY (outcomes) THEN
 			outcomes := outcomes || got.state;
 		END IF;
@@ -325,33 +306,6 @@ FROM sparsevec_fuzz.summary WHERE kind = 'binary';
 SELECT input, typmod, expected, actual FROM sparsevec_fuzz.failures WHERE kind = 'binary';
 
 -- ---------------------------------------------------------------- text --
-
--- 0..4 random edits of a valid text: insert a piece, delete 1..3
--- characters, replace one by a piece, or repeat 1..3 characters; the piece
--- '' stands for one random ASCII character (1..127).
-CREATE FUNCTION sparsevec_fuzz.mutate_text(s text, pieces text[]) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-	pos int;
-	k int;
-	p text;
-BEGIN
-	FOR j IN 1 .. floor(random() * 5)::int LOOP
-		pos := floor(random() * (length(s) + 1))::int;
-		p := pieces[1 + floor(random() * cardinality(pieces))::int];
-		IF p = '' THEN
-			p := chr(1 + floor(random() * 127)::int);
-		END IF;
-		k := 1 + floor(random() * 3)::int;
-		CASE floor(random() * 4)::int
-			WHEN 0 THEN s := left(s, pos) || p || substr(s, pos + 1);
-			WHEN 1 THEN s := left(s, pos) || substr(s, pos + 1 + k);
-			WHEN 2 THEN s := left(s, pos) || p || substr(s, pos + 2);
-			ELSE s := left(s, pos) || substr(s, pos + 1, k) || substr(s, pos + 1);
-		END CASE;
-	END LOOP;
-	RETURN s;
-END $$;
 
 CREATE FUNCTION sparsevec_fuzz.try_text(s text, tm int, OUT state text, OUT v sparsevec)
 LANGUAGE plpgsql AS $$
@@ -393,7 +347,7 @@ BEGIN
 		IF i <= cardinality(seeds) THEN
 			s := seeds[i];
 		ELSE
-			s := sparsevec_fuzz.mutate_text(seeds[1 + floor(random() * (cardinality(seeds) - 2))::int], pieces);
+			s := pg_temp.fuzz_mutate_text(seeds[1 + floor(random() * (cardinality(seeds) - 2))::int], pieces);
 		END IF;
 		tm := CASE WHEN random() < 0.8 THEN -1 ELSE (ARRAY[1, 3, 5])[1 + floor(random() * 3)::int] END;
 		got := sparsevec_fuzz.try_text(s, tm);
