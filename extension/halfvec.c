@@ -206,24 +206,7 @@ knn_halfvec_out(PG_FUNCTION_ARGS)
 Datum
 knn_halfvec_typmod_in(PG_FUNCTION_ARGS)
 {
-	ArrayType  *modifiers = PG_GETARG_ARRAYTYPE_P(0);
-	int32	   *values;
-	int			n;
-
-	values = ArrayGetIntegerTypmods(modifiers, &n);
-	if (n != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid type modifier")));
-	if (values[0] < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type halfvec must be at least 1")));
-	if (values[0] > HALFVEC_MAX_DIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type halfvec cannot exceed %d", HALFVEC_MAX_DIM)));
-	PG_RETURN_INT32(values[0]);
+	PG_RETURN_INT32(knn_dimensions_typmod(PG_GETARG_ARRAYTYPE_P(0), "halfvec", HALFVEC_MAX_DIM));
 }
 
 Datum

@@ -208,28 +208,35 @@ knn_vector_subvector(PG_FUNCTION_ARGS)
  * remaining elements one by one (under four elements: all one by one).
  * Summing in that order gives the same bits as that build (checked
  * against it on random vectors of 1..40 dimensions); a pgvector built with
- * -march=native has wider lanes and may differ in the last bit.
+ * -march=native has wider lanes and may differ in the last bit. pgvector's
+ * sparsevec norm (of its stored values) is the same loop, compiled alike.
  */
 double
-knn_vector_norm_of(const Vector *v)
+knn_float_norm(const float *x, int n)
 {
-	int			blocks_end = v->dim >= 4 ? v->dim - v->dim % 4 : 0;
+	int			blocks_end = n >= 4 ? n - n % 4 : 0;
 	double		lane0 = 0.0;
 	double		lane1 = 0.0;
 	double		sum;
 
 	for (int i = 0; i < blocks_end; i += 4)
 	{
-		double		x0 = v->x[i],
-					x1 = v->x[i + 1],
-					x2 = v->x[i + 2],
-					x3 = v->x[i + 3];
+		double		x0 = x[i],
+					x1 = x[i + 1],
+					x2 = x[i + 2],
+					x3 = x[i + 3];
 
 		lane0 += x0 * x0 + x2 * x2;
 		lane1 += x1 * x1 + x3 * x3;
 	}
 	sum = lane1 + lane0;
-	for (int i = blocks_end; i < v->dim; i++)
-		sum += (double) v->x[i] * (double) v->x[i];
+	for (int i = blocks_end; i < n; i++)
+		sum += (double) x[i] * (double) x[i];
 	return sqrt(sum);
+}
+
+double
+knn_vector_norm_of(const Vector *v)
+{
+	return knn_float_norm(v->x, v->dim);
 }

@@ -18,6 +18,11 @@ extern Vector *knn_vector_arg(FunctionCallInfo fcinfo, int n);
 extern void knn_vector_check_same_dims(const Vector *a, const Vector *b);
 
 /*
+ * knn_vector_norm_of's sum over any n floats (sparsevec's stored values).
+ */
+extern double knn_float_norm(const float *x, int n);
+
+/*
  * The Euclidean norm with pgvector's arithmetic: squares summed in double
  * precision (no float vector overflows it), in the order of pgvector's
  * packaged build (see vector_math.c).

@@ -183,7 +183,7 @@ SELECT pg_temp.error_of($$SELECT array_to_vector(array_agg(n), 16001, false) FRO
        pg_temp.error_of($$SELECT vector('[1,2]', 3, true)$$) AS typmod_mismatch;
 
 -- every function of this part exists once and belongs to knn_gpu (halfvec's
--- l2_normalize and subvector are 18_halfvec_functions.sql's)
+-- and sparsevec's l2_normalize and subvector are their types' own parts)
 SELECT count(*) AS functions,
        count(*) FILTER (WHERE EXISTS (SELECT FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
                                       WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid
@@ -192,4 +192,4 @@ FROM pg_proc p
 WHERE p.proname IN ('l2_normalize', 'subvector', 'vector_cmp', 'vector_accum', 'vector_combine', 'vector_avg',
                     'knn_vector_add', 'knn_vector_sub', 'knn_vector_mul', 'knn_vector_concat',
                     'array_to_vector', 'vector_to_float4', 'vector')
-  AND NOT 'halfvec'::regtype = ANY (p.proargtypes::oid[]);
+  AND NOT p.proargtypes::oid[] && ARRAY['halfvec'::regtype, 'sparsevec'::regtype]::oid[];
