@@ -103,10 +103,8 @@ knn_halfvec_spherical_distance(PG_FUNCTION_ARGS)
 	float	   *a;
 	float	   *b;
 	int			dim = widen_pair(fcinfo, &a, &b);
-	double		dot = (double) knn_dot(a, b, dim);
 
-	dot = Max(-1.0, Min(dot, 1.0));
-	PG_RETURN_FLOAT8(acos(dot) / M_PI);
+	PG_RETURN_FLOAT8(knn_spherical_from_dot(knn_dot(a, b, dim)));
 }
 
 Datum

@@ -126,6 +126,23 @@ knn_cosine_from_dot(float dot, float norm_a, float norm_b)
 	return 1.0 - similarity;	/* NaN stays NaN (a zero vector) */
 }
 
+/*
+ * pgvector's spherical distance (its k-means distance for unit vectors): the
+ * angle over pi, the dot product clamped to [-1, 1] so that rounding cannot
+ * make acos NaN. Not a join metric.
+ */
+KNN_HD double
+knn_spherical_from_dot(float dot)
+{
+	double		d = (double) dot;
+
+	if (d > 1.0)
+		d = 1.0;
+	else if (d < -1.0)
+		d = -1.0;
+	return acos(d) / M_PI;
+}
+
 KNN_HD double
 knn_l1_from_sum(float sum)
 {

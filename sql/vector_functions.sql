@@ -193,3 +193,25 @@ WHERE p.proname IN ('l2_normalize', 'subvector', 'vector_cmp', 'vector_accum', '
                     'knn_vector_add', 'knn_vector_sub', 'knn_vector_mul', 'knn_vector_concat',
                     'array_to_vector', 'vector_to_float4', 'vector')
   AND NOT p.proargtypes::oid[] && ARRAY['halfvec'::regtype, 'sparsevec'::regtype]::oid[];
+
+-- pgvector's names of the functions behind the operators, and its index
+-- support distances (17_vector_pgvector_names.sql): the same values as the
+-- operators, for random pairs
+SELECT setseed(0.17);
+CREATE TEMP TABLE name_pairs AS
+SELECT (SELECT array_agg(round((random() * 8 - 4)::numeric, 2)::real) FROM generate_series(1, 5) WHERE i > 0)::vector AS a,
+       (SELECT array_agg(round((random() * 8 - 4)::numeric, 2)::real) FROM generate_series(1, 5) WHERE i > 0)::vector AS b
+FROM generate_series(1, 200) i;
+SELECT count(*) AS pairs,
+       count(*) FILTER (WHERE vector_add(a, b) = a + b AND vector_sub(a, b) = a - b
+                          AND vector_mul(a, b) = a * b AND vector_concat(a, b) = a || b) AS arithmetic_as_operators,
+       count(*) FILTER (WHERE vector_lt(a, b) = (a < b) AND vector_le(a, b) = (a <= b) AND vector_eq(a, b) = (a = b)
+                          AND vector_ne(a, b) = (a <> b) AND vector_ge(a, b) = (a >= b) AND vector_gt(a, b) = (a > b)) AS order_as_operators,
+       count(*) FILTER (WHERE vector_negative_inner_product(a, b) = a <#> b) AS negative_ip_as_operator,
+       count(*) FILTER (WHERE abs(vector_l2_squared_distance(a, b) - (a <-> b)^2) <= 1e-6 * (1 + (a <-> b)^2)) AS l2_squared_matches,
+       count(*) FILTER (WHERE abs(vector_spherical_distance(l2_normalize(a), l2_normalize(b))
+                                  - acos(greatest(-1, least(1, 1 - (a <=> b)))) / pi()) <= 1e-6) AS spherical_matches
+FROM name_pairs;
+SELECT vector_spherical_distance('[1,0]', '[1,0]') AS same, vector_spherical_distance('[1,0]', '[-1,0]') AS opposite,
+       vector_spherical_distance('[1,0]', '[0,1]') AS orthogonal, vector_spherical_distance('[2,0]', '[3,0]') AS clamped;
+SELECT pg_temp.error_of($$SELECT vector_l2_squared_distance('[1,2]', '[1,2,3]')$$) AS dims;
