@@ -238,11 +238,18 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTes
       with_rows++;
       only = i;
     }
-  if (with_rows <= 1)  // one engine, on this thread
-    return run_engine(p, plan.engines[only], tuning, hook, neighbors, distances, stats, cancel,
-                      ctx);
+  if (with_rows <= 1) {  // one engine, on this thread, with the whole GPU
+    Engine alone = plan.engines[only];
+    alone.sharing = 1;
+    return run_engine(p, alone, tuning, hook, neighbors, distances, stats, cancel, ctx);
+  }
+  // The method is chosen once, for the whole join: a share alone may look
+  // small enough for another one.
+  KnnProblem whole = p;
+  if (p.element != KNN_ELEMENT_BIT && p.n_queries > 0 && p.n_targets > 0)
+    whole.method = method_for(p);
   return run_split(
-      p, plan,
+      whole, plan,
       [&](const KnnProblem &share, const Engine &engine, int64_t *nb, double *dist,
           KnnStats *share_stats, const int32_t *stop, DeviceContext &engine_ctx) {
         return run_engine(share, engine, tuning, hook, nb, dist, share_stats, stop, engine_ctx);
