@@ -17,15 +17,22 @@
 #      and compares the split results with the one-GPU ones bit for bit;
 #   5. writes $OUT/multi_gpu.json (per join: seconds on one and on two GPUs,
 #      the speed-up, whether the results are identical, each GPU's rows and
-#      seconds), knn_bench's own JSON and the logs.
+#      seconds), knn_bench's own JSON (ti.json, brute.json) and three logs
+#      (build.log, test.log, bench.log): six files.
 # Exits non-zero when a step fails, a result differs or a test fails.
 #
 # Knobs (for trying the script on one GPU): MULTI_GPU_DEVICES (default
 # 0/0,1; 0/0,0 runs the split as two engines on GPU 0), MULTI_GPU_TI_ROWS
 # (5000000), MULTI_GPU_EMBED_ROWS (1000000), MULTI_GPU_BUILD=0 (use what is
-# built), GENCODE (default sm_90).
+# built), GENCODE (default sm_90). GoogleTest is looked for in .gtest (or
+# ../../.gtest, from a copy under .xfer/) where CPATH does not name it.
 set -u
 cd "$(dirname "$0")/.." || exit 2
+for g in .gtest ../../.gtest; do
+  if [ -z "${CPATH:-}" ] && [ -d "$g/include/gtest" ]; then
+    export CPATH=$PWD/$g/include LIBRARY_PATH=$PWD/$g/lib
+  fi
+done
 out=${OUT:?set OUT to the folder for the results}
 mkdir -p "$out"
 devices=${MULTI_GPU_DEVICES:-0/0,1}
@@ -46,12 +53,14 @@ step() {  # step SECONDS LOG COMMAND...: one step under timeout, its output in L
   return $rc
 }
 
-nvidia-smi -L >"$out/gpus.txt" 2>&1
-gpus=$(grep -c '^GPU ' "$out/gpus.txt")
+nvidia-smi -L >"$data/gpus.txt" 2>&1
+gpus=$(grep -c '^GPU ' "$data/gpus.txt")
 echo "GPUs visible: $gpus"
 highest=$(echo "$devices" | tr '/,' '\n\n' | sort -n | tail -1)
 if [ "$gpus" -le "$highest" ]; then
-  echo "the lists $devices need GPU $highest, but $gpus GPU(s) are visible" | tee "$out/multi_gpu.json"
+  why="the lists $devices need GPU $highest, but $gpus GPU(s) are visible"
+  echo "$why"
+  printf '{"error": "%s"}\n' "$why" >"$out/multi_gpu.json"
   exit 1
 fi
 
@@ -64,23 +73,23 @@ test_result=passed
 step 110 "$out/test.log" ./test/gpu_multi_test || { test_result=failed; status=1; }
 grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? ran|^note:' "$out/test.log" | tail -20
 
-step 40 "$out/bench-ti.log" python3 bench/make_cpu_sets.py clustered "$ti_rows" 8 "$data" \
+step 40 "$out/bench.log" python3 bench/make_cpu_sets.py clustered "$ti_rows" 8 "$data" \
   "clustered-8d-$ti_rows" || exit 1
-step 60 "$out/bench-ti.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
+step 60 "$out/bench.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
   --sets "clustered-8d-$ti_rows" --methods ti --k 20 --repeat 1 --devices "$devices" \
   --out "$out/ti.json" || status=1
 rm -f "$data"/clustered-8d-*
-step 50 "$out/bench-brute.log" python3 bench/make_cpu_sets.py embedding "$embed_rows" 768 "$data" \
+step 50 "$out/bench.log" python3 bench/make_cpu_sets.py embedding "$embed_rows" 768 "$data" \
   "embed-768d-$embed_rows" || exit 1
-step 70 "$out/bench-brute.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
+step 70 "$out/bench.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
   --sets "embed-768d-$embed_rows" --methods brute --k 10 --repeat 1 --devices "$devices" \
   --out "$out/brute.json" || status=1
-tail -4 "$out/bench-ti.log" "$out/bench-brute.log"
+grep -E '^(clustered|embed)-' "$out/bench.log" | grep -v ' s  ' 
 
 # The summary: per join, the first list's run against each other list's.
-python3 - "$out" "$test_result" "$devices" <<'EOF' || status=1
+python3 - "$out" "$test_result" "$devices" "$data/gpus.txt" <<'EOF' || status=1
 import json, os, sys
-out, test_result, devices = sys.argv[1], sys.argv[2], sys.argv[3]
+out, test_result, devices, gpus_txt = sys.argv[1:5]
 lists = devices.split("/")
 joins, ok = [], True
 for kind, k in (("ti", 20), ("brute", 10)):
@@ -113,7 +122,7 @@ for kind, k in (("ti", 20), ("brute", 10)):
                     "device_split": r["device"], "gpus_split": r["gpus"]})
             joins.append(row)
 summary = {"gpu_multi_test": test_result, "devices": lists, "joins": joins,
-           "gpus": open(os.path.join(out, "gpus.txt")).read().splitlines()}
+           "gpus": open(gpus_txt).read().splitlines()}
 json.dump(summary, open(os.path.join(out, "multi_gpu.json"), "w"), indent=1)
 for j in joins:
     if "error" in j:
