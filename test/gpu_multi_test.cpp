@@ -265,6 +265,28 @@ TEST(SplitOnOneGpu, HalfAndBitRows) {
   }
 }
 
+// A TI self-join: each engine clusters the whole set and filters its own
+// rows; duplicate rows of one point fall to several engines. Where that
+// does not fit (a tiny limit) or cannot be exact in float (huge values),
+// each engine joins its rows as a problem of their own instead.
+TEST(SplitOnOneGpu, TiSelfJoinSharesTheClusters) {
+  REQUIRE_GPU();
+  for (int variant = 0; variant < 3; variant++) {
+    Case c = make_case(KNN_ELEMENT_FLOAT32, 0, 3000, 2, false, true, 250 + variant);
+    c.problem.method = KNN_METHOD_TI;
+    c.problem.k = 30;
+    if (variant == 1) c.problem.gpu_memory_limit = int64_t{1} << 20;
+    if (variant == 2) c.targets.f32[7] = 1.0e30f;  // its squares overflow float
+    check_split(c.problem, {0, 0, 0}, "0,0,0", 3);
+    Case l1 = make_case(KNN_ELEMENT_FLOAT32, 0, 3000, 5, true, true, 260 + variant);
+    l1.problem.method = KNN_METHOD_TI;
+    l1.problem.metric = KNN_METRIC_L1;
+    if (variant == 1) l1.problem.gpu_memory_limit = int64_t{1} << 20;
+    if (variant == 2) l1.targets.f32[3] = 1.0e38f;
+    check_split(l1.problem, {0, 0}, "0,0", 2);
+  }
+}
+
 // Each engine plans its own memory: under a tiny limit brute force chunks
 // the targets and TI streams them in parts on every engine.
 TEST(SplitOnOneGpu, EnginesChunkTargetsThatDoNotFit) {

@@ -32,6 +32,12 @@ struct DeviceContext {
   size_t memory_budget = 0;        // bytes this join may allocate
   const int32_t *cancel = nullptr; // non-zero: stop at the next check
   std::string error;               // set with a non-OK status
+  // A share of a TI self-join split across GPUs (multi_device.cuh): the
+  // join answers only query rows [query_first, query_first + query_count),
+  // into those rows of the result arrays, on the whole set's clusters.
+  // query_count < 0: every row. Only ti_join reads it.
+  int64_t query_first = 0;
+  int64_t query_count = -1;
 
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
@@ -58,6 +64,15 @@ KnnStatus brute_force_join(const KnnProblem &problem, const JoinTuning &tuning,
 // to brute_force_join.
 KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                   double *distances, KnnStats *stats, DeviceContext &ctx);
+
+// One GPU's share (ctx.query_first, ctx.query_count) of a TI self-join on
+// the clusters of the whole set, in memory. *declined, with nothing
+// written, where it cannot run so (not a self-join, more than the budget,
+// values that need brute force): the caller then joins the share's rows
+// as a problem of their own.
+KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
+                        double *distances, KnnStats *stats, bool *declined,
+                        DeviceContext &ctx);
 
 }  // namespace cuda
 }  // namespace knn

@@ -125,9 +125,36 @@ KnnMethod method_for(const KnnProblem &p) {
   return method;
 }
 
+KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
+                     double *distances, KnnStats *stats, DeviceContext &ctx);
+
+// Whether a split join's shares run on the clusters of the whole set
+// (ti_join_share): TI self-joins of float rows.
+bool shares_clusters(const KnnProblem &p) {
+  return p.element == KNN_ELEMENT_FLOAT32 && method_for(p) == KNN_METHOD_TI &&
+         p.queries == p.targets && p.n_queries == p.n_targets && p.n_queries > 0;
+}
+
+// A share of a TI self-join (ctx.query_first, ctx.query_count) on the
+// whole set's clusters; where ti_join_share declines, the share's rows as
+// a problem of their own, through the usual methods.
+KnnStatus run_shared_ti(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
+                        double *distances, KnnStats *stats, DeviceContext &ctx) {
+  bool declined = false;
+  const KnnStatus st = ti_join_share(p, tuning, neighbors, distances, stats, &declined, ctx);
+  if (!declined) return st;
+  const int64_t first = ctx.query_first, count = ctx.query_count;
+  ctx.query_first = 0;
+  ctx.query_count = -1;
+  *stats = KnnStats{};
+  return run_method(query_share(p, first, count, ctx.device), tuning, neighbors + first * p.k,
+                    distances + first * p.k, stats, ctx);
+}
+
 // Runs the join's method on the prepared context; stats are the method's.
 KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
                      double *distances, KnnStats *stats, DeviceContext &ctx) {
+  if (ctx.query_count >= 0) return run_shared_ti(p, tuning, neighbors, distances, stats, ctx);
   if (p.element == KNN_ELEMENT_BIT) return bit_join(p, neighbors, distances, stats, ctx);
   if (p.n_queries == 0 || p.n_targets == 0) {
     fill_padding(p.n_queries, p.k, neighbors, distances);
@@ -198,17 +225,19 @@ KnnStatus run_engine(const KnnProblem &p, const Engine &engine, const JoinTuning
   } mark_used{rt};
 
   KNN_TRY(run_split_test_hook(hook, engine, ctx));
+  // The rows it answers: a share of the problem's (ctx.query_count), or all.
+  const int64_t answered = ctx.query_count >= 0 ? ctx.query_count : p.n_queries;
   KnnStats local{};
   KnnStatus st = run_method(p, tuning, neighbors, distances, &local, ctx);
   if (st == KNN_OK) st = ctx.cancel_point();
   local.device = KNN_DEVICE_GPU;
   std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
-  local.pairs = p.n_queries * p.n_targets;
+  local.pairs = answered * p.n_targets;
   local.seconds_total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   local.n_devices = 1;
   local.device_work[0].device = engine.device;
-  local.device_work[0].queries = p.n_queries;
+  local.device_work[0].queries = answered;
   local.device_work[0].seconds = local.seconds_total;
   if (stats != nullptr) *stats = local;
   return st;
@@ -248,13 +277,23 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTes
   KnnProblem whole = p;
   if (p.element != KNN_ELEMENT_BIT && p.n_queries > 0 && p.n_targets > 0)
     whole.method = method_for(p);
+  const bool shared = shares_clusters(whole);
   return run_split(
       whole, plan,
-      [&](const KnnProblem &share, const Engine &engine, int64_t *nb, double *dist,
-          KnnStats *share_stats, const int32_t *stop, DeviceContext &engine_ctx) {
-        return run_engine(share, engine, tuning, hook, nb, dist, share_stats, stop, engine_ctx);
+      [&](const Engine &engine, KnnStats *share_stats, const int32_t *stop,
+          DeviceContext &engine_ctx) {
+        if (shared) {  // the whole problem, the share marked on the context
+          engine_ctx.query_first = engine.first_query;
+          engine_ctx.query_count = engine.n_queries;
+          return run_engine(whole, engine, tuning, hook, neighbors, distances, share_stats, stop,
+                            engine_ctx);
+        }
+        const KnnProblem share =
+            query_share(whole, engine.first_query, engine.n_queries, engine.device);
+        return run_engine(share, engine, tuning, hook, neighbors + engine.first_query * p.k,
+                          distances + engine.first_query * p.k, share_stats, stop, engine_ctx);
       },
-      neighbors, distances, stats, cancel, ctx);
+      stats, cancel, ctx);
 }
 
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {

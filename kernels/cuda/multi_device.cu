@@ -135,8 +135,7 @@ KnnStatus plan_engines(const KnnProblem &p, double work, SplitPlan *plan, Device
 }
 
 KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun &run,
-                    int64_t *neighbors, double *distances, KnnStats *stats,
-                    const int32_t *cancel, DeviceContext &ctx) {
+                    KnnStats *stats, const int32_t *cancel, DeviceContext &ctx) {
   const Clock::time_point start = Clock::now();
   const int n = plan.n_engines;
   // The engines' cancel flag: the caller's cancel, or a failure of any engine.
@@ -151,12 +150,9 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   for (int i = 0; i < n && status == KNN_OK; i++) {
     const Engine &e = plan.engines[i];
     if (e.n_queries == 0) continue;
-    const KnnProblem share = query_share(p, e.first_query, e.n_queries, e.device);
-    int64_t *const nb = neighbors + e.first_query * p.k;
-    double *const dist = distances + e.first_query * p.k;
-    started[i] = threads[i].start_on(e.device, [&, share, nb, dist, i](DeviceContext &ectx) {
+    started[i] = threads[i].start_on(e.device, [&, i](DeviceContext &ectx) {
       const Clock::time_point t0 = Clock::now();
-      const KnnStatus st = run(share, plan.engines[i], nb, dist, &shares[i], &stop, ectx);
+      const KnnStatus st = run(plan.engines[i], &shares[i], &stop, ectx);
       seconds[i] = seconds_since(t0);
       return st;
     });

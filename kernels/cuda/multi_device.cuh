@@ -9,7 +9,10 @@
 // one GPU, whatever the method (brute force and its tensor-core filter,
 // TI, bit rows) and however each engine plans its own memory (targets
 // that do not fit an engine are chunked or streamed by its method, as on
-// one GPU).
+// one GPU). A TI self-join's engines each cluster the whole set, as one
+// GPU does, and filter their own queries only (ti_join_share); other
+// joins give each engine its rows as a problem of their own
+// (query_share).
 //
 // The ranges are sized by each GPU's streaming multiprocessors (equal GPUs:
 // equal rows, which is equal work for brute force and, rows being in no
@@ -51,22 +54,18 @@ struct SplitPlan {
 // (with the reason) when a listed GPU does not exist.
 KnnStatus plan_engines(const KnnProblem &p, double work, SplitPlan *plan, DeviceContext &ctx);
 
-// Joins one engine's share on the calling thread (cuda_module.cu: borrows
-// the engine's runtime, sets its memory share, runs the method). `share` is
-// the problem restricted to the engine's query rows; the results go to
-// neighbors/distances of those rows.
-using EngineRun = std::function<KnnStatus(const KnnProblem &share, const Engine &engine,
-                                          int64_t *neighbors, double *distances,
-                                          KnnStats *stats, const int32_t *cancel,
-                                          DeviceContext &ctx)>;
+// Joins one engine's rows on the calling thread, writing their results in
+// place (cuda_module.cu: borrows the engine's runtime, sets its memory
+// share, runs the method on the engine's query rows).
+using EngineRun = std::function<KnnStatus(const Engine &engine, KnnStats *stats,
+                                          const int32_t *cancel, DeviceContext &ctx)>;
 
 // Runs every engine with rows on a thread of its own and merges the
 // statistics (counts summed, phase times the slowest engine's, the work
 // of each engine in stats->device_work). On failure ctx.error names the
 // GPU whose engine failed first.
 KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun &run,
-                    int64_t *neighbors, double *distances, KnnStats *stats,
-                    const int32_t *cancel, DeviceContext &ctx);
+                    KnnStats *stats, const int32_t *cancel, DeviceContext &ctx);
 
 // The problem restricted to query rows [first, first + n) (rows, keys and
 // groups offset; the same targets), listing only `device`.
