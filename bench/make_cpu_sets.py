@@ -54,14 +54,19 @@ def fashion(args):
                "notes": f"first {rows} of {n} fashion-mnist training images, pixels 0..255 as float32"})
 
 
+def zipf_weights(c):
+    """Uneven cluster sizes: weight 1/sqrt(i) for the i-th of c clusters."""
+    weights = 1.0 / np.arange(1, c + 1) ** 0.5
+    return weights / weights.sum()
+
+
 def embedding(args):
     rng = np.random.default_rng(args.seed)
     d, c = args.dims, args.centres
     centres = rng.standard_normal((c, d))
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     spread = rng.uniform(0.6, 1.0, size=c)
-    weights = 1.0 / np.arange(1, c + 1) ** 0.5
-    weights /= weights.sum()
+    weights = zipf_weights(c)
     out = np.empty((args.rows, d), dtype=np.float32)
     block = 10000
     for start in range(0, args.rows, block):
@@ -83,12 +88,10 @@ def clustered(args):
     d, c = args.dims, args.centres
     centres = rng.uniform(0.0, 100.0, size=(c, d))
     spread = rng.uniform(0.2, 2.0, size=c)
-    weights = 1.0 / np.arange(1, c + 1) ** 0.5
-    weights /= weights.sum()
+    weights = zipf_weights(c)
     out = np.empty((args.rows, d), dtype=np.float32)
-    block = 1000000
-    for start in range(0, args.rows, block):
-        m = min(block, args.rows - start)
+    for start in range(0, args.rows, 1000000):
+        m = min(1000000, args.rows - start)
         label = rng.choice(c, size=m, p=weights)
         out[start:start + m] = centres[label] + rng.standard_normal((m, d)) * spread[label][:, None]
     write_set(args.out_dir, args.name, out,
@@ -106,20 +109,14 @@ def main():
     f.add_argument("rows", type=int)
     f.add_argument("out_dir")
     f.add_argument("name")
-    e = sub.add_parser("embedding")
-    e.add_argument("rows", type=int)
-    e.add_argument("dims", type=int)
-    e.add_argument("out_dir")
-    e.add_argument("name")
-    e.add_argument("--centres", type=int, default=100)
-    e.add_argument("--seed", type=int, default=20261123)
-    c = sub.add_parser("clustered")
-    c.add_argument("rows", type=int)
-    c.add_argument("dims", type=int)
-    c.add_argument("out_dir")
-    c.add_argument("name")
-    c.add_argument("--centres", type=int, default=1000)
-    c.add_argument("--seed", type=int, default=20261126)
+    for kind, centres, seed in (("embedding", 100, 20261123), ("clustered", 1000, 20261126)):
+        g = sub.add_parser(kind)
+        g.add_argument("rows", type=int)
+        g.add_argument("dims", type=int)
+        g.add_argument("out_dir")
+        g.add_argument("name")
+        g.add_argument("--centres", type=int, default=centres)
+        g.add_argument("--seed", type=int, default=seed)
     args = p.parse_args()
     {"fashion": fashion, "embedding": embedding, "clustered": clustered}[args.kind](args)
 

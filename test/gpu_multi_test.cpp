@@ -32,6 +32,7 @@
 
 #include "cuda/knn_cuda_testing.h"
 #include "gpu_test_support.h"
+#include "job_run.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
 #include "reference_rows.h"
@@ -115,72 +116,34 @@ KnnProblem on_devices(KnnProblem p, std::initializer_list<int> devices) {
 
 // ---- running ----
 
-struct Answer {
-  KnnStatus status = KNN_INTERNAL_ERROR;
-  std::string message;
-  KnnStats stats{};
-  std::vector<int64_t> rows;
-  std::vector<double> values;
-  double seconds = 0;
-};
-
-void poison(const KnnProblem &p, Answer *a) {
-  a->rows.assign(static_cast<size_t>(p.n_queries) * p.k, -7);  // every slot must be written
-  a->values.assign(a->rows.size(), -7.0);
-}
+using Answer = job_run::JobResult;
 
 // Through the job API, as the extension runs a join.
 Answer job(KnnProblem p, KnnDevice device) {
   p.device = device;
-  Answer a;
-  poison(p, &a);
-  char message[512] = "";
-  const auto t0 = std::chrono::steady_clock::now();
-  KnnJob *j = knn_job_start(&p, a.rows.data(), a.values.data(), message, sizeof message);
-  if (j == nullptr) {
-    a.message = message;
-    return a;
-  }
-  while (knn_job_wait(j, 50) == 0) {
-  }
-  a.status = knn_job_finish(j, &a.stats, message, sizeof message);
-  a.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  a.message = message;
-  return a;
+  return job_run::run_job(p);
 }
 
 // Through the module's test entry on this thread (the split test hook).
 Answer tuned(const KnnProblem &p, const KnnCudaTestOptions &options,
              const int32_t *cancel = nullptr) {
   Answer a;
-  poison(p, &a);
+  a.neighbors.assign(static_cast<size_t>(p.n_queries) * p.k, -2);  // every slot must be written
+  a.distances.assign(a.neighbors.size(), -2.0);
   char message[512] = "";
   const auto t0 = std::chrono::steady_clock::now();
-  a.status = entries().run_tuned(&p, &options, a.rows.data(), a.values.data(), &a.stats, cancel,
-                                 message, sizeof message);
+  a.status = entries().run_tuned(&p, &options, a.neighbors.data(), a.distances.data(), &a.stats,
+                                 cancel, message, sizeof message);
   a.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   a.message = message;
   return a;
 }
 
-bool identical(double x, double y) {
-  if (std::isnan(x) && std::isnan(y)) return true;
-  return std::memcmp(&x, &y, sizeof x) == 0;  // the sign of zero too
-}
-
 // Both answers OK and the same in every slot.
-void expect_identical(const Answer &got, const Answer &want, const std::string &what) {
+void expect_answers_identical(const Answer &got, const Answer &want, const std::string &what) {
   ASSERT_EQ(want.status, KNN_OK) << what << ": reference: " << want.message;
   ASSERT_EQ(got.status, KNN_OK) << what << ": " << got.message;
-  ASSERT_EQ(got.rows.size(), want.rows.size()) << what;
-  int64_t differ = 0;
-  for (size_t i = 0; i < want.rows.size(); i++) {
-    if (got.rows[i] == want.rows[i] && identical(got.values[i], want.values[i])) continue;
-    if (differ++ < 3)
-      ADD_FAILURE() << what << ": slot " << i << ": (" << got.rows[i] << ", " << got.values[i]
-                    << ") instead of (" << want.rows[i] << ", " << want.values[i] << ")";
-  }
-  EXPECT_EQ(differ, 0) << what << ": " << differ << " slots differ";
+  job_run::expect_identical(got, want, what);
 }
 
 std::string describe(const KnnProblem &p, const char *devices) {
@@ -214,8 +177,8 @@ void check_split(const KnnProblem &p, std::initializer_list<int> devices, const 
   const Answer split = job(on_devices(p, devices), KNN_DEVICE_GPU);
   ASSERT_EQ(one.stats.device, KNN_DEVICE_GPU) << what << ": " << one.stats.device_name;
   ASSERT_EQ(split.stats.device, KNN_DEVICE_GPU) << what << ": " << split.stats.device_name;
-  expect_identical(one, cpu, what + " (one GPU against the CPU)");
-  expect_identical(split, one, what + " (split against one GPU)");
+  expect_answers_identical(one, cpu, what + " (one GPU against the CPU)");
+  expect_answers_identical(split, one, what + " (split against one GPU)");
   expect_work_covers(split.stats, p.n_queries, engines, what);
   if (p.method != KNN_METHOD_AUTO) {
     EXPECT_EQ(split.stats.method, one.stats.method) << what;
@@ -319,7 +282,7 @@ TEST(SplitOnOneGpu, StatisticsShowEachEngine) {
   c.problem.method = KNN_METHOD_TI;
   const Answer one = job(on_devices(c.problem, {0}), KNN_DEVICE_GPU);
   const Answer split = job(on_devices(c.problem, {0, 0}), KNN_DEVICE_GPU);
-  expect_identical(split, one, "self-join, TI, 0,0");
+  expect_answers_identical(split, one, "self-join, TI, 0,0");
   expect_work_covers(split.stats, 4000, 2, "self-join, TI, 0,0");
   EXPECT_EQ(split.stats.device_work[0].device, 0);
   EXPECT_EQ(split.stats.device_work[1].device, 0);
@@ -360,6 +323,16 @@ void note_if_short(double seconds, const char *what) {
     std::printf("note: %s took %.3f s, too short to show a prompt stop\n", what, seconds);
 }
 
+// The split test hook on engine 2: it waits wait_ms (stopping on a
+// cancel), then fails or joins its rows.
+KnnCudaTestOptions second_engine(int wait_ms, bool fail) {
+  KnnCudaTestOptions o{};
+  o.split_test_engine = 2;
+  o.split_test_wait_ms = wait_ms;
+  o.split_test_fail = fail ? 1 : 0;
+  return o;
+}
+
 void expect_pool_empty(int device, const std::string &what) {
   EXPECT_EQ(entries().pool_used(device), 0) << what << ": GPU " << device
                                             << " still holds memory of the join";
@@ -369,11 +342,7 @@ TEST(SplitOnOneGpu, FailureOfSecondEngineEndsTheJoinAndFreesEveryEngine) {
   REQUIRE_TEST_ENTRIES();
   Case c = long_case();
   const KnnProblem p = on_devices(c.problem, {0, 0});
-  KnnCudaTestOptions fail{};
-  fail.split_test_engine = 2;
-  fail.split_test_wait_ms = 100;  // engine 1 is joining meanwhile
-  fail.split_test_fail = 1;
-  const Answer failed = tuned(p, fail);
+  const Answer failed = tuned(p, second_engine(100, true));  // engine 1 joins meanwhile
   EXPECT_EQ(failed.status, KNN_DEVICE_ERROR) << failed.message;
   EXPECT_NE(failed.message.find("GPU 0 (engine 2 of 2)"), std::string::npos) << failed.message;
   EXPECT_NE(failed.message.find("forced failure"), std::string::npos) << failed.message;
@@ -382,7 +351,7 @@ TEST(SplitOnOneGpu, FailureOfSecondEngineEndsTheJoinAndFreesEveryEngine) {
   // The runtimes still work: the same join, and its rows, without the hook.
   const Answer whole = tuned(p, KnnCudaTestOptions{});
   const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
-  expect_identical(whole, one, "after a failed split");
+  expect_answers_identical(whole, one, "after a failed split");
   expect_work_covers(whole.stats, c.problem.n_queries, 2, "after a failed split");
   // Engine 1 was stopped, not left to finish its half: the failure came
   // after 0.1 s, the stop within 0.5 s of it.
@@ -396,9 +365,6 @@ TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
   REQUIRE_TEST_ENTRIES();
   Case c = long_case();
   const KnnProblem p = on_devices(c.problem, {0, 0});
-  KnnCudaTestOptions hold{};
-  hold.split_test_engine = 2;
-  hold.split_test_wait_ms = 60000;  // engine 2 would wait a minute
   int32_t cancel = 0;
   std::chrono::steady_clock::time_point cancelled_at;
   std::thread canceller([&] {
@@ -406,7 +372,7 @@ TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
     cancelled_at = std::chrono::steady_clock::now();
     __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
   });
-  const Answer a = tuned(p, hold, &cancel);
+  const Answer a = tuned(p, second_engine(60000, false), &cancel);  // engine 2 would wait a minute
   const auto returned = std::chrono::steady_clock::now();
   canceller.join();
   EXPECT_EQ(a.status, KNN_CANCELLED) << a.message;
@@ -417,10 +383,10 @@ TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
   // The job API's cancel reaches every engine too.
   KnnProblem jp = p;
   jp.device = KNN_DEVICE_GPU;
-  Answer ja;
-  poison(jp, &ja);
+  std::vector<int64_t> rows(static_cast<size_t>(jp.n_queries) * jp.k);
+  std::vector<double> values(rows.size());
   char message[256] = "";
-  KnnJob *j = knn_job_start(&jp, ja.rows.data(), ja.values.data(), message, sizeof message);
+  KnnJob *j = knn_job_start(&jp, rows.data(), values.data(), message, sizeof message);
   ASSERT_NE(j, nullptr) << message;
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   const auto t0 = std::chrono::steady_clock::now();
@@ -481,18 +447,14 @@ TEST(TwoGpus, EachGpuDoesItsShare) {
   big.problem.method = KNN_METHOD_BRUTE;
   const Answer all = job(big.problem, KNN_DEVICE_GPU);
   const Answer one = job(on_devices(big.problem, {0}), KNN_DEVICE_GPU);
-  expect_identical(all, one, "all against GPU 0");
+  expect_answers_identical(all, one, "all against GPU 0");
   EXPECT_EQ(all.stats.n_devices, std::min(entries().device_count(), 2)) << all.stats.device_name;
 }
 
 TEST(TwoGpus, FailureNamesTheGpu) {
   REQUIRE_TWO_GPUS();
   Case c = long_case();
-  KnnCudaTestOptions fail{};
-  fail.split_test_engine = 2;
-  fail.split_test_wait_ms = 50;
-  fail.split_test_fail = 1;
-  const Answer a = tuned(on_devices(c.problem, {0, 1}), fail);
+  const Answer a = tuned(on_devices(c.problem, {0, 1}), second_engine(50, true));
   EXPECT_EQ(a.status, KNN_DEVICE_ERROR) << a.message;
   EXPECT_NE(a.message.find("GPU 1 (engine 2 of 2)"), std::string::npos) << a.message;
   expect_pool_empty(0, "after the failure");
