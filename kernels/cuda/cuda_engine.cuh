@@ -4,8 +4,9 @@
 // the two join methods.
 //
 // The stream, the cuBLAS handle and the pinned staging memory of a context
-// are not made per join: cuda_module.cu creates them once per device and
-// process and lends them to one join at a time.
+// are not made per join: cuda_module.cu creates them once per GPU engine
+// slot and process (device_runtime.cuh) and lends them to one join at a
+// time.
 #pragma once
 
 #include <cublas_v2.h>

@@ -1,6 +1,7 @@
 // device_thread.cuh -- a helper thread of a join that runs one step on the
 // join's device (an upload overlapping the kernels, a share of a host
-// copy). It starts with every signal blocked (../signal_free_thread.h,
+// copy), or one engine of a join split across GPUs on its own device
+// (multi_device.cu). It starts with every signal blocked (../signal_free_thread.h,
 // shared with the job layer and the CPU engine), owns what the step
 // reports, and is joined by its owner's destructor on every path, so it
 // never outlives what it was given.
