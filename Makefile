@@ -20,16 +20,18 @@ VOCABULARY_OBJ = kernels/knn_vocabulary.o
 OBJS = $(EXT_SRCS:.c=.o) $(ENGINE_SRCS:.cpp=.o)
 
 # The install script of the current version is assembled from one file per
-# concept. A released version's script is kept as it was shipped
-# (extension/sql/history/) so that ALTER EXTENSION ... UPDATE can start from
-# it; the upgrade script is the parts added since, after the statements that
-# change what that version had (extension/sql/upgrade/).
-EXTVERSION = 0.2
+# concept. A released version's script, and the upgrade script into it, are
+# kept as they were shipped (extension/sql/history/) so that ALTER EXTENSION
+# ... UPDATE can start from any of them; the upgrade script into the current
+# version is the parts added since the last release, after the statements
+# that change what that release had (extension/sql/upgrade/).
+EXTVERSION = 0.3
 SQL_PARTS = $(sort $(wildcard extension/sql/*.sql))
-PARTS_OF_0_1 = $(addprefix extension/sql/,10_vector.sql 12_halfvec.sql 14_bit.sql 20_knn_join.sql)
-UPGRADE_0_1_PARTS = extension/sql/upgrade/0.1--0.2.sql $(filter-out $(PARTS_OF_0_1),$(SQL_PARTS))
-DATA_built = knn_gpu--$(EXTVERSION).sql knn_gpu--0.1--0.2.sql
-DATA = extension/sql/history/knn_gpu--0.1.sql
+PARTS_OF_0_2 = $(addprefix extension/sql/,10_vector.sql 12_halfvec.sql 14_bit.sql 16_vector_functions.sql \
+	20_knn_join.sql 22_knn_join_interface.sql 30_knn_range_join.sql 34_knn_shard.sql)
+UPGRADE_0_2_PARTS = extension/sql/upgrade/0.2--0.3.sql $(filter-out $(PARTS_OF_0_2),$(SQL_PARTS))
+DATA_built = knn_gpu--$(EXTVERSION).sql knn_gpu--0.2--0.3.sql
+DATA = $(wildcard extension/sql/history/*.sql)
 
 REGRESS = $(basename $(notdir $(sort $(wildcard sql/*.sql))))
 REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
@@ -67,8 +69,8 @@ $(EXT_SRCS:.c=.o): $(wildcard extension/*.h) kernels/knn_engine.h kernels/knn_vo
 knn_gpu--$(EXTVERSION).sql: $(SQL_PARTS)
 	cat $(SQL_PARTS) > $@
 
-knn_gpu--0.1--0.2.sql: $(UPGRADE_0_1_PARTS)
-	cat $(UPGRADE_0_1_PARTS) > $@
+knn_gpu--0.2--0.3.sql: $(UPGRADE_0_2_PARTS)
+	cat $(UPGRADE_0_2_PARTS) > $@
 
 # ---- CUDA engine module (dlopen'ed by knn_gpu.so) ----
 CUDA ?= auto
@@ -160,6 +162,6 @@ bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
 # test/pgvector/: its own database, as the tests create both extensions.
 installcheck-pgvector:
 	$(pg_regress_installcheck) --inputdir=test/pgvector --outputdir=test/pgvector \
-		--dbname=knn_pgvector_regression knn_pgvector knn_pgvector_second knn_pgvector_values knn_pgvector_functions
+		--dbname=knn_pgvector_regression knn_pgvector knn_pgvector_second knn_pgvector_values knn_pgvector_functions knn_pgvector_halfvec knn_pgvector_sparsevec
 
 .PHONY: unittest gputest installcheck-pgvector install-cuda uninstall-cuda

@@ -100,6 +100,30 @@ knn_halfvec_element(float value)
 }
 
 HalfVector *
+knn_halfvec_arg(FunctionCallInfo fcinfo, int n)
+{
+	HalfVector *v = PG_GETARG_HALFVEC_P(n);
+
+	if (VARSIZE_ANY(v) < offsetof(HalfVector, x) ||
+		v->dim < 1 || v->dim > HALFVEC_MAX_DIM ||
+		VARSIZE_ANY(v) != HALFVEC_SIZE(v->dim))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_CORRUPTED),
+				 errmsg("invalid halfvec value: %u bytes for its dimension count",
+						(unsigned int) VARSIZE_ANY(v))));
+	return v;
+}
+
+void
+knn_halfvec_check_same_dims(const HalfVector *a, const HalfVector *b)
+{
+	if (a->dim != b->dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("different halfvec dimensions %d and %d", a->dim, b->dim)));
+}
+
+HalfVector *
 knn_halfvec_new(int dim)
 {
 	Size		size;
@@ -182,24 +206,7 @@ knn_halfvec_out(PG_FUNCTION_ARGS)
 Datum
 knn_halfvec_typmod_in(PG_FUNCTION_ARGS)
 {
-	ArrayType  *modifiers = PG_GETARG_ARRAYTYPE_P(0);
-	int32	   *values;
-	int			n;
-
-	values = ArrayGetIntegerTypmods(modifiers, &n);
-	if (n != 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("invalid type modifier")));
-	if (values[0] < 1)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type halfvec must be at least 1")));
-	if (values[0] > HALFVEC_MAX_DIM)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type halfvec cannot exceed %d", HALFVEC_MAX_DIM)));
-	PG_RETURN_INT32(values[0]);
+	PG_RETURN_INT32(knn_dimensions_typmod(PG_GETARG_ARRAYTYPE_P(0), "halfvec", HALFVEC_MAX_DIM));
 }
 
 Datum

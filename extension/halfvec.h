@@ -25,6 +25,15 @@ typedef struct HalfVector
 #define PG_GETARG_HALFVEC_P(x)	DatumGetHalfVector(PG_GETARG_DATUM(x))
 #define PG_RETURN_HALFVEC_P(x)	PG_RETURN_POINTER(x)
 
+/*
+ * Argument n, detoasted; ERROR when its size disagrees with its dim (the
+ * elements are read by dim, so such a datum is refused before any is).
+ */
+extern HalfVector *knn_halfvec_arg(FunctionCallInfo fcinfo, int n);
+
+/* ERROR "different halfvec dimensions %d and %d" unless a and b agree. */
+extern void knn_halfvec_check_same_dims(const HalfVector *a, const HalfVector *b);
+
 /* A zero-filled halfvec of dim (checked) dimensions. */
 extern HalfVector *knn_halfvec_new(int dim);
 

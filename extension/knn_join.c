@@ -705,8 +705,18 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		}
 		knn_progress_totals(queries.n, targets->n, -1);
 		knn_progress_phase(KNN_PROGRESS_ENGINE);
-		/* The pairs go into the result while the engine works: no return phase. */
-		knn_run_range_problem(&problem, put_range_pairs, &output, &stats);
+		/*
+		 * The pairs go into the result while the engine works: no return
+		 * phase. pgvector's columns: the radius applies to its operator's
+		 * values.
+		 */
+		if (query_set.vector_type == target_source->vector_type &&
+			knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
+									 element))
+			knn_operator_values_range(&operator_values, &problem, &queries, targets,
+									  put_range_pairs, &output, &stats);
+		else
+			knn_run_range_problem(&problem, put_range_pairs, &output, &stats);
 		knn_progress_work(stats.distance_computations);
 		knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0);
 		knn_join_explain_report(&record);
@@ -800,6 +810,26 @@ read_params_argument(FunctionCallInfo fcinfo, KnnJoinCall *call, int n)
 	knn_join_params_read(PG_GETARG_ARRAYTYPE_P(n), &call->params);
 }
 
+/*
+ * The key argument's type (its value is not used: NULL::uuid is the usual
+ * form), for the keyed forms.
+ */
+static Oid
+key_argument_type(FunctionCallInfo fcinfo, int n)
+{
+	Oid			key_type = get_fn_expr_argtype(fcinfo->flinfo, n);
+
+	if (!OidIsValid(key_type))
+		elog(ERROR, "%s: could not determine the key's type", get_func_name(fcinfo->flinfo->fn_oid));
+	if (getBaseType(key_type) == RECORDOID)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("%s: the key cannot be an anonymous record",
+						get_func_name(fcinfo->flinfo->fn_oid)),
+				 errhint("Use a named composite type: key => NULL::my_type.")));
+	return key_type;
+}
+
 /* knn_join(queries, targets, k, metric, exclude_self, method) */
 PG_FUNCTION_INFO_V1(knn_join);
 Datum
@@ -840,20 +870,53 @@ Datum
 knn_join_keyed(PG_FUNCTION_ARGS)
 {
 	KnnJoinCall call;
-	Oid			key_type = get_fn_expr_argtype(fcinfo->flinfo, 3);
 
 	read_common_arguments(fcinfo, &call, 5, 4, 6);
 	read_params_argument(fcinfo, &call, 7);
-	if (!OidIsValid(key_type))
-		elog(ERROR, "knn_join: could not determine the key's type");
-	call.key_type = key_type;
-	if (getBaseType(key_type) == RECORDOID)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("knn_join: the key cannot be an anonymous record"),
-				 errhint("Use a named composite type: key => NULL::my_type.")));
+	call.key_type = key_argument_type(fcinfo, 3);
 	knn_join_run_reported(fcinfo, &call);
 	PG_RETURN_NULL();
+}
+
+/*
+ * The arguments of knn_range_join: queries, targets and radius first, then
+ * metric, exclude_self, k, inclusive, method and params at the given
+ * positions.
+ */
+typedef struct KnnRangeArguments
+{
+	int			metric;
+	int			exclude_self;
+	int			k;
+	int			inclusive;
+	int			method;
+	int			params;
+} KnnRangeArguments;
+
+static void
+read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
+{
+	memset(call, 0, sizeof(*call));
+	call->queries_sql = text_argument(fcinfo, 0, "queries");
+	call->targets_sql = text_argument(fcinfo, 1, "targets");
+	require_argument(fcinfo, 2, "radius");
+	call->radius = PG_GETARG_FLOAT8(2);
+	call->metric = (KnnMetric) named_argument(fcinfo, at->metric, "metric", knn_metric_names);
+	require_argument(fcinfo, at->exclude_self, "exclude_self");
+	call->exclude_self = PG_GETARG_BOOL(at->exclude_self);
+	if (!PG_ARGISNULL(at->k))
+	{
+		call->k = PG_GETARG_INT32(at->k);
+		if (call->k < 1)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("k must be at least 1 (or NULL for every pair), not %d", call->k)));
+	}
+	require_argument(fcinfo, at->inclusive, "inclusive");
+	call->inclusive = PG_GETARG_BOOL(at->inclusive);
+	call->method = (KnnMethod) named_argument(fcinfo, at->method, "method", knn_method_names);
+	read_params_argument(fcinfo, call, at->params);
+	call->range = true;
 }
 
 /*
@@ -867,29 +930,27 @@ PG_FUNCTION_INFO_V1(knn_range_join);
 Datum
 knn_range_join(PG_FUNCTION_ARGS)
 {
+	static const KnnRangeArguments at = {3, 4, 5, 6, 7, 8};
 	KnnJoinCall call;
 
-	memset(&call, 0, sizeof(call));
-	call.queries_sql = text_argument(fcinfo, 0, "queries");
-	call.targets_sql = text_argument(fcinfo, 1, "targets");
-	require_argument(fcinfo, 2, "radius");
-	call.radius = PG_GETARG_FLOAT8(2);
-	call.metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
-	require_argument(fcinfo, 4, "exclude_self");
-	call.exclude_self = PG_GETARG_BOOL(4);
-	if (!PG_ARGISNULL(5))
-	{
-		call.k = PG_GETARG_INT32(5);
-		if (call.k < 1)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("k must be at least 1 (or NULL for every pair), not %d", call.k)));
-	}
-	require_argument(fcinfo, 6, "inclusive");
-	call.inclusive = PG_GETARG_BOOL(6);
-	call.method = (KnnMethod) named_argument(fcinfo, 7, "method", knn_method_names);
-	read_params_argument(fcinfo, &call, 8);
-	call.range = true;
+	read_range_arguments(fcinfo, &call, &at);
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * knn_range_join(queries, targets, radius, key, exclude_self, k, inclusive,
+ * method, params, metric): ids of key's type, as knn_join's keyed form.
+ */
+PG_FUNCTION_INFO_V1(knn_range_join_keyed);
+Datum
+knn_range_join_keyed(PG_FUNCTION_ARGS)
+{
+	static const KnnRangeArguments at = {9, 4, 5, 6, 7, 8};
+	KnnJoinCall call;
+
+	read_range_arguments(fcinfo, &call, &at);
+	call.key_type = key_argument_type(fcinfo, 3);
 	knn_join_run_reported(fcinfo, &call);
 	PG_RETURN_NULL();
 }

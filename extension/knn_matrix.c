@@ -267,3 +267,39 @@ knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b)
 	}
 	return true;
 }
+
+void
+knn_problem_gather_queries(KnnProblem *sub, const KnnProblem *p, Size row_bytes,
+						   const int64 *which, int64 n)
+{
+	char	   *values = MemoryContextAllocHuge(CurrentMemoryContext, Max(1, (Size) n * row_bytes));
+	int64	   *keys = p->query_keys != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
+	int64	   *groups = p->query_groups != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
+
+	for (int64 i = 0; i < n; i++)
+	{
+		memcpy(values + (Size) i * row_bytes,
+			   (const char *) p->queries + (Size) which[i] * row_bytes, row_bytes);
+		if (keys != NULL)
+			keys[i] = p->query_keys[which[i]];
+		if (groups != NULL)
+			groups[i] = p->query_groups[which[i]];
+		if ((i & 4095) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	*sub = *p;
+	sub->queries = values;
+	sub->n_queries = n;
+	sub->query_keys = keys;
+	sub->query_groups = groups;
+}
+
+void
+knn_problem_free_gathered(KnnProblem *sub)
+{
+	pfree((void *) sub->queries);
+	if (sub->query_keys != NULL)
+		pfree((void *) sub->query_keys);
+	if (sub->query_groups != NULL)
+		pfree((void *) sub->query_groups);
+}

@@ -65,4 +65,14 @@ extern bool knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b);
 extern void knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries,
 							   const KnnMatrix *targets, int32 k);
 
+/*
+ * *sub: problem p for its query rows `which` (n of them) only, whose
+ * values, keys and groups are gathered into new arrays (row_bytes each
+ * row), for running some queries again; knn_problem_free_gathered frees
+ * them.
+ */
+extern void knn_problem_gather_queries(KnnProblem *sub, const KnnProblem *p, Size row_bytes,
+									   const int64 *which, int64 n);
+extern void knn_problem_free_gathered(KnnProblem *sub);
+
 #endif							/* KNN_MATRIX_H */

@@ -41,6 +41,8 @@
 
 /* Candidates beyond k in the first engine run: max(kExtraMin, k). */
 #define KNN_EXTRA_MIN 16
+/* Pairs handed to a range join's sink at a time. */
+#define KNN_RANGE_SLICE 4096
 /* Squared norms below this (and above 0) make the cosine bound unsafe. */
 #define KNN_COSINE_TINY_NORM2 0x1p-100
 
@@ -242,40 +244,6 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 								 qn2) > kth;
 }
 
-/* The query rows `which` of problem p, as the queries of *sub. */
-static void
-gather_queries(KnnProblem *sub, const KnnProblem *p, Size row_bytes, const int64 *which,
-			   int64 n)
-{
-	char	   *values = MemoryContextAllocHuge(CurrentMemoryContext, Max(1, (Size) n * row_bytes));
-	int64	   *keys = p->query_keys != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
-	int64	   *groups = p->query_groups != NULL ? palloc(sizeof(int64) * Max(1, n)) : NULL;
-
-	for (int64 i = 0; i < n; i++)
-	{
-		memcpy(values + (Size) i * row_bytes,
-			   (const char *) p->queries + (Size) which[i] * row_bytes, row_bytes);
-		if (keys != NULL)
-			keys[i] = p->query_keys[which[i]];
-		if (groups != NULL)
-			groups[i] = p->query_groups[which[i]];
-	}
-	sub->queries = values;
-	sub->n_queries = n;
-	sub->query_keys = keys;
-	sub->query_groups = groups;
-}
-
-static void
-free_gathered(KnnProblem *sub)
-{
-	pfree((void *) sub->queries);
-	if (sub->query_keys != NULL)
-		pfree((void *) sub->query_keys);
-	if (sub->query_groups != NULL)
-		pfree((void *) sub->query_groups);
-}
-
 void
 knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 						const KnnMatrix *queries, const KnnMatrix *targets,
@@ -310,7 +278,7 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 		const bool complete = candidates >= targets->n;
 
 		if (!first)
-			gather_queries(&run, problem, queries->row_bytes, open, n_open);
+			knn_problem_gather_queries(&run, problem, queries->row_bytes, open, n_open);
 		run.k = (int32) candidates;
 		rows = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(int64));
 		canonical = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(double));
@@ -338,7 +306,7 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 		pfree(canonical);
 		pfree(scratch);
 		if (!first)
-			free_gathered(&run);
+			knn_problem_free_gathered(&run);
 		n_open = still_open;
 		candidates = Min(targets->n, candidates * 4);
 		first = false;
@@ -349,4 +317,252 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 	pfree(qbuffer);
 	pfree(qarg.bytes);
 	pfree(targ.bytes);
+}
+
+/*
+ * ---- Range joins by the operator's values ----
+ * A pair belongs to the result when its operator value P is within the
+ * radius r. The engine selects pairs by the canonical value C, so it is
+ * asked for every pair with C <= r' (the candidates), r' chosen so that
+ * L(r') > r: a pair with C > r' has P >= L(C) >= L(r') > r (L grows with C,
+ * as computed too: each of its operations rounds monotonically), so no pair
+ * within the radius is missed; each candidate is then decided on P itself,
+ * so none is extra. For the inner product L depends on the query's norm
+ * (the largest is used: the widest margin); cosine with a tiny norm, and a
+ * radius that is not finite, have no such r': every pair is a candidate.
+ * With a cap of k pairs per query the first k by P within the radius are
+ * the first k by P of all (those within it come first), so the k best by
+ * the operator (knn_operator_values_run) are filtered instead.
+ */
+
+/* PostgreSQL's float8 comparison: NaN is above every number and equal to itself. */
+static bool
+within_radius(double value, double radius, bool inclusive)
+{
+	if (isnan(radius))
+		return inclusive || !isnan(value);
+	if (isnan(value))
+		return false;
+	return inclusive ? value <= radius : value < radius;
+}
+
+/*
+ * The canonical radius r' of the candidates (see above), NaN when every
+ * pair must be one.
+ */
+static double
+candidate_radius(const ValueBound *b, const KnnMatrix *queries, double radius)
+{
+	float	   *buffer = palloc(sizeof(float) * Max(1, queries->dim));
+	double		max_query_norm = 0;
+	double		r;
+	double		step;
+
+	if (!isfinite(radius) || b->unsafe)
+		return get_float8_nan();
+	if (b->metric == KNN_METRIC_IP || b->metric == KNN_METRIC_COSINE)
+	{
+		for (int64 q = 0; q < queries->n; q++)
+		{
+			double		n2 = squared_norm(row_floats(queries, q, buffer), queries->dim);
+
+			if ((q & 4095) == 0)
+				CHECK_FOR_INTERRUPTS();
+			if (b->metric == KNN_METRIC_COSINE && n2 > 0 && n2 < KNN_COSINE_TINY_NORM2)
+				return get_float8_nan();
+			max_query_norm = Max(max_query_norm, sqrt(n2) * (1 + 0x1p-30));
+		}
+	}
+	pfree(buffer);
+	/* L2 and L1 values are never negative (and L2's L grows only from 0) */
+	r = (b->metric == KNN_METRIC_L2 || b->metric == KNN_METRIC_L1) ? Max(radius, 0) : radius;
+	step = Max(fabs(r) * 0x1p-30, 0x1p-1000);
+	for (int i = 0; i < 2200 && isfinite(r); i++)
+	{
+		/* qn2 = 1: a query's tiny norm was looked at above */
+		if (lowest_operator_value(b, r, max_query_norm, 1.0) > radius)
+			return r;
+		r += step;
+		step *= 2;
+	}
+	return get_float8_nan();
+}
+
+/* Where the candidates of a range join go: one query's at a time. */
+typedef struct RangeByOperator
+{
+	KnnOperatorValues *ov;
+	const KnnMatrix *queries;
+	const KnnMatrix *targets;
+	OperatorArgument qarg;
+	OperatorArgument targ;
+	double		radius;
+	bool		inclusive;
+	int64		cap;			/* pairs per query, 0 = all */
+	KnnPairSink sink;
+	void	   *sink_arg;
+	int64		query;			/* the buffered pairs' query, -1 = none yet */
+	RankedTarget *pairs;		/* those within the radius, by P */
+	int64		n_pairs;
+	int64		capacity;
+	int64	   *query_rows;		/* scratch for the sink */
+	int64	   *target_rows;
+	double	   *values;
+} RangeByOperator;
+
+/* Hands the buffered query's pairs on, ranked by (P, target row), capped. */
+static void
+flush_query(RangeByOperator *r)
+{
+	int64		n = r->cap > 0 ? Min(r->n_pairs, r->cap) : r->n_pairs;
+
+	if (r->n_pairs == 0)
+		return;
+	qsort(r->pairs, r->n_pairs, sizeof(RankedTarget), ranked_compare);
+	for (int64 first = 0; first < n; first += KNN_RANGE_SLICE)
+	{
+		int64		m = Min(KNN_RANGE_SLICE, n - first);
+
+		for (int64 i = 0; i < m; i++)
+		{
+			r->query_rows[i] = r->query;
+			r->target_rows[i] = r->pairs[first + i].row;
+			r->values[i] = r->pairs[first + i].value;
+		}
+		r->sink(r->sink_arg, r->query_rows, r->target_rows, r->values, m);
+	}
+	r->n_pairs = 0;
+}
+
+/* KnnPairSink of the candidates: each one's operator value decides. */
+static void
+take_candidates(void *arg, const int64 *query_rows, const int64 *target_rows,
+				const double *distances, int64 n)
+{
+	RangeByOperator *r = (RangeByOperator *) arg;
+
+	for (int64 i = 0; i < n; i++)
+	{
+		int64		q = query_rows[i];
+		double		value;
+
+		if (q != r->query)
+		{
+			/* the engine hands a query's pairs over together, queries ascending */
+			if (q < r->query || q >= r->queries->n)
+				elog(ERROR, "knn_gpu: the engine returned a query row out of order");
+			flush_query(r);
+			r->query = q;
+			argument_row(&r->qarg, r->queries, q);
+		}
+		if (target_rows[i] < 0 || target_rows[i] >= r->targets->n)
+			elog(ERROR, "knn_gpu: the engine returned a target row out of range");
+		value = DatumGetFloat8(FunctionCall2Coll(&r->ov->function, r->ov->collation,
+												 PointerGetDatum(r->qarg.bytes),
+												 argument_row(&r->targ, r->targets,
+															  target_rows[i])));
+		r->ov->operator_calls++;
+		if ((r->ov->operator_calls & 4095) == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (!within_radius(value, r->radius, r->inclusive))
+			continue;
+		if (r->n_pairs == r->capacity)
+		{
+			r->capacity *= 2;
+			r->pairs = repalloc_huge(r->pairs, sizeof(RankedTarget) * r->capacity);
+		}
+		r->pairs[r->n_pairs].value = value;
+		r->pairs[r->n_pairs].row = target_rows[i];
+		r->n_pairs++;
+	}
+}
+
+/* A capped range join: the k best by the operator, those within the radius. */
+static void
+capped_range(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *queries,
+			 const KnnMatrix *targets, KnnPairSink sink, void *sink_arg, KnnStats *stats)
+{
+	KnnProblem	top = *problem;
+	const int32 k = (int32) Min((int64) problem->k, targets->n);
+	const bool	inclusive = problem->range == KNN_RANGE_AT_MOST;
+	int64	   *rows;
+	double	   *values;
+	int64	   *query_rows = palloc(sizeof(int64) * Max(1, k));
+
+	top.range = KNN_RANGE_NONE;
+	top.max_distance = 0;
+	top.k = k;
+	rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * Max(1, queries->n) * k);
+	values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * Max(1, queries->n) * k);
+	knn_operator_values_run(ov, &top, queries, targets, rows, values, stats);
+	for (int64 q = 0; q < queries->n; q++)
+	{
+		int32		n = 0;
+
+		while (n < k && rows[q * k + n] >= 0 &&
+			   within_radius(values[q * k + n], problem->max_distance, inclusive))
+			query_rows[n++] = q;
+		if (n > 0)
+			sink(sink_arg, query_rows, rows + q * k, values + q * k, n);
+	}
+	pfree(rows);
+	pfree(values);
+	pfree(query_rows);
+}
+
+void
+knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
+						  const KnnMatrix *queries, const KnnMatrix *targets,
+						  KnnPairSink sink, void *sink_arg, KnnStats *stats)
+{
+	KnnProblem	candidates = *problem;
+	ValueBound	bound;
+	RangeByOperator r;
+	double		radius;
+
+	Assert(problem->range != KNN_RANGE_NONE);
+	ov->operator_calls = 0;
+	ov->queries_completed = 0;
+	if (targets->n == 0 || queries->n == 0)
+	{
+		memset(stats, 0, sizeof(*stats));
+		return;
+	}
+	if (problem->k > 0)
+	{
+		capped_range(ov, problem, queries, targets, sink, sink_arg, stats);
+		return;
+	}
+	bound_init(&bound, ov->metric, targets);
+	radius = candidate_radius(&bound, queries, problem->max_distance);
+	candidates.range = KNN_RANGE_AT_MOST;
+	candidates.max_distance = radius;
+	candidates.k = 0;
+
+	memset(&r, 0, sizeof(r));
+	r.ov = ov;
+	r.queries = queries;
+	r.targets = targets;
+	argument_init(&r.qarg, queries);
+	argument_init(&r.targ, targets);
+	r.radius = problem->max_distance;
+	r.inclusive = problem->range == KNN_RANGE_AT_MOST;
+	r.sink = sink;
+	r.sink_arg = sink_arg;
+	r.query = -1;
+	r.capacity = 1024;
+	r.pairs = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(RankedTarget) * r.capacity);
+	r.query_rows = palloc(sizeof(int64) * KNN_RANGE_SLICE);
+	r.target_rows = palloc(sizeof(int64) * KNN_RANGE_SLICE);
+	r.values = palloc(sizeof(double) * KNN_RANGE_SLICE);
+	knn_run_range_problem(&candidates, take_candidates, &r, stats);
+	flush_query(&r);
+	elog(DEBUG1, "knn_gpu: radius by pgvector's operator: candidates within %g, %lld operator calls",
+		 radius, (long long) ov->operator_calls);
+	pfree(r.pairs);
+	pfree(r.query_rows);
+	pfree(r.target_rows);
+	pfree(r.values);
+	pfree(r.qarg.bytes);
+	pfree(r.targ.bytes);
 }

@@ -21,6 +21,7 @@
 
 #include "knn_engine.h"
 #include "knn_matrix.h"
+#include "knn_run.h"
 
 typedef struct KnnOperatorValues
 {
@@ -55,5 +56,17 @@ extern bool knn_operator_values_init(KnnOperatorValues *ov, Oid typid, KnnMetric
 extern void knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 									const KnnMatrix *queries, const KnnMatrix *targets,
 									int64 *neighbors, double *distances, KnnStats *stats);
+
+/*
+ * Runs range problem (problem->range, max_distance; problem->k the cap per
+ * query, 0 = none) so that sink receives exactly the pairs whose operator
+ * value is within the radius, each query's ranked by (value, target row)
+ * with those values, queries in order. The engine's canonical values pick
+ * candidates with a proven margin (knn_operator_values.c); the operator
+ * decides each.
+ */
+extern void knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
+									  const KnnMatrix *queries, const KnnMatrix *targets,
+									  KnnPairSink sink, void *sink_arg, KnnStats *stats);
 
 #endif							/* KNN_OPERATOR_VALUES_H */

@@ -134,6 +134,15 @@ knn_progress_begin(const char *source, int32 k)
 }
 
 void
+knn_progress_k(int32 k)
+{
+	if (current.phase == KNN_PROGRESS_IDLE || current.k == k)
+		return;
+	current.k = k;
+	write_record();
+}
+
+void
 knn_progress_phase(KnnProgressPhase phase)
 {
 	if (current.phase == KNN_PROGRESS_IDLE || current.phase == (int32) phase)

@@ -28,9 +28,15 @@ typedef enum KnnProgressPhase
 	KNN_PROGRESS_RETURNING
 } KnnProgressPhase;
 
-/* source: what runs the join ("knn_join", "KNN Join"). */
+/*
+ * source: what runs the join ("knn_join", "knn_range_join", "KNN Join").
+ * Callers: knn_join.c (both functions) and knn_scan_exec.c (the node).
+ */
 extern void knn_progress_begin(const char *source, int32 k);
 extern void knn_progress_phase(KnnProgressPhase phase);
+
+/* k once it is known (a KNN Join's LIMIT is evaluated after its outer rows). */
+extern void knn_progress_k(int32 k);
 
 /* n more rows read (reading phases) or returned (returning). */
 extern void knn_progress_rows(int64 n);

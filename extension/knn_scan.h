@@ -12,8 +12,10 @@
  * "WHERE t.g = q.g [AND t.h = q.h ...]" (the engine's per-group join, group
  * ids from knn_group_keys.h),
  * further ORDER BY keys after the distance (the inner scan's order, which
- * is the tie order), OFFSET, and a radius "WHERE t.v <-> q.v < r" (or <=;
- * r a run-time constant), with or without LIMIT (the engine's range join).
+ * is the tie order), OFFSET, a radius "WHERE t.v <-> q.v < r" (or <=;
+ * r a run-time constant), with or without LIMIT (the engine's range join),
+ * FETCH FIRST ... WITH TIES, a view or a subquery over one table in place
+ * of items, and a query vector that is an expression of the outer row,
  *
  * as one batched join: every outer row and every row of items is read once,
  * all vectors go to the engine in one call, and the rows come back per
@@ -24,7 +26,8 @@
  *                  and adds a KnnJoinPath beside PostgreSQL's nested loop;
  * knn_scan_plan.c  turns the path into a CustomScan: the outer side's plan
  *                  and a plain scan plan of the inner relation as children;
- * knn_scan_exec.c  runs it: reads both children, calls the engine, emits.
+ * knn_scan_exec.c  runs it: reads both children, calls the engine, emits;
+ * knn_scan_ties.c  the engine's rows for FETCH FIRST ... WITH TIES.
  */
 #ifndef KNN_SCAN_H
 #define KNN_SCAN_H
@@ -35,6 +38,8 @@
 #include "nodes/pathnodes.h"
 
 #include "knn_catalog.h"
+#include "knn_matrix.h"
+#include "knn_run.h"
 
 #define KNN_JOIN_NAME "KNN Join"
 
@@ -58,7 +63,10 @@ typedef struct KnnJoinPath
 								 * NULL for a lateral subquery */
 	Var		   *target_vector;	/* inner operand: a Var of the subquery's one
 								 * relation, as it appears in the subquery */
-	Var		   *query_vector;	/* outer operand, as a Var of this query */
+	AttrNumber	target_relation_column; /* that column in the table under a
+										 * view or subquery (0: computed) */
+	Expr	   *query_vector;	/* outer operand: a Var or an expression of
+								 * this query's Vars */
 	bool		target_is_left; /* ORDER BY target <op> query (for messages) */
 	Oid			distance_operator;	/* <->, <=>, <#> or <+> */
 	KnnMetric	metric;
@@ -68,6 +76,9 @@ typedef struct KnnJoinPath
 								 * above the join, ascending */
 	Expr	   *limit;			/* the LIMIT count as the subquery planned it */
 	Expr	   *offset;			/* the OFFSET, or NULL */
+	bool		with_ties;		/* FETCH FIRST ... WITH TIES: also the rows
+								 * that tie with the last one on every ORDER
+								 * BY key */
 	List	   *tie_order;		/* SortGroupClauses after the distance's */
 	JoinType	jointype;		/* JOIN_INNER or JOIN_LEFT */
 	List	   *join_clauses;	/* RestrictInfos that decide a match (all of
@@ -101,6 +112,10 @@ typedef struct KnnJoinPath
 extern Index knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp);
 extern bool knn_scan_is_run_time_constant(Node *node);
 extern bool knn_scan_reject(const char *reason);	/* DEBUG1; returns false */
+extern bool knn_scan_contains_distance(Node *node); /* a distance operator in it? */
+extern bool knn_scan_orders_by_distance(Query *sq); /* some ORDER BY key a distance? */
+/* A top-k subquery whose first ORDER BY key references `levels` query levels up? */
+extern bool knn_scan_top_k_reaches_up(Query *sq, Index levels);
 extern bool knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids,
 											 Relids outer_relids, KnnJoinPath *kp);
 
@@ -110,6 +125,23 @@ extern void knn_scan_register_plan(void);
 
 /* knn_scan_exec.c */
 extern Node *knn_join_create_scan_state(CustomScan *cscan);
+
+/* knn_scan_ties.c */
+
+/* Runs a k-nearest problem (problem->k set) whose query rows are queries'. */
+typedef void (*KnnTopKRun) (void *arg, KnnProblem *problem, const KnnMatrix *queries,
+							int64 *neighbors, double *distances, KnnStats *stats);
+
+/*
+ * FETCH FIRST wanted ROWS WITH TIES: hands sink, per query of problem, its
+ * first `wanted` rows and every further one whose distance equals the
+ * wanted-th's, in the engine's order, each query's rows in one call
+ * (through run, again for the queries whose ties go on). stats are the
+ * first run's, with the distance computations of all.
+ */
+extern void knn_scan_run_with_ties(const KnnProblem *problem, const KnnMatrix *queries,
+								   int64 wanted, KnnTopKRun run, void *run_arg,
+								   KnnPairSink sink, void *sink_arg, KnnStats *stats);
 
 /*
  * The CustomScan's custom_private: a List of these, in this order. Scan
@@ -136,6 +168,11 @@ typedef enum KnnJoinPrivate
 	KNN_PRIVATE_GROUP_COLLATIONS,	/* IntList: the operators' collations */
 	KNN_PRIVATE_GROUP_TEXT,		/* String: "t.g = q.g, ..." for EXPLAIN */
 	KNN_PRIVATE_RADIUS,			/* Integer: KnnRange, KNN_RANGE_NONE = no radius */
+	KNN_PRIVATE_WITH_TIES,		/* Integer: 1 for FETCH FIRST ... WITH TIES */
+	KNN_PRIVATE_TIE_COLUMNS,	/* IntList: the ORDER BY keys after the distance,
+								 * as columns of the inner rows */
+	KNN_PRIVATE_TIE_EQUALITY,	/* IntList: their equality operators (Oids) */
+	KNN_PRIVATE_TIE_COLLATIONS, /* IntList: their collations */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 

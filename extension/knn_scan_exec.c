@@ -54,12 +54,15 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
 #include "commands/explain.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "portability/instr_time.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/ruleutils.h"
 
@@ -67,6 +70,7 @@
 #include "knn_keys.h"
 #include "knn_matrix.h"
 #include "knn_operator_values.h"
+#include "knn_progress.h"
 #include "knn_run.h"
 #include "knn_scan.h"
 #include "knn_settings.h"
@@ -101,6 +105,12 @@ typedef struct KnnJoinState
 	Oid		   *group_collations;
 	KnnRange	radius_mode;	/* KNN_RANGE_NONE: the top-k join */
 	ExprState  *radius_state;
+	bool		with_ties;		/* FETCH FIRST ... WITH TIES */
+	int			n_tie_columns;	/* ORDER BY keys after the distance */
+	AttrNumber *tie_columns;	/* ... in the inner rows (WITH TIES only) */
+	FmgrInfo   *tie_equality;
+	Oid		   *tie_collations;
+	TupleTableSlot *tie_slot;	/* reads back the row others tie with */
 	PlanState  *outer_ps;
 	PlanState  *inner_ps;
 	TupleTableSlot *outer_slot; /* reads back a stored outer row */
@@ -127,7 +137,10 @@ typedef struct KnnJoinState
 	int32		engine_k;		/* neighbours per query from the engine */
 	int64	   *neighbors;		/* n_queries x engine_k; radius: see range_begin */
 	double	   *distances;
-	/* Radius: query q's pairs are [range_begin[q], range_begin[q + 1]) */
+	/*
+	 * Radius and WITH TIES: query q's rows are [range_begin[q],
+	 * range_begin[q + 1]) of neighbors and distances
+	 */
 	int64	   *range_begin;
 	int64	   *range_query;	/* while the engine runs: each pair's query */
 	int64		range_count;	/* pairs received */
@@ -141,6 +154,10 @@ typedef struct KnnJoinState
 	int64		position;		/* in the engine's rows, or in the tail */
 	int64		emitted;		/* rows after the OFFSET so far */
 	bool		matched;		/* a row passed the join filter */
+	int64		last_inner_row; /* WITH TIES: the k-th row, */
+	double		last_distance;	/* its distance */
+	bool		last_distance_null;
+	bool		progress;		/* this node's progress row is open */
 
 	/* For EXPLAIN ANALYZE: the last engine run */
 	bool		have_record;
@@ -208,6 +225,24 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	state->exclude_type = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_TYPE);
 	state->exclude_collation = (Oid) private_int(cscan, KNN_PRIVATE_EXCLUDE_COLLATION);
 	state->radius_mode = (KnnRange) private_int(cscan, KNN_PRIVATE_RADIUS);
+	state->with_ties = private_int(cscan, KNN_PRIVATE_WITH_TIES) != 0;
+	state->n_tie_columns = list_length(list_nth(cscan->custom_private, KNN_PRIVATE_TIE_COLUMNS));
+	if (state->n_tie_columns > 0)
+	{
+		List	   *columns = list_nth(cscan->custom_private, KNN_PRIVATE_TIE_COLUMNS);
+		List	   *equality = list_nth(cscan->custom_private, KNN_PRIVATE_TIE_EQUALITY);
+		List	   *collations = list_nth(cscan->custom_private, KNN_PRIVATE_TIE_COLLATIONS);
+
+		state->tie_columns = palloc(sizeof(AttrNumber) * state->n_tie_columns);
+		state->tie_equality = palloc(sizeof(FmgrInfo) * state->n_tie_columns);
+		state->tie_collations = palloc(sizeof(Oid) * state->n_tie_columns);
+		for (int c = 0; c < state->n_tie_columns; c++)
+		{
+			state->tie_columns[c] = list_nth_int(columns, c);
+			fmgr_info(get_opcode((Oid) list_nth_int(equality, c)), &state->tie_equality[c]);
+			state->tie_collations[c] = (Oid) list_nth_int(collations, c);
+		}
+	}
 	state->n_group_columns = list_length(list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_QUERY));
 	if (state->n_group_columns > 0)
 	{
@@ -250,6 +285,8 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 											   &TTSOpsMinimalTuple);
 	state->inner_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->inner_ps),
 											   &TTSOpsMinimalTuple);
+	state->tie_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->inner_ps),
+											 &TTSOpsMinimalTuple);
 	/* The planner checked the column's type; it decides the element type. */
 	state->kind = knn_vector_kind(TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
 												state->target_column - 1)->atttypid);
@@ -266,16 +303,23 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
  * carry its values (knn_operator_values.h), as PostgreSQL's plan would; with
  * knn_gpu's type the engine's values are the operator's.
  */
+/* The type of both vector columns. */
+static Oid
+target_type(KnnJoinState *state)
+{
+	return TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
+						 state->target_column - 1)->atttypid;
+}
+
 static void
 run_knn(KnnJoinState *state, const KnnVectorReader *reader, KnnProblem *problem,
 		const KnnMatrix *queries, const KnnMatrix *targets, int64 *neighbors,
 		double *distances, KnnStats *stats)
 {
 	KnnOperatorValues by_operator;
-	Oid			type = TupleDescAttr(state->inner_slot->tts_tupleDescriptor,
-									 state->target_column - 1)->atttypid;
 
-	if (knn_operator_values_init(&by_operator, type, state->metric, reader->element))
+	if (knn_operator_values_init(&by_operator, target_type(state), state->metric,
+								 reader->element))
 		knn_operator_values_run(&by_operator, problem, queries, targets, neighbors, distances,
 								stats);
 	else
@@ -307,6 +351,7 @@ read_all_rows(PlanState *child, MemoryContext cxt, int64 *n_rows)
 		}
 		rows[n++] = ExecCopySlotMinimalTuple(slot);
 		MemoryContextSwitchTo(old);
+		knn_progress_rows(1);
 	}
 	*n_rows = n;
 	return rows;
@@ -634,18 +679,63 @@ start_ranges(KnnJoinState *state)
 
 /*
  * A radius join of the problem's queries and targets (problem->k: the cap
- * per query): its pairs appended in the engine's order (per query by
- * distance, then target row).
+ * per query; none for WITH TIES, whose ties the executor finds): its pairs
+ * appended in the engine's order (per query by distance, then target row).
  */
 static void
-run_range(KnnJoinState *state, KnnProblem *problem, KnnStats *stats, const int64 *query_map,
-		  int64 target_base)
+run_range(KnnJoinState *state, const KnnVectorReader *reader, KnnProblem *problem,
+		  const KnnMatrix *queries, const KnnMatrix *targets, KnnStats *stats,
+		  const int64 *query_map, int64 target_base)
 {
 	KnnRangeRun run = {state, query_map, target_base};
+	KnnOperatorValues by_operator;
 
 	problem->range = state->radius_mode;
 	problem->max_distance = state->radius;
-	knn_run_range_problem(problem, keep_pairs, &run, stats);
+	if (state->with_ties)
+		problem->k = 0;
+	/* pgvector's type: the radius applies to its operator's values */
+	if (knn_operator_values_init(&by_operator, target_type(state), state->metric,
+								 reader->element))
+		knn_operator_values_range(&by_operator, problem, queries, targets, keep_pairs, &run,
+								  stats);
+	else
+		knn_run_range_problem(problem, keep_pairs, &run, stats);
+}
+
+/* run_knn for knn_scan_run_with_ties, on one run's targets. */
+typedef struct KnnTiesRun
+{
+	KnnJoinState *state;
+	const KnnVectorReader *reader;
+	const KnnMatrix *targets;
+} KnnTiesRun;
+
+static void
+run_knn_for_ties(void *arg, KnnProblem *problem, const KnnMatrix *queries, int64 *neighbors,
+				 double *distances, KnnStats *stats)
+{
+	KnnTiesRun *run = (KnnTiesRun *) arg;
+
+	run_knn(run->state, run->reader, problem, queries, run->targets, neighbors, distances,
+			stats);
+}
+
+/*
+ * FETCH FIRST ... WITH TIES: the first `wanted` rows of each query and
+ * those tied in distance with the wanted-th, appended as a radius join's
+ * pairs are (finish_ranges puts them per query).
+ */
+static void
+run_ties(KnnJoinState *state, const KnnVectorReader *reader, KnnProblem *problem,
+		 const KnnMatrix *queries, const KnnMatrix *targets, int64 wanted, KnnStats *stats,
+		 const int64 *query_map, int64 target_base)
+{
+	KnnTiesRun	knn = {state, reader, targets};
+	KnnRangeRun sink = {state, query_map, target_base};
+
+	knn_scan_run_with_ties(problem, queries, wanted, run_knn_for_ties, &knn, keep_pairs, &sink,
+						   stats);
 }
 
 /*
@@ -745,7 +835,7 @@ run_engine(KnnJoinState *state, int64 wanted)
 		return;
 	}
 
-	if (state->radius_mode == KNN_RANGE_NONE)
+	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
 	{
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * queries.n * state->engine_k);
@@ -771,15 +861,24 @@ run_engine(KnnJoinState *state, int64 wanted)
 	 */
 	if (knn_matrix_same_values(&queries, &targets))
 		problem.targets = problem.queries;
+	knn_progress_totals(queries.n, targets.n, -1);
+	knn_progress_phase(KNN_PROGRESS_ENGINE);
 	if (state->radius_mode != KNN_RANGE_NONE)
 	{
 		start_ranges(state);
-		run_range(state, &problem, &stats, NULL, 0);
+		run_range(state, reader, &problem, &queries, &targets, &stats, NULL, 0);
+		finish_ranges(state, queries.n);
+	}
+	else if (state->with_ties)
+	{
+		start_ranges(state);
+		run_ties(state, reader, &problem, &queries, &targets, wanted, &stats, NULL, 0);
 		finish_ranges(state, queries.n);
 	}
 	else
 		run_knn(state, reader, &problem, &queries, &targets, state->neighbors, state->distances,
 				&stats);
+	knn_progress_work(stats.distance_computations);
 
 	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
 	state->have_record = true;
@@ -887,6 +986,15 @@ read_group_targets(KnnJoinState *state, const KnnVectorReader *reader, const Knn
 	}
 }
 
+/* The statistics of one run of a grouped join: EXPLAIN ANALYZE shows the last. */
+static void
+record_group_run(KnnJoinState *state, KnnProblem *problem, KnnStats *stats)
+{
+	knn_stats_record(&state->record, problem, stats, state->seconds_read, 0.0, 0.0);
+	state->have_record = true;
+	knn_progress_work(stats->distance_computations);
+}
+
 /*
  * One engine run over the groups whose rows have one dimension; its rows
  * land in the join's array of rows per query (targets numbered from
@@ -944,19 +1052,22 @@ run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const Kn
 	if (knn_matrix_same_values(&queries, &dt->targets) &&
 		memcmp(query_groups, dt->groups, sizeof(int64) * queries.n) == 0)
 		problem.targets = problem.queries;
-	if (state->radius_mode != KNN_RANGE_NONE)
+	if (state->radius_mode != KNN_RANGE_NONE || state->with_ties)
 	{
-		run_range(state, &problem, &stats, scratch_query, base);
-		knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
-		state->have_record = true;
+		if (state->radius_mode != KNN_RANGE_NONE)
+			run_range(state, reader, &problem, &queries, &dt->targets, &stats, scratch_query,
+					  base);
+		else
+			run_ties(state, reader, &problem, &queries, &dt->targets, wanted, &stats,
+					 scratch_query, base);
+		record_group_run(state, &problem, &stats);
 		knn_matrix_free(&queries);
 		return;
 	}
 	neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * queries.n * k);
 	distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * queries.n * k);
 	run_knn(state, reader, &problem, &queries, &dt->targets, neighbors, distances, &stats);
-	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
-	state->have_record = true;
+	record_group_run(state, &problem, &stats);
 
 	for (int64 j = 0; j < queries.n; j++)
 	{
@@ -1031,7 +1142,9 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 		state->engine_k = 0;
 		return;
 	}
-	if (state->radius_mode != KNN_RANGE_NONE)
+	knn_progress_totals(n_queries, n_targets, -1);
+	knn_progress_phase(KNN_PROGRESS_ENGINE);
+	if (state->radius_mode != KNN_RANGE_NONE || state->with_ties)
 		start_ranges(state);
 	else
 	{
@@ -1054,7 +1167,7 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 							scratch_query, query_keys, query_groups);
 		knn_matrix_free(&per_dim[d].targets);
 	}
-	if (state->radius_mode != KNN_RANGE_NONE)
+	if (state->radius_mode != KNN_RANGE_NONE || state->with_ties)
 		finish_ranges(state, n_queries);
 }
 
@@ -1074,6 +1187,9 @@ compute_join(KnnJoinState *state)
 	state->k = 0;
 	state->engine_k = 0;
 
+	/* The knn_gpu_progress view shows the node's phases (k once known). */
+	knn_progress_begin(KNN_JOIN_NAME, 0);
+	state->progress = true;
 	state->outer_rows = read_all_rows(state->outer_ps, state->join_cxt, &state->n_outer);
 	if (state->n_outer == 0)
 		return;					/* the nested loop never starts its inner side */
@@ -1083,6 +1199,8 @@ compute_join(KnnJoinState *state)
 	limit = evaluate_count(state, state->limit_state, false);
 	if (limit == 0)
 		return;
+	knn_progress_k((int32) Min(Max(limit, 0), PG_INT32_MAX));
+	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
 	/* "<distance> < NULL" is never true: no rows (but LEFT JOIN's). */
 	if (state->radius_mode != KNN_RANGE_NONE)
 	{
@@ -1110,6 +1228,16 @@ compute_join(KnnJoinState *state)
 		run_grouped_engine(state, state->offset + state->k);
 	else if (state->k > 0)
 		run_engine(state, state->offset + state->k);
+	knn_progress_phase(KNN_PROGRESS_RETURNING);
+}
+
+/* Closes this node's progress row (at the end of its rows, rescan, end). */
+static void
+end_progress(KnnJoinState *state)
+{
+	if (state->progress)
+		knn_progress_end();
+	state->progress = false;
 }
 
 /*
@@ -1127,10 +1255,38 @@ excluded(KnnJoinState *state, int64 inner_row)
 }
 
 /*
+ * The next of the engine's rows for the current outer row's query (false
+ * after the last): per query in the range layout (radius, WITH TIES), else
+ * in engine_k slots per query.
+ */
+static bool
+next_engine_row(KnnJoinState *state, int64 query, int64 *inner_row, double *distance)
+{
+	int64		slot;
+
+	if (state->range_begin != NULL)
+	{
+		slot = state->range_begin[query] + state->position;
+		if (slot >= state->range_begin[query + 1])
+			return false;
+	}
+	else
+	{
+		slot = query * state->engine_k + state->position;
+		if (state->position >= state->engine_k || state->neighbors[slot] < 0)
+			return false;
+	}
+	state->position++;
+	*inner_row = state->inner_of_target[state->neighbors[slot]];
+	*distance = state->distances[slot];
+	return true;
+}
+
+/*
  * The next row of the current outer row's subquery, sorted as its ORDER BY
- * sorts: the engine's rows, then those with a NULL distance in scan order
- * (inner rows with a NULL vector, or every row for a NULL query vector).
- * false at the end.
+ * sorts: the engine's rows, then (but within a radius) those with a NULL
+ * distance in scan order (inner rows with a NULL vector, or every row for
+ * a NULL query vector). false at the end.
  */
 static bool
 next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *distance_null)
@@ -1143,37 +1299,20 @@ next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *di
 		outer_without_group(state, state->current_outer))
 		return false;
 	query = state->query_of_outer[state->current_outer];
-	if (state->radius_mode != KNN_RANGE_NONE)
+	if (query >= 0 && !state->in_tail && state->engine_k > 0)
 	{
-		/* No tail: a NULL distance is never within the radius. */
-		int64		slot;
-
-		if (query < 0 || state->range_begin == NULL)
-			return false;
-		slot = state->range_begin[query] + state->position;
-		if (slot >= state->range_begin[query + 1])
-			return false;
-		state->position++;
-		*inner_row = state->inner_of_target[state->neighbors[slot]];
-		*distance = state->distances[slot];
-		*distance_null = false;
-		return true;
-	}
-	if (query >= 0 && !state->in_tail)
-	{
-		int64		slot = query * state->engine_k + state->position;
-
-		if (state->position < state->engine_k && state->neighbors[slot] >= 0)
+		if (next_engine_row(state, query, inner_row, distance))
 		{
-			state->position++;
-			*inner_row = state->inner_of_target[state->neighbors[slot]];
-			*distance = state->distances[slot];
 			*distance_null = false;
 			return true;
 		}
 		state->in_tail = true;
 		state->position = 0;
 	}
+	/* A NULL distance is never within the radius. */
+	if (state->radius_mode != KNN_RANGE_NONE)
+		return false;
+	state->in_tail = true;
 	tail_length = query >= 0 ? state->n_null_inner : state->n_inner;
 	while (state->position < tail_length)
 	{
@@ -1187,6 +1326,65 @@ next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *di
 		return true;
 	}
 	return false;
+}
+
+/*
+ * WITH TIES: does this row equal the k-th on every ORDER BY key -- the
+ * distance (float8's "=": NaN equals NaN) and the keys after it (their
+ * equality operators; two NULLs are equal, as the Limit node has them)?
+ */
+static bool
+ties_with_last(KnnJoinState *state, int64 inner_row, double distance, bool distance_null)
+{
+	if (distance_null != state->last_distance_null ||
+		(!distance_null && !(distance == state->last_distance ||
+							 (isnan(distance) && isnan(state->last_distance)))))
+		return false;
+	if (state->n_tie_columns == 0)
+		return true;
+	ExecStoreMinimalTuple(state->inner_rows[state->last_inner_row], state->tie_slot, false);
+	ExecStoreMinimalTuple(state->inner_rows[inner_row], state->inner_slot, false);
+	for (int c = 0; c < state->n_tie_columns; c++)
+	{
+		bool		last_null;
+		bool		this_null;
+		Datum		last = slot_getattr(state->tie_slot, state->tie_columns[c], &last_null);
+		Datum		this = slot_getattr(state->inner_slot, state->tie_columns[c], &this_null);
+
+		if (last_null != this_null)
+			return false;
+		if (!last_null &&
+			!DatumGetBool(FunctionCall2Coll(&state->tie_equality[c], state->tie_collations[c],
+											last, this)))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The next row the subquery returns for the current outer row, as its
+ * LIMIT would: up to k rows after the OFFSET, and with WITH TIES the rows
+ * after the k-th that tie with it.
+ */
+static bool
+next_subquery_row(KnnJoinState *state, int64 *inner_row, double *distance, bool *distance_null)
+{
+	if (state->emitted < state->k)
+	{
+		if (!next_candidate(state, inner_row, distance, distance_null))
+			return false;
+		if (++state->emitted == state->k && state->with_ties)
+		{
+			state->last_inner_row = *inner_row;
+			state->last_distance = *distance;
+			state->last_distance_null = *distance_null;
+		}
+		return true;
+	}
+	/* (a row that does not tie ends the outer row's rows: nothing is lost) */
+	return state->with_ties && state->k > 0 &&
+		next_candidate(state, inner_row, distance, distance_null) &&
+		ties_with_last(state, *inner_row, *distance, *distance_null);
 }
 
 /* Starts the current outer row: its sorted rows, past the OFFSET. */
@@ -1254,14 +1452,16 @@ next_row(KnnJoinState *state, TupleTableSlot *scan_slot)
 		int64		outer_row = state->current_outer;
 
 		if (outer_row >= state->n_outer)
+		{
+			end_progress(state);
 			return KNN_ROW_NONE;
+		}
 		if (!state->row_started)
 			start_outer_row(state);
-		if (state->emitted < state->k &&
-			next_candidate(state, &inner_row, &distance, &distance_null))
+		if (next_subquery_row(state, &inner_row, &distance, &distance_null))
 		{
-			state->emitted++;
 			fill_scan_slot(state, scan_slot, outer_row, inner_row, distance, distance_null);
+			knn_progress_rows(1);
 			return KNN_ROW_JOINED;
 		}
 		state->current_outer++;
@@ -1343,6 +1543,7 @@ forget_execution(KnnJoinState *state)
 	state->k = 0;
 	state->engine_k = 0;
 	state->have_record = false;
+	end_progress(state);
 	MemoryContextReset(state->join_cxt);
 }
 
@@ -1354,6 +1555,7 @@ knn_join_rescan(CustomScanState *node)
 
 	ExecClearTuple(state->outer_slot);
 	ExecClearTuple(state->inner_slot);
+	ExecClearTuple(state->tie_slot);
 	ExecClearTuple(node->ss.ss_ScanTupleSlot);
 	forget_execution(state);
 	foreach(lc, node->custom_ps)
@@ -1373,8 +1575,10 @@ knn_join_end(CustomScanState *node)
 {
 	KnnJoinState *state = (KnnJoinState *) node;
 
+	end_progress(state);
 	ExecClearTuple(state->outer_slot);
 	ExecClearTuple(state->inner_slot);
+	ExecClearTuple(state->tie_slot);
 	ExecClearTuple(node->ss.ss_ScanTupleSlot);
 	ExecEndNode(state->outer_ps);
 	ExecEndNode(state->inner_ps);
@@ -1456,6 +1660,8 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 		explain_count(node, ancestors, es, "K", list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT));
 	if (offset != NULL)
 		explain_count(node, ancestors, es, "Offset", offset);
+	if (state->with_ties)
+		ExplainPropertyBool("With Ties", true, es);
 	ExplainPropertyText("Metric", knn_metric_name(state->metric), es);
 	/* vector columns, the common case, keep their plans' lines unchanged */
 	if (state->kind == KNN_VECTOR_HALFVEC)

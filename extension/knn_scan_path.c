@@ -55,6 +55,7 @@
 #define KNN_ENGINE_STARTUP_COST 100.0
 
 static set_join_pathlist_hook_type prev_join_pathlist_hook = NULL;
+static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
 
 static bool
 contains_placeholders_walker(Node *node, void *context)
@@ -83,8 +84,13 @@ has_approximate_index(RelOptInfo *target_rel, KnnJoinPath *kp)
 
 		if (!knn_is_approximate_index_am(index->relam))
 			continue;
+		/*
+		 * A vector that a view computes may be what an expression index
+		 * indexes: any such index counts.
+		 */
 		if (index->nkeycolumns >= 1 &&
-			index->indexkeys[0] == kp->target_vector->varattno &&
+			(index->indexkeys[0] == kp->target_relation_column ||
+			 (kp->target_relation_column == 0 && index->indexkeys[0] == 0)) &&
 			SearchSysCacheExists3(AMOPOPID,
 								  ObjectIdGetDatum(kp->distance_operator),
 								  CharGetDatum(AMOP_ORDER),
@@ -104,6 +110,18 @@ outer_provides(Path *outer_path, Expr *expr)
 		if (equal(lfirst(lc), expr))
 			return true;
 	return false;
+}
+
+/* Are the expression's Vars available in the outer path's rows? */
+static bool
+outer_provides_vars(Path *outer_path, Node *expr)
+{
+	ListCell   *lc;
+
+	foreach(lc, pull_var_clause(expr, PVC_RECURSE_PLACEHOLDERS))
+		if (!outer_provides(outer_path, lfirst(lc)))
+			return false;
+	return true;
 }
 
 /*
@@ -200,9 +218,10 @@ split_join_clauses(RelOptInfo *joinrel, RelOptInfo *innerrel, JoinType jointype,
 static bool
 check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 		   RelOptInfo *innerrel, JoinType jointype, JoinPathExtraData *extra,
-		   Path *outer_path, KnnJoinPath *kp)
+		   Path **outer_path_io, KnnJoinPath *kp)
 {
 	PlannerInfo *subroot = innerrel->subroot;
+	Path	   *outer_path = *outer_path_io;
 	List	   *clauses;
 	ListCell   *lc;
 
@@ -212,9 +231,23 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 		return knn_scan_reject("the query locks rows");
 	kp->jointype = jointype;
 
-	if (!bms_is_member(kp->query_vector->varno, outerrel->relids) ||
-		!outer_provides(outer_path, (Expr *) kp->query_vector) ||
-		(kp->exclude_query != NULL &&
+	/*
+	 * The query vector: a column of the outer rows, or an expression of
+	 * their columns that the outer side then computes (a projection).
+	 */
+	if (!bms_is_subset(pull_varnos(root, (Node *) kp->query_vector), outerrel->relids) ||
+		!outer_provides_vars(outer_path, (Node *) kp->query_vector))
+		return knn_scan_reject("the query vector is not computed from the outer side's rows");
+	if (!outer_provides(outer_path, kp->query_vector))
+	{
+		PathTarget *target = copy_pathtarget(outer_path->pathtarget);
+
+		add_column_to_pathtarget(target, kp->query_vector, 0);
+		set_pathtarget_cost_width(root, target);
+		outer_path = (Path *) create_projection_path(root, outerrel, outer_path, target);
+		*outer_path_io = outer_path;
+	}
+	if ((kp->exclude_query != NULL &&
 		 (!bms_is_member(kp->exclude_query->varno, outerrel->relids) ||
 		  !outer_provides(outer_path, (Expr *) kp->exclude_query))))
 		return knn_scan_reject("an outer operand is not a column of the outer side's rows");
@@ -317,18 +350,15 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 	List	   *clauses;
 	ListCell   *lc;
 
-	if ((jointype != JOIN_INNER && jointype != JOIN_LEFT) || root->rowMarks != NIL ||
-		outer_path == NULL || inner_path == NULL ||
-		outer_path->param_info != NULL || inner_path->param_info != NULL ||
-		!bms_is_empty(joinrel->lateral_relids) || !bms_is_empty(innerrel->lateral_relids) ||
-		!bms_is_empty(outerrel->lateral_relids))
-		return;
+	bool		has_distance = false;
+
 	foreach(lc, extra->restrictlist)
 	{
 		RestrictInfo *rinfo = lfirst_node(RestrictInfo, lc);
 
 		if (jointype == JOIN_LEFT && RINFO_IS_PUSHED_DOWN(rinfo, joinrel->relids))
 			continue;
+		has_distance = has_distance || knn_scan_contains_distance((Node *) rinfo->clause);
 		kp = palloc0(sizeof(KnnJoinPath));
 		if (knn_scan_recognise_radius_clause(rinfo->clause, innerrel->relids, outerrel->relids, kp))
 		{
@@ -339,7 +369,30 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 		kp = NULL;
 	}
 	if (kp == NULL)
+	{
+		/* (a join without any distance is no radius join: no message) */
+		if (has_distance)
+			knn_scan_reject("no join clause is \"<distance between a vector column of each side> < (or <=) <constant or parameter>\"");
 		return;
+	}
+	if (jointype != JOIN_INNER && jointype != JOIN_LEFT)
+	{
+		knn_scan_reject("the radius join is neither an inner nor a left join");
+		return;
+	}
+	if (root->rowMarks != NIL)
+	{
+		knn_scan_reject("the query locks rows");
+		return;
+	}
+	if (outer_path == NULL || inner_path == NULL ||
+		outer_path->param_info != NULL || inner_path->param_info != NULL ||
+		!bms_is_empty(joinrel->lateral_relids) || !bms_is_empty(innerrel->lateral_relids) ||
+		!bms_is_empty(outerrel->lateral_relids))
+	{
+		knn_scan_reject("a side of the radius join references a relation outside it (LATERAL)");
+		return;
+	}
 
 	/* The other clauses: the join filter, and for a left join the filter. */
 	kp->jointype = jointype;
@@ -371,12 +424,43 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 	}
 	kp->radius = (Expr *) eval_const_expressions(root, (Node *) copyObject(kp->radius));
 	if (!knn_scan_is_run_time_constant((Node *) kp->radius))
+	{
+		knn_scan_reject("the radius is not a constant or parameter");
 		return;
+	}
 	kp->inner_path = inner_path;
 	build_path(root, joinrel, innerrel, outer_path, innerrel, kp);
 	kp->subquery_rel = NULL;
 	kp->cpath.custom_paths = list_make2(outer_path, inner_path);
 	add_path(joinrel, &kp->cpath.path);
+}
+
+/*
+ * The table the subquery scans, as its planning saw it, for costs and
+ * indexes: its one base relation (a view or a subquery in FROM over one
+ * table is pulled up into it; one that is not is descended into). NULL if
+ * there is no single one.
+ */
+static RelOptInfo *
+scanned_relation(PlannerInfo *subroot)
+{
+	RelOptInfo *found = NULL;
+
+	for (int i = 1; i < subroot->simple_rel_array_size; i++)
+	{
+		RelOptInfo *rel = subroot->simple_rel_array[i];
+
+		if (rel == NULL || rel->reloptkind != RELOPT_BASEREL)
+			continue;
+		if (found != NULL)
+			return NULL;
+		found = rel;
+	}
+	if (found != NULL && found->rtekind == RTE_SUBQUERY && found->subroot != NULL)
+		return scanned_relation(found->subroot);
+	if (found == NULL || found->rtekind != RTE_RELATION || found->cheapest_total_path == NULL)
+		return NULL;
+	return found;
 }
 
 static void
@@ -385,11 +469,9 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 					   JoinType jointype, JoinPathExtraData *extra)
 {
 	RangeTblEntry *rte;
-	PlannerInfo *subroot;
 	RelOptInfo *target_rel;
 	Path	   *outer_path;
 	KnnJoinPath *kp;
-	Index		target_rti;
 	bool		approximate;
 
 	if (prev_join_pathlist_hook)
@@ -405,32 +487,40 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		return;
 	}
 
-	/* The subquery may reference the outer side only, which must need nothing. */
-	if (!bms_is_subset(innerrel->lateral_relids, outerrel->relids) ||
-		bms_is_empty(innerrel->lateral_relids) ||
-		!bms_is_empty(joinrel->lateral_relids))
-		return;
-	outer_path = outerrel->cheapest_total_path;
-	if (outer_path == NULL || outer_path->param_info != NULL)
-		return;
-
+	/*
+	 * A lateral subquery whose outer references this join's outer side
+	 * provides (other join orders are considered too, so no message).
+	 */
 	rte = planner_rt_fetch(innerrel->relid, root);
-	if (rte->rtekind != RTE_SUBQUERY || !rte->lateral || rte->subquery == NULL)
+	if (rte->rtekind != RTE_SUBQUERY || !rte->lateral || rte->subquery == NULL ||
+		bms_is_empty(innerrel->lateral_relids) ||
+		!bms_is_subset(innerrel->lateral_relids, outerrel->relids))
 		return;
 
 	kp = palloc0(sizeof(KnnJoinPath));
-	target_rti = knn_scan_recognise_subquery(rte->subquery, kp);
-	if (target_rti == 0 ||
-		!check_join(root, joinrel, outerrel, innerrel, jointype, extra, outer_path, kp))
+	if (knn_scan_recognise_subquery(rte->subquery, kp) == 0)
+		return;
+	if (!bms_is_empty(joinrel->lateral_relids))
+	{
+		knn_scan_reject("the join itself references a relation outside it (a LATERAL reference from further in)");
+		return;
+	}
+	outer_path = outerrel->cheapest_total_path;
+	if (outer_path == NULL || outer_path->param_info != NULL)
+	{
+		knn_scan_reject("the outer side has no unparameterized path");
+		return;
+	}
+	if (!check_join(root, joinrel, outerrel, innerrel, jointype, extra, &outer_path, kp))
 		return;
 
 	/* The inner relation as the subquery planned it, for costs and indexes. */
-	subroot = innerrel->subroot;
-	if (target_rti >= (Index) subroot->simple_rel_array_size)
+	target_rel = scanned_relation(innerrel->subroot);
+	if (target_rel == NULL)
+	{
+		knn_scan_reject("the subquery's planning has no single table to scan");
 		return;
-	target_rel = subroot->simple_rel_array[target_rti];
-	if (target_rel == NULL || target_rel->cheapest_total_path == NULL)
-		return;
+	}
 	approximate = has_approximate_index(target_rel, kp);
 	if (approximate && !knn_gpu_exact_over_index)
 	{
@@ -453,12 +543,40 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 	add_path(joinrel, &kp->cpath.path);
 }
 
+/*
+ * A top-k subquery written as a sub-select (in EXISTS, IN or a select
+ * list) is planned on its own and run once per outer row: there is no join
+ * for the KNN Join to replace. Says so, and how to write it: for a
+ * sub-select that is itself the top-k query (planned while its parent
+ * still preprocesses its expressions, before the parent's relations exist;
+ * a LATERAL subquery is planned among them), and for a top-k subquery in
+ * FROM that references a query further out than the one it is a relation of.
+ */
+static void
+knn_sub_select_pathlist_hook(PlannerInfo *root, RelOptInfo *rel, Index rti,
+							 RangeTblEntry *rte)
+{
+	if (prev_rel_pathlist_hook)
+		prev_rel_pathlist_hook(root, rel, rti, rte);
+	if (!knn_gpu_enable_knn_join || rel->reloptkind != RELOPT_BASEREL)
+		return;
+	if ((rte->rtekind == RTE_RELATION && root->parent_root != NULL &&
+		 root->parent_root->simple_rel_array == NULL &&
+		 root->parent_root->plan_params != NIL && root->parse->limitCount != NULL &&
+		 knn_scan_orders_by_distance(root->parse)) ||
+		(rte->rtekind == RTE_SUBQUERY && rte->subquery != NULL &&
+		 knn_scan_top_k_reaches_up(rte->subquery, 2)))
+		knn_scan_reject("the top-k subquery is inside a sub-select (in EXISTS, IN or a select list), not a join: write it as CROSS JOIN LATERAL or LEFT JOIN LATERAL");
+}
+
 void
 knn_scan_register(void)
 {
 	knn_scan_register_plan();
 	prev_join_pathlist_hook = set_join_pathlist_hook;
 	set_join_pathlist_hook = knn_join_pathlist_hook;
+	prev_rel_pathlist_hook = set_rel_pathlist_hook;
+	set_rel_pathlist_hook = knn_sub_select_pathlist_hook;
 }
 
 /*

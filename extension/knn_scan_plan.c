@@ -226,6 +226,42 @@ group_private(PlannerInfo *root, KnnJoinPath *kp, Plan *outer_plan, CustomScan *
 	cscan->custom_private = lappend(cscan->custom_private, makeString(text.data));
 }
 
+/*
+ * FETCH FIRST ... WITH TIES for custom_private: whether, and the ORDER BY
+ * keys after the distance as columns of the inner rows (the last ones:
+ * inner_select_list), with the equality operators and collations the
+ * Limit node would compare them with.
+ */
+static void
+tie_private(PlannerInfo *root, KnnJoinPath *kp, CustomScan *cscan)
+{
+	List	   *columns = NIL;
+	List	   *equality = NIL;
+	List	   *collations = NIL;
+	AttrNumber	inner = 2 + list_length(kp->needed_columns) +
+		(kp->exclude_target != NULL ? 1 : 0) + list_length(kp->group_targets);
+	ListCell   *lc;
+
+	if (kp->with_ties)
+	{
+		List	   *subquery_tlist = planner_rt_fetch(kp->subquery_rel->relid, root)->subquery->targetList;
+
+		foreach(lc, kp->tie_order)
+		{
+			SortGroupClause *sort = lfirst_node(SortGroupClause, lc);
+			TargetEntry *tle = get_sortgroupclause_tle(sort, subquery_tlist);
+
+			columns = lappend_int(columns, inner++);
+			equality = lappend_int(equality, (int) sort->eqop);
+			collations = lappend_int(collations, (int) exprCollation((Node *) tle->expr));
+		}
+	}
+	cscan->custom_private = lappend(cscan->custom_private, makeInteger(kp->with_ties ? 1 : 0));
+	cscan->custom_private = lappend(cscan->custom_private, columns);
+	cscan->custom_private = lappend(cscan->custom_private, equality);
+	cscan->custom_private = lappend(cscan->custom_private, collations);
+}
+
 /* The column of the outer plan's rows that holds expr; ERROR if none. */
 static AttrNumber
 outer_column(Plan *outer_plan, Expr *expr)
@@ -336,8 +372,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->custom_exprs = list_make5(copyObject(kp->limit), copyObject(kp->offset),
 									 join_quals, other_quals, copyObject(kp->radius));
 	cscan->custom_private = list_make5(makeInteger(kp->metric),
-									   makeInteger(outer_column(outer_plan,
-																(Expr *) kp->query_vector)),
+									   makeInteger(outer_column(outer_plan, kp->query_vector)),
 									   makeInteger(kp->inner_path != NULL ?
 												   inner_plan_column(inner_plan, (Expr *) kp->target_vector) : 1),
 									   makeInteger(kp->target_is_left ? 1 : 0),
@@ -358,6 +393,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 									makeInteger(kp->radius == NULL ? KNN_RANGE_NONE :
 												kp->radius_inclusive ? KNN_RANGE_AT_MOST :
 												KNN_RANGE_BELOW));
+	tie_private(root, kp, cscan);
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

@@ -5,11 +5,15 @@
  *     SELECT <expressions of t>, <the distance> FROM <one relation> t
  *     [WHERE <conditions on t> [AND t.g = q.g ...] [AND t.id <> q.id]
  *            [AND <the distance> < (or <=) <run-time constant>]]
- *     ORDER BY <distance between a column of t and one of the outer query>
+ *     ORDER BY <distance between a column of t and a vector of the outer query>
  *              [, <expressions of t>, ...]
  *     LIMIT <run-time constant> [OFFSET <run-time constant>]
+ *     (or OFFSET ... FETCH FIRST <run-time constant> ROWS ONLY | WITH TIES)
  *
- * (With the radius condition, LIMIT is optional: every row within it.)
+ * (With the radius condition, LIMIT is optional: every row within it.) The
+ * relation is a table, or a view or subquery in FROM that selects from one
+ * (is_simple_relation_query); the outer vector is a column of the outer
+ * query or an expression of its columns.
  *
  * Anything else keeps PostgreSQL's plan. For subqueries ordered by a
  * distance, the reason is logged at DEBUG1 ("KNN Join not used: ...").
@@ -23,6 +27,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
+#include "rewrite/rewriteManip.h"
 #include "access/stratnum.h"
 #include "utils/lsyscache.h"
 #include "utils/typcache.h"
@@ -95,6 +100,42 @@ contains_distance_walker(Node *node, void *context)
 	return expression_tree_walker(node, contains_distance_walker, context);
 }
 
+bool
+knn_scan_contains_distance(Node *node)
+{
+	return contains_distance_walker(node, NULL);
+}
+
+static bool looks_like_top_k(Query *sq);
+
+bool
+knn_scan_orders_by_distance(Query *sq)
+{
+	return looks_like_top_k(sq);
+}
+
+static bool
+references_level_walker(Node *node, void *levels)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var))
+		return ((Var *) node)->varlevelsup >= *(Index *) levels;
+	return expression_tree_walker(node, references_level_walker, levels);
+}
+
+bool
+knn_scan_top_k_reaches_up(Query *sq, Index levels)
+{
+	TargetEntry *tle;
+
+	if (sq->commandType != CMD_SELECT || sq->limitCount == NULL || sq->sortClause == NIL ||
+		!looks_like_top_k(sq))
+		return false;
+	tle = get_sortgroupclause_tle(linitial_node(SortGroupClause, sq->sortClause), sq->targetList);
+	return references_level_walker((Node *) tle->expr, &levels);
+}
+
 /* Is some ORDER BY key a distance? Only then do we say why we decline. */
 static bool
 looks_like_top_k(Query *sq)
@@ -150,17 +191,70 @@ recognise_clauses(Query *sq)
 		return knn_scan_reject("the subquery locks rows");
 	if (sq->cteList != NIL || sq->hasRecursive || sq->hasModifyingCTE)
 		return knn_scan_reject("the subquery has WITH");
-	if (sq->limitOption != LIMIT_OPTION_COUNT)
-		return knn_scan_reject("the subquery has FETCH ... WITH TIES");
+	if (sq->limitOption != LIMIT_OPTION_COUNT && sq->limitOption != LIMIT_OPTION_WITH_TIES)
+		return knn_scan_reject("the subquery's LIMIT is of an unknown kind");
 	return true;
 }
 
-/* FROM one plain relation: its RangeTblRef, or NULL. */
+/*
+ * A view or a subquery in FROM that the inner scan may stand for: "SELECT
+ * <expressions> FROM <one table, or one such view or subquery> [WHERE
+ * ...]", the same rows every time it runs in the statement (no volatile
+ * function, no LIMIT, no TABLESAMPLE) and nothing that combines rows (no
+ * aggregate, window, DISTINCT, set operation, set-returning function or
+ * sub-select). Such a subquery is planned by PostgreSQL as part of the
+ * inner scan (knn_scan_plan.c), so its security barriers, row-level
+ * security and permissions are PostgreSQL's. Sets *reason when not.
+ */
+static bool
+is_simple_relation_query(Query *q, const char **reason)
+{
+	RangeTblEntry *rte;
+
+	if (q->commandType != CMD_SELECT || q->utilityStmt != NULL || q->setOperations != NULL ||
+		q->groupClause != NIL || q->groupingSets != NIL || q->havingQual != NULL ||
+		q->hasAggs || q->hasWindowFuncs || q->hasTargetSRFs || q->hasSubLinks ||
+		q->hasDistinctOn || q->distinctClause != NIL || q->cteList != NIL ||
+		q->rowMarks != NIL || q->hasForUpdate)
+	{
+		*reason = "the subquery reads a view or subquery that is not a plain selection from one table (no aggregate, window, DISTINCT, set operation, sub-select, WITH or locking)";
+		return false;
+	}
+	if (q->limitCount != NULL || q->limitOffset != NULL)
+	{
+		*reason = "the subquery reads a view or subquery with LIMIT or OFFSET";
+		return false;
+	}
+	if (contain_volatile_functions((Node *) q))
+	{
+		*reason = "the subquery reads a view or subquery with a volatile function";
+		return false;
+	}
+	if (q->jointree == NULL || list_length(q->jointree->fromlist) != 1 ||
+		!IsA(linitial(q->jointree->fromlist), RangeTblRef))
+	{
+		*reason = "the subquery reads a view or subquery of more than one relation";
+		return false;
+	}
+	rte = rt_fetch(linitial_node(RangeTblRef, q->jointree->fromlist)->rtindex, q->rtable);
+	if (rte->rtekind == RTE_RELATION && rte->tablesample == NULL)
+		return true;
+	if (rte->rtekind == RTE_SUBQUERY && rte->subquery != NULL && !rte->lateral)
+		return is_simple_relation_query(rte->subquery, reason);
+	*reason = "the subquery reads a view or subquery of something other than a table";
+	return false;
+}
+
+/*
+ * FROM one relation: a table, or a view or subquery over one
+ * (is_simple_relation_query). Its RangeTblRef, or NULL.
+ */
 static RangeTblRef *
 recognise_relation(Query *sq)
 {
 	RangeTblRef *rtr;
 	RangeTblEntry *rte;
+	const char *reason = NULL;
 
 	if (list_length(sq->rtable) != 1 || sq->jointree == NULL ||
 		list_length(sq->jointree->fromlist) != 1 ||
@@ -171,12 +265,50 @@ recognise_relation(Query *sq)
 	}
 	rtr = linitial_node(RangeTblRef, sq->jointree->fromlist);
 	rte = rt_fetch(rtr->rtindex, sq->rtable);
-	if (rte->rtekind != RTE_RELATION || rte->tablesample != NULL)
+	if (rte->rtekind == RTE_RELATION && rte->tablesample == NULL)
+		return rtr;
+	if (rte->rtekind == RTE_RELATION)
 	{
-		knn_scan_reject("the subquery reads something other than a table");
+		knn_scan_reject("the subquery reads a table with TABLESAMPLE");
+		return NULL;
+	}
+	if (rte->rtekind != RTE_SUBQUERY || rte->subquery == NULL || rte->lateral)
+	{
+		knn_scan_reject("the subquery reads something other than a table, a view or a subquery");
+		return NULL;
+	}
+	if (!is_simple_relation_query(rte->subquery, &reason))
+	{
+		knn_scan_reject(reason);
 		return NULL;
 	}
 	return rtr;
+}
+
+/*
+ * The column of the table under the relation that the target vector is, 0
+ * when a view or subquery computes it (an expression), for the
+ * approximate-index check.
+ */
+static AttrNumber
+relation_column(Query *sq, Index rtindex, AttrNumber attno)
+{
+	for (;;)
+	{
+		RangeTblEntry *rte = rt_fetch(rtindex, sq->rtable);
+		TargetEntry *tle;
+		Var		   *var;
+
+		if (rte->rtekind == RTE_RELATION)
+			return attno;
+		tle = get_tle_by_resno(rte->subquery->targetList, attno);
+		var = (Var *) (tle != NULL ? tle->expr : NULL);
+		if (var == NULL || !IsA(var, Var) || var->varlevelsup != 0 || var->varattno <= 0)
+			return 0;
+		sq = rte->subquery;
+		rtindex = var->varno;
+		attno = var->varattno;
+	}
 }
 
 /* The column types the node joins (the operator decided the metric). */
@@ -187,9 +319,41 @@ is_joinable_kind(KnnVectorKind kind)
 }
 
 /*
+ * May the expression be the query vector: an expression of the outer query
+ * alone (a column, or e.g. a cast of one that a subquery of the outer side
+ * computes), with no volatile function? Then the outer side's plan can
+ * compute it once per outer row (knn_scan_path.c).
+ */
+static bool
+not_outer_operand_walker(Node *node, void *has_var)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var))
+	{
+		*(bool *) has_var = true;
+		return ((Var *) node)->varlevelsup != 1;
+	}
+	if (IsA(node, PlaceHolderVar) || IsA(node, Aggref) || IsA(node, GroupingFunc) ||
+		IsA(node, SubLink) || IsA(node, SubPlan) || IsA(node, WindowFunc))
+		return true;
+	return expression_tree_walker(node, not_outer_operand_walker, has_var);
+}
+
+static bool
+is_outer_operand(Node *node)
+{
+	bool		has_var = false;
+
+	return !not_outer_operand_walker(node, &has_var) && has_var &&
+		!contain_volatile_functions(node);
+}
+
+/*
  * The first ORDER BY key: ascending, NULLS LAST (float8's "<"), a distance
- * operator (knn_catalog.h) between a column of the relation and a column
- * of the outer query, of the same vector type. Returns its OpExpr or NULL.
+ * operator (knn_catalog.h) between a column of the relation and a vector
+ * of the outer query (a column, or an expression of its columns), of the
+ * same vector type. Returns its OpExpr or NULL.
  */
 static OpExpr *
 recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
@@ -197,15 +361,15 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 	SortGroupClause *sort = linitial_node(SortGroupClause, sq->sortClause);
 	TargetEntry *tle = get_sortgroupclause_tle(sort, sq->targetList);
 	OpExpr	   *distance = (OpExpr *) tle->expr;
-	Var		   *left;
-	Var		   *right;
+	Node	   *left;
+	Node	   *right;
+	Node	   *query;
 
 	if (!IsA(distance, OpExpr) || list_length(distance->args) != 2 ||
 		distance->opresulttype != FLOAT8OID ||
-		!knn_distance_operator_metric(distance->opno, &kp->metric) ||
-		!IsA(linitial(distance->args), Var) || !IsA(lsecond(distance->args), Var))
+		!knn_distance_operator_metric(distance->opno, &kp->metric))
 	{
-		knn_scan_reject("the first ORDER BY key is not a distance operator between two columns");
+		knn_scan_reject("the first ORDER BY key is not a distance operator");
 		return NULL;
 	}
 	if (sort->sortop != Float8LessOperator || sort->nulls_first)
@@ -215,19 +379,24 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 	}
 	left = linitial(distance->args);
 	right = lsecond(distance->args);
-	kp->target_is_left = left->varlevelsup == 0;
-	kp->target_vector = kp->target_is_left ? left : right;
-	kp->query_vector = copyObject(kp->target_is_left ? right : left);
-	if (kp->target_vector->varlevelsup != 0 || kp->query_vector->varlevelsup != 1 ||
-		kp->target_vector->varno != rtr->rtindex || kp->target_vector->varattno <= 0 ||
-		kp->query_vector->varattno <= 0 ||
-		!is_joinable_kind(knn_vector_kind(kp->target_vector->vartype)) ||
-		kp->target_vector->vartype != kp->query_vector->vartype)
+	kp->target_is_left = IsA(left, Var) && ((Var *) left)->varlevelsup == 0;
+	if (!kp->target_is_left && !(IsA(right, Var) && ((Var *) right)->varlevelsup == 0))
 	{
-		knn_scan_reject("the distance is not between a vector column of the relation and one of the outer query");
+		knn_scan_reject("the distance is not between a column of the relation and the outer query");
 		return NULL;
 	}
-	kp->query_vector->varlevelsup = 0;
+	kp->target_vector = (Var *) (kp->target_is_left ? left : right);
+	query = kp->target_is_left ? right : left;
+	if (kp->target_vector->varno != rtr->rtindex || kp->target_vector->varattno <= 0 ||
+		!is_joinable_kind(knn_vector_kind(kp->target_vector->vartype)) ||
+		!is_outer_operand(query) || exprType(query) != kp->target_vector->vartype)
+	{
+		knn_scan_reject("the distance is not between a vector column of the relation and a vector of the outer query of the same type");
+		return NULL;
+	}
+	kp->query_vector = (Expr *) copyObject(query);
+	IncrementVarSublevelsUp((Node *) kp->query_vector, -1, 1);
+	kp->target_relation_column = relation_column(sq, rtr->rtindex, kp->target_vector->varattno);
 	kp->distance_operator = distance->opno;
 	return distance;
 }
@@ -252,6 +421,10 @@ recognise_tie_order(Query *sq)
 			return knn_scan_reject("an ORDER BY key after the distance references the outer query");
 		if (contain_volatile_functions((Node *) tle->expr))
 			return knn_scan_reject("an ORDER BY key after the distance is volatile");
+		/* WITH TIES compares the keys by their equality */
+		if (sq->limitOption == LIMIT_OPTION_WITH_TIES &&
+			!OidIsValid(lfirst_node(SortGroupClause, lc)->eqop))
+			return knn_scan_reject("an ORDER BY key after the distance has no equality operator for WITH TIES");
 	}
 	return true;
 }
@@ -497,7 +670,7 @@ knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids, Relids outer
 	kp->metric = metric;
 	kp->distance_operator = distance->opno;
 	kp->target_vector = kp->target_is_left ? left : right;
-	kp->query_vector = kp->target_is_left ? right : left;
+	kp->query_vector = (Expr *) (kp->target_is_left ? right : left);
 	kp->radius_qual = (Node *) clause;
 	kp->radius = (Expr *) radius;
 	kp->radius_inclusive = inclusive;
@@ -523,5 +696,6 @@ knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp)
 		(sq->limitOffset != NULL && !knn_scan_is_run_time_constant(sq->limitOffset)))
 		return knn_scan_reject("LIMIT or OFFSET is not a constant or parameter"), 0;
 	kp->tie_order = list_copy_tail(sq->sortClause, 1);
+	kp->with_ties = sq->limitOption == LIMIT_OPTION_WITH_TIES;
 	return rtr->rtindex;
 }

@@ -249,10 +249,9 @@ knn_vector_out(PG_FUNCTION_ARGS)
 
 /* ---- typmod: vector(n) ---- */
 
-Datum
-knn_vector_typmod_in(PG_FUNCTION_ARGS)
+int32
+knn_dimensions_typmod(ArrayType *modifiers, const char *type_name, int max_dim)
 {
-	ArrayType  *modifiers = PG_GETARG_ARRAYTYPE_P(0);
 	int32	   *values;
 	int			n;
 
@@ -264,13 +263,18 @@ knn_vector_typmod_in(PG_FUNCTION_ARGS)
 	if (values[0] < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type vector must be at least 1")));
-	if (values[0] > VECTOR_MAX_DIM)
+				 errmsg("dimensions for type %s must be at least 1", type_name)));
+	if (values[0] > max_dim)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("dimensions for type vector cannot exceed %d",
-						VECTOR_MAX_DIM)));
-	PG_RETURN_INT32(values[0]);
+				 errmsg("dimensions for type %s cannot exceed %d", type_name, max_dim)));
+	return values[0];
+}
+
+Datum
+knn_vector_typmod_in(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT32(knn_dimensions_typmod(PG_GETARG_ARRAYTYPE_P(0), "vector", VECTOR_MAX_DIM));
 }
 
 Datum

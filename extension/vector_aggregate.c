@@ -1,7 +1,10 @@
 /*
  * vector_aggregate.c -- avg(vector)'s transition, combine and final
  * functions, with pgvector's state and results (sum(vector) needs none of
- * its own: its transition and combine function is knn_vector_add).
+ * its own: its transition and combine function is knn_vector_add). The
+ * state's rules serve avg(halfvec) too (halfvec_aggregate.c, through
+ * vector_aggregate.h): pgvector keeps the same state for both types, and
+ * its halfvec_combine is vector_combine.
  *
  * The state is a float8[] {n, s1, ..., sdim}: the count of values and the
  * element sums in double precision (as float4_accum keeps its sums), so
@@ -22,6 +25,7 @@
 #include "utils/float.h"
 
 #include "vector.h"
+#include "vector_aggregate.h"
 #include "vector_checks.h"
 #include "vector_math.h"
 
@@ -76,34 +80,42 @@ add_sums(const float8 *a, const float8 *b, int dim)
 	return sums;
 }
 
-Datum
-knn_vector_accum(PG_FUNCTION_ARGS)
+/* The state after one more value (vector_aggregate.h). */
+ArrayType *
+knn_avg_state_accum(ArrayType *state, const float *value, int value_dim, const char *function_name)
 {
-	ArrayType  *state = PG_GETARG_ARRAYTYPE_P(0);
-	Vector	   *value = knn_vector_arg(fcinfo, 1);
 	int			dim;
-	float8	   *values = state_values(state, "vector_accum", &dim);
+	float8	   *values = state_values(state, function_name, &dim);
 	float8	   *sums;
 
 	if (dim == 0)
 	{
 		/* the first value: its elements are the sums */
-		dim = value->dim;
+		dim = value_dim;
 		sums = palloc(sizeof(float8) * dim);
 		for (int i = 0; i < dim; i++)
-			sums[i] = value->x[i];
+			sums[i] = value[i];
 	}
 	else
 	{
 		float8	   *widened;
 
-		knn_vector_check_typmod(dim, value->dim);
+		knn_vector_check_typmod(dim, value_dim);
 		widened = palloc(sizeof(float8) * dim);
 		for (int i = 0; i < dim; i++)
-			widened[i] = value->x[i];
+			widened[i] = value[i];
 		sums = add_sums(values + 1, widened, dim);
 	}
-	PG_RETURN_ARRAYTYPE_P(make_state(values[0] + 1.0, sums, dim));
+	return make_state(values[0] + 1.0, sums, dim);
+}
+
+Datum
+knn_vector_accum(PG_FUNCTION_ARGS)
+{
+	ArrayType  *state = PG_GETARG_ARRAYTYPE_P(0);
+	Vector	   *value = knn_vector_arg(fcinfo, 1);
+
+	PG_RETURN_ARRAYTYPE_P(knn_avg_state_accum(state, value->x, value->dim, "vector_accum"));
 }
 
 Datum
@@ -135,23 +147,37 @@ knn_vector_combine(PG_FUNCTION_ARGS)
 	PG_RETURN_ARRAYTYPE_P(make_state(n, add_sums(values1 + 1, values2 + 1, dim1), dim1));
 }
 
-/* The sums over the count, as a vector; NULL for no values (SQL's avg). */
+/* The means, sums over the count, rounded to float (vector_aggregate.h). */
+float *
+knn_avg_state_means(ArrayType *state, const char *function_name, int *dim_out)
+{
+	float8	   *values = state_values(state, function_name, dim_out);
+	float8		n = values[0];
+	float	   *means;
+
+	if (n == 0.0)
+		return NULL;
+	means = palloc(sizeof(float) * Max(*dim_out, 1));
+	for (int i = 0; i < *dim_out; i++)
+		means[i] = (float) (values[i + 1] / n);
+	return means;
+}
+
+/* The means as a vector; NULL for no values (SQL's avg). */
 Datum
 knn_vector_avg(PG_FUNCTION_ARGS)
 {
-	ArrayType  *state = PG_GETARG_ARRAYTYPE_P(0);
 	int			dim;
-	float8	   *values = state_values(state, "vector_avg", &dim);
-	float8		n = values[0];
+	float	   *means = knn_avg_state_means(PG_GETARG_ARRAYTYPE_P(0), "vector_avg", &dim);
 	Vector	   *result;
 
-	if (n == 0.0)
+	if (means == NULL)
 		PG_RETURN_NULL();
 	result = knn_vector_new(dim);
 	for (int i = 0; i < dim; i++)
 	{
-		result->x[i] = (float) (values[i + 1] / n);
-		knn_vector_check_element(result->x[i]);
+		knn_vector_check_element(means[i]);
+		result->x[i] = means[i];
 	}
 	PG_RETURN_VECTOR_P(result);
 }

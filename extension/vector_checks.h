@@ -15,8 +15,14 @@
 /* ERROR unless 1 <= dim <= VECTOR_MAX_DIM. */
 extern void knn_vector_check_dim(int dim);
 
-/* ERROR unless typmod is -1 (no modifier) or equals dim. */
+/* ERROR unless typmod is -1 (no modifier) or equals dim (any type's message). */
 extern void knn_vector_check_typmod(int32 typmod, int dim);
+
+/*
+ * The typmod TYPE(n) of a type of dimensions (vector, halfvec, sparsevec):
+ * one integer in 1..max_dim, with pgvector's messages naming type_name.
+ */
+extern int32 knn_dimensions_typmod(ArrayType *modifiers, const char *type_name, int max_dim);
 
 /* ERROR for NaN or an infinity. */
 extern void knn_vector_check_element(float value);

@@ -4,20 +4,15 @@
  * btree indexes): element by element, then the shorter vector first when
  * one is a prefix of the other. This is pgvector's order (and that of
  * PostgreSQL arrays). Elements compare as floats, so -0 equals 0.
+ * knn_vector_cmp, knn_vector_lt ... knn_vector_gt are defined by
+ * KNN_ORDER_FUNCTIONS (order_functions.h) from compare_args.
  */
 #include "postgres.h"
 
 #include "fmgr.h"
 
+#include "order_functions.h"
 #include "vector.h"
-
-PG_FUNCTION_INFO_V1(knn_vector_cmp);
-PG_FUNCTION_INFO_V1(knn_vector_lt);
-PG_FUNCTION_INFO_V1(knn_vector_le);
-PG_FUNCTION_INFO_V1(knn_vector_eq);
-PG_FUNCTION_INFO_V1(knn_vector_ne);
-PG_FUNCTION_INFO_V1(knn_vector_ge);
-PG_FUNCTION_INFO_V1(knn_vector_gt);
 
 /* -1, 0 or 1 as a sorts before, with, or after b. */
 static int
@@ -49,44 +44,4 @@ compare_args(FunctionCallInfo fcinfo)
 	return result;
 }
 
-Datum
-knn_vector_cmp(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_INT32(compare_args(fcinfo));
-}
-
-Datum
-knn_vector_lt(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) < 0);
-}
-
-Datum
-knn_vector_le(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) <= 0);
-}
-
-Datum
-knn_vector_eq(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) == 0);
-}
-
-Datum
-knn_vector_ne(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) != 0);
-}
-
-Datum
-knn_vector_ge(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) >= 0);
-}
-
-Datum
-knn_vector_gt(PG_FUNCTION_ARGS)
-{
-	PG_RETURN_BOOL(compare_args(fcinfo) > 0);
-}
+KNN_ORDER_FUNCTIONS(vector, compare_args)

@@ -164,30 +164,38 @@ knn_vector_l2_normalize(PG_FUNCTION_ARGS)
  * Like substring: positions before 1 count but give no element, and the
  * result is what remains of [start, start + count) inside 1 .. dim, which
  * must be at least one element. Computed in 64 bits: start + count may
- * overflow int32.
+ * overflow int32. Shared with halfvec's subvector (vector_math.h).
  */
-Datum
-knn_vector_subvector(PG_FUNCTION_ARGS)
+int
+knn_subvector_range(int dim, int32 start, int32 count, const char *type_name, int *first)
 {
-	Vector	   *a = knn_vector_arg(fcinfo, 0);
-	int64		start = PG_GETARG_INT32(1);
-	int64		count = PG_GETARG_INT32(2);
+	int64		from = start;
 	int64		end;
-	Vector	   *result;
 
 	if (count < 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("vector must have at least 1 dimension")));
-	end = Min(start + count, (int64) a->dim + 1);
-	start = Max(start, 1);
-	if (start > a->dim || end <= start)
+				 errmsg("%s must have at least 1 dimension", type_name)));
+	end = Min(from + count, (int64) dim + 1);
+	from = Max(from, 1);
+	if (from > dim || end <= from)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("vector must have at least 1 dimension")));
+				 errmsg("%s must have at least 1 dimension", type_name)));
+	*first = (int) (from - 1);
+	return (int) (end - from);
+}
 
-	result = knn_vector_new((int) (end - start));
-	memcpy(result->x, a->x + (start - 1), sizeof(float) * result->dim);
+Datum
+knn_vector_subvector(PG_FUNCTION_ARGS)
+{
+	Vector	   *a = knn_vector_arg(fcinfo, 0);
+	int			first;
+	int			n = knn_subvector_range(a->dim, PG_GETARG_INT32(1), PG_GETARG_INT32(2),
+										"vector", &first);
+	Vector	   *result = knn_vector_new(n);
+
+	memcpy(result->x, a->x + first, sizeof(float) * n);
 	PG_FREE_IF_COPY(a, 0);
 	PG_RETURN_VECTOR_P(result);
 }
@@ -200,28 +208,35 @@ knn_vector_subvector(PG_FUNCTION_ARGS)
  * remaining elements one by one (under four elements: all one by one).
  * Summing in that order gives the same bits as that build (checked
  * against it on random vectors of 1..40 dimensions); a pgvector built with
- * -march=native has wider lanes and may differ in the last bit.
+ * -march=native has wider lanes and may differ in the last bit. pgvector's
+ * sparsevec norm (of its stored values) is the same loop, compiled alike.
  */
 double
-knn_vector_norm_of(const Vector *v)
+knn_float_norm(const float *x, int n)
 {
-	int			blocks_end = v->dim >= 4 ? v->dim - v->dim % 4 : 0;
+	int			blocks_end = n >= 4 ? n - n % 4 : 0;
 	double		lane0 = 0.0;
 	double		lane1 = 0.0;
 	double		sum;
 
 	for (int i = 0; i < blocks_end; i += 4)
 	{
-		double		x0 = v->x[i],
-					x1 = v->x[i + 1],
-					x2 = v->x[i + 2],
-					x3 = v->x[i + 3];
+		double		x0 = x[i],
+					x1 = x[i + 1],
+					x2 = x[i + 2],
+					x3 = x[i + 3];
 
 		lane0 += x0 * x0 + x2 * x2;
 		lane1 += x1 * x1 + x3 * x3;
 	}
 	sum = lane1 + lane0;
-	for (int i = blocks_end; i < v->dim; i++)
-		sum += (double) v->x[i] * (double) v->x[i];
+	for (int i = blocks_end; i < n; i++)
+		sum += (double) x[i] * (double) x[i];
 	return sqrt(sum);
+}
+
+double
+knn_vector_norm_of(const Vector *v)
+{
+	return knn_float_norm(v->x, v->dim);
 }

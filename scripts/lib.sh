@@ -16,6 +16,7 @@ knn_install_prerequisites() {
   command -v make >/dev/null || missing+=(make)
   [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/aarch64-linux-gnu/libgtest.a ] || missing+=(libgtest-dev)
   command -v xz >/dev/null || missing+=(xz-utils)
+  command -v python3 >/dev/null || missing+=(python3)   # test/pgvector_compat
   # The CPU engine's SGEMM brute force (loaded at run time; optional).
   ls /usr/lib/*/libopenblas.so.0 >/dev/null 2>&1 || missing+=(libopenblas0-pthread)
   if [ ${#missing[@]} -gt 0 ]; then

@@ -2,8 +2,9 @@
 # test.sh -- every test, on a fresh machine: installs what is missing, builds
 # and installs knn_gpu, runs the engine unit tests (GoogleTest), the GPU
 # tests (they skip, saying so, where no GPU is usable), the pg_regress
-# suite against a throw-away PostgreSQL, and the tests against the real
-# pgvector (../shared/pgvector; skipped, saying so, where it is absent).
+# suite against a throw-away PostgreSQL, pgvector's own test files against a
+# database with knn_gpu alone, and the tests against the real pgvector
+# (both from ../shared/pgvector; skipped, saying so, where it is absent).
 # Ends with one summary line.
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -25,6 +26,11 @@ echo "== pg_regress suite"
 knn_cluster_start "${TMPDIR:-/tmp}/knn_gpu_test" "${PGPORT_TEST:-5498}" || exit 1
 make installcheck PG_CONFIG="$PG_BIN/pg_config" 2>&1 | tee "$logs/regress.log"
 [ -f regression.diffs ] && cat regression.diffs
+
+# Before pgvector is built: knn_gpu alone, in databases of the harness's own
+# (dropped again). One check per file: every counted statement matches.
+echo "== pgvector's own test files against knn_gpu alone"
+PG_BIN="$PG_BIN" python3 "$KNN_ROOT/test/pgvector_compat/run_compat.py" 2>&1 | tee "$logs/compat.log"
 
 echo "== tests against the real pgvector"
 pgvector_dir="$KNN_ROOT/../shared/pgvector"
@@ -60,10 +66,16 @@ r_ok=$(regress_ok "$logs/regress.log"); r_fail=$(regress_failed "$logs/regress.l
 v_ok=$(regress_ok "$logs/pgvector.log"); v_fail=$(regress_failed "$logs/pgvector.log")
 if [ "$pgvector_skipped" = 0 ] && [ "$v_ok" -eq 0 ]; then v_fail=$((v_fail + 1)); echo "the pgvector tests ran no test"; fi
 passed=$((passed + r_ok + v_ok)); failed=$((failed + r_fail + v_fail)); skipped=$((skipped + pgvector_skipped))
+compat_summary='s/^pgvector compat: \([0-9]*\) files passed, \([0-9]*\) failed.*/'
+c_ok=$(sed -n "${compat_summary}\1/p" "$logs/compat.log"); c_fail=$(sed -n "${compat_summary}\2/p" "$logs/compat.log")
+c_skipped=0
+if grep -q '^pgvector compat: skipped' "$logs/compat.log"; then c_ok=0; c_fail=0; c_skipped=1
+elif [ -z "$c_ok" ]; then c_ok=0; c_fail=1; echo "the pgvector compat harness ended without its summary"; fi
+passed=$((passed + c_ok)); failed=$((failed + c_fail)); skipped=$((skipped + c_skipped))
 shard_summary='s/^shard tests: \([0-9]*\) passed, \([0-9]*\) failed$/'
 s_ok=$(sed -n "${shard_summary}\1/p" "$logs/shard.log"); s_fail=$(sed -n "${shard_summary}\2/p" "$logs/shard.log")
 [ -n "$s_ok" ] || { s_ok=0; s_fail=1; echo "the shard test ended without its summary"; }
 passed=$((passed + s_ok)); failed=$((failed + s_fail))
-echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped"). Sharded tables: $s_ok passed, $s_fail failed."
+echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; pgvector's test files on knn_gpu alone: $c_ok passed, $c_fail failed$([ "$c_skipped" = 1 ] && echo ", skipped"); with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped"). Sharded tables: $s_ok passed, $s_fail failed."
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -105,6 +105,53 @@ SELECT pg_temp.diff(pg_temp.reference('t COLLATE "C"', 5, false),
   $$SELECT * FROM knn_join('SELECT t COLLATE "C", v FROM keyed', 'SELECT t COLLATE "C", v FROM keyed', 5, key => NULL::text)$$) AS text_collate_c;
 -- Rows without a vector take no part, and neither do their keys.
 SELECT count(*) AS rows FROM knn_join('SELECT t, v FROM keyed UNION ALL SELECT ''k3'', NULL', 'SELECT t, v FROM keyed', 1, key => NULL::text);
+
+-- knn_range_join takes keys the same way (key => NULL::type): every pair
+-- within the radius, ranked per query by (distance, key in its btree
+-- order), against PostgreSQL's plan of the filtered cross join.
+CREATE FUNCTION pg_temp.range_reference(key text, radius float8, inclusive boolean,
+                                        exclude boolean, k integer) RETURNS text
+LANGUAGE sql AS $$
+SELECT format('SELECT * FROM (
+    SELECT q.%1$s AS query_id, t.%1$s AS target_id,
+           (row_number() OVER (PARTITION BY q.%1$s ORDER BY q.v <-> t.v, t.%1$s))::integer AS rank,
+           q.v <-> t.v AS distance
+    FROM keyed q, keyed t WHERE q.v <-> t.v %3$s %2$s %4$s) s WHERE %5$s',
+  key, radius, CASE WHEN inclusive THEN '<=' ELSE '<' END,
+  CASE WHEN exclude THEN format('AND t.%1$s <> q.%1$s', key) ELSE '' END,
+  CASE WHEN k IS NULL THEN 'true' ELSE format('rank <= %s', k) END)
+$$;
+SELECT pg_temp.diff(pg_temp.range_reference('u', 1, true, false, NULL),
+  $$SELECT * FROM knn_range_join('SELECT u, v FROM keyed', 'SELECT u, v FROM keyed', 1, key => NULL::uuid)$$) AS uuid_range;
+SELECT pg_temp.diff(pg_temp.range_reference('t', 1.5, false, true, NULL),
+  $$SELECT * FROM knn_range_join('SELECT t, v FROM keyed', 'SELECT t, v FROM keyed', 1.5, key => NULL::text,
+                                 inclusive => false, exclude_self => true)$$) AS text_range_exclude_self;
+SELECT pg_temp.diff(pg_temp.range_reference('c', 2, true, false, 3),
+  $$SELECT * FROM knn_range_join('SELECT c, v FROM keyed', 'SELECT c, v FROM keyed', 2, key => NULL::keys_code,
+                                 k => 3)$$) AS domain_range_capped;
+SELECT pg_temp.diff(pg_temp.range_reference('p', 1, true, true, 5),
+  $$SELECT * FROM knn_range_join('SELECT p, v FROM keyed', 'SELECT p, v FROM keyed', 1, key => NULL::keys_pair,
+                                 exclude_self => true, k => 5)$$) AS composite_range;
+-- With bind parameters and another metric; the result's types.
+SELECT pg_temp.diff(
+  $$SELECT q.t AS query_id, t.t AS target_id,
+           (row_number() OVER (PARTITION BY q.t ORDER BY q.v <+> t.v, t.t))::integer AS rank,
+           q.v <+> t.v AS distance
+    FROM keyed q, keyed t WHERE q.id <= 30 AND q.v <+> t.v < 2$$,
+  $$SELECT * FROM knn_range_join('SELECT t, v FROM keyed WHERE id <= $1', 'SELECT t, v FROM keyed', 2,
+                                 key => NULL::text, metric => 'l1', inclusive => false,
+                                 params => ARRAY['30'])$$) AS text_range_params;
+SELECT pg_typeof(query_id) AS query_type, pg_typeof(target_id) AS target_type
+FROM knn_range_join('SELECT u, v FROM keyed', 'SELECT u, v FROM keyed', 0, key => NULL::uuid) LIMIT 1;
+-- A positional call without key is still the first form (bigint ids).
+SELECT pg_typeof(query_id) AS query_type, count(*) AS pairs
+FROM knn_range_join('SELECT id, v FROM keyed', 'SELECT id, v FROM keyed', 1, 'l1', 'f') GROUP BY 1;
+-- Errors as knn_join's: a key twice, a column of another type, an
+-- anonymous record, a NULL radius.
+SELECT pg_temp.error_of($q$SELECT * FROM knn_range_join('SELECT t, v FROM keyed UNION ALL SELECT ''k3'', ''[0,0]''', 'SELECT t, v FROM keyed', 1, key => NULL::text)$q$);
+SELECT pg_temp.error_of($q$SELECT * FROM knn_range_join('SELECT u, v FROM keyed', 'SELECT u, v FROM keyed', 1, key => NULL::text)$q$);
+SELECT pg_temp.error_of($q$SELECT * FROM knn_range_join('SELECT ROW(id, t), v FROM keyed', 'SELECT ROW(id, t), v FROM keyed', 1, key => NULL::record)$q$);
+SELECT pg_temp.error_of($q$SELECT * FROM knn_range_join('SELECT t, v FROM keyed', 'SELECT t, v FROM keyed', NULL, key => NULL::text)$q$);
 DROP TABLE keyed;
 DROP DOMAIN keys_code;
 DROP TYPE keys_pair;

@@ -47,14 +47,21 @@ BEGIN
   RETURN QUERY SELECT false, NULL, 'not seen', NULL::integer, NULL::bigint, NULL::bigint, NULL::bigint,
     NULL::bigint, NULL::boolean, NULL::bigint, NULL, NULL::boolean;
 END $$;
+-- Cancels the other session's statement: no rows, its error says so, and
+-- no result after it.
+CREATE FUNCTION pg_temp.cancel_watched(OUT cancel text, OUT rows bigint,
+                                       OUT was_cancelled boolean, OUT end_of_results bigint)
+LANGUAGE sql AS $$
+  SELECT dblink_cancel_query('watched'),
+         (SELECT count(*) FROM dblink_get_result('watched', false) AS r(count bigint)),
+         dblink_error_message('watched') LIKE '%cancel%',
+         (SELECT count(*) FROM dblink_get_result('watched', false) AS r(count bigint))
+$$;
 SELECT * FROM pg_temp.watch();
 -- The row is joinable to pg_stat_activity by pid and names the database.
 SELECT a.datname = current_database() AS same_database, a.query LIKE 'SELECT count(*) FROM knn_join(%' AS its_query
 FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
-SELECT dblink_cancel_query('watched') AS cancel;
-SELECT count(*) AS rows FROM dblink_get_result('watched', false) AS r(count bigint);
-SELECT dblink_error_message('watched') LIKE '%cancel%' AS was_cancelled;
-SELECT count(*) AS end_of_results FROM dblink_get_result('watched', false) AS r(count bigint);
+SELECT * FROM pg_temp.cancel_watched();
 -- The cancelled join left no row, even in the files (the view would hide
 -- it anyway, as the backend is idle), and a join that ends normally leaves none.
 SELECT count(*) AS rows FROM knn_gpu_progress;
@@ -62,5 +69,33 @@ SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
 SELECT * FROM dblink('watched', 'SELECT count(*) FROM knn_join(''SELECT id, v FROM progress_rows WHERE id < 50'', ''SELECT id, v FROM progress_rows'', 3)') AS r(count bigint);
 SELECT count(*) AS rows FROM knn_gpu_progress;
 SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+
+-- The KNN Join node reports the same way: source "KNN Join", its phases,
+-- the rows it read, k once its LIMIT is evaluated, and the wait event
+-- while the engine runs (rows of no structure, so that the engine takes a
+-- few seconds on one thread).
+CREATE TABLE progress_random AS
+SELECT i AS id, array_agg((hashint4(i * 1000 + j) & 1023)::real / 1024 ORDER BY j)::vector AS v
+FROM generate_series(1, 30000) i, generate_series(1, 128) j GROUP BY i;
+ANALYZE progress_random;
+SELECT dblink_send_query('watched',
+  'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t ORDER BY t.v <-> q.v LIMIT 10) n') AS sent;
+SELECT * FROM pg_temp.watch();
+SELECT a.query LIKE 'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL%' AS its_query,
+       p.source, p.queries, p.targets
+FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
+SELECT * FROM pg_temp.cancel_watched();
+SELECT count(*) AS rows FROM knn_gpu_progress;
+-- A node that returns all its rows, and one whose consumer stops early
+-- (LIMIT above it: the node is ended before its last row), leave no row.
+SELECT * FROM dblink('watched', 'SELECT count(*) FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000') AS r(count bigint);
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+-- (A LIMIT 1 above prefers a plan that starts fast: nested loops are off.)
+SELECT dblink_exec('watched', 'SET enable_nestloop = off') AS set_nestloop;
+SELECT count(*) AS knn_join_plans FROM dblink('watched', 'EXPLAIN (COSTS OFF) SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(line text)
+WHERE line LIKE '%KNN Join%';
+SELECT count(*) AS rows FROM dblink('watched', 'SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(id int);
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+SELECT dblink_exec('watched', 'RESET enable_nestloop') AS reset_nestloop;
 SELECT dblink_disconnect('watched') AS disconnected;
-DROP TABLE progress_rows;
+DROP TABLE progress_rows, progress_random;

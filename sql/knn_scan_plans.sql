@@ -1,7 +1,9 @@
 --
 -- When the KNN Join is not used: shapes it cannot prove equivalent keep
--- PostgreSQL's own plan, silently; so do the GUC, the cost model and an
--- approximate index on the inner relation.
+-- PostgreSQL's own plan and say why at DEBUG1 ("KNN Join not used: ...",
+-- once for each join the planner considers); so do the GUC, the cost model
+-- and an approximate index on the inner relation (silently: these are
+-- choices, not limits).
 --
 CREATE TABLE knn_plans_items (id int, v vector, w vector);
 INSERT INTO knn_plans_items
@@ -17,6 +19,7 @@ EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
 
+SET client_min_messages = debug1;
 -- Descending order, or ORDER BY another key first. (Keys after the
 -- distance are its tie order: knn_scan_shapes.)
 EXPLAIN (COSTS OFF)
@@ -25,7 +28,9 @@ CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v DESC
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.id, t.v <-> q.v LIMIT 3) n;
--- NULLS FIRST, an expression of the distance, a distance to a constant.
+-- NULLS FIRST, an expression of the distance; a distance to a constant
+-- (no message: the subquery does not depend on the outer row, so
+-- PostgreSQL runs it once).
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v NULLS FIRST LIMIT 3) n;
@@ -35,19 +40,20 @@ CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY (t.v <-> q.v) * 
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> '[1,1]' LIMIT 3) n;
--- Both operands columns of the inner relation (nothing lateral).
+-- Both operands columns of the inner relation (nothing lateral, no message).
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> t.w LIMIT 3) n;
 -- OFFSET from the outer row (a constant one is run: knn_scan_shapes),
--- WITH TIES, DISTINCT, aggregates.
+-- WITH TIES of a count from the outer row (a constant one is run:
+-- knn_scan_ties), DISTINCT, aggregates.
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3 OFFSET q.k) n;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v
-                    FETCH FIRST 3 ROWS WITH TIES) n;
+                    FETCH FIRST q.k ROWS WITH TIES) n;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.d FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT DISTINCT t.v <-> q.v AS d FROM knn_plans_items t ORDER BY 1 LIMIT 3) n;
@@ -88,10 +94,67 @@ CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t JOIN knn_plans_queries u 
 EXPLAIN (COSTS OFF)
 SELECT q.id, n FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 3) n;
--- Another operator (not one of the four distances on vector).
+-- Another operator (not one of the four distances on vector): no message,
+-- as the subquery is not ordered by a distance.
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM knn_plans_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY abs(t.id - q.k) LIMIT 3) n;
+-- Views and subqueries in FROM that are not a plain selection from one
+-- table (those that are run: knn_scan_relations): a join, an aggregate, a
+-- LIMIT, a volatile function; TABLESAMPLE, a VALUES list.
+CREATE VIEW knn_plans_joined AS
+	SELECT t.id, t.v FROM knn_plans_items t JOIN knn_plans_queries u ON u.id = t.id;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_joined t ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM (SELECT max(id) AS id, v FROM knn_plans_items GROUP BY v) t
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM (SELECT id, v FROM knn_plans_items LIMIT 100) t
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM (SELECT id, v FROM knn_plans_items WHERE random() < 0.5) t
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t TABLESAMPLE SYSTEM (50) REPEATABLE (1)
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM (VALUES (1, '[1,1]'::vector), (2, '[2,2]')) t(id, v)
+                    ORDER BY t.v <-> q.v LIMIT 3) n;
+-- A query vector of another type (a halfvec cast of the outer column).
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM knn_plans_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v::halfvec LIMIT 3) n;
+-- A plain join on a distance that is not a radius of a constant or a
+-- parameter (one from a row; a distance of an expression); a join without
+-- any distance says nothing.
+EXPLAIN (COSTS OFF)
+SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON t.v <-> q.v < q.k;
+EXPLAIN (COSTS OFF)
+SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON (t.v + t.w) <-> q.v < 2;
+EXPLAIN (COSTS OFF)
+SELECT q.id, t.id FROM knn_plans_queries q JOIN knn_plans_items t ON t.id = q.k;
+-- The top-k query as a sub-select (in a select list, in EXISTS, in IN) is
+-- no join: it says how to write it.
+EXPLAIN (COSTS OFF)
+SELECT q.id, (SELECT t.id FROM knn_plans_items t ORDER BY t.v <-> q.v LIMIT 1) AS nearest
+FROM knn_plans_queries q;
+EXPLAIN (COSTS OFF)
+SELECT q.id FROM knn_plans_queries q
+WHERE EXISTS (SELECT FROM (SELECT t.v <-> q.v AS d FROM knn_plans_items t
+                           ORDER BY t.v <-> q.v LIMIT 3) n WHERE n.d < 1);
+EXPLAIN (COSTS OFF)
+SELECT q.id FROM knn_plans_queries q
+WHERE q.k IN (SELECT n.id FROM LATERAL (SELECT t.id FROM knn_plans_items t
+                                        ORDER BY t.v <-> q.v LIMIT 3) n);
+DROP VIEW knn_plans_joined;
+RESET client_min_messages;
 
 -- knn_gpu.enable_knn_join = off.
 SET knn_gpu.enable_knn_join = off;

@@ -480,10 +480,6 @@ SELECT q.id, n.id FROM knn_shapes_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id < q.id
                     ORDER BY t.v <-> q.v LIMIT 3) n;
 EXPLAIN (COSTS OFF)
-SELECT q.id, n.id FROM knn_shapes_queries q
-CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t
-                    ORDER BY t.v <-> q.v FETCH FIRST 3 ROWS WITH TIES) n;
-EXPLAIN (COSTS OFF)
 SELECT q.id, n FROM knn_shapes_queries q
 LEFT JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 3) n ON true;
 -- (No message for a subquery that is not ordered by a distance.)

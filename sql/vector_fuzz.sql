@@ -42,9 +42,9 @@
 --        early (08P01), whichever comes first; bytes left over (22P03, from
 --        COPY). An accepted value sends back exactly the bytes received.
 --
--- Route to the receive function: it takes 'internal' and cannot be called
--- from SQL, so each binary input is written as a one-row COPY BINARY file of
--- a bytea column (a bytea's binary form is its raw bytes), which is then
+-- Route to the receive function (pg_temp.fuzz_copy_in, sql/fuzz_helpers.psql):
+-- it takes 'internal' and cannot be called from SQL, so each binary input is
+-- written as a one-row COPY BINARY file of a bytea column (a bytea's binary form is its raw bytes), which is then
 -- loaded with COPY ... FROM (FORMAT binary) into a table with a vector
 -- column: COPY hands the field's bytes, and exactly those, to
 -- knn_vector_recv with the column's typmod. Both COPYs are server-side, so
@@ -54,6 +54,8 @@
 -- BEFORE INSERT trigger on the target tables records what was received and
 -- drops the row, so the tables stay empty.
 --
+
+\i sql/fuzz_helpers.psql
 
 SELECT setseed(0.42);
 SET extra_float_digits = 1;
@@ -219,41 +221,7 @@ EXCEPTION WHEN OTHERS THEN
 	v := NULL;
 END $$;
 
--- 0..4 random edits: insert a piece, delete 1..3 characters, replace one
--- character by a piece, or repeat 1..3 characters; at a random place, half
--- of the time near one of the ends (where the brackets are). The piece ''
--- stands for one random ASCII character (1..127).
-CREATE FUNCTION vector_fuzz.mutate_text(s text, pieces text[]) RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-	len int;
-	pos int;
-	k int;
-	p text;
-BEGIN
-	FOR j IN 1 .. floor(random() * 5)::int LOOP
-		len := length(s);
-		IF random() < 0.5 THEN
-			pos := floor(random() * (len + 1))::int;
-		ELSIF random() < 0.5 THEN
-			pos := floor(random() * least(len + 1, 4))::int;
-		ELSE
-			pos := len - floor(random() * least(len + 1, 4))::int;
-		END IF;
-		p := pieces[1 + floor(random() * cardinality(pieces))::int];
-		IF p = '' THEN
-			p := chr(1 + floor(random() * 127)::int);
-		END IF;
-		k := 1 + floor(random() * 3)::int;
-		CASE floor(random() * 4)::int
-			WHEN 0 THEN s := left(s, pos) || p || substr(s, pos + 1);
-			WHEN 1 THEN s := left(s, pos) || substr(s, pos + 1 + k);
-			WHEN 2 THEN s := left(s, pos) || p || substr(s, pos + 2);
-			ELSE s := left(s, pos) || substr(s, pos + 1, k) || substr(s, pos + 1);
-		END CASE;
-	END LOOP;
-	RETURN s;
-END $$;
+-- mutations: pg_temp.fuzz_mutate_text (sql/fuzz_helpers.psql)
 
 CREATE FUNCTION vector_fuzz.run_text(min_inputs int, max_inputs int, max_seconds float8) RETURNS void
 LANGUAGE plpgsql AS $$
@@ -317,7 +285,7 @@ BEGIN
 			s := corpus[i];
 			tm := -1;
 		ELSE
-			s := vector_fuzz.mutate_text(seeds[1 + floor(random() * cardinality(seeds))::int], pieces);
+			s := pg_temp.fuzz_mutate_text(seeds[1 + floor(random() * cardinality(seeds))::int], pieces);
 			r := random();
 			tm := CASE WHEN r < 0.6 THEN -1
 					   -- the dimension the text seems to have
@@ -441,21 +409,6 @@ CREATE TRIGGER capture BEFORE INSERT ON vector_fuzz.bin_1 FOR EACH ROW EXECUTE F
 CREATE TRIGGER capture BEFORE INSERT ON vector_fuzz.bin_3 FOR EACH ROW EXECUTE FUNCTION vector_fuzz.capture();
 CREATE TRIGGER capture BEFORE INSERT ON vector_fuzz.bin_16000 FOR EACH ROW EXECUTE FUNCTION vector_fuzz.capture();
 
--- The receive function itself, through a COPY BINARY file (see the header).
-CREATE FUNCTION vector_fuzz.try_bin(p bytea, tbl text, path text, OUT state text, OUT received text)
-LANGUAGE plpgsql AS $$
-BEGIN
-	EXECUTE format('COPY (SELECT %L::bytea) TO %L (FORMAT binary)', p, path);
-	BEGIN
-		PERFORM set_config('vector_fuzz.received', '', true);
-		EXECUTE format('COPY vector_fuzz.%I FROM %L (FORMAT binary)', tbl, path);
-		state := 'ok';
-		received := current_setting('vector_fuzz.received');
-	EXCEPTION WHEN OTHERS THEN
-		state := SQLSTATE;
-	END;
-END $$;
-
 -- A valid payload of dim elements: random numbers of all magnitudes, or
 -- (a quarter of the time) random 32-bit patterns, among which are NaNs,
 -- infinities and subnormals.
@@ -494,14 +447,11 @@ BEGIN
 		k := 1 + floor(random() * 3)::int;
 		CASE floor(random() * 7)::int
 			WHEN 0 THEN
-				p := substring(p FROM 1 FOR floor(random() * len)::int);
+				p := pg_temp.fuzz_edit_bytes(p, 'truncate', pos, k);
 			WHEN 1 THEN
-				p := p || (SELECT string_agg(set_byte('\x00'::bytea, 0, floor(random() * 256)::int), ''::bytea)
-						   FROM generate_series(1, 1 + floor(random() * 8)::int));
+				p := pg_temp.fuzz_edit_bytes(p, 'append', pos, k);
 			WHEN 2 THEN
-				IF len > 0 THEN
-					p := set_byte(p, least(pos, len - 1), floor(random() * 256)::int);
-				END IF;
+				p := pg_temp.fuzz_edit_bytes(p, 'set', pos, k);
 			WHEN 3 THEN
 				IF len >= 2 THEN
 					p := overlay(p PLACING vector_fuzz.u16((ARRAY[0, 1, dim - 1, dim + 1, 3, 16000, 16001,
@@ -520,11 +470,7 @@ BEGIN
 						FROM 5 + 4 * floor(random() * ((len - 4) / 4))::int FOR 4);
 				END IF;
 			ELSE
-				IF random() < 0.5 THEN
-					p := overlay(p PLACING substring('\x5a00ff'::bytea FROM 1 FOR k) FROM pos + 1 FOR 0);
-				ELSE
-					p := overlay(p PLACING ''::bytea FROM pos + 1 FOR k);
-				END IF;
+				p := pg_temp.fuzz_edit_bytes(p, 'shift', pos, k);
 		END CASE;
 	END LOOP;
 	RETURN p;
@@ -567,7 +513,8 @@ BEGIN
 		END IF;
 
 		ref := vector_fuzz.ref_bin(p, tm);
-		got := vector_fuzz.try_bin(p, CASE WHEN tm = -1 THEN 'bin_any' ELSE 'bin_' || tm END, path);
+		got := pg_temp.fuzz_copy_in(p, 'vector_fuzz.' || CASE WHEN tm = -1 THEN 'bin_any' ELSE 'bin_' || tm END, path,
+			'vector_fuzz.received');
 		IF NOT got.state = ANY (outcomes) THEN
 			outcomes := outcomes || got.state;
 		END IF;

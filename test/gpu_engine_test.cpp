@@ -921,6 +921,31 @@ TEST(GpuTi, OverflowingValuesGoToBruteForce) {
   check(d, o);
 }
 
+// AUTO's second opinion: where TI's level 1 keeps most cluster pairs
+// (uniform rows of 64 dimensions), brute force answers; on clustered rows
+// of few dimensions TI keeps the join. Both exact.
+TEST(GpuTi, AutoGivesUpWhereLevelOneCannotPrune) {
+  REQUIRE_GPU();
+  const Data uniform = make_data(2000, 60000, 64, Shape::kUniform, 260);
+  Options o;
+  o.k = 10;
+  o.method = KNN_METHOD_AUTO;
+  o.expect_method = KNN_METHOD_BRUTE;
+  o.expect_variant = "(auto: TI's level 1 kept";
+  check(uniform, o);
+  // Forced TI still runs TI there.
+  o.method = KNN_METHOD_TI;
+  o.expect_method = KNN_METHOD_TI;
+  o.expect_variant = "level-1 kept";
+  check(uniform, o);
+
+  const Data clustered = make_data(2000, 60000, 16, Shape::kClustered, 261);
+  o.method = KNN_METHOD_AUTO;
+  o.expect_method = KNN_METHOD_TI;
+  o.expect_variant = nullptr;
+  check(clustered, o);
+}
+
 TEST(GpuEngine, CancelledBeforeTheStart) {
   REQUIRE_GPU();
   const Data d = make_self(3000, 4, Shape::kIntegers, 250, false);

@@ -69,8 +69,8 @@ KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *
 // One GPU's share (ctx.query_first, ctx.query_count) of a TI self-join on
 // the clusters of the whole set, in memory. *declined, with nothing
 // written, where it cannot run so (not a self-join, more than the budget,
-// values that need brute force): the caller then joins the share's rows
-// as a problem of their own.
+// values that need brute force, or AUTO's TI giving up after level 1): the
+// caller then joins the share's rows as a problem of their own.
 KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                         double *distances, KnnStats *stats, bool *declined,
                         DeviceContext &ctx);

@@ -272,11 +272,10 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTes
     alone.sharing = 1;
     return run_engine(p, alone, tuning, hook, neighbors, distances, stats, cancel, ctx);
   }
-  // The method is chosen once, for the whole join: a share alone may look
-  // small enough for another one.
-  KnnProblem whole = p;
-  if (p.element != KNN_ELEMENT_BIT && p.n_queries > 0 && p.n_targets > 0)
-    whole.method = method_for(p);
+  // Whether the engines share the whole set's clusters is decided for the
+  // whole join (under AUTO a share alone may look small enough for brute
+  // force); a share that runs as a problem of its own chooses for itself.
+  const KnnProblem &whole = p;
   const bool shared = shares_clusters(whole);
   return run_split(
       whole, plan,

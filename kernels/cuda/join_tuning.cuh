@@ -29,6 +29,10 @@ struct TiOptions {
   double partial_filter_ratio = __builtin_huge_val();
   bool dedup = true;                   // merge bitwise-identical rows
   int gemm_assign_min_stride = 48;     // cuBLAS assignment from this stride (L2)
+  // Under AUTO (ti_join.cu sets it): hand the join to brute force when the
+  // level-1 filter keeps more than this share of the (query cluster, target
+  // cluster) pairs; 0: never.
+  double level1_give_up = 0;
 };
 
 }  // namespace ti

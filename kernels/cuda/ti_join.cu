@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "../exclusion_runs.h"
 #include "../problem_check.h"
@@ -160,11 +161,16 @@ class TiJoin {
   KnnStatus upload(bool *finite);
   // The other stages, then the statistics.
   KnnStatus finish(int64_t *neighbors, double *distances, KnnStats *stats);
+  // After finish: level 1 pruned too little for TI to pay (AUTO only);
+  // nothing was written and brute force should answer.
+  bool gave_up() const { return gave_up_; }
+  double level1_kept() const { return level1_kept_; }
 
  private:
   KnnStatus upload_keys();
   KnnStatus cluster();
   KnnStatus filter();
+  KnnStatus measure_level1();
   Level2Config level2_config(int kprime) const;
   KnnStatus output(int64_t *neighbors, double *distances);
   KnnStatus output_rows(int64_t first, int64_t count, int64_t *neighbors, double *distances,
@@ -203,6 +209,8 @@ class TiJoin {
   Clock::time_point t_start_ = Clock::now(), t_uploaded_, t_clustered_, t_filtered_;
   double select_seconds_ = 0, download_seconds_ = 0;
   unsigned long long computed_ = 0;
+  double level1_kept_ = 0;  // share of cluster pairs level 1 kept
+  bool gave_up_ = false;
 };
 
 KnnStatus TiJoin::upload_keys() {
@@ -306,6 +314,12 @@ KnnStatus TiJoin::filter() {
   KNN_TRY(level1_filter(query_clusters_, target_clusters(), p_.metric, kprime_, margin, level1_,
                         mem_, ctx_));
   KNN_TRY(ctx_.cancel_point());
+  KNN_TRY(measure_level1());
+  if (options_.level1_give_up > 0 && level1_kept_ > options_.level1_give_up) {
+    gave_up_ = true;
+    t_filtered_ = Clock::now();
+    return KNN_OK;
+  }
   if (share_)
     KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
                                  share_clusters_, mem_, ctx_));
@@ -354,6 +368,21 @@ KnnStatus TiJoin::output_rows(int64_t first, int64_t count, int64_t *neighbors,
   return KNN_OK;
 }
 
+// The share of (query cluster, target cluster) pairs that level 1 kept as
+// candidates: what level 2 may still have to look at. Where it is high,
+// the data's intrinsic dimension defeats the clustering.
+KnnStatus TiJoin::measure_level1() {
+  const int32_t mq = query_clusters_.m, mt = target_clusters().m;
+  std::vector<int32_t> counts(mq);
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(counts.data(), level1_.cand_count.get(), mq * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  double kept = 0;
+  for (int32_t c : counts) kept += c;
+  level1_kept_ = kept / ((double)mq * (double)mt);
+  return KNN_OK;
+}
+
 // Stage 4: rows, exclusion, float8. The level-2 scratch is gone; the
 // output (16 bytes a slot) is written and copied in chunks of rows that
 // fit what is left of the budget.
@@ -384,10 +413,10 @@ void TiJoin::describe(KnnStats *stats) const {
   stats->pairs = share_count_ * p_.n_targets;
   char parts[32] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used_.parts);
-  std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s",
+  std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s/level-1 kept %.1f%%",
                 used_.partial ? "partial" : "full",
                 used_.partial ? "global" : place_name(used_.place), parts,
-                options_.dedup ? "/dedup" : "");
+                options_.dedup ? "/dedup" : "", 100.0 * level1_kept_);
   stats->query_clusters = filtered_queries().m;
   stats->target_clusters = target_clusters().m;
   stats->distance_computations = (int64_t)computed_;
@@ -402,19 +431,43 @@ void TiJoin::describe(KnnStats *stats) const {
 KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats) {
   KNN_TRY(cluster());
   KNN_TRY(filter());
+  if (gave_up_) return KNN_OK;
   KNN_TRY(output(neighbors, distances));
   if (stats != nullptr) describe(stats);
   return KNN_OK;
 }
 
-// The whole join on the device at once. *finite as for out_of_core_join.
+// The whole join on the device at once. *finite as for out_of_core_join;
+// *level1_kept >= 0 when TI gave up after level 1 (nothing written).
 KnnStatus in_memory_join(const KnnProblem &problem, const TiOptions &options,
                          int64_t *neighbors, double *distances, KnnStats *stats, bool *finite,
-                         DeviceContext &ctx) {
+                         double *level1_kept, DeviceContext &ctx) {
+  *level1_kept = -1;
   TiJoin join(problem, options, ctx);
   KNN_TRY(join.upload(finite));
   if (!*finite) return KNN_OK;
-  return join.finish(neighbors, distances, stats);
+  KNN_TRY(join.finish(neighbors, distances, stats));
+  if (join.gave_up()) *level1_kept = join.level1_kept();
+  return KNN_OK;
+}
+
+// AUTO's measured second opinion: TI clusters both sides and runs level 1
+// (a few per cent of its time where it prunes well); when level 1 keeps
+// more than this share of the cluster pairs, level 2 computes nearly every
+// distance at TI's per-distance cost, far above the GEMM brute force's from
+// a few dozen dimensions on (an H200, 1000 x 100000 uniform rows of 128
+// dimensions: TI 0.247 s computing 100 % of the distances, brute force
+// 0.006 s). Below kGiveUpMinDim brute force's GEMM runs short and TI keeps
+// the join whatever level 1 kept.
+constexpr double kLevel1GiveUp = 0.5;
+constexpr int kGiveUpMinDim = 16;
+
+// The in-memory join's options: AUTO's give-up where it applies.
+TiOptions in_memory_options(const KnnProblem &problem, const JoinTuning &tuning) {
+  TiOptions options = tuning.ti;
+  if (problem.method == KNN_METHOD_AUTO && problem.dim >= kGiveUpMinDim)
+    options.level1_give_up = kLevel1GiveUp;
+  return options;
 }
 
 // The budget the join may use: the module's, else what the device has free.
@@ -447,7 +500,18 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
   bool finite = false;
   KnnStatus status = KNN_OUT_OF_MEMORY;
   if (in_memory_join_bytes(problem, kprime) <= budget) {
-    status = in_memory_join(problem, tuning.ti, neighbors, distances, stats, &finite, ctx);
+    double level1_kept = -1;
+    status = in_memory_join(problem, in_memory_options(problem, tuning), neighbors, distances,
+                            stats, &finite, &level1_kept, ctx);
+    if (status == KNN_OK && level1_kept >= 0) {
+      // Level 1's device memory is queued for freeing: let it go first.
+      CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+      KNN_TRY(brute_force_join(problem, tuning, neighbors, distances, stats, ctx));
+      const size_t used = std::strlen(stats->variant);
+      std::snprintf(stats->variant + used, sizeof stats->variant - used,
+                    " (auto: TI's level 1 kept %.0f%% of the cluster pairs)", 100.0 * level1_kept);
+      return KNN_OK;
+    }
     if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
       // The in-memory join's buffers are queued for freeing on the stream;
       // let them go before the out-of-core join allocates.
@@ -502,13 +566,15 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
   const int kprime = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)problem.k + excluded);
   if (ti::in_memory_join_bytes(problem, kprime) > budget) return KNN_OK;
   bool finite = false;
-  KnnStatus status =
-      ti::in_memory_join(problem, tuning.ti, neighbors, distances, stats, &finite, ctx);
+  double level1_kept = -1;
+  KnnStatus status = ti::in_memory_join(problem, ti::in_memory_options(problem, tuning), neighbors,
+                                        distances, stats, &finite, &level1_kept, ctx);
   if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
     ctx.error.clear();  // the caller runs the share another way
     return end_of_join(KNN_OK, ctx);
   }
-  if (status == KNN_OK && !finite) return end_of_join(KNN_OK, ctx);
+  // Values that need brute force, or AUTO's TI gave up after level 1.
+  if (status == KNN_OK && (!finite || level1_kept >= 0)) return end_of_join(KNN_OK, ctx);
   *declined = false;
   return end_of_join(status, ctx);
 }

@@ -10,26 +10,38 @@ statement: each statement's echo plus everything psql printed for it.
 Prints, per file, "N of M statements match" and the statements that do
 not; statements that build an index with pgvector's access methods (hnsw,
 ivfflat) are not counted (knn_gpu is an index-free join engine) and are
-listed on their own.
+listed on their own. A file passes when every counted statement matches;
+the last line counts files: "pgvector compat: N files passed, M failed"
+(scripts/test.sh reads it).
+
+Each file runs in a database of its own (knn_pgvector_compat_NAME_PID, from
+template0, knn_gpu the only extension), dropped afterwards even after an
+error or SIGTERM; a database that could not be dropped fails its file.
 
 Usage: run_compat.py [--verbose] [--strict] [NAME ...]
-  (default NAMEs: vector_type cast btree; any file of pgvector's test/sql works)
-Connection: the usual PGHOST/PGPORT/PGUSER environment; PGVECTOR_DIR
+  (default NAMEs: the seven files of issue 14, vector_type cast copy btree
+  halfvec bit sparsevec; any file of pgvector's test/sql works)
+Connection: the usual PGHOST/PGPORT/PGUSER environment; psql is
+$PG_BIN/psql when PG_BIN is set, else the one on PATH; PGVECTOR_DIR
 overrides ../shared/pgvector. Exit status 0 when the run completed
-(mismatches are reported, not failed; with --strict, 2 when a counted
-statement does not match), 1 on a setup error; without ../shared/pgvector
-it prints why and exits 0 (skipped).
+(mismatches are reported, not failed; with --strict, 2 when a file does
+not pass), 1 when the server cannot be reached; without
+../shared/pgvector it prints why and exits 0 (skipped).
 """
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 
-DEFAULT_FILES = ["vector_type", "cast", "btree"]
+DEFAULT_FILES = ["vector_type", "cast", "copy", "btree", "halfvec", "bit", "sparsevec"]
 INDEX_STATEMENT = re.compile(r"\busing\s+(hnsw|ivfflat)\b", re.IGNORECASE)
+
+
+PSQL = os.path.join(os.environ["PG_BIN"], "psql") if os.environ.get("PG_BIN") else "psql"
 
 
 class SetupError(Exception):
@@ -49,7 +61,10 @@ def source_tree(shared, workdir):
     if not os.path.isfile(tarball):
         return None
     with tarfile.open(tarball) as tar:
-        tar.extractall(workdir)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(workdir, filter="data")  # no links or paths out of workdir
+        else:
+            tar.extractall(workdir)
     for root, dirs, _ in os.walk(workdir):
         if os.path.isdir(os.path.join(root, "test", "sql")) and os.path.isdir(os.path.join(root, "test", "expected")):
             return root
@@ -112,8 +127,17 @@ def split_output(sql_lines, stmts, out_lines):
 def psql(args, stdin=None, check=True, cwd=None):
     """psql's standard output and error in one stream, as pg_regress has them."""
     env = dict(os.environ, LC_ALL="C", LC_MESSAGES="C", PGTZ="PST8PDT", PGDATESTYLE="Postgres, MDY")
-    return subprocess.run(["psql", "-X"] + args, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    return subprocess.run([PSQL, "-X"] + args, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, env=env, check=check, cwd=cwd)
+
+
+def drop_database(db):
+    """Drops db (closing any session left in it); SetupError if it remains."""
+    psql(["-d", "postgres", "-q", "-c", 'DROP DATABASE IF EXISTS "%s" WITH (FORCE)' % db], check=False)
+    left = psql(["-d", "postgres", "-At", "-c", "SELECT count(*) FROM pg_database WHERE datname = '%s'" % db],
+                check=False).stdout.strip()
+    if left != "0":
+        raise SetupError("database %s could not be dropped" % db)
 
 
 def run_file(name, tree, workdir, verbose):
@@ -131,8 +155,7 @@ def run_file(name, tree, workdir, verbose):
     line_number = [n for n, _ in numbered]
     sql_lines = [l for _, l in numbered]
 
-    db = "knn_pgvector_compat_" + name
-    psql(["-d", "postgres", "-q", "-c", 'DROP DATABASE IF EXISTS "%s"' % db])
+    db = "knn_pgvector_compat_%s_%d" % (name, os.getpid())
     psql(["-d", "postgres", "-q", "-c", 'CREATE DATABASE "%s" TEMPLATE template0' % db])
     try:
         # the settings pg_regress gives its databases
@@ -142,16 +165,16 @@ def run_file(name, tree, workdir, verbose):
               'ALTER DATABASE "%s" SET bytea_output TO \'hex\'; '
               'ALTER DATABASE "%s" SET timezone_abbreviations TO \'Default\'' % ((db,) * 6)])
         psql(["-d", db, "-q", "-v", "ON_ERROR_STOP=1", "-c", "SET client_min_messages = error", "-c", "CREATE EXTENSION knn_gpu"])
-        owner = psql(["-d", db, "-At", "-c",
-                      "SELECT count(*) FROM pg_extension WHERE extname = 'vector'"]).stdout.strip()
-        if owner != "0":
-            raise SetupError("pgvector is installed in %s; this test needs knn_gpu alone" % db)
+        others = psql(["-d", db, "-At", "-c",
+                       "SELECT string_agg(extname, ', ') FROM pg_extension WHERE extname NOT IN ('plpgsql', 'knn_gpu')"]).stdout.strip()
+        if others:
+            raise SetupError("%s holds other extensions (%s); this test needs knn_gpu alone" % (db, others))
         # files the tests write (\copy ... TO 'results/...') go to a scratch directory
         scratch = os.path.join(workdir, "run_" + name)
         os.makedirs(os.path.join(scratch, "results"), exist_ok=True)
         actual = psql(["-d", db, "-a", "-q"], stdin=sql_text, check=False, cwd=scratch).stdout.split("\n")
     finally:
-        psql(["-d", "postgres", "-q", "-c", 'DROP DATABASE IF EXISTS "%s"' % db], check=False)
+        drop_database(db)
 
     stmts = statements(sql_lines)
     want = split_output(sql_lines, stmts, expected)
@@ -174,7 +197,8 @@ def run_file(name, tree, workdir, verbose):
         else:
             failing.append((line_number[first], text, w, g))
 
-    print("%s: %d of %d statements match" % (name, matched, counted))
+    print("%s: %d of %d statements match%s" % (name, matched, counted, "; %d index statements not counted" %
+                                               len(index_statements) if index_statements else ""))
     for line, text, w, g in failing:
         print("  line %d: %s" % (line, text.replace("\n", " ")))
         if verbose:
@@ -190,31 +214,41 @@ def run_file(name, tree, workdir, verbose):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--verbose", "-v", action="store_true", help="show expected and actual output of each mismatch")
-    parser.add_argument("--strict", action="store_true", help="exit 2 when a counted statement does not match")
+    parser.add_argument("--strict", action="store_true", help="exit 2 when a file does not pass")
     parser.add_argument("files", nargs="*", default=DEFAULT_FILES)
     args = parser.parse_args()
 
     shared = os.environ.get("PGVECTOR_DIR", pgvector_dir())
     if not os.path.isdir(shared):
-        print("pgvector_compat: skipped, %s is absent (pgvector's source snapshot)" % shared)
+        print("pgvector compat: skipped, %s is absent (pgvector's source snapshot)" % shared)
         return 0
+    # a SIGTERM (a CI timeout) unwinds like an exception, so the finally
+    # blocks drop the databases and remove the scratch directory
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    reachable = psql(["-d", "postgres", "-At", "-c", "SELECT 1"], check=False)
+    if reachable.returncode != 0:
+        print("pgvector compat: cannot connect to the server: %s" % reachable.stdout.strip())
+        return 1
     with tempfile.TemporaryDirectory() as workdir:
         tree = source_tree(shared, workdir)
         if tree is None:
-            print("pgvector_compat: skipped, no test/sql and test/expected in %s" % shared)
+            print("pgvector compat: skipped, no test/sql and test/expected in %s" % shared)
             return 0
-        all_match = True
+        passed, failed = [], []
         for name in args.files:
             try:
-                result = run_file(name, tree, workdir, args.verbose)
+                ok = run_file(name, tree, workdir, args.verbose)
             except subprocess.CalledProcessError as e:
-                print("%s: setup failed: %s\n%s" % (name, " ".join(e.cmd), e.stdout or ""))
-                return 1
+                print("%s: FAILED, setup: %s\n%s" % (name, " ".join(e.cmd), e.stdout or ""))
+                ok = False
             except SetupError as e:
-                print("%s: %s" % (name, e))
-                return 1
-            all_match = all_match and result
-    return 2 if args.strict and not all_match else 0
+                print("%s: FAILED, %s" % (name, e))
+                ok = False
+            (passed if ok else failed).append(name)
+    print("pgvector compat: %d files passed, %d failed%s" %
+          (len(passed), len(failed), " (%s)" % " ".join(failed) if failed else ""))
+    return 2 if args.strict and failed else 0
 
 
 if __name__ == "__main__":

@@ -134,6 +134,23 @@ SET knn_gpu.exact_over_index = on;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM items q CROSS JOIN LATERAL (SELECT t.id FROM items t ORDER BY t.v <-> q.v LIMIT 3) n;
 RESET knn_gpu.exact_over_index;
+-- The same through a view (its column the indexed one, renamed) and
+-- through a view that computes its vector (an expression index could
+-- answer: any hnsw index on an expression counts); DEBUG1 says why.
+CREATE VIEW items_view AS SELECT id AS ident, v AS vec FROM items;
+CREATE VIEW items_computed AS SELECT id, (v + v)::vector(3) AS v FROM items;
+CREATE INDEX items_hnsw_doubled ON items USING hnsw (((v + v)::vector(3)) vector_l2_ops);
+SET client_min_messages = debug1;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.ident FROM items q CROSS JOIN LATERAL (SELECT t.ident FROM items_view t ORDER BY t.vec <-> q.v LIMIT 3) n;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM items q CROSS JOIN LATERAL (SELECT t.id FROM items_computed t ORDER BY t.v <-> q.v LIMIT 3) n;
+RESET client_min_messages;
+SET knn_gpu.exact_over_index = on;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.ident FROM items q CROSS JOIN LATERAL (SELECT t.ident FROM items_view t ORDER BY t.vec <-> q.v LIMIT 3) n;
+RESET knn_gpu.exact_over_index;
+DROP VIEW items_view, items_computed;
 
 DROP TABLE items, bits;
 DROP EXTENSION knn_gpu;

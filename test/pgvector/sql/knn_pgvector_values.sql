@@ -90,40 +90,161 @@ WHERE a.id <= 30 AND b.id <= 100 AND (a.v <-> b.v) <> canonical_l2(a.v, b.v);
 
 -- The KNN Join node too: each LATERAL query, planned as a KNN Join, gives
 -- the rows, order and distances of PostgreSQL's plan (knn_join off).
-CREATE FUNCTION lateral_rows(op text, col text)
-RETURNS TABLE (qid int, tid int, d float8, r bigint)
+-- node_vs_plain(query): whether the node ran it, its rows, and the rows in
+-- one result and not in the other (EXCEPT ALL both ways).
+CREATE FUNCTION node_vs_plain(q text, OUT node boolean, OUT rows bigint, OUT n bigint)
 LANGUAGE plpgsql AS $$
+DECLARE line text;
 BEGIN
-  RETURN QUERY EXECUTE format(
-    'SELECT q.id, n.id, n.d, row_number() OVER (PARTITION BY q.id)
+  PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+  node := false;
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || q LOOP
+    node := node OR line LIKE '%KNN Join%';
+  END LOOP;
+  EXECUTE 'CREATE TEMP TABLE node AS ' || q;
+  PERFORM set_config('knn_gpu.enable_knn_join', 'off', true);
+  EXECUTE 'CREATE TEMP TABLE plain AS ' || q;
+  PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+  SELECT count(*) INTO rows FROM plain;
+  SELECT (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) x)
+       + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) y) INTO n;
+  DROP TABLE node, plain;
+END $$;
+-- Per query, the rows in the order they came (r).
+CREATE FUNCTION lateral_query(op text, col text) RETURNS text
+LANGUAGE sql AS $$
+  SELECT format(
+    'SELECT q.id AS qid, n.id AS tid, n.d, row_number() OVER (PARTITION BY q.id) AS r
      FROM pts q CROSS JOIN LATERAL (
        SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts t
-       ORDER BY t.%1$s %2$s q.%1$s, t.id LIMIT 5) n', col, op);
-END $$;
+       ORDER BY t.%1$s %2$s q.%1$s, t.id LIMIT 5) n', col, op)
+$$;
 EXPLAIN (COSTS OFF)
 SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
   SELECT t.id, t.v <=> q.v AS d FROM pts t ORDER BY t.v <=> q.v, t.id LIMIT 5) n;
-CREATE TABLE node_differences (op text, col text, n bigint);
+-- FETCH FIRST ... WITH TIES over a view: the ties are decided on
+-- pgvector's values (30 copies of row 1 tie at distance 0, far past 3).
+-- Compared as sets of (query, target, distance): the order within a tie is
+-- the plan's choice.
+CREATE VIEW pts_view AS SELECT id, v, h FROM pts WHERE id % 7 <> 3;
+CREATE FUNCTION ties_query(op text, col text) RETURNS text
+LANGUAGE sql AS $$
+  SELECT format(
+    'SELECT q.id AS qid, n.id AS tid, n.d
+     FROM pts q CROSS JOIN LATERAL (
+       SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts_view t
+       ORDER BY t.%1$s %2$s q.%1$s FETCH FIRST 3 ROWS WITH TIES) n', col, op)
+$$;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
+  SELECT t.id, t.h <+> q.h AS d FROM pts_view t ORDER BY t.h <+> q.h FETCH FIRST 3 ROWS WITH TIES) n;
+CREATE TABLE node_differences AS
+SELECT o AS op, c AS col, s AS shape, x.*
+FROM unnest(ARRAY['<->', '<=>', '<#>', '<+>']) o, unnest(ARRAY['v', 'h']) c,
+     unnest(ARRAY['limit', 'ties']) s,
+     LATERAL node_vs_plain(CASE s WHEN 'limit' THEN lateral_query(o, c) ELSE ties_query(o, c) END) x;
+SELECT shape, count(*) AS comparisons, bool_and(node) AS all_by_the_node,
+       min(rows) > 3 * (SELECT count(*) FROM pts) AS more_than_3_per_query,
+       sum(n) AS differing_rows
+FROM node_differences GROUP BY shape ORDER BY shape;
+
+-- A radius with pgvector's type: the pairs whose pgvector value is < r (or
+-- <= r) are exactly those of PostgreSQL's plan, also at radii equal to
+-- some pair's value, where the canonical value alone could decide the
+-- pair the other way (knn_operator_values.c: candidates by the canonical
+-- value with a proven margin, each decided by the operator). The radii:
+-- values of pairs whose L2 value differs from the canonical one, and for
+-- every metric and both types values of a few pairs of the queries.
+CREATE TABLE radii (op text, col text, r float8);
+INSERT INTO radii
+SELECT '<->', 'v', d FROM (
+  SELECT DISTINCT a.v <-> b.v AS d FROM pts a, pts b
+  WHERE a.id <= 30 AND b.id <= 100 AND (a.v <-> b.v) <> canonical_l2(a.v, b.v)
+  ORDER BY 1 LIMIT 4) x;
 DO $$
 DECLARE o text; c text;
 BEGIN
   FOREACH o IN ARRAY ARRAY['<->', '<=>', '<#>', '<+>'] LOOP
     FOREACH c IN ARRAY ARRAY['v', 'h'] LOOP
-      SET LOCAL knn_gpu.enable_knn_join = on;
-      CREATE TEMP TABLE node AS SELECT * FROM lateral_rows(o, c);
-      SET LOCAL knn_gpu.enable_knn_join = off;
-      CREATE TEMP TABLE plain AS SELECT * FROM lateral_rows(o, c);
-      INSERT INTO node_differences
-        SELECT o, c, (SELECT count(*) FROM (TABLE node EXCEPT ALL TABLE plain) x)
-                   + (SELECT count(*) FROM (TABLE plain EXCEPT ALL TABLE node) y);
-      DROP TABLE node, plain;
+      EXECUTE format(
+        'INSERT INTO radii SELECT %1$L, %2$L, d FROM (
+           SELECT DISTINCT a.%2$s %1$s b.%2$s AS d FROM pts a, pts b
+           WHERE a.id IN (3, 5) AND b.id IN (20, 705, 801)) x', o, c);
     END LOOP;
   END LOOP;
 END $$;
-SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM node_differences;
+SELECT count(*) AS radii FROM radii;
+-- Not vacuous: at these radii some pairs lie on the boundary by pgvector's
+-- value and off it by the canonical one.
+SELECT count(*) > 0 AS canonical_would_differ
+FROM radii r, pts a, pts b
+WHERE r.op = '<->' AND r.col = 'v' AND a.id <= 60
+  AND (a.v <-> b.v) = r.r AND canonical_l2(a.v, b.v) <> r.r;
+
+-- The LATERAL query with the radius (< and <=, without and with LIMIT),
+-- run as a KNN Join and as PostgreSQL's plan, for the first 60 queries;
+-- knn_range_join against the cross join filtered by the operator.
+CREATE FUNCTION radius_query(op text, col text, r float8, cmp text, lim text) RETURNS text
+LANGUAGE sql AS $$
+  SELECT format(
+    'SELECT q.id AS qid, n.id AS tid, n.d, row_number() OVER () AS pos
+     FROM pts q CROSS JOIN LATERAL (
+       SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts t
+       WHERE t.%1$s %2$s q.%1$s %3$s %4$L::float8
+       ORDER BY t.%1$s %2$s q.%1$s, t.id %5$s) n
+     WHERE q.id <= 60', col, op, cmp, r, lim)
+$$;
+EXPLAIN (COSTS OFF)
+SELECT q.id, n.id FROM pts q CROSS JOIN LATERAL (
+  SELECT t.id, t.v <-> q.v AS d FROM pts t WHERE t.v <-> q.v <= 0.5
+  ORDER BY t.v <-> q.v, t.id) n WHERE q.id <= 60;
+CREATE TABLE radius_differences AS
+SELECT r.op, r.col, r.r, cmp, lim, x.*
+FROM radii r, unnest(ARRAY['<', '<=']) cmp, unnest(ARRAY['', 'LIMIT 2']) lim,
+     LATERAL node_vs_plain(radius_query(r.op, r.col, r.r, cmp, lim)) x;
+-- Every comparison ran the node; 0 differing rows.
+SELECT count(*) AS comparisons, bool_and(node) AS all_by_the_node,
+       sum(rows) AS pairs, sum(n) AS differing_rows FROM radius_differences;
+SELECT * FROM radius_differences WHERE n <> 0 OR NOT node;
+
+CREATE TABLE range_differences (op text, col text, r float8, inclusive boolean, pairs bigint,
+                                n bigint);
+DO $$
+DECLARE x record; inc boolean; m text;
+BEGIN
+  FOR x IN SELECT * FROM radii LOOP
+    m := CASE x.op WHEN '<->' THEN 'l2' WHEN '<=>' THEN 'cosine' WHEN '<#>' THEN 'ip' ELSE 'l1' END;
+    FOREACH inc IN ARRAY ARRAY[false, true] LOOP
+      CREATE TEMP TABLE mine AS
+        SELECT query_id, target_id, rank::bigint, distance
+        FROM knn_range_join(format('SELECT id, %s FROM pts WHERE id <= 60', x.col),
+                            format('SELECT id, %s FROM pts', x.col), x.r,
+                            metric => m, inclusive => inc);
+      EXECUTE format(
+        'CREATE TEMP TABLE theirs AS
+         SELECT q.id::bigint AS query_id, t.id::bigint AS target_id,
+                row_number() OVER (PARTITION BY q.id ORDER BY q.%1$s %2$s t.%1$s, t.id) AS rank,
+                q.%1$s %2$s t.%1$s AS distance
+         FROM pts q, pts t WHERE q.id <= 60 AND q.%1$s %2$s t.%1$s %3$s %4$L::float8',
+        x.col, x.op, CASE WHEN inc THEN '<=' ELSE '<' END, x.r);
+      INSERT INTO range_differences
+        SELECT x.op, x.col, x.r, inc, (SELECT count(*) FROM theirs),
+               (SELECT count(*) FROM (TABLE mine EXCEPT ALL TABLE theirs) a)
+             + (SELECT count(*) FROM (TABLE theirs EXCEPT ALL TABLE mine) b);
+      DROP TABLE mine, theirs;
+    END LOOP;
+  END LOOP;
+END $$;
+SELECT count(*) AS comparisons, sum(pairs) AS pairs, sum(n) AS differing_rows
+FROM range_differences;
+SELECT * FROM range_differences WHERE n <> 0;
+DROP TABLE radii, radius_differences, range_differences;
+DROP FUNCTION radius_query(text, text, float8, text, text), ties_query(text, text),
+  lateral_query(text, text), node_vs_plain(text);
+DROP VIEW pts_view;
 
 DROP TABLE pts, differences, node_differences;
-DROP FUNCTION by_operator(text, text, boolean), lateral_rows(text, text), canonical_l2(vector, vector);
+DROP FUNCTION by_operator(text, text, boolean), canonical_l2(vector, vector);
 DROP AGGREGATE real_sum(real);
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# sessions_bench.sh OUT_DIR -- many sessions sharing one GPU (issue 9): N
+# concurrent pgbench clients each run the same GPU knn_join for a while,
+# against the server that PGHOST/PGPORT name (e.g. under .gpu/run.sh with
+# PG_SETTINGS="-c max_connections=200"). For each client count in
+# KNN_SESSIONS (default "16 64") it reports joins per second, failed joins
+# (a wrong checksum counts as a failure, as does any SQL error), and the
+# peak GPU memory in use (nvidia-smi, sampled every 100 ms) above what was
+# in use before the clients connected. The server settings under test are
+# KNN_SESSIONS_SETTINGS (default: max_gpu_jobs 4, gpu_memory_budget 8192 MB,
+# gpu_idle_release 60 s), set with ALTER SYSTEM and a reload.
+# The join: KNN_SESSIONS_Q queries x KNN_SESSIONS_T targets of
+# KNN_SESSIONS_DIM dimensions (default 1000 x 100000 x 128), k = 10,
+# device = gpu; every result is checked against the CPU engine's checksum.
+# Writes OUT_DIR/sessions_bench.json and the pgbench logs.
+set -uo pipefail
+out=$1
+mkdir -p "$out"
+q=${KNN_SESSIONS_Q:-1000} t=${KNN_SESSIONS_T:-100000} dim=${KNN_SESSIONS_DIM:-128}
+secs=${KNN_SESSIONS_SECONDS:-20}
+psql_q() { psql -X -q -At -v ON_ERROR_STOP=1 "$@"; }
+
+psql_q -c "CREATE EXTENSION IF NOT EXISTS knn_gpu" -c "LOAD 'knn_gpu'" \
+  -c "ALTER SYSTEM SET knn_gpu.max_gpu_jobs = ${KNN_SESSIONS_JOBS:-4}" \
+  -c "ALTER SYSTEM SET knn_gpu.gpu_memory_budget = ${KNN_SESSIONS_BUDGET_MB:-8192}" \
+  -c "ALTER SYSTEM SET knn_gpu.gpu_idle_release = 60" -c "SELECT pg_reload_conf()" >/dev/null
+# Seeded data: targets t, queries q (rows of t with a small offset).
+psql_q <<SQL
+SELECT setseed(0.42);
+DROP TABLE IF EXISTS bench_t, bench_q;
+CREATE TABLE bench_t AS
+  SELECT i AS id, (SELECT array_agg(random()::real) FROM generate_series(1, $dim) WHERE i > 0)::vector($dim) AS v
+  FROM generate_series(1, $t) i;
+CREATE TABLE bench_q AS
+  SELECT id, (SELECT array_agg(x + 0.001) FROM unnest(v::real[]) x WHERE id > 0)::vector($dim) AS v
+  FROM bench_t WHERE id % ($t / $q) = 0;
+VACUUM ANALYZE bench_t; VACUUM ANALYZE bench_q;
+SQL
+join="knn_join('SELECT id, v FROM bench_q', 'SELECT id, v FROM bench_t', 10)"
+checksum="SELECT sum(target_id * rank)::bigint AS s, sum(distance)::numeric(30,6) AS d FROM $join"
+ref=$(PGOPTIONS="-c knn_gpu.device=cpu" psql_q -F ' ' -c "$checksum")
+ref_s=${ref%% *} ref_d=${ref##* }
+echo "reference (CPU engine): ids $ref_s, distances $ref_d"
+# One session's second GPU join, with its phases (the first builds the context).
+PGOPTIONS="-c knn_gpu.device=${KNN_SESSIONS_DEVICE:-gpu}" psql_q -c "$checksum" -c '\timing on' -c "$checksum" \
+  -c "SELECT knn_gpu_last_stats()" > "$out/one_session.txt" 2>&1
+
+cat > "$out/sessions_join.sql" <<SQL
+SET knn_gpu.device = ${KNN_SESSIONS_DEVICE:-gpu};
+$checksum \\gset
+\\set ok (:s = $ref_s)
+\\if :ok
+\\else
+SELECT 1 / 0 AS wrong_checksum;
+\\endif
+SQL
+
+gpu_mem() { command -v nvidia-smi >/dev/null || { echo 0; return; }; nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | awk '{ s += $1 } END { print s }'; }
+results=()
+for clients in ${KNN_SESSIONS:-16 64}; do
+  base=$(gpu_mem)
+  : > "$out/gpu_mem_$clients.txt"
+  ( while :; do gpu_mem >> "$out/gpu_mem_$clients.txt"; sleep 0.1; done ) &
+  sampler=$!
+  # -C would reconnect per join; sessions stay connected, as pooled clients do.
+  timeout $((secs + 120)) pgbench -n -c "$clients" -j "$clients" -T "$secs" -f "$out/sessions_join.sql" \
+    > "$out/pgbench_$clients.log" 2>&1
+  rc=$?
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+  peak=$(sort -n "$out/gpu_mem_$clients.txt" | tail -1)
+  tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' "$out/pgbench_$clients.log" | tail -1)
+  done_=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' "$out/pgbench_$clients.log")
+  failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out/pgbench_$clients.log")
+  aborted=$(grep -c 'client [0-9]* .*aborted' "$out/pgbench_$clients.log")
+  errors=$(grep -ciE 'error|out of memory' "$out/pgbench_$clients.log")
+  echo "$clients sessions: ${tps:-?} joins/s, ${done_:-0} joins, ${aborted} clients aborted, ${errors} error lines, GPU memory ${base} -> peak ${peak} MiB (pgbench rc $rc)"
+  results+=("{\"sessions\":$clients,\"joins_per_second\":${tps:-null},\"joins\":${done_:-0},\"failed\":${failed:-null},\"clients_aborted\":$aborted,\"error_lines\":$errors,\"gpu_mib_before\":${base:-null},\"gpu_mib_peak\":${peak:-null},\"pgbench_rc\":$rc}")
+  sleep 2
+done
+printf '{"queries":%s,"targets":%s,"dim":%s,"k":10,"seconds":%s,"max_gpu_jobs":%s,"gpu_memory_budget_mb":%s,"runs":[%s]}\n' \
+  "$q" "$t" "$dim" "$secs" "${KNN_SESSIONS_JOBS:-4}" "${KNN_SESSIONS_BUDGET_MB:-8192}" \
+  "$(IFS=,; echo "${results[*]}")" > "$out/sessions_bench.json"
+cat "$out/sessions_bench.json"
