@@ -6,6 +6,7 @@
 //                   [--sets a,b,c] [--cpu-max-rows 100000] [--metric l2]
 //                   [--methods brute,ti,auto,cpu] [--threads 0]
 //                   [--module-dir .] [--gpu-memory-fractions 0,0.5,0.25]
+//                   [--devices 0/0,1]
 //
 // GPU methods brute-sgemm, brute-dgemm, brute-hgemm force the brute
 // force's GEMM filter (SGEMM, DGEMM, fp16 tensor cores) through the
@@ -29,9 +30,12 @@
 // cannot reach) (CPU runs only up to --cpu-max-rows rows: the CPU is
 // the slow reference). --gpu-memory-fractions 0,0.5,0.25 runs each set
 // once per GPU memory budget, given as a fraction of the set's size (0: no
-// limit; rows named SET-memF). The GPU module is looked for in --module-dir. Every
-// result is compared bit for bit with a reference run: CPU brute force,
-// else another CPU run, else GPU brute force. Prints a table; writes JSON.
+// limit; rows named SET-memF). --devices 0/0,1 runs each GPU method once
+// per GPU list (knn_gpu.devices' syntax, lists separated by '/'; runs
+// labelled "gpu ti @0,1"), for one-GPU against split timings. The GPU
+// module is looked for in --module-dir. Every result is compared bit for
+// bit with a reference run: CPU brute force, else another CPU run, else
+// GPU brute force, else the first run. Prints a table; writes JSON.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -123,6 +127,7 @@ struct Run {
   KnnDevice device = KNN_DEVICE_CPU;
   KnnMethod method = KNN_METHOD_AUTO;
   std::string method_name;
+  std::string devices;  // the GPU list it ran with ("" = the default)
   std::string label;  // "gpu ti", "cpu brute", ...
   std::vector<double> seconds;
   KnnStatus status = KNN_OK;
@@ -244,6 +249,8 @@ struct Options {
   // GPU memory budgets as fractions of the data set's size (rows x dims x
   // 4 bytes; 0: no limit): each set is run once per fraction.
   std::vector<double> memory_fractions;
+  // GPU lists (knn_gpu.devices' syntax): each GPU method runs once per list.
+  std::vector<std::string> device_lists;
 };
 
 std::vector<std::string> split(const std::string &list) {
@@ -314,6 +321,22 @@ bool parse_options(int argc, char **argv, Options *o) {
       o->query_batches.clear();
       for (const std::string &n : split(v)) o->query_batches.push_back(std::max<int64_t>(1, std::atoll(n.c_str())));
     }
+    else if (a == "--devices") {
+      o->device_lists.clear();
+      for (std::string list = v;;) {
+        const size_t slash = list.find('/');
+        const std::string item = list.substr(0, slash);
+        int32_t devices[KNN_MAX_DEVICES], n = 0;
+        char why[128] = "";
+        if (!knn_device_list_parse(item.c_str(), devices, &n, why, sizeof why)) {
+          std::fprintf(stderr, "--devices %s: %s\n", item.c_str(), why);
+          return false;
+        }
+        o->device_lists.push_back(item);
+        if (slash == std::string::npos) break;
+        list = list.substr(slash + 1);
+      }
+    }
     else if (a == "--gpu-memory-fractions") {
       o->memory_fractions.clear();
       for (const std::string &f : split(v)) o->memory_fractions.push_back(std::max(0.0, std::atof(f.c_str())));
@@ -333,14 +356,20 @@ bool parse_options(int argc, char **argv, Options *o) {
   return true;
 }
 
-// Times one engine and method on a prepared problem.
-Run time_config(KnnProblem p, const Config &c, int repeat) {
+// Times one engine and method on a prepared problem (GPU runs on the GPU
+// list `devices`, "" = the default).
+Run time_config(KnnProblem p, const Config &c, int repeat, const std::string &devices) {
   Run r;
   const KnnDevice device = c.device;
   r.device = p.device = device;
   r.method = p.method = c.method;
   r.method_name = c.name;
   r.label = std::string(knn_device_name(device)) + " " + c.name;
+  if (!devices.empty()) {
+    knn_device_list_parse(devices.c_str(), p.devices, &p.n_devices, nullptr, 0);  // parsed before
+    r.devices = devices;
+    r.label += " @" + devices;
+  }
   // One untimed GPU run first: module load, context and handles.
   const int tries = device == KNN_DEVICE_GPU ? repeat + 1 : repeat;
   for (int t = 0; t < tries; t++) {
@@ -353,10 +382,10 @@ Run time_config(KnnProblem p, const Config &c, int repeat) {
 }
 
 // Every run against the reference: CPU brute (the AVX2 one first), else a
-// CPU run, else GPU brute.
+// CPU run, else GPU brute, else the first run (one GPU against a split).
 bool verify(std::vector<Run> *runs) {
   const Run *ref = nullptr;
-  int best = 0;
+  int best = -1;
   for (const Run &r : *runs) {
     if (r.status != KNN_OK) continue;
     const bool brute = r.method == KNN_METHOD_BRUTE, cpu = r.device == KNN_DEVICE_CPU;
@@ -403,6 +432,12 @@ void write_json_run(std::ostream &json, const Run &r) {
        << ", \"seconds_filter\": " << r.stats.seconds_filter
        << ", \"seconds_select\": " << r.stats.seconds_select
        << ", \"seconds_engine_total\": " << r.stats.seconds_total
+       << ", \"devices\": \"" << r.devices << "\", \"gpus\": [";
+  for (int i = 0; i < r.stats.n_devices && i < KNN_MAX_DEVICES; i++)
+    json << (i ? ", " : "") << "{\"gpu\": " << r.stats.device_work[i].device
+         << ", \"queries\": " << r.stats.device_work[i].queries
+         << ", \"seconds\": " << r.stats.device_work[i].seconds << "}";
+  json << "]"
        << ", \"verified_against\": \"" << r.verified_against
        << "\", \"mismatches\": " << r.mismatches << "}";
 }
@@ -419,12 +454,16 @@ bool bench_problem(const Options &o, bool have_gpu, const DataSet &d, const std:
   std::vector<Run> runs;
   for (const Config &c : o.configs) {
     if (c.device == KNN_DEVICE_GPU ? !have_gpu : d.rows > o.cpu_max_rows) continue;
-    runs.push_back(time_config(p, c, o.repeat));
-    const Run &r = runs.back();
-    std::printf("%-18s %-9s %8.4f s  %s %s %s\n", name.c_str(), r.label.c_str(),
-                median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
-                r.status == KNN_OK ? "" : r.error.c_str());
-    std::fflush(stdout);
+    const bool per_list = c.device == KNN_DEVICE_GPU && !o.device_lists.empty();
+    const std::vector<std::string> lists = per_list ? o.device_lists : std::vector<std::string>{""};
+    for (const std::string &devices : lists) {
+      runs.push_back(time_config(p, c, o.repeat, devices));
+      const Run &r = runs.back();
+      std::printf("%-18s %-9s %8.4f s  %s %s %s\n", name.c_str(), r.label.c_str(),
+                  median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
+                  r.status == KNN_OK ? "" : r.error.c_str());
+      std::fflush(stdout);
+    }
   }
   const bool all_match = verify(&runs);
   json << (first ? "" : ",") << "\n    {\"name\": \"" << name << "\", \"rows\": " << d.rows
@@ -504,7 +543,7 @@ int main(int argc, char **argv) {
                  "cpu,cpu-ti,cpu-brute,"
                  "cpu-blas,cpu-avx2] [--threads N] "
                  "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12] "
-                 "[--gpu-memory-fractions 0,0.5,0.25,0.125]\n",
+                 "[--gpu-memory-fractions 0,0.5,0.25,0.125] [--devices 0/0,1]\n",
                  argv[0]);
     return 2;
   }

@@ -15,6 +15,12 @@ raw little-endian float32, row-major, no header; NAME.json gives rows, dims.
       length), normalised to unit length. Cluster sizes are uneven (Zipf-like
       weights). Rows are generated in blocks of 10000 from one seeded stream,
       so the first R rows of a bigger set are the set of R rows.
+  make_cpu_sets.py clustered ROWS DIMS OUT_DIR NAME [--centres 1000] [--seed 20261126]
+      a low-dimensional clustered set (the triangle-inequality join's
+      ground), deterministic for a seed: --centres Gaussian blobs with
+      centres uniform in [0, 100)^DIMS and a per-blob spread between 0.2
+      and 2.0, sizes uneven (Zipf-like weights); rows in random order (each
+      drawn independently), in blocks of 1000000 from one seeded stream.
 """
 import argparse
 import gzip
@@ -48,14 +54,19 @@ def fashion(args):
                "notes": f"first {rows} of {n} fashion-mnist training images, pixels 0..255 as float32"})
 
 
+def zipf_weights(c):
+    """Uneven cluster sizes: weight 1/sqrt(i) for the i-th of c clusters."""
+    weights = 1.0 / np.arange(1, c + 1) ** 0.5
+    return weights / weights.sum()
+
+
 def embedding(args):
     rng = np.random.default_rng(args.seed)
     d, c = args.dims, args.centres
     centres = rng.standard_normal((c, d))
     centres /= np.linalg.norm(centres, axis=1, keepdims=True)
     spread = rng.uniform(0.6, 1.0, size=c)
-    weights = 1.0 / np.arange(1, c + 1) ** 0.5
-    weights /= weights.sum()
+    weights = zipf_weights(c)
     out = np.empty((args.rows, d), dtype=np.float32)
     block = 10000
     for start in range(0, args.rows, block):
@@ -72,6 +83,24 @@ def embedding(args):
                         "0.6-1.0 x centre length), rows normalised to unit length" % (d, c)})
 
 
+def clustered(args):
+    rng = np.random.default_rng(args.seed)
+    d, c = args.dims, args.centres
+    centres = rng.uniform(0.0, 100.0, size=(c, d))
+    spread = rng.uniform(0.2, 2.0, size=c)
+    weights = zipf_weights(c)
+    out = np.empty((args.rows, d), dtype=np.float32)
+    for start in range(0, args.rows, 1000000):
+        m = min(1000000, args.rows - start)
+        label = rng.choice(c, size=m, p=weights)
+        out[start:start + m] = centres[label] + rng.standard_normal((m, d)) * spread[label][:, None]
+    write_set(args.out_dir, args.name, out,
+              {"generator": "bench/make_cpu_sets.py clustered", "seed": args.seed,
+               "centres": c,
+               "notes": "%d Gaussian blobs in %d-d, centres uniform in [0,100), spread 0.2-2.0, "
+                        "Zipf-like sizes, rows in random order" % (c, d)})
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="kind", required=True)
@@ -80,15 +109,16 @@ def main():
     f.add_argument("rows", type=int)
     f.add_argument("out_dir")
     f.add_argument("name")
-    e = sub.add_parser("embedding")
-    e.add_argument("rows", type=int)
-    e.add_argument("dims", type=int)
-    e.add_argument("out_dir")
-    e.add_argument("name")
-    e.add_argument("--centres", type=int, default=100)
-    e.add_argument("--seed", type=int, default=20261123)
+    for kind, centres, seed in (("embedding", 100, 20261123), ("clustered", 1000, 20261126)):
+        g = sub.add_parser(kind)
+        g.add_argument("rows", type=int)
+        g.add_argument("dims", type=int)
+        g.add_argument("out_dir")
+        g.add_argument("name")
+        g.add_argument("--centres", type=int, default=centres)
+        g.add_argument("--seed", type=int, default=seed)
     args = p.parse_args()
-    {"fashion": fashion, "embedding": embedding}[args.kind](args)
+    {"fashion": fashion, "embedding": embedding, "clustered": clustered}[args.kind](args)
 
 
 if __name__ == "__main__":

@@ -225,6 +225,8 @@ prepare_job(KnnProblem *problem, KnnAdmission admission)
 	problem->device = (KnnDevice) knn_gpu_device;
 	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
 	problem->n_threads = knn_gpu_threads;
+	problem->n_devices = knn_gpu_n_devices;
+	memcpy(problem->devices, knn_gpu_device_list, sizeof(problem->devices));
 	problem->admission = admission;
 	problem->fault = (KnnFault) knn_gpu_fault_injection;
 	if (knn_gpu_fault_injection == KNN_GPU_FAULT_ADMIT_CPU)

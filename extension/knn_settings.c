@@ -24,6 +24,9 @@ int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
 int			knn_gpu_idle_release_s = 60;
+int32		knn_gpu_n_devices = 0;
+int32		knn_gpu_device_list[KNN_MAX_DEVICES];
+static char *knn_gpu_devices_text = NULL;
 
 /* The most admission slots (slot files): far more than any GPU runs at once. */
 #define KNN_MAX_GPU_JOBS 1024
@@ -67,6 +70,42 @@ assign_gpu_idle_release(int newval, void *extra)
 	knn_engine_set_gpu_idle_release((int64_t) newval * 1000);
 }
 
+/* knn_gpu.devices: the list as the engine takes it (KnnProblem.devices). */
+typedef struct KnnDeviceList
+{
+	int32		n;
+	int32		devices[KNN_MAX_DEVICES];
+} KnnDeviceList;
+
+static bool
+check_gpu_devices(char **newval, void **extra, GucSource source)
+{
+	KnnDeviceList list;
+	char		why[128];
+	KnnDeviceList *kept;
+
+	if (!knn_device_list_parse(*newval, list.devices, &list.n, why, sizeof(why)))
+	{
+		GUC_check_errdetail("%s.", why);
+		return false;
+	}
+	kept = malloc(sizeof(KnnDeviceList));
+	if (kept == NULL)
+		return false;
+	*kept = list;
+	*extra = kept;
+	return true;
+}
+
+static void
+assign_gpu_devices(const char *newval, void *extra)
+{
+	const KnnDeviceList *list = (const KnnDeviceList *) extra;
+
+	knn_gpu_n_devices = list->n;
+	memcpy(knn_gpu_device_list, list->devices, sizeof(knn_gpu_device_list));
+}
+
 /*
  * Before exit() tears down the CUDA runtime, the engine's background
  * threads (GPU warm-up, idle release) must have stopped.
@@ -86,8 +125,16 @@ knn_settings_define(void)
 							 "gpu does the same but says so with a NOTICE when no GPU is usable.",
 							 &knn_gpu_device, KNN_DEVICE_AUTO, enum_options(knn_device_names),
 							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomStringVariable("knn_gpu.devices",
+							   "GPUs a KNN join is split across: all, or a list such as 0,1.",
+							   "all uses every GPU the server sees for joins large enough to gain; "
+							   "a list splits every GPU join across the GPUs it names "
+							   "(a GPU named twice runs two engines on it: a test mode).",
+							   &knn_gpu_devices_text, "all",
+							   PGC_USERSET, GUC_LIST_INPUT,
+							   check_gpu_devices, assign_gpu_devices, NULL);
 	DefineCustomIntVariable("knn_gpu.gpu_memory_limit",
-							"Most GPU memory one KNN join may use (0 = what is free).",
+							"Most GPU memory one KNN join may use on each GPU (0 = what is free).",
 							"Larger joins are processed in chunks.",
 							&knn_gpu_memory_limit_mb, 0, 0, INT_MAX,
 							PGC_USERSET, GUC_UNIT_MB, NULL, NULL, NULL);

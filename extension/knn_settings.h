@@ -6,6 +6,8 @@
 
 #include "postgres.h"
 
+#include "knn_engine.h"
+
 extern int	knn_gpu_device;			/* KnnDevice: knn_gpu.device = auto|gpu|cpu */
 extern int	knn_gpu_memory_limit_mb;	/* knn_gpu.gpu_memory_limit, 0 = all free */
 extern int	knn_gpu_threads;			/* knn_gpu.threads, 0 = all cores */
@@ -15,6 +17,10 @@ extern int	knn_gpu_fault_injection;	/* KnnFault: knn_gpu.fault_injection (tests)
 extern int	knn_gpu_max_gpu_jobs;		/* knn_gpu.max_gpu_jobs: GPU joins at once, cluster-wide */
 extern int	knn_gpu_memory_budget_mb;	/* knn_gpu.gpu_memory_budget, 0 = none */
 extern int	knn_gpu_idle_release_s;	/* knn_gpu.gpu_idle_release, seconds, 0 = never */
+
+/* knn_gpu.devices, parsed: the GPUs a join may be split across (KnnProblem.devices). */
+extern int32 knn_gpu_n_devices;	/* 0 = all */
+extern int32 knn_gpu_device_list[KNN_MAX_DEVICES];
 
 /*
  * knn_gpu.fault_injection = admit_cpu (tests only, superuser): CPU joins

@@ -70,6 +70,12 @@ record_json(const KnnJoinRecord *r)
 					 s->query_clusters, s->target_clusters, s->threads_per_query,
 					 s->distance_computations, s->pairs,
 					 s->pairs > 0 ? (double) s->distance_computations / (double) s->pairs : 0.0);
+	appendStringInfoString(&buf, ",\"gpus\":[");
+	for (int i = 0; i < s->n_devices && i < KNN_MAX_DEVICES; i++)
+		appendStringInfo(&buf, "%s{\"gpu\":%d,\"queries\":" INT64_FORMAT ",\"seconds\":%.6f}",
+						 i > 0 ? "," : "", s->device_work[i].device,
+						 s->device_work[i].queries, s->device_work[i].seconds);
+	appendStringInfoChar(&buf, ']');
 	if (r->admission.admitted)
 		appendStringInfo(&buf,
 						 ",\"admission\":{\"slot\":%d,\"max_gpu_jobs\":%d,\"queued\":%s"
@@ -103,6 +109,19 @@ knn_stats_explain(const KnnJoinRecord *r, ExplainState *es)
 	ExplainPropertyInteger("Dimensions", NULL, r->dim, es);
 	ExplainPropertyInteger("Distance Computations", NULL, s->distance_computations, es);
 	ExplainPropertyInteger("Pairs", NULL, s->pairs, es);
+	/* A join split across GPUs: each engine's GPU, rows and time. */
+	if (s->n_devices > 1)
+	{
+		for (int i = 0; i < s->n_devices && i < KNN_MAX_DEVICES; i++)
+		{
+			const KnnDeviceWork *w = &s->device_work[i];
+			char	   *line = psprintf("GPU %d, " INT64_FORMAT " queries", w->device, w->queries);
+
+			if (es->timing)
+				line = psprintf("%s, %.3f ms", line, w->seconds * 1000.0);
+			ExplainPropertyText(psprintf("GPU Engine %d", i + 1), line, es);
+		}
+	}
 	/* Only joins that took a GPU slot: others never queue. */
 	if (r->admission.admitted)
 	{

@@ -24,10 +24,12 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
  * Runs a whole join on the GPU, blocking: float32 rows, or bit rows
  * (Hamming, Jaccard) with k <= KNN_CUDA_BIT_MAX_K. Polls *cancel (non-zero = stop)
  * between launches and chunks. Frees every device allocation of the join
- * before it returns, whatever the outcome. What the process keeps between
- * joins (until released, see below): on device 0, the context, a stream, a
- * cuBLAS handle, 32 MiB of pinned staging memory and up to 64 MiB reserved
- * in the memory pool (at most an eighth of the device's memory).
+ * before it returns, whatever the outcome. A join runs on the GPUs of
+ * problem->devices (split by query rows where there are several). What the
+ * process keeps between joins (until released, see below): on each GPU it
+ * has used, the context and up to 64 MiB reserved in the memory pool (at
+ * most an eighth of the device's memory), and per engine on it a stream, a
+ * cuBLAS handle and 32 MiB of pinned staging memory.
  */
 /* The largest k of the GPU bit join (bit rows); larger k: the CPU engine. */
 #define KNN_CUDA_BIT_MAX_K 256
@@ -45,8 +47,9 @@ typedef KnnStatus (*knn_cuda_run_fn) (const KnnProblem *problem,
  * it ahead of the first GPU join while the CPU engine answers small joins
  * (knn_job.cpp, gpu_cold_start.h).
  *
- * runtime_ready: 1 when it exists (non-blocking).
- * warm_up: creates it (blocking; waits for a running join).
+ * runtime_ready: 1 when the first GPU's exists (non-blocking).
+ * warm_up: creates the first GPU's (blocking; waits for a running join);
+ *   a join creates the others' on their first use.
  * release: gives all of it back, the context included, so the process holds
  *   no GPU memory (blocking; waits for a running join); the next join or
  *   warm-up creates it again.

@@ -92,6 +92,9 @@ typedef enum KnnStatus
 	KNN_INTERNAL_ERROR = 6
 } KnnStatus;
 
+/* The most GPUs one join is split across (knn_gpu.devices' longest list). */
+#define KNN_MAX_DEVICES 16
+
 typedef struct KnnProblem
 {
 	KnnElement	element;		/* of both matrices; see KnnElement */
@@ -144,6 +147,20 @@ typedef struct KnnProblem
 	 */
 	double		max_distance;
 	int32_t		range;			/* KnnRange */
+
+	/*
+	 * The GPUs of a GPU join (knn_gpu.devices). n_devices = 0: every GPU
+	 * the process sees, the join split across them where it is large enough
+	 * to gain (else the first GPU alone). n_devices > 0: the CUDA device
+	 * ordinals devices[0 .. n_devices - 1], the join split across all of
+	 * them. The split gives each GPU a range of query rows (every target on
+	 * each), so results are exactly those of one GPU. An ordinal may be
+	 * listed twice: a test mode that runs two engines (streams, handles,
+	 * memory shares) on one GPU. Joins that are not split (range and
+	 * group joins of their own kernels) run on the first GPU.
+	 */
+	int32_t		n_devices;		/* 0 .. KNN_MAX_DEVICES */
+	int32_t		devices[KNN_MAX_DEVICES];	/* each >= 0 */
 } KnnProblem;
 
 typedef enum KnnRange
@@ -155,6 +172,14 @@ typedef enum KnnRange
 
 /* The most CPU threads an engine uses (knn_gpu.threads' upper bound). */
 #define KNN_MAX_THREADS 256
+
+/* One GPU's share of a join (KnnStats.device_work). */
+typedef struct KnnDeviceWork
+{
+	int32_t		device;			/* CUDA device ordinal */
+	int64_t		queries;		/* query rows it joined */
+	double		seconds;		/* from its start to its last result */
+} KnnDeviceWork;
 
 /* What a finished job did, for EXPLAIN ANALYZE and knn_gpu_last_stats(). */
 typedef struct KnnStats
@@ -173,6 +198,14 @@ typedef struct KnnStats
 	double		seconds_filter;
 	double		seconds_select;
 	double		seconds_total;
+
+	/*
+	 * The GPU engines that ran, in the order of the query rows they took
+	 * (0 on the CPU engine; 1 for a join on one GPU). For a split join the
+	 * phase times above are the slowest engine's, the counts the sums.
+	 */
+	int32_t		n_devices;
+	KnnDeviceWork device_work[KNN_MAX_DEVICES];
 } KnnStats;
 
 typedef struct KnnJob KnnJob;

@@ -3,6 +3,9 @@
 
 #include <strings.h>
 
+#include <cctype>
+#include <cstdio>
+
 extern "C" {
 
 const KnnName knn_metric_names[] = {
@@ -88,6 +91,52 @@ int knn_device_parse(const char *name, KnnDevice *out) {
 }
 int knn_fault_parse(const char *name, KnnFault *out) {
   return parse_enum(knn_fault_names, name, out);
+}
+
+int knn_device_list_parse(const char *text, int32_t *devices, int32_t *n, char *errbuf,
+                          size_t errlen) {
+  auto fail = [&](const char *why) {
+    if (errbuf != nullptr && errlen > 0) std::snprintf(errbuf, errlen, "%s", why);
+    return 0;
+  };
+  if (text == nullptr) return fail("no GPU list");
+  const char *s = text;
+  while (std::isspace(static_cast<unsigned char>(*s))) s++;
+  if (strncasecmp(s, "all", 3) == 0) {
+    const char *rest = s + 3;
+    while (std::isspace(static_cast<unsigned char>(*rest))) rest++;
+    if (*rest == '\0') {
+      *n = 0;
+      return 1;
+    }
+  }
+  int32_t count = 0;
+  for (;;) {
+    while (std::isspace(static_cast<unsigned char>(*s))) s++;
+    if (!std::isdigit(static_cast<unsigned char>(*s)))
+      return fail("expected \"all\" or GPU numbers separated by commas, such as \"0,1\"");
+    long value = 0;
+    while (std::isdigit(static_cast<unsigned char>(*s))) {
+      value = value * 10 + (*s++ - '0');
+      if (value > KNN_MAX_DEVICE_ORDINAL) {
+        char why[64];
+        std::snprintf(why, sizeof why, "a GPU number is above %d", KNN_MAX_DEVICE_ORDINAL);
+        return fail(why);
+      }
+    }
+    if (count == KNN_MAX_DEVICES) {
+      char why[64];
+      std::snprintf(why, sizeof why, "more than %d GPUs listed", KNN_MAX_DEVICES);
+      return fail(why);
+    }
+    devices[count++] = static_cast<int32_t>(value);
+    while (std::isspace(static_cast<unsigned char>(*s))) s++;
+    if (*s == '\0') break;
+    if (*s++ != ',')
+      return fail("expected \"all\" or GPU numbers separated by commas, such as \"0,1\"");
+  }
+  *n = count;
+  return 1;
 }
 
 const char *knn_metric_list(void) { return "l2, cosine, ip, l1, hamming, jaccard"; }

@@ -44,6 +44,17 @@ int			knn_method_parse(const char *name, KnnMethod *out);
 int			knn_device_parse(const char *name, KnnDevice *out);
 int			knn_fault_parse(const char *name, KnnFault *out);
 
+/*
+ * A GPU list (knn_gpu.devices, KnnProblem.devices): "all" (any case, *n = 0)
+ * or CUDA device ordinals 0 .. KNN_MAX_DEVICE_ORDINAL separated by commas,
+ * e.g. "0,1" or "0, 0" (spaces allowed around each), at most
+ * KNN_MAX_DEVICES of them. Returns 1 and sets devices[0 .. *n - 1], else 0
+ * with the reason in errbuf.
+ */
+#define KNN_MAX_DEVICE_ORDINAL 255
+int			knn_device_list_parse(const char *text, int32_t *devices, int32_t *n,
+								  char *errbuf, size_t errlen);
+
 /* "l2, cosine, ip, l1, hamming, jaccard" and the like, for error hints. */
 const char *knn_metric_list(void);
 const char *knn_method_list(void);

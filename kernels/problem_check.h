@@ -38,6 +38,10 @@ inline const char *problem_invalid_reason(const KnnProblem &p, const int64_t *ne
   if (!in_range(enum_value(p.device), KNN_DEVICE_AUTO, KNN_DEVICE_GPU)) return "unknown device";
   if (p.n_threads < 0) return "n_threads must not be negative";
   if (p.n_threads > KNN_MAX_THREADS) return "n_threads exceeds KNN_MAX_THREADS";
+  if (p.n_devices < 0 || p.n_devices > KNN_MAX_DEVICES)
+    return "n_devices must be between 0 and KNN_MAX_DEVICES";
+  for (int32_t i = 0; i < p.n_devices; i++)
+    if (p.devices[i] < 0) return "a device ordinal is negative";
   if ((p.query_keys == nullptr) != (p.target_keys == nullptr))
     return "query_keys and target_keys must be given together";
   if (p.n_queries > 0 && p.queries == nullptr) return "queries is NULL";

@@ -742,6 +742,18 @@ TEST(CpuEngine, InvalidArguments) {
   p = good;
   std::memcpy(&p.device, &unknown, sizeof unknown);
   EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  // The GPU list (knn_gpu.devices) is checked by every engine.
+  p = good;
+  p.n_devices = KNN_MAX_DEVICES + 1;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p.n_devices = -1;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p.n_devices = 2;
+  p.devices[0] = 0;
+  p.devices[1] = -4;
+  EXPECT_EQ(status_of(p), KNN_INVALID_ARGUMENT);
+  p.devices[1] = 0;  // a GPU listed twice: the test mode, valid
+  EXPECT_EQ(status_of(p), KNN_OK);
   char error[256] = "";
   EXPECT_EQ(knn::cpu_run(good, nullptr, nullptr, nullptr, nullptr, error, sizeof error),
             KNN_INVALID_ARGUMENT);
@@ -1376,6 +1388,34 @@ TEST(Vocabulary, NamesAndParsersAgree) {
   EXPECT_TRUE(knn_metric_parse("Cosine", &metric));
   EXPECT_EQ(metric, KNN_METRIC_COSINE);
   EXPECT_STREQ(knn_status_name(KNN_OUT_OF_MEMORY), "out of memory");
+}
+
+TEST(Vocabulary, DeviceListsParse) {
+  int32_t devices[KNN_MAX_DEVICES];
+  int32_t n = -1;
+  char why[128];
+  EXPECT_TRUE(knn_device_list_parse(" All ", devices, &n, why, sizeof why));
+  EXPECT_EQ(n, 0);
+  EXPECT_TRUE(knn_device_list_parse("1, 0 ,1", devices, &n, why, sizeof why));
+  ASSERT_EQ(n, 3);
+  EXPECT_EQ(devices[0], 1);
+  EXPECT_EQ(devices[1], 0);
+  EXPECT_EQ(devices[2], 1);
+  EXPECT_TRUE(knn_device_list_parse("255", devices, &n, why, sizeof why));
+  EXPECT_EQ(devices[0], 255);
+  std::string sixteen = "0";
+  for (int i = 1; i < KNN_MAX_DEVICES; i++) sixteen += "," + std::to_string(i);
+  EXPECT_TRUE(knn_device_list_parse(sixteen.c_str(), devices, &n, why, sizeof why));
+  EXPECT_EQ(n, KNN_MAX_DEVICES);
+  for (const char *bad : {"", " ", "none", "-1", "0,,1", "0,", ",0", "1.5", "gpu0", "256",
+                          "99999999999999999999", "all,0", "0 1"}) {
+    why[0] = '\0';
+    EXPECT_FALSE(knn_device_list_parse(bad, devices, &n, why, sizeof why)) << bad;
+    EXPECT_NE(why[0], '\0') << bad;
+  }
+  EXPECT_FALSE(knn_device_list_parse((sixteen + ",0").c_str(), devices, &n, why, sizeof why));
+  EXPECT_NE(std::string(why).find("more than 16"), std::string::npos) << why;
+  EXPECT_FALSE(knn_device_list_parse(nullptr, devices, &n, why, sizeof why));
 }
 
 // ---------------------------------------------------- float16 and bits ----

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "job_run.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
@@ -33,52 +34,12 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// ---- running a join through the job API ----
+// ---- running a join through the job API (job_run.h) ----
 
-struct Result {
-  KnnStatus status = KNN_INTERNAL_ERROR;
-  std::vector<int64_t> neighbors;
-  std::vector<double> distances;
-  KnnStats stats{};
-  std::string message;
-  double seconds = 0;  // start to finish, as a backend sees it
-};
+using Result = job_run::JobResult;
+using job_run::expect_identical;
 
-Result run(KnnProblem p) {
-  Result r;
-  r.neighbors.assign(static_cast<size_t>(p.n_queries * p.k), -2);
-  r.distances.assign(r.neighbors.size(), -2.0);
-  char err[512] = "";
-  const Clock::time_point start = Clock::now();
-  KnnJob *job = knn_job_start(&p, r.neighbors.data(), r.distances.data(), err, sizeof err);
-  if (job == nullptr) {
-    r.message = err;
-    return r;
-  }
-  while (knn_job_wait(job, 100) == 0) {
-  }
-  r.status = knn_job_finish(job, &r.stats, err, sizeof err);
-  r.seconds = seconds_since(start);
-  r.message = err;
-  return r;
-}
-
-// Same neighbours, order and distances, bit for bit (NaN matches NaN).
-void expect_identical(const Result &a, const Result &b, const char *what) {
-  ASSERT_EQ(a.neighbors.size(), b.neighbors.size()) << what;
-  size_t bad = 0;
-  for (size_t i = 0; i < a.neighbors.size(); i++) {
-    const bool same_distance =
-        std::memcmp(&a.distances[i], &b.distances[i], sizeof(double)) == 0 ||
-        (std::isnan(a.distances[i]) && std::isnan(b.distances[i]));
-    if (a.neighbors[i] != b.neighbors[i] || !same_distance) {
-      if (bad++ < 5)
-        ADD_FAILURE() << what << ": slot " << i << ": " << a.neighbors[i] << " "
-                      << a.distances[i] << " vs " << b.neighbors[i] << " " << b.distances[i];
-    }
-  }
-  EXPECT_EQ(bad, 0u) << what;
-}
+Result run(const KnnProblem &p) { return job_run::run_job(p); }
 
 KnnProblem float_problem(const std::vector<float> &rows, int dim, int k, KnnDevice device) {
   KnnProblem p{};

@@ -4,8 +4,9 @@
 // the two join methods.
 //
 // The stream, the cuBLAS handle and the pinned staging memory of a context
-// are not made per join: cuda_module.cu creates them once per device and
-// process and lends them to one join at a time.
+// are not made per join: cuda_module.cu creates them once per GPU engine
+// slot and process (device_runtime.cuh) and lends them to one join at a
+// time.
 #pragma once
 
 #include <cublas_v2.h>
@@ -32,6 +33,12 @@ struct DeviceContext {
   size_t memory_budget = 0;        // bytes this join may allocate
   const int32_t *cancel = nullptr; // non-zero: stop at the next check
   std::string error;               // set with a non-OK status
+  // A share of a TI self-join split across GPUs (multi_device.cuh): the
+  // join answers only query rows [query_first, query_first + query_count),
+  // into those rows of the result arrays, on the whole set's clusters.
+  // query_count < 0: every row. Only ti_join reads it.
+  int64_t query_first = 0;
+  int64_t query_count = -1;
 
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
@@ -58,6 +65,15 @@ KnnStatus brute_force_join(const KnnProblem &problem, const JoinTuning &tuning,
 // to brute_force_join.
 KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                   double *distances, KnnStats *stats, DeviceContext &ctx);
+
+// One GPU's share (ctx.query_first, ctx.query_count) of a TI self-join on
+// the clusters of the whole set, in memory. *declined, with nothing
+// written, where it cannot run so (not a self-join, more than the budget,
+// values that need brute force, or AUTO's TI giving up after level 1): the
+// caller then joins the share's rows as a problem of their own.
+KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
+                        double *distances, KnnStats *stats, bool *declined,
+                        DeviceContext &ctx);
 
 }  // namespace cuda
 }  // namespace knn

@@ -12,8 +12,9 @@
 // so it is released on every path (into the device's memory pool, which
 // keeps a bounded amount reserved for the next join).
 //
-// The module uses CUDA device 0; CUDA_VISIBLE_DEVICES picks which GPU that
-// is.
+// A join runs on the GPUs its problem lists (knn_gpu.devices), split by
+// query rows where there are several (multi_device.cuh), else on device 0;
+// CUDA_VISIBLE_DEVICES picks which GPUs those are.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -25,6 +26,7 @@
 #include <type_traits>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "../signal_free_thread.h"
 #include "../entry_guard.h"
@@ -39,6 +41,7 @@
 #include "device_runtime.cuh"
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
+#include "multi_device.cuh"
 
 namespace knn {
 namespace cuda {
@@ -82,9 +85,11 @@ class StreamDrain {
   DeviceContext &ctx_;
 };
 
-// Lends the device's runtime to the join (its mutex held) and sets the
-// join's memory budget.
-KnnStatus setup_context(const KnnProblem &p, DeviceRuntime &rt, DeviceContext &ctx) {
+// Lends the runtime to the join (its mutex held) and sets the join's
+// memory budget: what is free, shared evenly by the join's engines on this
+// GPU (`sharing`), and at most the problem's limit (each GPU's).
+KnnStatus setup_context(const KnnProblem &p, int sharing, DeviceRuntime &rt,
+                        DeviceContext &ctx) {
   KNN_TRY(open_runtime(rt, ctx));
   ctx.prop = rt.prop;
   ctx.stream = rt.stream;
@@ -103,7 +108,8 @@ KnnStatus setup_context(const KnnProblem &p, DeviceRuntime &rt, DeviceContext &c
   CUDA_CHECK(ctx, cudaMemPoolGetAttribute(rt.pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
   CUDA_CHECK(ctx, cudaMemPoolGetAttribute(rt.pool, cudaMemPoolAttrUsedMemCurrent, &used));
   free_bytes += static_cast<size_t>(reserved - std::min(used, reserved));
-  size_t budget = static_cast<size_t>(static_cast<double>(free_bytes) * 0.9);
+  size_t budget =
+      static_cast<size_t>(static_cast<double>(free_bytes) * 0.9 / std::max(1, sharing));
   if (p.gpu_memory_limit > 0)
     budget = std::min(budget, static_cast<size_t>(p.gpu_memory_limit));
   ctx.memory_budget = budget;
@@ -119,9 +125,36 @@ KnnMethod method_for(const KnnProblem &p) {
   return method;
 }
 
+KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
+                     double *distances, KnnStats *stats, DeviceContext &ctx);
+
+// Whether a split join's shares run on the clusters of the whole set
+// (ti_join_share): TI self-joins of float rows.
+bool shares_clusters(const KnnProblem &p) {
+  return p.element == KNN_ELEMENT_FLOAT32 && method_for(p) == KNN_METHOD_TI &&
+         p.queries == p.targets && p.n_queries == p.n_targets && p.n_queries > 0;
+}
+
+// A share of a TI self-join (ctx.query_first, ctx.query_count) on the
+// whole set's clusters; where ti_join_share declines, the share's rows as
+// a problem of their own, through the usual methods.
+KnnStatus run_shared_ti(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
+                        double *distances, KnnStats *stats, DeviceContext &ctx) {
+  bool declined = false;
+  const KnnStatus st = ti_join_share(p, tuning, neighbors, distances, stats, &declined, ctx);
+  if (!declined) return st;
+  const int64_t first = ctx.query_first, count = ctx.query_count;
+  ctx.query_first = 0;
+  ctx.query_count = -1;
+  *stats = KnnStats{};
+  return run_method(query_share(p, first, count, ctx.device), tuning, neighbors + first * p.k,
+                    distances + first * p.k, stats, ctx);
+}
+
 // Runs the join's method on the prepared context; stats are the method's.
 KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
                      double *distances, KnnStats *stats, DeviceContext &ctx) {
+  if (ctx.query_count >= 0) return run_shared_ti(p, tuning, neighbors, distances, stats, ctx);
   if (p.element == KNN_ELEMENT_BIT) return bit_join(p, neighbors, distances, stats, ctx);
   if (p.n_queries == 0 || p.n_targets == 0) {
     fill_padding(p.n_queries, p.k, neighbors, distances);
@@ -148,10 +181,76 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
   return brute;
 }
 
-KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
-                   double *distances, KnnStats *stats, const int32_t *cancel,
-                   DeviceContext &ctx) {
+// The split's test hook (knn_cuda_testing.h): the chosen engine, with its
+// runtime borrowed and some memory of its own, waits (stopping on a
+// cancel) and then fails, if asked to.
+struct SplitTestHook {
+  int engine = 0;  // 1-based; 0: none
+  int wait_ms = 0;
+  bool fail = false;
+};
+
+KnnStatus run_split_test_hook(const SplitTestHook &hook, const Engine &engine,
+                              DeviceContext &ctx) {
+  if (hook.engine != engine.index + 1) return KNN_OK;
+  DeviceBuffer<unsigned char> held;
+  KNN_TRY(held.allocate(ctx, size_t{64} << 20, "the split test hook"));
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(hook.wait_ms);
+  while (std::chrono::steady_clock::now() < until) {
+    KNN_TRY(ctx.cancel_point());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!hook.fail) return KNN_OK;
+  ctx.error = "forced failure (split test hook)";
+  return KNN_DEVICE_ERROR;
+}
+
+// One engine's rows on the calling thread: waits for the engine's runtime
+// (still answering a cancel), borrows it and runs the method.
+KnnStatus run_engine(const KnnProblem &p, const Engine &engine, const JoinTuning &tuning,
+                     const SplitTestHook &hook, int64_t *neighbors, double *distances,
+                     KnnStats *stats, const int32_t *cancel, DeviceContext &ctx) {
   const auto start = std::chrono::steady_clock::now();
+  ctx.cancel = cancel;
+  KNN_TRY(select_device(ctx, engine.device));
+  DeviceRuntime &rt = device_runtime(engine.device, engine.replica);
+  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
+  StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
+  KNN_TRY(setup_context(p, engine.sharing, rt, ctx));
+
+  struct MarkUsed {  // on every path: the idle keeper counts from the join's end
+    DeviceRuntime &rt;
+    ~MarkUsed() { mark_runtime_used(rt); }
+  } mark_used{rt};
+
+  KNN_TRY(run_split_test_hook(hook, engine, ctx));
+  // The rows it answers: a share of the problem's (ctx.query_count), or all.
+  const int64_t answered = ctx.query_count >= 0 ? ctx.query_count : p.n_queries;
+  KnnStats local{};
+  KnnStatus st = run_method(p, tuning, neighbors, distances, &local, ctx);
+  if (st == KNN_OK) st = ctx.cancel_point();
+  local.device = KNN_DEVICE_GPU;
+  std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
+  local.pairs = answered * p.n_targets;
+  local.seconds_total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  local.n_devices = 1;
+  local.device_work[0].device = engine.device;
+  local.device_work[0].queries = answered;
+  local.device_work[0].seconds = local.seconds_total;
+  if (stats != nullptr) *stats = local;
+  return st;
+}
+
+// What splitting could save: every pair's distance, in dimensions.
+double split_work(const KnnProblem &p) {
+  return static_cast<double>(p.n_queries) * static_cast<double>(p.n_targets) * p.dim;
+}
+
+KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTestHook &hook,
+                   int64_t *neighbors, double *distances, KnnStats *stats,
+                   const int32_t *cancel, DeviceContext &ctx) {
   // Float32 rows (the job layer widens float16), or bit rows (bit_join.cu).
   if (const char *why = p.element == KNN_ELEMENT_BIT
                             ? problem_invalid_reason(p, neighbors, distances)
@@ -160,29 +259,40 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, int64_t *neigh
     return KNN_INVALID_ARGUMENT;
   }
   ctx.cancel = cancel;
-  KNN_TRY(select_device(ctx));
-  DeviceRuntime &rt = device_runtime();
-  // Wait for the device's current join, still answering a cancel.
-  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
-  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
-  StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
-  KNN_TRY(setup_context(p, rt, ctx));
-
-  struct MarkUsed {  // on every path: the idle keeper counts from the join's end
-    DeviceRuntime &rt;
-    ~MarkUsed() { mark_runtime_used(rt); }
-  } mark_used{rt};
-
-  KnnStats local{};
-  KnnStatus st = run_method(p, tuning, neighbors, distances, &local, ctx);
-  if (st == KNN_OK) st = ctx.cancel_point();
-  local.device = KNN_DEVICE_GPU;
-  std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
-  local.pairs = p.n_queries * p.n_targets;
-  local.seconds_total =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (stats != nullptr) *stats = local;
-  return st;
+  SplitPlan plan;
+  KNN_TRY(plan_engines(p, split_work(p), &plan, ctx));
+  int with_rows = 0, only = 0;
+  for (int i = 0; i < plan.n_engines; i++)
+    if (plan.engines[i].n_queries > 0) {
+      with_rows++;
+      only = i;
+    }
+  if (with_rows <= 1) {  // one engine, on this thread, with the whole GPU
+    Engine alone = plan.engines[only];
+    alone.sharing = 1;
+    return run_engine(p, alone, tuning, hook, neighbors, distances, stats, cancel, ctx);
+  }
+  // Whether the engines share the whole set's clusters is decided for the
+  // whole join (under AUTO a share alone may look small enough for brute
+  // force); a share that runs as a problem of its own chooses for itself.
+  const KnnProblem &whole = p;
+  const bool shared = shares_clusters(whole);
+  return run_split(
+      whole, plan,
+      [&](const Engine &engine, KnnStats *share_stats, const int32_t *stop,
+          DeviceContext &engine_ctx) {
+        if (shared) {  // the whole problem, the share marked on the context
+          engine_ctx.query_first = engine.first_query;
+          engine_ctx.query_count = engine.n_queries;
+          return run_engine(whole, engine, tuning, hook, neighbors, distances, share_stats, stop,
+                            engine_ctx);
+        }
+        const KnnProblem share =
+            query_share(whole, engine.first_query, engine.n_queries, engine.device);
+        return run_engine(share, engine, tuning, hook, neighbors + engine.first_query * p.k,
+                          distances + engine.first_query * p.k, share_stats, stop, engine_ctx);
+      },
+      stats, cancel, ctx);
 }
 
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
@@ -205,7 +315,17 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   return t;
 }
 
-// Describes device 0 in buf; KNN_NO_DEVICE (and why, in buf) when there is none.
+SplitTestHook hook_from(const KnnCudaTestOptions *o) {
+  SplitTestHook h;
+  if (o == nullptr) return h;
+  h.engine = std::max(0, o->split_test_engine);
+  h.wait_ms = std::max(0, o->split_test_wait_ms);
+  h.fail = o->split_test_fail != 0;
+  return h;
+}
+
+// Describes device 0 in buf (and how many GPUs there are, when more than
+// one); KNN_NO_DEVICE (and why, in buf) when there is none.
 KnnStatus probe(char *buf, size_t len) {
   char line[256];
   int count = 0;
@@ -216,11 +336,14 @@ KnnStatus probe(char *buf, size_t len) {
     std::snprintf(line, sizeof line, "cudaGetDeviceCount: %s", cudaGetErrorString(err));
   } else if (count == 0) {
     std::snprintf(line, sizeof line, "no CUDA device");
-  } else if ((err = cudaGetDeviceProperties(&prop, kDevice)) != cudaSuccess) {
+  } else if ((err = cudaGetDeviceProperties(&prop, kFirstDevice)) != cudaSuccess) {
     std::snprintf(line, sizeof line, "cudaGetDeviceProperties: %s", cudaGetErrorString(err));
   } else {
-    std::snprintf(line, sizeof line, "%.200s (sm_%d%d, %.1f GiB)", prop.name, prop.major,
-                  prop.minor, prop.totalGlobalMem / 1073741824.0);
+    const int used = std::snprintf(line, sizeof line, "%.200s (sm_%d%d, %.1f GiB)", prop.name,
+                                   prop.major, prop.minor, prop.totalGlobalMem / 1073741824.0);
+    if (count > 1 && used > 0 && static_cast<size_t>(used) < sizeof line)
+      std::snprintf(line + used, sizeof line - used, " + %d more GPU%s", count - 1,
+                    count > 2 ? "s" : "");
     st = KNN_OK;
   }
   (void)cudaGetLastError();
@@ -242,8 +365,8 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
     }
     // problem->fault is the job layer's (knn_job.cpp); the module ignores it.
     DeviceContext ctx;
-    const KnnStatus st =
-        run_join(*problem, tuning_from(options), neighbors, distances, stats, cancel, ctx);
+    const KnnStatus st = run_join(*problem, tuning_from(options), hook_from(options), neighbors,
+                                  distances, stats, cancel, ctx);
     if (st != KNN_OK)
       copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
     return st;
@@ -254,9 +377,9 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
 // runs it on a thread of its own).
 KnnStatus warm_up(char *errbuf, size_t errlen) {
   DeviceContext ctx;
-  KnnStatus st = select_device(ctx);
+  KnnStatus st = select_device(ctx, kFirstDevice);
   if (st == KNN_OK) {
-    DeviceRuntime &rt = device_runtime();
+    DeviceRuntime &rt = device_runtime(kFirstDevice);
     std::lock_guard<std::timed_mutex> turn(rt.mutex);
     st = open_runtime(rt, ctx);
   }
@@ -264,14 +387,10 @@ KnnStatus warm_up(char *errbuf, size_t errlen) {
   return st;
 }
 
-// Gives the runtime back now, after the running join if there is one.
+// Gives every runtime back now, after the running join if there is one.
 KnnStatus release(char *errbuf, size_t errlen) {
-  DeviceRuntime &rt = device_runtime();
-  std::lock_guard<std::timed_mutex> turn(rt.mutex);
-  if (!rt.ready.load() && rt.stream == nullptr && rt.cublas == nullptr) return KNN_OK;
   DeviceContext ctx;
-  KnnStatus st = select_device(ctx);
-  if (st == KNN_OK) st = release_runtime(rt, ctx);
+  const KnnStatus st = release_all_runtimes(ctx);
   if (st != KNN_OK) copy_message(errbuf, errlen, ctx.error.c_str());
   return st;
 }
@@ -283,7 +402,7 @@ KnnStatus release(char *errbuf, size_t errlen) {
 extern "C" {
 
 __attribute__((visibility("default"))) int knn_cuda_runtime_ready(void) {
-  return knn::cuda::device_runtime().ready.load() ? 1 : 0;
+  return knn::cuda::runtime_ready(knn::cuda::kFirstDevice) ? 1 : 0;
 }
 
 __attribute__((visibility("default"))) KnnStatus knn_cuda_warm_up(char *errbuf, size_t errlen) {
@@ -337,6 +456,32 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
                               errlen);
 }
 
+__attribute__((visibility("default"))) int knn_cuda_test_device_count(void) {
+  const knn::SignalsBlocked blocked;  // see run_entry
+  int count = 0;
+  knn::guarded("GPU count", nullptr, 0, [&] {
+    count = knn::cuda::visible_devices(nullptr);
+    return KNN_OK;
+  });
+  return count;
+}
+
+__attribute__((visibility("default"))) int64_t knn_cuda_test_pool_used(int device) {
+  const knn::SignalsBlocked blocked;
+  int64_t used_bytes = -1;
+  knn::guarded("GPU pool", nullptr, 0, [&] {
+    if (device < 0 || device >= knn::cuda::visible_devices(nullptr)) return KNN_NO_DEVICE;
+    cudaMemPool_t pool;
+    uint64_t used = 0;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess)
+      used_bytes = static_cast<int64_t>(used);
+    (void)cudaGetLastError();
+    return KNN_OK;
+  });
+  return used_bytes;
+}
+
 // The entries are found with dlsym: their types must be the headers'.
 static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
@@ -346,5 +491,7 @@ static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::va
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_set_idle_release), knn_cuda_set_idle_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_shutdown), knn_cuda_shutdown_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_test_device_count), knn_cuda_test_device_count_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_test_pool_used), knn_cuda_test_pool_used_fn>::value, "");
 
 }  // extern "C"

@@ -1,12 +1,14 @@
-// device_runtime.cu -- the module's per-process device runtime and its idle
-// keeper (see device_runtime.cuh).
+// device_runtime.cu -- the module's per-process device runtimes and their
+// idle keeper (see device_runtime.cuh).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <new>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <vector>
 
 #include "../entry_guard.h"
 #include "../signal_free_thread.h"
@@ -26,60 +28,43 @@ namespace {
 // GPU's memory between their joins; the idle keeper gives back the rest.
 constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
 
+constexpr int kOrdinals = KNN_MAX_DEVICE_ORDINAL + 1;
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-}  // namespace
+// Every runtime made so far, by GPU and replica (null: never used).
+struct Registry {
+  std::mutex mutex;  // guards making runtimes; reading a made one needs no lock
+  std::array<std::array<std::atomic<DeviceRuntime *>, kMaxReplicas>, kOrdinals> runtimes{};
+};
 
-DeviceRuntime &device_runtime() {
-  static DeviceRuntime *rt = new DeviceRuntime();  // never destroyed, see the header
-  return *rt;
+Registry &registry() {
+  static Registry *r = new Registry();  // never destroyed, like the runtimes
+  return *r;
 }
 
-KnnStatus select_device(DeviceContext &ctx) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    (void)cudaGetLastError();
-    ctx.error = std::string("no usable GPU: ") +
-                (err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device");
-    return KNN_NO_DEVICE;
-  }
-  ctx.device = kDevice;
-  CUDA_CHECK(ctx, cudaSetDevice(ctx.device));
-  return KNN_OK;
+DeviceRuntime *find_runtime(int device, int replica) {
+  if (device < 0 || device >= kOrdinals || replica < 0 || replica >= kMaxReplicas)
+    return nullptr;
+  return registry().runtimes[device][replica].load();
 }
 
-// What a failed attempt left out is created by the next one.
-KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
-  if (rt.ready.load()) return KNN_OK;
-  CUDA_CHECK(ctx, cudaGetDeviceProperties(&rt.prop, ctx.device));
-  if (rt.stream == nullptr)
-    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&rt.stream, cudaStreamNonBlocking));
-  if (rt.cublas == nullptr) CUBLAS_CHECK(ctx, cublasCreate(&rt.cublas));
-  if (rt.staging == nullptr) {
-    rt.staging.reset(new (std::nothrow) PinnedStaging());
-    if (rt.staging == nullptr) {
-      ctx.error = "out of host memory for the staging buffers";
-      return KNN_OUT_OF_MEMORY;
-    }
-  }
-  CUDA_CHECK(ctx, cudaDeviceGetDefaultMemPool(&rt.pool, ctx.device));
-  uint64_t keep = std::min<uint64_t>(rt.prop.totalGlobalMem / 8, kPoolKeepBytes);
-  CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
-  rt.ready.store(true);
-  mark_runtime_used(rt);
-  return KNN_OK;
+// The runtimes of one GPU that exist, in replica order.
+std::vector<DeviceRuntime *> runtimes_of(int device) {
+  std::vector<DeviceRuntime *> out;
+  for (int r = 0; r < kMaxReplicas; r++)
+    if (DeviceRuntime *rt = find_runtime(device, r)) out.push_back(rt);
+  return out;
 }
 
-// Frees in dependency order; every step runs even when an earlier one
-// failed (the first failure is reported). The context goes last: it is
-// most of what the process holds (measured with nvidia-smi: the pool,
-// pinned memory and cuBLAS handle are tens of MiB, the context hundreds).
-KnnStatus release_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
+// A runtime's stream, handle and staging (not the GPU's context or pool).
+// Every step runs even when an earlier one failed (the first failure is
+// reported). Its mutex held.
+KnnStatus close_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
   rt.ready.store(false);
   KnnStatus first = KNN_OK;
   auto keep_first = [&first](KnnStatus st) {
@@ -98,10 +83,125 @@ KnnStatus release_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
   }
   if (rt.stream != nullptr) step(cudaStreamDestroy(rt.stream), "cudaStreamDestroy");
   rt.stream = nullptr;
-  if (rt.pool != nullptr) step(cudaMemPoolTrimTo(rt.pool, 0), "cudaMemPoolTrimTo");
   rt.pool = nullptr;
+  return first;
+}
+
+// Gives back every runtime of one GPU and then its context; the caller
+// holds all their mutexes. The context goes last: it is most of what the
+// process holds (measured with nvidia-smi: the pool, pinned memory and
+// cuBLAS handle are tens of MiB, the context hundreds).
+KnnStatus release_device(int device, const std::vector<DeviceRuntime *> &rts,
+                         DeviceContext &ctx) {
+  KnnStatus first = select_device(ctx, device);
+  if (first != KNN_OK) {
+    for (DeviceRuntime *rt : rts) rt->ready.store(false);
+    return first;
+  }
+  for (DeviceRuntime *rt : rts) {
+    const KnnStatus st = close_runtime(*rt, ctx);
+    if (first == KNN_OK) first = st;
+  }
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+  (void)cudaGetLastError();
   // Releases this process's primary context; the next join creates it anew.
-  step(cudaDeviceReset(), "cudaDeviceReset");
+  const cudaError_t err = cudaDeviceReset();
+  if (err != cudaSuccess) {
+    const KnnStatus st = record_failure(ctx, err, "cudaDeviceReset", __FILE__, __LINE__);
+    if (first == KNN_OK) first = st;
+  }
+  return first;
+}
+
+}  // namespace
+
+DeviceRuntime &device_runtime(int device, int replica) {
+  Registry &reg = registry();
+  std::atomic<DeviceRuntime *> &slot = reg.runtimes[device][replica];
+  DeviceRuntime *rt = slot.load();
+  if (rt != nullptr) return *rt;
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  rt = slot.load();
+  if (rt == nullptr) {
+    rt = new DeviceRuntime();  // never destroyed, see the header
+    rt->device = device;
+    slot.store(rt);
+  }
+  return *rt;
+}
+
+bool runtime_ready(int device, int replica) {
+  const DeviceRuntime *rt = find_runtime(device, replica);
+  return rt != nullptr && rt->ready.load();
+}
+
+int visible_devices(std::string *why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    (void)cudaGetLastError();
+    if (why != nullptr) *why = err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device";
+    return 0;
+  }
+  return count;
+}
+
+KnnStatus select_device(DeviceContext &ctx, int device) {
+  std::string why;
+  const int count = visible_devices(&why);
+  if (count == 0) {
+    ctx.error = "no usable GPU: " + why;
+    return KNN_NO_DEVICE;
+  }
+  if (device < 0 || device >= count) {
+    ctx.error = "GPU " + std::to_string(device) + " does not exist: this process sees " +
+                std::to_string(count) + (count == 1 ? " GPU (0)" : " GPUs (0 to " +
+                std::to_string(count - 1) + ")");
+    return KNN_NO_DEVICE;
+  }
+  ctx.device = device;
+  CUDA_CHECK(ctx, cudaSetDevice(ctx.device));
+  return KNN_OK;
+}
+
+// What a failed attempt left out is created by the next one.
+KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
+  if (rt.ready.load()) return KNN_OK;
+  CUDA_CHECK(ctx, cudaGetDeviceProperties(&rt.prop, rt.device));
+  if (rt.stream == nullptr)
+    CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&rt.stream, cudaStreamNonBlocking));
+  if (rt.cublas == nullptr) CUBLAS_CHECK(ctx, cublasCreate(&rt.cublas));
+  if (rt.staging == nullptr) {
+    rt.staging.reset(new (std::nothrow) PinnedStaging());
+    if (rt.staging == nullptr) {
+      ctx.error = "out of host memory for the staging buffers";
+      return KNN_OUT_OF_MEMORY;
+    }
+  }
+  CUDA_CHECK(ctx, cudaDeviceGetDefaultMemPool(&rt.pool, rt.device));
+  uint64_t keep = std::min<uint64_t>(rt.prop.totalGlobalMem / 8, kPoolKeepBytes);
+  CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  rt.ready.store(true);
+  mark_runtime_used(rt);
+  return KNN_OK;
+}
+
+KnnStatus release_all_runtimes(DeviceContext &ctx) {
+  KnnStatus first = KNN_OK;
+  for (int device = 0; device < kOrdinals; device++) {
+    const std::vector<DeviceRuntime *> rts = runtimes_of(device);
+    if (rts.empty()) continue;
+    // In replica order, as everywhere that holds more than one.
+    std::vector<std::unique_lock<std::timed_mutex>> turns;
+    for (DeviceRuntime *rt : rts) turns.emplace_back(rt->mutex);
+    bool held = false;
+    for (DeviceRuntime *rt : rts)
+      held = held || rt->ready.load() || rt->stream != nullptr || rt->cublas != nullptr;
+    if (!held) continue;
+    const KnnStatus st = release_device(device, rts, ctx);
+    if (first == KNN_OK) first = st;
+  }
   return first;
 }
 
@@ -120,23 +220,39 @@ struct IdleKeeper {
 };
 
 IdleKeeper &keeper() {
-  static IdleKeeper *k = new IdleKeeper();  // never destroyed, like the runtime
+  static IdleKeeper *k = new IdleKeeper();  // never destroyed, like the runtimes
   return *k;
 }
 
-// Releases the runtime when it is idle enough and no join holds it (a
-// running join is never waited for: it marks the runtime used when it
-// ends, which restarts the count).
+// Whether some runtime of the GPU is ready and none has been used for idle_ms.
+bool device_idle(const std::vector<DeviceRuntime *> &rts, int64_t idle_ms) {
+  bool any_ready = false;
+  for (const DeviceRuntime *rt : rts) {
+    if (!rt->ready.load()) continue;
+    any_ready = true;
+    if (now_ns() - rt->last_used_ns.load() < idle_ms * 1000000) return false;
+  }
+  return any_ready;
+}
+
+// Releases each GPU's runtimes when all are idle enough and no join holds
+// any (a running join is never waited for: it marks its runtime used when
+// it ends, which restarts the count).
 void release_if_idle(int64_t idle_ms) {
-  DeviceRuntime &rt = device_runtime();
-  if (!rt.ready.load() || now_ns() - rt.last_used_ns.load() < idle_ms * 1000000) return;
-  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::try_to_lock);
-  if (!turn.owns_lock() || !rt.ready.load()) return;
-  if (now_ns() - rt.last_used_ns.load() < idle_ms * 1000000) return;
-  DeviceContext ctx;
-  if (select_device(ctx) == KNN_OK) (void)release_runtime(rt, ctx);
-  // A failed release leaves ready false: the next join recreates what is
-  // missing, and a broken device is reported by that join.
+  for (int device = 0; device < kOrdinals; device++) {
+    const std::vector<DeviceRuntime *> rts = runtimes_of(device);
+    if (rts.empty() || !device_idle(rts, idle_ms)) continue;
+    std::vector<std::unique_lock<std::timed_mutex>> turns;
+    for (DeviceRuntime *rt : rts) {
+      turns.emplace_back(rt->mutex, std::try_to_lock);
+      if (!turns.back().owns_lock()) break;
+    }
+    if (!turns.back().owns_lock() || !device_idle(rts, idle_ms)) continue;
+    DeviceContext ctx;
+    (void)release_device(device, rts, ctx);
+    // A failed release leaves ready false: the next join recreates what is
+    // missing, and a broken device is reported by that join.
+  }
 }
 
 void keeper_loop() {

@@ -1,7 +1,7 @@
 // device_runtime.cuh -- what the GPU module keeps for the process between
-// joins (internal to kernels/cuda/): the CUDA context of device 0, a
-// stream, a cuBLAS handle, pinned staging memory and a reserve in the
-// device's memory pool.
+// joins (internal to kernels/cuda/): per engine slot of a GPU, a stream, a
+// cuBLAS handle and pinned staging memory; per GPU, the CUDA context and a
+// reserve in the device's memory pool.
 //
 // Creating them costs a fraction of a second (the context above all), so
 // they are made once -- by the first join, or ahead of it by
@@ -10,8 +10,14 @@
 // knn_gpu.gpu_idle_release (the idle keeper below), and the next join
 // creates them again.
 //
-// Joins, warm-up and release take turns on the runtime's mutex, so a
-// release never runs under a join.
+// A join runs one engine per listed GPU (multi_device.cuh); the engine of
+// the i-th listing of a GPU uses that GPU's runtime `replica` i, so that a
+// list naming one GPU twice (the test mode of knn_gpu.devices) gives two
+// engines two streams and handle sets. A join on one GPU uses replica 0.
+//
+// Joins, warm-up and release take turns on each runtime's mutex; a release
+// holds every runtime of the GPU (the context is the GPU's), so it never
+// runs under a join.
 #pragma once
 
 #include <cublas_v2.h>
@@ -21,16 +27,25 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
+#include "../knn_vocabulary.h"
 #include "cuda_engine.cuh"
 #include "host_transfer.cuh"
 
 namespace knn {
 namespace cuda {
 
-constexpr int kDevice = 0;  // CUDA_VISIBLE_DEVICES picks which GPU that is
+// The GPU a join uses when the problem lists none and is not split, and
+// whose runtime the warm-up creates (CUDA_VISIBLE_DEVICES picks which GPU
+// that is).
+constexpr int kFirstDevice = 0;
+
+// Runtimes per GPU: as many as one list can name it.
+constexpr int kMaxReplicas = KNN_MAX_DEVICES;
 
 struct DeviceRuntime {
+  int device = 0;                  // CUDA ordinal (fixed at creation)
   std::timed_mutex mutex;          // held by the join (or warm-up, release) using it
   std::atomic<bool> ready{false};  // everything below exists
   cudaDeviceProp prop{};
@@ -41,26 +56,35 @@ struct DeviceRuntime {
   std::atomic<int64_t> last_used_ns{0};  // steady clock, end of the last join
 };
 
-// The process's runtime (never destroyed: static destructors could run
-// after the CUDA runtime has shut down; the driver frees it at exit).
-DeviceRuntime &device_runtime();
+// Runtime `replica` of GPU `device` (0 <= device <= KNN_MAX_DEVICE_ORDINAL,
+// 0 <= replica < kMaxReplicas), made (empty) on first use. Never destroyed:
+// static destructors could run after the CUDA runtime has shut down; the
+// driver frees it at exit. Thread-safe.
+DeviceRuntime &device_runtime(int device, int replica = 0);
 
-// Makes device 0 current on the calling thread, or says why there is none.
-KnnStatus select_device(DeviceContext &ctx);
+// Whether runtime `replica` of `device` exists and is ready (never makes one).
+bool runtime_ready(int device, int replica = 0);
 
-// Creates what the runtime lacks. Device current, mutex held.
+// How many GPUs the process sees (0 when none, or the driver fails: then
+// *why says so).
+int visible_devices(std::string *why);
+
+// Makes `device` current on the calling thread, or says why it cannot be.
+KnnStatus select_device(DeviceContext &ctx, int device = kFirstDevice);
+
+// Creates what the runtime lacks. Its device current, its mutex held.
 KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx);
 
-// Gives back everything the runtime holds, the CUDA context included, so
-// that the process holds no GPU memory. Device current, mutex held.
-KnnStatus release_runtime(DeviceRuntime &rt, DeviceContext &ctx);
+// Gives back every runtime of every GPU, each GPU's context included, so
+// that the process holds no GPU memory; waits for running joins.
+KnnStatus release_all_runtimes(DeviceContext &ctx);
 
 // Notes that a join ended now (the idle keeper counts from here).
 void mark_runtime_used(DeviceRuntime &rt);
 
 // The idle keeper: a thread of the module (started on the first non-zero
-// setting, signals blocked) that releases the runtime once no join has
-// used it for idle_ms. 0 = never release. Thread-safe.
+// setting, signals blocked) that releases a GPU's runtimes once none of
+// them has been used for idle_ms. 0 = never release. Thread-safe.
 void set_idle_release(int64_t idle_ms);
 
 // Stops and joins the idle keeper (process exit). Idempotent.

@@ -1,6 +1,7 @@
 // device_thread.cuh -- a helper thread of a join that runs one step on the
 // join's device (an upload overlapping the kernels, a share of a host
-// copy). It starts with every signal blocked (../signal_free_thread.h,
+// copy), or one engine of a join split across GPUs on its own device
+// (multi_device.cu). It starts with every signal blocked (../signal_free_thread.h,
 // shared with the job layer and the CPU engine), owns what the step
 // reports, and is joined by its owner's destructor on every path, so it
 // never outlives what it was given.
@@ -8,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <new>
 #include <system_error>
 #include <thread>
@@ -33,34 +35,22 @@ class DeviceThread {
   // runs and the caller does the step itself).
   template <class Step>
   bool start(const DeviceContext &parent, Step step) {
-    wait();  // a second start waits for the first thread
-    const int device = parent.device;
-    const size_t budget = parent.memory_budget;
-    PinnedStaging *const staging = parent.staging;
-    try {
-      thread_ = start_signal_free_thread([this, device, budget, staging, step]() {
-        status_ = guarded("GPU engine thread", error_, sizeof error_, [&]() -> KnnStatus {
-          DeviceContext ctx;
-          ctx.device = device;
-          ctx.memory_budget = budget;
-          ctx.staging = staging;
-          const KnnStatus st = [&]() -> KnnStatus {
-            CUDA_CHECK(ctx, cudaSetDevice(device));
-            return step(ctx);
-          }();
-          if (st != KNN_OK) copy_message(error_, sizeof error_, ctx.error.c_str());
-          return st;
-        });
-      });
-    } catch (const std::system_error &) {
-      return false;
-    } catch (const std::bad_alloc &) {
-      return false;
-    }
-    return true;
+    return launch(parent.device, parent.memory_budget, parent.staging, step);
+  }
+
+  // The same with a fresh context on `device` (no budget, staging or
+  // stream: the step borrows a runtime of its own): one engine of a join
+  // split across GPUs (multi_device.cuh).
+  template <class Step>
+  bool start_on(int device, Step step) {
+    return launch(device, 0, nullptr, step);
   }
 
   bool running() const { return thread_.joinable(); }
+
+  // True once the step has returned (or thrown); status() is then its own.
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  KnnStatus status() const { return status_; }
 
   // Waits for the thread (if one was started).
   void wait() {
@@ -77,7 +67,38 @@ class DeviceThread {
   }
 
  private:
+  template <class Step>
+  bool launch(int device, size_t budget, PinnedStaging *staging, Step step) {
+    wait();  // a second start waits for the first thread
+    done_.store(false);
+    status_ = KNN_OK;
+    error_[0] = '\0';
+    try {
+      thread_ = start_signal_free_thread([this, device, budget, staging, step]() {
+        status_ = guarded("GPU engine thread", error_, sizeof error_, [&]() -> KnnStatus {
+          DeviceContext ctx;
+          ctx.device = device;
+          ctx.memory_budget = budget;
+          ctx.staging = staging;
+          const KnnStatus st = [&]() -> KnnStatus {
+            CUDA_CHECK(ctx, cudaSetDevice(device));
+            return step(ctx);
+          }();
+          if (st != KNN_OK) copy_message(error_, sizeof error_, ctx.error.c_str());
+          return st;
+        });
+        done_.store(true, std::memory_order_release);
+      });
+    } catch (const std::system_error &) {
+      return false;
+    } catch (const std::bad_alloc &) {
+      return false;
+    }
+    return true;
+  }
+
   std::thread thread_;
+  std::atomic<bool> done_{false};
   KnnStatus status_ = KNN_OK;
   char error_[512] = "";
 };

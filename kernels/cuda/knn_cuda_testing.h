@@ -28,6 +28,17 @@ typedef struct KnnCudaTestOptions
 	int			brute_filter;	/* brute force GEMM filter: 0 auto, 1 SGEMM, 2 DGEMM (L2),
 								 * 3 fp16 tensor cores (not L1) */
 	int			brute_pipeline;	/* fp16 filter: next tile's GEMM beside the selection */
+
+	/*
+	 * A join split across GPUs (knn_gpu.devices, multi_device.cuh): engine
+	 * split_test_engine (1-based, in list order; 0 = none), once it holds
+	 * its runtime and 64 MiB of device memory, waits split_test_wait_ms
+	 * (stopping early on a cancel), then fails with KNN_DEVICE_ERROR when
+	 * split_test_fail is non-zero, else joins its rows.
+	 */
+	int			split_test_engine;
+	int			split_test_wait_ms;
+	int			split_test_fail;
 } KnnCudaTestOptions;
 
 /* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */
@@ -37,6 +48,18 @@ typedef KnnStatus (*knn_cuda_run_tuned_fn) (const KnnProblem *problem,
 											KnnStats *stats, const int32_t *cancel,
 											char *errbuf, size_t errlen);
 #define KNN_CUDA_RUN_TUNED_SYMBOL "knn_cuda_run_tuned"
+
+/* How many GPUs the module sees (0 without a usable one). */
+typedef int (*knn_cuda_test_device_count_fn) (void);
+#define KNN_CUDA_TEST_DEVICE_COUNT_SYMBOL "knn_cuda_test_device_count"
+
+/*
+ * Bytes of device memory that joins hold from GPU `device`'s memory pool
+ * right now (0 between joins: every join frees what it took); -1 when the
+ * device does not exist.
+ */
+typedef int64_t (*knn_cuda_test_pool_used_fn) (int device);
+#define KNN_CUDA_TEST_POOL_USED_SYMBOL "knn_cuda_test_pool_used"
 
 #ifdef __cplusplus
 }

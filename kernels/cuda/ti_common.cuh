@@ -257,6 +257,15 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
 // in-memory join (ti_join.cu), to skip it where it cannot fit.
 size_t in_memory_join_bytes(const KnnProblem &problem, int kprime);
 
+// The query clusters of a self-join restricted to the positions whose
+// distinct point has a row in [first, first + count) (ti_query_share.cu):
+// same clusters, centres and extents (bounds of the whole cluster hold for
+// any of its members), members compacted in position order. The level-2
+// filter then answers those rows only.
+KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, int64_t first,
+                               int64_t count, ClusterSet &out, MemoryBudget &mem,
+                               DeviceContext &ctx);
+
 }  // namespace ti
 }  // namespace cuda
 }  // namespace knn

@@ -12,6 +12,10 @@
 // A join whose points, clusters and lists do not fit the memory budget
 // runs in parts instead (ti_out_of_core.cu), never as brute force.
 //
+// One GPU's share of a self-join split across GPUs (ctx.query_first and
+// query_count, ti_join_share) clusters the whole set as here and filters
+// the share's queries only (ti_query_share.cu).
+//
 // The adaptive scheme of IV-D is decided here: the partial filter when
 // k / dim exceeds a ratio (TiOptions says why it is off by default), the
 // place of the top-k lists from the device's shared memory and register
@@ -146,6 +150,9 @@ class TiJoin {
         self_(p.queries == p.targets && p.n_queries == p.n_targets),
         exclude_(p.query_keys != nullptr && p.target_keys != nullptr),
         stride_(padded_stride(p.dim)),
+        share_(ctx.query_count >= 0),
+        share_first_(share_ ? ctx.query_first : 0),
+        share_count_(share_ ? ctx.query_count : p.n_queries),
         budget_(ctx.memory_budget),
         mem_(ctx.memory_budget) {}
 
@@ -171,6 +178,8 @@ class TiJoin {
   void describe(KnnStats *stats) const;
 
   const DistinctSet &target_set() const { return self_ ? query_set_ : target_set_own_; }
+  // The query clusters level 2 runs on: a share's, or all.
+  const ClusterSet &filtered_queries() const { return share_ ? share_clusters_ : query_clusters_; }
   const ClusterSet &target_clusters() const {
     return self_ ? query_clusters_ : target_clusters_own_;
   }
@@ -179,6 +188,8 @@ class TiJoin {
   const TiOptions &options_;
   DeviceContext &ctx_;
   const bool self_, exclude_;
+  const bool share_;  // answers query rows [share_first_, + share_count_) only
+  const int64_t share_first_, share_count_;
   const int stride_;
   size_t budget_;
   MemoryBudget mem_;
@@ -187,7 +198,7 @@ class TiJoin {
   DeviceBuffer<int64_t> query_keys_, target_keys_;
   int64_t excluded_ = 0;  // the most targets one query can lose to exclusion
   DistinctSet query_set_, target_set_own_;
-  ClusterSet query_clusters_, target_clusters_own_;
+  ClusterSet query_clusters_, target_clusters_own_, share_clusters_;
   Level1Result level1_;
   Level2Config used_;
   int kprime_ = 0;
@@ -288,7 +299,7 @@ Level2Config TiJoin::level2_config(int kprime) const {
   config.parts = options_.threads_per_query > 0
                      ? options_.threads_per_query
                      : level2_threads_per_query(ctx_, p_.metric, stride_, config.place, kprime,
-                                                query_set_.n_distinct,
+                                                filtered_queries().n,
                                                 options_.cache_conflict_factor);
   return config;
 }
@@ -309,6 +320,9 @@ KnnStatus TiJoin::filter() {
     t_filtered_ = Clock::now();
     return KNN_OK;
   }
+  if (share_)
+    KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
+                                 share_clusters_, mem_, ctx_));
 
   const Level2Config config = level2_config(kprime_);
   const size_t slots = (size_t)query_set_.n_distinct * kprime_;
@@ -317,7 +331,7 @@ KnnStatus TiJoin::filter() {
   KNN_TRY(mem_.allocate(ctx_, counter_, 1, "distance counter"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
   used_ = config;
-  KNN_TRY(level2_filter(query_clusters_, target_clusters(), target_set(), level1_, p_.metric,
+  KNN_TRY(level2_filter(filtered_queries(), target_clusters(), target_set(), level1_, p_.metric,
                         config, margin, result_value_.get(), result_row_.get(), counter_.get(),
                         &used_, mem_, ctx_));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
@@ -373,7 +387,7 @@ KnnStatus TiJoin::measure_level1() {
 // output (16 bytes a slot) is written and copied in chunks of rows that
 // fit what is left of the budget.
 KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
-  const int64_t nq = p_.n_queries;
+  const int64_t nq = share_count_;
   const int k = p_.k;
   const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
   const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
@@ -385,9 +399,10 @@ KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
   KNN_TRY(mem_.allocate(ctx_, dist, (size_t)chunk * k, "results"));
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  for (int64_t first = 0; first < nq; first += chunk) {
+  for (int64_t done = 0; done < nq; done += chunk) {
     KNN_TRY(ctx_.cancel_point());
-    KNN_TRY(output_rows(first, std::min(chunk, nq - first), neighbors, distances, rows, dist));
+    KNN_TRY(output_rows(share_first_ + done, std::min(chunk, nq - done), neighbors, distances,
+                        rows, dist));
   }
   return KNN_OK;
 }
@@ -395,14 +410,14 @@ KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
 void TiJoin::describe(KnnStats *stats) const {
   const Clock::time_point t_done = Clock::now();
   stats->method = KNN_METHOD_TI;
-  stats->pairs = p_.n_queries * p_.n_targets;
+  stats->pairs = share_count_ * p_.n_targets;
   char parts[32] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used_.parts);
   std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s/level-1 kept %.1f%%",
                 used_.partial ? "partial" : "full",
                 used_.partial ? "global" : place_name(used_.place), parts,
                 options_.dedup ? "/dedup" : "", 100.0 * level1_kept_);
-  stats->query_clusters = query_clusters_.m;
+  stats->query_clusters = filtered_queries().m;
   stats->target_clusters = target_clusters().m;
   stats->distance_computations = (int64_t)computed_;
   stats->threads_per_query = used_.parts;
@@ -447,6 +462,14 @@ KnnStatus in_memory_join(const KnnProblem &problem, const TiOptions &options,
 constexpr double kLevel1GiveUp = 0.5;
 constexpr int kGiveUpMinDim = 16;
 
+// The in-memory join's options: AUTO's give-up where it applies.
+TiOptions in_memory_options(const KnnProblem &problem, const JoinTuning &tuning) {
+  TiOptions options = tuning.ti;
+  if (problem.method == KNN_METHOD_AUTO && problem.dim >= kGiveUpMinDim)
+    options.level1_give_up = kLevel1GiveUp;
+  return options;
+}
+
 // The budget the join may use: the module's, else what the device has free.
 KnnStatus join_budget(DeviceContext &ctx, size_t *budget) {
   *budget = ctx.memory_budget;
@@ -477,12 +500,9 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
   bool finite = false;
   KnnStatus status = KNN_OUT_OF_MEMORY;
   if (in_memory_join_bytes(problem, kprime) <= budget) {
-    TiOptions options = tuning.ti;
-    if (problem.method == KNN_METHOD_AUTO && problem.dim >= kGiveUpMinDim)
-      options.level1_give_up = kLevel1GiveUp;
     double level1_kept = -1;
-    status = in_memory_join(problem, options, neighbors, distances, stats, &finite, &level1_kept,
-                            ctx);
+    status = in_memory_join(problem, in_memory_options(problem, tuning), neighbors, distances,
+                            stats, &finite, &level1_kept, ctx);
     if (status == KNN_OK && level1_kept >= 0) {
       // Level 1's device memory is queued for freeing: let it go first.
       CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
@@ -510,11 +530,11 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
 }  // namespace
 }  // namespace ti
 
-KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
-                  double *distances, KnnStats *stats, DeviceContext &ctx) {
-  const KnnStatus status = ti::run_join(problem, tuning, neighbors, distances, stats, ctx);
-  // Every buffer of the join has been handed to cudaFreeAsync by now; wait
-  // for the frees and return the pool's memory to the device.
+namespace {
+
+// Every buffer of the join has been handed to cudaFreeAsync by now; waits
+// for the frees and returns the pool's memory to the device.
+KnnStatus end_of_join(KnnStatus status, DeviceContext &ctx) {
   const cudaError_t err = cudaStreamSynchronize(ctx.stream);
   cudaMemPool_t pool;
   if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
@@ -522,6 +542,41 @@ KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *
   if (status == KNN_OK && err != cudaSuccess)
     return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
   return status;
+}
+
+}  // namespace
+
+KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
+                  double *distances, KnnStats *stats, DeviceContext &ctx) {
+  return end_of_join(ti::run_join(problem, tuning, neighbors, distances, stats, ctx), ctx);
+}
+
+KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
+                        double *distances, KnnStats *stats, bool *declined,
+                        DeviceContext &ctx) {
+  *declined = true;
+  const int64_t nq = problem.n_queries, nt = problem.n_targets;
+  const bool self = problem.queries == problem.targets && nq == nt;
+  if (!self || ctx.query_count < 0 || nq >= INT32_MAX - 1) return KNN_OK;
+  size_t budget = 0;
+  KNN_TRY(ti::join_budget(ctx, &budget));
+  const int64_t excluded = problem.query_keys != nullptr && problem.target_keys != nullptr
+                               ? max_rows_per_key(problem.target_keys, nt)
+                               : 0;
+  const int kprime = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)problem.k + excluded);
+  if (ti::in_memory_join_bytes(problem, kprime) > budget) return KNN_OK;
+  bool finite = false;
+  double level1_kept = -1;
+  KnnStatus status = ti::in_memory_join(problem, ti::in_memory_options(problem, tuning), neighbors,
+                                        distances, stats, &finite, &level1_kept, ctx);
+  if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
+    ctx.error.clear();  // the caller runs the share another way
+    return end_of_join(KNN_OK, ctx);
+  }
+  // Values that need brute force, or AUTO's TI gave up after level 1.
+  if (status == KNN_OK && (!finite || level1_kept >= 0)) return end_of_join(KNN_OK, ctx);
+  *declined = false;
+  return end_of_join(status, ctx);
 }
 
 }  // namespace cuda

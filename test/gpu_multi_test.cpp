@@ -1,0 +1,464 @@
+// gpu_multi_test.cpp -- one join split across GPUs (knn_gpu.devices,
+// kernels/cuda/multi_device.cuh), bit for bit against the same join on one
+// GPU and on the CPU engine: the same neighbours in the same order with the
+// same distances (NaN matches NaN).
+//
+// On a host with one GPU the split runs as the test mode of the setting: a
+// list that names GPU 0 twice (or three times) runs two (three) engines on
+// it, each with its own stream, handles and memory share, so the split,
+// the placement of each engine's rows, a failure of one engine (the
+// module's split test hook, knn_cuda_testing.h) and a cancel are tested
+// there. TwoGpus.* runs on GPUs 0 and 1 and skips, saying so, where fewer
+// than two are visible. Without a usable GPU every test skips with the
+// reason.
+//
+// Run with `make gputest`, from the repository root (where
+// knn_gpu_cuda.so is built).
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <initializer_list>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/knn_cuda_testing.h"
+#include "gpu_test_support.h"
+#include "job_run.h"
+#include "knn_engine.h"
+#include "knn_vocabulary.h"
+#include "reference_rows.h"
+
+namespace {
+
+::testing::Environment *const kModuleDir =
+    ::testing::AddGlobalTestEnvironment(new gpu_test::ModuleDir);
+
+// The module's entries that only tests use (the job layer loads the same
+// file, so this is the same module instance).
+struct TestEntries {
+  knn_cuda_run_tuned_fn run_tuned = nullptr;
+  knn_cuda_test_device_count_fn device_count = nullptr;
+  knn_cuda_test_pool_used_fn pool_used = nullptr;
+};
+
+const TestEntries &entries() {
+  static const TestEntries e = [] {
+    TestEntries t;
+    void *module = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_LOCAL);
+    if (module == nullptr) return t;
+    t.run_tuned = reinterpret_cast<knn_cuda_run_tuned_fn>(dlsym(module, KNN_CUDA_RUN_TUNED_SYMBOL));
+    t.device_count = reinterpret_cast<knn_cuda_test_device_count_fn>(
+        dlsym(module, KNN_CUDA_TEST_DEVICE_COUNT_SYMBOL));
+    t.pool_used =
+        reinterpret_cast<knn_cuda_test_pool_used_fn>(dlsym(module, KNN_CUDA_TEST_POOL_USED_SYMBOL));
+    return t;
+  }();
+  return e;
+}
+
+#define REQUIRE_TEST_ENTRIES()                                                         \
+  do {                                                                                 \
+    REQUIRE_GPU();                                                                     \
+    ASSERT_NE(entries().run_tuned, nullptr) << "knn_gpu_cuda.so lacks its test entry"; \
+    ASSERT_NE(entries().device_count, nullptr);                                        \
+    ASSERT_NE(entries().pool_used, nullptr);                                           \
+  } while (0)
+
+// ---- a case: rows, keys and the problem over them ----
+
+struct Case {
+  reference::Rows queries, targets;
+  bool self = false;  // queries are the targets (one array), keys = row ids
+  std::vector<int64_t> keys;
+  KnnProblem problem{};
+};
+
+// Small integers (ties and duplicate rows everywhere) or clustered values
+// (TI prunes), of any element type; a self-join excludes equal keys.
+Case make_case(KnnElement element, int64_t nq, int64_t nt, int dim, bool spread, bool self,
+               uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Case c;
+  c.self = self;
+  c.targets = reference::make_rows(element, nt, dim, rng, spread);
+  if (!self) c.queries = reference::make_rows(element, nq, dim, rng, spread);
+  KnnProblem &p = c.problem;
+  p.element = element;
+  p.dim = dim;
+  p.targets = c.targets.data();
+  p.n_targets = nt;
+  p.queries = self ? c.targets.data() : c.queries.data();
+  p.n_queries = self ? nt : nq;
+  p.metric = element == KNN_ELEMENT_BIT ? KNN_METRIC_HAMMING : KNN_METRIC_L2;
+  p.k = 10;
+  if (self) {
+    c.keys.resize(nt);
+    for (int64_t i = 0; i < nt; i++) c.keys[i] = 5000 + i;
+    p.query_keys = p.target_keys = c.keys.data();
+  }
+  return c;
+}
+
+KnnProblem on_devices(KnnProblem p, std::initializer_list<int> devices) {
+  p.n_devices = 0;
+  for (int d : devices) p.devices[p.n_devices++] = d;
+  return p;
+}
+
+// ---- running ----
+
+using Answer = job_run::JobResult;
+
+// Through the job API, as the extension runs a join.
+Answer job(KnnProblem p, KnnDevice device) {
+  p.device = device;
+  return job_run::run_job(p);
+}
+
+// Through the module's test entry on this thread (the split test hook).
+Answer tuned(const KnnProblem &p, const KnnCudaTestOptions &options,
+             const int32_t *cancel = nullptr) {
+  Answer a;
+  a.neighbors.assign(static_cast<size_t>(p.n_queries) * p.k, -2);  // every slot must be written
+  a.distances.assign(a.neighbors.size(), -2.0);
+  char message[512] = "";
+  const auto t0 = std::chrono::steady_clock::now();
+  a.status = entries().run_tuned(&p, &options, a.neighbors.data(), a.distances.data(), &a.stats,
+                                 cancel, message, sizeof message);
+  a.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  a.message = message;
+  return a;
+}
+
+// Both answers OK and the same in every slot.
+void expect_answers_identical(const Answer &got, const Answer &want, const std::string &what) {
+  ASSERT_EQ(want.status, KNN_OK) << what << ": reference: " << want.message;
+  ASSERT_EQ(got.status, KNN_OK) << what << ": " << got.message;
+  job_run::expect_identical(got, want, what);
+}
+
+std::string describe(const KnnProblem &p, const char *devices) {
+  return std::string(knn_element_name(p.element)) + " " + knn_metric_name(p.metric) + " " +
+         knn_method_name(p.method) + " |Q| " + std::to_string(p.n_queries) + " |T| " +
+         std::to_string(p.n_targets) + " dim " + std::to_string(p.dim) + " k " +
+         std::to_string(p.k) + (p.query_keys ? " self" : "") +
+         (p.gpu_memory_limit ? " limit " + std::to_string(p.gpu_memory_limit) : "") +
+         " on GPUs " + devices;
+}
+
+// Each engine's rows: contiguous, in list order, together every query.
+void expect_work_covers(const KnnStats &s, int64_t n_queries, int engines,
+                        const std::string &what) {
+  ASSERT_EQ(s.n_devices, engines) << what << ": " << s.device_name;
+  int64_t rows = 0;
+  for (int i = 0; i < s.n_devices; i++) {
+    EXPECT_GT(s.device_work[i].queries, 0) << what << ": engine " << i + 1;
+    EXPECT_GT(s.device_work[i].seconds, 0.0) << what << ": engine " << i + 1;
+    rows += s.device_work[i].queries;
+  }
+  EXPECT_EQ(rows, n_queries) << what;
+}
+
+// The split on `devices` against GPU 0 alone and against the CPU engine.
+void check_split(const KnnProblem &p, std::initializer_list<int> devices, const char *label,
+                 int engines) {
+  const std::string what = describe(p, label);
+  const Answer cpu = job(p, KNN_DEVICE_CPU);
+  const Answer one = job(on_devices(p, {0}), KNN_DEVICE_GPU);
+  const Answer split = job(on_devices(p, devices), KNN_DEVICE_GPU);
+  ASSERT_EQ(one.stats.device, KNN_DEVICE_GPU) << what << ": " << one.stats.device_name;
+  ASSERT_EQ(split.stats.device, KNN_DEVICE_GPU) << what << ": " << split.stats.device_name;
+  expect_answers_identical(one, cpu, what + " (one GPU against the CPU)");
+  expect_answers_identical(split, one, what + " (split against one GPU)");
+  expect_work_covers(split.stats, p.n_queries, engines, what);
+  if (p.method != KNN_METHOD_AUTO) {
+    EXPECT_EQ(split.stats.method, one.stats.method) << what;
+  }
+}
+
+// ---- on one GPU: the test mode (GPU 0 listed several times) ----
+
+TEST(SplitOnOneGpu, EveryMetricAndMethodMatchesOneGpuAndCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (bool spread : {false, true})
+    for (bool self : {false, true})
+      for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP, KNN_METRIC_L1})
+        for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI, KNN_METHOD_AUTO}) {
+          Case c = make_case(KNN_ELEMENT_FLOAT32, 700, 900, spread ? 6 : 13, spread, self, seed++);
+          c.problem.metric = metric;
+          c.problem.method = method;
+          c.problem.k = 12;
+          check_split(c.problem, {0, 0}, "0,0", 2);
+        }
+}
+
+TEST(SplitOnOneGpu, LargeKTiesAndDuplicates) {
+  REQUIRE_GPU();
+  // Small integers: every query has many targets at equal distance, and
+  // many rows repeat; k up to more than there are targets (empty slots).
+  for (int k : {1, 64, 300, 1200})
+    for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI}) {
+      Case c = make_case(KNN_ELEMENT_FLOAT32, 500, 1000, 4, false, false, 100 + k);
+      c.problem.k = k;
+      c.problem.method = method;
+      check_split(c.problem, {0, 0, 0}, "0,0,0", 3);
+    }
+}
+
+TEST(SplitOnOneGpu, HalfAndBitRows) {
+  REQUIRE_GPU();
+  Case half = make_case(KNN_ELEMENT_FLOAT16, 600, 800, 24, false, true, 200);
+  half.problem.metric = KNN_METRIC_COSINE;
+  check_split(half.problem, {0, 0}, "0,0", 2);
+  for (KnnMetric metric : {KNN_METRIC_HAMMING, KNN_METRIC_JACCARD}) {
+    Case bits = make_case(KNN_ELEMENT_BIT, 500, 700, 100, false, false, 201);
+    bits.problem.metric = metric;
+    bits.problem.k = 40;
+    check_split(bits.problem, {0, 0}, "0,0", 2);
+  }
+}
+
+// A TI self-join: each engine clusters the whole set and filters its own
+// rows; duplicate rows of one point fall to several engines. Where that
+// does not fit (a tiny limit) or cannot be exact in float (huge values),
+// each engine joins its rows as a problem of their own instead.
+TEST(SplitOnOneGpu, TiSelfJoinSharesTheClusters) {
+  REQUIRE_GPU();
+  for (int variant = 0; variant < 3; variant++) {
+    Case c = make_case(KNN_ELEMENT_FLOAT32, 0, 3000, 2, false, true, 250 + variant);
+    c.problem.method = KNN_METHOD_TI;
+    c.problem.k = 30;
+    if (variant == 1) c.problem.gpu_memory_limit = int64_t{1} << 20;
+    if (variant == 2) c.targets.f32[7] = 1.0e30f;  // its squares overflow float
+    check_split(c.problem, {0, 0, 0}, "0,0,0", 3);
+    Case l1 = make_case(KNN_ELEMENT_FLOAT32, 0, 3000, 5, true, true, 260 + variant);
+    l1.problem.method = KNN_METHOD_TI;
+    l1.problem.metric = KNN_METRIC_L1;
+    if (variant == 1) l1.problem.gpu_memory_limit = int64_t{1} << 20;
+    if (variant == 2) l1.targets.f32[3] = 1.0e38f;
+    check_split(l1.problem, {0, 0}, "0,0", 2);
+  }
+}
+
+// Each engine plans its own memory: under a tiny limit brute force chunks
+// the targets and TI streams them in parts on every engine.
+TEST(SplitOnOneGpu, EnginesChunkTargetsThatDoNotFit) {
+  REQUIRE_GPU();
+  for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI}) {
+    Case c = make_case(KNN_ELEMENT_FLOAT32, 3000, 20000, 8, true, false, 300);
+    c.problem.method = method;
+    c.problem.gpu_memory_limit = int64_t{3} << 20;
+    check_split(c.problem, {0, 0}, "0,0", 2);
+  }
+}
+
+// Fewer queries than engines: only engines with rows run.
+TEST(SplitOnOneGpu, FewerQueriesThanEngines) {
+  REQUIRE_GPU();
+  for (int64_t nq : {1, 2, 3}) {
+    Case c = make_case(KNN_ELEMENT_FLOAT32, nq, 500, 5, false, false, 400 + nq);
+    c.problem.k = 7;
+    check_split(c.problem, {0, 0, 0, 0}, "0,0,0,0", static_cast<int>(nq));
+  }
+  // No query at all: nothing runs, nothing fails.
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 0, 50, 5, false, false, 410);
+  const Answer none = job(on_devices(c.problem, {0, 0}), KNN_DEVICE_GPU);
+  EXPECT_EQ(none.status, KNN_OK) << none.message;
+}
+
+TEST(SplitOnOneGpu, StatisticsShowEachEngine) {
+  REQUIRE_GPU();
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 4000, 4000, 16, true, true, 500);
+  c.problem.method = KNN_METHOD_TI;
+  const Answer one = job(on_devices(c.problem, {0}), KNN_DEVICE_GPU);
+  const Answer split = job(on_devices(c.problem, {0, 0}), KNN_DEVICE_GPU);
+  expect_answers_identical(split, one, "self-join, TI, 0,0");
+  expect_work_covers(split.stats, 4000, 2, "self-join, TI, 0,0");
+  EXPECT_EQ(split.stats.device_work[0].device, 0);
+  EXPECT_EQ(split.stats.device_work[1].device, 0);
+  // Equal engines take equal rows.
+  EXPECT_EQ(split.stats.device_work[0].queries, 2000);
+  EXPECT_NE(std::string(split.stats.device_name).find("x2 (GPUs 0,0)"), std::string::npos)
+      << split.stats.device_name;
+  EXPECT_EQ(split.stats.pairs, one.stats.pairs);
+  EXPECT_GT(split.stats.distance_computations, 0);
+  EXPECT_GE(split.stats.seconds_total, split.stats.device_work[0].seconds);
+  // One GPU: one engine, every row.
+  expect_work_covers(one.stats, 4000, 1, "self-join, TI, 0");
+}
+
+// A listed GPU that does not exist is an error naming it, not a CPU run.
+TEST(SplitOnOneGpu, MissingGpuIsAnError) {
+  REQUIRE_TEST_ENTRIES();
+  const int count = entries().device_count();
+  ASSERT_GE(count, 1);
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 50, 50, 4, false, false, 600);
+  const Answer a = job(on_devices(c.problem, {0, count}), KNN_DEVICE_GPU);
+  EXPECT_EQ(a.status, KNN_NO_DEVICE) << a.message;
+  EXPECT_NE(a.message.find("lists GPU " + std::to_string(count)), std::string::npos) << a.message;
+}
+
+// A join long enough (about a second on an H100) that the first engine is
+// mid-work when the second fails or the caller cancels.
+Case long_case() {
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 0, 300000, 64, true, true, 700);
+  c.problem.metric = KNN_METRIC_L1;  // no GEMM filter: exact tiles, the slow path
+  c.problem.method = KNN_METHOD_BRUTE;
+  return c;
+}
+
+// Where the join is too short for a stop to be told from an end, say so.
+void note_if_short(double seconds, const char *what) {
+  if (seconds < 1.0)
+    std::printf("note: %s took %.3f s, too short to show a prompt stop\n", what, seconds);
+}
+
+// The split test hook on engine 2: it waits wait_ms (stopping on a
+// cancel), then fails or joins its rows.
+KnnCudaTestOptions second_engine(int wait_ms, bool fail) {
+  KnnCudaTestOptions o{};
+  o.split_test_engine = 2;
+  o.split_test_wait_ms = wait_ms;
+  o.split_test_fail = fail ? 1 : 0;
+  return o;
+}
+
+void expect_pool_empty(int device, const std::string &what) {
+  EXPECT_EQ(entries().pool_used(device), 0) << what << ": GPU " << device
+                                            << " still holds memory of the join";
+}
+
+TEST(SplitOnOneGpu, FailureOfSecondEngineEndsTheJoinAndFreesEveryEngine) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = long_case();
+  const KnnProblem p = on_devices(c.problem, {0, 0});
+  const Answer failed = tuned(p, second_engine(100, true));  // engine 1 joins meanwhile
+  EXPECT_EQ(failed.status, KNN_DEVICE_ERROR) << failed.message;
+  EXPECT_NE(failed.message.find("GPU 0 (engine 2 of 2)"), std::string::npos) << failed.message;
+  EXPECT_NE(failed.message.find("forced failure"), std::string::npos) << failed.message;
+  expect_pool_empty(0, "after the failure");
+
+  // The runtimes still work: the same join, and its rows, without the hook.
+  const Answer whole = tuned(p, KnnCudaTestOptions{});
+  const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+  expect_answers_identical(whole, one, "after a failed split");
+  expect_work_covers(whole.stats, c.problem.n_queries, 2, "after a failed split");
+  // Engine 1 was stopped, not left to finish its half: the failure came
+  // after 0.1 s, the stop within 0.5 s of it.
+  note_if_short(whole.stats.device_work[0].seconds, "the first engine's half");
+  EXPECT_LT(failed.seconds, 0.6) << "the first engine ran on after the second failed (its half "
+                                 << "takes " << whole.stats.device_work[0].seconds << " s)";
+  expect_pool_empty(0, "after the rerun");
+}
+
+TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = long_case();
+  const KnnProblem p = on_devices(c.problem, {0, 0});
+  int32_t cancel = 0;
+  std::chrono::steady_clock::time_point cancelled_at;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    cancelled_at = std::chrono::steady_clock::now();
+    __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+  });
+  const Answer a = tuned(p, second_engine(60000, false), &cancel);  // engine 2 would wait a minute
+  const auto returned = std::chrono::steady_clock::now();
+  canceller.join();
+  EXPECT_EQ(a.status, KNN_CANCELLED) << a.message;
+  const double after = std::chrono::duration<double>(returned - cancelled_at).count();
+  EXPECT_LT(after, 0.5) << "the split join took " << after << " s to stop after the cancel";
+  expect_pool_empty(0, "after the cancel");
+
+  // The job API's cancel reaches every engine too.
+  KnnProblem jp = p;
+  jp.device = KNN_DEVICE_GPU;
+  std::vector<int64_t> rows(static_cast<size_t>(jp.n_queries) * jp.k);
+  std::vector<double> values(rows.size());
+  char message[256] = "";
+  KnnJob *j = knn_job_start(&jp, rows.data(), values.data(), message, sizeof message);
+  ASSERT_NE(j, nullptr) << message;
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const auto t0 = std::chrono::steady_clock::now();
+  knn_job_cancel(j);
+  while (knn_job_wait(j, 10) == 0) {
+  }
+  const double stop_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const KnnStatus st = knn_job_finish(j, nullptr, message, sizeof message);
+  // A fast GPU may have finished first; a stopped join stops within 0.5 s.
+  if (st != KNN_OK) {
+    EXPECT_EQ(st, KNN_CANCELLED) << message;
+    EXPECT_LT(stop_seconds, 0.5);
+  }
+  expect_pool_empty(0, "after the job's cancel");
+}
+
+// ---- on two GPUs ----
+
+#define REQUIRE_TWO_GPUS()                                                               \
+  do {                                                                                   \
+    REQUIRE_TEST_ENTRIES();                                                              \
+    const int count_ = entries().device_count();                                         \
+    if (count_ < 2)                                                                      \
+      GTEST_SKIP() << "needs 2 GPUs, " << count_ << " visible (CUDA_VISIBLE_DEVICES)";   \
+  } while (0)
+
+TEST(TwoGpus, SplitMatchesOneGpuAndCpu) {
+  REQUIRE_TWO_GPUS();
+  uint64_t seed = 800;
+  for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP, KNN_METRIC_L1})
+    for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI}) {
+      Case c = make_case(KNN_ELEMENT_FLOAT32, 3000, 5000, 12, true, seed % 2 == 0, seed);
+      seed++;
+      c.problem.metric = metric;
+      c.problem.method = method;
+      c.problem.k = 25;
+      check_split(c.problem, {0, 1}, "0,1", 2);
+      check_split(c.problem, {1, 0, 1}, "1,0,1", 3);
+    }
+  Case ties = make_case(KNN_ELEMENT_FLOAT32, 2, 400, 3, false, false, 850);
+  ties.problem.k = 500;
+  check_split(ties.problem, {0, 1, 0}, "0,1,0", 2);
+}
+
+TEST(TwoGpus, EachGpuDoesItsShare) {
+  REQUIRE_TWO_GPUS();
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 6000, 6000, 32, true, true, 900);
+  const Answer a = job(on_devices(c.problem, {0, 1}), KNN_DEVICE_GPU);
+  ASSERT_EQ(a.status, KNN_OK) << a.message;
+  expect_work_covers(a.stats, 6000, 2, "0,1");
+  EXPECT_EQ(a.stats.device_work[0].device, 0);
+  EXPECT_EQ(a.stats.device_work[1].device, 1);
+  // "all" splits a join this large (query rows x target rows x dims: 2.4e13,
+  // above twice the module's threshold) across every GPU.
+  Case big = make_case(KNN_ELEMENT_FLOAT32, 0, 110000, 2000, false, true, 901);
+  big.problem.k = 5;
+  big.problem.method = KNN_METHOD_BRUTE;
+  const Answer all = job(big.problem, KNN_DEVICE_GPU);
+  const Answer one = job(on_devices(big.problem, {0}), KNN_DEVICE_GPU);
+  expect_answers_identical(all, one, "all against GPU 0");
+  EXPECT_EQ(all.stats.n_devices, std::min(entries().device_count(), 2)) << all.stats.device_name;
+}
+
+TEST(TwoGpus, FailureNamesTheGpu) {
+  REQUIRE_TWO_GPUS();
+  Case c = long_case();
+  const Answer a = tuned(on_devices(c.problem, {0, 1}), second_engine(50, true));
+  EXPECT_EQ(a.status, KNN_DEVICE_ERROR) << a.message;
+  EXPECT_NE(a.message.find("GPU 1 (engine 2 of 2)"), std::string::npos) << a.message;
+  expect_pool_empty(0, "after the failure");
+  expect_pool_empty(1, "after the failure");
+}
+
+}  // namespace
