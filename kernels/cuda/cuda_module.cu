@@ -1,7 +1,7 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
-// ../knn_cuda_module.h): knn_cuda_probe and knn_cuda_run, the runtime's
-// warm-up, release and idle timer, plus the tests' knn_cuda_run_tuned
-// (knn_cuda_testing.h).
+// ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run and knn_cuda_range,
+// the runtime's warm-up, release and idle timer, plus the tests'
+// knn_cuda_run_tuned (knn_cuda_testing.h).
 //
 // knn_cuda_run borrows the device's runtime (context, stream, cuBLAS
 // handle, pinned staging memory: created on the first join or by
@@ -39,6 +39,7 @@
 #include "device_runtime.cuh"
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
+#include "range_join.cuh"
 
 namespace knn {
 namespace cuda {
@@ -185,6 +186,44 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, int64_t *neigh
   return st;
 }
 
+// A range job (range_join.cu): float32 rows (the job layer widens
+// float16) or bit rows, its pairs to sink.
+KnnStatus run_range(const KnnProblem &p, knn_cuda_pair_sink_fn sink, void *sink_context,
+                    KnnStats *stats, const int32_t *cancel, DeviceContext &ctx) {
+  if (const char *why = range_problem_invalid_reason(p)) {
+    ctx.error = why;
+    return KNN_INVALID_ARGUMENT;
+  }
+  if (sink == nullptr) {
+    ctx.error = "a range join needs a sink for its pairs";
+    return KNN_INVALID_ARGUMENT;
+  }
+  // The device's turn as run_join takes it (the range join's pairs go to
+  // the sink while it holds the turn).
+  const auto start = std::chrono::steady_clock::now();
+  ctx.cancel = cancel;
+  KNN_TRY(select_device(ctx));
+  DeviceRuntime &rt = device_runtime();
+  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
+  StreamDrain drain(ctx);
+  KNN_TRY(setup_context(p, rt, ctx));
+  struct MarkUsed {
+    DeviceRuntime &rt;
+    ~MarkUsed() { mark_runtime_used(rt); }
+  } mark_used{rt};
+  KnnStats local{};
+  KnnStatus st = range_join(p, sink, sink_context, &local, ctx);
+  if (st == KNN_OK) st = ctx.cancel_point();
+  local.device = KNN_DEVICE_GPU;
+  std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
+  local.pairs = p.n_queries * p.n_targets;
+  local.seconds_total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (stats != nullptr) *stats = local;
+  return st;
+}
+
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   JoinTuning t;
   if (o == nullptr) return t;
@@ -244,6 +283,24 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
     DeviceContext ctx;
     const KnnStatus st =
         run_join(*problem, tuning_from(options), neighbors, distances, stats, cancel, ctx);
+    if (st != KNN_OK)
+      copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
+    return st;
+  });
+}
+
+KnnStatus range_entry(const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context,
+                      KnnStats *stats, const int32_t *cancel, char *errbuf,
+                      size_t errlen) noexcept {
+  const SignalsBlocked blocked;  // see run_entry
+  knn::copy_message(errbuf, errlen, "");
+  return guarded("GPU range join", errbuf, errlen, [&]() -> KnnStatus {
+    if (problem == nullptr) {
+      copy_message(errbuf, errlen, "problem is NULL");
+      return KNN_INVALID_ARGUMENT;
+    }
+    DeviceContext ctx;
+    const KnnStatus st = run_range(*problem, sink, sink_context, stats, cancel, ctx);
     if (st != KNN_OK)
       copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
     return st;
@@ -330,6 +387,12 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run(
                               errlen);
 }
 
+__attribute__((visibility("default"))) KnnStatus knn_cuda_range(
+    const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context, KnnStats *stats,
+    const int32_t *cancel, char *errbuf, size_t errlen) {
+  return knn::cuda::range_entry(problem, sink, sink_context, stats, cancel, errbuf, errlen);
+}
+
 __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
     const KnnProblem *problem, const KnnCudaTestOptions *options, int64_t *neighbors,
     double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) {
@@ -341,6 +404,7 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
 static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_range), knn_cuda_range_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
