@@ -102,14 +102,7 @@ TEST(GpuRangeJoin, RadiusZeroFindsDuplicates) {
   std::mt19937_64 rng(7);
   for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1, KNN_METRIC_COSINE})
     for (KnnMethod method : {KNN_METHOD_TI, KNN_METHOD_BRUTE}) {
-      Case c;
-      c.queries = make_rows(KNN_ELEMENT_FLOAT32, 300, 2, rng);
-      c.targets = c.queries;
-      c.shared = true;
-      c.metric = metric;
-      c.method = method;
-      c.radius = 0;
-      c.range = KNN_RANGE_AT_MOST;
+      Case c = duplicates_case(metric, method, 300, rng);
       const std::string what = std::string("radius 0 ") + metric_name(metric);
       const Outcome inclusive = expect_gpu_as_cpu(c, what + " <=");
       if (metric != KNN_METRIC_COSINE) {
@@ -121,8 +114,7 @@ TEST(GpuRangeJoin, RadiusZeroFindsDuplicates) {
         EXPECT_TRUE(strict.pairs.empty());
       }
       c.range = KNN_RANGE_AT_MOST;
-      for (int64_t i = 0; i < c.queries.n; i++) c.query_keys.push_back(i);
-      c.target_keys = c.query_keys;
+      exclude_self(&c);
       const Outcome excluded = expect_gpu_as_cpu(c, what + ", keys");
       if (metric != KNN_METRIC_COSINE) {
         EXPECT_EQ(excluded.pairs.size() + 300, inclusive.pairs.size());
@@ -166,14 +158,7 @@ TEST(GpuRangeJoin, GroupsKeysAndCap) {
       Case c;
       c.queries = make_rows(element, 150, 6, rng);
       c.targets = make_rows(element, 200, 6, rng);
-      for (int64_t i = 0; i < c.queries.n; i++) {
-        c.query_groups.push_back(rng() % 4);
-        c.query_keys.push_back(rng() % 50);
-      }
-      for (int64_t j = 0; j < c.targets.n; j++) {
-        c.target_groups.push_back(rng() % 5);  // group 4 has no query
-        c.target_keys.push_back(rng() % 50);
-      }
+      add_groups_and_keys(&c, rng);
       c.metric = element == KNN_ELEMENT_BIT ? KNN_METRIC_HAMMING : KNN_METRIC_L2;
       c.method = method;
       c.radius = element == KNN_ELEMENT_BIT ? 3 : 4.5;
@@ -197,11 +182,7 @@ TEST(GpuRangeJoin, PruningIsVisibleAndExact) {
     c.targets = make_rows(KNN_ELEMENT_FLOAT32, 20000, 8, rng, true);
     c.metric = metric;
     c.method = KNN_METHOD_AUTO;  // 4e7 pairs: AUTO prunes
-    c.radius = metric == KNN_METRIC_L2 ? 0.2 : 0.5;
-    for (int i = 0; i < 50; i++) {
-      const double d = some_distance(c, rng);
-      if (d < c.radius && d > 0) c.radius = d;  // one pair exactly on the boundary
-    }
+    c.radius = radius_within_clusters(c, rng, 50);
     c.range = KNN_RANGE_AT_MOST;
     const Outcome o = expect_gpu_as_cpu(c, metric_name(metric));
     EXPECT_FALSE(o.pairs.empty());
@@ -270,20 +251,7 @@ TEST(GpuRangeJoin, CancelWhileTheQueueIsFull) {
   c.shared = true;
   c.radius = std::numeric_limits<double>::infinity();  // 9 million pairs
   c.device = KNN_DEVICE_GPU;
-  const KnnProblem p = c.problem();
-  char err[256] = "";
-  KnnJob *job = knn_job_start(&p, nullptr, nullptr, err, sizeof err);
-  ASSERT_NE(job, nullptr) << err;
-  std::vector<int64_t> q(100), t(100);
-  std::vector<double> d(100);
-  EXPECT_GT(knn_job_take_pairs(job, q.data(), t.data(), d.data(), 100, 10000), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_EQ(knn_job_wait(job, 0), 0);  // blocked on the full queue, not finished
-  const auto start = std::chrono::steady_clock::now();
-  knn_job_cancel(job);
-  KnnStats stats{};
-  EXPECT_EQ(knn_job_finish(job, &stats, err, sizeof err), KNN_CANCELLED) << err;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  expect_prompt_cancel(c.problem());
 
   c.queries = make_rows(KNN_ELEMENT_FLOAT32, 50, 4, rng);
   c.targets = c.queries;

@@ -13,9 +13,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -144,6 +147,73 @@ template <class Rng>
 double some_distance(const Case &c, Rng &rng) {
   const int64_t i = rng() % c.queries.n, j = rng() % c.targets.n;
   return reference::distance(c.metric, c.queries, i, c.targets, j);
+}
+
+// A self-join of n small-integer rows of 2 dimensions (duplicates
+// everywhere) at radius 0, <=: every row finds itself and its duplicates.
+template <class Rng>
+Case duplicates_case(KnnMetric metric, KnnMethod method, int64_t n, Rng &rng) {
+  Case c;
+  c.queries = reference::make_rows(KNN_ELEMENT_FLOAT32, n, 2, rng);
+  c.targets = c.queries;
+  c.shared = true;
+  c.metric = metric;
+  c.method = method;
+  c.radius = 0;
+  c.range = KNN_RANGE_AT_MOST;
+  return c;
+}
+
+// Keys = row numbers on both sides: a self-join's self-exclusion.
+inline void exclude_self(Case *c) {
+  for (int64_t i = 0; i < c->queries.n; i++) c->query_keys.push_back(i);
+  c->target_keys = c->query_keys;
+}
+
+// A group (0..3) and a key (0..49) for every row; targets also in group 4,
+// which no query has, and keys repeat, so a query loses several targets.
+template <class Rng>
+void add_groups_and_keys(Case *c, Rng &rng) {
+  for (int64_t i = 0; i < c->queries.n; i++) {
+    c->query_groups.push_back(rng() % 4);
+    c->query_keys.push_back(rng() % 50);
+  }
+  for (int64_t j = 0; j < c->targets.n; j++) {
+    c->target_groups.push_back(rng() % 5);
+    c->target_keys.push_back(rng() % 50);
+  }
+}
+
+// For clustered rows (make_rows' spread): a radius within one cluster (most
+// pairs lie far beyond it), moved down onto one pair's distance, the
+// boundary between < and <=.
+template <class Rng>
+double radius_within_clusters(const Case &c, Rng &rng, int tries) {
+  double radius = c.metric == KNN_METRIC_L2 ? 0.2 : 0.5;
+  for (int i = 0; i < tries; i++) {
+    const double d = some_distance(c, rng);
+    if (d < radius && d > 0) radius = d;
+  }
+  return radius;
+}
+
+// A job with far more pairs than its queue holds, whose caller takes a
+// few and stops: the engine must wait on the full queue (bounded memory),
+// not finish, and a cancel must end it within a second.
+inline void expect_prompt_cancel(const KnnProblem &p) {
+  char err[256] = "";
+  KnnJob *job = knn_job_start(&p, nullptr, nullptr, err, sizeof err);
+  ASSERT_NE(job, nullptr) << err;
+  std::vector<int64_t> q(100), t(100);
+  std::vector<double> d(100);
+  EXPECT_GT(knn_job_take_pairs(job, q.data(), t.data(), d.data(), 100, 10000), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_EQ(knn_job_wait(job, 0), 0);  // blocked on the full queue, not finished
+  const auto start = std::chrono::steady_clock::now();
+  knn_job_cancel(job);
+  KnnStats stats{};
+  EXPECT_EQ(knn_job_finish(job, &stats, err, sizeof err), KNN_CANCELLED) << err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
 }
 
 }  // namespace range_cases

@@ -70,14 +70,7 @@ TEST(RangeJoin, RadiusZeroFindsDuplicatesOnly) {
   std::mt19937_64 rng(7);
   for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1})
     for (KnnMethod method : {KNN_METHOD_TI, KNN_METHOD_BRUTE}) {
-      Case c;
-      c.queries = make_rows(KNN_ELEMENT_FLOAT32, 200, 2, rng);
-      c.targets = c.queries;
-      c.shared = true;
-      c.metric = metric;
-      c.method = method;
-      c.radius = 0;
-      c.range = KNN_RANGE_AT_MOST;
+      Case c = duplicates_case(metric, method, 200, rng);
       const Outcome inclusive = run(c.problem());
       ASSERT_EQ(inclusive.status, KNN_OK) << inclusive.message;
       expect_same(reference_pairs(c), inclusive.pairs, "radius 0 <=");
@@ -88,8 +81,7 @@ TEST(RangeJoin, RadiusZeroFindsDuplicatesOnly) {
       EXPECT_TRUE(strict.pairs.empty());
       // Self-exclusion by key: the row itself is gone, its duplicates stay.
       c.range = KNN_RANGE_AT_MOST;
-      for (int64_t i = 0; i < c.queries.n; i++) c.query_keys.push_back(i);
-      c.target_keys = c.query_keys;
+      exclude_self(&c);
       const Outcome excluded = run(c.problem());
       ASSERT_EQ(excluded.status, KNN_OK) << excluded.message;
       expect_same(reference_pairs(c), excluded.pairs, "radius 0, keys");
@@ -128,14 +120,7 @@ TEST(RangeJoin, GroupsKeysAndCap) {
     Case c;
     c.queries = make_rows(KNN_ELEMENT_FLOAT32, 120, 4, rng);
     c.targets = make_rows(KNN_ELEMENT_FLOAT32, 150, 4, rng);
-    for (int64_t i = 0; i < c.queries.n; i++) {
-      c.query_groups.push_back(rng() % 4);
-      c.query_keys.push_back(rng() % 50);
-    }
-    for (int64_t j = 0; j < c.targets.n; j++) {
-      c.target_groups.push_back(rng() % 5);  // group 4 has no query
-      c.target_keys.push_back(rng() % 50);
-    }
+    add_groups_and_keys(&c, rng);
     c.method = method;
     c.radius = 4.5;
     c.range = KNN_RANGE_AT_MOST;
@@ -156,13 +141,7 @@ TEST(RangeJoin, TiPrunesAndStaysExact) {
     c.targets = make_rows(KNN_ELEMENT_FLOAT32, 3000, 8, rng, true);
     c.metric = metric;
     c.method = KNN_METHOD_TI;
-    c.radius = some_distance(c, rng);
-    // A radius from within one cluster: most pairs lie far beyond it.
-    c.radius = metric == KNN_METRIC_L2 ? 0.2 : 0.5;
-    for (int i = 0; i < 20; i++) {
-      const double d = some_distance(c, rng);
-      if (d < c.radius && d > 0) c.radius = d;  // one pair exactly on the boundary
-    }
+    c.radius = radius_within_clusters(c, rng, 20);
     c.range = KNN_RANGE_AT_MOST;
     const Outcome o = run(c.problem());
     ASSERT_EQ(o.status, KNN_OK) << o.message;
@@ -236,20 +215,7 @@ TEST(RangeJoin, CancelWhileTheQueueIsFull) {
   c.targets = rows;
   c.shared = true;
   c.radius = std::numeric_limits<double>::infinity();  // 9 million pairs
-  const KnnProblem p = c.problem();
-  char err[256] = "";
-  KnnJob *job = knn_job_start(&p, nullptr, nullptr, err, sizeof err);
-  ASSERT_NE(job, nullptr) << err;
-  std::vector<int64_t> q(100), t(100);
-  std::vector<double> d(100);
-  EXPECT_GT(knn_job_take_pairs(job, q.data(), t.data(), d.data(), 100, 5000), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  EXPECT_EQ(knn_job_wait(job, 0), 0);  // blocked on the full queue, not finished
-  const auto start = std::chrono::steady_clock::now();
-  knn_job_cancel(job);
-  KnnStats stats;
-  EXPECT_EQ(knn_job_finish(job, &stats, err, sizeof err), KNN_CANCELLED);
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  expect_prompt_cancel(c.problem());
 }
 
 }  // namespace

@@ -472,12 +472,8 @@ KnnStatus RangeJoin::upload_float_rows(bool *finite) {
     }
     mem_.release(zero);
   }
-  unsigned max_abs_bits = 0;
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(&max_abs_bits, max_abs.get(), sizeof max_abs_bits,
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   float max_abs_value;
-  std::memcpy(&max_abs_value, &max_abs_bits, sizeof max_abs_value);
+  KNN_TRY(ti::read_max_abs(max_abs.get(), &max_abs_value, ctx_));
   *finite = distances_stay_finite(p_.metric, p_.dim, max_abs_value);
   args_.stride = stride_;
   args_.queries = query_rows_.points.x;
@@ -849,15 +845,8 @@ KnnStatus range_join(const KnnProblem &problem, knn_cuda_pair_sink_fn sink, void
     RangeJoin join(problem, sink, sink_context, ctx);
     status = join.run(stats);
   }
-  // Every buffer has been handed to cudaFreeAsync: wait for the frees and
-  // give the pool's memory back to the device, as the TI join does.
-  const cudaError_t err = cudaStreamSynchronize(ctx.stream);
-  cudaMemPool_t pool;
-  if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
-  (void)cudaGetLastError();
-  if (status == KNN_OK && err != cudaSuccess)
-    return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
-  return status;
+  // Every buffer of the join has been handed to cudaFreeAsync by now.
+  return ti::release_join_memory(status, ctx);
 }
 
 }  // namespace cuda
