@@ -163,6 +163,8 @@ class WarpPairs {
 
   __device__ int64_t query() const { return q_; }
   __device__ int lane() const { return lane_; }
+  // A pair's distance was evaluated (the statistics count these, as the
+  // CPU range engine does: centre distances are the clusters' overhead).
   __device__ void computed() { computed_++; }
 
   // Every lane calls this: when `offered`, the lane offers the target rows
@@ -245,7 +247,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) find_pruned_kernel(FindAr
     if (c < a.n_clusters) {
       const double dqc = ti::MetricOps<METRIC>::result(
           q.template value_to<METRIC>(cl.centers + static_cast<int64_t>(c) * a.stride));
-      w.computed();
       const double rc = cl.radius[c];
       // Every bound of this cluster sums to at most dqc + rc + |r|.
       const double m = a.margin_relative * (fabs(dqc) + rc + fabs(r)) + a.margin_absolute;
@@ -599,9 +600,10 @@ KnnStatus RangeJoin::reserve_chunks(int64_t pairs) {
 // allows (from the distances per query so far).
 int64_t RangeJoin::next_chunk_size(int64_t first) const {
   const double unit = bits_ ? words_ : stride_;
-  const double work = queries_done_ > 0
-                          ? std::max(1.0, static_cast<double>(computed_total_) / queries_done_)
-                          : static_cast<double>(p_.n_targets) + clusters_.m;
+  const double work =
+      clusters_.m + (queries_done_ > 0
+                         ? std::max(1.0, static_cast<double>(computed_total_) / queries_done_)
+                         : static_cast<double>(p_.n_targets));
   const double pairs = queries_done_ > 0 ? static_cast<double>(asked_total_) / queries_done_ : 0;
   double n = kWorkPerLaunch / (work * unit);
   if (pairs > 0) n = std::min(n, 0.75 * static_cast<double>(capacity_) / pairs);
