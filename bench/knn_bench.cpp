@@ -36,6 +36,15 @@
 // module is looked for in --module-dir. Every result is compared bit for
 // bit with a reference run: CPU brute force, else another CPU run, else
 // GPU brute force, else the first run. Prints a table; writes JSON.
+//
+// --radius R: instead of the k-NN self-join, the range self-join (every
+// pair at distance < R, self-matches excluded; <= with --radius-inclusive
+// 1; at most --range-cap K pairs a row, 0 = all), its pairs taken through
+// knn_job_take_pairs as the extension takes them, timed to the last pair,
+// and compared by count and an order-sensitive hash of (query, target,
+// distance bits). --distinct 1 keeps the first of each set of identical
+// rows (skin: 51444 of 245057 rows; its exact duplicates alone give 172
+// pairs a row on average at any radius).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -43,6 +52,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -111,6 +121,21 @@ bool load_idx(const std::string &path, int64_t max_rows, DataSet *d) {
   return ok;
 }
 
+// --distinct: the first of each set of bitwise-identical rows, in order.
+void keep_distinct_rows(DataSet *d) {
+  std::set<std::vector<uint32_t>> seen;
+  std::vector<float> kept;
+  std::vector<uint32_t> row(static_cast<size_t>(d->dims));
+  for (int64_t i = 0; i < d->rows; i++) {
+    std::memcpy(row.data(), d->x.data() + i * d->dims, row.size() * sizeof(float));
+    if (seen.insert(row).second)
+      kept.insert(kept.end(), d->x.begin() + i * d->dims, d->x.begin() + (i + 1) * d->dims);
+  }
+  d->rows = static_cast<int64_t>(kept.size()) / std::max(1, d->dims);
+  d->x.swap(kept);
+  d->name += "-distinct";
+}
+
 // One entry of --methods.
 struct Config {
   KnnDevice device = KNN_DEVICE_CPU;
@@ -138,6 +163,10 @@ struct Run {
   std::string verified_against;  // the reference run's label, or ""
   bool match = false;
   int64_t mismatches = 0;
+  // Range joins: the pairs returned and their order-sensitive hash.
+  bool range = false;
+  int64_t range_pairs = 0;
+  uint64_t range_hash = 0;
 };
 
 double median(std::vector<double> v) {
@@ -211,12 +240,52 @@ KnnStatus run_once(const KnnProblem &p, knn::CpuTuning::Variant forced, int gpu_
   return st;
 }
 
+// A range job's pairs, taken as the extension takes them, folded into a
+// count and an order-sensitive hash of (query, target, distance bits),
+// a word at a time (cheap next to the engine).
+KnnStatus run_range_once(const KnnProblem &p, KnnStats *stats, std::string *error,
+                         double *seconds, int64_t *pairs, uint64_t *hash) {
+  constexpr int64_t kBatch = 65536;
+  std::vector<int64_t> q(kBatch), t(kBatch);
+  std::vector<double> d(kBatch);
+  *pairs = 0;
+  *hash = 14695981039346656037ull;
+  auto fold = [hash](uint64_t v) {
+    *hash = (*hash ^ v) * 0x9E3779B97F4A7C15ull;
+    *hash ^= *hash >> 29;
+  };
+  char err[512] = "";
+  const auto t0 = std::chrono::steady_clock::now();
+  KnnJob *job = knn_job_start(&p, nullptr, nullptr, err, sizeof err);
+  if (job == nullptr) {
+    *error = err;
+    return KNN_INTERNAL_ERROR;
+  }
+  for (;;) {
+    const int64_t n = knn_job_take_pairs(job, q.data(), t.data(), d.data(), kBatch, 50);
+    if (n < 0) break;
+    for (int64_t i = 0; i < n; i++) {
+      uint64_t bits;
+      std::memcpy(&bits, &d[i], sizeof bits);
+      fold(static_cast<uint64_t>(q[i]));
+      fold(static_cast<uint64_t>(t[i]));
+      fold(bits);
+    }
+    *pairs += n;
+  }
+  const KnnStatus st = knn_job_finish(job, stats, err, sizeof err);
+  *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  *error = err;
+  return st;
+}
+
 bool same_distance(double a, double b) {
   if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
   return std::memcmp(&a, &b, sizeof a) == 0;
 }
 
 int64_t count_mismatches(const Run &a, const Run &b) {
+  if (a.range || b.range) return a.range_pairs == b.range_pairs && a.range_hash == b.range_hash ? 0 : 1;
   if (a.neighbors.size() != b.neighbors.size()) return -1;
   int64_t bad = 0;
   for (size_t i = 0; i < a.neighbors.size(); i++)
@@ -251,6 +320,11 @@ struct Options {
   std::vector<double> memory_fractions;
   // GPU lists (knn_gpu.devices' syntax): each GPU method runs once per list.
   std::vector<std::string> device_lists;
+  // Range self-join instead of k-NN (--radius); NaN: k-NN.
+  double radius = std::nan("");
+  bool radius_inclusive = false;
+  int range_cap = 0;
+  bool distinct = false;  // identical rows kept once
 };
 
 std::vector<std::string> split(const std::string &list) {
@@ -317,6 +391,10 @@ bool parse_options(int argc, char **argv, Options *o) {
     }
     else if (a == "--sets") o->sets = split(v);
     else if (a == "--fashion-rows") o->fashion_rows = std::max<int64_t>(1, std::atoll(v.c_str()));
+    else if (a == "--radius") o->radius = std::atof(v.c_str());
+    else if (a == "--radius-inclusive") o->radius_inclusive = std::atoi(v.c_str()) != 0;
+    else if (a == "--range-cap") o->range_cap = std::max(0, std::atoi(v.c_str()));
+    else if (a == "--distinct") o->distinct = std::atoi(v.c_str()) != 0;
     else if (a == "--queries") {
       o->query_batches.clear();
       for (const std::string &n : split(v)) o->query_batches.push_back(std::max<int64_t>(1, std::atoll(n.c_str())));
@@ -372,9 +450,13 @@ Run time_config(KnnProblem p, const Config &c, int repeat, const std::string &de
   }
   // One untimed GPU run first: module load, context and handles.
   const int tries = device == KNN_DEVICE_GPU ? repeat + 1 : repeat;
+  r.range = p.range != KNN_RANGE_NONE;
   for (int t = 0; t < tries; t++) {
     double s = 0;
-    r.status = run_once(p, c.forced, c.gpu_filter, c.gpu_pipeline, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
+    if (r.range)
+      r.status = run_range_once(p, &r.stats, &r.error, &s, &r.range_pairs, &r.range_hash);
+    else
+      r.status = run_once(p, c.forced, c.gpu_filter, c.gpu_pipeline, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
     if (r.status != KNN_OK) break;
     if (device != KNN_DEVICE_GPU || t > 0) r.seconds.push_back(s);
   }
@@ -439,7 +521,11 @@ void write_json_run(std::ostream &json, const Run &r) {
          << ", \"seconds\": " << r.stats.device_work[i].seconds << "}";
   json << "]"
        << ", \"verified_against\": \"" << r.verified_against
-       << "\", \"mismatches\": " << r.mismatches << "}";
+       << "\", \"mismatches\": " << r.mismatches;
+  if (r.range)
+    json << ", \"range_pairs\": " << r.range_pairs << ", \"pairs_per_second\": "
+         << (r.seconds.empty() ? 0.0 : r.range_pairs / median(r.seconds));
+  json << "}";
 }
 
 // Runs every configuration on one problem over data set d (named `name`
@@ -462,6 +548,15 @@ bool bench_problem(const Options &o, bool have_gpu, const DataSet &d, const std:
       std::printf("%-18s %-9s %8.4f s  %s %s %s\n", name.c_str(), r.label.c_str(),
                   median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
                   r.status == KNN_OK ? "" : r.error.c_str());
+      if (r.range && r.status == KNN_OK)
+        std::printf("%-18s %-9s %.2f pairs a row, %.3g pairs/s, %lld distances for %lld pairs, "
+                    "engine %.4f s (cluster %.4f, find %.4f, hand-over %.4f), %s\n",
+                    name.c_str(), r.label.c_str(), static_cast<double>(r.range_pairs) / p.n_queries,
+                    r.range_pairs / median(r.seconds),
+                    static_cast<long long>(r.stats.distance_computations),
+                    static_cast<long long>(r.stats.pairs), r.stats.seconds_total,
+                    r.stats.seconds_cluster, r.stats.seconds_filter, r.stats.seconds_select,
+                    r.stats.device_name);
       std::fflush(stdout);
     }
   }
@@ -492,6 +587,11 @@ bool bench_set(const Options &o, bool have_gpu, const DataSet &d, bool *first,
   p.metric = o.metric;
   p.n_threads = o.threads;
   p.query_keys = p.target_keys = keys.data();
+  if (!std::isnan(o.radius)) {
+    p.range = o.radius_inclusive ? KNN_RANGE_AT_MOST : KNN_RANGE_BELOW;
+    p.max_distance = o.radius;
+    p.k = o.range_cap;
+  }
   if (!o.memory_fractions.empty()) {
     bool all_match = true;
     for (double f : o.memory_fractions) {
@@ -543,7 +643,8 @@ int main(int argc, char **argv) {
                  "cpu,cpu-ti,cpu-brute,"
                  "cpu-blas,cpu-avx2] [--threads N] "
                  "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12] "
-                 "[--gpu-memory-fractions 0,0.5,0.25,0.125] [--devices 0/0,1]\n",
+                 "[--gpu-memory-fractions 0,0.5,0.25,0.125] [--devices 0/0,1] "
+                 "[--radius R [--radius-inclusive 1] [--range-cap K]] [--distinct 1]\n",
                  argv[0]);
     return 2;
   }
@@ -553,8 +654,11 @@ int main(int argc, char **argv) {
 
   std::ostringstream json;
   json << "{\n  \"engine\": \"" << json_escape(engine_line) << "\",\n  \"k\": " << o.k
-       << ",\n  \"metric\": \"" << knn_metric_name(o.metric) << "\",\n  \"repeat\": " << o.repeat
-       << ",\n  \"datasets\": [";
+       << ",\n  \"metric\": \"" << knn_metric_name(o.metric) << "\",\n  \"repeat\": " << o.repeat;
+  if (!std::isnan(o.radius))
+    json << ",\n  \"radius\": " << o.radius << ",\n  \"radius_inclusive\": "
+         << (o.radius_inclusive ? "true" : "false") << ",\n  \"range_cap\": " << o.range_cap;
+  json << ",\n  \"datasets\": [";
   std::vector<std::string> table;
   bool first_set = true, all_match = true;
   for (const std::string &name : o.sets) {
@@ -565,6 +669,7 @@ int main(int argc, char **argv) {
       std::printf("%-18s missing, skipped\n", name.c_str());
       continue;
     }
+    if (o.distinct) keep_distinct_rows(&d);
     all_match = bench_set(o, have_gpu != 0, d, &first_set, json, &table) && all_match;
   }
   json << "\n  ]\n}\n";

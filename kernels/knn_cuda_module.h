@@ -41,6 +41,27 @@ typedef KnnStatus (*knn_cuda_run_fn) (const KnnProblem *problem,
 #define KNN_CUDA_RUN_SYMBOL "knn_cuda_run"
 
 /*
+ * Range joins (problem->range != KNN_RANGE_NONE; float32 rows, the job
+ * layer widens float16, or bit rows): every pair within the radius, capped
+ * per query at problem->k (0 = no cap), exactly as the CPU range engine
+ * (kernels/cpu/range_join.h) returns them. The pairs of one query row, in
+ * (distance, target row) order, go to sink in ascending query order, on
+ * the calling thread, while the GPU computes the next ones; sink returns 0
+ * to stop the join (it then ends KNN_CANCELLED) and may block (the caller's
+ * queue is full). Polls *cancel as knn_cuda_run does; frees every device
+ * allocation before it returns. Targets: fewer than 2^31 - 1 rows.
+ */
+typedef int (*knn_cuda_pair_sink_fn) (void *context, int64_t query_row,
+									  const int64_t *target_rows,
+									  const double *distances, int64_t n);
+typedef KnnStatus (*knn_cuda_range_fn) (const KnnProblem *problem,
+										knn_cuda_pair_sink_fn sink, void *sink_context,
+										KnnStats *stats, const int32_t *cancel,
+										char *errbuf, size_t errlen);
+#define KNN_CUDA_RANGE_SYMBOL "knn_cuda_range"
+#define KNN_CUDA_RANGE_MAX_TARGETS ((int64_t) 0x7ffffffe)
+
+/*
  * The device runtime that joins share (the CUDA context, a stream, the
  * cuBLAS handle, pinned staging memory, a pool reserve): creating it costs
  * a fraction of a second, the context above all, so the job layer creates

@@ -166,4 +166,22 @@ knn_result_before(double da, int64_t ia, double db, int64_t ib)
 	return ia < ib;
 }
 
+/*
+ * A range join's test (KnnProblem::range), as PostgreSQL compares float8:
+ * NaN is above every number and equal to itself, so d < NaN holds for
+ * every number and d <= NaN for everything. inclusive: <=, else <.
+ */
+KNN_HD bool
+knn_within_radius(double d, double radius, bool inclusive)
+{
+	bool		d_nan = d != d;
+	bool		r_nan = radius != radius;
+
+	if (r_nan)
+		return inclusive || !d_nan;
+	if (d_nan)
+		return false;
+	return inclusive ? d <= radius : d < radius;
+}
+
 #endif							/* KNN_DISTANCE_H */

@@ -65,6 +65,7 @@ struct GpuModule {
   bool usable = false;           // module loaded and a GPU answered
   char description[384] = "";    // device line, or why there is none
   knn_cuda_run_fn run = nullptr;
+  knn_cuda_range_fn range = nullptr;  // optional: an older module lacks it
   // The runtime entries (optional: an older module lacks them).
   knn_cuda_runtime_ready_fn runtime_ready = nullptr;
   knn_cuda_warm_up_fn warm_up = nullptr;
@@ -106,6 +107,7 @@ void load_gpu_module(GpuModule &m) noexcept {
   }
   m.usable = probe(m.description, sizeof m.description) != 0;
   m.run = run;
+  m.range = reinterpret_cast<knn_cuda_range_fn>(dlsym(handle, KNN_CUDA_RANGE_SYMBOL));
   m.runtime_ready =
       reinterpret_cast<knn_cuda_runtime_ready_fn>(dlsym(handle, KNN_CUDA_RUNTIME_READY_SYMBOL));
   m.warm_up = reinterpret_cast<knn_cuda_warm_up_fn>(dlsym(handle, KNN_CUDA_WARM_UP_SYMBOL));
@@ -257,6 +259,7 @@ struct GpuView {
   bool usable = false;
   bool from_record = false;
   knn_cuda_run_fn run = nullptr;
+  knn_cuda_range_fn range = nullptr;
   knn_cuda_set_idle_release_fn set_idle_release = nullptr;
   char description[384] = "";
   char record_note[160] = "";
@@ -334,6 +337,7 @@ GpuView gpu(bool must_load) {
   view.usable = m.usable;
   view.from_record = m.from_record;
   view.run = m.run;
+  view.range = m.range;
   view.set_idle_release = m.set_idle_release;
   static_assert(sizeof view.description == sizeof m.description, "");
   static_assert(sizeof view.record_note == sizeof m.record_note, "");
@@ -466,13 +470,24 @@ struct KnnJob {
   KnnStatus run_bit();
   KnnStatus run_gpu_or_cpu();
   KnnStatus run_range();
+  KnnStatus run_range_cpu(const char *note);
+  KnnStatus run_range_gpu(const GpuView &m);
   KnnStatus widen();
   bool widen_problem_rows();
   KnnStatus run_cpu(const char *note);
   KnnStatus run_gpu(const GpuView &m);
+  template <class CpuRun>
+  KnnStatus cpu_after_gpu_failure(KnnStatus gpu_status, CpuRun run_on_cpu);
   KnnStatus await_slot();
   void announce_finished() noexcept;
 };
+
+// Appends " [note]" to the name of the engine that ran (why it ran).
+static void note_engine(KnnStats *stats, const char *note) {
+  if (note == nullptr) return;
+  const size_t used = std::strlen(stats->device_name);
+  std::snprintf(stats->device_name + used, sizeof stats->device_name - used, " [%s]", note);
+}
 
 // The CPU engine of the problem's rows: the bit engine or the float one.
 KnnStatus KnnJob::run_cpu(const char *note) {
@@ -480,10 +495,7 @@ KnnStatus KnnJob::run_cpu(const char *note) {
       problem.element == KNN_ELEMENT_BIT
           ? knn::cpu::bit_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error)
           : knn::cpu_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error);
-  if (note != nullptr) {
-    const size_t used = std::strlen(stats.device_name);
-    std::snprintf(stats.device_name + used, sizeof stats.device_name - used, " [%s]", note);
-  }
+  note_engine(&stats, note);
   return st;
 }
 
@@ -513,14 +525,22 @@ KnnStatus KnnJob::run_gpu(const GpuView &m) {
   }
   const KnnStatus st = m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
   push_idle_release(m.set_idle_release);
-  // Under AUTO a GPU that cannot take this join hands it to the CPU.
-  if (problem.device != KNN_DEVICE_AUTO || (st != KNN_OUT_OF_MEMORY && st != KNN_DEVICE_ERROR))
-    return st;
+  return cpu_after_gpu_failure(st, [this] { return run_cpu("GPU failed, CPU engine ran"); });
+}
+
+// Under AUTO a GPU that could not take the job (out of memory, a device
+// error) hands it to the CPU engine (run_on_cpu), with a notice that says
+// why; any other outcome, and any outcome under GPU, stands.
+template <class CpuRun>
+KnnStatus KnnJob::cpu_after_gpu_failure(KnnStatus gpu_status, CpuRun run_on_cpu) {
+  if (problem.device != KNN_DEVICE_AUTO ||
+      (gpu_status != KNN_OUT_OF_MEMORY && gpu_status != KNN_DEVICE_ERROR))
+    return gpu_status;
   char gpu_error[kMessageBytes];
   knn::copy_message(gpu_error, sizeof gpu_error, error);
   stats = KnnStats{};
   error[0] = '\0';
-  const KnnStatus cpu_st = run_cpu("GPU failed, CPU engine ran");
+  const KnnStatus cpu_st = run_on_cpu();
   if (cpu_st == KNN_OK)
     std::snprintf(error, sizeof error, "the GPU engine failed (%.400s); the CPU engine ran",
                   gpu_error);
@@ -578,10 +598,45 @@ KnnStatus KnnJob::run_engines() {
   return run_one();
 }
 
-// A range problem (cpu/range_join.h): the CPU engine, whatever the device
-// (no GPU range kernel yet; a GPU request is answered with a notice), its
-// pairs handed over through the job's queue. Groups are a filter of the
-// join itself, not split here.
+// ---- range jobs ----
+//
+// The engine of a range job: the GPU range join (knn_cuda_range) under
+// GPU, and under AUTO where a GPU is usable and would answer sooner:
+//  * the job has at least kGpuRangeMinPairs candidate pairs (|Q| x |T|;
+//    below that the CPU range engine answers within milliseconds, about
+//    what the GPU's uploads and launches cost), and
+//  * the GPU runtime exists, or the CPU would not answer before its
+//    creation (gpu_cold_start.h, the rule of k-NN joins, on the CPU's
+//    brute-force estimate at k = 1, an upper bound of its range join).
+// Else the CPU range engine (cpu/range_join.h); under GPU a notice says
+// why. Either way the pairs go through the job's queue, and the statistics
+// name the engine that ran. Groups are a filter of the join itself, not
+// split here.
+namespace {
+
+constexpr double kGpuRangeMinPairs = 1e7;
+
+// The GPU range join's sink: the job's queue, whose put waits while it is
+// full and gives up on a cancel. Nothing is thrown into the module.
+struct GpuRangeSink {
+  knn::PairQueue *queue;
+  const int32_t *cancel;
+  bool handed_over = false;  // pairs reached the queue: no CPU rerun after a failure
+
+  static int put(void *context, int64_t query_row, const int64_t *target_rows,
+                 const double *distances, int64_t n) {
+    auto *sink = static_cast<GpuRangeSink *>(context);
+    sink->handed_over = true;
+    try {
+      return sink->queue->put(query_row, target_rows, distances, n, sink->cancel) ? 1 : 0;
+    } catch (...) {
+      return 0;  // the join stops as cancelled
+    }
+  }
+};
+
+}  // namespace
+
 KnnStatus KnnJob::run_range() {
   if (pairs == nullptr) {
     knn::copy_message(error, sizeof error, "a range job needs its pair queue");
@@ -599,6 +654,44 @@ KnnStatus KnnJob::run_range() {
       return KNN_CANCELLED;
     }
   }
+  if (problem.device == KNN_DEVICE_CPU) return run_range_cpu(nullptr);
+  if (problem.device == KNN_DEVICE_AUTO) {
+    const double candidates =
+        static_cast<double>(problem.n_queries) * static_cast<double>(problem.n_targets);
+    if (candidates < kGpuRangeMinPairs) return run_range_cpu("small, CPU answers sooner");
+    KnnProblem as_join = problem;
+    as_join.k = 1;
+    if (gpu_cold_prefers_cpu(as_join)) {
+      const KnnStatus st = run_range_cpu("GPU not ready, CPU answers sooner");
+      start_warm_up();
+      return st;
+    }
+  }
+  const char *why_not = nullptr;
+  char reason[kMessageBytes] = "";
+  GpuView m;
+  if (problem.n_targets > KNN_CUDA_RANGE_MAX_TARGETS) {
+    why_not = "too many targets for the GPU";
+    std::snprintf(reason, sizeof reason, "the GPU range join takes fewer than 2^31 - 1 targets");
+  } else {
+    m = gpu(problem.device == KNN_DEVICE_GPU);
+    if (m.usable && m.range != nullptr) return run_range_gpu(m);
+    why_not = !m.usable ? (m.from_record ? "no GPU: server's probe record" : "no GPU")
+                        : "GPU module without range join";
+    if (!m.usable)
+      std::snprintf(reason, sizeof reason, "no usable GPU (%s)", m.description);
+    else
+      std::snprintf(reason, sizeof reason, "the GPU module has no range join (an older build)");
+  }
+  const KnnStatus st = run_range_cpu(why_not);
+  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+    std::snprintf(error, sizeof error, "%.400s; the CPU engine ran", reason);
+  return st;
+}
+
+// The CPU range engine, its pairs into the job's queue; note: why it ran
+// instead of the GPU (nullptr: it was asked for).
+KnnStatus KnnJob::run_range_cpu(const char *note) {
   knn::PairQueue &queue = *pairs;
   const KnnStatus st = knn::cpu::range_run(
       problem,
@@ -606,15 +699,26 @@ KnnStatus KnnJob::run_range() {
         return queue.put(q, t, d, n, &cancel);
       },
       &stats, &cancel, error, sizeof error);
-  if (problem.device != KNN_DEVICE_CPU) {
-    const size_t used = std::strlen(stats.device_name);
-    std::snprintf(stats.device_name + used, sizeof stats.device_name - used,
-                  " [range join: CPU engine]");
-  }
-  if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
-    std::snprintf(error, sizeof error,
-                  "the GPU engine has no range join yet; the CPU engine ran");
+  note_engine(&stats, note);
   return st;
+}
+
+// The GPU range join (after the job's admission slot, as run_gpu). Under
+// AUTO a GPU that fails before any pair reached the queue hands the job to
+// the CPU engine; after that, a rerun would repeat pairs, so the failure
+// stands.
+KnnStatus KnnJob::run_range_gpu(const GpuView &m) {
+  if (problem.admission != KNN_ADMISSION_NONE) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
+  GpuRangeSink sink{pairs.get(), &cancel};
+  const KnnStatus st =
+      m.range(&problem, &GpuRangeSink::put, &sink, &stats, &cancel, error, sizeof error);
+  push_idle_release(m.set_idle_release);
+  if (sink.handed_over) return st;
+  return cpu_after_gpu_failure(
+      st, [this] { return run_range_cpu("GPU failed, CPU engine ran"); });
 }
 
 // One plain problem through the engine its rows and device call for.

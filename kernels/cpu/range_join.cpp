@@ -36,31 +36,6 @@ constexpr double kAutoTiMinPairs = 1e5;
 constexpr int64_t kBlockPairs = int64_t{1} << 22;
 constexpr int64_t kMaxBlockQueries = 1024;
 
-const char *range_problem_invalid_reason(const KnnProblem &p) {
-  if (p.range != KNN_RANGE_BELOW && p.range != KNN_RANGE_AT_MOST) return "unknown range mode";
-  if (p.k < 0) return "the cap k of a range join must not be negative";
-  if (p.dim < 1) return "dim must be at least 1";
-  if (p.n_queries < 0 || p.n_targets < 0) return "negative row count";
-  if (!in_range(enum_value(p.metric), KNN_METRIC_L2, KNN_METRIC_JACCARD)) return "unknown metric";
-  if (p.element != KNN_ELEMENT_FLOAT32 && p.element != KNN_ELEMENT_BIT)
-    return "the range join takes float32 or bit rows";
-  if ((p.element == KNN_ELEMENT_BIT) !=
-      (p.metric == KNN_METRIC_HAMMING || p.metric == KNN_METRIC_JACCARD))
-    return "hamming and jaccard are the metrics of bit rows, and only of them";
-  if (!in_range(enum_value(p.method), KNN_METHOD_AUTO, KNN_METHOD_BRUTE)) return "unknown method";
-  if (!in_range(enum_value(p.device), KNN_DEVICE_AUTO, KNN_DEVICE_GPU)) return "unknown device";
-  if (p.n_threads < 0 || p.n_threads > KNN_MAX_THREADS) return "n_threads out of range";
-  if ((p.query_keys == nullptr) != (p.target_keys == nullptr))
-    return "query_keys and target_keys must be given together";
-  if ((p.query_groups == nullptr) != (p.target_groups == nullptr))
-    return "query_groups and target_groups must be given together";
-  if (p.n_queries > 0 && p.queries == nullptr) return "queries is NULL";
-  if (p.n_targets > 0 && p.targets == nullptr) return "targets is NULL";
-  const int64_t limit = std::numeric_limits<int64_t>::max() / 16;
-  if (p.n_queries > limit / p.dim || p.n_targets > limit / p.dim) return "problem too large";
-  return nullptr;
-}
-
 // Bit rows as 64-bit words, bits past dim cleared (only popcounts of equal
 // positions are taken, so byte order within a word does not matter).
 struct BitRows {
@@ -190,7 +165,7 @@ class RangeJoin {
     if (!eligible(q, t)) return;
     const double d = distance(q, t);
     ++*computed;
-    if (within_radius(d, radius_, inclusive_)) out.push_back({d, t});
+    if (knn_within_radius(d, radius_, inclusive_)) out.push_back({d, t});
   }
 
   // L2 and L1 with a finite radius r. Members of a cluster are sorted by

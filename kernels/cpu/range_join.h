@@ -1,8 +1,8 @@
 // range_join.h -- the CPU engine's range join: every (query, target) pair
 // whose distance is within a radius (KnnProblem::range), exact, optionally
 // capped per query. Internal to kernels/ (C++); the job layer
-// (knn_job.cpp) runs every range problem here, whatever the device: there
-// is no GPU range kernel yet.
+// (knn_job.cpp) runs range problems here unless the GPU range join
+// (cuda/range_join.cuh, the same pairs bit for bit) takes them.
 //
 // L2 and L1 targets are clustered (clustering.h) and pruned by the
 // triangle inequality, widened by rounding_margin.h so that no pair within
@@ -27,15 +27,6 @@ namespace cpu {
 using PairSink =
     std::function<bool(int64_t query_row, const int64_t *target_rows, const double *distances,
                        int64_t n)>;
-
-// PostgreSQL's float8 comparison: NaN is above every number and equal to
-// itself, so d < NaN holds for every number and d <= NaN for everything.
-inline bool within_radius(double d, double radius, bool inclusive) {
-  const bool d_nan = d != d, r_nan = radius != radius;
-  if (r_nan) return inclusive || !d_nan;
-  if (d_nan) return false;
-  return inclusive ? d <= radius : d < radius;
-}
 
 // Runs a range problem (FLOAT32 or BIT rows; the job widens FLOAT16) and
 // hands its pairs to sink. Never throws; the status and a one-line

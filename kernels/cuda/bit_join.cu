@@ -27,6 +27,7 @@
 
 #include "../result_padding.h"
 #include "bit_join.cuh"
+#include "bit_rows.cuh"
 #include "bitonic.cuh"
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
@@ -56,26 +57,6 @@ struct BitArgs {
   int64_t *out_rows = nullptr;  // nq * k
   double *out_dist = nullptr;
 };
-
-// The distance of one pair, as kernels/cpu/bit_join.h computes it.
-template <bool kJaccard>
-__device__ __forceinline__ double pair_distance(const BitArgs &a, const uint64_t *q, int64_t t,
-                                                unsigned long long q_ones) {
-  unsigned long long n = 0, t_ones = 0;
-  for (int w = 0; w < a.words; w++) {
-    const uint64_t b = a.targets[static_cast<int64_t>(w) * a.nt + t];
-    const uint64_t x = q[w];
-    if (kJaccard) {
-      n += __popcll(x & b);
-      t_ones += __popcll(b);
-    } else {
-      n += __popcll(x ^ b);
-    }
-  }
-  if (!kJaccard) return static_cast<double>(n);
-  if (n == 0) return 1;
-  return 1 - (static_cast<double>(n) / static_cast<double>(q_ones + t_ones - n));
-}
 
 template <int CAP, bool kJaccard>
 __global__ void __launch_bounds__(kWarps * 32) bit_select_kernel(BitArgs a) {
@@ -117,7 +98,7 @@ __global__ void __launch_bounds__(kWarps * 32) bit_select_kernel(BitArgs a) {
     bool pass = false;
     uint64_t k_t = kEmptyKey;
     if (t < a.nt && !(a.query_keys != nullptr && a.target_keys[t] == qkey)) {
-      k_t = order_key(pair_distance<kJaccard>(a, qrow, t, q_ones));
+      k_t = order_key(bit_pair_distance<kJaccard>(qrow, a.targets, a.nt, t, a.words, q_ones));
       pass = thr == kEmptyKey || k_t < thr;
     }
     const unsigned ballot = __ballot_sync(0xffffffffu, pass);
@@ -163,10 +144,10 @@ KnnStatus launch(DeviceContext &ctx, const BitArgs &a, int cap, bool jaccard) {
 }
 static_assert(KNN_CUDA_BIT_MAX_K == 256, "launch() covers lists of up to 256 entries");
 
-// Rows as 64-bit words, the bits past dim cleared (a caller's stray
-// padding bits must not count), as the CPU engine packs them; word-major
-// when `transpose` (the targets' layout).
-std::vector<uint64_t> pack(const void *rows, int64_t n, int dim, int64_t words, bool transpose) {
+}  // namespace
+
+std::vector<uint64_t> pack_bit_rows(const void *rows, int64_t n, int dim, int64_t words,
+                                    bool transpose) {
   std::vector<uint64_t> out(static_cast<size_t>(n * words), 0);
   const int64_t row_bytes = (static_cast<int64_t>(dim) + 7) / 8;
   const unsigned char last_mask =
@@ -183,8 +164,6 @@ std::vector<uint64_t> pack(const void *rows, int64_t n, int dim, int64_t words, 
   }
   return out;
 }
-
-}  // namespace
 
 KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, KnnStats *stats,
                    DeviceContext &ctx) {
@@ -205,7 +184,7 @@ KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
     std::snprintf(stats->variant, sizeof stats->variant, "empty");
     return KNN_OK;
   }
-  const int64_t words = ((static_cast<int64_t>(p.dim) + 7) / 8 + 7) / 8;
+  const int64_t words = bit_row_words(p.dim);
   const int cap = std::max(32, next_pow2(p.k));
   const bool jaccard = p.metric == KNN_METRIC_JACCARD;
   const bool exclude = p.query_keys != nullptr;
@@ -230,8 +209,8 @@ KnnStatus bit_join(const KnnProblem &p, int64_t *neighbors, double *distances, K
   chunk = std::max<int64_t>(chunk, 1);
 
   const Clock::time_point t_transfer = Clock::now();
-  const std::vector<uint64_t> targets = pack(p.targets, p.n_targets, p.dim, words, true);
-  const std::vector<uint64_t> queries = pack(p.queries, p.n_queries, p.dim, words, false);
+  const std::vector<uint64_t> targets = pack_bit_rows(p.targets, p.n_targets, p.dim, words, true);
+  const std::vector<uint64_t> queries = pack_bit_rows(p.queries, p.n_queries, p.dim, words, false);
   KNN_TRY(ctx.cancel_point());
   DeviceBuffer<uint64_t> d_targets, d_queries;
   DeviceBuffer<int64_t> d_target_keys, d_query_keys, d_rows;

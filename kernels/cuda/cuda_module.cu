@@ -1,7 +1,7 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
-// ../knn_cuda_module.h): knn_cuda_probe and knn_cuda_run, the runtime's
-// warm-up, release and idle timer, plus the tests' knn_cuda_run_tuned
-// (knn_cuda_testing.h).
+// ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run and knn_cuda_range,
+// the runtime's warm-up, release and idle timer, plus the tests'
+// knn_cuda_run_tuned (knn_cuda_testing.h).
 //
 // knn_cuda_run borrows the device's runtime (context, stream, cuBLAS
 // handle, pinned staging memory: created on the first join or by
@@ -42,6 +42,7 @@
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
 #include "multi_device.cuh"
+#include "range_join.cuh"
 
 namespace knn {
 namespace cuda {
@@ -205,42 +206,58 @@ KnnStatus run_split_test_hook(const SplitTestHook &hook, const Engine &engine,
   return KNN_DEVICE_ERROR;
 }
 
+// Runs work() with the runtime of `device` (its replica) lent to ctx: the
+// runtime's turn taken (cancellable), the join's budget set, the stream
+// drained before the next join's turn, the runtime marked used at the end.
+template <typename Work>
+KnnStatus with_device_turn(const KnnProblem &p, int device, int replica, int sharing,
+                           const int32_t *cancel, DeviceContext &ctx, Work &&work) {
+  ctx.cancel = cancel;
+  KNN_TRY(select_device(ctx, device));
+  DeviceRuntime &rt = device_runtime(device, replica);
+  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
+  StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
+  KNN_TRY(setup_context(p, sharing, rt, ctx));
+  struct MarkUsed {  // on every path: the idle keeper counts from the join's end
+    DeviceRuntime &rt;
+    ~MarkUsed() { mark_runtime_used(rt); }
+  } mark_used{rt};
+  return work();
+}
+
+// The GPU of the entries that use one (range and grouped joins): the first
+// of knn_gpu.devices' list.
+int first_listed_device(const KnnProblem &p) {
+  return p.n_devices > 0 ? p.devices[0] : kFirstDevice;
+}
+
 // One engine's rows on the calling thread: waits for the engine's runtime
 // (still answering a cancel), borrows it and runs the method.
 KnnStatus run_engine(const KnnProblem &p, const Engine &engine, const JoinTuning &tuning,
                      const SplitTestHook &hook, int64_t *neighbors, double *distances,
                      KnnStats *stats, const int32_t *cancel, DeviceContext &ctx) {
   const auto start = std::chrono::steady_clock::now();
-  ctx.cancel = cancel;
-  KNN_TRY(select_device(ctx, engine.device));
-  DeviceRuntime &rt = device_runtime(engine.device, engine.replica);
-  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
-  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
-  StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
-  KNN_TRY(setup_context(p, engine.sharing, rt, ctx));
-
-  struct MarkUsed {  // on every path: the idle keeper counts from the join's end
-    DeviceRuntime &rt;
-    ~MarkUsed() { mark_runtime_used(rt); }
-  } mark_used{rt};
-
-  KNN_TRY(run_split_test_hook(hook, engine, ctx));
-  // The rows it answers: a share of the problem's (ctx.query_count), or all.
-  const int64_t answered = ctx.query_count >= 0 ? ctx.query_count : p.n_queries;
-  KnnStats local{};
-  KnnStatus st = run_method(p, tuning, neighbors, distances, &local, ctx);
-  if (st == KNN_OK) st = ctx.cancel_point();
-  local.device = KNN_DEVICE_GPU;
-  std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
-  local.pairs = answered * p.n_targets;
-  local.seconds_total =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  local.n_devices = 1;
-  local.device_work[0].device = engine.device;
-  local.device_work[0].queries = answered;
-  local.device_work[0].seconds = local.seconds_total;
-  if (stats != nullptr) *stats = local;
-  return st;
+  return with_device_turn(p, engine.device, engine.replica, engine.sharing, cancel, ctx,
+                          [&]() -> KnnStatus {
+    KNN_TRY(run_split_test_hook(hook, engine, ctx));
+    // The rows it answers: a share of the problem's (ctx.query_count), or all.
+    const int64_t answered = ctx.query_count >= 0 ? ctx.query_count : p.n_queries;
+    KnnStats local{};
+    KnnStatus st = run_method(p, tuning, neighbors, distances, &local, ctx);
+    if (st == KNN_OK) st = ctx.cancel_point();
+    local.device = KNN_DEVICE_GPU;
+    std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
+    local.pairs = answered * p.n_targets;
+    local.seconds_total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    local.n_devices = 1;
+    local.device_work[0].device = engine.device;
+    local.device_work[0].queries = answered;
+    local.device_work[0].seconds = local.seconds_total;
+    if (stats != nullptr) *stats = local;
+    return st;
+  });
 }
 
 // What splitting could save: every pair's distance, in dimensions.
@@ -293,6 +310,33 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTes
                           distances + engine.first_query * p.k, share_stats, stop, engine_ctx);
       },
       stats, cancel, ctx);
+}
+
+// A range job (range_join.cu): float32 rows (the job layer widens
+// float16) or bit rows, its pairs to sink.
+KnnStatus run_range(const KnnProblem &p, knn_cuda_pair_sink_fn sink, void *sink_context,
+                    KnnStats *stats, const int32_t *cancel, DeviceContext &ctx) {
+  if (const char *why = range_problem_invalid_reason(p)) {
+    ctx.error = why;
+    return KNN_INVALID_ARGUMENT;
+  }
+  if (sink == nullptr) {
+    ctx.error = "a range join needs a sink for its pairs";
+    return KNN_INVALID_ARGUMENT;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  return with_device_turn(p, first_listed_device(p), 0, 1, cancel, ctx, [&]() -> KnnStatus {
+    KnnStats local{};
+    KnnStatus st = range_join(p, sink, sink_context, &local, ctx);
+    if (st == KNN_OK) st = ctx.cancel_point();
+    local.device = KNN_DEVICE_GPU;
+    std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
+    local.pairs = p.n_queries * p.n_targets;
+    local.seconds_total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (stats != nullptr) *stats = local;
+    return st;
+  });
 }
 
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
@@ -367,6 +411,24 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
     DeviceContext ctx;
     const KnnStatus st = run_join(*problem, tuning_from(options), hook_from(options), neighbors,
                                   distances, stats, cancel, ctx);
+    if (st != KNN_OK)
+      copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
+    return st;
+  });
+}
+
+KnnStatus range_entry(const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context,
+                      KnnStats *stats, const int32_t *cancel, char *errbuf,
+                      size_t errlen) noexcept {
+  const SignalsBlocked blocked;  // see run_entry
+  knn::copy_message(errbuf, errlen, "");
+  return guarded("GPU range join", errbuf, errlen, [&]() -> KnnStatus {
+    if (problem == nullptr) {
+      copy_message(errbuf, errlen, "problem is NULL");
+      return KNN_INVALID_ARGUMENT;
+    }
+    DeviceContext ctx;
+    const KnnStatus st = run_range(*problem, sink, sink_context, stats, cancel, ctx);
     if (st != KNN_OK)
       copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
     return st;
@@ -449,6 +511,12 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run(
                               errlen);
 }
 
+__attribute__((visibility("default"))) KnnStatus knn_cuda_range(
+    const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context, KnnStats *stats,
+    const int32_t *cancel, char *errbuf, size_t errlen) {
+  return knn::cuda::range_entry(problem, sink, sink_context, stats, cancel, errbuf, errlen);
+}
+
 __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
     const KnnProblem *problem, const KnnCudaTestOptions *options, int64_t *neighbors,
     double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) {
@@ -486,6 +554,7 @@ __attribute__((visibility("default"))) int64_t knn_cuda_test_pool_used(int devic
 static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_range), knn_cuda_range_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");

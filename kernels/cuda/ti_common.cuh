@@ -195,6 +195,15 @@ struct UploadedSet {
 KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, UploadedSet &out,
                         unsigned *max_abs_bits, MemoryBudget &mem, DeviceContext &ctx);
 
+// ti_join.cu: the largest |value| upload_points recorded at the device's
+// max_abs_bits, once the stream has caught up.
+KnnStatus read_max_abs(const unsigned *max_abs_bits, float *out, DeviceContext &ctx);
+
+// ti_join.cu: the end of a join whose buffers have all been handed to
+// cudaFreeAsync: waits for the frees and gives the pool's memory back to
+// the device. Returns `status`, or the failure of the wait.
+KnnStatus release_join_memory(KnnStatus status, DeviceContext &ctx);
+
 // ti_join.cu: clusters for n distinct points (factor * sqrt(n), at least 1).
 int32_t landmarks_for(double factor, int64_t n);
 

@@ -99,6 +99,25 @@ KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, Uploa
   return KNN_OK;
 }
 
+KnnStatus read_max_abs(const unsigned *max_abs_bits, float *out, DeviceContext &ctx) {
+  unsigned bits = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&bits, max_abs_bits, sizeof bits, cudaMemcpyDeviceToHost,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  std::memcpy(out, &bits, sizeof bits);
+  return KNN_OK;
+}
+
+KnnStatus release_join_memory(KnnStatus status, DeviceContext &ctx) {
+  const cudaError_t err = cudaStreamSynchronize(ctx.stream);
+  cudaMemPool_t pool;
+  if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+  (void)cudaGetLastError();
+  if (status == KNN_OK && err != cudaSuccess)
+    return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
+  return status;
+}
+
 int32_t landmarks_for(double factor, int64_t n) {
   double m = std::floor(factor * std::sqrt((double)n) + 0.5);
   return (int32_t)std::max<double>(1.0, std::min<double>(m, (double)n));
@@ -243,13 +262,9 @@ KnnStatus TiJoin::upload(bool *finite) {
     KNN_TRY(upload_points(float_rows(p_.targets), p_.n_targets, p_.dim, stride_, target_upload_,
                           max_abs.get(), mem_, ctx_));
   KNN_TRY(upload_keys());
-  unsigned max_abs_bits = 0;
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(&max_abs_bits, max_abs.get(), sizeof max_abs_bits,
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-  t_uploaded_ = Clock::now();
   float max_abs_value;
-  std::memcpy(&max_abs_value, &max_abs_bits, sizeof max_abs_value);
+  KNN_TRY(read_max_abs(max_abs.get(), &max_abs_value, ctx_));
+  t_uploaded_ = Clock::now();
   *finite = distances_stay_finite(p_.metric, p_.dim, max_abs_value);
   return ctx_.cancel_point();
 }
@@ -530,25 +545,9 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
 }  // namespace
 }  // namespace ti
 
-namespace {
-
-// Every buffer of the join has been handed to cudaFreeAsync by now; waits
-// for the frees and returns the pool's memory to the device.
-KnnStatus end_of_join(KnnStatus status, DeviceContext &ctx) {
-  const cudaError_t err = cudaStreamSynchronize(ctx.stream);
-  cudaMemPool_t pool;
-  if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
-  (void)cudaGetLastError();
-  if (status == KNN_OK && err != cudaSuccess)
-    return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
-  return status;
-}
-
-}  // namespace
-
 KnnStatus ti_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
                   double *distances, KnnStats *stats, DeviceContext &ctx) {
-  return end_of_join(ti::run_join(problem, tuning, neighbors, distances, stats, ctx), ctx);
+  return ti::release_join_memory(ti::run_join(problem, tuning, neighbors, distances, stats, ctx), ctx);
 }
 
 KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int64_t *neighbors,
@@ -571,12 +570,12 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
                                         distances, stats, &finite, &level1_kept, ctx);
   if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
     ctx.error.clear();  // the caller runs the share another way
-    return end_of_join(KNN_OK, ctx);
+    return ti::release_join_memory(KNN_OK, ctx);
   }
   // Values that need brute force, or AUTO's TI gave up after level 1.
-  if (status == KNN_OK && (!finite || level1_kept >= 0)) return end_of_join(KNN_OK, ctx);
+  if (status == KNN_OK && (!finite || level1_kept >= 0)) return ti::release_join_memory(KNN_OK, ctx);
   *declined = false;
-  return end_of_join(status, ctx);
+  return ti::release_join_memory(status, ctx);
 }
 
 }  // namespace cuda

@@ -178,12 +178,8 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   UploadedSet upload;
   KNN_TRY(upload_points(float_rows(p_.queries) + first * p_.dim, count, p_.dim, stride_, upload,
                         max_abs.get(), mem, ctx_));
-  unsigned max_abs_bits = 0;
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(&max_abs_bits, max_abs.get(), sizeof max_abs_bits,
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   float query_max_abs;
-  std::memcpy(&query_max_abs, &max_abs_bits, sizeof query_max_abs);
+  KNN_TRY(read_max_abs(max_abs.get(), &query_max_abs, ctx_));
   if (!distances_stay_finite(p_.metric, p_.dim, query_max_abs)) {
     *finite = false;
     return KNN_OK;
