@@ -112,8 +112,8 @@ bool partition_groups(const KnnProblem &p, const int32_t *cancel, GroupPartition
          bucket_rows(query_group, n_groups, cancel, &out->query_rows, &out->query_begin);
 }
 
-KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances,
-                      KnnStats *stats, const int32_t *cancel, char *message,
+KnnStatus run_grouped(const KnnProblem &p, const GroupPartition &part, int64_t *neighbors,
+                      double *distances, KnnStats *stats, const int32_t *cancel, char *message,
                       size_t message_len, const SubProblemRunner &run) {
   const Clock::time_point start = Clock::now();
   *stats = KnnStats{};
@@ -122,11 +122,6 @@ KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances
   copy_message(stats->device_name, sizeof stats->device_name, "none (no group has targets)");
   fill_padding(p.n_queries, p.k, neighbors, distances);
 
-  GroupPartition part;
-  if (!partition_groups(p, cancel, &part)) {
-    copy_message(message, message_len, "cancelled");
-    return KNN_CANCELLED;
-  }
   const size_t bytes = row_bytes(p);
   const bool keyed = p.query_keys != nullptr && p.target_keys != nullptr;
   std::vector<unsigned char> query_buf, target_buf;

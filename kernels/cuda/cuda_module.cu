@@ -37,6 +37,7 @@
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
 #include "device_runtime.cuh"
+#include "group_join.cuh"
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
 
@@ -185,6 +186,49 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, int64_t *neigh
   return st;
 }
 
+// A per-group join (group_join.cuh) in one turn on the device; a group
+// that runs alone goes through run_method like a plain join.
+KnnStatus run_group_join(const KnnProblem &p, const KnnGroupLayout *groups, int64_t *neighbors,
+                         double *distances, KnnStats *stats, const int32_t *cancel,
+                         DeviceContext &ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  if (const char *why = p.element == KNN_ELEMENT_BIT
+                            ? problem_invalid_reason(p, neighbors, distances)
+                            : float_problem_invalid_reason(p, neighbors, distances)) {
+    ctx.error = why;
+    return KNN_INVALID_ARGUMENT;
+  }
+  if (groups == nullptr || (p.element == KNN_ELEMENT_BIT && p.k > KNN_CUDA_BIT_MAX_K)) {
+    ctx.error = groups == nullptr ? "no group layout" : "k above the GPU bit join's";
+    return KNN_INVALID_ARGUMENT;
+  }
+  ctx.cancel = cancel;
+  KNN_TRY(select_device(ctx));
+  DeviceRuntime &rt = device_runtime();
+  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
+  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
+  StreamDrain drain(ctx);
+  KNN_TRY(setup_context(p, rt, ctx));
+  struct MarkUsed {
+    DeviceRuntime &rt;
+    ~MarkUsed() { mark_runtime_used(rt); }
+  } mark_used{rt};
+
+  const JoinTuning tuning;
+  const PlainJoin plain = [&](const KnnProblem &sub, int64_t *nb, double *d, KnnStats *s) {
+    return run_method(sub, tuning, nb, d, s, ctx);
+  };
+  KnnStats local{};
+  KnnStatus st = group_join(p, *groups, plain, neighbors, distances, &local, ctx);
+  if (st == KNN_OK) st = ctx.cancel_point();
+  local.device = KNN_DEVICE_GPU;
+  std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
+  local.seconds_total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (stats != nullptr) *stats = local;
+  return st;
+}
+
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   JoinTuning t;
   if (o == nullptr) return t;
@@ -244,6 +288,25 @@ KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options
     DeviceContext ctx;
     const KnnStatus st =
         run_join(*problem, tuning_from(options), neighbors, distances, stats, cancel, ctx);
+    if (st != KNN_OK)
+      copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
+    return st;
+  });
+}
+
+KnnStatus run_groups_entry(const KnnProblem *problem, const KnnGroupLayout *groups,
+                           int64_t *neighbors, double *distances, KnnStats *stats,
+                           const int32_t *cancel, char *errbuf, size_t errlen) noexcept {
+  const SignalsBlocked blocked;  // see run_entry
+  knn::copy_message(errbuf, errlen, "");
+  return guarded("GPU engine", errbuf, errlen, [&]() -> KnnStatus {
+    if (problem == nullptr) {
+      copy_message(errbuf, errlen, "problem is NULL");
+      return KNN_INVALID_ARGUMENT;
+    }
+    DeviceContext ctx;
+    const KnnStatus st =
+        run_group_join(*problem, groups, neighbors, distances, stats, cancel, ctx);
     if (st != KNN_OK)
       copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
     return st;
@@ -330,6 +393,13 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run(
                               errlen);
 }
 
+__attribute__((visibility("default"))) KnnStatus knn_cuda_run_groups(
+    const KnnProblem *problem, const KnnGroupLayout *groups, int64_t *neighbors,
+    double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) {
+  return knn::cuda::run_groups_entry(problem, groups, neighbors, distances, stats, cancel,
+                                     errbuf, errlen);
+}
+
 __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
     const KnnProblem *problem, const KnnCudaTestOptions *options, int64_t *neighbors,
     double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) {
@@ -341,6 +411,7 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
 static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_run_groups), knn_cuda_run_groups_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
