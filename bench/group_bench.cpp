@@ -14,7 +14,8 @@
 //
 // Rows are uniform in [-1, 1); each row's group is drawn uniformly. Times
 // are wall seconds of the whole job (partition, transfers, kernels), the
-// best of --repeat runs after one warm-up join. One JSON object per run
+// best of --repeat runs after one warm-up join; the engine's seconds (and
+// its phases) are its statistics, summed over the jobs of per-group. One JSON object per run
 // goes to stdout (and is appended to --out).
 #include <algorithm>
 #include <chrono>
@@ -123,7 +124,13 @@ Result run_per_group(const KnnProblem &p, int64_t groups) {
     d.resize(nb.size());
     KnnStats s{};
     r.status = run_job(sub, nb.data(), d.data(), &s, &r.message);
-    if (g == 0) r.stats = s;
+    if (r.stats.device_name[0] == '\0') r.stats = s;  // the first group's names, the sums below
+    else {
+      r.stats.seconds_total += s.seconds_total;
+      r.stats.seconds_transfer += s.seconds_transfer;
+      r.stats.seconds_filter += s.seconds_filter;
+      r.stats.seconds_select += s.seconds_select;
+    }
     for (int64_t i = 0; i < nq; i++)
       for (int j = 0; j < sub.k; j++) {
         const int64_t t = nb[i * sub.k + j];
@@ -173,15 +180,18 @@ bool parse(int argc, char **argv, Options *o) {
 }
 
 void report(const Options &o, const char *how, const Result &r, int64_t differ, FILE *out) {
-  char line[1024];
+  char line[1536];
   std::snprintf(line, sizeof line,
                 "{\"how\": \"%s\", \"queries\": %lld, \"targets\": %lld, \"groups\": %lld, "
                 "\"dim\": %d, \"k\": %d, \"metric\": \"%s\", \"status\": \"%s\", "
-                "\"seconds\": %.4f, \"engine_seconds\": %.4f, \"device\": \"%s\", "
+                "\"seconds\": %.4f, \"engine_seconds\": %.4f, \"engine_transfer\": %.4f, "
+                "\"engine_filter\": %.4f, \"engine_select\": %.4f, \"device\": \"%s\", "
                 "\"variant\": \"%s\", \"differences\": %lld}\n",
                 how, static_cast<long long>(o.queries), static_cast<long long>(o.targets),
                 static_cast<long long>(o.groups), o.dim, o.k, knn_metric_name(o.metric),
-                knn_status_name(r.status), r.seconds, r.stats.seconds_total, r.stats.device_name,
+                knn_status_name(r.status), r.seconds, r.stats.seconds_total,
+                r.stats.seconds_transfer, r.stats.seconds_filter, r.stats.seconds_select,
+                r.stats.device_name,
                 r.stats.variant, static_cast<long long>(differ));
   std::fputs(line, stdout);
   if (out != nullptr) std::fputs(line, out);

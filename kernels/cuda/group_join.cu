@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "../entry_guard.h"
 #include "../problem_check.h"
 #include "../result_padding.h"
 #include "../stopwatch.h"
@@ -58,10 +59,11 @@ int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // within the rows; rows in range and ascending inside each group.
 const char *layout_invalid_reason(const int64_t *rows, const int64_t *begin, int64_t n_groups,
                                   int64_t n_rows) {
-  if (begin == nullptr || (rows == nullptr && n_groups > 0)) return "group layout: NULL array";
+  if (begin == nullptr) return "group layout: NULL offsets";
   if (begin[0] != 0) return "group layout: offsets must start at 0";
   for (int64_t g = 0; g < n_groups; g++) {
     if (begin[g + 1] < begin[g] || begin[g + 1] > n_rows) return "group layout: bad offsets";
+    if (rows == nullptr && begin[g + 1] > begin[g]) return "group layout: NULL rows";
     for (int64_t i = begin[g]; i < begin[g + 1]; i++) {
       if (rows[i] < 0 || rows[i] >= n_rows) return "group layout: row out of range";
       if (i > begin[g] && rows[i] <= rows[i - 1]) return "group layout: rows not ascending";
@@ -510,11 +512,12 @@ KnnStatus GroupJoin::run() {
 void GroupJoin::describe(KnnStats *stats) const {
   const KnnStats &a = alone_stats_;
   stats->method = segmented_.empty() && alone_run_ > 0 ? a.method : KNN_METHOD_BRUTE;
-  std::snprintf(stats->variant, sizeof stats->variant,
-                "groups: %lld, segmented %lld in %lld launches, alone %lld",
+  char variant[160];
+  std::snprintf(variant, sizeof variant, "groups: %lld, segmented %lld in %lld launches, alone %lld",
                 static_cast<long long>(segmented_.size() + alone_.size()),
                 static_cast<long long>(segmented_.size()), static_cast<long long>(launches_),
                 static_cast<long long>(alone_run_));
+  copy_message(stats->variant, sizeof stats->variant, variant);
   stats->query_clusters = a.query_clusters;
   stats->target_clusters = a.target_clusters;
   stats->distance_computations = exact_pairs_ + a.distance_computations;
