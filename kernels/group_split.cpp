@@ -14,6 +14,7 @@
 
 #include "entry_guard.h"
 #include "result_padding.h"
+#include "stats_sum.h"
 #include "stopwatch.h"
 
 namespace knn {
@@ -138,14 +139,7 @@ void add_stats(const KnnStats &group, bool first, KnnStats *sum) {
     std::memcpy(sum->device_name, group.device_name, sizeof sum->device_name);
     std::memcpy(sum->variant, group.variant, sizeof sum->variant);
   }
-  sum->query_clusters += group.query_clusters;
-  sum->target_clusters += group.target_clusters;
-  sum->distance_computations += group.distance_computations;
-  sum->threads_per_query = std::max(sum->threads_per_query, group.threads_per_query);
-  sum->seconds_transfer += group.seconds_transfer;
-  sum->seconds_cluster += group.seconds_cluster;
-  sum->seconds_filter += group.seconds_filter;
-  sum->seconds_select += group.seconds_select;
+  add_run_stats(group, sum);
 }
 
 }  // namespace

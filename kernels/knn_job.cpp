@@ -477,6 +477,8 @@ struct KnnJob {
   bool widen_problem_rows();
   KnnStatus run_cpu(const char *note);
   KnnStatus run_gpu(const GpuView &m);
+  template <class Cpu>
+  KnnStatus cpu_after_gpu_failure(KnnStatus gpu_status, Cpu cpu);
   KnnStatus await_slot();
   void announce_finished() noexcept;
 };
@@ -521,13 +523,21 @@ KnnStatus KnnJob::run_gpu(const GpuView &m) {
   const KnnStatus st = m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
   push_idle_release(m.set_idle_release);
   // Under AUTO a GPU that cannot take this join hands it to the CPU.
-  if (problem.device != KNN_DEVICE_AUTO || (st != KNN_OUT_OF_MEMORY && st != KNN_DEVICE_ERROR))
-    return st;
+  return cpu_after_gpu_failure(st, [this] { return run_cpu("GPU failed, CPU engine ran"); });
+}
+
+// Under AUTO a GPU that cannot take the join (out of memory, a device
+// error) hands it to the CPU engine: cpu() runs it, and a notice says why.
+template <class Cpu>
+KnnStatus KnnJob::cpu_after_gpu_failure(KnnStatus gpu_status, Cpu cpu) {
+  if (problem.device != KNN_DEVICE_AUTO ||
+      (gpu_status != KNN_OUT_OF_MEMORY && gpu_status != KNN_DEVICE_ERROR))
+    return gpu_status;
   char gpu_error[kMessageBytes];
   knn::copy_message(gpu_error, sizeof gpu_error, error);
   stats = KnnStats{};
   error[0] = '\0';
-  const KnnStatus cpu_st = run_cpu("GPU failed, CPU engine ran");
+  const KnnStatus cpu_st = cpu();
   if (cpu_st == KNN_OK)
     std::snprintf(error, sizeof error, "the GPU engine failed (%.400s); the CPU engine ran",
                   gpu_error);
@@ -677,7 +687,7 @@ KnnStatus KnnJob::run_groups() {
 }
 
 // The whole grouped problem in one call of the module's grouped entry
-// (after the job's admission slot, as run_gpu). Under AUTO a GPU that
+// (after the job's admission slot, as run_gpu); under AUTO a GPU that
 // cannot take it hands it to the CPU engine, group by group.
 KnnStatus KnnJob::run_groups_gpu(const GpuView &m, const knn::GroupPartition &part) {
   if (problem.admission != KNN_ADMISSION_NONE) {
@@ -689,19 +699,12 @@ KnnStatus KnnJob::run_groups_gpu(const GpuView &m, const knn::GroupPartition &pa
   const KnnStatus st = m.run_groups(&problem, &layout, neighbors, distances, &stats, &cancel,
                                     error, sizeof error);
   push_idle_release(m.set_idle_release);
-  if (problem.device != KNN_DEVICE_AUTO || (st != KNN_OUT_OF_MEMORY && st != KNN_DEVICE_ERROR))
-    return st;
-  char gpu_error[kMessageBytes];
-  knn::copy_message(gpu_error, sizeof gpu_error, error);
-  stats = KnnStats{};
-  error[0] = '\0';
-  problem.device = KNN_DEVICE_CPU;
-  const KnnStatus cpu_st = run_groups_split(part);
-  problem.device = KNN_DEVICE_AUTO;
-  if (cpu_st == KNN_OK)
-    std::snprintf(error, sizeof error, "the GPU engine failed (%.400s); the CPU engine ran",
-                  gpu_error);
-  return cpu_st;
+  return cpu_after_gpu_failure(st, [this, &part] {
+    problem.device = KNN_DEVICE_CPU;  // every group on the CPU engine
+    const KnnStatus cpu_st = run_groups_split(part);
+    problem.device = KNN_DEVICE_AUTO;
+    return cpu_st;
+  });
 }
 
 // One engine call per group (group_split.h maps the rows back and sums

@@ -149,6 +149,16 @@ void set_keys(Case *c, int64_t query_mod, int64_t target_mod) {
   for (int64_t j = 0; j < c->targets.n; j++) c->target_keys[j] = j % target_mod;
 }
 
+// The case without keys (whose GPU run is returned), then with
+// self-exclusion keys (17 and 13 distinct values, so duplicate keys too).
+Outcome expect_plain_and_keyed(Case c) {
+  c.keyed = false;
+  const Outcome plain = expect_gpu_matches_cpu(c);
+  set_keys(&c, 17, 13);
+  expect_gpu_matches_cpu(c, "keyed");
+  return plain;
+}
+
 // How many groups the statistics say were segmented / ran alone.
 int64_t count_in(const std::string &variant, const char *word) {
   const size_t at = variant.find(word);
@@ -174,12 +184,9 @@ TEST(GpuGroups, ManyTinyGroupsEveryMetric) {
       for (int k : {1, 5, 40}) {
         c.metric = m;
         c.k = k;
-        c.keyed = false;
-        const Outcome gpu = expect_gpu_matches_cpu(c);
+        const Outcome gpu = expect_plain_and_keyed(c);
         EXPECT_GT(count_in(gpu.stats.variant, "segmented "), 800) << gpu.stats.variant;
         EXPECT_EQ(count_in(gpu.stats.variant, "alone "), 0) << gpu.stats.variant;
-        set_keys(&c, 17, 13);
-        expect_gpu_matches_cpu(c);
       }
   }
 }
@@ -322,11 +329,8 @@ TEST(GpuGroups, BitRows) {
     for (int k : {1, 9, 100}) {
       c.metric = m;
       c.k = k;
-      c.keyed = false;
-      const Outcome gpu = expect_gpu_matches_cpu(c);
+      const Outcome gpu = expect_plain_and_keyed(c);
       EXPECT_GT(count_in(gpu.stats.variant, "alone "), 0) << gpu.stats.variant;
-      set_keys(&c, 17, 13);
-      expect_gpu_matches_cpu(c);
     }
 }
 

@@ -25,6 +25,7 @@
 #include "../entry_guard.h"
 #include "../problem_check.h"
 #include "../result_padding.h"
+#include "../stats_sum.h"
 #include "../stopwatch.h"
 #include "bitonic.cuh"
 #include "cuda_check.cuh"
@@ -480,14 +481,7 @@ void GroupJoin::add_alone_stats(const KnnStats &s) {
     alone_stats_.method = s.method;
     std::memcpy(alone_stats_.variant, s.variant, sizeof alone_stats_.variant);
   }
-  alone_stats_.query_clusters += s.query_clusters;
-  alone_stats_.target_clusters += s.target_clusters;
-  alone_stats_.distance_computations += s.distance_computations;
-  alone_stats_.threads_per_query = std::max(alone_stats_.threads_per_query, s.threads_per_query);
-  alone_stats_.seconds_transfer += s.seconds_transfer;
-  alone_stats_.seconds_cluster += s.seconds_cluster;
-  alone_stats_.seconds_filter += s.seconds_filter;
-  alone_stats_.seconds_select += s.seconds_select;
+  add_run_stats(s, &alone_stats_);
 }
 
 KnnStatus GroupJoin::run() {
