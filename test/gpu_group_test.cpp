@@ -7,6 +7,7 @@
 //
 // Run with `make gputest` from the repository root (where knn_gpu_cuda.so
 // is built). Without a usable GPU every test is skipped with the reason.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "gpu_test_support.h"
+#include "knn_cuda_module.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
 #include "reference_rows.h"
@@ -378,6 +380,89 @@ TEST(GpuGroups, SmallBudgetSplitsBatches) {
       c.k = k;
       expect_gpu_matches_cpu(c, "6 MiB budget");
     }
+}
+
+// Under AUTO a warm GPU takes the grouped join; when it cannot (a budget
+// too small for anything), GPU fails with KNN_OUT_OF_MEMORY and AUTO hands
+// the join to the CPU engine with a notice.
+TEST(GpuGroups, AutoUsesTheWarmGpuAndFallsBackToTheCpu) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(12);
+  Case c;
+  c.queries = make_rows(KNN_ELEMENT_FLOAT32, 3000, 16, rng);
+  c.targets = make_rows(KNN_ELEMENT_FLOAT32, 9000, 16, rng);
+  c.query_groups = random_groups(c.queries.n, 30, rng);
+  c.target_groups = random_groups(c.targets.n, 30, rng);
+  c.k = 5;
+  const Outcome cpu = run(c.problem(KNN_DEVICE_CPU));
+  ASSERT_EQ(cpu.status, KNN_OK) << cpu.message;
+  (void)run(c.problem(KNN_DEVICE_GPU));  // the runtime exists from here on
+  const Outcome warm = run(c.problem(KNN_DEVICE_AUTO));
+  ASSERT_EQ(warm.status, KNN_OK) << warm.message;
+  EXPECT_EQ(warm.stats.device, KNN_DEVICE_GPU) << warm.stats.device_name;
+  EXPECT_EQ(std::string(warm.stats.variant).rfind("groups: ", 0), 0u) << warm.stats.variant;
+  EXPECT_EQ(warm.neighbors, cpu.neighbors);
+
+  c.gpu_memory_limit = 1000;  // bytes
+  const Outcome gpu = run(c.problem(KNN_DEVICE_GPU));
+  EXPECT_EQ(gpu.status, KNN_OUT_OF_MEMORY) << gpu.message;
+  EXPECT_FALSE(gpu.message.empty());
+  const Outcome fallback = run(c.problem(KNN_DEVICE_AUTO));
+  ASSERT_EQ(fallback.status, KNN_OK) << fallback.message;
+  EXPECT_EQ(fallback.stats.device, KNN_DEVICE_CPU) << fallback.stats.device_name;
+  EXPECT_NE(fallback.message.find("the CPU engine ran"), std::string::npos) << fallback.message;
+  EXPECT_EQ(fallback.neighbors, cpu.neighbors);
+}
+
+// The module checks the layout it is handed: offsets from 0, within the
+// rows, rows in range and ascending in a group.
+TEST(GpuGroups, ModuleRejectsABadLayout) {
+  REQUIRE_GPU();
+  void *module = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(module, nullptr) << dlerror();
+  const auto entry =
+      reinterpret_cast<knn_cuda_run_groups_fn>(dlsym(module, KNN_CUDA_RUN_GROUPS_SYMBOL));
+  ASSERT_NE(entry, nullptr) << "no " << KNN_CUDA_RUN_GROUPS_SYMBOL;
+  std::mt19937_64 rng(13);
+  Case c;
+  c.queries = make_rows(KNN_ELEMENT_FLOAT32, 4, 3, rng);
+  c.targets = make_rows(KNN_ELEMENT_FLOAT32, 4, 3, rng);
+  c.query_groups.assign(4, 0);
+  c.target_groups.assign(4, 0);
+  c.k = 2;
+  const KnnProblem p = c.problem(KNN_DEVICE_GPU);
+  std::vector<int64_t> nb(8);
+  std::vector<double> d(8);
+  struct Bad {
+    std::vector<int64_t> q_rows, q_begin, t_rows, t_begin;
+    const char *why;
+  };
+  const Bad bad[] = {
+      {{0, 1, 2, 3}, {1, 4}, {0, 1, 2, 3}, {0, 4}, "offsets must start at 0"},
+      {{0, 1, 2, 3}, {0, 5}, {0, 1, 2, 3}, {0, 4}, "bad offsets"},
+      {{0, 1, 2, 3}, {0, 4}, {0, 1, 2, 4}, {0, 4}, "row out of range"},
+      {{0, 1, 2, 3}, {0, 4}, {0, -1, 2, 3}, {0, 4}, "row out of range"},
+      {{0, 2, 1, 3}, {0, 4}, {0, 1, 2, 3}, {0, 4}, "not ascending"},
+      {{0, 1, 1, 3}, {0, 4}, {0, 1, 2, 3}, {0, 4}, "not ascending"},
+  };
+  for (const Bad &b : bad) {
+    const KnnGroupLayout layout{1, b.q_rows.data(), b.q_begin.data(), b.t_rows.data(),
+                                b.t_begin.data()};
+    char err[256] = "";
+    KnnStats stats{};
+    EXPECT_EQ(entry(&p, &layout, nb.data(), d.data(), &stats, nullptr, err, sizeof err),
+              KNN_INVALID_ARGUMENT)
+        << b.why;
+    EXPECT_NE(std::string(err).find(b.why), std::string::npos) << err;
+  }
+  const std::vector<int64_t> rows = {0, 1, 2, 3}, begin = {0, 4};
+  const KnnGroupLayout good{1, rows.data(), begin.data(), rows.data(), begin.data()};
+  char err[256] = "";
+  KnnStats stats{};
+  EXPECT_EQ(entry(&p, &good, nb.data(), d.data(), &stats, nullptr, err, sizeof err), KNN_OK)
+      << err;
+  EXPECT_EQ(entry(&p, nullptr, nb.data(), d.data(), &stats, nullptr, err, sizeof err),
+            KNN_INVALID_ARGUMENT);
 }
 
 // A cancel stops a long grouped join between launches.

@@ -14,11 +14,12 @@
 // when a self-join's query rows are its target rows); the work items are
 // built on the host, larger target ranges first; the segmented selection
 // runs in launches of bounded work (a cancel is seen between them); the
-// rerank gives every query its k results, which are downloaded and put
-// in place, target rows mapped back to the problem's rows.
+// rerank gives every query its k results, whose target rows are mapped to
+// the problem's rows on the device; they are downloaded and put in place.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,6 +32,7 @@
 #include "cuda_check.cuh"
 #include "device_buffer.cuh"
 #include "device_thread.cuh"
+#include "grid.cuh"
 #include "group_join.cuh"
 #include "host_transfer.cuh"
 
@@ -55,6 +57,22 @@ constexpr int64_t kMinRangeTargets = 1024;
 constexpr int kTileTargets = 64;  // group_select.cu's tile: ranges are multiples of it
 
 int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// rows[i] := to[rows[i]] (empty slots, -1, stay): batch target rows to the
+// problem's rows, on the device, so that the host only moves whole results.
+__global__ void map_rows_kernel(int64_t *rows, int64_t n, const int64_t *to) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (rows[i] >= 0) rows[i] = to[rows[i]];
+}
+
+KnnStatus launch_map_rows(DeviceContext &ctx, int64_t *rows, int64_t n, const int64_t *to) {
+  if (n == 0) return KNN_OK;
+  constexpr int kThreads = 256;
+  map_rows_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, ctx.stream>>>(rows, n, to);
+  CUDA_CHECK_LAUNCH(ctx, "map_rows_kernel");
+  return KNN_OK;
+}
 
 // Why the layout cannot be used, or nullptr: offsets from 0, non-decreasing,
 // within the rows; rows in range and ascending inside each group.
@@ -192,7 +210,7 @@ class GroupJoin {
 // ranges' extra lists are fitted into what the budget leaves).
 size_t GroupJoin::batch_bytes(int64_t queries, int64_t targets) const {
   const size_t per_row = 4 * static_cast<size_t>(p_.dim) + 4 + 1 + (keyed_ ? 8 : 0);
-  return (static_cast<size_t>(queries) + targets) * per_row +
+  return (static_cast<size_t>(queries) + targets) * per_row + static_cast<size_t>(targets) * 8 +
          static_cast<size_t>(queries) * (static_cast<size_t>(cap_) * 12 + static_cast<size_t>(p_.k) * 24);
 }
 
@@ -324,7 +342,7 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
 
   DeviceBuffer<float> q_x, q_norm, t_x, t_norm;
   DeviceBuffer<uint8_t> q_zero, t_zero;
-  DeviceBuffer<int64_t> q_keys, t_keys;
+  DeviceBuffer<int64_t> q_keys, t_keys, t_problem_rows;
   DeviceBuffer<uint64_t> list_key;
   DeviceBuffer<uint32_t> list_row;
   DeviceBuffer<uint64_t> out_key;
@@ -344,6 +362,7 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
     KNN_TRY(q_keys.allocate(ctx_, nq, "group query keys"));
     if (!same_rows) KNN_TRY(t_keys.allocate(ctx_, nt, "group target keys"));
   }
+  KNN_TRY(t_problem_rows.allocate(ctx_, nt, "group target rows"));
   const size_t slots = static_cast<size_t>(nq) * segments * cap_;
   KNN_TRY(list_key.allocate(ctx_, slots, "group candidate lists"));
   KNN_TRY(list_row.allocate(ctx_, slots, "group candidate lists"));
@@ -361,6 +380,7 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
     KNN_TRY(upload_gathered(ctx_, t_x.get(), p_.targets, row_bytes, t_rows.data(), nt));
     if (keyed_) KNN_TRY(upload_gathered(ctx_, t_keys.get(), p_.target_keys, 8, t_rows.data(), nt));
   }
+  KNN_TRY(upload_to_device(ctx_, t_problem_rows.get(), t_rows.data(), t_rows.size() * sizeof(int64_t)));
   seconds_transfer_ += seconds_since(t0);
   KNN_TRY(ctx_.cancel_point());
   const float *tx = same_rows ? q_x.get() : t_x.get();
@@ -402,6 +422,7 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
   r.t.n = nt;
   r.out = ResultArrays{out_key.get(), out_row.get(), out_dist.get()};
   KNN_TRY(launch_rerank(ctx_, r));
+  KNN_TRY(launch_map_rows(ctx_, out_row.get(), nq * static_cast<int64_t>(k), t_problem_rows.get()));
   exact_pairs_ += nq * static_cast<int64_t>(k);
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   seconds_select_ += seconds_since(t0);
@@ -413,13 +434,8 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
   KNN_TRY(download_to_host(ctx_, rows.data(), out_row.get(), rows.size() * sizeof(int64_t)));
   KNN_TRY(download_to_host(ctx_, dist.data(), out_dist.get(), dist.size() * sizeof(double)));
   for (int64_t i = 0; i < nq; i++) {
-    int64_t *nb = neighbors_ + q_rows[i] * k;
-    double *d = distances_ + q_rows[i] * k;
-    for (int j = 0; j < k; j++) {
-      const int64_t t = rows[i * k + j];
-      nb[j] = t < 0 ? kNoNeighbor : t_rows[t];
-      d[j] = dist[i * k + j];
-    }
+    std::memcpy(neighbors_ + q_rows[i] * k, rows.data() + i * k, k * sizeof(int64_t));
+    std::memcpy(distances_ + q_rows[i] * k, dist.data() + i * k, k * sizeof(double));
   }
   seconds_transfer_ += seconds_since(t0);
   return KNN_OK;
@@ -506,12 +522,11 @@ KnnStatus GroupJoin::run() {
 void GroupJoin::describe(KnnStats *stats) const {
   const KnnStats &a = alone_stats_;
   stats->method = segmented_.empty() && alone_run_ > 0 ? a.method : KNN_METHOD_BRUTE;
-  char variant[160];
-  std::snprintf(variant, sizeof variant, "groups: %lld, segmented %lld in %lld launches, alone %lld",
-                static_cast<long long>(segmented_.size() + alone_.size()),
-                static_cast<long long>(segmented_.size()), static_cast<long long>(launches_),
-                static_cast<long long>(alone_run_));
-  copy_message(stats->variant, sizeof stats->variant, variant);
+  const std::string variant =
+      "groups: " + std::to_string(segmented_.size() + alone_.size()) + ", segmented " +
+      std::to_string(segmented_.size()) + " in " + std::to_string(launches_) + " launches, alone " +
+      std::to_string(alone_run_);
+  copy_message(stats->variant, sizeof stats->variant, variant.c_str());
   stats->query_clusters = a.query_clusters;
   stats->target_clusters = a.target_clusters;
   stats->distance_computations = exact_pairs_ + a.distance_computations;
