@@ -212,7 +212,8 @@ int main(int argc, char **argv) {
   }
   knn_engine_set_module_dir(o.module_dir.c_str());
   Random rng{o.seed};
-  std::vector<float> q(static_cast<size_t>(o.queries) * o.dim), t(static_cast<size_t>(o.targets) * o.dim);
+  std::vector<float> q(static_cast<size_t>(o.queries) * o.dim);
+  std::vector<float> t(static_cast<size_t>(o.targets) * o.dim);
   for (float &v : q) v = rng.uniform();
   for (float &v : t) v = rng.uniform();
   std::vector<int64_t> qg(o.queries), tg(o.targets);

@@ -1,10 +1,10 @@
 // group_split.cpp -- per-group joins in the job layer (group_split.h).
 //
 // Partitioning is a counting sort over dense group numbers (an
-// open-addressing table from the caller's int64 group ids), linear and stable, so every group's rows
-// stay in ascending row (= id) order and the engines' tie order by row is
-// still the order by id. Each group's rows are gathered into contiguous
-// buffers, reused from group to group.
+// open-addressing table from the caller's int64 group ids), linear and
+// stable, so every group's rows stay in ascending row (= id) order and the
+// engines' tie order by row is still the order by id. Each group's rows
+// are gathered into contiguous buffers, reused from group to group.
 
 #include "group_split.h"
 

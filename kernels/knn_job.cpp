@@ -677,7 +677,8 @@ KnnStatus KnnJob::run_groups() {
     for (int64_t g = 0; g < part.groups(); g++)
       pairs += (part.query_begin[g + 1] - part.query_begin[g]) *
                (part.target_begin[g + 1] - part.target_begin[g]);
-    grouped.n_targets = grouped.n_queries > 0 ? (pairs + grouped.n_queries - 1) / grouped.n_queries : 0;
+    grouped.n_targets =
+        grouped.n_queries > 0 ? (pairs + grouped.n_queries - 1) / grouped.n_queries : 0;
     if (problem.device == KNN_DEVICE_GPU || !gpu_cold_prefers_cpu(grouped)) {
       const GpuView m = gpu(problem.device == KNN_DEVICE_GPU);
       if (m.usable && m.run_groups != nullptr) return run_groups_gpu(m, part);

@@ -503,7 +503,8 @@ TEST(GpuGroups, CancelStopsSoon) {
   knn_job_cancel(job);
   KnnStats stats{};
   const KnnStatus st = knn_job_finish(job, &stats, err, sizeof err);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - at).count();
   std::printf("[ timing   ] grouped join cancelled: %s after %.3f s\n",
               st == KNN_CANCELLED ? "stopped" : "finished", waited);
   if (st == KNN_OK) GTEST_SKIP() << "finished before the cancel (" << stats.seconds_total << " s)";

@@ -211,7 +211,8 @@ class GroupJoin {
 size_t GroupJoin::batch_bytes(int64_t queries, int64_t targets) const {
   const size_t per_row = 4 * static_cast<size_t>(p_.dim) + 4 + 1 + (keyed_ ? 8 : 0);
   return (static_cast<size_t>(queries) + targets) * per_row + static_cast<size_t>(targets) * 8 +
-         static_cast<size_t>(queries) * (static_cast<size_t>(cap_) * 12 + static_cast<size_t>(p_.k) * 24);
+         static_cast<size_t>(queries) *
+             (static_cast<size_t>(cap_) * 12 + static_cast<size_t>(p_.k) * 24);
 }
 
 void GroupJoin::plan() {
@@ -246,7 +247,8 @@ void GroupJoin::plan() {
 // The work items of a batch, longer target ranges first (the launch's
 // last blocks are short ones). A group's targets are split into up to
 // max_ranges ranges when the batch has too few query tiles for the GPU.
-std::vector<GroupTile> GroupJoin::make_tiles(const Batch &b, const std::vector<int64_t> &first_query,
+std::vector<GroupTile> GroupJoin::make_tiles(const Batch &b,
+                                             const std::vector<int64_t> &first_query,
                                              const std::vector<int64_t> &first_target,
                                              int max_ranges, int *ranges_used) const {
   int64_t query_tiles = 0;
@@ -259,7 +261,8 @@ std::vector<GroupTile> GroupJoin::make_tiles(const Batch &b, const std::vector<i
     const int64_t g = segmented_[i];
     const int64_t nq = queries_of(g), nt = targets_of(g);
     const int64_t ranges = std::max<int64_t>(
-        1, std::min<int64_t>({want_ranges, nt / kMinRangeTargets, static_cast<int64_t>(max_ranges)}));
+        1, std::min<int64_t>(
+               {want_ranges, nt / kMinRangeTargets, static_cast<int64_t>(max_ranges)}));
     const int64_t range = ceil_div64(ceil_div64(nt, ranges), kTileTargets) * kTileTargets;
     for (int64_t q0 = 0; q0 < nq; q0 += kGroupTileQueries)
       for (int64_t s = 0; s * range < nt; s++) {
@@ -292,9 +295,8 @@ KnnStatus GroupJoin::select(const std::vector<GroupTile> &tiles, GroupSelectArgs
     double work = 0;
     size_t end = first;
     while (end < tiles.size() && (end == first || work < kWorkPerLaunch)) {
-      work += static_cast<double>(kGroupTileQueries) *
-              static_cast<double>(ceil_div64(tiles[end].target_count, kTileTargets) * kTileTargets) *
-              dims;
+      const int64_t padded = ceil_div64(tiles[end].target_count, kTileTargets) * kTileTargets;
+      work += static_cast<double>(kGroupTileQueries) * static_cast<double>(padded) * dims;
       exact_pairs_ += static_cast<int64_t>(tiles[end].query_count) * tiles[end].target_count;
       end++;
     }
@@ -320,8 +322,10 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
     const int64_t g = segmented_[i];
     first_query.push_back(static_cast<int64_t>(q_rows.size()));
     first_target.push_back(static_cast<int64_t>(t_rows.size()));
-    q_rows.insert(q_rows.end(), l_.query_rows + l_.query_begin[g], l_.query_rows + l_.query_begin[g + 1]);
-    t_rows.insert(t_rows.end(), l_.target_rows + l_.target_begin[g], l_.target_rows + l_.target_begin[g + 1]);
+    q_rows.insert(q_rows.end(), l_.query_rows + l_.query_begin[g],
+                  l_.query_rows + l_.query_begin[g + 1]);
+    t_rows.insert(t_rows.end(), l_.target_rows + l_.target_begin[g],
+                  l_.target_rows + l_.target_begin[g + 1]);
   }
   const bool same_rows = p_.queries == p_.targets && q_rows == t_rows &&
                          (!keyed_ || p_.query_keys == p_.target_keys);
@@ -380,7 +384,8 @@ KnnStatus GroupJoin::run_batch(const Batch &b) {
     KNN_TRY(upload_gathered(ctx_, t_x.get(), p_.targets, row_bytes, t_rows.data(), nt));
     if (keyed_) KNN_TRY(upload_gathered(ctx_, t_keys.get(), p_.target_keys, 8, t_rows.data(), nt));
   }
-  KNN_TRY(upload_to_device(ctx_, t_problem_rows.get(), t_rows.data(), t_rows.size() * sizeof(int64_t)));
+  KNN_TRY(upload_to_device(ctx_, t_problem_rows.get(), t_rows.data(),
+                           t_rows.size() * sizeof(int64_t)));
   seconds_transfer_ += seconds_since(t0);
   KNN_TRY(ctx_.cancel_point());
   const float *tx = same_rows ? q_x.get() : t_x.get();
@@ -450,7 +455,8 @@ KnnStatus GroupJoin::run_alone(int64_t g) {
   auto gather = [bytes](const void *rows, const int64_t *list, int64_t n) {
     std::vector<unsigned char> out(static_cast<size_t>(n) * bytes);
     const auto *from = static_cast<const unsigned char *>(rows);
-    for (int64_t i = 0; i < n; i++) std::memcpy(out.data() + i * bytes, from + list[i] * bytes, bytes);
+    for (int64_t i = 0; i < n; i++)
+      std::memcpy(out.data() + i * bytes, from + list[i] * bytes, bytes);
     return out;
   };
   auto gather_keys = [](const int64_t *keys, const int64_t *list, int64_t n) {
@@ -460,9 +466,11 @@ KnnStatus GroupJoin::run_alone(int64_t g) {
   };
   // One table on both sides with one grouping: the group is a self-join
   // too, which the methods share work for.
-  const bool shared = p_.queries == p_.targets && nq == nt && std::equal(q_rows, q_rows + nq, t_rows);
+  const bool shared =
+      p_.queries == p_.targets && nq == nt && std::equal(q_rows, q_rows + nq, t_rows);
   const std::vector<unsigned char> q = gather(p_.queries, q_rows, nq);
-  const std::vector<unsigned char> t = shared ? std::vector<unsigned char>() : gather(p_.targets, t_rows, nt);
+  const std::vector<unsigned char> t =
+      shared ? std::vector<unsigned char>() : gather(p_.targets, t_rows, nt);
   std::vector<int64_t> q_keys, t_keys;
   KnnProblem sub = p_;
   sub.query_groups = nullptr;
