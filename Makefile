@@ -39,7 +39,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test \
-	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test \
+	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test bench/group_bench \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -139,6 +139,9 @@ test/gpu_multi_test: test/gpu_multi_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUIL
 test/gpu_range_test: test/gpu_range_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) -o $@ test/gpu_range_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
 
+test/gpu_group_test: test/gpu_group_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) -o $@ test/gpu_group_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
+
 test/group_engine_test: test/group_engine_test.o $(ENGINE_OBJS)
 	$(CXX) -o $@ $^ $(GTEST_LIBS)
 
@@ -151,17 +154,23 @@ unittest: test/engine_test test/group_engine_test test/range_engine_test
 	test/range_engine_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
-gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test
+gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test
 	cd $(CURDIR) && test/gpu_engine_test
 	cd $(CURDIR) && test/gpu_first_use_test
 	cd $(CURDIR) && test/gpu_bit_test
 	cd $(CURDIR) && test/gpu_multi_test
 	cd $(CURDIR) && test/gpu_range_test
+	cd $(CURDIR) && test/gpu_group_test
 
 # Benchmark runner (engine only); bench/run_bench.sh prepares data and runs it.
 bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
 		$(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) $(ENGINE_CXXFLAGS) -o $@ bench/knn_bench.cpp $(ENGINE_OBJS) -lpthread -ldl
+
+# Per-group joins: one grouped GPU call against one call per group and the CPU.
+bench/group_bench: bench/group_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
+		$(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) $(ENGINE_CXXFLAGS) -o $@ bench/group_bench.cpp $(ENGINE_OBJS) -lpthread -ldl
 
 # test/pgvector/: its own database, as the tests create both extensions.
 installcheck-pgvector:

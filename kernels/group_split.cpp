@@ -1,20 +1,20 @@
 // group_split.cpp -- per-group joins in the job layer (group_split.h).
 //
-// Partitioning is a counting sort over dense group numbers (a hash map from
-// the caller's int64 group ids), linear and stable, so every group's rows
-// stay in ascending row (= id) order and the engines' tie order by row is
-// still the order by id. Each group's rows are gathered into contiguous
-// buffers, reused from group to group.
+// Partitioning is a counting sort over dense group numbers (an
+// open-addressing table from the caller's int64 group ids), linear and
+// stable, so every group's rows stay in ascending row (= id) order and the
+// engines' tie order by row is still the order by id. Each group's rows
+// are gathered into contiguous buffers, reused from group to group.
 
 #include "group_split.h"
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <unordered_map>
 
 #include "entry_guard.h"
 #include "result_padding.h"
+#include "stats_sum.h"
 #include "stopwatch.h"
 
 namespace knn {
@@ -38,6 +38,64 @@ size_t row_bytes(const KnnProblem &p) {
       return 4 * static_cast<size_t>(p.dim);
   }
 }
+
+// Dense numbers 0, 1, ... of int64 group ids in order of first insertion:
+// linear probing in a power-of-two table kept at most half full (a lookup
+// is a multiplication and a probe or two; std::unordered_map's division
+// and chains cost several times that, over a million rows).
+class DenseGroups {
+ public:
+  DenseGroups() { resize(16); }
+
+  // The number of id, given the next one when it is new.
+  int64_t add(int64_t id) {
+    size_t s = slot(id);
+    while (number_[s] >= 0) {
+      if (id_[s] == id) return number_[s];
+      s = (s + 1) & (id_.size() - 1);
+    }
+    if (2 * (count_ + 1) > static_cast<int64_t>(id_.size())) {
+      resize(2 * id_.size());
+      return add(id);
+    }
+    id_[s] = id;
+    number_[s] = count_;
+    return count_++;
+  }
+
+  // The number of id, or -1 when it was never added.
+  int64_t find(int64_t id) const {
+    for (size_t s = slot(id); number_[s] >= 0; s = (s + 1) & (id_.size() - 1))
+      if (id_[s] == id) return number_[s];
+    return -1;
+  }
+
+  int64_t size() const { return count_; }
+
+ private:
+  size_t slot(int64_t id) const {
+    return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+
+  void resize(size_t slots) {
+    std::vector<int64_t> ids = std::move(id_), numbers = std::move(number_);
+    id_.assign(slots, 0);
+    number_.assign(slots, -1);
+    shift_ = 64;
+    for (size_t n = slots; n > 1; n >>= 1) shift_--;
+    for (size_t s = 0; s < ids.size(); s++) {
+      if (numbers[s] < 0) continue;
+      size_t t = slot(ids[s]);
+      while (number_[t] >= 0) t = (t + 1) & (slots - 1);
+      id_[t] = ids[s];
+      number_[t] = numbers[s];
+    }
+  }
+
+  std::vector<int64_t> id_, number_;  // number_ -1: empty slot
+  int shift_ = 64;
+  int64_t count_ = 0;
+};
 
 // Stable counting sort of rows by their dense group (-1: no group, dropped).
 bool bucket_rows(const std::vector<int64_t> &group_of, int64_t n_groups, const int32_t *cancel,
@@ -81,39 +139,30 @@ void add_stats(const KnnStats &group, bool first, KnnStats *sum) {
     std::memcpy(sum->device_name, group.device_name, sizeof sum->device_name);
     std::memcpy(sum->variant, group.variant, sizeof sum->variant);
   }
-  sum->query_clusters += group.query_clusters;
-  sum->target_clusters += group.target_clusters;
-  sum->distance_computations += group.distance_computations;
-  sum->threads_per_query = std::max(sum->threads_per_query, group.threads_per_query);
-  sum->seconds_transfer += group.seconds_transfer;
-  sum->seconds_cluster += group.seconds_cluster;
-  sum->seconds_filter += group.seconds_filter;
-  sum->seconds_select += group.seconds_select;
+  add_run_stats(group, sum);
 }
 
 }  // namespace
 
 bool partition_groups(const KnnProblem &p, const int32_t *cancel, GroupPartition *out) {
-  std::unordered_map<int64_t, int64_t> dense;
+  DenseGroups dense;
   std::vector<int64_t> target_group(static_cast<size_t>(p.n_targets));
   for (int64_t t = 0; t < p.n_targets; t++) {
     if ((t & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
-    target_group[t] =
-        dense.emplace(p.target_groups[t], static_cast<int64_t>(dense.size())).first->second;
+    target_group[t] = dense.add(p.target_groups[t]);
   }
   std::vector<int64_t> query_group(static_cast<size_t>(p.n_queries));
   for (int64_t q = 0; q < p.n_queries; q++) {
     if ((q & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
-    const auto found = dense.find(p.query_groups[q]);
-    query_group[q] = found == dense.end() ? -1 : found->second;  // no target: empty slots
+    query_group[q] = dense.find(p.query_groups[q]);  // -1, no target: empty slots
   }
-  const int64_t n_groups = static_cast<int64_t>(dense.size());
+  const int64_t n_groups = dense.size();
   return bucket_rows(target_group, n_groups, cancel, &out->target_rows, &out->target_begin) &&
          bucket_rows(query_group, n_groups, cancel, &out->query_rows, &out->query_begin);
 }
 
-KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances,
-                      KnnStats *stats, const int32_t *cancel, char *message,
+KnnStatus run_grouped(const KnnProblem &p, const GroupPartition &part, int64_t *neighbors,
+                      double *distances, KnnStats *stats, const int32_t *cancel, char *message,
                       size_t message_len, const SubProblemRunner &run) {
   const Clock::time_point start = Clock::now();
   *stats = KnnStats{};
@@ -122,11 +171,6 @@ KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances
   copy_message(stats->device_name, sizeof stats->device_name, "none (no group has targets)");
   fill_padding(p.n_queries, p.k, neighbors, distances);
 
-  GroupPartition part;
-  if (!partition_groups(p, cancel, &part)) {
-    copy_message(message, message_len, "cancelled");
-    return KNN_CANCELLED;
-  }
   const size_t bytes = row_bytes(p);
   const bool keyed = p.query_keys != nullptr && p.target_keys != nullptr;
   std::vector<unsigned char> query_buf, target_buf;

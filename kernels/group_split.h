@@ -1,10 +1,9 @@
 // group_split.h -- per-group joins (KnnProblem's query_groups and
-// target_groups) in the job layer: the rows are partitioned by group id and
-// each group's sub-problem runs through the ordinary engine path, its row
+// target_groups) in the job layer: the rows are partitioned by group id
+// once; then either the GPU module takes the whole partitioned problem in
+// one call (knn_cuda_run_groups, kernels/cuda/group_join.cuh), or each
+// group's sub-problem runs through the ordinary engine path here, its row
 // indices mapped back (C++, internal to kernels/).
-//
-// A GPU module that takes groups itself would get the whole problem in one
-// segmented launch instead; until then every engine sees plain problems.
 #pragma once
 
 #include <cstddef>
@@ -38,14 +37,15 @@ using SubProblemRunner =
                             KnnStats *stats)>;
 
 // Runs a grouped problem (both group arrays set, already checked with
-// problem_invalid_reason) group by group through `run`: a query meets only
-// the targets of its group; queries whose group has no target (or fewer
-// than k eligible) get -1/NaN slots. stats are summed over the groups
+// problem_invalid_reason, partitioned by partition_groups into `part`)
+// group by group through `run`: a query meets only the targets of its
+// group; queries whose group has no target (or fewer than k eligible) get
+// -1/NaN slots. stats are summed over the groups
 // (the device, method and name of the first group that ran). `message`
 // is the job's buffer that `run` writes: on success it ends holding the
 // first notice any group gave.
-KnnStatus run_grouped(const KnnProblem &p, int64_t *neighbors, double *distances,
-                      KnnStats *stats, const int32_t *cancel, char *message,
+KnnStatus run_grouped(const KnnProblem &p, const GroupPartition &part, int64_t *neighbors,
+                      double *distances, KnnStats *stats, const int32_t *cancel, char *message,
                       size_t message_len, const SubProblemRunner &run);
 
 }  // namespace knn

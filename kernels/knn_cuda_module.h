@@ -62,6 +62,33 @@ typedef KnnStatus (*knn_cuda_range_fn) (const KnnProblem *problem,
 #define KNN_CUDA_RANGE_MAX_TARGETS ((int64_t) 0x7ffffffe)
 
 /*
+ * A per-group join (KnnProblem's query_groups and target_groups) in one
+ * call: float32 rows, or bit rows with k <= KNN_CUDA_BIT_MAX_K. The job
+ * layer has already partitioned the rows (group_split.h), and the module
+ * joins group g's queries query_rows[query_begin[g] .. query_begin[g+1])
+ * with its targets target_rows[target_begin[g] .. target_begin[g+1])
+ * (rows ascending inside a group; begin arrays of n_groups + 1 offsets
+ * from 0). Queries in no group get empty slots. Results, cancel and
+ * memory as knn_cuda_run. Optional: an older module lacks it, and the job
+ * layer then runs one knn_cuda_run per group.
+ */
+typedef struct KnnGroupLayout
+{
+	int64_t		n_groups;
+	const int64_t *query_rows;
+	const int64_t *query_begin;
+	const int64_t *target_rows;
+	const int64_t *target_begin;
+} KnnGroupLayout;
+
+typedef KnnStatus (*knn_cuda_run_groups_fn) (const KnnProblem *problem,
+											 const KnnGroupLayout *groups,
+											 int64_t *neighbors, double *distances,
+											 KnnStats *stats, const int32_t *cancel,
+											 char *errbuf, size_t errlen);
+#define KNN_CUDA_RUN_GROUPS_SYMBOL "knn_cuda_run_groups"
+
+/*
  * The device runtime that joins share (the CUDA context, a stream, the
  * cuBLAS handle, pinned staging memory, a pool reserve): creating it costs
  * a fraction of a second, the context above all, so the job layer creates

@@ -71,6 +71,7 @@ struct GpuModule {
   knn_cuda_warm_up_fn warm_up = nullptr;
   knn_cuda_set_idle_release_fn set_idle_release = nullptr;
   knn_cuda_shutdown_fn shutdown = nullptr;
+  knn_cuda_run_groups_fn run_groups = nullptr;  // optional: per-group joins in one call
   // The server's probe record (knn_engine_set_probe_record); "" = none.
   char record_path[PATH_MAX] = "";
   char server_key[256] = "";
@@ -114,6 +115,8 @@ void load_gpu_module(GpuModule &m) noexcept {
   m.set_idle_release = reinterpret_cast<knn_cuda_set_idle_release_fn>(
       dlsym(handle, KNN_CUDA_SET_IDLE_RELEASE_SYMBOL));
   m.shutdown = reinterpret_cast<knn_cuda_shutdown_fn>(dlsym(handle, KNN_CUDA_SHUTDOWN_SYMBOL));
+  m.run_groups =
+      reinterpret_cast<knn_cuda_run_groups_fn>(dlsym(handle, KNN_CUDA_RUN_GROUPS_SYMBOL));
 }
 
 // ---- the server's probe record ----
@@ -260,6 +263,7 @@ struct GpuView {
   bool from_record = false;
   knn_cuda_run_fn run = nullptr;
   knn_cuda_range_fn range = nullptr;
+  knn_cuda_run_groups_fn run_groups = nullptr;
   knn_cuda_set_idle_release_fn set_idle_release = nullptr;
   char description[384] = "";
   char record_note[160] = "";
@@ -338,6 +342,7 @@ GpuView gpu(bool must_load) {
   view.from_record = m.from_record;
   view.run = m.run;
   view.range = m.range;
+  view.run_groups = m.run_groups;
   view.set_idle_release = m.set_idle_release;
   static_assert(sizeof view.description == sizeof m.description, "");
   static_assert(sizeof view.record_note == sizeof m.record_note, "");
@@ -466,6 +471,8 @@ struct KnnJob {
   KnnStatus run_engines();
   KnnStatus run_one();
   KnnStatus run_groups();
+  KnnStatus run_groups_split(const knn::GroupPartition &part);
+  KnnStatus run_groups_gpu(const GpuView &m, const knn::GroupPartition &part);
   KnnStatus run_float_engines();
   KnnStatus run_bit();
   KnnStatus run_gpu_or_cpu();
@@ -731,9 +738,11 @@ KnnStatus KnnJob::run_one() {
   return run_float_engines();
 }
 
-// A per-group problem: float16 rows are widened once, then every group's
-// sub-problem runs through run_one() in place of the whole problem
-// (group_split.h maps its rows back and sums the statistics).
+// A per-group problem: float16 rows are widened once and the rows
+// partitioned by group once (group_split.h). Where the GPU runs it and the
+// module has the grouped entry, the whole problem goes to the GPU in one
+// call; otherwise every group's sub-problem runs through run_one() in
+// place of the whole problem.
 KnnStatus KnnJob::run_groups() {
   if (problem.query_groups == nullptr || problem.target_groups == nullptr) {
     knn::copy_message(error, sizeof error, "query_groups and target_groups must be given together");
@@ -747,12 +756,61 @@ KnnStatus KnnJob::run_groups() {
     const KnnStatus st = widen();
     if (st != KNN_OK) return st;
   }
+  knn::GroupPartition part;
+  if (!knn::partition_groups(problem, &cancel, &part)) {
+    knn::copy_message(error, sizeof error, "cancelled");
+    return KNN_CANCELLED;
+  }
+  // The GPU as run_bit and run_gpu_or_cpu would choose it for a problem
+  // of the groups' queries and pairs.
+  const bool gpu_rows = problem.element != KNN_ELEMENT_BIT || problem.k <= KNN_CUDA_BIT_MAX_K;
+  if (problem.device != KNN_DEVICE_CPU && gpu_rows) {
+    KnnProblem grouped = problem;
+    grouped.n_queries = static_cast<int64_t>(part.query_rows.size());
+    int64_t pairs = 0;
+    for (int64_t g = 0; g < part.groups(); g++)
+      pairs += (part.query_begin[g + 1] - part.query_begin[g]) *
+               (part.target_begin[g + 1] - part.target_begin[g]);
+    grouped.n_targets =
+        grouped.n_queries > 0 ? (pairs + grouped.n_queries - 1) / grouped.n_queries : 0;
+    if (problem.device == KNN_DEVICE_GPU || !gpu_cold_prefers_cpu(grouped)) {
+      const GpuView m = gpu(problem.device == KNN_DEVICE_GPU);
+      if (m.usable && m.run_groups != nullptr) return run_groups_gpu(m, part);
+    }
+  }
+  return run_groups_split(part);
+}
+
+// The whole grouped problem in one call of the module's grouped entry
+// (after the job's admission slot, as run_gpu); under AUTO a GPU that
+// cannot take it hands it to the CPU engine, group by group.
+KnnStatus KnnJob::run_groups_gpu(const GpuView &m, const knn::GroupPartition &part) {
+  if (problem.admission != KNN_ADMISSION_NONE) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
+  const KnnGroupLayout layout{part.groups(), part.query_rows.data(), part.query_begin.data(),
+                              part.target_rows.data(), part.target_begin.data()};
+  const KnnStatus st = m.run_groups(&problem, &layout, neighbors, distances, &stats, &cancel,
+                                    error, sizeof error);
+  push_idle_release(m.set_idle_release);
+  return cpu_after_gpu_failure(st, [this, &part] {
+    problem.device = KNN_DEVICE_CPU;  // every group on the CPU engine
+    const KnnStatus cpu_st = run_groups_split(part);
+    problem.device = KNN_DEVICE_AUTO;
+    return cpu_st;
+  });
+}
+
+// One engine call per group (group_split.h maps the rows back and sums
+// the statistics).
+KnnStatus KnnJob::run_groups_split(const knn::GroupPartition &part) {
   const KnnProblem whole = problem;
   int64_t *const whole_neighbors = neighbors;
   double *const whole_distances = distances;
   KnnStats summed{};
   const KnnStatus st = knn::run_grouped(
-      whole, whole_neighbors, whole_distances, &summed, &cancel, error, sizeof error,
+      whole, part, whole_neighbors, whole_distances, &summed, &cancel, error, sizeof error,
       [this](const KnnProblem &sub, int64_t *n, double *d, KnnStats *s) {
         problem = sub;
         neighbors = n;

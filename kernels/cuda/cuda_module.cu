@@ -39,6 +39,7 @@
 #include "cuda_engine.cuh"
 #include "device_buffer.cuh"
 #include "device_runtime.cuh"
+#include "group_join.cuh"
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
 #include "multi_device.cuh"
@@ -339,6 +340,39 @@ KnnStatus run_range(const KnnProblem &p, knn_cuda_pair_sink_fn sink, void *sink_
   });
 }
 
+// A per-group join (group_join.cuh) in one turn on the device; a group
+// that runs alone goes through run_method like a plain join.
+KnnStatus run_group_join(const KnnProblem &p, const KnnGroupLayout *groups, int64_t *neighbors,
+                         double *distances, KnnStats *stats, const int32_t *cancel,
+                         DeviceContext &ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  if (const char *why = p.element == KNN_ELEMENT_BIT
+                            ? problem_invalid_reason(p, neighbors, distances)
+                            : float_problem_invalid_reason(p, neighbors, distances)) {
+    ctx.error = why;
+    return KNN_INVALID_ARGUMENT;
+  }
+  if (groups == nullptr || (p.element == KNN_ELEMENT_BIT && p.k > KNN_CUDA_BIT_MAX_K)) {
+    ctx.error = groups == nullptr ? "no group layout" : "k above the GPU bit join's";
+    return KNN_INVALID_ARGUMENT;
+  }
+  return with_device_turn(p, first_listed_device(p), 0, 1, cancel, ctx, [&]() -> KnnStatus {
+    const JoinTuning tuning;
+    const PlainJoin plain = [&](const KnnProblem &sub, int64_t *nb, double *d, KnnStats *s) {
+      return run_method(sub, tuning, nb, d, s, ctx);
+    };
+    KnnStats local{};
+    KnnStatus st = group_join(p, *groups, plain, neighbors, distances, &local, ctx);
+    if (st == KNN_OK) st = ctx.cancel_point();
+    local.device = KNN_DEVICE_GPU;
+    std::snprintf(local.device_name, sizeof local.device_name, "%.127s", ctx.prop.name);
+    local.seconds_total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (stats != nullptr) *stats = local;
+    return st;
+  });
+}
+
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   JoinTuning t;
   if (o == nullptr) return t;
@@ -435,6 +469,25 @@ KnnStatus range_entry(const KnnProblem *problem, knn_cuda_pair_sink_fn sink, voi
   });
 }
 
+KnnStatus run_groups_entry(const KnnProblem *problem, const KnnGroupLayout *groups,
+                           int64_t *neighbors, double *distances, KnnStats *stats,
+                           const int32_t *cancel, char *errbuf, size_t errlen) noexcept {
+  const SignalsBlocked blocked;  // see run_entry
+  knn::copy_message(errbuf, errlen, "");
+  return guarded("GPU engine", errbuf, errlen, [&]() -> KnnStatus {
+    if (problem == nullptr) {
+      copy_message(errbuf, errlen, "problem is NULL");
+      return KNN_INVALID_ARGUMENT;
+    }
+    DeviceContext ctx;
+    const KnnStatus st =
+        run_group_join(*problem, groups, neighbors, distances, stats, cancel, ctx);
+    if (st != KNN_OK)
+      copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
+    return st;
+  });
+}
+
 // Creates the runtime ahead of the first join (blocking; the job layer
 // runs it on a thread of its own).
 KnnStatus warm_up(char *errbuf, size_t errlen) {
@@ -517,6 +570,13 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_range(
   return knn::cuda::range_entry(problem, sink, sink_context, stats, cancel, errbuf, errlen);
 }
 
+__attribute__((visibility("default"))) KnnStatus knn_cuda_run_groups(
+    const KnnProblem *problem, const KnnGroupLayout *groups, int64_t *neighbors,
+    double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) {
+  return knn::cuda::run_groups_entry(problem, groups, neighbors, distances, stats, cancel,
+                                     errbuf, errlen);
+}
+
 __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
     const KnnProblem *problem, const KnnCudaTestOptions *options, int64_t *neighbors,
     double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf, size_t errlen) {
@@ -555,6 +615,7 @@ static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value,
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_range), knn_cuda_range_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_run_groups), knn_cuda_run_groups_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
