@@ -382,10 +382,10 @@ TEST(GpuGroups, SmallBudgetSplitsBatches) {
     }
 }
 
-// Under AUTO a warm GPU takes the grouped join; when it cannot (a budget
-// too small for anything), GPU fails with KNN_OUT_OF_MEMORY and AUTO hands
-// the join to the CPU engine with a notice.
-TEST(GpuGroups, AutoUsesTheWarmGpuAndFallsBackToTheCpu) {
+// Under AUTO a warm GPU takes the grouped join, with the CPU's answer.
+// (A tiny memory budget is no way to make it fail: the grouped join then
+// runs its groups alone through paths that chunk to any budget.)
+TEST(GpuGroups, AutoUsesTheWarmGpu) {
   REQUIRE_GPU();
   std::mt19937_64 rng(12);
   Case c;
@@ -402,16 +402,7 @@ TEST(GpuGroups, AutoUsesTheWarmGpuAndFallsBackToTheCpu) {
   EXPECT_EQ(warm.stats.device, KNN_DEVICE_GPU) << warm.stats.device_name;
   EXPECT_EQ(std::string(warm.stats.variant).rfind("groups: ", 0), 0u) << warm.stats.variant;
   EXPECT_EQ(warm.neighbors, cpu.neighbors);
-
-  c.gpu_memory_limit = 1000;  // bytes
-  const Outcome gpu = run(c.problem(KNN_DEVICE_GPU));
-  EXPECT_EQ(gpu.status, KNN_OUT_OF_MEMORY) << gpu.message;
-  EXPECT_FALSE(gpu.message.empty());
-  const Outcome fallback = run(c.problem(KNN_DEVICE_AUTO));
-  ASSERT_EQ(fallback.status, KNN_OK) << fallback.message;
-  EXPECT_EQ(fallback.stats.device, KNN_DEVICE_CPU) << fallback.stats.device_name;
-  EXPECT_NE(fallback.message.find("the CPU engine ran"), std::string::npos) << fallback.message;
-  EXPECT_EQ(fallback.neighbors, cpu.neighbors);
+  EXPECT_EQ(warm.distances, cpu.distances);
 }
 
 // The module checks the layout it is handed: offsets from 0, within the
