@@ -209,7 +209,7 @@ SELECT what, f, pg_temp.error_of(format('SELECT %s', replace(f, 'V', format('(SE
 FROM forged, unnest(ARRAY['V::text', 'knn_sparsevec_send(V)', 'V <-> V', 'V <#> V', 'V <=> V', 'V <+> V', 'l2_norm(V)',
                           'l2_normalize(V)', 'V = V', 'sparsevec_cmp(V, V)', 'V::vector', 'V::halfvec', 'V::sparsevec(5)']) f
 WHERE pg_temp.error_of(format('SELECT %s', replace(f, 'V', format('(SELECT v FROM forged WHERE what = %L)', what)))) NOT LIKE 'XX001: invalid sparsevec value: %'
-ORDER BY 1, 2 COLLATE "C";
+ORDER BY what COLLATE "C", f COLLATE "C";
 SELECT what, pg_temp.error_of(format('SELECT (SELECT v FROM forged WHERE what = %L)::text', what)) AS error
 FROM forged ORDER BY 1;
 DROP TABLE forged;
