@@ -429,62 +429,52 @@ KnnStatus probe(char *buf, size_t len) {
   return st;
 }
 
-KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options,
-                    int64_t *neighbors, double *distances, KnnStats *stats,
-                    const int32_t *cancel, char *errbuf, size_t errlen) noexcept {
-  // The CUDA runtime and driver start threads of their own during the first
-  // calls; they inherit this mask, so no signal handler runs on them.
+// What every entry does around its work: signals blocked (the CUDA runtime
+// and driver start threads of their own during the first calls; they
+// inherit this mask, so no signal handler runs on them), no exception out
+// (guarded), a NULL problem refused, and a failure's message in errbuf.
+template <typename Work>
+KnnStatus entry(const char *what, const KnnProblem *problem, char *errbuf, size_t errlen,
+                Work &&work) noexcept {
   const SignalsBlocked blocked;
   knn::copy_message(errbuf, errlen, "");
-  return guarded("GPU engine", errbuf, errlen, [&]() -> KnnStatus {
+  return guarded(what, errbuf, errlen, [&]() -> KnnStatus {
     if (problem == nullptr) {
       copy_message(errbuf, errlen, "problem is NULL");
       return KNN_INVALID_ARGUMENT;
     }
-    // problem->fault is the job layer's (knn_job.cpp); the module ignores it.
     DeviceContext ctx;
-    const KnnStatus st = run_join(*problem, tuning_from(options), hook_from(options), neighbors,
-                                  distances, stats, cancel, ctx);
+    const KnnStatus st = work(*problem, ctx);
     if (st != KNN_OK)
       copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
     return st;
+  });
+}
+
+KnnStatus run_entry(const KnnProblem *problem, const KnnCudaTestOptions *options,
+                    int64_t *neighbors, double *distances, KnnStats *stats,
+                    const int32_t *cancel, char *errbuf, size_t errlen) noexcept {
+  // problem->fault is the job layer's (knn_job.cpp); the module ignores it.
+  return entry("GPU engine", problem, errbuf, errlen, [&](const KnnProblem &p, DeviceContext &ctx) {
+    return run_join(p, tuning_from(options), hook_from(options), neighbors, distances, stats,
+                    cancel, ctx);
   });
 }
 
 KnnStatus range_entry(const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context,
                       KnnStats *stats, const int32_t *cancel, char *errbuf,
                       size_t errlen) noexcept {
-  const SignalsBlocked blocked;  // see run_entry
-  knn::copy_message(errbuf, errlen, "");
-  return guarded("GPU range join", errbuf, errlen, [&]() -> KnnStatus {
-    if (problem == nullptr) {
-      copy_message(errbuf, errlen, "problem is NULL");
-      return KNN_INVALID_ARGUMENT;
-    }
-    DeviceContext ctx;
-    const KnnStatus st = run_range(*problem, sink, sink_context, stats, cancel, ctx);
-    if (st != KNN_OK)
-      copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
-    return st;
-  });
+  return entry("GPU range join", problem, errbuf, errlen,
+               [&](const KnnProblem &p, DeviceContext &ctx) {
+                 return run_range(p, sink, sink_context, stats, cancel, ctx);
+               });
 }
 
 KnnStatus run_groups_entry(const KnnProblem *problem, const KnnGroupLayout *groups,
                            int64_t *neighbors, double *distances, KnnStats *stats,
                            const int32_t *cancel, char *errbuf, size_t errlen) noexcept {
-  const SignalsBlocked blocked;  // see run_entry
-  knn::copy_message(errbuf, errlen, "");
-  return guarded("GPU engine", errbuf, errlen, [&]() -> KnnStatus {
-    if (problem == nullptr) {
-      copy_message(errbuf, errlen, "problem is NULL");
-      return KNN_INVALID_ARGUMENT;
-    }
-    DeviceContext ctx;
-    const KnnStatus st =
-        run_group_join(*problem, groups, neighbors, distances, stats, cancel, ctx);
-    if (st != KNN_OK)
-      copy_message(errbuf, errlen, ctx.error.empty() ? knn_status_name(st) : ctx.error.c_str());
-    return st;
+  return entry("GPU engine", problem, errbuf, errlen, [&](const KnnProblem &p, DeviceContext &ctx) {
+    return run_group_join(p, groups, neighbors, distances, stats, cancel, ctx);
   });
 }
 
@@ -521,7 +511,7 @@ __attribute__((visibility("default"))) int knn_cuda_runtime_ready(void) {
 }
 
 __attribute__((visibility("default"))) KnnStatus knn_cuda_warm_up(char *errbuf, size_t errlen) {
-  const knn::SignalsBlocked blocked;  // see run_entry
+  const knn::SignalsBlocked blocked;  // see entry()
   knn::copy_message(errbuf, errlen, "");
   return knn::guarded("GPU warm-up", errbuf, errlen,
                       [&] { return knn::cuda::warm_up(errbuf, errlen); });
@@ -550,7 +540,7 @@ __attribute__((visibility("default"))) void knn_cuda_shutdown(void) {
 }
 
 __attribute__((visibility("default"))) int knn_cuda_probe(char *buf, size_t len) {
-  const knn::SignalsBlocked blocked;  // see run_entry
+  const knn::SignalsBlocked blocked;  // see entry()
   return knn::guarded("GPU probe", buf, len, [&] { return knn::cuda::probe(buf, len); }) ==
                  KNN_OK
              ? 1
@@ -585,7 +575,7 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run_tuned(
 }
 
 __attribute__((visibility("default"))) int knn_cuda_test_device_count(void) {
-  const knn::SignalsBlocked blocked;  // see run_entry
+  const knn::SignalsBlocked blocked;  // see entry()
   int count = 0;
   knn::guarded("GPU count", nullptr, 0, [&] {
     count = knn::cuda::visible_devices(nullptr);
