@@ -49,7 +49,7 @@ compare_candidates(const void *a, const void *b)
 
 int64
 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
-				const KnnShardLists *sources, int n_sources, int32 k)
+				const KnnShardLists *sources, int n_sources, int64 limit)
 {
 	int64		most = 0;
 	Candidate  *candidates;
@@ -77,7 +77,14 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 				n++;
 			}
 		qsort(candidates, n, sizeof(Candidate), compare_candidates);
-		for (int64 r = 0; r < Min(n, (int64) k); r++)
+		if (limit >= 0)
+			n = Min(n, limit);
+		if (n > PG_INT32_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("knn_range_join: more than %d pairs for one query", PG_INT32_MAX),
+					 errhint("Cap the pairs per query with k.")));
+		for (int64 r = 0; r < n; r++)
 		{
 			Datum		values[4];
 			bool		nulls[4] = {false, false, false, false};
