@@ -262,6 +262,44 @@ tie_private(PlannerInfo *root, KnnJoinPath *kp, CustomScan *cscan)
 	cscan->custom_private = lappend(cscan->custom_private, collations);
 }
 
+/*
+ * The ORDER BY keys after the distance for custom_private (WITH TIES or
+ * not): their columns in the inner rows (as tie_private's), sort
+ * operators, collations and NULLS FIRST. A sharded inner relation merges
+ * its sources' rows by them (knn_scan_shard.h).
+ */
+static void
+order_private(PlannerInfo *root, KnnJoinPath *kp, CustomScan *cscan)
+{
+	List	   *columns = NIL;
+	List	   *operators = NIL;
+	List	   *collations = NIL;
+	List	   *nulls_first = NIL;
+	AttrNumber	inner = 2 + list_length(kp->needed_columns) +
+		(kp->exclude_target != NULL ? 1 : 0) + list_length(kp->group_targets);
+	ListCell   *lc;
+
+	if (kp->tie_order != NIL)
+	{
+		List	   *subquery_tlist = planner_rt_fetch(kp->subquery_rel->relid, root)->subquery->targetList;
+
+		foreach(lc, kp->tie_order)
+		{
+			SortGroupClause *sort = lfirst_node(SortGroupClause, lc);
+			TargetEntry *tle = get_sortgroupclause_tle(sort, subquery_tlist);
+
+			columns = lappend_int(columns, inner++);
+			operators = lappend_int(operators, (int) sort->sortop);
+			collations = lappend_int(collations, (int) exprCollation((Node *) tle->expr));
+			nulls_first = lappend_int(nulls_first, sort->nulls_first ? 1 : 0);
+		}
+	}
+	cscan->custom_private = lappend(cscan->custom_private, columns);
+	cscan->custom_private = lappend(cscan->custom_private, operators);
+	cscan->custom_private = lappend(cscan->custom_private, collations);
+	cscan->custom_private = lappend(cscan->custom_private, nulls_first);
+}
+
 /* The column of the outer plan's rows that holds expr; ERROR if none. */
 static AttrNumber
 outer_column(Plan *outer_plan, Expr *expr)
@@ -394,6 +432,9 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 												kp->radius_inclusive ? KNN_RANGE_AT_MOST :
 												KNN_RANGE_BELOW));
 	tie_private(root, kp, cscan);
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger((int) kp->distance_operator));
+	order_private(root, kp, cscan);
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

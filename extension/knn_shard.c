@@ -758,7 +758,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	}
 	pfree(fill);
 	pfree(rows);
-	shard->result = lists;
+	shard->caller = lists;
 }
 
 /* ---- statistics ---- */
@@ -976,8 +976,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	INSTR_TIME_SET_CURRENT(phase);
 	for (int s = 0; s < sp.n_shards; s++)
 	{
-		if (sp.shards[s]->result != NULL)
-			sources[s] = *(KnnShardLists *) sp.shards[s]->result;
+		if (sp.shards[s]->caller != NULL)
+			sources[s] = *(KnnShardLists *) sp.shards[s]->caller;
 		else
 		{
 			sources[s].n_queries = queries->n;

@@ -44,7 +44,7 @@ typedef struct KnnShardRemote
 	double		seconds_join;	/* from sending the join to its result arriving */
 	int64		rows;			/* the join's result rows */
 	char	   *remote_stats;	/* knn_gpu_last_stats() there after the join, or NULL */
-	void	   *result;			/* the caller's reading of the result (knn_shard.c, knn_scan_shard.c) */
+	void	   *caller;			/* the caller's own state of this shard */
 } KnnShardRemote;
 
 /* Is the server's foreign-data wrapper postgres_fdw (its handler's code)? */
