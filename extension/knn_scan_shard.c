@@ -129,7 +129,10 @@ struct KnnScanShards
 	KnnScanCandidates *candidates;
 	MemoryContext cxt;
 
-	/* for EXPLAIN ANALYZE */
+	/* for EXPLAIN ANALYZE and knn_gpu_last_shard_stats() */
+	StringInfoData fallbacks;
+	int64		want;
+	instr_time	started;
 	bool		ran;
 	double		seconds_ship;
 	double		seconds_local;
@@ -458,6 +461,7 @@ knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *sp
 	knn_shard_classify(&sh->sp, rtable);
 	if (sh->sp.n_shards == 0)
 		return inner_plan;
+	initStringInfo(&sh->fallbacks);
 	if ((why = not_pushable(sh, spec, inner_plan)) != NULL)
 	{
 		ereport(NOTICE,
@@ -470,7 +474,7 @@ knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *sp
 				   sh->identity.type_extension == NULL ? KNN_ELEMENT_BIT :
 				   knn_vector_kind(sh->identity.operand_type) == KNN_VECTOR_HALFVEC ?
 				   KNN_ELEMENT_FLOAT16 : KNN_ELEMENT_FLOAT32,
-				   check_operator, sh, NULL);
+				   check_operator, sh, &sh->fallbacks);
 	if (sh->sp.n_shards == 0)
 		return inner_plan;
 
@@ -560,6 +564,8 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 	}
 
 	INSTR_TIME_SET_CURRENT(start);
+	sh->started = start;
+	sh->want = want;
 	rows.n = n_outer;
 	rows.n_fields = 1 + sh->n_shipped;
 	rows.encode = encode_outer_row;
@@ -706,6 +712,19 @@ knn_scan_shards_note_local(KnnScanShards *sh, int64 local_targets, double second
 	sh->seconds_local = seconds_local;
 }
 
+/* What the shards did, for EXPLAIN and the statistics. */
+static void
+summarize(const KnnScanShards *sh, KnnShardSummary *summary)
+{
+	knn_shard_summarize(summary, &sh->sp);
+	summary->ran = sh->ran;
+	summary->local_targets = sh->local_targets;
+	summary->rows = sh->merged;
+	summary->seconds_ship = sh->seconds_ship;
+	summary->seconds_local = sh->seconds_local;
+	summary->seconds_merge = sh->seconds_merge;
+}
+
 /* ---- merging ---- */
 
 typedef struct MergeContext
@@ -795,6 +814,13 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 	candidates->capacity = Max(candidates->n, 1);
 	sh->merged = candidates->n;
 	sh->seconds_merge = knn_seconds_since(start);
+	{
+		KnnShardSummary summary;
+
+		summarize(sh, &summary);
+		knn_shard_record_stats(&sh->sp, &summary, n_outer, sh->want, sh->fallbacks.data,
+							   knn_seconds_since(sh->started));
+	}
 	return begin;
 }
 
@@ -807,13 +833,7 @@ knn_scan_shards_explain(const KnnScanShards *sh, ExplainState *es)
 
 	if (sh == NULL)
 		return;
-	knn_shard_summarize(&summary, &sh->sp);
-	summary.ran = sh->ran;
-	summary.local_targets = sh->local_targets;
-	summary.rows = sh->merged;
-	summary.seconds_ship = sh->seconds_ship;
-	summary.seconds_local = sh->seconds_local;
-	summary.seconds_merge = sh->seconds_merge;
+	summarize(sh, &summary);
 	knn_shard_explain(&summary, es);
 }
 

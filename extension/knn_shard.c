@@ -34,8 +34,6 @@
 #include "portability/instr_time.h"
 #include "tcop/dest.h"
 #include "utils/builtins.h"
-#include "common/jsonapi.h"
-#include "mb/pg_wchar.h"
 #include "utils/float.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
@@ -573,6 +571,7 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 		pfree(distances);
 	}
 	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0.0);
+	knn_join_explain_report(&record);
 }
 
 /* ---- the shards' part ---- */
@@ -761,66 +760,6 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	shard->caller = lists;
 }
 
-/* ---- statistics ---- */
-
-static void
-json_key(StringInfo buf, const char *key)
-{
-	escape_json(buf, key);
-	appendStringInfoChar(buf, ':');
-}
-
-/* Is the shard's statistics text one JSON value (it goes into ours as it is)? */
-static bool
-remote_stats_valid(const char *json)
-{
-	JsonLexContext *lex = makeJsonLexContextCstringLen((char *) json, strlen(json),
-													   GetDatabaseEncoding(), false);
-
-	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
-}
-
-static void
-record_stats(const KnnShardPlan *sp, const KnnMatrix *queries, const KnnMatrix *local,
-			 int32 k, const char *fallbacks, double seconds_ship, double seconds_local,
-			 double seconds_merge, double seconds_total, int64 rows)
-{
-	StringInfoData buf;
-
-	initStringInfo(&buf);
-	appendStringInfo(&buf, "{\"queries\":" INT64_FORMAT ",\"k\":%d,\"rows\":" INT64_FORMAT
-					 ",\"shards\":[", queries->n, k, rows);
-	for (int s = 0; s < sp->n_shards; s++)
-	{
-		const KnnShardRemote *shard = sp->shards[s];
-
-		appendStringInfoString(&buf, s > 0 ? ",{" : "{");
-		json_key(&buf, "server");
-		escape_json(&buf, shard->server->servername);
-		appendStringInfo(&buf, ",\"partitions\":%d,\"rows\":" INT64_FORMAT
-						 ",\"seconds_join\":%.6f,",
-						 list_length(shard->scans), shard->rows, shard->seconds_join);
-		json_key(&buf, "remote_sql");
-		escape_json(&buf, shard->join_sql);
-		appendStringInfoChar(&buf, ',');
-		json_key(&buf, "remote_stats");
-		if (shard->remote_stats != NULL && remote_stats_valid(shard->remote_stats))
-			appendStringInfoString(&buf, shard->remote_stats);
-		else
-			appendStringInfoString(&buf, "null");
-		appendStringInfoChar(&buf, '}');
-	}
-	appendStringInfo(&buf, "],\"fallback\":[%s],\"local\":", fallbacks);
-	if (local->n > 0)
-		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT "}", local->n);
-	else
-		appendStringInfoString(&buf, "null");
-	appendStringInfo(&buf, ",\"seconds\":{\"ship\":%.6f,\"local\":%.6f,\"merge\":%.6f,\"total\":%.6f}}",
-					 seconds_ship, seconds_local, seconds_merge, seconds_total);
-	knn_shard_set_last_stats(buf.data);
-	pfree(buf.data);
-}
-
 /* ---- the join ---- */
 
 static bool
@@ -988,8 +927,6 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, sp.n_shards + 1,
 						   join->range && join->k == 0 ? -1 : join->k);
 	seconds_merge = knn_seconds_since(phase);
-	record_stats(&sp, queries, &local, join->k, fallbacks.data, seconds_ship, seconds_local,
-				 seconds_merge, knn_seconds_since(start), rows);
 	{
 		KnnShardSummary summary;
 
@@ -1000,6 +937,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.seconds_ship = seconds_ship;
 		summary.seconds_local = seconds_local;
 		summary.seconds_merge = seconds_merge;
+		knn_shard_record_stats(&sp, &summary, queries->n, join->k, fallbacks.data,
+							   knn_seconds_since(start));
 		knn_join_explain_report_shards(&summary);
 	}
 	return true;

@@ -150,6 +150,18 @@ extern int64 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int6
 /* The statistics of this backend's last sharded join, as JSON (TopMemoryContext). */
 extern void knn_shard_set_last_stats(const char *json);
 
+struct KnnShardSummary;
+
+/*
+ * Records a finished sharded join as knn_gpu_last_shard_stats() gives it:
+ * per shard its server, partitions, rows, time, remote SQL and its own
+ * knn_gpu_last_stats(); the servers read here (fallbacks: JSON objects);
+ * the local part; the phases.
+ */
+extern void knn_shard_record_stats(const KnnShardPlan *sp, const struct KnnShardSummary *summary,
+								   int64 n_queries, int64 k, const char *fallbacks,
+								   double seconds_total);
+
 /* ---- EXPLAIN (knn_shard_explain.c) ---- */
 
 /* What a sharded join did (or, for plain EXPLAIN, would do), per shard. */
