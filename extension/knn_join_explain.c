@@ -22,7 +22,6 @@
 #include "postgres.h"
 
 #include "access/htup_details.h"
-#include "access/xact.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "commands/explain.h"
@@ -30,11 +29,11 @@
 #include "nodes/extensible.h"
 #include "optimizer/pathnode.h"
 #include "optimizer/paths.h"
-#include "utils/resowner.h"
 #include "utils/syscache.h"
 
 #include "knn_join_explain.h"
 #include "knn_shard.h"
+#include "knn_subtransaction.h"
 
 #define KNN_JOIN_FUNCTION_NAME "KNN Join Function"
 
@@ -253,6 +252,12 @@ rescan_function_scan(CustomScanState *node)
 		ExecReScan(child);
 }
 
+static void
+describe_step(void *arg)
+{
+	knn_join_describe((FuncExpr *) arg);
+}
+
 /*
  * Plain EXPLAIN: the shards the call would use, when its arguments are
  * constants (a call of LATERAL values is known only when it runs). A call
@@ -266,9 +271,8 @@ describe_shards(KnnJoinFunctionState *state, ExplainState *es)
 	RangeTblFunction *function;
 	FuncExpr   *call;
 	ListCell   *lc;
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
 	KnnJoinFunctionState *saved = collector;
+	char	   *message;
 
 	if (!IsA(scan, FunctionScan) || list_length(scan->functions) != 1)
 		return;
@@ -280,30 +284,15 @@ describe_shards(KnnJoinFunctionState *state, ExplainState *es)
 		if (!IsA(lfirst(lc), Const))
 			return;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
 	collector = state;
 	PG_TRY();
 	{
-		knn_join_describe(call);
-		collector = saved;
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
+		if (!knn_try_in_subtransaction(describe_step, call, &message))
+			ExplainPropertyText("Shards", psprintf("not known (%s)", message), es);
 	}
-	PG_CATCH();
+	PG_FINALLY();
 	{
-		ErrorData  *error;
-
 		collector = saved;
-		MemoryContextSwitchTo(context);
-		error = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
-		ExplainPropertyText("Shards", psprintf("not known (%s)", error->message), es);
-		FreeErrorData(error);
 	}
 	PG_END_TRY();
 }

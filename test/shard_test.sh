@@ -42,6 +42,8 @@ pass() { passed=$((passed + 1)); echo "ok: $1"; }
 fail() { failed=$((failed + 1)); echo "FAILED: $1"; }
 # check NAME EXPECTED ACTUAL
 check() { if [ "$2" = "$3" ]; then pass "$1"; else fail "$1 (expected '$2', got '$3')"; fi; }
+# check_has NAME TEXT ACTUAL: ACTUAL holds TEXT
+check_has() { case "$3" in *"$2"*) pass "$1" ;; *) fail "$1 (no '$2' in: $3)" ;; esac; }
 
 start_server() {
   local i=$1 dir=${DIRS[$1]} port=${PORTS[$1]}
@@ -387,11 +389,9 @@ check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHA
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
 check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
   "$(echo "$out" | analyze_lines)"
-out=$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)
-case "$out" in
-  *'Shards: not known (relation "no_such_table" does not exist)'*) pass "EXPLAIN of knn_join whose text fails: one line, no ERROR" ;;
-  *) fail "EXPLAIN of knn_join whose text fails: one line, no ERROR: $out" ;;
-esac
+check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
+  'Shards: not known (relation "no_such_table" does not exist)' \
+  "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
 
 # ---- knn_join's other forms: pushed down, or read here with a NOTICE ----
 # same_as_one_server NAME SHARDS SHARDED_CALL SINGLE_SERVER_CALL
@@ -426,16 +426,12 @@ same_as_one_server "keyed knn_join: read here" 0 \
 same_as_one_server "knn_join with group keys: read here" 0 \
   "knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_h', 5)" \
   "knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_all', 5)"
-out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5, key => NULL::bigint)" 2>&1)
-case "$out" in
-  *'NOTICE:  knn_join reads the rows of foreign server "shard1" and others here: calls with a key argument are joined here'*) pass "a keyed knn_join falls back with a NOTICE" ;;
-  *) fail "a keyed knn_join falls back with a NOTICE: $out" ;;
-esac
-out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_h', 5)" 2>&1)
-case "$out" in
-  *'NOTICE:  knn_join reads the rows of foreign server "shard1" and others here: query and target texts with group key columns are joined here'*) pass "knn_join with group keys falls back with a NOTICE" ;;
-  *) fail "knn_join with group keys falls back with a NOTICE: $out" ;;
-esac
+check_has "a keyed knn_join falls back with a NOTICE" \
+  'NOTICE:  knn_join reads the rows of foreign server "shard1" and others here: calls with a key argument are joined here' \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5, key => NULL::bigint)" 2>&1)"
+check_has "knn_join with group keys falls back with a NOTICE" \
+  'NOTICE:  knn_join reads the rows of foreign server "shard1" and others here: query and target texts with group key columns are joined here' \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_h', 5)" 2>&1)"
 
 # ---- a shard that is down ----
 stop_server 2
@@ -444,11 +440,8 @@ case "$out" in
   *'ERROR:  could not connect to server "shard2"'*) pass "a stopped shard: ERROR naming the server" ;;
   *) fail "a stopped shard: ERROR naming the server: $out" ;;
 esac
-out=$(sql 0 -c "$NODE_SQL" 2>&1)
-case "$out" in
-  *'ERROR:  could not connect to server "shard2"'*) pass "a stopped shard under the KNN Join node: ERROR naming the server" ;;
-  *) fail "a stopped shard under the KNN Join node: ERROR naming the server: $out" ;;
-esac
+check_has "a stopped shard under the KNN Join node: ERROR naming the server" \
+  'ERROR:  could not connect to server "shard2"' "$(sql 0 -c "$NODE_SQL" 2>&1)"
 resume_server 2 || fail "restarting shard2"
 
 # A shard that fails during the join: its error, and the server's name.
@@ -520,28 +513,30 @@ done
 check "statement_timeout at $points points: ends at once, nothing left behind, the session works" "$points" "$ok"
 check "the shards stopped working" 0 "$(active_on_shards)"
 
-sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIG" >"${DIRS[0]}/cancel.out" 2>&1 &
-bg=$!
-seen=0
-for _ in $(seq 1 100); do
-  [ "$(active_on_shards)" -ge 2 ] && { seen=1; break; }
-  sleep 0.1
-done
-check "the big join runs on both shards" 1 "$seen"
-sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
-start=$(date +%s%N)
-wait "$bg"
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
-case "$(cat "${DIRS[0]}/cancel.out")" in
-  *'canceling statement due to user request'*) pass "a cancel ends a sharded join (${ms} ms)" ;;
-  *) fail "a cancel ends a sharded join: $(cat "${DIRS[0]}/cancel.out")" ;;
-esac
-check "the cancel stopped the shards' work" 0 "$(active_on_shards)"
-leftovers=0
-for i in 1 2; do
-  leftovers=$((leftovers + $(sql "$i" -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'knn_shard_queries%'")))
-done
-check "no temporary table left on the shards" 0 "$leftovers"
+# cancel_in_the_middle WHAT SQL: SQL runs until both shards work on it, is
+# cancelled, and ends at once, stopping the shards' work and leaving nothing.
+cancel_in_the_middle() {
+  local what=$1 bg seen=0 start ms leftovers=0
+  sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$2" >"${DIRS[0]}/cancel.out" 2>&1 &
+  bg=$!
+  for _ in $(seq 1 100); do
+    [ "$(active_on_shards)" -ge 2 ] && { seen=1; break; }
+    sleep 0.1
+  done
+  check "$what runs on both shards" 1 "$seen"
+  sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+  start=$(date +%s%N)
+  wait "$bg"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  check_has "a cancel ends $what (${ms} ms)" 'canceling statement due to user request' \
+    "$(cat "${DIRS[0]}/cancel.out")"
+  check "the cancel stopped the shards' work on $what" 0 "$(active_on_shards)"
+  for i in 1 2; do
+    leftovers=$((leftovers + $(sql "$i" -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'knn_shard_queries%'")))
+  done
+  check "no temporary table left on the shards after $what" 0 "$leftovers"
+}
+cancel_in_the_middle "knn_join's big join" "$BIG"
 
 # The KNN Join node: a timeout and a cancel while the shards join.
 BIG_NODE="SELECT count(*) FROM big q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM big t WHERE t.id <> q.id ORDER BY t.v <-> q.v LIMIT 10) n"
@@ -556,33 +551,12 @@ SET client_min_messages = warning;
 SELECT 'again:' || count(*) FROM ($NODE_SQL) x;
 EOF
 )
-case "$out" in
-  *'canceling statement due to statement timeout'*) pass "statement_timeout ends the KNN Join node's sharded join" ;;
-  *) fail "statement_timeout ends the KNN Join node's sharded join: $out" ;;
-esac
+check_has "statement_timeout ends the KNN Join node's sharded join" \
+  'canceling statement due to statement timeout' "$out"
 check "after the node's timeout: no temporary table on the shards, the session works" \
   "$(printf 'after:0\nafter:0\nagain:171')" "$(echo "$out" | grep -E '^(after|again):')"
 check "the shards stopped the node's work" 0 "$(active_on_shards)"
-sql 0 -c "SET application_name = 'knn_shard_cancel_node'" -c "$BIG_NODE" >"${DIRS[0]}/cancel_node.out" 2>&1 &
-bg=$!
-seen=0
-for _ in $(seq 1 100); do
-  [ "$(active_on_shards)" -ge 2 ] && { seen=1; break; }
-  sleep 0.1
-done
-check "the node's big join runs on both shards" 1 "$seen"
-sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel_node'" >/dev/null
-wait "$bg"
-case "$(cat "${DIRS[0]}/cancel_node.out")" in
-  *'canceling statement due to user request'*) pass "a cancel ends the node's sharded join" ;;
-  *) fail "a cancel ends the node's sharded join: $(cat "${DIRS[0]}/cancel_node.out")" ;;
-esac
-check "the cancel stopped the node's work on the shards" 0 "$(active_on_shards)"
-leftovers=0
-for i in 1 2; do
-  leftovers=$((leftovers + $(sql "$i" -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'knn_shard_queries%'")))
-done
-check "no temporary table left on the shards after the node's cancel" 0 "$leftovers"
+cancel_in_the_middle "the KNN Join node's big join" "$BIG_NODE"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
