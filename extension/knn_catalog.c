@@ -325,3 +325,90 @@ knn_pgvector_distance_function(Oid typid, KnnMetric metric)
 	table_close(depend, AccessShareLock);
 	return found;
 }
+
+/* The C symbol of a function, or NULL (not C). */
+static char *
+c_symbol(Oid funcoid)
+{
+	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
+	char	   *symbol = NULL;
+
+	if (!HeapTupleIsValid(tuple))
+		return NULL;
+	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
+
+		if (!isnull)
+			symbol = TextDatumGetCString(src);
+	}
+	ReleaseSysCache(tuple);
+	return symbol;
+}
+
+char *
+knn_extension_version(const char *extension)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	char	   *version = NULL;
+
+	rel = table_open(ExtensionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_extension_extname, BTEqualStrategyNumber, F_NAMEEQ,
+				CStringGetDatum(extension));
+	scan = systable_beginscan(rel, ExtensionNameIndexId, true, NULL, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		value = heap_getattr(tuple, Anum_pg_extension_extversion,
+										 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			version = TextDatumGetCString(value);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return version;
+}
+
+bool
+knn_distance_operator_identity(Oid opno, KnnOperatorIdentity *identity)
+{
+	KnnMetric	metric;
+	HeapTuple	tuple;
+	Oid			function;
+
+	memset(identity, 0, sizeof(*identity));
+	if (!knn_distance_operator_metric(opno, &metric))
+		return false;
+	tuple = SearchSysCache1(OPEROID, ObjectIdGetDatum(opno));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	identity->name = pstrdup(NameStr(((Form_pg_operator) GETSTRUCT(tuple))->oprname));
+	identity->operand_type = ((Form_pg_operator) GETSTRUCT(tuple))->oprleft;
+	function = ((Form_pg_operator) GETSTRUCT(tuple))->oprcode;
+	ReleaseSysCache(tuple);
+
+	/* knn_distance_operator_metric found both to be an extension's C function and type */
+	identity->symbol = c_symbol(function);
+	identity->extension = owning_extension(ProcedureRelationId, function);
+	if (identity->symbol == NULL || identity->extension == NULL)
+		return false;
+	identity->version = knn_extension_version(identity->extension);
+	if (identity->operand_type != BITOID)
+	{
+		Oid			input;
+		Oid			ioparam;
+
+		getTypeInputInfo(identity->operand_type, &input, &ioparam);
+		identity->type_extension = owning_extension(TypeRelationId, identity->operand_type);
+		identity->type_input = c_symbol(input);
+		if (identity->type_extension == NULL || identity->type_input == NULL)
+			return false;
+	}
+	return identity->version != NULL;
+}

@@ -46,6 +46,30 @@ extern bool knn_distance_operator_metric(Oid opno, KnnMetric *metric);
  */
 extern Oid knn_pgvector_distance_function(Oid typid, KnnMetric metric);
 
+/*
+ * What a distance operator is, in terms another server's catalog can be
+ * searched by (knn_shard_remote_operator): its name, the extension and C
+ * symbol of its function with that extension's version, and its operands'
+ * type: bit (PostgreSQL's own), or a type of type_extension whose input
+ * function is type_input.
+ */
+typedef struct KnnOperatorIdentity
+{
+	char	   *name;			/* "<->" */
+	char	   *extension;		/* "knn_gpu" or "vector" */
+	char	   *version;		/* its extversion here */
+	char	   *symbol;			/* the operator's C function */
+	Oid			operand_type;	/* here */
+	char	   *type_extension; /* NULL: PostgreSQL's bit */
+	char	   *type_input;		/* the type's input function's C symbol */
+} KnnOperatorIdentity;
+
+/* Fills *identity for a distance operator (knn_distance_operator_metric); false otherwise. */
+extern bool knn_distance_operator_identity(Oid opno, KnnOperatorIdentity *identity);
+
+/* An extension's installed version here, or NULL. */
+extern char *knn_extension_version(const char *extension);
+
 /* Is amoid one of pgvector's (approximate) index access methods? */
 extern bool knn_is_approximate_index_am(Oid amoid);
 

@@ -28,6 +28,7 @@
 #include "miscadmin.h"
 #include "optimizer/optimizer.h"
 #include "portability/instr_time.h"
+#include "nodes/params.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/plancache.h"
@@ -559,6 +560,86 @@ check_key_collations(const KnnSet *queries, const KnnSet *targets)
 				 errhint("Use COLLATE on the id column of one query text.")));
 }
 
+/* Plain EXPLAIN's call (knn_join_describe): find the shards, read and join nothing. */
+static bool describe_only = false;
+
+/*
+ * The call's shards, when its targets are sharded (knn_shard.h): the
+ * whole join, or with describe_only their description. Keyed calls join
+ * here (with a NOTICE when there are shards): their ids' order is this
+ * server's type's, which the shards' ranks could not be merged by.
+ */
+static bool
+shard_join(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queries,
+		   KnnSet *targets, KnnOperatorValues *by_operator)
+{
+	KnnShardJoin join = {0};
+	ParamListInfo params = NULL;
+
+	join.k = call->k;
+	join.metric = call->metric;
+	join.exclude_self = call->exclude_self;
+	join.method = call->method;
+	join.range = call->range;
+	join.radius = call->radius;
+	join.inclusive = call->inclusive;
+	join.by_operator = by_operator;
+	join.describe_only = describe_only;
+	if (OidIsValid(call->key_type))
+		join.not_pushed = "calls with a key argument are joined here";
+	if (targets->param_values != NULL)
+	{
+		CachedPlanSource *source = linitial(SPI_plan_get_plan_sources(targets->plan));
+
+		params = makeParamList(source->num_params);
+		for (int i = 0; i < source->num_params; i++)
+		{
+			params->params[i].value = targets->param_values[i];
+			params->params[i].isnull = targets->param_nulls[i] == 'n';
+			params->params[i].pflags = PARAM_FLAG_CONST;
+			params->params[i].ptype = source->param_types[i];
+		}
+		join.params = params;
+	}
+	return knn_shard_try_join(rsinfo, queries, targets->plan, targets->sql, targets->kind, &join);
+}
+
+void
+knn_join_describe(FuncExpr *call)
+{
+	FmgrInfo	flinfo;
+	ReturnSetInfo rsinfo = {T_ReturnSetInfo};
+	ListCell   *lc;
+	int			n = 0;
+	LOCAL_FCINFO(fcinfo, FUNC_MAX_ARGS);
+
+	fmgr_info(call->funcid, &flinfo);
+	fmgr_info_set_expr((Node *) call, &flinfo);
+	InitFunctionCallInfoData(*fcinfo, &flinfo, list_length(call->args), call->inputcollid,
+							 NULL, (Node *) &rsinfo);
+	foreach(lc, call->args)
+	{
+		Const	   *arg = lfirst_node(Const, lc);
+
+		fcinfo->args[n].value = arg->constvalue;
+		fcinfo->args[n].isnull = arg->constisnull;
+		n++;
+	}
+	rsinfo.econtext = CreateStandaloneExprContext();
+	rsinfo.allowedModes = SFRM_Materialize;
+	describe_only = true;
+	PG_TRY();
+	{
+		(void) FunctionCallInvoke(fcinfo);
+	}
+	PG_FINALLY();
+	{
+		describe_only = false;
+	}
+	PG_END_TRY();
+	FreeExprContext(rsinfo.econtext, true);
+}
+
 static void
 knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 {
@@ -630,13 +711,16 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	 * this snapshot: read it once, and the engine sees one matrix on both
 	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
 	 */
-	read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
+	/* pgvector's columns: rank by pgvector's own operator's values. */
+	by_operator = query_set.vector_type == target_source->vector_type &&
+		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
+								 element);
+	if (!describe_only)
+		read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
-	if (!OidIsValid(call->key_type) && !call->has_params && !call->range &&
-		knn_shard_try_join(rsinfo, &queries, target_source->plan, target_source->sql,
-						   target_source->kind, call->k, call->metric, call->exclude_self,
-						   call->method))
+	if (shard_join(rsinfo, call, &queries, target_source, by_operator ? &operator_values : NULL) ||
+		describe_only)
 	{
 		SPI_finish();
 		knn_progress_end();
@@ -710,9 +794,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		 * phase. pgvector's columns: the radius applies to its operator's
 		 * values.
 		 */
-		if (query_set.vector_type == target_source->vector_type &&
-			knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
-									 element))
+		if (by_operator)
 			knn_operator_values_range(&operator_values, &problem, &queries, targets,
 									  put_range_pairs, &output, &stats);
 		else
@@ -739,10 +821,6 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		problem.target_keys = targets->ids;
 	}
 	knn_progress_phase(KNN_PROGRESS_ENGINE);
-	/* pgvector's columns: rank by pgvector's own operator's values. */
-	by_operator = query_set.vector_type == target_source->vector_type &&
-		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
-								 element);
 	if (by_operator)
 		knn_operator_values_run(&operator_values, &problem, &queries, targets, neighbors,
 								distances, &stats);

@@ -10,6 +10,12 @@
  * as the collector for that time (restored on every exit, so nested nodes
  * nest).
  *
+ * A sharded call (knn_shard.h) reports what its shards did; EXPLAIN
+ * ANALYZE shows it. Plain EXPLAIN of a call whose arguments are constants
+ * asks knn_join which shards it would use (knn_join_describe: the texts are
+ * prepared, the shards connected and checked, nothing is read or joined)
+ * and shows each shard's remote SQL.
+ *
  * knn_join's functions are recognised by their C entry point (fmgr), not
  * by name.
  */
@@ -26,6 +32,8 @@
 #include "utils/syscache.h"
 
 #include "knn_join_explain.h"
+#include "knn_shard.h"
+#include "knn_subtransaction.h"
 
 #define KNN_JOIN_FUNCTION_NAME "KNN Join Function"
 
@@ -35,6 +43,8 @@ typedef struct KnnJoinFunctionState
 	KnnJoinRecord record;		/* of the last call that finished */
 	int64		calls;			/* calls that reached the engine */
 	bool		fetched;		/* since the last (re)scan: the call has run */
+	KnnShardSummary *shards;	/* of the last sharded call, or NULL */
+	MemoryContext context;		/* the node's: where shards lives */
 } KnnJoinFunctionState;
 
 static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
@@ -75,6 +85,14 @@ knn_join_explain_report(const KnnJoinRecord *record)
 		return;
 	collector->record = *record;
 	collector->calls++;
+}
+
+void
+knn_join_explain_report_shards(const KnnShardSummary *summary)
+{
+	if (collector == NULL)
+		return;
+	collector->shards = knn_shard_summary_copy(summary, collector->context);
 }
 
 /* Is the function one of knn_join's forms or knn_range_join (by its C entry point)? */
@@ -179,6 +197,7 @@ begin_function_scan(CustomScanState *node, EState *estate, int eflags)
 {
 	CustomScan *cscan = (CustomScan *) node->ss.ps.plan;
 
+	((KnnJoinFunctionState *) node)->context = CurrentMemoryContext;
 	node->custom_ps = list_make1(ExecInitNode(linitial(cscan->custom_plans), estate, eflags));
 	/* The child's slots are returned as they are: of no fixed kind. */
 	node->ss.ps.resultopsfixed = false;
@@ -234,15 +253,68 @@ rescan_function_scan(CustomScanState *node)
 }
 
 static void
+describe_step(void *arg)
+{
+	knn_join_describe((FuncExpr *) arg);
+}
+
+/*
+ * Plain EXPLAIN: the shards the call would use, when its arguments are
+ * constants (a call of LATERAL values is known only when it runs). A call
+ * that cannot be described (a text that does not prepare, a shard that is
+ * down) says so in one line: EXPLAIN itself does not fail.
+ */
+static void
+describe_shards(KnnJoinFunctionState *state, ExplainState *es)
+{
+	FunctionScan *scan = (FunctionScan *) linitial(((CustomScan *) state->css.ss.ps.plan)->custom_plans);
+	RangeTblFunction *function;
+	FuncExpr   *call;
+	ListCell   *lc;
+	KnnJoinFunctionState *saved = collector;
+	char	   *message;
+
+	if (!IsA(scan, FunctionScan) || list_length(scan->functions) != 1)
+		return;
+	function = linitial_node(RangeTblFunction, scan->functions);
+	if (!IsA(function->funcexpr, FuncExpr))
+		return;
+	call = (FuncExpr *) function->funcexpr;
+	foreach(lc, call->args)
+		if (!IsA(lfirst(lc), Const))
+			return;
+
+	collector = state;
+	PG_TRY();
+	{
+		if (!knn_try_in_subtransaction(describe_step, call, &message))
+			ExplainPropertyText("Shards", psprintf("not known (%s)", message), es);
+	}
+	PG_FINALLY();
+	{
+		collector = saved;
+	}
+	PG_END_TRY();
+}
+
+static void
 explain_function_scan(CustomScanState *node, List *ancestors, ExplainState *es)
 {
 	KnnJoinFunctionState *state = (KnnJoinFunctionState *) node;
 
-	if (!es->analyze || state->calls == 0)
+	if (!es->analyze)
+	{
+		describe_shards(state, es);
+		knn_shard_explain(state->shards, es);
+		return;
+	}
+	if (state->calls == 0 && state->shards == NULL)
 		return;
 	if (state->calls > 1)
 		ExplainPropertyInteger("Engine Calls", NULL, state->calls, es);
-	knn_stats_explain(&state->record, es);
+	if (state->calls > 0)
+		knn_stats_explain(&state->record, es);
+	knn_shard_explain(state->shards, es);
 }
 
 void

@@ -29,4 +29,16 @@ extern void knn_join_explain_register(void);
 /* A knn_join call's record, for the node reading its rows (if any). */
 extern void knn_join_explain_report(const KnnJoinRecord *record);
 
+/* A sharded call's summary (knn_shard.h), for the node reading its rows (if any). */
+struct KnnShardSummary;
+extern void knn_join_explain_report_shards(const struct KnnShardSummary *summary);
+
+/*
+ * Plain EXPLAIN of a call of constant arguments: prepares its texts and
+ * finds its shards as the call would, reporting them as a summary that did
+ * not run (knn_join.c); reads no row, joins nothing.
+ */
+struct FuncExpr;
+extern void knn_join_describe(struct FuncExpr *call);
+
 #endif							/* KNN_JOIN_EXPLAIN_H */

@@ -11,14 +11,13 @@
  */
 #include "postgres.h"
 
-#include "access/xact.h"
 #include "fmgr.h"
 #include "nodes/supportnodes.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
-#include "utils/resowner.h"
 
 #include "knn_join_params.h"
+#include "knn_subtransaction.h"
 
 /* The planner's row estimate of one plain SELECT text, or -1. */
 static double
@@ -45,44 +44,30 @@ planned_rows(const char *sql)
 	return pg_plan_query(query, sql, 0, NULL)->planTree->plan_rows;
 }
 
+/* One text's estimate, for knn_try_in_subtransaction. */
+typedef struct Estimate
+{
+	const char *sql;
+	double		rows;
+} Estimate;
+
+static void
+estimate_step(void *arg)
+{
+	Estimate   *estimate = (Estimate *) arg;
+
+	estimate->rows = planned_rows(estimate->sql);
+}
+
 /* planned_rows() in a subtransaction: -1 for any error but a cancel. */
 static double
 estimate_rows(const char *sql)
 {
-	MemoryContext context = CurrentMemoryContext;
-	ResourceOwner owner = CurrentResourceOwner;
-	double		rows = -1;
+	Estimate	estimate = {sql, -1};
 
-	/* No subtransaction can start in parallel mode: keep the default. */
-	if (IsInParallelMode())
+	if (!knn_try_in_subtransaction(estimate_step, &estimate, NULL))
 		return -1;
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(context);
-	PG_TRY();
-	{
-		rows = planned_rows(sql);
-		/* Nothing of it is kept: give back its locks too. */
-		RollbackAndReleaseCurrentSubTransaction();
-	}
-	PG_CATCH();
-	{
-		ErrorData  *error;
-
-		MemoryContextSwitchTo(context);
-		error = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(context);
-		CurrentResourceOwner = owner;
-		if (error->sqlerrcode == ERRCODE_QUERY_CANCELED)
-			ReThrowError(error);
-		FreeErrorData(error);
-		rows = -1;
-	}
-	PG_END_TRY();
-	MemoryContextSwitchTo(context);
-	CurrentResourceOwner = owner;
-	return rows;
+	return estimate.rows;
 }
 
 /* The text of a constant, non-null text argument, or NULL. */

@@ -27,7 +27,9 @@
  * knn_scan_plan.c  turns the path into a CustomScan: the outer side's plan
  *                  and a plain scan plan of the inner relation as children;
  * knn_scan_exec.c  runs it: reads both children, calls the engine, emits;
- * knn_scan_ties.c  the engine's rows for FETCH FIRST ... WITH TIES.
+ * knn_scan_ties.c  the engine's rows for FETCH FIRST ... WITH TIES;
+ * knn_scan_shard.c the inner relation's partitions that join on their own
+ *                  servers (knn_scan_shard.h).
  */
 #ifndef KNN_SCAN_H
 #define KNN_SCAN_H
@@ -173,6 +175,12 @@ typedef enum KnnJoinPrivate
 								 * as columns of the inner rows */
 	KNN_PRIVATE_TIE_EQUALITY,	/* IntList: their equality operators (Oids) */
 	KNN_PRIVATE_TIE_COLLATIONS, /* IntList: their collations */
+	KNN_PRIVATE_OPERATOR,		/* Integer: the distance operator (an Oid) */
+	KNN_PRIVATE_ORDER_COLUMNS,	/* IntList: the ORDER BY keys after the distance
+								 * (WITH TIES or not), as columns of the inner rows */
+	KNN_PRIVATE_ORDER_OPERATORS,	/* IntList: their sort operators (Oids) */
+	KNN_PRIVATE_ORDER_COLLATIONS,	/* IntList: their collations */
+	KNN_PRIVATE_ORDER_NULLS_FIRST,	/* IntList: 1 for NULLS FIRST */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 

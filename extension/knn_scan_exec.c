@@ -48,6 +48,13 @@
  *    when there is a LIMIT. A NULL distance or a NULL r makes the
  *    comparison NULL: such rows never come.
  *
+ *  - A sharded inner relation (knn_scan_shard.h): the partitions that join
+ *    on their servers are taken out of the inner plan when the node starts;
+ *    each run ships the outer rows to the shards, joins the rest here with
+ *    OFFSET 0 and LIMIT OFFSET + LIMIT, and merges both sides' candidates
+ *    per outer row in the subquery's order: the rows are then taken from
+ *    that list, as from the engine's.
+ *
  * The rows then pass the node's quals (filters above the subquery's LIMIT
  * and join clauses: the join filter, and for LEFT JOIN the filter) and its
  * projection. A rescan starts over.
@@ -73,6 +80,7 @@
 #include "knn_progress.h"
 #include "knn_run.h"
 #include "knn_scan.h"
+#include "knn_scan_shard.h"
 #include "knn_settings.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
@@ -159,6 +167,11 @@ typedef struct KnnJoinState
 	bool		last_distance_null;
 	bool		progress;		/* this node's progress row is open */
 
+	/* A sharded inner relation (knn_scan_shard.h), or NULL */
+	KnnScanShards *shards;
+	int64	   *merged_begin;	/* a run with shards: outer row o's rows are */
+	KnnScanCandidate *merged;	/* merged[merged_begin[o] .. merged_begin[o + 1]) */
+
 	/* For EXPLAIN ANALYZE: the last engine run */
 	bool		have_record;
 	KnnJoinRecord record;
@@ -175,6 +188,10 @@ typedef enum KnnRowKind
 	KNN_ROW_NULL_EXTENDED		/* JOIN_LEFT: an outer row without any */
 } KnnRowKind;
 
+static bool next_candidate(KnnJoinState *state, int64 *inner_row, double *distance,
+						   bool *distance_null);
+static bool ties_with_last(KnnJoinState *state, int64 inner_row, double distance,
+						   bool distance_null);
 static void knn_join_begin(CustomScanState *node, EState *estate, int eflags);
 static TupleTableSlot *knn_join_exec(CustomScanState *node);
 static void knn_join_end(CustomScanState *node);
@@ -204,6 +221,64 @@ static int
 private_int(CustomScan *cscan, KnnJoinPrivate item)
 {
 	return intVal(list_nth(cscan->custom_private, item));
+}
+
+/*
+ * The inner plan to run here: without the partitions that join on their
+ * servers, when the inner relation is sharded (knn_scan_shard.h).
+ */
+static Plan *
+begin_shards(KnnJoinState *state, CustomScan *cscan, EState *estate)
+{
+	Plan	   *inner_plan = list_nth(cscan->custom_plans, KNN_INNER_CHILD);
+	KnnScanShardSpec spec = {0};
+
+	spec.distance_operator = (Oid) private_int(cscan, KNN_PRIVATE_OPERATOR);
+	spec.target_is_left = state->target_is_left;
+	spec.target_column = state->target_column;
+	spec.outer_desc = ExecGetResultType(state->outer_ps);
+	spec.query_column = state->query_column;
+	spec.exclude_query_column = state->exclude_query_column;
+	spec.exclude_target_column = state->exclude_target_column;
+	spec.exclude_type = state->exclude_type;
+	spec.exclude_collation = state->exclude_collation;
+	spec.n_group_columns = state->n_group_columns;
+	spec.group_query_columns = state->group_query_columns;
+	spec.group_target_columns = state->group_target_columns;
+	spec.group_types = state->group_types;
+	spec.group_collations = state->group_collations;
+	spec.radius_mode = state->radius_mode;
+	spec.has_limit = list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT) != NULL;
+	spec.with_ties = state->with_ties;
+	/* the inner columns the node reads from the rows it returns */
+	for (int i = 0; i < state->n_scan_columns; i++)
+		if (state->column_source[i] < 0)
+			spec.read_back = bms_add_member(spec.read_back, -state->column_source[i]);
+	for (int c = 0; c < state->n_tie_columns; c++)
+		spec.read_back = bms_add_member(spec.read_back, state->tie_columns[c]);
+	/* ... and the ORDER BY keys after the distance, which the merge compares */
+	spec.n_order_keys = list_length(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_COLUMNS));
+	if (spec.n_order_keys > 0)
+	{
+		AttrNumber *columns = palloc(spec.n_order_keys * sizeof(AttrNumber));
+		Oid		   *operators = palloc(spec.n_order_keys * sizeof(Oid));
+		Oid		   *collations = palloc(spec.n_order_keys * sizeof(Oid));
+		bool	   *nulls_first = palloc(spec.n_order_keys * sizeof(bool));
+
+		for (int i = 0; i < spec.n_order_keys; i++)
+		{
+			columns[i] = list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_COLUMNS), i);
+			operators[i] = (Oid) list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_OPERATORS), i);
+			collations[i] = (Oid) list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_COLLATIONS), i);
+			nulls_first[i] = list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_NULLS_FIRST), i) != 0;
+			spec.read_back = bms_add_member(spec.read_back, columns[i]);
+		}
+		spec.order_columns = columns;
+		spec.order_operators = operators;
+		spec.order_collations = collations;
+		spec.order_nulls_first = nulls_first;
+	}
+	return knn_scan_shards_begin(inner_plan, estate->es_range_table, &spec, &state->shards);
 }
 
 static void
@@ -271,7 +346,7 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	/* The children are read once, forwards. */
 	eflags &= ~(EXEC_FLAG_BACKWARD | EXEC_FLAG_MARK);
 	state->outer_ps = ExecInitNode(list_nth(cscan->custom_plans, KNN_OUTER_CHILD), estate, eflags);
-	state->inner_ps = ExecInitNode(list_nth(cscan->custom_plans, KNN_INNER_CHILD), estate, eflags);
+	state->inner_ps = ExecInitNode(begin_shards(state, cscan, estate), estate, eflags);
 	node->custom_ps = list_make2(state->outer_ps, state->inner_ps);
 
 	state->limit_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_LIMIT), &node->ss.ps);
@@ -1171,12 +1246,138 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 		finish_ranges(state, n_queries);
 }
 
+/* Reads the inner rows and runs the engine, for OFFSET state->offset and this LIMIT. */
+static void
+join_inner(KnnJoinState *state, int64 limit, instr_time start)
+{
+	instr_time	read_done;
+
+	state->inner_rows = read_all_rows(state->inner_ps, state->join_cxt, &state->n_inner);
+	if (state->offset < state->n_inner)
+		state->k = limit < 0 ? state->n_inner - state->offset :
+			Min(limit, state->n_inner - state->offset);
+	if (state->offset + state->k > PG_INT32_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("KNN Join supports at most %d rows per outer row", PG_INT32_MAX)));
+	INSTR_TIME_SET_CURRENT(read_done);
+	INSTR_TIME_SUBTRACT(read_done, start);
+	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
+
+	if (state->k > 0 && state->n_group_columns > 0)
+		run_grouped_engine(state, state->offset + state->k);
+	else if (state->k > 0)
+		run_engine(state, state->offset + state->k);
+}
+
+/*
+ * The local part's rows of every outer row, in its order: the first `want`
+ * (-1: all), and WITH TIES those tied with the last of them.
+ */
+static void
+collect_local_candidates(KnnJoinState *state, int64 want, KnnScanCandidates *candidates)
+{
+	MemoryContext old = MemoryContextSwitchTo(state->join_cxt);
+
+	for (int64 o = 0; o < state->n_outer; o++)
+	{
+		KnnScanCandidate item = {0};
+		int64		n = 0;
+
+		state->current_outer = o;
+		state->in_tail = false;
+		state->position = 0;
+		item.outer_row = o;
+		while (next_candidate(state, &item.inner_row, &item.distance, &item.distance_null))
+		{
+			if (want >= 0 && n >= want &&
+				!(state->with_ties &&
+				  ties_with_last(state, item.inner_row, item.distance, item.distance_null)))
+				break;
+			item.rank = n;
+			knn_scan_candidates_add(candidates, &item);
+			if (++n == want && state->with_ties)
+			{
+				state->last_inner_row = item.inner_row;
+				state->last_distance = item.distance;
+				state->last_distance_null = item.distance_null;
+			}
+		}
+		if ((o & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	state->current_outer = 0;
+	state->in_tail = false;
+	state->position = 0;
+	MemoryContextSwitchTo(old);
+}
+
+/*
+ * The join with shards: ship and send, the local part (OFFSET 0, LIMIT
+ * OFFSET + LIMIT) while they work unless it needs their connections, their
+ * rows, and the merge; the node then reads the merged lists.
+ */
+static void
+join_sharded(KnnJoinState *state, int64 limit, instr_time start)
+{
+	int64		offset = state->offset;
+	int64		want = limit < 0 ? -1 :
+		(limit > PG_INT64_MAX - offset ? PG_INT64_MAX : offset + limit);
+	bool		local_after = knn_scan_shards_local_after(state->shards);
+	KnnScanCandidates candidates = {0};
+	MinimalTuple *shard_rows = NULL;
+	int64		n_shard_rows = 0;
+	int64		n_local;
+
+	knn_scan_shards_start(state->shards, state->outer_rows, state->n_outer, state->outer_slot,
+						  want, state->radius);
+	for (int pass = 0; pass < 2; pass++)
+	{
+		if (pass == (local_after ? 1 : 0))
+		{
+			instr_time	local_start;
+
+			INSTR_TIME_SET_CURRENT(local_start);
+			state->offset = 0;
+			join_inner(state, want, start);
+			collect_local_candidates(state, want, &candidates);
+			state->offset = offset;
+			knn_scan_shards_note_local(state->shards, state->n_inner,
+									   knn_seconds_since(local_start));
+		}
+		if (pass == 0)
+			knn_scan_shards_collect(state->shards, ExecGetResultType(state->inner_ps),
+									state->join_cxt, &shard_rows, &n_shard_rows, &candidates);
+	}
+
+	/* the shards' rows after the local part's */
+	n_local = state->n_inner;
+	if (n_shard_rows > 0)
+	{
+		MinimalTuple *rows = MemoryContextAllocHuge(state->join_cxt,
+													(n_local + n_shard_rows) * sizeof(MinimalTuple));
+
+		if (n_local > 0)
+			memcpy(rows, state->inner_rows, n_local * sizeof(MinimalTuple));
+		memcpy(rows + n_local, shard_rows, n_shard_rows * sizeof(MinimalTuple));
+		state->inner_rows = rows;
+		state->n_inner = n_local + n_shard_rows;
+		for (int64 i = 0; i < candidates.n; i++)
+			if (candidates.items[i].source > 0)
+				candidates.items[i].inner_row += n_local;
+	}
+	state->merged_begin = knn_scan_shards_merge(state->shards, &candidates, state->n_outer,
+												state->inner_rows, state->inner_slot,
+												state->tie_slot, state->join_cxt);
+	state->merged = candidates.items;
+	state->k = limit < 0 ? PG_INT64_MAX : limit;
+}
+
 /* The whole join, on the first call after start or rescan. */
 static void
 compute_join(KnnJoinState *state)
 {
 	instr_time	start;
-	instr_time	read_done;
 	int64		limit;
 
 	INSTR_TIME_SET_CURRENT(start);
@@ -1212,22 +1413,10 @@ compute_join(KnnJoinState *state)
 			return;
 		state->radius = DatumGetFloat8(value);
 	}
-	state->inner_rows = read_all_rows(state->inner_ps, state->join_cxt, &state->n_inner);
-	if (state->offset < state->n_inner)
-		state->k = limit < 0 ? state->n_inner - state->offset :
-			Min(limit, state->n_inner - state->offset);
-	if (state->offset + state->k > PG_INT32_MAX)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("KNN Join supports at most %d rows per outer row", PG_INT32_MAX)));
-	INSTR_TIME_SET_CURRENT(read_done);
-	INSTR_TIME_SUBTRACT(read_done, start);
-	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
-
-	if (state->k > 0 && state->n_group_columns > 0)
-		run_grouped_engine(state, state->offset + state->k);
-	else if (state->k > 0)
-		run_engine(state, state->offset + state->k);
+	if (state->shards != NULL)
+		join_sharded(state, limit, start);
+	else
+		join_inner(state, limit, start);
 	knn_progress_phase(KNN_PROGRESS_RETURNING);
 }
 
@@ -1294,6 +1483,21 @@ next_candidate(KnnJoinState *state, int64 *inner_row, double *distance, bool *di
 	int64		query;
 	int64		tail_length;
 
+	/* with shards: the merged list */
+	if (state->merged_begin != NULL)
+	{
+		int64		at = state->merged_begin[state->current_outer] + state->position;
+		KnnScanCandidate *item;
+
+		if (at >= state->merged_begin[state->current_outer + 1])
+			return false;
+		state->position++;
+		item = &state->merged[at];
+		*inner_row = item->inner_row;
+		*distance = item->distance;
+		*distance_null = item->distance_null;
+		return true;
+	}
 	if (state->k == 0 ||
 		(state->outer_key != NULL && state->outer_key[state->current_outer] == KNN_NULL_KEY) ||
 		outer_without_group(state, state->current_outer))
@@ -1543,6 +1747,8 @@ forget_execution(KnnJoinState *state)
 	state->k = 0;
 	state->engine_k = 0;
 	state->have_record = false;
+	state->merged_begin = NULL;
+	state->merged = NULL;
 	end_progress(state);
 	MemoryContextReset(state->join_cxt);
 }
@@ -1582,6 +1788,7 @@ knn_join_end(CustomScanState *node)
 	ExecClearTuple(node->ss.ss_ScanTupleSlot);
 	ExecEndNode(state->outer_ps);
 	ExecEndNode(state->inner_ps);
+	knn_scan_shards_end(state->shards);
 	MemoryContextDelete(state->join_cxt);
 }
 
@@ -1685,4 +1892,5 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 
 	if (es->analyze && state->have_record)
 		knn_stats_explain(&state->record, es);
+	knn_scan_shards_explain(state->shards, es);
 }

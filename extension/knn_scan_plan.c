@@ -227,39 +227,72 @@ group_private(PlannerInfo *root, KnnJoinPath *kp, Plan *outer_plan, CustomScan *
 }
 
 /*
- * FETCH FIRST ... WITH TIES for custom_private: whether, and the ORDER BY
- * keys after the distance as columns of the inner rows (the last ones:
- * inner_select_list), with the equality operators and collations the
- * Limit node would compare them with.
+ * The ORDER BY keys after the distance, as columns of the inner rows (the
+ * last ones: inner_select_list), with their sort and equality operators,
+ * collations and NULLS FIRST.
  */
-static void
-tie_private(PlannerInfo *root, KnnJoinPath *kp, CustomScan *cscan)
+typedef struct TieOrder
 {
-	List	   *columns = NIL;
-	List	   *equality = NIL;
-	List	   *collations = NIL;
+	List	   *columns;
+	List	   *sort_operators;
+	List	   *equality;
+	List	   *collations;
+	List	   *nulls_first;
+} TieOrder;
+
+static void
+tie_order(PlannerInfo *root, KnnJoinPath *kp, TieOrder *order)
+{
 	AttrNumber	inner = 2 + list_length(kp->needed_columns) +
 		(kp->exclude_target != NULL ? 1 : 0) + list_length(kp->group_targets);
+	List	   *subquery_tlist;
 	ListCell   *lc;
 
-	if (kp->with_ties)
+	memset(order, 0, sizeof(*order));
+	if (kp->tie_order == NIL)
+		return;
+	subquery_tlist = planner_rt_fetch(kp->subquery_rel->relid, root)->subquery->targetList;
+	foreach(lc, kp->tie_order)
 	{
-		List	   *subquery_tlist = planner_rt_fetch(kp->subquery_rel->relid, root)->subquery->targetList;
+		SortGroupClause *sort = lfirst_node(SortGroupClause, lc);
+		TargetEntry *tle = get_sortgroupclause_tle(sort, subquery_tlist);
 
-		foreach(lc, kp->tie_order)
-		{
-			SortGroupClause *sort = lfirst_node(SortGroupClause, lc);
-			TargetEntry *tle = get_sortgroupclause_tle(sort, subquery_tlist);
-
-			columns = lappend_int(columns, inner++);
-			equality = lappend_int(equality, (int) sort->eqop);
-			collations = lappend_int(collations, (int) exprCollation((Node *) tle->expr));
-		}
+		order->columns = lappend_int(order->columns, inner++);
+		order->sort_operators = lappend_int(order->sort_operators, (int) sort->sortop);
+		order->equality = lappend_int(order->equality, (int) sort->eqop);
+		order->collations = lappend_int(order->collations, (int) exprCollation((Node *) tle->expr));
+		order->nulls_first = lappend_int(order->nulls_first, sort->nulls_first ? 1 : 0);
 	}
+}
+
+/*
+ * FETCH FIRST ... WITH TIES for custom_private: whether, and the ORDER BY
+ * keys after the distance as columns of the inner rows, with the equality
+ * operators and collations the Limit node would compare them with.
+ */
+static void
+tie_private(const KnnJoinPath *kp, const TieOrder *order, CustomScan *cscan)
+{
 	cscan->custom_private = lappend(cscan->custom_private, makeInteger(kp->with_ties ? 1 : 0));
-	cscan->custom_private = lappend(cscan->custom_private, columns);
-	cscan->custom_private = lappend(cscan->custom_private, equality);
-	cscan->custom_private = lappend(cscan->custom_private, collations);
+	cscan->custom_private = lappend(cscan->custom_private,
+									kp->with_ties ? list_copy(order->columns) : NIL);
+	cscan->custom_private = lappend(cscan->custom_private, kp->with_ties ? order->equality : NIL);
+	cscan->custom_private = lappend(cscan->custom_private,
+									kp->with_ties ? list_copy(order->collations) : NIL);
+}
+
+/*
+ * The ORDER BY keys after the distance for custom_private (WITH TIES or
+ * not): columns, sort operators, collations and NULLS FIRST. A sharded
+ * inner relation merges its sources' rows by them (knn_scan_shard.h).
+ */
+static void
+order_private(const TieOrder *order, CustomScan *cscan)
+{
+	cscan->custom_private = lappend(cscan->custom_private, order->columns);
+	cscan->custom_private = lappend(cscan->custom_private, order->sort_operators);
+	cscan->custom_private = lappend(cscan->custom_private, order->collations);
+	cscan->custom_private = lappend(cscan->custom_private, order->nulls_first);
 }
 
 /* The column of the outer plan's rows that holds expr; ERROR if none. */
@@ -351,6 +384,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	List	   *join_quals;
 	List	   *other_quals;
 	List	   *sources;
+	TieOrder	order;
 	bool		exclude = kp->exclude_target != NULL;
 
 	/* Whether a row matches (clauses is empty for a join rel), and after. */
@@ -393,7 +427,11 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 									makeInteger(kp->radius == NULL ? KNN_RANGE_NONE :
 												kp->radius_inclusive ? KNN_RANGE_AT_MOST :
 												KNN_RANGE_BELOW));
-	tie_private(root, kp, cscan);
+	tie_order(root, kp, &order);
+	tie_private(kp, &order, cscan);
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeInteger((int) kp->distance_operator));
+	order_private(&order, cscan);
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

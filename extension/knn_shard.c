@@ -1,24 +1,24 @@
 /*
- * knn_shard.c -- knn_join over foreign partitions of postgres_fdw servers
- * where knn_gpu is installed (knn_shard.h): which partitions can join on
- * their servers, the join of the others here, and the order of the work.
+ * knn_shard.c -- the shards of a plan (knn_shard.h): which partitions can
+ * join on their servers; and knn_join over them: the join of the others
+ * here, the order of the work, the merge.
  *
- * Why from the plan: the targets text's own plan says which partitions
- * remain after pruning and what postgres_fdw sends for each one (its
- * remote SELECT, with every filter it could push down). A partition joins
- * on its server only when that SELECT is the whole of its part of the
- * plan: a ForeignScan of one foreign table whose output is two plain
- * columns and which filters nothing locally. Everything else (local
- * partitions, foreign partitions with local filters or computed columns,
- * servers without knn_gpu) runs here through the same plan with the pushed
- * partitions taken out, so its rows, visibility and filters are exactly
- * those of the text.
+ * Why from the plan: the plan of the targets (knn_join's text, the KNN
+ * Join node's inner relation) says which partitions remain after pruning
+ * and what postgres_fdw sends for each one (its remote SELECT, with every
+ * filter it could push down). A partition joins on its server only when
+ * that SELECT is the whole of its part of the plan: a ForeignScan of one
+ * foreign table whose output is plain columns and which filters nothing
+ * locally. Everything else (local partitions, foreign partitions with
+ * local filters or computed columns, servers without knn_gpu) runs here
+ * through the same plan with the pushed partitions taken out, so its
+ * rows, visibility and filters are exactly those of the plan.
  *
  * Order of the work: the query rows are shipped to every shard, the shard
  * joins are sent, the local part is read and joined while the shards work,
  * then their results are collected and merged. All partitions of one user
  * mapping share postgres_fdw's one connection, so they form one shard
- * whose targets text is the UNION ALL of their SELECTs.
+ * (knn_join: whose targets text is the UNION ALL of their SELECTs).
  */
 #include "postgres.h"
 
@@ -27,19 +27,21 @@
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
 #include "lib/stringinfo.h"
+#include "libpq/pqformat.h"
 #include "miscadmin.h"
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
 #include "portability/instr_time.h"
 #include "tcop/dest.h"
 #include "utils/builtins.h"
-#include "common/jsonapi.h"
-#include "mb/pg_wchar.h"
+#include "utils/float.h"
 #include "utils/json.h"
+#include "utils/lsyscache.h"
 #include "utils/plancache.h"
 #include "utils/snapmgr.h"
 
 #include "knn_input.h"
+#include "knn_join_explain.h"
 #include "knn_run.h"
 #include "knn_shard.h"
 #include "knn_shard_remote.h"
@@ -50,9 +52,8 @@
 #define FDW_PRIVATE_SELECT_SQL 0
 #define FDW_PRIVATE_RETRIEVED_ATTRS 1
 
-/* The partitions' scans under the top of the plan, or NIL where it is no such shape. */
-static List *
-partition_scans(Plan *top)
+List *
+knn_shard_partition_scans(Plan *top)
 {
 	if (IsA(top, Append))
 		return ((Append *) top)->appendplans;
@@ -76,39 +77,74 @@ retrieved_position(List *retrieved_attrs, AttrNumber attno)
 }
 
 /*
- * The targets text of one partition on its server when the scan can join
- * there: "SELECT s.c<id>, s.c<v> FROM (<remote select>) s(c1, ..., cn)";
- * NULL otherwise. The server is postgres_fdw's (checked by the caller).
+ * The scan as it would run on its server, or NULL with *why set: a scan of
+ * one foreign table (postgres_fdw's, checked by the caller) whose output
+ * columns are plain columns of its remote SELECT and which runs nothing
+ * here.
  */
-static char *
-remote_select(ForeignScan *scan)
+static KnnShardScan *
+shard_scan(ForeignScan *scan, List *rtable, const char **why)
 {
 	List	   *fdw_private = scan->fdw_private;
 	List	   *retrieved;
-	int			positions[2];
-	StringInfoData sql;
+	KnnShardScan *result;
+	ListCell   *lc;
 
-	if (scan->scan.scanrelid == 0 || scan->scan.plan.qual != NIL ||
-		scan->fdw_scan_tlist != NIL || scan->fdw_exprs != NIL || scan->fsSystemCol ||
-		list_length(scan->scan.plan.targetlist) != 2 || list_length(fdw_private) < 2 ||
+	*why = NULL;
+	if (scan->scan.scanrelid == 0 || scan->fdw_scan_tlist != NIL)
+	{
+		*why = "its scan is a join pushed down to its server";
+		return NULL;
+	}
+	if (scan->fdw_exprs != NIL)
+	{
+		*why = "its remote SELECT takes values from here (parameters)";
+		return NULL;
+	}
+	if (scan->scan.plan.qual != NIL || scan->fsSystemCol)
+	{
+		*why = "a filter of its rows runs here";
+		return NULL;
+	}
+	if (list_length(fdw_private) < 2 ||
 		!IsA(list_nth(fdw_private, FDW_PRIVATE_SELECT_SQL), String) ||
 		!IsA(list_nth(fdw_private, FDW_PRIVATE_RETRIEVED_ATTRS), IntList))
-		return NULL;
-	retrieved = list_nth(fdw_private, FDW_PRIVATE_RETRIEVED_ATTRS);
-	for (int i = 0; i < 2; i++)
 	{
-		TargetEntry *tle = list_nth_node(TargetEntry, scan->scan.plan.targetlist, i);
+		*why = "its scan is not postgres_fdw's plain remote SELECT";
+		return NULL;
+	}
+	retrieved = list_nth(fdw_private, FDW_PRIVATE_RETRIEVED_ATTRS);
+	result = palloc0(sizeof(KnnShardScan));
+	result->n_columns = list_length(scan->scan.plan.targetlist);
+	result->positions = palloc(Max(result->n_columns, 1) * sizeof(int));
+	foreach(lc, scan->scan.plan.targetlist)
+	{
+		TargetEntry *tle = lfirst_node(TargetEntry, lc);
 		Var		   *var = (Var *) tle->expr;
+		int			i = foreach_current_index(lc);
 
 		if (tle->resjunk || !IsA(var, Var) || var->varno != scan->scan.scanrelid ||
 			var->varattno <= 0 ||
-			(positions[i] = retrieved_position(retrieved, var->varattno)) == 0)
+			(result->positions[i] = retrieved_position(retrieved, var->varattno)) == 0)
+		{
+			*why = "a column of its rows is computed here";
 			return NULL;
+		}
 	}
+	result->remote_select = strVal(list_nth(fdw_private, FDW_PRIVATE_SELECT_SQL));
+	result->n_retrieved = list_length(retrieved);
+	result->relation = get_rel_name(rt_fetch(scan->scan.scanrelid, rtable)->relid);
+	return result;
+}
+
+char *
+knn_shard_scan_from(const KnnShardScan *scan, const char *alias)
+{
+	StringInfoData sql;
+
 	initStringInfo(&sql);
-	appendStringInfo(&sql, "SELECT s.c%d, s.c%d FROM (%s) s(", positions[0], positions[1],
-					 strVal(list_nth(fdw_private, FDW_PRIVATE_SELECT_SQL)));
-	for (int c = 1; c <= list_length(retrieved); c++)
+	appendStringInfo(&sql, "(%s) %s(", scan->remote_select, alias);
+	for (int c = 1; c <= scan->n_retrieved; c++)
 		appendStringInfo(&sql, "%sc%d", c > 1 ? ", " : "", c);
 	appendStringInfoChar(&sql, ')');
 	return sql.data;
@@ -116,26 +152,16 @@ remote_select(ForeignScan *scan)
 
 /* The user mapping a scan of the foreign table uses, as postgres_fdw picks it. */
 static UserMapping *
-scan_user_mapping(PlannedStmt *stmt, ForeignScan *scan)
+scan_user_mapping(List *rtable, ForeignScan *scan)
 {
-	RangeTblEntry *rte = rt_fetch(scan->scan.scanrelid, stmt->rtable);
+	RangeTblEntry *rte = rt_fetch(scan->scan.scanrelid, rtable);
 	Oid			userid = OidIsValid(rte->checkAsUser) ? rte->checkAsUser : GetUserId();
 
 	return GetUserMapping(userid, scan->fs_server);
 }
 
-/* A plan's scans sorted into shards (one per user mapping) and local scans. */
-typedef struct ShardPlan
-{
-	List	   *scans;			/* the top's children (or the top itself) */
-	int			n_scans;
-	int		   *shard_of;		/* per scan: its shard's index, -1 = local */
-	KnnShardRemote **shards;
-	int			n_shards;
-} ShardPlan;
-
-static void
-classify_scans(PlannedStmt *stmt, ShardPlan *sp)
+void
+knn_shard_classify(KnnShardPlan *sp, List *rtable)
 {
 	ListCell   *lc;
 
@@ -149,16 +175,32 @@ classify_scans(PlannedStmt *stmt, ShardPlan *sp)
 		ForeignScan *scan = (ForeignScan *) lfirst(lc);
 		ForeignServer *server;
 		UserMapping *user;
-		char	   *select;
+		KnnShardScan *shard_part;
+		const char *why;
 		int			s;
 
 		sp->shard_of[i] = -1;
-		if (!IsA(scan, ForeignScan) || scan->scan.scanrelid == 0)
+		if (!IsA(scan, ForeignScan))
 			continue;
 		server = GetForeignServer(scan->fs_server);
-		if (!knn_shard_is_postgres_fdw(server) || (select = remote_select(scan)) == NULL)
+		if (!knn_shard_is_postgres_fdw(server))
 			continue;
-		user = scan_user_mapping(stmt, scan);
+		if ((shard_part = shard_scan(scan, rtable, &why)) == NULL)
+		{
+			if (scan->scan.scanrelid > 0)
+				ereport(NOTICE,
+						(errmsg("%s reads the rows of foreign table \"%s\" of server \"%s\" here: %s",
+								sp->who,
+								get_rel_name(rt_fetch(scan->scan.scanrelid, rtable)->relid),
+								server->servername, why)));
+			else
+				ereport(NOTICE,
+						(errmsg("%s reads the rows of foreign server \"%s\" here: %s",
+								sp->who, server->servername, why)));
+			continue;
+		}
+		shard_part->index = i;
+		user = scan_user_mapping(rtable, scan);
 		for (s = 0; s < sp->n_shards; s++)
 			if (sp->shards[s]->user->umid == user->umid)
 				break;
@@ -168,53 +210,51 @@ classify_scans(PlannedStmt *stmt, ShardPlan *sp)
 
 			shard->server = server;
 			shard->user = user;
-			initStringInfo(&shard->targets_sql);
+			shard->who = sp->who;
 			sp->shards[sp->n_shards++] = shard;
 		}
-		appendStringInfo(&sp->shards[s]->targets_sql, "%s%s",
-						 sp->shards[s]->n_partitions > 0 ? " UNION ALL " : "", select);
-		sp->shards[s]->n_partitions++;
+		sp->shards[s]->scans = lappend(sp->shards[s]->scans, shard_part);
 		sp->shard_of[i] = s;
 	}
 }
 
-/*
- * Opens every shard; a shard that cannot join (no knn_gpu there, another
- * version, no type for the rows) becomes local, with a NOTICE. Returns the
- * shards that join, compacted.
- */
-static void
-open_shards(ShardPlan *sp, KnnElement element, StringInfo fallbacks)
+void
+knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *check_arg,
+			   StringInfo fallbacks)
 {
-	char	   *version = NULL;
+	char	   *version = knn_extension_version("knn_gpu");
 	int			kept = 0;
 	int		   *new_index = palloc(Max(sp->n_shards, 1) * sizeof(int));
 
-	if (SPI_execute("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'knn_gpu'",
-					true, 1) == SPI_OK_SELECT && SPI_processed == 1)
-		version = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 	if (version == NULL)
-		elog(ERROR, "knn_join: knn_gpu's version not found");
+		elog(ERROR, "%s: knn_gpu's version not found", sp->who);
 
 	for (int s = 0; s < sp->n_shards; s++)
 	{
 		KnnShardRemote *shard = sp->shards[s];
 		const char *why = knn_shard_remote_open(shard, version, element);
 
+		if (why == NULL && check != NULL)
+			why = check(check_arg, shard);
 		if (why != NULL)
 		{
 			ereport(NOTICE,
-					(errmsg("knn_join reads the rows of foreign server \"%s\" here: %s",
-							shard->server->servername, why)));
-			appendStringInfo(fallbacks, "%s{", fallbacks->len > 0 ? "," : "");
-			escape_json(fallbacks, "server");
-			appendStringInfoChar(fallbacks, ':');
-			escape_json(fallbacks, shard->server->servername);
-			appendStringInfoChar(fallbacks, ',');
-			escape_json(fallbacks, "reason");
-			appendStringInfoChar(fallbacks, ':');
-			escape_json(fallbacks, why);
-			appendStringInfoChar(fallbacks, '}');
+					(errmsg("%s reads the rows of foreign server \"%s\" here: %s",
+							sp->who, shard->server->servername, why)));
+			sp->read_here = sp->read_here == NULL ? pstrdup(shard->server->servername) :
+				psprintf("%s, %s", sp->read_here, shard->server->servername);
+			if (fallbacks != NULL)
+			{
+				appendStringInfo(fallbacks, "%s{", fallbacks->len > 0 ? "," : "");
+				escape_json(fallbacks, "server");
+				appendStringInfoChar(fallbacks, ':');
+				escape_json(fallbacks, shard->server->servername);
+				appendStringInfoChar(fallbacks, ',');
+				escape_json(fallbacks, "reason");
+				appendStringInfoChar(fallbacks, ':');
+				escape_json(fallbacks, why);
+				appendStringInfoChar(fallbacks, '}');
+			}
 			new_index[s] = -1;
 		}
 		else
@@ -229,13 +269,8 @@ open_shards(ShardPlan *sp, KnnElement element, StringInfo fallbacks)
 	sp->n_shards = kept;
 }
 
-/*
- * Does a local scan use the connection of a shard (a foreign partition of
- * a shard's server that cannot join there)? Then the local part must wait
- * for the shards: one connection runs one statement at a time.
- */
-static bool
-local_part_needs_shard_connection(PlannedStmt *stmt, const ShardPlan *sp)
+bool
+knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, List *rtable)
 {
 	for (int i = 0; i < sp->n_scans; i++)
 	{
@@ -246,12 +281,46 @@ local_part_needs_shard_connection(PlannedStmt *stmt, const ShardPlan *sp)
 		if (sp->shard_of[i] >= 0 || !IsA(scan, ForeignScan) || scan->scan.scanrelid == 0 ||
 			!knn_shard_is_postgres_fdw(GetForeignServer(scan->fs_server)))
 			continue;
-		user = scan_user_mapping(stmt, scan);
+		user = scan_user_mapping(rtable, scan);
 		for (int s = 0; s < sp->n_shards; s++)
 			if (sp->shards[s]->user->umid == user->umid)
 				return true;
 	}
 	return false;
+}
+
+Plan *
+knn_shard_local_plan(Plan *top, const KnnShardPlan *sp)
+{
+	Plan	   *local = copyObject(top);
+	List	   *kept = NIL;
+	List	   *copies = knn_shard_partition_scans(local);
+
+	for (int i = 0; i < sp->n_scans; i++)
+		if (sp->shard_of[i] < 0)
+			kept = lappend(kept, list_nth(copies, i));
+	if (kept == NIL)
+		return NULL;
+	if (IsA(local, Append))
+	{
+		Append	   *append = (Append *) local;
+		ListCell   *lc;
+
+		append->appendplans = kept;
+		/* the scans' indexes changed: no run-time pruning (the scans' filters stay) */
+		append->part_prune_info = NULL;
+		append->first_partial_plan = list_length(kept);
+		append->nasyncplans = 0;
+		foreach(lc, kept)
+			if (((Plan *) lfirst(lc))->async_capable)
+				append->nasyncplans++;
+	}
+	else if (IsA(local, MergeAppend))
+	{
+		((MergeAppend *) local)->mergeplans = kept;
+		((MergeAppend *) local)->part_prune_info = NULL;
+	}
+	return local;
 }
 
 /* ---- the local part ---- */
@@ -316,39 +385,18 @@ target_destroy(DestReceiver *self)
  * cached plan stays as it was) and reads its rows into `targets`.
  */
 static void
-read_local_part(PlannedStmt *stmt, const char *sql, const ShardPlan *sp, KnnMatrix *targets,
-				KnnVectorKind target_kind)
+read_local_part(PlannedStmt *stmt, const char *sql, const KnnShardPlan *sp,
+				ParamListInfo params, KnnMatrix *targets, KnnVectorKind target_kind)
 {
-	PlannedStmt *local = copyObject(stmt);
-	List	   *kept = NIL;
-	List	   *copies = partition_scans(local->planTree);
+	PlannedStmt *local;
+	Plan	   *top = knn_shard_local_plan(stmt->planTree, sp);
 	TargetReceiver receiver;
 	QueryDesc  *query;
 
-	for (int i = 0; i < sp->n_scans; i++)
-		if (sp->shard_of[i] < 0)
-			kept = lappend(kept, list_nth(copies, i));
-	if (kept == NIL)
+	if (top == NULL)
 		return;
-	if (IsA(local->planTree, Append))
-	{
-		Append	   *append = (Append *) local->planTree;
-		ListCell   *lc;
-
-		append->appendplans = kept;
-		/* the scans' indexes changed: no run-time pruning (the scans' filters stay) */
-		append->part_prune_info = NULL;
-		append->first_partial_plan = list_length(kept);
-		append->nasyncplans = 0;
-		foreach(lc, kept)
-			if (((Plan *) lfirst(lc))->async_capable)
-				append->nasyncplans++;
-	}
-	else if (IsA(local->planTree, MergeAppend))
-	{
-		((MergeAppend *) local->planTree)->mergeplans = kept;
-		((MergeAppend *) local->planTree)->part_prune_info = NULL;
-	}
+	local = copyObject(stmt);
+	local->planTree = top;
 
 	memset(&receiver, 0, sizeof(receiver));
 	receiver.pub.receiveSlot = target_receive;
@@ -362,7 +410,7 @@ read_local_part(PlannedStmt *stmt, const char *sql, const ShardPlan *sp, KnnMatr
 		elog(ERROR, "knn_join: no reader for the targets");
 
 	query = CreateQueryDesc(local, sql, GetActiveSnapshot(), InvalidSnapshot,
-							&receiver.pub, NULL, NULL, 0);
+							&receiver.pub, params, NULL, 0);
 	ExecutorStart(query, 0);
 	ExecutorRun(query, ForwardScanDirection, 0L, true);
 	ExecutorFinish(query);
@@ -370,19 +418,73 @@ read_local_part(PlannedStmt *stmt, const char *sql, const ShardPlan *sp, KnnMatr
 	FreeQueryDesc(query);
 }
 
-/* Joins the queries with the local part's rows; its lists, and its record. */
+/* A range join's pairs, appended as the engine hands them over. */
+typedef struct PairList
+{
+	int64		n;
+	int64		capacity;
+	int64	   *query_rows;
+	int64	   *target_rows;
+	double	   *distances;
+} PairList;
+
 static void
-join_local_part(KnnMatrix *queries, KnnMatrix *targets, int32 k, KnnMetric metric,
-				bool exclude_self, KnnMethod method, KnnShardLists *lists,
-				double seconds_read)
+keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
+		   const double *distances, int64 n)
+{
+	PairList   *pairs = (PairList *) arg;
+
+	if (pairs->n + n > pairs->capacity)
+	{
+		int64		capacity = Max(pairs->capacity * 2, pairs->n + n);
+
+		pairs->query_rows = repalloc_huge(pairs->query_rows, capacity * sizeof(int64));
+		pairs->target_rows = repalloc_huge(pairs->target_rows, capacity * sizeof(int64));
+		pairs->distances = repalloc_huge(pairs->distances, capacity * sizeof(double));
+		pairs->capacity = capacity;
+	}
+	memcpy(pairs->query_rows + pairs->n, query_rows, n * sizeof(int64));
+	memcpy(pairs->target_rows + pairs->n, target_rows, n * sizeof(int64));
+	memcpy(pairs->distances + pairs->n, distances, n * sizeof(double));
+	pairs->n += n;
+	CHECK_FOR_INTERRUPTS();
+}
+
+/* The lists of a range join's pairs (each query's in the engine's order). */
+static void
+lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists *lists)
+{
+	int64	   *fill = palloc_extended(Max(lists->n_queries, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+
+	for (int64 i = 0; i < pairs->n; i++)
+		lists->offsets[pairs->query_rows[i] + 1]++;
+	for (int64 q = 0; q < lists->n_queries; q++)
+		lists->offsets[q + 1] += lists->offsets[q];
+	memcpy(fill, lists->offsets, lists->n_queries * sizeof(int64));
+	lists->target_ids = palloc_extended(Max(pairs->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+	lists->distances = palloc_extended(Max(pairs->n, 1) * sizeof(double), MCXT_ALLOC_HUGE);
+	for (int64 i = 0; i < pairs->n; i++)
+	{
+		int64		at = fill[pairs->query_rows[i]]++;
+
+		lists->target_ids[at] = targets->ids[pairs->target_rows[i]];
+		lists->distances[at] = pairs->distances[i];
+	}
+	pfree(fill);
+}
+
+/*
+ * Joins the queries with the local part's rows as the call would join all
+ * rows (pgvector's operator's values where the call ranks by them); its
+ * lists.
+ */
+static void
+join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join,
+				KnnShardLists *lists, double seconds_read)
 {
 	KnnProblem	problem;
 	KnnStats	stats;
 	KnnJoinRecord record;
-	int32		slots;
-	int64	   *neighbors;
-	double	   *distances;
-	int64		n = 0;
 	instr_time	start;
 	double		seconds_sort;
 
@@ -402,101 +504,260 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, int32 k, KnnMetric metri
 	knn_matrix_sort_by_id(targets);
 	seconds_sort = knn_seconds_since(start);
 
-	slots = (int32) Min((int64) k, targets->n);
-	neighbors = palloc_extended((Size) queries->n * slots * sizeof(int64), MCXT_ALLOC_HUGE);
-	distances = palloc_extended((Size) queries->n * slots * sizeof(double), MCXT_ALLOC_HUGE);
-	knn_matrix_problem(&problem, queries, targets, slots);
-	problem.metric = metric;
-	problem.method = method;
-	if (exclude_self)
+	if (join->range)
 	{
-		problem.query_keys = queries->ids;
-		problem.target_keys = targets->ids;
-	}
-	knn_run_problem(&problem, neighbors, distances, &stats);
-	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0.0);
+		PairList	pairs = {0};
 
-	lists->target_ids = palloc_extended(Max((Size) queries->n * slots, 1) * sizeof(int64),
-										MCXT_ALLOC_HUGE);
-	lists->distances = palloc_extended(Max((Size) queries->n * slots, 1) * sizeof(double),
-									   MCXT_ALLOC_HUGE);
-	for (int64 q = 0; q < queries->n; q++)
-	{
-		for (int32 r = 0; r < slots; r++)
+		pairs.capacity = 1024;
+		pairs.query_rows = palloc(pairs.capacity * sizeof(int64));
+		pairs.target_rows = palloc(pairs.capacity * sizeof(int64));
+		pairs.distances = palloc(pairs.capacity * sizeof(double));
+		knn_matrix_problem(&problem, queries, targets, join->k);
+		problem.metric = join->metric;
+		problem.method = join->method;
+		problem.max_distance = join->radius;
+		problem.range = join->inclusive ? KNN_RANGE_AT_MOST : KNN_RANGE_BELOW;
+		if (join->exclude_self)
 		{
-			int64		t = neighbors[q * slots + r];
-
-			if (t < 0)
-				break;
-			lists->target_ids[n] = targets->ids[t];
-			lists->distances[n] = distances[q * slots + r];
-			n++;
+			problem.query_keys = queries->ids;
+			problem.target_keys = targets->ids;
 		}
-		lists->offsets[q + 1] = n;
-	}
-	pfree(neighbors);
-	pfree(distances);
-}
-
-/* ---- statistics ---- */
-
-static void
-json_key(StringInfo buf, const char *key)
-{
-	escape_json(buf, key);
-	appendStringInfoChar(buf, ':');
-}
-
-/* Is the shard's statistics text one JSON value (it goes into ours as it is)? */
-static bool
-remote_stats_valid(const char *json)
-{
-	JsonLexContext *lex = makeJsonLexContextCstringLen((char *) json, strlen(json),
-													   GetDatabaseEncoding(), false);
-
-	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
-}
-
-static void
-record_stats(const ShardPlan *sp, const KnnMatrix *queries, const KnnMatrix *local, int32 k,
-			 const char *fallbacks, double seconds_ship, double seconds_local,
-			 double seconds_merge, double seconds_total, int64 rows)
-{
-	StringInfoData buf;
-
-	initStringInfo(&buf);
-	appendStringInfo(&buf, "{\"queries\":" INT64_FORMAT ",\"k\":%d,\"rows\":" INT64_FORMAT
-					 ",\"shards\":[", queries->n, k, rows);
-	for (int s = 0; s < sp->n_shards; s++)
-	{
-		const KnnShardRemote *shard = sp->shards[s];
-
-		appendStringInfoString(&buf, s > 0 ? ",{" : "{");
-		json_key(&buf, "server");
-		escape_json(&buf, shard->server->servername);
-		appendStringInfo(&buf, ",\"partitions\":%d,\"rows\":" INT64_FORMAT
-						 ",\"seconds_join\":%.6f,",
-						 shard->n_partitions, shard->lists.offsets[queries->n],
-						 shard->seconds_join);
-		json_key(&buf, "remote_sql");
-		escape_json(&buf, shard->join_sql);
-		appendStringInfoChar(&buf, ',');
-		json_key(&buf, "remote_stats");
-		if (shard->remote_stats != NULL && remote_stats_valid(shard->remote_stats))
-			appendStringInfoString(&buf, shard->remote_stats);
+		if (join->by_operator != NULL)
+			knn_operator_values_range(join->by_operator, &problem, queries, targets, keep_pairs,
+									  &pairs, &stats);
 		else
-			appendStringInfoString(&buf, "null");
-		appendStringInfoChar(&buf, '}');
+			knn_run_range_problem(&problem, keep_pairs, &pairs, &stats);
+		lists_from_pairs(&pairs, targets, lists);
 	}
-	appendStringInfo(&buf, "],\"fallback\":[%s],\"local\":", fallbacks);
-	if (local->n > 0)
-		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT "}", local->n);
 	else
-		appendStringInfoString(&buf, "null");
-	appendStringInfo(&buf, ",\"seconds\":{\"ship\":%.6f,\"local\":%.6f,\"merge\":%.6f,\"total\":%.6f}}",
-					 seconds_ship, seconds_local, seconds_merge, seconds_total);
-	knn_shard_set_last_stats(buf.data);
-	pfree(buf.data);
+	{
+		int32		slots = (int32) Min((int64) join->k, targets->n);
+		int64	   *neighbors = palloc_extended((Size) queries->n * slots * sizeof(int64), MCXT_ALLOC_HUGE);
+		double	   *distances = palloc_extended((Size) queries->n * slots * sizeof(double), MCXT_ALLOC_HUGE);
+		int64		n = 0;
+
+		knn_matrix_problem(&problem, queries, targets, slots);
+		problem.metric = join->metric;
+		problem.method = join->method;
+		if (join->exclude_self)
+		{
+			problem.query_keys = queries->ids;
+			problem.target_keys = targets->ids;
+		}
+		if (join->by_operator != NULL)
+			knn_operator_values_run(join->by_operator, &problem, queries, targets, neighbors,
+									distances, &stats);
+		else
+			knn_run_problem(&problem, neighbors, distances, &stats);
+		lists->target_ids = palloc_extended(Max((Size) queries->n * slots, 1) * sizeof(int64),
+											MCXT_ALLOC_HUGE);
+		lists->distances = palloc_extended(Max((Size) queries->n * slots, 1) * sizeof(double),
+										   MCXT_ALLOC_HUGE);
+		for (int64 q = 0; q < queries->n; q++)
+		{
+			for (int32 r = 0; r < slots; r++)
+			{
+				int64		t = neighbors[q * slots + r];
+
+				if (t < 0)
+					break;
+				lists->target_ids[n] = targets->ids[t];
+				lists->distances[n] = distances[q * slots + r];
+				n++;
+			}
+			lists->offsets[q + 1] = n;
+		}
+		pfree(neighbors);
+		pfree(distances);
+	}
+	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0.0);
+	knn_join_explain_report(&record);
+}
+
+/* ---- the shards' part ---- */
+
+/* knn_join's query rows: (int8 id, the engine's row in its type's send form). */
+static void
+encode_query(void *arg, int64 row, StringInfo buf)
+{
+	const KnnMatrix *queries = (const KnnMatrix *) arg;
+	const char *values = queries->values + (Size) row * queries->row_bytes;
+	int32		dim = queries->dim;
+
+	pq_sendint32(buf, 8);
+	pq_sendint64(buf, queries->ids[row]);
+	switch (queries->element)
+	{
+		case KNN_ELEMENT_FLOAT32:
+			/* vector's send form: int16 dim, int16 unused, float4 each */
+			pq_sendint32(buf, 4 + 4 * dim);
+			pq_sendint16(buf, dim);
+			pq_sendint16(buf, 0);
+			for (int32 i = 0; i < dim; i++)
+			{
+				float4		value;
+
+				memcpy(&value, values + 4 * (Size) i, sizeof(value));
+				pq_sendfloat4(buf, value);
+			}
+			break;
+		case KNN_ELEMENT_FLOAT16:
+			/* halfvec's: int16 dim, int16 unused, binary16 each */
+			pq_sendint32(buf, 4 + 2 * dim);
+			pq_sendint16(buf, dim);
+			pq_sendint16(buf, 0);
+			for (int32 i = 0; i < dim; i++)
+			{
+				uint16		value;
+
+				memcpy(&value, values + 2 * (Size) i, sizeof(value));
+				pq_sendint16(buf, value);
+			}
+			break;
+		case KNN_ELEMENT_BIT:
+			/* varbit's: int32 bit length, the bytes (bits past it are zero) */
+			pq_sendint32(buf, 4 + (dim + 7) / 8);
+			pq_sendint32(buf, dim);
+			pq_sendbytes(buf, values, (dim + 7) / 8);
+			break;
+	}
+}
+
+/* The shard's join: knn_join (or knn_range_join) of the shipped queries and its partitions. */
+static void
+compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
+{
+	StringInfoData targets;
+	ListCell   *lc;
+
+	initStringInfo(&targets);
+	foreach(lc, shard->scans)
+	{
+		KnnShardScan *scan = lfirst(lc);
+
+		appendStringInfo(&targets, "%sSELECT s.c%d, s.c%d FROM %s",
+						 targets.len > 0 ? " UNION ALL " : "",
+						 scan->positions[0], scan->positions[1],
+						 knn_shard_scan_from(scan, "s"));
+	}
+	shard->temp_columns = psprintf("id pg_catalog.int8, v %s", shard->query_type);
+	if (join->range)
+		shard->join_sql =
+			psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s, %s::pg_catalog.float8, %s, %s, %s, %s, %s)",
+					 shard->knn_schema,
+					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
+					 quote_literal_cstr(targets.data),
+					 quote_literal_cstr(float8out_internal(join->radius)),
+					 quote_literal_cstr(knn_metric_name(join->metric)),
+					 join->exclude_self ? "true" : "false",
+					 join->k > 0 ? psprintf("%d", join->k) : "NULL",
+					 join->inclusive ? "true" : "false",
+					 quote_literal_cstr(knn_method_name(join->method)));
+	else
+		shard->join_sql =
+			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s, %d, %s, %s, %s)",
+					 shard->knn_schema,
+					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
+					 quote_literal_cstr(targets.data), join->k,
+					 quote_literal_cstr(knn_metric_name(join->metric)),
+					 join->exclude_self ? "true" : "false",
+					 quote_literal_cstr(knn_method_name(join->method)));
+	/* binary results: ids and distances arrive exactly, without parsing */
+	shard->binary_result = true;
+}
+
+static int64
+get_int8(const char *p)
+{
+	uint64		v;
+
+	memcpy(&v, p, sizeof(v));
+	return (int64) pg_ntoh64(v);
+}
+
+static double
+get_float8(const char *p)
+{
+	uint64		v = (uint64) get_int8(p);
+	double		d;
+
+	memcpy(&d, &v, sizeof(d));
+	return d;
+}
+
+/* The row of query id `id` among the sorted, unique ids; -1 if none. */
+static int64
+query_row(const int64 *ids, int64 n, int64 id)
+{
+	int64		lo = 0;
+	int64		hi = n;
+
+	while (lo < hi)
+	{
+		int64		mid = lo + (hi - lo) / 2;
+
+		if (ids[mid] < id)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < n && ids[lo] == id ? lo : -1;
+}
+
+/*
+ * Reads a join's result into the shard's lists: three binary non-null
+ * 8-byte columns per row, a query id we sent (each query's rows in rank
+ * order, as knn_join returns them). Anything else is an error.
+ */
+static void
+read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
+{
+	const KnnMatrix *queries = (const KnnMatrix *) arg;
+	int			n = knn_shard_result_rows(result);
+	KnnShardLists *lists = palloc0(sizeof(KnnShardLists));
+	int64	   *rows = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+	int64	   *fill;
+	const char *bad = NULL;
+	int			len;
+
+	if (knn_shard_result_columns(result) != 3)
+		bad = "not three columns";
+	for (int r = 0; bad == NULL && r < n; r++)
+	{
+		for (int f = 0; f < 3; f++)
+			if (knn_shard_result_value(result, r, f, &len) == NULL || len != 8)
+				bad = "a NULL or a value of the wrong size";
+		if (bad == NULL &&
+			(rows[r] = query_row(queries->ids, queries->n,
+								 get_int8(knn_shard_result_value(result, r, 0, &len)))) < 0)
+			bad = "a query id that was not sent";
+	}
+	if (bad != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s on foreign server \"%s\" returned %s",
+						shard->who, shard->server->servername, bad)));
+
+	lists->n_queries = queries->n;
+	lists->offsets = palloc_extended((queries->n + 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	lists->target_ids = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+	lists->distances = palloc_extended(Max(n, 1) * sizeof(double), MCXT_ALLOC_HUGE);
+	for (int r = 0; r < n; r++)
+		lists->offsets[rows[r] + 1]++;
+	for (int64 q = 0; q < queries->n; q++)
+		lists->offsets[q + 1] += lists->offsets[q];
+	fill = palloc_extended(Max(queries->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+	memcpy(fill, lists->offsets, queries->n * sizeof(int64));
+	for (int r = 0; r < n; r++)
+	{
+		int64		at = fill[rows[r]]++;
+
+		lists->target_ids[at] = get_int8(knn_shard_result_value(result, r, 1, &len));
+		lists->distances[at] = get_float8(knn_shard_result_value(result, r, 2, &len));
+	}
+	pfree(fill);
+	pfree(rows);
+	shard->caller = lists;
 }
 
 /* ---- the join ---- */
@@ -510,32 +771,54 @@ unique_sorted_ids(const KnnMatrix *m)
 	return true;
 }
 
+/*
+ * The targets text's plan: the cached generic plan, or with bound
+ * parameters a custom plan for their values (the values then are
+ * constants in postgres_fdw's remote SELECTs, which can go to the shards).
+ */
+static CachedPlan *
+targets_cached_plan(SPIPlanPtr plan, ParamListInfo params, ResourceOwner *owner)
+{
+	*owner = plan->saved ? CurrentResourceOwner : NULL;
+	if (params == NULL)
+		return SPI_plan_get_cached_plan(plan);
+	return GetCachedPlan(linitial(SPI_plan_get_plan_sources(plan)), params, *owner, NULL);
+}
+
+/* A NOTICE: the call has shards but joins here. */
+static void
+notice_not_pushed(const KnnShardPlan *sp, const char *why)
+{
+	ereport(NOTICE,
+			(errmsg("knn_join reads the rows of foreign server \"%s\"%s here: %s",
+					sp->shards[0]->server->servername,
+					sp->n_shards > 1 ? " and others" : "", why)));
+}
+
 bool
 knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets_plan,
-				   const char *targets_sql, KnnVectorKind target_kind, int32 k,
-				   KnnMetric metric, bool exclude_self, KnnMethod method)
+				   const char *targets_sql, KnnVectorKind target_kind, const KnnShardJoin *join)
 {
 	CachedPlan *cplan;
 	ResourceOwner owner;
 	PlannedStmt *stmt;
-	ShardPlan	sp = {0};
+	KnnShardPlan sp = {0};
 	StringInfoData fallbacks;
 	KnnMatrix	local;
 	KnnShardLists *sources;
 	bool		local_after;
 	instr_time	start;
 	instr_time	phase;
-	double		seconds_ship;
+	double		seconds_ship = 0.0;
 	double		seconds_local = 0.0;
 	double		seconds_merge;
 	int64		rows;
+	KnnShardRows ship_rows;
 
-	/* per-group joins, and queries that share an id, join the usual way */
-	if (queries->grouped || queries->n == 0 ||
+	if ((queries->n == 0 && !join->describe_only) ||
 		list_length(SPI_plan_get_plan_sources(targets_plan)) != 1)
 		return false;
-	owner = targets_plan->saved ? CurrentResourceOwner : NULL;
-	cplan = SPI_plan_get_cached_plan(targets_plan);
+	cplan = targets_cached_plan(targets_plan, join->params, &owner);
 	if (cplan == NULL || list_length(cplan->stmt_list) != 1)
 	{
 		if (cplan != NULL)
@@ -543,42 +826,74 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		return false;
 	}
 	stmt = linitial_node(PlannedStmt, cplan->stmt_list);
-	sp.scans = list_length(stmt->planTree->targetlist) == 2 ? partition_scans(stmt->planTree) : NIL;
+	sp.who = "knn_join";
+	sp.scans = list_length(stmt->planTree->targetlist) >= 2 ?
+		knn_shard_partition_scans(stmt->planTree) : NIL;
 	/* the caller's rights on every relation of the text, before any user mapping is looked up */
 	if (sp.scans != NIL)
 		ExecCheckRTPerms(stmt->rtable, true);
-	classify_scans(stmt, &sp);
+	knn_shard_classify(&sp, stmt->rtable);
 	if (sp.n_shards == 0)
 	{
+		ReleaseCachedPlan(cplan, owner);
+		return false;
+	}
+	/* forms the shards do not run: said once, then joined here */
+	if (join->not_pushed != NULL || queries->grouped ||
+		list_length(stmt->planTree->targetlist) != 2)
+	{
+		notice_not_pushed(&sp, join->not_pushed ? join->not_pushed :
+						  "query and target texts with group key columns are joined here");
 		ReleaseCachedPlan(cplan, owner);
 		return false;
 	}
 	knn_matrix_sort_by_id(queries);
 	if (!unique_sorted_ids(queries))
 	{
-		ereport(DEBUG1, (errmsg_internal("knn_join: not pushed to the shards: query ids repeat")));
+		notice_not_pushed(&sp, "query ids repeat");
 		ReleaseCachedPlan(cplan, owner);
 		return false;
 	}
 
 	INSTR_TIME_SET_CURRENT(start);
 	initStringInfo(&fallbacks);
-	open_shards(&sp, queries->element, &fallbacks);
+	knn_shard_open(&sp, queries->element, NULL, NULL, &fallbacks);
 	if (sp.n_shards == 0)
 	{
 		ReleaseCachedPlan(cplan, owner);
 		return false;
 	}
-
-	INSTR_TIME_SET_CURRENT(phase);
-	knn_shard_remote_ship(sp.shards, sp.n_shards, queries);
-	seconds_ship = knn_seconds_since(phase);
 	for (int s = 0; s < sp.n_shards; s++)
-		knn_shard_remote_send(sp.shards[s], k, metric, exclude_self, method);
+	{
+		knn_shard_remote_name_table(sp.shards[s]);
+		compose_join_sql(sp.shards[s], join);
+	}
+	if (join->describe_only)
+	{
+		KnnShardSummary summary;
+
+		knn_shard_summarize(&summary, &sp);
+		knn_join_explain_report_shards(&summary);
+		ReleaseCachedPlan(cplan, owner);
+		return true;
+	}
+
+	if (queries->n > 0)
+	{
+		INSTR_TIME_SET_CURRENT(phase);
+		ship_rows.n = queries->n;
+		ship_rows.n_fields = 2;
+		ship_rows.encode = encode_query;
+		ship_rows.arg = queries;
+		knn_shard_remote_ship(sp.shards, sp.n_shards, &ship_rows);
+		seconds_ship = knn_seconds_since(phase);
+		for (int s = 0; s < sp.n_shards; s++)
+			knn_shard_remote_send(sp.shards[s]);
+	}
 
 	sources = palloc0((sp.n_shards + 1) * sizeof(KnnShardLists));
 	knn_matrix_init(&local, "target", queries->element);
-	local_after = local_part_needs_shard_connection(stmt, &sp);
+	local_after = knn_shard_local_needs_shard_connection(&sp, stmt->rtable);
 	for (int pass = 0; pass < 2; pass++)
 	{
 		/* the local part runs while the shards work, unless it needs their connections */
@@ -587,23 +902,44 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			double		seconds_read;
 
 			INSTR_TIME_SET_CURRENT(phase);
-			read_local_part(stmt, targets_sql, &sp, &local, target_kind);
+			read_local_part(stmt, targets_sql, &sp, join->params, &local, target_kind);
 			seconds_read = knn_seconds_since(phase);
-			join_local_part(queries, &local, k, metric, exclude_self, method,
-							&sources[sp.n_shards], seconds_read);
+			join_local_part(queries, &local, join, &sources[sp.n_shards], seconds_read);
 			seconds_local = knn_seconds_since(phase);
 		}
-		if (pass == 0)
-			knn_shard_remote_collect(sp.shards, sp.n_shards, queries->ids, queries->n);
+		if (pass == 0 && queries->n > 0)
+			knn_shard_remote_collect(sp.shards, sp.n_shards, read_shard_lists, queries);
 	}
 	ReleaseCachedPlan(cplan, owner);
 
 	INSTR_TIME_SET_CURRENT(phase);
 	for (int s = 0; s < sp.n_shards; s++)
-		sources[s] = sp.shards[s]->lists;
-	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, sp.n_shards + 1, k);
+	{
+		if (sp.shards[s]->caller != NULL)
+			sources[s] = *(KnnShardLists *) sp.shards[s]->caller;
+		else
+		{
+			sources[s].n_queries = queries->n;
+			sources[s].offsets = palloc0((queries->n + 1) * sizeof(int64));
+		}
+		knn_shard_remote_release(sp.shards[s]);
+	}
+	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, sp.n_shards + 1,
+						   join->range && join->k == 0 ? -1 : join->k);
 	seconds_merge = knn_seconds_since(phase);
-	record_stats(&sp, queries, &local, k, fallbacks.data, seconds_ship, seconds_local,
-				 seconds_merge, knn_seconds_since(start), rows);
+	{
+		KnnShardSummary summary;
+
+		knn_shard_summarize(&summary, &sp);
+		summary.ran = true;
+		summary.local_targets = local.n;
+		summary.rows = rows;
+		summary.seconds_ship = seconds_ship;
+		summary.seconds_local = seconds_local;
+		summary.seconds_merge = seconds_merge;
+		knn_shard_record_stats(&sp, &summary, queries->n, join->k, fallbacks.data,
+							   knn_seconds_since(start));
+		knn_join_explain_report_shards(&summary);
+	}
 	return true;
 }

@@ -1,22 +1,115 @@
 /*
- * knn_shard.h -- knn_join over a table sharded across PostgreSQL servers:
- * a partitioned table (or a single foreign table) whose partitions are
+ * knn_shard.h -- joins over a table sharded across PostgreSQL servers: a
+ * partitioned table (or a single foreign table) whose partitions are
  * postgres_fdw foreign tables of servers where knn_gpu is installed. Each
  * such server joins the query vectors against its own rows (its remote
  * SELECT, with the filters postgres_fdw pushed down), all servers at once;
  * the other partitions are read and joined here; the per-query lists are
- * merged by (distance, target id) into the exact global top k.
+ * merged into the exact global answer.
+ *
+ * Two joins use it: knn_join (knn_shard.c's knn_shard_try_join) and the
+ * KNN Join node (knn_scan_shard.c). Both find their shards in a plan with
+ * knn_shard_classify and knn_shard_open, and describe them in EXPLAIN
+ * with knn_shard_explain (knn_shard_explain.c).
  */
 #ifndef KNN_SHARD_H
 #define KNN_SHARD_H
 
 #include "postgres.h"
 
+#include "commands/explain.h"
 #include "executor/spi.h"
 #include "nodes/execnodes.h"
+#include "nodes/params.h"
+#include "nodes/plannodes.h"
 
 #include "knn_catalog.h"
 #include "knn_matrix.h"
+#include "knn_operator_values.h"
+#include "knn_shard_remote.h"
+
+/* ---- finding the shards in a plan (knn_shard.c) ---- */
+
+/* One partition scan that can run on its server as it is. */
+typedef struct KnnShardScan
+{
+	int			index;			/* among the plan's partition scans */
+	char	   *relation;		/* the foreign table's name here, for EXPLAIN */
+	char	   *remote_select;	/* postgres_fdw's SELECT for it */
+	int			n_retrieved;	/* its columns, named c1 .. cn by the callers */
+	int		   *positions;		/* per output column of the scan: its c<i> */
+	int			n_columns;
+} KnnShardScan;
+
+/* A plan's partition scans, the ones that can run on their servers in shards. */
+typedef struct KnnShardPlan
+{
+	const char *who;			/* "knn_join" or "KNN Join", for messages */
+	List	   *scans;			/* the partitions' scans, in the plan's order */
+	int			n_scans;
+	int		   *shard_of;		/* per scan: its shard, -1 = read here */
+	KnnShardRemote **shards;	/* one per user mapping (one connection) */
+	int			n_shards;
+	char	   *read_here;		/* the servers knn_shard_open left here, or NULL */
+} KnnShardPlan;
+
+/* The partition scans under the top of a plan (an Append, a MergeAppend, a ForeignScan), or NIL. */
+extern List *knn_shard_partition_scans(Plan *top);
+
+/*
+ * Sorts sp->scans (set by the caller) into shards by user mapping (the
+ * range table's checkAsUser, as postgres_fdw picks it): the scans of
+ * postgres_fdw servers whose whole work is their remote SELECT, returning
+ * plain columns. A postgres_fdw scan that filters or computes here stays
+ * here, with a NOTICE naming the table.
+ */
+extern void knn_shard_classify(KnnShardPlan *sp, List *rtable);
+
+/* Says why a shard cannot join (after knn_shard_remote_open), or NULL. */
+typedef const char *(*KnnShardCheck) (void *arg, KnnShardRemote *shard);
+
+/*
+ * Opens every shard; a shard that cannot join (no knn_gpu there, another
+ * version, no type for the rows, check's reason) is read here, with a
+ * NOTICE, and listed in fallbacks (JSON objects, comma-separated) when
+ * that is not NULL. The shards that join stay, compacted.
+ */
+extern void knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check,
+						   void *check_arg, StringInfo fallbacks);
+
+/*
+ * Does a scan read here use the connection of a shard (a foreign partition
+ * of a shard's server that cannot join there)? Then the part read here
+ * must wait for the shards: one connection runs one statement at a time.
+ */
+extern bool knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, List *rtable);
+
+/*
+ * A copy of the top of the plan without the scans that join on their
+ * servers (the plan itself stays as it was), or NULL when none is left.
+ */
+extern Plan *knn_shard_local_plan(Plan *top, const KnnShardPlan *sp);
+
+/* "(<remote select>) alias(c1, ..., cn)": a scan's rows there, for FROM. */
+extern char *knn_shard_scan_from(const KnnShardScan *scan, const char *alias);
+
+/* ---- knn_join (knn_shard.c) ---- */
+
+/* What a knn_join call asks of its shards. */
+typedef struct KnnShardJoin
+{
+	int32		k;				/* knn_join: k; knn_range_join: the cap, 0 = none */
+	KnnMetric	metric;
+	bool		exclude_self;
+	KnnMethod	method;
+	bool		range;			/* knn_range_join: every pair within radius */
+	double		radius;
+	bool		inclusive;
+	ParamListInfo params;		/* the targets text's bound parameters, or NULL */
+	const char *not_pushed;		/* why this call joins here (a form not pushed down), or NULL */
+	KnnOperatorValues *by_operator; /* pgvector's operator ranks (the part joined here), or NULL */
+	bool		describe_only;	/* EXPLAIN: find the shards, run nothing */
+} KnnShardJoin;
 
 /*
  * Called by knn_join once the queries are read (into `queries`, any order)
@@ -25,13 +118,13 @@
  * puts its rows into rsinfo's tuplestore and returns true (the caller then
  * only finishes SPI). Returns false when there is nothing to push down
  * (the queries may have been put in id order meanwhile, which the caller
- * does anyway): the caller joins as usual. Runs inside the caller's SPI
+ * does anyway), with a NOTICE when there were shards but the call cannot
+ * go to them: the caller joins as usual. Runs inside the caller's SPI
  * connection.
  */
 extern bool knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries,
 							   SPIPlanPtr targets_plan, const char *targets_sql,
-							   KnnVectorKind target_kind, int32 k, KnnMetric metric,
-							   bool exclude_self, KnnMethod method);
+							   KnnVectorKind target_kind, const KnnShardJoin *join);
 
 /*
  * One source's candidates per query (a shard's result, or the local
@@ -46,14 +139,63 @@ typedef struct KnnShardLists
 } KnnShardLists;
 
 /*
- * Merges the sources' lists into the exact top k per query, ordered by
- * (distance, NaN last, target id), and puts them into rsinfo's tuplestore
- * with ranks from 1. query_ids[q] is query row q's id. Returns the rows put.
+ * Merges the sources' lists into the best `limit` per query (-1: all),
+ * ordered by (distance, NaN last, target id), and puts them into rsinfo's
+ * tuplestore with ranks from 1. query_ids[q] is query row q's id. Returns
+ * the rows put.
  */
 extern int64 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
-							 const KnnShardLists *sources, int n_sources, int32 k);
+							 const KnnShardLists *sources, int n_sources, int64 limit);
 
 /* The statistics of this backend's last sharded join, as JSON (TopMemoryContext). */
 extern void knn_shard_set_last_stats(const char *json);
+
+struct KnnShardSummary;
+
+/*
+ * Records a finished sharded join as knn_gpu_last_shard_stats() gives it:
+ * per shard its server, partitions, rows, time, remote SQL and its own
+ * knn_gpu_last_stats(); the servers read here (fallbacks: JSON objects);
+ * the local part; the phases.
+ */
+extern void knn_shard_record_stats(const KnnShardPlan *sp, const struct KnnShardSummary *summary,
+								   int64 n_queries, int64 k, const char *fallbacks,
+								   double seconds_total);
+
+/* ---- EXPLAIN (knn_shard_explain.c) ---- */
+
+/* What a sharded join did (or, for plain EXPLAIN, would do), per shard. */
+typedef struct KnnShardSummaryShard
+{
+	char	   *server;
+	char	   *partitions;		/* "items_1, items_3" */
+	char	   *remote_sql;
+	int64		rows;
+	double		seconds_ship;
+	double		seconds_join;
+} KnnShardSummaryShard;
+
+typedef struct KnnShardSummary
+{
+	bool		ran;			/* false: plain EXPLAIN, nothing ran */
+	int			n_shards;
+	KnnShardSummaryShard *shards;
+	char	   *read_here;		/* the servers read here, or NULL */
+	int64		local_targets;	/* rows joined here */
+	int64		rows;			/* rows of the merge */
+	double		seconds_ship;
+	double		seconds_local;
+	double		seconds_merge;
+} KnnShardSummary;
+
+/* The summary of a plan's shards (before or after a run), in memory of the caller. */
+extern void knn_shard_summarize(KnnShardSummary *summary, const KnnShardPlan *sp);
+
+/* A copy in context (a node keeps the summary of its last run). */
+extern KnnShardSummary *knn_shard_summary_copy(const KnnShardSummary *summary,
+											   MemoryContext context);
+
+/* EXPLAIN lines: "Shard: server (partitions)", its "Remote SQL", and with ANALYZE rows and times. */
+extern void knn_shard_explain(const KnnShardSummary *summary, ExplainState *es);
 
 #endif							/* KNN_SHARD_H */

@@ -1,7 +1,8 @@
 /*
  * knn_shard_merge.c -- the exact global top k of a sharded knn_join from
  * the per-query lists of its sources (knn_shard.h), and the statistics of
- * the last sharded join (knn_gpu_last_shard_stats()).
+ * the last sharded join, knn_join's or the KNN Join node's
+ * (knn_gpu_last_shard_stats()).
  *
  * Every source returned its own k best by (distance, target id), with the
  * distance the operator's value bit for bit, so the k best of the union
@@ -14,7 +15,10 @@
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "common/jsonapi.h"
+#include "mb/pg_wchar.h"
 #include "utils/builtins.h"
+#include "utils/json.h"
 #include "utils/memutils.h"
 #include "utils/tuplestore.h"
 
@@ -49,7 +53,7 @@ compare_candidates(const void *a, const void *b)
 
 int64
 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
-				const KnnShardLists *sources, int n_sources, int32 k)
+				const KnnShardLists *sources, int n_sources, int64 limit)
 {
 	int64		most = 0;
 	Candidate  *candidates;
@@ -77,7 +81,14 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 				n++;
 			}
 		qsort(candidates, n, sizeof(Candidate), compare_candidates);
-		for (int64 r = 0; r < Min(n, (int64) k); r++)
+		if (limit >= 0)
+			n = Min(n, limit);
+		if (n > PG_INT32_MAX)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("knn_range_join: more than %d pairs for one query", PG_INT32_MAX),
+					 errhint("Cap the pairs per query with k.")));
+		for (int64 r = 0; r < n; r++)
 		{
 			Datum		values[4];
 			bool		nulls[4] = {false, false, false, false};
@@ -93,6 +104,64 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 	}
 	pfree(candidates);
 	return emitted;
+}
+
+static void
+json_key(StringInfo buf, const char *key)
+{
+	escape_json(buf, key);
+	appendStringInfoChar(buf, ':');
+}
+
+/* Is the shard's statistics text one JSON value (it goes into ours as it is)? */
+static bool
+remote_stats_valid(const char *json)
+{
+	JsonLexContext *lex = makeJsonLexContextCstringLen((char *) json, strlen(json),
+													   GetDatabaseEncoding(), false);
+
+	return pg_parse_json(lex, &nullSemAction) == JSON_SUCCESS;
+}
+
+void
+knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, int64 n_queries,
+					   int64 k, const char *fallbacks, double seconds_total)
+{
+	StringInfoData buf;
+
+	initStringInfo(&buf);
+	appendStringInfo(&buf, "{\"queries\":" INT64_FORMAT ",\"k\":" INT64_FORMAT
+					 ",\"rows\":" INT64_FORMAT ",\"shards\":[", n_queries, k, summary->rows);
+	for (int s = 0; s < sp->n_shards; s++)
+	{
+		const KnnShardRemote *shard = sp->shards[s];
+
+		appendStringInfoString(&buf, s > 0 ? ",{" : "{");
+		json_key(&buf, "server");
+		escape_json(&buf, shard->server->servername);
+		appendStringInfo(&buf, ",\"partitions\":%d,\"rows\":" INT64_FORMAT
+						 ",\"seconds_join\":%.6f,",
+						 list_length(shard->scans), shard->rows, shard->seconds_join);
+		json_key(&buf, "remote_sql");
+		escape_json(&buf, shard->join_sql);
+		appendStringInfoChar(&buf, ',');
+		json_key(&buf, "remote_stats");
+		if (shard->remote_stats != NULL && remote_stats_valid(shard->remote_stats))
+			appendStringInfoString(&buf, shard->remote_stats);
+		else
+			appendStringInfoString(&buf, "null");
+		appendStringInfoChar(&buf, '}');
+	}
+	appendStringInfo(&buf, "],\"fallback\":[%s],\"local\":", fallbacks ? fallbacks : "");
+	if (summary->local_targets > 0)
+		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT "}", summary->local_targets);
+	else
+		appendStringInfoString(&buf, "null");
+	appendStringInfo(&buf, ",\"seconds\":{\"ship\":%.6f,\"local\":%.6f,\"merge\":%.6f,\"total\":%.6f}}",
+					 summary->seconds_ship, summary->seconds_local, summary->seconds_merge,
+					 seconds_total);
+	knn_shard_set_last_stats(buf.data);
+	pfree(buf.data);
 }
 
 /* Plain memory of the backend: outlives every query, replaced by the next join. */

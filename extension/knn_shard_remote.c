@@ -1,5 +1,5 @@
 /*
- * knn_shard_remote.c -- one shard of a sharded knn_join (knn_shard_remote.h).
+ * knn_shard_remote.c -- one shard of a sharded join (knn_shard_remote.h).
  *
  * Connections are postgres_fdw's own: GetConnection() of the user mapping
  * the foreign scan would use, so the shard runs with exactly the rights a
@@ -16,9 +16,10 @@
  * bounded on both sides, whatever the query set), while one parameter or
  * statement text is a single allocation capped at 1 GB on the shard
  * (1,000,000 x 768 float32 queries are 3 GB), and the binary form needs
- * no float formatting or parsing. The rows are the engine's elements as
- * this server read them (vector for float32, halfvec for float16, varbit
- * for bits), so the shard joins exactly the values this server would.
+ * no float formatting or parsing. The callers choose the columns and
+ * encode the rows (knn_shard.c: the engine's elements as this server read
+ * them; knn_scan_shard.c: the outer rows' values in their types' send
+ * forms), so the shard joins exactly the values this server would.
  *
  * knn_gpu.so does not link libpq: a server that never shards never loads
  * it. The libpq calls go to the very libpq that postgres_fdw loaded
@@ -58,6 +59,11 @@ typedef struct pg_result PGresult;
 #define PGRES_COMMAND_OK 1
 #define PGRES_TUPLES_OK 2
 #define PGRES_COPY_IN 4
+
+struct KnnShardResult
+{
+	PGresult   *res;
+};
 
 static struct
 {
@@ -171,17 +177,17 @@ knn_shard_is_postgres_fdw(ForeignServer *server)
 	return handler.fn_addr == fdw.handler;
 }
 
-/* Every error raised while talking to a shard says which server it was. */
-static void
-shard_error_context(void *arg)
+void
+knn_shard_error_context(void *arg)
 {
 	KnnShardRemote *shard = (KnnShardRemote *) arg;
 
-	errcontext("knn_join on foreign server \"%s\"", shard->server->servername);
+	errcontext("%s on foreign server \"%s\"", shard->who ? shard->who : "knn_join",
+			   shard->server->servername);
 }
 
 #define WITH_SHARD_CONTEXT(shard) \
-	ErrorContextCallback shard_context = {error_context_stack, shard_error_context, (shard)}; \
+	ErrorContextCallback shard_context = {error_context_stack, knn_shard_error_context, (shard)}; \
 	error_context_stack = &shard_context
 #define END_SHARD_CONTEXT() (error_context_stack = shard_context.previous)
 
@@ -273,6 +279,72 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 }
 
 /*
+ * The operator there: the same name, the same C function of the same
+ * extension at the same version, between two values of the same type (the
+ * same extension's type with the same input function, or bit).
+ */
+char *
+knn_shard_remote_operator(KnnShardRemote *shard, const KnnOperatorIdentity *identity,
+						  char **operand_type, const char **why)
+{
+	StringInfoData sql;
+	PGresult   *res;
+	char	   *schema = NULL;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "SELECT pg_catalog.quote_ident(n.nspname), pg_catalog.format_type(o.oprleft, NULL)"
+					 " FROM pg_catalog.pg_operator o"
+					 " JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace"
+					 " JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode"
+					 " JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass"
+					 "  AND d.objid = p.oid AND d.deptype = 'e'"
+					 " JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid"
+					 " WHERE o.oprname = %s AND o.oprleft = o.oprright AND p.prolang = 13"
+					 " AND p.prosrc = %s AND x.extname = %s AND x.extversion = %s AND ",
+					 quote_literal_cstr(identity->name), quote_literal_cstr(identity->symbol),
+					 quote_literal_cstr(identity->extension),
+					 quote_literal_cstr(identity->version));
+	if (identity->type_extension == NULL)
+		appendStringInfoString(&sql, "o.oprleft = 'pg_catalog.bit'::pg_catalog.regtype");
+	else
+		appendStringInfo(&sql,
+						 "EXISTS (SELECT FROM pg_catalog.pg_type t"
+						 " JOIN pg_catalog.pg_proc i ON i.oid = t.typinput"
+						 " JOIN pg_catalog.pg_depend td ON td.classid = 'pg_catalog.pg_type'::pg_catalog.regclass"
+						 "  AND td.objid = t.oid AND td.deptype = 'e'"
+						 " JOIN pg_catalog.pg_extension tx ON tx.oid = td.refobjid"
+						 " WHERE t.oid = o.oprleft AND t.typtype = 'b' AND i.prolang = 13"
+						 " AND i.prosrc = %s AND tx.extname = %s)",
+						 quote_literal_cstr(identity->type_input),
+						 quote_literal_cstr(identity->type_extension));
+	{
+		WITH_SHARD_CONTEXT(shard);
+		res = exec_checked(shard, sql.data, PGRES_TUPLES_OK);
+		if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 2)
+		{
+			schema = text_value(res, 0);
+			*operand_type = text_value(res, 1);
+		}
+		fdw.PQclear(res);
+		END_SHARD_CONTEXT();
+	}
+	if (schema == NULL)
+		*why = psprintf("it has no operator %s of extension %s %s (%s) for that type",
+						identity->name, identity->extension, identity->version,
+						identity->symbol);
+	return schema;
+}
+
+void
+knn_shard_remote_release(KnnShardRemote *shard)
+{
+	if (shard->conn != NULL)
+		fdw.ReleaseConnection(shard->conn);
+	shard->conn = NULL;
+}
+
+/*
  * Waits until the socket can be written (or read: libpq may need to read
  * before it can write), answering interrupts.
  */
@@ -306,19 +378,26 @@ put_copy_data(KnnShardRemote *shard, const char *data, int len)
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, "COPY");
 }
 
+void
+knn_shard_remote_name_table(KnnShardRemote *shard)
+{
+	static uint32 table_counter = 0;
+
+	shard->temp_table = psprintf("pg_temp.knn_shard_queries_%d_%u", MyProcPid, ++table_counter);
+}
+
 /* Starts COPY FROM STDIN (binary) into a new temporary table. */
 static void
 start_copy(KnnShardRemote *shard)
 {
-	static uint32 table_counter = 0;
 	char	   *sql;
 	PGresult   *res;
 
 	WITH_SHARD_CONTEXT(shard);
-	shard->temp_table = psprintf("pg_temp.knn_shard_queries_%d_%u", MyProcPid, ++table_counter);
-	sql = psprintf("CREATE TEMPORARY TABLE %s (id pg_catalog.int8, v %s) ON COMMIT DROP",
-				   shard->temp_table, shard->query_type);
+	sql = psprintf("CREATE TEMPORARY TABLE %s (%s) ON COMMIT DROP",
+				   shard->temp_table, shard->temp_columns);
 	fdw.PQclear(exec_checked(shard, sql, PGRES_COMMAND_OK));
+	shard->table_exists = true;
 
 	sql = psprintf("COPY %s FROM STDIN (FORMAT binary)", shard->temp_table);
 	if (!fdw.PQsendQuery(shard->conn, sql))
@@ -426,48 +505,16 @@ fail_copy(KnnShardRemote *shard)
 	(void) fdw.PQsetnonblocking(shard->conn, 0);
 }
 
-/* One row of the binary COPY stream: (int8 id, the vector's binary form). */
-static void
-encode_row(StringInfo buf, int64 id, const char *row, KnnElement element, int32 dim)
+void
+knn_shard_copy_field(StringInfo buf, const char *data, int len)
 {
-	pq_sendint16(buf, 2);
-	pq_sendint32(buf, 8);
-	pq_sendint64(buf, id);
-	switch (element)
+	if (data == NULL)
 	{
-		case KNN_ELEMENT_FLOAT32:
-			/* vector's send form: int16 dim, int16 unused, float4 each */
-			pq_sendint32(buf, 4 + 4 * dim);
-			pq_sendint16(buf, dim);
-			pq_sendint16(buf, 0);
-			for (int32 i = 0; i < dim; i++)
-			{
-				float4		value;
-
-				memcpy(&value, row + 4 * (Size) i, sizeof(value));
-				pq_sendfloat4(buf, value);
-			}
-			break;
-		case KNN_ELEMENT_FLOAT16:
-			/* halfvec's: int16 dim, int16 unused, binary16 each */
-			pq_sendint32(buf, 4 + 2 * dim);
-			pq_sendint16(buf, dim);
-			pq_sendint16(buf, 0);
-			for (int32 i = 0; i < dim; i++)
-			{
-				uint16		value;
-
-				memcpy(&value, row + 2 * (Size) i, sizeof(value));
-				pq_sendint16(buf, value);
-			}
-			break;
-		case KNN_ELEMENT_BIT:
-			/* varbit's: int32 bit length, the bytes (bits past it are zero) */
-			pq_sendint32(buf, 4 + (dim + 7) / 8);
-			pq_sendint32(buf, dim);
-			pq_sendbytes(buf, row, (dim + 7) / 8);
-			break;
+		pq_sendint32(buf, -1);
+		return;
 	}
+	pq_sendint32(buf, len);
+	pq_sendbytes(buf, data, len);
 }
 
 static void
@@ -483,7 +530,7 @@ send_to_all(KnnShardRemote **shards, int n_shards, StringInfo buf)
 }
 
 void
-knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnMatrix *queries)
+knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
 {
 	static const char signature[11] = "PGCOPY\n\377\r\n\0";
 	StringInfoData buf;
@@ -499,10 +546,10 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnMatrix *qu
 		pq_sendbytes(&buf, signature, sizeof(signature));
 		pq_sendint32(&buf, 0);	/* flags */
 		pq_sendint32(&buf, 0);	/* header extension length */
-		for (int64 q = 0; q < queries->n; q++)
+		for (int64 r = 0; r < rows->n; r++)
 		{
-			encode_row(&buf, queries->ids[q], queries->values + (Size) q * queries->row_bytes,
-					   queries->element, queries->dim);
+			pq_sendint16(&buf, rows->n_fields);
+			rows->encode(rows->arg, r, &buf);
 			if (buf.len >= SHIP_SLICE_BYTES)
 				send_to_all(shards, n_shards, &buf);
 		}
@@ -527,23 +574,15 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnMatrix *qu
 }
 
 void
-knn_shard_remote_send(KnnShardRemote *shard, int32 k, KnnMetric metric, bool exclude_self,
-					  KnnMethod method)
+knn_shard_remote_send(KnnShardRemote *shard)
 {
 	WITH_SHARD_CONTEXT(shard);
-	shard->join_sql =
-		psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s, %d, %s, %s, %s)",
-				 shard->knn_schema,
-				 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
-				 quote_literal_cstr(shard->targets_sql.data), k,
-				 quote_literal_cstr(knn_metric_name(metric)),
-				 exclude_self ? "true" : "false",
-				 quote_literal_cstr(knn_method_name(method)));
 	ereport(DEBUG1,
-			(errmsg_internal("knn_join: foreign server \"%s\" joins: %s",
+			(errmsg_internal("%s: foreign server \"%s\" joins: %s", shard->who,
 							 shard->server->servername, shard->join_sql)));
-	/* binary results: ids and distances arrive exactly, without parsing */
-	if (!fdw.PQsendQueryParams(shard->conn, shard->join_sql, 0, NULL, NULL, NULL, NULL, 1))
+	if (!fdw.PQsendQueryParams(shard->conn, shard->join_sql, shard->n_params,
+							   shard->param_types, shard->param_values, NULL, NULL,
+							   shard->binary_result ? 1 : 0))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
 	shard->busy = true;
 	INSTR_TIME_SET_CURRENT(shard->sent);
@@ -602,106 +641,59 @@ wait_for_shards(KnnShardRemote **shards, int n_shards)
 	}
 }
 
-static int64
-get_int8(const char *p)
+int
+knn_shard_result_rows(const KnnShardResult *result)
 {
-	uint64		v;
-
-	memcpy(&v, p, sizeof(v));
-	return (int64) pg_ntoh64(v);
+	return fdw.PQntuples(result->res);
 }
 
-static double
-get_float8(const char *p)
+int
+knn_shard_result_columns(const KnnShardResult *result)
 {
-	uint64		v = (uint64) get_int8(p);
-	double		d;
-
-	memcpy(&d, &v, sizeof(d));
-	return d;
+	return fdw.PQnfields(result->res);
 }
 
-/* The row of query id `id` among the sorted, unique ids; -1 if none. */
-static int64
-query_row(const int64 *ids, int64 n, int64 id)
+const char *
+knn_shard_result_value(const KnnShardResult *result, int row, int column, int *length)
 {
-	int64		lo = 0;
-	int64		hi = n;
-
-	while (lo < hi)
+	if (fdw.PQgetisnull(result->res, row, column))
 	{
-		int64		mid = lo + (hi - lo) / 2;
-
-		if (ids[mid] < id)
-			lo = mid + 1;
-		else
-			hi = mid;
+		*length = 0;
+		return NULL;
 	}
-	return lo < n && ids[lo] == id ? lo : -1;
+	*length = fdw.PQgetlength(result->res, row, column);
+	return fdw.PQgetvalue(result->res, row, column);
 }
 
-/*
- * Reads a join's result: three binary non-null 8-byte columns per row, a
- * query id we sent. Anything else is an error (the result is cleared
- * first: it is libpq's memory, not ours).
- */
+/* Hands a result to the reader; the result is libpq's memory: freed whatever happens. */
 static void
-read_result(KnnShardRemote *shard, PGresult *res, const int64 *query_ids, int64 n_queries)
+read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *reader_arg)
 {
-	int			n = fdw.PQntuples(res);
-	KnnShardLists *lists = &shard->lists;
-	int64	   *rows = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-	int64	   *fill;
-	const char *bad = NULL;
+	KnnShardResult result = {res};
 
-	if (fdw.PQnfields(res) != 3)
-		bad = "not three columns";
-	for (int f = 0; bad == NULL && f < 3; f++)
-		if (fdw.PQfformat(res, f) != 1)
-			bad = "not in binary";
-	for (int r = 0; bad == NULL && r < n; r++)
-	{
-		for (int f = 0; f < 3; f++)
-			if (fdw.PQgetisnull(res, r, f) || fdw.PQgetlength(res, r, f) != 8)
-				bad = "a NULL or a value of the wrong size";
-		if (bad == NULL &&
-			(rows[r] = query_row(query_ids, n_queries, get_int8(fdw.PQgetvalue(res, r, 0)))) < 0)
-			bad = "a query id that was not sent";
-	}
-	if (bad != NULL)
+	if (res != NULL && fdw.PQnfields(res) > 0 && fdw.PQfformat(res, 0) != (shard->binary_result ? 1 : 0))
 	{
 		fdw.PQclear(res);
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-				 errmsg("knn_join on foreign server \"%s\" returned %s",
-						shard->server->servername, bad)));
+				 errmsg("%s on foreign server \"%s\" returned its result in another format",
+						shard->who, shard->server->servername)));
 	}
-
-	lists->n_queries = n_queries;
-	lists->offsets = palloc_extended((n_queries + 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-	lists->target_ids = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-	lists->distances = palloc_extended(Max(n, 1) * sizeof(double), MCXT_ALLOC_HUGE);
-	for (int r = 0; r < n; r++)
-		lists->offsets[rows[r] + 1]++;
-	for (int64 q = 0; q < n_queries; q++)
-		lists->offsets[q + 1] += lists->offsets[q];
-	fill = palloc_extended(Max(n_queries, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-	memcpy(fill, lists->offsets, n_queries * sizeof(int64));
-	for (int r = 0; r < n; r++)
+	shard->rows = fdw.PQntuples(res);
+	PG_TRY();
 	{
-		int64		at = fill[rows[r]]++;
-
-		lists->target_ids[at] = get_int8(fdw.PQgetvalue(res, r, 1));
-		lists->distances[at] = get_float8(fdw.PQgetvalue(res, r, 2));
+		reader(reader_arg, shard, &result);
 	}
-	fdw.PQclear(res);
-	pfree(fill);
-	pfree(rows);
+	PG_FINALLY();
+	{
+		fdw.PQclear(res);
+	}
+	PG_END_TRY();
 }
 
 void
-knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, const int64 *query_ids,
-						 int64 n_queries)
+knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
+						 void *reader_arg)
 {
 	wait_for_shards(shards, n_shards);
 	for (int s = 0; s < n_shards; s++)
@@ -713,7 +705,7 @@ knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, const int64 *que
 		res = fdw.pgfdw_get_result(shard->conn, shard->join_sql);
 		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->join_sql);
-		read_result(shard, res, query_ids, n_queries);
+		read_result(shard, res, reader, reader_arg);
 		END_SHARD_CONTEXT();
 	}
 	/* ON COMMIT DROP covers errors; a long transaction should not keep them */
@@ -725,14 +717,13 @@ knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, const int64 *que
 		WITH_SHARD_CONTEXT(shard);
 		fdw.PQclear(exec_checked(shard, psprintf("DROP TABLE %s", shard->temp_table),
 								 PGRES_COMMAND_OK));
+		shard->table_exists = false;
 		/* the shard's own record of its join: its engine's phases */
 		res = exec_checked(shard, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
 						   PGRES_TUPLES_OK);
 		if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
 			shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));
 		fdw.PQclear(res);
-		shard->temp_table = NULL;
-		fdw.ReleaseConnection(shard->conn);
 		END_SHARD_CONTEXT();
 	}
 }

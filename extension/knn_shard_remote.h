@@ -1,9 +1,9 @@
 /*
- * knn_shard_remote.h -- one shard of a sharded knn_join: a postgres_fdw
- * connection (postgres_fdw's own, through its exported functions: its user
- * mapping checks, its remote transaction, its cancel on abort), the query
- * vectors shipped into a temporary table there, and the shard-local
- * knn_join sent and collected.
+ * knn_shard_remote.h -- one shard of a sharded join (knn_join, or the KNN
+ * Join node): a postgres_fdw connection (postgres_fdw's own, through its
+ * exported functions: its user mapping checks, its remote transaction, its
+ * cancel on abort), the query rows shipped into a temporary table there,
+ * and the shard-local join sent and collected.
  */
 #ifndef KNN_SHARD_REMOTE_H
 #define KNN_SHARD_REMOTE_H
@@ -11,31 +11,40 @@
 #include "postgres.h"
 
 #include "foreign/foreign.h"
+#include "lib/stringinfo.h"
+#include "nodes/pg_list.h"
 #include "portability/instr_time.h"
 
+#include "knn_catalog.h"
 #include "knn_matrix.h"
-#include "knn_shard.h"
 
 typedef struct KnnShardRemote
 {
 	ForeignServer *server;
 	UserMapping *user;
+	const char *who;			/* "knn_join" or "KNN Join", for messages */
+	List	   *scans;			/* its partitions' KnnShardScans (knn_shard.h), plan order */
 	void	   *conn;			/* postgres_fdw's PGconn */
 	void	   *conn_state;		/* postgres_fdw's PgFdwConnState */
 	char	   *knn_schema;		/* knn_gpu's schema there, quoted */
-	char	   *query_type;		/* the temporary table's vector column type there */
-	char	   *temp_table;		/* pg_temp.<name>, while it exists */
-	StringInfoData targets_sql; /* the shard's targets text (its partitions' SELECTs) */
+	char	   *query_type;		/* knn_join's query vectors' type there */
+	char	   *temp_table;		/* pg_temp.<name> (knn_shard_remote_name_table) */
+	char	   *temp_columns;	/* its column definitions, set by the caller */
 	char	   *join_sql;		/* what the shard runs */
+	int			n_params;		/* of join_sql: $1 .. $n, sent as text */
+	const Oid  *param_types;
+	const char *const *param_values;
+	bool		binary_result;
+	bool		table_exists;	/* created in this join, not yet dropped */
 	bool		copy_sent;		/* COPY FROM STDIN sent, not yet ended */
 	bool		copying;		/* ... and its COPY IN answer read */
 	bool		busy;			/* the join was sent, its result not yet read */
 	instr_time	sent;
 	double		seconds_ship;
 	double		seconds_join;	/* from sending the join to its result arriving */
-	int			n_partitions;
+	int64		rows;			/* the join's result rows */
 	char	   *remote_stats;	/* knn_gpu_last_stats() there after the join, or NULL */
-	KnnShardLists lists;		/* its result */
+	void	   *caller;			/* the caller's own state of this shard */
 } KnnShardRemote;
 
 /* Is the server's foreign-data wrapper postgres_fdw (its handler's code)? */
@@ -51,22 +60,67 @@ extern const char *knn_shard_remote_open(KnnShardRemote *shard, const char *vers
 										 KnnElement element);
 
 /*
- * Ships the query rows (in the matrix's order) into a temporary table ON
- * COMMIT DROP on every shard, all shards in turn per slice of rows.
+ * An opened shard: the schema (quoted) of the operator there that is
+ * `identity`, and the type (qualified) of its operands, or NULL with
+ * *why set.
  */
-extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards,
-								  const KnnMatrix *queries);
+extern char *knn_shard_remote_operator(KnnShardRemote *shard, const KnnOperatorIdentity *identity,
+									   char **operand_type, const char **why);
 
-/* Sends the shard-local join without waiting for it. */
-extern void knn_shard_remote_send(KnnShardRemote *shard, int32 k, KnnMetric metric,
-								  bool exclude_self, KnnMethod method);
+/* Gives the shard its temporary table's name (unique in this backend). */
+extern void knn_shard_remote_name_table(KnnShardRemote *shard);
 
 /*
- * Waits (cancellably) for every sent join, reads each result into the
- * shard's lists (query ids looked up in the sorted, unique query_ids),
- * then drops the temporary tables.
+ * The rows of the query table, as fields of binary COPY: encode appends
+ * row `row`'s n_fields fields (each an int32 length and its bytes, or -1
+ * for NULL) to buf.
+ */
+typedef struct KnnShardRows
+{
+	int64		n;
+	int			n_fields;
+	void		(*encode) (void *arg, int64 row, StringInfo buf);
+	void	   *arg;
+} KnnShardRows;
+
+/* Appends one field of binary COPY: the value's send form, or NULL. */
+extern void knn_shard_copy_field(StringInfo buf, const char *data, int len);
+
+/*
+ * Ships the rows into each shard's temporary table (temp_table with
+ * temp_columns, ON COMMIT DROP), all shards in turn per slice of rows.
+ */
+extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows);
+
+/*
+ * Sends the shard's join_sql (with its parameters, results in binary or
+ * text as binary_result says) without waiting for it.
+ */
+extern void knn_shard_remote_send(KnnShardRemote *shard);
+
+/* A shard's result, while the caller reads it (a PGresult). */
+typedef struct KnnShardResult KnnShardResult;
+
+extern int	knn_shard_result_rows(const KnnShardResult *result);
+extern int	knn_shard_result_columns(const KnnShardResult *result);
+/* The value (NULL for NULL) and its length; text values end in '\0'. */
+extern const char *knn_shard_result_value(const KnnShardResult *result, int row, int column,
+										  int *length);
+
+/* Reads one shard's result; may raise (the result is freed first). */
+typedef void (*KnnShardReader) (void *arg, KnnShardRemote *shard, const KnnShardResult *result);
+
+/*
+ * Waits (cancellably) for every sent join, hands each result to reader,
+ * then drops the temporary tables and reads each shard's own statistics.
  */
 extern void knn_shard_remote_collect(KnnShardRemote **shards, int n_shards,
-									 const int64 *query_ids, int64 n_queries);
+									 KnnShardReader reader, void *reader_arg);
+
+/* Gives postgres_fdw's connection back (at the end of its use). */
+extern void knn_shard_remote_release(KnnShardRemote *shard);
+
+/* Every error raised while talking to a shard says which server it was. */
+extern void knn_shard_error_context(void *arg);
 
 #endif							/* KNN_SHARD_REMOTE_H */

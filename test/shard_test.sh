@@ -11,9 +11,15 @@
 # postgres_fdw with a NOTICE). Every sharded join must equal the join of
 # items_all (EXCEPT ALL both ways: the same neighbours, ranks and
 # distances), and must have run on the shards (knn_gpu_last_shard_stats()).
+# The KNN Join node (the LATERAL top-k query) over the same tables must
+# equal the same query over items_all, for every metric and form (filters,
+# self-exclusion, group keys, radius, OFFSET, WITH TIES, LEFT JOIN), and
+# EXPLAIN must show each shard's server and remote SQL. knn_join's other
+# forms: knn_range_join and bound parameters go to the shards, keyed calls
+# and group keys are read here with a NOTICE, all equal to one server.
 # Then: a shard stopped (an ERROR naming it), statement_timeout and a cancel
-# in the middle of the shards' work (their work stops, nothing is left
-# behind on them).
+# in the middle of the shards' work, for knn_join and the node (their work
+# stops, nothing is left behind on them).
 #
 # Ends with "shard tests: N passed, N failed". Ports: SHARD_TEST_PORTS
 # (default "5561 5562 5563"); directories: SHARD_TEST_DIRS (default three
@@ -36,6 +42,8 @@ pass() { passed=$((passed + 1)); echo "ok: $1"; }
 fail() { failed=$((failed + 1)); echo "FAILED: $1"; }
 # check NAME EXPECTED ACTUAL
 check() { if [ "$2" = "$3" ]; then pass "$1"; else fail "$1 (expected '$2', got '$3')"; fi; }
+# check_has NAME TEXT ACTUAL: ACTUAL holds TEXT
+check_has() { case "$3" in *"$2"*) pass "$1" ;; *) fail "$1 (no '$2' in: $3)" ;; esac; }
 
 start_server() {
   local i=$1 dir=${DIRS[$1]} port=${PORTS[$1]}
@@ -300,6 +308,131 @@ EOF
 )
 check "an ordinary user with user mappings: the same result, on the shards" "0|2" "$out"
 
+# ---- the KNN Join node (the LATERAL top-k query) over the sharded tables ----
+# compare_node NAME QUERY SHARDS: QUERY names its target table TBL; run over
+# items_h and items_r (QUERY_TABLES) it must equal the same query over
+# items_all (EXCEPT ALL both ways), have rows, have been the KNN Join node
+# and have joined on SHARDS shards (a new knn_gpu_last_shard_stats()).
+compare_node() {
+  local name=$1 query=$2 shards=$3 table out result plan
+  for table in ${QUERY_TABLES:-items_h items_r}; do
+    out=$(sql 0 -v "s=${query//TBL/$table}" -v "r=${query//TBL/items_all}" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
+CREATE TEMP TABLE s AS :s;
+CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
+CREATE TEMP TABLE r AS :r;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+EXPLAIN :s;
+EOF
+)
+    result=$(echo "$out" | grep ' differences, ')
+    plan=$(echo "$out" | grep -c 'Custom Scan (KNN Join) ')
+    if [ "$result" = "0 differences, true, $shards shards" ] && [ "$plan" -ge 1 ]; then
+      pass "KNN Join $table: $name"
+    else
+      fail "KNN Join $table: $name (expected '0 differences, true, $shards shards' and the node, got '$result', the node $plan times): $(echo "$out" | grep -E 'ERROR')"
+    fi
+  done
+}
+
+# lateral VECTOR OPERATOR [WHERE ...] [LIMIT ...]: ordered by distance, then
+# id, so that the order PostgreSQL gives is fully defined
+lateral() {
+  echo "SELECT q.id AS qid, n.id, n.d FROM q CROSS JOIN LATERAL (SELECT t.id, t.$1 $2 q.$1 AS d FROM TBL t ${3:-} ORDER BY t.$1 $2 q.$1, t.id ${4:-LIMIT 5}) n"
+}
+compare_node "l2" "$(lateral v '<->')" 2
+compare_node "cosine" "$(lateral v '<=>')" 2
+compare_node "ip" "$(lateral v '<#>')" 2
+compare_node "l1" "$(lateral v '<+>')" 2
+compare_node "halfvec l2" "$(lateral h '<->')" 2
+compare_node "bit hamming" "$(lateral b '<~>' '' 'LIMIT 6')" 2
+compare_node "bit jaccard" "$(lateral b '<%>' '' 'LIMIT 6')" 2
+compare_node "filter pushed to the shards" "$(lateral v '<=>' 'WHERE t.cat <> 2 AND t.id > 40')" 2
+compare_node "filter the shards cannot run (read here)" "$(lateral v '<->' 'WHERE odd_cat(t.cat)')" 0
+compare_node "self-exclusion" "$(lateral v '<->' 'WHERE t.id <> q.id' 'LIMIT 7')" 2
+compare_node "group keys" "$(lateral v '<->' 'WHERE t.cat = q.cat' 'LIMIT 4')" 2
+compare_node "radius and LIMIT" "$(lateral v '<->' 'WHERE t.v <-> q.v < 2.5' 'LIMIT 4')" 2
+compare_node "radius alone" "$(lateral v '<->' 'WHERE t.v <-> q.v <= 2.2' ' ')" 2
+compare_node "OFFSET" "$(lateral v '<+>' '' 'LIMIT 3 OFFSET 4')" 2
+compare_node "k past the row count (NULL distances last)" "$(lateral v '<->' '' 'LIMIT 2000')" 2
+compare_node "FETCH FIRST WITH TIES" \
+  "SELECT q.id AS qid, n.id, n.d FROM q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v FETCH FIRST 3 ROWS WITH TIES) n" 2
+compare_node "distances alone (ties in any order)" \
+  "SELECT q.id AS qid, n.d FROM q CROSS JOIN LATERAL (SELECT t.v <=> q.v AS d FROM TBL t ORDER BY t.v <=> q.v LIMIT 5) n" 2
+compare_node "LEFT JOIN with a filter above the LIMIT" \
+  "SELECT q.id AS qid, n.id, n.d FROM q LEFT JOIN LATERAL (SELECT t.id, t.cat, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v, t.id LIMIT 3) n ON n.cat = 1" 2
+compare_node "self-join with self-exclusion" \
+  "SELECT q.id AS qid, n.id, n.d FROM TBL q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM TBL t WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id LIMIT 4) n" 2
+QUERY_TABLES=items_f compare_node "a file_fdw partition beside a shard" "$(lateral v '<->')" 1
+QUERY_TABLES=items_r compare_node "one partition after pruning" "$(lateral v '<->' 'WHERE t.id < 250')" 1
+
+# EXPLAIN: per shard its server, partitions and remote SQL; ANALYZE: rows, times, the merge.
+NODE_SQL="SELECT q.id, n.id, n.d FROM q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM items_r t WHERE t.cat <> 4 ORDER BY t.v <-> q.v LIMIT 3) n"
+FUNC_SQL="SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r WHERE cat <> 4', 3)"
+SHARD_LINES="$(printf '%s\n' 'Shard: shard1 (items_r_a, items_r_c)' 'Remote SQL: yes' 'Shard: shard2 (items_r_b)' 'Remote SQL: yes' 'Servers Read Here: shard2_plain')"
+ANALYZE_LINES="$(printf '%s\n' 'Shard Rows: 171' 'Shard Time' 'Shard Rows: 171' 'Shard Time' 'Shard Merge Rows' 'Ship Time' 'Shard Merge Time')"
+analyze_lines() { sed -n 's/^ *\(Shard Rows: [0-9]*\)$/\1/p; s/^ *\(Shard Time\|Shard Merge Rows\|Ship Time\|Shard Merge Time\): .*/\1/p'; }
+out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN $NODE_SQL")
+check "EXPLAIN of the node: each shard, its partitions and its remote SQL" "$SHARD_LINES" \
+  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT q.qid, n.d, n.a2 FROM pg_temp.knn_shard_queries_.* q CROSS JOIN LATERAL (SELECT .*WHERE ((cat <> 4)).* ORDER BY .* LIMIT \$1) n$/Remote SQL: yes/p')"
+out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $NODE_SQL")
+# (the node asks each partition for its 3 rows: shard1 has two)
+check "EXPLAIN ANALYZE of the node: rows and time per shard, shipping, the merge" "${ANALYZE_LINES/171/342}" \
+  "$(echo "$out" | analyze_lines)"
+out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN $FUNC_SQL")
+check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHARD_LINES" \
+  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT query_id, target_id, distance FROM public.knn_join(.SELECT id, v FROM pg_temp.knn_shard_queries_.*WHERE ((cat <> 4)).*, 3, .l2., false, .auto.)$/Remote SQL: yes/p')"
+out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
+check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
+  "$(echo "$out" | analyze_lines)"
+check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
+  'Shards: not known (relation "no_such_table" does not exist)' \
+  "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
+
+# ---- knn_join's other forms: pushed down, or read here with a NOTICE ----
+# same_as_one_server NAME SHARDS SHARDED_CALL SINGLE_SERVER_CALL
+same_as_one_server() {
+  local out
+  out=$(sql 0 -v "s=$3" -v "r=$4" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
+CREATE TEMP TABLE s AS SELECT * FROM :s;
+CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
+CREATE TEMP TABLE r AS SELECT * FROM :r;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+EOF
+)
+  check "$1" "0 differences, true, $2 shards" "$out"
+}
+same_as_one_server "knn_range_join items_h l2" 2 \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5)" \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 2.5)"
+same_as_one_server "knn_range_join items_r l1, exclude_self, k, exclusive" 2 \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 4.0, 'l1', true, 3, false)" \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 4.0, 'l1', true, 3, false)"
+same_as_one_server "knn_join with bound parameters (a custom plan: the values go to the shards)" 2 \
+  "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h WHERE cat <> \$1::int AND id > \$2', 5, ARRAY['2', '40'])" \
+  "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all WHERE cat <> 2 AND id > 40', 5)"
+same_as_one_server "keyed knn_join: read here" 0 \
+  "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5, key => NULL::bigint)" \
+  "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 5, key => NULL::bigint)"
+same_as_one_server "knn_join with group keys: read here" 0 \
+  "knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_h', 5)" \
+  "knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_all', 5)"
+check_has "a keyed knn_join falls back with a NOTICE" \
+  'NOTICE:  knn_join reads the rows of foreign server "shard1" and others here: calls with a key argument are joined here' \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5, key => NULL::bigint)" 2>&1)"
+check_has "knn_join with group keys falls back with a NOTICE" \
+  'NOTICE:  knn_join reads the rows of foreign server "shard1" and others here: query and target texts with group key columns are joined here' \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v, cat FROM q', 'SELECT id, v, cat FROM items_h', 5)" 2>&1)"
+
 # ---- a shard that is down ----
 stop_server 2
 out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)
@@ -307,6 +440,8 @@ case "$out" in
   *'ERROR:  could not connect to server "shard2"'*) pass "a stopped shard: ERROR naming the server" ;;
   *) fail "a stopped shard: ERROR naming the server: $out" ;;
 esac
+check_has "a stopped shard under the KNN Join node: ERROR naming the server" \
+  'ERROR:  could not connect to server "shard2"' "$(sql 0 -c "$NODE_SQL" 2>&1)"
 resume_server 2 || fail "restarting shard2"
 
 # A shard that fails during the join: its error, and the server's name.
@@ -323,7 +458,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%knn_join(%' AND pid <> pg_backend_pid()")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_temp.knn_shard_queries%' AND pid <> pg_backend_pid()")
     n=$((n + c))
   done
   echo "$n"
@@ -378,28 +513,50 @@ done
 check "statement_timeout at $points points: ends at once, nothing left behind, the session works" "$points" "$ok"
 check "the shards stopped working" 0 "$(active_on_shards)"
 
-sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIG" >"${DIRS[0]}/cancel.out" 2>&1 &
-bg=$!
-seen=0
-for _ in $(seq 1 100); do
-  [ "$(active_on_shards)" -ge 2 ] && { seen=1; break; }
-  sleep 0.1
-done
-check "the big join runs on both shards" 1 "$seen"
-sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
-start=$(date +%s%N)
-wait "$bg"
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
-case "$(cat "${DIRS[0]}/cancel.out")" in
-  *'canceling statement due to user request'*) pass "a cancel ends a sharded join (${ms} ms)" ;;
-  *) fail "a cancel ends a sharded join: $(cat "${DIRS[0]}/cancel.out")" ;;
-esac
-check "the cancel stopped the shards' work" 0 "$(active_on_shards)"
-leftovers=0
-for i in 1 2; do
-  leftovers=$((leftovers + $(sql "$i" -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'knn_shard_queries%'")))
-done
-check "no temporary table left on the shards" 0 "$leftovers"
+# cancel_in_the_middle WHAT SQL: SQL runs until both shards work on it, is
+# cancelled, and ends at once, stopping the shards' work and leaving nothing.
+cancel_in_the_middle() {
+  local what=$1 bg seen=0 start ms leftovers=0
+  sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$2" >"${DIRS[0]}/cancel.out" 2>&1 &
+  bg=$!
+  for _ in $(seq 1 100); do
+    [ "$(active_on_shards)" -ge 2 ] && { seen=1; break; }
+    sleep 0.1
+  done
+  check "$what runs on both shards" 1 "$seen"
+  sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+  start=$(date +%s%N)
+  wait "$bg"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  check_has "a cancel ends $what (${ms} ms)" 'canceling statement due to user request' \
+    "$(cat "${DIRS[0]}/cancel.out")"
+  check "the cancel stopped the shards' work on $what" 0 "$(active_on_shards)"
+  for i in 1 2; do
+    leftovers=$((leftovers + $(sql "$i" -c "SELECT count(*) FROM pg_class WHERE relname LIKE 'knn_shard_queries%'")))
+  done
+  check "no temporary table left on the shards after $what" 0 "$leftovers"
+}
+cancel_in_the_middle "knn_join's big join" "$BIG"
+
+# The KNN Join node: a timeout and a cancel while the shards join.
+BIG_NODE="SELECT count(*) FROM big q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM big t WHERE t.id <> q.id ORDER BY t.v <-> q.v LIMIT 10) n"
+out=$(sql 0 <<EOF 2>&1
+SET statement_timeout = '1500ms';
+\set ON_ERROR_STOP 0
+$BIG_NODE;
+RESET statement_timeout;
+SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SET client_min_messages = warning;
+SELECT 'again:' || count(*) FROM ($NODE_SQL) x;
+EOF
+)
+check_has "statement_timeout ends the KNN Join node's sharded join" \
+  'canceling statement due to statement timeout' "$out"
+check "after the node's timeout: no temporary table on the shards, the session works" \
+  "$(printf 'after:0\nafter:0\nagain:171')" "$(echo "$out" | grep -E '^(after|again):')"
+check "the shards stopped the node's work" 0 "$(active_on_shards)"
+cancel_in_the_middle "the KNN Join node's big join" "$BIG_NODE"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

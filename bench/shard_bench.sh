@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# shard_bench.sh OUT_DIR -- issue 11's benchmark: an exact self-join over a
+# table sharded across two PostgreSQL servers, each on its own GPU, against
+# one server with one GPU holding all rows.
+#
+# On the two-GPU host (nvidia-h200-x2), from the project root:
+#     bash .gpu/run.sh bash bench/shard_bench.sh $OUT
+# run.sh's environment gives the binaries (PATH, LD_LIBRARY_PATH) with this
+# build laid over them; its own server is not used. This script starts three
+# servers of its own from those binaries, as test/shard_test.sh does: a
+# coordinator (pinned to GPU 0: it is also the one-server baseline, which
+# runs while the shards are idle) and two shards, pinned to GPU 0 and GPU 1
+# (CUDA_VISIBLE_DEVICES; and knn_gpu.devices = '0' where the setting
+# exists). The coordinator holds every row in a plain table (the baseline)
+# and a hash-partitioned table whose two partitions are postgres_fdw
+# foreign tables of the shards, each holding its half.
+#
+# Sets (seeded, bench/make_cpu_sets.py's unit-norm Gaussian mixtures,
+# loaded by binary COPY: bench/write_copy_binary.py):
+#   emb: EMB_ROWS x EMB_DIMS (1000000 x 768)
+#   clu: CLU_ROWS x CLU_DIMS (5000000 x 8), clustered (CLU_CENTRES centres)
+# Per set, k = K nearest other rows of every row (knn_join, exclude_self):
+#   - the baseline (one server, one GPU) and the sharded join, timed in
+#     psql, each with an order-free checksum of its rows (count, sum of
+#     ranks, bit_xor of a hash of every row): identical results have equal
+#     checksums;
+#   - an exact check: the first CHECK_QUERIES queries' rows of both joins,
+#     EXCEPT ALL both ways (0 differing rows);
+#   - the statistics: knn_gpu_last_stats() of the baseline,
+#     knn_gpu_last_shard_stats() of the sharded join (per shard its time,
+#     rows and own engine record; shipping, merge);
+# and for emb the KNN Join node (the LATERAL top-k query, ORDER BY distance,
+# id) over the first NODE_QUERIES rows, sharded and not, with checksums.
+# Derived: speedup = baseline / sharded (psql time), the coordinator's
+# shipping + merge over the slowest shard's time, and the merge's cost per
+# million result rows. Writes OUT_DIR/shard_bench.json and prints it.
+#
+# Every step runs under `timeout` (STEP_TIMEOUT seconds, default 240); the
+# whole script is meant to take well under 9 minutes on that host.
+#
+# A dry run on a machine without a GPU (all sizes are settings):
+#   EMB_ROWS=20000 EMB_DIMS=32 CLU_ROWS=50000 NODE_QUERIES=2000 CHECK_QUERIES=2000 \
+#   DEVICE=cpu SHARED_BUFFERS=128MB PG_BIN=/usr/lib/postgresql/15/bin bash bench/shard_bench.sh /tmp/out
+#
+# Settings: EMB_ROWS EMB_DIMS CLU_ROWS CLU_DIMS CLU_CENTRES K CHECK_QUERIES
+#   NODE_QUERIES DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
+#   takes the first) PORTS ("5701 5702 5703") SHARED_BUFFERS (8GB)
+#   PG_SETTINGS (more server settings) PG_BIN (default: pg_ctl's directory
+#   on PATH) PYTHON (python3 with numpy) STEP_TIMEOUT.
+set -uo pipefail
+out=${1:?usage: shard_bench.sh OUT_DIR}
+emb_rows=${EMB_ROWS:-1000000} emb_dims=${EMB_DIMS:-768}
+clu_rows=${CLU_ROWS:-5000000} clu_dims=${CLU_DIMS:-8} clu_centres=${CLU_CENTRES:-1000}
+k=${K:-10} check_queries=${CHECK_QUERIES:-20000} node_queries=${NODE_QUERIES:-100000}
+device=${DEVICE:-gpu} step_timeout=${STEP_TIMEOUT:-240}
+read -r -a gpus <<<"${GPUS:-0 1}"
+read -r -a ports <<<"${PORTS:-5701 5702 5703}"
+here=$(cd "$(dirname "$0")" && pwd)
+py=${PYTHON:-python3}
+pg_bin=${PG_BIN:-$(dirname "$(command -v pg_ctl 2>/dev/null || echo /usr/lib/postgresql/15/bin/pg_ctl)")}
+psql_bin=$pg_bin/psql
+mkdir -p "$out"
+result=$out/shard_bench.json
+log=$out/shard_bench.log
+: > "$log"
+
+base=$(mktemp -d /tmp/knn_shard_bench.XXXXXX)
+chmod 755 "$base"
+names=(coordinator shard1 shard2)
+# The servers run as an unprivileged user: run.sh's (knnpg) when root.
+owner=$(id -un)
+if [ "$(id -u)" = 0 ]; then
+  owner=${BENCH_OWNER:-knnpg}
+  id "$owner" >/dev/null 2>&1 || useradd -m "$owner" || exit 1
+  chown "$owner" "$base"
+fi
+as_owner() {
+  if [ "$(id -u)" = 0 ]; then
+    su "$owner" -s /bin/bash -c "export PATH='$PATH' LD_LIBRARY_PATH='${LD_LIBRARY_PATH:-}'; $1"
+  else
+    bash -c "$1"
+  fi
+}
+stop_all() {
+  for i in 0 1 2; do
+    [ -f "$base/${names[$i]}/data/postmaster.pid" ] &&
+      as_owner "'$pg_bin/pg_ctl' -D '$base/${names[$i]}/data' -m fast stop" >/dev/null 2>&1
+  done
+  for i in 0 1 2; do cp "$base/${names[$i]}/server.log" "$out/${names[$i]}.log" 2>/dev/null; done
+  rm -rf "$base"
+}
+trap stop_all EXIT
+step() { # step SECONDS COMMAND...: one bounded step, its output in the log
+  timeout "$1" "${@:2}" >>"$log" 2>&1 || { echo "step failed (or took over $1 s): ${*:2}" | tee -a "$log"; tail -20 "$log"; exit 1; }
+}
+# sql SERVER ARGS...: psql on one of the three servers
+sql() { local i=$1; shift; timeout "$step_timeout" "$psql_bin" -X -q -At -v ON_ERROR_STOP=1 -h "$base/${names[$i]}" -p "${ports[$i]}" -U postgres -d postgres "$@"; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+
+# ---- the servers ----
+start_server() { # start_server INDEX GPU
+  local i=$1 gpu=$2 dir=$base/${names[$1]}
+  mkdir -p "$dir"; [ "$(id -u)" = 0 ] && chown "$owner" "$dir"
+  as_owner "'$pg_bin/initdb' -D '$dir/data' -U postgres -A trust >'$dir/initdb.log' 2>&1" ||
+    { cat "$dir/initdb.log"; exit 1; }
+  as_owner "export CUDA_VISIBLE_DEVICES='$gpu'; '$pg_bin/pg_ctl' -D '$dir/data' -l '$dir/server.log' -w -t 120 -o \"-p ${ports[$i]} -k '$dir' -c listen_addresses='' -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c jit=off -c shared_buffers=${SHARED_BUFFERS:-8GB} -c temp_buffers=4GB -c work_mem=1GB -c maintenance_work_mem=2GB -c max_wal_size=16GB ${PG_SETTINGS:-}\" start" >/dev/null ||
+    { tail -20 "$dir/server.log"; exit 1; }
+}
+start_server 0 "${gpus[0]:-}"
+start_server 1 "${gpus[0]:-}"
+start_server 2 "${gpus[1]:-${gpus[0]:-}}"
+for i in 0 1 2; do
+  sql "$i" -c "CREATE EXTENSION knn_gpu" -c "SELECT knn_gpu_info()" >>"$log" 2>&1 || { tail "$log"; exit 1; }
+  sql "$i" -c "ALTER DATABASE postgres SET knn_gpu.device = '$device'" >>"$log" 2>&1 || exit 1
+  # each server sees one GPU (CUDA_VISIBLE_DEVICES): ordinal 0, where the setting exists
+  if [ -n "$(sql "$i" -c "SELECT knn_gpu_info() IS NOT NULL" -c "SELECT current_setting('knn_gpu.devices', true)" | tail -1)" ]; then
+    sql "$i" -c "ALTER DATABASE postgres SET knn_gpu.devices = '0'" >>"$log" 2>&1 || exit 1
+  fi
+done
+info=$(sql 0 -c "SELECT knn_gpu_info()")
+echo "coordinator: $info"
+sql 0 >>"$log" 2>&1 <<EOF || { tail "$log"; exit 1; }
+CREATE EXTENSION postgres_fdw;
+CREATE SERVER shard1 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '$base/shard1', port '${ports[1]}', dbname 'postgres');
+CREATE SERVER shard2 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '$base/shard2', port '${ports[2]}', dbname 'postgres');
+CREATE USER MAPPING FOR postgres SERVER shard1 OPTIONS (user 'postgres');
+CREATE USER MAPPING FOR postgres SERVER shard2 OPTIONS (user 'postgres');
+EOF
+
+# ---- the data ----
+# load NAME ROWS DIMS CENTRES: NAME_all here, NAME_0 / NAME_1 on the shards
+# (the rows of hash partition 0 / 1 by id), NAME partitioned here over them.
+load() {
+  local name=$1 rows=$2 dims=$3 centres=$4 t0
+  t0=$(now)
+  step "$step_timeout" "$py" "$here/make_cpu_sets.py" embedding "$rows" "$dims" "$base" "$name" --centres "$centres"
+  step "$step_timeout" "$py" "$here/write_copy_binary.py" "$base/$name.f32" "$dims" vector "$base/$name.copy"
+  rm -f "$base/$name.f32"
+  chmod 644 "$base/$name.copy"
+  # the partitioned table first: its hash partitioning places the rows
+  sql 0 -c "CREATE TABLE ${name}_all (id bigint PRIMARY KEY, v vector($dims))" \
+    -c "\\copy ${name}_all FROM '$base/$name.copy' WITH (FORMAT binary)" \
+    -c "ANALYZE ${name}_all" \
+    -c "CREATE TABLE $name (id bigint, v vector($dims)) PARTITION BY HASH (id)" \
+    -c "CREATE FOREIGN TABLE ${name}_0 PARTITION OF $name FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name '${name}_0')" \
+    -c "CREATE FOREIGN TABLE ${name}_1 PARTITION OF $name FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2 OPTIONS (table_name '${name}_1')" \
+    >>"$log" 2>&1 || { tail "$log"; exit 1; }
+  rm -f "$base/$name.copy"
+  for s in 0 1; do
+    sql $((s + 1)) -c "CREATE TABLE ${name}_$s (id bigint PRIMARY KEY, v vector($dims))" >>"$log" 2>&1 || exit 1
+    ( sql 0 -c "COPY (SELECT id, v FROM ${name}_all WHERE satisfies_hash_partition('$name'::regclass, 2, $s, id)) TO STDOUT (FORMAT binary)" |
+        sql $((s + 1)) -c "COPY ${name}_$s FROM STDIN (FORMAT binary)" -c "ANALYZE ${name}_$s" ) >>"$log" 2>&1 &
+  done
+  wait
+  local counts
+  counts=$(sql 0 -c "SELECT (SELECT count(*) FROM ${name}_all) || ' = ' || (SELECT count(*) FROM ${name}_0) || ' + ' || (SELECT count(*) FROM ${name}_1)")
+  echo "$name: $rows x $dims loaded in $(since "$t0") s: $counts"
+}
+
+# ---- the joins ----
+# An order-free checksum of a join's rows: equal rows, equal checksums.
+CHECKSUM="count(*) || ':' || sum(rank) || ':' || bit_xor(hashint8extended(target_id, query_id) # hashfloat8extended(distance, rank))"
+# timed SERVER SQL STATS_SQL -> "ms|first column|stats" of one run in a session
+timed() {
+  local res ms value stats
+  res=$(sql "$1" -c "SET client_min_messages = warning" -c '\timing on' -c "$2" -c '\timing off' -c "$3" 2>&1) ||
+    { echo "$res" >>"$log"; echo "failed: $2" >&2; return 1; }
+  ms=$(echo "$res" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | head -1)
+  value=$(echo "$res" | grep -v '^Time:' | grep -v '^{' | head -1)
+  stats=$(echo "$res" | grep '^{' | tail -1)
+  echo "${ms:-null}|${value}|${stats:-null}"
+}
+json_string() { printf '"%s"' "$(echo "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
+
+# bench_set NAME: the self-join, baseline and sharded, checked; its JSON object
+bench_set() {
+  local name=$1 rows=$2 dims=$3 base_run shard_run check diff
+  # untimed warm-up on every server (engine and GPU context loaded)
+  for i in 0 1 2; do
+    local table=${name}_all
+    [ "$i" -gt 0 ] && table=${name}_$((i - 1))
+    sql "$i" -c "SELECT count(*) FROM knn_join('SELECT id, v FROM $table WHERE id <= 1000', 'SELECT id, v FROM $table WHERE id <= 1000', 2)" >>"$log" 2>&1 || exit 1
+  done
+  base_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM ${name}_all', $k, exclude_self => true)" \
+    "SELECT knn_gpu_last_stats()") || exit 1
+  shard_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+    "SELECT knn_gpu_last_shard_stats()") || exit 1
+  diff=$(sql 0 -c "SET client_min_messages = warning" \
+    -c "CREATE TEMP TABLE s AS SELECT * FROM knn_join('SELECT id, v FROM ${name}_all WHERE id <= $check_queries', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+    -c "CREATE TEMP TABLE r AS SELECT * FROM knn_join('SELECT id, v FROM ${name}_all WHERE id <= $check_queries', 'SELECT id, v FROM ${name}_all', $k, exclude_self => true)" \
+    -c "SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a) + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)" 2>>"$log" | tail -1)
+  local base_ms=${base_run%%|*} shard_ms=${shard_run%%|*}
+  local base_sum=${base_run#*|}; base_sum=${base_sum%%|*}
+  local shard_sum=${shard_run#*|}; shard_sum=${shard_sum%%|*}
+  local shard_stats=${shard_run#*|*|}
+  check=false; [ -n "$base_sum" ] && [ "$base_sum" = "$shard_sum" ] && [ "$diff" = 0 ] && check=true
+  echo "$name knn_join: one server ${base_ms} ms, two shards ${shard_ms} ms; checksums $base_sum / $shard_sum; first $check_queries queries: ${diff:-?} differing rows" >&2
+  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
+    "$name" "$rows" "$dims" "$k" "$base_ms" "$(json_string "$base_sum")" "${base_run##*|}" \
+    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$check_queries" "${diff:-null}" "$check"
+}
+
+# bench_node NAME: the KNN Join node over the first NODE_QUERIES rows, sharded and not
+bench_node() {
+  local name=$1 base_run shard_run
+  # (the rows' set: the node returns no rank column)
+  lateral() {
+    echo "SELECT count(*) || ':' || bit_xor(hashint8extended(n.id, q.id) # hashfloat8extended(n.d, 0)) FROM (SELECT id, v FROM ${name}_all WHERE id <= $node_queries) q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM $1 t WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id LIMIT $k) n"
+  }
+  base_run=$(timed 0 "$(lateral "${name}_all")" "SELECT knn_gpu_last_stats()") || exit 1
+  shard_run=$(timed 0 "$(lateral "$name")" "SELECT knn_gpu_last_shard_stats()") || exit 1
+  local base_sum=${base_run#*|}; base_sum=${base_sum%%|*}
+  local shard_sum=${shard_run#*|}; shard_sum=${shard_sum%%|*}
+  local check=false
+  [ -n "$base_sum" ] && [ "$base_sum" = "$shard_sum" ] && check=true
+  echo "$name KNN Join node, $node_queries queries: one server ${base_run%%|*} ms, two shards ${shard_run%%|*} ms; checksums $base_sum / $shard_sum" >&2
+  printf '{"set":"%s","queries":%s,"k":%s,"form":"KNN Join node (LATERAL, ORDER BY distance, id)","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"identical":%s}' \
+    "$name" "$node_queries" "$k" "${base_run%%|*}" "$(json_string "$base_sum")" "${base_run##*|}" \
+    "${shard_run%%|*}" "$(json_string "$shard_sum")" "${shard_run#*|*|}" "$check"
+}
+
+load emb "$emb_rows" "$emb_dims" 100
+emb=$(bench_set emb "$emb_rows" "$emb_dims") || exit 1
+node=$(bench_node emb) || exit 1
+sql 0 -c "DROP TABLE emb, emb_all" >>"$log" 2>&1
+for s in 1 2; do sql "$s" -c "DROP TABLE emb_$((s - 1))" >>"$log" 2>&1; done
+load clu "$clu_rows" "$clu_dims" "$clu_centres"
+clu=$(bench_set clu "$clu_rows" "$clu_dims") || exit 1
+
+# Derived figures, from the psql times and knn_gpu_last_shard_stats().
+step 60 "$py" - "$result" "$device" "$info" "$emb" "$node" "$clu" <<'PYEOF'
+import json, sys
+path, device, info = sys.argv[1:4]
+runs = [json.loads(text) for text in sys.argv[4:]]
+for run in runs:
+    stats = run["sharded"]["stats"] or {}
+    shards = stats.get("shards", [])
+    seconds = stats.get("seconds", {})
+    slowest = max((s["seconds_join"] for s in shards), default=None)
+    coordinator = seconds.get("ship", 0) + seconds.get("merge", 0)
+    rows = stats.get("rows", 0)
+    run["derived"] = {
+        "speedup_sql": (run["one_server"]["sql_ms"] / run["sharded"]["sql_ms"]
+                        if run["one_server"]["sql_ms"] and run["sharded"]["sql_ms"] else None),
+        "per_shard_seconds": {s["server"]: s["seconds_join"] for s in shards},
+        "per_shard_rows": {s["server"]: s["rows"] for s in shards},
+        "slowest_shard_seconds": slowest,
+        "coordinator_ship_seconds": seconds.get("ship"),
+        "coordinator_merge_seconds": seconds.get("merge"),
+        "coordinator_ship_plus_merge_over_slowest_shard": coordinator / slowest if slowest else None,
+        "merge_seconds_per_million_result_rows": seconds.get("merge", 0) / (rows / 1e6) if rows else None,
+        "result_rows": rows,
+    }
+report = {"benchmark": "issue 11: sharded self-join, two shards on two GPUs vs one server on one GPU",
+          "device": device, "coordinator_engine": info, "runs": runs}
+with open(path, "w") as f:
+    json.dump(report, f, indent=1)
+    f.write("\n")
+PYEOF
+cat "$result"

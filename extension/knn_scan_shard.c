@@ -1,0 +1,847 @@
+/*
+ * knn_scan_shard.c -- the KNN Join node over a sharded inner relation
+ * (knn_scan_shard.h).
+ *
+ * What each shard runs, per partition of its own (UNION ALL), is the
+ * user's LATERAL query over postgres_fdw's remote SELECT of that partition
+ * (with the filters postgres_fdw pushed down), so that the shard's own
+ * KNN Join node (or its nested loop) answers it:
+ *
+ *     SELECT q.qid, n.d, n.a2 ... FROM pg_temp.<queries> q
+ *     CROSS JOIN LATERAL (SELECT s.c1 AS a2, ..., s.c2 OPERATOR(public.<->) q.v AS d
+ *                         FROM (<remote select>) s(c1, ..., cn)
+ *                         WHERE s.c3 OPERATOR(pg_catalog.<>) q.k      -- self-exclusion
+ *                           AND s.c4 OPERATOR(pg_catalog.=) q.g1      -- group keys
+ *                           AND s.c2 OPERATOR(public.<->) q.v < $2    -- radius
+ *                         ORDER BY s.c2 OPERATOR(public.<->) q.v, s.c1 ASC NULLS LAST
+ *                         LIMIT $1) n                                 -- OFFSET + LIMIT
+ *
+ * Exactness: the operator there is found by catalog identity (the same
+ * extension at the same version, the same C function, the same operand
+ * type: knn_shard_remote_operator), and the query vectors go in their
+ * type's binary send form, so the shard computes the very distances this
+ * server would. Self-exclusion and group values go the same way; they are
+ * pushed only for PostgreSQL's own types, whose equality is the same on
+ * every server (and under a deterministic collation, bytewise). ORDER BY
+ * keys after the distance are pushed only for PostgreSQL's own types in
+ * their default order and without a collation that could sort otherwise
+ * there (none, "C" or "POSIX"). Anything else keeps the node's plan here,
+ * with a NOTICE.
+ *
+ * Each shard returns at most OFFSET + LIMIT rows per outer row and
+ * partition (and, WITH TIES, those tied with the last); the node's own
+ * answer is among their union with the local part's, so merging them by
+ * the ORDER BY (then source and rank, for rows the ORDER BY leaves tied)
+ * and taking the node's OFFSET and LIMIT gives it. Results come in text,
+ * each column through this server's input function of its type, as
+ * postgres_fdw reads them (extra_float_digits = 3: distances exactly).
+ */
+#include "postgres.h"
+
+#include "access/htup_details.h"
+#include "access/stratnum.h"
+#include "access/tupdesc.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "commands/defrem.h"
+#include "executor/tuptable.h"
+#include "lib/stringinfo.h"
+#include "libpq/pqformat.h"
+#include "miscadmin.h"
+#include "nodes/makefuncs.h"
+#include "nodes/nodeFuncs.h"
+#include "parser/parsetree.h"
+#include "portability/instr_time.h"
+#include "utils/builtins.h"
+#include "utils/float.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/sortsupport.h"
+#include "utils/typcache.h"
+
+#include "knn_scan_shard.h"
+#include "knn_shard.h"
+#include "knn_stats.h"
+
+/* An ORDER BY key after the distance. */
+typedef struct TieKey
+{
+	AttrNumber	column;			/* in the inner rows */
+	Oid			type;
+	Oid			sort_operator;
+	Oid			collation;
+	bool		nulls_first;
+	SortSupportData sort;
+} TieKey;
+
+/* What the node knows of one shard. */
+typedef struct ShardOperator
+{
+	char	   *schema;			/* the distance operator's there, quoted */
+	char	   *operand_type;	/* its operands' type there, qualified */
+} ShardOperator;
+
+/* A value shipped with each query: its column in the outer rows and how it is sent. */
+typedef struct ShippedValue
+{
+	AttrNumber	column;
+	FmgrInfo	send;
+} ShippedValue;
+
+struct KnnScanShards
+{
+	KnnShardPlan sp;
+	KnnOperatorIdentity identity;
+	bool		target_is_left;
+	AttrNumber	target_column;
+	AttrNumber	exclude_target_column;	/* 0: none */
+	int			n_group_columns;
+	const AttrNumber *group_target_columns;
+	KnnRange	radius_mode;
+	bool		has_limit;
+	bool		with_ties;
+	int			n_ties;
+	TieKey	   *ties;
+	int			n_read_back;
+	AttrNumber *read_back;		/* ascending */
+
+	/* the query rows: qid, vector, [exclusion value], [group values] */
+	int			n_shipped;
+	ShippedValue *shipped;		/* from the vector on */
+	List	   *shipped_type_names;	/* after the vector's: x1, x2, ... */
+
+	/* one run */
+	int64		n_outer;
+	MinimalTuple *outer_rows;
+	TupleTableSlot *outer_slot;
+	MemoryContext row_cxt;
+	Oid			param_types[2];
+	char	   *param_values[2];
+	int			n_params;
+	/* ... and for collect */
+	TupleDesc	inner_desc;
+	FmgrInfo   *inputs;			/* per column read back */
+	Oid		   *ioparams;
+	MinimalTuple *rows;
+	int64		n_rows;
+	int64		capacity;
+	KnnScanCandidates *candidates;
+	MemoryContext cxt;
+
+	/* for EXPLAIN ANALYZE and knn_gpu_last_shard_stats() */
+	StringInfoData fallbacks;
+	int64		want;
+	instr_time	started;
+	bool		ran;
+	double		seconds_ship;
+	double		seconds_local;
+	double		seconds_merge;
+	int64		local_targets;
+	int64		merged;
+	bool		local_after;
+};
+
+/* ---- which joins can go to the shards ---- */
+
+/* Is equality of this type the same on every server (PostgreSQL's own type and operator)? */
+static bool
+equality_travels(Oid type, Oid collation)
+{
+	TypeCacheEntry *entry;
+
+	type = getBaseType(type);
+	if (type >= FirstNormalObjectId)
+		return false;
+	entry = lookup_type_cache(type, TYPECACHE_EQ_OPR);
+	if (!OidIsValid(entry->eq_opr) || entry->eq_opr >= FirstNormalObjectId)
+		return false;
+	return !OidIsValid(collation) || get_collation_isdeterministic(collation);
+}
+
+/* Does this ORDER BY key sort the same on every server? Then its SQL, else NULL. */
+static char *
+tie_key_order(TieKey *key, Oid type, const char *column)
+{
+	Oid			opfamily;
+	Oid			opcintype;
+	int16		strategy;
+	Oid			opclass;
+
+	type = getBaseType(type);
+	if (type >= FirstNormalObjectId || key->sort_operator >= FirstNormalObjectId ||
+		!get_ordering_op_properties(key->sort_operator, &opfamily, &opcintype, &strategy))
+		return NULL;
+	opclass = GetDefaultOpClass(type, BTREE_AM_OID);
+	if (!OidIsValid(opclass) || get_opclass_family(opclass) != opfamily)
+		return NULL;
+	if (type_is_collatable(type) &&
+		key->collation != C_COLLATION_OID && key->collation != POSIX_COLLATION_OID)
+		return NULL;
+	return psprintf("%s %s NULLS %s%s", column,
+					strategy == BTGreaterStrategyNumber ? "DESC" : "ASC",
+					key->nulls_first ? "FIRST" : "LAST",
+					type_is_collatable(type) ? " COLLATE pg_catalog.\"C\"" : "");
+}
+
+static Oid	inner_column_type(Plan *top, AttrNumber column);
+
+/* The ORDER BY keys after the distance (the node's subquery's). */
+static void
+find_tie_keys(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
+{
+	sh->n_ties = spec->n_order_keys;
+	sh->ties = palloc0(Max(sh->n_ties, 1) * sizeof(TieKey));
+	for (int i = 0; i < sh->n_ties; i++)
+	{
+		TieKey	   *key = &sh->ties[i];
+
+		key->column = spec->order_columns[i];
+		key->type = inner_column_type(top, key->column);
+		key->sort_operator = spec->order_operators[i];
+		key->collation = spec->order_collations[i];
+		key->nulls_first = spec->order_nulls_first[i];
+		key->sort.ssup_cxt = CurrentMemoryContext;
+		key->sort.ssup_collation = key->collation;
+		key->sort.ssup_nulls_first = key->nulls_first;
+		PrepareSortSupportFromOrderingOp(key->sort_operator, &key->sort);
+	}
+}
+
+/* The type of an inner column. */
+static Oid
+inner_column_type(Plan *top, AttrNumber column)
+{
+	TargetEntry *tle = list_nth_node(TargetEntry, top->targetlist, column - 1);
+
+	return exprType((Node *) tle->expr);
+}
+
+/*
+ * Why the node's join cannot go to shards, or NULL; fills the query rows'
+ * values and the node's settings in.
+ */
+static const char *
+not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
+{
+	Oid			send;
+	bool		varlena;
+
+	if (!knn_distance_operator_identity(spec->distance_operator, &sh->identity))
+		return "its distance operator is not found by catalog identity";
+	sh->target_is_left = spec->target_is_left;
+	sh->target_column = spec->target_column;
+	sh->radius_mode = spec->radius_mode;
+	sh->has_limit = spec->has_limit;
+	sh->with_ties = spec->with_ties;
+
+	sh->shipped = palloc0((2 + spec->n_group_columns) * sizeof(ShippedValue));
+	sh->shipped[0].column = spec->query_column;
+	getTypeBinaryOutputInfo(getBaseType(TupleDescAttr(spec->outer_desc, spec->query_column - 1)->atttypid),
+							&send, &varlena);
+	fmgr_info(send, &sh->shipped[0].send);
+	sh->n_shipped = 1;
+	if (spec->exclude_query_column > 0)
+	{
+		Oid			type = getBaseType(spec->exclude_type);
+
+		if (!equality_travels(type, spec->exclude_collation))
+			return "the self-exclusion compares values of a type other than PostgreSQL's own";
+		sh->exclude_target_column = spec->exclude_target_column;
+		sh->shipped[sh->n_shipped].column = spec->exclude_query_column;
+		getTypeBinaryOutputInfo(type, &send, &varlena);
+		fmgr_info(send, &sh->shipped[sh->n_shipped].send);
+		sh->shipped_type_names = lappend(sh->shipped_type_names, format_type_be_qualified(type));
+		sh->n_shipped++;
+	}
+	for (int g = 0; g < spec->n_group_columns; g++)
+	{
+		Oid			type = getBaseType(spec->group_types[g]);
+
+		if (!equality_travels(type, spec->group_collations[g]))
+			return "a group key is of a type other than PostgreSQL's own";
+		sh->shipped[sh->n_shipped].column = spec->group_query_columns[g];
+		getTypeBinaryOutputInfo(type, &send, &varlena);
+		fmgr_info(send, &sh->shipped[sh->n_shipped].send);
+		sh->shipped_type_names = lappend(sh->shipped_type_names, format_type_be_qualified(type));
+		sh->n_shipped++;
+	}
+	sh->n_group_columns = spec->n_group_columns;
+	sh->group_target_columns = spec->group_target_columns;
+
+	find_tie_keys(sh, spec, top);
+	for (int i = 0; i < sh->n_ties; i++)
+		if (tie_key_order(&sh->ties[i], sh->ties[i].type, "x") == NULL)
+			return "an ORDER BY key after the distance may sort otherwise on another server";
+
+	sh->n_read_back = 0;
+	sh->read_back = palloc(Max(bms_num_members(spec->read_back), 1) * sizeof(AttrNumber));
+	{
+		int			column = -1;
+
+		while ((column = bms_next_member(spec->read_back, column)) >= 0)
+			sh->read_back[sh->n_read_back++] = (AttrNumber) column;
+	}
+	return NULL;
+}
+
+/* knn_shard_open's check: the distance operator there. */
+static const char *
+check_operator(void *arg, KnnShardRemote *shard)
+{
+	KnnScanShards *sh = (KnnScanShards *) arg;
+	ShardOperator *op = palloc0(sizeof(ShardOperator));
+	const char *why = NULL;
+
+	op->schema = knn_shard_remote_operator(shard, &sh->identity, &op->operand_type, &why);
+	/* bit strings of any length ("bit" alone would be bit(1)); they pass as bit, binary-coercibly */
+	if (sh->identity.type_extension == NULL)
+		op->operand_type = "pg_catalog.varbit";
+	shard->caller = op;
+	return op->schema != NULL ? NULL : why;
+}
+
+/* ---- the shards' SQL ---- */
+
+/* "s.c<i>": inner column `column` in a partition's rows there. */
+static char *
+remote_column(const KnnShardScan *scan, AttrNumber column)
+{
+	return psprintf("s.c%d", scan->positions[column - 1]);
+}
+
+static void
+compose_join_sql(KnnScanShards *sh, KnnShardRemote *shard)
+{
+	ShardOperator *op = (ShardOperator *) shard->caller;
+	StringInfoData sql;
+	ListCell   *lc;
+	int			radius_param = sh->has_limit ? 2 : 1;
+
+	initStringInfo(&sql);
+	foreach(lc, shard->scans)
+	{
+		KnnShardScan *scan = lfirst(lc);
+		char	   *target = remote_column(scan, sh->target_column);
+		char	   *distance = sh->target_is_left ?
+			psprintf("%s OPERATOR(%s.%s) q.v", target, op->schema, sh->identity.name) :
+			psprintf("q.v OPERATOR(%s.%s) %s", op->schema, sh->identity.name, target);
+		List	   *where = NIL;
+		ListCell   *lc_where;
+		int			shipped = 1;
+
+		appendStringInfo(&sql, "%sSELECT q.qid, n.d", sql.len > 0 ? " UNION ALL " : "");
+		for (int i = 0; i < sh->n_read_back; i++)
+			appendStringInfo(&sql, ", n.a%d", sh->read_back[i]);
+		appendStringInfo(&sql, " FROM %s q CROSS JOIN LATERAL (SELECT ", shard->temp_table);
+		for (int i = 0; i < sh->n_read_back; i++)
+			appendStringInfo(&sql, "%s AS a%d, ", remote_column(scan, sh->read_back[i]),
+							 sh->read_back[i]);
+		appendStringInfo(&sql, "%s AS d FROM %s", distance, knn_shard_scan_from(scan, "s"));
+		if (sh->exclude_target_column > 0)
+			where = lappend(where, psprintf("%s OPERATOR(pg_catalog.<>) q.x%d",
+											remote_column(scan, sh->exclude_target_column),
+											shipped++));
+		for (int g = 0; g < sh->n_group_columns; g++)
+			where = lappend(where, psprintf("%s OPERATOR(pg_catalog.=) q.x%d",
+											remote_column(scan, sh->group_target_columns[g]),
+											shipped++));
+		if (sh->radius_mode != KNN_RANGE_NONE)
+			where = lappend(where, psprintf("%s %s $%d", distance,
+											sh->radius_mode == KNN_RANGE_AT_MOST ? "<=" : "<",
+											radius_param));
+		foreach(lc_where, where)
+			appendStringInfo(&sql, " %s %s", foreach_current_index(lc_where) == 0 ? "WHERE" : "AND",
+							 (char *) lfirst(lc_where));
+		appendStringInfo(&sql, " ORDER BY %s", distance);
+		for (int i = 0; i < sh->n_ties; i++)
+			appendStringInfo(&sql, ", %s",
+							 tie_key_order(&sh->ties[i], sh->ties[i].type,
+										   remote_column(scan, sh->ties[i].column)));
+		if (sh->has_limit)
+			appendStringInfoString(&sql, sh->with_ties ? " FETCH FIRST $1 ROWS WITH TIES" :
+								   " LIMIT $1");
+		appendStringInfoString(&sql, ") n");
+	}
+	shard->join_sql = sql.data;
+	shard->binary_result = false;
+}
+
+/* The query table's columns there: qid, v, then x1, x2, ... */
+static char *
+column_definitions(KnnScanShards *sh, KnnShardRemote *shard)
+{
+	StringInfoData columns;
+	ListCell   *lc;
+
+	initStringInfo(&columns);
+	appendStringInfo(&columns, "qid pg_catalog.int8, v %s",
+					 ((ShardOperator *) shard->caller)->operand_type);
+	foreach(lc, sh->shipped_type_names)
+		appendStringInfo(&columns, ", x%d %s", foreach_current_index(lc) + 1,
+						 (char *) lfirst(lc));
+	return columns.data;
+}
+
+/* ---- starting ---- */
+
+/* A plan that returns no row, of the inner plan's columns: all partitions joined on their servers. */
+static Plan *
+empty_plan(Plan *top)
+{
+	Result	   *result = makeNode(Result);
+	ListCell   *lc;
+
+	foreach(lc, top->targetlist)
+	{
+		TargetEntry *tle = lfirst_node(TargetEntry, lc);
+		Node	   *expr = (Node *) tle->expr;
+
+		result->plan.targetlist =
+			lappend(result->plan.targetlist,
+					makeTargetEntry((Expr *) makeNullConst(exprType(expr), exprTypmod(expr),
+														   exprCollation(expr)),
+									tle->resno, tle->resname, false));
+	}
+	result->resconstantqual = (Node *) list_make1(makeBoolConst(false, false));
+	result->plan.plan_width = top->plan_width;
+	return &result->plan;
+}
+
+/* Is there a postgres_fdw scan anywhere in the plan (a shape we do not push)? */
+static bool
+has_postgres_fdw_scan(Plan *plan)
+{
+	ListCell   *lc;
+
+	if (plan == NULL)
+		return false;
+	if (IsA(plan, ForeignScan) &&
+		knn_shard_is_postgres_fdw(GetForeignServer(((ForeignScan *) plan)->fs_server)))
+		return true;
+	if (IsA(plan, Append))
+	{
+		foreach(lc, ((Append *) plan)->appendplans)
+			if (has_postgres_fdw_scan(lfirst(lc)))
+				return true;
+	}
+	else if (IsA(plan, MergeAppend))
+	{
+		foreach(lc, ((MergeAppend *) plan)->mergeplans)
+			if (has_postgres_fdw_scan(lfirst(lc)))
+				return true;
+	}
+	else if (IsA(plan, SubqueryScan))
+		return has_postgres_fdw_scan(((SubqueryScan *) plan)->subplan);
+	return has_postgres_fdw_scan(plan->lefttree) || has_postgres_fdw_scan(plan->righttree);
+}
+
+Plan *
+knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *spec,
+					  KnnScanShards **shards)
+{
+	KnnScanShards *sh = palloc0(sizeof(KnnScanShards));
+	Plan	   *base = inner_plan;
+	Plan	   *local;
+	const char *why;
+
+	*shards = NULL;
+	/* the partitions' scans, under the sort by the ORDER BY keys after the distance */
+	if (IsA(base, Sort))
+		base = outerPlan(base);
+	sh->sp.who = "KNN Join";
+	sh->sp.scans = knn_shard_partition_scans(base);
+	if (sh->sp.scans == NIL)
+	{
+		if (has_postgres_fdw_scan(inner_plan))
+			ereport(NOTICE,
+					(errmsg("KNN Join reads the rows of its foreign tables here: its inner plan is not a scan of partitions")));
+		return inner_plan;
+	}
+	knn_shard_classify(&sh->sp, rtable);
+	if (sh->sp.n_shards == 0)
+		return inner_plan;
+	initStringInfo(&sh->fallbacks);
+	if ((why = not_pushable(sh, spec, inner_plan)) != NULL)
+	{
+		ereport(NOTICE,
+				(errmsg("KNN Join reads the rows of foreign server \"%s\"%s here: %s",
+						sh->sp.shards[0]->server->servername,
+						sh->sp.n_shards > 1 ? " and others" : "", why)));
+		return inner_plan;
+	}
+	knn_shard_open(&sh->sp,
+				   sh->identity.type_extension == NULL ? KNN_ELEMENT_BIT :
+				   knn_vector_kind(sh->identity.operand_type) == KNN_VECTOR_HALFVEC ?
+				   KNN_ELEMENT_FLOAT16 : KNN_ELEMENT_FLOAT32,
+				   check_operator, sh, &sh->fallbacks);
+	if (sh->sp.n_shards == 0)
+		return inner_plan;
+
+	for (int s = 0; s < sh->sp.n_shards; s++)
+	{
+		KnnShardRemote *shard = sh->sp.shards[s];
+
+		knn_shard_remote_name_table(shard);
+		shard->temp_columns = column_definitions(sh, shard);
+		compose_join_sql(sh, shard);
+	}
+	sh->local_after = knn_shard_local_needs_shard_connection(&sh->sp, rtable);
+
+	local = knn_shard_local_plan(base, &sh->sp);
+	if (local == NULL)
+		local = empty_plan(base);
+	if (base != inner_plan)
+	{
+		Sort	   *sort = copyObject((Sort *) inner_plan);
+
+		outerPlan(sort) = local;
+		local = &sort->plan;
+	}
+	*shards = sh;
+	return local;
+}
+
+bool
+knn_scan_shards_local_after(const KnnScanShards *shards)
+{
+	return shards->local_after;
+}
+
+/* The query rows: (qid, vector, values of the self-exclusion and groups), binary. */
+static void
+encode_outer_row(void *arg, int64 row, StringInfo buf)
+{
+	KnnScanShards *sh = (KnnScanShards *) arg;
+	MemoryContext old = MemoryContextSwitchTo(sh->row_cxt);
+
+	MemoryContextReset(sh->row_cxt);
+	pq_sendint32(buf, 8);
+	pq_sendint64(buf, row);
+	ExecStoreMinimalTuple(sh->outer_rows[row], sh->outer_slot, false);
+	for (int i = 0; i < sh->n_shipped; i++)
+	{
+		bool		isnull;
+		Datum		value = slot_getattr(sh->outer_slot, sh->shipped[i].column, &isnull);
+
+		if (isnull)
+			knn_shard_copy_field(buf, NULL, 0);
+		else
+		{
+			bytea	   *sent = SendFunctionCall(&sh->shipped[i].send, value);
+
+			knn_shard_copy_field(buf, VARDATA(sent), VARSIZE(sent) - VARHDRSZ);
+		}
+	}
+	MemoryContextSwitchTo(old);
+	CHECK_FOR_INTERRUPTS();
+}
+
+void
+knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer,
+					  TupleTableSlot *outer_slot, int64 want, double radius)
+{
+	KnnShardRows rows;
+	instr_time	start;
+
+	sh->outer_rows = outer_rows;
+	sh->n_outer = n_outer;
+	sh->outer_slot = outer_slot;
+	if (sh->row_cxt == NULL)
+		sh->row_cxt = AllocSetContextCreate(CurrentMemoryContext, "KNN Join shipping",
+											ALLOCSET_DEFAULT_SIZES);
+	sh->n_params = 0;
+	if (sh->has_limit)
+	{
+		/* all rows: a count no table reaches (a NULL count is an error WITH TIES) */
+		sh->param_types[sh->n_params] = INT8OID;
+		sh->param_values[sh->n_params++] = psprintf(INT64_FORMAT, want < 0 ? PG_INT64_MAX : want);
+	}
+	if (sh->radius_mode != KNN_RANGE_NONE)
+	{
+		sh->param_types[sh->n_params] = FLOAT8OID;
+		sh->param_values[sh->n_params++] = float8out_internal(radius);
+	}
+
+	INSTR_TIME_SET_CURRENT(start);
+	sh->started = start;
+	sh->want = want;
+	rows.n = n_outer;
+	rows.n_fields = 1 + sh->n_shipped;
+	rows.encode = encode_outer_row;
+	rows.arg = sh;
+	knn_shard_remote_ship(sh->sp.shards, sh->sp.n_shards, &rows);
+	sh->seconds_ship = knn_seconds_since(start);
+	for (int s = 0; s < sh->sp.n_shards; s++)
+	{
+		KnnShardRemote *shard = sh->sp.shards[s];
+
+		shard->n_params = sh->n_params;
+		shard->param_types = sh->param_types;
+		shard->param_values = (const char *const *) sh->param_values;
+		knn_shard_remote_send(shard);
+	}
+	sh->ran = true;
+}
+
+/* ---- collecting ---- */
+
+void
+knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item)
+{
+	if (candidates->n == candidates->capacity)
+	{
+		candidates->capacity = Max(candidates->capacity * 2, 1024);
+		candidates->items = candidates->items == NULL ?
+			palloc_extended(candidates->capacity * sizeof(KnnScanCandidate), MCXT_ALLOC_HUGE) :
+			repalloc_huge(candidates->items, candidates->capacity * sizeof(KnnScanCandidate));
+	}
+	candidates->items[candidates->n++] = *item;
+}
+
+/*
+ * One shard's result: (qid, distance, the columns read back) in text, the
+ * rows of one outer row and partition in the subquery's order.
+ */
+static void
+read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
+{
+	KnnScanShards *sh = (KnnScanShards *) arg;
+	int			n = knn_shard_result_rows(result);
+	int			natts = sh->inner_desc->natts;
+	Datum	   *values = palloc(natts * sizeof(Datum));
+	bool	   *nulls = palloc(natts * sizeof(bool));
+	int			source = 1;
+	int64	   *next_rank = palloc_extended(Max(sh->n_outer, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+
+	for (int s = 0; s < sh->sp.n_shards; s++)
+		if (sh->sp.shards[s] == shard)
+			source = s + 1;
+	if (knn_shard_result_columns(result) != 2 + sh->n_read_back)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("KNN Join on foreign server \"%s\" returned %d columns, not %d",
+						shard->server->servername, knn_shard_result_columns(result),
+						2 + sh->n_read_back)));
+	for (int r = 0; r < n; r++)
+	{
+		KnnScanCandidate item = {0};
+		int			len;
+		const char *qid = knn_shard_result_value(result, r, 0, &len);
+		const char *distance = knn_shard_result_value(result, r, 1, &len);
+		MemoryContext old;
+
+		if (qid == NULL ||
+			(item.outer_row = pg_strtoint64(qid)) < 0 || item.outer_row >= sh->n_outer)
+			ereport(ERROR,
+					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+					 errmsg("KNN Join on foreign server \"%s\" returned a query row that was not sent",
+							shard->server->servername)));
+		item.distance_null = distance == NULL;
+		item.distance = distance == NULL ? 0.0 : float8in_internal((char *) distance, NULL,
+																   "double precision",
+																   distance);
+		item.source = source;
+		/* arrival order: the shard's partitions in turn, each in its subquery's order */
+		item.rank = next_rank[item.outer_row]++;
+
+		MemoryContextReset(sh->row_cxt);
+		old = MemoryContextSwitchTo(sh->row_cxt);
+		memset(nulls, true, natts * sizeof(bool));
+		for (int i = 0; i < sh->n_read_back; i++)
+		{
+			AttrNumber	column = sh->read_back[i];
+			const char *text = knn_shard_result_value(result, r, 2 + i, &len);
+			Form_pg_attribute attr = TupleDescAttr(sh->inner_desc, column - 1);
+
+			nulls[column - 1] = text == NULL;
+			values[column - 1] = InputFunctionCall(&sh->inputs[i], (char *) text,
+												   sh->ioparams[i], attr->atttypmod);
+		}
+		MemoryContextSwitchTo(sh->cxt);
+		if (sh->n_rows == sh->capacity)
+		{
+			sh->capacity = Max(sh->capacity * 2, 1024);
+			sh->rows = sh->rows == NULL ?
+				palloc_extended(sh->capacity * sizeof(MinimalTuple), MCXT_ALLOC_HUGE) :
+				repalloc_huge(sh->rows, sh->capacity * sizeof(MinimalTuple));
+		}
+		item.inner_row = sh->n_rows;
+		sh->rows[sh->n_rows++] = heap_form_minimal_tuple(sh->inner_desc, values, nulls);
+		knn_scan_candidates_add(sh->candidates, &item);
+		MemoryContextSwitchTo(old);
+		if ((r & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	MemoryContextReset(sh->row_cxt);
+	pfree(next_rank);
+}
+
+void
+knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext cxt,
+						MinimalTuple **rows, int64 *n_rows, KnnScanCandidates *candidates)
+{
+	sh->inner_desc = inner_desc;
+	sh->cxt = cxt;
+	sh->rows = NULL;
+	sh->n_rows = 0;
+	sh->capacity = 0;
+	sh->candidates = candidates;
+	if (sh->inputs == NULL)
+	{
+		sh->inputs = palloc(Max(sh->n_read_back, 1) * sizeof(FmgrInfo));
+		sh->ioparams = palloc(Max(sh->n_read_back, 1) * sizeof(Oid));
+		for (int i = 0; i < sh->n_read_back; i++)
+		{
+			Oid			input;
+
+			getTypeInputInfo(TupleDescAttr(inner_desc, sh->read_back[i] - 1)->atttypid, &input,
+							 &sh->ioparams[i]);
+			fmgr_info(input, &sh->inputs[i]);
+		}
+	}
+	knn_shard_remote_collect(sh->sp.shards, sh->sp.n_shards, read_shard_rows, sh);
+	*rows = sh->rows;
+	*n_rows = sh->n_rows;
+}
+
+void
+knn_scan_shards_note_local(KnnScanShards *sh, int64 local_targets, double seconds_local)
+{
+	sh->local_targets = local_targets;
+	sh->seconds_local = seconds_local;
+}
+
+/* What the shards did, for EXPLAIN and the statistics. */
+static void
+summarize(const KnnScanShards *sh, KnnShardSummary *summary)
+{
+	knn_shard_summarize(summary, &sh->sp);
+	summary->ran = sh->ran;
+	summary->local_targets = sh->local_targets;
+	summary->rows = sh->merged;
+	summary->seconds_ship = sh->seconds_ship;
+	summary->seconds_local = sh->seconds_local;
+	summary->seconds_merge = sh->seconds_merge;
+}
+
+/* ---- merging ---- */
+
+typedef struct MergeContext
+{
+	KnnScanShards *sh;
+	MinimalTuple *inner_rows;
+	TupleTableSlot *slot_a;
+	TupleTableSlot *slot_b;
+} MergeContext;
+
+/* 0: a number, 1: NaN, 2: NULL, as ORDER BY float8 ASC sorts them. */
+static int
+distance_class(const KnnScanCandidate *c)
+{
+	return c->distance_null ? 2 : isnan(c->distance) ? 1 : 0;
+}
+
+static int
+compare_candidates(const void *a, const void *b, void *arg)
+{
+	const KnnScanCandidate *x = (const KnnScanCandidate *) a;
+	const KnnScanCandidate *y = (const KnnScanCandidate *) b;
+	MergeContext *context = (MergeContext *) arg;
+	int			cx = distance_class(x);
+	int			cy = distance_class(y);
+
+	if (cx != cy)
+		return cx < cy ? -1 : 1;
+	if (cx == 0 && x->distance != y->distance)
+		return x->distance < y->distance ? -1 : 1;
+	if (context->sh->n_ties > 0)
+	{
+		ExecStoreMinimalTuple(context->inner_rows[x->inner_row], context->slot_a, false);
+		ExecStoreMinimalTuple(context->inner_rows[y->inner_row], context->slot_b, false);
+		for (int i = 0; i < context->sh->n_ties; i++)
+		{
+			TieKey	   *key = &context->sh->ties[i];
+			bool		null_a;
+			bool		null_b;
+			Datum		va = slot_getattr(context->slot_a, key->column, &null_a);
+			Datum		vb = slot_getattr(context->slot_b, key->column, &null_b);
+			int			order = ApplySortComparator(va, null_a, vb, null_b, &key->sort);
+
+			if (order != 0)
+				return order;
+		}
+	}
+	if (x->source != y->source)
+		return x->source < y->source ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return 0;
+}
+
+int64 *
+knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_outer,
+					  MinimalTuple *inner_rows, TupleTableSlot *slot_a, TupleTableSlot *slot_b,
+					  MemoryContext cxt)
+{
+	int64	   *begin = MemoryContextAllocHuge(cxt, (n_outer + 1) * sizeof(int64));
+	int64	   *fill = palloc_extended(Max(n_outer, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+	KnnScanCandidate *sorted = MemoryContextAllocHuge(cxt, Max(candidates->n, 1) *
+													  sizeof(KnnScanCandidate));
+	MergeContext context = {sh, inner_rows, slot_a, slot_b};
+	instr_time	start;
+
+	INSTR_TIME_SET_CURRENT(start);
+	memset(begin, 0, (n_outer + 1) * sizeof(int64));
+	for (int64 i = 0; i < candidates->n; i++)
+		begin[candidates->items[i].outer_row + 1]++;
+	for (int64 o = 0; o < n_outer; o++)
+		begin[o + 1] += begin[o];
+	memcpy(fill, begin, n_outer * sizeof(int64));
+	for (int64 i = 0; i < candidates->n; i++)
+		sorted[fill[candidates->items[i].outer_row]++] = candidates->items[i];
+	for (int64 o = 0; o < n_outer; o++)
+	{
+		qsort_arg(sorted + begin[o], begin[o + 1] - begin[o], sizeof(KnnScanCandidate),
+				  compare_candidates, &context);
+		if ((o & 1023) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(fill);
+	if (candidates->items != NULL)
+		pfree(candidates->items);
+	candidates->items = sorted;
+	candidates->capacity = Max(candidates->n, 1);
+	sh->merged = candidates->n;
+	sh->seconds_merge = knn_seconds_since(start);
+	{
+		KnnShardSummary summary;
+
+		summarize(sh, &summary);
+		knn_shard_record_stats(&sh->sp, &summary, n_outer, sh->want, sh->fallbacks.data,
+							   knn_seconds_since(sh->started));
+	}
+	return begin;
+}
+
+/* ---- EXPLAIN, end ---- */
+
+void
+knn_scan_shards_explain(const KnnScanShards *sh, ExplainState *es)
+{
+	KnnShardSummary summary;
+
+	if (sh == NULL)
+		return;
+	summarize(sh, &summary);
+	knn_shard_explain(&summary, es);
+}
+
+void
+knn_scan_shards_end(KnnScanShards *sh)
+{
+	if (sh == NULL)
+		return;
+	for (int s = 0; s < sh->sp.n_shards; s++)
+		knn_shard_remote_release(sh->sp.shards[s]);
+}

@@ -1,0 +1,131 @@
+/*
+ * knn_scan_shard.h -- the KNN Join node over a sharded inner relation: a
+ * partitioned table whose partitions are postgres_fdw foreign tables of
+ * servers where knn_gpu is installed (knn_shard.h).
+ *
+ * The shards are found when the node starts (knn_scan_shards_begin): the
+ * node then runs its inner plan without the partitions that join on their
+ * servers. Each run ships the outer rows' query vectors (and their
+ * self-exclusion and group values) to every shard, where the same LATERAL
+ * top-k query runs against each partition, with the LIMIT of the node's
+ * OFFSET + LIMIT; the node joins the other partitions here meanwhile, and
+ * the per-outer-row candidates of all sources are merged in the order the
+ * subquery's ORDER BY gives: distance (NaN after numbers, NULL last), the
+ * ORDER BY keys after it, then source and rank. The node then returns
+ * them as it returns its own rows (OFFSET, LIMIT, WITH TIES, filters,
+ * LEFT JOIN).
+ */
+#ifndef KNN_SCAN_SHARD_H
+#define KNN_SCAN_SHARD_H
+
+#include "postgres.h"
+
+#include "commands/explain.h"
+#include "executor/tuptable.h"
+#include "nodes/bitmapset.h"
+#include "nodes/plannodes.h"
+
+#include "knn_catalog.h"
+#include "knn_engine.h"
+
+typedef struct KnnScanShards KnnScanShards;
+
+/* What the node's shards must know of the node (its plan, at BeginCustomScan). */
+typedef struct KnnScanShardSpec
+{
+	Oid			distance_operator;
+	bool		target_is_left;
+	AttrNumber	target_column;	/* the target vector in the inner rows */
+	TupleDesc	outer_desc;		/* the outer child's rows */
+	AttrNumber	query_column;	/* the query vector in them */
+	AttrNumber	exclude_query_column;	/* "t.k <> q.k": 0 = none */
+	AttrNumber	exclude_target_column;
+	Oid			exclude_type;
+	Oid			exclude_collation;
+	int			n_group_columns;	/* "t.g = q.g ..." */
+	const AttrNumber *group_query_columns;
+	const AttrNumber *group_target_columns;
+	const Oid  *group_types;
+	const Oid  *group_collations;
+	KnnRange	radius_mode;
+	bool		has_limit;
+	bool		with_ties;
+	int			n_order_keys;	/* the ORDER BY keys after the distance */
+	const AttrNumber *order_columns;	/* in the inner rows */
+	const Oid  *order_operators;
+	const Oid  *order_collations;
+	const bool *order_nulls_first;
+	Bitmapset  *read_back;		/* inner columns the node reads from the rows it returns */
+} KnnScanShardSpec;
+
+/*
+ * At BeginCustomScan, before the inner plan is started: finds and opens
+ * the shards of the inner plan (NOTICEs for what is read here and why);
+ * returns the plan to run here, without the partitions that join on their
+ * servers (inner_plan itself, and *shards NULL, when none does).
+ */
+extern Plan *knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *spec,
+								   KnnScanShards **shards);
+
+/*
+ * One run: ships the outer rows (read back through outer_slot) and sends
+ * every shard its join, for `want` rows per outer row (OFFSET + LIMIT, -1
+ * = all) and the radius; returns at once.
+ */
+extern void knn_scan_shards_start(KnnScanShards *shards, MinimalTuple *outer_rows, int64 n_outer,
+								  TupleTableSlot *outer_slot, int64 want, double radius);
+
+/* Must the inner plan run after the shards' results are in (it uses their connections)? */
+extern bool knn_scan_shards_local_after(const KnnScanShards *shards);
+
+/* One candidate row of an outer row: the local part's, or a shard's. */
+typedef struct KnnScanCandidate
+{
+	int64		outer_row;
+	int64		inner_row;		/* in the node's inner rows */
+	double		distance;
+	bool		distance_null;
+	int			source;			/* 0 = here, then the shards */
+	int64		rank;			/* within the outer row and source */
+} KnnScanCandidate;
+
+typedef struct KnnScanCandidates
+{
+	int64		n;
+	int64		capacity;
+	KnnScanCandidate *items;
+} KnnScanCandidates;
+
+extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
+
+/*
+ * Waits for the shards' results; their rows become rows like the inner
+ * plan's (of inner_desc, the columns read back filled, in memory of cxt),
+ * in *rows (*n_rows of them), and their candidates are added to
+ * candidates, inner_row numbering those rows.
+ */
+extern void knn_scan_shards_collect(KnnScanShards *shards, TupleDesc inner_desc,
+									MemoryContext cxt, MinimalTuple **rows, int64 *n_rows,
+									KnnScanCandidates *candidates);
+
+/* For EXPLAIN ANALYZE: the rows the node joined here. */
+extern void knn_scan_shards_note_local(KnnScanShards *shards, int64 local_targets,
+									   double seconds_local);
+
+/*
+ * Puts the candidates in the subquery's order per outer row: outer row
+ * o's are begin[o] .. begin[o + 1] - 1 of the sorted items (begin in cxt).
+ * slots read inner rows for the ORDER BY keys after the distance.
+ */
+extern int64 *knn_scan_shards_merge(KnnScanShards *shards, KnnScanCandidates *candidates,
+									int64 n_outer, MinimalTuple *inner_rows,
+									TupleTableSlot *slot_a, TupleTableSlot *slot_b,
+									MemoryContext cxt);
+
+/* EXPLAIN: the shards, their remote SQL, and with ANALYZE their rows and times. */
+extern void knn_scan_shards_explain(const KnnScanShards *shards, ExplainState *es);
+
+/* At EndCustomScan. */
+extern void knn_scan_shards_end(KnnScanShards *shards);
+
+#endif							/* KNN_SCAN_SHARD_H */
