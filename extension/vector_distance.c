@@ -19,6 +19,7 @@
 
 #include "knn_distance.h"
 #include "vector.h"
+#include "vector_math.h"
 
 PG_FUNCTION_INFO_V1(knn_vector_l2_distance);
 PG_FUNCTION_INFO_V1(knn_vector_inner_product);
@@ -28,22 +29,13 @@ PG_FUNCTION_INFO_V1(knn_vector_l1_distance);
 PG_FUNCTION_INFO_V1(knn_vector_l2_squared_distance);
 PG_FUNCTION_INFO_V1(knn_vector_spherical_distance);
 
-static void
-check_same_dims(const Vector *a, const Vector *b)
-{
-	if (a->dim != b->dim)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("different vector dimensions %d and %d", a->dim, b->dim)));
-}
-
 Datum
 knn_vector_l2_distance(PG_FUNCTION_ARGS)
 {
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8(knn_l2_from_squared(knn_l2_squared(a->x, b->x, a->dim)));
 }
 
@@ -53,7 +45,7 @@ knn_vector_inner_product(PG_FUNCTION_ARGS)
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8((double) knn_dot(a->x, b->x, a->dim));
 }
 
@@ -63,7 +55,7 @@ knn_vector_negative_inner_product(PG_FUNCTION_ARGS)
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8(knn_ip_from_dot(knn_dot(a->x, b->x, a->dim)));
 }
 
@@ -73,7 +65,7 @@ knn_vector_cosine_distance(PG_FUNCTION_ARGS)
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8(knn_cosine_from_dot(knn_dot(a->x, b->x, a->dim),
 										 knn_dot(a->x, a->x, a->dim),
 										 knn_dot(b->x, b->x, b->dim)));
@@ -85,7 +77,7 @@ knn_vector_l1_distance(PG_FUNCTION_ARGS)
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8(knn_l1_from_sum(knn_l1_sum(a->x, b->x, a->dim)));
 }
 
@@ -95,7 +87,7 @@ knn_vector_l2_squared_distance(PG_FUNCTION_ARGS)
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8((double) knn_l2_squared(a->x, b->x, a->dim));
 }
 
@@ -105,6 +97,6 @@ knn_vector_spherical_distance(PG_FUNCTION_ARGS)
 	Vector	   *a = PG_GETARG_VECTOR_P(0);
 	Vector	   *b = PG_GETARG_VECTOR_P(1);
 
-	check_same_dims(a, b);
+	knn_vector_check_same_dims(a, b);
 	PG_RETURN_FLOAT8(knn_spherical_from_dot(knn_dot(a->x, b->x, a->dim)));
 }

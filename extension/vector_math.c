@@ -38,7 +38,7 @@ PG_FUNCTION_INFO_V1(knn_vector_subvector);
 Vector *
 knn_vector_arg(FunctionCallInfo fcinfo, int n)
 {
-	Vector	   *v = PG_GETARG_VECTOR_P(n);
+	Vector	   *v = DatumGetVector(PG_GETARG_DATUM(n));
 
 	if (VARSIZE_ANY(v) < offsetof(Vector, x) ||
 		v->dim < 1 || v->dim > VECTOR_MAX_DIM ||

@@ -11,9 +11,6 @@
 
 #include "vector.h"
 
-/* Argument n, detoasted; ERROR when its size disagrees with its dim. */
-extern Vector *knn_vector_arg(FunctionCallInfo fcinfo, int n);
-
 /* ERROR "different vector dimensions %d and %d" unless a and b agree. */
 extern void knn_vector_check_same_dims(const Vector *a, const Vector *b);
 
