@@ -48,6 +48,7 @@
 #include "executor/tuptable.h"
 #include "lib/stringinfo.h"
 #include "libpq/pqformat.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
@@ -144,6 +145,24 @@ struct KnnScanShards
 
 /* ---- which joins can go to the shards ---- */
 
+/*
+ * Binary send functions write text in this session's client encoding
+ * (pq_sendtext), while the shard's connection reads it in the database's:
+ * keys of such types travel only where the two encodings agree.
+ */
+static const char *
+encoding_blocks_shipping(Oid type)
+{
+	char		category;
+	bool		preferred;
+
+	get_type_category_preferred(type, &category, &preferred);
+	if ((category == TYPCATEGORY_STRING || type == JSONBOID || type == JSONOID || type == XMLOID) &&
+		pg_get_client_encoding() != GetDatabaseEncoding())
+		return "a text key would travel in the client encoding, which is not the database's";
+	return NULL;
+}
+
 /* Is equality of this type the same on every server (PostgreSQL's own type and operator)? */
 static bool
 equality_travels(Oid type, Oid collation)
@@ -226,6 +245,7 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 {
 	Oid			send;
 	bool		varlena;
+	const char *why;
 
 	if (!knn_distance_operator_identity(spec->distance_operator, &sh->identity))
 		return "its distance operator is not found by catalog identity";
@@ -247,6 +267,8 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 
 		if (!equality_travels(type, spec->exclude_collation))
 			return "the self-exclusion compares values of a type other than PostgreSQL's own";
+		if ((why = encoding_blocks_shipping(type)) != NULL)
+			return why;
 		sh->exclude_target_column = spec->exclude_target_column;
 		sh->shipped[sh->n_shipped].column = spec->exclude_query_column;
 		getTypeBinaryOutputInfo(type, &send, &varlena);
@@ -260,6 +282,8 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 
 		if (!equality_travels(type, spec->group_collations[g]))
 			return "a group key is of a type other than PostgreSQL's own";
+		if ((why = encoding_blocks_shipping(type)) != NULL)
+			return why;
 		sh->shipped[sh->n_shipped].column = spec->group_query_columns[g];
 		getTypeBinaryOutputInfo(type, &send, &varlena);
 		fmgr_info(send, &sh->shipped[sh->n_shipped].send);

@@ -399,6 +399,18 @@ start_copy(KnnShardRemote *shard)
 	fdw.PQclear(exec_checked(shard, sql, PGRES_COMMAND_OK));
 	shard->table_exists = true;
 
+	/*
+	 * The shard's join must be exact too: load knn_gpu's library there (its
+	 * planner hook plans the node's LATERAL query; a fresh connection has
+	 * not loaded it) and make the node win over an approximate index (hnsw,
+	 * ivfflat) on the shard's partition, for this remote transaction only.
+	 */
+	fdw.PQclear(exec_checked(shard, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
+							 PGRES_TUPLES_OK));
+	fdw.PQclear(exec_checked(shard,
+							 "SELECT pg_catalog.set_config('knn_gpu.exact_over_index', 'on', true)",
+							 PGRES_TUPLES_OK));
+
 	sql = psprintf("COPY %s FROM STDIN (FORMAT binary)", shard->temp_table);
 	if (!fdw.PQsendQuery(shard->conn, sql))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
