@@ -121,10 +121,12 @@ KnnStatus upload_gathered(DeviceContext &ctx, void *dst, const void *src, size_t
   KNN_TRY(st.reserve(ctx, workers));
   const int64_t share = ceil_div64(n, workers);
   auto part = [&](DeviceContext &c, int w) -> KnnStatus {
+    c.cancel = ctx.cancel;  // a helper thread's context has none of its own
     const int64_t end = std::min(n, (w + 1) * share);
     bool filled[2] = {false, false};
     int b = 0;
     for (int64_t r0 = std::min(n, w * share); r0 < end; r0 += rows_per_slice, b ^= 1) {
+      KNN_TRY(c.cancel_point());
       const int64_t count = std::min(rows_per_slice, end - r0);
       const int s = 2 * w + b;
       if (filled[b]) CUDA_CHECK(c, cudaEventSynchronize(st.event(s)));  // its last copy is done
@@ -452,11 +454,15 @@ KnnStatus GroupJoin::run_alone(int64_t g) {
   const int64_t *t_rows = l_.target_rows + l_.target_begin[g];
   const int64_t nq = queries_of(g), nt = targets_of(g);
   const size_t bytes = bytes_per_row(p_);
-  auto gather = [bytes](const void *rows, const int64_t *list, int64_t n) {
+  // A large group's gather takes seconds: it looks at cancel as it goes.
+  bool stopped = false;
+  auto gather = [&](const void *rows, const int64_t *list, int64_t n) {
     std::vector<unsigned char> out(static_cast<size_t>(n) * bytes);
     const auto *from = static_cast<const unsigned char *>(rows);
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < n && !stopped; i++) {
+      if ((i & 0xFFFF) == 0 && ctx_.cancelled()) stopped = true;
       std::memcpy(out.data() + i * bytes, from + list[i] * bytes, bytes);
+    }
     return out;
   };
   auto gather_keys = [](const int64_t *keys, const int64_t *list, int64_t n) {
@@ -471,6 +477,7 @@ KnnStatus GroupJoin::run_alone(int64_t g) {
   const std::vector<unsigned char> q = gather(p_.queries, q_rows, nq);
   const std::vector<unsigned char> t =
       shared ? std::vector<unsigned char>() : gather(p_.targets, t_rows, nt);
+  if (stopped) return ctx_.cancel_point();
   std::vector<int64_t> q_keys, t_keys;
   KnnProblem sub = p_;
   sub.query_groups = nullptr;

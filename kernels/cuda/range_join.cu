@@ -258,8 +258,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) find_pruned_kernel(FindAr
     for (unsigned todo = __ballot_sync(kFullMask, end > begin); todo != 0; todo &= todo - 1) {
       const int src = __ffs(todo) - 1;
       const int b = __shfl_sync(kFullMask, begin, src), e = __shfl_sync(kFullMask, end, src);
-      for (int p0 = b; p0 < e; p0 += 32) {
-        const int p = p0 + w.lane();
+      for (int64_t p0 = b; p0 < e; p0 += 32) {  // int64: e may be near 2^31
+        const int64_t p = p0 + w.lane();
         const bool valid = p < e;
         double d = 0;
         const int32_t *rows = a.cluster_rows;
