@@ -38,7 +38,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
-EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test \
+EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test test/context_permit_test \
 	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test bench/group_bench \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
@@ -148,10 +148,14 @@ test/group_engine_test: test/group_engine_test.o $(ENGINE_OBJS)
 test/range_engine_test: test/range_engine_test.o $(ENGINE_OBJS)
 	$(CXX) -o $@ $^ $(GTEST_LIBS)
 
-unittest: test/engine_test test/group_engine_test test/range_engine_test
+test/context_permit_test: test/context_permit_test.o $(ENGINE_OBJS)
+	$(CXX) -o $@ $^ $(GTEST_LIBS)
+
+unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test
 	test/engine_test
 	test/group_engine_test
 	test/range_engine_test
+	test/context_permit_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
 gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test
