@@ -3,10 +3,7 @@
 // processes hold a GPU context. CPU only: no GPU is needed to take them.
 #include <gtest/gtest.h>
 
-#include <signal.h>
-#include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -15,58 +12,21 @@
 #include "gpu_context_permit.h"
 #include "job_run.h"
 #include "knn_engine.h"
+#include "permit_holder.h"
 
 namespace {
 
 using knn::GpuContextPermit;
 using Outcome = GpuContextPermit::Outcome;
 
-// A fresh directory for the permit files, removed with them at the end.
-struct PermitDir {
-  std::string path;
-  PermitDir() {
-    char tmpl[] = "/tmp/knn_permit_test.XXXXXX";
-    const char *made = mkdtemp(tmpl);
-    if (made != nullptr) path = made;
-  }
-  ~PermitDir() {
-    for (int i = 0; i < 8; i++) {
-      const std::string f = path + "/knn_gpu_context." + std::to_string(i);
-      (void)unlink(f.c_str());
-      (void)rmdir(f.c_str());
-    }
-    (void)rmdir(path.c_str());
-  }
-};
+using permit_test::PermitDir;
+using permit_test::PermitHolder;
 
 Outcome take(GpuContextPermit &p, const PermitDir &dir, int32_t limit, std::string *why = nullptr) {
   char buf[512] = "x";
   const Outcome o = p.try_take(dir.path.c_str(), limit, buf, sizeof buf);
   if (why != nullptr) *why = buf;
   return o;
-}
-
-// In a forked child: takes a permit of limit 1, says so through the pipe,
-// then waits until the parent closes its end (or kills it) and exits.
-pid_t fork_holder(const PermitDir &dir, int *ready_fd, int *release_fd) {
-  int ready[2], release[2];
-  if (pipe(ready) != 0 || pipe(release) != 0) return -1;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(ready[0]);
-    close(release[1]);
-    GpuContextPermit p;
-    const char answer = p.try_take(dir.path.c_str(), 1, nullptr, 0) == Outcome::kTaken ? 'T' : 'N';
-    if (write(ready[1], &answer, 1) != 1) _exit(2);
-    char c;
-    (void)read(release[0], &c, 1);  // EOF when the parent lets go
-    _exit(0);
-  }
-  close(ready[1]);
-  close(release[0]);
-  *ready_fd = ready[0];
-  *release_fd = release[1];
-  return pid;
 }
 
 TEST(ContextPermit, TakenUpToTheLimitThenRefused) {
@@ -115,39 +75,23 @@ TEST(ContextPermit, GivenBackOnCloseAndOnDestruction) {
 
 TEST(ContextPermit, TakenByAnotherProcessAfterTheHolderExits) {
   PermitDir dir;
-  int ready_fd = -1, release_fd = -1;
-  const pid_t pid = fork_holder(dir, &ready_fd, &release_fd);
-  ASSERT_GT(pid, 0);
-  char answer = 0;
-  ASSERT_EQ(read(ready_fd, &answer, 1), 1);
-  ASSERT_EQ(answer, 'T');
+  PermitHolder holder;
+  ASSERT_TRUE(holder.start(dir.path, 1));
   GpuContextPermit p;
   EXPECT_EQ(take(p, dir, 1), Outcome::kNoneFree);
-  close(release_fd);  // the child exits normally
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
-  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  const int status = holder.let_go();  // the child exits normally
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   EXPECT_EQ(take(p, dir, 1), Outcome::kTaken);
-  close(ready_fd);
 }
 
 TEST(ContextPermit, AKilledHolderGivesItBack) {
   PermitDir dir;
-  int ready_fd = -1, release_fd = -1;
-  const pid_t pid = fork_holder(dir, &ready_fd, &release_fd);
-  ASSERT_GT(pid, 0);
-  char answer = 0;
-  ASSERT_EQ(read(ready_fd, &answer, 1), 1);
-  ASSERT_EQ(answer, 'T');
+  PermitHolder holder;
+  ASSERT_TRUE(holder.start(dir.path, 1));
   GpuContextPermit p;
   EXPECT_EQ(take(p, dir, 1), Outcome::kNoneFree);
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
-  int wstatus = 0;
-  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
-  EXPECT_TRUE(WIFSIGNALED(wstatus));
+  EXPECT_TRUE(WIFSIGNALED(holder.kill_it()));
   EXPECT_EQ(take(p, dir, 1), Outcome::kTaken);
-  close(ready_fd);
-  close(release_fd);
 }
 
 TEST(ContextPermit, LimitZeroIsNoLimit) {
