@@ -604,7 +604,8 @@ KnnStatus KnnJob::await_slot() {
 }
 
 // Runs run_on_gpu() holding this process's GPU context permit (taken
-// first where no runtime exists; see try_enter_gpu). Where none is free:
+// first where no runtime exists; see try_enter_gpu) and then the job's
+// admission slot (when it asks for one). Where no permit is free:
 // under AUTO run_on_cpu(note), under GPU a cancellable wait for one, every
 // few milliseconds. Permit files that fail: under AUTO the CPU engine with
 // a notice, under GPU the job's error.
@@ -634,16 +635,16 @@ KnnStatus KnnJob::with_context_permit(GpuRun run_on_gpu, CpuRun run_on_cpu) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
   const GpuUse use;
+  if (problem.admission != KNN_ADMISSION_NONE) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
   return run_on_gpu();
 }
 
 KnnStatus KnnJob::run_gpu(const GpuView &m) {
   return with_context_permit(
       [this, &m] {
-        if (problem.admission != KNN_ADMISSION_NONE) {
-          const KnnStatus admitted = await_slot();
-          if (admitted != KNN_OK) return admitted;
-        }
         const KnnStatus st =
             m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
         push_idle_release(m.set_idle_release);
@@ -835,10 +836,6 @@ KnnStatus KnnJob::run_range_cpu(const char *note) {
 KnnStatus KnnJob::run_range_gpu(const GpuView &m) {
   return with_context_permit(
       [this, &m] {
-        if (problem.admission != KNN_ADMISSION_NONE) {
-          const KnnStatus admitted = await_slot();
-          if (admitted != KNN_OK) return admitted;
-        }
         GpuRangeSink sink{pairs.get(), &cancel};
         const KnnStatus st =
             m.range(&problem, &GpuRangeSink::put, &sink, &stats, &cancel, error, sizeof error);
@@ -916,10 +913,6 @@ KnnStatus KnnJob::run_groups_gpu(const GpuView &m, const knn::GroupPartition &pa
   };
   return with_context_permit(
       [this, &m, &part, &on_cpu] {
-        if (problem.admission != KNN_ADMISSION_NONE) {
-          const KnnStatus admitted = await_slot();
-          if (admitted != KNN_OK) return admitted;
-        }
         const KnnGroupLayout layout{part.groups(), part.query_rows.data(),
                                     part.query_begin.data(), part.target_rows.data(),
                                     part.target_begin.data()};

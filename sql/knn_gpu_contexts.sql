@@ -20,26 +20,10 @@ ALTER SYSTEM SET knn_gpu.max_gpu_contexts = -1;
 ALTER SYSTEM SET knn_gpu.max_gpu_contexts = 1025;
 ALTER SYSTEM SET knn_gpu.max_gpu_contexts = 'many';
 -- A valid value reaches a new session and a running one on reload.
-CREATE FUNCTION pg_temp.connect(name text) RETURNS text LANGUAGE sql AS $$
-  SELECT dblink_connect(name, format('host=%s port=%s dbname=%s',
-    split_part(current_setting('unix_socket_directories'), ',', 1),
-    current_setting('port'), current_database()))
-$$;
-CREATE FUNCTION pg_temp.await_setting(conn text, setting text, wanted text) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-  seen text;
-BEGIN
-  FOR i IN 1 .. 1000 LOOP
-    SELECT s INTO seen FROM dblink(conn, format('SELECT current_setting(%L)', setting)) AS r(s text);
-    IF seen = wanted THEN
-      RETURN true;
-    END IF;
-    PERFORM pg_sleep(0.01);
-  END LOOP;
-  RETURN false;
-END $$;
+\i sql/dblink_sessions.psql
 SELECT pg_temp.connect('other') AS connected;
+-- Loaded there, so that the setting is known before the reload reaches it.
+SELECT dblink_exec('other', 'LOAD ''knn_gpu''') AS loaded;
 ALTER SYSTEM SET knn_gpu.max_gpu_contexts = 1;
 SELECT pg_reload_conf() AS reloaded;
 SELECT pg_temp.await_setting('other', 'knn_gpu.max_gpu_contexts', '1') AS other_sees_one;

@@ -8,7 +8,6 @@
 // Its own binary: the process must not have a GPU runtime when it starts.
 // Run from the repository root (where knn_gpu_cuda.so is built). Without a
 // usable GPU the tests are skipped with the reason.
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,6 +23,7 @@
 #include "job_run.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
+#include "loaded_module.h"
 #include "permit_holder.h"
 
 namespace {
@@ -43,24 +43,10 @@ PermitDir &permit_dir() {
   return dir;
 }
 
-// The module's runtime entries, as the job layer loaded it.
-struct Module {
-  knn_cuda_runtime_ready_fn ready = nullptr;
-  knn_cuda_release_fn release = nullptr;
-};
-
-Module loaded_module() {
-  Module m;
-  void *h = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_NOLOAD);
-  if (h == nullptr) return m;
-  m.ready = reinterpret_cast<knn_cuda_runtime_ready_fn>(dlsym(h, KNN_CUDA_RUNTIME_READY_SYMBOL));
-  m.release = reinterpret_cast<knn_cuda_release_fn>(dlsym(h, KNN_CUDA_RELEASE_SYMBOL));
-  dlclose(h);
-  return m;
-}
+using gpu_test::loaded_module;
 
 bool runtime_ready() {
-  const Module m = loaded_module();
+  const gpu_test::Module m = loaded_module();
   return m.ready != nullptr && m.ready() != 0;
 }
 
@@ -82,7 +68,7 @@ class GpuContexts : public ::testing::Test {
     char why[512] = "";
     if (knn_engine_describe(why, sizeof why) != 1)
       GTEST_SKIP() << "no GPU is available (" << why << ")";
-    const Module m = loaded_module();
+    const gpu_test::Module m = loaded_module();
     ASSERT_NE(m.ready, nullptr);
     ASSERT_NE(m.release, nullptr);
   }
