@@ -11,6 +11,11 @@
  * transient files (pg_stat_statements' query texts); base backups skip it.
  *
  * Waiting for a slot (polling, cancel, the wait event) is knn_run.c's.
+ *
+ * GPU context permits (knn_gpu.max_gpu_contexts) are files of the same
+ * directory, pg_stat_tmp/knn_gpu_context.<i>, locked the same way but by
+ * the engine itself (kernels/gpu_context_permit.h): a backend holds one
+ * from before it creates its GPU context until it releases it.
  */
 #include "postgres.h"
 
@@ -74,6 +79,23 @@ knn_admission_setup_probe_record(void)
 	snprintf(key, sizeof(key), "postmaster %ld started %ld", pid, started);
 	snprintf(record_path, sizeof(record_path), "%s/%s/knn_gpu_probe", DataDir, KNN_TRANSIENT_DIR);
 	knn_engine_set_probe_record(record_path, key);
+}
+
+void
+knn_admission_push_gpu_contexts(void)
+{
+	static char dir[MAXPGPATH] = "";
+
+	if (dir[0] == '\0' && DataDir != NULL)
+	{
+		struct stat st;
+
+		snprintf(dir, sizeof(dir), "%s/%s", DataDir, KNN_TRANSIENT_DIR);
+		/* initdb makes pg_stat_tmp; should it be gone, make it again. */
+		if (stat(dir, &st) != 0 && errno == ENOENT)
+			(void) MakePGDirectory(dir);
+	}
+	knn_engine_set_gpu_contexts(dir, knn_gpu_max_gpu_contexts);
 }
 
 /* Takes slot i when free: true and held_fd set; false when taken. */

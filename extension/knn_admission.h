@@ -18,6 +18,13 @@
 extern void knn_admission_setup_probe_record(void);
 
 /*
+ * Hands the engine knn_gpu.max_gpu_contexts and where its permit files
+ * live (pg_stat_tmp/knn_gpu_context.<i>, knn_engine_set_gpu_contexts):
+ * before every job, so that a reload reaches the next one.
+ */
+extern void knn_admission_push_gpu_contexts(void);
+
+/*
  * One pass over the slots: true when this backend now holds one (or held
  * one already). ERROR (SQLSTATE 58P01 and the like) when a slot file cannot
  * be opened or locked for another reason than "taken".

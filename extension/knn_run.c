@@ -219,6 +219,7 @@ static void
 prepare_job(KnnProblem *problem, KnnAdmission admission)
 {
 	knn_admission_release();
+	knn_admission_push_gpu_contexts();
 	memset(&last_admission, 0, sizeof(last_admission));
 	last_admission.slot = -1;
 

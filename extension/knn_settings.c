@@ -24,12 +24,15 @@ int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
 int			knn_gpu_idle_release_s = 60;
+int			knn_gpu_max_gpu_contexts = 16;
 int32		knn_gpu_n_devices = 0;
 int32		knn_gpu_device_list[KNN_MAX_DEVICES];
 static char *knn_gpu_devices_text = NULL;
 
 /* The most admission slots (slot files): far more than any GPU runs at once. */
 #define KNN_MAX_GPU_JOBS 1024
+/* The most GPU context permits (files): far more contexts than a GPU holds. */
+#define KNN_MAX_GPU_CONTEXTS 1024
 
 /*
  * A GUC option table from a vocabulary table (allocated once, kept), plus
@@ -187,6 +190,13 @@ knn_settings_define(void)
 							"are released; the next GPU join creates them again.",
 							&knn_gpu_idle_release_s, 60, 0, INT_MAX,
 							PGC_SIGHUP, GUC_UNIT_S, NULL, assign_gpu_idle_release, NULL);
+	DefineCustomIntVariable("knn_gpu.max_gpu_contexts",
+							"How many server processes may hold a GPU context at once (0 = no limit).",
+							"Each holds one (some hundreds of MB of GPU memory) from its first GPU join "
+							"until knn_gpu.gpu_idle_release gives it back. Where none is free, "
+							"device = auto runs the join on the CPU engine; device = gpu waits for one.",
+							&knn_gpu_max_gpu_contexts, 16, 0, KNN_MAX_GPU_CONTEXTS,
+							PGC_SIGHUP, 0, NULL, NULL, NULL);
 
 	/*
 	 * A backend runs _PG_init itself unless the library is preloaded; a

@@ -17,6 +17,7 @@ extern int	knn_gpu_fault_injection;	/* KnnFault: knn_gpu.fault_injection (tests)
 extern int	knn_gpu_max_gpu_jobs;		/* knn_gpu.max_gpu_jobs: GPU joins at once, cluster-wide */
 extern int	knn_gpu_memory_budget_mb;	/* knn_gpu.gpu_memory_budget, 0 = none */
 extern int	knn_gpu_idle_release_s;	/* knn_gpu.gpu_idle_release, seconds, 0 = never */
+extern int	knn_gpu_max_gpu_contexts;	/* knn_gpu.max_gpu_contexts: processes holding a GPU context, 0 = no limit */
 
 /* knn_gpu.devices, parsed: the GPUs a join may be split across (KnnProblem.devices). */
 extern int32 knn_gpu_n_devices;	/* 0 = all */

@@ -88,7 +88,7 @@ record_json(const KnnJoinRecord *r)
 	appendStringInfo(&buf,
 					 ",\"seconds\":{\"queued\":%.6f,\"read\":%.6f,\"sort\":%.6f,\"transfer\":%.6f,\"cluster\":%.6f"
 					 ",\"filter\":%.6f,\"select\":%.6f,\"engine_total\":%.6f,\"return\":%.6f}}",
-					 r->admission.seconds_queued,
+					 r->admission.seconds_queued + s->seconds_queued,
 					 r->seconds_read, r->seconds_sort, s->seconds_transfer, s->seconds_cluster,
 					 s->seconds_filter, s->seconds_select, s->seconds_total,
 					 r->seconds_return);
@@ -131,6 +131,9 @@ knn_stats_explain(const KnnJoinRecord *r, ExplainState *es)
 			ExplainPropertyFloat("GPU Slot Wait", "ms",
 								 r->admission.seconds_queued * 1000.0, 3, es);
 	}
+	/* Only joins that waited for a GPU context permit (knn_gpu.max_gpu_contexts). */
+	if (es->timing && s->seconds_queued > 0)
+		ExplainPropertyFloat("GPU Context Wait", "ms", s->seconds_queued * 1000.0, 3, es);
 	if (es->timing)
 	{
 		ExplainPropertyFloat("Read Time", "ms", r->seconds_read * 1000.0, 3, es);

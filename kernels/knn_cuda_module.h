@@ -116,6 +116,19 @@ typedef void (*knn_cuda_set_idle_release_fn) (int64_t idle_ms);
 typedef void (*knn_cuda_shutdown_fn) (void);
 #define KNN_CUDA_SHUTDOWN_SYMBOL "knn_cuda_shutdown"
 
+/*
+ * set_release_notify: registers notify (NULL = none), which the module
+ * calls each time it has given back the last runtime it held, on every GPU
+ * (idle release, release), from the thread that released it; the process
+ * then holds no GPU context, and the job layer gives back its context
+ * permit (gpu_context_permit.h). notify must not call into the module.
+ * Optional: an older module lacks it, and the permit is then kept until
+ * the process exits.
+ */
+typedef void (*knn_cuda_release_notify_fn) (void);
+typedef void (*knn_cuda_set_release_notify_fn) (knn_cuda_release_notify_fn notify);
+#define KNN_CUDA_SET_RELEASE_NOTIFY_SYMBOL "knn_cuda_set_release_notify"
+
 #ifdef __cplusplus
 }
 #endif

@@ -206,6 +206,13 @@ typedef struct KnnStats
 	 */
 	int32_t		n_devices;
 	KnnDeviceWork device_work[KNN_MAX_DEVICES];
+
+	/*
+	 * Seconds the job waited for a GPU context permit
+	 * (knn_engine_set_gpu_contexts) before it ran; the caller's own wait
+	 * for an admission slot is not included.
+	 */
+	double		seconds_queued;
 } KnnStats;
 
 typedef struct KnnJob KnnJob;
@@ -294,6 +301,20 @@ void		knn_engine_set_probe_record(const char *path, const char *server_key);
  * from the next GPU join (or background warm-up) on.
  */
 void		knn_engine_set_gpu_idle_release(int64_t idle_ms);
+
+/*
+ * GPU contexts of the server's processes (knn_gpu.max_gpu_contexts): a
+ * process takes one of max_contexts permits, files dir/knn_gpu_context.<i>
+ * held with flock(2), before it creates its GPU runtime, and gives it back
+ * when the GPU module has released the last of its runtimes (idle release)
+ * or when it exits; one permit covers all its GPUs. A join whose process
+ * holds no runtime and finds no permit free runs on the CPU engine under
+ * KNN_DEVICE_AUTO (its statistics' device_name says so) and waits for one
+ * under KNN_DEVICE_GPU (cancellably; KnnStats.seconds_queued). dir: an
+ * existing directory; max_contexts 0 = no limit (the default). Takes
+ * effect for a process's next runtime.
+ */
+void		knn_engine_set_gpu_contexts(const char *dir, int32_t max_contexts);
 
 /*
  * At process exit (before exit() runs atexit handlers): waits for the

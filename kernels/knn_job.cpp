@@ -9,7 +9,9 @@
 // (knn_job_wants_slot / knn_job_admit) before it runs. Where this process's
 // GPU runtime does not exist yet, AUTO runs joins that the CPU answers
 // sooner on the CPU and creates the runtime in the background
-// (gpu_cold_start.h).
+// (gpu_cold_start.h). Before this process creates its GPU runtime, it takes
+// a GPU context permit (gpu_context_permit.h, knn_gpu.max_gpu_contexts),
+// given back when the module has released its last runtime.
 //
 // Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
 // and the job thread starts with all signals blocked (signal_free_thread.h), so
@@ -47,6 +49,7 @@
 #include "entry_guard.h"
 #include "group_split.h"
 #include "gpu_cold_start.h"
+#include "gpu_context_permit.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
 #include "pair_queue.h"
@@ -72,6 +75,7 @@ struct GpuModule {
   knn_cuda_set_idle_release_fn set_idle_release = nullptr;
   knn_cuda_shutdown_fn shutdown = nullptr;
   knn_cuda_run_groups_fn run_groups = nullptr;  // optional: per-group joins in one call
+  knn_cuda_set_release_notify_fn set_release_notify = nullptr;  // optional
   // The server's probe record (knn_engine_set_probe_record); "" = none.
   char record_path[PATH_MAX] = "";
   char server_key[256] = "";
@@ -84,6 +88,8 @@ struct GpuModule {
 };
 
 GpuModule gpu_module;
+
+void on_gpu_runtimes_released() noexcept;  // the module's release notify, below
 
 // Called once, under gpu_module.mutex. Signals stay blocked meanwhile so
 // that the threads the CUDA driver starts inherit a blocked mask even when
@@ -117,6 +123,9 @@ void load_gpu_module(GpuModule &m) noexcept {
   m.shutdown = reinterpret_cast<knn_cuda_shutdown_fn>(dlsym(handle, KNN_CUDA_SHUTDOWN_SYMBOL));
   m.run_groups =
       reinterpret_cast<knn_cuda_run_groups_fn>(dlsym(handle, KNN_CUDA_RUN_GROUPS_SYMBOL));
+  m.set_release_notify = reinterpret_cast<knn_cuda_set_release_notify_fn>(
+      dlsym(handle, KNN_CUDA_SET_RELEASE_NOTIFY_SYMBOL));
+  if (m.set_release_notify != nullptr) m.set_release_notify(on_gpu_runtimes_released);
 }
 
 // ---- the server's probe record ----
@@ -351,6 +360,69 @@ GpuView gpu(bool must_load) {
   return view;
 }
 
+// ---- the GPU context permit (knn_engine_set_gpu_contexts) ----
+//
+// A process takes a permit before its first call into the module that may
+// create a GPU runtime (a join, the warm-up) and keeps it while a runtime
+// exists; the module's release notify gives it back. A call into the
+// module in progress counts as a user: a release notified meanwhile keeps
+// the permit, as that call creates the runtime again.
+
+struct ContextPermits {
+  std::mutex mutex;  // guards everything below
+  char dir[PATH_MAX] = "";
+  int32_t max_contexts = 0;  // 0 = no limit
+  knn::GpuContextPermit permit;
+  bool runtime_held = false;  // a runtime exists (or is being made): no permit needed
+  int users = 0;              // calls into the module now
+};
+
+ContextPermits &context_permits() {
+  static ContextPermits *p = new ContextPermits();  // never destroyed: the module's thread calls in
+  return *p;
+}
+
+enum class GpuEntry { kGo, kNoneFree, kFailed };
+
+// One look, never blocking: kGo counts the caller as a user (leave with
+// GpuUse); kFailed: why says why the permit files failed.
+GpuEntry try_enter_gpu(char *why, size_t why_len) {
+  ContextPermits &p = context_permits();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  if (!p.runtime_held) {
+    const auto outcome = p.permit.try_take(p.dir, p.max_contexts, why, why_len);
+    if (outcome == knn::GpuContextPermit::Outcome::kNoneFree) return GpuEntry::kNoneFree;
+    if (outcome == knn::GpuContextPermit::Outcome::kFailed) return GpuEntry::kFailed;
+    p.runtime_held = true;
+  }
+  p.users++;
+  return GpuEntry::kGo;
+}
+
+// A call into the module, from its try_enter_gpu's kGo to its end.
+struct GpuUse {
+  GpuUse() = default;
+  GpuUse(const GpuUse &) = delete;
+  GpuUse &operator=(const GpuUse &) = delete;
+  ~GpuUse() {
+    ContextPermits &p = context_permits();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    p.users--;
+  }
+};
+
+void on_gpu_runtimes_released() noexcept {
+  try {
+    ContextPermits &p = context_permits();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    if (p.users > 0) return;
+    p.permit.give_back();
+    p.runtime_held = false;
+  } catch (...) {
+    // No lock: the permit stays until the next release or the process exit.
+  }
+}
+
 // ---- the GPU runtime, created ahead of the first GPU join ----
 //
 // Under AUTO a process whose GPU runtime does not exist yet runs joins that
@@ -395,8 +467,11 @@ void warm_up_gpu() noexcept {
       std::lock_guard<std::mutex> lock(gpu_module.mutex);
       warm_up = gpu_module.warm_up;
     }
-    if (view.usable && warm_up != nullptr) {
-      char error[kMessageBytes];
+    char error[kMessageBytes];
+    // Without a context permit free, no warm-up: the next join decides.
+    if (view.usable && warm_up != nullptr &&
+        try_enter_gpu(error, sizeof error) == GpuEntry::kGo) {
+      const GpuUse use;
       (void)warm_up(error, sizeof error);  // a failure shows in the next GPU join
       push_idle_release(view.set_idle_release);
     }
@@ -464,6 +539,7 @@ struct KnnJob {
   std::condition_variable admitted_cv;
   // Range jobs: the pairs on their way to knn_job_take_pairs.
   std::unique_ptr<knn::PairQueue> pairs;
+  double seconds_context_wait = 0;  // for a GPU context permit (KnnStats.seconds_queued)
 
   void run() noexcept;
 
@@ -486,6 +562,8 @@ struct KnnJob {
   template <class CpuRun>
   KnnStatus cpu_after_gpu_failure(KnnStatus gpu_status, CpuRun run_on_cpu);
   KnnStatus await_slot();
+  template <class GpuRun, class CpuRun>
+  KnnStatus with_context_permit(GpuRun run_on_gpu, CpuRun run_on_cpu);
   void announce_finished() noexcept;
 };
 
@@ -525,14 +603,55 @@ KnnStatus KnnJob::await_slot() {
   return KNN_OK;
 }
 
-KnnStatus KnnJob::run_gpu(const GpuView &m) {
+// Runs run_on_gpu() holding this process's GPU context permit (taken
+// first where no runtime exists; see try_enter_gpu) and then the job's
+// admission slot (when it asks for one). Where no permit is free:
+// under AUTO run_on_cpu(note), under GPU a cancellable wait for one, every
+// few milliseconds. Permit files that fail: under AUTO the CPU engine with
+// a notice, under GPU the job's error.
+template <class GpuRun, class CpuRun>
+KnnStatus KnnJob::with_context_permit(GpuRun run_on_gpu, CpuRun run_on_cpu) {
+  const auto started = std::chrono::steady_clock::now();
+  char why[kMessageBytes];
+  for (;;) {
+    const GpuEntry entry = try_enter_gpu(why, sizeof why);
+    if (entry == GpuEntry::kGo) break;
+    if (entry == GpuEntry::kFailed) {
+      if (problem.device != KNN_DEVICE_AUTO) {
+        knn::copy_message(error, sizeof error, why);
+        return KNN_DEVICE_ERROR;
+      }
+      const KnnStatus st = run_on_cpu("GPU context permit failed: CPU engine");
+      if (st == KNN_OK) std::snprintf(error, sizeof error, "%.400s; the CPU engine ran", why);
+      return st;
+    }
+    if (problem.device == KNN_DEVICE_AUTO) return run_on_cpu("no GPU context free: CPU engine");
+    if (__atomic_load_n(&cancel, __ATOMIC_RELAXED) != 0) {
+      knn::copy_message(error, sizeof error, "cancelled while waiting for a GPU context permit");
+      return KNN_CANCELLED;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    seconds_context_wait =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
+  const GpuUse use;
   if (problem.admission != KNN_ADMISSION_NONE) {
     const KnnStatus admitted = await_slot();
     if (admitted != KNN_OK) return admitted;
   }
-  const KnnStatus st = m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
-  push_idle_release(m.set_idle_release);
-  return cpu_after_gpu_failure(st, [this] { return run_cpu("GPU failed, CPU engine ran"); });
+  return run_on_gpu();
+}
+
+KnnStatus KnnJob::run_gpu(const GpuView &m) {
+  return with_context_permit(
+      [this, &m] {
+        const KnnStatus st =
+            m.run(&problem, neighbors, distances, &stats, &cancel, error, sizeof error);
+        push_idle_release(m.set_idle_release);
+        return cpu_after_gpu_failure(st,
+                                     [this] { return run_cpu("GPU failed, CPU engine ran"); });
+      },
+      [this](const char *note) { return run_cpu(note); });
 }
 
 // Under AUTO a GPU that could not take the job (out of memory, a device
@@ -715,17 +834,17 @@ KnnStatus KnnJob::run_range_cpu(const char *note) {
 // the CPU engine; after that, a rerun would repeat pairs, so the failure
 // stands.
 KnnStatus KnnJob::run_range_gpu(const GpuView &m) {
-  if (problem.admission != KNN_ADMISSION_NONE) {
-    const KnnStatus admitted = await_slot();
-    if (admitted != KNN_OK) return admitted;
-  }
-  GpuRangeSink sink{pairs.get(), &cancel};
-  const KnnStatus st =
-      m.range(&problem, &GpuRangeSink::put, &sink, &stats, &cancel, error, sizeof error);
-  push_idle_release(m.set_idle_release);
-  if (sink.handed_over) return st;
-  return cpu_after_gpu_failure(
-      st, [this] { return run_range_cpu("GPU failed, CPU engine ran"); });
+  return with_context_permit(
+      [this, &m] {
+        GpuRangeSink sink{pairs.get(), &cancel};
+        const KnnStatus st =
+            m.range(&problem, &GpuRangeSink::put, &sink, &stats, &cancel, error, sizeof error);
+        push_idle_release(m.set_idle_release);
+        if (sink.handed_over) return st;
+        return cpu_after_gpu_failure(
+            st, [this] { return run_range_cpu("GPU failed, CPU engine ran"); });
+      },
+      [this](const char *note) { return run_range_cpu(note); });
 }
 
 // One plain problem through the engine its rows and device call for.
@@ -785,21 +904,24 @@ KnnStatus KnnJob::run_groups() {
 // (after the job's admission slot, as run_gpu); under AUTO a GPU that
 // cannot take it hands it to the CPU engine, group by group.
 KnnStatus KnnJob::run_groups_gpu(const GpuView &m, const knn::GroupPartition &part) {
-  if (problem.admission != KNN_ADMISSION_NONE) {
-    const KnnStatus admitted = await_slot();
-    if (admitted != KNN_OK) return admitted;
-  }
-  const KnnGroupLayout layout{part.groups(), part.query_rows.data(), part.query_begin.data(),
-                              part.target_rows.data(), part.target_begin.data()};
-  const KnnStatus st = m.run_groups(&problem, &layout, neighbors, distances, &stats, &cancel,
-                                    error, sizeof error);
-  push_idle_release(m.set_idle_release);
-  return cpu_after_gpu_failure(st, [this, &part] {
+  const auto on_cpu = [this, &part](const char *note) {
     problem.device = KNN_DEVICE_CPU;  // every group on the CPU engine
     const KnnStatus cpu_st = run_groups_split(part);
     problem.device = KNN_DEVICE_AUTO;
+    note_engine(&stats, note);
     return cpu_st;
-  });
+  };
+  return with_context_permit(
+      [this, &m, &part, &on_cpu] {
+        const KnnGroupLayout layout{part.groups(), part.query_rows.data(),
+                                    part.query_begin.data(), part.target_rows.data(),
+                                    part.target_begin.data()};
+        const KnnStatus st = m.run_groups(&problem, &layout, neighbors, distances, &stats,
+                                          &cancel, error, sizeof error);
+        push_idle_release(m.set_idle_release);
+        return cpu_after_gpu_failure(st, [&on_cpu] { return on_cpu(nullptr); });
+      },
+      on_cpu);
 }
 
 // One engine call per group (group_split.h maps the rows back and sums
@@ -870,6 +992,7 @@ void KnnJob::announce_finished() noexcept {
 
 void KnnJob::run() noexcept {
   status = knn::guarded("engine", error, sizeof error, [this] { return run_engines(); });
+  stats.seconds_queued = seconds_context_wait;
   if (pairs != nullptr) pairs->close();
   announce_finished();
 }
@@ -991,6 +1114,18 @@ void knn_engine_set_probe_record(const char *path, const char *server_key) {
     knn::copy_message(gpu_module.record_path, sizeof gpu_module.record_path, fits ? path : "");
     knn::copy_message(gpu_module.server_key, sizeof gpu_module.server_key,
                       fits ? server_key : "");
+    return KNN_OK;
+  });
+}
+
+void knn_engine_set_gpu_contexts(const char *dir, int32_t max_contexts) {
+  knn::guarded("knn_engine_set_gpu_contexts", nullptr, 0, [&] {
+    ContextPermits &p = context_permits();
+    std::lock_guard<std::mutex> lock(p.mutex);
+    // Too long a name is none at all (a clear error when a permit is needed).
+    const bool fits = dir != nullptr && std::strlen(dir) < sizeof p.dir;
+    knn::copy_message(p.dir, sizeof p.dir, fits ? dir : "");
+    p.max_contexts = std::max<int32_t>(0, max_contexts);
     return KNN_OK;
   });
 }

@@ -26,25 +26,7 @@ DROP ROLE knn_admission_user;
 
 -- Sessions through dblink; each waits until it sees a setting (a reload
 -- reaches a backend at its next command).
-CREATE FUNCTION pg_temp.connect(name text) RETURNS text LANGUAGE sql AS $$
-  SELECT dblink_connect(name, format('host=%s port=%s dbname=%s',
-    split_part(current_setting('unix_socket_directories'), ',', 1),
-    current_setting('port'), current_database()))
-$$;
-CREATE FUNCTION pg_temp.await_setting(conn text, setting text, wanted text) RETURNS boolean
-LANGUAGE plpgsql AS $$
-DECLARE
-  seen text;
-BEGIN
-  FOR i IN 1 .. 1000 LOOP
-    SELECT s INTO seen FROM dblink(conn, format('SELECT current_setting(%L)', setting)) AS r(s text);
-    IF seen = wanted THEN
-      RETURN true;
-    END IF;
-    PERFORM pg_sleep(0.01);
-  END LOOP;
-  RETURN false;
-END $$;
+\i sql/dblink_sessions.psql
 -- The state of the backend that runs a query starting with prefix, once it
 -- waits on the extension (up to 30 s).
 CREATE FUNCTION pg_temp.seen_waiting(prefix text) RETURNS text LANGUAGE plpgsql AS $$

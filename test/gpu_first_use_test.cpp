@@ -25,6 +25,7 @@
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
+#include "loaded_module.h"
 
 namespace {
 
@@ -69,24 +70,8 @@ const std::vector<float> &image_rows() {
 
 // ---- the module, as the job layer loaded it ----
 
-struct Module {
-  knn_cuda_runtime_ready_fn ready = nullptr;
-  knn_cuda_warm_up_fn warm_up = nullptr;
-  knn_cuda_release_fn release = nullptr;
-};
-
-// The job layer's handle (RTLD_NOLOAD: never a second copy); empty when
-// the module is not loaded.
-Module loaded_module() {
-  Module m;
-  void *h = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_NOLOAD);
-  if (h == nullptr) return m;
-  m.ready = reinterpret_cast<knn_cuda_runtime_ready_fn>(dlsym(h, KNN_CUDA_RUNTIME_READY_SYMBOL));
-  m.warm_up = reinterpret_cast<knn_cuda_warm_up_fn>(dlsym(h, KNN_CUDA_WARM_UP_SYMBOL));
-  m.release = reinterpret_cast<knn_cuda_release_fn>(dlsym(h, KNN_CUDA_RELEASE_SYMBOL));
-  dlclose(h);  // drops the reference NOLOAD took; the job layer keeps its own
-  return m;
-}
+using gpu_test::Module;
+using gpu_test::loaded_module;
 
 bool gpu_available(std::string *why) {
   char buf[512] = "";

@@ -1,6 +1,6 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
 // ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run and knn_cuda_range,
-// the runtime's warm-up, release and idle timer, plus the tests'
+// the runtime's warm-up, release, idle timer and release notify, plus the tests'
 // knn_cuda_run_tuned (knn_cuda_testing.h).
 //
 // knn_cuda_run borrows the device's runtime (context, stream, cuBLAS
@@ -539,6 +539,11 @@ __attribute__((visibility("default"))) void knn_cuda_shutdown(void) {
   });
 }
 
+__attribute__((visibility("default"))) void knn_cuda_set_release_notify(
+    knn_cuda_release_notify_fn notify) {
+  knn::cuda::set_release_notify(notify);
+}
+
 __attribute__((visibility("default"))) int knn_cuda_probe(char *buf, size_t len) {
   const knn::SignalsBlocked blocked;  // see entry()
   return knn::guarded("GPU probe", buf, len, [&] { return knn::cuda::probe(buf, len); }) ==
@@ -611,6 +616,7 @@ static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::va
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_set_idle_release), knn_cuda_set_idle_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_shutdown), knn_cuda_shutdown_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_set_release_notify), knn_cuda_set_release_notify_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_test_device_count), knn_cuda_test_device_count_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_test_pool_used), knn_cuda_test_pool_used_fn>::value, "");
 

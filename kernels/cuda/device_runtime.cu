@@ -87,6 +87,20 @@ KnnStatus close_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
   return first;
 }
 
+std::atomic<void (*)()> release_notify{nullptr};  // set_release_notify
+
+// After a release: tells the job layer when no runtime of any GPU is left
+// (its context permit goes back, knn_job.cpp). Called with the released
+// GPU's runtimes still held, so no join of that GPU makes one meanwhile.
+void notify_if_none_held() {
+  void (*notify)() = release_notify.load();
+  if (notify == nullptr) return;
+  for (int device = 0; device < kOrdinals; device++)
+    for (DeviceRuntime *rt : runtimes_of(device))
+      if (rt->ready.load()) return;
+  notify();
+}
+
 // Gives back every runtime of one GPU and then its context; the caller
 // holds all their mutexes. The context goes last: it is most of what the
 // process holds (measured with nvidia-smi: the pool, pinned memory and
@@ -201,6 +215,7 @@ KnnStatus release_all_runtimes(DeviceContext &ctx) {
     if (!held) continue;
     const KnnStatus st = release_device(device, rts, ctx);
     if (first == KNN_OK) first = st;
+    notify_if_none_held();  // the last GPU's release tells
   }
   return first;
 }
@@ -250,6 +265,7 @@ void release_if_idle(int64_t idle_ms) {
     if (!turns.back().owns_lock() || !device_idle(rts, idle_ms)) continue;
     DeviceContext ctx;
     (void)release_device(device, rts, ctx);
+    notify_if_none_held();
     // A failed release leaves ready false: the next join recreates what is
     // missing, and a broken device is reported by that join.
   }
@@ -286,6 +302,8 @@ void set_idle_release(int64_t idle_ms) {
   }
   k.wake.notify_all();
 }
+
+void set_release_notify(void (*notify)()) { release_notify.store(notify); }
 
 void stop_idle_keeper() {
   IdleKeeper &k = keeper();

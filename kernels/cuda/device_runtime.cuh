@@ -90,5 +90,9 @@ void set_idle_release(int64_t idle_ms);
 // Stops and joins the idle keeper (process exit). Idempotent.
 void stop_idle_keeper();
 
+// What the module calls once it has released the last runtime it held, on
+// every GPU (knn_cuda_set_release_notify; nullptr = nothing). Thread-safe.
+void set_release_notify(void (*notify)());
+
 }  // namespace cuda
 }  // namespace knn

@@ -22,6 +22,11 @@
 // point, and the join ends with that engine's status and a message naming
 // its GPU. Every engine frees its memory on every path (its method's RAII
 // owners, then a drain of its stream) before the join returns.
+//
+// The bound on GPU contexts (knn_gpu.max_gpu_contexts) counts processes,
+// not GPUs: the job layer's one permit (gpu_context_permit.h) covers every
+// runtime of the process, on every GPU a split join uses, and goes back
+// when the last of them is released (device_runtime.cu's release notify).
 #pragma once
 
 #include <cstdint>
