@@ -18,7 +18,7 @@ INSERT INTO forged VALUES
 -- calls no function, and sum() of one row returns that row's datum as is
 SELECT t AS type, what, count(*) AS calls,
        count(*) FILTER (WHERE e LIKE 'XX001: invalid ' || t || ' value: %') AS refused,
-       string_agg(f || ' -> ' || e, '; ' ORDER BY f) FILTER (WHERE e NOT LIKE 'XX001: invalid ' || t || ' value: %') AS not_refused
+       string_agg(f || ' -> ' || e, '; ' ORDER BY f COLLATE "C") FILTER (WHERE e NOT LIKE 'XX001: invalid ' || t || ' value: %') AS not_refused
 FROM forged,
      unnest(ARRAY['vector', 'halfvec']) t,
      unnest(ARRAY['V::text', 'V <-> V', 'V <#> V', 'V <=> V', 'V <+> V', 'inner_product(V, V)',
