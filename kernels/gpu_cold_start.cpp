@@ -2,7 +2,9 @@
 #include "gpu_cold_start.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <limits>
+#include <thread>
 
 #include "cpu/cost_model.h"
 #include "cpu/join_input.h"
@@ -40,6 +42,25 @@ double predict_cpu_seconds(const KnnProblem &p) {
       cpu::predict_brute_force(input, input.same_rows());
   const double seconds = std::min(costs.avx2_seconds, costs.blas_seconds);
   return seconds >= 0 ? seconds : std::numeric_limits<double>::infinity();
+}
+
+double cpu_contention_from_loadavg(const char *loadavg, unsigned cores) {
+  double one = 0, five = 0, fifteen = 0;
+  long running = 0, total = 0;
+  if (loadavg == nullptr || cores == 0 ||
+      std::sscanf(loadavg, "%lf %lf %lf %ld/%ld", &one, &five, &fifteen, &running, &total) != 5 ||
+      running < 1)
+    return 1.0;
+  return std::max(1.0, static_cast<double>(running) / cores);
+}
+
+double cpu_contention() {
+  char text[128] = "";
+  if (FILE *f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fgets(text, sizeof text, f) == nullptr) text[0] = '\0';
+    std::fclose(f);
+  }
+  return cpu_contention_from_loadavg(text, std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace knn

@@ -24,9 +24,20 @@ constexpr double kGpuJoinNearBreakEvenSeconds = 0.1;
 // bound on what AUTO picks), from the CPU cost model's calibration.
 double predict_cpu_seconds(const KnnProblem &problem);
 
-// True when the CPU engine is predicted to answer before a cold GPU could.
+// How much slower than predicted a CPU join runs on a busy host: the
+// threads runnable right now (the fourth field of /proc/loadavg,
+// "running/total", this one included) over the cores, at least 1. The
+// prediction assumes idle cores; many sessions joining at once share
+// them (64 sessions on 16 cores took their first joins to the CPU and
+// held it). 1 where loadavg is not given.
+double cpu_contention_from_loadavg(const char *loadavg, unsigned cores);
+double cpu_contention();
+
+// True when the CPU engine is predicted to answer before a cold GPU could,
+// its prediction scaled by the host's contention.
 inline bool cpu_answers_before_cold_gpu(const KnnProblem &problem) {
-  return predict_cpu_seconds(problem) < kGpuColdStartSeconds + kGpuJoinNearBreakEvenSeconds;
+  return predict_cpu_seconds(problem) * cpu_contention() <
+         kGpuColdStartSeconds + kGpuJoinNearBreakEvenSeconds;
 }
 
 }  // namespace knn

@@ -40,6 +40,7 @@
 #include "cpu/parallel_for.h"
 #include "cpu/top_k.h"
 #include "entry_guard.h"
+#include "gpu_cold_start.h"
 #include "half_float.h"
 #include "problem_check.h"
 #include "knn_distance.h"
@@ -1712,3 +1713,16 @@ TEST(BitEngine, GpuDeviceRunsOnCpuWithNotice) {
 }
 
 }  // namespace
+
+// The cold-start rule's contention factor: runnable threads over cores, at
+// least 1, and 1 where /proc/loadavg's text cannot be read.
+TEST(GpuColdStart, ContentionFromLoadavg) {
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("0.20 0.18 0.12 1/80 11206\n", 16), 1.0);
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("9.00 4.00 1.00 16/900 11206\n", 16), 1.0);
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("60.1 30.0 9.0 64/900 11206\n", 16), 4.0);
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("", 16), 1.0);
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("garbage", 16), 1.0);
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("1 1 1 0/10 5", 16), 1.0);
+  EXPECT_DOUBLE_EQ(knn::cpu_contention_from_loadavg("1 1 1 8/10 5", 0), 1.0);
+  EXPECT_GE(knn::cpu_contention(), 1.0);
+}
