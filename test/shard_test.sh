@@ -355,6 +355,42 @@ compare_node "filter pushed to the shards" "$(lateral v '<=>' 'WHERE t.cat <> 2 
 compare_node "filter the shards cannot run (read here)" "$(lateral v '<->' 'WHERE odd_cat(t.cat)')" 0
 compare_node "self-exclusion" "$(lateral v '<->' 'WHERE t.id <> q.id' 'LIMIT 7')" 2
 compare_node "group keys" "$(lateral v '<->' 'WHERE t.cat = q.cat' 'LIMIT 4')" 2
+
+# Text group keys travel as their send function writes them, in this
+# session's client encoding, while the shard reads the database's: with
+# another client encoding they are not shipped (the shards' rows are read
+# here), and either way the result is one server's.
+for i in 1 2; do sql "$i" -c "CREATE TABLE tg_$i (id bigint, g text, v vector(8))"; done
+sql 0 -q <<'EOF'
+CREATE TABLE tg_all (id bigint, g text, v vector(8));
+INSERT INTO tg_all SELECT i, (ARRAY['e', 'é', 'ü', 'Ã©'])[1 + i % 4], gen_vec(i) FROM generate_series(1, 400) i;
+CREATE TABLE tg (id bigint, g text, v vector(8)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE tg_1 PARTITION OF tg FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'tg_1');
+CREATE FOREIGN TABLE tg_2 PARTITION OF tg FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'tg_2');
+INSERT INTO tg SELECT * FROM tg_all;
+EOF
+db_encoding=$(sql 0 -c 'SELECT pg_catalog.getdatabaseencoding()')
+for encoding in "$db_encoding" LATIN1; do
+  out=$(sql 0 -v enc="$encoding" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SELECT pg_catalog.set_config('client_encoding', :'enc', false) \g /dev/null
+CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
+CREATE TEMP TABLE s AS SELECT q.id AS qid, n.id, n.d FROM tg_all q CROSS JOIN LATERAL
+  (SELECT t.id, t.v <-> q.v AS d FROM tg t WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n;
+CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
+CREATE TEMP TABLE r AS SELECT q.id AS qid, n.id, n.d FROM tg_all q CROSS JOIN LATERAL
+  (SELECT t.id, t.v <-> q.v AS d FROM tg_all t WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || (SELECT count(*) FROM s) || ' rows, ' || (SELECT shards FROM n) || ' shards';
+EOF
+)
+  expected_shards=2
+  [ "$encoding" != "$db_encoding" ] && expected_shards=0
+  check "KNN Join text group keys, client encoding $encoding (database $db_encoding)" \
+    "0 differences, 1200 rows, $expected_shards shards" "$(echo "$out" | grep ' differences, ')"
+done
 compare_node "radius and LIMIT" "$(lateral v '<->' 'WHERE t.v <-> q.v < 2.5' 'LIMIT 4')" 2
 compare_node "radius alone" "$(lateral v '<->' 'WHERE t.v <-> q.v <= 2.2' ' ')" 2
 compare_node "OFFSET" "$(lateral v '<+>' '' 'LIMIT 3 OFFSET 4')" 2
