@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "entry_guard.h"
+#include "group_subproblem.h"
 #include "result_padding.h"
 #include "stats_sum.h"
 #include "stopwatch.h"
@@ -26,17 +27,6 @@ constexpr int64_t kSlice = int64_t{1} << 16;
 
 bool cancelled(const int32_t *cancel) {
   return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
-}
-
-size_t row_bytes(const KnnProblem &p) {
-  switch (p.element) {
-    case KNN_ELEMENT_FLOAT16:
-      return 2 * static_cast<size_t>(p.dim);
-    case KNN_ELEMENT_BIT:
-      return (static_cast<size_t>(p.dim) + 7) / 8;
-    default:
-      return 4 * static_cast<size_t>(p.dim);
-  }
 }
 
 // Dense numbers 0, 1, ... of int64 group ids in order of first insertion:
@@ -114,24 +104,6 @@ bool bucket_rows(const std::vector<int64_t> &group_of, int64_t n_groups, const i
   return true;
 }
 
-// Copies the listed rows into one contiguous buffer; false when cancelled.
-bool gather_rows(const void *rows, size_t bytes, const int64_t *list, int64_t n,
-                 const int32_t *cancel, std::vector<unsigned char> *out) {
-  out->resize(static_cast<size_t>(n) * bytes);
-  const auto *from = static_cast<const unsigned char *>(rows);
-  for (int64_t i = 0; i < n; i++) {
-    if ((i & (kSlice - 1)) == 0 && cancelled(cancel)) return false;
-    std::memcpy(out->data() + static_cast<size_t>(i) * bytes,
-                from + static_cast<size_t>(list[i]) * bytes, bytes);
-  }
-  return true;
-}
-
-void gather_keys(const int64_t *keys, const int64_t *list, int64_t n, std::vector<int64_t> *out) {
-  out->resize(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; i++) (*out)[i] = keys[list[i]];
-}
-
 void add_stats(const KnnStats &group, bool first, KnnStats *sum) {
   if (first) {
     sum->device = group.device;
@@ -171,10 +143,8 @@ KnnStatus run_grouped(const KnnProblem &p, const GroupPartition &part, int64_t *
   copy_message(stats->device_name, sizeof stats->device_name, "none (no group has targets)");
   fill_padding(p.n_queries, p.k, neighbors, distances);
 
-  const size_t bytes = row_bytes(p);
-  const bool keyed = p.query_keys != nullptr && p.target_keys != nullptr;
-  std::vector<unsigned char> query_buf, target_buf;
-  std::vector<int64_t> query_keys, target_keys, sub_neighbors;
+  GroupSubProblem group;
+  std::vector<int64_t> sub_neighbors;
   std::vector<double> sub_distances;
   char notice[512] = "";
   int64_t groups_run = 0;
@@ -189,28 +159,11 @@ KnnStatus run_grouped(const KnnProblem &p, const GroupPartition &part, int64_t *
       copy_message(message, message_len, "cancelled");
       return KNN_CANCELLED;
     }
-    // One table on both sides with one grouping: the group's sub-problem
-    // is a self-join too, which the engines share work for.
-    const bool shared = p.queries == p.targets && nq == nt && std::equal(qrows, qrows + nq, trows);
-    if (!gather_rows(p.queries, bytes, qrows, nq, cancel, &query_buf) ||
-        (!shared && !gather_rows(p.targets, bytes, trows, nt, cancel, &target_buf))) {
+    if (!make_group_subproblem(p, qrows, nq, trows, nt, cancel, &group)) {
       copy_message(message, message_len, "cancelled");
       return KNN_CANCELLED;
     }
-    KnnProblem sub = p;
-    sub.query_groups = nullptr;
-    sub.target_groups = nullptr;
-    sub.queries = query_buf.data();
-    sub.n_queries = nq;
-    sub.targets = shared ? query_buf.data() : target_buf.data();
-    sub.n_targets = nt;
-    sub.k = static_cast<int32_t>(std::min<int64_t>(p.k, nt));  // more slots stay empty
-    if (keyed) {
-      gather_keys(p.query_keys, qrows, nq, &query_keys);
-      gather_keys(p.target_keys, trows, nt, &target_keys);
-      sub.query_keys = query_keys.data();
-      sub.target_keys = target_keys.data();
-    }
+    const KnnProblem &sub = group.problem;
     sub_neighbors.resize(static_cast<size_t>(nq) * sub.k);
     sub_distances.resize(static_cast<size_t>(nq) * sub.k);
     KnnStats group_stats{};
@@ -220,15 +173,8 @@ KnnStatus run_grouped(const KnnProblem &p, const GroupPartition &part, int64_t *
     if (notice[0] == '\0') copy_message(notice, sizeof notice, message);
     add_stats(group_stats, groups_run == 0, stats);
     groups_run++;
-    for (int64_t i = 0; i < nq; i++) {
-      int64_t *nb = neighbors + qrows[i] * p.k;
-      double *d = distances + qrows[i] * p.k;
-      for (int32_t r = 0; r < sub.k; r++) {
-        const int64_t t = sub_neighbors[i * sub.k + r];
-        nb[r] = t < 0 ? kNoNeighbor : trows[t];
-        d[r] = sub_distances[i * sub.k + r];
-      }
-    }
+    scatter_group_results(qrows, nq, trows, sub.k, p.k, sub_neighbors.data(), sub_distances.data(),
+                          neighbors, distances);
   }
   stats->pairs = 0;
   for (int64_t g = 0; g < part.groups(); g++)

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../entry_guard.h"
+#include "../group_subproblem.h"
 #include "../problem_check.h"
 #include "../result_padding.h"
 #include "../stats_sum.h"
@@ -89,12 +90,6 @@ const char *layout_invalid_reason(const int64_t *rows, const int64_t *begin, int
     }
   }
   return nullptr;
-}
-
-// Bytes of one row of the problem's element type (float32 or bits here).
-size_t bytes_per_row(const KnnProblem &p) {
-  return p.element == KNN_ELEMENT_BIT ? (static_cast<size_t>(p.dim) + 7) / 8
-                                      : 4 * static_cast<size_t>(p.dim);
 }
 
 // Copies the listed rows of `src` (row_bytes each) one after the other to
@@ -453,57 +448,18 @@ KnnStatus GroupJoin::run_alone(int64_t g) {
   const int64_t *q_rows = l_.query_rows + l_.query_begin[g];
   const int64_t *t_rows = l_.target_rows + l_.target_begin[g];
   const int64_t nq = queries_of(g), nt = targets_of(g);
-  const size_t bytes = bytes_per_row(p_);
   // A large group's gather takes seconds: it looks at cancel as it goes.
-  bool stopped = false;
-  auto gather = [&](const void *rows, const int64_t *list, int64_t n) {
-    std::vector<unsigned char> out(static_cast<size_t>(n) * bytes);
-    const auto *from = static_cast<const unsigned char *>(rows);
-    for (int64_t i = 0; i < n && !stopped; i++) {
-      if ((i & 0xFFFF) == 0 && ctx_.cancelled()) stopped = true;
-      std::memcpy(out.data() + i * bytes, from + list[i] * bytes, bytes);
-    }
-    return out;
-  };
-  auto gather_keys = [](const int64_t *keys, const int64_t *list, int64_t n) {
-    std::vector<int64_t> out(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; i++) out[i] = keys[list[i]];
-    return out;
-  };
-  // One table on both sides with one grouping: the group is a self-join
-  // too, which the methods share work for.
-  const bool shared =
-      p_.queries == p_.targets && nq == nt && std::equal(q_rows, q_rows + nq, t_rows);
-  const std::vector<unsigned char> q = gather(p_.queries, q_rows, nq);
-  const std::vector<unsigned char> t =
-      shared ? std::vector<unsigned char>() : gather(p_.targets, t_rows, nt);
-  if (stopped) return ctx_.cancel_point();
-  std::vector<int64_t> q_keys, t_keys;
-  KnnProblem sub = p_;
-  sub.query_groups = nullptr;
-  sub.target_groups = nullptr;
-  sub.queries = q.data();
-  sub.n_queries = nq;
-  sub.targets = shared ? q.data() : t.data();
-  sub.n_targets = nt;
-  sub.k = static_cast<int32_t>(std::min<int64_t>(p_.k, nt));  // more slots stay empty
-  if (keyed_) {
-    q_keys = gather_keys(p_.query_keys, q_rows, nq);
-    t_keys = gather_keys(p_.target_keys, t_rows, nt);
-    sub.query_keys = q_keys.data();
-    sub.target_keys = t_keys.data();
-  }
+  GroupSubProblem group;
+  if (!make_group_subproblem(p_, q_rows, nq, t_rows, nt, ctx_.cancel, &group))
+    return ctx_.cancel_point();
+  const KnnProblem &sub = group.problem;
   std::vector<int64_t> nb(static_cast<size_t>(nq) * sub.k);
   std::vector<double> d(nb.size());
   KnnStats s{};
   KNN_TRY(plain_(sub, nb.data(), d.data(), &s));
   add_alone_stats(s);
-  for (int64_t i = 0; i < nq; i++)
-    for (int32_t j = 0; j < sub.k; j++) {
-      const int64_t r = nb[i * sub.k + j];
-      neighbors_[q_rows[i] * p_.k + j] = r < 0 ? kNoNeighbor : t_rows[r];
-      distances_[q_rows[i] * p_.k + j] = d[i * sub.k + j];
-    }
+  scatter_group_results(q_rows, nq, t_rows, sub.k, p_.k, nb.data(), d.data(), neighbors_,
+                        distances_);
   return KNN_OK;
 }
 
