@@ -378,7 +378,9 @@ int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 LargeKShape large_k_shape(int k, int64_t nt, int64_t tile_elements) {
   LargeKShape s;
-  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(kSample, tile_elements));
+  // The sample's GEMM rows have a stride of a multiple of 8 (tensor-core
+  // friendly) within one tile.
+  const int64_t most = std::max<int64_t>(8, std::min<int64_t>(kSample, tile_elements & ~int64_t(7)));
   s.step = std::max<int64_t>(1, ceil_div(nt, most));
   s.sample = static_cast<int>(std::max<int64_t>(1, ceil_div(nt, s.step)));
   // Each sampled target stands for `per` targets; the sample should hold
@@ -446,7 +448,7 @@ KnnStatus LargeKSelect::run(DeviceContext &ctx, const LargeKArgs &a, int64_t *ex
   } else {
     GuessArgs g;
     g.tile = a.tile;
-    g.ldc = s.sample;
+    g.ldc = static_cast<int>(round_up(s.sample, 8));
     g.sample = s.sample;
     g.step = s.step;
     g.rank = s.rank;
@@ -454,10 +456,10 @@ KnnStatus LargeKSelect::run(DeviceContext &ctx, const LargeKArgs &a, int64_t *ex
     g.query_keys = a.q.keys;
     g.target_keys = a.t.keys;
     g.guess = guess_.get();
-    const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(tile_elements / s.sample, 65535));
+    const int64_t batch = std::max<int64_t>(1, std::min<int64_t>(tile_elements / g.ldc, 65535));
     for (int64_t q0 = 0; q0 < nq; q0 += batch) {
       const int rows = static_cast<int>(std::min(batch, nq - q0));
-      KNN_TRY(a.gemm(q0, rows, 0, s.step, s.sample, a.tile, s.sample));
+      KNN_TRY(a.gemm(q0, rows, 0, s.step, s.sample, a.tile, g.ldc));
       g.query_base = q0;
       KNN_TRY(a.half_tiles ? launch_guess_kind<__half>(ctx, g, rows)
                            : launch_guess_kind<float>(ctx, g, rows));
