@@ -717,8 +717,8 @@ TEST(GpuLargeK, EveryMetricAndK) {
 // matches excluded.
 TEST(GpuLargeK, SelfJoinsWithTiesAndDuplicates) {
   REQUIRE_GPU();
-  check_large_k(make_self(20000, 384, Shape::kIntegers, 1201, true), {300, 1000, 4096});
-  check_large_k(make_self(18000, 768, Shape::kClustered, 1202, true), {500, 16384});
+  check_large_k(make_self(6000, 384, Shape::kIntegers, 1201, true), {300, 1000, 4096});
+  check_large_k(make_self(5000, 768, Shape::kClustered, 1202, true), {500, 4999});
 }
 
 // Keys that collide across tables; with 16500 targets and k = 16384 some
@@ -752,7 +752,7 @@ TEST(GpuLargeK, KeysAndFewerEligibleThanK) {
 TEST(GpuLargeK, ChunkedTargets) {
   REQUIRE_GPU();
   check_large_k(make_embedding_data(1500, 30000, 384, 1400), {1000}, 48 << 20, "chunks");
-  check_large_k(make_self(12000, 768, Shape::kClustered, 1401, true), {4096}, 160 << 20,
+  check_large_k(make_self(6000, 768, Shape::kClustered, 1401, true), {4096}, 96 << 20,
                 "chunks");
 }
 
