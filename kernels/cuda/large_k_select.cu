@@ -55,6 +55,8 @@ constexpr int kWarps = 4;            // collection: warps per block
 constexpr int kCollectWarpsWanted = 8192;
 constexpr int kMinSegmentColumns = 512;
 constexpr int kThreads = 256;
+// The rerank takes queries in batches of about this many candidate slots.
+constexpr int64_t kRerankSlots = int64_t(1) << 25;
 
 // 32-bit images of floats whose unsigned order is the float order, NaN
 // after every number (kNan32), then kExcluded32 (an excluded pair).
@@ -495,52 +497,61 @@ KnnStatus LargeKSelect::run(DeviceContext &ctx, const LargeKArgs &a, int64_t *ex
     KNN_TRY(ctx.cancel_point());
   }
 
-  // 3. Rows sorted, exact values, a stable sort by exact key.
-  const int64_t items = nq * static_cast<int64_t>(cap);
-  offsets_kernel<<<grid_stride_blocks(nq, kThreads), kThreads, 0, ctx.stream>>>(
-      count_.get(), nq, cap, begin_.get(), end_.get());
-  CUDA_CHECK_LAUNCH(ctx, "offsets_kernel");
-  cub::DoubleBuffer<uint32_t> rows(rows_[0].get(), rows_[1].get());
-  size_t bytes = temp_.bytes();
-  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp_.get(), bytes, rows, items, nq,
-                                                     begin_.get(), end_.get(), ctx.stream));
-  const uint32_t *sorted_rows = rows.Current();
-  uint32_t *free_rows = rows.Alternate();
-  ExactArgs e;
-  e.metric = a.metric;
-  e.dim = a.dim;
-  e.q = a.q;
-  e.t = a.t;
-  e.nq = nq;
-  e.capacity = cap;
-  e.count = count_.get();
-  e.rows = sorted_rows;
-  e.keys = keys_[0].get();
-  e.dist = dist_.get();
-  e.pos = free_rows;
-  exact_kernel<<<grid_stride_blocks(items, kThreads), kThreads, 0, ctx.stream>>>(e);
-  CUDA_CHECK_LAUNCH(ctx, "exact_kernel");
-  cub::DoubleBuffer<uint64_t> keys(keys_[0].get(), keys_[1].get());
-  cub::DoubleBuffer<uint32_t> pos(free_rows, pos_.get());
-  bytes = temp_.bytes();
-  CUDA_CHECK(ctx, cub::DeviceSegmentedSort::StableSortPairs(temp_.get(), bytes, keys, pos, items,
-                                                            nq, begin_.get(), end_.get(),
-                                                            ctx.stream));
-  FinishArgs f;
-  f.k = a.k;
-  f.nq = nq;
-  f.capacity = cap;
-  f.target_offset = a.t.offset;
-  f.count = count_.get();
-  f.guess = guess_.get();
-  f.keys = keys.Current();
-  f.pos = pos.Current();
-  f.rows = sorted_rows;
-  f.dist = dist_.get();
-  f.out = a.out;
-  f.certified = a.certified;
-  finish_kernel<<<grid_stride_blocks(nq * a.k, kThreads), kThreads, 0, ctx.stream>>>(f);
-  CUDA_CHECK_LAUNCH(ctx, "finish_kernel");
+  // 3. Per batch of queries (a cancel is noticed between batches): the
+  // rows sorted, their exact values, a stable sort by exact key, the k best.
+  const int64_t batch = std::max<int64_t>(1, kRerankSlots / cap);
+  for (int64_t b0 = 0; b0 < nq; b0 += batch) {
+    const int64_t nb = std::min(batch, nq - b0);
+    const int64_t items = nb * cap;
+    const size_t at = static_cast<size_t>(b0) * cap;
+    offsets_kernel<<<grid_stride_blocks(nb, kThreads), kThreads, 0, ctx.stream>>>(
+        count_.get() + b0, nb, cap, begin_.get(), end_.get());
+    CUDA_CHECK_LAUNCH(ctx, "offsets_kernel");
+    cub::DoubleBuffer<uint32_t> rows(rows_[0].get() + at, rows_[1].get() + at);
+    size_t bytes = temp_.bytes();
+    CUDA_CHECK(ctx, cub::DeviceSegmentedSort::SortKeys(temp_.get(), bytes, rows, items, nb,
+                                                       begin_.get(), end_.get(), ctx.stream));
+    const uint32_t *sorted_rows = rows.Current();
+    uint32_t *free_rows = rows.Alternate();
+    ExactArgs e;
+    e.metric = a.metric;
+    e.dim = a.dim;
+    e.q = a.q.slice(b0, nb, a.dim);
+    e.t = a.t;
+    e.nq = nb;
+    e.capacity = cap;
+    e.count = count_.get() + b0;
+    e.rows = sorted_rows;
+    e.keys = keys_[0].get() + at;
+    e.dist = dist_.get() + at;
+    e.pos = free_rows;
+    exact_kernel<<<grid_stride_blocks(items, kThreads), kThreads, 0, ctx.stream>>>(e);
+    CUDA_CHECK_LAUNCH(ctx, "exact_kernel");
+    cub::DoubleBuffer<uint64_t> keys(keys_[0].get() + at, keys_[1].get() + at);
+    cub::DoubleBuffer<uint32_t> pos(free_rows, pos_.get() + at);
+    bytes = temp_.bytes();
+    CUDA_CHECK(ctx, cub::DeviceSegmentedSort::StableSortPairs(temp_.get(), bytes, keys, pos,
+                                                              items, nb, begin_.get(),
+                                                              end_.get(), ctx.stream));
+    FinishArgs f;
+    f.k = a.k;
+    f.nq = nb;
+    f.capacity = cap;
+    f.target_offset = a.t.offset;
+    f.count = count_.get() + b0;
+    f.guess = guess_.get() + b0;
+    f.keys = keys.Current();
+    f.pos = pos.Current();
+    f.rows = sorted_rows;
+    f.dist = dist_.get() + at;
+    const int64_t o = b0 * a.k;
+    f.out = ResultArrays{a.out.key + o, a.out.row + o, a.out.dist + o};
+    f.certified = a.certified + b0;
+    finish_kernel<<<grid_stride_blocks(nb * a.k, kThreads), kThreads, 0, ctx.stream>>>(f);
+    CUDA_CHECK_LAUNCH(ctx, "finish_kernel");
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    KNN_TRY(ctx.cancel_point());
+  }
 
   std::vector<uint32_t> counts(nq);
   CUDA_CHECK(ctx, cudaMemcpyAsync(counts.data(), count_.get(), nq * sizeof(uint32_t),
