@@ -534,7 +534,8 @@ void check_half(const Data &d, std::initializer_list<int> ks, bool also_auto = f
       if (ref.status != KNN_OK) continue;
       Options f = o;
       f.forced = &half;
-      // k' = max(2k, k + 16) must fit a list: beyond, the exact paths run.
+      // k' = max(2k, k + 16) must fit a list: beyond, the large-k path
+      // (GpuLargeK below) or the exact ones run.
       if (k + 16 <= 256) f.expect_variant = "hgemm-bound";
       expect_gpu_matches(d, f, ref);
       if (also_auto) expect_gpu_matches(d, o, ref);
