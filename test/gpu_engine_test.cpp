@@ -520,9 +520,12 @@ KnnCudaTestOptions forced_filter(int filter) {
 const KnnMetric kGemmMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP};
 
 // The case with the fp16 filter forced (for every GEMM metric and k), and
-// the engine's own choice, against one CPU answer each.
+// the engine's own choice, against one CPU answer each. `expect` and
+// `reject` (null: none) are pieces both variants must hold and must not;
+// without `expect` the forced one must say "hgemm-bound" where its lists
+// hold k' = max(2k, k + 16) (beyond, the large-k path or the exact ones run).
 void check_half(const Data &d, std::initializer_list<int> ks, bool also_auto = false,
-                int64_t limit = 0) {
+                int64_t limit = 0, const char *expect = nullptr, const char *reject = nullptr) {
   static const KnnCudaTestOptions half = forced_filter(3);
   for (KnnMetric m : kGemmMetrics)
     for (int k : ks) {
@@ -532,11 +535,11 @@ void check_half(const Data &d, std::initializer_list<int> ks, bool also_auto = f
       o.gpu_memory_limit = limit;
       const Outcome ref = cpu_answer(d, o);
       if (ref.status != KNN_OK) continue;
+      o.expect_variant = expect;
+      o.reject_variant = reject;
       Options f = o;
       f.forced = &half;
-      // k' = max(2k, k + 16) must fit a list: beyond, the large-k path
-      // (GpuLargeK below) or the exact ones run.
-      if (k + 16 <= 256) f.expect_variant = "hgemm-bound";
+      if (expect == nullptr && k + 16 <= 256) f.expect_variant = "hgemm-bound";
       expect_gpu_matches(d, f, ref);
       if (also_auto) expect_gpu_matches(d, o, ref);
     }
@@ -687,22 +690,7 @@ TEST(GpuHalf, AutoPicksTensorCoresAndDgemmStaysForcible) {
 // against one CPU answer each; `expect` must be in the variant.
 void check_large_k(const Data &d, std::initializer_list<int> ks, int64_t limit = 0,
                    const char *expect = "hgemm-bound/large-k") {
-  static const KnnCudaTestOptions half = forced_filter(3);
-  for (KnnMetric m : kGemmMetrics)
-    for (int k : ks) {
-      Options o;
-      o.k = k;
-      o.metric = m;
-      o.gpu_memory_limit = limit;
-      const Outcome ref = cpu_answer(d, o);
-      if (ref.status != KNN_OK) continue;
-      o.expect_variant = expect;
-      o.reject_variant = "exact-tiles/full-sort";
-      expect_gpu_matches(d, o, ref);
-      Options f = o;
-      f.forced = &half;
-      expect_gpu_matches(d, f, ref);
-    }
+  check_half(d, ks, true, limit, expect, "exact-tiles/full-sort");
 }
 
 // More targets than the sample (16384): the guess comes from every
