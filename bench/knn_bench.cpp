@@ -12,7 +12,8 @@
 // force's GEMM filter (SGEMM, DGEMM, fp16 tensor cores) through the
 // module's test entry (knn_cuda_testing.h), for A/B comparisons;
 // brute-hgemm-pipelined also overlaps each tile's GEMM with the previous
-// tile's selection.
+// tile's selection. brute-full-sort is brute force with k beyond the lists
+// taken by the full sort, as before the fp16 filter's large-k path.
 //
 // DATA_DIR holds NAME.f32 (raw little-endian float32, row-major) with
 // NAME.json beside it ("rows", "dims"), and optionally
@@ -141,7 +142,8 @@ struct Config {
   KnnDevice device = KNN_DEVICE_CPU;
   KnnMethod method = KNN_METHOD_AUTO;
   knn::CpuTuning::Variant forced = knn::CpuTuning::Variant::kAuto;
-  int gpu_filter = 0;  // GPU brute force with a forced GEMM filter (knn_cuda_testing.h)
+  int gpu_filter = 0;  // GPU brute force with a forced GEMM filter (knn_cuda_testing.h);
+                       // -1: the engine's filter, large k by the full sort
   bool gpu_pipeline = false;  // ... and its tiles pipelined (fp16 filter)
   std::string name;  // "auto", "ti", "brute", "blas", "avx2", "brute-hgemm", ...
 };
@@ -205,7 +207,8 @@ KnnStatus run_gpu_tuned(const KnnProblem &p, int filter, bool pipeline, std::vec
     }
   }
   KnnCudaTestOptions o{};
-  o.brute_filter = filter;
+  o.brute_filter = filter > 0 ? filter : 0;
+  o.brute_no_large_k = filter < 0 ? 1 : 0;
   o.brute_pipeline = pipeline ? 1 : 0;
   char err[512] = "";
   const auto t0 = std::chrono::steady_clock::now();
@@ -221,7 +224,7 @@ KnnStatus run_once(const KnnProblem &p, knn::CpuTuning::Variant forced, int gpu_
                    std::string *error, double *seconds) {
   nb->assign(static_cast<size_t>(p.n_queries) * p.k, -7);
   dist->assign(nb->size(), -7.0);
-  if (gpu_filter > 0)
+  if (gpu_filter != 0)
     return run_gpu_tuned(p, gpu_filter, gpu_pipeline, nb, dist, stats, error, seconds);
   if (forced != knn::CpuTuning::Variant::kAuto)
     return run_tuned(p, forced, nb, dist, stats, error, seconds);
@@ -347,13 +350,13 @@ bool parse_methods(const std::string &list, Options *o) {
     if (!cpu && c.name.compare(0, 6, "brute-") == 0) {
       const std::string f = c.name.substr(6);
       c.method = KNN_METHOD_BRUTE;
-      c.gpu_filter = f == "sgemm" ? 1 : f == "dgemm" ? 2 : f == "hgemm" ? 3 : 0;
+      c.gpu_filter = f == "sgemm" ? 1 : f == "dgemm" ? 2 : f == "hgemm" ? 3 : f == "full-sort" ? -1 : 0;
       if (f == "hgemm-pipelined") {
         c.gpu_filter = 3;
         c.gpu_pipeline = true;
       }
       if (c.gpu_filter == 0) {
-        std::fprintf(stderr, "unknown method %s (brute-sgemm, brute-dgemm, brute-hgemm, brute-hgemm-pipelined)\n",
+        std::fprintf(stderr, "unknown method %s (brute-sgemm, brute-dgemm, brute-hgemm, brute-hgemm-pipelined, brute-full-sort)\n",
                      item.c_str());
         return false;
       }
@@ -639,7 +642,7 @@ int main(int argc, char **argv) {
     std::fprintf(stderr,
                  "usage: %s DATA_DIR [--k 20] [--repeat 2] [--out FILE] [--sets a,b] "
                  "[--cpu-max-rows N] [--metric l2|cosine|ip|l1] "
-                 "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-dgemm,brute-sgemm,"
+                 "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-full-sort,brute-dgemm,brute-sgemm,"
                  "cpu,cpu-ti,cpu-brute,"
                  "cpu-blas,cpu-avx2] [--threads N] "
                  "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12] "

@@ -8,6 +8,7 @@
 //   half_rows.cu    fp16 rows and their numbers for the tensor-core filter
 //   rerank.cu       exact re-rank of the candidates and certification
 //   full_sort.cu    large k: every exact distance of a query, sorted
+//   large_k_select.cu  large k on the fp16 filter (large_k_select.cuh)
 #pragma once
 
 #include <cstdint>
@@ -183,6 +184,7 @@ struct FullSortArgs {
   Rows t;
   ResultArrays out;
   size_t budget = 0;  // device bytes this step may allocate
+  const int32_t *out_index = nullptr;  // query row r's slots: out_index[r] * k (null: r * k)
 };
 KnnStatus run_full_sort(DeviceContext &ctx, const FullSortArgs &args, int64_t *exact_pairs);
 

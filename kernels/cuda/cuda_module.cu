@@ -381,6 +381,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   if (o->brute_filter == 2) t.brute_filter = BruteFilter::kDgemm;
   if (o->brute_filter == 3) t.brute_filter = BruteFilter::kHalf;
   t.pipeline_tiles = o->brute_pipeline != 0;
+  t.large_k = o->brute_no_large_k == 0;
   if (o->ti_filter == 1) t.ti.filter = ti::FilterKind::Full;
   if (o->ti_filter == 2) t.ti.filter = ti::FilterKind::Partial;
   if (o->ti_list == 1) t.ti.list = ti::ListKind::Registers;

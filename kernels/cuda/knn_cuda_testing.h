@@ -39,6 +39,9 @@ typedef struct KnnCudaTestOptions
 	int			split_test_engine;
 	int			split_test_wait_ms;
 	int			split_test_fail;
+
+	/* 1: brute force with k beyond the lists takes the full sort, not large_k_select.cu */
+	int			brute_no_large_k;
 } KnnCudaTestOptions;
 
 /* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */
