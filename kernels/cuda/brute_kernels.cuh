@@ -83,6 +83,12 @@ KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int di
 KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int dim, double *xd,
                            double *norm_d);
 
+// x[i] = h[i] widened (binary16 -> binary32, exact; NaN as
+// knn_half_to_float), i < n, on `stream` (half_rows.cu): a float16
+// problem's rows, uploaded as they are, become the float rows.
+KnnStatus launch_widen_half(DeviceContext &ctx, cudaStream_t stream, const uint16_t *h,
+                            int64_t n, float *x);
+
 // The rows of the fp16 filter (half_rows.cu, half_bound.cuh): xh (n rows
 // of half_row_stride(dim) fp16 values, as uint16_t), stats, float scales.
 KnnStatus launch_to_half(DeviceContext &ctx, const float *x, int64_t n, int dim, uint16_t *xh,

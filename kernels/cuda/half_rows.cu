@@ -1,7 +1,10 @@
-// half_rows.cu -- rows of the fp16 tensor-core filter: each float row
-// scaled by a power of two, rounded to fp16 (stride half_row_stride(dim),
-// zero padded), and the per-row numbers its error bound uses
-// (half_bound.cuh). One warp per row: coalesced loads, warp reductions.
+// half_rows.cu -- fp16 rows on the device:
+//  * a float16 problem's rows (KNN_ELEMENT_FLOAT16), uploaded as they are,
+//    widened into the float rows every kernel reads (launch_widen_half);
+//  * the rows of the fp16 tensor-core filter: each float row scaled by a
+//    power of two, rounded to fp16 (stride half_row_stride(dim), zero
+//    padded), and the per-row numbers its error bound uses
+//    (half_bound.cuh). One warp per row: coalesced loads, warp reductions.
 #include <cuda_fp16.h>
 
 #include <cmath>
@@ -20,6 +23,22 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // never prefiltered (their float scale is NaN): the float product of two
 // scales then stays normal.
 constexpr int kScaleRange = 60;
+
+// binary16 -> binary32 exactly as the job layer's host widening
+// (half_float.h's knn_half_to_float): every finite value and infinity
+// exactly (__half2float), a NaN as the quiet NaN of its sign (no payload).
+__device__ __forceinline__ float widen_half(uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0)
+    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7FC00000u);
+  return __half2float(__ushort_as_half(h));
+}
+
+__global__ void widen_half_kernel(const uint16_t *__restrict__ h, int64_t n,
+                                  float *__restrict__ x) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = widen_half(h[i]);
+}
 
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
@@ -85,6 +104,14 @@ __global__ void to_half_kernel(const float *__restrict__ x, int64_t n, int dim, 
 }
 
 }  // namespace
+
+KnnStatus launch_widen_half(DeviceContext &ctx, cudaStream_t stream, const uint16_t *h,
+                            int64_t n, float *x) {
+  if (n <= 0) return KNN_OK;
+  widen_half_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(h, n, x);
+  CUDA_CHECK_LAUNCH(ctx, "widen_half_kernel");
+  return KNN_OK;
+}
 
 KnnStatus launch_to_half(DeviceContext &ctx, const float *x, int64_t n, int dim, uint16_t *xh,
                          HalfRowStats *stats, float *scale) {
