@@ -158,6 +158,25 @@ TEST(GpuFloat16, EveryMetricDimensionAndK) {
     }
 }
 
+// Every finite binary16 value as a target of one dimension, all of them
+// returned (k = |T|) with their distances to one query: each one widened on
+// the device exactly as the CPU engine's host widening does.
+TEST(GpuFloat16, EveryFiniteValueWidensExactly) {
+  REQUIRE_GPU();
+  Case c;
+  c.dim = 1;
+  for (uint32_t bits = 0; bits < 0x10000u; bits++)
+    if (knn_half_is_finite(static_cast<uint16_t>(bits)))
+      c.targets.push_back(static_cast<uint16_t>(bits));
+  for (float query : {0.0f, -1.5f, 1000.0f}) {
+    c.queries.assign(1, knn_float_to_half(query));
+    const int k = static_cast<int>(c.targets.size());
+    for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1, KNN_METRIC_IP})
+      check(c.problem(metric, k), name(metric, 1, k, false) + " every value, query " +
+                                      std::to_string(query));
+  }
+}
+
 // Ties, duplicates, fp16 subnormals, signed zeros and zero rows (cosine's
 // special case) on both the tensor-core filter's and the exact paths.
 TEST(GpuFloat16, TiesSubnormalsAndZeros) {
@@ -193,9 +212,8 @@ TEST(GpuFloat16, SameAsTheFloat32RowsOfTheSameValues) {
 }
 
 // A small memory budget: targets and queries in chunks (the next target
-// chunk uploaded by a helper thread), each upload in several batches
-// through the device's float16 buffer.
-TEST(GpuFloat16, ChunkedUploadsInBatches) {
+// chunk uploaded and widened by a helper thread meanwhile).
+TEST(GpuFloat16, ChunkedUploads) {
   REQUIRE_GPU();
   for (bool self : {true, false})
     for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_L1}) {

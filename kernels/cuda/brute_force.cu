@@ -176,9 +176,6 @@ class BruteForce {
   DeviceBuffer<uint8_t> certified_;
   DeviceBuffer<int32_t> gather_index_;
   ResultBuffers results_[2];  // [0] running, [1] the current target chunk's
-  // Float16 rows on their way to the float rows (plan_.half_upload values);
-  // one upload at a time uses it (the prefetch thread's runs alone too).
-  DeviceBuffer<uint16_t> half_upload_;
 };
 
 // Rows [first, first + n) of the problem's host rows (and keys) into dst.
@@ -194,28 +191,19 @@ KnnStatus BruteForce::upload_rows(RowBuffers &dst, const void *host, const int64
   return KNN_OK;
 }
 
-// Float16 rows [first, first + n) into the float rows x: batches of
-// whole rows through half_upload_ (pinned staging, half the bytes of
-// float32 rows), each widened on the stream that carried it.
+// Float16 rows [first, first + n) into the float rows x: uploaded as they
+// are (pinned staging, half the bytes of float32 rows) into the upper half
+// of x's bytes, then widened in place on the stream that carried them, so
+// no device memory beyond the float rows is needed.
 KnnStatus BruteForce::upload_half_rows(float *x, const void *host, int64_t first, int64_t n,
                                        DeviceContext &ctx) {
-  const int64_t dim = p_.dim;
-  const int64_t batch = static_cast<int64_t>(half_upload_.size()) / dim;
-  if (batch < 1) {
-    ctx.error = "brute force: no float16 upload buffer planned";
-    return KNN_INTERNAL_ERROR;
-  }
-  const uint16_t *rows = static_cast<const uint16_t *>(host) + first * dim;
-  for (int64_t r = 0; r < n; r += batch) {
-    const int64_t count = std::min(batch, n - r);
-    KNN_TRY(upload_to_device(ctx, half_upload_.get(), rows + r * dim,
-                             static_cast<size_t>(count * dim) * sizeof(uint16_t)));
-    const cudaStream_t stream =
-        ctx.staging != nullptr ? ctx.staging->upload_stream() : ctx.stream;
-    KNN_TRY(launch_widen_half(ctx, stream, half_upload_.get(), count * dim, x + r * dim));
-    // The next batch overwrites the buffer.
-    CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
-  }
+  const int64_t values = n * p_.dim;
+  KNN_TRY(upload_to_device(ctx, reinterpret_cast<uint16_t *>(x) + values,
+                           static_cast<const uint16_t *>(host) + first * p_.dim,
+                           static_cast<size_t>(values) * sizeof(uint16_t)));
+  const cudaStream_t stream = ctx.staging != nullptr ? ctx.staging->upload_stream() : ctx.stream;
+  KNN_TRY(launch_widen_half_in_place(ctx, stream, x, values));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
   return KNN_OK;
 }
 
@@ -556,7 +544,6 @@ KnnStatus BruteForce::allocate() {
   }
   const size_t slots = static_cast<size_t>(plan_.q_chunk) * p_.k;
   for (int b = 0; b < buffers; b++) KNN_TRY(results_[b].allocate(ctx_, slots));
-  KNN_TRY(half_upload_.allocate(ctx_, static_cast<size_t>(plan_.half_upload), "float16 rows"));
   // The allocations are ordered on ctx.stream; the uploads use the staging
   // stream, which may touch them only once they are complete.
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));

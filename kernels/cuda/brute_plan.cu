@@ -51,20 +51,6 @@ constexpr int kHalfMinDim = 384;
 
 bool has_half_tensor_cores(const cudaDeviceProp &prop) { return prop.major >= 8; }
 
-// A float16 problem's rows go up in batches of at most this many fp16
-// values (32 MiB) and at most a 64th of the budget in bytes, at least one
-// row: the widened float rows are what the kernels read, so the fp16 copy
-// is only a bounded staging area on the device.
-constexpr int64_t kHalfUploadValues = int64_t(16) << 20;
-
-int64_t half_upload_values(const KnnProblem &p, const Plan &pl, size_t budget) {
-  if (p.element != KNN_ELEMENT_FLOAT16) return 0;
-  const int64_t rows = std::max(pl.t_chunk, pl.alias_queries ? 0 : pl.q_chunk);
-  const int64_t cap = std::max<int64_t>(
-      p.dim, std::min<int64_t>(kHalfUploadValues, static_cast<int64_t>(budget / 128)));
-  return std::min<int64_t>(rows * p.dim, cap / p.dim * p.dim);
-}
-
 // GPUs whose FP64 rate equals their FP32 rate (A100, H100/H200, B200):
 // there a DGEMM costs what an SGEMM does, and its error bound for L2 is
 // relative to the distance rather than to the norms (tile_value.cuh).
@@ -128,15 +114,13 @@ size_t plan_bytes(const KnnProblem &p, const Plan &pl) {
                                 (pl.double_gemm ? 8 : 4) * (pl.pipelined ? 2 : 1);
   const size_t gather = pl.gather_rows * (row_bytes + 4);
   const size_t sort = pl.full_sort ? full_sort_bytes(1, pl.t_chunk) : 0;
-  const size_t half_upload = static_cast<size_t>(pl.half_upload) * 2;
-  return t_bytes + q_bytes + tile + gather + sort + half_upload;
+  return t_bytes + q_bytes + tile + gather + sort;
 }
 
 void shape(const KnnProblem &p, size_t budget, Plan *pl) {
   pl->t_chunked = pl->t_chunk < p.n_targets;
   pl->alias_queries = !pl->t_chunked && same_rows(p);
   shape_tiles(p, budget, pl);
-  pl->half_upload = half_upload_values(p, *pl, budget);
   pl->bytes = plan_bytes(p, *pl);
 }
 

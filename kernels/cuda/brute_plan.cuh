@@ -45,9 +45,6 @@ struct Plan {
   int tile_rows = 0, tile_cols = 0;
   int64_t gather_rows = 0;  // fallback batch
   size_t full_sort_budget = 0;
-  // Float16 problems: the device buffer (in fp16 values, a whole number of
-  // rows) that their rows are uploaded through and widened from; 0 otherwise.
-  int64_t half_upload = 0;
   size_t bytes = 0;         // device bytes the plan allocates
 };
 

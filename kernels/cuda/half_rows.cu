@@ -1,12 +1,14 @@
 // half_rows.cu -- fp16 rows on the device:
-//  * a float16 problem's rows (KNN_ELEMENT_FLOAT16), uploaded as they are,
-//    widened into the float rows every kernel reads (launch_widen_half);
+//  * a float16 problem's rows (KNN_ELEMENT_FLOAT16), uploaded as they are
+//    into the upper half of the float rows' buffer and widened in place
+//    into the float rows every kernel reads (launch_widen_half_in_place);
 //  * the rows of the fp16 tensor-core filter: each float row scaled by a
 //    power of two, rounded to fp16 (stride half_row_stride(dim), zero
 //    padded), and the per-row numbers its error bound uses
 //    (half_bound.cuh). One warp per row: coalesced loads, warp reductions.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "brute_kernels.cuh"
@@ -33,8 +35,9 @@ __device__ __forceinline__ float widen_half(uint16_t h) {
   return __half2float(__ushort_as_half(h));
 }
 
-__global__ void widen_half_kernel(const uint16_t *__restrict__ h, int64_t n,
-                                  float *__restrict__ x) {
+// x[i] = h[i] widened, i < n. Not __restrict__: in the last step of
+// launch_widen_half_in_place one thread's x[0] covers its own h[0].
+__global__ void widen_half_kernel(const uint16_t *h, int64_t n, float *x) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     x[i] = widen_half(h[i]);
@@ -105,11 +108,22 @@ __global__ void to_half_kernel(const float *__restrict__ x, int64_t n, int dim, 
 
 }  // namespace
 
-KnnStatus launch_widen_half(DeviceContext &ctx, cudaStream_t stream, const uint16_t *h,
-                            int64_t n, float *x) {
-  if (n <= 0) return KNN_OK;
-  widen_half_kernel<<<grid_stride_blocks(n, kThreads), kThreads, 0, stream>>>(h, n, x);
-  CUDA_CHECK_LAUNCH(ctx, "widen_half_kernel");
+// With m = n - a values left, a step widens the next max(1, m / 2) of
+// them: it reads bytes [2n + 2a, 2n + 2a + m) and writes bytes
+// [4a, 4a + 2m) at most, which end where the reads begin, so no value is
+// overwritten before it is read (the one value of the last step is read
+// and written by one thread). Steps run in order on `stream`: about
+// log2(n) launches.
+KnnStatus launch_widen_half_in_place(DeviceContext &ctx, cudaStream_t stream, float *x,
+                                     int64_t n) {
+  const uint16_t *h = reinterpret_cast<const uint16_t *>(x) + n;
+  for (int64_t a = 0; a < n;) {
+    const int64_t count = std::max<int64_t>(1, (n - a) / 2);
+    widen_half_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(h + a, count,
+                                                                                    x + a);
+    CUDA_CHECK_LAUNCH(ctx, "widen_half_kernel");
+    a += count;
+  }
   return KNN_OK;
 }
 
