@@ -28,7 +28,10 @@
 // are processed in chunks; the exact k best of successive target chunks are
 // merged (rows are global, so ties still go to the smaller row), and the
 // next target chunk is uploaded (pinned double buffer, own stream, helper
-// thread) while the current one is processed.
+// thread) while the current one is processed. Float16 rows
+// (KNN_ELEMENT_FLOAT16) travel as float16 and are widened on the device
+// into the float rows (upload_half_rows); everything after that is the
+// float32 join of the same values.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -152,8 +155,10 @@ class BruteForce {
                    const int32_t *out_index, ResultArrays out, uint8_t *certified);
   KnnStatus fallback(const Rows &q, const Rows &t, ResultArrays out);
 
-  KnnStatus upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
+  KnnStatus upload_rows(RowBuffers &dst, const void *host, const int64_t *host_keys,
                         int64_t first, int64_t n, DeviceContext &ctx);
+  KnnStatus upload_half_rows(float *x, const void *host, int64_t first, int64_t n,
+                             DeviceContext &ctx);
   KnnStatus row_stats(const RowBuffers &b, int64_t n);
   int64_t target_chunk_rows(int64_t chunk) const {
     return std::min(plan_.t_chunk, p_.n_targets - chunk * plan_.t_chunk);
@@ -179,12 +184,32 @@ class BruteForce {
   ResultBuffers results_[2];  // [0] running, [1] the current target chunk's
 };
 
-KnnStatus BruteForce::upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
+// Rows [first, first + n) of the problem's host rows (and keys) into dst.
+KnnStatus BruteForce::upload_rows(RowBuffers &dst, const void *host, const int64_t *host_keys,
                                   int64_t first, int64_t n, DeviceContext &ctx) {
-  KNN_TRY(upload_to_device(ctx, dst.x.get(), host + first * p_.dim,
-                           static_cast<size_t>(n) * p_.dim * sizeof(float)));
+  if (p_.element == KNN_ELEMENT_FLOAT16)
+    KNN_TRY(upload_half_rows(dst.x.get(), host, first, n, ctx));
+  else
+    KNN_TRY(upload_to_device(ctx, dst.x.get(), float_rows(host) + first * p_.dim,
+                             static_cast<size_t>(n) * p_.dim * sizeof(float)));
   if (host_keys != nullptr)
     KNN_TRY(upload_to_device(ctx, dst.keys.get(), host_keys + first, n * sizeof(int64_t)));
+  return KNN_OK;
+}
+
+// Float16 rows [first, first + n) into the float rows x: uploaded as they
+// are (pinned staging, half the bytes of float32 rows) into the upper half
+// of x's bytes, then widened in place on the stream that carried them, so
+// no device memory beyond the float rows is needed.
+KnnStatus BruteForce::upload_half_rows(float *x, const void *host, int64_t first, int64_t n,
+                                       DeviceContext &ctx) {
+  const int64_t values = n * p_.dim;
+  KNN_TRY(upload_to_device(ctx, reinterpret_cast<uint16_t *>(x) + values,
+                           static_cast<const uint16_t *>(host) + first * p_.dim,
+                           static_cast<size_t>(values) * sizeof(uint16_t)));
+  const cudaStream_t stream = ctx.staging != nullptr ? ctx.staging->upload_stream() : ctx.stream;
+  KNN_TRY(launch_widen_half_in_place(ctx, stream, x, values));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
   return KNN_OK;
 }
 
@@ -576,7 +601,7 @@ KnnStatus BruteForce::allocate() {
 // Targets that fit in one chunk stay on the device for every query chunk.
 KnnStatus BruteForce::load_resident_targets() {
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], float_rows(p_.targets), p_.target_keys, 0, p_.n_targets, ctx_));
+  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
   seconds_transfer += seconds_since(t0);
   return row_stats(t_buf_[0], p_.n_targets);
 }
@@ -589,7 +614,7 @@ KnnStatus BruteForce::load_queries(int64_t first, int64_t n, Rows *q) {
     return KNN_OK;
   }
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(q_buf_, float_rows(p_.queries), p_.query_keys, first, n, ctx_));
+  KNN_TRY(upload_rows(q_buf_, p_.queries, p_.query_keys, first, n, ctx_));
   seconds_transfer += seconds_since(t0);
   KNN_TRY(row_stats(q_buf_, n));
   *q = q_buf_.view(n, first);
@@ -612,7 +637,7 @@ KnnStatus BruteForce::join_target_chunk(const Rows &q, int64_t chunk, ResultArra
     RowBuffers *buffer = &t_buf_[next % 2];
     const int64_t next_first = next * plan_.t_chunk, next_n = target_chunk_rows(next);
     auto upload_next = [this, buffer, next_first, next_n](DeviceContext &ctx) {
-      return upload_rows(*buffer, float_rows(p_.targets), p_.target_keys, next_first, next_n, ctx);
+      return upload_rows(*buffer, p_.targets, p_.target_keys, next_first, next_n, ctx);
     };
     if (!prefetch.start(ctx_, upload_next)) {
       // No thread: upload now, without the overlap.
@@ -638,7 +663,7 @@ KnnStatus BruteForce::join_target_chunks(const Rows &q, ResultArrays running) {
   // Chunk 0 now; chunk c+1 is uploaded by a helper thread while chunk c is
   // processed.
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], float_rows(p_.targets), p_.target_keys, 0, target_chunk_rows(0), ctx_));
+  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, target_chunk_rows(0), ctx_));
   seconds_transfer += seconds_since(t0);
   const int64_t chunks = (p_.n_targets + plan_.t_chunk - 1) / plan_.t_chunk;
   for (int64_t c = 0; c < chunks; c++) {
@@ -679,7 +704,7 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
 }
 
 // "dgemm-bound/warp-select k'=64 chunks 1000x5000 +fallback 3" or
-// "hgemm-bound/warp-select k'=32 fp16-tiles" and the like.
+// "hgemm-bound/warp-select k'=32 fp16-tiles fp16-rows" and the like.
 void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
               KnnStats *stats) {
   const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
@@ -699,9 +724,11 @@ void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
     std::snprintf(fallback, sizeof fallback, " +fallback %lld",
                   static_cast<long long>(bf.fallback_queries));
   const char *tiles = gemm && plan.half_tiles ? " fp16-tiles" : "";
-  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s", scoring,
+  // Float16 rows uploaded as such (widened on the device).
+  const char *rows = problem.element == KNN_ELEMENT_FLOAT16 ? " fp16-rows" : "";
+  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s%s", scoring,
                 plan.full_sort ? problem.k : plan.large_k ? plan.large_k_capacity : plan.cap,
-                tiles, chunks, fallback);
+                tiles, rows, chunks, fallback);
 }
 
 }  // namespace

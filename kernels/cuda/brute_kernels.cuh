@@ -84,6 +84,12 @@ KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int di
 KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int dim, double *xd,
                            double *norm_d);
 
+// n float16 values held in bytes [2n, 4n) of x (a float16 problem's rows,
+// uploaded as they are) widened in place into x[0 .. n) (binary16 ->
+// binary32, exact; NaN as knn_half_to_float), on `stream` (half_rows.cu).
+KnnStatus launch_widen_half_in_place(DeviceContext &ctx, cudaStream_t stream, float *x,
+                                     int64_t n);
+
 // The rows of the fp16 filter (half_rows.cu, half_bound.cuh): xh (n rows
 // of half_row_stride(dim) fp16 values, as uint16_t), stats, float scales.
 KnnStatus launch_to_half(DeviceContext &ctx, const float *x, int64_t n, int dim, uint16_t *xh,

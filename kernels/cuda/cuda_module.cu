@@ -1,5 +1,6 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
-// ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run and knn_cuda_range,
+// ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run (and which float16
+// problems it takes as they are: knn_cuda_takes_float16), knn_cuda_range,
 // the runtime's warm-up, release, idle timer and release notify, plus the tests'
 // knn_cuda_run_tuned (knn_cuda_testing.h).
 //
@@ -164,7 +165,9 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
     std::snprintf(stats->variant, sizeof stats->variant, "empty");
     return KNN_OK;
   }
-  if (method_for(p) != KNN_METHOD_TI)
+  // Float16 rows: brute force, which widens them on the device (TI reads
+  // float32 host rows; the job gives it those: knn_cuda_takes_float16).
+  if (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI)
     return brute_force_join(p, tuning, neighbors, distances, stats, ctx);
   const KnnStatus st = ti_join(p, tuning, neighbors, distances, stats, ctx);
   if (st != KNN_OUT_OF_MEMORY || ctx.cancelled()) return st;
@@ -269,10 +272,9 @@ double split_work(const KnnProblem &p) {
 KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTestHook &hook,
                    int64_t *neighbors, double *distances, KnnStats *stats,
                    const int32_t *cancel, DeviceContext &ctx) {
-  // Float32 rows (the job layer widens float16), or bit rows (bit_join.cu).
-  if (const char *why = p.element == KNN_ELEMENT_BIT
-                            ? problem_invalid_reason(p, neighbors, distances)
-                            : float_problem_invalid_reason(p, neighbors, distances)) {
+  // Float32 rows, float16 rows (brute force: run_method), or bit rows
+  // (bit_join.cu).
+  if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
     ctx.error = why;
     return KNN_INVALID_ARGUMENT;
   }
@@ -371,6 +373,16 @@ KnnStatus run_group_join(const KnnProblem &p, const KnnGroupLayout *groups, int6
     if (stats != nullptr) *stats = local;
     return st;
   });
+}
+
+// knn_cuda_takes_float16: the problems whose float16 rows run_method
+// sends to brute force anyway (TI, asked for or AUTO's choice, wants
+// float32 rows from the caller).
+bool takes_float16(const KnnProblem &p) {
+  return p.element == KNN_ELEMENT_FLOAT16 && p.range == KNN_RANGE_NONE &&
+         in_range(enum_value(p.method), KNN_METHOD_AUTO, KNN_METHOD_BRUTE) &&
+         in_range(enum_value(p.metric), KNN_METRIC_L2, KNN_METRIC_L1) &&
+         method_for(p) == KNN_METHOD_BRUTE;
 }
 
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
@@ -560,6 +572,10 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run(
                               errlen);
 }
 
+__attribute__((visibility("default"))) int knn_cuda_takes_float16(const KnnProblem *problem) {
+  return problem != nullptr && knn::cuda::takes_float16(*problem) ? 1 : 0;
+}
+
 __attribute__((visibility("default"))) KnnStatus knn_cuda_range(
     const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context, KnnStats *stats,
     const int32_t *cancel, char *errbuf, size_t errlen) {
@@ -611,6 +627,7 @@ static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value,
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_range), knn_cuda_range_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_takes_float16), knn_cuda_takes_float16_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_groups), knn_cuda_run_groups_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
