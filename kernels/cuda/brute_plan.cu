@@ -2,7 +2,6 @@
 // (brute_plan.cuh) from the problem, the device and the memory budget.
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 #include "bitonic.cuh"
 #include "brute_kernels.cuh"
@@ -78,17 +77,9 @@ void shape_tiles(const KnnProblem &p, size_t budget, Plan *pl) {
   pl->tile_rows = static_cast<int>(std::min<int64_t>(pl->tile_rows, std::max<int64_t>(1, elements / 256)));
   pl->tile_cols = static_cast<int>(
       std::min<int64_t>(pl->t_chunk, std::max<int64_t>(256, elements / pl->tile_rows)));
-  if (pl->half_gemm) {
-    // MEASURE-ONLY: KNN_HALF_TILE=ROWSxCOLS overrides the fp16 tile shape.
-    const char *env = std::getenv("KNN_HALF_TILE");
-    int r = 0, c = 0;
-    if (env != nullptr && std::sscanf(env, "%dx%d", &r, &c) == 2 && r > 0 && c > 0) {
-      pl->tile_rows = static_cast<int>(std::min<int64_t>(pl->q_chunk, r));
-      pl->tile_cols = static_cast<int>(std::min<int64_t>(pl->t_chunk, c));
-    }
-    // Rows of whole 16-byte groups: the selection loads 8 halves at a time.
-    pl->tile_cols = (pl->tile_cols + 7) & ~7;
-  }
+  // fp16 tiles: rows of whole 16-byte groups (select_tiles.cu loads 8
+  // halves at a time).
+  if (pl->half_gemm) pl->tile_cols = (pl->tile_cols + 7) & ~7;
   int s = std::max(1, (gemm ? kGemmSelectWarpsWanted : kSelectWarpsWanted) / pl->tile_rows);
   s = std::min(s, kMaxListEntries / pl->cap);
   s = std::min(s, std::max(1, pl->tile_cols / kMinSegmentColumns));

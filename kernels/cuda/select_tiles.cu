@@ -14,10 +14,11 @@
 // order of select_keys.cuh, so ties are kept by smaller row, as the exact
 // result requires. Splitting the targets into segments gives small query
 // batches enough warps (down to one query: many warps over its targets).
+// fp16 tiles (the fp16 filter's) have a kernel of their own that reads 8
+// consecutive columns per lane and load (select_half_tile_kernel).
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "bitonic.cuh"
 #include "brute_kernels.cuh"
@@ -38,11 +39,26 @@ constexpr int kHalfLoads = 2;
 // the 4096 warps of a 4096-row tile run in one wave on 132 multiprocessors.
 constexpr int kHalfBlocksPerSm = 8;
 
+// Shared-memory slots of a warp's list: CAP for the list, the rest a
+// buffer for new entries. At least 128: with CAP = 32 (k <= 16) a buffer of
+// only 32 slots was sorted into the list after every step that took an
+// entry: ncu on an H200 counted 10.7 M shared-load and 6.3 M shared-store
+// wavefronts in one 4096 x 16384 fp16 tile of the 300000 x 768 k = 10 join
+// (its third column of tiles), with L1/TEX the busiest unit (79 %); with
+// 96 slots the buffer takes many steps' entries per sort.
+__host__ __device__ constexpr int list_slots(int cap) { return 2 * cap > 128 ? 2 * cap : 128; }
+
 // The list of one (query, segment) that a warp fills: the kp best entries
-// so far, sorted, then a buffer of CAP slots for new ones (shared memory),
-// and the thresholds the tests compare with.
-template <int CAP>
+// so far, sorted, then a buffer for new ones (list_slots(CAP) in all,
+// shared memory), and the thresholds the tests compare with. The
+// thresholds are those of the last sort: until the next one a lane may
+// take entries that the buffered ones already beat, which the sort drops.
+// OUTLINED: the sort is a called function, not inlined into the caller's
+// loop: the fp16 kernel's loop then keeps its values in registers instead
+// of spilling them (64 registers, see kHalfBlocksPerSm).
+template <int CAP, bool OUTLINED = false>
 struct WarpList {
+  static constexpr int kSlots = list_slots(CAP);
   uint64_t *key;
   uint32_t *row;
   int kp;
@@ -58,11 +74,9 @@ struct WarpList {
   double thr_d;  // the threshold's value (+inf likewise), for double tiles
 
   __device__ __forceinline__ void load(const CandidateLists &lists, int64_t list) {
-    for (int i = lane; i < CAP; i += 32) {
-      key[i] = lists.key[list + i];
-      row[i] = lists.row[list + i];
-      key[CAP + i] = kEmptyKey;
-      row[CAP + i] = kEmptyRow;
+    for (int i = lane; i < kSlots; i += 32) {
+      key[i] = i < CAP ? lists.key[list + i] : kEmptyKey;
+      row[i] = i < CAP ? lists.row[list + i] : kEmptyRow;
     }
     __syncwarp();
     thresholds();
@@ -92,13 +106,18 @@ struct WarpList {
       row[pos] = t;
     }
     buffered += __popc(mask);
-    if (buffered > CAP - 32) merge();
+    if (buffered > kSlots - CAP - 32) {  // room for the next offer
+      if constexpr (OUTLINED)
+        merge_outlined();
+      else
+        merge();
+    }
   }
 
   __device__ __forceinline__ void merge() {
     __syncwarp();
-    bitonic_sort(key, row, nullptr, 2 * CAP, lane, 32, WarpSync());
-    for (int i = kp + lane; i < 2 * CAP; i += 32) {
+    bitonic_sort(key, row, nullptr, kSlots, lane, 32, WarpSync());
+    for (int i = kp + lane; i < kSlots; i += 32) {
       key[i] = kEmptyKey;
       row[i] = kEmptyRow;
     }
@@ -106,6 +125,8 @@ struct WarpList {
     buffered = 0;
     thresholds();
   }
+
+  __device__ __noinline__ void merge_outlined() { merge(); }
 
   __device__ __forceinline__ void store(const CandidateLists &lists, int64_t list) {
     if (buffered > 0) merge();
@@ -141,8 +162,8 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   constexpr bool kNorms =
       !kDouble && (kKind == TileValueKind::kExactCosine || kKind >= TileValueKind::kBoundL2);
   constexpr bool kScales = !kDouble && is_half_kind(kKind);
-  __shared__ uint64_t s_key[kWarps][2 * CAP];
-  __shared__ uint32_t s_row[kWarps][2 * CAP];
+  __shared__ uint64_t s_key[kWarps][list_slots(CAP)];
+  __shared__ uint32_t s_row[kWarps][list_slots(CAP)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int tile_row = blockIdx.x * kWarps + warp;
   if (tile_row >= a.nq) return;  // the whole warp leaves; no block barriers below
@@ -152,11 +173,9 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   w.load(a.lists, list);
   int c_begin, c_end;
   segment_columns(a, blockIdx.y, &c_begin, &c_end);
-  constexpr bool kHalfTile = sizeof(T) == 2;  // MEASURE-ONLY: the old scalar fp16 path
   const T *values =
-      reinterpret_cast<const T *>(kDouble     ? static_cast<const void *>(a.tile_d)
-                                  : kHalfTile ? static_cast<const void *>(a.tile_h)
-                                              : static_cast<const void *>(a.tile)) +
+      reinterpret_cast<const T *>(kDouble ? static_cast<const void *>(a.tile_d)
+                                          : static_cast<const void *>(a.tile)) +
       tile_row * a.ld;
   const bool exclude = a.query_keys != nullptr;
   const int64_t qkey = exclude ? a.query_keys[q] : 0;
@@ -237,25 +256,21 @@ __device__ __forceinline__ float float_at(const float4 &f, int e) {
 // (launch_cap checks the alignment this needs), else element by element.
 // The order in which the columns are offered does not matter: a list
 // keeps the kp best of everything offered to it.
-// STAGED (MEASURE-ONLY): the block's warps (WARPS query rows) share the
-// target terms of each step through shared memory.
-template <int CAP, int KIND, int WARPS, bool STAGED, bool BRANCHY>
-__global__ void __launch_bounds__(WARPS * 32, kHalfBlocksPerSm * 4 / WARPS)
+template <int CAP, int KIND>
+__global__ void __launch_bounds__(kWarps * 32, kHalfBlocksPerSm)
     select_half_tile_kernel(SelectTileArgs a) {
   constexpr TileValueKind kKind = static_cast<TileValueKind>(KIND);
   constexpr int kPerLane = kHalfVec * kHalfLoads;
   constexpr int kStep = 32 * kPerLane;
-  __shared__ uint64_t s_key[WARPS][2 * CAP];
-  __shared__ uint32_t s_row[WARPS][2 * CAP];
-  __shared__ __align__(16) float s_terms[STAGED ? 2 * kStep : 4];  // tn then ts
+  __shared__ uint64_t s_key[kWarps][list_slots(CAP)];
+  __shared__ uint32_t s_row[kWarps][list_slots(CAP)];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tile_row = blockIdx.x * WARPS + warp;
-  const bool active = tile_row < a.nq;
-  if (!STAGED && !active) return;  // the whole warp leaves; no block barriers then
-  const int64_t q = a.query_base + (active ? tile_row : 0);
+  const int tile_row = blockIdx.x * kWarps + warp;
+  if (tile_row >= a.nq) return;  // the whole warp leaves; no block barriers below
+  const int64_t q = a.query_base + tile_row;
   const int64_t list = (q * a.lists.segments + blockIdx.y) * CAP;
-  WarpList<CAP> w{s_key[warp], s_row[warp], a.lists.kp, lane};
-  if (active) w.load(a.lists, list);
+  WarpList<CAP, true> w{s_key[warp], s_row[warp], a.lists.kp, lane};
+  w.load(a.lists, list);
   int c_begin, c_end;
   segment_columns(a, blockIdx.y, &c_begin, &c_end);
   const __half *values = reinterpret_cast<const __half *>(a.tile_h) + tile_row * a.ld;
@@ -271,49 +286,15 @@ __global__ void __launch_bounds__(WARPS * 32, kHalfBlocksPerSm * 4 / WARPS)
     {
       uint4 h[kHalfLoads];
       float4 tn[2 * kHalfLoads], ts[2 * kHalfLoads];
-      if constexpr (STAGED) {
-        // This thread's share of the step's terms: float4 i of tn (i <
-        // kStep / 4), then of ts.
-        float4 mine[2 * kStep / 4 / (WARPS * 32) > 0 ? 2 * kStep / 4 / (WARPS * 32) : 1];
-        constexpr int kShare = 2 * kStep / 4 / (WARPS * 32);
-#pragma unroll
-        for (int j = 0; j < kShare; j++) {
-          const int i = threadIdx.x + j * WARPS * 32;
-          const float *src = i < kStep / 4 ? tnorm : tscale;
-          const int c = c0 + (i % (kStep / 4)) * 4;
-          if (c + 4 <= c_end) {
-            mine[j] = *reinterpret_cast<const float4 *>(src + c);
-          } else {
-            const float pad = i < kStep / 4 ? 0.0f : 1.0f;
-            mine[j] = make_float4(c < c_end ? src[c] : pad, c + 1 < c_end ? src[c + 1] : pad,
-                                  c + 2 < c_end ? src[c + 2] : pad, c + 3 < c_end ? src[c + 3] : pad);
-          }
-        }
-        __syncthreads();  // the previous step's terms are read
-#pragma unroll
-        for (int j = 0; j < kShare; j++)
-          reinterpret_cast<float4 *>(s_terms)[threadIdx.x + j * WARPS * 32] = mine[j];
-        __syncthreads();
-      }
-      if (active) {
 #pragma unroll
       for (int l = 0; l < kHalfLoads; l++) {
         const int c = c0 + l * 32 * kHalfVec + lane * kHalfVec;
-        if constexpr (STAGED) {
-          const int o = l * 32 * kHalfVec + lane * kHalfVec;
-          tn[2 * l] = *reinterpret_cast<const float4 *>(s_terms + o);
-          tn[2 * l + 1] = *reinterpret_cast<const float4 *>(s_terms + o + 4);
-          ts[2 * l] = *reinterpret_cast<const float4 *>(s_terms + kStep + o);
-          ts[2 * l + 1] = *reinterpret_cast<const float4 *>(s_terms + kStep + o + 4);
-        }
         if (c + kHalfVec <= c_end) {
           h[l] = *reinterpret_cast<const uint4 *>(values + c);
-          if constexpr (!STAGED) {
-            tn[2 * l] = *reinterpret_cast<const float4 *>(tnorm + c);
-            tn[2 * l + 1] = *reinterpret_cast<const float4 *>(tnorm + c + 4);
-            ts[2 * l] = *reinterpret_cast<const float4 *>(tscale + c);
-            ts[2 * l + 1] = *reinterpret_cast<const float4 *>(tscale + c + 4);
-          }
+          tn[2 * l] = *reinterpret_cast<const float4 *>(tnorm + c);
+          tn[2 * l + 1] = *reinterpret_cast<const float4 *>(tnorm + c + 4);
+          ts[2 * l] = *reinterpret_cast<const float4 *>(tscale + c);
+          ts[2 * l + 1] = *reinterpret_cast<const float4 *>(tscale + c + 4);
         } else {
           unsigned bits[kHalfVec / 2] = {};
           float n[kHalfVec], s[kHalfVec];
@@ -341,15 +322,13 @@ __global__ void __launch_bounds__(WARPS * 32, kHalfBlocksPerSm * 4 / WARPS)
           const float tse = float_at(ts[2 * l + e / 4], e % 4);
           // The tiles hold scaled dots: the prefilter takes them unscaled.
           const float vp = half_at(h[l], e) * (qs * tse);
-          const bool maybe =
-              BRANCHY ? (c + e < c_end && a.value.may_beat_branchy(kKind, vp, qn, tne, w.thr_up))
-                      : ((c + e < c_end) & a.value.may_beat_as(kKind, vp, qn, tne, w.thr_up));
+          // & rather than &&: no branch per value (see may_beat_as).
+          const bool maybe = (c + e < c_end) & a.value.may_beat_as(kKind, vp, qn, tne, w.thr_up);
           maybe_bits |= maybe ? 1u << (l * kHalfVec + e) : 0u;
         }
       }
-      }
     }
-    if (!active || !__any_sync(0xffffffffu, maybe_bits != 0)) continue;  // the common case
+    if (!__any_sync(0xffffffffu, maybe_bits != 0)) continue;  // the common case
 #pragma unroll 1
     for (int u = 0; u < kPerLane; u++) {
       const bool maybe = (maybe_bits >> u) & 1u;
@@ -365,7 +344,7 @@ __global__ void __launch_bounds__(WARPS * 32, kHalfBlocksPerSm * 4 / WARPS)
       w.offer(take, k, static_cast<uint32_t>(t));
     }
   }
-  if (active) w.store(a.lists, list);
+  w.store(a.lists, list);
 }
 
 template <int CAP, int KIND>
@@ -376,26 +355,7 @@ void launch_kind(DeviceContext &ctx, const SelectTileArgs &a, dim3 grid) {
 // fp16 tiles hold the fp16 filter's dots only.
 template <int CAP, int KIND>
 void launch_half_kind(DeviceContext &ctx, const SelectTileArgs &a, dim3 grid) {
-  static const bool scalar = [] {  // MEASURE-ONLY switch
-    const char *e = std::getenv("KNN_SELECT_SCALAR_HALF");
-    return e != nullptr && e[0] == '1';
-  }();
-  static const int mode = [] {  // MEASURE-ONLY: 0 vector, 1 +branchy, 2 staged, 3 staged+branchy
-    const char *e = std::getenv("KNN_SELECT_MODE");
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
-  constexpr int kW = CAP == 256 ? 4 : 8;  // staged: warps per block
-  const dim3 staged_grid((a.nq + kW - 1) / kW, grid.y);
-  if (scalar)
-    select_tile_kernel<CAP, __half, KIND><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
-  else if (mode == 1)
-    select_half_tile_kernel<CAP, KIND, kWarps, false, true><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
-  else if (mode == 2)
-    select_half_tile_kernel<CAP, KIND, kW, true, false><<<staged_grid, kW * 32, 0, ctx.stream>>>(a);
-  else if (mode == 3)
-    select_half_tile_kernel<CAP, KIND, kW, true, true><<<staged_grid, kW * 32, 0, ctx.stream>>>(a);
-  else
-    select_half_tile_kernel<CAP, KIND, kWarps, false, false><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
+  select_half_tile_kernel<CAP, KIND><<<grid, kWarps * 32, 0, ctx.stream>>>(a);
 }
 
 // What select_half_tile_kernel's 16-byte loads need: tile rows of whole

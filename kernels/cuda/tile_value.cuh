@@ -235,23 +235,6 @@ struct TileValue {
     }
     return always | !(approx > thr_up + margin) | !isfinite(approx);
   }
-  // MEASURE-ONLY: the previous, branchy form, for an A/B on the device.
-  __device__ __forceinline__ bool may_beat_branchy(TileValueKind k, float v, float qn, float tn,
-                                                   float thr_up) const {
-    if (!isfinite(v)) return true;
-    const float sum = qn + tn;
-    float approx, margin;
-    if (k == TileValueKind::kBoundL2Half) {
-      approx = sum - 2.0f * v;
-      margin = (pre + 1e-5f) * sum + 1e-30f;
-    } else if (k == TileValueKind::kBoundIpHalf) {
-      approx = -v;
-      margin = (pre + 1e-5f) * 0.5f * (qn + tn) + 1e-30f;
-    } else {
-      return may_beat_as(k, v, qn, tn, thr_up);
-    }
-    return !(approx > thr_up + margin) || !isfinite(approx);
-  }
 };
 
 // The error constants of the bound kinds for `dim` (see the derivation above).
