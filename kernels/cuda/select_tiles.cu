@@ -73,13 +73,20 @@ struct WarpList {
   float thr_up;
   double thr_d;  // the threshold's value (+inf likewise), for double tiles
 
-  __device__ __forceinline__ void load(const CandidateLists &lists, int64_t list) {
-    for (int i = lane; i < kSlots; i += 32) {
-      key[i] = i < CAP ? lists.key[list + i] : kEmptyKey;
-      row[i] = i < CAP ? lists.row[list + i] : kEmptyRow;
+  // The calling warp's list `list` of `lists`, in the warp's slots of
+  // the block's shared memory (kWarps warps a block).
+  static __device__ __forceinline__ WarpList of_warp(const CandidateLists &lists, int64_t list) {
+    __shared__ uint64_t s_key[kWarps][kSlots];
+    __shared__ uint32_t s_row[kWarps][kSlots];
+    const int warp = threadIdx.x / 32;
+    WarpList w{s_key[warp], s_row[warp], lists.kp, static_cast<int>(threadIdx.x % 32)};
+    for (int i = w.lane; i < kSlots; i += 32) {
+      w.key[i] = i < CAP ? lists.key[list + i] : kEmptyKey;
+      w.row[i] = i < CAP ? lists.row[list + i] : kEmptyRow;
     }
     __syncwarp();
-    thresholds();
+    w.thresholds();
+    return w;
   }
 
   __device__ __forceinline__ void thresholds() {
@@ -138,6 +145,18 @@ struct WarpList {
   }
 };
 
+// This warp's tile row, query and list in the launch, or false when the
+// launch has no row for it (then the whole warp leaves).
+template <int CAP>
+__device__ __forceinline__ bool warp_row(const SelectTileArgs &a, int *tile_row, int64_t *q,
+                                         int64_t *list) {
+  *tile_row = blockIdx.x * kWarps + threadIdx.x / 32;
+  if (*tile_row >= a.nq) return false;
+  *q = a.query_base + *tile_row;
+  *list = (*q * a.lists.segments + blockIdx.y) * CAP;
+  return true;
+}
+
 // The stretch [c_begin, c_end) of the tile's columns that segment s reads.
 __device__ __forceinline__ void segment_columns(const SelectTileArgs &a, int s, int *c_begin,
                                                 int *c_end) {
@@ -162,15 +181,11 @@ __global__ void __launch_bounds__(kWarps * 32) select_tile_kernel(SelectTileArgs
   constexpr bool kNorms =
       !kDouble && (kKind == TileValueKind::kExactCosine || kKind >= TileValueKind::kBoundL2);
   constexpr bool kScales = !kDouble && is_half_kind(kKind);
-  __shared__ uint64_t s_key[kWarps][list_slots(CAP)];
-  __shared__ uint32_t s_row[kWarps][list_slots(CAP)];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tile_row = blockIdx.x * kWarps + warp;
-  if (tile_row >= a.nq) return;  // the whole warp leaves; no block barriers below
-  const int64_t q = a.query_base + tile_row;
-  const int64_t list = (q * a.lists.segments + blockIdx.y) * CAP;
-  WarpList<CAP> w{s_key[warp], s_row[warp], a.lists.kp, lane};
-  w.load(a.lists, list);
+  const int lane = threadIdx.x % 32;
+  int tile_row;
+  int64_t q, list;
+  if (!warp_row<CAP>(a, &tile_row, &q, &list)) return;  // no block barriers below
+  WarpList<CAP> w = WarpList<CAP>::of_warp(a.lists, list);
   int c_begin, c_end;
   segment_columns(a, blockIdx.y, &c_begin, &c_end);
   const T *values =
@@ -262,15 +277,11 @@ __global__ void __launch_bounds__(kWarps * 32, kHalfBlocksPerSm)
   constexpr TileValueKind kKind = static_cast<TileValueKind>(KIND);
   constexpr int kPerLane = kHalfVec * kHalfLoads;
   constexpr int kStep = 32 * kPerLane;
-  __shared__ uint64_t s_key[kWarps][list_slots(CAP)];
-  __shared__ uint32_t s_row[kWarps][list_slots(CAP)];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int tile_row = blockIdx.x * kWarps + warp;
-  if (tile_row >= a.nq) return;  // the whole warp leaves; no block barriers below
-  const int64_t q = a.query_base + tile_row;
-  const int64_t list = (q * a.lists.segments + blockIdx.y) * CAP;
-  WarpList<CAP, true> w{s_key[warp], s_row[warp], a.lists.kp, lane};
-  w.load(a.lists, list);
+  const int lane = threadIdx.x % 32;
+  int tile_row;
+  int64_t q, list;
+  if (!warp_row<CAP>(a, &tile_row, &q, &list)) return;  // no block barriers below
+  WarpList<CAP, true> w = WarpList<CAP, true>::of_warp(a.lists, list);
   int c_begin, c_end;
   segment_columns(a, blockIdx.y, &c_begin, &c_end);
   const __half *values = reinterpret_cast<const __half *>(a.tile_h) + tile_row * a.ld;
