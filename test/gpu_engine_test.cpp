@@ -657,6 +657,39 @@ TEST(GpuHalf, PipelinedTiles) {
     }
 }
 
+// Targets in order of decreasing distance from their query: every step of
+// the selection takes entries, so the warp lists' buffers fill and are
+// sorted over and over (select_tiles.cu), with tile widths that end inside
+// a group of 8 columns; and the same with the phase timer on
+// (KNN_BRUTE_PHASES, brute_force.cu), which must not change a result.
+TEST(GpuHalf, EveryTargetBeatsTheOnesBefore) {
+  REQUIRE_GPU();
+  const int dim = 384;
+  std::mt19937_64 rng(950);
+  std::normal_distribution<double> g(0.0, 1.0);
+  Data d;
+  d.dim = dim;
+  d.queries = make_embeddings(6, dim, 3, 0.5, rng);
+  const int64_t nt = 7001;
+  d.targets.resize(static_cast<size_t>(nt) * dim);
+  for (int64_t j = 0; j < nt; j++) {
+    const float *q = d.queries.data() + (j % 6) * dim;
+    const double radius = 2.0 - 1.9 * static_cast<double>(j) / nt;
+    std::vector<double> u(dim);
+    double norm = 0;
+    for (double &v : u) {
+      v = g(rng);
+      norm += v * v;
+    }
+    for (int i = 0; i < dim; i++)
+      d.targets[j * dim + i] = static_cast<float>(q[i] + radius * u[i] / std::sqrt(norm));
+  }
+  check_half(d, {1, 10, 100});
+  setenv("KNN_BRUTE_PHASES", "1", 1);
+  check_half(d, {10});
+  unsetenv("KNN_BRUTE_PHASES");
+}
+
 // The engine's own choice at embedding dimensions, and the DGEMM filter
 // still reachable for A/B.
 TEST(GpuHalf, AutoPicksTensorCoresAndDgemmStaysForcible) {

@@ -46,6 +46,7 @@
 #include "device_thread.cuh"
 #include "host_transfer.cuh"
 #include "large_k_select.cuh"
+#include "phase_timer.cuh"
 #include "../stopwatch.h"
 
 namespace knn {
@@ -124,6 +125,7 @@ class BruteForce {
   int64_t exact_pairs = 0;      // exact distances evaluated
   int64_t fallback_queries = 0; // (query, target chunk) redone with exact tiles
   double seconds_transfer = 0, seconds_filter = 0, seconds_select = 0;
+  PhaseTimer phases;  // KNN_BRUTE_PHASES=1: device time per stage
 
  private:
   // ---- stages of run() ----
@@ -214,12 +216,14 @@ KnnStatus BruteForce::upload_half_rows(float *x, const void *host, int64_t first
 }
 
 KnnStatus BruteForce::row_stats(const RowBuffers &b, int64_t n) {
+  phases.mark(ctx_.stream, PhaseTimer::kOther);
   KNN_TRY(launch_row_stats(ctx_, b.x.get(), n, p_.dim, b.norm.get(), b.zero.get()));
   if (plan_.double_gemm)
     KNN_TRY(launch_to_double(ctx_, b.x.get(), n, p_.dim, b.xd.get(), b.norm_d.get()));
   if (plan_.half_gemm)
     KNN_TRY(launch_to_half(ctx_, b.x.get(), n, p_.dim, b.xh.get(), b.half.get(),
                            b.half_scale.get()));
+  phases.mark(ctx_.stream, PhaseTimer::kRows);
   return KNN_OK;
 }
 
@@ -418,6 +422,7 @@ KnnStatus BruteForce::select_tiled(Scoring scoring, const Rows &q, const Rows &t
   a.target_keys = t.keys;
   a.lists = lists;
   if (scoring == Scoring::kGemmHalf && plan_.pipelined) return select_tiled_pipelined(q, t, a);
+  phases.mark(ctx_.stream, PhaseTimer::kOther);
   for (int64_t q0 = 0; q0 < q.n; q0 += plan_.tile_rows) {
     a.nq = static_cast<int>(std::min<int64_t>(plan_.tile_rows, q.n - q0));
     a.query_base = q0;
@@ -425,11 +430,15 @@ KnnStatus BruteForce::select_tiled(Scoring scoring, const Rows &q, const Rows &t
       a.nt = static_cast<int>(std::min<int64_t>(plan_.tile_cols, t.n - t0));
       a.target_base = t0;
       KNN_TRY(score_tile(scoring, q, t, q0, a.nq, t0, a.nt));
+      phases.mark(ctx_.stream, PhaseTimer::kGemm);
       KNN_TRY(launch_select_tile(ctx_, a));
+      phases.mark(ctx_.stream, PhaseTimer::kSelect);
+      phases.add_tile_bytes(double(a.nq) * a.nt * (dgemm ? 8 : a.tile_h != nullptr ? 2 : 4));
     }
     // One row of tiles at a time: keeps the queue short, so that a cancel
     // is noticed within one row of tiles.
     CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    phases.flush();
     KNN_TRY(ctx_.cancel_point());
   }
   return KNN_OK;
@@ -546,8 +555,11 @@ KnnStatus BruteForce::solve_block(const Rows &q, const Rows &t, ResultArrays out
   seconds_filter += seconds_since(t0);
   t0 = Clock::now();
   KNN_TRY(rerank(scoring, q, t, kp, plan_.cap, nullptr, out, gemm ? certified_.get() : nullptr));
+  phases.mark(ctx_.stream, PhaseTimer::kRerank);
   if (gemm) KNN_TRY(fallback(q, t, out));
+  phases.mark(ctx_.stream, PhaseTimer::kOther);
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  phases.flush();
   seconds_select += seconds_since(t0);
   return KNN_OK;
 }
@@ -752,6 +764,7 @@ KnnStatus brute_force_join(const KnnProblem &problem, const JoinTuning &tuning,
     stats->seconds_select = bf.seconds_select;
     stats->seconds_total = seconds_since(start);
   }
+  bf.phases.report(bf.seconds_transfer, seconds_since(start));
   return st;
 }
 

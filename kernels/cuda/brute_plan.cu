@@ -78,6 +78,9 @@ void shape_tiles(const KnnProblem &p, size_t budget, Plan *pl) {
   pl->tile_rows = static_cast<int>(std::min<int64_t>(pl->tile_rows, std::max<int64_t>(1, elements / 256)));
   pl->tile_cols = static_cast<int>(
       std::min<int64_t>(pl->t_chunk, std::max<int64_t>(256, elements / pl->tile_rows)));
+  // fp16 tiles: rows of whole 16-byte groups (select_tiles.cu loads 8
+  // halves at a time).
+  if (pl->half_gemm) pl->tile_cols = (pl->tile_cols + 7) & ~7;
   int s = std::max(1, (gemm ? kGemmSelectWarpsWanted : kSelectWarpsWanted) / pl->tile_rows);
   s = std::min(s, kMaxListEntries / pl->cap);
   s = std::min(s, std::max(1, pl->tile_cols / kMinSegmentColumns));
