@@ -44,6 +44,7 @@
 #include "knn_cuda_testing.h"
 #include "multi_device.cuh"
 #include "range_join.cuh"
+#include "small_join.cuh"
 
 namespace knn {
 namespace cuda {
@@ -164,8 +165,11 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
     std::snprintf(stats->variant, sizeof stats->variant, "empty");
     return KNN_OK;
   }
-  if (method_for(p) != KNN_METHOD_TI)
+  if (method_for(p) != KNN_METHOD_TI) {
+    // Tiny joins: one upload, one selection, one download (small_join.cu).
+    if (small_join_applies(p, tuning, ctx)) return small_join(p, neighbors, distances, stats, ctx);
     return brute_force_join(p, tuning, neighbors, distances, stats, ctx);
+  }
   const KnnStatus st = ti_join(p, tuning, neighbors, distances, stats, ctx);
   if (st != KNN_OUT_OF_MEMORY || ctx.cancelled()) return st;
   // TI keeps whole clusterings on the device; when they do not fit the
@@ -381,6 +385,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   if (o->brute_filter == 2) t.brute_filter = BruteFilter::kDgemm;
   if (o->brute_filter == 3) t.brute_filter = BruteFilter::kHalf;
   t.pipeline_tiles = o->brute_pipeline != 0;
+  t.small_join = o->no_small_join == 0;
   if (o->ti_filter == 1) t.ti.filter = ti::FilterKind::Full;
   if (o->ti_filter == 2) t.ti.filter = ti::FilterKind::Partial;
   if (o->ti_list == 1) t.ti.list = ti::ListKind::Registers;

@@ -39,6 +39,7 @@ typedef struct KnnCudaTestOptions
 	int			split_test_engine;
 	int			split_test_wait_ms;
 	int			split_test_fail;
+	int			no_small_join;	/* brute force: 1 = never the tiny-join path (small_join.cu) */
 } KnnCudaTestOptions;
 
 /* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */
