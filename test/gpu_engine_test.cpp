@@ -1370,11 +1370,13 @@ TEST(GpuSmallJoin, FreesItsMemory) {
   };
   Options o;
   o.k = 10;
-  const Data d = make_self(3000, 40, Shape::kUniform, 1400);
-  const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
-  ASSERT_EQ(gpu.status, KNN_OK) << gpu.error;
-  EXPECT_EQ(std::string(gpu.stats.variant).rfind("small-join/", 0), 0u) << gpu.stats.variant;
-  EXPECT_EQ(pool_used(), 0);
+  for (int dim : {16, 40}) {  // each lane its pair; the lane-sum matrix
+    const Data d = make_self(1500, dim, Shape::kUniform, 1400 + dim);
+    const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
+    ASSERT_EQ(gpu.status, KNN_OK) << gpu.error;
+    EXPECT_EQ(std::string(gpu.stats.variant).rfind("small-join/", 0), 0u) << gpu.stats.variant;
+    EXPECT_EQ(pool_used(), 0);
+  }
 }
 
 }  // namespace
