@@ -39,7 +39,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test test/context_permit_test \
-	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test bench/group_bench \
+	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test test/gpu_float16_test bench/group_bench \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -143,6 +143,9 @@ test/gpu_multi_test: test/gpu_multi_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUIL
 test/gpu_range_test: test/gpu_range_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) -o $@ test/gpu_range_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
 
+test/gpu_float16_test: test/gpu_float16_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
+	$(CXX) -o $@ test/gpu_float16_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
+
 test/gpu_group_test: test/gpu_group_test.o $(ENGINE_OBJS) $(if $(filter 1,$(BUILD_CUDA)),$(CUDA_MODULE))
 	$(CXX) -o $@ test/gpu_group_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
 
@@ -162,7 +165,8 @@ unittest: test/engine_test test/group_engine_test test/range_engine_test test/co
 	test/context_permit_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
-gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test
+gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test \
+		test/gpu_float16_test
 	cd $(CURDIR) && test/gpu_engine_test
 	cd $(CURDIR) && test/gpu_first_use_test
 	cd $(CURDIR) && test/gpu_bit_test
@@ -170,6 +174,7 @@ gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu
 	cd $(CURDIR) && test/gpu_range_test
 	cd $(CURDIR) && test/gpu_group_test
 	cd $(CURDIR) && test/gpu_context_test
+	cd $(CURDIR) && test/gpu_float16_test
 
 # Benchmark runner (engine only); bench/run_bench.sh prepares data and runs it.
 bench/knn_bench: bench/knn_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \

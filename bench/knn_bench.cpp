@@ -12,7 +12,8 @@
 // force's GEMM filter (SGEMM, DGEMM, fp16 tensor cores) through the
 // module's test entry (knn_cuda_testing.h), for A/B comparisons;
 // brute-hgemm-pipelined also overlaps each tile's GEMM with the previous
-// tile's selection.
+// tile's selection. brute-full-sort is brute force with k beyond the lists
+// taken by the full sort, as before the fp16 filter's large-k path.
 //
 // DATA_DIR holds NAME.f32 (raw little-endian float32, row-major) with
 // NAME.json beside it ("rows", "dims"), and optionally
@@ -45,6 +46,17 @@
 // distance bits). --distinct 1 keeps the first of each set of identical
 // rows (skin: 51444 of 245057 rows; its exact duplicates alone give 172
 // pairs a row on average at any radius).
+//
+// --element float32,float16,float16-widened: each set's rows are rounded to
+// float16 once (round to nearest even, as halfvec stores them), then joined
+// as float32 rows of those values (rows named SET), as KNN_ELEMENT_FLOAT16
+// rows (SET-f16: they reach the GPU module as float16 where it takes them)
+// and as float16 rows that the job widens on the host first (SET-f16w,
+// knn_job_testing.h: what a module without knn_cuda_takes_float16 gets).
+// The GPU runs of each element are compared bit for bit with the float32
+// ones, and every run's line gives the job's time outside the engine
+// (wall - engine: the host widening, where the job widens) and the device
+// pool's peak use during the join (sampled every millisecond).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -52,6 +64,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -59,9 +72,14 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
+#include <thread>
+
 #include "cpu/cpu_tuning.h"
 #include "cuda/knn_cuda_testing.h"
+#include "half_float.h"
 #include "knn_engine.h"
+#include "knn_job_testing.h"
 #include "knn_vocabulary.h"
 
 namespace {
@@ -141,7 +159,8 @@ struct Config {
   KnnDevice device = KNN_DEVICE_CPU;
   KnnMethod method = KNN_METHOD_AUTO;
   knn::CpuTuning::Variant forced = knn::CpuTuning::Variant::kAuto;
-  int gpu_filter = 0;  // GPU brute force with a forced GEMM filter (knn_cuda_testing.h)
+  int gpu_filter = 0;  // GPU brute force with a forced GEMM filter (knn_cuda_testing.h);
+                       // -1: the engine's filter, large k by the full sort
   bool gpu_pipeline = false;  // ... and its tiles pipelined (fp16 filter)
   std::string name;  // "auto", "ti", "brute", "blas", "avx2", "brute-hgemm", ...
 };
@@ -167,6 +186,7 @@ struct Run {
   bool range = false;
   int64_t range_pairs = 0;
   uint64_t range_hash = 0;
+  int64_t pool_peak = -1;  // --element: the device pool's peak bytes during the timed runs
 };
 
 double median(std::vector<double> v) {
@@ -205,7 +225,8 @@ KnnStatus run_gpu_tuned(const KnnProblem &p, int filter, bool pipeline, std::vec
     }
   }
   KnnCudaTestOptions o{};
-  o.brute_filter = filter;
+  o.brute_filter = filter > 0 ? filter : 0;
+  o.brute_no_large_k = filter < 0 ? 1 : 0;
   o.brute_pipeline = pipeline ? 1 : 0;
   char err[512] = "";
   const auto t0 = std::chrono::steady_clock::now();
@@ -221,7 +242,7 @@ KnnStatus run_once(const KnnProblem &p, knn::CpuTuning::Variant forced, int gpu_
                    std::string *error, double *seconds) {
   nb->assign(static_cast<size_t>(p.n_queries) * p.k, -7);
   dist->assign(nb->size(), -7.0);
-  if (gpu_filter > 0)
+  if (gpu_filter != 0)
     return run_gpu_tuned(p, gpu_filter, gpu_pipeline, nb, dist, stats, error, seconds);
   if (forced != knn::CpuTuning::Variant::kAuto)
     return run_tuned(p, forced, nb, dist, stats, error, seconds);
@@ -325,6 +346,9 @@ struct Options {
   bool radius_inclusive = false;
   int range_cap = 0;
   bool distinct = false;  // identical rows kept once
+  // --element: the row types each set is joined as ("float32", "float16",
+  // "float16-widened"); empty: float32 rows as read, not rounded.
+  std::vector<std::string> elements;
 };
 
 std::vector<std::string> split(const std::string &list) {
@@ -347,13 +371,13 @@ bool parse_methods(const std::string &list, Options *o) {
     if (!cpu && c.name.compare(0, 6, "brute-") == 0) {
       const std::string f = c.name.substr(6);
       c.method = KNN_METHOD_BRUTE;
-      c.gpu_filter = f == "sgemm" ? 1 : f == "dgemm" ? 2 : f == "hgemm" ? 3 : 0;
+      c.gpu_filter = f == "sgemm" ? 1 : f == "dgemm" ? 2 : f == "hgemm" ? 3 : f == "full-sort" ? -1 : 0;
       if (f == "hgemm-pipelined") {
         c.gpu_filter = 3;
         c.gpu_pipeline = true;
       }
       if (c.gpu_filter == 0) {
-        std::fprintf(stderr, "unknown method %s (brute-sgemm, brute-dgemm, brute-hgemm, brute-hgemm-pipelined)\n",
+        std::fprintf(stderr, "unknown method %s (brute-sgemm, brute-dgemm, brute-hgemm, brute-hgemm-pipelined, brute-full-sort)\n",
                      item.c_str());
         return false;
       }
@@ -395,6 +419,14 @@ bool parse_options(int argc, char **argv, Options *o) {
     else if (a == "--radius-inclusive") o->radius_inclusive = std::atoi(v.c_str()) != 0;
     else if (a == "--range-cap") o->range_cap = std::max(0, std::atoi(v.c_str()));
     else if (a == "--distinct") o->distinct = std::atoi(v.c_str()) != 0;
+    else if (a == "--element") {
+      o->elements = split(v);
+      for (const std::string &e : o->elements)
+        if (e != "float32" && e != "float16" && e != "float16-widened") {
+          std::fprintf(stderr, "unknown element %s (float32, float16, float16-widened)\n", e.c_str());
+          return false;
+        }
+    }
     else if (a == "--queries") {
       o->query_batches.clear();
       for (const std::string &n : split(v)) o->query_batches.push_back(std::max<int64_t>(1, std::atoll(n.c_str())));
@@ -434,6 +466,39 @@ bool parse_options(int argc, char **argv, Options *o) {
   return true;
 }
 
+// The most device pool bytes (knn_cuda_test_pool_used, GPU 0) seen while
+// it lives, sampled every millisecond; -1 without the module's entry.
+class PoolPeak {
+ public:
+  PoolPeak() {
+    void *module = dlopen((g_module_dir + "/knn_gpu_cuda.so").c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (module != nullptr)
+      used_ = reinterpret_cast<knn_cuda_test_pool_used_fn>(
+          dlsym(module, KNN_CUDA_TEST_POOL_USED_SYMBOL));
+    if (used_ == nullptr) return;
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        peak_ = std::max(peak_, used_(0));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  ~PoolPeak() { finish(); }
+  int64_t finish() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+    return peak_;
+  }
+
+ private:
+  knn_cuda_test_pool_used_fn used_ = nullptr;
+  std::atomic<bool> stop_{false};
+  int64_t peak_ = -1;
+  std::thread thread_;
+};
+
+bool g_pool_peak = false;  // --element given: sample the pool's peak in GPU runs
+
 // Times one engine and method on a prepared problem (GPU runs on the GPU
 // list `devices`, "" = the default).
 Run time_config(KnnProblem p, const Config &c, int repeat, const std::string &devices) {
@@ -453,10 +518,13 @@ Run time_config(KnnProblem p, const Config &c, int repeat, const std::string &de
   r.range = p.range != KNN_RANGE_NONE;
   for (int t = 0; t < tries; t++) {
     double s = 0;
+    std::unique_ptr<PoolPeak> peak;
+    if (g_pool_peak && device == KNN_DEVICE_GPU && t > 0) peak.reset(new PoolPeak());
     if (r.range)
       r.status = run_range_once(p, &r.stats, &r.error, &s, &r.range_pairs, &r.range_hash);
     else
       r.status = run_once(p, c.forced, c.gpu_filter, c.gpu_pipeline, &r.neighbors, &r.distances, &r.stats, &r.error, &s);
+    if (peak != nullptr) r.pool_peak = std::max(r.pool_peak, peak->finish());
     if (r.status != KNN_OK) break;
     if (device != KNN_DEVICE_GPU || t > 0) r.seconds.push_back(s);
   }
@@ -522,6 +590,7 @@ void write_json_run(std::ostream &json, const Run &r) {
   json << "]"
        << ", \"verified_against\": \"" << r.verified_against
        << "\", \"mismatches\": " << r.mismatches;
+  if (r.pool_peak >= 0) json << ", \"pool_peak_bytes\": " << r.pool_peak;
   if (r.range)
     json << ", \"range_pairs\": " << r.range_pairs << ", \"pairs_per_second\": "
          << (r.seconds.empty() ? 0.0 : r.range_pairs / median(r.seconds));
@@ -529,10 +598,10 @@ void write_json_run(std::ostream &json, const Run &r) {
 }
 
 // Runs every configuration on one problem over data set d (named `name`
-// in the output); false on a mismatch.
+// in the output); false on a mismatch. kept (may be null) receives the runs.
 bool bench_problem(const Options &o, bool have_gpu, const DataSet &d, const std::string &name,
                    const KnnProblem &p, bool first, std::ostream &json,
-                   std::vector<std::string> *table) {
+                   std::vector<std::string> *table, std::vector<Run> *kept = nullptr) {
   DataSet label;
   label.name = name;
   label.rows = d.rows;
@@ -548,6 +617,12 @@ bool bench_problem(const Options &o, bool have_gpu, const DataSet &d, const std:
       std::printf("%-18s %-9s %8.4f s  %s %s %s\n", name.c_str(), r.label.c_str(),
                   median(r.seconds), knn_method_name(r.stats.method), r.stats.variant,
                   r.status == KNN_OK ? "" : r.error.c_str());
+      if (!o.elements.empty() && r.status == KNN_OK)
+        std::printf("%-18s %-9s engine %.4f s (transfer %.4f), outside the engine %.4f s, "
+                    "device pool peak %s MiB\n",
+                    name.c_str(), r.label.c_str(), r.stats.seconds_total,
+                    r.stats.seconds_transfer, median(r.seconds) - r.stats.seconds_total,
+                    r.pool_peak < 0 ? "-" : std::to_string(r.pool_peak >> 20).c_str());
       if (r.range && r.status == KNN_OK)
         std::printf("%-18s %-9s %.2f pairs a row, %.3g pairs/s, %lld distances for %lld pairs, "
                     "engine %.4f s (cluster %.4f, find %.4f, hand-over %.4f), %s\n",
@@ -569,6 +644,48 @@ bool bench_problem(const Options &o, bool have_gpu, const DataSet &d, const std:
     table->push_back(table_line(label, runs[i]));
   }
   json << "]}";
+  if (kept != nullptr) kept->swap(runs);
+  return all_match;
+}
+
+// --element: the set's rows rounded to float16 once, joined as each row
+// type (bench_problem per type); every GPU run of a float16 type is
+// compared with the float32 run of the same label. False on a mismatch.
+bool bench_elements(const Options &o, bool have_gpu, const DataSet &d, const KnnProblem &p,
+                    bool *first, std::ostream &json, std::vector<std::string> *table) {
+  std::vector<uint16_t> halves(d.x.size());
+  std::vector<float> rounded(d.x.size());
+  for (size_t i = 0; i < d.x.size(); i++) {
+    halves[i] = knn_float_to_half(d.x[i]);
+    rounded[i] = knn_half_to_float(halves[i]);
+  }
+  bool all_match = true;
+  std::vector<Run> float32_runs;
+  for (const std::string &e : o.elements) {
+    KnnProblem b = p;
+    const bool half = e != "float32";
+    b.element = half ? KNN_ELEMENT_FLOAT16 : KNN_ELEMENT_FLOAT32;
+    b.queries = b.targets = half ? static_cast<const void *>(halves.data()) : rounded.data();
+    const std::string name =
+        d.name + (e == "float16" ? "-f16" : e == "float16-widened" ? "-f16w" : "");
+    knn_job_test_float16_upload(e == "float16-widened" ? 0 : 1);
+    std::vector<Run> runs;
+    all_match = bench_problem(o, have_gpu, d, name, b, *first, json, table, &runs) && all_match;
+    knn_job_test_float16_upload(1);
+    *first = false;
+    if (!half) {
+      float32_runs.swap(runs);
+      continue;
+    }
+    for (const Run &r : runs)
+      for (const Run &f : float32_runs)
+        if (r.status == KNN_OK && f.status == KNN_OK && r.label == f.label) {
+          const int64_t bad = count_mismatches(r, f);
+          std::printf("%-18s %-9s against the float32 rows: %s\n", name.c_str(), r.label.c_str(),
+                      bad == 0 ? "identical" : "MISMATCH");
+          all_match = all_match && bad == 0;
+        }
+  }
   return all_match;
 }
 
@@ -592,6 +709,7 @@ bool bench_set(const Options &o, bool have_gpu, const DataSet &d, bool *first,
     p.max_distance = o.radius;
     p.k = o.range_cap;
   }
+  if (!o.elements.empty()) return bench_elements(o, have_gpu, d, p, first, json, table);
   if (!o.memory_fractions.empty()) {
     bool all_match = true;
     for (double f : o.memory_fractions) {
@@ -639,15 +757,17 @@ int main(int argc, char **argv) {
     std::fprintf(stderr,
                  "usage: %s DATA_DIR [--k 20] [--repeat 2] [--out FILE] [--sets a,b] "
                  "[--cpu-max-rows N] [--metric l2|cosine|ip|l1] "
-                 "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-dgemm,brute-sgemm,"
+                 "[--methods brute,ti,auto,brute-hgemm,brute-hgemm-pipelined,brute-full-sort,brute-dgemm,brute-sgemm,"
                  "cpu,cpu-ti,cpu-brute,"
                  "cpu-blas,cpu-avx2] [--threads N] "
                  "[--module-dir DIR] [--fashion-rows 20000] [--queries 1,4,12] "
                  "[--gpu-memory-fractions 0,0.5,0.25,0.125] [--devices 0/0,1] "
-                 "[--radius R [--radius-inclusive 1] [--range-cap K]] [--distinct 1]\n",
+                 "[--radius R [--radius-inclusive 1] [--range-cap K]] [--distinct 1] "
+                 "[--element float32,float16,float16-widened]\n",
                  argv[0]);
     return 2;
   }
+  g_pool_peak = !o.elements.empty();
   char engine_line[512] = "";
   const int have_gpu = knn_engine_describe(engine_line, sizeof engine_line);
   std::printf("engine: %s\n", engine_line);

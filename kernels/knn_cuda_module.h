@@ -21,8 +21,9 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
 #define KNN_CUDA_PROBE_SYMBOL "knn_cuda_probe"
 
 /*
- * Runs a whole join on the GPU, blocking: float32 rows, or bit rows
- * (Hamming, Jaccard) with k <= KNN_CUDA_BIT_MAX_K. Polls *cancel (non-zero = stop)
+ * Runs a whole join on the GPU, blocking: float32 rows, float16 rows where
+ * knn_cuda_takes_float16 (below) says so, or bit rows (Hamming, Jaccard)
+ * with k <= KNN_CUDA_BIT_MAX_K. Polls *cancel (non-zero = stop)
  * between launches and chunks. Frees every device allocation of the join
  * before it returns, whatever the outcome. A join runs on the GPUs of
  * problem->devices (split by query rows where there are several). What the
@@ -39,6 +40,19 @@ typedef KnnStatus (*knn_cuda_run_fn) (const KnnProblem *problem,
 									  KnnStats *stats, const int32_t *cancel,
 									  char *errbuf, size_t errlen);
 #define KNN_CUDA_RUN_SYMBOL "knn_cuda_run"
+
+/*
+ * Float16 rows (KNN_ELEMENT_FLOAT16) for knn_cuda_run: returns 1 when the
+ * module joins this problem's float16 rows as they are (they travel to the
+ * GPU as float16, half the bytes, and are widened there, exactly), 0 when
+ * the caller must give it the float32 rows of the same values instead. The
+ * module takes them where its brute force runs (AUTO's choice or
+ * KNN_METHOD_BRUTE); its TI path, the range and the grouped entries take
+ * float32 rows. Optional: an older module lacks it and takes float32 rows
+ * only.
+ */
+typedef int (*knn_cuda_takes_float16_fn) (const KnnProblem *problem);
+#define KNN_CUDA_TAKES_FLOAT16_SYMBOL "knn_cuda_takes_float16"
 
 /*
  * Range joins (problem->range != KNN_RANGE_NONE; float32 rows, the job

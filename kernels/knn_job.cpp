@@ -11,7 +11,10 @@
 // sooner on the CPU and creates the runtime in the background
 // (gpu_cold_start.h). Before this process creates its GPU runtime, it takes
 // a GPU context permit (gpu_context_permit.h, knn_gpu.max_gpu_contexts),
-// given back when the module has released its last runtime.
+// given back when the module has released its last runtime. Float16 rows
+// go to the module as they are where it takes them (knn_cuda_takes_float16);
+// the job widens them to float32 only for an engine that needs that (the
+// CPU engine, the module's TI, range and grouped paths, an older module).
 //
 // Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
 // and the job thread starts with all signals blocked (signal_free_thread.h), so
@@ -52,6 +55,7 @@
 #include "gpu_context_permit.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
+#include "knn_job_testing.h"
 #include "pair_queue.h"
 
 namespace {
@@ -76,6 +80,7 @@ struct GpuModule {
   knn_cuda_shutdown_fn shutdown = nullptr;
   knn_cuda_run_groups_fn run_groups = nullptr;  // optional: per-group joins in one call
   knn_cuda_set_release_notify_fn set_release_notify = nullptr;  // optional
+  knn_cuda_takes_float16_fn takes_float16 = nullptr;  // optional: float16 rows as they are
   // The server's probe record (knn_engine_set_probe_record); "" = none.
   char record_path[PATH_MAX] = "";
   char server_key[256] = "";
@@ -126,6 +131,8 @@ void load_gpu_module(GpuModule &m) noexcept {
   m.set_release_notify = reinterpret_cast<knn_cuda_set_release_notify_fn>(
       dlsym(handle, KNN_CUDA_SET_RELEASE_NOTIFY_SYMBOL));
   if (m.set_release_notify != nullptr) m.set_release_notify(on_gpu_runtimes_released);
+  m.takes_float16 =
+      reinterpret_cast<knn_cuda_takes_float16_fn>(dlsym(handle, KNN_CUDA_TAKES_FLOAT16_SYMBOL));
 }
 
 // ---- the server's probe record ----
@@ -274,9 +281,20 @@ struct GpuView {
   knn_cuda_range_fn range = nullptr;
   knn_cuda_run_groups_fn run_groups = nullptr;
   knn_cuda_set_idle_release_fn set_idle_release = nullptr;
+  knn_cuda_takes_float16_fn takes_float16 = nullptr;
   char description[384] = "";
   char record_note[160] = "";
 };
+
+// knn_job_test_float16_upload (knn_job_testing.h): false makes every job
+// widen float16 rows on the host, as for a module without the entry.
+std::atomic<bool> float16_upload_enabled{true};
+
+// Whether the module joins this float16 problem's rows as they are.
+bool module_takes_float16(const GpuView &m, const KnnProblem &p) {
+  return float16_upload_enabled.load() && m.takes_float16 != nullptr &&
+         m.takes_float16(&p) != 0;
+}
 
 // Every binary16 value widened, indexed by its bits: one lookup per element
 // instead of knn_half_to_float's branches (the same values, bit for bit).
@@ -353,6 +371,7 @@ GpuView gpu(bool must_load) {
   view.range = m.range;
   view.run_groups = m.run_groups;
   view.set_idle_release = m.set_idle_release;
+  view.takes_float16 = m.takes_float16;
   static_assert(sizeof view.description == sizeof m.description, "");
   static_assert(sizeof view.record_note == sizeof m.record_note, "");
   std::memcpy(view.description, m.description, sizeof view.description);
@@ -574,8 +593,13 @@ static void note_engine(KnnStats *stats, const char *note) {
   std::snprintf(stats->device_name + used, sizeof stats->device_name - used, " [%s]", note);
 }
 
-// The CPU engine of the problem's rows: the bit engine or the float one.
+// The CPU engine of the problem's rows: the bit engine or the float one
+// (float16 rows widened first: it takes float32 rows).
 KnnStatus KnnJob::run_cpu(const char *note) {
+  if (problem.element == KNN_ELEMENT_FLOAT16) {
+    const KnnStatus widened = widen();
+    if (widened != KNN_OK) return widened;
+  }
   const KnnStatus st =
       problem.element == KNN_ELEMENT_BIT
           ? knn::cpu::bit_run(problem, neighbors, distances, &stats, &cancel, error, sizeof error)
@@ -642,7 +666,14 @@ KnnStatus KnnJob::with_context_permit(GpuRun run_on_gpu, CpuRun run_on_cpu) {
   return run_on_gpu();
 }
 
+// Float16 rows go to the module as they are where it takes them
+// (knn_cuda_takes_float16), else widened first, before the job waits for
+// the GPU; the CPU engine widens them itself when it runs instead.
 KnnStatus KnnJob::run_gpu(const GpuView &m) {
+  if (problem.element == KNN_ELEMENT_FLOAT16 && !module_takes_float16(m, problem)) {
+    const KnnStatus widened = widen();
+    if (widened != KNN_OK) return widened;
+  }
   return with_context_permit(
       [this, &m] {
         const KnnStatus st =
@@ -848,11 +879,15 @@ KnnStatus KnnJob::run_range_gpu(const GpuView &m) {
 }
 
 // One plain problem through the engine its rows and device call for.
+// Float16 rows are widened only where the engine that runs needs float32
+// rows (run_cpu, run_gpu).
 KnnStatus KnnJob::run_one() {
   if (problem.element == KNN_ELEMENT_BIT) return run_bit();
   if (problem.element == KNN_ELEMENT_FLOAT16) {
-    const KnnStatus st = widen();
-    if (st != KNN_OK) return st;
+    if (const char *why = knn::problem_invalid_reason(problem, neighbors, distances)) {
+      knn::copy_message(error, sizeof error, why);
+      return KNN_INVALID_ARGUMENT;
+    }
   }
   return run_float_engines();
 }
@@ -1129,6 +1164,8 @@ void knn_engine_set_gpu_contexts(const char *dir, int32_t max_contexts) {
     return KNN_OK;
   });
 }
+
+void knn_job_test_float16_upload(int enabled) { float16_upload_enabled.store(enabled != 0); }
 
 void knn_engine_set_gpu_idle_release(int64_t idle_ms) {
   gpu_idle_release_ms.store(std::max<int64_t>(0, idle_ms));

@@ -536,9 +536,12 @@ KnnCudaTestOptions forced_filter(int filter) {
 const KnnMetric kGemmMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP};
 
 // The case with the fp16 filter forced (for every GEMM metric and k), and
-// the engine's own choice, against one CPU answer each.
+// the engine's own choice, against one CPU answer each. `expect` and
+// `reject` (null: none) are pieces both variants must hold and must not;
+// without `expect` the forced one must say "hgemm-bound" where its lists
+// hold k' = max(2k, k + 16) (beyond, the large-k path or the exact ones run).
 void check_half(const Data &d, std::initializer_list<int> ks, bool also_auto = false,
-                int64_t limit = 0) {
+                int64_t limit = 0, const char *expect = nullptr, const char *reject = nullptr) {
   static const KnnCudaTestOptions half = forced_filter(3);
   for (KnnMetric m : kGemmMetrics)
     for (int k : ks) {
@@ -548,10 +551,11 @@ void check_half(const Data &d, std::initializer_list<int> ks, bool also_auto = f
       o.gpu_memory_limit = limit;
       const Outcome ref = cpu_answer(d, o);
       if (ref.status != KNN_OK) continue;
+      o.expect_variant = expect;
+      o.reject_variant = reject;
       Options f = o;
       f.forced = &half;
-      // k' = max(2k, k + 16) must fit a list: beyond, the exact paths run.
-      if (k + 16 <= 256) f.expect_variant = "hgemm-bound";
+      if (expect == nullptr && k + 16 <= 256) f.expect_variant = "hgemm-bound";
       expect_gpu_matches(d, f, ref);
       if (also_auto) expect_gpu_matches(d, o, ref);
     }
@@ -693,6 +697,110 @@ TEST(GpuHalf, AutoPicksTensorCoresAndDgemmStaysForcible) {
   l1.metric = KNN_METRIC_L1;
   l1.reject_variant = "gemm";
   check(d, l1);
+}
+
+// ---- large k on the fp16 filter (large_k_select.cu) ----
+
+// k past the lists up to 16384: the fp16 filter forced and the engine's own
+// choice (the fp16 filter too at these dimensions), every GEMM metric,
+// against one CPU answer each; `expect` must be in the variant.
+void check_large_k(const Data &d, std::initializer_list<int> ks, int64_t limit = 0,
+                   const char *expect = "hgemm-bound/large-k") {
+  check_half(d, ks, true, limit, expect, "exact-tiles/full-sort");
+}
+
+// More targets than the sample (16384): the guess comes from every
+// step-th target.
+TEST(GpuLargeK, EveryMetricAndK) {
+  REQUIRE_GPU();
+  for (int dim : {384, 768})
+    check_large_k(make_embedding_data(200, 40000, dim, 1100 + dim),
+                  {241, 300, 1000, 4096, 16384});
+}
+
+// Small integers (exact ties decided by row), duplicated rows, self
+// matches excluded.
+TEST(GpuLargeK, SelfJoinsWithTiesAndDuplicates) {
+  REQUIRE_GPU();
+  check_large_k(make_self(6000, 384, Shape::kIntegers, 1201, true), {300, 1000, 4096});
+  check_large_k(make_self(5000, 768, Shape::kClustered, 1202, true), {500, 4999});
+}
+
+// Keys that collide across tables; with 16500 targets and k = 16384 some
+// queries have fewer eligible targets than k (the sample cannot bound k:
+// every target is collected).
+TEST(GpuLargeK, KeysAndFewerEligibleThanK) {
+  REQUIRE_GPU();
+  for (int64_t nt : {int64_t(30000), int64_t(16500)}) {
+    Data d = make_embedding_data(150, nt, 384, 1300 + nt);
+    d.target_keys.resize(d.nt());
+    d.query_keys.resize(d.nq());
+    for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 97;
+    for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 101;
+    const KnnCudaTestOptions half = forced_filter(3);
+    for (KnnMetric m : kGemmMetrics)
+      for (int k : {1000, 16384}) {
+        Options o;
+        o.k = k;
+        o.metric = m;
+        o.keys = true;
+        const Outcome ref = cpu_answer(d, o);
+        o.forced = &half;
+        o.expect_variant = "hgemm-bound/large-k";
+        expect_gpu_matches(d, o, ref);
+      }
+  }
+}
+
+// A small budget: query and target chunks, each target chunk's k best
+// merged.
+TEST(GpuLargeK, ChunkedTargets) {
+  REQUIRE_GPU();
+  check_large_k(make_embedding_data(1500, 30000, 384, 1400), {1000}, 48 << 20, "chunks");
+  check_large_k(make_self(6000, 768, Shape::kClustered, 1401, true), {4096}, 96 << 20,
+                "chunks");
+}
+
+// Each target row repeated 2500 times: every bound of a group is equal, so
+// collecting under the guess takes whole groups and overflows; those
+// queries are redone by the full sort.
+TEST(GpuLargeK, IdenticalRowsForceTheFallback) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(1500);
+  Data d;
+  d.dim = 384;
+  const std::vector<float> distinct = make_embeddings(8, 384, 4, 0.5, rng);
+  for (int64_t r = 0; r < 20000; r++)
+    d.targets.insert(d.targets.end(), distinct.begin() + (r % 8) * 384,
+                     distinct.begin() + (r % 8 + 1) * 384);
+  d.queries = make_embeddings(60, 384, 4, 0.5, rng);
+  check_large_k(d, {300, 1000}, 0, "+fallback");
+}
+
+// Zero rows (cosine: NaN distances), fewer targets than k, k past 16384
+// (the full sort), and the previous path still reachable.
+TEST(GpuLargeK, ZeroRowsSmallSetsAndBeyond) {
+  REQUIRE_GPU();
+  Data d = make_embedding_data(80, 3000, 384, 1600);
+  for (int64_t r = 0; r < d.nt(); r += 13)
+    std::fill(d.targets.begin() + r * 384, d.targets.begin() + (r + 1) * 384, 0.0f);
+  for (int64_t r = 0; r < d.nq(); r += 7)
+    std::fill(d.queries.begin() + r * 384, d.queries.begin() + (r + 1) * 384, 0.0f);
+  check_large_k(d, {241, 2999, 3000, 5000});
+  const Data big = make_embedding_data(20, 20000, 384, 1601);
+  KnnCudaTestOptions old = forced_filter(0);
+  old.brute_no_large_k = 1;
+  for (KnnMetric m : kGemmMetrics) {
+    Options o;
+    o.k = 16385;
+    o.metric = m;
+    o.expect_variant = "exact-tiles/full-sort";
+    check(big, o);
+    o.k = 5000;
+    const Outcome ref = cpu_answer(big, o);
+    o.forced = &old;
+    expect_gpu_matches(big, o, ref);
+  }
 }
 
 // ---- statuses ----

@@ -19,14 +19,19 @@
 //  2. rerank.cu computes the candidates' exact distances with
 //     knn_distance.h, sorts them and, for GEMM candidates, certifies each
 //     query; queries that fail certification are redone exactly.
-// k beyond the selection's capacity takes the full-sort path (full_sort.cu).
+// k beyond the selection's capacity takes the fp16 filter's large-k path
+// (large_k_select.cu) where that filter is picked, else (and for the
+// queries large k cannot certify) the full-sort path (full_sort.cu).
 // Small query batches (< kFusedMinQueries) use small exact tiles and split
 // each query's targets over many warps (segments), which the reranking
 // merges. When the data do not fit the memory budget, queries and targets
 // are processed in chunks; the exact k best of successive target chunks are
 // merged (rows are global, so ties still go to the smaller row), and the
 // next target chunk is uploaded (pinned double buffer, own stream, helper
-// thread) while the current one is processed.
+// thread) while the current one is processed. Float16 rows
+// (KNN_ELEMENT_FLOAT16) travel as float16 and are widened on the device
+// into the float rows (upload_half_rows); everything after that is the
+// float32 join of the same values.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -40,6 +45,7 @@
 #include "device_buffer.cuh"
 #include "device_thread.cuh"
 #include "host_transfer.cuh"
+#include "large_k_select.cuh"
 #include "../stopwatch.h"
 
 namespace knn {
@@ -131,7 +137,9 @@ class BruteForce {
 
   // ---- one (query chunk, target chunk) block ----
   KnnStatus solve_block(const Rows &q, const Rows &t, ResultArrays out);
-  KnnStatus full_sort(const Rows &q, const Rows &t, ResultArrays out);
+  KnnStatus full_sort(const Rows &q, const Rows &t, ResultArrays out,
+                      const int32_t *out_index = nullptr);
+  KnnStatus large_k(const Rows &q, const Rows &t, ResultArrays out);
   KnnStatus select_pass(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap);
   int segments_for(bool fused, const Rows &q, const Rows &t, int cap) const;
   TileValue tile_value(Scoring scoring, const Rows &q, const Rows &t) const;
@@ -141,14 +149,16 @@ class BruteForce {
   KnnStatus score_tile(Scoring scoring, const Rows &q, const Rows &t, int64_t q0, int nq,
                        int64_t t0, int nt);
   KnnStatus half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq, int64_t t0, int nt,
-                      void *out, cudaStream_t stream);
+                      void *out, cudaStream_t stream, int64_t t_step = 1, int ldc = 0);
   KnnStatus select_tiled_pipelined(const Rows &q, const Rows &t, SelectTileArgs a);
   KnnStatus rerank(Scoring scoring, const Rows &q, const Rows &t, int kp, int cap,
                    const int32_t *out_index, ResultArrays out, uint8_t *certified);
   KnnStatus fallback(const Rows &q, const Rows &t, ResultArrays out);
 
-  KnnStatus upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
+  KnnStatus upload_rows(RowBuffers &dst, const void *host, const int64_t *host_keys,
                         int64_t first, int64_t n, DeviceContext &ctx);
+  KnnStatus upload_half_rows(float *x, const void *host, int64_t first, int64_t n,
+                             DeviceContext &ctx);
   KnnStatus row_stats(const RowBuffers &b, int64_t n);
   int64_t target_chunk_rows(int64_t chunk) const {
     return std::min(plan_.t_chunk, p_.n_targets - chunk * plan_.t_chunk);
@@ -170,15 +180,36 @@ class BruteForce {
   DeviceBuffer<uint32_t> list_row_;
   DeviceBuffer<uint8_t> certified_;
   DeviceBuffer<int32_t> gather_index_;
+  LargeKSelect large_k_;
   ResultBuffers results_[2];  // [0] running, [1] the current target chunk's
 };
 
-KnnStatus BruteForce::upload_rows(RowBuffers &dst, const float *host, const int64_t *host_keys,
+// Rows [first, first + n) of the problem's host rows (and keys) into dst.
+KnnStatus BruteForce::upload_rows(RowBuffers &dst, const void *host, const int64_t *host_keys,
                                   int64_t first, int64_t n, DeviceContext &ctx) {
-  KNN_TRY(upload_to_device(ctx, dst.x.get(), host + first * p_.dim,
-                           static_cast<size_t>(n) * p_.dim * sizeof(float)));
+  if (p_.element == KNN_ELEMENT_FLOAT16)
+    KNN_TRY(upload_half_rows(dst.x.get(), host, first, n, ctx));
+  else
+    KNN_TRY(upload_to_device(ctx, dst.x.get(), float_rows(host) + first * p_.dim,
+                             static_cast<size_t>(n) * p_.dim * sizeof(float)));
   if (host_keys != nullptr)
     KNN_TRY(upload_to_device(ctx, dst.keys.get(), host_keys + first, n * sizeof(int64_t)));
+  return KNN_OK;
+}
+
+// Float16 rows [first, first + n) into the float rows x: uploaded as they
+// are (pinned staging, half the bytes of float32 rows) into the upper half
+// of x's bytes, then widened in place on the stream that carried them, so
+// no device memory beyond the float rows is needed.
+KnnStatus BruteForce::upload_half_rows(float *x, const void *host, int64_t first, int64_t n,
+                                       DeviceContext &ctx) {
+  const int64_t values = n * p_.dim;
+  KNN_TRY(upload_to_device(ctx, reinterpret_cast<uint16_t *>(x) + values,
+                           static_cast<const uint16_t *>(host) + first * p_.dim,
+                           static_cast<size_t>(values) * sizeof(uint16_t)));
+  const cudaStream_t stream = ctx.staging != nullptr ? ctx.staging->upload_stream() : ctx.stream;
+  KNN_TRY(launch_widen_half_in_place(ctx, stream, x, values));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(stream));
   return KNN_OK;
 }
 
@@ -296,14 +327,16 @@ KnnStatus BruteForce::score_tile(Scoring scoring, const Rows &q, const Rows &t, 
 // states what the bound assumes of both). The
 // handle's pedantic mode is lifted for this call only (tensor cores);
 // reductions stay in fp32 (the output type). Both settings are restored
-// before any failure is reported.
+// before any failure is reported. Targets t0, t0 + t_step, ... (a sample
+// for large k); ldc 0: the plan's tile.
 KnnStatus BruteForce::half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq, int64_t t0,
-                                int nt, void *out, cudaStream_t stream) {
-  if (q.xh == nullptr || t.xh == nullptr) {
+                                int nt, void *out, cudaStream_t stream, int64_t t_step,
+                                int ldc) {
+  const int ld = half_row_stride(p_.dim);
+  if (q.xh == nullptr || t.xh == nullptr || ld * t_step > 2147483647) {
     ctx_.error = "brute force: no fp16 rows planned";
     return KNN_INTERNAL_ERROR;
   }
-  const int ld = half_row_stride(p_.dim);
   const float one = 1.0f, zero = 0.0f;
   CUBLAS_CHECK(ctx_, cublasSetStream(ctx_.cublas, stream));
   cublasStatus_t st = cublasSetMathMode(
@@ -311,9 +344,9 @@ KnnStatus BruteForce::half_gemm(const Rows &q, const Rows &t, int64_t q0, int nq
                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION));
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasGemmEx(ctx_.cublas, CUBLAS_OP_T, CUBLAS_OP_N, nt, nq, ld, &one, t.xh + t0 * ld,
-                      CUDA_R_16F, ld, q.xh + q0 * ld, CUDA_R_16F, ld, &zero, out,
-                      plan_.half_tiles ? CUDA_R_16F : CUDA_R_32F,
-                      plan_.tile_cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                      CUDA_R_16F, static_cast<int>(ld * t_step), q.xh + q0 * ld, CUDA_R_16F, ld,
+                      &zero, out, plan_.half_tiles ? CUDA_R_16F : CUDA_R_32F,
+                      ldc > 0 ? ldc : plan_.tile_cols, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   const cublasStatus_t mode = cublasSetMathMode(ctx_.cublas, CUBLAS_PEDANTIC_MATH);
   const cublasStatus_t back = cublasSetStream(ctx_.cublas, ctx_.stream);
   CUBLAS_CHECK(ctx_, st);
@@ -441,15 +474,20 @@ KnnStatus BruteForce::fallback(const Rows &q, const Rows &t, ResultArrays out) {
                                q.keys != nullptr ? g_buf_.keys.get() : nullptr));
     Rows g = g_buf_.view(n, 0);
     if (q.keys == nullptr) g.keys = nullptr;
-    KNN_TRY(select_pass(Scoring::kExact, g, t, kp, cap));
-    KNN_TRY(rerank(Scoring::kExact, g, t, kp, cap, gather_index_.get(), out, nullptr));
+    if (plan_.large_k) {  // k beyond the exact lists too
+      KNN_TRY(full_sort(g, t, out, gather_index_.get()));
+    } else {
+      KNN_TRY(select_pass(Scoring::kExact, g, t, kp, cap));
+      KNN_TRY(rerank(Scoring::kExact, g, t, kp, cap, gather_index_.get(), out, nullptr));
+    }
     // The index buffer is reused by the next batch.
     CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   }
   return KNN_OK;
 }
 
-KnnStatus BruteForce::full_sort(const Rows &q, const Rows &t, ResultArrays out) {
+KnnStatus BruteForce::full_sort(const Rows &q, const Rows &t, ResultArrays out,
+                                const int32_t *out_index) {
   const Clock::time_point t0 = Clock::now();
   FullSortArgs a;
   a.metric = p_.metric;
@@ -459,8 +497,38 @@ KnnStatus BruteForce::full_sort(const Rows &q, const Rows &t, ResultArrays out) 
   a.t = t;
   a.out = out;
   a.budget = plan_.full_sort_budget;
+  a.out_index = out_index;
   KNN_TRY(run_full_sort(ctx_, a, &exact_pairs));
   seconds_filter += seconds_since(t0);
+  return KNN_OK;
+}
+
+// k beyond the lists on the fp16 filter (large_k_select.cu), then the full
+// sort for the queries it could not certify.
+KnnStatus BruteForce::large_k(const Rows &q, const Rows &t, ResultArrays out) {
+  Clock::time_point t0 = Clock::now();
+  LargeKArgs a;
+  a.metric = p_.metric;
+  a.dim = p_.dim;
+  a.k = p_.k;
+  a.q = q;
+  a.t = t;
+  a.value = tile_value(Scoring::kGemmHalf, q, t);
+  a.half_tiles = plan_.half_tiles;
+  a.tile = tile_.get();
+  a.tile_rows = plan_.tile_rows;
+  a.tile_cols = plan_.tile_cols;
+  a.out = out;
+  a.certified = certified_.get();
+  a.gemm = [&](int64_t q0, int nq, int64_t first, int64_t step, int nt, void *dst, int ldc) {
+    return half_gemm(q, t, q0, nq, first, nt, dst, ctx_.stream, step, ldc);
+  };
+  KNN_TRY(large_k_.run(ctx_, a, &exact_pairs));
+  seconds_filter += seconds_since(t0);
+  t0 = Clock::now();
+  KNN_TRY(fallback(q, t, out));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  seconds_select += seconds_since(t0);
   return KNN_OK;
 }
 
@@ -468,6 +536,7 @@ KnnStatus BruteForce::full_sort(const Rows &q, const Rows &t, ResultArrays out) 
 // synchronized.
 KnnStatus BruteForce::solve_block(const Rows &q, const Rows &t, ResultArrays out) {
   if (plan_.full_sort) return full_sort(q, t, out);
+  if (plan_.large_k) return large_k(q, t, out);
   const Scoring scoring = plan_.scoring;
   const bool gemm = is_gemm(scoring);
   const int kp = static_cast<int>(
@@ -494,6 +563,8 @@ KnnStatus BruteForce::allocate() {
     KNN_TRY(t_buf_[b].allocate(ctx_, plan_.t_chunk, dim, keys, dbl, half, "target rows"));
   if (!plan_.alias_queries)
     KNN_TRY(q_buf_.allocate(ctx_, plan_.q_chunk, dim, keys, dbl, half, "query rows"));
+  if (plan_.large_k)
+    KNN_TRY(large_k_.allocate(ctx_, plan_.q_chunk, plan_.large_k_capacity));
   if (!plan_.full_sort) {
     const size_t lists = static_cast<size_t>(plan_.q_chunk) * plan_.segments * plan_.cap;
     const size_t tile_elements = static_cast<size_t>(plan_.tile_rows) * plan_.tile_cols;
@@ -509,8 +580,10 @@ KnnStatus BruteForce::allocate() {
         KNN_TRY(tile_free_[b].create(ctx_));
       }
     }
-    KNN_TRY(list_key_.allocate(ctx_, lists, "candidate lists"));
-    KNN_TRY(list_row_.allocate(ctx_, lists, "candidate lists"));
+    if (!plan_.large_k) {
+      KNN_TRY(list_key_.allocate(ctx_, lists, "candidate lists"));
+      KNN_TRY(list_row_.allocate(ctx_, lists, "candidate lists"));
+    }
   }
   if (is_gemm(plan_.scoring) && !plan_.full_sort) {
     KNN_TRY(certified_.allocate(ctx_, plan_.q_chunk, "certification flags"));
@@ -528,7 +601,7 @@ KnnStatus BruteForce::allocate() {
 // Targets that fit in one chunk stay on the device for every query chunk.
 KnnStatus BruteForce::load_resident_targets() {
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], float_rows(p_.targets), p_.target_keys, 0, p_.n_targets, ctx_));
+  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
   seconds_transfer += seconds_since(t0);
   return row_stats(t_buf_[0], p_.n_targets);
 }
@@ -541,7 +614,7 @@ KnnStatus BruteForce::load_queries(int64_t first, int64_t n, Rows *q) {
     return KNN_OK;
   }
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(q_buf_, float_rows(p_.queries), p_.query_keys, first, n, ctx_));
+  KNN_TRY(upload_rows(q_buf_, p_.queries, p_.query_keys, first, n, ctx_));
   seconds_transfer += seconds_since(t0);
   KNN_TRY(row_stats(q_buf_, n));
   *q = q_buf_.view(n, first);
@@ -564,7 +637,7 @@ KnnStatus BruteForce::join_target_chunk(const Rows &q, int64_t chunk, ResultArra
     RowBuffers *buffer = &t_buf_[next % 2];
     const int64_t next_first = next * plan_.t_chunk, next_n = target_chunk_rows(next);
     auto upload_next = [this, buffer, next_first, next_n](DeviceContext &ctx) {
-      return upload_rows(*buffer, float_rows(p_.targets), p_.target_keys, next_first, next_n, ctx);
+      return upload_rows(*buffer, p_.targets, p_.target_keys, next_first, next_n, ctx);
     };
     if (!prefetch.start(ctx_, upload_next)) {
       // No thread: upload now, without the overlap.
@@ -590,7 +663,7 @@ KnnStatus BruteForce::join_target_chunks(const Rows &q, ResultArrays running) {
   // Chunk 0 now; chunk c+1 is uploaded by a helper thread while chunk c is
   // processed.
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], float_rows(p_.targets), p_.target_keys, 0, target_chunk_rows(0), ctx_));
+  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, target_chunk_rows(0), ctx_));
   seconds_transfer += seconds_since(t0);
   const int64_t chunks = (p_.n_targets + plan_.t_chunk - 1) / plan_.t_chunk;
   for (int64_t c = 0; c < chunks; c++) {
@@ -631,12 +704,13 @@ KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
 }
 
 // "dgemm-bound/warp-select k'=64 chunks 1000x5000 +fallback 3" or
-// "hgemm-bound/warp-select k'=32 fp16-tiles" and the like.
+// "hgemm-bound/warp-select k'=32 fp16-tiles fp16-rows" and the like.
 void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
               KnnStats *stats) {
   const bool gemm = is_gemm(plan.scoring) && !plan.full_sort;
   const char *scoring = plan.full_sort                            ? "exact-tiles/full-sort"
                         : gemm && plan.scoring == Scoring::kGemmDouble ? "dgemm-bound/warp-select"
+                        : gemm && plan.large_k                     ? "hgemm-bound/large-k"
                         : gemm && plan.scoring == Scoring::kGemmHalf
                             ? (plan.pipelined ? "hgemm-bound/pipelined" : "hgemm-bound/warp-select")
                         : gemm                                     ? "sgemm-bound/warp-select"
@@ -650,8 +724,11 @@ void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
     std::snprintf(fallback, sizeof fallback, " +fallback %lld",
                   static_cast<long long>(bf.fallback_queries));
   const char *tiles = gemm && plan.half_tiles ? " fp16-tiles" : "";
-  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s", scoring,
-                plan.full_sort ? problem.k : plan.cap, tiles, chunks, fallback);
+  // Float16 rows uploaded as such (widened on the device).
+  const char *rows = problem.element == KNN_ELEMENT_FLOAT16 ? " fp16-rows" : "";
+  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s%s", scoring,
+                plan.full_sort ? problem.k : plan.large_k ? plan.large_k_capacity : plan.cap,
+                tiles, rows, chunks, fallback);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 //   half_rows.cu    fp16 rows and their numbers for the tensor-core filter
 //   rerank.cu       exact re-rank of the candidates and certification
 //   full_sort.cu    large k: every exact distance of a query, sorted
+//   large_k_select.cu  large k on the fp16 filter (large_k_select.cuh)
 #pragma once
 
 #include <cstdint>
@@ -82,6 +83,12 @@ KnnStatus launch_row_stats(DeviceContext &ctx, const float *x, int64_t n, int di
 // DGEMM filter of L2).
 KnnStatus launch_to_double(DeviceContext &ctx, const float *x, int64_t n, int dim, double *xd,
                            double *norm_d);
+
+// n float16 values held in bytes [2n, 4n) of x (a float16 problem's rows,
+// uploaded as they are) widened in place into x[0 .. n) (binary16 ->
+// binary32, exact; NaN as knn_half_to_float), on `stream` (half_rows.cu).
+KnnStatus launch_widen_half_in_place(DeviceContext &ctx, cudaStream_t stream, float *x,
+                                     int64_t n);
 
 // The rows of the fp16 filter (half_rows.cu, half_bound.cuh): xh (n rows
 // of half_row_stride(dim) fp16 values, as uint16_t), stats, float scales.
@@ -183,6 +190,7 @@ struct FullSortArgs {
   Rows t;
   ResultArrays out;
   size_t budget = 0;  // device bytes this step may allocate
+  const int32_t *out_index = nullptr;  // query row r's slots: out_index[r] * k (null: r * k)
 };
 KnnStatus run_full_sort(DeviceContext &ctx, const FullSortArgs &args, int64_t *exact_pairs);
 

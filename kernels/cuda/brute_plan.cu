@@ -6,6 +6,7 @@
 #include "bitonic.cuh"
 #include "brute_kernels.cuh"
 #include "brute_plan.cuh"
+#include "large_k_select.cuh"
 
 namespace knn {
 namespace cuda {
@@ -104,7 +105,7 @@ size_t plan_bytes(const KnnProblem &p, const Plan &pl) {
                            (pl.double_gemm ? dim * sizeof(double) + 8 : 0) + half_bytes;
   const size_t t_bytes = pl.t_chunk * row_bytes * (pl.t_chunked ? 2 : 1);
   size_t per_query = static_cast<size_t>(p.k) * 24 * (pl.t_chunked ? 2 : 1);
-  if (!pl.full_sort) per_query += static_cast<size_t>(pl.segments) * pl.cap * 12;
+  if (!pl.full_sort && !pl.large_k) per_query += static_cast<size_t>(pl.segments) * pl.cap * 12;
   if (gemm) per_query += 1;
   const size_t q_bytes = pl.q_chunk * ((pl.alias_queries ? 0 : row_bytes) + per_query);
   // A pipelined fp16 filter has two tiles (brute_force.cu).
@@ -113,14 +114,20 @@ size_t plan_bytes(const KnnProblem &p, const Plan &pl) {
                           : static_cast<size_t>(pl.tile_rows) * pl.tile_cols *
                                 (pl.double_gemm ? 8 : 4) * (pl.pipelined ? 2 : 1);
   const size_t gather = pl.gather_rows * (row_bytes + 4);
-  const size_t sort = pl.full_sort ? full_sort_bytes(1, pl.t_chunk) : 0;
-  return t_bytes + q_bytes + tile + gather + sort;
+  // Large k reserves one query's full sort for the queries it redoes.
+  const size_t sort = pl.full_sort || pl.large_k ? full_sort_bytes(1, pl.t_chunk) : 0;
+  const size_t large_k = pl.large_k ? large_k_bytes(pl.q_chunk, pl.large_k_capacity) : 0;
+  return t_bytes + q_bytes + tile + gather + sort + large_k;
 }
 
 void shape(const KnnProblem &p, size_t budget, Plan *pl) {
   pl->t_chunked = pl->t_chunk < p.n_targets;
   pl->alias_queries = !pl->t_chunked && same_rows(p);
   shape_tiles(p, budget, pl);
+  if (pl->large_k)
+    pl->large_k_capacity = large_k_shape(p.k, pl->t_chunk,
+                                         static_cast<int64_t>(pl->tile_rows) * pl->tile_cols)
+                               .capacity;
   pl->bytes = plan_bytes(p, *pl);
 }
 
@@ -135,6 +142,20 @@ void choose_scoring(const KnnProblem &p, const JoinTuning &tuning, const cudaDev
   const bool gemm = forced_half || (p.metric != KNN_METRIC_L1 && p.dim > kGemmMinDim &&
                                     p.dim <= kGemmMaxDim && gemm_fits);
   pl->scoring = Scoring::kExact;
+  // k beyond the lists: the fp16 filter collects candidates under a
+  // sampled threshold (large_k_select.cu) where it would filter a small k.
+  const int64_t wanted = std::min<int64_t>(k, p.n_targets);
+  const bool half_wanted =
+      forced == BruteFilter::kHalf ||
+      (forced == BruteFilter::kAuto && !tuning.sgemm_filter && p.dim >= kHalfMinDim &&
+       has_half_tensor_cores(prop));
+  if (!gemm_fits && tuning.large_k && k <= kLargeKMax && wanted + kGemmMinExtra > kMaxSelectCap &&
+      p.metric != KNN_METRIC_L1 && p.dim <= kGemmMaxDim && half_wanted) {
+    pl->large_k = pl->half_gemm = true;
+    pl->half_tiles = tuning.half_tiles && half_row_stride(p.dim) <= kHalfTileMaxStride;
+    pl->scoring = Scoring::kGemmHalf;
+    return;
+  }
   if (gemm) {
     pl->cap = std::min(kMaxSelectCap, next_pow2(std::max({2 * k, k + kGemmMinExtra, 32})));
     const bool auto_half = forced == BruteFilter::kAuto && !tuning.sgemm_filter &&
@@ -151,7 +172,6 @@ void choose_scoring(const KnnProblem &p, const JoinTuning &tuning, const cudaDev
     pl->double_gemm = p.metric == KNN_METRIC_L2 && want_double && forced != BruteFilter::kSgemm;
     pl->scoring = pl->double_gemm ? Scoring::kGemmDouble : Scoring::kGemmFloat;
   } else {
-    const int64_t wanted = std::min<int64_t>(k, p.n_targets);
     pl->full_sort = wanted > kMaxSelectCap;
     pl->cap = next_pow2(std::max<int64_t>(wanted, 32));
     if (pl->full_sort) pl->cap = 32;  // unused
@@ -169,7 +189,9 @@ KnnStatus make_plan(const KnnProblem &p, const JoinTuning &tuning, DeviceContext
   for (int iter = 0; iter < 256; iter++) {
     shape(p, budget, pl);
     if (pl->bytes <= budget) {
-      pl->full_sort_budget = budget - pl->bytes + (pl->full_sort ? full_sort_bytes(1, pl->t_chunk) : 0);
+      pl->full_sort_budget =
+          budget - pl->bytes +
+          (pl->full_sort || pl->large_k ? full_sort_bytes(1, pl->t_chunk) : 0);
       return KNN_OK;
     }
     // Shrink whichever side holds more: targets first when equal, since a

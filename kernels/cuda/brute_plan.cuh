@@ -36,6 +36,8 @@ struct Plan {
   bool half_gemm = false;   // filtered by an fp16 tensor-core GEMM (fp16 rows)
   bool pipelined = false;   // fp16: two tiles, the next GEMM beside the selection
   bool half_tiles = false;  // fp16: the GEMM writes fp16 tiles (half the traffic)
+  bool large_k = false;     // fp16: k beyond the lists (large_k_select.cu)
+  int large_k_capacity = 0; // ... candidates a query may collect
   int cap = 32;             // list capacity (power of two, 32..256)
   int segments = 1;         // lists per query
   int64_t q_chunk = 0;      // queries per chunk

@@ -1,5 +1,6 @@
 // cuda_module.cu -- the entry points of knn_gpu_cuda.so (see
-// ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run and knn_cuda_range,
+// ../knn_cuda_module.h): knn_cuda_probe, knn_cuda_run (and which float16
+// problems it takes as they are: knn_cuda_takes_float16), knn_cuda_range,
 // the runtime's warm-up, release, idle timer and release notify, plus the tests'
 // knn_cuda_run_tuned (knn_cuda_testing.h).
 //
@@ -165,7 +166,9 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
     std::snprintf(stats->variant, sizeof stats->variant, "empty");
     return KNN_OK;
   }
-  if (method_for(p) != KNN_METHOD_TI) {
+  // Float16 rows: brute force, which widens them on the device (TI reads
+  // float32 host rows; the job gives it those: knn_cuda_takes_float16).
+  if (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI) {
     // Tiny joins: one upload, one selection, one download (small_join.cu).
     if (small_join_applies(p, tuning, ctx)) return small_join(p, neighbors, distances, stats, ctx);
     return brute_force_join(p, tuning, neighbors, distances, stats, ctx);
@@ -273,10 +276,9 @@ double split_work(const KnnProblem &p) {
 KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTestHook &hook,
                    int64_t *neighbors, double *distances, KnnStats *stats,
                    const int32_t *cancel, DeviceContext &ctx) {
-  // Float32 rows (the job layer widens float16), or bit rows (bit_join.cu).
-  if (const char *why = p.element == KNN_ELEMENT_BIT
-                            ? problem_invalid_reason(p, neighbors, distances)
-                            : float_problem_invalid_reason(p, neighbors, distances)) {
+  // Float32 rows, float16 rows (brute force: run_method), or bit rows
+  // (bit_join.cu).
+  if (const char *why = problem_invalid_reason(p, neighbors, distances)) {
     ctx.error = why;
     return KNN_INVALID_ARGUMENT;
   }
@@ -377,6 +379,16 @@ KnnStatus run_group_join(const KnnProblem &p, const KnnGroupLayout *groups, int6
   });
 }
 
+// knn_cuda_takes_float16: the problems whose float16 rows run_method
+// sends to brute force anyway (TI, asked for or AUTO's choice, wants
+// float32 rows from the caller).
+bool takes_float16(const KnnProblem &p) {
+  return p.element == KNN_ELEMENT_FLOAT16 && p.range == KNN_RANGE_NONE &&
+         in_range(enum_value(p.method), KNN_METHOD_AUTO, KNN_METHOD_BRUTE) &&
+         in_range(enum_value(p.metric), KNN_METRIC_L2, KNN_METRIC_L1) &&
+         method_for(p) == KNN_METHOD_BRUTE;
+}
+
 JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   JoinTuning t;
   if (o == nullptr) return t;
@@ -385,6 +397,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   if (o->brute_filter == 2) t.brute_filter = BruteFilter::kDgemm;
   if (o->brute_filter == 3) t.brute_filter = BruteFilter::kHalf;
   t.pipeline_tiles = o->brute_pipeline != 0;
+  t.large_k = o->brute_no_large_k == 0;
   t.small_join = o->no_small_join == 0;
   if (o->ti_filter == 1) t.ti.filter = ti::FilterKind::Full;
   if (o->ti_filter == 2) t.ti.filter = ti::FilterKind::Partial;
@@ -564,6 +577,10 @@ __attribute__((visibility("default"))) KnnStatus knn_cuda_run(
                               errlen);
 }
 
+__attribute__((visibility("default"))) int knn_cuda_takes_float16(const KnnProblem *problem) {
+  return problem != nullptr && knn::cuda::takes_float16(*problem) ? 1 : 0;
+}
+
 __attribute__((visibility("default"))) KnnStatus knn_cuda_range(
     const KnnProblem *problem, knn_cuda_pair_sink_fn sink, void *sink_context, KnnStats *stats,
     const int32_t *cancel, char *errbuf, size_t errlen) {
@@ -615,6 +632,7 @@ static_assert(std::is_same<decltype(&knn_cuda_probe), knn_cuda_probe_fn>::value,
 static_assert(std::is_same<decltype(&knn_cuda_run), knn_cuda_run_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_tuned), knn_cuda_run_tuned_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_range), knn_cuda_range_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_takes_float16), knn_cuda_takes_float16_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_run_groups), knn_cuda_run_groups_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");

@@ -53,7 +53,7 @@ __global__ void take_best_kernel(FullSortArgs a, int64_t query_base, int64_t row
        i += step) {
     const int64_t r = i / a.k, j = i % a.k;
     const int64_t q = query_base + r;
-    const int64_t o = q * a.k + j;
+    const int64_t o = (a.out_index != nullptr ? a.out_index[q] : q) * a.k + j;
     const uint64_t key = j < nt ? keys[r * nt + j] : kEmptyKey;
     if (key == kEmptyKey) {
       a.out.key[o] = kEmptyKey;

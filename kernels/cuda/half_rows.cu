@@ -1,9 +1,14 @@
-// half_rows.cu -- rows of the fp16 tensor-core filter: each float row
-// scaled by a power of two, rounded to fp16 (stride half_row_stride(dim),
-// zero padded), and the per-row numbers its error bound uses
-// (half_bound.cuh). One warp per row: coalesced loads, warp reductions.
+// half_rows.cu -- fp16 rows on the device:
+//  * a float16 problem's rows (KNN_ELEMENT_FLOAT16), uploaded as they are
+//    into the upper half of the float rows' buffer and widened in place
+//    into the float rows every kernel reads (launch_widen_half_in_place);
+//  * the rows of the fp16 tensor-core filter: each float row scaled by a
+//    power of two, rounded to fp16 (stride half_row_stride(dim), zero
+//    padded), and the per-row numbers its error bound uses
+//    (half_bound.cuh). One warp per row: coalesced loads, warp reductions.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "brute_kernels.cuh"
@@ -20,6 +25,23 @@ constexpr unsigned kFullMask = 0xffffffffu;
 // never prefiltered (their float scale is NaN): the float product of two
 // scales then stays normal.
 constexpr int kScaleRange = 60;
+
+// binary16 -> binary32 exactly as the job layer's host widening
+// (half_float.h's knn_half_to_float): every finite value and infinity
+// exactly (__half2float), a NaN as the quiet NaN of its sign (no payload).
+__device__ __forceinline__ float widen_half(uint16_t h) {
+  if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0)
+    return __uint_as_float((static_cast<uint32_t>(h & 0x8000u) << 16) | 0x7FC00000u);
+  return __half2float(__ushort_as_half(h));
+}
+
+// x[i] = h[i] widened, i < n. Not __restrict__: in the last step of
+// launch_widen_half_in_place one thread's x[0] covers its own h[0].
+__global__ void widen_half_kernel(const uint16_t *h, int64_t n, float *x) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = widen_half(h[i]);
+}
 
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
@@ -85,6 +107,25 @@ __global__ void to_half_kernel(const float *__restrict__ x, int64_t n, int dim, 
 }
 
 }  // namespace
+
+// With m = n - a values left, a step widens the next max(1, m / 2) of
+// them: it reads bytes [2n + 2a, 2n + 2a + m) and writes bytes
+// [4a, 4a + 2m) at most, which end where the reads begin, so no value is
+// overwritten before it is read (the one value of the last step is read
+// and written by one thread). Steps run in order on `stream`: about
+// log2(n) launches.
+KnnStatus launch_widen_half_in_place(DeviceContext &ctx, cudaStream_t stream, float *x,
+                                     int64_t n) {
+  const uint16_t *h = reinterpret_cast<const uint16_t *>(x) + n;
+  for (int64_t a = 0; a < n;) {
+    const int64_t count = std::max<int64_t>(1, (n - a) / 2);
+    widen_half_kernel<<<grid_stride_blocks(count, kThreads), kThreads, 0, stream>>>(h + a, count,
+                                                                                    x + a);
+    CUDA_CHECK_LAUNCH(ctx, "widen_half_kernel");
+    a += count;
+  }
+  return KNN_OK;
+}
 
 KnnStatus launch_to_half(DeviceContext &ctx, const float *x, int64_t n, int dim, uint16_t *xh,
                          HalfRowStats *stats, float *scale) {

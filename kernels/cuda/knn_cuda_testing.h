@@ -39,6 +39,9 @@ typedef struct KnnCudaTestOptions
 	int			split_test_engine;
 	int			split_test_wait_ms;
 	int			split_test_fail;
+
+	/* 1: brute force with k beyond the lists takes the full sort, not large_k_select.cu */
+	int			brute_no_large_k;
 	int			no_small_join;	/* brute force: 1 = never the tiny-join path (small_join.cu) */
 } KnnCudaTestOptions;
 

@@ -540,7 +540,7 @@ KnnStatus download(DeviceContext &ctx, const unsigned char *device, const HostPa
 
 bool small_join_applies(const KnnProblem &p, const JoinTuning &tuning, const DeviceContext &ctx) {
   if (!tuning.small_join || tuning.sgemm_filter || tuning.brute_filter != BruteFilter::kAuto ||
-      tuning.pipeline_tiles || !tuning.half_tiles)
+      tuning.pipeline_tiles || !tuning.half_tiles || !tuning.large_k)
     return false;
   if (ctx.staging == nullptr || ctx.query_count >= 0) return false;
   if (p.element != KNN_ELEMENT_FLOAT32 || p.dim < 1 || p.k < 1 || p.k > kMaxK) return false;
