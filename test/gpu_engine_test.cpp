@@ -139,6 +139,15 @@ Data make_self(int64_t n, int dim, Shape shape, uint64_t seed, bool duplicates =
   return d;
 }
 
+// Keys on two tables that collide: query i has key i % query_mod, target
+// j key j % target_mod, so each query key stands on several targets.
+void set_colliding_keys(Data *d, int64_t target_mod, int64_t query_mod) {
+  d->target_keys.resize(d->nt());
+  d->query_keys.resize(d->nq());
+  for (int64_t i = 0; i < d->nt(); i++) d->target_keys[i] = i % target_mod;
+  for (int64_t i = 0; i < d->nq(); i++) d->query_keys[i] = i % query_mod;
+}
+
 // ---- running a join ----
 
 struct Outcome {
@@ -355,10 +364,7 @@ TEST(GpuBrute, KeysOnDifferentTables) {
   REQUIRE_GPU();
   Data d = make_data(400, 2000, 20, Shape::kUniform, 7, true);
   // Keys with collisions: each query key appears on several targets.
-  d.target_keys.resize(d.nt());
-  d.query_keys.resize(d.nq());
-  for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 97;
-  for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 101;
+  set_colliding_keys(&d, 97, 101);
   for (KnnMetric m : kMetrics) {
     Options o;
     o.k = 15;
@@ -733,10 +739,7 @@ TEST(GpuLargeK, KeysAndFewerEligibleThanK) {
   REQUIRE_GPU();
   for (int64_t nt : {int64_t(30000), int64_t(16500)}) {
     Data d = make_embedding_data(150, nt, 384, 1300 + nt);
-    d.target_keys.resize(d.nt());
-    d.query_keys.resize(d.nq());
-    for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 97;
-    for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 101;
+    set_colliding_keys(&d, 97, 101);
     const KnnCudaTestOptions half = forced_filter(3);
     for (KnnMetric m : kGemmMetrics)
       for (int k : {1000, 16384}) {
@@ -1393,10 +1396,7 @@ TEST(GpuSmallJoin, KeysWithCollisions) {
   REQUIRE_GPU();
   for (int dim : {4, 200}) {
     Data d = make_data(90, 1500, dim, Shape::kIntegers, 1100 + dim, true);
-    d.target_keys.resize(d.nt());
-    d.query_keys.resize(d.nq());
-    for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 37;
-    for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 41;
+    set_colliding_keys(&d, 37, 41);
     for (KnnMetric m : kMetrics)
       for (int k : {5, 256}) {
         Options o;
