@@ -139,6 +139,15 @@ Data make_self(int64_t n, int dim, Shape shape, uint64_t seed, bool duplicates =
   return d;
 }
 
+// Keys on two tables that collide: query i has key i % query_mod, target
+// j key j % target_mod, so each query key stands on several targets.
+void set_colliding_keys(Data *d, int64_t target_mod, int64_t query_mod) {
+  d->target_keys.resize(d->nt());
+  d->query_keys.resize(d->nq());
+  for (int64_t i = 0; i < d->nt(); i++) d->target_keys[i] = i % target_mod;
+  for (int64_t i = 0; i < d->nq(); i++) d->query_keys[i] = i % query_mod;
+}
+
 // ---- running a join ----
 
 struct Outcome {
@@ -293,10 +302,26 @@ void expect_gpu_matches(const Data &d, const Options &o, const Outcome &ref) {
   EXPECT_EQ(bad, 0) << what << ": " << bad << " slots differ";
 }
 
+// The general brute-force path even where a tiny join would take
+// small_join.cu's.
+const KnnCudaTestOptions kGeneralPath = [] {
+  KnnCudaTestOptions f{};
+  f.no_small_join = 1;
+  return f;
+}();
+
 void check(const Data &d, const Options &o) {
   const Outcome ref = cpu_answer(d, o);
   if (ref.status != KNN_OK) return;
   expect_gpu_matches(d, o, ref);
+  // Joins small enough for small_join.cu: the general path too.
+  if (o.forced == nullptr && o.method != KNN_METHOD_TI && d.nt() <= 32768) {
+    Options general = o;
+    general.forced = &kGeneralPath;
+    general.expect_variant = nullptr;  // the default run checked it
+    general.reject_variant = "small-join";
+    expect_gpu_matches(d, general, ref);
+  }
 }
 
 const KnnMetric kMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP, KNN_METRIC_L1};
@@ -339,10 +364,7 @@ TEST(GpuBrute, KeysOnDifferentTables) {
   REQUIRE_GPU();
   Data d = make_data(400, 2000, 20, Shape::kUniform, 7, true);
   // Keys with collisions: each query key appears on several targets.
-  d.target_keys.resize(d.nt());
-  d.query_keys.resize(d.nq());
-  for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 97;
-  for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 101;
+  set_colliding_keys(&d, 97, 101);
   for (KnnMetric m : kMetrics) {
     Options o;
     o.k = 15;
@@ -750,10 +772,7 @@ TEST(GpuLargeK, KeysAndFewerEligibleThanK) {
   REQUIRE_GPU();
   for (int64_t nt : {int64_t(30000), int64_t(16500)}) {
     Data d = make_embedding_data(150, nt, 384, 1300 + nt);
-    d.target_keys.resize(d.nt());
-    d.query_keys.resize(d.nq());
-    for (int64_t i = 0; i < d.nt(); i++) d.target_keys[i] = i % 97;
-    for (int64_t i = 0; i < d.nq(); i++) d.query_keys[i] = i % 101;
+    set_colliding_keys(&d, 97, 101);
     const KnnCudaTestOptions half = forced_filter(3);
     for (KnnMetric m : kGemmMetrics)
       for (int k : {1000, 16384}) {
@@ -1366,6 +1385,138 @@ TEST(GpuTiOutOfCore, CancelStopsBetweenParts) {
   if (st != KNN_OK) {
     EXPECT_EQ(st, KNN_CANCELLED) << err;
     EXPECT_LT(waited, 1.0);
+  }
+}
+
+// ---- tiny joins (small_join.cu) ----
+
+// Every metric and k (up to the lists' 256 and beyond the eligible
+// targets), through the tiny-join path and against the CPU engine: few
+// dimensions (each lane computes its pair) and many (eight threads per
+// pair), ties, duplicates, signed zeros, zero rows, huge and tiny values,
+// self-joins and keys with collisions.
+TEST(GpuSmallJoin, MatchesCpuEveryMetric) {
+  REQUIRE_GPU();
+  struct Case { int64_t nq, nt; int dim; Shape shape; bool self; };
+  const Case cases[] = {
+      {1, 1, 1, Shape::kUniform, false},        {7, 300, 1, Shape::kIntegers, false},
+      {200, 500, 3, Shape::kIntegers, true},    {64, 257, 8, Shape::kSignedZeros, false},
+      {33, 1000, 31, Shape::kUniform, false},   {40, 700, 32, Shape::kTiny, false},
+      {50, 600, 33, Shape::kIntegers, false},   {100, 100, 300, Shape::kHuge, true},
+      {30, 120, 1000, Shape::kFarClusters, false}, {100, 100, 10000, Shape::kUniform, true},
+  };
+  uint64_t seed = 1000;
+  for (const Case &c : cases) {
+    Data d = c.self ? make_self(c.nt, c.dim, c.shape, seed++, true)
+                    : make_data(c.nq, c.nt, c.dim, c.shape, seed++, true);
+    // A zero row on each side (cosine: NaN distances, ordered after numbers).
+    std::fill(d.targets.begin(), d.targets.begin() + c.dim, 0.0f);
+    if (!c.self) std::fill(d.queries.begin(), d.queries.begin() + c.dim, 0.0f);
+    for (KnnMetric m : kMetrics)
+      for (int k : {1, 20, 33, 256, 600}) {
+        Options o;
+        o.k = k;
+        o.metric = m;
+        if (k <= 256) o.expect_variant = c.dim > 32 ? "small-join/lane-sums" : "small-join/direct";
+        check(d, o);
+      }
+  }
+}
+
+// Keys on two tables, with collisions (several targets share a query's
+// key), and more k than any query has eligible targets.
+TEST(GpuSmallJoin, KeysWithCollisions) {
+  REQUIRE_GPU();
+  for (int dim : {4, 200}) {
+    Data d = make_data(90, 1500, dim, Shape::kIntegers, 1100 + dim, true);
+    set_colliding_keys(&d, 37, 41);
+    for (KnnMetric m : kMetrics)
+      for (int k : {5, 256}) {
+        Options o;
+        o.k = k;
+        o.metric = m;
+        o.keys = true;
+        o.expect_variant = "small-join/";
+        check(d, o);
+      }
+  }
+}
+
+// Rows holding NaN and infinities: NaN values order after every number,
+// ties by row, as on the CPU.
+TEST(GpuSmallJoin, NanAndInfinityRows) {
+  REQUIRE_GPU();
+  for (int dim : {5, 64}) {
+    Data d = make_data(60, 400, dim, Shape::kIntegers, 1200 + dim, true);
+    for (int64_t r = 0; r < d.nt(); r += 13) d.targets[r * dim + r % dim] = NAN;
+    for (int64_t r = 5; r < d.nt(); r += 17) d.targets[r * dim] = INFINITY;
+    for (int64_t r = 0; r < d.nq(); r += 11) d.queries[r * dim + (r + 1) % dim] = NAN;
+    for (KnnMetric m : kMetrics) {
+      Options o;
+      o.k = 30;
+      o.metric = m;
+      o.expect_variant = "small-join/";
+      const Outcome ref = cpu_answer(d, o);
+      if (ref.status != KNN_OK) continue;
+      expect_gpu_matches(d, o, ref);
+    }
+  }
+}
+
+// Where the tiny-join path is taken, and where the general path stays.
+TEST(GpuSmallJoin, ChosenForTinyJoinsOnly) {
+  REQUIRE_GPU();
+  auto variant_of = [](const Data &d, const Options &o) {
+    const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
+    EXPECT_EQ(gpu.status, KNN_OK) << gpu.error;
+    return std::string(gpu.stats.variant);
+  };
+  Options o;
+  o.k = 20;
+  // The two tiny benchmark sets' shapes (arcene, 3DNet's first rows).
+  EXPECT_EQ(variant_of(make_self(100, 10000, Shape::kUniform, 1300), o).rfind("small-join/lane-sums", 0), 0u);
+  EXPECT_EQ(variant_of(make_self(5000, 3, Shape::kUniform, 1301), o).rfind("small-join/direct", 0), 0u);
+  // Too many targets for one warp's walk, too much work, k past the lists,
+  // a forced filter, a budget below its memory: the general path.
+  const Data wide = make_data(4, 40000, 16, Shape::kUniform, 1302);
+  EXPECT_EQ(variant_of(wide, o).find("small-join"), std::string::npos);
+  const Data heavy = make_self(12000, 64, Shape::kUniform, 1303);
+  EXPECT_EQ(variant_of(heavy, o).find("small-join"), std::string::npos);
+  const Data tiny = make_self(2000, 16, Shape::kUniform, 1304);
+  Options big_k = o;
+  big_k.k = 257;
+  EXPECT_EQ(variant_of(tiny, big_k).find("small-join"), std::string::npos);
+  const KnnCudaTestOptions dgemm = forced_filter(2);
+  Options forced = o;
+  forced.forced = &dgemm;
+  const Outcome f = run_forced(make_problem(tiny, forced, KNN_DEVICE_GPU), dgemm);
+  EXPECT_EQ(std::string(f.stats.variant).find("small-join"), std::string::npos) << f.stats.variant;
+  Options budget = o;
+  budget.gpu_memory_limit = 512 << 10;  // below the tiny join's 784 KB, enough for chunks
+  EXPECT_EQ(variant_of(tiny, budget).find("small-join"), std::string::npos);
+}
+
+// A tiny join leaves nothing of its own on the device (its one allocation
+// goes back to the pool when it ends).
+TEST(GpuSmallJoin, FreesItsMemory) {
+  REQUIRE_GPU();
+  auto pool_used = [] {
+    static const knn_cuda_test_pool_used_fn fn = [] {
+      void *module = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_LOCAL);
+      return module == nullptr ? nullptr
+                               : reinterpret_cast<knn_cuda_test_pool_used_fn>(
+                                     dlsym(module, KNN_CUDA_TEST_POOL_USED_SYMBOL));
+    }();
+    return fn == nullptr ? int64_t{-2} : fn(0);
+  };
+  Options o;
+  o.k = 10;
+  for (int dim : {16, 40}) {  // each lane its pair; the lane-sum matrix
+    const Data d = make_self(1500, dim, Shape::kUniform, 1400 + dim);
+    const Outcome gpu = run(make_problem(d, o, KNN_DEVICE_GPU));
+    ASSERT_EQ(gpu.status, KNN_OK) << gpu.error;
+    EXPECT_EQ(std::string(gpu.stats.variant).rfind("small-join/", 0), 0u) << gpu.stats.variant;
+    EXPECT_EQ(pool_used(), 0);
   }
 }
 

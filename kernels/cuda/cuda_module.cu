@@ -45,6 +45,7 @@
 #include "knn_cuda_testing.h"
 #include "multi_device.cuh"
 #include "range_join.cuh"
+#include "small_join.cuh"
 
 namespace knn {
 namespace cuda {
@@ -167,8 +168,11 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
   }
   // Float16 rows: brute force, which widens them on the device (TI reads
   // float32 host rows; the job gives it those: knn_cuda_takes_float16).
-  if (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI)
+  if (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI) {
+    // Tiny joins: one upload, one selection, one download (small_join.cu).
+    if (small_join_applies(p, tuning, ctx)) return small_join(p, neighbors, distances, stats, ctx);
     return brute_force_join(p, tuning, neighbors, distances, stats, ctx);
+  }
   const KnnStatus st = ti_join(p, tuning, neighbors, distances, stats, ctx);
   if (st != KNN_OUT_OF_MEMORY || ctx.cancelled()) return st;
   // TI keeps whole clusterings on the device; when they do not fit the
@@ -394,6 +398,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   if (o->brute_filter == 3) t.brute_filter = BruteFilter::kHalf;
   t.pipeline_tiles = o->brute_pipeline != 0;
   t.large_k = o->brute_no_large_k == 0;
+  t.small_join = o->no_small_join == 0;
   if (o->ti_filter == 1) t.ti.filter = ti::FilterKind::Full;
   if (o->ti_filter == 2) t.ti.filter = ti::FilterKind::Partial;
   if (o->ti_list == 1) t.ti.list = ti::ListKind::Registers;

@@ -103,5 +103,26 @@ class DeviceThread {
   char error_[512] = "";
 };
 
+// Runs part(DeviceContext &, int w) -> KnnStatus for w = 0 .. workers - 1
+// (at most kMaxWorkers): share 0 on the calling thread with ctx, the others
+// on helper threads (on the calling thread too where one cannot be
+// started), every helper joined before this returns. Returns the first
+// failure (its message in ctx.error), or KNN_OK.
+template <int kMaxWorkers, class Part>
+KnnStatus run_shares(DeviceContext &ctx, int workers, Part &part) {
+  bool here[kMaxWorkers] = {};
+  DeviceThread helpers[kMaxWorkers];  // joined before `part` goes
+  for (int w = 1; w < workers; w++)
+    here[w] = !helpers[w].start(ctx, [&part, w](DeviceContext &c) { return part(c, w); });
+  KnnStatus status = part(ctx, 0);
+  for (int w = 1; w < workers; w++)
+    if (here[w] && status == KNN_OK) status = part(ctx, w);
+  for (int w = 1; w < workers; w++) {
+    const KnnStatus helper = helpers[w].finish(ctx);
+    if (status == KNN_OK) status = helper;
+  }
+  return status;
+}
+
 }  // namespace cuda
 }  // namespace knn

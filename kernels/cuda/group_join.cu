@@ -135,17 +135,7 @@ KnnStatus upload_gathered(DeviceContext &ctx, void *dst, const void *src, size_t
     }
     return KNN_OK;
   };
-  bool on_caller[PinnedStaging::kMaxWorkers] = {};
-  DeviceThread helpers[PinnedStaging::kMaxWorkers];  // joined before `part` goes
-  for (int w = 1; w < workers; w++)
-    on_caller[w] = !helpers[w].start(ctx, [&part, w](DeviceContext &c) { return part(c, w); });
-  KnnStatus status = part(ctx, 0);
-  for (int w = 1; w < workers; w++)
-    if (on_caller[w] && status == KNN_OK) status = part(ctx, w);
-  for (int w = 1; w < workers; w++) {
-    const KnnStatus helper = helpers[w].finish(ctx);
-    if (status == KNN_OK) status = helper;
-  }
+  const KnnStatus status = run_shares<PinnedStaging::kMaxWorkers>(ctx, workers, part);
   // Every copy issued is waited for, also after a failure: the slices are
   // the next transfer's.
   const cudaError_t done = cudaStreamSynchronize(st.upload_stream());

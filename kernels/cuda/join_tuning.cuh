@@ -58,6 +58,9 @@ struct JoinTuning {
   // Brute force: k beyond the lists (up to kLargeKMax) on the fp16 filter
   // (large_k_select.cu) where it is picked; false: the full sort, as before.
   bool large_k = true;
+  // Brute force: tiny joins take small_join.cu's one-round-trip path where
+  // it applies; false: always the general path (brute_force.cu).
+  bool small_join = true;
   ti::TiOptions ti;
 };
 

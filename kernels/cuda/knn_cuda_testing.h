@@ -42,6 +42,7 @@ typedef struct KnnCudaTestOptions
 
 	/* 1: brute force with k beyond the lists takes the full sort, not large_k_select.cu */
 	int			brute_no_large_k;
+	int			no_small_join;	/* brute force: 1 = never the tiny-join path (small_join.cu) */
 } KnnCudaTestOptions;
 
 /* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */
