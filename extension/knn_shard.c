@@ -671,28 +671,23 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 					 join->k > 0 ? psprintf("%d", join->k) : "NULL",
 					 join->inclusive ? "true" : "false",
 					 quote_literal_cstr(knn_method_name(join->method)));
-	else if (shard->has_packed_join)
-	{
-		/* the pairs packed into few values (knn_shard_packed.h) */
-		shard->join_sql =
-			psprintf("SELECT p FROM %s.knn_join_packed(%s, %s, %d, %s, %s, %s) p",
-					 shard->knn_schema,
-					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
-					 quote_literal_cstr(targets.data), join->k,
-					 quote_literal_cstr(knn_metric_name(join->metric)),
-					 join->exclude_self ? "true" : "false",
-					 quote_literal_cstr(knn_method_name(join->method)));
-		shard->packed_result = true;
-	}
 	else
-		shard->join_sql =
-			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s, %d, %s, %s, %s)",
-					 shard->knn_schema,
-					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
-					 quote_literal_cstr(targets.data), join->k,
-					 quote_literal_cstr(knn_metric_name(join->metric)),
-					 join->exclude_self ? "true" : "false",
-					 quote_literal_cstr(knn_method_name(join->method)));
+	{
+		char	   *arguments = psprintf("%s, %s, %d, %s, %s, %s",
+										 quote_literal_cstr(psprintf("SELECT id, v FROM %s",
+																	 shard->temp_table)),
+										 quote_literal_cstr(targets.data), join->k,
+										 quote_literal_cstr(knn_metric_name(join->metric)),
+										 join->exclude_self ? "true" : "false",
+										 quote_literal_cstr(knn_method_name(join->method)));
+
+		/* the pairs packed into few values where the shard can (knn_shard_packed.h) */
+		shard->packed_result = shard->has_packed_join;
+		shard->join_sql = shard->packed_result ?
+			psprintf("SELECT p FROM %s.knn_join_packed(%s) p", shard->knn_schema, arguments) :
+			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s)",
+					 shard->knn_schema, arguments);
+	}
 	/* binary results: ids and distances arrive exactly, without parsing */
 	shard->binary_result = true;
 }
