@@ -44,6 +44,7 @@
 #include "knn_run.h"
 #include "knn_settings.h"
 #include "knn_shard.h"
+#include "knn_shard_packed.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
 
@@ -168,6 +169,7 @@ typedef struct KnnJoinCall
 	bool		range;
 	double		radius;
 	bool		inclusive;		/* <= radius, else < radius */
+	bool		packed;			/* knn_join_packed: rows packed into bytea values */
 } KnnJoinCall;
 
 /* One set of knn_join: its query text, prepared, and its columns. */
@@ -446,7 +448,8 @@ read_set(KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
 static void
 return_rows(ReturnSetInfo *rsinfo, const KnnMatrix *queries, const KnnMatrix *targets,
 			const KnnKeyColumn *query_keys, const KnnKeyColumn *target_keys,
-			int32 slots, const int64 *neighbors, const double *distances)
+			int32 slots, const int64 *neighbors, const double *distances,
+			KnnPackedRows *packed)
 {
 	int64		emitted = 0;
 
@@ -460,6 +463,12 @@ return_rows(ReturnSetInfo *rsinfo, const KnnMatrix *queries, const KnnMatrix *ta
 
 			if (t < 0)
 				break;
+			if (packed != NULL)
+			{
+				/* knn_join_packed (integer ids only): a row of a packed value */
+				knn_packed_put(packed, queries->ids[q], targets->ids[t], distances[q * slots + r]);
+				continue;
+			}
 			if (query_keys != NULL)
 			{
 				/* keyed: ids are ranks of the keys (knn_key_order.h) */
@@ -571,7 +580,7 @@ static bool describe_only = false;
  */
 static bool
 shard_join(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queries,
-		   KnnSet *targets, KnnOperatorValues *by_operator)
+		   KnnSet *targets, KnnOperatorValues *by_operator, KnnPackedRows *packed)
 {
 	KnnShardJoin join = {0};
 	ParamListInfo params = NULL;
@@ -585,6 +594,7 @@ shard_join(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queries,
 	join.inclusive = call->inclusive;
 	join.by_operator = by_operator;
 	join.describe_only = describe_only;
+	join.packed = packed;
 	if (OidIsValid(call->key_type))
 		join.not_pushed = "calls with a key argument are joined here";
 	if (targets->param_values != NULL)
@@ -666,8 +676,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	instr_time	start;
 	double		seconds_read;
 	double		seconds_sort;
+	KnnPackedRows packed;
 
-	InitMaterializedSRF(fcinfo, 0);
+	/* knn_join_packed returns bytea values, not rows: the caller's one-column descriptor */
+	InitMaterializedSRF(fcinfo, call->packed ? MAT_SRF_USE_EXPECTED_DESC : 0);
+	if (call->packed)
+		knn_packed_begin(&packed, rsinfo);
 
 	INSTR_TIME_SET_CURRENT(start);
 	caller_context = CurrentMemoryContext;
@@ -719,9 +733,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
-	if (shard_join(rsinfo, call, &queries, target_source, by_operator ? &operator_values : NULL) ||
+	if (shard_join(rsinfo, call, &queries, target_source, by_operator ? &operator_values : NULL,
+				   call->packed ? &packed : NULL) ||
 		describe_only)
 	{
+		if (call->packed)
+			knn_packed_end(&packed);
 		SPI_finish();
 		knn_progress_end();
 		return;
@@ -832,7 +849,9 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 
 	INSTR_TIME_SET_CURRENT(start);
 	return_rows(rsinfo, &queries, targets, query_set.keys, target_keys, slots, neighbors,
-				distances);
+				distances, call->packed ? &packed : NULL);
+	if (call->packed)
+		knn_packed_end(&packed);
 	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort,
 					 knn_seconds_since(start));
 	knn_join_explain_report(&record);
@@ -916,6 +935,22 @@ knn_join(PG_FUNCTION_ARGS)
 	KnnJoinCall call;
 
 	read_common_arguments(fcinfo, &call, 3, 4, 5);
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * knn_join_packed(queries, targets, k, metric, exclude_self, method): the
+ * same join, its rows packed for a coordinator (knn_shard_packed.h).
+ */
+PG_FUNCTION_INFO_V1(knn_join_packed);
+Datum
+knn_join_packed(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	read_common_arguments(fcinfo, &call, 3, 4, 5);
+	call.packed = true;
 	knn_join_run_reported(fcinfo, &call);
 	PG_RETURN_NULL();
 }

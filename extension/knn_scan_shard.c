@@ -38,6 +38,7 @@
  */
 #include "postgres.h"
 
+#include "access/detoast.h"
 #include "access/htup_details.h"
 #include "access/stratnum.h"
 #include "access/tupdesc.h"
@@ -401,6 +402,7 @@ column_definitions(KnnScanShards *sh, KnnShardRemote *shard)
 	initStringInfo(&columns);
 	appendStringInfo(&columns, "qid pg_catalog.int8, v %s",
 					 ((ShardOperator *) shard->caller)->operand_type);
+	shard->vector_column = "v";
 	foreach(lc, sh->shipped_type_names)
 		appendStringInfo(&columns, ", x%d %s", foreach_current_index(lc) + 1,
 						 (char *) lfirst(lc));
@@ -561,6 +563,25 @@ encode_outer_row(void *arg, int64 row, StringInfo buf)
 	CHECK_FOR_INTERRUPTS();
 }
 
+/* The largest query vector's size (the shipped column 0), header included; 0 if none. */
+static int64
+largest_query_vector(KnnScanShards *sh)
+{
+	int64		largest = 0;
+
+	for (int64 row = 0; row < sh->n_outer; row++)
+	{
+		bool		isnull;
+		Datum		value;
+
+		ExecStoreMinimalTuple(sh->outer_rows[row], sh->outer_slot, false);
+		value = slot_getattr(sh->outer_slot, sh->shipped[0].column, &isnull);
+		if (!isnull)
+			largest = Max(largest, (int64) toast_raw_datum_size(value));
+	}
+	return largest;
+}
+
 void
 knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer,
 					  TupleTableSlot *outer_slot, int64 want, double radius)
@@ -592,6 +613,7 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 	sh->want = want;
 	rows.n = n_outer;
 	rows.n_fields = 1 + sh->n_shipped;
+	rows.max_vector_bytes = largest_query_vector(sh);
 	rows.encode = encode_outer_row;
 	rows.arg = sh;
 	knn_shard_remote_ship(sh->sp.shards, sh->sp.n_shards, &rows);

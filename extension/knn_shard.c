@@ -44,6 +44,7 @@
 #include "knn_join_explain.h"
 #include "knn_run.h"
 #include "knn_shard.h"
+#include "knn_shard_packed.h"
 #include "knn_shard_remote.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
@@ -623,6 +624,22 @@ encode_query(void *arg, int64 row, StringInfo buf)
 	}
 }
 
+/* The size of a query vector there, header included (encode_query's send form is its layout). */
+static int64
+query_vector_bytes(const KnnMatrix *queries)
+{
+	switch (queries->element)
+	{
+		case KNN_ELEMENT_FLOAT32:
+			return VARHDRSZ + 4 + 4 * (int64) queries->dim;
+		case KNN_ELEMENT_FLOAT16:
+			return VARHDRSZ + 4 + 2 * (int64) queries->dim;
+		case KNN_ELEMENT_BIT:
+			return VARHDRSZ + 4 + ((int64) queries->dim + 7) / 8;
+	}
+	return 0;
+}
+
 /* The shard's join: knn_join (or knn_range_join) of the shipped queries and its partitions. */
 static void
 compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
@@ -641,6 +658,7 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 						 knn_shard_scan_from(scan, "s"));
 	}
 	shard->temp_columns = psprintf("id pg_catalog.int8, v %s", shard->query_type);
+	shard->vector_column = "v";
 	if (join->range)
 		shard->join_sql =
 			psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s, %s::pg_catalog.float8, %s, %s, %s, %s, %s)",
@@ -654,14 +672,22 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 					 join->inclusive ? "true" : "false",
 					 quote_literal_cstr(knn_method_name(join->method)));
 	else
-		shard->join_sql =
-			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s, %d, %s, %s, %s)",
-					 shard->knn_schema,
-					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
-					 quote_literal_cstr(targets.data), join->k,
-					 quote_literal_cstr(knn_metric_name(join->metric)),
-					 join->exclude_self ? "true" : "false",
-					 quote_literal_cstr(knn_method_name(join->method)));
+	{
+		char	   *arguments = psprintf("%s, %s, %d, %s, %s, %s",
+										 quote_literal_cstr(psprintf("SELECT id, v FROM %s",
+																	 shard->temp_table)),
+										 quote_literal_cstr(targets.data), join->k,
+										 quote_literal_cstr(knn_metric_name(join->metric)),
+										 join->exclude_self ? "true" : "false",
+										 quote_literal_cstr(knn_method_name(join->method)));
+
+		/* the pairs packed into few values where the shard can (knn_shard_packed.h) */
+		shard->packed_result = shard->has_packed_join;
+		shard->join_sql = shard->packed_result ?
+			psprintf("SELECT p FROM %s.knn_join_packed(%s) p", shard->knn_schema, arguments) :
+			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s)",
+					 shard->knn_schema, arguments);
+	}
 	/* binary results: ids and distances arrive exactly, without parsing */
 	shard->binary_result = true;
 }
@@ -705,31 +731,104 @@ query_row(const int64 *ids, int64 n, int64 id)
 }
 
 /*
- * Reads a join's result into the shard's lists: three binary non-null
- * 8-byte columns per row, a query id we sent (each query's rows in rank
- * order, as knn_join returns them). Anything else is an error.
+ * A join's result pair by pair: knn_join_packed()'s values (one bytea
+ * column, KNN_PACKED_ROW_BYTES a pair) or knn_join's rows (three binary
+ * 8-byte columns), each checked first by check_pairs.
+ */
+typedef struct ShardPairs
+{
+	const KnnShardResult *result;
+	bool		packed;
+	int			row;			/* of the result */
+	int			offset;			/* in a packed value */
+} ShardPairs;
+
+/* Checks the result's form; the number of its pairs, or -1 with *bad set. */
+static int64
+check_pairs(const KnnShardResult *result, bool packed, const char **bad)
+{
+	int			n = knn_shard_result_rows(result);
+	int64		pairs = 0;
+	int			len;
+
+	if (knn_shard_result_columns(result) != (packed ? 1 : 3))
+	{
+		*bad = packed ? "not one column" : "not three columns";
+		return -1;
+	}
+	for (int r = 0; r < n; r++)
+	{
+		if (packed)
+		{
+			if (knn_shard_result_value(result, r, 0, &len) == NULL ||
+				len % KNN_PACKED_ROW_BYTES != 0)
+			{
+				*bad = "a NULL or a packed value of the wrong size";
+				return -1;
+			}
+			pairs += len / KNN_PACKED_ROW_BYTES;
+			continue;
+		}
+		for (int f = 0; f < 3; f++)
+			if (knn_shard_result_value(result, r, f, &len) == NULL || len != 8)
+			{
+				*bad = "a NULL or a value of the wrong size";
+				return -1;
+			}
+		pairs++;
+	}
+	return pairs;
+}
+
+static void
+next_pair(ShardPairs *it, int64 *query_id, int64 *target_id, double *distance)
+{
+	int			len;
+
+	if (it->packed)
+	{
+		const char *value = knn_shard_result_value(it->result, it->row, 0, &len);
+
+		/* check_pairs counted the pairs: an empty value is skipped */
+		while (it->offset >= len)
+		{
+			it->row++;
+			it->offset = 0;
+			value = knn_shard_result_value(it->result, it->row, 0, &len);
+		}
+		knn_packed_get(value + it->offset, query_id, target_id, distance);
+		it->offset += KNN_PACKED_ROW_BYTES;
+		return;
+	}
+	*query_id = get_int8(knn_shard_result_value(it->result, it->row, 0, &len));
+	*target_id = get_int8(knn_shard_result_value(it->result, it->row, 1, &len));
+	*distance = get_float8(knn_shard_result_value(it->result, it->row, 2, &len));
+	it->row++;
+}
+
+/*
+ * Reads a join's result into the shard's lists: pairs of a query id we
+ * sent (each query's pairs in rank order, as knn_join returns them).
+ * Anything else is an error.
  */
 static void
 read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 {
 	const KnnMatrix *queries = (const KnnMatrix *) arg;
-	int			n = knn_shard_result_rows(result);
+	const char *bad = NULL;
+	int64		n = check_pairs(result, shard->packed_result, &bad);
 	KnnShardLists *lists = palloc0(sizeof(KnnShardLists));
 	int64	   *rows = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	int64	   *fill;
-	const char *bad = NULL;
-	int			len;
+	ShardPairs	it = {result, shard->packed_result, 0, 0};
+	int64		query_id;
+	int64		target_id;
+	double		distance;
 
-	if (knn_shard_result_columns(result) != 3)
-		bad = "not three columns";
-	for (int r = 0; bad == NULL && r < n; r++)
+	for (int64 r = 0; bad == NULL && r < n; r++)
 	{
-		for (int f = 0; f < 3; f++)
-			if (knn_shard_result_value(result, r, f, &len) == NULL || len != 8)
-				bad = "a NULL or a value of the wrong size";
-		if (bad == NULL &&
-			(rows[r] = query_row(queries->ids, queries->n,
-								 get_int8(knn_shard_result_value(result, r, 0, &len)))) < 0)
+		next_pair(&it, &query_id, &target_id, &distance);
+		if ((rows[r] = query_row(queries->ids, queries->n, query_id)) < 0)
 			bad = "a query id that was not sent";
 	}
 	if (bad != NULL)
@@ -742,21 +841,27 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	lists->offsets = palloc_extended((queries->n + 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
 	lists->target_ids = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	lists->distances = palloc_extended(Max(n, 1) * sizeof(double), MCXT_ALLOC_HUGE);
-	for (int r = 0; r < n; r++)
+	for (int64 r = 0; r < n; r++)
 		lists->offsets[rows[r] + 1]++;
 	for (int64 q = 0; q < queries->n; q++)
 		lists->offsets[q + 1] += lists->offsets[q];
 	fill = palloc_extended(Max(queries->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	memcpy(fill, lists->offsets, queries->n * sizeof(int64));
-	for (int r = 0; r < n; r++)
+	it.row = 0;
+	it.offset = 0;
+	for (int64 r = 0; r < n; r++)
 	{
 		int64		at = fill[rows[r]]++;
 
-		lists->target_ids[at] = get_int8(knn_shard_result_value(result, r, 1, &len));
-		lists->distances[at] = get_float8(knn_shard_result_value(result, r, 2, &len));
+		next_pair(&it, &query_id, &target_id, &distance);
+		lists->target_ids[at] = target_id;
+		lists->distances[at] = distance;
+		if (r % 65536 == 0)
+			CHECK_FOR_INTERRUPTS();
 	}
 	pfree(fill);
 	pfree(rows);
+	shard->rows = n;
 	shard->caller = lists;
 }
 
@@ -883,6 +988,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		INSTR_TIME_SET_CURRENT(phase);
 		ship_rows.n = queries->n;
 		ship_rows.n_fields = 2;
+		ship_rows.max_vector_bytes = query_vector_bytes(queries);
 		ship_rows.encode = encode_query;
 		ship_rows.arg = queries;
 		knn_shard_remote_ship(sp.shards, sp.n_shards, &ship_rows);
@@ -925,7 +1031,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		knn_shard_remote_release(sp.shards[s]);
 	}
 	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, sp.n_shards + 1,
-						   join->range && join->k == 0 ? -1 : join->k);
+						   join->range && join->k == 0 ? -1 : join->k, join->packed);
 	seconds_merge = knn_seconds_since(phase);
 	{
 		KnnShardSummary summary;

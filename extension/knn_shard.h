@@ -109,6 +109,7 @@ typedef struct KnnShardJoin
 	const char *not_pushed;		/* why this call joins here (a form not pushed down), or NULL */
 	KnnOperatorValues *by_operator; /* pgvector's operator ranks (the part joined here), or NULL */
 	bool		describe_only;	/* EXPLAIN: find the shards, run nothing */
+	struct KnnPackedRows *packed;	/* knn_join_packed: the rows go there, or NULL */
 } KnnShardJoin;
 
 /*
@@ -141,11 +142,12 @@ typedef struct KnnShardLists
 /*
  * Merges the sources' lists into the best `limit` per query (-1: all),
  * ordered by (distance, NaN last, target id), and puts them into rsinfo's
- * tuplestore with ranks from 1. query_ids[q] is query row q's id. Returns
- * the rows put.
+ * tuplestore with ranks from 1 (or into packed, when not NULL). query_ids[q]
+ * is query row q's id. Returns the rows put.
  */
 extern int64 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
-							 const KnnShardLists *sources, int n_sources, int64 limit);
+							 const KnnShardLists *sources, int n_sources, int64 limit,
+							 struct KnnPackedRows *packed);
 
 /* The statistics of this backend's last sharded join, as JSON (TopMemoryContext). */
 extern void knn_shard_set_last_stats(const char *json);

@@ -23,6 +23,7 @@
 #include "utils/tuplestore.h"
 
 #include "knn_shard.h"
+#include "knn_shard_packed.h"
 
 /* Rows handed back between two looks at the interrupt flags. */
 #define MERGE_SLICE 4096
@@ -53,7 +54,8 @@ compare_candidates(const void *a, const void *b)
 
 int64
 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
-				const KnnShardLists *sources, int n_sources, int64 limit)
+				const KnnShardLists *sources, int n_sources, int64 limit,
+				KnnPackedRows *packed)
 {
 	int64		most = 0;
 	Candidate  *candidates;
@@ -93,11 +95,17 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 			Datum		values[4];
 			bool		nulls[4] = {false, false, false, false};
 
-			values[0] = Int64GetDatum(query_ids[q]);
-			values[1] = Int64GetDatum(candidates[r].target_id);
-			values[2] = Int32GetDatum((int32) (r + 1));
-			values[3] = Float8GetDatum(candidates[r].distance);
-			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			if (packed != NULL)
+				knn_packed_put(packed, query_ids[q], candidates[r].target_id,
+							   candidates[r].distance);
+			else
+			{
+				values[0] = Int64GetDatum(query_ids[q]);
+				values[1] = Int64GetDatum(candidates[r].target_id);
+				values[2] = Int32GetDatum((int32) (r + 1));
+				values[3] = Float8GetDatum(candidates[r].distance);
+				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+			}
 			if (++emitted % MERGE_SLICE == 0)
 				CHECK_FOR_INTERRUPTS();
 		}

@@ -47,6 +47,14 @@
 
 /* Rows per slice of the COPY stream (one buffer, sent to every shard in turn). */
 #define SHIP_SLICE_BYTES (1024 * 1024)
+/*
+ * Query vectors up to this size (varlena bytes) stay in the temporary
+ * table's rows (STORAGE PLAIN): a row of them and a few small values fits a
+ * heap page, so the shard reads them from the page, with no TOAST table to
+ * write while copying and to look up while reading (vector(1536) is 6152
+ * bytes). Larger ones keep their type's storage.
+ */
+#define PLAIN_VECTOR_BYTES 7000
 /* How often the wait for the shards looks at the other sockets. */
 #define COLLECT_POLL_MS 10
 
@@ -224,7 +232,9 @@ static const char remote_check_sql[] =
 	REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ", "
 	REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ", "
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_join(text,text,integer,text,boolean,text)') IS NOT NULL "
+	"'.knn_join(text,text,integer,text,boolean,text)') IS NOT NULL, "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_join_packed(text,text,integer,text,boolean,text)') IS NOT NULL "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -248,7 +258,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	load_functions();
 	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 5)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 6)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -259,6 +269,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	vector_type = text_value(res, 2);
 	halfvec_type = text_value(res, 3);
 	has_join = strcmp(fdw.PQgetvalue(res, 0, 4), "t") == 0;
+	shard->has_packed_join = strcmp(fdw.PQgetvalue(res, 0, 5), "t") == 0;
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -386,9 +397,12 @@ knn_shard_remote_name_table(KnnShardRemote *shard)
 	shard->temp_table = psprintf("pg_temp.knn_shard_queries_%d_%u", MyProcPid, ++table_counter);
 }
 
-/* Starts COPY FROM STDIN (binary) into a new temporary table. */
+/*
+ * Starts COPY FROM STDIN (binary) into a new temporary table; its vector
+ * column PLAIN when the vectors fit a row.
+ */
 static void
-start_copy(KnnShardRemote *shard)
+start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
 {
 	char	   *sql;
 	PGresult   *res;
@@ -398,6 +412,12 @@ start_copy(KnnShardRemote *shard)
 				   shard->temp_table, shard->temp_columns);
 	fdw.PQclear(exec_checked(shard, sql, PGRES_COMMAND_OK));
 	shard->table_exists = true;
+	if (shard->vector_column != NULL && max_vector_bytes > 0 &&
+		max_vector_bytes <= PLAIN_VECTOR_BYTES)
+		fdw.PQclear(exec_checked(shard,
+								 psprintf("ALTER TABLE %s ALTER COLUMN %s SET STORAGE PLAIN",
+										  shard->temp_table, shard->vector_column),
+								 PGRES_COMMAND_OK));
 
 	/*
 	 * The shard's join must be exact too: load knn_gpu's library there (its
@@ -554,7 +574,7 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 	PG_TRY();
 	{
 		for (int s = 0; s < n_shards; s++)
-			start_copy(shards[s]);
+			start_copy(shards[s], rows->max_vector_bytes);
 		pq_sendbytes(&buf, signature, sizeof(signature));
 		pq_sendint32(&buf, 0);	/* flags */
 		pq_sendint32(&buf, 0);	/* header extension length */

@@ -28,13 +28,16 @@ typedef struct KnnShardRemote
 	void	   *conn_state;		/* postgres_fdw's PgFdwConnState */
 	char	   *knn_schema;		/* knn_gpu's schema there, quoted */
 	char	   *query_type;		/* knn_join's query vectors' type there */
+	bool		has_packed_join;	/* knn_join_packed() there (knn_shard_packed.h) */
 	char	   *temp_table;		/* pg_temp.<name> (knn_shard_remote_name_table) */
 	char	   *temp_columns;	/* its column definitions, set by the caller */
+	const char *vector_column;	/* its column of query vectors (kept in the row), or NULL */
 	char	   *join_sql;		/* what the shard runs */
 	int			n_params;		/* of join_sql: $1 .. $n, sent as text */
 	const Oid  *param_types;
 	const char *const *param_values;
 	bool		binary_result;
+	bool		packed_result;	/* join_sql returns knn_join_packed()'s values */
 	bool		table_exists;	/* created in this join, not yet dropped */
 	bool		copy_sent;		/* COPY FROM STDIN sent, not yet ended */
 	bool		copying;		/* ... and its COPY IN answer read */
@@ -79,6 +82,7 @@ typedef struct KnnShardRows
 {
 	int64		n;
 	int			n_fields;
+	int64		max_vector_bytes;	/* the largest query vector's size there, 0 = unknown */
 	void		(*encode) (void *arg, int64 row, StringInfo buf);
 	void	   *arg;
 } KnnShardRows;

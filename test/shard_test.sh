@@ -227,6 +227,25 @@ compare "one partition after pruning" "$V" "SELECT id, v FROM items_r WHERE id <
 compare "a foreign table on its own" "$V" "SELECT id, v FROM items_h_1" \
   "SELECT id, v FROM items_all WHERE satisfies_hash_partition('items_h'::regclass, 3, 1, id)" 5 l2 false 1
 
+# The shards' packed results (knn_join_packed) decode to the very pairs: NaN
+# distances (cosine of a zero vector: every target tied, ranked by id), k
+# past the row count; a shard without knn_join_packed returns rows instead.
+ZERO="SELECT id, v - v FROM q WHERE id < 200"
+compare "NaN distances (a zero query vector, cosine): ties by target id" "$ZERO" \
+  "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 6 cosine false 2
+compare "NaN distances, k past the row count" "$ZERO" \
+  "SELECT id, v FROM items_h WHERE cat = 1" "SELECT id, v FROM items_all WHERE cat = 1" 400 cosine true 2
+sql 2 -q -c "ALTER FUNCTION knn_join_packed(text, text, integer, text, boolean, text) RENAME TO knn_join_packed_off"
+compare "a shard without knn_join_packed: rows, merged with the other's packed values" "$V" \
+  "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
+check "... its remote SQL is knn_join's" "t
+shard1|t
+shard2|f" "$(sql 0 -c "SET client_min_messages = warning" \
+  -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
+  -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_join_packed(%' FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
+sql 2 -q -c "ALTER FUNCTION knn_join_packed_off(text, text, integer, text, boolean, text) RENAME TO knn_join_packed"
+check "knn_join_packed: knn_join's pairs, packed" "t" "$(sql 1 -c "SELECT (SELECT count(*) FROM knn_join_packed('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, 'l2', true, 'auto') p WHERE length(p) % 24 = 0 HAVING sum(length(p)) / 24 = (SELECT count(*) FROM knn_join('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, exclude_self => true))) = 1" 2>&1)"
+
 # The server without knn_gpu is named in a NOTICE; the statistics list what ran where.
 out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 3)" 2>&1)
 case "$out" in
@@ -237,7 +256,7 @@ out=$(sql 0 <<'EOF'
 SET client_min_messages = warning;
 SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r WHERE cat <> 4', 3);
 SELECT s->>'server', s->>'partitions', (s->>'rows')::int > 0, (s->>'seconds_join')::float8 >= 0,
-       s->>'remote_sql' LIKE '%knn_join(%' || 'WHERE ((cat <> 4))%'
+       s->>'remote_sql' LIKE '%knn_join_packed(%' || 'WHERE ((cat <> 4))%'
 FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1;
 SELECT knn_gpu_last_shard_stats()->'fallback'->0->>'server', knn_gpu_last_shard_stats()->'local'->>'targets',
        (knn_gpu_last_shard_stats()->'seconds'->>'merge')::float8 >= 0;
@@ -421,7 +440,7 @@ check "EXPLAIN ANALYZE of the node: rows and time per shard, shipping, the merge
   "$(echo "$out" | analyze_lines)"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN $FUNC_SQL")
 check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHARD_LINES" \
-  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT query_id, target_id, distance FROM public.knn_join(.SELECT id, v FROM pg_temp.knn_shard_queries_.*WHERE ((cat <> 4)).*, 3, .l2., false, .auto.)$/Remote SQL: yes/p')"
+  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT p FROM public.knn_join_packed(.SELECT id, v FROM pg_temp.knn_shard_queries_.*WHERE ((cat <> 4)).*, 3, .l2., false, .auto.) p$/Remote SQL: yes/p')"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
 check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
   "$(echo "$out" | analyze_lines)"
