@@ -40,6 +40,7 @@
 // bounds (they are visited in bound order), so they go too.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include <limits>
@@ -466,8 +467,11 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
   const bool self = problem.queries == problem.targets && problem.n_queries == problem.n_targets;
   const int32_t groups = order_groups(plan);
   query_order.n_threads = target_order.n_threads = cpu::resolve_threads(problem.n_threads);
+  // KNN_TI_ROW_RANGES=1 keeps plain row ranges: the join as it was before
+  // the spatial order, for A/B benchmarks in one run.
+  const char *row_ranges = std::getenv("KNN_TI_ROW_RANGES");
   if (problem.n_queries >= (int64_t)INT32_MAX || problem.n_targets >= (int64_t)INT32_MAX ||
-      problem.element != KNN_ELEMENT_FLOAT32) {
+      problem.element != KNN_ELEMENT_FLOAT32 || (row_ranges != nullptr && row_ranges[0] == '1')) {
     // Row ranges (lists hold int32 rows; only float rows are gathered).
   } else {
     KnnStatus status = target_order.build(float_rows(problem.targets), problem.n_targets,
