@@ -245,14 +245,12 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
                            rows.get(), dist.get(), ctx_));
     // Ordered rows: through host staging to the query rows' original
     // places (the copies into pageable memory return once done).
-    int64_t *to_rows = ordered_ ? rows_staging_.data() : neighbors + (first + c) * k;
-    double *to_dist = ordered_ ? dist_staging_.data() : distances + (first + c) * k;
     if (ordered_) {
       rows_staging_.resize((size_t)count * k);
       dist_staging_.resize((size_t)count * k);
-      to_rows = rows_staging_.data();
-      to_dist = dist_staging_.data();
     }
+    int64_t *to_rows = ordered_ ? rows_staging_.data() : neighbors + (first + c) * k;
+    double *to_dist = ordered_ ? dist_staging_.data() : distances + (first + c) * k;
     CUDA_CHECK(ctx_, cudaMemcpyAsync(to_rows, rows.get(), (size_t)count * k * sizeof(int64_t),
                                      cudaMemcpyDeviceToHost, ctx_.stream));
     CUDA_CHECK(ctx_, cudaMemcpyAsync(to_dist, dist.get(), (size_t)count * k * sizeof(double),
