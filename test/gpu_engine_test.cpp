@@ -1138,7 +1138,7 @@ struct OutOfCoreShape {
   int query_parts = 0, target_parts = 0;
   long long query_rows = 0, target_rows = 0;
   bool cached = false;
-  long long skipped = -1;  // pairs skipped by their bound ("/skip S"); -1: not ordered
+  long long skipped = -1;  // pairs skipped by their bound (" skip S"); -1: not ordered
 };
 
 bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
@@ -1148,7 +1148,7 @@ bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
                   &s->query_parts, &s->target_parts, &s->query_rows, &s->target_rows) != 4)
     return false;
   s->cached = variant.find("/cached") != std::string::npos;
-  const size_t skip = variant.find("/skip ");
+  const size_t skip = variant.find(" skip ");
   if (skip != std::string::npos) s->skipped = std::atoll(variant.c_str() + skip + 6);
   return true;
 }

@@ -52,6 +52,7 @@
 #include "../problem_check.h"
 #include "../rounding_margin.h"
 #include "../value_range.h"
+#include "host_transfer.cuh"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 #include "ti_parts.cuh"
@@ -63,12 +64,21 @@ namespace ti {
 namespace {
 
 // The largest k'-th entry (value) of n lists of k' entries, as float bits
-// (non-negative floats order as their bits; +inf where a list is not full).
-__global__ void largest_last_kernel(const float *value, int64_t n, int kprime, unsigned *out) {
+// (non-negative floats order as their bits; +inf where a list is not
+// full), and the largest row of those entries: out[0], out[1].
+__global__ void largest_last_kernel(const float *value, const int32_t *row, int64_t n,
+                                    int kprime, unsigned *out) {
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   unsigned bits = i < n ? __float_as_uint(value[i * kprime + kprime - 1]) : 0u;
-  for (int off = 16; off > 0; off /= 2) bits = max(bits, __shfl_down_sync(0xffffffffu, bits, off));
-  if ((threadIdx.x & 31) == 0 && bits != 0) atomicMax(out, bits);
+  unsigned last = i < n ? (unsigned)row[i * kprime + kprime - 1] : 0u;
+  for (int off = 16; off > 0; off /= 2) {
+    bits = max(bits, __shfl_down_sync(0xffffffffu, bits, off));
+    last = max(last, __shfl_down_sync(0xffffffffu, last, off));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bits != 0) atomicMax(out, bits);
+    if (last != 0) atomicMax(out + 1, last);
+  }
 }
 
 // Groups for each side's order: several per part, so that a part's bound
@@ -118,7 +128,7 @@ class OutOfCoreJoin {
 
   const KnnProblem &p_;
   const TiOptions &options_;
-  KnnStatus largest_theta(const DistinctSet &query_set, double *theta);
+  KnnStatus largest_theta(const DistinctSet &query_set, double *theta, int64_t *last_row);
   void order_target_parts(int query_index, int64_t first, int64_t count,
                           std::vector<std::pair<double, int>> *order) const;
 
@@ -147,6 +157,7 @@ class OutOfCoreJoin {
 
   Level2Config used_;
   int64_t pairs_skipped_ = 0;
+  std::vector<int64_t> part_min_row_;  // ordered: smallest original row of each target part
   int64_t query_clusters_ = 0;
   Clock::time_point t_start_ = Clock::now();
   double cluster_seconds_ = 0, filter_seconds_ = 0, output_seconds_ = 0;
@@ -189,15 +200,22 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
 }
 
 // The largest k'-th entry of the query part's lists, as a ti distance
-// (+inf while some list is not full).
-KnnStatus OutOfCoreJoin::largest_theta(const DistinctSet &query_set, double *theta) {
-  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, sizeof(unsigned), ctx_.stream));
+// (+inf while some list is not full), and the largest row among them.
+KnnStatus OutOfCoreJoin::largest_theta(const DistinctSet &query_set, double *theta,
+                                       int64_t *last_row) {
+  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, 2 * sizeof(unsigned), ctx_.stream));
   largest_last_kernel<<<grid_for(query_set.n_distinct, 256), 256, 0, ctx_.stream>>>(
-      result_value_.get(), query_set.n_distinct, plan_.kprime, theta_bits_.get());
+      result_value_.get(), result_row_.get(), query_set.n_distinct, plan_.kprime,
+      theta_bits_.get());
   CUDA_CHECK_LAUNCH(ctx_, "largest_last_kernel");
+  unsigned host[2];
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(host, theta_bits_.get(), sizeof host, cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   float value;
-  KNN_TRY(read_max_abs(theta_bits_.get(), &value, ctx_));  // float bits, read back
+  std::memcpy(&value, &host[0], sizeof value);
   *theta = p_.metric == KNN_METRIC_L2 ? std::sqrt((double)value) : (double)value;
+  *last_row = host[1];
   return KNN_OK;
 }
 
@@ -243,26 +261,29 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
     KNN_TRY(expand_results(query_set, p_.metric, c, count, k, plan_.kprime, result_value_.get(),
                            result_row_.get(), query_keys, exclude_ ? target_keys_.get() : nullptr,
                            rows.get(), dist.get(), ctx_));
-    // Ordered rows: through host staging to the query rows' original
-    // places (the copies into pageable memory return once done).
+    // Ordered rows: through host staging to the query rows' original places.
     if (ordered_) {
       rows_staging_.resize((size_t)count * k);
       dist_staging_.resize((size_t)count * k);
     }
     int64_t *to_rows = ordered_ ? rows_staging_.data() : neighbors + (first + c) * k;
     double *to_dist = ordered_ ? dist_staging_.data() : distances + (first + c) * k;
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(to_rows, rows.get(), (size_t)count * k * sizeof(int64_t),
-                                     cudaMemcpyDeviceToHost, ctx_.stream));
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(to_dist, dist.get(), (size_t)count * k * sizeof(double),
-                                     cudaMemcpyDeviceToHost, ctx_.stream));
-    if (ordered_) {
-      CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-      constexpr int64_t kSlice = 4096;
+    if (!ordered_) {
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_rows, rows.get(), (size_t)count * k * sizeof(int64_t),
+                                       cudaMemcpyDeviceToHost, ctx_.stream));
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_dist, dist.get(), (size_t)count * k * sizeof(double),
+                                       cudaMemcpyDeviceToHost, ctx_.stream));
+    } else {
+      // Through pinned staging (host_transfer.cuh); each waits for the kernel.
+      KNN_TRY(download_to_host(ctx_, to_rows, rows.get(), (size_t)count * k * sizeof(int64_t)));
+      KNN_TRY(download_to_host(ctx_, to_dist, dist.get(), (size_t)count * k * sizeof(double)));
+      // Slices of about 4 MB: a small part is copied without starting threads.
+      const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)k * slot_bytes));
       const int64_t at = first + c;
-      cpu::parallel_for((count + kSlice - 1) / kSlice, query_order_.n_threads, nullptr,
+      cpu::parallel_for((count + slice - 1) / slice, query_order_.n_threads, nullptr,
                         [&](int64_t sl, int) {
-                          const int64_t end = std::min(count, (sl + 1) * kSlice);
-                          for (int64_t i = sl * kSlice; i < end; i++) {
+                          const int64_t end = std::min(count, (sl + 1) * slice);
+                          for (int64_t i = sl * slice; i < end; i++) {
                             const int64_t row = query_order_.row(at + i);
                             std::memcpy(neighbors + row * k, to_rows + i * k,
                                         k * sizeof(int64_t));
@@ -354,15 +375,24 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
     const int index = order[i].second;
-    if (i > 0 && order[i].first > 0) {
+    if (i > 0 && ordered_) {
       // Skip this part and every farther one when its bound is beyond the
-      // largest theta of the part's queries (header: exactness).
+      // largest theta of the part's queries; skip this part alone when
+      // none of its targets can come nearer than theta and all its rows
+      // come after every list's last row (header: exactness).
       double theta;
-      KNN_TRY(largest_theta(query_set, &theta));
+      int64_t last_row;
+      KNN_TRY(largest_theta(query_set, &theta, &last_row));
       const double bound = order[i].first;
-      if (bound > theta + rounding_(bound + theta)) {
+      const double widened = theta + rounding_(std::max(0.0, bound) + theta);
+      if (bound > 0 && bound > widened) {
         pairs_skipped_ += plan_.target_parts() - i;
         break;
+      }
+      const bool never_nearer = theta == 0 || (bound > 0 && bound >= widened);
+      if (never_nearer && part_min_row_[index] > last_row) {
+        pairs_skipped_++;
+        continue;
       }
     }
     {
@@ -393,17 +423,17 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt/<list place>[/xP][/cached]": query
+  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached]": query
   // parts x target parts, rows per query part x rows per target part, P
   // threads per query (of the last level-2 launch).
-  // "/skip S": (query part, target part) pairs skipped by their bound.
+  // " skip S": (query part, target part) pairs skipped by their bound.
   char parts[16] = "", skipped[24] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
-  if (ordered_) std::snprintf(skipped, sizeof skipped, "/skip %lld", (long long)pairs_skipped_);
+  if (ordered_) std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
-                "ti/out-of-core %dx%d parts of %lldx%lld/%s%s%s%s", plan_.query_parts(),
+                "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
-                place_name(used_.place), parts, targets_.cached() ? "/cached" : "", skipped);
+                skipped, place_name(used_.place), parts, targets_.cached() ? "/cached" : "");
   stats->query_clusters = query_clusters_;
   stats->target_clusters = targets_.clusters();
   stats->distance_computations = (int64_t)computed_;
@@ -420,7 +450,15 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   *finite = true;
   KNN_TRY(upload_target_keys());
   KNN_TRY(fixed_mem_.allocate(ctx_, counter_, 1, "distance counter"));
-  KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 1, "list bound"));
+  KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 2, "list bound"));
+  if (ordered_) {
+    // The smallest original row of each target part.
+    part_min_row_.assign(plan_.target_parts(), INT64_MAX);
+    for (int i = 0; i < plan_.target_parts(); i++)
+      for (int64_t j = 0; j < plan_.target_count(i); j++)
+        part_min_row_[i] = std::min<int64_t>(part_min_row_[i],
+                                             target_order_.row(plan_.target_first(i) + j));
+  }
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
   if (plan_.cache_targets) {
     // Every target part built and cached first, each with the whole budget

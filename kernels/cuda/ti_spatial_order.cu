@@ -19,6 +19,7 @@
 #include <math_constants.h>
 
 #include "../cpu/parallel_for.h"
+#include "host_transfer.cuh"
 #include "ti_parts.cuh"
 
 namespace knn {
@@ -77,6 +78,28 @@ double host_distance(const float *a, const float *b, int dim, KnnMetric metric) 
   return metric == KNN_METRIC_L1 ? s : std::sqrt(s);
 }
 
+// Orders ids[0, n) (landmark indices; d: their distance matrix, m wide)
+// as the leaves of a recursive bisection.
+void bisect(int32_t *ids, int32_t n, const double *d, int32_t m) {
+  if (n <= 2) return;
+  auto dist = [&](int32_t a, int32_t b) { return d[(size_t)a * m + b]; };
+  auto farthest = [&](int32_t from) {
+    int32_t best = ids[0];
+    for (int32_t i = 1; i < n; i++)
+      if (dist(from, ids[i]) > dist(from, best)) best = ids[i];
+    return best;
+  };
+  const int32_t a = farthest(ids[0]), b = farthest(a);
+  // Nearer to a first (stable); NaN distances go to b's side.
+  const int32_t *mid = std::stable_partition(ids, ids + n, [&](int32_t x) {
+    return dist(x, a) <= dist(x, b);
+  });
+  int32_t left = (int32_t)(mid - ids);
+  if (left == 0 || left == n) left = n / 2;  // all equidistant: halves
+  bisect(ids, left, d, m);
+  bisect(ids + left, n - left, d, m);
+}
+
 }  // namespace
 
 KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric metric,
@@ -113,20 +136,21 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
     KNN_TRY(mem.allocate(ctx, x, (size_t)chunk * dim, "points"));
     KNN_TRY(mem.allocate(ctx, g, (size_t)chunk, "landmark assignment"));
     KNN_TRY(mem.allocate(ctx, v, (size_t)chunk, "landmark assignment"));
+    // Through the device's pinned staging (host_transfer.cuh), which wants
+    // its destinations allocated and synchronized; each chunk's downloads
+    // wait for its kernel, so the next upload may overwrite x.
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     for (int64_t first = 0; first < n; first += chunk) {
       KNN_TRY(ctx.cancel_point());
       const int64_t count = std::min(chunk, n - first);
-      CUDA_CHECK(ctx, cudaMemcpyAsync(x.get(), rows + first * dim,
-                                      (size_t)count * dim * sizeof(float),
-                                      cudaMemcpyHostToDevice, ctx.stream));
+      KNN_TRY(upload_to_device(ctx, x.get(), rows + first * dim,
+                               (size_t)count * dim * sizeof(float)));
       nearest_landmark_kernel<<<grid_for(count, kAssignThreads), kAssignThreads, 0,
                                 ctx.stream>>>(x.get(), count, dim, landmarks.get(), m,
                                               metric == KNN_METRIC_L1 ? 1 : 0, g.get(), v.get());
       CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
-      CUDA_CHECK(ctx, cudaMemcpyAsync(group.data() + first, g.get(), count * sizeof(int32_t),
-                                      cudaMemcpyDeviceToHost, ctx.stream));
-      CUDA_CHECK(ctx, cudaMemcpyAsync(value.data() + first, v.get(), count * sizeof(double),
-                                      cudaMemcpyDeviceToHost, ctx.stream));
+      KNN_TRY(download_to_host(ctx, group.data() + first, g.get(), count * sizeof(int32_t)));
+      KNN_TRY(download_to_host(ctx, value.data() + first, v.get(), count * sizeof(double)));
     }
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     mem.release(x);
@@ -135,26 +159,21 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
     mem.release(landmarks);
   }
 
-  // Greedy nearest-neighbour tour of the landmarks, from landmark 0.
+  // The landmarks' order: leaves of a recursive bisection (two far-apart
+  // pivots, each landmark to the nearer one), depth first. Any run of
+  // consecutive groups then lies mostly within one small subtree, where a
+  // greedy nearest-neighbour tour leaves a tail hopping between regions.
   std::vector<double> between((size_t)m * m);
   cpu::parallel_for(m, n_threads, nullptr, [&](int64_t a, int) {
     for (int32_t b = 0; b < m; b++)
       between[(size_t)a * m + b] = host_distance(sample.data() + (size_t)a * dim,
                                                  sample.data() + (size_t)b * dim, dim, metric);
   });
-  std::vector<int32_t> tour;
-  std::vector<int32_t> rank(m, -1);
-  tour.reserve(m);
-  for (int32_t at = 0;;) {
-    rank[at] = (int32_t)tour.size();
-    tour.push_back(at);
-    int32_t next = -1;
-    for (int32_t b = 0; b < m; b++)
-      if (rank[b] < 0 && (next < 0 || between[(size_t)at * m + b] < between[(size_t)at * m + next]))
-        next = b;
-    if (next < 0) break;
-    at = next;
-  }
+  std::vector<int32_t> tour(m);
+  for (int32_t a = 0; a < m; a++) tour[a] = a;
+  bisect(tour.data(), m, between.data(), m);
+  std::vector<int32_t> rank(m);
+  for (int32_t r = 0; r < m; r++) rank[tour[r]] = r;
 
   // Rows by group in tour order (a stable counting sort), group radii.
   group_begin.assign((size_t)m + 1, 0);
@@ -180,10 +199,11 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
 }
 
 void SpatialOrder::gather(const float *rows, int64_t first, int64_t count, float *out) const {
-  constexpr int64_t kSlice = 4096;
-  cpu::parallel_for((count + kSlice - 1) / kSlice, n_threads, nullptr, [&](int64_t s, int) {
-    const int64_t end = std::min(count, (s + 1) * kSlice);
-    for (int64_t i = s * kSlice; i < end; i++)
+  // Slices of about 4 MB: a small part is copied without starting threads.
+  const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)dim * sizeof(float)));
+  cpu::parallel_for((count + slice - 1) / slice, n_threads, nullptr, [&](int64_t s, int) {
+    const int64_t end = std::min(count, (s + 1) * slice);
+    for (int64_t i = s * slice; i < end; i++)
       std::memcpy(out + i * dim, rows + (int64_t)perm[first + i] * dim, dim * sizeof(float));
   });
 }
