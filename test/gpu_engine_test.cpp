@@ -1138,6 +1138,7 @@ struct OutOfCoreShape {
   int query_parts = 0, target_parts = 0;
   long long query_rows = 0, target_rows = 0;
   bool cached = false;
+  long long skipped = -1;  // pairs skipped by their bound (" skip S"); -1: not ordered
 };
 
 bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
@@ -1147,6 +1148,8 @@ bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
                   &s->query_parts, &s->target_parts, &s->query_rows, &s->target_rows) != 4)
     return false;
   s->cached = variant.find("/cached") != std::string::npos;
+  const size_t skip = variant.find(" skip ");
+  if (skip != std::string::npos) s->skipped = std::atoll(variant.c_str() + skip + 6);
   return true;
 }
 
@@ -1355,6 +1358,39 @@ TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
   o.k = 20;
   o.forced = &no_dedup;
   check_out_of_core(d, o, {1 << 20}, "no dedup");
+}
+
+TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
+  REQUIRE_GPU();
+  // 12 blobs with duplicates: at these budgets a part is much smaller than
+  // a blob, so most (query part, target part) pairs are skipped by their
+  // bound, while query parts at a blob's edge still visit parts other than
+  // their own (a target part skipped for some query parts, not others).
+  const Data d = make_self(60000, 8, Shape::kClustered, 371, true);
+  // Two sets with colliding keys (k' > 32) and integer ties across parts.
+  Data keyed = make_data(20000, 40000, 4, Shape::kClustered, 372, true);
+  keyed.query_keys.resize(20000);
+  keyed.target_keys.resize(40000);
+  for (int64_t i = 0; i < 20000; i++) keyed.query_keys[i] = i % 700;
+  for (int64_t j = 0; j < 40000; j++) keyed.target_keys[j] = j % 700;
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 10;
+    o.metric = m;
+    std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {2 << 20, 1 << 20}, "spatial parts, self 60000x8");
+    ASSERT_EQ(shapes.size(), 2u);
+    for (const OutOfCoreShape &s : shapes) {
+      ASSERT_GT(s.query_parts, 1);
+      EXPECT_GT(s.skipped, 0);
+      EXPECT_LT(s.skipped, (long long)s.query_parts * (s.target_parts - 1));
+    }
+    o.keys = true;
+    o.k = 25;
+    shapes = check_out_of_core(keyed, o, {2 << 20, 1 << 20}, "spatial parts, two sets, keys");
+    for (const OutOfCoreShape &s : shapes)
+      if (s.query_parts > 1) EXPECT_GT(s.skipped, 0);
+  }
 }
 
 TEST(GpuTiOutOfCore, OverflowingValuesStillGoToBruteForce) {

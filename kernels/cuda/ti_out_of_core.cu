@@ -1,37 +1,58 @@
 // ti_out_of_core.cu -- the TI join for sets whose clusters and kNN lists do
 // not fit the join's memory budget (knn::cuda::ti::out_of_core_join).
 //
-// The rows are cut into query parts and target parts (row ranges) sized
+// Each side's rows are first put in a spatially coherent order
+// (ti_spatial_order.cu: landmark groups along a tour), and the query and
+// target parts are cut from consecutive positions of those orders, sized
 // from the budget (ti_part_plan.cu). For each query part:
-//   1. its points go up, are deduplicated and clustered (as in ti_join.cu),
-//      and its k' lists are allocated;
-//   2. the target parts come one after the other (ti_target_parts.cu: with
-//      one query part each is clustered beside it; with several, all of
-//      them are clustered first, kept in pinned host memory, and copied
-//      back for each query part). For each: level 1 against that part
-//      alone, then level 2 with every query's list and theta carried over
-//      from the parts before (Level2Config::resume);
-//   3. the lists become rows and float8 distances, as in ti_join.cu.
+//   1. its rows are gathered, go up, are deduplicated and clustered (as in
+//      ti_join.cu), and its k' lists are allocated;
+//   2. the target parts come nearest first, by a lower bound on the
+//      distance between the two parts' landmark groups (ti_parts.cuh:
+//      part_distance_bound); with one query part each is clustered beside
+//      it; with several, all of them are clustered first, kept in pinned
+//      host memory, and copied back for each query part. For each: level 1
+//      against that part alone, then level 2 with every query's list and
+//      theta carried over from the parts before (Level2Config::resume).
+//      Before a part (but the first) the largest k'-th list entry of the
+//      query part is read back; when the part's bound is beyond it, that
+//      part and all farther ones are skipped: not uploaded, not filtered;
+//   3. the lists become rows and float8 distances, as in ti_join.cu, and
+//      go to the query rows' original places.
 //
 // Exactness: the level-1 bound of one target part is an upper bound of the
 // k'-th distance within that part, hence of the k'-th over all targets; the
 // carried list's k'-th is one too. Pruning with either keeps every target
 // that can be among the final k' (ties included), and a list holds the k'
 // smallest (value, row) of all it was offered, whatever the order. Target
-// rows are global on the device (each part's rows are shifted by its first
-// row), so ties across parts are broken by target row as in memory.
-//
-// Order: for a self-join the target part with the query part's own rows
-// goes first, where each query's nearest neighbours most likely are, so
-// theta is tight before the other parts are filtered.
+// rows in the lists are the ORIGINAL rows (each part's positions are mapped
+// through the order's permutation on the device), so ties across parts are
+// broken by target row as in memory; rows of one duplicate group stay
+// ascending because equal rows share a landmark and groups are sorted
+// stably. A skipped part: for every query q of the part and target t of
+// the skipped part, d(q,t) >= d(Lq,Lt) - r(Lq) - r(Lt) >= B (the groups'
+// landmarks and radii, in double, widened), and the device's computed
+// distance D(q,t) >= d(q,t)(1 - e) - A (rounding_margin.h); B is compared
+// with theta = the largest k'-th entry of the part's lists, widened by the
+// rounding margin of B + theta, and only a bound strictly beyond it skips.
+// Then D(q,t) > theta >= q's k'-th entry, which only decreases: t could
+// never enter q's list, ties included. The farther parts have larger
+// bounds (they are visited in bound order), so they go too.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "../cpu/parallel_for.h"
 #include "../exclusion_runs.h"
 #include "../problem_check.h"
 #include "../rounding_margin.h"
 #include "../value_range.h"
+#include "host_transfer.cuh"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 #include "ti_parts.cuh"
@@ -42,20 +63,52 @@ namespace cuda {
 namespace ti {
 namespace {
 
+// The largest k'-th entry (value) of n lists of k' entries, as float bits
+// (non-negative floats order as their bits; +inf where a list is not
+// full), and the largest row of those entries: out[0], out[1].
+__global__ void largest_last_kernel(const float *value, const int32_t *row, int64_t n,
+                                    int kprime, unsigned *out) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  unsigned bits = i < n ? __float_as_uint(value[i * kprime + kprime - 1]) : 0u;
+  unsigned last = i < n ? (unsigned)row[i * kprime + kprime - 1] : 0u;
+  for (int off = 16; off > 0; off /= 2) {
+    bits = max(bits, __shfl_down_sync(0xffffffffu, bits, off));
+    last = max(last, __shfl_down_sync(0xffffffffu, last, off));
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (bits != 0) atomicMax(out, bits);
+    if (last != 0) atomicMax(out + 1, last);
+  }
+}
+
+// Groups for each side's order: several per part, so that a part's bound
+// is made of groups smaller than it, within what the host's tour and the
+// landmark distance matrix take (1024^2 pairs).
+int32_t order_groups(const PartPlan &plan) {
+  const int parts = std::max(plan.query_parts(), plan.target_parts());
+  return std::max(64, std::min(1024, 8 * parts));
+}
+
 // One query part against every target part.
 class OutOfCoreJoin {
  public:
   OutOfCoreJoin(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
-                DeviceContext &ctx)
+                const SpatialOrder &query_order, const SpatialOrder &target_order,
+                const std::vector<double> &centre, DeviceContext &ctx)
       : p_(p),
         options_(options),
         plan_(plan),
+        query_order_(query_order),
+        target_order_(target_order),
+        centre_(centre),
+        ordered_(query_order.ordered() && target_order.ordered()),
         ctx_(ctx),
         exclude_(p.query_keys != nullptr && p.target_keys != nullptr),
         stride_(padded_stride(p.dim)),
         fixed_mem_(plan.budget),
-        targets_(p, options, plan, ctx) {
+        targets_(p, options, plan, &target_order, ctx) {
     const RoundingMargin rounding(p.metric, stride_);
+    rounding_ = rounding;
     margin_.rel = (float)rounding.relative();
     margin_.abs = (float)rounding(0.0);
   }
@@ -75,11 +128,20 @@ class OutOfCoreJoin {
 
   const KnnProblem &p_;
   const TiOptions &options_;
+  KnnStatus largest_theta(const DistinctSet &query_set, double *theta, int64_t *last_row);
+  void order_target_parts(int query_index, int64_t first, int64_t count,
+                          std::vector<std::pair<double, int>> *order) const;
+
   const PartPlan &plan_;
+  const SpatialOrder &query_order_;
+  const SpatialOrder &target_order_;
+  const std::vector<double> &centre_;  // landmark distances (query x target groups)
+  const bool ordered_;
   DeviceContext &ctx_;
   const bool exclude_;
   const int stride_;
   Margin margin_;
+  RoundingMargin rounding_{KNN_METRIC_L2, 1};
   MemoryBudget fixed_mem_;  // what stays for the whole join (keys, counter)
   TargetParts targets_;
 
@@ -88,8 +150,14 @@ class OutOfCoreJoin {
   DeviceBuffer<unsigned long long> counter_;
   DeviceBuffer<float> result_value_;
   DeviceBuffer<int32_t> result_row_;
+  DeviceBuffer<unsigned> theta_bits_;
+  std::vector<float> query_staging_;
+  std::vector<int64_t> key_staging_, rows_staging_;
+  std::vector<double> dist_staging_;
 
   Level2Config used_;
+  int64_t pairs_skipped_ = 0;
+  std::vector<int64_t> part_min_row_;  // ordered: smallest original row of each target part
   int64_t query_clusters_ = 0;
   Clock::time_point t_start_ = Clock::now();
   double cluster_seconds_ = 0, filter_seconds_ = 0, output_seconds_ = 0;
@@ -131,6 +199,48 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   return KNN_OK;
 }
 
+// The largest k'-th entry of the query part's lists, as a ti distance
+// (+inf while some list is not full), and the largest row among them.
+KnnStatus OutOfCoreJoin::largest_theta(const DistinctSet &query_set, double *theta,
+                                       int64_t *last_row) {
+  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, 2 * sizeof(unsigned), ctx_.stream));
+  largest_last_kernel<<<grid_for(query_set.n_distinct, 256), 256, 0, ctx_.stream>>>(
+      result_value_.get(), result_row_.get(), query_set.n_distinct, plan_.kprime,
+      theta_bits_.get());
+  CUDA_CHECK_LAUNCH(ctx_, "largest_last_kernel");
+  unsigned host[2];
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(host, theta_bits_.get(), sizeof host, cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  float value;
+  std::memcpy(&value, &host[0], sizeof value);
+  *theta = p_.metric == KNN_METRIC_L2 ? std::sqrt((double)value) : (double)value;
+  *last_row = host[1];
+  return KNN_OK;
+}
+
+// The target parts for query positions [first, first + count), nearest
+// first: (bound, part). Without an order: the part with the query part's
+// own rows first for a self-join, then the others by row (bound -inf).
+void OutOfCoreJoin::order_target_parts(int query_index, int64_t first, int64_t count,
+                                       std::vector<std::pair<double, int>> *order) const {
+  order->clear();
+  const double none = -std::numeric_limits<double>::infinity();
+  for (int i = 0; i < plan_.target_parts(); i++) {
+    if (!ordered_) {
+      order->emplace_back(none, plan_.target_order(query_index, i));
+      continue;
+    }
+    const int64_t tf = plan_.target_first(i), tc = plan_.target_count(i);
+    double bound = part_distance_bound(query_order_, first, count, target_order_, tf, tc,
+                                       centre_, p_.metric);
+    // A self-join's own part first, whatever the bounds of its neighbours.
+    if (p_.queries == p_.targets && tf <= first && first < tf + tc) bound = none;
+    order->emplace_back(bound, i);
+  }
+  if (ordered_) std::stable_sort(order->begin(), order->end());
+}
+
 // Rows, exclusion and float8 of the query part, written at row `first`.
 KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first,
                                      const int64_t *query_keys, MemoryBudget &mem,
@@ -151,12 +261,37 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
     KNN_TRY(expand_results(query_set, p_.metric, c, count, k, plan_.kprime, result_value_.get(),
                            result_row_.get(), query_keys, exclude_ ? target_keys_.get() : nullptr,
                            rows.get(), dist.get(), ctx_));
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(neighbors + (first + c) * k, rows.get(),
-                                     (size_t)count * k * sizeof(int64_t),
-                                     cudaMemcpyDeviceToHost, ctx_.stream));
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(distances + (first + c) * k, dist.get(),
-                                     (size_t)count * k * sizeof(double), cudaMemcpyDeviceToHost,
-                                     ctx_.stream));
+    // Ordered rows: through host staging to the query rows' original places.
+    if (ordered_) {
+      rows_staging_.resize((size_t)count * k);
+      dist_staging_.resize((size_t)count * k);
+    }
+    int64_t *to_rows = ordered_ ? rows_staging_.data() : neighbors + (first + c) * k;
+    double *to_dist = ordered_ ? dist_staging_.data() : distances + (first + c) * k;
+    if (!ordered_) {
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_rows, rows.get(), (size_t)count * k * sizeof(int64_t),
+                                       cudaMemcpyDeviceToHost, ctx_.stream));
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_dist, dist.get(), (size_t)count * k * sizeof(double),
+                                       cudaMemcpyDeviceToHost, ctx_.stream));
+    } else {
+      // Through pinned staging (host_transfer.cuh); each waits for the kernel.
+      KNN_TRY(download_to_host(ctx_, to_rows, rows.get(), (size_t)count * k * sizeof(int64_t)));
+      KNN_TRY(download_to_host(ctx_, to_dist, dist.get(), (size_t)count * k * sizeof(double)));
+      // Slices of about 4 MB: a small part is copied without starting threads.
+      const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)k * slot_bytes));
+      const int64_t at = first + c;
+      cpu::parallel_for((count + slice - 1) / slice, query_order_.n_threads, nullptr,
+                        [&](int64_t sl, int) {
+                          const int64_t end = std::min(count, (sl + 1) * slice);
+                          for (int64_t i = sl * slice; i < end; i++) {
+                            const int64_t row = query_order_.row(at + i);
+                            std::memcpy(neighbors + row * k, to_rows + i * k,
+                                        k * sizeof(int64_t));
+                            std::memcpy(distances + row * k, to_dist + i * k,
+                                        k * sizeof(double));
+                          }
+                        });
+    }
     // The buffers are reused by the next chunk's kernel, which the stream
     // orders after these copies; the host waits once, at the end.
   }
@@ -175,9 +310,14 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   DeviceBuffer<unsigned> max_abs;
   KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+  const float *rows = float_rows(p_.queries) + first * p_.dim;
+  if (ordered_) {
+    query_staging_.resize((size_t)count * p_.dim);
+    query_order_.gather(float_rows(p_.queries), first, count, query_staging_.data());
+    rows = query_staging_.data();
+  }
   UploadedSet upload;
-  KNN_TRY(upload_points(float_rows(p_.queries) + first * p_.dim, count, p_.dim, stride_, upload,
-                        max_abs.get(), mem, ctx_));
+  KNN_TRY(upload_points(rows, count, p_.dim, stride_, upload, max_abs.get(), mem, ctx_));
   float query_max_abs;
   KNN_TRY(read_max_abs(max_abs.get(), &query_max_abs, ctx_));
   if (!distances_stay_finite(p_.metric, p_.dim, query_max_abs)) {
@@ -199,13 +339,19 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
 
   const int64_t *query_keys = nullptr;
   if (exclude_) {
-    if (p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
+    if (!ordered_ && p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
       query_keys = target_keys_.get() + first;  // the same rows' keys
     } else {
+      const int64_t *keys = p_.query_keys + first;
+      if (ordered_) {
+        key_staging_.resize(count);
+        for (int64_t i = 0; i < count; i++) key_staging_[i] = p_.query_keys[query_order_.row(first + i)];
+        keys = key_staging_.data();
+      }
       KNN_TRY(mem.allocate(ctx_, query_keys_, count, "keys"));
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), p_.query_keys + first,
-                                       count * sizeof(int64_t), cudaMemcpyHostToDevice,
-                                       ctx_.stream));
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), keys, count * sizeof(int64_t),
+                                       cudaMemcpyHostToDevice, ctx_.stream));
+      // Pageable source: taken by the time the call returns.
       query_keys = query_keys_.get();
     }
   }
@@ -224,9 +370,31 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   Event done[2];
   KNN_TRY(done[0].create(ctx_));
   KNN_TRY(done[1].create(ctx_));
+  std::vector<std::pair<double, int>> order;
+  order_target_parts(query_index, first, count, &order);
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
-    const int index = plan_.target_order(query_index, i);
+    const int index = order[i].second;
+    if (i > 0 && ordered_) {
+      // Skip this part and every farther one when its bound is beyond the
+      // largest theta of the part's queries; skip this part alone when
+      // none of its targets can come nearer than theta and all its rows
+      // come after every list's last row (header: exactness).
+      double theta;
+      int64_t last_row;
+      KNN_TRY(largest_theta(query_set, &theta, &last_row));
+      const double bound = order[i].first;
+      const double widened = theta + rounding_(std::max(0.0, bound) + theta);
+      if (bound > 0 && bound > widened) {
+        pairs_skipped_ += plan_.target_parts() - i;
+        break;
+      }
+      const bool never_nearer = theta == 0 || (bound > 0 && bound >= widened);
+      if (never_nearer && part_min_row_[index] > last_row) {
+        pairs_skipped_++;
+        continue;
+      }
+    }
     {
       // Each target part's memory is its own, released (in stream order)
       // before the next part's is allocated.
@@ -255,15 +423,17 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt/<list place>[/xP][/cached]": query
+  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached]": query
   // parts x target parts, rows per query part x rows per target part, P
   // threads per query (of the last level-2 launch).
-  char parts[16] = "";
+  // " skip S": (query part, target part) pairs skipped by their bound.
+  char parts[16] = "", skipped[24] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
+  if (ordered_) std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
-                "ti/out-of-core %dx%d parts of %lldx%lld/%s%s%s", plan_.query_parts(),
+                "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
-                place_name(used_.place), parts, targets_.cached() ? "/cached" : "");
+                skipped, place_name(used_.place), parts, targets_.cached() ? "/cached" : "");
   stats->query_clusters = query_clusters_;
   stats->target_clusters = targets_.clusters();
   stats->distance_computations = (int64_t)computed_;
@@ -280,6 +450,15 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   *finite = true;
   KNN_TRY(upload_target_keys());
   KNN_TRY(fixed_mem_.allocate(ctx_, counter_, 1, "distance counter"));
+  KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 2, "list bound"));
+  if (ordered_) {
+    // The smallest original row of each target part.
+    part_min_row_.assign(plan_.target_parts(), INT64_MAX);
+    for (int i = 0; i < plan_.target_parts(); i++)
+      for (int64_t j = 0; j < plan_.target_count(i); j++)
+        part_min_row_[i] = std::min<int64_t>(part_min_row_[i],
+                                             target_order_.row(plan_.target_first(i) + j));
+  }
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
   if (plan_.cache_targets) {
     // Every target part built and cached first, each with the whole budget
@@ -318,13 +497,52 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
     budget = free_bytes;
   }
   PartPlan plan(problem, options, budget);
+  // Each side's spatial order, built once (a self-join's serves both).
+  const Clock::time_point t0 = Clock::now();
+  SpatialOrder query_order, target_order;
+  const bool self = problem.queries == problem.targets && problem.n_queries == problem.n_targets;
+  const int32_t groups = order_groups(plan);
+  query_order.n_threads = target_order.n_threads = cpu::resolve_threads(problem.n_threads);
+  // KNN_TI_ROW_RANGES=1 keeps plain row ranges: the join as it was before
+  // the spatial order, for A/B benchmarks in one run.
+  const char *row_ranges = std::getenv("KNN_TI_ROW_RANGES");
+  if (problem.n_queries >= (int64_t)INT32_MAX || problem.n_targets >= (int64_t)INT32_MAX ||
+      problem.element != KNN_ELEMENT_FLOAT32 || (row_ranges != nullptr && row_ranges[0] == '1')) {
+    // Row ranges (lists hold int32 rows; only float rows are gathered).
+  } else {
+    KnnStatus status = target_order.build(float_rows(problem.targets), problem.n_targets,
+                                          problem.dim, problem.metric, groups, budget, ctx);
+    if (status == KNN_OK) {
+      if (self) query_order = target_order;
+      else
+        status = query_order.build(float_rows(problem.queries), problem.n_queries, problem.dim,
+                                   problem.metric, groups, budget, ctx);
+    }
+    // A budget too small for the landmarks: row ranges, as before.
+    if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
+      CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+      ctx.error.clear();
+      query_order.perm.clear();
+      target_order.perm.clear();
+    } else if (status != KNN_OK) {
+      return status;
+    }
+  }
+  std::vector<double> centre;
+  if (query_order.ordered() && target_order.ordered())
+    centre = landmark_distances(query_order, target_order, problem.metric);
+  const double order_seconds = seconds_since(t0);
   // The plan's sizes are estimates: where a part still does not fit, the
   // join starts again with parts half as large, down to a floor.
   for (;;) {
     KnnStatus status;
     {
-      OutOfCoreJoin join(problem, options, plan, ctx);
+      OutOfCoreJoin join(problem, options, plan, query_order, target_order, centre, ctx);
       status = join.run(neighbors, distances, stats, finite);
+    }
+    if (status == KNN_OK && stats != nullptr && *finite) {
+      stats->seconds_cluster += order_seconds;
+      stats->seconds_total += order_seconds;
     }
     if (status != KNN_OUT_OF_MEMORY || ctx.cancelled() || !plan.halve()) return status;
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // the failed try's frees

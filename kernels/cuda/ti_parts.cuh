@@ -1,6 +1,8 @@
 // ti_parts.cuh -- the pieces of the out-of-core TI join (ti_out_of_core.cu):
-// how the rows are cut into parts (PartPlan, ti_part_plan.cu) and the
-// target parts on the device (TargetParts, ti_target_parts.cu).
+// how the rows are cut into parts (PartPlan, ti_part_plan.cu), the
+// spatially coherent order the parts are cut from (SpatialOrder,
+// ti_spatial_order.cu) and the target parts on the device (TargetParts,
+// ti_target_parts.cu).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +56,49 @@ class PartPlan {
   double cluster_scale_ = 1.0;
 };
 
+// The rows of one side in a spatially coherent order: landmarks sampled
+// from the whole side, every row assigned to its nearest landmark on the
+// device (streamed in chunks within the budget), rows then grouped by
+// landmark (stable: rows of one group keep their order, so bitwise-equal
+// rows, which always share a landmark, stay ascending) and the groups laid
+// out along a greedy nearest-neighbour tour of the landmarks. A part cut
+// from consecutive positions is then a few neighbouring groups, and
+// bound() tells how near any of its rows can come to another part's.
+class SpatialOrder {
+ public:
+  // Orders `n` rows of `dim` floats (row-major, host) into `groups` groups
+  // (at most n). Metrics other than L2 and L1 are not ordered (identity).
+  KnnStatus build(const float *rows, int64_t n, int dim, KnnMetric metric, int32_t groups,
+                  size_t budget, DeviceContext &ctx);
+
+  bool ordered() const { return !perm.empty(); }
+  // Original row at position i.
+  int64_t row(int64_t i) const { return ordered() ? perm[i] : i; }
+  // Rows of positions [first, first + count) into out (count x dim).
+  void gather(const float *rows, int64_t first, int64_t count, float *out) const;
+  // The groups (tour indices) the positions [first, first + count) touch.
+  void groups_of(int64_t first, int64_t count, int32_t *lo, int32_t *hi) const;
+
+  int dim = 0;
+  int n_threads = 1;
+  std::vector<int32_t> perm;          // position -> original row
+  std::vector<int64_t> group_begin;   // groups + 1 positions (tour order)
+  std::vector<float> landmark;        // groups x dim (tour order)
+  std::vector<double> radius;         // groups: no member farther (margin in)
+};
+
+// Lower bound, in ti distance (margins taken off), of the distance between
+// any row of positions [qf, qf + qc) of `q` and any of [tf, tf + tc) of
+// `t` (both ordered, same metric); `centre` is the landmarks' distance
+// matrix (q groups x t groups).
+double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const SpatialOrder &t,
+                           int64_t tf, int64_t tc, const std::vector<double> &centre,
+                           KnnMetric metric);
+
+// The landmarks' distances of two orders (q groups x t groups), in double.
+std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
+                                       KnnMetric metric);
+
 // One target part on the device: its distinct points and clusters, with
 // global target rows in set.rows and clusters.first_row.
 struct TargetPart {
@@ -68,8 +113,10 @@ struct TargetPart {
 // memory on the first get() and later ones copy them back.
 class TargetParts {
  public:
+  // order: the target side's order (parts are cut from its positions and
+  // rows written as original rows), or nullptr for row ranges.
   TargetParts(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
-              DeviceContext &ctx);
+              const SpatialOrder *order, DeviceContext &ctx);
   ~TargetParts();
   TargetParts(const TargetParts &) = delete;
   TargetParts &operator=(const TargetParts &) = delete;
@@ -95,8 +142,10 @@ class TargetParts {
   const KnnProblem &p_;
   const TiOptions &options_;
   const PartPlan &plan_;
+  const SpatialOrder *order_;
   DeviceContext &ctx_;
   bool cache_;
+  std::vector<float> staging_;  // gathered rows of the part being built
   std::vector<HostPart *> host_;
   int64_t clusters_ = 0;
   double cluster_seconds_ = 0;

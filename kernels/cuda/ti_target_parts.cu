@@ -2,9 +2,11 @@
 // device (TargetParts of ti_parts.cuh).
 //
 // A part is built once: its rows go up, are deduplicated and clustered as
-// in ti_join.cu, and its row numbers are shifted to global target rows
-// (level 2 writes them into the lists, and ties across parts are broken by
-// them). Where the plan caches parts, the arrays level 1 and level 2 read
+// in ti_join.cu, and its row numbers become global target rows (level 2
+// writes them into the lists, and ties across parts are broken by them):
+// shifted by the part's first row for row ranges, or looked up in the
+// spatial order's permutation (ti_spatial_order.cu), which keeps the rows
+// of a duplicate group ascending. Where the plan caches parts, the arrays level 1 and level 2 read
 // are copied into one pinned host block per part, and later query parts
 // copy them back: a copy at PCIe speed instead of a new clustering. Copies
 // and kernels are ordered on the join's stream, so the host never waits
@@ -32,6 +34,18 @@ KnnStatus shift_rows(DeviceContext &ctx, int32_t *rows, int64_t n, int64_t offse
   if (n == 0 || offset == 0) return KNN_OK;
   shift_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(rows, n, (int32_t)offset);
   CUDA_CHECK_LAUNCH(ctx, "shift_rows_kernel");
+  return KNN_OK;
+}
+
+__global__ void map_rows_kernel(int32_t *rows, int64_t n, const int32_t *original) {
+  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i < n) rows[i] = original[rows[i]];
+}
+
+KnnStatus map_rows(DeviceContext &ctx, int32_t *rows, int64_t n, const int32_t *original) {
+  if (n == 0) return KNN_OK;
+  map_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(rows, n, original);
+  CUDA_CHECK_LAUNCH(ctx, "map_rows_kernel");
   return KNN_OK;
 }
 
@@ -77,8 +91,13 @@ struct TargetParts::HostPart {
 };
 
 TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
-                         DeviceContext &ctx)
-    : p_(p), options_(options), plan_(plan), ctx_(ctx), cache_(plan.cache_targets) {
+                         const SpatialOrder *order, DeviceContext &ctx)
+    : p_(p),
+      options_(options),
+      plan_(plan),
+      order_(order != nullptr && order->ordered() ? order : nullptr),
+      ctx_(ctx),
+      cache_(plan.cache_targets) {
   host_.assign(plan.target_parts(), nullptr);
 }
 
@@ -98,9 +117,15 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
   DeviceBuffer<unsigned> max_abs;
   KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+  const float *rows = float_rows(p_.targets) + first * p_.dim;
+  if (order_ != nullptr) {
+    // Pageable: the copy has taken the rows when upload_points returns.
+    staging_.resize((size_t)count * p_.dim);
+    order_->gather(float_rows(p_.targets), first, count, staging_.data());
+    rows = staging_.data();
+  }
   UploadedSet upload;
-  KNN_TRY(upload_points(float_rows(p_.targets) + first * p_.dim, count, p_.dim, stride, upload,
-                        max_abs.get(), mem, ctx_));
+  KNN_TRY(upload_points(rows, count, p_.dim, stride, upload, max_abs.get(), mem, ctx_));
   unsigned bits = 0;
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&bits, max_abs.get(), sizeof bits, cudaMemcpyDeviceToHost,
                                    ctx_.stream));
@@ -119,8 +144,19 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
                          out.clusters, mem, ctx_));
   mem.release(upload.padded);
   mem.release(out.set.x);
-  KNN_TRY(shift_rows(ctx_, out.set.rows.get(), out.set.n_rows, first));
-  KNN_TRY(shift_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, first));
+  if (order_ != nullptr) {
+    DeviceBuffer<int32_t> original;
+    KNN_TRY(mem.allocate(ctx_, original, (size_t)count, "row order"));
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(original.get(), order_->perm.data() + first,
+                                     count * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                     ctx_.stream));
+    KNN_TRY(map_rows(ctx_, out.set.rows.get(), out.set.n_rows, original.get()));
+    KNN_TRY(map_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, original.get()));
+    mem.release(original);
+  } else {
+    KNN_TRY(shift_rows(ctx_, out.set.rows.get(), out.set.n_rows, first));
+    KNN_TRY(shift_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, first));
+  }
   clusters_ += out.clusters.m;
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   cluster_seconds_ += seconds_since(t0);

@@ -1,0 +1,253 @@
+// ti_spatial_order.cu -- a spatially coherent order of one side's rows for
+// the out-of-core TI join (SpatialOrder of ti_parts.cuh).
+//
+// Row ranges of unordered data each span the whole space: level 1 then
+// prunes little between parts and every (query part, target part) pair is
+// uploaded and filtered. Here the rows are grouped around landmarks
+// sampled evenly from the whole side and the groups are laid out along a
+// greedy nearest-neighbour tour of the landmarks, so that consecutive
+// positions form compact regions; each group keeps a bound on its members'
+// distance to the landmark. Distances to landmarks are summed in double on
+// the device and the landmarks' distances in double on the host: next to
+// the float distances of the join they are exact, and the radii are still
+// widened by a relative 1e-9.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include <math_constants.h>
+
+#include "../cpu/parallel_for.h"
+#include "host_transfer.cuh"
+#include "ti_parts.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+namespace {
+
+constexpr int kAssignThreads = 128;
+constexpr int kTileFloats = 4096;  // landmarks per shared tile: 16 kB
+constexpr double kHostSlack = 1e-9;
+
+// The nearest landmark of each row (ties: the lowest index) and its value
+// (squared sum for L2, sum for L1), both in double: equal rows always get
+// the same landmark.
+__global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
+                                        const float *landmarks, int32_t m, int l1,
+                                        int32_t *group, double *value) {
+  __shared__ float tile[kTileFloats];
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const float *x = rows + (i < n ? i : 0) * (int64_t)dim;
+  const int per_tile = max(1, kTileFloats / dim);
+  double best = CUDART_INF;
+  int32_t best_index = 0;
+  for (int32_t base = 0; base < m; base += per_tile) {
+    const int count = min(per_tile, m - base);
+    __syncthreads();
+    for (int j = threadIdx.x; j < count * dim; j += blockDim.x)
+      tile[j] = landmarks[(int64_t)base * dim + j];
+    __syncthreads();
+    if (i >= n) continue;
+    for (int c = 0; c < count; c++) {
+      const float *l = tile + c * dim;
+      double s = 0;
+      for (int d = 0; d < dim; d++) {
+        const double diff = (double)x[d] - (double)l[d];
+        s += l1 ? fabs(diff) : diff * diff;
+      }
+      if (s < best) {
+        best = s;
+        best_index = base + c;
+      }
+    }
+  }
+  if (i < n) {
+    group[i] = best_index;
+    value[i] = best;
+  }
+}
+
+double host_distance(const float *a, const float *b, int dim, KnnMetric metric) {
+  double s = 0;
+  for (int d = 0; d < dim; d++) {
+    const double diff = (double)a[d] - (double)b[d];
+    s += metric == KNN_METRIC_L1 ? std::fabs(diff) : diff * diff;
+  }
+  return metric == KNN_METRIC_L1 ? s : std::sqrt(s);
+}
+
+// Orders ids[0, n) (landmark indices; d: their distance matrix, m wide)
+// as the leaves of a recursive bisection.
+void bisect(int32_t *ids, int32_t n, const double *d, int32_t m) {
+  if (n <= 2) return;
+  auto dist = [&](int32_t a, int32_t b) { return d[(size_t)a * m + b]; };
+  auto farthest = [&](int32_t from) {
+    int32_t best = ids[0];
+    for (int32_t i = 1; i < n; i++)
+      if (dist(from, ids[i]) > dist(from, best)) best = ids[i];
+    return best;
+  };
+  const int32_t a = farthest(ids[0]), b = farthest(a);
+  // Nearer to a first (stable); NaN distances go to b's side.
+  const int32_t *mid = std::stable_partition(ids, ids + n, [&](int32_t x) {
+    return dist(x, a) <= dist(x, b);
+  });
+  int32_t left = (int32_t)(mid - ids);
+  if (left == 0 || left == n) left = n / 2;  // all equidistant: halves
+  bisect(ids, left, d, m);
+  bisect(ids + left, n - left, d, m);
+}
+
+}  // namespace
+
+KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric metric,
+                              int32_t groups, size_t budget, DeviceContext &ctx) {
+  dim = dim_;
+  perm.clear();
+  if ((metric != KNN_METRIC_L2 && metric != KNN_METRIC_L1) || n < 2 || dim < 1 ||
+      dim > kTileFloats)
+    return KNN_OK;
+  // Landmarks take at most an eighth of the budget.
+  const int64_t fit = (int64_t)(budget / 8 / ((size_t)dim * sizeof(float)));
+  const int32_t m = (int32_t)std::max<int64_t>(1, std::min<int64_t>({(int64_t)groups, n, fit}));
+  // Landmarks: rows spread evenly over the side.
+  std::vector<float> sample((size_t)m * dim);
+  for (int32_t g = 0; g < m; g++)
+    std::memcpy(sample.data() + (size_t)g * dim, rows + (n * g / m) * (int64_t)dim,
+                dim * sizeof(float));
+
+  // Assignment, streamed through the device in chunks within the budget.
+  std::vector<int32_t> group(n);
+  std::vector<double> value(n);
+  {
+    MemoryBudget mem(budget);
+    DeviceBuffer<float> landmarks;
+    KNN_TRY(mem.allocate(ctx, landmarks, sample.size(), "landmarks"));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(landmarks.get(), sample.data(), sample.size() * sizeof(float),
+                                    cudaMemcpyHostToDevice, ctx.stream));
+    const size_t per_row = (size_t)dim * sizeof(float) + sizeof(int32_t) + sizeof(double);
+    const size_t room = budget > mem.used() ? (budget - mem.used()) / 2 : 0;
+    const int64_t chunk = std::min<int64_t>(n, std::max<int64_t>(64, room / per_row));
+    DeviceBuffer<float> x;
+    DeviceBuffer<int32_t> g;
+    DeviceBuffer<double> v;
+    KNN_TRY(mem.allocate(ctx, x, (size_t)chunk * dim, "points"));
+    KNN_TRY(mem.allocate(ctx, g, (size_t)chunk, "landmark assignment"));
+    KNN_TRY(mem.allocate(ctx, v, (size_t)chunk, "landmark assignment"));
+    // Through the device's pinned staging (host_transfer.cuh), which wants
+    // its destinations allocated and synchronized; each chunk's downloads
+    // wait for its kernel, so the next upload may overwrite x.
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    for (int64_t first = 0; first < n; first += chunk) {
+      KNN_TRY(ctx.cancel_point());
+      const int64_t count = std::min(chunk, n - first);
+      KNN_TRY(upload_to_device(ctx, x.get(), rows + first * dim,
+                               (size_t)count * dim * sizeof(float)));
+      nearest_landmark_kernel<<<grid_for(count, kAssignThreads), kAssignThreads, 0,
+                                ctx.stream>>>(x.get(), count, dim, landmarks.get(), m,
+                                              metric == KNN_METRIC_L1 ? 1 : 0, g.get(), v.get());
+      CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
+      KNN_TRY(download_to_host(ctx, group.data() + first, g.get(), count * sizeof(int32_t)));
+      KNN_TRY(download_to_host(ctx, value.data() + first, v.get(), count * sizeof(double)));
+    }
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    mem.release(x);
+    mem.release(g);
+    mem.release(v);
+    mem.release(landmarks);
+  }
+
+  // The landmarks' order: leaves of a recursive bisection (two far-apart
+  // pivots, each landmark to the nearer one), depth first. Any run of
+  // consecutive groups then lies mostly within one small subtree, where a
+  // greedy nearest-neighbour tour leaves a tail hopping between regions.
+  std::vector<double> between((size_t)m * m);
+  cpu::parallel_for(m, n_threads, nullptr, [&](int64_t a, int) {
+    for (int32_t b = 0; b < m; b++)
+      between[(size_t)a * m + b] = host_distance(sample.data() + (size_t)a * dim,
+                                                 sample.data() + (size_t)b * dim, dim, metric);
+  });
+  std::vector<int32_t> tour(m);
+  for (int32_t a = 0; a < m; a++) tour[a] = a;
+  bisect(tour.data(), m, between.data(), m);
+  std::vector<int32_t> rank(m);
+  for (int32_t r = 0; r < m; r++) rank[tour[r]] = r;
+
+  // Rows by group in tour order (a stable counting sort), group radii.
+  group_begin.assign((size_t)m + 1, 0);
+  radius.assign(m, 0.0);
+  for (int64_t i = 0; i < n; i++) {
+    const int32_t r = rank[group[i]];
+    group_begin[(size_t)r + 1]++;
+    const double d = metric == KNN_METRIC_L1 ? value[i] : std::sqrt(value[i]);
+    // NaN (non-finite rows, which the join sends to brute force later)
+    // makes the radius infinite: nothing is ever skipped past it.
+    radius[r] = std::isnan(d) ? std::numeric_limits<double>::infinity()
+                              : std::max(radius[r], d * (1 + kHostSlack));
+  }
+  for (int32_t r = 0; r < m; r++) group_begin[(size_t)r + 1] += group_begin[r];
+  perm.resize(n);
+  std::vector<int64_t> next(group_begin.begin(), group_begin.end() - 1);
+  for (int64_t i = 0; i < n; i++) perm[next[rank[group[i]]]++] = (int32_t)i;
+  landmark.resize(sample.size());
+  for (int32_t r = 0; r < m; r++)
+    std::memcpy(landmark.data() + (size_t)r * dim, sample.data() + (size_t)tour[r] * dim,
+                dim * sizeof(float));
+  return KNN_OK;
+}
+
+void SpatialOrder::gather(const float *rows, int64_t first, int64_t count, float *out) const {
+  // Slices of about 4 MB: a small part is copied without starting threads.
+  const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)dim * sizeof(float)));
+  cpu::parallel_for((count + slice - 1) / slice, n_threads, nullptr, [&](int64_t s, int) {
+    const int64_t end = std::min(count, (s + 1) * slice);
+    for (int64_t i = s * slice; i < end; i++)
+      std::memcpy(out + i * dim, rows + (int64_t)perm[first + i] * dim, dim * sizeof(float));
+  });
+}
+
+void SpatialOrder::groups_of(int64_t first, int64_t count, int32_t *lo, int32_t *hi) const {
+  auto group_at = [&](int64_t position) {
+    return (int32_t)(std::upper_bound(group_begin.begin(), group_begin.end(), position) -
+                     group_begin.begin() - 1);
+  };
+  *lo = group_at(first);
+  *hi = group_at(first + std::max<int64_t>(count, 1) - 1);
+}
+
+std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
+                                       KnnMetric metric) {
+  const int64_t mq = (int64_t)q.radius.size(), mt = (int64_t)t.radius.size();
+  std::vector<double> out((size_t)(mq * mt));
+  cpu::parallel_for(mq, q.n_threads, nullptr, [&](int64_t a, int) {
+    for (int64_t b = 0; b < mt; b++)
+      out[(size_t)(a * mt + b)] = host_distance(q.landmark.data() + a * q.dim,
+                                                t.landmark.data() + b * t.dim, q.dim, metric);
+  });
+  return out;
+}
+
+double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const SpatialOrder &t,
+                           int64_t tf, int64_t tc, const std::vector<double> &centre,
+                           KnnMetric metric) {
+  (void)metric;
+  int32_t qlo, qhi, tlo, thi;
+  q.groups_of(qf, qc, &qlo, &qhi);
+  t.groups_of(tf, tc, &tlo, &thi);
+  const size_t mt = t.radius.size();
+  double bound = std::numeric_limits<double>::infinity();
+  for (int32_t a = qlo; a <= qhi; a++)
+    for (int32_t b = tlo; b <= thi; b++) {
+      const double c = centre[(size_t)a * mt + b];
+      const double lb = c - q.radius[a] - t.radius[b] - kHostSlack * (c + q.radius[a] + t.radius[b]);
+      if (std::isnan(lb)) return -std::numeric_limits<double>::infinity();
+      bound = std::min(bound, lb);
+    }
+  return bound;
+}
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn
