@@ -179,21 +179,16 @@ __global__ void __launch_bounds__(kWarps * 32) collect_kernel(CollectArgs a) {
   const uint64_t u = a.guess[q];
   // U rounded up to float and widened for the prefilter (see
   // TileValue::may_beat); +inf when every target is wanted.
-  float thr_up = INFINITY;
-  if (u < kNanKey) {
-    const float up = __double2float_ru(key_value(u));
-    thr_up = up + fabsf(up) * 0x1p-18f;
-  }
+  const float thr_up = u < kNanKey ? TileValue::prefilter_threshold(key_value(u)) : INFINITY;
   const int seg_len = ((a.nt + a.segments - 1) / a.segments + 31) & ~31;
   const int c_begin = blockIdx.y * seg_len;
   const int c_end = min(a.nt, c_begin + seg_len);
   const T *values = static_cast<const T *>(a.tile) + tile_row * a.ld;
   const bool exclude = a.query_keys != nullptr;
   const int64_t qkey = exclude ? a.query_keys[q] : 0;
-  const float qn = a.value.query_norm[q];
-  const float qs = a.value.query_scale[q];
-  const float *tnorm = a.value.target_norm + a.target_base;
-  const float *tscale = a.value.target_scale + a.target_base;
+  const TileValue::HalfTerms terms = a.value.half_terms(q, a.target_base);
+  const float qn = terms.query_norm, qs = terms.query_scale;
+  const float *tnorm = terms.target_norm, *tscale = terms.target_scale;
   const unsigned lower_lanes = (1u << lane) - 1;
   uint32_t *rows = a.rows + q * static_cast<int64_t>(a.capacity);
 

@@ -97,8 +97,7 @@ struct WarpList {
       thr_d = INFINITY;
     } else {
       thr_d = key_value(thr_key);
-      const float up = __double2float_ru(thr_d);
-      thr_up = up + fabsf(up) * 0x1p-18f;
+      thr_up = TileValue::prefilter_threshold(thr_d);
     }
   }
 
@@ -287,10 +286,9 @@ __global__ void __launch_bounds__(kWarps * 32, kHalfBlocksPerSm)
   const __half *values = reinterpret_cast<const __half *>(a.tile_h) + tile_row * a.ld;
   const bool exclude = a.query_keys != nullptr;
   const int64_t qkey = exclude ? a.query_keys[q] : 0;
-  const float qn = a.value.query_norm[q];
-  const float qs = a.value.query_scale[q];
-  const float *tnorm = a.value.target_norm + a.target_base;
-  const float *tscale = a.value.target_scale + a.target_base;
+  const TileValue::HalfTerms terms = a.value.half_terms(q, a.target_base);
+  const float qn = terms.query_norm, qs = terms.query_scale;
+  const float *tnorm = terms.target_norm, *tscale = terms.target_scale;
 
   for (int c0 = c_begin; c0 < c_end; c0 += kStep) {
     unsigned maybe_bits = 0;

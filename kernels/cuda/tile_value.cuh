@@ -182,7 +182,7 @@ struct TileValue {
   // A cheap float test that never rejects a pair which the exact test
   // (operator() then the (key, row) order) could keep against a threshold
   // of value thr: it returns false only when the pair's value is certainly
-  // above thr. thr_up must be >= thr + 2^-18 |thr| (select_tiles.cu), which
+  // above thr. thr_up must be >= thr + 2^-18 |thr| (prefilter_threshold), which
   // absorbs the rounding of the float sum thr_up + margin. The margins
   // cover the float rounding of the approximation (a few ulps of its
   // terms: below 3e-7 of qn + tn, far under the 1e-5 used) plus, for the
@@ -190,6 +190,24 @@ struct TileValue {
   // being below 1e-30). Non-finite approximations always go to the exact
   // test. For the fp16 kinds v is the tile value times both rows' float
   // inverse scales (half_bound.cuh derives `pre`).
+  // thr_up for a threshold of value thr (finite or +inf): thr rounded up
+  // to float and widened by 2^-18 of itself, as may_beat requires.
+  __device__ static __forceinline__ float prefilter_threshold(double thr) {
+    const float up = __double2float_ru(thr);
+    return up + fabsf(up) * 0x1p-18f;
+  }
+
+  // The fp16 kinds' per-row terms that the prefilter reads: query q's norm
+  // and inverse scale, the targets' arrays from row target_base on.
+  struct HalfTerms {
+    float query_norm, query_scale;
+    const float *target_norm, *target_scale;
+  };
+  __device__ __forceinline__ HalfTerms half_terms(int64_t q, int64_t target_base) const {
+    return HalfTerms{query_norm[q], query_scale[q], target_norm + target_base,
+                     target_scale + target_base};
+  }
+
   __device__ __forceinline__ bool may_beat(float v, float qn, float tn, float thr_up) const {
     return may_beat_as(kind, v, qn, tn, thr_up);
   }
