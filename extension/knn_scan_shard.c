@@ -578,6 +578,8 @@ largest_query_vector(KnnScanShards *sh)
 		value = slot_getattr(sh->outer_slot, sh->shipped[0].column, &isnull);
 		if (!isnull)
 			largest = Max(largest, (int64) toast_raw_datum_size(value));
+		if (row % 65536 == 0)
+			CHECK_FOR_INTERRUPTS();
 	}
 	return largest;
 }

@@ -830,6 +830,8 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		next_pair(&it, &query_id, &target_id, &distance);
 		if ((rows[r] = query_row(queries->ids, queries->n, query_id)) < 0)
 			bad = "a query id that was not sent";
+		if (r % 65536 == 0)
+			CHECK_FOR_INTERRUPTS();
 	}
 	if (bad != NULL)
 		ereport(ERROR,

@@ -48,13 +48,14 @@
 /* Rows per slice of the COPY stream (one buffer, sent to every shard in turn). */
 #define SHIP_SLICE_BYTES (1024 * 1024)
 /*
- * Query vectors up to this size (varlena bytes) stay in the temporary
- * table's rows (STORAGE PLAIN): a row of them and a few small values fits a
- * heap page, so the shard reads them from the page, with no TOAST table to
- * write while copying and to look up while reading (vector(1536) is 6152
- * bytes). Larger ones keep their type's storage.
+ * Query vectors up to the shard's page size less this (varlena bytes; 7000
+ * with 8 kB pages) stay in the temporary table's rows (STORAGE PLAIN): a
+ * row of them and a few small values fits a heap page, so the shard reads
+ * them from the page, with no TOAST table to write while copying and to
+ * look up while reading (vector(1536) is 6152 bytes). Larger ones keep
+ * their type's storage.
  */
-#define PLAIN_VECTOR_BYTES 7000
+#define PLAIN_ROW_ROOM 1192
 /* How often the wait for the shards looks at the other sockets. */
 #define COLLECT_POLL_MS 10
 
@@ -234,7 +235,8 @@ static const char remote_check_sql[] =
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
 	"'.knn_join(text,text,integer,text,boolean,text)') IS NOT NULL, "
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_join_packed(text,text,integer,text,boolean,text)') IS NOT NULL "
+	"'.knn_join_packed(text,text,integer,text,boolean,text)') IS NOT NULL, "
+	"pg_catalog.current_setting('block_size') "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -258,7 +260,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	load_functions();
 	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 6)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 7)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -270,6 +272,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	halfvec_type = text_value(res, 3);
 	has_join = strcmp(fdw.PQgetvalue(res, 0, 4), "t") == 0;
 	shard->has_packed_join = strcmp(fdw.PQgetvalue(res, 0, 5), "t") == 0;
+	shard->block_size = pg_strtoint32(fdw.PQgetvalue(res, 0, 6));
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -413,7 +416,7 @@ start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
 	fdw.PQclear(exec_checked(shard, sql, PGRES_COMMAND_OK));
 	shard->table_exists = true;
 	if (shard->vector_column != NULL && max_vector_bytes > 0 &&
-		max_vector_bytes <= PLAIN_VECTOR_BYTES)
+		max_vector_bytes <= (int64) shard->block_size - PLAIN_ROW_ROOM)
 		fdw.PQclear(exec_checked(shard,
 								 psprintf("ALTER TABLE %s ALTER COLUMN %s SET STORAGE PLAIN",
 										  shard->temp_table, shard->vector_column),

@@ -29,6 +29,7 @@ typedef struct KnnShardRemote
 	char	   *knn_schema;		/* knn_gpu's schema there, quoted */
 	char	   *query_type;		/* knn_join's query vectors' type there */
 	bool		has_packed_join;	/* knn_join_packed() there (knn_shard_packed.h) */
+	int32		block_size;		/* the shard's page size (block_size) */
 	char	   *temp_table;		/* pg_temp.<name> (knn_shard_remote_name_table) */
 	char	   *temp_columns;	/* its column definitions, set by the caller */
 	const char *vector_column;	/* its column of query vectors (kept in the row), or NULL */

@@ -530,7 +530,8 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
   }
   std::vector<double> centre;
   if (query_order.ordered() && target_order.ordered())
-    centre = landmark_distances(query_order, target_order, problem.metric);
+    centre = landmark_distances(query_order, target_order, problem.metric, ctx.cancel);
+  KNN_TRY(ctx.cancel_point());
   const double order_seconds = seconds_since(t0);
   // The plan's sizes are estimates: where a part still does not fit, the
   // join starts again with parts half as large, down to a floor.

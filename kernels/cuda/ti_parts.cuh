@@ -95,9 +95,10 @@ double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const 
                            int64_t tf, int64_t tc, const std::vector<double> &centre,
                            KnnMetric metric);
 
-// The landmarks' distances of two orders (q groups x t groups), in double.
+// The landmarks' distances of two orders (q groups x t groups), in double
+// (incomplete once *cancel is set: the caller stops).
 std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
-                                       KnnMetric metric);
+                                       KnnMetric metric, const int32_t *cancel);
 
 // One target part on the device: its distinct points and clusters, with
 // global target rows in set.rows and clusters.first_row.

@@ -164,11 +164,12 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   // consecutive groups then lies mostly within one small subtree, where a
   // greedy nearest-neighbour tour leaves a tail hopping between regions.
   std::vector<double> between((size_t)m * m);
-  cpu::parallel_for(m, n_threads, nullptr, [&](int64_t a, int) {
+  cpu::parallel_for(m, n_threads, ctx.cancel, [&](int64_t a, int) {
     for (int32_t b = 0; b < m; b++)
       between[(size_t)a * m + b] = host_distance(sample.data() + (size_t)a * dim,
                                                  sample.data() + (size_t)b * dim, dim, metric);
   });
+  KNN_TRY(ctx.cancel_point());
   std::vector<int32_t> tour(m);
   for (int32_t a = 0; a < m; a++) tour[a] = a;
   bisect(tour.data(), m, between.data(), m);
@@ -218,10 +219,10 @@ void SpatialOrder::groups_of(int64_t first, int64_t count, int32_t *lo, int32_t 
 }
 
 std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
-                                       KnnMetric metric) {
+                                       KnnMetric metric, const int32_t *cancel) {
   const int64_t mq = (int64_t)q.radius.size(), mt = (int64_t)t.radius.size();
   std::vector<double> out((size_t)(mq * mt));
-  cpu::parallel_for(mq, q.n_threads, nullptr, [&](int64_t a, int) {
+  cpu::parallel_for(mq, q.n_threads, cancel, [&](int64_t a, int) {
     for (int64_t b = 0; b < mt; b++)
       out[(size_t)(a * mt + b)] = host_distance(q.landmark.data() + a * q.dim,
                                                 t.landmark.data() + b * t.dim, q.dim, metric);
