@@ -460,6 +460,9 @@ KnnStatus LargeKSelect::run(DeviceContext &ctx, const LargeKArgs &a, int64_t *ex
       g.query_base = q0;
       KNN_TRY(a.half_tiles ? launch_guess_kind<__half>(ctx, g, rows)
                            : launch_guess_kind<float>(ctx, g, rows));
+      // A cancel is noticed within one batch (its GEMM grows with dim).
+      CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+      KNN_TRY(ctx.cancel_point());
     }
   }
 
@@ -494,7 +497,10 @@ KnnStatus LargeKSelect::run(DeviceContext &ctx, const LargeKArgs &a, int64_t *ex
 
   // 3. Per batch of queries (a cancel is noticed between batches): the
   // rows sorted, their exact values, a stable sort by exact key, the k best.
-  const int64_t batch = std::max<int64_t>(1, kRerankSlots / cap);
+  // Fewer slots a batch for long rows: each candidate's exact value reads
+  // its whole row, so a batch takes about the same time at any dim.
+  const int64_t slots = kRerankSlots / std::max(1, a.dim / 1024);
+  const int64_t batch = std::max<int64_t>(1, slots / cap);
   for (int64_t b0 = 0; b0 < nq; b0 += batch) {
     const int64_t nb = std::min(batch, nq - b0);
     const int64_t items = nb * cap;
