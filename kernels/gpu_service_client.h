@@ -1,0 +1,47 @@
+// gpu_service_client.h -- a backend's end of the GPU service
+// (knn_gpu.gpu_service): a k-NN join sent to the service as one sealed
+// memfd (gpu_service_wire.h) instead of knn_cuda_run in this process, so
+// that the backend needs no GPU context of its own. The job layer
+// (knn_job.cpp) calls it from an engine thread: plain POSIX, no
+// PostgreSQL; every signal is blocked on that thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu_service_wire.h"
+#include "knn_engine.h"
+
+namespace knn::service {
+
+// knn_engine_set_gpu_service's values, as the next job reads them.
+struct ClientSettings {
+  int32_t mode = KNN_GPU_SERVICE_OFF;
+  char path[108] = "";  // sockaddr_un's limit
+};
+ClientSettings client_settings();
+
+// True when a service listens at path (its socket file exists; the
+// service creates it once its GPU runtime is ready).
+bool listening(const char *path);
+
+// Runs the join in the service, as knn_cuda_run would in this process:
+// results into neighbors and distances, statistics, status and message.
+// *cancel is forwarded to the service. A service that is not there, or
+// that ends before it answers: KNN_DEVICE_ERROR with a message that says
+// so. After a cancel, a service that has not answered within give_up_ms
+// is left (KNN_CANCELLED; the end of the socket cancels it there too).
+KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &problem,
+              int64_t *neighbors, double *distances, KnnStats *stats, const int32_t *cancel,
+              char *errbuf, size_t errlen, int give_up_ms = 10000);
+
+// The steps of run(), for tests that send hostile jobs.
+int connect_to(const char *path, char *why, size_t why_len);  // -1 on failure
+bool send_job(int sock, int memfd);
+// Waits for the reply; while waiting, copies *cancel (when set) into
+// *cancel_word. Returns 1 with a reply, 0 when the socket ended first, -1
+// when give_up_ms passed after a cancel.
+int await_reply(int sock, WireReply *reply, int32_t *cancel_word, const int32_t *cancel,
+                int give_up_ms);
+
+}  // namespace knn::service
