@@ -21,6 +21,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "miscadmin.h"
@@ -110,6 +111,41 @@ start_service(bool cpu_stand_in)
 	return ok;
 }
 
+static bool
+service_listening(void)
+{
+	struct stat st;
+
+	return stat(SERVICE_SOCKET, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+/* How long a device = gpu join waits for a service to start listening. */
+#define SERVICE_START_WAIT_MS 30000
+#define SERVICE_POLL_MS 5
+
+/*
+ * device = gpu: waits here, on the backend's thread, until a service
+ * listens, answering interrupts, and starts one again whenever none holds
+ * the lock (a dying service may still hold it when the join began, and a
+ * service started meanwhile then leaves). False when no worker slot is
+ * free. Past the wait the engine says what it finds.
+ */
+static bool
+await_service(bool cpu_stand_in)
+{
+	for (int waited = 0; waited < SERVICE_START_WAIT_MS && !service_listening();
+		 waited += SERVICE_POLL_MS)
+	{
+		if (!service_running() && !start_service(cpu_stand_in))
+			return false;
+		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 SERVICE_POLL_MS, PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+	return true;
+}
+
 void
 knn_gpu_service_prepare(KnnProblem *problem)
 {
@@ -126,7 +162,10 @@ knn_gpu_service_prepare(KnnProblem *problem)
 	if (mode != KNN_GPU_SERVICE_OFF && !service_running() &&
 		!start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN))
 		mode = KNN_GPU_SERVICE_OFF;
-	knn_engine_set_gpu_service(SERVICE_SOCKET, mode);
+	if (mode != KNN_GPU_SERVICE_OFF && problem->device == KNN_DEVICE_GPU &&
+		!await_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN))
+		mode = KNN_GPU_SERVICE_OFF;
+	knn_engine_set_gpu_service(SERVICE_SOCKET, SERVICE_LOCK, mode);
 }
 
 /* ---- the service's process ---- */
@@ -199,6 +238,8 @@ knn_gpu_service_main(Datum arg)
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 1000L, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
+		/* Barriers (DROP DATABASE waits for every backend to absorb one). */
+		CHECK_FOR_INTERRUPTS();
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -55,6 +56,14 @@ void copy_in(unsigned char *base, const Region &r, const void *from) {
 ClientSettings client_settings() {
   std::lock_guard<std::mutex> lock(settings_mutex);
   return settings;
+}
+
+bool running(const char *lock_path) {
+  const int fd = open(lock_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  close(fd);
+  return held;
 }
 
 bool listening(const char *path) {
@@ -203,12 +212,15 @@ KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &p, int64_t 
 
 }  // namespace knn::service
 
-extern "C" void knn_engine_set_gpu_service(const char *socket_path, int32_t mode) {
+extern "C" void knn_engine_set_gpu_service(const char *socket_path, const char *lock_path,
+                                           int32_t mode) {
   knn::guarded("knn_engine_set_gpu_service", nullptr, 0, [&] {
     std::lock_guard<std::mutex> lock(knn::service::settings_mutex);
     auto &s = knn::service::settings;
-    const bool fits = socket_path != nullptr && std::strlen(socket_path) < sizeof s.path;
+    const bool fits = socket_path != nullptr && std::strlen(socket_path) < sizeof s.path &&
+                      lock_path != nullptr && std::strlen(lock_path) < sizeof s.lock;
     knn::copy_message(s.path, sizeof s.path, fits ? socket_path : "");
+    knn::copy_message(s.lock, sizeof s.lock, fits ? lock_path : "");
     s.mode = fits && mode >= KNN_GPU_SERVICE_OFF && mode <= KNN_GPU_SERVICE_CPU_STAND_IN
                  ? mode
                  : KNN_GPU_SERVICE_OFF;

@@ -18,8 +18,13 @@ namespace knn::service {
 struct ClientSettings {
   int32_t mode = KNN_GPU_SERVICE_OFF;
   char path[108] = "";  // sockaddr_un's limit
+  char lock[108] = "";  // held (flock) by a running service
 };
 ClientSettings client_settings();
+
+// True when a process holds the service's lock (a shared flock taken and
+// dropped at once: a starting service retries over it).
+bool running(const char *lock_path);
 
 // True when a service listens at path (its socket file exists; the
 // service creates it once its GPU runtime is ready).

@@ -345,7 +345,10 @@ int64_t		knn_job_take_pairs(KnnJob *job, int64_t *query_rows, int64_t *target_ro
  * service as a ready GPU, and while none listens yet runs the joins that
  * the CPU answers sooner on the CPU. KNN_GPU_SERVICE_CPU_STAND_IN (tests
  * only): the same, but the service runs the job on its CPU engine, so
- * that the service is tested without a GPU. Takes effect from the next job.
+ * that the service is tested without a GPU. lock_path: the file a running
+ * service holds with flock(2); a join that waits for a service to listen
+ * stops waiting once none has held it for a while. Takes effect from the
+ * next job.
  */
 typedef enum KnnGpuService
 {
@@ -354,7 +357,8 @@ typedef enum KnnGpuService
 	KNN_GPU_SERVICE_CPU_STAND_IN = 2
 } KnnGpuService;
 
-void		knn_engine_set_gpu_service(const char *socket_path, int32_t mode);
+void		knn_engine_set_gpu_service(const char *socket_path, const char *lock_path,
+									   int32_t mode);
 
 /*
  * 1 when the server's probe record (knn_engine_set_probe_record) says

@@ -1028,8 +1028,11 @@ KnnStatus KnnJob::run_gpu_or_cpu() {
 }
 
 // How long a join waits for a GPU service that is starting (its GPU
-// runtime is created before it listens: a fraction of a second).
+// runtime is created before it listens: a fraction of a second), and for
+// one to hold the service's lock (the backend registers the worker just
+// before the job starts; the worker takes the lock as it starts).
 constexpr auto kServiceStartWait = std::chrono::seconds(30);
+constexpr auto kServiceLockWait = std::chrono::seconds(2);
 
 // The join through the GPU service (gpu_service_client.h) instead of this
 // process's GPU module: no GPU context here. Under AUTO the server's probe
@@ -1047,7 +1050,10 @@ KnnStatus KnnJob::run_via_service(const knn::service::ClientSettings &s) {
     if (problem.device == KNN_DEVICE_AUTO && knn::cpu_answers_before_cold_gpu(problem))
       return run_cpu("GPU service starting, CPU answers sooner");
     const auto started = std::chrono::steady_clock::now();
+    auto last_running = started;
     while (!knn::service::listening(s.path)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (knn::service::running(s.lock)) last_running = now;
       if (__atomic_load_n(&cancel, __ATOMIC_RELAXED) != 0) {
         knn::copy_message(error, sizeof error, "cancelled while waiting for the GPU service");
         return KNN_CANCELLED;
@@ -1056,10 +1062,14 @@ KnnStatus KnnJob::run_via_service(const knn::service::ClientSettings &s) {
         service_allowed = false;  // the service found no GPU and left: as without it
         return run_gpu_or_cpu();
       }
-      if (std::chrono::steady_clock::now() - started > kServiceStartWait) {
+      const bool none = now - last_running > kServiceLockWait;
+      if (none || now - started > kServiceStartWait) {
         if (problem.device == KNN_DEVICE_AUTO)
-          return run_cpu("GPU service did not start: CPU engine");
-        knn::copy_message(error, sizeof error, "the GPU service did not start within 30 s");
+          return run_cpu(none ? "no GPU service runs: CPU engine"
+                              : "GPU service did not start: CPU engine");
+        knn::copy_message(error, sizeof error,
+                          none ? "no GPU service runs (the next join starts one)"
+                               : "the GPU service did not start within 30 s");
         return KNN_DEVICE_ERROR;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -354,7 +354,8 @@ TEST(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   ASSERT_EQ(direct.status, KNN_OK);
 
   // No service listens: AUTO lets the CPU answer this small join at once.
-  knn_engine_set_gpu_service(dir.path.c_str(), KNN_GPU_SERVICE_CPU_STAND_IN);
+  const std::string lock = dir.dir + "/service.lock";
+  knn_engine_set_gpu_service(dir.path.c_str(), lock.c_str(), KNN_GPU_SERVICE_CPU_STAND_IN);
   p.device = KNN_DEVICE_AUTO;
   auto r = job_run::run_job(p);
   EXPECT_EQ(r.status, KNN_OK) << r.message;
@@ -384,7 +385,13 @@ TEST(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   r = job_run::run_job(p);
   EXPECT_EQ(r.status, KNN_OK) << r.message;
   job_run::expect_identical(direct, r, "after the service");
-  knn_engine_set_gpu_service("", KNN_GPU_SERVICE_OFF);
+  // GPU: no service holds the lock, so the join stops waiting after 2 s.
+  p.device = KNN_DEVICE_GPU;
+  r = job_run::run_job(p);
+  EXPECT_EQ(r.status, KNN_DEVICE_ERROR);
+  EXPECT_NE(r.message.find("no GPU service runs"), std::string::npos) << r.message;
+  EXPECT_LT(r.seconds, 5.0);
+  knn_engine_set_gpu_service("", "", KNN_GPU_SERVICE_OFF);
 }
 
 }  // namespace
