@@ -159,6 +159,10 @@ knn_gpu_service_prepare(KnnProblem *problem)
 	else if (knn_gpu_service && problem->device != KNN_DEVICE_CPU &&
 			 !(problem->device == KNN_DEVICE_AUTO && knn_engine_gpu_ruled_out()))
 		mode = KNN_GPU_SERVICE_ON;
+	/* Range and per-group joins stay in the backend: no service for them. */
+	if (problem->range != KNN_RANGE_NONE || problem->query_groups != NULL ||
+		problem->target_groups != NULL)
+		mode = KNN_GPU_SERVICE_OFF;
 	if (mode != KNN_GPU_SERVICE_OFF && !service_running() &&
 		!start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN))
 		mode = KNN_GPU_SERVICE_OFF;

@@ -13,7 +13,9 @@
 /*
  * Before a job (knn_run.c): tells the engine whether this job's k-NN join
  * goes to the service, and starts the service when it should and none
- * runs. Clears the test-only fault value service_cpu from the problem.
+ * runs (a device = gpu join waits here, cancellably, until it listens).
+ * Range and per-group joins never go. Clears the test-only fault value
+ * service_cpu from the problem.
  */
 extern void knn_gpu_service_prepare(KnnProblem *problem);
 

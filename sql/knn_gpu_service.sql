@@ -164,7 +164,7 @@ SELECT * FROM dblink_get_result('killer') AS r(x text);  -- the end of its resul
 SELECT pg_temp.await_no_service();
 SELECT dblink_disconnect('killer');
 
--- Nothing left behind: the backend holds no slot, and a final service is stopped.
+-- Nothing left behind: a final service is stopped, its socket removed.
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id < 50', 'SELECT id, v FROM svc_rows', 3);
 SELECT count(*) AS stopped FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'knn_gpu service') t;
 SELECT pg_temp.await_no_service();
@@ -172,3 +172,4 @@ RESET knn_gpu.threads;
 RESET knn_gpu.device;
 RESET knn_gpu.fault_injection;
 DROP TABLE svc_rows, svc_bits, svc_big;
+DROP EXTENSION dblink;
