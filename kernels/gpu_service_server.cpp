@@ -16,6 +16,7 @@
 
 #include "entry_guard.h"
 #include "gpu_service_wire.h"
+#include "problem_check.h"
 #include "signal_free_thread.h"
 
 namespace knn::service {
@@ -194,6 +195,12 @@ void Server::serve(Connection *c) noexcept {
   if (rejected == nullptr) {
     std::memcpy(&h, base, sizeof h);  // read once: the peer may rewrite it
     rejected = validate_header(h, size);
+  }
+  if (rejected == nullptr) {  // the engines' own check (enums, threads), before a thread starts
+    auto *bytes = static_cast<unsigned char *>(base);
+    rejected = problem_invalid_reason(problem_of(h, bytes),
+                                      reinterpret_cast<int64_t *>(bytes + h.neighbors.offset),
+                                      reinterpret_cast<double *>(bytes + h.distances.offset));
   }
   if (rejected != nullptr) {
     send_reply(c->fd, KNN_INVALID_ARGUMENT, rejected);

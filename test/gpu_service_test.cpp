@@ -106,12 +106,32 @@ job_run::JobResult through_service(const std::string &path, const KnnProblem &p,
   return r;
 }
 
-TEST(GpuService, ResultsAreTheEnginesOwn) {
-  SocketDir dir;
-  CpuService engine;
+// A server on dir's socket (nullptr, and the test fails, where it cannot listen).
+std::unique_ptr<Server> serve_on(const SocketDir &dir, RunFunction run) {
   char why[256] = "";
-  auto server = Server::listen(dir.path.c_str(), engine.function(), why, sizeof why);
-  ASSERT_NE(server, nullptr) << why;
+  auto server = Server::listen(dir.path.c_str(), std::move(run), why, sizeof why);
+  EXPECT_NE(server, nullptr) << why;
+  return server;
+}
+
+// The small join of the tests that do not look at results.
+struct SmallJoin {
+  Rows rows = make_rows(10, 100, 8);
+  KnnProblem problem = problem_of(rows, 10, 100, 8, 3);
+};
+
+// Every test: a fresh socket directory, and the small join.
+class GpuService : public ::testing::Test {
+ protected:
+  SocketDir dir;
+  const SmallJoin small;
+  const KnnProblem &p = small.problem;
+};
+
+TEST_F(GpuService, ResultsAreTheEnginesOwn) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
   struct stat st;
   ASSERT_EQ(stat(dir.path.c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
@@ -121,9 +141,9 @@ TEST(GpuService, ResultsAreTheEnginesOwn) {
   // Two matrices; k above the targets' count (empty slots); a self-join of
   // one matrix with keys (self-matches excluded).
   for (int32_t k : {1, 7, 600}) {
-    const KnnProblem p = problem_of(rows, 37, 501, 13, k);
-    const auto direct = job_run::run_job(p);
-    const auto served = through_service(dir.path, p);
+    const KnnProblem join = problem_of(rows, 37, 501, 13, k);
+    const auto direct = job_run::run_job(join);
+    const auto served = through_service(dir.path, join);
     ASSERT_EQ(served.status, KNN_OK) << served.message;
     job_run::expect_identical(direct, served, "k = " + std::to_string(k));
     EXPECT_STREQ(served.stats.device_name, direct.stats.device_name);
@@ -185,14 +205,10 @@ WireReply send_raw(const std::string &path, int fd) {
   return reply;
 }
 
-TEST(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
-  SocketDir dir;
+TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
   CpuService engine;
-  char why[256] = "";
-  auto server = Server::listen(dir.path.c_str(), engine.function(), why, sizeof why);
-  ASSERT_NE(server, nullptr) << why;
-  const Rows rows = make_rows(10, 100, 8);
-  const KnnProblem p = problem_of(rows, 10, 100, 8, 3);
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
 
   struct Case {
     const char *name;
@@ -228,6 +244,11 @@ TEST(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
       {"too many devices", [](HandMadeJob &j) { j.header.n_devices = KNN_MAX_DEVICES + 1; }, true,
        0, "device"},
       {"unknown flag", [](HandMadeJob &j) { j.header.flags |= 64; }, true, 0, "flags"},
+      {"unknown metric", [](HandMadeJob &j) { j.header.metric = 77; }, true, 0, "unknown metric"},
+      {"bit metric on float rows", [](HandMadeJob &j) { j.header.metric = KNN_METRIC_HAMMING; },
+       true, 0, "bit rows"},
+      {"too many threads", [](HandMadeJob &j) { j.header.n_threads = 100000; }, true, 0,
+       "n_threads"},
   };
   for (const Case &c : cases) {
     HandMadeJob job(p);
@@ -278,14 +299,10 @@ struct WaitsForCancel {
   }
 };
 
-TEST(GpuService, CancelReachesTheServiceJob) {
-  SocketDir dir;
+TEST_F(GpuService, CancelReachesTheServiceJob) {
   WaitsForCancel fake;
-  char why[256] = "";
-  auto server = Server::listen(dir.path.c_str(), fake.function(), why, sizeof why);
-  ASSERT_NE(server, nullptr) << why;
-  const Rows rows = make_rows(10, 100, 8);
-  const KnnProblem p = problem_of(rows, 10, 100, 8, 3);
+  auto server = serve_on(dir, fake.function());
+  ASSERT_NE(server, nullptr);
   int32_t cancel = 0;
   job_run::JobResult r;
   std::thread client([&] { r = through_service(dir.path, p, &cancel); });
@@ -298,16 +315,13 @@ TEST(GpuService, CancelReachesTheServiceJob) {
   EXPECT_TRUE(fake.saw_cancel.load());
 }
 
-TEST(GpuService, TheBackendsDeathCancelsItsJob) {
-  SocketDir dir;
+TEST_F(GpuService, TheBackendsDeathCancelsItsJob) {
   WaitsForCancel fake;
-  char why[256] = "";
-  auto server = Server::listen(dir.path.c_str(), fake.function(), why, sizeof why);
-  ASSERT_NE(server, nullptr) << why;
-  const Rows rows = make_rows(10, 100, 8);
-  const KnnProblem p = problem_of(rows, 10, 100, 8, 3);
+  auto server = serve_on(dir, fake.function());
+  ASSERT_NE(server, nullptr);
   HandMadeJob job(p);
   job.write(job.size, true);
+  char why[256] = "";
   const int sock = connect_to(dir.path.c_str(), why, sizeof why);
   ASSERT_GE(sock, 0) << why;
   ASSERT_TRUE(send_job(sock, job.fd));
@@ -320,14 +334,10 @@ TEST(GpuService, TheBackendsDeathCancelsItsJob) {
   EXPECT_LT(seconds_since(t), 0.5);
 }
 
-TEST(GpuService, TheServicesDeathEndsTheJoinWithAnError) {
-  SocketDir dir;
+TEST_F(GpuService, TheServicesDeathEndsTheJoinWithAnError) {
   WaitsForCancel fake;
-  char why[256] = "";
-  auto server = Server::listen(dir.path.c_str(), fake.function(), why, sizeof why);
-  ASSERT_NE(server, nullptr) << why;
-  const Rows rows = make_rows(10, 100, 8);
-  const KnnProblem p = problem_of(rows, 10, 100, 8, 3);
+  auto server = serve_on(dir, fake.function());
+  ASSERT_NE(server, nullptr);
   job_run::JobResult r;
   std::thread client([&] { r = through_service(dir.path, p); });
   fake.await_start();
@@ -346,18 +356,17 @@ TEST(GpuService, TheServicesDeathEndsTheJoinWithAnError) {
 
 // The job layer's route (knn_engine_set_gpu_service): the service as the
 // background worker runs it (knn_gpu_service_open, a CPU stand-in here).
-TEST(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
-  SocketDir dir;
+TEST_F(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   const Rows rows = make_rows(40, 3000, 16);
-  KnnProblem p = problem_of(rows, 40, 3000, 16, 4);
-  const auto direct = job_run::run_job(p);
+  KnnProblem join = problem_of(rows, 40, 3000, 16, 4);
+  const auto direct = job_run::run_job(join);
   ASSERT_EQ(direct.status, KNN_OK);
 
   // No service listens: AUTO lets the CPU answer this small join at once.
   const std::string lock = dir.dir + "/service.lock";
   knn_engine_set_gpu_service(dir.path.c_str(), lock.c_str(), KNN_GPU_SERVICE_CPU_STAND_IN);
-  p.device = KNN_DEVICE_AUTO;
-  auto r = job_run::run_job(p);
+  join.device = KNN_DEVICE_AUTO;
+  auto r = job_run::run_job(join);
   EXPECT_EQ(r.status, KNN_OK) << r.message;
   EXPECT_NE(std::strstr(r.stats.device_name, "GPU service starting"), nullptr)
       << r.stats.device_name;
@@ -368,8 +377,8 @@ TEST(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
       knn_gpu_service_open(dir.path.c_str(), 1, description, sizeof description, why, sizeof why);
   ASSERT_NE(service, nullptr) << why;
   for (KnnDevice device : {KNN_DEVICE_AUTO, KNN_DEVICE_GPU}) {
-    p.device = device;
-    r = job_run::run_job(p);
+    join.device = device;
+    r = job_run::run_job(join);
     EXPECT_EQ(r.status, KNN_OK) << r.message;
     EXPECT_NE(std::strstr(r.stats.device_name, "via GPU service"), nullptr) << r.stats.device_name;
     job_run::expect_identical(direct, r, "through the service");
@@ -381,13 +390,13 @@ TEST(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   // The service gone: GPU waits for one (cancellably); here it fails after
   // its wait only under GPU, so AUTO is checked: the small join runs on
   // the CPU again.
-  p.device = KNN_DEVICE_AUTO;
-  r = job_run::run_job(p);
+  join.device = KNN_DEVICE_AUTO;
+  r = job_run::run_job(join);
   EXPECT_EQ(r.status, KNN_OK) << r.message;
   job_run::expect_identical(direct, r, "after the service");
   // GPU: no service holds the lock, so the join stops waiting after 2 s.
-  p.device = KNN_DEVICE_GPU;
-  r = job_run::run_job(p);
+  join.device = KNN_DEVICE_GPU;
+  r = job_run::run_job(join);
   EXPECT_EQ(r.status, KNN_DEVICE_ERROR);
   EXPECT_NE(r.message.find("no GPU service runs"), std::string::npos) << r.message;
   EXPECT_LT(r.seconds, 5.0);
