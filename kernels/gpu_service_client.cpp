@@ -29,16 +29,6 @@ ClientSettings settings;
 
 constexpr int kPollMs = 5;
 
-// A job's memfd and its mapping, closed and unmapped on every path.
-struct JobFile {
-  int fd = -1;
-  void *base = MAP_FAILED;
-  uint64_t size = 0;
-  ~JobFile() {
-    if (base != MAP_FAILED) munmap(base, size);
-    if (fd >= 0) close(fd);
-  }
-};
 
 struct Socket {
   int fd = -1;
@@ -136,52 +126,67 @@ int await_reply(int sock, WireReply *reply, int32_t *cancel_word, const int32_t 
   return reply->magic == kMagic ? 1 : 0;
 }
 
-KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &p, int64_t *neighbors,
-              double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
-              size_t errlen, int give_up_ms) {
+PreparedJob::~PreparedJob() {
+  if (base_ != nullptr) munmap(base_, size_);
+  if (fd_ >= 0) close(fd_);
+}
+
+KnnStatus PreparedJob::prepare(const KnnProblem &p, bool cpu_stand_in, char *errbuf,
+                               size_t errlen) {
   if (p.range != KNN_RANGE_NONE || p.query_groups != nullptr || p.target_groups != nullptr) {
     copy_message(errbuf, errlen, "the GPU service runs k-NN joins only");
     return KNN_INVALID_ARGUMENT;
   }
   const bool shared_rows = p.queries == p.targets && p.n_queries == p.n_targets;
   const bool self_keys = p.query_keys != nullptr && p.target_keys != nullptr;
-  WireHeader h;
   const char *why = nullptr;
-  JobFile job;
-  if (!plan_layout(p, shared_rows, self_keys, &h, &job.size, &why)) {
+  if (!plan_layout(p, shared_rows, self_keys, &header_, &size_, &why)) {
     copy_message(errbuf, errlen, why);
     return KNN_INVALID_ARGUMENT;
   }
-  if (cpu_stand_in) h.flags |= kCpuStandIn;
-  job.fd = memfd_create("knn_gpu_job", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (job.fd < 0 || ftruncate(job.fd, static_cast<off_t>(job.size)) != 0 ||
-      (job.base = mmap(nullptr, job.size, PROT_READ | PROT_WRITE, MAP_SHARED, job.fd, 0)) ==
+  if (cpu_stand_in) header_.flags |= kCpuStandIn;
+  // MAP_POPULATE: the pages are made in one call, not one fault each.
+  fd_ = memfd_create("knn_gpu_job", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  void *mapped = MAP_FAILED;
+  if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(size_)) != 0 ||
+      (mapped = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0)) ==
           MAP_FAILED) {
     std::snprintf(errbuf, errlen, "could not make the GPU service's job (%llu bytes): %s",
-                  static_cast<unsigned long long>(job.size), std::strerror(errno));
+                  static_cast<unsigned long long>(size_), std::strerror(errno));
     return KNN_OUT_OF_MEMORY;
   }
-  auto *base = static_cast<unsigned char *>(job.base);
-  std::memcpy(base, &h, sizeof h);
-  copy_in(base, h.queries, p.queries);
-  copy_in(base, h.targets, p.targets);
+  base_ = static_cast<unsigned char *>(mapped);
+  std::memcpy(base_, &header_, sizeof header_);
+  copy_in(base_, header_.queries, p.queries);
+  copy_in(base_, header_.targets, p.targets);
   if (self_keys) {
-    copy_in(base, h.query_keys, p.query_keys);
-    copy_in(base, h.target_keys, p.target_keys);
+    copy_in(base_, header_.query_keys, p.query_keys);
+    copy_in(base_, header_.target_keys, p.target_keys);
   }
-  if (fcntl(job.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+  if (fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     std::snprintf(errbuf, errlen, "could not seal the GPU service's job: %s", std::strerror(errno));
     return KNN_INTERNAL_ERROR;
   }
+  return KNN_OK;
+}
+
+KnnStatus PreparedJob::submit(const char *path, int64_t gpu_memory_limit, int64_t *neighbors,
+                              double *distances, KnnStats *stats, const int32_t *cancel,
+                              char *errbuf, size_t errlen, int give_up_ms) {
+  if (base_ == nullptr) {
+    copy_message(errbuf, errlen, "no job prepared for the GPU service");
+    return KNN_INTERNAL_ERROR;
+  }
+  auto *shared = reinterpret_cast<WireHeader *>(base_);
+  shared->gpu_memory_limit = gpu_memory_limit;
   Socket sock;
   sock.fd = connect_to(path, errbuf, errlen);
   if (sock.fd < 0) return KNN_DEVICE_ERROR;
-  if (!send_job(sock.fd, job.fd)) {
+  if (!send_job(sock.fd, fd_)) {
     std::snprintf(errbuf, errlen, "could not send the join to the GPU service: %s",
                   std::strerror(errno));
     return KNN_DEVICE_ERROR;
   }
-  auto *shared = static_cast<WireHeader *>(job.base);
   WireReply reply;
   const int got = await_reply(sock.fd, &reply, &shared->cancel, cancel, give_up_ms);
   if (got < 0) {
@@ -203,11 +208,22 @@ KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &p, int64_t 
     stats->variant[sizeof stats->variant - 1] = '\0';
     if (stats->n_devices < 0 || stats->n_devices > KNN_MAX_DEVICES) stats->n_devices = 0;
   }
+  // The results' places come from this side's header, never the mapping's.
   if (status == KNN_OK) {
-    std::memcpy(neighbors, base + h.neighbors.offset, h.neighbors.length);
-    std::memcpy(distances, base + h.distances.offset, h.distances.length);
+    std::memcpy(neighbors, base_ + header_.neighbors.offset, header_.neighbors.length);
+    std::memcpy(distances, base_ + header_.distances.offset, header_.distances.length);
   }
   return status;
+}
+
+KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &p, int64_t *neighbors,
+              double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
+              size_t errlen, int give_up_ms) {
+  PreparedJob job;
+  const KnnStatus prepared = job.prepare(p, cpu_stand_in, errbuf, errlen);
+  if (prepared != KNN_OK) return prepared;
+  return job.submit(path, p.gpu_memory_limit, neighbors, distances, stats, cancel, errbuf, errlen,
+                    give_up_ms);
 }
 
 }  // namespace knn::service

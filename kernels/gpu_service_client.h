@@ -30,6 +30,33 @@ bool running(const char *lock_path);
 // service creates it once its GPU runtime is ready).
 bool listening(const char *path);
 
+// A join written into a sealed memfd (gpu_service_wire.h), made before the
+// backend waits for its GPU slot, so that the slot is held only while the
+// service works. Closed and unmapped with the object.
+class PreparedJob {
+ public:
+  PreparedJob() = default;
+  ~PreparedJob();
+  PreparedJob(const PreparedJob &) = delete;
+  PreparedJob &operator=(const PreparedJob &) = delete;
+
+  // Copies the problem's rows and keys in. KNN_OK, or a status and errbuf.
+  KnnStatus prepare(const KnnProblem &problem, bool cpu_stand_in, char *errbuf, size_t errlen);
+
+  // Sends it to the service at path with the join's GPU memory limit (the
+  // admission slot's share, known only now) and waits for the answer, as
+  // run() below.
+  KnnStatus submit(const char *path, int64_t gpu_memory_limit, int64_t *neighbors,
+                   double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
+                   size_t errlen, int give_up_ms = 10000);
+
+ private:
+  int fd_ = -1;
+  unsigned char *base_ = nullptr;
+  uint64_t size_ = 0;
+  WireHeader header_{};
+};
+
 // Runs the join in the service, as knn_cuda_run would in this process:
 // results into neighbors and distances, statistics, status and message.
 // *cancel is forwarded to the service. A service that is not there, or

@@ -189,7 +189,7 @@ void Server::serve(Connection *c) noexcept {
   else if (req.magic != kMagic || req.version != kVersion) rejected = "not a job request of this version";
   else rejected = sealed_size(memfd, &size);
   if (rejected == nullptr) {
-    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
     if (base == MAP_FAILED) rejected = "could not map the job";
   }
   if (rejected == nullptr) {

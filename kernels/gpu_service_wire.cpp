@@ -120,6 +120,7 @@ const char *validate_header(const WireHeader &h, uint64_t size) {
   if (h.magic != kMagic || h.version != kVersion || h.header_bytes != sizeof(WireHeader))
     return "not a job of this version";
   if ((h.flags & ~(kSharedRows | kSelfKeys | kCpuStandIn)) != 0) return "unknown job flags";
+  if (h.gpu_memory_limit < 0) return "negative GPU memory limit";
   if (h.n_devices < 0 || h.n_devices > KNN_MAX_DEVICES) return "invalid device count";
   for (int i = 0; i < h.n_devices; i++)
     if (h.devices[i] < 0) return "invalid device ordinal";

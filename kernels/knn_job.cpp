@@ -1077,12 +1077,18 @@ KnnStatus KnnJob::run_via_service(const knn::service::ClientSettings &s) {
     seconds_context_wait =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   }
+  // The rows go into the job before the slot is taken: the slot then
+  // covers the service's work only.
+  knn::service::PreparedJob job;
+  KnnStatus st = job.prepare(problem, stand_in, error, sizeof error);
+  if (st != KNN_OK)
+    return cpu_after_gpu_failure(st, [this] { return run_cpu("GPU service failed, CPU engine ran"); });
   if (problem.admission != KNN_ADMISSION_NONE) {
     const KnnStatus admitted = await_slot();
     if (admitted != KNN_OK) return admitted;
   }
-  KnnStatus st = knn::service::run(s.path, stand_in, problem, neighbors, distances, &stats,
-                                   &cancel, error, sizeof error);
+  st = job.submit(s.path, problem.gpu_memory_limit, neighbors, distances, &stats, &cancel, error,
+                  sizeof error);
   if (st == KNN_NO_DEVICE) {
     char why[kMessageBytes];
     knn::copy_message(why, sizeof why, error);

@@ -244,6 +244,8 @@ TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
       {"too many devices", [](HandMadeJob &j) { j.header.n_devices = KNN_MAX_DEVICES + 1; }, true,
        0, "device"},
       {"unknown flag", [](HandMadeJob &j) { j.header.flags |= 64; }, true, 0, "flags"},
+      {"negative memory limit", [](HandMadeJob &j) { j.header.gpu_memory_limit = -1; }, true, 0,
+       "memory limit"},
       {"unknown metric", [](HandMadeJob &j) { j.header.metric = 77; }, true, 0, "unknown metric"},
       {"bit metric on float rows", [](HandMadeJob &j) { j.header.metric = KNN_METRIC_HAMMING; },
        true, 0, "bit rows"},
@@ -275,6 +277,29 @@ TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
   const auto served = through_service(dir.path, p);
   EXPECT_EQ(served.status, KNN_OK) << served.message;
   EXPECT_EQ(engine.calls.load(), 1);
+}
+
+// The admission slot's share of the GPU memory budget is known only after
+// the job was prepared: it reaches the service with the submission.
+TEST_F(GpuService, TheSlotsMemoryLimitReachesTheService) {
+  std::atomic<int64_t> seen{-1};
+  auto server = serve_on(dir, [&seen](const KnnProblem &problem, bool, int64_t *n, double *d,
+                                      KnnStats *s, const int32_t *cancel, char *e, size_t el) {
+    seen = problem.gpu_memory_limit;
+    return knn::cpu_run(problem, n, d, s, cancel, e, el);
+  });
+  ASSERT_NE(server, nullptr);
+  PreparedJob job;
+  char err[512] = "";
+  ASSERT_EQ(job.prepare(p, false, err, sizeof err), KNN_OK) << err;
+  std::vector<int64_t> neighbors(static_cast<size_t>(p.n_queries * p.k));
+  std::vector<double> distances(neighbors.size());
+  const int32_t never = 0;
+  EXPECT_EQ(job.submit(dir.path.c_str(), int64_t{3} << 30, neighbors.data(), distances.data(),
+                       nullptr, &never, err, sizeof err),
+            KNN_OK)
+      << err;
+  EXPECT_EQ(seen.load(), int64_t{3} << 30);
 }
 
 // A run function that waits for its cancel word and says when it saw it.
