@@ -69,7 +69,11 @@ static BackgroundWorkerHandle *registered = NULL;
 /*
  * Registers the service's worker unless this backend's last one is still
  * starting or running. False when no worker slot is free
- * (max_worker_processes): the join then runs as without the service.
+ * (max_worker_processes), said once per backend in the log: many backends
+ * that find no service at once each register one (all but one leave at
+ * once), so a full table is mostly theirs; the join then waits for the
+ * service as if it had started it (device = auto: the CPU engine where
+ * none comes).
  */
 static bool
 start_service(bool cpu_stand_in)
@@ -103,10 +107,13 @@ start_service(bool cpu_stand_in)
 	MemoryContextSwitchTo(old);
 	if (!ok)
 	{
+		static bool said = false;
+
 		registered = NULL;
-		ereport(LOG,
+		ereport(said ? DEBUG1 : LOG,
 				(errmsg("could not start the knn_gpu GPU service: no background worker slot free"),
 				 errhint("Raise max_worker_processes.")));
+		said = true;
 	}
 	return ok;
 }
@@ -127,23 +134,22 @@ service_listening(void)
  * device = gpu: waits here, on the backend's thread, until a service
  * listens, answering interrupts, and starts one again whenever none holds
  * the lock (a dying service may still hold it when the join began, and a
- * service started meanwhile then leaves). False when no worker slot is
- * free. Past the wait the engine says what it finds.
+ * service started meanwhile then leaves). Past the wait the engine says
+ * what it finds.
  */
-static bool
+static void
 await_service(bool cpu_stand_in)
 {
 	for (int waited = 0; waited < SERVICE_START_WAIT_MS && !service_listening();
 		 waited += SERVICE_POLL_MS)
 	{
-		if (!service_running() && !start_service(cpu_stand_in))
-			return false;
+		if (!service_running())
+			(void) start_service(cpu_stand_in);
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 SERVICE_POLL_MS, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}
-	return true;
 }
 
 void
@@ -163,12 +169,10 @@ knn_gpu_service_prepare(KnnProblem *problem)
 	if (problem->range != KNN_RANGE_NONE || problem->query_groups != NULL ||
 		problem->target_groups != NULL)
 		mode = KNN_GPU_SERVICE_OFF;
-	if (mode != KNN_GPU_SERVICE_OFF && !service_running() &&
-		!start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN))
-		mode = KNN_GPU_SERVICE_OFF;
-	if (mode != KNN_GPU_SERVICE_OFF && problem->device == KNN_DEVICE_GPU &&
-		!await_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN))
-		mode = KNN_GPU_SERVICE_OFF;
+	if (mode != KNN_GPU_SERVICE_OFF && !service_running())
+		(void) start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN);
+	if (mode != KNN_GPU_SERVICE_OFF && problem->device == KNN_DEVICE_GPU)
+		await_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN);
 	knn_engine_set_gpu_service(SERVICE_SOCKET, SERVICE_LOCK, mode);
 }
 
