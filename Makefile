@@ -39,7 +39,7 @@ REGRESS_OPTS = --inputdir=. --outputdir=. --load-extension=$(EXTENSION)
 PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test test/context_permit_test \
-	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test test/gpu_float16_test bench/group_bench \
+	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test test/gpu_float16_test test/gpu_service_test bench/group_bench \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -158,11 +158,15 @@ test/range_engine_test: test/range_engine_test.o $(ENGINE_OBJS)
 test/context_permit_test: test/context_permit_test.o $(ENGINE_OBJS)
 	$(CXX) -o $@ $^ $(GTEST_LIBS)
 
-unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test
+test/gpu_service_test: test/gpu_service_test.o $(ENGINE_OBJS)
+	$(CXX) -o $@ $^ $(GTEST_LIBS)
+
+unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test test/gpu_service_test
 	test/engine_test
 	test/group_engine_test
 	test/range_engine_test
 	test/context_permit_test
+	test/gpu_service_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
 gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test \

@@ -13,7 +13,9 @@
 # 16, 0 = no limit). With fewer contexts than sessions, run the clients
 # with KNN_SESSIONS_DEVICE=auto: a session without a context then joins on
 # the CPU engine (under gpu it would wait for a context until one is
-# released, i.e. for the whole run).
+# released, i.e. for the whole run). KNN_SESSIONS_SERVICE=on runs the joins
+# in the GPU service (knn_gpu.gpu_service: one process, one GPU context,
+# for all sessions); off (the default) in each backend.
 # The join: KNN_SESSIONS_Q queries x KNN_SESSIONS_T targets of
 # KNN_SESSIONS_DIM dimensions (default 1000 x 100000 x 128), k = 10,
 # device = gpu; every result is checked against the CPU engine's checksum.
@@ -30,6 +32,7 @@ psql_q -c "CREATE EXTENSION IF NOT EXISTS knn_gpu" -c "LOAD 'knn_gpu'" \
   -c "ALTER SYSTEM SET knn_gpu.gpu_memory_budget = ${KNN_SESSIONS_BUDGET_MB:-8192}" \
   -c "ALTER SYSTEM SET knn_gpu.gpu_idle_release = 60" \
   -c "ALTER SYSTEM SET knn_gpu.max_gpu_contexts = ${KNN_SESSIONS_CONTEXTS:-16}" \
+  -c "ALTER SYSTEM SET knn_gpu.gpu_service = ${KNN_SESSIONS_SERVICE:-off}" \
   -c "SELECT pg_reload_conf()" >/dev/null
 # Seeded data: targets t, queries q (rows of t with a small offset).
 psql_q <<SQL
@@ -85,15 +88,15 @@ for clients in ${KNN_SESSIONS:-16 64}; do
   failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' "$out/pgbench_$clients.log")
   aborted=$(grep -c 'client [0-9]* .*aborted' "$out/pgbench_$clients.log")
   errors=$(grep -ciE 'error|out of memory' "$out/pgbench_$clients.log")
-  engines=$(psql_q -c "SELECT count(*) FILTER (WHERE engine = 'gpu') || ',' || count(*) FILTER (WHERE engine = 'cpu') || ',' || count(*) FILTER (WHERE device LIKE '%no GPU context free%') FROM bench_engines")
-  IFS=, read -r on_gpu on_cpu no_context <<< "$engines"
-  echo "$clients sessions: joins on the GPU $on_gpu, on the CPU $on_cpu ($no_context for want of a GPU context)"
+  engines=$(psql_q -c "SELECT count(*) FILTER (WHERE engine = 'gpu') || ',' || count(*) FILTER (WHERE engine = 'cpu') || ',' || count(*) FILTER (WHERE device LIKE '%no GPU context free%') || ',' || count(*) FILTER (WHERE device LIKE '%via GPU service%') FROM bench_engines")
+  IFS=, read -r on_gpu on_cpu no_context via_service <<< "$engines"
+  echo "$clients sessions: joins on the GPU $on_gpu ($via_service via the GPU service), on the CPU $on_cpu ($no_context for want of a GPU context)"
   echo "$clients sessions: ${tps:-?} joins/s, ${done_:-0} joins, ${aborted} clients aborted, ${errors} error lines, GPU memory ${base} -> peak ${peak} MiB (pgbench rc $rc)"
-  results+=("{\"sessions\":$clients,\"joins_per_second\":${tps:-null},\"joins\":${done_:-0},\"failed\":${failed:-null},\"clients_aborted\":$aborted,\"error_lines\":$errors,\"gpu_mib_before\":${base:-null},\"gpu_mib_peak\":${peak:-null},\"joins_on_gpu\":${on_gpu:-null},\"joins_on_cpu\":${on_cpu:-null},\"cpu_for_want_of_a_context\":${no_context:-null},\"pgbench_rc\":$rc}")
+  results+=("{\"sessions\":$clients,\"joins_per_second\":${tps:-null},\"joins\":${done_:-0},\"failed\":${failed:-null},\"clients_aborted\":$aborted,\"error_lines\":$errors,\"gpu_mib_before\":${base:-null},\"gpu_mib_peak\":${peak:-null},\"joins_on_gpu\":${on_gpu:-null},\"joins_on_cpu\":${on_cpu:-null},\"cpu_for_want_of_a_context\":${no_context:-null},\"joins_via_service\":${via_service:-null},\"pgbench_rc\":$rc}")
   sleep 2
 done
-printf '{"queries":%s,"targets":%s,"dim":%s,"k":10,"seconds":%s,"device":"%s","max_gpu_jobs":%s,"gpu_memory_budget_mb":%s,"max_gpu_contexts":%s,"runs":[%s]}\n' \
+printf '{"queries":%s,"targets":%s,"dim":%s,"k":10,"seconds":%s,"device":"%s","max_gpu_jobs":%s,"gpu_memory_budget_mb":%s,"max_gpu_contexts":%s,"gpu_service":"%s","runs":[%s]}\n' \
   "$q" "$t" "$dim" "$secs" "${KNN_SESSIONS_DEVICE:-gpu}" "${KNN_SESSIONS_JOBS:-4}" "${KNN_SESSIONS_BUDGET_MB:-8192}" \
-  "${KNN_SESSIONS_CONTEXTS:-16}" \
+  "${KNN_SESSIONS_CONTEXTS:-16}" "${KNN_SESSIONS_SERVICE:-off}" \
   "$(IFS=,; echo "${results[*]}")" > "$out/sessions_bench.json"
 cat "$out/sessions_bench.json"

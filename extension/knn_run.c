@@ -26,6 +26,7 @@
 #include "utils/wait_event.h"
 
 #include "knn_admission.h"
+#include "knn_gpu_service.h"
 #include "knn_run.h"
 #include "knn_settings.h"
 
@@ -236,6 +237,8 @@ prepare_job(KnnProblem *problem, KnnAdmission admission)
 		if (admission != KNN_ADMISSION_NONE)
 			problem->admission = KNN_ADMISSION_ALL;
 	}
+	/* The GPU service: this job's route, and the service started if needed. */
+	knn_gpu_service_prepare(problem);
 
 	if (!exit_callback_registered)
 	{

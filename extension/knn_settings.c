@@ -25,6 +25,7 @@ int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
 int			knn_gpu_idle_release_s = 60;
 int			knn_gpu_max_gpu_contexts = 16;
+bool		knn_gpu_service = false;
 int32		knn_gpu_n_devices = 0;
 int32		knn_gpu_device_list[KNN_MAX_DEVICES];
 static char *knn_gpu_devices_text = NULL;
@@ -36,26 +37,26 @@ static char *knn_gpu_devices_text = NULL;
 
 /*
  * A GUC option table from a vocabulary table (allocated once, kept), plus
- * one extension-only option when extra_name is not NULL.
+ * the extension-only options of extras (NULL-name terminated; may be NULL).
  */
 static const struct config_enum_entry *
-enum_options_plus(const KnnName *names, const char *extra_name, int extra_value)
+enum_options_plus(const KnnName *names, const KnnName *extras)
 {
 	struct config_enum_entry *options;
 	int			n = 0;
+	int			n_extra = 0;
 
 	while (names[n].name != NULL)
 		n++;
-	options = MemoryContextAllocZero(TopMemoryContext, sizeof(*options) * (n + 2));
-	for (int i = 0; i < n; i++)
+	while (extras != NULL && extras[n_extra].name != NULL)
+		n_extra++;
+	options = MemoryContextAllocZero(TopMemoryContext, sizeof(*options) * (n + n_extra + 1));
+	for (int i = 0; i < n + n_extra; i++)
 	{
-		options[i].name = names[i].name;
-		options[i].val = names[i].value;
-	}
-	if (extra_name != NULL)
-	{
-		options[n].name = extra_name;
-		options[n].val = extra_value;
+		const KnnName *name = i < n ? &names[i] : &extras[i - n];
+
+		options[i].name = name->name;
+		options[i].val = name->value;
 	}
 	return options;
 }
@@ -63,8 +64,15 @@ enum_options_plus(const KnnName *names, const char *extra_name, int extra_value)
 static const struct config_enum_entry *
 enum_options(const KnnName *names)
 {
-	return enum_options_plus(names, NULL, 0);
+	return enum_options_plus(names, NULL);
 }
+
+/* knn_gpu.fault_injection's extension-only values (knn_settings.h). */
+static const KnnName extension_faults[] = {
+	{"admit_cpu", KNN_GPU_FAULT_ADMIT_CPU},
+	{"service_cpu", KNN_GPU_FAULT_SERVICE_CPU},
+	{NULL, 0}
+};
 
 /* The engine keeps its own copy: its threads never read PostgreSQL's. */
 static void
@@ -158,10 +166,11 @@ knn_settings_define(void)
 							 PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomEnumVariable("knn_gpu.fault_injection",
 							 "Test only: makes an engine entry throw (start, run, bad_alloc, finish), "
-							 "or CPU joins take GPU admission slots (admit_cpu).",
+							 "or CPU joins take GPU admission slots (admit_cpu), "
+							 "or k-NN joins run in the GPU service on its CPU engine (service_cpu).",
 							 "Proves that engine failures become errors and the backend survives.",
 							 &knn_gpu_fault_injection, KNN_FAULT_NONE,
-							 enum_options_plus(knn_fault_names, "admit_cpu", KNN_GPU_FAULT_ADMIT_CPU),
+							 enum_options_plus(knn_fault_names, extension_faults),
 							 PGC_SUSET, GUC_NOT_IN_SAMPLE | GUC_NO_SHOW_ALL, NULL, NULL, NULL);
 
 	/*
@@ -197,6 +206,18 @@ knn_settings_define(void)
 							"device = auto runs the join on the CPU engine; device = gpu waits for one.",
 							&knn_gpu_max_gpu_contexts, 16, 0, KNN_MAX_GPU_CONTEXTS,
 							PGC_SIGHUP, 0, NULL, NULL, NULL);
+
+	/*
+	 * Reload, like max_gpu_jobs: whether one process owns the GPU for all
+	 * sessions is a decision for the whole server (knn_gpu_service.c).
+	 */
+	DefineCustomBoolVariable("knn_gpu.gpu_service",
+							 "Runs the sessions' GPU k-NN joins in one GPU service process.",
+							 "The service (a background worker, started on demand) holds the "
+							 "server's only GPU context; backends then create none. Range and "
+							 "per-group joins still run in the backend.",
+							 &knn_gpu_service, false,
+							 PGC_SIGHUP, 0, NULL, NULL, NULL);
 
 	/*
 	 * A backend runs _PG_init itself unless the library is preloaded; a

@@ -17,6 +17,7 @@ extern int	knn_gpu_fault_injection;	/* KnnFault: knn_gpu.fault_injection (tests)
 extern int	knn_gpu_max_gpu_jobs;		/* knn_gpu.max_gpu_jobs: GPU joins at once, cluster-wide */
 extern int	knn_gpu_memory_budget_mb;	/* knn_gpu.gpu_memory_budget, 0 = none */
 extern int	knn_gpu_idle_release_s;	/* knn_gpu.gpu_idle_release, seconds, 0 = never */
+extern bool knn_gpu_service;			/* knn_gpu.gpu_service: joins run in the GPU service */
 extern int	knn_gpu_max_gpu_contexts;	/* knn_gpu.max_gpu_contexts: processes holding a GPU context, 0 = no limit */
 
 /* knn_gpu.devices, parsed: the GPUs a join may be split across (KnnProblem.devices). */
@@ -29,6 +30,12 @@ extern int32 knn_gpu_device_list[KNN_MAX_DEVICES];
  * without a GPU. The extension's own value, never handed to the engine.
  */
 #define KNN_GPU_FAULT_ADMIT_CPU 1000
+/*
+ * knn_gpu.fault_injection = service_cpu (tests only, superuser): k-NN joins
+ * go to the GPU service, started as a CPU stand-in that runs them on its
+ * CPU engine, so that the service is tested without a GPU.
+ */
+#define KNN_GPU_FAULT_SERVICE_CPU 1001
 
 /* Defines every setting; called once from _PG_init. */
 extern void knn_settings_define(void);

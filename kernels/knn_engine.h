@@ -337,6 +337,37 @@ int64_t		knn_job_take_pairs(KnnJob *job, int64_t *query_rows, int64_t *target_ro
 							   double *distances, int64_t capacity, int timeout_ms);
 
 /*
+ * The GPU service (knn_gpu.gpu_service; gpu_service.h): one process of the
+ * server owns the GPU and runs the k-NN joins of every backend. With
+ * KNN_GPU_SERVICE_ON a job that would run knn_cuda_run in this process
+ * sends the join to the service listening at socket_path instead (range
+ * and per-group joins stay in this process); AUTO treats a listening
+ * service as a ready GPU, and while none listens yet runs the joins that
+ * the CPU answers sooner on the CPU. KNN_GPU_SERVICE_CPU_STAND_IN (tests
+ * only): the same, but the service runs the job on its CPU engine, so
+ * that the service is tested without a GPU. lock_path: the file a running
+ * service holds with flock(2); a join that waits for a service to listen
+ * stops waiting once none has held it for a while. Takes effect from the
+ * next job.
+ */
+typedef enum KnnGpuService
+{
+	KNN_GPU_SERVICE_OFF = 0,
+	KNN_GPU_SERVICE_ON = 1,
+	KNN_GPU_SERVICE_CPU_STAND_IN = 2
+} KnnGpuService;
+
+void		knn_engine_set_gpu_service(const char *socket_path, const char *lock_path,
+									   int32_t mode);
+
+/*
+ * 1 when the server's probe record (knn_engine_set_probe_record) says
+ * that no GPU is usable, for this server run and module file; never loads
+ * the module.
+ */
+int			knn_engine_gpu_ruled_out(void);
+
+/*
  * Every entry above is safe to call from C: none lets a C++ exception out
  * and none returns without a status (or NULL) and a message.
  */

@@ -15,6 +15,9 @@
 // go to the module as they are where it takes them (knn_cuda_takes_float16);
 // the job widens them to float32 only for an engine that needs that (the
 // CPU engine, the module's TI, range and grouped paths, an older module).
+// With the GPU service on (knn_engine_set_gpu_service), a k-NN join that
+// would call the module here goes to the service instead (run_via_service);
+// range and per-group joins stay in this process.
 //
 // Every extern "C" entry runs its body through knn::guarded (entry_guard.h),
 // and the job thread starts with all signals blocked (signal_free_thread.h), so
@@ -53,6 +56,8 @@
 #include "group_split.h"
 #include "gpu_cold_start.h"
 #include "gpu_context_permit.h"
+#include "gpu_service.h"
+#include "gpu_service_client.h"
 #include "knn_cuda_module.h"
 #include "knn_engine.h"
 #include "knn_job_testing.h"
@@ -559,6 +564,7 @@ struct KnnJob {
   // Range jobs: the pairs on their way to knn_job_take_pairs.
   std::unique_ptr<knn::PairQueue> pairs;
   double seconds_context_wait = 0;  // for a GPU context permit (KnnStats.seconds_queued)
+  bool service_allowed = true;  // false: per-group sub-problems, or the service left
 
   void run() noexcept;
 
@@ -571,6 +577,7 @@ struct KnnJob {
   KnnStatus run_float_engines();
   KnnStatus run_bit();
   KnnStatus run_gpu_or_cpu();
+  KnnStatus run_via_service(const knn::service::ClientSettings &s);
   KnnStatus run_range();
   KnnStatus run_range_cpu(const char *note);
   KnnStatus run_range_gpu(const GpuView &m);
@@ -910,6 +917,7 @@ KnnStatus KnnJob::run_groups() {
     const KnnStatus st = widen();
     if (st != KNN_OK) return st;
   }
+  service_allowed = false;  // per-group joins stay in this process
   knn::GroupPartition part;
   if (!knn::partition_groups(problem, &cancel, &part)) {
     knn::copy_message(error, sizeof error, "cancelled");
@@ -998,6 +1006,10 @@ KnnStatus KnnJob::run_float_engines() {
 // process whose GPU runtime is not ready yet lets the CPU answer when that
 // is sooner (and warms the GPU up for the next join).
 KnnStatus KnnJob::run_gpu_or_cpu() {
+  if (service_allowed) {
+    const knn::service::ClientSettings service = knn::service::client_settings();
+    if (service.mode != KNN_GPU_SERVICE_OFF) return run_via_service(service);
+  }
   if (problem.device == KNN_DEVICE_AUTO && gpu_cold_prefers_cpu(problem)) {
     // The warm-up starts after the CPU join: loading CUDA meanwhile slowed
     // the join itself (an H200 host: 0.19 s instead of 0.08 s).
@@ -1013,6 +1025,85 @@ KnnStatus KnnJob::run_gpu_or_cpu() {
   if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
     std::snprintf(error, sizeof error, "no usable GPU (%s); the CPU engine ran", m.description);
   return st;
+}
+
+// How long a join waits for a GPU service that is starting (its GPU
+// runtime is created before it listens: a fraction of a second), and for
+// one to hold the service's lock (the backend registers the worker just
+// before the job starts; the worker takes the lock as it starts).
+constexpr auto kServiceStartWait = std::chrono::seconds(30);
+constexpr auto kServiceLockWait = std::chrono::seconds(2);
+
+// The join through the GPU service (gpu_service_client.h) instead of this
+// process's GPU module: no GPU context here. Under AUTO the server's probe
+// record saying "no GPU" means the CPU engine, as without the service, and
+// a service that does not listen yet is a GPU that is not ready (the cold
+// rule of gpu_cold_start.h); otherwise the join waits for it, cancellably.
+// The admission slot is taken once the service listens. A service without
+// a GPU hands the join back to the CPU engine; a service that fails or
+// dies hands it back under AUTO (cpu_after_gpu_failure).
+KnnStatus KnnJob::run_via_service(const knn::service::ClientSettings &s) {
+  const bool stand_in = s.mode == KNN_GPU_SERVICE_CPU_STAND_IN;
+  if (!stand_in && problem.device == KNN_DEVICE_AUTO && knn_engine_gpu_ruled_out() != 0)
+    return run_cpu("no GPU: server's probe record");
+  if (!knn::service::listening(s.path)) {
+    if (problem.device == KNN_DEVICE_AUTO && knn::cpu_answers_before_cold_gpu(problem))
+      return run_cpu("GPU service starting, CPU answers sooner");
+    const auto started = std::chrono::steady_clock::now();
+    auto last_running = started;
+    while (!knn::service::listening(s.path)) {
+      const auto now = std::chrono::steady_clock::now();
+      if (knn::service::running(s.lock)) last_running = now;
+      if (__atomic_load_n(&cancel, __ATOMIC_RELAXED) != 0) {
+        knn::copy_message(error, sizeof error, "cancelled while waiting for the GPU service");
+        return KNN_CANCELLED;
+      }
+      if (!stand_in && knn_engine_gpu_ruled_out() != 0) {
+        service_allowed = false;  // the service found no GPU and left: as without it
+        return run_gpu_or_cpu();
+      }
+      const bool none = now - last_running > kServiceLockWait;
+      if (none || now - started > kServiceStartWait) {
+        if (problem.device == KNN_DEVICE_AUTO)
+          return run_cpu(none ? "no GPU service runs: CPU engine"
+                              : "GPU service did not start: CPU engine");
+        knn::copy_message(error, sizeof error,
+                          none ? "no GPU service runs (the next join starts one)"
+                               : "the GPU service did not start within 30 s");
+        return KNN_DEVICE_ERROR;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    seconds_context_wait =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
+  // The rows go into the job before the slot is taken: the slot then
+  // covers the service's work only.
+  knn::service::PreparedJob job;
+  KnnStatus st = job.prepare(problem, stand_in, error, sizeof error);
+  if (st != KNN_OK)
+    return cpu_after_gpu_failure(st, [this] { return run_cpu("GPU service failed, CPU engine ran"); });
+  if (problem.admission != KNN_ADMISSION_NONE) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
+  st = job.submit(s.path, problem.gpu_memory_limit, neighbors, distances, &stats, &cancel, error,
+                  sizeof error);
+  if (st == KNN_NO_DEVICE) {
+    char why[kMessageBytes];
+    knn::copy_message(why, sizeof why, error);
+    stats = KnnStats{};
+    error[0] = '\0';
+    st = run_cpu("no GPU in the GPU service");
+    if (problem.device == KNN_DEVICE_GPU && st == KNN_OK)
+      std::snprintf(error, sizeof error, "%.400s; the CPU engine ran", why);
+    return st;
+  }
+  if (st == KNN_OK) {
+    const size_t used = std::strlen(stats.device_name);
+    std::snprintf(stats.device_name + used, sizeof stats.device_name - used, " via GPU service");
+  }
+  return cpu_after_gpu_failure(st, [this] { return run_cpu("GPU service failed, CPU engine ran"); });
 }
 
 void KnnJob::announce_finished() noexcept {
@@ -1163,6 +1254,45 @@ void knn_engine_set_gpu_contexts(const char *dir, int32_t max_contexts) {
     p.max_contexts = std::max<int32_t>(0, max_contexts);
     return KNN_OK;
   });
+}
+
+int knn_engine_gpu_ruled_out(void) {
+  int ruled_out = 0;
+  knn::guarded("knn_engine_gpu_ruled_out", nullptr, 0, [&] {
+    std::lock_guard<std::mutex> lock(gpu_module.mutex);
+    if (gpu_module.loaded) {
+      ruled_out = gpu_module.usable ? 0 : 1;
+      return KNN_OK;
+    }
+    bool usable = false;
+    char reason[sizeof gpu_module.record_reason];
+    if (read_record(gpu_module, &usable, reason, sizeof reason) && !usable) ruled_out = 1;
+    return KNN_OK;
+  });
+  return ruled_out;
+}
+
+int knn_engine_prepare_gpu(char *description, size_t len) {
+  int usable = 0;
+  knn::guarded("knn_engine_prepare_gpu", description, len, [&] {
+    const GpuView view = gpu(true);
+    knn::copy_message(description, len, view.description);
+    if (!view.usable) return KNN_OK;
+    usable = 1;
+    knn_cuda_warm_up_fn warm_up = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(gpu_module.mutex);
+      warm_up = gpu_module.warm_up;
+    }
+    char error[kMessageBytes];
+    if (warm_up != nullptr && try_enter_gpu(error, sizeof error) == GpuEntry::kGo) {
+      const GpuUse use;
+      (void)warm_up(error, sizeof error);  // a failure shows in the first join
+      push_idle_release(view.set_idle_release);
+    }
+    return KNN_OK;
+  });
+  return usable;
 }
 
 void knn_job_test_float16_upload(int enabled) { float16_upload_enabled.store(enabled != 0); }

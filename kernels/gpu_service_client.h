@@ -1,0 +1,79 @@
+// gpu_service_client.h -- a backend's end of the GPU service
+// (knn_gpu.gpu_service): a k-NN join sent to the service as one sealed
+// memfd (gpu_service_wire.h) instead of knn_cuda_run in this process, so
+// that the backend needs no GPU context of its own. The job layer
+// (knn_job.cpp) calls it from an engine thread: plain POSIX, no
+// PostgreSQL; every signal is blocked on that thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpu_service_wire.h"
+#include "knn_engine.h"
+
+namespace knn::service {
+
+// knn_engine_set_gpu_service's values, as the next job reads them.
+struct ClientSettings {
+  int32_t mode = KNN_GPU_SERVICE_OFF;
+  char path[108] = "";  // sockaddr_un's limit
+  char lock[108] = "";  // held (flock) by a running service
+};
+ClientSettings client_settings();
+
+// True when a process holds the service's lock (a shared flock taken and
+// dropped at once: a starting service retries over it).
+bool running(const char *lock_path);
+
+// True when a service listens at path (its socket file exists; the
+// service creates it once its GPU runtime is ready).
+bool listening(const char *path);
+
+// A join written into a sealed memfd (gpu_service_wire.h), made before the
+// backend waits for its GPU slot, so that the slot is held only while the
+// service works. Closed and unmapped with the object.
+class PreparedJob {
+ public:
+  PreparedJob() = default;
+  ~PreparedJob();
+  PreparedJob(const PreparedJob &) = delete;
+  PreparedJob &operator=(const PreparedJob &) = delete;
+
+  // Copies the problem's rows and keys in. KNN_OK, or a status and errbuf.
+  KnnStatus prepare(const KnnProblem &problem, bool cpu_stand_in, char *errbuf, size_t errlen);
+
+  // Sends it to the service at path with the join's GPU memory limit (the
+  // admission slot's share, known only now) and waits for the answer, as
+  // run() below.
+  KnnStatus submit(const char *path, int64_t gpu_memory_limit, int64_t *neighbors,
+                   double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
+                   size_t errlen, int give_up_ms = 10000);
+
+ private:
+  int fd_ = -1;
+  unsigned char *base_ = nullptr;
+  uint64_t size_ = 0;
+  WireHeader header_{};
+};
+
+// Runs the join in the service, as knn_cuda_run would in this process:
+// results into neighbors and distances, statistics, status and message.
+// *cancel is forwarded to the service. A service that is not there, or
+// that ends before it answers: KNN_DEVICE_ERROR with a message that says
+// so. After a cancel, a service that has not answered within give_up_ms
+// is left (KNN_CANCELLED; the end of the socket cancels it there too).
+KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &problem,
+              int64_t *neighbors, double *distances, KnnStats *stats, const int32_t *cancel,
+              char *errbuf, size_t errlen, int give_up_ms = 10000);
+
+// The steps of run(), for tests that send hostile jobs.
+int connect_to(const char *path, char *why, size_t why_len);  // -1 on failure
+bool send_job(int sock, int memfd);
+// Waits for the reply; while waiting, copies *cancel (when set) into
+// *cancel_word. Returns 1 with a reply, 0 when the socket ended first, -1
+// when give_up_ms passed after a cancel.
+int await_reply(int sock, WireReply *reply, int32_t *cancel_word, const int32_t *cancel,
+                int give_up_ms);
+
+}  // namespace knn::service

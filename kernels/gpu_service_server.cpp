@@ -1,0 +1,282 @@
+// gpu_service_server.cpp -- the GPU service's socket (gpu_service_server.h).
+
+#include "gpu_service_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "entry_guard.h"
+#include "gpu_service_wire.h"
+#include "problem_check.h"
+#include "signal_free_thread.h"
+
+namespace knn::service {
+
+namespace {
+
+// How long a connection may take to send its job, and how often a running
+// job's connection looks at its socket and at stop().
+constexpr int kRequestTimeoutMs = 5000;
+constexpr int kWatchMs = 20;
+
+void close_fd(int &fd) {
+  if (fd >= 0) close(fd);
+  fd = -1;
+}
+
+// Receives the request and the memfd sent with it (-1 when none came, or
+// when anything about the message is odd: every descriptor that came is
+// closed then).
+int receive_job(int sock, JobRequest *req) {
+  pollfd pfd{sock, POLLIN, 0};
+  if (poll(&pfd, 1, kRequestTimeoutMs) != 1) return -1;
+  iovec iov{req, sizeof *req};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  int fd = -1;
+  bool odd = n != static_cast<ssize_t>(sizeof *req) || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC));
+  for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; i++) {
+      int received;
+      std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
+      if (fd < 0 && !odd) fd = received;
+      else { close(received); odd = true; }
+    }
+  }
+  if (odd) close_fd(fd);
+  return fd;
+}
+
+void send_reply(int sock, KnnStatus status, const char *message) {
+  WireReply reply;
+  std::memset(&reply, 0, sizeof reply);
+  reply.magic = kMagic;
+  reply.status = status;
+  copy_message(reply.message, sizeof reply.message, message);
+  (void)send(sock, &reply, sizeof reply, MSG_NOSIGNAL);
+}
+
+// A memfd the peer can no longer shrink (so the mapping never faults), and
+// its size.
+const char *sealed_size(int memfd, uint64_t *size) {
+  struct stat st;
+  if (fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
+    return "the job is not a memory file";
+  const int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) return "the job's memory file is not sealed";
+  *size = static_cast<uint64_t>(st.st_size);
+  return nullptr;
+}
+
+}  // namespace
+
+struct Server::Connection {
+  int fd = -1;
+  std::thread thread;
+  std::atomic<bool> done{false};
+};
+
+std::unique_ptr<Server> Server::listen(const char *path, RunFunction run, char *why,
+                                       size_t why_len) {
+  std::unique_ptr<Server> s(new Server());
+  s->path_ = path != nullptr ? path : "";
+  s->run_ = std::move(run);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string temporary = s->path_ + ".new";
+  if (s->path_.empty() || temporary.size() >= sizeof addr.sun_path) {
+    copy_message(why, why_len, "the service's socket path is empty or too long");
+    return nullptr;
+  }
+  std::memcpy(addr.sun_path, temporary.c_str(), temporary.size() + 1);
+  (void)unlink(s->path_.c_str());  // a dead service's
+  (void)unlink(temporary.c_str());
+  s->listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0 || pipe2(s->wake_, O_CLOEXEC) != 0 ||
+      bind(s->listen_fd_, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0 ||
+      chmod(temporary.c_str(), 0600) != 0 || ::listen(s->listen_fd_, 128) != 0 ||
+      rename(temporary.c_str(), s->path_.c_str()) != 0) {
+    std::snprintf(why, why_len, "could not listen on %s: %s", s->path_.c_str(),
+                  std::strerror(errno));
+    (void)unlink(temporary.c_str());
+    s->stopped_ = true;  // nothing to stop but the descriptors
+    close_fd(s->listen_fd_);
+    close_fd(s->wake_[0]);
+    close_fd(s->wake_[1]);
+    return nullptr;
+  }
+  Server *raw = s.get();
+  try {
+    s->acceptor_ = start_signal_free_thread([raw] { raw->accept_loop(); });
+  } catch (const std::exception &e) {
+    copy_message(why, why_len, "could not start the service's thread");
+    s->stopped_ = true;
+    (void)unlink(s->path_.c_str());
+    close_fd(s->listen_fd_);
+    close_fd(s->wake_[0]);
+    close_fd(s->wake_[1]);
+    return nullptr;
+  }
+  return s;
+}
+
+Server::~Server() { stop(); }
+
+void Server::accept_loop() noexcept {
+  while (!stopping_.load()) {
+    pollfd pfds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+    if (poll(pfds, 2, 1000) < 0 && errno != EINTR) break;
+    if (stopping_.load()) break;
+    reap(false);
+    if ((pfds[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    try {
+      std::unique_ptr<Connection> c(new Connection());
+      c->fd = fd;
+      Connection *raw = c.get();
+      std::lock_guard<std::mutex> lock(mutex_);
+      c->thread = start_signal_free_thread([this, raw] { serve(raw); });
+      connections_.push_back(std::move(c));
+    } catch (...) {
+      close(fd);  // no thread or no memory: the backend sees the end of the socket
+    }
+  }
+}
+
+// Joins finished connection threads (all: every one, after stop).
+void Server::reap(bool all) noexcept {
+  std::vector<std::unique_ptr<Connection>> finished;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      if (all || (*it)->done.load()) {
+        finished.push_back(std::move(*it));
+        it = connections_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto &c : finished)
+    if (c->thread.joinable()) c->thread.join();
+}
+
+void Server::serve(Connection *c) noexcept {
+  JobRequest req{};
+  int memfd = receive_job(c->fd, &req);
+  void *base = MAP_FAILED;
+  uint64_t size = 0;
+  const char *rejected = nullptr;
+  WireHeader h;
+  if (memfd < 0) rejected = "no job received";
+  else if (req.magic != kMagic || req.version != kVersion) rejected = "not a job request of this version";
+  else rejected = sealed_size(memfd, &size);
+  if (rejected == nullptr) {
+    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
+    if (base == MAP_FAILED) rejected = "could not map the job";
+  }
+  if (rejected == nullptr) {
+    std::memcpy(&h, base, sizeof h);  // read once: the peer may rewrite it
+    rejected = validate_header(h, size);
+  }
+  if (rejected == nullptr) {  // the engines' own check (enums, threads), before a thread starts
+    auto *bytes = static_cast<unsigned char *>(base);
+    rejected = problem_invalid_reason(problem_of(h, bytes),
+                                      reinterpret_cast<int64_t *>(bytes + h.neighbors.offset),
+                                      reinterpret_cast<double *>(bytes + h.distances.offset));
+  }
+  if (rejected != nullptr) {
+    send_reply(c->fd, KNN_INVALID_ARGUMENT, rejected);
+  } else {
+    auto *bytes = static_cast<unsigned char *>(base);
+    auto *shared = static_cast<WireHeader *>(base);
+    int32_t *cancel = &shared->cancel;
+    const KnnProblem problem = problem_of(h, bytes);
+    auto *neighbors = reinterpret_cast<int64_t *>(bytes + h.neighbors.offset);
+    auto *distances = reinterpret_cast<double *>(bytes + h.distances.offset);
+    const bool stand_in = (h.flags & kCpuStandIn) != 0;
+    KnnStats stats{};
+    char message[kMessageBytes] = "";
+    std::atomic<bool> ran{false};
+    KnnStatus status = KNN_INTERNAL_ERROR;
+    std::thread worker;
+    try {
+      worker = start_signal_free_thread([&] {
+        status = guarded("GPU service job", message, sizeof message, [&] {
+          return run_(problem, stand_in, neighbors, distances, &stats, cancel, message,
+                      sizeof message);
+        });
+        ran.store(true);
+      });
+    } catch (...) {
+      copy_message(message, sizeof message, "the GPU service could not start a thread");
+      status = KNN_OUT_OF_MEMORY;
+      ran.store(true);
+    }
+    // Watch the backend while the job runs: its end (or stop()) cancels.
+    bool peer_gone = false;
+    while (!ran.load()) {
+      pollfd pfd{c->fd, POLLIN, 0};
+      const int ready = poll(&pfd, 1, kWatchMs);
+      if (!peer_gone && ready == 1) {
+        char byte;
+        const ssize_t n = recv(c->fd, &byte, 1, MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
+            (pfd.revents & (POLLHUP | POLLERR)) != 0)
+          peer_gone = true;
+      }
+      if (peer_gone || stopping_.load()) __atomic_store_n(cancel, 1, __ATOMIC_RELAXED);
+      if (peer_gone && ready == 1) std::this_thread::sleep_for(std::chrono::milliseconds(kWatchMs));
+    }
+    if (worker.joinable()) worker.join();
+    // Stopping: no answer, so that the backend reads the service's end.
+    if (!stopping_.load() && !peer_gone) {
+      std::memcpy(&shared->stats, &stats, sizeof stats);
+      send_reply(c->fd, status, message);
+      answered_++;
+    }
+  }
+  if (base != MAP_FAILED) munmap(base, size);
+  close_fd(memfd);
+  close_fd(c->fd);
+  c->done.store(true);
+}
+
+void Server::stop() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopped_) return;
+    stopped_ = true;
+  }
+  stopping_.store(true);
+  if (wake_[1] >= 0) {
+    const char byte = 1;
+    (void)!write(wake_[1], &byte, 1);
+  }
+  if (acceptor_.joinable()) acceptor_.join();
+  // No new connection comes; the running ones see stopping_ and end.
+  (void)unlink(path_.c_str());
+  close_fd(listen_fd_);
+  reap(true);
+  close_fd(wake_[0]);
+  close_fd(wake_[1]);
+}
+
+}  // namespace knn::service

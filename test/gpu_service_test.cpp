@@ -1,0 +1,431 @@
+// gpu_service_test.cpp -- the GPU service's transport (gpu_service_wire.h,
+// gpu_service_server.h, gpu_service_client.h) with client and server in
+// one process: results equal to the engine run directly, hostile jobs
+// rejected before anything of them is read, cancel, and the death of
+// either end. The run functions are the CPU engine or fakes: no GPU.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/cpu_engine.h"
+#include "gpu_service.h"
+#include "gpu_service_client.h"
+#include "gpu_service_server.h"
+#include "gpu_service_wire.h"
+#include "job_run.h"
+#include "knn_engine.h"
+
+namespace {
+
+using namespace knn::service;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A fresh directory for the socket, removed afterwards.
+struct SocketDir {
+  std::string dir, path;
+  SocketDir() {
+    char tmpl[] = "/tmp/knn_service_test.XXXXXX";
+    if (mkdtemp(tmpl) != nullptr) dir = tmpl;
+    path = dir + "/service.sock";
+  }
+  ~SocketDir() {
+    unlink(path.c_str());
+    rmdir(dir.c_str());
+  }
+};
+
+struct Rows {
+  std::vector<float> queries, targets;
+  std::vector<int64_t> keys;
+};
+
+Rows make_rows(int64_t nq, int64_t nt, int32_t dim) {
+  Rows r;
+  r.queries.resize(static_cast<size_t>(nq * dim));
+  r.targets.resize(static_cast<size_t>(nt * dim));
+  for (size_t i = 0; i < r.queries.size(); i++) r.queries[i] = float((i * 7919) % 1000) / 1000.0f;
+  for (size_t i = 0; i < r.targets.size(); i++) r.targets[i] = float((i * 104729) % 997) / 997.0f;
+  for (int64_t i = 0; i < nt; i++) r.keys.push_back(1000 + i);
+  return r;
+}
+
+KnnProblem problem_of(const Rows &r, int64_t nq, int64_t nt, int32_t dim, int32_t k) {
+  KnnProblem p;
+  std::memset(&p, 0, sizeof p);
+  p.element = KNN_ELEMENT_FLOAT32;
+  p.queries = r.queries.data();
+  p.n_queries = nq;
+  p.targets = r.targets.data();
+  p.n_targets = nt;
+  p.dim = dim;
+  p.k = k;
+  p.metric = KNN_METRIC_L2;
+  p.device = KNN_DEVICE_CPU;
+  p.n_threads = 2;
+  return p;
+}
+
+// The CPU engine as the service's run function, counting its calls.
+struct CpuService {
+  std::atomic<int> calls{0};
+  RunFunction function() {
+    return [this](const KnnProblem &p, bool, int64_t *n, double *d, KnnStats *s,
+                  const int32_t *cancel, char *e, size_t el) {
+      calls++;
+      return knn::cpu_run(p, n, d, s, cancel, e, el);
+    };
+  }
+};
+
+job_run::JobResult through_service(const std::string &path, const KnnProblem &p,
+                                   const int32_t *cancel = nullptr) {
+  job_run::JobResult r;
+  r.neighbors.assign(static_cast<size_t>(p.n_queries * p.k), -2);
+  r.distances.assign(r.neighbors.size(), -2.0);
+  static const int32_t never = 0;
+  char err[512] = "";
+  r.status = run(path.c_str(), false, p, r.neighbors.data(), r.distances.data(), &r.stats,
+                 cancel != nullptr ? cancel : &never, err, sizeof err);
+  r.message = err;
+  return r;
+}
+
+// A server on dir's socket (nullptr, and the test fails, where it cannot listen).
+std::unique_ptr<Server> serve_on(const SocketDir &dir, RunFunction run) {
+  char why[256] = "";
+  auto server = Server::listen(dir.path.c_str(), std::move(run), why, sizeof why);
+  EXPECT_NE(server, nullptr) << why;
+  return server;
+}
+
+// The small join of the tests that do not look at results.
+struct SmallJoin {
+  Rows rows = make_rows(10, 100, 8);
+  KnnProblem problem = problem_of(rows, 10, 100, 8, 3);
+};
+
+// Every test: a fresh socket directory, and the small join.
+class GpuService : public ::testing::Test {
+ protected:
+  SocketDir dir;
+  const SmallJoin small;
+  const KnnProblem &p = small.problem;
+};
+
+TEST_F(GpuService, ResultsAreTheEnginesOwn) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
+  struct stat st;
+  ASSERT_EQ(stat(dir.path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+
+  const Rows rows = make_rows(37, 501, 13);
+  // Two matrices; k above the targets' count (empty slots); a self-join of
+  // one matrix with keys (self-matches excluded).
+  for (int32_t k : {1, 7, 600}) {
+    const KnnProblem join = problem_of(rows, 37, 501, 13, k);
+    const auto direct = job_run::run_job(join);
+    const auto served = through_service(dir.path, join);
+    ASSERT_EQ(served.status, KNN_OK) << served.message;
+    job_run::expect_identical(direct, served, "k = " + std::to_string(k));
+    EXPECT_STREQ(served.stats.device_name, direct.stats.device_name);
+  }
+  KnnProblem self = problem_of(rows, 501, 501, 13, 5);
+  self.queries = rows.targets.data();
+  self.query_keys = rows.keys.data();
+  self.target_keys = rows.keys.data();
+  const auto direct = job_run::run_job(self);
+  const auto served = through_service(dir.path, self);
+  ASSERT_EQ(served.status, KNN_OK) << served.message;
+  job_run::expect_identical(direct, served, "self-join");
+  EXPECT_EQ(server->jobs_answered(), 4);
+}
+
+// A job file made by hand: a header planned for a valid problem, then
+// spoiled by the test.
+struct HandMadeJob {
+  int fd = -1;
+  uint64_t size = 0;
+  WireHeader header{};
+  HandMadeJob(const KnnProblem &p) {
+    const char *why = nullptr;
+    EXPECT_TRUE(plan_layout(p, false, false, &header, &size, &why));
+    fd = memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  }
+  ~HandMadeJob() {
+    if (fd >= 0) close(fd);
+  }
+  // Writes the header into a file of `bytes` bytes, sealed if asked.
+  void write(uint64_t bytes, bool seal) {
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    ASSERT_EQ(pwrite(fd, &header, std::min<uint64_t>(sizeof header, bytes), 0),
+              static_cast<ssize_t>(std::min<uint64_t>(sizeof header, bytes)));
+    if (seal) {
+      ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    }
+  }
+};
+
+// Sends the job file (or, with fd < 0, the request alone) and returns the reply.
+WireReply send_raw(const std::string &path, int fd) {
+  WireReply reply;
+  std::memset(&reply, 0, sizeof reply);
+  reply.status = -1;
+  char why[256];
+  const int sock = connect_to(path.c_str(), why, sizeof why);
+  EXPECT_GE(sock, 0) << why;
+  if (sock < 0) return reply;
+  if (fd >= 0) {
+    EXPECT_TRUE(send_job(sock, fd));
+  } else {
+    JobRequest req{kMagic, kVersion};
+    EXPECT_EQ(::send(sock, &req, sizeof req, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof req));
+  }
+  const int32_t never = 0;
+  EXPECT_EQ(await_reply(sock, &reply, nullptr, &never, 10000), 1);
+  close(sock);
+  return reply;
+}
+
+TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
+
+  struct Case {
+    const char *name;
+    void (*spoil)(HandMadeJob &job);
+    bool seal;
+    int64_t size_change;  // bytes added to (or taken from) the planned size
+    const char *expected;
+  };
+  const Case cases[] = {
+      {"unsealed", [](HandMadeJob &) {}, false, 0, "not sealed"},
+      {"truncated below its regions", [](HandMadeJob &) {}, true, -64, "outside"},
+      {"smaller than a header", [](HandMadeJob &) {}, true, -1, "smaller than its header"},
+      {"wrong magic", [](HandMadeJob &j) { j.header.magic ^= 1; }, true, 0, "not a job"},
+      {"header size of another build", [](HandMadeJob &j) { j.header.header_bytes += 8; }, true, 0,
+       "not a job"},
+      {"region past the end",
+       [](HandMadeJob &j) { j.header.targets.offset = uint64_t{1} << 40; }, true, 0, "outside"},
+      {"offset that wraps",
+       [](HandMadeJob &j) { j.header.queries.offset = ~uint64_t{0} - 63; }, true, 0, "outside"},
+      {"misaligned region", [](HandMadeJob &j) { j.header.queries.offset += 4; }, true, 0,
+       "outside"},
+      {"length that disagrees with the counts", [](HandMadeJob &j) { j.header.n_targets += 1; },
+       true, 0, "length"},
+      {"counts that overflow",
+       [](HandMadeJob &j) { j.header.n_queries = int64_t{1} << 62; }, true, 0, "too large"},
+      {"negative count", [](HandMadeJob &j) { j.header.n_targets = -1; }, true, 0, "negative"},
+      {"k = 0", [](HandMadeJob &j) { j.header.k = 0; }, true, 0, "k must"},
+      {"zero dimension", [](HandMadeJob &j) { j.header.dim = 0; }, true, 0, "dimension"},
+      {"unknown element", [](HandMadeJob &j) { j.header.element = 9; }, true, 0, "element"},
+      {"results over the query rows",
+       [](HandMadeJob &j) { j.header.distances.offset = j.header.queries.offset; }, true, 0,
+       "overlap"},
+      {"too many devices", [](HandMadeJob &j) { j.header.n_devices = KNN_MAX_DEVICES + 1; }, true,
+       0, "device"},
+      {"unknown flag", [](HandMadeJob &j) { j.header.flags |= 64; }, true, 0, "flags"},
+      {"negative memory limit", [](HandMadeJob &j) { j.header.gpu_memory_limit = -1; }, true, 0,
+       "memory limit"},
+      {"unknown metric", [](HandMadeJob &j) { j.header.metric = 77; }, true, 0, "unknown metric"},
+      {"bit metric on float rows", [](HandMadeJob &j) { j.header.metric = KNN_METRIC_HAMMING; },
+       true, 0, "bit rows"},
+      {"too many threads", [](HandMadeJob &j) { j.header.n_threads = 100000; }, true, 0,
+       "n_threads"},
+  };
+  for (const Case &c : cases) {
+    HandMadeJob job(p);
+    c.spoil(job);
+    const uint64_t bytes = c.size_change == -1 ? sizeof(WireHeader) - 8 : job.size + c.size_change;
+    job.write(bytes, c.seal);
+    const WireReply reply = send_raw(dir.path, job.fd);
+    EXPECT_EQ(reply.status, KNN_INVALID_ARGUMENT) << c.name;
+    EXPECT_NE(std::strstr(reply.message, c.expected), nullptr) << c.name << ": " << reply.message;
+  }
+  // A request without a descriptor, and a pipe instead of a memory file.
+  WireReply reply = send_raw(dir.path, -1);
+  EXPECT_EQ(reply.status, KNN_INVALID_ARGUMENT);
+  EXPECT_NE(std::strstr(reply.message, "no job"), nullptr) << reply.message;
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  reply = send_raw(dir.path, fds[0]);
+  close(fds[0]);
+  close(fds[1]);
+  EXPECT_EQ(reply.status, KNN_INVALID_ARGUMENT);
+  EXPECT_EQ(engine.calls.load(), 0) << "a hostile job reached the engine";
+
+  // The service still answers a sound job.
+  const auto served = through_service(dir.path, p);
+  EXPECT_EQ(served.status, KNN_OK) << served.message;
+  EXPECT_EQ(engine.calls.load(), 1);
+}
+
+// The admission slot's share of the GPU memory budget is known only after
+// the job was prepared: it reaches the service with the submission.
+TEST_F(GpuService, TheSlotsMemoryLimitReachesTheService) {
+  std::atomic<int64_t> seen{-1};
+  auto server = serve_on(dir, [&seen](const KnnProblem &problem, bool, int64_t *n, double *d,
+                                      KnnStats *s, const int32_t *cancel, char *e, size_t el) {
+    seen = problem.gpu_memory_limit;
+    return knn::cpu_run(problem, n, d, s, cancel, e, el);
+  });
+  ASSERT_NE(server, nullptr);
+  PreparedJob job;
+  char err[512] = "";
+  ASSERT_EQ(job.prepare(p, false, err, sizeof err), KNN_OK) << err;
+  std::vector<int64_t> neighbors(static_cast<size_t>(p.n_queries * p.k));
+  std::vector<double> distances(neighbors.size());
+  const int32_t never = 0;
+  EXPECT_EQ(job.submit(dir.path.c_str(), int64_t{3} << 30, neighbors.data(), distances.data(),
+                       nullptr, &never, err, sizeof err),
+            KNN_OK)
+      << err;
+  EXPECT_EQ(seen.load(), int64_t{3} << 30);
+}
+
+// A run function that waits for its cancel word and says when it saw it.
+struct WaitsForCancel {
+  std::atomic<bool> started{false};
+  std::atomic<bool> saw_cancel{false};
+  RunFunction function() {
+    return [this](const KnnProblem &, bool, int64_t *, double *, KnnStats *,
+                  const int32_t *cancel, char *e, size_t el) {
+      started = true;
+      const auto t = Clock::now();
+      while (__atomic_load_n(cancel, __ATOMIC_RELAXED) == 0 && seconds_since(t) < 20)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      saw_cancel = __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
+      std::snprintf(e, el, "cancelled");
+      return KNN_CANCELLED;
+    };
+  }
+  void await_start() const {
+    const auto t = Clock::now();
+    while (!started && seconds_since(t) < 10) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+};
+
+TEST_F(GpuService, CancelReachesTheServiceJob) {
+  WaitsForCancel fake;
+  auto server = serve_on(dir, fake.function());
+  ASSERT_NE(server, nullptr);
+  int32_t cancel = 0;
+  job_run::JobResult r;
+  std::thread client([&] { r = through_service(dir.path, p, &cancel); });
+  fake.await_start();
+  const auto t = Clock::now();
+  __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+  client.join();
+  EXPECT_LT(seconds_since(t), 0.5);
+  EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
+  EXPECT_TRUE(fake.saw_cancel.load());
+}
+
+TEST_F(GpuService, TheBackendsDeathCancelsItsJob) {
+  WaitsForCancel fake;
+  auto server = serve_on(dir, fake.function());
+  ASSERT_NE(server, nullptr);
+  HandMadeJob job(p);
+  job.write(job.size, true);
+  char why[256] = "";
+  const int sock = connect_to(dir.path.c_str(), why, sizeof why);
+  ASSERT_GE(sock, 0) << why;
+  ASSERT_TRUE(send_job(sock, job.fd));
+  fake.await_start();
+  const auto t = Clock::now();
+  close(sock);  // the backend is gone
+  while (!fake.saw_cancel && seconds_since(t) < 5)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(fake.saw_cancel.load());
+  EXPECT_LT(seconds_since(t), 0.5);
+}
+
+TEST_F(GpuService, TheServicesDeathEndsTheJoinWithAnError) {
+  WaitsForCancel fake;
+  auto server = serve_on(dir, fake.function());
+  ASSERT_NE(server, nullptr);
+  job_run::JobResult r;
+  std::thread client([&] { r = through_service(dir.path, p); });
+  fake.await_start();
+  const auto t = Clock::now();
+  server->stop();
+  client.join();
+  EXPECT_LT(seconds_since(t), 1.0);
+  EXPECT_EQ(r.status, KNN_DEVICE_ERROR);
+  EXPECT_NE(r.message.find("GPU service ended"), std::string::npos) << r.message;
+  // Nothing is left behind, and a join now finds no service.
+  EXPECT_FALSE(listening(dir.path.c_str()));
+  const auto after = through_service(dir.path, p);
+  EXPECT_EQ(after.status, KNN_DEVICE_ERROR);
+  EXPECT_NE(after.message.find("no GPU service answers"), std::string::npos) << after.message;
+}
+
+// The job layer's route (knn_engine_set_gpu_service): the service as the
+// background worker runs it (knn_gpu_service_open, a CPU stand-in here).
+TEST_F(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
+  const Rows rows = make_rows(40, 3000, 16);
+  KnnProblem join = problem_of(rows, 40, 3000, 16, 4);
+  const auto direct = job_run::run_job(join);
+  ASSERT_EQ(direct.status, KNN_OK);
+
+  // No service listens: AUTO lets the CPU answer this small join at once.
+  const std::string lock = dir.dir + "/service.lock";
+  knn_engine_set_gpu_service(dir.path.c_str(), lock.c_str(), KNN_GPU_SERVICE_CPU_STAND_IN);
+  join.device = KNN_DEVICE_AUTO;
+  auto r = job_run::run_job(join);
+  EXPECT_EQ(r.status, KNN_OK) << r.message;
+  EXPECT_NE(std::strstr(r.stats.device_name, "GPU service starting"), nullptr)
+      << r.stats.device_name;
+  job_run::expect_identical(direct, r, "before the service");
+
+  char description[384] = "", why[512] = "";
+  KnnGpuServiceHandle *service =
+      knn_gpu_service_open(dir.path.c_str(), 1, description, sizeof description, why, sizeof why);
+  ASSERT_NE(service, nullptr) << why;
+  for (KnnDevice device : {KNN_DEVICE_AUTO, KNN_DEVICE_GPU}) {
+    join.device = device;
+    r = job_run::run_job(join);
+    EXPECT_EQ(r.status, KNN_OK) << r.message;
+    EXPECT_NE(std::strstr(r.stats.device_name, "via GPU service"), nullptr) << r.stats.device_name;
+    job_run::expect_identical(direct, r, "through the service");
+  }
+  EXPECT_EQ(knn_gpu_service_jobs_answered(service), 2);
+  knn_gpu_service_close(service);
+  EXPECT_FALSE(listening(dir.path.c_str()));
+
+  // The service gone: GPU waits for one (cancellably); here it fails after
+  // its wait only under GPU, so AUTO is checked: the small join runs on
+  // the CPU again.
+  join.device = KNN_DEVICE_AUTO;
+  r = job_run::run_job(join);
+  EXPECT_EQ(r.status, KNN_OK) << r.message;
+  job_run::expect_identical(direct, r, "after the service");
+  // GPU: no service holds the lock, so the join stops waiting after 2 s.
+  join.device = KNN_DEVICE_GPU;
+  r = job_run::run_job(join);
+  EXPECT_EQ(r.status, KNN_DEVICE_ERROR);
+  EXPECT_NE(r.message.find("no GPU service runs"), std::string::npos) << r.message;
+  EXPECT_LT(r.seconds, 5.0);
+  knn_engine_set_gpu_service("", "", KNN_GPU_SERVICE_OFF);
+}
+
+}  // namespace
