@@ -1286,16 +1286,16 @@ TEST(GpuTiOutOfCore, DuplicateGroupSpanningParts) {
 
 TEST(GpuTiOutOfCore, KLargerThanATargetPart) {
   REQUIRE_GPU();
-  // Wide rows (the build of a target part holds three copies) and a few
-  // queries (one query part): at 700 kB the target parts hold fewer rows
-  // than k, so every list is filled across parts.
+  // Wide rows (the build of a target part holds two or three copies of its
+  // distinct rows) and a few queries (one query part): at 500 kB the target
+  // parts hold fewer rows than k, so every list is filled across parts.
   const Data d = make_data(40, 2000, 1000, Shape::kClustered, 331, true);
   for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
     Options o;
     o.k = 30;
     o.metric = m;
     const std::vector<OutOfCoreShape> shapes =
-        check_out_of_core(d, o, {700000}, "40 x 2000 x 1000");
+        check_out_of_core(d, o, {500000}, "40 x 2000 x 1000");
     ASSERT_EQ(shapes.size(), 1u);
     EXPECT_LT(shapes[0].target_rows, o.k);
   }
@@ -1390,6 +1390,40 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
     shapes = check_out_of_core(keyed, o, {2 << 20, 1 << 20}, "spatial parts, two sets, keys");
     for (const OutOfCoreShape &s : shapes)
       if (s.query_parts > 1) EXPECT_GT(s.skipped, 0);
+  }
+}
+
+TEST(GpuTiOutOfCore, PartsCutByDistinctPoints) {
+  REQUIRE_GPU();
+  // Parts are cut by distinct points, each duplicate group whole in one
+  // part. 24000 rows of 300 distinct points, with one point holding a
+  // third of all rows (a part may be that one distinct point): k = 120
+  // exceeds what most parts hold distinct, ties at equal distances are
+  // broken by row across parts, and the self-join's keys drop each row
+  // itself. Then keys shared by up to 40 rows (k' = k + 40: global lists)
+  // across duplicate groups.
+  std::mt19937_64 rng(381);
+  const int dim = 3;
+  const std::vector<float> points = make_rows(300, dim, Shape::kIntegers, rng);
+  Data d = make_self(24000, dim, Shape::kUniform, 382, false);
+  std::uniform_int_distribution<int> pick(0, 299);
+  for (int64_t i = 0; i < d.nt(); i++) {
+    const int p = i % 3 == 0 ? 7 : pick(rng);
+    std::memcpy(d.targets.data() + i * dim, points.data() + p * dim, dim * sizeof(float));
+  }
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 120;
+    o.metric = m;
+    std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {1 << 20, 1 << 18}, "300 distinct of 24000");
+    ASSERT_FALSE(shapes.empty());
+    EXPECT_GT(shapes.back().target_parts, 1);
+    Data keyed = d;
+    for (int64_t i = 0; i < keyed.nt(); i++) keyed.target_keys[i] = i % 600;
+    keyed.query_keys = keyed.target_keys;
+    o.k = 10;
+    check_out_of_core(keyed, o, {1 << 20, 1 << 18}, "300 distinct, shared keys");
   }
 }
 

@@ -118,12 +118,17 @@ class OutOfCoreJoin {
 
  private:
   KnnStatus upload_target_keys();
-  KnnStatus query_part(int64_t first, int64_t count, bool *finite, int64_t *neighbors,
-                       double *distances);
+  KnnStatus query_part(int index, bool *finite, int64_t *neighbors, double *distances);
   KnnStatus filter_part(const ClusterSet &queries, const DistinctSet &query_set,
                         const TargetPart &part, bool resume, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
+  KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
+                                double *distances);
+  // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
+  // phase times (printed to stderr at the end) are the stages' own.
+  void lap(double *phase, Clock::time_point *t0);
+  void trace() const;
   void describe(KnnStats *stats) const;
 
   const KnnProblem &p_;
@@ -151,9 +156,11 @@ class OutOfCoreJoin {
   DeviceBuffer<float> result_value_;
   DeviceBuffer<int32_t> result_row_;
   DeviceBuffer<unsigned> theta_bits_;
-  std::vector<float> query_staging_;
+  PartStaging query_part_staging_;
   std::vector<int64_t> key_staging_, rows_staging_;
   std::vector<double> dist_staging_;
+  std::vector<float> list_value_;  // a query part's lists, on the host
+  std::vector<int32_t> list_row_;
 
   Level2Config used_;
   int64_t pairs_skipped_ = 0;
@@ -161,11 +168,40 @@ class OutOfCoreJoin {
   int64_t query_clusters_ = 0;
   Clock::time_point t_start_ = Clock::now();
   double cluster_seconds_ = 0, filter_seconds_ = 0, output_seconds_ = 0;
+  const bool trace_ = std::getenv("KNN_TI_TRACE") != nullptr &&
+                      std::getenv("KNN_TI_TRACE")[0] == '1';
+  // Phases (trace): target parts built or copied back, level 1, level 2,
+  // theta read-backs; pairs filtered.
+  double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
+  int64_t pairs_visited_ = 0;
   unsigned long long computed_ = 0;
 };
 
+void OutOfCoreJoin::lap(double *phase, Clock::time_point *t0) {
+  if (!trace_) return;
+  (void)cudaStreamSynchronize(ctx_.stream);
+  const Clock::time_point now = Clock::now();
+  *phase += std::chrono::duration<double>(now - *t0).count();
+  *t0 = now;
+}
+
+void OutOfCoreJoin::trace() const {
+  if (!trace_) return;
+  std::fprintf(stderr,
+               "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped; "
+               "query parts %.4f s (build %.4f, filter %.4f: targets %.4f, level 1 %.4f, "
+               "level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s\n",
+               plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
+               (long long)plan_.target_rows, (long long)pairs_visited_,
+               (long long)pairs_skipped_,
+               cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
+               filter_seconds_, get_seconds_, level1_seconds_, level2_seconds_, theta_seconds_,
+               output_seconds_, targets_.cluster_seconds());
+}
+
 KnnStatus OutOfCoreJoin::upload_target_keys() {
-  if (!exclude_) return KNN_OK;
+  // Ordered: keys are applied on the host (output_ordered_part).
+  if (!exclude_ || ordered_) return KNN_OK;
   KNN_TRY(fixed_mem_.allocate(ctx_, target_keys_, p_.n_targets, "keys"));
   CUDA_CHECK(ctx_, cudaMemcpyAsync(target_keys_.get(), p_.target_keys,
                                    p_.n_targets * sizeof(int64_t), cudaMemcpyHostToDevice,
@@ -176,10 +212,12 @@ KnnStatus OutOfCoreJoin::upload_target_keys() {
 // Level 1 and level 2 of the query part against one target part.
 KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSet &query_set,
                                      const TargetPart &part, bool resume, MemoryBudget &mem) {
+  Clock::time_point t0 = Clock::now();
   Level1Result level1;
   KNN_TRY(level1_filter(queries, part.clusters, p_.metric, plan_.kprime, margin_, level1, mem,
                         ctx_));
   KNN_TRY(ctx_.cancel_point());
+  lap(&level1_seconds_, &t0);
   Level2Config config;
   config.kprime = plan_.kprime;
   config.partial = false;  // the partial filter cannot carry lists over
@@ -193,6 +231,7 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
                         result_value_.get(), result_row_.get(), counter_.get(), &used_, mem,
                         ctx_));
+  lap(&level2_seconds_, &t0);
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
@@ -301,35 +340,92 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
   return KNN_OK;
 }
 
-// Query rows [first, first + count) against all target parts.
-KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
-                                    int64_t *neighbors, double *distances) {
+// The lists of query part `index` (n_distinct distinct points) to the
+// results of its rows, on the host: each row of a distinct point takes
+// its list, less the entries whose target key equals its own key, as
+// ti_output.cu's expand_kernel does on the device; the float8 distances
+// come from the same knn_distance.h conversion.
+KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
+                                             double *distances) {
+  const int k = p_.k, kp = plan_.kprime;
+  const size_t slots = (size_t)n_distinct * kp;
+  list_value_.resize(slots);
+  list_row_.resize(slots);
+  KNN_TRY(download_to_host(ctx_, list_value_.data(), result_value_.get(), slots * sizeof(float)));
+  KNN_TRY(download_to_host(ctx_, list_row_.data(), result_row_.get(), slots * sizeof(int32_t)));
+  const int64_t d0 = plan_.query_distinct_first(index);
+  const std::vector<int64_t> &begin = query_order_.distinct_begin;
+  const bool l1 = p_.metric == KNN_METRIC_L1;
+  double nan;
+  const uint64_t nan_bits = 0x7ff8000000000000ull;  // as the device writes it
+  std::memcpy(&nan, &nan_bits, sizeof nan);
+  // Slices of about 4 MB of output.
+  const int64_t rows_per_slice = std::max<int64_t>(256, (4 << 20) / ((int64_t)k * 16));
+  const int64_t slice = std::max<int64_t>(
+      1, rows_per_slice * n_distinct / std::max<int64_t>(1, begin[d0 + n_distinct] - begin[d0]));
+  cpu::parallel_for((n_distinct + slice - 1) / slice, query_order_.n_threads, nullptr,
+                    [&](int64_t sl, int) {
+    const int64_t end = std::min(n_distinct, (sl + 1) * slice);
+    for (int64_t d = sl * slice; d < end; d++) {
+      const float *value = list_value_.data() + d * kp;
+      const int32_t *row = list_row_.data() + d * kp;
+      for (int64_t pos = begin[d0 + d]; pos < begin[d0 + d + 1]; pos++) {
+        const int64_t q = query_order_.row(pos);
+        const int64_t own_key = exclude_ ? p_.query_keys[q] : 0;
+        int64_t *to_rows = neighbors + q * k;
+        double *to_dist = distances + q * k;
+        int j = 0;
+        for (int s = 0; s < kp && j < k; s++) {
+          const int32_t r = row[s];
+          if (r == kNoRow) break;
+          if (exclude_ && p_.target_keys[r] == own_key) continue;
+          to_rows[j] = r;
+          to_dist[j] = l1 ? MetricOps<KNN_METRIC_L1>::result(value[s])
+                          : MetricOps<KNN_METRIC_L2>::result(value[s]);
+          j++;
+        }
+        for (; j < k; j++) {
+          to_rows[j] = -1;
+          to_dist[j] = nan;
+        }
+      }
+    }
+  });
+  return KNN_OK;
+}
+
+// Query part `index` against all target parts.
+KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
+                                    double *distances) {
+  const int64_t first = plan_.query_first(index), count = plan_.query_count(index);
   // The query part's own accounting: what it leaves behind goes with it.
   MemoryBudget mem(plan_.budget - std::min(plan_.budget, fixed_mem_.used()));
   Clock::time_point t0 = Clock::now();
-  DeviceBuffer<unsigned> max_abs;
-  KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
-  CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
-  const float *rows = float_rows(p_.queries) + first * p_.dim;
-  if (ordered_) {
-    query_staging_.resize((size_t)count * p_.dim);
-    query_order_.gather(float_rows(p_.queries), first, count, query_staging_.data());
-    rows = query_staging_.data();
-  }
+  DistinctSet query_set;
   UploadedSet upload;
-  KNN_TRY(upload_points(rows, count, p_.dim, stride_, upload, max_abs.get(), mem, ctx_));
-  float query_max_abs;
-  KNN_TRY(read_max_abs(max_abs.get(), &query_max_abs, ctx_));
+  float query_max_abs = 0;
+  if (ordered_) {
+    // Distinct points gathered on the host (ti_part_upload.cu).
+    KNN_TRY(upload_ordered_part(query_order_, float_rows(p_.queries),
+                                plan_.query_distinct_first(index),
+                                plan_.query_distinct_count(index), stride_, query_set,
+                                &query_max_abs, query_part_staging_, mem, ctx_));
+  } else {
+    DeviceBuffer<unsigned> max_abs;
+    KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
+    CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+    KNN_TRY(upload_points(float_rows(p_.queries) + first * p_.dim, count, p_.dim, stride_, upload,
+                          max_abs.get(), mem, ctx_));
+    KNN_TRY(read_max_abs(max_abs.get(), &query_max_abs, ctx_));
+    mem.release(max_abs);
+  }
   if (!distances_stay_finite(p_.metric, p_.dim, query_max_abs)) {
     *finite = false;
     return KNN_OK;
   }
-  mem.release(max_abs);
-
-  DistinctSet query_set;
-  ClusterSet queries;
-  KNN_TRY(build_distinct_set(upload.points, options_.dedup, query_set, mem, ctx_));
+  if (!ordered_) KNN_TRY(build_distinct_set(upload.points, options_.dedup, query_set, mem, ctx_));
   KNN_TRY(ctx_.cancel_point());
+  ClusterSet queries;
   const int32_t mq = plan_.query_clusters_for(query_set.n_distinct);
   KNN_TRY(build_clusters(query_set, p_.metric, mq, options_.landmark_candidate_sets,
                          options_.gemm_assign_min_stride, queries, mem, ctx_));
@@ -338,7 +434,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   query_clusters_ += queries.m;
 
   const int64_t *query_keys = nullptr;
-  if (exclude_) {
+  if (exclude_ && !ordered_) {
     if (!ordered_ && p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
       query_keys = target_keys_.get() + first;  // the same rows' keys
     } else {
@@ -363,7 +459,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   KNN_TRY(ctx_.cancel_point());
 
   t0 = Clock::now();
-  const int query_index = (int)(first / plan_.query_rows);
+  const int query_index = index;
   // The host queues part i while the device works on part i - 1, and waits
   // for that one before going on: no gap between parts, and a cancel is
   // seen within about two parts' work.
@@ -374,7 +470,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   order_target_parts(query_index, first, count, &order);
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
-    const int index = order[i].second;
+    const int target = order[i].second;
     if (i > 0 && ordered_) {
       // Skip this part and every farther one when its bound is beyond the
       // largest theta of the part's queries; skip this part alone when
@@ -382,7 +478,9 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
       // come after every list's last row (header: exactness).
       double theta;
       int64_t last_row;
+      const Clock::time_point t_theta = Clock::now();
       KNN_TRY(largest_theta(query_set, &theta, &last_row));
+      theta_seconds_ += seconds_since(t_theta);
       const double bound = order[i].first;
       const double widened = theta + rounding_(std::max(0.0, bound) + theta);
       if (bound > 0 && bound > widened) {
@@ -390,7 +488,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
         break;
       }
       const bool never_nearer = theta == 0 || (bound > 0 && bound >= widened);
-      if (never_nearer && part_min_row_[index] > last_row) {
+      if (never_nearer && part_min_row_[target] > last_row) {
         pairs_skipped_++;
         continue;
       }
@@ -400,8 +498,11 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
       // before the next part's is allocated.
       MemoryBudget part_mem(mem.budget() - std::min(mem.budget(), mem.used()));
       TargetPart part;
-      KNN_TRY(targets_.get(index, query_max_abs, part, finite, part_mem));
+      Clock::time_point t_get = Clock::now();
+      KNN_TRY(targets_.get(target, query_max_abs, part, finite, part_mem));
       if (!*finite) return KNN_OK;
+      lap(&get_seconds_, &t_get);
+      pairs_visited_++;
       KNN_TRY(filter_part(queries, query_set, part, /*resume=*/i > 0, part_mem));
     }
     CUDA_CHECK(ctx_, cudaEventRecord(done[i % 2].get(), ctx_.stream));
@@ -412,7 +513,10 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   KNN_TRY(ctx_.cancel_point());
 
   t0 = Clock::now();
-  KNN_TRY(output_part(query_set, first, query_keys, mem, neighbors, distances));
+  if (ordered_)
+    KNN_TRY(output_ordered_part(index, query_set.n_distinct, neighbors, distances));
+  else
+    KNN_TRY(output_part(query_set, first, query_keys, mem, neighbors, distances));
   output_seconds_ += seconds_since(t0);
   mem.release(result_value_);
   mem.release(result_row_);
@@ -472,16 +576,16 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
       if (!*finite) return KNN_OK;
     }
   }
-  for (int64_t first = 0; first < p_.n_queries; first += plan_.query_rows) {
+  for (int q = 0; q < plan_.query_parts(); q++) {
     KNN_TRY(ctx_.cancel_point());
-    const int64_t count = std::min(plan_.query_rows, p_.n_queries - first);
-    KNN_TRY(query_part(first, count, finite, neighbors, distances));
+    KNN_TRY(query_part(q, finite, neighbors, distances));
     if (!*finite) return KNN_OK;
   }
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   if (stats != nullptr) describe(stats);
+  trace();
   return KNN_OK;
 }
 
@@ -510,13 +614,14 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
       problem.element != KNN_ELEMENT_FLOAT32 || (row_ranges != nullptr && row_ranges[0] == '1')) {
     // Row ranges (lists hold int32 rows; only float rows are gathered).
   } else {
-    KnnStatus status = target_order.build(float_rows(problem.targets), problem.n_targets,
-                                          problem.dim, problem.metric, groups, budget, ctx);
+    KnnStatus status =
+        target_order.build(float_rows(problem.targets), problem.n_targets, problem.dim,
+                           problem.metric, groups, options.dedup, budget, ctx);
     if (status == KNN_OK) {
       if (self) query_order = target_order;
       else
         status = query_order.build(float_rows(problem.queries), problem.n_queries, problem.dim,
-                                   problem.metric, groups, budget, ctx);
+                                   problem.metric, groups, options.dedup, budget, ctx);
     }
     // A budget too small for the landmarks: row ranges, as before.
     if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
@@ -529,8 +634,10 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
     }
   }
   std::vector<double> centre;
-  if (query_order.ordered() && target_order.ordered())
+  if (query_order.ordered() && target_order.ordered()) {
     centre = landmark_distances(query_order, target_order, problem.metric, ctx.cancel);
+    plan.cut_distinct(query_order, target_order);
+  }
   KNN_TRY(ctx.cancel_point());
   const double order_seconds = seconds_since(t0);
   // The plan's sizes are estimates: where a part still does not fit, the

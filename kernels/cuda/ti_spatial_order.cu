@@ -11,6 +11,14 @@
 // the device and the landmarks' distances in double on the host: next to
 // the float distances of the join they are exact, and the radii are still
 // widened by a relative 1e-9.
+//
+// Duplicates: the same pass hashes each row's bits (64 bits). Equal rows
+// have equal landmark distances, so they share a group; within a group
+// positions are sorted by (hash, row), and a position starts a new
+// distinct point unless its row is bitwise equal to the previous one. A
+// hash collision can only interleave two runs of equal rows, which then
+// count as more distinct points than there are: slower, never wrong (the
+// join treats bitwise-equal distinct points like any tie).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,7 +44,7 @@ constexpr double kHostSlack = 1e-9;
 // the same landmark.
 __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
                                         const float *landmarks, int32_t m, int l1,
-                                        int32_t *group, double *value) {
+                                        int32_t *group, double *value, uint64_t *hash) {
   __shared__ float tile[kTileFloats];
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const float *x = rows + (i < n ? i : 0) * (int64_t)dim;
@@ -66,6 +74,13 @@ __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
   if (i < n) {
     group[i] = best_index;
     value[i] = best;
+    // The row's bits, mixed word by word (splitmix-style finaliser).
+    uint64_t h = 0x6a09e667f3bcc909ull + (uint64_t)dim;
+    for (int d = 0; d < dim; d++) {
+      h = (h ^ __float_as_uint(x[d])) * 0x9e3779b97f4a7c15ull;
+      h ^= h >> 29;
+    }
+    hash[i] = h;
   }
 }
 
@@ -103,9 +118,10 @@ void bisect(int32_t *ids, int32_t n, const double *d, int32_t m) {
 }  // namespace
 
 KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric metric,
-                              int32_t groups, size_t budget, DeviceContext &ctx) {
+                              int32_t groups, bool dedup, size_t budget, DeviceContext &ctx) {
   dim = dim_;
   perm.clear();
+  distinct_begin.clear();
   if ((metric != KNN_METRIC_L2 && metric != KNN_METRIC_L1) || n < 2 || dim < 1 ||
       dim > kTileFloats)
     return KNN_OK;
@@ -121,19 +137,23 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   // Assignment, streamed through the device in chunks within the budget.
   std::vector<int32_t> group(n);
   std::vector<double> value(n);
+  std::vector<uint64_t> hash(n);
   {
     MemoryBudget mem(budget);
     DeviceBuffer<float> landmarks;
     KNN_TRY(mem.allocate(ctx, landmarks, sample.size(), "landmarks"));
     CUDA_CHECK(ctx, cudaMemcpyAsync(landmarks.get(), sample.data(), sample.size() * sizeof(float),
                                     cudaMemcpyHostToDevice, ctx.stream));
-    const size_t per_row = (size_t)dim * sizeof(float) + sizeof(int32_t) + sizeof(double);
+    const size_t per_row =
+        (size_t)dim * sizeof(float) + sizeof(int32_t) + sizeof(double) + sizeof(uint64_t);
     const size_t room = budget > mem.used() ? (budget - mem.used()) / 2 : 0;
     const int64_t chunk = std::min<int64_t>(n, std::max<int64_t>(64, room / per_row));
     DeviceBuffer<float> x;
     DeviceBuffer<int32_t> g;
     DeviceBuffer<double> v;
+    DeviceBuffer<uint64_t> h;
     KNN_TRY(mem.allocate(ctx, x, (size_t)chunk * dim, "points"));
+    KNN_TRY(mem.allocate(ctx, h, (size_t)chunk, "row hashes"));
     KNN_TRY(mem.allocate(ctx, g, (size_t)chunk, "landmark assignment"));
     KNN_TRY(mem.allocate(ctx, v, (size_t)chunk, "landmark assignment"));
     // Through the device's pinned staging (host_transfer.cuh), which wants
@@ -147,15 +167,18 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
                                (size_t)count * dim * sizeof(float)));
       nearest_landmark_kernel<<<grid_for(count, kAssignThreads), kAssignThreads, 0,
                                 ctx.stream>>>(x.get(), count, dim, landmarks.get(), m,
-                                              metric == KNN_METRIC_L1 ? 1 : 0, g.get(), v.get());
+                                              metric == KNN_METRIC_L1 ? 1 : 0, g.get(), v.get(),
+                                              h.get());
       CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
       KNN_TRY(download_to_host(ctx, group.data() + first, g.get(), count * sizeof(int32_t)));
       KNN_TRY(download_to_host(ctx, value.data() + first, v.get(), count * sizeof(double)));
+      KNN_TRY(download_to_host(ctx, hash.data() + first, h.get(), count * sizeof(uint64_t)));
     }
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     mem.release(x);
     mem.release(g);
     mem.release(v);
+    mem.release(h);
     mem.release(landmarks);
   }
 
@@ -192,11 +215,41 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   perm.resize(n);
   std::vector<int64_t> next(group_begin.begin(), group_begin.end() - 1);
   for (int64_t i = 0; i < n; i++) perm[next[rank[group[i]]]++] = (int32_t)i;
+  mark_distinct(rows, hash, dedup, ctx.cancel);
+  KNN_TRY(ctx.cancel_point());
   landmark.resize(sample.size());
   for (int32_t r = 0; r < m; r++)
     std::memcpy(landmark.data() + (size_t)r * dim, sample.data() + (size_t)tour[r] * dim,
                 dim * sizeof(float));
   return KNN_OK;
+}
+
+void SpatialOrder::mark_distinct(const float *rows, const std::vector<uint64_t> &hash,
+                                 bool dedup, const int32_t *cancel) {
+  const int64_t n = (int64_t)perm.size();
+  const int64_t groups = (int64_t)group_begin.size() - 1;
+  distinct_begin.clear();
+  if (!dedup) {
+    distinct_begin.resize(n + 1);
+    for (int64_t i = 0; i <= n; i++) distinct_begin[i] = i;
+    return;
+  }
+  // Per group: (hash, row) order, then the starts of runs of equal rows.
+  std::vector<unsigned char> start(n, 0);
+  const size_t row_bytes = (size_t)dim * sizeof(float);
+  cpu::parallel_for(groups, n_threads, cancel, [&](int64_t g, int) {
+    int32_t *a = perm.data() + group_begin[g], *b = perm.data() + group_begin[g + 1];
+    std::sort(a, b, [&](int32_t x, int32_t y) {
+      return hash[x] != hash[y] ? hash[x] < hash[y] : x < y;
+    });
+    for (int32_t *p = a; p < b; p++)
+      start[p - perm.data()] =
+          p == a || hash[p[0]] != hash[p[-1]] ||
+          std::memcmp(rows + (int64_t)p[0] * dim, rows + (int64_t)p[-1] * dim, row_bytes) != 0;
+  });
+  for (int64_t i = 0; i < n; i++)
+    if (start[i]) distinct_begin.push_back(i);
+  distinct_begin.push_back(n);
 }
 
 void SpatialOrder::gather(const float *rows, int64_t first, int64_t count, float *out) const {
