@@ -173,6 +173,7 @@ class OutOfCoreJoin {
   // Phases (trace): target parts built or copied back, level 1, level 2,
   // theta read-backs; pairs filtered.
   double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
+  double query_upload_seconds_ = 0;
   int64_t pairs_visited_ = 0;
   unsigned long long computed_ = 0;
 };
@@ -189,14 +190,16 @@ void OutOfCoreJoin::trace() const {
   if (!trace_) return;
   std::fprintf(stderr,
                "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped; "
-               "query parts %.4f s (build %.4f, filter %.4f: targets %.4f, level 1 %.4f, "
-               "level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s\n",
+               "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
+               "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
+               "(pinned copies %.4f)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
                (long long)pairs_skipped_,
                cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
-               filter_seconds_, get_seconds_, level1_seconds_, level2_seconds_, theta_seconds_,
-               output_seconds_, targets_.cluster_seconds());
+               query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
+               level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
+               targets_.store_seconds());
 }
 
 KnnStatus OutOfCoreJoin::upload_target_keys() {
@@ -359,17 +362,20 @@ KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int6
   double nan;
   const uint64_t nan_bits = 0x7ff8000000000000ull;  // as the device writes it
   std::memcpy(&nan, &nan_bits, sizeof nan);
-  // Slices of about 4 MB of output.
-  const int64_t rows_per_slice = std::max<int64_t>(256, (4 << 20) / ((int64_t)k * 16));
-  const int64_t slice = std::max<int64_t>(
-      1, rows_per_slice * n_distinct / std::max<int64_t>(1, begin[d0 + n_distinct] - begin[d0]));
-  cpu::parallel_for((n_distinct + slice - 1) / slice, query_order_.n_threads, nullptr,
+  // Slices of about 1 MB of output, by position (one distinct point may
+  // hold most rows of the part); each slice finds its first point.
+  const int64_t at = begin[d0], rows = begin[d0 + n_distinct] - at;
+  const int64_t slice = std::max<int64_t>(256, (1 << 20) / ((int64_t)k * 16));
+  cpu::parallel_for((rows + slice - 1) / slice, query_order_.n_threads, nullptr,
                     [&](int64_t sl, int) {
-    const int64_t end = std::min(n_distinct, (sl + 1) * slice);
-    for (int64_t d = sl * slice; d < end; d++) {
+    const int64_t lo = at + sl * slice, hi = std::min(at + rows, lo + slice);
+    int64_t d = std::upper_bound(begin.begin() + d0, begin.begin() + d0 + n_distinct + 1, lo) -
+                begin.begin() - 1 - d0;
+    for (; d < n_distinct && begin[d0 + d] < hi; d++) {
       const float *value = list_value_.data() + d * kp;
       const int32_t *row = list_row_.data() + d * kp;
-      for (int64_t pos = begin[d0 + d]; pos < begin[d0 + d + 1]; pos++) {
+      const int64_t from = std::max(lo, begin[d0 + d]), to = std::min(hi, begin[d0 + d + 1]);
+      for (int64_t pos = from; pos < to; pos++) {
         const int64_t q = query_order_.row(pos);
         const int64_t own_key = exclude_ ? p_.query_keys[q] : 0;
         int64_t *to_rows = neighbors + q * k;
@@ -401,15 +407,30 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   // The query part's own accounting: what it leaves behind goes with it.
   MemoryBudget mem(plan_.budget - std::min(plan_.budget, fixed_mem_.used()));
   Clock::time_point t0 = Clock::now();
-  DistinctSet query_set;
+  DistinctSet built_set;
+  ClusterSet built;
   UploadedSet upload;
   float query_max_abs = 0;
-  if (ordered_) {
+  // Shared parts: the query part is target part `index`, copied back (its
+  // clusters serve as the queries, and as the targets of its own pair).
+  TargetPart own;
+  const bool shared = plan_.shared_parts && targets_.cached();
+  if (shared) {
+    KNN_TRY(targets_.get(index, 0.0f, own, finite, mem));
+    if (!*finite) return KNN_OK;
+    query_max_abs = own.max_abs;
+  }
+  DistinctSet &query_set = shared ? own.set : built_set;
+  const ClusterSet &queries = shared ? own.clusters : built;
+  if (shared) {
+    // (own.set holds the part's counts and rows: all the lists need.)
+  } else if (ordered_) {
     // Distinct points gathered on the host (ti_part_upload.cu).
     KNN_TRY(upload_ordered_part(query_order_, float_rows(p_.queries),
                                 plan_.query_distinct_first(index),
                                 plan_.query_distinct_count(index), stride_, query_set,
                                 &query_max_abs, query_part_staging_, mem, ctx_));
+    lap(&query_upload_seconds_, &t0);
   } else {
     DeviceBuffer<unsigned> max_abs;
     KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
@@ -425,12 +446,13 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   }
   if (!ordered_) KNN_TRY(build_distinct_set(upload.points, options_.dedup, query_set, mem, ctx_));
   KNN_TRY(ctx_.cancel_point());
-  ClusterSet queries;
-  const int32_t mq = plan_.query_clusters_for(query_set.n_distinct);
-  KNN_TRY(build_clusters(query_set, p_.metric, mq, options_.landmark_candidate_sets,
-                         options_.gemm_assign_min_stride, queries, mem, ctx_));
-  mem.release(upload.padded);
-  mem.release(query_set.x);
+  if (!shared) {
+    const int32_t mq = plan_.query_clusters_for(query_set.n_distinct);
+    KNN_TRY(build_clusters(query_set, p_.metric, mq, options_.landmark_candidate_sets,
+                           options_.gemm_assign_min_stride, built, mem, ctx_));
+    mem.release(upload.padded);
+    mem.release(query_set.x);
+  }
   query_clusters_ += queries.m;
 
   const int64_t *query_keys = nullptr;
@@ -497,10 +519,13 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
       // Each target part's memory is its own, released (in stream order)
       // before the next part's is allocated.
       MemoryBudget part_mem(mem.budget() - std::min(mem.budget(), mem.used()));
-      TargetPart part;
+      TargetPart loaded;
       Clock::time_point t_get = Clock::now();
-      KNN_TRY(targets_.get(target, query_max_abs, part, finite, part_mem));
-      if (!*finite) return KNN_OK;
+      if (!(shared && target == index)) {
+        KNN_TRY(targets_.get(target, query_max_abs, loaded, finite, part_mem));
+        if (!*finite) return KNN_OK;
+      }
+      const TargetPart &part = shared && target == index ? own : loaded;
       lap(&get_seconds_, &t_get);
       pairs_visited_++;
       KNN_TRY(filter_part(queries, query_set, part, /*resume=*/i > 0, part_mem));
@@ -527,7 +552,7 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached]": query
+  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached[/shared]]": query
   // parts x target parts, rows per query part x rows per target part, P
   // threads per query (of the last level-2 launch).
   // " skip S": (query part, target part) pairs skipped by their bound.
@@ -537,7 +562,8 @@ void OutOfCoreJoin::describe(KnnStats *stats) const {
   std::snprintf(stats->variant, sizeof stats->variant,
                 "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
-                skipped, place_name(used_.place), parts, targets_.cached() ? "/cached" : "");
+                skipped, place_name(used_.place), parts,
+                !targets_.cached() ? "" : plan_.shared_parts ? "/cached/shared" : "/cached");
   stats->query_clusters = query_clusters_;
   stats->target_clusters = targets_.clusters();
   stats->distance_computations = (int64_t)computed_;
@@ -640,6 +666,13 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
   }
   KNN_TRY(ctx.cancel_point());
   const double order_seconds = seconds_since(t0);
+  const char *trace = std::getenv("KNN_TI_TRACE");
+  if (trace != nullptr && trace[0] == '1')
+    std::fprintf(stderr,
+                 "[ti out-of-core] orders %.4f s (targets: assignment %.4f, duplicates %.4f; "
+                 "%lld distinct of %lld rows)\n",
+                 order_seconds, target_order.assign_seconds, target_order.dedup_seconds,
+                 (long long)target_order.n_distinct(), (long long)problem.n_targets);
   // The plan's sizes are estimates: where a part still does not fit, the
   // join starts again with parts half as large, down to a floor.
   for (;;) {

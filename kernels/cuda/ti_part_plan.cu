@@ -12,8 +12,10 @@
 //  * a query part while target parts are filtered: S + 24 plus its k'
 //    lists (8 k'), and level 2's global list slots where k' > 32.
 // The query resident bytes and the loaded target bytes share 80 % of the
-// budget half and half (the pair count falls with the product of the part
-// sizes); each build has the budget to itself (90 %). With one query part,
+// budget, 55 % and 25 % (the pair count falls with the product of the
+// part sizes, and the level-2 kernel runs a thread per query of the part:
+// larger query parts keep more of the device busy); each build has the
+// budget to itself (90 %). With one query part,
 // the target parts are built beside it instead, never cached.
 //
 // Row ranges (sides without an order) keep the first scheme, in rows:
@@ -206,6 +208,7 @@ void PartPlan::plan_distinct() {
   const SpatialOrder &q = *query_order_, &t = *target_order_;
   const int64_t nq = q.n_distinct(), rows_q = q.distinct_begin.back();
   int64_t largest_query = 0, largest_target = 0;
+  shared_parts = false;
   if (query_resident_bytes(nq, rows_q) <= avail * 0.5 && build(nq, rows_q) <= avail * 0.9) {
     // One query part; each target part is built beside it, once.
     cache_targets = false;
@@ -217,16 +220,45 @@ void PartPlan::plan_distinct() {
     cut_parts(t, [&](int64_t d, int64_t r) { return build(d, r) <= rest; }, &target_units_,
               &target_at_, &target_rows, &largest_target);
   } else {
-    // Query resident and target loaded bytes share 80 %, half and half.
-    const double half = avail * 0.4, whole = avail * 0.9;
+    // Query resident and target loaded bytes share 80 %: more to the
+    // queries, whose count is the level-2 kernel's parallelism.
+    const double query_share = avail * 0.55, target_share = avail * 0.25, whole = avail * 0.9;
     cut_parts(q,
               [&](int64_t d, int64_t r) {
-                return query_resident_bytes(d, r) <= half && build(d, r) <= whole;
+                return query_resident_bytes(d, r) <= query_share && build(d, r) <= whole;
               },
               &query_units_, &query_at_, &query_rows, &largest_query);
-    cut_parts(t, [&](int64_t d, int64_t r) { return loaded(d, r) <= half && build(d, r) <= whole; },
+    cut_parts(t,
+              [&](int64_t d, int64_t r) {
+                return loaded(d, r) <= target_share && build(d, r) <= whole;
+              },
               &target_units_, &target_at_, &target_rows, &largest_target);
+    // A self-join whose query parts would have as many clusters as its
+    // target parts (lists not in global memory) may cut both sides alike,
+    // under both limits: query part i is then target part i, copied back
+    // instead of built again (shared_parts). Taken where the pairs it adds
+    // cost less than the query builds it saves (a build is some five
+    // pairs' work).
+    if (self_ && !global_lists_) {
+      std::vector<int64_t> units, at;
+      int64_t rows = 0, largest = 0;
+      cut_parts(q,
+                [&](int64_t d, int64_t r) {
+                  return query_resident_bytes(d, r) <= query_share && loaded(d, r) <= target_share &&
+                         build(d, r) <= whole;
+                },
+                &units, &at, &rows, &largest);
+      const double parts = (double)units.size() - 1;
+      if (parts * parts <= (double)query_parts() * (target_parts() + 5)) {
+        shared_parts = true;
+        query_units_ = target_units_ = units;
+        query_at_ = target_at_ = at;
+        query_rows = target_rows = rows;
+        largest_query = largest_target = largest;
+      }
+    }
     cache_targets = query_parts() > 1;
+    shared_parts = shared_parts && cache_targets;
   }
   cap_clusters(largest_query, largest_target);
 }
@@ -289,6 +321,7 @@ bool PartPlan::halve() {
   query_units_ = query_at_;
   target_units_ = target_at_;
   cache_targets = query_parts() > 1;
+  shared_parts = false;
   return true;
 }
 

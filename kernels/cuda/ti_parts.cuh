@@ -38,6 +38,10 @@ class PartPlan {
   // Several query parts: every target part is clustered first, kept in
   // pinned host memory, and copied back for each query part.
   bool cache_targets = false;
+  // A self-join cut the same way on both sides, whose target parts also
+  // serve as the query parts (same clusters): query part i is target part
+  // i, copied back instead of built again.
+  bool shared_parts = false;
   bool by_distinct() const { return by_distinct_; }
 
   int query_parts() const { return (int)query_at_.size() - 1; }
@@ -120,6 +124,7 @@ class SpatialOrder {
   std::vector<float> landmark;        // groups x dim (tour order)
   std::vector<double> radius;         // groups: no member farther (margin in)
   std::vector<int64_t> distinct_begin;  // distinct points + 1 positions
+  double assign_seconds = 0, dedup_seconds = 0;  // build's phases (trace)
   int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
 
  private:
@@ -189,6 +194,7 @@ class TargetParts {
   bool cached() const { return cache_; }
   int64_t clusters() const { return clusters_; }
   double cluster_seconds() const { return cluster_seconds_; }
+  double store_seconds() const { return store_seconds_; }
 
  private:
   struct HostPart;  // ti_target_parts.cu
@@ -207,7 +213,7 @@ class TargetParts {
   PartStaging part_staging_;  // the part being built (ordered)
   std::vector<HostPart *> host_;
   int64_t clusters_ = 0;
-  double cluster_seconds_ = 0;
+  double cluster_seconds_ = 0, store_seconds_ = 0;
 };
 
 }  // namespace ti

@@ -14,21 +14,25 @@
 //
 // Duplicates: the same pass hashes each row's bits (64 bits). Equal rows
 // have equal landmark distances, so they share a group; within a group
-// positions are sorted by (hash, row), and a position starts a new
-// distinct point unless its row is bitwise equal to the previous one. A
-// hash collision can only interleave two runs of equal rows, which then
-// count as more distinct points than there are: slower, never wrong (the
-// join treats bitwise-equal distinct points like any tie).
+// (rows ascending) each row is looked up by its hash among the group's
+// distinct points so far and compared bit for bit with their first rows:
+// equal, it joins that point; else it starts a new one. The group's
+// positions are then laid out point by point (first occurrence order),
+// each point's rows ascending. Linear in the rows, and a group of many
+// copies of a few points (kdd's largest) costs a lookup and a compare a
+// row.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 #include <math_constants.h>
 
 #include "../cpu/parallel_for.h"
 #include "host_transfer.cuh"
 #include "ti_parts.cuh"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cuda {
@@ -134,6 +138,7 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
     std::memcpy(sample.data() + (size_t)g * dim, rows + (n * g / m) * (int64_t)dim,
                 dim * sizeof(float));
 
+  const Clock::time_point t0 = Clock::now();
   // Assignment, streamed through the device in chunks within the budget.
   std::vector<int32_t> group(n);
   std::vector<double> value(n);
@@ -215,8 +220,11 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   perm.resize(n);
   std::vector<int64_t> next(group_begin.begin(), group_begin.end() - 1);
   for (int64_t i = 0; i < n; i++) perm[next[rank[group[i]]]++] = (int32_t)i;
+  const Clock::time_point t1 = Clock::now();
   mark_distinct(rows, hash, dedup, ctx.cancel);
   KNN_TRY(ctx.cancel_point());
+  dedup_seconds = seconds_since(t1);
+  assign_seconds = std::chrono::duration<double>(t1 - t0).count();
   landmark.resize(sample.size());
   for (int32_t r = 0; r < m; r++)
     std::memcpy(landmark.data() + (size_t)r * dim, sample.data() + (size_t)tour[r] * dim,
@@ -234,18 +242,47 @@ void SpatialOrder::mark_distinct(const float *rows, const std::vector<uint64_t> 
     for (int64_t i = 0; i <= n; i++) distinct_begin[i] = i;
     return;
   }
-  // Per group: (hash, row) order, then the starts of runs of equal rows.
   std::vector<unsigned char> start(n, 0);
   const size_t row_bytes = (size_t)dim * sizeof(float);
-  cpu::parallel_for(groups, n_threads, cancel, [&](int64_t g, int) {
-    int32_t *a = perm.data() + group_begin[g], *b = perm.data() + group_begin[g + 1];
-    std::sort(a, b, [&](int32_t x, int32_t y) {
-      return hash[x] != hash[y] ? hash[x] < hash[y] : x < y;
-    });
-    for (int32_t *p = a; p < b; p++)
-      start[p - perm.data()] =
-          p == a || hash[p[0]] != hash[p[-1]] ||
-          std::memcmp(rows + (int64_t)p[0] * dim, rows + (int64_t)p[-1] * dim, row_bytes) != 0;
+  // The largest groups first: one of them may be most of the side.
+  std::vector<int64_t> by_size(groups);
+  for (int64_t g = 0; g < groups; g++) by_size[g] = g;
+  std::sort(by_size.begin(), by_size.end(), [&](int64_t a, int64_t b) {
+    return group_begin[a + 1] - group_begin[a] > group_begin[b + 1] - group_begin[b];
+  });
+  cpu::parallel_for(groups, n_threads, cancel, [&](int64_t i, int) {
+    const int64_t g = by_size[i];
+    int32_t *a = perm.data() + group_begin[g];
+    const int64_t size = group_begin[g + 1] - group_begin[g];
+    if (size == 0) return;
+    // Distinct points of the group: first row, next point of equal hash.
+    std::vector<int32_t> first_row, same_hash, count, id(size);
+    std::unordered_map<uint64_t, int32_t> by_hash;
+    for (int64_t j = 0; j < size; j++) {
+      const int32_t r = a[j];
+      const auto found = by_hash.find(hash[r]);
+      int32_t point = -1;
+      if (found != by_hash.end())
+        for (int32_t c = found->second; c >= 0 && point < 0; c = same_hash[c])
+          if (std::memcmp(rows + (int64_t)r * dim, rows + (int64_t)first_row[c] * dim,
+                          row_bytes) == 0)
+            point = c;
+      if (point < 0) {
+        point = (int32_t)first_row.size();
+        first_row.push_back(r);
+        same_hash.push_back(found != by_hash.end() ? found->second : -1);
+        count.push_back(0);
+        by_hash[hash[r]] = point;
+      }
+      id[j] = point;
+      count[point]++;
+    }
+    // Point by point, rows ascending (a stable counting sort by point).
+    std::vector<int32_t> offset(count.size() + 1, 0), sorted(size);
+    for (size_t c = 0; c < count.size(); c++) offset[c + 1] = offset[c] + count[c];
+    for (size_t c = 0; c < count.size(); c++) start[group_begin[g] + offset[c]] = 1;
+    for (int64_t j = 0; j < size; j++) sorted[offset[id[j]]++] = a[j];
+    std::copy(sorted.begin(), sorted.end(), a);
   });
   for (int64_t i = 0; i < n; i++)
     if (start[i]) distinct_begin.push_back(i);

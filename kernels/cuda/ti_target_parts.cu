@@ -54,7 +54,8 @@ struct TargetParts::HostPart {
 
   // The arrays in the block, in this order, each aligned.
   struct Layout {
-    size_t centers, begin, radius, nearest, dist, x, first_row, mult, rows_begin, rows, total;
+    size_t centers, begin, radius, nearest, member, dist, x, first_row, mult, rows_begin, rows,
+        total;
   };
   static Layout layout(int32_t m, int64_t n, int64_t n_rows, int stride) {
     Layout l;
@@ -68,6 +69,7 @@ struct TargetParts::HostPart {
     l.begin = take((size_t)(m + 1) * sizeof(int32_t));
     l.radius = take((size_t)m * sizeof(float));
     l.nearest = take((size_t)m * sizeof(float));
+    l.member = take((size_t)n * sizeof(int32_t));
     l.dist = take((size_t)n * sizeof(float));
     l.x = take((size_t)n * stride * sizeof(float));
     l.first_row = take((size_t)n * sizeof(int32_t));
@@ -165,6 +167,7 @@ KnnStatus TargetParts::store(int index, const TargetPart &part) {
   KNN_TRY(down(l.begin, c.begin.get(), (size_t)(c.m + 1) * i));
   KNN_TRY(down(l.radius, c.radius.get(), (size_t)c.m * f));
   KNN_TRY(down(l.nearest, c.nearest.get(), (size_t)c.m * f));
+  KNN_TRY(down(l.member, c.member.get(), (size_t)c.n * i));
   KNN_TRY(down(l.dist, c.dist.get(), (size_t)c.n * f));
   KNN_TRY(down(l.x, c.x.get(), (size_t)c.n * stride * f));
   KNN_TRY(down(l.first_row, c.first_row.get(), (size_t)c.n * i));
@@ -206,6 +209,7 @@ KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
   KNN_TRY(up(c.begin, (size_t)h.m + 1, l.begin, "cluster offsets"));
   KNN_TRY(up(c.radius, (size_t)h.m, l.radius, "cluster extents"));
   KNN_TRY(up(c.nearest, (size_t)h.m, l.nearest, "cluster extents"));
+  KNN_TRY(up(c.member, (size_t)h.n_distinct, l.member, "cluster members"));
   KNN_TRY(up(c.dist, (size_t)h.n_distinct, l.dist, "cluster members"));
   KNN_TRY(up(c.x, (size_t)h.n_distinct * stride, l.x, "clustered points"));
   KNN_TRY(up(c.first_row, (size_t)h.n_distinct, l.first_row, "cluster members"));
@@ -223,7 +227,9 @@ KnnStatus TargetParts::get(int index, float query_max_abs, TargetPart &out, bool
     return KNN_OK;
   }
   KNN_TRY(build(index, query_max_abs, out, finite, mem));
+  const Clock::time_point t0 = Clock::now();
   if (*finite && cache_) KNN_TRY(store(index, out));
+  store_seconds_ += seconds_since(t0);
   return KNN_OK;
 }
 
