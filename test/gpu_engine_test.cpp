@@ -855,7 +855,8 @@ TEST(GpuLargeK, ZeroRowsSmallSetsAndBeyond) {
 TEST(GpuEngine, TooSmallBudgetIsOutOfMemory) {
   REQUIRE_GPU();
   const Data d = make_data(100, 1000, 64, Shape::kUniform, 90);
-  // TI runs out first, then the brute force it falls back to.
+  // Brute force cannot chunk that small; TI cannot cut parts that small (and
+  // never hands a join to brute force for lack of memory).
   for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI}) {
     Options o;
     o.method = method;
@@ -1308,14 +1309,44 @@ TEST(GpuTiOutOfCore, KLargerThanATargetPart) {
 TEST(GpuTiOutOfCore, BudgetSweep) {
   REQUIRE_GPU();
   // A sweep of budgets with k = 100 (k' = 101: global-memory lists): every
-  // one must be exact; below 800 kB brute force may answer (the smallest
-  // parts do not fit).
+  // one must be the out-of-core TI join, exact.
   const Data d = make_self(3000, 2, Shape::kIntegers, 332, true);
   std::vector<int64_t> limits;
   for (double b = 6e6; b > 2e5; b *= 0.85) limits.push_back(static_cast<int64_t>(b));
   Options o;
   o.k = 100;
-  check_out_of_core(d, o, limits, "k 100, sweep", 800000);
+  check_out_of_core(d, o, limits, "k 100, sweep");
+}
+
+TEST(GpuTiOutOfCore, TinyBudgetsAreExactOrOutOfMemory) {
+  REQUIRE_GPU();
+  // Below the sweep: each budget gives the out-of-core TI join's exact
+  // answer or KNN_OUT_OF_MEMORY with a message, never brute force, and the
+  // smallest is out of memory.
+  const Data d = make_self(3000, 2, Shape::kIntegers, 333, true);
+  Options o;
+  o.k = 100;
+  o.method = KNN_METHOD_TI;
+  const Outcome ref = cpu_answer(d, o);
+  ASSERT_EQ(ref.status, KNN_OK);
+  KnnStatus last = KNN_OK;
+  for (int64_t limit : {160000, 100000, 60000, 30000, 10000, 2000}) {
+    const Outcome gpu = gpu_ti(d, o, limit);
+    const std::string what = "limit " + std::to_string(limit);
+    std::printf("  [out-of-core] tiny budget %s: status %d %s\n", what.c_str(),
+                static_cast<int>(gpu.status),
+                gpu.status == KNN_OK ? gpu.stats.variant : gpu.error.c_str());
+    last = gpu.status;
+    if (gpu.status == KNN_OUT_OF_MEMORY) {
+      EXPECT_FALSE(gpu.error.empty()) << what;
+      continue;
+    }
+    ASSERT_EQ(gpu.status, KNN_OK) << what << ": " << gpu.error;
+    OutOfCoreShape shape;
+    EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << what << ": " << gpu.stats.variant;
+    expect_same_answer(gpu, ref, what + " vs cpu");
+  }
+  EXPECT_EQ(last, KNN_OUT_OF_MEMORY);
 }
 
 TEST(GpuTiOutOfCore, ForcedListsAndThreads) {

@@ -2,34 +2,47 @@
 // not fit the join's memory budget (knn::cuda::ti::out_of_core_join).
 //
 // Each side's rows are first put in a spatially coherent order
-// (ti_spatial_order.cu: landmark groups along a tour), and the query and
-// target parts are cut from consecutive positions of those orders, sized
-// from the budget (ti_part_plan.cu). For each query part:
-//   1. its rows are gathered, go up, are deduplicated and clustered (as in
-//      ti_join.cu), and its k' lists are allocated;
+// (ti_spatial_order.cu: landmark groups along a tour), in which the same
+// pass finds the duplicate groups: bitwise-equal rows are adjacent,
+// ascending, and each run of them is one distinct point. The query and
+// target parts are runs of consecutive distinct points, sized from what
+// they hold (ti_part_plan.cu), and only distinct rows go to the device,
+// with their original rows (ti_part_upload.cu). For each query part:
+//   1. its distinct points go up and are clustered (as in ti_join.cu), or,
+//      for a self-join cut alike on both sides (PartPlan::shared_parts),
+//      the cached target part of the same points is copied back and its
+//      clusters serve as the queries; its k' lists are allocated;
 //   2. the target parts come nearest first, by a lower bound on the
 //      distance between the two parts' landmark groups (ti_parts.cuh:
 //      part_distance_bound); with one query part each is clustered beside
 //      it; with several, all of them are clustered first, kept in pinned
 //      host memory, and copied back for each query part. For each: level 1
-//      against that part alone, then level 2 with every query's list and
-//      theta carried over from the parts before (Level2Config::resume).
-//      Before a part (but the first) the largest k'-th list entry of the
-//      query part is read back; when the part's bound is beyond it, that
-//      part and all farther ones are skipped: not uploaded, not filtered;
-//   3. the lists become rows and float8 distances, as in ti_join.cu, and
-//      go to the query rows' original places.
+//      against that part alone, its upper bounds capped by the lists
+//      carried so far (carried_bound_kernel), then level 2 with every
+//      query's list and theta carried over from the parts before
+//      (Level2Config::resume). Before a part (but the first) the largest
+//      k'-th list entry of the query part is read back; when the part's
+//      bound is beyond it, that part and all farther ones are skipped: not
+//      uploaded, not filtered;
+//   3. the lists come back to the host, and each query row takes its
+//      distinct point's list less the targets that share its key, with
+//      float8 distances (output_ordered_part: what ti_output.cu does on the
+//      device). Sides without an order (row ranges) deduplicate each part
+//      on the device and expand there, as in ti_join.cu.
 //
 // Exactness: the level-1 bound of one target part is an upper bound of the
 // k'-th distance within that part, hence of the k'-th over all targets; the
-// carried list's k'-th is one too. Pruning with either keeps every target
-// that can be among the final k' (ties included), and a list holds the k'
-// smallest (value, row) of all it was offered, whatever the order. Target
-// rows in the lists are the ORIGINAL rows (each part's positions are mapped
-// through the order's permutation on the device), so ties across parts are
-// broken by target row as in memory; rows of one duplicate group stay
-// ascending because equal rows share a landmark and groups are sorted
-// stably. A skipped part: for every query q of the part and target t of
+// carried list's k'-th is one too, and so is the largest of a cluster's
+// carried k'-th entries for each of its queries (widened by the rounding
+// margin). Pruning with any of them keeps every target that can be among
+// the final k' (ties included), and a list holds the k' smallest (value,
+// row) of all it was offered, whatever the order. Target rows in the lists
+// are the ORIGINAL rows (each part sends its points' original rows), so
+// ties across parts are broken by target row as in memory; a distinct
+// point stands for all its rows (ascending), which are whole in one part,
+// exactly as ti_dedup.cu's groups are in memory (a hash collision can only
+// split a group, never merge unequal rows). A skipped part: for every
+// query q of the part and target t of
 // the skipped part, d(q,t) >= d(Lq,Lt) - r(Lq) - r(Lt) >= B (the groups'
 // landmarks and radii, in double, widened), and the device's computed
 // distance D(q,t) >= d(q,t)(1 - e) - A (rounding_margin.h); B is compared
@@ -38,10 +51,15 @@
 // Then D(q,t) > theta >= q's k'-th entry, which only decreases: t could
 // never enter q's list, ties included. The farther parts have larger
 // bounds (they are visited in bound order), so they go too.
+//
+// KNN_TI_TRACE=1 prints the phases (order, part builds, level 1, level 2,
+// theta read-backs, output) to stderr, the stream waited for after each.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <future>
+#include <system_error>
 
 #include <limits>
 #include <utility>
@@ -79,6 +97,23 @@ __global__ void largest_last_kernel(const float *value, const int32_t *row, int6
     if (bits != 0) atomicMax(out, bits);
     if (last != 0) atomicMax(out + 1, last);
   }
+}
+
+// The carried bound of each query cluster: the largest k'-th entry of its
+// queries' lists, as a ti distance widened by the rounding margin (+inf
+// while some list is not full). Every query's final k'-th is at most its
+// current one, hence at most this.
+template <int METRIC>
+__global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member, int32_t mq,
+                                     const float *value, int kprime, Margin margin,
+                                     float *out) {
+  const int32_t cq = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cq >= mq) return;
+  float top = 0.0f;
+  for (int32_t pos = begin[cq]; pos < begin[cq + 1]; pos++)
+    top = fmaxf(top, value[(int64_t)member[pos] * kprime + kprime - 1]);
+  const float ti = MetricOps<METRIC>::ti(top);
+  out[cq] = ti == __int_as_float(0x7f800000) ? ti : ti + margin.rel * ti + margin.abs;
 }
 
 // Groups for each side's order: several per part, so that a part's bound
@@ -125,6 +160,9 @@ class OutOfCoreJoin {
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
   KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
                                 double *distances);
+  void expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
+                    double *distances) const;
+  void wait_output();
   // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
   // phase times (printed to stderr at the end) are the stages' own.
   void lap(double *phase, Clock::time_point *t0);
@@ -159,8 +197,11 @@ class OutOfCoreJoin {
   PartStaging query_part_staging_;
   std::vector<int64_t> key_staging_, rows_staging_;
   std::vector<double> dist_staging_;
-  std::vector<float> list_value_;  // a query part's lists, on the host
-  std::vector<int32_t> list_row_;
+  // A query part's lists on the host, two: one being expanded by a host
+  // thread (expanding_) while the device filters the next query part.
+  std::vector<float> list_value_[2];
+  std::vector<int32_t> list_row_[2];
+  int list_slot_ = 0;
 
   Level2Config used_;
   int64_t pairs_skipped_ = 0;
@@ -175,6 +216,9 @@ class OutOfCoreJoin {
   double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
   double query_upload_seconds_ = 0;
   int64_t pairs_visited_ = 0;
+  // Declared last, so destroyed first: the expansion still running (an
+  // error path) is waited for before anything it reads goes.
+  std::future<void> expanding_;
   unsigned long long computed_ = 0;
 };
 
@@ -216,9 +260,25 @@ KnnStatus OutOfCoreJoin::upload_target_keys() {
 KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSet &query_set,
                                      const TargetPart &part, bool resume, MemoryBudget &mem) {
   Clock::time_point t0 = Clock::now();
+  // Resumed lists bound level 1's upper bounds (ti_filter_level1.cu): a far
+  // part then leaves few candidate clusters, or none.
+  DeviceBuffer<float> carried;
+  if (resume) {
+    KNN_TRY(mem.allocate(ctx_, carried, (size_t)queries.m, "carried bounds"));
+    const unsigned grid = grid_for(queries.m, 128);
+    if (p_.metric == KNN_METRIC_L1)
+      carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
+          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
+          plan_.kprime, margin_, carried.get());
+    else
+      carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
+          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
+          plan_.kprime, margin_, carried.get());
+    CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
+  }
   Level1Result level1;
   KNN_TRY(level1_filter(queries, part.clusters, p_.metric, plan_.kprime, margin_, level1, mem,
-                        ctx_));
+                        ctx_, resume ? carried.get() : nullptr));
   KNN_TRY(ctx_.cancel_point());
   lap(&level1_seconds_, &t0);
   Level2Config config;
@@ -238,6 +298,7 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
+  mem.release(carried);
   return KNN_OK;
 }
 
@@ -350,12 +411,36 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
 // come from the same knn_distance.h conversion.
 KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
                                              double *distances) {
+  wait_output();  // the part before, whose buffers are the other slot
+  const int slot = list_slot_ ^= 1;
+  const size_t slots = (size_t)n_distinct * plan_.kprime;
+  list_value_[slot].resize(slots);
+  list_row_[slot].resize(slots);
+  KNN_TRY(download_to_host(ctx_, list_value_[slot].data(), result_value_.get(),
+                           slots * sizeof(float)));
+  KNN_TRY(download_to_host(ctx_, list_row_[slot].data(), result_row_.get(),
+                           slots * sizeof(int32_t)));
+  // The rows are written by a host thread while the device goes on with the
+  // next query part (here, if no thread can be had).
+  try {
+    expanding_ = std::async(std::launch::async, [=] {
+      expand_lists(index, n_distinct, slot, neighbors, distances);
+    });
+  } catch (const std::system_error &) {
+    expand_lists(index, n_distinct, slot, neighbors, distances);
+  }
+  return KNN_OK;
+}
+
+void OutOfCoreJoin::wait_output() {
+  if (expanding_.valid()) expanding_.get();
+}
+
+void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
+                                 double *distances) const {
   const int k = p_.k, kp = plan_.kprime;
-  const size_t slots = (size_t)n_distinct * kp;
-  list_value_.resize(slots);
-  list_row_.resize(slots);
-  KNN_TRY(download_to_host(ctx_, list_value_.data(), result_value_.get(), slots * sizeof(float)));
-  KNN_TRY(download_to_host(ctx_, list_row_.data(), result_row_.get(), slots * sizeof(int32_t)));
+  const std::vector<float> &list_value = list_value_[slot];
+  const std::vector<int32_t> &list_row = list_row_[slot];
   const int64_t d0 = plan_.query_distinct_first(index);
   const std::vector<int64_t> &begin = query_order_.distinct_begin;
   const bool l1 = p_.metric == KNN_METRIC_L1;
@@ -372,8 +457,8 @@ KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int6
     int64_t d = std::upper_bound(begin.begin() + d0, begin.begin() + d0 + n_distinct + 1, lo) -
                 begin.begin() - 1 - d0;
     for (; d < n_distinct && begin[d0 + d] < hi; d++) {
-      const float *value = list_value_.data() + d * kp;
-      const int32_t *row = list_row_.data() + d * kp;
+      const float *value = list_value.data() + d * kp;
+      const int32_t *row = list_row.data() + d * kp;
       const int64_t from = std::max(lo, begin[d0 + d]), to = std::min(hi, begin[d0 + d + 1]);
       for (int64_t pos = from; pos < to; pos++) {
         const int64_t q = query_order_.row(pos);
@@ -397,7 +482,6 @@ KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int6
       }
     }
   });
-  return KNN_OK;
 }
 
 // Query part `index` against all target parts.
@@ -607,6 +691,9 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
     KNN_TRY(query_part(q, finite, neighbors, distances));
     if (!*finite) return KNN_OK;
   }
+  const Clock::time_point t_wait = Clock::now();
+  wait_output();
+  output_seconds_ += seconds_since(t_wait);
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));

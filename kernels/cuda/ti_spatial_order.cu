@@ -7,13 +7,15 @@
 // sampled evenly from the whole side and the groups are laid out along a
 // greedy nearest-neighbour tour of the landmarks, so that consecutive
 // positions form compact regions; each group keeps a bound on its members'
-// distance to the landmark. Distances to landmarks are summed in double on
+// distance to the landmark. The nearest landmark is searched in float; the
+// distance of each row to the landmark it got is summed in double on
 // the device and the landmarks' distances in double on the host: next to
 // the float distances of the join they are exact, and the radii are still
 // widened by a relative 1e-9.
 //
 // Duplicates: the same pass hashes each row's bits (64 bits). Equal rows
-// have equal landmark distances, so they share a group; within a group
+// get the same landmark (the search is a function of the bits), so they
+// share a group; within a group
 // (rows ascending) each row is looked up by its hash among the group's
 // distinct points so far and compared bit for bit with their first rows:
 // equal, it joins that point; else it starts a new one. The group's
@@ -43,17 +45,24 @@ constexpr int kAssignThreads = 128;
 constexpr int kTileFloats = 4096;  // landmarks per shared tile: 16 kB
 constexpr double kHostSlack = 1e-9;
 
-// The nearest landmark of each row (ties: the lowest index) and its value
-// (squared sum for L2, sum for L1), both in double: equal rows always get
-// the same landmark.
+// The nearest landmark of each row, searched in float (ties: the lowest
+// index), and the row's value to it (squared sum for L2, sum for L1) in
+// double. Any landmark would do for exactness (the group's radius is what
+// the bounds use, and it comes from the double value); the float search is
+// only there to make groups compact, and it is a function of the row's
+// bits, so equal rows always get the same landmark. Each thread holds
+// kBatch sums, so that a row value read serves kBatch landmarks.
+constexpr int kBatch = 8;
+
+template <bool L1>
 __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
-                                        const float *landmarks, int32_t m, int l1,
-                                        int32_t *group, double *value, uint64_t *hash) {
+                                        const float *landmarks, int32_t m, int32_t *group,
+                                        double *value, uint64_t *hash) {
   __shared__ float tile[kTileFloats];
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const float *x = rows + (i < n ? i : 0) * (int64_t)dim;
   const int per_tile = max(1, kTileFloats / dim);
-  double best = CUDART_INF;
+  float best = CUDART_INF_F;
   int32_t best_index = 0;
   for (int32_t base = 0; base < m; base += per_tile) {
     const int count = min(per_tile, m - base);
@@ -62,22 +71,36 @@ __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
       tile[j] = landmarks[(int64_t)base * dim + j];
     __syncthreads();
     if (i >= n) continue;
-    for (int c = 0; c < count; c++) {
-      const float *l = tile + c * dim;
-      double s = 0;
+    for (int c = 0; c < count; c += kBatch) {
+      const int last = min(kBatch, count - c) - 1;
+      float s[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; j++) s[j] = 0.0f;
       for (int d = 0; d < dim; d++) {
-        const double diff = (double)x[d] - (double)l[d];
-        s += l1 ? fabs(diff) : diff * diff;
+        const float xd = x[d];
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+          const float diff = xd - tile[(c + min(j, last)) * dim + d];
+          s[j] += L1 ? fabsf(diff) : diff * diff;
+        }
       }
-      if (s < best) {
-        best = s;
-        best_index = base + c;
-      }
+#pragma unroll
+      for (int j = 0; j < kBatch; j++)
+        if (j <= last && s[j] < best) {
+          best = s[j];
+          best_index = base + c + j;
+        }
     }
   }
   if (i < n) {
+    const float *l = landmarks + (int64_t)best_index * dim;
+    double v = 0;
+    for (int d = 0; d < dim; d++) {
+      const double diff = (double)x[d] - (double)l[d];
+      v += L1 ? fabs(diff) : diff * diff;
+    }
+    value[i] = v;
     group[i] = best_index;
-    value[i] = best;
     // The row's bits, mixed word by word (splitmix-style finaliser).
     uint64_t h = 0x6a09e667f3bcc909ull + (uint64_t)dim;
     for (int d = 0; d < dim; d++) {
@@ -170,10 +193,13 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
       const int64_t count = std::min(chunk, n - first);
       KNN_TRY(upload_to_device(ctx, x.get(), rows + first * dim,
                                (size_t)count * dim * sizeof(float)));
-      nearest_landmark_kernel<<<grid_for(count, kAssignThreads), kAssignThreads, 0,
-                                ctx.stream>>>(x.get(), count, dim, landmarks.get(), m,
-                                              metric == KNN_METRIC_L1 ? 1 : 0, g.get(), v.get(),
-                                              h.get());
+      const unsigned grid = grid_for(count, kAssignThreads);
+      if (metric == KNN_METRIC_L1)
+        nearest_landmark_kernel<true><<<grid, kAssignThreads, 0, ctx.stream>>>(
+            x.get(), count, dim, landmarks.get(), m, g.get(), v.get(), h.get());
+      else
+        nearest_landmark_kernel<false><<<grid, kAssignThreads, 0, ctx.stream>>>(
+            x.get(), count, dim, landmarks.get(), m, g.get(), v.get(), h.get());
       CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
       KNN_TRY(download_to_host(ctx, group.data() + first, g.get(), count * sizeof(int32_t)));
       KNN_TRY(download_to_host(ctx, value.data() + first, v.get(), count * sizeof(double)));
@@ -258,8 +284,16 @@ void SpatialOrder::mark_distinct(const float *rows, const std::vector<uint64_t> 
     // Distinct points of the group: first row, next point of equal hash.
     std::vector<int32_t> first_row, same_hash, count, id(size);
     std::unordered_map<uint64_t, int32_t> by_hash;
+    int32_t previous = -1;  // the point of the row before: copies often come in runs
     for (int64_t j = 0; j < size; j++) {
       const int32_t r = a[j];
+      if (previous >= 0 && hash[r] == hash[first_row[previous]] &&
+          std::memcmp(rows + (int64_t)r * dim, rows + (int64_t)first_row[previous] * dim,
+                      row_bytes) == 0) {
+        id[j] = previous;
+        count[previous]++;
+        continue;
+      }
       const auto found = by_hash.find(hash[r]);
       int32_t point = -1;
       if (found != by_hash.end())
@@ -276,6 +310,7 @@ void SpatialOrder::mark_distinct(const float *rows, const std::vector<uint64_t> 
       }
       id[j] = point;
       count[point]++;
+      previous = point;
     }
     // Point by point, rows ascending (a stable counting sort by point).
     std::vector<int32_t> offset(count.size() + 1, 0), sorted(size);
