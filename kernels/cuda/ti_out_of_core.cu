@@ -73,6 +73,7 @@
 #include "host_transfer.cuh"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
+#include "ti_expand.cuh"
 #include "ti_parts.cuh"
 #include "../stopwatch.h"
 
@@ -195,8 +196,6 @@ class OutOfCoreJoin {
   DeviceBuffer<int32_t> result_row_;
   DeviceBuffer<unsigned> theta_bits_;
   PartStaging query_part_staging_;
-  std::vector<int64_t> key_staging_, rows_staging_;
-  std::vector<double> dist_staging_;
   // A query part's lists on the host, two: one being expanded by a host
   // thread (expanding_) while the device filters the next query part.
   std::vector<float> list_value_[2];
@@ -344,7 +343,8 @@ void OutOfCoreJoin::order_target_parts(int query_index, int64_t first, int64_t c
   if (ordered_) std::stable_sort(order->begin(), order->end());
 }
 
-// Rows, exclusion and float8 of the query part, written at row `first`.
+// Rows, exclusion and float8 of a row-range query part (on the device),
+// written at row `first`.
 KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first,
                                      const int64_t *query_keys, MemoryBudget &mem,
                                      int64_t *neighbors, double *distances) {
@@ -364,37 +364,12 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
     KNN_TRY(expand_results(query_set, p_.metric, c, count, k, plan_.kprime, result_value_.get(),
                            result_row_.get(), query_keys, exclude_ ? target_keys_.get() : nullptr,
                            rows.get(), dist.get(), ctx_));
-    // Ordered rows: through host staging to the query rows' original places.
-    if (ordered_) {
-      rows_staging_.resize((size_t)count * k);
-      dist_staging_.resize((size_t)count * k);
-    }
-    int64_t *to_rows = ordered_ ? rows_staging_.data() : neighbors + (first + c) * k;
-    double *to_dist = ordered_ ? dist_staging_.data() : distances + (first + c) * k;
-    if (!ordered_) {
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_rows, rows.get(), (size_t)count * k * sizeof(int64_t),
-                                       cudaMemcpyDeviceToHost, ctx_.stream));
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_dist, dist.get(), (size_t)count * k * sizeof(double),
-                                       cudaMemcpyDeviceToHost, ctx_.stream));
-    } else {
-      // Through pinned staging (host_transfer.cuh); each waits for the kernel.
-      KNN_TRY(download_to_host(ctx_, to_rows, rows.get(), (size_t)count * k * sizeof(int64_t)));
-      KNN_TRY(download_to_host(ctx_, to_dist, dist.get(), (size_t)count * k * sizeof(double)));
-      // Slices of about 4 MB: a small part is copied without starting threads.
-      const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)k * slot_bytes));
-      const int64_t at = first + c;
-      cpu::parallel_for((count + slice - 1) / slice, query_order_.n_threads, nullptr,
-                        [&](int64_t sl, int) {
-                          const int64_t end = std::min(count, (sl + 1) * slice);
-                          for (int64_t i = sl * slice; i < end; i++) {
-                            const int64_t row = query_order_.row(at + i);
-                            std::memcpy(neighbors + row * k, to_rows + i * k,
-                                        k * sizeof(int64_t));
-                            std::memcpy(distances + row * k, to_dist + i * k,
-                                        k * sizeof(double));
-                          }
-                        });
-    }
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(neighbors + (first + c) * k, rows.get(),
+                                     (size_t)count * k * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, ctx_.stream));
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(distances + (first + c) * k, dist.get(),
+                                     (size_t)count * k * sizeof(double), cudaMemcpyDeviceToHost,
+                                     ctx_.stream));
     // The buffers are reused by the next chunk's kernel, which the stream
     // orders after these copies; the host waits once, at the end.
   }
@@ -406,9 +381,8 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
 
 // The lists of query part `index` (n_distinct distinct points) to the
 // results of its rows, on the host: each row of a distinct point takes
-// its list, less the entries whose target key equals its own key, as
-// ti_output.cu's expand_kernel does on the device; the float8 distances
-// come from the same knn_distance.h conversion.
+// its list, less the entries whose target key equals its own key
+// (ti_expand.cuh: the code ti_output.cu runs on the device).
 KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
                                              double *distances) {
   wait_output();  // the part before, whose buffers are the other slot
@@ -444,9 +418,7 @@ void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_
   const int64_t d0 = plan_.query_distinct_first(index);
   const std::vector<int64_t> &begin = query_order_.distinct_begin;
   const bool l1 = p_.metric == KNN_METRIC_L1;
-  double nan;
-  const uint64_t nan_bits = 0x7ff8000000000000ull;  // as the device writes it
-  std::memcpy(&nan, &nan_bits, sizeof nan);
+  const int64_t *target_keys = exclude_ ? p_.target_keys : nullptr;
   // Slices of about 1 MB of output, by position (one distinct point may
   // hold most rows of the part); each slice finds its first point.
   const int64_t at = begin[d0], rows = begin[d0 + n_distinct] - at;
@@ -463,22 +435,12 @@ void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_
       for (int64_t pos = from; pos < to; pos++) {
         const int64_t q = query_order_.row(pos);
         const int64_t own_key = exclude_ ? p_.query_keys[q] : 0;
-        int64_t *to_rows = neighbors + q * k;
-        double *to_dist = distances + q * k;
-        int j = 0;
-        for (int s = 0; s < kp && j < k; s++) {
-          const int32_t r = row[s];
-          if (r == kNoRow) break;
-          if (exclude_ && p_.target_keys[r] == own_key) continue;
-          to_rows[j] = r;
-          to_dist[j] = l1 ? MetricOps<KNN_METRIC_L1>::result(value[s])
-                          : MetricOps<KNN_METRIC_L2>::result(value[s]);
-          j++;
-        }
-        for (; j < k; j++) {
-          to_rows[j] = -1;
-          to_dist[j] = nan;
-        }
+        if (l1)
+          expand_list<KNN_METRIC_L1>(value, row, k, kp, target_keys, own_key, neighbors + q * k,
+                                     distances + q * k);
+        else
+          expand_list<KNN_METRIC_L2>(value, row, k, kp, target_keys, own_key, neighbors + q * k,
+                                     distances + q * k);
       }
     }
   });
@@ -539,20 +501,17 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   }
   query_clusters_ += queries.m;
 
+  // Row ranges: the part's keys on the device (ordered parts apply keys on
+  // the host).
   const int64_t *query_keys = nullptr;
   if (exclude_ && !ordered_) {
-    if (!ordered_ && p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
+    if (p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
       query_keys = target_keys_.get() + first;  // the same rows' keys
     } else {
-      const int64_t *keys = p_.query_keys + first;
-      if (ordered_) {
-        key_staging_.resize(count);
-        for (int64_t i = 0; i < count; i++) key_staging_[i] = p_.query_keys[query_order_.row(first + i)];
-        keys = key_staging_.data();
-      }
       KNN_TRY(mem.allocate(ctx_, query_keys_, count, "keys"));
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), keys, count * sizeof(int64_t),
-                                       cudaMemcpyHostToDevice, ctx_.stream));
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), p_.query_keys + first,
+                                       count * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                       ctx_.stream));
       // Pageable source: taken by the time the call returns.
       query_keys = query_keys_.get();
     }

@@ -123,6 +123,7 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
     mem.release(max_abs);
     if (distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs)))
       KNN_TRY(build_distinct_set(upload.points, options_.dedup, out.set, mem, ctx_));
+    mem.release(upload.padded);  // (freed in stream order, after the set is built)
   }
   // The bounds need finite distances: stop before clustering otherwise.
   *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
