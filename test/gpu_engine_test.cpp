@@ -855,7 +855,8 @@ TEST(GpuLargeK, ZeroRowsSmallSetsAndBeyond) {
 TEST(GpuEngine, TooSmallBudgetIsOutOfMemory) {
   REQUIRE_GPU();
   const Data d = make_data(100, 1000, 64, Shape::kUniform, 90);
-  // TI runs out first, then the brute force it falls back to.
+  // Brute force cannot chunk that small; TI cannot cut parts that small (and
+  // never hands a join to brute force for lack of memory).
   for (KnnMethod method : {KNN_METHOD_BRUTE, KNN_METHOD_TI}) {
     Options o;
     o.method = method;
@@ -1268,9 +1269,11 @@ TEST(GpuTiOutOfCore, TwoSetsTiesAndCollidingKeys) {
 
 TEST(GpuTiOutOfCore, DuplicateGroupSpanningParts) {
   REQUIRE_GPU();
-  // Every other row is the same point: a duplicate group with rows in
-  // every target part, k' ties at distance 0 for half the queries, which
-  // must come out as the smallest target rows whatever part they sit in.
+  // Every other row is the same point: a duplicate group of 5000 rows, k'
+  // ties at distance 0 for half the queries, which must come out as the
+  // smallest target rows. Parts are cut by distinct points, so the group
+  // is whole in one part (its rows spread over the whole row range), and
+  // at the smaller budget other parts hold the remaining points.
   Data d = make_self(10000, 4, Shape::kUniform, 321, false);
   for (int64_t i = 2; i < d.nt(); i += 2)
     std::memcpy(d.targets.data() + i * 4, d.targets.data(), 4 * sizeof(float));
@@ -1280,22 +1283,24 @@ TEST(GpuTiOutOfCore, DuplicateGroupSpanningParts) {
     o.metric = m;
     const std::vector<OutOfCoreShape> shapes =
         check_out_of_core(d, o, {1 << 20, 1 << 19}, "duplicate group across parts");
-    for (const OutOfCoreShape &s : shapes) EXPECT_GT(s.target_parts, 1);
+    ASSERT_EQ(shapes.size(), 2u);
+    EXPECT_GT(shapes.back().target_parts, 1);
   }
 }
 
 TEST(GpuTiOutOfCore, KLargerThanATargetPart) {
   REQUIRE_GPU();
-  // Wide rows (the build of a target part holds three copies) and a few
-  // queries (one query part): at 700 kB the target parts hold fewer rows
-  // than k, so every list is filled across parts.
+  // Wide rows (the build of a target part holds two or three copies of its
+  // distinct rows) and a few queries (one query part): at 500 kB the target
+  // parts hold fewer rows than k (60: lists in global memory), so every
+  // list is filled across parts.
   const Data d = make_data(40, 2000, 1000, Shape::kClustered, 331, true);
   for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
     Options o;
-    o.k = 30;
+    o.k = 60;
     o.metric = m;
     const std::vector<OutOfCoreShape> shapes =
-        check_out_of_core(d, o, {700000}, "40 x 2000 x 1000");
+        check_out_of_core(d, o, {500000}, "40 x 2000 x 1000");
     ASSERT_EQ(shapes.size(), 1u);
     EXPECT_LT(shapes[0].target_rows, o.k);
   }
@@ -1304,14 +1309,44 @@ TEST(GpuTiOutOfCore, KLargerThanATargetPart) {
 TEST(GpuTiOutOfCore, BudgetSweep) {
   REQUIRE_GPU();
   // A sweep of budgets with k = 100 (k' = 101: global-memory lists): every
-  // one must be exact; below 800 kB brute force may answer (the smallest
-  // parts do not fit).
+  // one must be the out-of-core TI join, exact.
   const Data d = make_self(3000, 2, Shape::kIntegers, 332, true);
   std::vector<int64_t> limits;
   for (double b = 6e6; b > 2e5; b *= 0.85) limits.push_back(static_cast<int64_t>(b));
   Options o;
   o.k = 100;
-  check_out_of_core(d, o, limits, "k 100, sweep", 800000);
+  check_out_of_core(d, o, limits, "k 100, sweep");
+}
+
+TEST(GpuTiOutOfCore, TinyBudgetsAreExactOrOutOfMemory) {
+  REQUIRE_GPU();
+  // Below the sweep: each budget gives the out-of-core TI join's exact
+  // answer or KNN_OUT_OF_MEMORY with a message, never brute force, and the
+  // smallest is out of memory.
+  const Data d = make_self(3000, 2, Shape::kIntegers, 333, true);
+  Options o;
+  o.k = 100;
+  o.method = KNN_METHOD_TI;
+  const Outcome ref = cpu_answer(d, o);
+  ASSERT_EQ(ref.status, KNN_OK);
+  KnnStatus last = KNN_OK;
+  for (int64_t limit : {160000, 100000, 60000, 30000, 10000, 2000}) {
+    const Outcome gpu = gpu_ti(d, o, limit);
+    const std::string what = "limit " + std::to_string(limit);
+    std::printf("  [out-of-core] tiny budget %s: status %d %s\n", what.c_str(),
+                static_cast<int>(gpu.status),
+                gpu.status == KNN_OK ? gpu.stats.variant : gpu.error.c_str());
+    last = gpu.status;
+    if (gpu.status == KNN_OUT_OF_MEMORY) {
+      EXPECT_FALSE(gpu.error.empty()) << what;
+      continue;
+    }
+    ASSERT_EQ(gpu.status, KNN_OK) << what << ": " << gpu.error;
+    OutOfCoreShape shape;
+    EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << what << ": " << gpu.stats.variant;
+    expect_same_answer(gpu, ref, what + " vs cpu");
+  }
+  EXPECT_EQ(last, KNN_OUT_OF_MEMORY);
 }
 
 TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
@@ -1390,6 +1425,40 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
     shapes = check_out_of_core(keyed, o, {2 << 20, 1 << 20}, "spatial parts, two sets, keys");
     for (const OutOfCoreShape &s : shapes)
       if (s.query_parts > 1) EXPECT_GT(s.skipped, 0);
+  }
+}
+
+TEST(GpuTiOutOfCore, PartsCutByDistinctPoints) {
+  REQUIRE_GPU();
+  // Parts are cut by distinct points, each duplicate group whole in one
+  // part. 24000 rows of 300 distinct points, with one point holding a
+  // third of all rows (a part may be that one distinct point): k = 120
+  // exceeds what most parts hold distinct, ties at equal distances are
+  // broken by row across parts, and the self-join's keys drop each row
+  // itself. Then keys shared by up to 40 rows (k' = k + 40: global lists)
+  // across duplicate groups.
+  std::mt19937_64 rng(381);
+  const int dim = 3;
+  const std::vector<float> points = make_rows(300, dim, Shape::kIntegers, rng);
+  Data d = make_self(24000, dim, Shape::kUniform, 382, false);
+  std::uniform_int_distribution<int> pick(0, 299);
+  for (int64_t i = 0; i < d.nt(); i++) {
+    const int p = i % 3 == 0 ? 7 : pick(rng);
+    std::memcpy(d.targets.data() + i * dim, points.data() + p * dim, dim * sizeof(float));
+  }
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 120;
+    o.metric = m;
+    std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {1 << 20, 1 << 18}, "300 distinct of 24000");
+    ASSERT_FALSE(shapes.empty());
+    EXPECT_GT(shapes.back().target_parts, 1);
+    Data keyed = d;
+    for (int64_t i = 0; i < keyed.nt(); i++) keyed.target_keys[i] = i % 600;
+    keyed.query_keys = keyed.target_keys;
+    o.k = 10;
+    check_out_of_core(keyed, o, {1 << 20, 1 << 18}, "300 distinct, shared keys");
   }
 }
 

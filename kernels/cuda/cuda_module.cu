@@ -173,21 +173,10 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
     if (small_join_applies(p, tuning, ctx)) return small_join(p, neighbors, distances, stats, ctx);
     return brute_force_join(p, tuning, neighbors, distances, stats, ctx);
   }
-  const KnnStatus st = ti_join(p, tuning, neighbors, distances, stats, ctx);
-  if (st != KNN_OUT_OF_MEMORY || ctx.cancelled()) return st;
-  // TI keeps whole clusterings on the device; when they do not fit the
-  // budget, brute force (which works in chunks) still can.
-  const std::string ti_error = ctx.error;
-  ctx.error.clear();
-  *stats = KnnStats{};
-  const KnnStatus brute = brute_force_join(p, tuning, neighbors, distances, stats, ctx);
-  if (brute == KNN_OK) {
-    const size_t used = std::strlen(stats->variant);
-    std::snprintf(stats->variant + used, sizeof stats->variant - used, " (TI out of memory)");
-  } else if (ctx.error.empty()) {
-    ctx.error = ti_error;
-  }
-  return brute;
+  // TI never hands a join to brute force for lack of memory: it runs out
+  // of core, in parts down to the smallest (ti_out_of_core.cu); a budget
+  // below those ends in KNN_OUT_OF_MEMORY with the join's message.
+  return ti_join(p, tuning, neighbors, distances, stats, ctx);
 }
 
 // The split's test hook (knn_cuda_testing.h): the chosen engine, with its

@@ -223,9 +223,13 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
                          MemoryBudget &mem, DeviceContext &ctx);
 
 // ti_filter_level1.cu: centre distances, upper bounds, group filter.
+// carried_bound (mq, optional; the out-of-core join's lists carried from
+// earlier target parts): a bound no query of the cluster's k'-th neighbour
+// exceeds (ti distance, margin in); each upper bound is at most it.
 KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets,
                         KnnMetric metric, int kprime, Margin margin, Level1Result &out,
-                        MemoryBudget &mem, DeviceContext &ctx);
+                        MemoryBudget &mem, DeviceContext &ctx,
+                        const float *carried_bound = nullptr);
 
 // ti_filter_level2.cu: the k' nearest (value, row) of every distinct query,
 // written to result_value/result_row (n_distinct_queries x kprime). *used

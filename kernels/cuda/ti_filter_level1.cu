@@ -12,6 +12,10 @@
 //     are visited from the centre outwards and a cluster is left as soon as
 //     its bound reaches the current k'-th (footnote 1's early exit); the
 //     nearest target cluster goes first so the k'-th is tight early.
+//     Given a carried bound C (lists from earlier target parts), UB is
+//     min(C, the widened k'-th); bounds at or past C are not inserted:
+//     where the k'-th is below C they cannot be among its k' smallest,
+//     elsewhere UB is C whatever they were.
 //  3. Group filter, one thread per (query cluster, target cluster): the
 //     target cluster is a candidate unless D(cq, ct) - R_q - R_t exceeds UB
 //     by more than the rounding margin. Candidates are compacted in cluster
@@ -48,6 +52,7 @@ struct UpperBoundArgs {
   int32_t *scratch_count; // mq x (kprime + 1)
   Margin margin;
   float *upper_bound;
+  const float *carried;   // mq or nullptr
 };
 
 // Inserts `count` copies of bound b into the ascending multiset list
@@ -89,6 +94,7 @@ __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView 
   int32_t *count = a.scratch_count + (int64_t)cq * (a.kprime + 1);
   int len = 0;
   float kth = inf;
+  const float carried = a.carried != nullptr ? a.carried[cq] : inf;
 
   int first = -1;
   float first_d = inf;
@@ -99,7 +105,7 @@ __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView 
     }
   }
   if (first < 0) {
-    a.upper_bound[cq] = inf;
+    a.upper_bound[cq] = carried;
     return;
   }
   for (int it = -1; it < a.mt; it++) {
@@ -108,14 +114,14 @@ __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView 
     int b = t.begin[ct], e = t.begin[ct + 1];
     if (e == b) continue;
     float base = rq + dcc[ct];
-    if (!(base + t.nearest[ct] < kth)) continue;
+    if (!(base + t.nearest[ct] < fminf(kth, carried))) continue;
     for (int pos = e - 1; pos >= b; pos--) {
       float bound = base + t.dist[pos];
-      if (!(bound < kth)) break;
+      if (!(bound < fminf(kth, carried))) break;
       kth = insert_bound(value, count, len, a.kprime, bound, t.mult[pos]);
     }
   }
-  a.upper_bound[cq] = kth == inf ? inf : kth + widen(a.margin, kth);
+  a.upper_bound[cq] = fminf(carried, kth == inf ? inf : kth + widen(a.margin, kth));
 }
 
 struct GroupFilterArgs {
@@ -167,7 +173,7 @@ __global__ void group_filter_kernel(GroupFilterArgs a, ClusterView q, ClusterVie
 
 KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, KnnMetric metric,
                         int kprime, Margin margin, Level1Result &out, MemoryBudget &mem,
-                        DeviceContext &ctx) {
+                        DeviceContext &ctx, const float *carried_bound) {
   const int mq = queries.m, mt = targets.m;
   const int64_t pairs = (int64_t)mq * mt;
   cudaStream_t stream = ctx.stream;
@@ -193,6 +199,7 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   ua.scratch_count = scratch_count.get();
   ua.margin = margin;
   ua.upper_bound = out.upper_bound.get();
+  ua.carried = carried_bound;
   upper_bound_kernel<<<grid_for(mq, 64), 64, 0, stream>>>(ua, queries.view(), targets.view());
   CUDA_CHECK_LAUNCH(ctx, "upper_bound_kernel");
   KNN_TRY(ctx.cancel_point());

@@ -2,34 +2,47 @@
 // not fit the join's memory budget (knn::cuda::ti::out_of_core_join).
 //
 // Each side's rows are first put in a spatially coherent order
-// (ti_spatial_order.cu: landmark groups along a tour), and the query and
-// target parts are cut from consecutive positions of those orders, sized
-// from the budget (ti_part_plan.cu). For each query part:
-//   1. its rows are gathered, go up, are deduplicated and clustered (as in
-//      ti_join.cu), and its k' lists are allocated;
+// (ti_spatial_order.cu: landmark groups along a tour), in which the same
+// pass finds the duplicate groups: bitwise-equal rows are adjacent,
+// ascending, and each run of them is one distinct point. The query and
+// target parts are runs of consecutive distinct points, sized from what
+// they hold (ti_part_plan.cu), and only distinct rows go to the device,
+// with their original rows (ti_part_upload.cu). For each query part:
+//   1. its distinct points go up and are clustered (as in ti_join.cu), or,
+//      for a self-join cut alike on both sides (PartPlan::shared_parts),
+//      the cached target part of the same points is copied back and its
+//      clusters serve as the queries; its k' lists are allocated;
 //   2. the target parts come nearest first, by a lower bound on the
 //      distance between the two parts' landmark groups (ti_parts.cuh:
 //      part_distance_bound); with one query part each is clustered beside
 //      it; with several, all of them are clustered first, kept in pinned
 //      host memory, and copied back for each query part. For each: level 1
-//      against that part alone, then level 2 with every query's list and
-//      theta carried over from the parts before (Level2Config::resume).
-//      Before a part (but the first) the largest k'-th list entry of the
-//      query part is read back; when the part's bound is beyond it, that
-//      part and all farther ones are skipped: not uploaded, not filtered;
-//   3. the lists become rows and float8 distances, as in ti_join.cu, and
-//      go to the query rows' original places.
+//      against that part alone, its upper bounds capped by the lists
+//      carried so far (carried_bound_kernel), then level 2 with every
+//      query's list and theta carried over from the parts before
+//      (Level2Config::resume). Before a part (but the first) the largest
+//      k'-th list entry of the query part is read back; when the part's
+//      bound is beyond it, that part and all farther ones are skipped: not
+//      uploaded, not filtered;
+//   3. the lists come back to the host, and each query row takes its
+//      distinct point's list less the targets that share its key, with
+//      float8 distances (output_ordered_part: what ti_output.cu does on the
+//      device). Sides without an order (row ranges) deduplicate each part
+//      on the device and expand there, as in ti_join.cu.
 //
 // Exactness: the level-1 bound of one target part is an upper bound of the
 // k'-th distance within that part, hence of the k'-th over all targets; the
-// carried list's k'-th is one too. Pruning with either keeps every target
-// that can be among the final k' (ties included), and a list holds the k'
-// smallest (value, row) of all it was offered, whatever the order. Target
-// rows in the lists are the ORIGINAL rows (each part's positions are mapped
-// through the order's permutation on the device), so ties across parts are
-// broken by target row as in memory; rows of one duplicate group stay
-// ascending because equal rows share a landmark and groups are sorted
-// stably. A skipped part: for every query q of the part and target t of
+// carried list's k'-th is one too, and so is the largest of a cluster's
+// carried k'-th entries for each of its queries (widened by the rounding
+// margin). Pruning with any of them keeps every target that can be among
+// the final k' (ties included), and a list holds the k' smallest (value,
+// row) of all it was offered, whatever the order. Target rows in the lists
+// are the ORIGINAL rows (each part sends its points' original rows), so
+// ties across parts are broken by target row as in memory; a distinct
+// point stands for all its rows (ascending), which are whole in one part,
+// exactly as ti_dedup.cu's groups are in memory (a hash collision can only
+// split a group, never merge unequal rows). A skipped part: for every
+// query q of the part and target t of
 // the skipped part, d(q,t) >= d(Lq,Lt) - r(Lq) - r(Lt) >= B (the groups'
 // landmarks and radii, in double, widened), and the device's computed
 // distance D(q,t) >= d(q,t)(1 - e) - A (rounding_margin.h); B is compared
@@ -38,10 +51,15 @@
 // Then D(q,t) > theta >= q's k'-th entry, which only decreases: t could
 // never enter q's list, ties included. The farther parts have larger
 // bounds (they are visited in bound order), so they go too.
+//
+// KNN_TI_TRACE=1 prints the phases (order, part builds, level 1, level 2,
+// theta read-backs, output) to stderr, the stream waited for after each.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <future>
+#include <system_error>
 
 #include <limits>
 #include <utility>
@@ -55,6 +73,7 @@
 #include "host_transfer.cuh"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
+#include "ti_expand.cuh"
 #include "ti_parts.cuh"
 #include "../stopwatch.h"
 
@@ -79,6 +98,23 @@ __global__ void largest_last_kernel(const float *value, const int32_t *row, int6
     if (bits != 0) atomicMax(out, bits);
     if (last != 0) atomicMax(out + 1, last);
   }
+}
+
+// The carried bound of each query cluster: the largest k'-th entry of its
+// queries' lists, as a ti distance widened by the rounding margin (+inf
+// while some list is not full). Every query's final k'-th is at most its
+// current one, hence at most this.
+template <int METRIC>
+__global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member, int32_t mq,
+                                     const float *value, int kprime, Margin margin,
+                                     float *out) {
+  const int32_t cq = blockIdx.x * blockDim.x + threadIdx.x;
+  if (cq >= mq) return;
+  float top = 0.0f;
+  for (int32_t pos = begin[cq]; pos < begin[cq + 1]; pos++)
+    top = fmaxf(top, value[(int64_t)member[pos] * kprime + kprime - 1]);
+  const float ti = MetricOps<METRIC>::ti(top);
+  out[cq] = ti == __int_as_float(0x7f800000) ? ti : ti + margin.rel * ti + margin.abs;
 }
 
 // Groups for each side's order: several per part, so that a part's bound
@@ -118,12 +154,20 @@ class OutOfCoreJoin {
 
  private:
   KnnStatus upload_target_keys();
-  KnnStatus query_part(int64_t first, int64_t count, bool *finite, int64_t *neighbors,
-                       double *distances);
+  KnnStatus query_part(int index, bool *finite, int64_t *neighbors, double *distances);
   KnnStatus filter_part(const ClusterSet &queries, const DistinctSet &query_set,
                         const TargetPart &part, bool resume, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
+  KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
+                                double *distances);
+  void expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
+                    double *distances) const;
+  void wait_output();
+  // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
+  // phase times (printed to stderr at the end) are the stages' own.
+  void lap(double *phase, Clock::time_point *t0);
+  void trace() const;
   void describe(KnnStats *stats) const;
 
   const KnnProblem &p_;
@@ -151,9 +195,12 @@ class OutOfCoreJoin {
   DeviceBuffer<float> result_value_;
   DeviceBuffer<int32_t> result_row_;
   DeviceBuffer<unsigned> theta_bits_;
-  std::vector<float> query_staging_;
-  std::vector<int64_t> key_staging_, rows_staging_;
-  std::vector<double> dist_staging_;
+  PartStaging query_part_staging_;
+  // A query part's lists on the host, two: one being expanded by a host
+  // thread (expanding_) while the device filters the next query part.
+  std::vector<float> list_value_[2];
+  std::vector<int32_t> list_row_[2];
+  int list_slot_ = 0;
 
   Level2Config used_;
   int64_t pairs_skipped_ = 0;
@@ -161,11 +208,46 @@ class OutOfCoreJoin {
   int64_t query_clusters_ = 0;
   Clock::time_point t_start_ = Clock::now();
   double cluster_seconds_ = 0, filter_seconds_ = 0, output_seconds_ = 0;
+  const bool trace_ = std::getenv("KNN_TI_TRACE") != nullptr &&
+                      std::getenv("KNN_TI_TRACE")[0] == '1';
+  // Phases (trace): target parts built or copied back, level 1, level 2,
+  // theta read-backs; pairs filtered.
+  double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
+  double query_upload_seconds_ = 0;
+  int64_t pairs_visited_ = 0;
+  // Declared last, so destroyed first: the expansion still running (an
+  // error path) is waited for before anything it reads goes.
+  std::future<void> expanding_;
   unsigned long long computed_ = 0;
 };
 
+void OutOfCoreJoin::lap(double *phase, Clock::time_point *t0) {
+  if (!trace_) return;
+  (void)cudaStreamSynchronize(ctx_.stream);
+  const Clock::time_point now = Clock::now();
+  *phase += std::chrono::duration<double>(now - *t0).count();
+  *t0 = now;
+}
+
+void OutOfCoreJoin::trace() const {
+  if (!trace_) return;
+  std::fprintf(stderr,
+               "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped; "
+               "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
+               "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
+               "(pinned copies %.4f)\n",
+               plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
+               (long long)plan_.target_rows, (long long)pairs_visited_,
+               (long long)pairs_skipped_,
+               cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
+               query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
+               level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
+               targets_.store_seconds());
+}
+
 KnnStatus OutOfCoreJoin::upload_target_keys() {
-  if (!exclude_) return KNN_OK;
+  // Ordered: keys are applied on the host (output_ordered_part).
+  if (!exclude_ || ordered_) return KNN_OK;
   KNN_TRY(fixed_mem_.allocate(ctx_, target_keys_, p_.n_targets, "keys"));
   CUDA_CHECK(ctx_, cudaMemcpyAsync(target_keys_.get(), p_.target_keys,
                                    p_.n_targets * sizeof(int64_t), cudaMemcpyHostToDevice,
@@ -176,10 +258,28 @@ KnnStatus OutOfCoreJoin::upload_target_keys() {
 // Level 1 and level 2 of the query part against one target part.
 KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSet &query_set,
                                      const TargetPart &part, bool resume, MemoryBudget &mem) {
+  Clock::time_point t0 = Clock::now();
+  // Resumed lists bound level 1's upper bounds (ti_filter_level1.cu): a far
+  // part then leaves few candidate clusters, or none.
+  DeviceBuffer<float> carried;
+  if (resume) {
+    KNN_TRY(mem.allocate(ctx_, carried, (size_t)queries.m, "carried bounds"));
+    const unsigned grid = grid_for(queries.m, 128);
+    if (p_.metric == KNN_METRIC_L1)
+      carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
+          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
+          plan_.kprime, margin_, carried.get());
+    else
+      carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
+          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
+          plan_.kprime, margin_, carried.get());
+    CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
+  }
   Level1Result level1;
   KNN_TRY(level1_filter(queries, part.clusters, p_.metric, plan_.kprime, margin_, level1, mem,
-                        ctx_));
+                        ctx_, resume ? carried.get() : nullptr));
   KNN_TRY(ctx_.cancel_point());
+  lap(&level1_seconds_, &t0);
   Level2Config config;
   config.kprime = plan_.kprime;
   config.partial = false;  // the partial filter cannot carry lists over
@@ -193,9 +293,11 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
                         result_value_.get(), result_row_.get(), counter_.get(), &used_, mem,
                         ctx_));
+  lap(&level2_seconds_, &t0);
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
+  mem.release(carried);
   return KNN_OK;
 }
 
@@ -241,7 +343,8 @@ void OutOfCoreJoin::order_target_parts(int query_index, int64_t first, int64_t c
   if (ordered_) std::stable_sort(order->begin(), order->end());
 }
 
-// Rows, exclusion and float8 of the query part, written at row `first`.
+// Rows, exclusion and float8 of a row-range query part (on the device),
+// written at row `first`.
 KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first,
                                      const int64_t *query_keys, MemoryBudget &mem,
                                      int64_t *neighbors, double *distances) {
@@ -261,37 +364,12 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
     KNN_TRY(expand_results(query_set, p_.metric, c, count, k, plan_.kprime, result_value_.get(),
                            result_row_.get(), query_keys, exclude_ ? target_keys_.get() : nullptr,
                            rows.get(), dist.get(), ctx_));
-    // Ordered rows: through host staging to the query rows' original places.
-    if (ordered_) {
-      rows_staging_.resize((size_t)count * k);
-      dist_staging_.resize((size_t)count * k);
-    }
-    int64_t *to_rows = ordered_ ? rows_staging_.data() : neighbors + (first + c) * k;
-    double *to_dist = ordered_ ? dist_staging_.data() : distances + (first + c) * k;
-    if (!ordered_) {
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_rows, rows.get(), (size_t)count * k * sizeof(int64_t),
-                                       cudaMemcpyDeviceToHost, ctx_.stream));
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(to_dist, dist.get(), (size_t)count * k * sizeof(double),
-                                       cudaMemcpyDeviceToHost, ctx_.stream));
-    } else {
-      // Through pinned staging (host_transfer.cuh); each waits for the kernel.
-      KNN_TRY(download_to_host(ctx_, to_rows, rows.get(), (size_t)count * k * sizeof(int64_t)));
-      KNN_TRY(download_to_host(ctx_, to_dist, dist.get(), (size_t)count * k * sizeof(double)));
-      // Slices of about 4 MB: a small part is copied without starting threads.
-      const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)k * slot_bytes));
-      const int64_t at = first + c;
-      cpu::parallel_for((count + slice - 1) / slice, query_order_.n_threads, nullptr,
-                        [&](int64_t sl, int) {
-                          const int64_t end = std::min(count, (sl + 1) * slice);
-                          for (int64_t i = sl * slice; i < end; i++) {
-                            const int64_t row = query_order_.row(at + i);
-                            std::memcpy(neighbors + row * k, to_rows + i * k,
-                                        k * sizeof(int64_t));
-                            std::memcpy(distances + row * k, to_dist + i * k,
-                                        k * sizeof(double));
-                          }
-                        });
-    }
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(neighbors + (first + c) * k, rows.get(),
+                                     (size_t)count * k * sizeof(int64_t),
+                                     cudaMemcpyDeviceToHost, ctx_.stream));
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(distances + (first + c) * k, dist.get(),
+                                     (size_t)count * k * sizeof(double), cudaMemcpyDeviceToHost,
+                                     ctx_.stream));
     // The buffers are reused by the next chunk's kernel, which the stream
     // orders after these copies; the host waits once, at the end.
   }
@@ -301,56 +379,139 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
   return KNN_OK;
 }
 
-// Query rows [first, first + count) against all target parts.
-KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
-                                    int64_t *neighbors, double *distances) {
+// The lists of query part `index` (n_distinct distinct points) to the
+// results of its rows, on the host: each row of a distinct point takes
+// its list, less the entries whose target key equals its own key
+// (ti_expand.cuh: the code ti_output.cu runs on the device).
+KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
+                                             double *distances) {
+  wait_output();  // the part before, whose buffers are the other slot
+  const int slot = list_slot_ ^= 1;
+  const size_t slots = (size_t)n_distinct * plan_.kprime;
+  list_value_[slot].resize(slots);
+  list_row_[slot].resize(slots);
+  KNN_TRY(download_to_host(ctx_, list_value_[slot].data(), result_value_.get(),
+                           slots * sizeof(float)));
+  KNN_TRY(download_to_host(ctx_, list_row_[slot].data(), result_row_.get(),
+                           slots * sizeof(int32_t)));
+  // The rows are written by a host thread while the device goes on with the
+  // next query part (here, if no thread can be had).
+  try {
+    expanding_ = std::async(std::launch::async, [=] {
+      expand_lists(index, n_distinct, slot, neighbors, distances);
+    });
+  } catch (const std::system_error &) {
+    expand_lists(index, n_distinct, slot, neighbors, distances);
+  }
+  return KNN_OK;
+}
+
+void OutOfCoreJoin::wait_output() {
+  if (expanding_.valid()) expanding_.get();
+}
+
+void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
+                                 double *distances) const {
+  const int k = p_.k, kp = plan_.kprime;
+  const std::vector<float> &list_value = list_value_[slot];
+  const std::vector<int32_t> &list_row = list_row_[slot];
+  const int64_t d0 = plan_.query_distinct_first(index);
+  const std::vector<int64_t> &begin = query_order_.distinct_begin;
+  const bool l1 = p_.metric == KNN_METRIC_L1;
+  const int64_t *target_keys = exclude_ ? p_.target_keys : nullptr;
+  // Slices of about 1 MB of output, by position (one distinct point may
+  // hold most rows of the part); each slice finds its first point.
+  const int64_t at = begin[d0], rows = begin[d0 + n_distinct] - at;
+  const int64_t slice = std::max<int64_t>(256, (1 << 20) / ((int64_t)k * 16));
+  cpu::parallel_for((rows + slice - 1) / slice, query_order_.n_threads, nullptr,
+                    [&](int64_t sl, int) {
+    const int64_t lo = at + sl * slice, hi = std::min(at + rows, lo + slice);
+    int64_t d = std::upper_bound(begin.begin() + d0, begin.begin() + d0 + n_distinct + 1, lo) -
+                begin.begin() - 1 - d0;
+    for (; d < n_distinct && begin[d0 + d] < hi; d++) {
+      const float *value = list_value.data() + d * kp;
+      const int32_t *row = list_row.data() + d * kp;
+      const int64_t from = std::max(lo, begin[d0 + d]), to = std::min(hi, begin[d0 + d + 1]);
+      for (int64_t pos = from; pos < to; pos++) {
+        const int64_t q = query_order_.row(pos);
+        const int64_t own_key = exclude_ ? p_.query_keys[q] : 0;
+        if (l1)
+          expand_list<KNN_METRIC_L1>(value, row, k, kp, target_keys, own_key, neighbors + q * k,
+                                     distances + q * k);
+        else
+          expand_list<KNN_METRIC_L2>(value, row, k, kp, target_keys, own_key, neighbors + q * k,
+                                     distances + q * k);
+      }
+    }
+  });
+}
+
+// Query part `index` against all target parts.
+KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
+                                    double *distances) {
+  const int64_t first = plan_.query_first(index), count = plan_.query_count(index);
   // The query part's own accounting: what it leaves behind goes with it.
   MemoryBudget mem(plan_.budget - std::min(plan_.budget, fixed_mem_.used()));
   Clock::time_point t0 = Clock::now();
-  DeviceBuffer<unsigned> max_abs;
-  KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
-  CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
-  const float *rows = float_rows(p_.queries) + first * p_.dim;
-  if (ordered_) {
-    query_staging_.resize((size_t)count * p_.dim);
-    query_order_.gather(float_rows(p_.queries), first, count, query_staging_.data());
-    rows = query_staging_.data();
-  }
+  DistinctSet built_set;
+  ClusterSet built;
   UploadedSet upload;
-  KNN_TRY(upload_points(rows, count, p_.dim, stride_, upload, max_abs.get(), mem, ctx_));
-  float query_max_abs;
-  KNN_TRY(read_max_abs(max_abs.get(), &query_max_abs, ctx_));
+  float query_max_abs = 0;
+  // Shared parts: the query part is target part `index`, copied back (its
+  // clusters serve as the queries, and as the targets of its own pair).
+  TargetPart own;
+  const bool shared = plan_.shared_parts && targets_.cached();
+  if (shared) {
+    KNN_TRY(targets_.get(index, 0.0f, own, finite, mem));
+    if (!*finite) return KNN_OK;
+    query_max_abs = own.max_abs;
+  }
+  DistinctSet &query_set = shared ? own.set : built_set;
+  const ClusterSet &queries = shared ? own.clusters : built;
+  if (shared) {
+    // (own.set holds the part's counts and rows: all the lists need.)
+  } else if (ordered_) {
+    // Distinct points gathered on the host (ti_part_upload.cu).
+    KNN_TRY(upload_ordered_part(query_order_, float_rows(p_.queries),
+                                plan_.query_distinct_first(index),
+                                plan_.query_distinct_count(index), stride_, query_set,
+                                &query_max_abs, query_part_staging_, mem, ctx_));
+    lap(&query_upload_seconds_, &t0);
+  } else {
+    DeviceBuffer<unsigned> max_abs;
+    KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
+    CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+    KNN_TRY(upload_points(float_rows(p_.queries) + first * p_.dim, count, p_.dim, stride_, upload,
+                          max_abs.get(), mem, ctx_));
+    KNN_TRY(read_max_abs(max_abs.get(), &query_max_abs, ctx_));
+    mem.release(max_abs);
+  }
   if (!distances_stay_finite(p_.metric, p_.dim, query_max_abs)) {
     *finite = false;
     return KNN_OK;
   }
-  mem.release(max_abs);
-
-  DistinctSet query_set;
-  ClusterSet queries;
-  KNN_TRY(build_distinct_set(upload.points, options_.dedup, query_set, mem, ctx_));
+  if (!ordered_) KNN_TRY(build_distinct_set(upload.points, options_.dedup, query_set, mem, ctx_));
   KNN_TRY(ctx_.cancel_point());
-  const int32_t mq = plan_.query_clusters_for(query_set.n_distinct);
-  KNN_TRY(build_clusters(query_set, p_.metric, mq, options_.landmark_candidate_sets,
-                         options_.gemm_assign_min_stride, queries, mem, ctx_));
-  mem.release(upload.padded);
-  mem.release(query_set.x);
+  if (!shared) {
+    const int32_t mq = plan_.query_clusters_for(query_set.n_distinct);
+    KNN_TRY(build_clusters(query_set, p_.metric, mq, options_.landmark_candidate_sets,
+                           options_.gemm_assign_min_stride, built, mem, ctx_));
+    mem.release(upload.padded);
+    mem.release(query_set.x);
+  }
   query_clusters_ += queries.m;
 
+  // Row ranges: the part's keys on the device (ordered parts apply keys on
+  // the host).
   const int64_t *query_keys = nullptr;
-  if (exclude_) {
-    if (!ordered_ && p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
+  if (exclude_ && !ordered_) {
+    if (p_.query_keys == p_.target_keys && p_.queries == p_.targets) {
       query_keys = target_keys_.get() + first;  // the same rows' keys
     } else {
-      const int64_t *keys = p_.query_keys + first;
-      if (ordered_) {
-        key_staging_.resize(count);
-        for (int64_t i = 0; i < count; i++) key_staging_[i] = p_.query_keys[query_order_.row(first + i)];
-        keys = key_staging_.data();
-      }
       KNN_TRY(mem.allocate(ctx_, query_keys_, count, "keys"));
-      CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), keys, count * sizeof(int64_t),
-                                       cudaMemcpyHostToDevice, ctx_.stream));
+      CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), p_.query_keys + first,
+                                       count * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                       ctx_.stream));
       // Pageable source: taken by the time the call returns.
       query_keys = query_keys_.get();
     }
@@ -363,7 +524,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   KNN_TRY(ctx_.cancel_point());
 
   t0 = Clock::now();
-  const int query_index = (int)(first / plan_.query_rows);
+  const int query_index = index;
   // The host queues part i while the device works on part i - 1, and waits
   // for that one before going on: no gap between parts, and a cancel is
   // seen within about two parts' work.
@@ -374,7 +535,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   order_target_parts(query_index, first, count, &order);
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
-    const int index = order[i].second;
+    const int target = order[i].second;
     if (i > 0 && ordered_) {
       // Skip this part and every farther one when its bound is beyond the
       // largest theta of the part's queries; skip this part alone when
@@ -382,7 +543,9 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
       // come after every list's last row (header: exactness).
       double theta;
       int64_t last_row;
+      const Clock::time_point t_theta = Clock::now();
       KNN_TRY(largest_theta(query_set, &theta, &last_row));
+      theta_seconds_ += seconds_since(t_theta);
       const double bound = order[i].first;
       const double widened = theta + rounding_(std::max(0.0, bound) + theta);
       if (bound > 0 && bound > widened) {
@@ -390,7 +553,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
         break;
       }
       const bool never_nearer = theta == 0 || (bound > 0 && bound >= widened);
-      if (never_nearer && part_min_row_[index] > last_row) {
+      if (never_nearer && part_min_row_[target] > last_row) {
         pairs_skipped_++;
         continue;
       }
@@ -399,9 +562,15 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
       // Each target part's memory is its own, released (in stream order)
       // before the next part's is allocated.
       MemoryBudget part_mem(mem.budget() - std::min(mem.budget(), mem.used()));
-      TargetPart part;
-      KNN_TRY(targets_.get(index, query_max_abs, part, finite, part_mem));
-      if (!*finite) return KNN_OK;
+      TargetPart loaded;
+      Clock::time_point t_get = Clock::now();
+      if (!(shared && target == index)) {
+        KNN_TRY(targets_.get(target, query_max_abs, loaded, finite, part_mem));
+        if (!*finite) return KNN_OK;
+      }
+      const TargetPart &part = shared && target == index ? own : loaded;
+      lap(&get_seconds_, &t_get);
+      pairs_visited_++;
       KNN_TRY(filter_part(queries, query_set, part, /*resume=*/i > 0, part_mem));
     }
     CUDA_CHECK(ctx_, cudaEventRecord(done[i % 2].get(), ctx_.stream));
@@ -412,7 +581,10 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
   KNN_TRY(ctx_.cancel_point());
 
   t0 = Clock::now();
-  KNN_TRY(output_part(query_set, first, query_keys, mem, neighbors, distances));
+  if (ordered_)
+    KNN_TRY(output_ordered_part(index, query_set.n_distinct, neighbors, distances));
+  else
+    KNN_TRY(output_part(query_set, first, query_keys, mem, neighbors, distances));
   output_seconds_ += seconds_since(t0);
   mem.release(result_value_);
   mem.release(result_row_);
@@ -423,7 +595,7 @@ KnnStatus OutOfCoreJoin::query_part(int64_t first, int64_t count, bool *finite,
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached]": query
+  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached[/shared]]": query
   // parts x target parts, rows per query part x rows per target part, P
   // threads per query (of the last level-2 launch).
   // " skip S": (query part, target part) pairs skipped by their bound.
@@ -433,7 +605,8 @@ void OutOfCoreJoin::describe(KnnStats *stats) const {
   std::snprintf(stats->variant, sizeof stats->variant,
                 "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
-                skipped, place_name(used_.place), parts, targets_.cached() ? "/cached" : "");
+                skipped, place_name(used_.place), parts,
+                !targets_.cached() ? "" : plan_.shared_parts ? "/cached/shared" : "/cached");
   stats->query_clusters = query_clusters_;
   stats->target_clusters = targets_.clusters();
   stats->distance_computations = (int64_t)computed_;
@@ -472,16 +645,19 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
       if (!*finite) return KNN_OK;
     }
   }
-  for (int64_t first = 0; first < p_.n_queries; first += plan_.query_rows) {
+  for (int q = 0; q < plan_.query_parts(); q++) {
     KNN_TRY(ctx_.cancel_point());
-    const int64_t count = std::min(plan_.query_rows, p_.n_queries - first);
-    KNN_TRY(query_part(first, count, finite, neighbors, distances));
+    KNN_TRY(query_part(q, finite, neighbors, distances));
     if (!*finite) return KNN_OK;
   }
+  const Clock::time_point t_wait = Clock::now();
+  wait_output();
+  output_seconds_ += seconds_since(t_wait);
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   if (stats != nullptr) describe(stats);
+  trace();
   return KNN_OK;
 }
 
@@ -510,13 +686,14 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
       problem.element != KNN_ELEMENT_FLOAT32 || (row_ranges != nullptr && row_ranges[0] == '1')) {
     // Row ranges (lists hold int32 rows; only float rows are gathered).
   } else {
-    KnnStatus status = target_order.build(float_rows(problem.targets), problem.n_targets,
-                                          problem.dim, problem.metric, groups, budget, ctx);
+    KnnStatus status =
+        target_order.build(float_rows(problem.targets), problem.n_targets, problem.dim,
+                           problem.metric, groups, options.dedup, budget, ctx);
     if (status == KNN_OK) {
       if (self) query_order = target_order;
       else
         status = query_order.build(float_rows(problem.queries), problem.n_queries, problem.dim,
-                                   problem.metric, groups, budget, ctx);
+                                   problem.metric, groups, options.dedup, budget, ctx);
     }
     // A budget too small for the landmarks: row ranges, as before.
     if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
@@ -529,10 +706,19 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
     }
   }
   std::vector<double> centre;
-  if (query_order.ordered() && target_order.ordered())
+  if (query_order.ordered() && target_order.ordered()) {
     centre = landmark_distances(query_order, target_order, problem.metric, ctx.cancel);
+    plan.cut_distinct(query_order, target_order);
+  }
   KNN_TRY(ctx.cancel_point());
   const double order_seconds = seconds_since(t0);
+  const char *trace = std::getenv("KNN_TI_TRACE");
+  if (trace != nullptr && trace[0] == '1')
+    std::fprintf(stderr,
+                 "[ti out-of-core] orders %.4f s (targets: assignment %.4f, duplicates %.4f; "
+                 "%lld distinct of %lld rows)\n",
+                 order_seconds, target_order.assign_seconds, target_order.dedup_seconds,
+                 (long long)target_order.n_distinct(), (long long)problem.n_targets);
   // The plan's sizes are estimates: where a part still does not fit, the
   // join starts again with parts half as large, down to a floor.
   for (;;) {

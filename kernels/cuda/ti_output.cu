@@ -10,6 +10,7 @@
 
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
+#include "ti_expand.cuh"
 
 namespace knn {
 namespace cuda {
@@ -29,22 +30,8 @@ __global__ void expand_kernel(int64_t first, int64_t count, const int32_t *group
   const float *v = result_value + g * kprime;
   const int32_t *r = result_row + g * kprime;
   const bool exclude = query_keys != nullptr && target_keys != nullptr;
-  const int64_t own_key = exclude ? query_keys[i] : 0;
-  int64_t *rows = out_rows + c * k;
-  double *dist = out_distances + c * k;
-  int j = 0;
-  for (int s = 0; s < kprime && j < k; s++) {
-    const int32_t row = r[s];
-    if (row == kNoRow) break;
-    if (exclude && target_keys[row] == own_key) continue;
-    rows[j] = row;
-    dist[j] = MetricOps<METRIC>::result(v[s]);
-    j++;
-  }
-  for (; j < k; j++) {
-    rows[j] = -1;
-    dist[j] = __longlong_as_double(0x7ff8000000000000ll);  // NaN
-  }
+  expand_list<METRIC>(v, r, k, kprime, exclude ? target_keys : nullptr,
+                      exclude ? query_keys[i] : 0, out_rows + c * k, out_distances + c * k);
 }
 
 }  // namespace

@@ -14,28 +14,51 @@ namespace knn {
 namespace cuda {
 namespace ti {
 
-// Query parts and target parts (row ranges) sized so that one query part
-// and one target part, with their clusters, lists and scratch, fit the
-// budget. The sizes are estimates; halve() shrinks them when a part did
-// not fit after all.
+class SpatialOrder;
+
+// Query parts and target parts, each a run of consecutive positions of its
+// side's order, sized so that one query part and one target part, with
+// their clusters, lists and scratch, fit the budget. Ordered sides
+// (SpatialOrder, after cut_distinct) are cut by DISTINCT points: a part
+// holds whole duplicate groups, and its bytes are counted from what it
+// really holds (its distinct points and its rows); sides without an order
+// are cut into equal row ranges. The sizes are estimates; halve() shrinks
+// them when a part did not fit after all.
 class PartPlan {
  public:
   PartPlan(const KnnProblem &p, const TiOptions &options, size_t budget);
+  // Cuts both sides again by distinct points of their orders (kept; both
+  // ordered; a self-join may pass the same order twice).
+  void cut_distinct(const SpatialOrder &queries, const SpatialOrder &targets);
 
   size_t budget = 0;
-  int kprime = 0;         // list length: k + the most rows one key excludes
-  int64_t query_rows = 0;  // rows per query part (the last may be shorter)
+  int kprime = 0;          // list length: k + the most rows one key excludes
+  int64_t query_rows = 0;  // rows per query part (the largest part)
   int64_t target_rows = 0;
   // Several query parts: every target part is clustered first, kept in
   // pinned host memory, and copied back for each query part.
   bool cache_targets = false;
+  // A self-join cut the same way on both sides, whose target parts also
+  // serve as the query parts (same clusters): query part i is target part
+  // i, copied back instead of built again.
+  bool shared_parts = false;
+  bool by_distinct() const { return by_distinct_; }
 
-  int query_parts() const { return parts(n_queries_, query_rows); }
-  int target_parts() const { return parts(n_targets_, target_rows); }
-  int64_t target_first(int index) const { return (int64_t)index * target_rows; }
-  int64_t target_count(int index) const;
-  // The i-th target part that query part q visits: for a self-join the part
-  // with q's own rows first (theta tightens early), then the others.
+  int query_parts() const { return (int)query_at_.size() - 1; }
+  int target_parts() const { return (int)target_at_.size() - 1; }
+  // Positions of each part (rows for row ranges) ...
+  int64_t query_first(int index) const { return query_at_[index]; }
+  int64_t query_count(int index) const { return query_at_[index + 1] - query_at_[index]; }
+  int64_t target_first(int index) const { return target_at_[index]; }
+  int64_t target_count(int index) const { return target_at_[index + 1] - target_at_[index]; }
+  // ... and its distinct points of the order (by_distinct only).
+  int64_t query_distinct_first(int index) const { return query_units_[index]; }
+  int64_t query_distinct_count(int index) const;
+  int64_t target_distinct_first(int index) const { return target_units_[index]; }
+  int64_t target_distinct_count(int index) const;
+  // The i-th target part that query part q visits (row ranges): for a
+  // self-join the part with q's own rows first (theta tightens early),
+  // then the others.
   int target_order(int q, int i) const;
   // Clusters for a part with n distinct points (capped so that the level-1
   // pair matrices of a query and a target part stay small).
@@ -43,14 +66,26 @@ class PartPlan {
   // The same for a query part, fewer where level 2's lists are in global
   // memory (one per thread slot of the warp groups).
   int32_t query_clusters_for(int64_t n_distinct) const;
-  // Halves both part sizes; false once both are at the smallest size.
+  // Smaller parts; false once they cannot get smaller.
   bool halve();
 
  private:
-  static int parts(int64_t n, int64_t rows) { return (int)((n + rows - 1) / rows); }
+  void plan_rows();
+  void plan_distinct();
+  void cap_clusters(int64_t query_units, int64_t target_units);
+  double query_resident_bytes(int64_t n_distinct, int64_t rows) const;
 
   int64_t n_queries_ = 0, n_targets_ = 0;
   bool self_ = false;
+  bool exclude_ = false;
+  int stride_ = 0;
+  bool gemm_build_ = false;  // clusters assigned through cuBLAS
+  double avail_ = 0;   // the budget less what stays for the whole join
+  double scale_ = 1;   // halve(): the share of avail_ the parts are cut for
+  bool by_distinct_ = false;
+  const SpatialOrder *query_order_ = nullptr, *target_order_ = nullptr;
+  std::vector<int64_t> query_at_, target_at_;        // part bounds, positions
+  std::vector<int64_t> query_units_, target_units_;  // part bounds, distinct points
   bool global_lists_ = false;  // k' > 32: level 2's lists in global memory
   double landmark_factor_ = 1.0;
   double cluster_scale_ = 1.0;
@@ -68,8 +103,11 @@ class SpatialOrder {
  public:
   // Orders `n` rows of `dim` floats (row-major, host) into `groups` groups
   // (at most n). Metrics other than L2 and L1 are not ordered (identity).
+  // With dedup, bitwise-equal rows are made adjacent (ascending by row)
+  // and each run of them is one distinct point (distinct_begin); without,
+  // every row is one.
   KnnStatus build(const float *rows, int64_t n, int dim, KnnMetric metric, int32_t groups,
-                  size_t budget, DeviceContext &ctx);
+                  bool dedup, size_t budget, DeviceContext &ctx);
 
   bool ordered() const { return !perm.empty(); }
   // Original row at position i.
@@ -85,7 +123,32 @@ class SpatialOrder {
   std::vector<int64_t> group_begin;   // groups + 1 positions (tour order)
   std::vector<float> landmark;        // groups x dim (tour order)
   std::vector<double> radius;         // groups: no member farther (margin in)
+  std::vector<int64_t> distinct_begin;  // distinct points + 1 positions
+  double assign_seconds = 0, dedup_seconds = 0;  // build's phases (trace)
+  int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
+
+ private:
+  void mark_distinct(const float *rows, const std::vector<uint64_t> &hash, bool dedup,
+                     const int32_t *cancel);
 };
+
+// Where the host copies of an ordered part are assembled (reused from part
+// to part).
+struct PartStaging {
+  std::vector<float> x;          // distinct points x stride
+  std::vector<int32_t> begin;    // distinct points + 1
+  std::vector<int32_t> rows;     // the part's original rows, by position
+};
+
+// The distinct points [first, first + count) of an ordered side on the
+// device as a DistinctSet (ti_part_upload.cu): one padded row per distinct
+// point (their largest |value| to *max_abs), its rows' offsets, and the
+// ORIGINAL rows of each (ascending), so that clusters and lists carry
+// original rows. No group_of_row: the out-of-core join expands its lists
+// on the host.
+KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
+                              int64_t count, int stride, DistinctSet &out, float *max_abs,
+                              PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx);
 
 // Lower bound, in ti distance (margins taken off), of the distance between
 // any row of positions [qf, qf + qc) of `q` and any of [tf, tf + tc) of
@@ -131,6 +194,7 @@ class TargetParts {
   bool cached() const { return cache_; }
   int64_t clusters() const { return clusters_; }
   double cluster_seconds() const { return cluster_seconds_; }
+  double store_seconds() const { return store_seconds_; }
 
  private:
   struct HostPart;  // ti_target_parts.cu
@@ -146,10 +210,10 @@ class TargetParts {
   const SpatialOrder *order_;
   DeviceContext &ctx_;
   bool cache_;
-  std::vector<float> staging_;  // gathered rows of the part being built
+  PartStaging part_staging_;  // the part being built (ordered)
   std::vector<HostPart *> host_;
   int64_t clusters_ = 0;
-  double cluster_seconds_ = 0;
+  double cluster_seconds_ = 0, store_seconds_ = 0;
 };
 
 }  // namespace ti

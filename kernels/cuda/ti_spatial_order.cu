@@ -7,20 +7,34 @@
 // sampled evenly from the whole side and the groups are laid out along a
 // greedy nearest-neighbour tour of the landmarks, so that consecutive
 // positions form compact regions; each group keeps a bound on its members'
-// distance to the landmark. Distances to landmarks are summed in double on
+// distance to the landmark. The nearest landmark is searched in float; the
+// distance of each row to the landmark it got is summed in double on
 // the device and the landmarks' distances in double on the host: next to
 // the float distances of the join they are exact, and the radii are still
 // widened by a relative 1e-9.
+//
+// Duplicates: the same pass hashes each row's bits (64 bits). Equal rows
+// get the same landmark (the search is a function of the bits), so they
+// share a group; within a group
+// (rows ascending) each row is looked up by its hash among the group's
+// distinct points so far and compared bit for bit with their first rows:
+// equal, it joins that point; else it starts a new one. The group's
+// positions are then laid out point by point (first occurrence order),
+// each point's rows ascending. Linear in the rows, and a group of many
+// copies of a few points (kdd's largest) costs a lookup and a compare a
+// row.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_map>
 
 #include <math_constants.h>
 
 #include "../cpu/parallel_for.h"
 #include "host_transfer.cuh"
 #include "ti_parts.cuh"
+#include "../stopwatch.h"
 
 namespace knn {
 namespace cuda {
@@ -31,17 +45,24 @@ constexpr int kAssignThreads = 128;
 constexpr int kTileFloats = 4096;  // landmarks per shared tile: 16 kB
 constexpr double kHostSlack = 1e-9;
 
-// The nearest landmark of each row (ties: the lowest index) and its value
-// (squared sum for L2, sum for L1), both in double: equal rows always get
-// the same landmark.
+// The nearest landmark of each row, searched in float (ties: the lowest
+// index), and the row's value to it (squared sum for L2, sum for L1) in
+// double. Any landmark would do for exactness (the group's radius is what
+// the bounds use, and it comes from the double value); the float search is
+// only there to make groups compact, and it is a function of the row's
+// bits, so equal rows always get the same landmark. Each thread holds
+// kBatch sums, so that a row value read serves kBatch landmarks.
+constexpr int kBatch = 8;
+
+template <bool L1>
 __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
-                                        const float *landmarks, int32_t m, int l1,
-                                        int32_t *group, double *value) {
+                                        const float *landmarks, int32_t m, int32_t *group,
+                                        double *value, uint64_t *hash) {
   __shared__ float tile[kTileFloats];
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const float *x = rows + (i < n ? i : 0) * (int64_t)dim;
   const int per_tile = max(1, kTileFloats / dim);
-  double best = CUDART_INF;
+  float best = CUDART_INF_F;
   int32_t best_index = 0;
   for (int32_t base = 0; base < m; base += per_tile) {
     const int count = min(per_tile, m - base);
@@ -50,22 +71,43 @@ __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
       tile[j] = landmarks[(int64_t)base * dim + j];
     __syncthreads();
     if (i >= n) continue;
-    for (int c = 0; c < count; c++) {
-      const float *l = tile + c * dim;
-      double s = 0;
+    for (int c = 0; c < count; c += kBatch) {
+      const int last = min(kBatch, count - c) - 1;
+      float s[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; j++) s[j] = 0.0f;
       for (int d = 0; d < dim; d++) {
-        const double diff = (double)x[d] - (double)l[d];
-        s += l1 ? fabs(diff) : diff * diff;
+        const float xd = x[d];
+#pragma unroll
+        for (int j = 0; j < kBatch; j++) {
+          const float diff = xd - tile[(c + min(j, last)) * dim + d];
+          s[j] += L1 ? fabsf(diff) : diff * diff;
+        }
       }
-      if (s < best) {
-        best = s;
-        best_index = base + c;
-      }
+#pragma unroll
+      for (int j = 0; j < kBatch; j++)
+        if (j <= last && s[j] < best) {
+          best = s[j];
+          best_index = base + c + j;
+        }
     }
   }
   if (i < n) {
+    const float *l = landmarks + (int64_t)best_index * dim;
+    double v = 0;
+    for (int d = 0; d < dim; d++) {
+      const double diff = (double)x[d] - (double)l[d];
+      v += L1 ? fabs(diff) : diff * diff;
+    }
+    value[i] = v;
     group[i] = best_index;
-    value[i] = best;
+    // The row's bits, mixed word by word (splitmix-style finaliser).
+    uint64_t h = 0x6a09e667f3bcc909ull + (uint64_t)dim;
+    for (int d = 0; d < dim; d++) {
+      h = (h ^ __float_as_uint(x[d])) * 0x9e3779b97f4a7c15ull;
+      h ^= h >> 29;
+    }
+    hash[i] = h;
   }
 }
 
@@ -103,9 +145,10 @@ void bisect(int32_t *ids, int32_t n, const double *d, int32_t m) {
 }  // namespace
 
 KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric metric,
-                              int32_t groups, size_t budget, DeviceContext &ctx) {
+                              int32_t groups, bool dedup, size_t budget, DeviceContext &ctx) {
   dim = dim_;
   perm.clear();
+  distinct_begin.clear();
   if ((metric != KNN_METRIC_L2 && metric != KNN_METRIC_L1) || n < 2 || dim < 1 ||
       dim > kTileFloats)
     return KNN_OK;
@@ -118,22 +161,27 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
     std::memcpy(sample.data() + (size_t)g * dim, rows + (n * g / m) * (int64_t)dim,
                 dim * sizeof(float));
 
+  const Clock::time_point t0 = Clock::now();
   // Assignment, streamed through the device in chunks within the budget.
   std::vector<int32_t> group(n);
   std::vector<double> value(n);
+  std::vector<uint64_t> hash(n);
   {
     MemoryBudget mem(budget);
     DeviceBuffer<float> landmarks;
     KNN_TRY(mem.allocate(ctx, landmarks, sample.size(), "landmarks"));
     CUDA_CHECK(ctx, cudaMemcpyAsync(landmarks.get(), sample.data(), sample.size() * sizeof(float),
                                     cudaMemcpyHostToDevice, ctx.stream));
-    const size_t per_row = (size_t)dim * sizeof(float) + sizeof(int32_t) + sizeof(double);
+    const size_t per_row =
+        (size_t)dim * sizeof(float) + sizeof(int32_t) + sizeof(double) + sizeof(uint64_t);
     const size_t room = budget > mem.used() ? (budget - mem.used()) / 2 : 0;
     const int64_t chunk = std::min<int64_t>(n, std::max<int64_t>(64, room / per_row));
     DeviceBuffer<float> x;
     DeviceBuffer<int32_t> g;
     DeviceBuffer<double> v;
+    DeviceBuffer<uint64_t> h;
     KNN_TRY(mem.allocate(ctx, x, (size_t)chunk * dim, "points"));
+    KNN_TRY(mem.allocate(ctx, h, (size_t)chunk, "row hashes"));
     KNN_TRY(mem.allocate(ctx, g, (size_t)chunk, "landmark assignment"));
     KNN_TRY(mem.allocate(ctx, v, (size_t)chunk, "landmark assignment"));
     // Through the device's pinned staging (host_transfer.cuh), which wants
@@ -145,17 +193,23 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
       const int64_t count = std::min(chunk, n - first);
       KNN_TRY(upload_to_device(ctx, x.get(), rows + first * dim,
                                (size_t)count * dim * sizeof(float)));
-      nearest_landmark_kernel<<<grid_for(count, kAssignThreads), kAssignThreads, 0,
-                                ctx.stream>>>(x.get(), count, dim, landmarks.get(), m,
-                                              metric == KNN_METRIC_L1 ? 1 : 0, g.get(), v.get());
+      const unsigned grid = grid_for(count, kAssignThreads);
+      if (metric == KNN_METRIC_L1)
+        nearest_landmark_kernel<true><<<grid, kAssignThreads, 0, ctx.stream>>>(
+            x.get(), count, dim, landmarks.get(), m, g.get(), v.get(), h.get());
+      else
+        nearest_landmark_kernel<false><<<grid, kAssignThreads, 0, ctx.stream>>>(
+            x.get(), count, dim, landmarks.get(), m, g.get(), v.get(), h.get());
       CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
       KNN_TRY(download_to_host(ctx, group.data() + first, g.get(), count * sizeof(int32_t)));
       KNN_TRY(download_to_host(ctx, value.data() + first, v.get(), count * sizeof(double)));
+      KNN_TRY(download_to_host(ctx, hash.data() + first, h.get(), count * sizeof(uint64_t)));
     }
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     mem.release(x);
     mem.release(g);
     mem.release(v);
+    mem.release(h);
     mem.release(landmarks);
   }
 
@@ -192,11 +246,82 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   perm.resize(n);
   std::vector<int64_t> next(group_begin.begin(), group_begin.end() - 1);
   for (int64_t i = 0; i < n; i++) perm[next[rank[group[i]]]++] = (int32_t)i;
+  const Clock::time_point t1 = Clock::now();
+  mark_distinct(rows, hash, dedup, ctx.cancel);
+  KNN_TRY(ctx.cancel_point());
+  dedup_seconds = seconds_since(t1);
+  assign_seconds = std::chrono::duration<double>(t1 - t0).count();
   landmark.resize(sample.size());
   for (int32_t r = 0; r < m; r++)
     std::memcpy(landmark.data() + (size_t)r * dim, sample.data() + (size_t)tour[r] * dim,
                 dim * sizeof(float));
   return KNN_OK;
+}
+
+void SpatialOrder::mark_distinct(const float *rows, const std::vector<uint64_t> &hash,
+                                 bool dedup, const int32_t *cancel) {
+  const int64_t n = (int64_t)perm.size();
+  const int64_t groups = (int64_t)group_begin.size() - 1;
+  distinct_begin.clear();
+  if (!dedup) {
+    distinct_begin.resize(n + 1);
+    for (int64_t i = 0; i <= n; i++) distinct_begin[i] = i;
+    return;
+  }
+  std::vector<unsigned char> start(n, 0);
+  const size_t row_bytes = (size_t)dim * sizeof(float);
+  // The largest groups first: one of them may be most of the side.
+  std::vector<int64_t> by_size(groups);
+  for (int64_t g = 0; g < groups; g++) by_size[g] = g;
+  std::sort(by_size.begin(), by_size.end(), [&](int64_t a, int64_t b) {
+    return group_begin[a + 1] - group_begin[a] > group_begin[b + 1] - group_begin[b];
+  });
+  cpu::parallel_for(groups, n_threads, cancel, [&](int64_t i, int) {
+    const int64_t g = by_size[i];
+    int32_t *a = perm.data() + group_begin[g];
+    const int64_t size = group_begin[g + 1] - group_begin[g];
+    if (size == 0) return;
+    // Distinct points of the group: first row, next point of equal hash.
+    std::vector<int32_t> first_row, same_hash, count, id(size);
+    std::unordered_map<uint64_t, int32_t> by_hash;
+    int32_t previous = -1;  // the point of the row before: copies often come in runs
+    for (int64_t j = 0; j < size; j++) {
+      const int32_t r = a[j];
+      if (previous >= 0 && hash[r] == hash[first_row[previous]] &&
+          std::memcmp(rows + (int64_t)r * dim, rows + (int64_t)first_row[previous] * dim,
+                      row_bytes) == 0) {
+        id[j] = previous;
+        count[previous]++;
+        continue;
+      }
+      const auto found = by_hash.find(hash[r]);
+      int32_t point = -1;
+      if (found != by_hash.end())
+        for (int32_t c = found->second; c >= 0 && point < 0; c = same_hash[c])
+          if (std::memcmp(rows + (int64_t)r * dim, rows + (int64_t)first_row[c] * dim,
+                          row_bytes) == 0)
+            point = c;
+      if (point < 0) {
+        point = (int32_t)first_row.size();
+        first_row.push_back(r);
+        same_hash.push_back(found != by_hash.end() ? found->second : -1);
+        count.push_back(0);
+        by_hash[hash[r]] = point;
+      }
+      id[j] = point;
+      count[point]++;
+      previous = point;
+    }
+    // Point by point, rows ascending (a stable counting sort by point).
+    std::vector<int32_t> offset(count.size() + 1, 0), sorted(size);
+    for (size_t c = 0; c < count.size(); c++) offset[c + 1] = offset[c] + count[c];
+    for (size_t c = 0; c < count.size(); c++) start[group_begin[g] + offset[c]] = 1;
+    for (int64_t j = 0; j < size; j++) sorted[offset[id[j]]++] = a[j];
+    std::copy(sorted.begin(), sorted.end(), a);
+  });
+  for (int64_t i = 0; i < n; i++)
+    if (start[i]) distinct_begin.push_back(i);
+  distinct_begin.push_back(n);
 }
 
 void SpatialOrder::gather(const float *rows, int64_t first, int64_t count, float *out) const {

@@ -1,12 +1,13 @@
 // ti_target_parts.cu -- the target parts of the out-of-core TI join on the
 // device (TargetParts of ti_parts.cuh).
 //
-// A part is built once: its rows go up, are deduplicated and clustered as
-// in ti_join.cu, and its row numbers become global target rows (level 2
-// writes them into the lists, and ties across parts are broken by them):
-// shifted by the part's first row for row ranges, or looked up in the
-// spatial order's permutation (ti_spatial_order.cu), which keeps the rows
-// of a duplicate group ascending. Where the plan caches parts, the arrays level 1 and level 2 read
+// A part is built once and its row numbers are global target rows (level 2
+// writes them into the lists, and ties across parts are broken by them).
+// Ordered: its distinct points go up with their original rows, ascending
+// within a duplicate group (ti_part_upload.cu), and are clustered as in
+// ti_join.cu. Row ranges: its rows go up, are deduplicated on the device
+// and clustered, and the rows are shifted by the part's first row. Where
+// the plan caches parts, the arrays level 1 and level 2 read
 // are copied into one pinned host block per part, and later query parts
 // copy them back: a copy at PCIe speed instead of a new clustering. Copies
 // and kernels are ordered on the join's stream, so the host never waits
@@ -37,18 +38,6 @@ KnnStatus shift_rows(DeviceContext &ctx, int32_t *rows, int64_t n, int64_t offse
   return KNN_OK;
 }
 
-__global__ void map_rows_kernel(int32_t *rows, int64_t n, const int32_t *original) {
-  int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i < n) rows[i] = original[rows[i]];
-}
-
-KnnStatus map_rows(DeviceContext &ctx, int32_t *rows, int64_t n, const int32_t *original) {
-  if (n == 0) return KNN_OK;
-  map_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(rows, n, original);
-  CUDA_CHECK_LAUNCH(ctx, "map_rows_kernel");
-  return KNN_OK;
-}
-
 constexpr size_t kAlign = 256;
 
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
@@ -65,7 +54,8 @@ struct TargetParts::HostPart {
 
   // The arrays in the block, in this order, each aligned.
   struct Layout {
-    size_t centers, begin, radius, nearest, dist, x, first_row, mult, rows_begin, rows, total;
+    size_t centers, begin, radius, nearest, member, dist, x, first_row, mult, rows_begin, rows,
+        total;
   };
   static Layout layout(int32_t m, int64_t n, int64_t n_rows, int stride) {
     Layout l;
@@ -79,6 +69,7 @@ struct TargetParts::HostPart {
     l.begin = take((size_t)(m + 1) * sizeof(int32_t));
     l.radius = take((size_t)m * sizeof(float));
     l.nearest = take((size_t)m * sizeof(float));
+    l.member = take((size_t)n * sizeof(int32_t));
     l.dist = take((size_t)n * sizeof(float));
     l.x = take((size_t)n * stride * sizeof(float));
     l.first_row = take((size_t)n * sizeof(int32_t));
@@ -114,46 +105,35 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
   const Clock::time_point t0 = Clock::now();
   const int stride = padded_stride(p_.dim);
   const int64_t first = plan_.target_first(index), count = plan_.target_count(index);
-  DeviceBuffer<unsigned> max_abs;
-  KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
-  CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
-  const float *rows = float_rows(p_.targets) + first * p_.dim;
-  if (order_ != nullptr) {
-    // Pageable: the copy has taken the rows when upload_points returns.
-    staging_.resize((size_t)count * p_.dim);
-    order_->gather(float_rows(p_.targets), first, count, staging_.data());
-    rows = staging_.data();
-  }
-  UploadedSet upload;
-  KNN_TRY(upload_points(rows, count, p_.dim, stride, upload, max_abs.get(), mem, ctx_));
-  unsigned bits = 0;
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(&bits, max_abs.get(), sizeof bits, cudaMemcpyDeviceToHost,
-                                   ctx_.stream));
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-  mem.release(max_abs);
-  std::memcpy(&out.max_abs, &bits, sizeof out.max_abs);
   out.first = first;
+  if (order_ != nullptr) {
+    // Distinct points gathered on the host, with original rows.
+    KNN_TRY(upload_ordered_part(*order_, float_rows(p_.targets),
+                                plan_.target_distinct_first(index),
+                                plan_.target_distinct_count(index), stride, out.set, &out.max_abs,
+                                part_staging_, mem, ctx_));
+  } else {
+    DeviceBuffer<unsigned> max_abs;
+    KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
+    CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
+    UploadedSet upload;
+    KNN_TRY(upload_points(float_rows(p_.targets) + first * p_.dim, count, p_.dim, stride, upload,
+                          max_abs.get(), mem, ctx_));
+    KNN_TRY(read_max_abs(max_abs.get(), &out.max_abs, ctx_));
+    mem.release(max_abs);
+    if (distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs)))
+      KNN_TRY(build_distinct_set(upload.points, options_.dedup, out.set, mem, ctx_));
+    mem.release(upload.padded);  // (freed in stream order, after the set is built)
+  }
   // The bounds need finite distances: stop before clustering otherwise.
   *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
   if (!*finite) return KNN_OK;
-
-  KNN_TRY(build_distinct_set(upload.points, options_.dedup, out.set, mem, ctx_));
   KNN_TRY(ctx_.cancel_point());
   KNN_TRY(build_clusters(out.set, p_.metric, plan_.clusters_for(out.set.n_distinct),
                          options_.landmark_candidate_sets, options_.gemm_assign_min_stride,
                          out.clusters, mem, ctx_));
-  mem.release(upload.padded);
   mem.release(out.set.x);
-  if (order_ != nullptr) {
-    DeviceBuffer<int32_t> original;
-    KNN_TRY(mem.allocate(ctx_, original, (size_t)count, "row order"));
-    CUDA_CHECK(ctx_, cudaMemcpyAsync(original.get(), order_->perm.data() + first,
-                                     count * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                     ctx_.stream));
-    KNN_TRY(map_rows(ctx_, out.set.rows.get(), out.set.n_rows, original.get()));
-    KNN_TRY(map_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, original.get()));
-    mem.release(original);
-  } else {
+  if (order_ == nullptr) {
     KNN_TRY(shift_rows(ctx_, out.set.rows.get(), out.set.n_rows, first));
     KNN_TRY(shift_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, first));
   }
@@ -188,6 +168,7 @@ KnnStatus TargetParts::store(int index, const TargetPart &part) {
   KNN_TRY(down(l.begin, c.begin.get(), (size_t)(c.m + 1) * i));
   KNN_TRY(down(l.radius, c.radius.get(), (size_t)c.m * f));
   KNN_TRY(down(l.nearest, c.nearest.get(), (size_t)c.m * f));
+  KNN_TRY(down(l.member, c.member.get(), (size_t)c.n * i));
   KNN_TRY(down(l.dist, c.dist.get(), (size_t)c.n * f));
   KNN_TRY(down(l.x, c.x.get(), (size_t)c.n * stride * f));
   KNN_TRY(down(l.first_row, c.first_row.get(), (size_t)c.n * i));
@@ -229,6 +210,7 @@ KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
   KNN_TRY(up(c.begin, (size_t)h.m + 1, l.begin, "cluster offsets"));
   KNN_TRY(up(c.radius, (size_t)h.m, l.radius, "cluster extents"));
   KNN_TRY(up(c.nearest, (size_t)h.m, l.nearest, "cluster extents"));
+  KNN_TRY(up(c.member, (size_t)h.n_distinct, l.member, "cluster members"));
   KNN_TRY(up(c.dist, (size_t)h.n_distinct, l.dist, "cluster members"));
   KNN_TRY(up(c.x, (size_t)h.n_distinct * stride, l.x, "clustered points"));
   KNN_TRY(up(c.first_row, (size_t)h.n_distinct, l.first_row, "cluster members"));
@@ -246,7 +228,9 @@ KnnStatus TargetParts::get(int index, float query_max_abs, TargetPart &out, bool
     return KNN_OK;
   }
   KNN_TRY(build(index, query_max_abs, out, finite, mem));
+  const Clock::time_point t0 = Clock::now();
   if (*finite && cache_) KNN_TRY(store(index, out));
+  store_seconds_ += seconds_since(t0);
   return KNN_OK;
 }
 

@@ -1,0 +1,82 @@
+// ti_part_upload.cu -- one part of an ordered side on the device
+// (upload_ordered_part of ti_parts.cuh).
+//
+// The order (ti_spatial_order.cu) has already found the duplicate groups
+// on the host: each distinct point is a run of positions whose rows are
+// bitwise equal and ascending. So a part sends one padded row per distinct
+// point (padded, and its largest |value| found, on the host while it is
+// gathered), the run offsets and the original rows:
+// the DistinctSet that ti_dedup.cu would have built from all the rows,
+// with original row numbers, without the rows' copies on the device.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../cpu/parallel_for.h"
+#include "ti_parts.cuh"
+
+namespace knn {
+namespace cuda {
+namespace ti {
+
+KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
+                              int64_t count, int stride, DistinctSet &out, float *max_abs,
+                              PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx) {
+  const int dim = order.dim;
+  const int64_t at = order.distinct_begin[first];
+  const int64_t n_rows = order.distinct_begin[first + count] - at;
+  staging.x.resize((size_t)count * stride);
+  staging.begin.resize((size_t)count + 1);
+  staging.rows.resize((size_t)n_rows);
+  // Slices of about 4 MB of rows: a small part is copied without threads.
+  const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)stride * sizeof(float)));
+  const int64_t slices = (count + slice - 1) / slice;
+  // The largest |value| as bits (non-negative floats order as their bits,
+  // NaN above +inf), per slice.
+  std::vector<uint32_t> largest((size_t)slices, 0);
+  cpu::parallel_for(slices, order.n_threads, nullptr, [&](int64_t s, int) {
+    const int64_t end = std::min(count, (s + 1) * slice);
+    uint32_t top = 0;
+    for (int64_t d = s * slice; d < end; d++) {
+      const int64_t p = order.distinct_begin[first + d];
+      float *to = staging.x.data() + d * stride;
+      std::memcpy(to, rows + (int64_t)order.perm[p] * dim, dim * sizeof(float));
+      for (int c = 0; c < dim; c++) {
+        uint32_t bits;
+        std::memcpy(&bits, to + c, sizeof bits);
+        top = std::max(top, bits & 0x7fffffffu);
+      }
+      std::fill(to + dim, to + stride, 0.0f);
+      staging.begin[d] = (int32_t)(p - at);
+      const int64_t q_end = order.distinct_begin[first + d + 1];
+      for (int64_t q = p; q < q_end; q++) staging.rows[q - at] = order.perm[q];
+    }
+    largest[s] = top;
+  });
+  uint32_t top = 0;
+  for (uint32_t b : largest) top = std::max(top, b);
+  std::memcpy(max_abs, &top, sizeof top);
+  staging.begin[count] = (int32_t)n_rows;
+
+  out.n_rows = n_rows;
+  out.n_distinct = count;
+  out.stride = stride;
+  KNN_TRY(mem.allocate(ctx, out.x, (size_t)count * stride, "distinct points"));
+  KNN_TRY(mem.allocate(ctx, out.group_begin, (size_t)count + 1, "duplicate groups"));
+  KNN_TRY(mem.allocate(ctx, out.rows, (size_t)n_rows, "duplicate groups"));
+  // Pageable sources: each copy has taken its bytes when the call returns.
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out.x.get(), staging.x.data(),
+                                  (size_t)count * stride * sizeof(float), cudaMemcpyHostToDevice,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out.group_begin.get(), staging.begin.data(),
+                                  ((size_t)count + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out.rows.get(), staging.rows.data(),
+                                  (size_t)n_rows * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                  ctx.stream));
+  return KNN_OK;
+}
+
+}  // namespace ti
+}  // namespace cuda
+}  // namespace knn
