@@ -169,12 +169,14 @@ void expect_work_covers(const KnnStats &s, int64_t n_queries, int engines,
 }
 
 // The split on `devices` against GPU 0 alone and against the CPU engine.
+// The split's answer goes to *split_answer where asked for.
 void check_split(const KnnProblem &p, std::initializer_list<int> devices, const char *label,
-                 int engines) {
+                 int engines, Answer *split_answer = nullptr) {
   const std::string what = describe(p, label);
   const Answer cpu = job(p, KNN_DEVICE_CPU);
   const Answer one = job(on_devices(p, {0}), KNN_DEVICE_GPU);
   const Answer split = job(on_devices(p, devices), KNN_DEVICE_GPU);
+  if (split_answer != nullptr) *split_answer = split;
   ASSERT_EQ(one.stats.device, KNN_DEVICE_GPU) << what << ": " << one.stats.device_name;
   ASSERT_EQ(split.stats.device, KNN_DEVICE_GPU) << what << ": " << split.stats.device_name;
   expect_answers_identical(one, cpu, what + " (one GPU against the CPU)");
@@ -248,6 +250,76 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheClusters) {
     if (variant == 2) l1.targets.f32[3] = 1.0e38f;
     check_split(l1.problem, {0, 0}, "0,0", 2);
   }
+}
+
+// Whether the split divided the TI self-join by whole query clusters
+// (every engine agreed; the variant says so).
+bool divided_by_clusters(const Answer &a) {
+  return std::string(a.stats.variant).find("split by clusters") != std::string::npos;
+}
+
+// Clusters of very different sizes: most rows in one tight blob (half of
+// them repeated: duplicate groups cut across the engines' row ranges), a
+// few small blobs, and lone points; rows shuffled.
+Case uneven_case(int64_t n, int dim, uint64_t seed) {
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 0, n, dim, true, true, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::normal_distribution<float> tight(0.0f, 0.01f), wide(0.0f, 0.3f);
+  std::vector<float> &x = c.targets.f32;
+  for (int64_t i = 0; i < n; i++) {
+    float *row = &x[i * dim];
+    const uint64_t kind = rng() % 10;
+    for (int j = 0; j < dim; j++) {
+      if (kind < 7) row[j] = 2.0f + tight(rng);  // the big blob
+      else if (kind < 9) row[j] = static_cast<float>(5 * (rng() % 4)) + wide(rng);
+      else row[j] = static_cast<float>(rng() % 1000) / 37.0f;  // lone points
+    }
+    if (kind < 7 && i > 0 && rng() % 2 == 0) {  // a duplicate of an earlier row
+      const int64_t from = static_cast<int64_t>(rng() % i);
+      std::copy(&x[from * dim], &x[from * dim] + dim, row);
+    }
+  }
+  return c;
+}
+
+// A TI self-join divided by whole query clusters: each engine filters its
+// run of clusters and writes those rows, scattered over the output.
+// Duplicates across the shares, clusters of very different sizes, k above
+// one share's rows, keys that exclude several targets, ties by row; all
+// bit for bit against one GPU and the CPU engine.
+TEST(SplitOnOneGpu, TiSelfJoinDividedByClusters) {
+  REQUIRE_GPU();
+  struct Variant {
+    const char *what;
+    int64_t n;
+    int dim, k;
+    bool spread, shared_keys, uneven;
+    KnnMetric metric;
+  };
+  const Variant variants[] = {
+      {"clustered", 20000, 6, 20, true, false, false, KNN_METRIC_L2},
+      {"clustered L1", 12000, 5, 16, true, false, false, KNN_METRIC_L1},
+      {"small integers: ties and duplicates", 8000, 3, 40, false, false, false, KNN_METRIC_L2},
+      {"k above a share's rows", 1500, 4, 700, true, false, false, KNN_METRIC_L2},
+      {"keys shared by several rows", 9000, 4, 12, false, true, false, KNN_METRIC_L2},
+      {"clusters of very different sizes", 30000, 4, 25, true, false, true, KNN_METRIC_L2},
+  };
+  uint64_t seed = 270;
+  for (const Variant &v : variants)
+    for (int engines : {2, 3}) {
+      Case c = v.uneven ? uneven_case(v.n, v.dim, seed++)
+                        : make_case(KNN_ELEMENT_FLOAT32, 0, v.n, v.dim, v.spread, true, seed++);
+      c.problem.method = KNN_METHOD_TI;
+      c.problem.metric = v.metric;
+      c.problem.k = v.k;
+      if (v.shared_keys)
+        for (int64_t i = 0; i < v.n; i++) c.keys[i] = i / 5;  // each row loses up to 4 targets
+      Answer split;
+      if (engines == 2) check_split(c.problem, {0, 0}, "0,0", 2, &split);
+      else check_split(c.problem, {0, 0, 0}, "0,0,0", 3, &split);
+      EXPECT_TRUE(divided_by_clusters(split))
+          << v.what << ", " << engines << " engines: " << split.stats.variant;
+    }
 }
 
 // Each engine plans its own memory: under a tiny limit brute force chunks

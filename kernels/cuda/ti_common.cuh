@@ -254,6 +254,14 @@ KnnStatus expand_results(const DistinctSet &queries, KnnMetric metric, int64_t f
                          const int64_t *target_keys, int64_t *out_rows, double *out_distances,
                          DeviceContext &ctx);
 
+// ti_output.cu: the same for the listed query rows listed[0 .. count - 1]
+// (a device array); output row c is listed[c]'s.
+KnnStatus expand_listed_results(const DistinctSet &queries, KnnMetric metric,
+                                const int32_t *listed, int64_t count, int k, int kprime,
+                                const float *result_value, const int32_t *result_row,
+                                const int64_t *query_keys, const int64_t *target_keys,
+                                int64_t *out_rows, double *out_distances, DeviceContext &ctx);
+
 // ti_out_of_core.cu: the join for sets whose clusters and lists do not fit
 // the budget: query parts x target parts, each query's list carried from one
 // target part to the next. *finite is false (and nothing is written) when a
@@ -274,6 +282,37 @@ size_t in_memory_join_bytes(const KnnProblem &problem, int kprime);
 KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, int64_t first,
                                int64_t count, ClusterSet &out, MemoryBudget &mem,
                                DeviceContext &ctx);
+
+// Dividing a split self-join by whole query clusters (ti_query_share.cu,
+// share_vote.cuh): this engine's clusters [first_cluster, end_cluster),
+// cut at the same fraction of the positions as its query rows
+// [first_row, first_row + count) are of the rows, and whether every
+// engine agreed (the same clusters everywhere). Without agreement the
+// engine answers its rows (share_query_clusters).
+struct ClusterShare {
+  bool agreed = false;
+  int32_t first_cluster = 0, end_cluster = 0;
+};
+KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
+                                 int64_t count, ClusterShare *out, MemoryBudget &mem,
+                                 DeviceContext &ctx);
+
+// The query clusters restricted to [first_cluster, end_cluster): every
+// cluster kept (indices as in `all`), those outside empty.
+KnnStatus slice_query_clusters(const ClusterSet &all, const ClusterShare &share, ClusterSet &out,
+                               MemoryBudget &mem, DeviceContext &ctx);
+
+// Expands the lists of the share's points (level 2's results) to their
+// rows and writes them, scattered, into their places of the caller's
+// arrays, in chunks that fit what `budget` has left. The seconds of the expansion
+// and of the copies are added to *select_seconds and *download_seconds.
+KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
+                                   KnnMetric metric, int k, int kprime,
+                                   const float *result_value, const int32_t *result_row,
+                                   const int64_t *query_keys, const int64_t *target_keys,
+                                   size_t budget, int64_t *neighbors, double *distances,
+                                   double *select_seconds, double *download_seconds,
+                                   MemoryBudget &mem, DeviceContext &ctx);
 
 }  // namespace ti
 }  // namespace cuda

@@ -8,11 +8,26 @@
 // queries. The restricted set keeps every cluster, its centre and extents:
 // the level-1 bounds, computed from the whole clusters, hold for any subset
 // of their members, so the level-2 filter stays exact.
+//
+// A range of rows of shuffled data touches every cluster, though: each GPU
+// would filter about half of every cluster (half-empty warp groups). So the
+// engines first try to divide the work by whole clusters instead
+// (share_vote.cuh): each takes a contiguous run of clusters holding its
+// fraction of the points, filters those alone and writes their rows,
+// scattered, into the caller's arrays (scatter_download.cuh). No two
+// engines write one row: the clusters (and so the runs) are the same on
+// every engine, which the vote checks with a fingerprint of them.
 #include <cub/cub.cuh>
 
 #include <algorithm>
 #include <cstdint>
 
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "scatter_download.cuh"
+#include "share_vote.cuh"
 #include "ti_common.cuh"
 
 namespace knn {
@@ -123,6 +138,207 @@ KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, in
   mem.release(active);
   mem.release(place);
   mem.release(temp);
+  return KNN_OK;
+}
+
+namespace {
+
+// A 64-bit mix (splitmix64's finaliser).
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// sum over positions of mix(position, point) (mod 2^64: the same whatever
+// the order of the atomic adds).
+__global__ void member_hash_kernel(int64_t n, const int32_t *member, unsigned long long *out) {
+  unsigned long long local = 0;
+  for (int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; pos < n;
+       pos += (int64_t)gridDim.x * blockDim.x)
+    local += mix64(((uint64_t)pos << 32) ^ (uint32_t)member[pos]);
+  for (int off = kWarp / 2; off > 0; off /= 2) local += __shfl_down_sync(kFullMask, local, off);
+  if (threadIdx.x % kWarp == 0) atomicAdd(out, local);
+}
+
+// begin'[c] = begin[c] clamped to [lo, hi], less lo.
+__global__ void slice_begin_kernel(int m, const int32_t *begin, int32_t lo, int32_t hi,
+                                   int32_t *out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c <= m) out[c] = min(max(begin[c], lo), hi) - lo;
+}
+
+// The rows of each position at its offset: list[offset[p] + j] = the j-th
+// row of the point at p.
+__global__ void list_rows_kernel(int64_t n, const int32_t *offset, const int32_t *mult,
+                                 const int32_t *rows_begin, const int32_t *rows, int32_t *list) {
+  const int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (pos >= n) return;
+  const int32_t at = offset[pos], from = rows_begin[pos];
+  for (int32_t j = 0; j < mult[pos]; j++) list[at + j] = rows[from + j];
+}
+
+template <class T>
+KnnStatus copy_range(DeviceContext &ctx, MemoryBudget &mem, DeviceBuffer<T> &to,
+                     const DeviceBuffer<T> &from, size_t first, size_t count, const char *what) {
+  KNN_TRY(mem.allocate(ctx, to, std::max<size_t>(count, 1), what));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(to.get(), from.get() + first, count * sizeof(T),
+                                  cudaMemcpyDeviceToDevice, ctx.stream));
+  return KNN_OK;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
+                                 int64_t count, ClusterShare *out, MemoryBudget &mem,
+                                 DeviceContext &ctx) {
+  *out = ClusterShare{};
+  if (ctx.share_vote == nullptr) return KNN_OK;
+  const int m = all.m;
+  const int64_t n = all.n;
+  std::vector<int32_t> begin(m + 1);
+  DeviceBuffer<unsigned long long> hash;
+  KNN_TRY(mem.allocate(ctx, hash, 1, "cluster fingerprint"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(hash.get(), 0, sizeof(unsigned long long), ctx.stream));
+  member_hash_kernel<<<std::min<unsigned>(grid_for(n, 256), 1024), 256, 0, ctx.stream>>>(
+      n, all.member.get(), hash.get());
+  CUDA_CHECK_LAUNCH(ctx, "member_hash_kernel");
+  unsigned long long fingerprint = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&fingerprint, hash.get(), sizeof fingerprint,
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(begin.data(), all.begin.get(), (m + 1) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  mem.release(hash);
+  uint64_t fp = mix64(fingerprint ^ mix64((uint64_t)m << 32 ^ (uint64_t)n));
+  for (int c = 0; c <= m; c++) fp = mix64(fp ^ (uint32_t)begin[c]);
+
+  // KNN_TI_SPLIT_ROWS=1 in the environment: decline (each engine answers
+  // its rows), for comparing the two ways.
+  const char *rows_only = std::getenv("KNN_TI_SPLIT_ROWS");
+  if (rows_only != nullptr && rows_only[0] == '1') {
+    ctx.share_vote->decline(ctx.share_voter);
+    return KNN_OK;
+  }
+  bool agreed = false;
+  KNN_TRY(ctx.share_vote->agree(ctx, ctx.share_voter, fp, &agreed));
+  if (!agreed) return KNN_OK;
+  // The cut at row r: the first cluster starting at or past the same
+  // fraction of the positions. Neighbouring engines compute their common
+  // cut alike, so the runs partition every non-empty cluster.
+  auto cut = [&](int64_t r) {
+    const int64_t pos = n_rows > 0 ? r * n / n_rows : 0;
+    return (int32_t)(std::lower_bound(begin.begin(), begin.end(), pos) - begin.begin());
+  };
+  out->agreed = true;
+  out->first_cluster = std::min(cut(first_row), m);
+  out->end_cluster = std::min(cut(first_row + count), m);
+  if (first_row + count >= n_rows) out->end_cluster = m;
+  if (first_row == 0) out->first_cluster = 0;
+  return KNN_OK;
+}
+
+KnnStatus slice_query_clusters(const ClusterSet &all, const ClusterShare &share, ClusterSet &out,
+                               MemoryBudget &mem, DeviceContext &ctx) {
+  const int m = all.m, stride = all.stride;
+  int32_t lo = 0, hi = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&lo, all.begin.get() + share.first_cluster, sizeof lo,
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&hi, all.begin.get() + share.end_cluster, sizeof hi,
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  const size_t kept = hi - lo;
+  out.m = m;
+  out.n = kept;
+  out.stride = stride;
+  KNN_TRY(copy_array(ctx, mem, out.centers, all.centers, (size_t)m * stride, "query share"));
+  KNN_TRY(copy_array(ctx, mem, out.radius, all.radius, m, "query share"));
+  KNN_TRY(copy_array(ctx, mem, out.nearest, all.nearest, m, "query share"));
+  KNN_TRY(mem.allocate(ctx, out.begin, m + 1, "query share"));
+  slice_begin_kernel<<<grid_for(m + 1, 128), 128, 0, ctx.stream>>>(m, all.begin.get(), lo, hi,
+                                                                   out.begin.get());
+  CUDA_CHECK_LAUNCH(ctx, "slice_begin_kernel");
+  KNN_TRY(copy_range(ctx, mem, out.member, all.member, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.dist, all.dist, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.first_row, all.first_row, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.mult, all.mult, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.rows_begin, all.rows_begin, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.x, all.x, (size_t)lo * stride, kept * stride, "query share"));
+  return KNN_OK;
+}
+
+KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
+                                   KnnMetric metric, int k, int kprime,
+                                   const float *result_value, const int32_t *result_row,
+                                   const int64_t *query_keys, const int64_t *target_keys,
+                                   size_t budget, int64_t *neighbors, double *distances,
+                                   double *select_seconds, double *download_seconds,
+                                   MemoryBudget &mem, DeviceContext &ctx) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = share.n;
+  // The share's rows, ascending (the host writes then sweep its arrays once).
+  DeviceBuffer<int32_t> offset, list, sorted;
+  DeviceBuffer<unsigned char> temp;
+  KNN_TRY(mem.allocate(ctx, offset, n + 1, "share rows"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(offset.get(), 0, sizeof(int32_t), ctx.stream));
+  if (n > 0)
+    KNN_TRY(run_cub(ctx, mem, temp, "share rows", [&](void *t, size_t &bytes) {
+      return cub::DeviceScan::InclusiveSum(t, bytes, share.mult.get(), offset.get() + 1, n,
+                                           ctx.stream);
+    }));
+  int32_t total = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&total, offset.get() + n, sizeof total, cudaMemcpyDeviceToHost,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  mem.release(temp);
+  if (total == 0) return KNN_OK;
+  KNN_TRY(mem.allocate(ctx, list, total, "share rows"));
+  KNN_TRY(mem.allocate(ctx, sorted, total, "share rows"));
+  list_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(
+      n, offset.get(), share.mult.get(), share.rows_begin.get(), set.rows.get(), list.get());
+  CUDA_CHECK_LAUNCH(ctx, "list_rows_kernel");
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < set.n_rows) bits++;
+  KNN_TRY(run_cub(ctx, mem, temp, "share rows", [&](void *t, size_t &bytes) {
+    return cub::DeviceRadixSort::SortKeys(t, bytes, list.get(), sorted.get(), total, 0, bits,
+                                          ctx.stream);
+  }));
+  std::vector<int32_t> places(total);
+  CUDA_CHECK(ctx, cudaMemcpyAsync(places.data(), sorted.get(), total * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  mem.release(temp);
+  mem.release(list);
+  mem.release(offset);
+
+  // Expanded and copied in chunks that fit what is left of the budget.
+  const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
+  const size_t left = budget > mem.used() ? budget - mem.used() : 0;
+  int64_t chunk = std::min<int64_t>(total, (int64_t)(left / 2 / (slot_bytes * k)));
+  if (chunk < 1) chunk = std::min<int64_t>(total, 1024);  // let the allocation report it
+  DeviceBuffer<int64_t> rows;
+  DeviceBuffer<double> dist;
+  KNN_TRY(mem.allocate(ctx, rows, (size_t)chunk * k, "results"));
+  KNN_TRY(mem.allocate(ctx, dist, (size_t)chunk * k, "results"));
+  *select_seconds += seconds_since(t0);
+  for (int64_t done = 0; done < total; done += chunk) {
+    KNN_TRY(ctx.cancel_point());
+    const int64_t count = std::min(chunk, total - done);
+    const auto t1 = std::chrono::steady_clock::now();
+    KNN_TRY(expand_listed_results(set, metric, sorted.get() + done, count, k, kprime,
+                                  result_value, result_row, query_keys, target_keys, rows.get(),
+                                  dist.get(), ctx));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    const auto t2 = std::chrono::steady_clock::now();
+    KNN_TRY(download_scattered_rows(ctx, rows.get(), dist.get(), places.data() + done, count, k,
+                                    neighbors, distances));
+    *select_seconds += std::chrono::duration<double>(t2 - t1).count();
+    *download_seconds += seconds_since(t2);
+  }
   return KNN_OK;
 }
 
