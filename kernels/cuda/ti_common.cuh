@@ -283,37 +283,6 @@ KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, in
                                int64_t count, ClusterSet &out, MemoryBudget &mem,
                                DeviceContext &ctx);
 
-// Dividing a split self-join by whole query clusters (ti_query_share.cu,
-// share_vote.cuh): this engine's clusters [first_cluster, end_cluster),
-// cut at the same fraction of the positions as its query rows
-// [first_row, first_row + count) are of the rows, and whether every
-// engine agreed (the same clusters everywhere). Without agreement the
-// engine answers its rows (share_query_clusters).
-struct ClusterShare {
-  bool agreed = false;
-  int32_t first_cluster = 0, end_cluster = 0;
-};
-KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
-                                 int64_t count, ClusterShare *out, MemoryBudget &mem,
-                                 DeviceContext &ctx);
-
-// The query clusters restricted to [first_cluster, end_cluster): every
-// cluster kept (indices as in `all`), those outside empty.
-KnnStatus slice_query_clusters(const ClusterSet &all, const ClusterShare &share, ClusterSet &out,
-                               MemoryBudget &mem, DeviceContext &ctx);
-
-// Expands the lists of the share's points (level 2's results) to their
-// rows and writes them, scattered, into their places of the caller's
-// arrays, in chunks that fit what `budget` has left. The seconds of the expansion
-// and of the copies are added to *select_seconds and *download_seconds.
-KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
-                                   KnnMetric metric, int k, int kprime,
-                                   const float *result_value, const int32_t *result_row,
-                                   const int64_t *query_keys, const int64_t *target_keys,
-                                   size_t budget, int64_t *neighbors, double *distances,
-                                   double *select_seconds, double *download_seconds,
-                                   MemoryBudget &mem, DeviceContext &ctx);
-
 }  // namespace ti
 }  // namespace cuda
 }  // namespace knn

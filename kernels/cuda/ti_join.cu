@@ -44,7 +44,9 @@
 #include "../rounding_margin.h"
 #include "../value_range.h"
 #include "ti_common.cuh"
+#include "host_transfer.cuh"
 #include "share_vote.cuh"
+#include "ti_cluster_share.cuh"
 #include "ti_distance.cuh"
 
 namespace knn {
@@ -83,16 +85,18 @@ __global__ void pad_rows_kernel(const float *raw, int64_t n, int dim, int stride
 KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, UploadedSet &out,
                         unsigned *max_abs_bits, MemoryBudget &mem, DeviceContext &ctx) {
   KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points"));
+  // Through the pinned staging, on several host threads (host_transfer.cuh),
+  // once the allocation is usable from the staging's stream.
   if (dim == stride) {
-    CUDA_CHECK(ctx, cudaMemcpyAsync(out.padded.get(), host, (size_t)n * dim * sizeof(float),
-                                    cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    KNN_TRY(upload_to_device(ctx, out.padded.get(), host, (size_t)n * dim * sizeof(float)));
     pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
         out.padded.get(), n, dim, stride, out.padded.get(), max_abs_bits);
   } else {
     DeviceBuffer<float> raw;
     KNN_TRY(mem.allocate(ctx, raw, (size_t)n * dim, "points"));
-    CUDA_CHECK(ctx, cudaMemcpyAsync(raw.get(), host, (size_t)n * dim * sizeof(float),
-                                    cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    KNN_TRY(upload_to_device(ctx, raw.get(), host, (size_t)n * dim * sizeof(float)));
     pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
         raw.get(), n, dim, stride, out.padded.get(), max_abs_bits);
     CUDA_CHECK_LAUNCH(ctx, "pad_rows_kernel");
@@ -197,8 +201,11 @@ class TiJoin {
   KnnStatus cluster();
   KnnStatus filter();
   KnnStatus measure_level1();
-  Level2Config level2_config(int kprime) const;
+  // For n distinct queries.
+  Level2Config level2_config(int kprime, int64_t n) const;
   KnnStatus output(int64_t *neighbors, double *distances);
+  // A share divided by clusters: level 2 and the output, batch by batch.
+  KnnStatus filter_and_write_clusters(int64_t *neighbors, double *distances);
   KnnStatus output_rows(int64_t first, int64_t count, int64_t *neighbors, double *distances,
                         DeviceBuffer<int64_t> &rows, DeviceBuffer<double> &dist);
   void describe(KnnStats *stats) const;
@@ -331,7 +338,7 @@ KnnStatus TiJoin::cluster() {
 }
 
 // The adaptive scheme of IV-D (or what the options force).
-Level2Config TiJoin::level2_config(int kprime) const {
+Level2Config TiJoin::level2_config(int kprime, int64_t n) const {
   Level2Config config;
   config.kprime = kprime;
   config.partial = options_.filter == FilterKind::Partial ||
@@ -341,8 +348,7 @@ Level2Config TiJoin::level2_config(int kprime) const {
   config.parts = options_.threads_per_query > 0
                      ? options_.threads_per_query
                      : level2_threads_per_query(ctx_, p_.metric, stride_, config.place, kprime,
-                                                filtered_queries().n,
-                                                options_.cache_conflict_factor);
+                                                n, options_.cache_conflict_factor);
   return config;
 }
 
@@ -364,23 +370,23 @@ KnnStatus TiJoin::filter() {
     return KNN_OK;
   }
   if (share_) {
+    const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
     KNN_TRY(agree_on_cluster_share(query_clusters_, p_.n_queries, share_first_, share_count_,
-                                   &by_clusters_, mem_, ctx_));
+                                   p_.k, kprime_, room, &by_clusters_, mem_, ctx_));
     phase(by_clusters_.agreed ? "vote(clusters)" : "vote(rows)");
-    if (by_clusters_.agreed)
-      KNN_TRY(slice_query_clusters(query_clusters_, by_clusters_, share_clusters_, mem_, ctx_));
-    else
+    if (!by_clusters_.agreed)
       KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
                                    share_clusters_, mem_, ctx_));
-    phase("share");
   }
 
-  const Level2Config config = level2_config(kprime_);
   const size_t slots = (size_t)query_set_.n_distinct * kprime_;
   KNN_TRY(mem_.allocate(ctx_, result_value_, slots, "results"));
   KNN_TRY(mem_.allocate(ctx_, result_row_, slots, "results"));
   KNN_TRY(mem_.allocate(ctx_, counter_, 1, "distance counter"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
+  // Divided by clusters, level 2 runs batch by batch with the output.
+  if (by_clusters_.agreed) return KNN_OK;
+  const Level2Config config = level2_config(kprime_, filtered_queries().n);
   used_ = config;
   KNN_TRY(level2_filter(filtered_queries(), target_clusters(), target_set(), level1_, p_.metric,
                         config, margin, result_value_.get(), result_row_.get(), counter_.get(),
@@ -443,16 +449,6 @@ KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
   const int k = p_.k;
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  if (by_clusters_.agreed) {  // the rows of the share's clusters, wherever they are
-    const int64_t *target_keys = nullptr;
-    if (exclude_)
-      target_keys = target_keys_.get() != nullptr ? target_keys_.get() : query_keys_.get();
-    return write_cluster_share_rows(query_set_, share_clusters_, p_.metric, k, kprime_,
-                                    result_value_.get(), result_row_.get(),
-                                    exclude_ ? query_keys_.get() : nullptr, target_keys, budget_,
-                                    neighbors, distances, &select_seconds_, &download_seconds_,
-                                    mem_, ctx_);
-  }
   const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
   const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
   int64_t chunk = std::min<int64_t>(nq, (int64_t)(room / 2 / (slot_bytes * k)));
@@ -469,18 +465,54 @@ KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
   return KNN_OK;
 }
 
+KnnStatus TiJoin::filter_and_write_clusters(int64_t *neighbors, double *distances) {
+  const RoundingMargin rounding(p_.metric, stride_);
+  ClusterShareJoin join;
+  join.queries = &query_clusters_;
+  join.query_set = &query_set_;
+  join.targets = &target_clusters();
+  join.target_set = &target_set();
+  join.level1 = &level1_;
+  join.metric = p_.metric;
+  join.margin.rel = (float)rounding.relative();
+  join.margin.abs = (float)(rounding(0.0));
+  join.k = p_.k;
+  join.kprime = kprime_;
+  join.result_value = result_value_.get();
+  join.result_row = result_row_.get();
+  join.counter = counter_.get();
+  if (exclude_) {
+    join.query_keys = query_keys_.get();
+    join.target_keys = target_keys_.get() != nullptr ? target_keys_.get() : query_keys_.get();
+  }
+  join.budget = budget_;
+  join.config = [this](int64_t n) { return level2_config(kprime_, n); };
+  used_ = join.config(by_clusters_.begin[by_clusters_.end_cluster] -
+                      by_clusters_.begin[by_clusters_.first_cluster]);
+  KNN_TRY(filter_and_write_cluster_share(join, by_clusters_, neighbors, distances, &used_,
+                                         &select_seconds_, &download_seconds_, mem_, ctx_));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  t_filtered_ = Clock::now();
+  phase("level2+output");
+  return KNN_OK;
+}
+
 void TiJoin::describe(KnnStats *stats) const {
   const Clock::time_point t_done = Clock::now();
   stats->method = KNN_METHOD_TI;
   stats->pairs = share_count_ * p_.n_targets;
   char parts[32] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used_.parts);
-  std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s/level-1 kept %.1f%%%s",
-                used_.partial ? "partial" : "full",
+  // (A split divided by clusters says so first: the text is short.)
+  std::snprintf(stats->variant, sizeof stats->variant, "%s%s/%s/remap%s%s/level-1 kept %.1f%%",
+                by_clusters_.agreed ? "cluster-split/" : "", used_.partial ? "partial" : "full",
                 used_.partial ? "global" : place_name(used_.place), parts,
-                options_.dedup ? "/dedup" : "", 100.0 * level1_kept_,
-                by_clusters_.agreed ? "/split by clusters" : "");
-  stats->query_clusters = filtered_queries().m;
+                options_.dedup ? "/dedup" : "", 100.0 * level1_kept_);
+  stats->query_clusters = by_clusters_.agreed
+                              ? by_clusters_.end_cluster - by_clusters_.first_cluster
+                              : filtered_queries().m;
   stats->target_clusters = target_clusters().m;
   stats->distance_computations = (int64_t)computed_;
   stats->threads_per_query = used_.parts;
@@ -499,7 +531,10 @@ KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats)
   KNN_TRY(cluster());
   KNN_TRY(filter());
   if (gave_up_) return KNN_OK;
-  KNN_TRY(output(neighbors, distances));
+  if (by_clusters_.agreed)
+    KNN_TRY(filter_and_write_clusters(neighbors, distances));
+  else
+    KNN_TRY(output(neighbors, distances));
   if (stats != nullptr) describe(stats);
   return KNN_OK;
 }

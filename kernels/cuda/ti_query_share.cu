@@ -28,6 +28,7 @@
 
 #include "scatter_download.cuh"
 #include "share_vote.cuh"
+#include "ti_cluster_share.cuh"
 #include "ti_common.cuh"
 
 namespace knn {
@@ -193,13 +194,33 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
+namespace {
+
+// An upper bound of the device memory the share still needs once the
+// engines agreed: its clusters' arrays, the lists of every distinct query,
+// level 2's lists (inside-query lists of up to 8 warps a query) and the
+// output's row lists and smallest chunk.
+size_t cluster_share_bytes(const ClusterSet &all, int64_t n_rows, int k, int kprime) {
+  const double n = (double)all.n, m = (double)all.m, row = 4.0 * all.stride;
+  const double arrays = n * (row + 5 * 4) + m * (row + 4 * 4);
+  const double lists = n * kprime * 8.0 * (1 + 8);
+  const double output = n_rows * 16.0 + std::min<double>(n_rows, 1024) * k * 16.0 + (1 << 20);
+  return (size_t)std::min<double>(arrays + lists + output, 1e18);
+}
+
+}  // namespace
+
 KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
-                                 int64_t count, ClusterShare *out, MemoryBudget &mem,
-                                 DeviceContext &ctx) {
+                                 int64_t count, int k, int kprime, size_t room,
+                                 ClusterShare *out, MemoryBudget &mem, DeviceContext &ctx) {
   *out = ClusterShare{};
   if (ctx.share_vote == nullptr) return KNN_OK;
   const int m = all.m;
   const int64_t n = all.n;
+  if (cluster_share_bytes(all, n_rows, k, kprime) > room) {
+    ctx.share_vote->decline(ctx.share_voter);
+    return KNN_OK;
+  }
   std::vector<int32_t> begin(m + 1);
   DeviceBuffer<unsigned long long> hash;
   KNN_TRY(mem.allocate(ctx, hash, 1, "cluster fingerprint"));
@@ -239,18 +260,15 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
   out->end_cluster = std::min(cut(first_row + count), m);
   if (first_row + count >= n_rows) out->end_cluster = m;
   if (first_row == 0) out->first_cluster = 0;
+  out->begin = std::move(begin);
   return KNN_OK;
 }
 
-KnnStatus slice_query_clusters(const ClusterSet &all, const ClusterShare &share, ClusterSet &out,
+KnnStatus slice_query_clusters(const ClusterSet &all, const std::vector<int32_t> &begin,
+                               int32_t first_cluster, int32_t end_cluster, ClusterSet &out,
                                MemoryBudget &mem, DeviceContext &ctx) {
   const int m = all.m, stride = all.stride;
-  int32_t lo = 0, hi = 0;
-  CUDA_CHECK(ctx, cudaMemcpyAsync(&lo, all.begin.get() + share.first_cluster, sizeof lo,
-                                  cudaMemcpyDeviceToHost, ctx.stream));
-  CUDA_CHECK(ctx, cudaMemcpyAsync(&hi, all.begin.get() + share.end_cluster, sizeof hi,
-                                  cudaMemcpyDeviceToHost, ctx.stream));
-  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  const int32_t lo = begin[first_cluster], hi = begin[end_cluster];
   const size_t kept = hi - lo;
   out.m = m;
   out.n = kept;
@@ -271,6 +289,11 @@ KnnStatus slice_query_clusters(const ClusterSet &all, const ClusterShare &share,
   return KNN_OK;
 }
 
+namespace {
+
+// Expands the lists of the share's points (level 2's results) to their
+// rows and writes them, scattered, into their places of the caller's
+// arrays, in chunks that fit what `budget` has left.
 KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
                                    KnnMetric metric, int k, int kprime,
                                    const float *result_value, const int32_t *result_row,
@@ -339,6 +362,91 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
     *select_seconds += std::chrono::duration<double>(t2 - t1).count();
     *download_seconds += seconds_since(t2);
   }
+  return KNN_OK;
+}
+
+// Releases a slice's arrays (their memory counted back).
+void release_slice(ClusterSet &c, MemoryBudget &mem) {
+  mem.release(c.centers);
+  mem.release(c.begin);
+  mem.release(c.radius);
+  mem.release(c.nearest);
+  mem.release(c.member);
+  mem.release(c.dist);
+  mem.release(c.x);
+  mem.release(c.first_row);
+  mem.release(c.mult);
+  mem.release(c.rows_begin);
+}
+
+// Batches of the share's clusters: a few, so that the rows of one are
+// written while the GPU filters the next (the last batch's rows are not
+// hidden), each with enough queries to fill the GPU.
+constexpr int kShareBatches = 4;
+
+}  // namespace
+
+KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const ClusterShare &share,
+                                         int64_t *neighbors, double *distances,
+                                         Level2Config *used, double *select_seconds,
+                                         double *download_seconds, MemoryBudget &mem,
+                                         DeviceContext &ctx) {
+  // The batches' cuts, at equal shares of the positions.
+  const std::vector<int32_t> &begin = share.begin;
+  const int64_t lo = begin[share.first_cluster], hi = begin[share.end_cluster];
+  std::vector<int32_t> cuts{share.first_cluster};
+  for (int b = 1; b < kShareBatches; b++) {
+    const int64_t pos = lo + (hi - lo) * b / kShareBatches;
+    const int32_t c = (int32_t)(std::lower_bound(begin.begin() + share.first_cluster,
+                                                 begin.begin() + share.end_cluster, pos) -
+                                begin.begin());
+    if (c > cuts.back()) cuts.push_back(c);
+  }
+  if (share.end_cluster > cuts.back()) cuts.push_back(share.end_cluster);
+
+  // The rows of a batch are written on a stream of their own, after the
+  // batch's level 2 (its event), while the next batch's runs on ctx.stream.
+  Stream side;
+  Event filtered[2];
+  KNN_TRY(side.create(ctx));
+  KNN_TRY(filtered[0].create(ctx));
+  KNN_TRY(filtered[1].create(ctx));
+  DeviceContext writer = ctx;
+  writer.stream = side.get();
+  ClusterSet slices[2];
+  auto write = [&](int s) -> KnnStatus {
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[s].get(), 0));
+    const KnnStatus st = write_cluster_share_rows(
+        *join.query_set, slices[s], join.metric, join.k, join.kprime, join.result_value,
+        join.result_row, join.query_keys, join.target_keys, join.budget, neighbors, distances,
+        select_seconds, download_seconds, mem, writer);
+    if (st != KNN_OK) ctx.error = writer.error;
+    return st;
+  };
+  // On every path: nothing of the batches is in flight when the slices go.
+  struct Drain {
+    cudaStream_t a, b;
+    ~Drain() {
+      (void)cudaStreamSynchronize(a);
+      (void)cudaStreamSynchronize(b);
+    }
+  } drain{ctx.stream, side.get()};
+
+  int pending = -1;  // the slice whose rows are still to be written
+  for (size_t b = 0; b + 1 < cuts.size(); b++) {
+    KNN_TRY(ctx.cancel_point());
+    const int s = (int)(b % 2);
+    release_slice(slices[s], mem);  // its rows were written (two batches ago)
+    KNN_TRY(slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[s], mem,
+                                 ctx));
+    KNN_TRY(level2_filter(slices[s], *join.targets, *join.target_set, *join.level1, join.metric,
+                          join.config(slices[s].n), join.margin, join.result_value,
+                          join.result_row, join.counter, used, mem, ctx));
+    CUDA_CHECK(ctx, cudaEventRecord(filtered[s].get(), ctx.stream));
+    if (pending >= 0) KNN_TRY(write(pending));
+    pending = s;
+  }
+  if (pending >= 0) KNN_TRY(write(pending));
   return KNN_OK;
 }
 
