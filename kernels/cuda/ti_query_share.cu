@@ -365,24 +365,25 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
   return KNN_OK;
 }
 
-// Releases a slice's arrays (their memory counted back).
-void release_slice(ClusterSet &c, MemoryBudget &mem) {
-  mem.release(c.centers);
-  mem.release(c.begin);
-  mem.release(c.radius);
-  mem.release(c.nearest);
-  mem.release(c.member);
-  mem.release(c.dist);
-  mem.release(c.x);
-  mem.release(c.first_row);
-  mem.release(c.mult);
-  mem.release(c.rows_begin);
-}
+// Batches of the share's clusters, of decreasing size (weights B, B-1,
+// ..., 1 of the share's positions): the rows of each batch are written
+// while the GPU filters the later ones, so only the last, smallest batch's
+// rows are written after level 2 has ended.
+constexpr int kShareBatches = 6;
 
-// Batches of the share's clusters: a few, so that the rows of one are
-// written while the GPU filters the next (the last batch's rows are not
-// hidden), each with enough queries to fill the GPU.
-constexpr int kShareBatches = 4;
+// A stream whose kernels the GPU schedules ahead of those of the join's
+// stream: a batch's row lists and expansion run as soon as its level 2 is
+// done, between the blocks of the next batch's level 2, rather than after
+// it.
+class UrgentStream : public OwnedHandle<cudaStream_t, cudaStreamDestroy> {
+ public:
+  KnnStatus create(DeviceContext &ctx) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, greatest));
+    return KNN_OK;
+  }
+};
 
 }  // namespace
 
@@ -391,38 +392,30 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
                                          Level2Config *used, double *select_seconds,
                                          double *download_seconds, MemoryBudget &mem,
                                          DeviceContext &ctx) {
-  // The batches' cuts, at equal shares of the positions.
+  // The batches' cuts (clusters), at the weights' shares of the positions.
   const std::vector<int32_t> &begin = share.begin;
   const int64_t lo = begin[share.first_cluster], hi = begin[share.end_cluster];
+  const int64_t total_weight = kShareBatches * (kShareBatches + 1) / 2;
   std::vector<int32_t> cuts{share.first_cluster};
-  for (int b = 1; b < kShareBatches; b++) {
-    const int64_t pos = lo + (hi - lo) * b / kShareBatches;
+  int64_t weight = 0;
+  for (int b = 0; b + 1 < kShareBatches; b++) {
+    weight += kShareBatches - b;
+    const int64_t pos = lo + (hi - lo) * weight / total_weight;
     const int32_t c = (int32_t)(std::lower_bound(begin.begin() + share.first_cluster,
                                                  begin.begin() + share.end_cluster, pos) -
                                 begin.begin());
     if (c > cuts.back()) cuts.push_back(c);
   }
   if (share.end_cluster > cuts.back()) cuts.push_back(share.end_cluster);
+  const int batches = (int)cuts.size() - 1;
 
-  // The rows of a batch are written on a stream of their own, after the
-  // batch's level 2 (its event), while the next batch's runs on ctx.stream.
-  Stream side;
-  Event filtered[2];
+  UrgentStream side;
+  Event filtered[kShareBatches];
   KNN_TRY(side.create(ctx));
-  KNN_TRY(filtered[0].create(ctx));
-  KNN_TRY(filtered[1].create(ctx));
+  for (int b = 0; b < batches; b++) KNN_TRY(filtered[b].create(ctx));
+  ClusterSet slices[kShareBatches];
   DeviceContext writer = ctx;
   writer.stream = side.get();
-  ClusterSet slices[2];
-  auto write = [&](int s) -> KnnStatus {
-    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[s].get(), 0));
-    const KnnStatus st = write_cluster_share_rows(
-        *join.query_set, slices[s], join.metric, join.k, join.kprime, join.result_value,
-        join.result_row, join.query_keys, join.target_keys, join.budget, neighbors, distances,
-        select_seconds, download_seconds, mem, writer);
-    if (st != KNN_OK) ctx.error = writer.error;
-    return st;
-  };
   // On every path: nothing of the batches is in flight when the slices go.
   struct Drain {
     cudaStream_t a, b;
@@ -432,21 +425,30 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
     }
   } drain{ctx.stream, side.get()};
 
-  int pending = -1;  // the slice whose rows are still to be written
-  for (size_t b = 0; b + 1 < cuts.size(); b++) {
+  // Every batch's level 2 is queued on ctx.stream at once (no step of it
+  // waits for the host), each followed by its event ...
+  for (int b = 0; b < batches; b++) {
     KNN_TRY(ctx.cancel_point());
-    const int s = (int)(b % 2);
-    release_slice(slices[s], mem);  // its rows were written (two batches ago)
-    KNN_TRY(slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[s], mem,
+    KNN_TRY(slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b], mem,
                                  ctx));
-    KNN_TRY(level2_filter(slices[s], *join.targets, *join.target_set, *join.level1, join.metric,
-                          join.config(slices[s].n), join.margin, join.result_value,
+    KNN_TRY(level2_filter(slices[b], *join.targets, *join.target_set, *join.level1, join.metric,
+                          join.config(slices[b].n), join.margin, join.result_value,
                           join.result_row, join.counter, used, mem, ctx));
-    CUDA_CHECK(ctx, cudaEventRecord(filtered[s].get(), ctx.stream));
-    if (pending >= 0) KNN_TRY(write(pending));
-    pending = s;
+    CUDA_CHECK(ctx, cudaEventRecord(filtered[b].get(), ctx.stream));
   }
-  if (pending >= 0) KNN_TRY(write(pending));
+  // ... and each batch's rows are written on the urgent stream once its
+  // event has passed, while the GPU filters the later batches.
+  for (int b = 0; b < batches; b++) {
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[b].get(), 0));
+    const KnnStatus st = write_cluster_share_rows(
+        *join.query_set, slices[b], join.metric, join.k, join.kprime, join.result_value,
+        join.result_row, join.query_keys, join.target_keys, join.budget, neighbors, distances,
+        select_seconds, download_seconds, mem, writer);
+    if (st != KNN_OK) {
+      ctx.error = writer.error;
+      return st;
+    }
+  }
   return KNN_OK;
 }
 
