@@ -449,10 +449,7 @@ KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
   const int k = p_.k;
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
-  const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
-  int64_t chunk = std::min<int64_t>(nq, (int64_t)(room / 2 / (slot_bytes * k)));
-  if (chunk < 1) chunk = std::min<int64_t>(nq, 1024);  // let the allocation report it
+  const int64_t chunk = output_chunk_rows(budget_, mem_.used(), nq, k);
   DeviceBuffer<int64_t> rows;
   DeviceBuffer<double> dist;
   KNN_TRY(mem_.allocate(ctx_, rows, (size_t)chunk * k, "results"));

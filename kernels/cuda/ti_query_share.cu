@@ -91,6 +91,20 @@ KnnStatus copy_array(DeviceContext &ctx, MemoryBudget &mem, DeviceBuffer<T> &to,
   return KNN_OK;
 }
 
+// What a restricted query set keeps of every cluster (centres, extents)
+// and its size; begin is allocated for the caller to fill.
+KnnStatus copy_cluster_frame(const ClusterSet &all, int64_t kept, ClusterSet &out,
+                             MemoryBudget &mem, DeviceContext &ctx) {
+  const int m = all.m, stride = all.stride;
+  out.m = m;
+  out.n = kept;
+  out.stride = stride;
+  KNN_TRY(copy_array(ctx, mem, out.centers, all.centers, (size_t)m * stride, "query share"));
+  KNN_TRY(copy_array(ctx, mem, out.radius, all.radius, m, "query share"));
+  KNN_TRY(copy_array(ctx, mem, out.nearest, all.nearest, m, "query share"));
+  return mem.allocate(ctx, out.begin, m + 1, "query share");
+}
+
 }  // namespace
 
 KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, int64_t first,
@@ -115,13 +129,7 @@ KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, in
                                   ctx.stream));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
 
-  out.m = m;
-  out.n = kept;
-  out.stride = stride;
-  KNN_TRY(copy_array(ctx, mem, out.centers, all.centers, (size_t)m * stride, "query share"));
-  KNN_TRY(copy_array(ctx, mem, out.radius, all.radius, m, "query share"));
-  KNN_TRY(copy_array(ctx, mem, out.nearest, all.nearest, m, "query share"));
-  KNN_TRY(mem.allocate(ctx, out.begin, m + 1, "query share"));
+  KNN_TRY(copy_cluster_frame(all, kept, out, mem, ctx));
   shared_begin_kernel<<<grid_for(m + 1, 128), 128, 0, ctx.stream>>>(m, all.begin.get(),
                                                                     place.get(), out.begin.get());
   CUDA_CHECK_LAUNCH(ctx, "shared_begin_kernel");
@@ -270,13 +278,7 @@ KnnStatus slice_query_clusters(const ClusterSet &all, const std::vector<int32_t>
   const int m = all.m, stride = all.stride;
   const int32_t lo = begin[first_cluster], hi = begin[end_cluster];
   const size_t kept = hi - lo;
-  out.m = m;
-  out.n = kept;
-  out.stride = stride;
-  KNN_TRY(copy_array(ctx, mem, out.centers, all.centers, (size_t)m * stride, "query share"));
-  KNN_TRY(copy_array(ctx, mem, out.radius, all.radius, m, "query share"));
-  KNN_TRY(copy_array(ctx, mem, out.nearest, all.nearest, m, "query share"));
-  KNN_TRY(mem.allocate(ctx, out.begin, m + 1, "query share"));
+  KNN_TRY(copy_cluster_frame(all, kept, out, mem, ctx));
   slice_begin_kernel<<<grid_for(m + 1, 128), 128, 0, ctx.stream>>>(m, all.begin.get(), lo, hi,
                                                                    out.begin.get());
   CUDA_CHECK_LAUNCH(ctx, "slice_begin_kernel");
@@ -339,10 +341,7 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
   mem.release(offset);
 
   // Expanded and copied in chunks that fit what is left of the budget.
-  const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
-  const size_t left = budget > mem.used() ? budget - mem.used() : 0;
-  int64_t chunk = std::min<int64_t>(total, (int64_t)(left / 2 / (slot_bytes * k)));
-  if (chunk < 1) chunk = std::min<int64_t>(total, 1024);  // let the allocation report it
+  const int64_t chunk = output_chunk_rows(budget, mem.used(), total, k);
   DeviceBuffer<int64_t> rows;
   DeviceBuffer<double> dist;
   KNN_TRY(mem.allocate(ctx, rows, (size_t)chunk * k, "results"));
