@@ -20,9 +20,9 @@
 #include <cub/cub.cuh>
 
 #include <algorithm>
-#include <cstdint>
-
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -424,6 +424,19 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
     }
   } drain{ctx.stream, side.get()};
 
+  // KNN_TI_PHASES=1: level 2's own time on the GPU (the writes overlap it).
+  const char *phases = std::getenv("KNN_TI_PHASES");
+  struct Span {
+    cudaEvent_t e[2] = {nullptr, nullptr};
+    ~Span() {
+      for (cudaEvent_t x : e)
+        if (x != nullptr) (void)cudaEventDestroy(x);
+    }
+  } span;
+  cudaEvent_t *level2_span = span.e;
+  if (phases != nullptr && phases[0] == '1' && cudaEventCreate(&level2_span[0]) == cudaSuccess &&
+      cudaEventCreate(&level2_span[1]) == cudaSuccess)
+    (void)cudaEventRecord(level2_span[0], ctx.stream);
   // Every batch's level 2 is queued on ctx.stream at once (no step of it
   // waits for the host), each followed by its event ...
   for (int b = 0; b < batches; b++) {
@@ -435,6 +448,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
                           join.result_row, join.counter, used, mem, ctx));
     CUDA_CHECK(ctx, cudaEventRecord(filtered[b].get(), ctx.stream));
   }
+  if (level2_span[1] != nullptr) (void)cudaEventRecord(level2_span[1], ctx.stream);
   // ... and each batch's rows are written on the urgent stream once its
   // event has passed, while the GPU filters the later batches.
   for (int b = 0; b < batches; b++) {
@@ -447,6 +461,14 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
       ctx.error = writer.error;
       return st;
     }
+  }
+  if (level2_span[1] != nullptr) {
+    float ms = 0;
+    if (cudaEventSynchronize(level2_span[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, level2_span[0], level2_span[1]) == cudaSuccess)
+      std::fprintf(stderr, "ti cluster share (GPU %d): %d batches, level 2 %.4f s on the GPU\n",
+                   ctx.device, batches, ms / 1000.0);
+    (void)cudaGetLastError();
   }
   return KNN_OK;
 }
