@@ -476,6 +476,45 @@ TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
   expect_pool_empty(0, "after the job's cancel");
 }
 
+// The engines of a TI self-join vote on dividing it by clusters
+// (share_vote.cuh): an engine held up past the vote's patience (3 s) does
+// not hold the other, which answers its rows; the late one then finds the
+// vote closed and does the same. The result is still the single GPU's.
+TEST(SplitOnOneGpu, TiVoteThatWaitsTooLongFallsBackToRows) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = uneven_case(20000, 4, 720);
+  c.problem.method = KNN_METHOD_TI;
+  const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+  const Answer late = tuned(on_devices(c.problem, {0, 0}), second_engine(3500, false));
+  expect_answers_identical(late, one, "second engine 3.5 s late");
+  EXPECT_FALSE(divided_by_clusters(late)) << late.stats.variant;
+  const Answer prompt = tuned(on_devices(c.problem, {0, 0}), KnnCudaTestOptions{});
+  expect_answers_identical(prompt, one, "no engine late");
+  EXPECT_TRUE(divided_by_clusters(prompt)) << prompt.stats.variant;
+  expect_pool_empty(0, "after the late vote");
+}
+
+// A cancel reaches an engine waiting for the others' votes.
+TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingForTheVote) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = uneven_case(20000, 4, 721);
+  c.problem.method = KNN_METHOD_TI;
+  int32_t cancel = 0;
+  std::chrono::steady_clock::time_point cancelled_at;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // engine 1 is at the vote
+    cancelled_at = std::chrono::steady_clock::now();
+    __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+  });
+  const Answer a = tuned(on_devices(c.problem, {0, 0}), second_engine(60000, false), &cancel);
+  const auto returned = std::chrono::steady_clock::now();
+  canceller.join();
+  EXPECT_EQ(a.status, KNN_CANCELLED) << a.message;
+  const double after = std::chrono::duration<double>(returned - cancelled_at).count();
+  EXPECT_LT(after, 0.5) << "the split TI join took " << after << " s to stop after the cancel";
+  expect_pool_empty(0, "after the cancel at the vote");
+}
+
 // ---- on two GPUs ----
 
 #define REQUIRE_TWO_GPUS()                                                               \
@@ -521,6 +560,25 @@ TEST(TwoGpus, EachGpuDoesItsShare) {
   const Answer one = job(on_devices(big.problem, {0}), KNN_DEVICE_GPU);
   expect_answers_identical(all, one, "all against GPU 0");
   EXPECT_EQ(all.stats.n_devices, std::min(entries().device_count(), 2)) << all.stats.device_name;
+}
+
+// Divided by clusters across two GPUs (and three engines on two GPUs):
+// clusters of very different sizes, duplicates, keys that exclude several
+// targets.
+TEST(TwoGpus, TiSelfJoinDividedByClusters) {
+  REQUIRE_TWO_GPUS();
+  for (bool shared_keys : {false, true}) {
+    Case c = uneven_case(40000, 4, 960 + shared_keys);
+    c.problem.method = KNN_METHOD_TI;
+    c.problem.k = 25;
+    if (shared_keys)
+      for (int64_t i = 0; i < c.problem.n_queries; i++) c.keys[i] = i / 3;
+    Answer split;
+    check_split(c.problem, {0, 1}, "0,1", 2, &split);
+    EXPECT_TRUE(divided_by_clusters(split)) << split.stats.variant;
+    check_split(c.problem, {1, 0, 1}, "1,0,1", 3, &split);
+    EXPECT_TRUE(divided_by_clusters(split)) << split.stats.variant;
+  }
 }
 
 TEST(TwoGpus, FailureNamesTheGpu) {
