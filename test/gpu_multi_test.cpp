@@ -169,12 +169,14 @@ void expect_work_covers(const KnnStats &s, int64_t n_queries, int engines,
 }
 
 // The split on `devices` against GPU 0 alone and against the CPU engine.
+// The split's answer goes to *split_answer where asked for.
 void check_split(const KnnProblem &p, std::initializer_list<int> devices, const char *label,
-                 int engines) {
+                 int engines, Answer *split_answer = nullptr) {
   const std::string what = describe(p, label);
   const Answer cpu = job(p, KNN_DEVICE_CPU);
   const Answer one = job(on_devices(p, {0}), KNN_DEVICE_GPU);
   const Answer split = job(on_devices(p, devices), KNN_DEVICE_GPU);
+  if (split_answer != nullptr) *split_answer = split;
   ASSERT_EQ(one.stats.device, KNN_DEVICE_GPU) << what << ": " << one.stats.device_name;
   ASSERT_EQ(split.stats.device, KNN_DEVICE_GPU) << what << ": " << split.stats.device_name;
   expect_answers_identical(one, cpu, what + " (one GPU against the CPU)");
@@ -248,6 +250,76 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheClusters) {
     if (variant == 2) l1.targets.f32[3] = 1.0e38f;
     check_split(l1.problem, {0, 0}, "0,0", 2);
   }
+}
+
+// Whether the split divided the TI self-join by whole query clusters
+// (every engine agreed; the variant says so first).
+bool divided_by_clusters(const Answer &a) {
+  return std::string(a.stats.variant).rfind("cluster-split/", 0) == 0;
+}
+
+// Clusters of very different sizes: most rows in one tight blob (half of
+// them repeated: duplicate groups cut across the engines' row ranges), a
+// few small blobs, and lone points; rows shuffled.
+Case uneven_case(int64_t n, int dim, uint64_t seed) {
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 0, n, dim, true, true, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::normal_distribution<float> tight(0.0f, 0.01f), wide(0.0f, 0.3f);
+  std::vector<float> &x = c.targets.f32;
+  for (int64_t i = 0; i < n; i++) {
+    float *row = &x[i * dim];
+    const uint64_t kind = rng() % 10;
+    for (int j = 0; j < dim; j++) {
+      if (kind < 7) row[j] = 2.0f + tight(rng);  // the big blob
+      else if (kind < 9) row[j] = static_cast<float>(5 * (rng() % 4)) + wide(rng);
+      else row[j] = static_cast<float>(rng() % 1000) / 37.0f;  // lone points
+    }
+    if (kind < 7 && i > 0 && rng() % 2 == 0) {  // a duplicate of an earlier row
+      const int64_t from = static_cast<int64_t>(rng() % i);
+      std::copy(&x[from * dim], &x[from * dim] + dim, row);
+    }
+  }
+  return c;
+}
+
+// A TI self-join divided by whole query clusters: each engine filters its
+// run of clusters and writes those rows, scattered over the output.
+// Duplicates across the shares, clusters of very different sizes, k above
+// one share's rows, keys that exclude several targets, ties by row; all
+// bit for bit against one GPU and the CPU engine.
+TEST(SplitOnOneGpu, TiSelfJoinDividedByClusters) {
+  REQUIRE_GPU();
+  struct Variant {
+    const char *what;
+    int64_t n;
+    int dim, k;
+    bool spread, shared_keys, uneven;
+    KnnMetric metric;
+  };
+  const Variant variants[] = {
+      {"clustered", 20000, 6, 20, true, false, false, KNN_METRIC_L2},
+      {"clustered L1", 12000, 5, 16, true, false, false, KNN_METRIC_L1},
+      {"small integers: ties and duplicates", 8000, 3, 40, false, false, false, KNN_METRIC_L2},
+      {"k above a share's rows", 1500, 4, 700, true, false, false, KNN_METRIC_L2},
+      {"keys shared by several rows", 9000, 4, 12, false, true, false, KNN_METRIC_L2},
+      {"clusters of very different sizes", 30000, 4, 25, true, false, true, KNN_METRIC_L2},
+  };
+  uint64_t seed = 270;
+  for (const Variant &v : variants)
+    for (int engines : {2, 3}) {
+      Case c = v.uneven ? uneven_case(v.n, v.dim, seed++)
+                        : make_case(KNN_ELEMENT_FLOAT32, 0, v.n, v.dim, v.spread, true, seed++);
+      c.problem.method = KNN_METHOD_TI;
+      c.problem.metric = v.metric;
+      c.problem.k = v.k;
+      if (v.shared_keys)
+        for (int64_t i = 0; i < v.n; i++) c.keys[i] = i / 5;  // each row loses up to 4 targets
+      Answer split;
+      if (engines == 2) check_split(c.problem, {0, 0}, "0,0", 2, &split);
+      else check_split(c.problem, {0, 0, 0}, "0,0,0", 3, &split);
+      EXPECT_TRUE(divided_by_clusters(split))
+          << v.what << ", " << engines << " engines: " << split.stats.variant;
+    }
 }
 
 // Each engine plans its own memory: under a tiny limit brute force chunks
@@ -404,6 +476,45 @@ TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
   expect_pool_empty(0, "after the job's cancel");
 }
 
+// The engines of a TI self-join vote on dividing it by clusters
+// (share_vote.cuh): an engine held up past the vote's patience (3 s) does
+// not hold the other, which answers its rows; the late one then finds the
+// vote closed and does the same. The result is still the single GPU's.
+TEST(SplitOnOneGpu, TiVoteThatWaitsTooLongFallsBackToRows) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = uneven_case(20000, 4, 720);
+  c.problem.method = KNN_METHOD_TI;
+  const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+  const Answer late = tuned(on_devices(c.problem, {0, 0}), second_engine(3500, false));
+  expect_answers_identical(late, one, "second engine 3.5 s late");
+  EXPECT_FALSE(divided_by_clusters(late)) << late.stats.variant;
+  const Answer prompt = tuned(on_devices(c.problem, {0, 0}), KnnCudaTestOptions{});
+  expect_answers_identical(prompt, one, "no engine late");
+  EXPECT_TRUE(divided_by_clusters(prompt)) << prompt.stats.variant;
+  expect_pool_empty(0, "after the late vote");
+}
+
+// A cancel reaches an engine waiting for the others' votes.
+TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingForTheVote) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = uneven_case(20000, 4, 721);
+  c.problem.method = KNN_METHOD_TI;
+  int32_t cancel = 0;
+  std::chrono::steady_clock::time_point cancelled_at;
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // engine 1 is at the vote
+    cancelled_at = std::chrono::steady_clock::now();
+    __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+  });
+  const Answer a = tuned(on_devices(c.problem, {0, 0}), second_engine(60000, false), &cancel);
+  const auto returned = std::chrono::steady_clock::now();
+  canceller.join();
+  EXPECT_EQ(a.status, KNN_CANCELLED) << a.message;
+  const double after = std::chrono::duration<double>(returned - cancelled_at).count();
+  EXPECT_LT(after, 0.5) << "the split TI join took " << after << " s to stop after the cancel";
+  expect_pool_empty(0, "after the cancel at the vote");
+}
+
 // ---- on two GPUs ----
 
 #define REQUIRE_TWO_GPUS()                                                               \
@@ -449,6 +560,25 @@ TEST(TwoGpus, EachGpuDoesItsShare) {
   const Answer one = job(on_devices(big.problem, {0}), KNN_DEVICE_GPU);
   expect_answers_identical(all, one, "all against GPU 0");
   EXPECT_EQ(all.stats.n_devices, std::min(entries().device_count(), 2)) << all.stats.device_name;
+}
+
+// Divided by clusters across two GPUs (and three engines on two GPUs):
+// clusters of very different sizes, duplicates, keys that exclude several
+// targets.
+TEST(TwoGpus, TiSelfJoinDividedByClusters) {
+  REQUIRE_TWO_GPUS();
+  for (bool shared_keys : {false, true}) {
+    Case c = uneven_case(40000, 4, 960 + shared_keys);
+    c.problem.method = KNN_METHOD_TI;
+    c.problem.k = 25;
+    if (shared_keys)
+      for (int64_t i = 0; i < c.problem.n_queries; i++) c.keys[i] = i / 3;
+    Answer split;
+    check_split(c.problem, {0, 1}, "0,1", 2, &split);
+    EXPECT_TRUE(divided_by_clusters(split)) << split.stats.variant;
+    check_split(c.problem, {1, 0, 1}, "1,0,1", 3, &split);
+    EXPECT_TRUE(divided_by_clusters(split)) << split.stats.variant;
+  }
 }
 
 TEST(TwoGpus, FailureNamesTheGpu) {

@@ -22,6 +22,7 @@ namespace knn {
 namespace cuda {
 
 class PinnedStaging;  // host_transfer.cuh
+class ShareVote;     // share_vote.cuh
 
 // Everything a method needs to run on the device for one join.
 struct DeviceContext {
@@ -39,6 +40,10 @@ struct DeviceContext {
   // query_count < 0: every row. Only ti_join reads it.
   int64_t query_first = 0;
   int64_t query_count = -1;
+  // The split's vote on dividing a TI self-join by query clusters instead
+  // (share_vote.cuh), and this engine's place in it; null: no split.
+  ShareVote *share_vote = nullptr;
+  int share_voter = 0;
 
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;

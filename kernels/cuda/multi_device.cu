@@ -13,6 +13,7 @@
 #include "device_runtime.cuh"
 #include "device_thread.cuh"
 #include "multi_device.cuh"
+#include "share_vote.cuh"
 
 namespace knn {
 namespace cuda {
@@ -142,6 +143,13 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   int32_t stop = 0;
   KnnStats shares[KNN_MAX_DEVICES] = {};
   double seconds[KNN_MAX_DEVICES] = {};
+  // The engines with rows vote on dividing a TI self-join by clusters
+  // (share_vote.cuh; other methods never vote). Declared before
+  // the threads: it outlives them.
+  int voters = 0;
+  for (int i = 0; i < n; i++) voters += plan.engines[i].n_queries > 0;
+  ShareVote vote(voters);
+
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};
   KnnStatus status = KNN_OK;
@@ -152,6 +160,8 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
     if (e.n_queries == 0) continue;
     started[i] = threads[i].start_on(e.device, [&, i](DeviceContext &ectx) {
       const Clock::time_point t0 = Clock::now();
+      ectx.share_vote = &vote;
+      ectx.share_voter = i;
       const KnnStatus st = run(plan.engines[i], &shares[i], &stop, ectx);
       seconds[i] = seconds_since(t0);
       return st;

@@ -258,6 +258,24 @@ KnnStatus expand_results(const DistinctSet &queries, KnnMetric metric, int64_t f
                          const int64_t *target_keys, int64_t *out_rows, double *out_distances,
                          DeviceContext &ctx);
 
+// Rows of output (k int64 rows and k float8 distances each) expanded on
+// the device at a time: half of what the budget has left, at most `rows`;
+// where nothing is left, 1024 rows (their allocation then reports it).
+inline int64_t output_chunk_rows(size_t budget, size_t used, int64_t rows, int k) {
+  const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
+  const size_t room = budget > used ? budget - used : 0;
+  const int64_t chunk = std::min<int64_t>(rows, (int64_t)(room / 2 / (slot_bytes * k)));
+  return chunk >= 1 ? chunk : std::min<int64_t>(rows, 1024);
+}
+
+// ti_output.cu: the same for the listed query rows listed[0 .. count - 1]
+// (a device array); output row c is listed[c]'s.
+KnnStatus expand_listed_results(const DistinctSet &queries, KnnMetric metric,
+                                const int32_t *listed, int64_t count, int k, int kprime,
+                                const float *result_value, const int32_t *result_row,
+                                const int64_t *query_keys, const int64_t *target_keys,
+                                int64_t *out_rows, double *out_distances, DeviceContext &ctx);
+
 // ti_out_of_core.cu: the join for sets whose clusters and lists do not fit
 // the budget: query parts x target parts, each query's list carried from one
 // target part to the next. *finite is false (and nothing is written) when a

@@ -14,7 +14,11 @@
 //
 // One GPU's share of a self-join split across GPUs (ctx.query_first and
 // query_count, ti_join_share) clusters the whole set as here and filters
-// the share's queries only (ti_query_share.cu).
+// the share's queries only: whole clusters where every engine agrees, else
+// its rows (ti_query_share.cu).
+//
+// KNN_TI_PHASES=1 in the environment prints each stage's wall time to
+// stderr (a synchronisation after each; for measuring only).
 //
 // The adaptive scheme of IV-D is decided here: the partial filter when
 // k / dim exceeds a ratio (TiOptions says why it is off by default), the
@@ -30,6 +34,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -38,6 +44,9 @@
 #include "../rounding_margin.h"
 #include "../value_range.h"
 #include "ti_common.cuh"
+#include "host_transfer.cuh"
+#include "share_vote.cuh"
+#include "ti_cluster_share.cuh"
 #include "ti_distance.cuh"
 
 namespace knn {
@@ -76,16 +85,18 @@ __global__ void pad_rows_kernel(const float *raw, int64_t n, int dim, int stride
 KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, UploadedSet &out,
                         unsigned *max_abs_bits, MemoryBudget &mem, DeviceContext &ctx) {
   KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points"));
+  // Through the pinned staging, on several host threads (host_transfer.cuh),
+  // once the allocation is usable from the staging's stream.
   if (dim == stride) {
-    CUDA_CHECK(ctx, cudaMemcpyAsync(out.padded.get(), host, (size_t)n * dim * sizeof(float),
-                                    cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    KNN_TRY(upload_to_device(ctx, out.padded.get(), host, (size_t)n * dim * sizeof(float)));
     pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
         out.padded.get(), n, dim, stride, out.padded.get(), max_abs_bits);
   } else {
     DeviceBuffer<float> raw;
     KNN_TRY(mem.allocate(ctx, raw, (size_t)n * dim, "points"));
-    CUDA_CHECK(ctx, cudaMemcpyAsync(raw.get(), host, (size_t)n * dim * sizeof(float),
-                                    cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    KNN_TRY(upload_to_device(ctx, raw.get(), host, (size_t)n * dim * sizeof(float)));
     pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
         raw.get(), n, dim, stride, out.padded.get(), max_abs_bits);
     CUDA_CHECK_LAUNCH(ctx, "pad_rows_kernel");
@@ -190,11 +201,16 @@ class TiJoin {
   KnnStatus cluster();
   KnnStatus filter();
   KnnStatus measure_level1();
-  Level2Config level2_config(int kprime) const;
+  // For n distinct queries.
+  Level2Config level2_config(int kprime, int64_t n) const;
   KnnStatus output(int64_t *neighbors, double *distances);
+  // A share divided by clusters: level 2 and the output, batch by batch.
+  KnnStatus filter_and_write_clusters(int64_t *neighbors, double *distances);
   KnnStatus output_rows(int64_t first, int64_t count, int64_t *neighbors, double *distances,
                         DeviceBuffer<int64_t> &rows, DeviceBuffer<double> &dist);
   void describe(KnnStats *stats) const;
+  // KNN_TI_PHASES: the stage that just ended (waits for the stream).
+  void phase(const char *name);
 
   const DistinctSet &target_set() const { return self_ ? query_set_ : target_set_own_; }
   // The query clusters level 2 runs on: a share's, or all.
@@ -218,6 +234,7 @@ class TiJoin {
   int64_t excluded_ = 0;  // the most targets one query can lose to exclusion
   DistinctSet query_set_, target_set_own_;
   ClusterSet query_clusters_, target_clusters_own_, share_clusters_;
+  ClusterShare by_clusters_;  // a share's clusters, where the engines agreed
   Level1Result level1_;
   Level2Config used_;
   int kprime_ = 0;
@@ -230,7 +247,21 @@ class TiJoin {
   unsigned long long computed_ = 0;
   double level1_kept_ = 0;  // share of cluster pairs level 1 kept
   bool gave_up_ = false;
+  const bool phases_ = std::getenv("KNN_TI_PHASES") != nullptr &&
+                       std::getenv("KNN_TI_PHASES")[0] == '1';
+  std::string phase_text_;
+  Clock::time_point phase_at_ = Clock::now();
 };
+
+void TiJoin::phase(const char *name) {
+  if (!phases_) return;
+  (void)cudaStreamSynchronize(ctx_.stream);
+  const Clock::time_point now = Clock::now();
+  char item[64];
+  std::snprintf(item, sizeof item, " %s %.4f", name, seconds_between(phase_at_, now));
+  phase_text_ += item;
+  phase_at_ = now;
+}
 
 KnnStatus TiJoin::upload_keys() {
   if (!exclude_) return KNN_OK;
@@ -265,6 +296,7 @@ KnnStatus TiJoin::upload(bool *finite) {
   float max_abs_value;
   KNN_TRY(read_max_abs(max_abs.get(), &max_abs_value, ctx_));
   t_uploaded_ = Clock::now();
+  phase("upload");
   *finite = distances_stay_finite(p_.metric, p_.dim, max_abs_value);
   return ctx_.cancel_point();
 }
@@ -276,6 +308,7 @@ KnnStatus TiJoin::cluster() {
     KNN_TRY(build_distinct_set(target_upload_.points, options_.dedup, target_set_own_, mem_,
                                ctx_));
   KNN_TRY(ctx_.cancel_point());
+  phase("dedup");
 
   int32_t mq = landmarks_for(options_.landmark_factor, query_set_.n_distinct);
   int32_t mt = landmarks_for(options_.landmark_factor, target_set().n_distinct);
@@ -300,11 +333,12 @@ KnnStatus TiJoin::cluster() {
   mem_.release(target_set_own_.x);
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   t_clustered_ = Clock::now();
+  phase("clusters");
   return ctx_.cancel_point();
 }
 
 // The adaptive scheme of IV-D (or what the options force).
-Level2Config TiJoin::level2_config(int kprime) const {
+Level2Config TiJoin::level2_config(int kprime, int64_t n) const {
   Level2Config config;
   config.kprime = kprime;
   config.partial = options_.filter == FilterKind::Partial ||
@@ -314,8 +348,7 @@ Level2Config TiJoin::level2_config(int kprime) const {
   config.parts = options_.threads_per_query > 0
                      ? options_.threads_per_query
                      : level2_threads_per_query(ctx_, p_.metric, stride_, config.place, kprime,
-                                                filtered_queries().n,
-                                                options_.cache_conflict_factor);
+                                                n, options_.cache_conflict_factor);
   return config;
 }
 
@@ -330,27 +363,37 @@ KnnStatus TiJoin::filter() {
                         mem_, ctx_));
   KNN_TRY(ctx_.cancel_point());
   KNN_TRY(measure_level1());
+  phase("level1");
   if (options_.level1_give_up > 0 && level1_kept_ > options_.level1_give_up) {
     gave_up_ = true;
     t_filtered_ = Clock::now();
     return KNN_OK;
   }
-  if (share_)
-    KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
-                                 share_clusters_, mem_, ctx_));
+  if (share_) {
+    const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
+    KNN_TRY(agree_on_cluster_share(query_clusters_, p_.n_queries, share_first_, share_count_,
+                                   p_.k, kprime_, room, &by_clusters_, mem_, ctx_));
+    phase(by_clusters_.agreed ? "vote(clusters)" : "vote(rows)");
+    if (!by_clusters_.agreed)
+      KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
+                                   share_clusters_, mem_, ctx_));
+  }
 
-  const Level2Config config = level2_config(kprime_);
   const size_t slots = (size_t)query_set_.n_distinct * kprime_;
   KNN_TRY(mem_.allocate(ctx_, result_value_, slots, "results"));
   KNN_TRY(mem_.allocate(ctx_, result_row_, slots, "results"));
   KNN_TRY(mem_.allocate(ctx_, counter_, 1, "distance counter"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
+  // Divided by clusters, level 2 runs batch by batch with the output.
+  if (by_clusters_.agreed) return KNN_OK;
+  const Level2Config config = level2_config(kprime_, filtered_queries().n);
   used_ = config;
   KNN_TRY(level2_filter(filtered_queries(), target_clusters(), target_set(), level1_, p_.metric,
                         config, margin, result_value_.get(), result_row_.get(), counter_.get(),
                         &used_, mem_, ctx_));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   t_filtered_ = Clock::now();
+  phase("level2");
   KNN_TRY(ctx_.cancel_point());
   mem_.release(level1_.candidates);
   mem_.release(level1_.cand_count);
@@ -404,21 +447,52 @@ KnnStatus TiJoin::measure_level1() {
 KnnStatus TiJoin::output(int64_t *neighbors, double *distances) {
   const int64_t nq = share_count_;
   const int k = p_.k;
-  const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
-  const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
-  int64_t chunk = std::min<int64_t>(nq, (int64_t)(room / 2 / (slot_bytes * k)));
-  if (chunk < 1) chunk = std::min<int64_t>(nq, 1024);  // let the allocation report it
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  const int64_t chunk = output_chunk_rows(budget_, mem_.used(), nq, k);
   DeviceBuffer<int64_t> rows;
   DeviceBuffer<double> dist;
   KNN_TRY(mem_.allocate(ctx_, rows, (size_t)chunk * k, "results"));
   KNN_TRY(mem_.allocate(ctx_, dist, (size_t)chunk * k, "results"));
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
   for (int64_t done = 0; done < nq; done += chunk) {
     KNN_TRY(ctx_.cancel_point());
     KNN_TRY(output_rows(share_first_ + done, std::min(chunk, nq - done), neighbors, distances,
                         rows, dist));
   }
+  return KNN_OK;
+}
+
+KnnStatus TiJoin::filter_and_write_clusters(int64_t *neighbors, double *distances) {
+  const RoundingMargin rounding(p_.metric, stride_);
+  ClusterShareJoin join;
+  join.queries = &query_clusters_;
+  join.query_set = &query_set_;
+  join.targets = &target_clusters();
+  join.target_set = &target_set();
+  join.level1 = &level1_;
+  join.metric = p_.metric;
+  join.margin.rel = (float)rounding.relative();
+  join.margin.abs = (float)(rounding(0.0));
+  join.k = p_.k;
+  join.kprime = kprime_;
+  join.result_value = result_value_.get();
+  join.result_row = result_row_.get();
+  join.counter = counter_.get();
+  if (exclude_) {
+    join.query_keys = query_keys_.get();
+    join.target_keys = target_keys_.get() != nullptr ? target_keys_.get() : query_keys_.get();
+  }
+  join.budget = budget_;
+  join.config = [this](int64_t n) { return level2_config(kprime_, n); };
+  used_ = join.config(by_clusters_.begin[by_clusters_.end_cluster] -
+                      by_clusters_.begin[by_clusters_.first_cluster]);
+  KNN_TRY(filter_and_write_cluster_share(join, by_clusters_, neighbors, distances, &used_,
+                                         &select_seconds_, &download_seconds_, mem_, ctx_));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  t_filtered_ = Clock::now();
+  phase("level2+output");
   return KNN_OK;
 }
 
@@ -428,11 +502,14 @@ void TiJoin::describe(KnnStats *stats) const {
   stats->pairs = share_count_ * p_.n_targets;
   char parts[32] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used_.parts);
-  std::snprintf(stats->variant, sizeof stats->variant, "%s/%s/remap%s%s/level-1 kept %.1f%%",
-                used_.partial ? "partial" : "full",
+  // (A split divided by clusters says so first: the text is short.)
+  std::snprintf(stats->variant, sizeof stats->variant, "%s%s/%s/remap%s%s/level-1 kept %.1f%%",
+                by_clusters_.agreed ? "cluster-split/" : "", used_.partial ? "partial" : "full",
                 used_.partial ? "global" : place_name(used_.place), parts,
                 options_.dedup ? "/dedup" : "", 100.0 * level1_kept_);
-  stats->query_clusters = filtered_queries().m;
+  stats->query_clusters = by_clusters_.agreed
+                              ? by_clusters_.end_cluster - by_clusters_.first_cluster
+                              : filtered_queries().m;
   stats->target_clusters = target_clusters().m;
   stats->distance_computations = (int64_t)computed_;
   stats->threads_per_query = used_.parts;
@@ -441,13 +518,20 @@ void TiJoin::describe(KnnStats *stats) const {
   stats->seconds_filter = seconds_between(t_clustered_, t_filtered_);
   stats->seconds_select = select_seconds_;
   stats->seconds_total = seconds_between(t_start_, t_done);
+  if (phases_)
+    std::fprintf(stderr, "ti phases (GPU %d%s):%s select %.4f download %.4f\n", ctx_.device,
+                 share_ ? (by_clusters_.agreed ? ", share by clusters" : ", share by rows") : "",
+                 phase_text_.c_str(), select_seconds_, download_seconds_);
 }
 
 KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats) {
   KNN_TRY(cluster());
   KNN_TRY(filter());
   if (gave_up_) return KNN_OK;
-  KNN_TRY(output(neighbors, distances));
+  if (by_clusters_.agreed)
+    KNN_TRY(filter_and_write_clusters(neighbors, distances));
+  else
+    KNN_TRY(output(neighbors, distances));
   if (stats != nullptr) describe(stats);
   return KNN_OK;
 }
@@ -558,6 +642,14 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
                         double *distances, KnnStats *stats, bool *declined,
                         DeviceContext &ctx) {
   *declined = true;
+  // However this ends, this engine's vote on dividing by clusters is cast
+  // (a share that did not vote declines, so that no engine waits for it).
+  struct DeclineUnlessVoted {
+    DeviceContext &ctx;
+    ~DeclineUnlessVoted() {
+      if (ctx.share_vote != nullptr) ctx.share_vote->decline(ctx.share_voter);
+    }
+  } vote_cast{ctx};
   const int64_t nq = problem.n_queries, nt = problem.n_targets;
   const bool self = problem.queries == problem.targets && nq == nt;
   if (!self || ctx.query_count < 0 || nq >= INT32_MAX - 1) return KNN_OK;
@@ -572,7 +664,10 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
   double level1_kept = -1;
   KnnStatus status = ti::in_memory_join(problem, ti::in_memory_options(problem, tuning), neighbors,
                                         distances, stats, &finite, &level1_kept, ctx);
-  if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
+  // After agreeing to answer whole clusters, no other method can take over
+  // this share (its rows are not a range): a failure ends the join.
+  const bool by_clusters = ctx.share_vote != nullptr && ctx.share_vote->agreed();
+  if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled() && !by_clusters) {
     ctx.error.clear();  // the caller runs the share another way
     return ti::release_join_memory(KNN_OK, ctx);
   }

@@ -8,11 +8,27 @@
 // queries. The restricted set keeps every cluster, its centre and extents:
 // the level-1 bounds, computed from the whole clusters, hold for any subset
 // of their members, so the level-2 filter stays exact.
+//
+// A range of rows of shuffled data touches every cluster, though: each GPU
+// would filter about half of every cluster (half-empty warp groups). So the
+// engines first try to divide the work by whole clusters instead
+// (share_vote.cuh): each takes a contiguous run of clusters holding its
+// fraction of the points, filters those alone and writes their rows,
+// scattered, into the caller's arrays (scatter_download.cuh). No two
+// engines write one row: the clusters (and so the runs) are the same on
+// every engine, which the vote checks with a fingerprint of them.
 #include <cub/cub.cuh>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
 
+#include "scatter_download.cuh"
+#include "share_vote.cuh"
+#include "ti_cluster_share.cuh"
 #include "ti_common.cuh"
 
 namespace knn {
@@ -75,6 +91,20 @@ KnnStatus copy_array(DeviceContext &ctx, MemoryBudget &mem, DeviceBuffer<T> &to,
   return KNN_OK;
 }
 
+// What a restricted query set keeps of every cluster (centres, extents)
+// and its size; begin is allocated for the caller to fill.
+KnnStatus copy_cluster_frame(const ClusterSet &all, int64_t kept, ClusterSet &out,
+                             MemoryBudget &mem, DeviceContext &ctx) {
+  const int m = all.m, stride = all.stride;
+  out.m = m;
+  out.n = kept;
+  out.stride = stride;
+  KNN_TRY(copy_array(ctx, mem, out.centers, all.centers, (size_t)m * stride, "query share"));
+  KNN_TRY(copy_array(ctx, mem, out.radius, all.radius, m, "query share"));
+  KNN_TRY(copy_array(ctx, mem, out.nearest, all.nearest, m, "query share"));
+  return mem.allocate(ctx, out.begin, m + 1, "query share");
+}
+
 }  // namespace
 
 KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, int64_t first,
@@ -99,13 +129,7 @@ KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, in
                                   ctx.stream));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
 
-  out.m = m;
-  out.n = kept;
-  out.stride = stride;
-  KNN_TRY(copy_array(ctx, mem, out.centers, all.centers, (size_t)m * stride, "query share"));
-  KNN_TRY(copy_array(ctx, mem, out.radius, all.radius, m, "query share"));
-  KNN_TRY(copy_array(ctx, mem, out.nearest, all.nearest, m, "query share"));
-  KNN_TRY(mem.allocate(ctx, out.begin, m + 1, "query share"));
+  KNN_TRY(copy_cluster_frame(all, kept, out, mem, ctx));
   shared_begin_kernel<<<grid_for(m + 1, 128), 128, 0, ctx.stream>>>(m, all.begin.get(),
                                                                     place.get(), out.begin.get());
   CUDA_CHECK_LAUNCH(ctx, "shared_begin_kernel");
@@ -123,6 +147,329 @@ KnnStatus share_query_clusters(const ClusterSet &all, const DistinctSet &set, in
   mem.release(active);
   mem.release(place);
   mem.release(temp);
+  return KNN_OK;
+}
+
+namespace {
+
+// A 64-bit mix (splitmix64's finaliser).
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// sum over positions of mix(position, point) (mod 2^64: the same whatever
+// the order of the atomic adds).
+__global__ void member_hash_kernel(int64_t n, const int32_t *member, unsigned long long *out) {
+  unsigned long long local = 0;
+  for (int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; pos < n;
+       pos += (int64_t)gridDim.x * blockDim.x)
+    local += mix64(((uint64_t)pos << 32) ^ (uint32_t)member[pos]);
+  for (int off = kWarp / 2; off > 0; off /= 2) local += __shfl_down_sync(kFullMask, local, off);
+  if (threadIdx.x % kWarp == 0) atomicAdd(out, local);
+}
+
+// begin'[c] = begin[c] clamped to [lo, hi], less lo.
+__global__ void slice_begin_kernel(int m, const int32_t *begin, int32_t lo, int32_t hi,
+                                   int32_t *out) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c <= m) out[c] = min(max(begin[c], lo), hi) - lo;
+}
+
+// The rows of each position at its offset: list[offset[p] + j] = the j-th
+// row of the point at p.
+__global__ void list_rows_kernel(int64_t n, const int32_t *offset, const int32_t *mult,
+                                 const int32_t *rows_begin, const int32_t *rows, int32_t *list) {
+  const int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (pos >= n) return;
+  const int32_t at = offset[pos], from = rows_begin[pos];
+  for (int32_t j = 0; j < mult[pos]; j++) list[at + j] = rows[from + j];
+}
+
+template <class T>
+KnnStatus copy_range(DeviceContext &ctx, MemoryBudget &mem, DeviceBuffer<T> &to,
+                     const DeviceBuffer<T> &from, size_t first, size_t count, const char *what) {
+  KNN_TRY(mem.allocate(ctx, to, std::max<size_t>(count, 1), what));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(to.get(), from.get() + first, count * sizeof(T),
+                                  cudaMemcpyDeviceToDevice, ctx.stream));
+  return KNN_OK;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+namespace {
+
+// An upper bound of the device memory the share still needs once the
+// engines agreed: its clusters' arrays, the lists of every distinct query,
+// level 2's lists (inside-query lists of up to 8 warps a query) and the
+// output's row lists and smallest chunk.
+size_t cluster_share_bytes(const ClusterSet &all, int64_t n_rows, int k, int kprime) {
+  const double n = (double)all.n, m = (double)all.m, row = 4.0 * all.stride;
+  const double arrays = n * (row + 5 * 4) + m * (row + 4 * 4);
+  const double lists = n * kprime * 8.0 * (1 + 8);
+  const double output = n_rows * 16.0 + std::min<double>(n_rows, 1024) * k * 16.0 + (1 << 20);
+  return (size_t)std::min<double>(arrays + lists + output, 1e18);
+}
+
+}  // namespace
+
+KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
+                                 int64_t count, int k, int kprime, size_t room,
+                                 ClusterShare *out, MemoryBudget &mem, DeviceContext &ctx) {
+  *out = ClusterShare{};
+  if (ctx.share_vote == nullptr) return KNN_OK;
+  const int m = all.m;
+  const int64_t n = all.n;
+  if (cluster_share_bytes(all, n_rows, k, kprime) > room) {
+    ctx.share_vote->decline(ctx.share_voter);
+    return KNN_OK;
+  }
+  std::vector<int32_t> begin(m + 1);
+  DeviceBuffer<unsigned long long> hash;
+  KNN_TRY(mem.allocate(ctx, hash, 1, "cluster fingerprint"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(hash.get(), 0, sizeof(unsigned long long), ctx.stream));
+  member_hash_kernel<<<std::min<unsigned>(grid_for(n, 256), 1024), 256, 0, ctx.stream>>>(
+      n, all.member.get(), hash.get());
+  CUDA_CHECK_LAUNCH(ctx, "member_hash_kernel");
+  unsigned long long fingerprint = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&fingerprint, hash.get(), sizeof fingerprint,
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaMemcpyAsync(begin.data(), all.begin.get(), (m + 1) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  mem.release(hash);
+  uint64_t fp = mix64(fingerprint ^ mix64((uint64_t)m << 32 ^ (uint64_t)n));
+  for (int c = 0; c <= m; c++) fp = mix64(fp ^ (uint32_t)begin[c]);
+
+  // KNN_TI_SPLIT_ROWS=1 in the environment: decline (each engine answers
+  // its rows), for comparing the two ways.
+  const char *rows_only = std::getenv("KNN_TI_SPLIT_ROWS");
+  if (rows_only != nullptr && rows_only[0] == '1') {
+    ctx.share_vote->decline(ctx.share_voter);
+    return KNN_OK;
+  }
+  bool agreed = false;
+  KNN_TRY(ctx.share_vote->agree(ctx, ctx.share_voter, fp, &agreed));
+  if (!agreed) return KNN_OK;
+  // The cut at row r: the first cluster starting at or past the same
+  // fraction of the positions. Neighbouring engines compute their common
+  // cut alike, so the runs partition every non-empty cluster.
+  auto cut = [&](int64_t r) {
+    const int64_t pos = n_rows > 0 ? r * n / n_rows : 0;
+    return (int32_t)(std::lower_bound(begin.begin(), begin.end(), pos) - begin.begin());
+  };
+  out->agreed = true;
+  out->first_cluster = std::min(cut(first_row), m);
+  out->end_cluster = std::min(cut(first_row + count), m);
+  if (first_row + count >= n_rows) out->end_cluster = m;
+  if (first_row == 0) out->first_cluster = 0;
+  out->begin = std::move(begin);
+  return KNN_OK;
+}
+
+KnnStatus slice_query_clusters(const ClusterSet &all, const std::vector<int32_t> &begin,
+                               int32_t first_cluster, int32_t end_cluster, ClusterSet &out,
+                               MemoryBudget &mem, DeviceContext &ctx) {
+  const int m = all.m, stride = all.stride;
+  const int32_t lo = begin[first_cluster], hi = begin[end_cluster];
+  const size_t kept = hi - lo;
+  KNN_TRY(copy_cluster_frame(all, kept, out, mem, ctx));
+  slice_begin_kernel<<<grid_for(m + 1, 128), 128, 0, ctx.stream>>>(m, all.begin.get(), lo, hi,
+                                                                   out.begin.get());
+  CUDA_CHECK_LAUNCH(ctx, "slice_begin_kernel");
+  KNN_TRY(copy_range(ctx, mem, out.member, all.member, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.dist, all.dist, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.first_row, all.first_row, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.mult, all.mult, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.rows_begin, all.rows_begin, lo, kept, "query share"));
+  KNN_TRY(copy_range(ctx, mem, out.x, all.x, (size_t)lo * stride, kept * stride, "query share"));
+  return KNN_OK;
+}
+
+namespace {
+
+// Expands the lists of the share's points (level 2's results) to their
+// rows and writes them, scattered, into their places of the caller's
+// arrays, in chunks that fit what `budget` has left.
+KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
+                                   KnnMetric metric, int k, int kprime,
+                                   const float *result_value, const int32_t *result_row,
+                                   const int64_t *query_keys, const int64_t *target_keys,
+                                   size_t budget, int64_t *neighbors, double *distances,
+                                   double *select_seconds, double *download_seconds,
+                                   MemoryBudget &mem, DeviceContext &ctx) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = share.n;
+  // The share's rows, ascending (the host writes then sweep its arrays once).
+  DeviceBuffer<int32_t> offset, list, sorted;
+  DeviceBuffer<unsigned char> temp;
+  KNN_TRY(mem.allocate(ctx, offset, n + 1, "share rows"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(offset.get(), 0, sizeof(int32_t), ctx.stream));
+  if (n > 0)
+    KNN_TRY(run_cub(ctx, mem, temp, "share rows", [&](void *t, size_t &bytes) {
+      return cub::DeviceScan::InclusiveSum(t, bytes, share.mult.get(), offset.get() + 1, n,
+                                           ctx.stream);
+    }));
+  int32_t total = 0;
+  CUDA_CHECK(ctx, cudaMemcpyAsync(&total, offset.get() + n, sizeof total, cudaMemcpyDeviceToHost,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  mem.release(temp);
+  if (total == 0) return KNN_OK;
+  KNN_TRY(mem.allocate(ctx, list, total, "share rows"));
+  KNN_TRY(mem.allocate(ctx, sorted, total, "share rows"));
+  list_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(
+      n, offset.get(), share.mult.get(), share.rows_begin.get(), set.rows.get(), list.get());
+  CUDA_CHECK_LAUNCH(ctx, "list_rows_kernel");
+  int bits = 1;
+  while (bits < 31 && (int64_t{1} << bits) < set.n_rows) bits++;
+  KNN_TRY(run_cub(ctx, mem, temp, "share rows", [&](void *t, size_t &bytes) {
+    return cub::DeviceRadixSort::SortKeys(t, bytes, list.get(), sorted.get(), total, 0, bits,
+                                          ctx.stream);
+  }));
+  std::vector<int32_t> places(total);
+  CUDA_CHECK(ctx, cudaMemcpyAsync(places.data(), sorted.get(), total * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  mem.release(temp);
+  mem.release(list);
+  mem.release(offset);
+
+  // Expanded and copied in chunks that fit what is left of the budget.
+  const int64_t chunk = output_chunk_rows(budget, mem.used(), total, k);
+  DeviceBuffer<int64_t> rows;
+  DeviceBuffer<double> dist;
+  KNN_TRY(mem.allocate(ctx, rows, (size_t)chunk * k, "results"));
+  KNN_TRY(mem.allocate(ctx, dist, (size_t)chunk * k, "results"));
+  *select_seconds += seconds_since(t0);
+  for (int64_t done = 0; done < total; done += chunk) {
+    KNN_TRY(ctx.cancel_point());
+    const int64_t count = std::min(chunk, total - done);
+    const auto t1 = std::chrono::steady_clock::now();
+    KNN_TRY(expand_listed_results(set, metric, sorted.get() + done, count, k, kprime,
+                                  result_value, result_row, query_keys, target_keys, rows.get(),
+                                  dist.get(), ctx));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    const auto t2 = std::chrono::steady_clock::now();
+    KNN_TRY(download_scattered_rows(ctx, rows.get(), dist.get(), places.data() + done, count, k,
+                                    neighbors, distances));
+    *select_seconds += std::chrono::duration<double>(t2 - t1).count();
+    *download_seconds += seconds_since(t2);
+  }
+  return KNN_OK;
+}
+
+// Batches of the share's clusters, of decreasing size (weights B, B-1,
+// ..., 1 of the share's positions): the rows of each batch are written
+// while the GPU filters the later ones, so only the last, smallest batch's
+// rows are written after level 2 has ended.
+constexpr int kShareBatches = 6;
+
+// A stream whose kernels the GPU schedules ahead of those of the join's
+// stream: a batch's row lists and expansion run as soon as its level 2 is
+// done, between the blocks of the next batch's level 2, rather than after
+// it.
+class UrgentStream : public OwnedHandle<cudaStream_t, cudaStreamDestroy> {
+ public:
+  KnnStatus create(DeviceContext &ctx) {
+    int least = 0, greatest = 0;
+    CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, greatest));
+    return KNN_OK;
+  }
+};
+
+}  // namespace
+
+KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const ClusterShare &share,
+                                         int64_t *neighbors, double *distances,
+                                         Level2Config *used, double *select_seconds,
+                                         double *download_seconds, MemoryBudget &mem,
+                                         DeviceContext &ctx) {
+  // The batches' cuts (clusters), at the weights' shares of the positions.
+  const std::vector<int32_t> &begin = share.begin;
+  const int64_t lo = begin[share.first_cluster], hi = begin[share.end_cluster];
+  const int64_t total_weight = kShareBatches * (kShareBatches + 1) / 2;
+  std::vector<int32_t> cuts{share.first_cluster};
+  int64_t weight = 0;
+  for (int b = 0; b + 1 < kShareBatches; b++) {
+    weight += kShareBatches - b;
+    const int64_t pos = lo + (hi - lo) * weight / total_weight;
+    const int32_t c = (int32_t)(std::lower_bound(begin.begin() + share.first_cluster,
+                                                 begin.begin() + share.end_cluster, pos) -
+                                begin.begin());
+    if (c > cuts.back()) cuts.push_back(c);
+  }
+  if (share.end_cluster > cuts.back()) cuts.push_back(share.end_cluster);
+  const int batches = (int)cuts.size() - 1;
+
+  UrgentStream side;
+  Event filtered[kShareBatches];
+  KNN_TRY(side.create(ctx));
+  for (int b = 0; b < batches; b++) KNN_TRY(filtered[b].create(ctx));
+  ClusterSet slices[kShareBatches];
+  DeviceContext writer = ctx;
+  writer.stream = side.get();
+  // On every path: nothing of the batches is in flight when the slices go.
+  struct Drain {
+    cudaStream_t a, b;
+    ~Drain() {
+      (void)cudaStreamSynchronize(a);
+      (void)cudaStreamSynchronize(b);
+    }
+  } drain{ctx.stream, side.get()};
+
+  // KNN_TI_PHASES=1: level 2's own time on the GPU (the writes overlap it).
+  const char *phases = std::getenv("KNN_TI_PHASES");
+  struct Span {
+    cudaEvent_t e[2] = {nullptr, nullptr};
+    ~Span() {
+      for (cudaEvent_t x : e)
+        if (x != nullptr) (void)cudaEventDestroy(x);
+    }
+  } span;
+  cudaEvent_t *level2_span = span.e;
+  if (phases != nullptr && phases[0] == '1' && cudaEventCreate(&level2_span[0]) == cudaSuccess &&
+      cudaEventCreate(&level2_span[1]) == cudaSuccess)
+    (void)cudaEventRecord(level2_span[0], ctx.stream);
+  // Every batch's level 2 is queued on ctx.stream at once (no step of it
+  // waits for the host), each followed by its event ...
+  for (int b = 0; b < batches; b++) {
+    KNN_TRY(ctx.cancel_point());
+    KNN_TRY(slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b], mem,
+                                 ctx));
+    KNN_TRY(level2_filter(slices[b], *join.targets, *join.target_set, *join.level1, join.metric,
+                          join.config(slices[b].n), join.margin, join.result_value,
+                          join.result_row, join.counter, used, mem, ctx));
+    CUDA_CHECK(ctx, cudaEventRecord(filtered[b].get(), ctx.stream));
+  }
+  if (level2_span[1] != nullptr) (void)cudaEventRecord(level2_span[1], ctx.stream);
+  // ... and each batch's rows are written on the urgent stream once its
+  // event has passed, while the GPU filters the later batches.
+  for (int b = 0; b < batches; b++) {
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[b].get(), 0));
+    const KnnStatus st = write_cluster_share_rows(
+        *join.query_set, slices[b], join.metric, join.k, join.kprime, join.result_value,
+        join.result_row, join.query_keys, join.target_keys, join.budget, neighbors, distances,
+        select_seconds, download_seconds, mem, writer);
+    if (st != KNN_OK) {
+      ctx.error = writer.error;
+      return st;
+    }
+  }
+  if (level2_span[1] != nullptr) {
+    float ms = 0;
+    if (cudaEventSynchronize(level2_span[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, level2_span[0], level2_span[1]) == cudaSuccess)
+      std::fprintf(stderr, "ti cluster share (GPU %d): %d batches, level 2 %.4f s on the GPU\n",
+                   ctx.device, batches, ms / 1000.0);
+    (void)cudaGetLastError();
+  }
   return KNN_OK;
 }
 
