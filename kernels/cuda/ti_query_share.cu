@@ -248,8 +248,7 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
 
   // KNN_TI_SPLIT_ROWS=1 in the environment: decline (each engine answers
   // its rows), for comparing the two ways.
-  const char *rows_only = std::getenv("KNN_TI_SPLIT_ROWS");
-  if (rows_only != nullptr && rows_only[0] == '1') {
+  if (env_flag("KNN_TI_SPLIT_ROWS")) {
     ctx.share_vote->decline(ctx.share_voter);
     return KNN_OK;
   }
@@ -269,6 +268,24 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
   if (first_row + count >= n_rows) out->end_cluster = m;
   if (first_row == 0) out->first_cluster = 0;
   out->begin = std::move(begin);
+  return KNN_OK;
+}
+
+bool env_flag(const char *name) {
+  const char *v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
+
+KnnStatus whole_cluster_share(const ClusterSet &all, ClusterShare *out, DeviceContext &ctx) {
+  *out = ClusterShare{};
+  out->begin.resize(all.m + 1);
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out->begin.data(), all.begin.get(),
+                                  (all.m + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  out->agreed = true;
+  out->first_cluster = 0;
+  out->end_cluster = all.m;
   return KNN_OK;
 }
 
@@ -419,8 +436,11 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   Event ready, filtered[kShareBatches];
   KNN_TRY(side.create(ctx, greatest));
   KNN_TRY(ready.create(ctx));
+  // KNN_TI_BATCH_STREAMS=1: the batches one after another on one stream
+  // (the older way, for measuring).
+  const bool one_lane = env_flag("KNN_TI_BATCH_STREAMS");
   for (int b = 0; b < batches; b++) {
-    KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + 1 + b)));
+    if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + 1 + b)));
     KNN_TRY(filtered[b].create(ctx));
   }
   // (Declared after the streams: freed on theirs, before they go.)
@@ -433,7 +453,8 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
     const PriorityStream *lanes;
     int n;
     ~Drain() {
-      for (int b = 0; b < n; b++) (void)cudaStreamSynchronize(lanes[b].get());
+      for (int b = 0; b < n; b++)
+        if (lanes[b].get() != nullptr) (void)cudaStreamSynchronize(lanes[b].get());
       (void)cudaStreamSynchronize(side);
       (void)cudaStreamSynchronize(main);
     }
@@ -461,7 +482,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   for (int b = 0; b < batches; b++) {
     KNN_TRY(ctx.cancel_point());
     DeviceContext lane = ctx;
-    lane.stream = lanes[b].get();
+    lane.stream = lanes[one_lane ? 0 : b].get();
     CUDA_CHECK(ctx, cudaStreamWaitEvent(lane.stream, ready.get(), 0));
     KnnStatus st = slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b],
                                          mem, lane);
