@@ -384,12 +384,14 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
 // Batches of the share's clusters, of decreasing size (weights B, B-1,
 // ..., 1 of the share's positions): the rows of each batch are written
 // while the GPU filters the later ones, so only the last, smallest batch's
-// rows are written after level 2 has ended. The writes (the host's
-// scatter: 0.13 s a share on 2x H200, against 0.15 s of level 2 for an
-// even half) keep pace only if they start early: with B = 12 the first
-// batch is 15 % of the share (B = 6: 29 %). KNN_TI_SHARE_BATCHES (1 to
-// kMaxShareBatches) sets B, for measuring.
-constexpr int kShareBatches = 12, kMaxShareBatches = 16;
+// rows are written after level 2 has ended. The batches must end in order
+// for that, which only distinct stream priorities ensure (below): B is at
+// most the device's number of priorities (6 on H100 and H200). Measured
+// on an H200 (KNN_TI_BATCHED_WRITES=1, 5000000 x 8 clustered): 6 batches
+// side by side, level 2 0.31 s and level 2 + writes 0.355 s; 12 batches,
+// 8 of them at one priority, ended together: level 2 + writes 0.47-0.52 s.
+// KNN_TI_SHARE_BATCHES (1 to kMaxShareBatches) sets B, for measuring.
+constexpr int kShareBatches = 6, kMaxShareBatches = 16;
 
 int share_batches() {
   const char *v = std::getenv("KNN_TI_SHARE_BATCHES");
@@ -417,7 +419,13 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // The batches' cuts (clusters), at the weights' shares of the positions.
   const std::vector<int32_t> &begin = share.begin;
   const int64_t lo = begin[share.first_cluster], hi = begin[share.end_cluster];
-  const int most = share_batches();
+  // Priorities: greatest (numerically least) first. The urgent stream of
+  // the writes shares the first batch's: it has work only once that batch
+  // has ended.
+  int least = 0, greatest = 0;
+  CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int levels = least - greatest + 1;
+  const int most = levels > 1 ? std::min(share_batches(), levels) : share_batches();
   const int64_t total_weight = most * (most + 1) / 2;
   std::vector<int32_t> cuts{share.first_cluster};
   int64_t weight = 0;
@@ -435,14 +443,13 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // Each batch's level 2 runs on a stream of its own, all queued at once:
   // on one stream each launch's tail (its slowest blocks, on few
   // multiprocessors) idled the rest of the GPU until the next launch
-  // began, six times over (2x H200: level 2 0.22-0.23 s a share against
-  // 0.305 s for the whole join in one launch). Queued side by side, the
-  // next batch's blocks fill the tail; earlier batches get the higher
-  // priorities, so the GPU still finishes them in order. A batch's rows
-  // are expanded and written on the urgent stream (the highest priority),
-  // between the blocks of the later batches, as soon as its level 2 ends.
-  int least = 0, greatest = 0;
-  CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  // began (H200, level 2 of all clusters: 0.305 s in one launch, 0.38 s
+  // in 6 batches on one stream, 0.31 s side by side). Queued side by side,
+  // the next batch's blocks fill the tail; each batch has a lower priority
+  // than the one before, so the GPU still finishes them in order. A
+  // batch's rows are expanded and written on the urgent stream (the
+  // highest priority), between the blocks of the later batches, as soon
+  // as its level 2 ends.
   PriorityStream side, lanes[kMaxShareBatches];
   Event ready, filtered[kMaxShareBatches];
   KNN_TRY(side.create(ctx, greatest));
@@ -451,7 +458,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // (the older way, for measuring).
   const bool one_lane = env_flag("KNN_TI_BATCH_STREAMS");
   for (int b = 0; b < batches; b++) {
-    if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + 1 + b)));
+    if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + b)));
     KNN_TRY(filtered[b].create(ctx));
   }
   // (Declared after the streams: freed on theirs, before they go.)
