@@ -68,9 +68,10 @@ struct ClusterShareJoin {
   std::function<Level2Config(int64_t n)> config;
 };
 
-// Level 2 on the share's clusters, in batches of clusters, each batch's
-// rows written (scattered, into the caller's arrays) while the GPU filters
-// the next one. *used is the last batch's configuration; the seconds of
+// Level 2 on the share's clusters, in batches of clusters queued side by
+// side (a stream and a priority each), each batch's rows written
+// (scattered, into the caller's arrays) while the GPU filters the later
+// ones. *used is the share's configuration; the seconds of
 // the row expansion and of the copies are added to *select_seconds and
 // *download_seconds.
 KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const ClusterShare &share,

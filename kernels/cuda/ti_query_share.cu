@@ -381,10 +381,15 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
   return KNN_OK;
 }
 
-// Batches of the share's clusters, of decreasing size (weights B, B-1,
-// ..., 1 of the share's positions): the rows of each batch are written
-// while the GPU filters the later ones, so only the last, smallest batch's
-// rows are written after level 2 has ended. The batches must end in order
+// Batches of the share's clusters, of decreasing size (weights B + B/2,
+// ..., 1 + B/2 of the share's positions: 9, 8, ..., 4 for B = 6): the rows
+// of each batch are written while the GPU filters the later ones, so only
+// the last, smallest batch's rows are written after level 2 has ended. The
+// writes take nearly as long as level 2 (H200, 5000000 x 8 on one GPU:
+// 0.25 s against 0.31 s), so they must not start late either: a model of
+// the two (batch b's writes start when its level 2 and the writes before
+// have ended) puts these weights 0.005-0.008 s ahead of B, ..., 1 on one
+// share of two GPUs (not measured). The batches must end in order
 // for that, which only distinct stream priorities ensure (below): B is at
 // most the device's number of priorities (6 on H100 and H200). Measured
 // on an H200 (KNN_TI_BATCHED_WRITES=1, 5000000 x 8 clustered): 6 batches
@@ -426,11 +431,11 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
   const int levels = least - greatest + 1;
   const int most = levels > 1 ? std::min(share_batches(), levels) : share_batches();
-  const int64_t total_weight = most * (most + 1) / 2;
+  const int64_t total_weight = most * (most + 1) / 2 + most * (most / 2);
   std::vector<int32_t> cuts{share.first_cluster};
   int64_t weight = 0;
   for (int b = 0; b + 1 < most; b++) {
-    weight += most - b;
+    weight += most - b + most / 2;
     const int64_t pos = lo + (hi - lo) * weight / total_weight;
     const int32_t c = (int32_t)(std::lower_bound(begin.begin() + share.first_cluster,
                                                  begin.begin() + share.end_cluster, pos) -
