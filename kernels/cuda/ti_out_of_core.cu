@@ -285,11 +285,17 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   config.partial = false;  // the partial filter cannot carry lists over
   config.resume = resume;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
-  // One thread per query: a list carried from part to part then belongs to
-  // exactly one thread. Several threads per query (the in-memory join's
-  // inside-query parallelism) would each carry a partial list, merged only
-  // at the end, a path not yet proven on a GPU against the CPU engine.
-  config.parts = 1;
+  // Threads per query as in memory (IV-D3): a part's queries are few next
+  // to the device's threads. The level-2 kernel seeds a carried list into
+  // thread 0 of a query only, so the merge of the P lists sees each entry
+  // once; every thread prunes with a theta no smaller than the final k'-th.
+  // Lists in global memory keep one thread (their slots are per thread).
+  config.parts = options_.threads_per_query > 0 ? options_.threads_per_query
+                 : config.place == ListPlace::Global
+                     ? 1
+                     : level2_threads_per_query(ctx_, p_.metric, stride_, config.place,
+                                                plan_.kprime, queries.n,
+                                                options_.cache_conflict_factor);
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
                         result_value_.get(), result_row_.get(), counter_.get(), &used_, mem,
                         ctx_));
