@@ -284,12 +284,17 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   config.kprime = plan_.kprime;
   config.partial = false;  // the partial filter cannot carry lists over
   config.resume = resume;
+  config.shared_merge = true;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
   // Threads per query as in memory (IV-D3): a part's queries are few next
   // to the device's threads. The level-2 kernel seeds a carried list into
   // thread 0 of a query only, so the merge of the P lists sees each entry
-  // once; every thread prunes with a theta no smaller than the final k'-th.
-  // Lists in global memory keep one thread (their slots are per thread).
+  // once; every thread prunes with a theta no smaller than the final k'-th
+  // (its own list's k'-th, or the shared minimum of the P lists' k'-th,
+  // each an upper bound of the merged list's). The P lists are merged in
+  // shared memory: a global merge array would take max groups x 32 x P x k'
+  // entries, more than a quarter-of-the-data budget holds. Lists in global
+  // memory keep one thread (their slots are per thread).
   config.parts = options_.threads_per_query > 0 ? options_.threads_per_query
                  : config.place == ListPlace::Global
                      ? 1
