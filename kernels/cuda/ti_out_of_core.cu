@@ -23,7 +23,10 @@
 //      (Level2Config::resume). Before a part (but the first) the largest
 //      k'-th list entry of the query part is read back; when the part's
 //      bound is beyond it, that part and all farther ones are skipped: not
-//      uploaded, not filtered;
+//      uploaded, not filtered. A cached part is then tested cluster by
+//      cluster (part_needed_kernel: its cluster centres and radii, copied
+//      from its pinned block, against each query cluster's carried bound)
+//      and skipped alone where no cluster pair passes;
 //   3. the lists come back to the host, and each query row takes its
 //      distinct point's list less the targets that share its key, with
 //      float8 distances (output_ordered_part: what ti_output.cu does on the
@@ -50,7 +53,12 @@
 // rounding margin of B + theta, and only a bound strictly beyond it skips.
 // Then D(q,t) > theta >= q's k'-th entry, which only decreases: t could
 // never enter q's list, ties included. The farther parts have larger
-// bounds (they are visited in bound order), so they go too.
+// bounds (they are visited in bound order), so they go too. A part skipped
+// by its clusters: the test is level 1's group filter (same centre
+// distance, radii and margin) with each query cluster's carried bound as
+// its upper bound; level 1 would use a bound no larger (min(carried,
+// its own)), so it would keep no candidate cluster either, level 2 would
+// visit no target, and every list would stay as it is.
 //
 // KNN_TI_TRACE=1 prints the phases (order, part builds, level 1, level 2,
 // theta read-backs, output) to stderr, the stream waited for after each.
@@ -117,6 +125,29 @@ __global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member
   out[cq] = ti == __int_as_float(0x7f800000) ? ti : ti + margin.rel * ti + margin.abs;
 }
 
+// Whether a target part can change any list of the query part: 1 goes to
+// *needed where some (query cluster, target cluster) pair passes level 1's
+// group filter (ti_filter_level1.cu) with the cluster's carried bound as
+// its upper bound. Level 1's own bound is at most the carried one, so
+// where no pair passes here none passes there: level 2 gets no candidate
+// and the part leaves every list as it is.
+__global__ void part_needed_kernel(KnnMetric metric, const float *qc, const float *qr,
+                                   const int32_t *qbegin, int32_t mq, const float *carried,
+                                   const float *tc, const float *tr, const int32_t *tbegin,
+                                   int32_t mt, int stride, Margin margin, unsigned *needed) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= (int64_t)mq * mt || *(volatile unsigned *)needed != 0) return;
+  const int64_t a = i / mt, b = i % mt;
+  if (qbegin[a + 1] == qbegin[a] || tbegin[b + 1] == tbegin[b]) return;
+  const float ub = carried[a];
+  const float d =
+      ti_distance_rt(metric, row_value_rt(metric, qc + a * stride, tc + b * stride, stride));
+  const float rq = qr[a], rt = tr[b];
+  const float lower = d - rq - rt;
+  const float magnitude = d + rq + rt + ub;
+  if (!(lower > ub + margin.rel * magnitude + margin.abs)) *needed = 1;
+}
+
 // Groups for each side's order: several per part, so that a part's bound
 // is made of groups smaller than it, within what the host's tour and the
 // landmark distance matrix take (1024^2 pairs).
@@ -155,8 +186,11 @@ class OutOfCoreJoin {
  private:
   KnnStatus upload_target_keys();
   KnnStatus query_part(int index, bool *finite, int64_t *neighbors, double *distances);
-  KnnStatus filter_part(const ClusterSet &queries, const DistinctSet &query_set,
-                        const TargetPart &part, bool resume, MemoryBudget &mem);
+  KnnStatus filter_part(const ClusterSet &queries, const TargetPart &part, const float *carried,
+                        MemoryBudget &mem);
+  KnnStatus carried_bounds(const ClusterSet &queries, float *carried);
+  KnnStatus part_needed(const ClusterSet &queries, const float *carried, int target,
+                        bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
   KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
@@ -204,6 +238,7 @@ class OutOfCoreJoin {
 
   Level2Config used_;
   int64_t pairs_skipped_ = 0;
+  int64_t cluster_skipped_ = 0;  // of those, by part_needed (trace)
   std::vector<int64_t> part_min_row_;  // ordered: smallest original row of each target part
   int64_t query_clusters_ = 0;
   Clock::time_point t_start_ = Clock::now();
@@ -232,13 +267,14 @@ void OutOfCoreJoin::lap(double *phase, Clock::time_point *t0) {
 void OutOfCoreJoin::trace() const {
   if (!trace_) return;
   std::fprintf(stderr,
-               "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped; "
+               "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped "
+               "(%lld by clusters); "
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
                "(pinned copies %.4f)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
-               (long long)pairs_skipped_,
+               (long long)pairs_skipped_, (long long)cluster_skipped_,
                cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
                query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
@@ -255,29 +291,69 @@ KnnStatus OutOfCoreJoin::upload_target_keys() {
   return KNN_OK;
 }
 
-// Level 1 and level 2 of the query part against one target part.
-KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSet &query_set,
-                                     const TargetPart &part, bool resume, MemoryBudget &mem) {
+// The carried bound of each query cluster (carried_bound_kernel).
+KnnStatus OutOfCoreJoin::carried_bounds(const ClusterSet &queries, float *carried) {
+  const unsigned grid = grid_for(queries.m, 128);
+  if (p_.metric == KNN_METRIC_L1)
+    carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
+        queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
+        margin_, carried);
+  else
+    carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
+        queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
+        margin_, carried);
+  CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
+  return KNN_OK;
+}
+
+// *needed: whether cached target part `target` can change a list of the
+// query part (part_needed_kernel); true where it is not cached.
+KnnStatus OutOfCoreJoin::part_needed(const ClusterSet &queries, const float *carried, int target,
+                                     bool *needed, MemoryBudget &mem) {
+  *needed = true;
+  TargetParts::ClusterSummary s;
+  if (!targets_.summary(target, &s) || s.m == 0 || queries.m == 0) return KNN_OK;
+  DeviceBuffer<float> centers, radius;
+  DeviceBuffer<int32_t> begin;
+  KNN_TRY(mem.allocate(ctx_, centers, (size_t)s.m * stride_, "part test"));
+  KNN_TRY(mem.allocate(ctx_, radius, (size_t)s.m, "part test"));
+  KNN_TRY(mem.allocate(ctx_, begin, (size_t)s.m + 1, "part test"));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(centers.get(), s.centers, centers.bytes(),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(radius.get(), s.radius, radius.bytes(), cudaMemcpyHostToDevice,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(begin.get(), s.begin, begin.bytes(), cudaMemcpyHostToDevice,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, sizeof(unsigned), ctx_.stream));
+  const int64_t pairs = (int64_t)queries.m * s.m;
+  part_needed_kernel<<<grid_for(pairs, 256), 256, 0, ctx_.stream>>>(
+      p_.metric, queries.centers.get(), queries.radius.get(), queries.begin.get(), queries.m,
+      carried, centers.get(), radius.get(), begin.get(), s.m, stride_, margin_,
+      theta_bits_.get());
+  CUDA_CHECK_LAUNCH(ctx_, "part_needed_kernel");
+  unsigned flag = 1;
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&flag, theta_bits_.get(), sizeof flag, cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  *needed = flag != 0;
+  mem.release(centers);
+  mem.release(radius);
+  mem.release(begin);
+  return KNN_OK;
+}
+
+// Level 1 and level 2 of the query part against one target part; carried:
+// the query clusters' carried bounds (carried_bounds), or nullptr before
+// the first part (empty lists).
+KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart &part,
+                                     const float *carried, MemoryBudget &mem) {
   Clock::time_point t0 = Clock::now();
+  const bool resume = carried != nullptr;
   // Resumed lists bound level 1's upper bounds (ti_filter_level1.cu): a far
   // part then leaves few candidate clusters, or none.
-  DeviceBuffer<float> carried;
-  if (resume) {
-    KNN_TRY(mem.allocate(ctx_, carried, (size_t)queries.m, "carried bounds"));
-    const unsigned grid = grid_for(queries.m, 128);
-    if (p_.metric == KNN_METRIC_L1)
-      carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
-          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
-          plan_.kprime, margin_, carried.get());
-    else
-      carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
-          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
-          plan_.kprime, margin_, carried.get());
-    CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
-  }
   Level1Result level1;
   KNN_TRY(level1_filter(queries, part.clusters, p_.metric, plan_.kprime, margin_, level1, mem,
-                        ctx_, resume ? carried.get() : nullptr));
+                        ctx_, carried));
   KNN_TRY(ctx_.cancel_point());
   lap(&level1_seconds_, &t0);
   Level2Config config;
@@ -308,7 +384,6 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
-  mem.release(carried);
   return KNN_OK;
 }
 
@@ -544,6 +619,10 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   KNN_TRY(done[1].create(ctx_));
   std::vector<std::pair<double, int>> order;
   order_target_parts(query_index, first, count, &order);
+  // The query clusters' carried bounds, recomputed before each part but
+  // the first.
+  DeviceBuffer<float> carried;
+  KNN_TRY(mem.allocate(ctx_, carried, (size_t)std::max<int32_t>(1, queries.m), "carried bounds"));
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
     const int target = order[i].second;
@@ -569,6 +648,20 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
         continue;
       }
     }
+    if (i > 0) {
+      KNN_TRY(carried_bounds(queries, carried.get()));
+      // A cached part none of whose clusters can come within a query
+      // cluster's carried bound is skipped (part_needed_kernel: exact).
+      bool needed = true;
+      const Clock::time_point t_test = Clock::now();
+      KNN_TRY(part_needed(queries, carried.get(), target, &needed, mem));
+      theta_seconds_ += seconds_since(t_test);
+      if (!needed) {
+        pairs_skipped_++;
+        cluster_skipped_++;
+        continue;
+      }
+    }
     {
       // Each target part's memory is its own, released (in stream order)
       // before the next part's is allocated.
@@ -582,7 +675,7 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
       const TargetPart &part = shared && target == index ? own : loaded;
       lap(&get_seconds_, &t_get);
       pairs_visited_++;
-      KNN_TRY(filter_part(queries, query_set, part, /*resume=*/i > 0, part_mem));
+      KNN_TRY(filter_part(queries, part, i > 0 ? carried.get() : nullptr, part_mem));
     }
     CUDA_CHECK(ctx_, cudaEventRecord(done[i % 2].get(), ctx_.stream));
     if (i > 0) CUDA_CHECK(ctx_, cudaEventSynchronize(done[(i - 1) % 2].get()));
@@ -609,10 +702,11 @@ void OutOfCoreJoin::describe(KnnStats *stats) const {
   // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached[/shared]]": query
   // parts x target parts, rows per query part x rows per target part, P
   // threads per query (of the last level-2 launch).
-  // " skip S": (query part, target part) pairs skipped by their bound.
+  // " skip S": (query part, target part) pairs skipped by their bound or
+  // by their clusters (part_needed; also for row ranges).
   char parts[16] = "", skipped[24] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
-  if (ordered_) std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
+  if (ordered_ || pairs_skipped_ > 0) std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
                 "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
