@@ -699,19 +699,22 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached[/shared]]": query
-  // parts x target parts, rows per query part x rows per target part, P
-  // threads per query (of the last level-2 launch).
+  // "ti/out-of-core QxT parts of RqxRt[ skip S][/cached[/self]][/xP]/<list place>": query
+  // parts x target parts, rows per query part x rows per target part;
+  // target parts cached in host memory (/self: a self-join's query parts
+  // are its cached target parts); P threads per query (of the last level-2
+  // launch). The least telling item last: the variant holds 63 characters.
   // " skip S": (query part, target part) pairs skipped by their bound or
   // by their clusters (part_needed; also for row ranges).
   char parts[16] = "", skipped[24] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
-  if (ordered_ || pairs_skipped_ > 0) std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
+  if (ordered_ || pairs_skipped_ > 0)
+    std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
-                "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
+                "ti/out-of-core %dx%d parts of %lldx%lld%s%s%s/%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
-                skipped, place_name(used_.place), parts,
-                !targets_.cached() ? "" : plan_.shared_parts ? "/cached/shared" : "/cached");
+                skipped, !targets_.cached() ? "" : plan_.shared_parts ? "/cached/self" : "/cached",
+                parts, place_name(used_.place));
   stats->query_clusters = query_clusters_;
   stats->target_clusters = targets_.clusters();
   stats->distance_computations = (int64_t)computed_;
