@@ -1468,6 +1468,27 @@ TEST(GpuTiOutOfCore, RowRangePartsSkippedByTheirClusters) {
   }
 }
 
+TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
+  REQUIRE_GPU();
+  // The cached target parts' pinned blocks: allocated as each part is
+  // stored (KNN_TI_PIN_AHEAD=0), by cudaMallocHost on a host thread ahead
+  // (the default) or as registered pages on that thread (2): the same
+  // answers, and the parts cached each way.
+  const Data d = make_self(20000, 8, Shape::kClustered, 301, true);
+  for (const char *mode : {"0", "1", "2"}) {
+    struct PinAhead {
+      explicit PinAhead(const char *m) { setenv("KNN_TI_PIN_AHEAD", m, 1); }
+      ~PinAhead() { unsetenv("KNN_TI_PIN_AHEAD"); }
+    } pin_ahead(mode);
+    Options o;
+    o.k = 20;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {3 << 18}, (std::string("pin ahead ") + mode).c_str());
+    ASSERT_EQ(shapes.size(), 1u);
+    EXPECT_TRUE(shapes[0].cached) << mode;
+  }
+}
+
 TEST(GpuTiOutOfCore, PartsCutByDistinctPoints) {
   REQUIRE_GPU();
   // Parts are cut by distinct points, each duplicate group whole in one

@@ -23,10 +23,10 @@
 //      (Level2Config::resume). Before a part (but the first) the largest
 //      k'-th list entry of the query part is read back; when the part's
 //      bound is beyond it, that part and all farther ones are skipped: not
-//      uploaded, not filtered. A cached part is then tested cluster by
-//      cluster (part_needed_kernel: its cluster centres and radii, copied
-//      from its pinned block, against each query cluster's carried bound)
-//      and skipped alone where no cluster pair passes;
+//      uploaded, not filtered. A cached part is then tested query by
+//      query (part_needed_kernel: its cluster centres and radii, copied
+//      from its pinned block, against each query's carried k'-th entry)
+//      and skipped alone where no (query, target cluster) pair passes;
 //   3. the lists come back to the host, and each query row takes its
 //      distinct point's list less the targets that share its key, with
 //      float8 distances (output_ordered_part: what ti_output.cu does on the
@@ -54,11 +54,13 @@
 // Then D(q,t) > theta >= q's k'-th entry, which only decreases: t could
 // never enter q's list, ties included. The farther parts have larger
 // bounds (they are visited in bound order), so they go too. A part skipped
-// by its clusters: the test is level 1's group filter (same centre
-// distance, radii and margin) with each query cluster's carried bound as
-// its upper bound; level 1 would use a bound no larger (min(carried,
-// its own)), so it would keep no candidate cluster either, level 2 would
-// visit no target, and every list would stay as it is.
+// by its clusters: for every query q and target cluster ct of the part,
+// x - R_t > theta + margin(x + R_t + theta), with x = D(q, ct) and theta
+// q's carried k'-th entry (ti distance): level 2's own cluster test, whose
+// margin (rounding_margin.h) covers the rounding of x, R_t and D(q, t),
+// so every member t has D(q, t) > theta >= q's k'-th entry, which only
+// decreases: no t could enter q's list, ties included (level 2's theta is
+// never larger than this one, so it would prune the same clusters).
 //
 // KNN_TI_TRACE=1 prints the phases (order, part builds, level 1, level 2,
 // theta read-backs, output) to stderr, the stream waited for after each.
@@ -126,34 +128,53 @@ __global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member
 }
 
 // Whether a target part can change any list of the query part: 1 goes to
-// *needed where some (query cluster, target cluster) pair passes level 1's
-// group filter (ti_filter_level1.cu) with the cluster's carried bound as
-// its upper bound. Level 1's own bound is at most the carried one, so
-// where no pair passes here none passes there: level 2 gets no candidate
-// and the part leaves every list as it is.
-__global__ void part_needed_kernel(KnnMetric metric, const float *qc, const float *qr,
-                                   const int32_t *qbegin, int32_t mq, const float *carried,
-                                   const float *tc, const float *tr, const int32_t *tbegin,
-                                   int32_t mt, int stride, Margin margin, unsigned *needed) {
-  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (i >= (int64_t)mq * mt || *(volatile unsigned *)needed != 0) return;
-  const int64_t a = i / mt, b = i % mt;
-  if (qbegin[a + 1] == qbegin[a] || tbegin[b + 1] == tbegin[b]) return;
-  const float ub = carried[a];
-  const float d =
-      ti_distance_rt(metric, row_value_rt(metric, qc + a * stride, tc + b * stride, stride));
-  const float rq = qr[a], rt = tr[b];
-  const float lower = d - rq - rt;
-  const float magnitude = d + rq + rt + ub;
-  if (!(lower > ub + margin.rel * magnitude + margin.abs)) *needed = 1;
+// *needed where some query q and target cluster ct pass level 2's cluster
+// test (ti_filter_level2.cu) with q's own k'-th entry as theta: not
+// x - R_t > theta + margin(x + R_t + theta), x = D(q, ct). One thread per
+// query position; the first pass found ends every thread.
+template <int METRIC>
+__global__ void part_needed_kernel(const float *qx, const int32_t *qmember, int64_t nq,
+                                   const float *value, int kprime, const float *tc,
+                                   const float *tr, const int32_t *tbegin, int32_t mt, int stride,
+                                   Margin margin, unsigned *needed) {
+  const int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (pos >= nq || *(volatile unsigned *)needed != 0) return;
+  const float last = value[(int64_t)qmember[pos] * kprime + kprime - 1];
+  if (last == __int_as_float(0x7f800000)) {  // a list not yet full
+    *needed = 1;
+    return;
+  }
+  const float theta = MetricOps<METRIC>::ti(last);
+  const float *q = qx + pos * stride;
+  for (int32_t ct = 0; ct < mt; ct++) {
+    if ((ct & 31) == 31 && *(volatile unsigned *)needed != 0) return;
+    if (tbegin[ct + 1] == tbegin[ct]) continue;
+    const float x = MetricOps<METRIC>::ti(MetricOps<METRIC>::value(q, tc + (int64_t)ct * stride,
+                                                                    stride));
+    const float rt = tr[ct];
+    if (!(x - rt > theta + margin.rel * (x + rt + theta) + margin.abs)) {
+      *needed = 1;
+      return;
+    }
+  }
 }
 
 // Groups for each side's order: several per part, so that a part's bound
 // is made of groups smaller than it, within what the host's tour and the
 // landmark distance matrix take (1024^2 pairs).
+// KNN_TI_ORDER_GROUPS=N (64..1024) sets it, for A/B benchmarks.
 int32_t order_groups(const PartPlan &plan) {
+  const char *forced = std::getenv("KNN_TI_ORDER_GROUPS");
+  if (forced != nullptr && std::atoi(forced) > 0) return std::max(64, std::min(1024, std::atoi(forced)));
   const int parts = std::max(plan.query_parts(), plan.target_parts());
   return std::max(64, std::min(1024, 8 * parts));
+}
+
+// Threads per query of level 2 asked for by KNN_TI_OOC_THREADS=P (1..8),
+// for A/B benchmarks; 0: as TiOptions say.
+int forced_threads_per_query() {
+  const char *forced = std::getenv("KNN_TI_OOC_THREADS");
+  return forced != nullptr ? std::max(0, std::min(8, std::atoi(forced))) : 0;
 }
 
 // One query part against every target part.
@@ -189,8 +210,7 @@ class OutOfCoreJoin {
   KnnStatus filter_part(const ClusterSet &queries, const TargetPart &part, const float *carried,
                         MemoryBudget &mem);
   KnnStatus carried_bounds(const ClusterSet &queries, float *carried);
-  KnnStatus part_needed(const ClusterSet &queries, const float *carried, int target,
-                        bool *needed, MemoryBudget &mem);
+  KnnStatus part_needed(const ClusterSet &queries, int target, bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
   KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
@@ -307,9 +327,11 @@ KnnStatus OutOfCoreJoin::carried_bounds(const ClusterSet &queries, float *carrie
 }
 
 // *needed: whether cached target part `target` can change a list of the
-// query part (part_needed_kernel); true where it is not cached.
-KnnStatus OutOfCoreJoin::part_needed(const ClusterSet &queries, const float *carried, int target,
-                                     bool *needed, MemoryBudget &mem) {
+// query part (part_needed_kernel); true where it is not cached. Its
+// clusters' centres, radii and offsets come from the part's pinned block
+// (a few KB), not the whole part.
+KnnStatus OutOfCoreJoin::part_needed(const ClusterSet &queries, int target, bool *needed,
+                                     MemoryBudget &mem) {
   *needed = true;
   TargetParts::ClusterSummary s;
   if (!targets_.summary(target, &s) || s.m == 0 || queries.m == 0) return KNN_OK;
@@ -325,11 +347,15 @@ KnnStatus OutOfCoreJoin::part_needed(const ClusterSet &queries, const float *car
   CUDA_CHECK(ctx_, cudaMemcpyAsync(begin.get(), s.begin, begin.bytes(), cudaMemcpyHostToDevice,
                                    ctx_.stream));
   CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, sizeof(unsigned), ctx_.stream));
-  const int64_t pairs = (int64_t)queries.m * s.m;
-  part_needed_kernel<<<grid_for(pairs, 256), 256, 0, ctx_.stream>>>(
-      p_.metric, queries.centers.get(), queries.radius.get(), queries.begin.get(), queries.m,
-      carried, centers.get(), radius.get(), begin.get(), s.m, stride_, margin_,
-      theta_bits_.get());
+  const unsigned grid = grid_for(queries.n, 256);
+  if (p_.metric == KNN_METRIC_L1)
+    part_needed_kernel<KNN_METRIC_L1><<<grid, 256, 0, ctx_.stream>>>(
+        queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+        centers.get(), radius.get(), begin.get(), s.m, stride_, margin_, theta_bits_.get());
+  else
+    part_needed_kernel<KNN_METRIC_L2><<<grid, 256, 0, ctx_.stream>>>(
+        queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+        centers.get(), radius.get(), begin.get(), s.m, stride_, margin_, theta_bits_.get());
   CUDA_CHECK_LAUNCH(ctx_, "part_needed_kernel");
   unsigned flag = 1;
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&flag, theta_bits_.get(), sizeof flag, cudaMemcpyDeviceToHost,
@@ -371,7 +397,9 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   // shared memory: a global merge array would take max groups x 32 x P x k'
   // entries, more than a quarter-of-the-data budget holds. Lists in global
   // memory keep one thread (their slots are per thread).
-  config.parts = options_.threads_per_query > 0 ? options_.threads_per_query
+  const int forced = forced_threads_per_query();
+  config.parts = forced > 0                        ? forced
+                 : options_.threads_per_query > 0 ? options_.threads_per_query
                  : config.place == ListPlace::Global
                      ? 1
                      : level2_threads_per_query(ctx_, p_.metric, stride_, config.place,
@@ -649,18 +677,18 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
       }
     }
     if (i > 0) {
-      KNN_TRY(carried_bounds(queries, carried.get()));
-      // A cached part none of whose clusters can come within a query
-      // cluster's carried bound is skipped (part_needed_kernel: exact).
+      // A cached part none of whose clusters can come within any query's
+      // k'-th entry is skipped (part_needed_kernel: exact).
       bool needed = true;
       const Clock::time_point t_test = Clock::now();
-      KNN_TRY(part_needed(queries, carried.get(), target, &needed, mem));
+      KNN_TRY(part_needed(queries, target, &needed, mem));
       theta_seconds_ += seconds_since(t_test);
       if (!needed) {
         pairs_skipped_++;
         cluster_skipped_++;
         continue;
       }
+      KNN_TRY(carried_bounds(queries, carried.get()));
     }
     {
       // Each target part's memory is its own, released (in stream order)

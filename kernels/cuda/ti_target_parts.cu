@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <system_error>
@@ -52,6 +53,18 @@ KnnStatus shift_rows(DeviceContext &ctx, int32_t *rows, int64_t n, int64_t offse
 
 constexpr size_t kAlign = 256;
 
+// Frees a block of TargetParts::Pinner (registered: posix_memalign'd pages
+// page-locked by cudaHostRegister).
+void free_pinned(unsigned char *block, bool registered) {
+  if (block == nullptr) return;
+  if (!registered) {
+    (void)cudaFreeHost(block);
+    return;
+  }
+  (void)cudaHostUnregister(block);
+  std::free(block);
+}
+
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
@@ -61,9 +74,8 @@ size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 struct TargetParts::HostPart {
   PinnedBuffer<unsigned char> block;
   unsigned char *prepinned = nullptr;  // from the Pinner, freed here
-  ~HostPart() {
-    if (prepinned != nullptr) (void)cudaFreeHost(prepinned);
-  }
+  bool registered = false;             // prepinned is registered malloc memory
+  ~HostPart() { free_pinned(prepinned, registered); }
   unsigned char *data() const { return prepinned != nullptr ? prepinned : block.get(); }
   bool ready = false;
   int64_t first = 0, n_rows = 0, n_distinct = 0;
@@ -99,19 +111,25 @@ struct TargetParts::HostPart {
   }
 };
 
-// Pinned blocks of the given sizes, allocated in order by a host thread.
+// Pinned blocks of the given sizes, allocated in order by a host thread:
+// cudaMallocHost, or (register) pages allocated and touched by the thread
+// first, then page-locked by cudaHostRegister, so that the driver call
+// only pins pages already there.
 class TargetParts::Pinner {
  public:
-  Pinner(int device, std::vector<size_t> sizes)
-      : sizes_(std::move(sizes)), blocks_(sizes_.size(), nullptr), done_(sizes_.size(), 0) {
+  Pinner(int device, std::vector<size_t> sizes, bool register_pages)
+      : sizes_(std::move(sizes)),
+        register_(register_pages),
+        blocks_(sizes_.size(), nullptr),
+        done_(sizes_.size(), 0) {
     thread_ = std::thread([this, device] { pin_all(device); });
   }
   ~Pinner() {
     stop_ = true;
     thread_.join();
-    for (unsigned char *b : blocks_)
-      if (b != nullptr) (void)cudaFreeHost(b);
+    for (unsigned char *b : blocks_) free_pinned(b, register_);
   }
+  bool registered() const { return register_; }
   Pinner(const Pinner &) = delete;
   Pinner &operator=(const Pinner &) = delete;
 
@@ -124,7 +142,7 @@ class TargetParts::Pinner {
     blocks_[i] = nullptr;
     lock.unlock();
     if (b != nullptr && bytes > sizes_[i]) {
-      (void)cudaFreeHost(b);
+      free_pinned(b, register_);
       b = nullptr;
     }
     return b;
@@ -135,7 +153,7 @@ class TargetParts::Pinner {
     const bool on_device = cudaSetDevice(device) == cudaSuccess;
     for (size_t i = 0; i < sizes_.size(); i++) {
       void *p = nullptr;
-      if (on_device && !stop_ && cudaMallocHost(&p, sizes_[i]) != cudaSuccess) p = nullptr;
+      if (on_device && !stop_) p = register_ ? register_block(sizes_[i]) : malloc_block(sizes_[i]);
       (void)cudaGetLastError();  // (this thread's error state only)
       std::lock_guard<std::mutex> lock(mu_);
       blocks_[i] = static_cast<unsigned char *>(p);
@@ -144,7 +162,24 @@ class TargetParts::Pinner {
     }
   }
 
+  static void *malloc_block(size_t bytes) {
+    void *p = nullptr;
+    return cudaMallocHost(&p, bytes) == cudaSuccess ? p : nullptr;
+  }
+  static void *register_block(size_t bytes) {
+    const size_t page = 4096;
+    void *p = nullptr;
+    if (posix_memalign(&p, page, bytes) != 0) return nullptr;
+    for (size_t at = 0; at < bytes; at += page) static_cast<volatile char *>(p)[at] = 0;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+      std::free(p);
+      return nullptr;
+    }
+    return p;
+  }
+
   const std::vector<size_t> sizes_;
+  const bool register_;
   std::vector<unsigned char *> blocks_;
   std::vector<char> done_;
   std::mutex mu_;
@@ -169,8 +204,12 @@ TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const Pa
       const int64_t n = plan.target_distinct_count(i);
       sizes[i] = HostPart::layout(plan.clusters_for(n), n, plan.target_count(i), stride).total;
     }
+    // KNN_TI_PIN_AHEAD=0: each block allocated as its part is stored;
+    // 2: registered pages (Pinner); else cudaMallocHost ahead (A/B).
+    const char *ahead = std::getenv("KNN_TI_PIN_AHEAD");
+    const int mode = ahead != nullptr ? std::atoi(ahead) : 1;
     try {
-      pinner_.reset(new Pinner(ctx.device, std::move(sizes)));
+      if (mode != 0) pinner_.reset(new Pinner(ctx.device, std::move(sizes), mode == 2));
     } catch (const std::system_error &) {
       // No thread: store() allocates each block itself.
     }
@@ -236,7 +275,10 @@ KnnStatus TargetParts::store(int index, const TargetPart &part) {
   const ClusterSet &c = part.clusters;
   HostPart *h = new HostPart;
   const HostPart::Layout l = HostPart::layout(c.m, c.n, part.set.n_rows, stride);
-  if (pinner_) h->prepinned = pinner_->take(index, l.total);
+  if (pinner_) {
+    h->prepinned = pinner_->take(index, l.total);
+    h->registered = pinner_->registered();
+  }
   if (h->prepinned == nullptr && h->block.allocate(ctx_, l.total) != KNN_OK) {
     ctx_.error.clear();  // (allocate has cleared the CUDA error)
     delete h;
