@@ -1385,10 +1385,11 @@ TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
     EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << name << ": " << gpu.stats.variant;
     EXPECT_GT(shape.target_parts, 1) << name;
     // Carried lists split over the threads asked for (part 0 seeds them).
-    if (f.ti_threads_per_query > 1)
+    if (f.ti_threads_per_query > 1) {
       EXPECT_NE(std::string(gpu.stats.variant).find("/x" + std::to_string(f.ti_threads_per_query)),
                 std::string::npos)
           << name << ": " << gpu.stats.variant;
+    }
     expect_same_answer(gpu, ref, name + " vs cpu");
   }
   // No duplicate merging: every copy is its own target.
