@@ -1524,6 +1524,22 @@ TEST(GpuTiOutOfCore, PartsCutByDistinctPoints) {
   }
 }
 
+TEST(GpuTiOutOfCore, OneQueryRowAgainstDuplicateTargets) {
+  REQUIRE_GPU();
+  // One query row has no spatial order of its own, so the plan counts
+  // target ROWS: the target parts must then be row ranges, never the
+  // target side's ordered distinct points (duplicates make the two differ).
+  for (int k : {1, 20}) {
+    Data d = make_data(1, 20000, 8, Shape::kClustered, 341, true);
+    Options o;
+    o.k = k;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {1 << 19, 3 << 17}, "one query row, duplicate targets");
+    ASSERT_EQ(shapes.size(), 2u);
+    EXPECT_GT(shapes.back().target_parts, 1);
+  }
+}
+
 TEST(GpuTiOutOfCore, OverflowingValuesStillGoToBruteForce) {
   REQUIRE_GPU();
   // The non-finite target sits in the last target part: found only after

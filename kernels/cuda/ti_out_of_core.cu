@@ -194,7 +194,10 @@ class OutOfCoreJoin {
         exclude_(p.query_keys != nullptr && p.target_keys != nullptr),
         stride_(padded_stride(p.dim)),
         fixed_mem_(plan.budget),
-        targets_(p, options, plan, &target_order, ctx) {
+        // Ordered target parts only where the plan is cut in distinct points
+        // (both sides ordered): a one-row query side stays unordered, and
+        // its plan counts target rows.
+        targets_(p, options, plan, ordered_ ? &target_order : nullptr, ctx) {
     const RoundingMargin rounding(p.metric, stride_);
     rounding_ = rounding;
     margin_.rel = (float)rounding.relative();
@@ -537,7 +540,7 @@ void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_
   // hold most rows of the part); each slice finds its first point.
   const int64_t at = begin[d0], rows = begin[d0 + n_distinct] - at;
   const int64_t slice = std::max<int64_t>(256, (1 << 20) / ((int64_t)k * 16));
-  cpu::parallel_for((rows + slice - 1) / slice, query_order_.n_threads, nullptr,
+  cpu::parallel_for((rows + slice - 1) / slice, query_order_.n_threads, ctx_.cancel,
                     [&](int64_t sl, int) {
     const int64_t lo = at + sl * slice, hi = std::min(at + rows, lo + slice);
     int64_t d = std::upper_bound(begin.begin() + d0, begin.begin() + d0 + n_distinct + 1, lo) -
@@ -789,6 +792,8 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   const Clock::time_point t_wait = Clock::now();
   wait_output();
   output_seconds_ += seconds_since(t_wait);
+  // A cancel may have cut the last expansion short: never report it done.
+  KNN_TRY(ctx_.cancel_point());
   CUDA_CHECK(ctx_, cudaMemcpyAsync(&computed_, counter_.get(), sizeof computed_,
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
