@@ -1133,6 +1133,19 @@ TEST(GpuEngine, CancelledBeforeTheStart) {
 
 // ---- TI out of core (budgets below what the in-memory join needs) ----
 
+// An environment variable set for one scope (the out-of-core join's A/B
+// knobs), unset at its end, whatever way the test leaves.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char *name, const char *value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv &) = delete;
+  ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+ private:
+  const char *name_;
+};
+
 // The shape an out-of-core variant names: "ti/out-of-core QxT parts of
 // RqxRt/..." (query parts x target parts, rows per part).
 struct OutOfCoreShape {
@@ -1451,10 +1464,7 @@ TEST(GpuTiOutOfCore, RowRangePartsSkippedByTheirClusters) {
       d.targets[r * dim + j] = (j == 0 ? 100.0f * static_cast<float>(r * 12 / n) : 0.0f) + noise(rng);
   for (int64_t r = 7; r < n; r += 7)
     std::memcpy(d.targets.data() + r * dim, d.targets.data() + (r - 1) * dim, dim * sizeof(float));
-  struct RowRanges {
-    RowRanges() { setenv("KNN_TI_ROW_RANGES", "1", 1); }
-    ~RowRanges() { unsetenv("KNN_TI_ROW_RANGES"); }
-  } row_ranges;
+  const ScopedEnv row_ranges("KNN_TI_ROW_RANGES", "1");
   for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
     Options o;
     o.k = 10;
@@ -1477,10 +1487,7 @@ TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
   // answers, and the parts cached each way.
   const Data d = make_self(20000, 8, Shape::kClustered, 301, true);
   for (const char *mode : {"0", "1", "2"}) {
-    struct PinAhead {
-      explicit PinAhead(const char *m) { setenv("KNN_TI_PIN_AHEAD", m, 1); }
-      ~PinAhead() { unsetenv("KNN_TI_PIN_AHEAD"); }
-    } pin_ahead(mode);
+    const ScopedEnv pin_ahead("KNN_TI_PIN_AHEAD", mode);
     Options o;
     o.k = 20;
     const std::vector<OutOfCoreShape> shapes =
