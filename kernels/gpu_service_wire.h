@@ -85,6 +85,10 @@ bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHead
 // when it is sound, else why not.
 const char *validate_header(const WireHeader &h, uint64_t memfd_bytes);
 
+// The bytes of the job that a validated header uses (the header and its
+// regions): all the service maps, whatever the memfd's size.
+uint64_t used_bytes(const WireHeader &h);
+
 // The problem the header describes, its pointers into the mapping at base
 // (after validate_header).
 KnnProblem problem_of(const WireHeader &h, unsigned char *base);
