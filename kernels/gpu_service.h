@@ -44,6 +44,14 @@ void		knn_gpu_service_close(KnnGpuServiceHandle *service);
 int64_t		knn_gpu_service_jobs_answered(const KnnGpuServiceHandle *service);
 
 /*
+ * For the backends (knn_gpu_service.c), as the job layer looks
+ * (gpu_service_client.h): 1 when a process holds the service's lock; 1
+ * when a service listens (its socket exists and the lock is held).
+ */
+int			knn_gpu_service_running(const char *lock_path);
+int			knn_gpu_service_listening(const char *socket_path, const char *lock_path);
+
+/*
  * Loads the GPU module (probing, and rewriting the server's probe record)
  * and creates the first GPU's runtime, blocking. Returns 1 when a GPU is
  * usable; description then names it, else says why not. Defined by the job
