@@ -195,7 +195,7 @@ knn_gpu_service_prepare(KnnProblem *problem)
 		mode = KNN_GPU_SERVICE_OFF;
 	if (mode != KNN_GPU_SERVICE_OFF && !service_running() &&
 		!start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN) &&
-		problem->device == KNN_DEVICE_AUTO && !service_listening())
+		problem->device == KNN_DEVICE_AUTO)
 	{
 		/* No service, and none can be started now: the CPU, without waiting for one. */
 		problem->device = KNN_DEVICE_CPU;

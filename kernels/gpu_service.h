@@ -27,8 +27,10 @@ extern "C" {
 typedef struct KnnGpuServiceHandle KnnGpuServiceHandle;
 
 /*
- * Prepares the GPU (module, probe, runtime) and listens at socket_path
- * (relative to the working directory, mode 0600). Without a usable GPU it
+ * Removes a dead service's socket file at socket_path (the caller holds
+ * the service's lock), prepares the GPU (module, probe, runtime) with every
+ * signal blocked, and listens at socket_path (relative to the working
+ * directory, mode 0600). Without a usable GPU it
  * returns NULL (errbuf says why) unless serve_cpu_stand_in: then it serves
  * the test jobs that ask for the CPU engine and answers every other job
  * KNN_NO_DEVICE. description: the GPU (or why none) for the log.

@@ -334,16 +334,21 @@ TEST_F(GpuService, TheSlotsMemoryLimitReachesTheService) {
   EXPECT_EQ(seen.load(), int64_t{3} << 30);
 }
 
-// A run function that waits for its cancel word and says when it saw it.
+// A run function that waits for its cancel word and says when it saw it
+// (ignoring_cancel: one that waits for release instead, as a service
+// whose engine does not stop).
 struct WaitsForCancel {
+  bool ignoring_cancel = false;
   std::atomic<bool> started{false};
   std::atomic<bool> saw_cancel{false};
+  std::atomic<bool> release{false};
   RunFunction function() {
     return [this](const KnnProblem &, bool, int64_t *, double *, KnnStats *,
                   const int32_t *cancel, char *e, size_t el) {
       started = true;
       const auto t = Clock::now();
-      while (__atomic_load_n(cancel, __ATOMIC_RELAXED) == 0 && seconds_since(t) < 20)
+      while ((ignoring_cancel ? !release.load() : __atomic_load_n(cancel, __ATOMIC_RELAXED) == 0) &&
+             seconds_since(t) < 20)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       saw_cancel = __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
       std::snprintf(e, el, "cancelled");
@@ -356,20 +361,41 @@ struct WaitsForCancel {
   }
 };
 
-TEST_F(GpuService, CancelReachesTheServiceJob) {
-  WaitsForCancel fake;
+// Sends p to a server running fake, cancels it once fake runs, and
+// returns the seconds from the cancel to the join's end (r: its result).
+double cancelled_join(const SocketDir &dir, const KnnProblem &p, WaitsForCancel &fake,
+                      job_run::JobResult *r) {
   auto server = serve_on(dir, fake.function());
-  ASSERT_NE(server, nullptr);
+  if (server == nullptr) return -1;
   int32_t cancel = 0;
-  job_run::JobResult r;
-  std::thread client([&] { r = through_service(dir.path, p, &cancel); });
+  std::thread client([&] { *r = through_service(dir.path, p, &cancel); });
   fake.await_start();
   const auto t = Clock::now();
   __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
   client.join();
-  EXPECT_LT(seconds_since(t), 0.5);
+  const double waited = seconds_since(t);
+  fake.release = true;
+  return waited;
+}
+
+TEST_F(GpuService, CancelReachesTheServiceJob) {
+  WaitsForCancel fake;
+  job_run::JobResult r;
+  EXPECT_LT(cancelled_join(dir, p, fake, &r), 0.5);
   EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
   EXPECT_TRUE(fake.saw_cancel.load());
+}
+
+// Cancel and statement_timeout end a join within about a second even where
+// the service does not stop it.
+TEST_F(GpuService, ACancelGivesUpWithinASecond) {
+  WaitsForCancel fake;
+  fake.ignoring_cancel = true;
+  job_run::JobResult r;
+  const double waited = cancelled_join(dir, p, fake, &r);
+  EXPECT_GT(waited, 0.9);
+  EXPECT_LT(waited, 1.5);
+  EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
 }
 
 TEST_F(GpuService, TheBackendsDeathCancelsItsJob) {
@@ -537,44 +563,6 @@ TEST_F(GpuService, OnlyWhatTheHeaderUsesIsMapped) {
   ASSERT_EQ(fstat(job.fd, &st), 0);
   EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, job.size + (uint64_t{1} << 20))
       << "the service touched pages beyond the job";
-}
-
-// A run function that ignores its cancel until released.
-struct IgnoresCancel {
-  std::atomic<bool> started{false}, release{false};
-  RunFunction function() {
-    return [this](const KnnProblem &, bool, int64_t *, double *, KnnStats *, const int32_t *,
-                  char *e, size_t el) {
-      started = true;
-      const auto t = Clock::now();
-      while (!release && seconds_since(t) < 20)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      std::snprintf(e, el, "late");
-      return KNN_CANCELLED;
-    };
-  }
-};
-
-// Cancel and statement_timeout end a join within about a second even where
-// the service does not stop it.
-TEST_F(GpuService, ACancelGivesUpWithinASecond) {
-  IgnoresCancel fake;
-  auto server = serve_on(dir, fake.function());
-  ASSERT_NE(server, nullptr);
-  int32_t cancel = 0;
-  job_run::JobResult r;
-  std::thread client([&] { r = through_service(dir.path, p, &cancel); });
-  const auto t0 = Clock::now();
-  while (!fake.started && seconds_since(t0) < 10)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  const auto t = Clock::now();
-  __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
-  client.join();
-  const double waited = seconds_since(t);
-  EXPECT_GT(waited, 0.9);
-  EXPECT_LT(waited, 1.5);
-  EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
-  fake.release = true;
 }
 
 // A full backlog (a service that does not accept) does not hold a
