@@ -55,9 +55,11 @@ int			knn_gpu_service_listening(const char *socket_path, const char *lock_path);
 
 /*
  * Loads the GPU module (probing, and rewriting the server's probe record)
- * and creates the first GPU's runtime, blocking. Returns 1 when a GPU is
- * usable; description then names it, else says why not. Defined by the job
- * layer (knn_job.cpp).
+ * and creates the first GPU's runtime, blocking; from then on the process's
+ * k-NN joins may run side by side on runtime replicas of their own
+ * (knn_cuda_set_concurrent_joins). Returns 1 when a GPU is usable;
+ * description then names it, else says why not. Defined by the job layer
+ * (knn_job.cpp).
  */
 int			knn_engine_prepare_gpu(char *description, size_t len);
 

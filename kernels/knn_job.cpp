@@ -86,6 +86,7 @@ struct GpuModule {
   knn_cuda_run_groups_fn run_groups = nullptr;  // optional: per-group joins in one call
   knn_cuda_set_release_notify_fn set_release_notify = nullptr;  // optional
   knn_cuda_takes_float16_fn takes_float16 = nullptr;  // optional: float16 rows as they are
+  knn_cuda_set_concurrent_joins_fn set_concurrent_joins = nullptr;  // optional (the service's)
   // The server's probe record (knn_engine_set_probe_record); "" = none.
   char record_path[PATH_MAX] = "";
   char server_key[256] = "";
@@ -138,6 +139,8 @@ void load_gpu_module(GpuModule &m) noexcept {
   if (m.set_release_notify != nullptr) m.set_release_notify(on_gpu_runtimes_released);
   m.takes_float16 =
       reinterpret_cast<knn_cuda_takes_float16_fn>(dlsym(handle, KNN_CUDA_TAKES_FLOAT16_SYMBOL));
+  m.set_concurrent_joins = reinterpret_cast<knn_cuda_set_concurrent_joins_fn>(
+      dlsym(handle, KNN_CUDA_SET_CONCURRENT_JOINS_SYMBOL));
 }
 
 // ---- the server's probe record ----
@@ -1298,6 +1301,10 @@ int knn_engine_prepare_gpu(char *description, size_t len) {
     {
       std::lock_guard<std::mutex> lock(gpu_module.mutex);
       warm_up = gpu_module.warm_up;
+      // The service's joins (one per backend holding a max_gpu_jobs slot)
+      // run side by side, each on a runtime replica of its own.
+      if (gpu_module.set_concurrent_joins != nullptr)
+        gpu_module.set_concurrent_joins(KNN_MAX_DEVICES);
     }
     char error[kMessageBytes];
     if (warm_up != nullptr && try_enter_gpu(error, sizeof error) == GpuEntry::kGo) {
