@@ -21,7 +21,6 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "miscadmin.h"
@@ -32,6 +31,7 @@
 #include "storage/latch.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
+#include "utils/timestamp.h"
 #include "utils/wait_event.h"
 
 #include "gpu_service.h"
@@ -46,25 +46,36 @@
 #define SERVICE_LOCK_TRIES 20
 #define SERVICE_LOCK_RETRY_US 5000
 
-/*
- * True when a service holds the lock. A backend's look is a shared lock
- * taken and dropped at once (a starting service retries over it).
- */
+/* The engine's looks (gpu_service_client.h): one owner of "running" and "listening". */
 static bool
 service_running(void)
 {
-	int			fd = open(SERVICE_LOCK, O_RDONLY | O_CLOEXEC);
-	bool		held;
+	return knn_gpu_service_running(SERVICE_LOCK) != 0;
+}
 
-	if (fd < 0)
-		return false;
-	held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
-	close(fd);
-	return held;
+static bool
+service_listening(void)
+{
+	return knn_gpu_service_listening(SERVICE_SOCKET, SERVICE_LOCK) != 0;
 }
 
 /* The worker this backend registered last (kept across transactions). */
 static BackgroundWorkerHandle *registered = NULL;
+
+/*
+ * When this backend last found the worker table full (0: never). For a
+ * short while after, no service is registered again and, where none runs,
+ * device = auto goes to the CPU at once instead of waiting for one.
+ */
+static TimestampTz table_full_at = 0;
+#define TABLE_FULL_MEMORY_MS 1000
+
+static bool
+table_recently_full(void)
+{
+	return table_full_at != 0 &&
+		!TimestampDifferenceExceeds(table_full_at, GetCurrentTimestamp(), TABLE_FULL_MEMORY_MS);
+}
 
 /*
  * Registers the service's worker unless this backend's last one is still
@@ -82,6 +93,8 @@ start_service(bool cpu_stand_in)
 	MemoryContext old;
 	bool		ok;
 
+	if (table_recently_full())
+		return false;
 	if (registered != NULL)
 	{
 		pid_t		pid;
@@ -110,20 +123,13 @@ start_service(bool cpu_stand_in)
 		static bool said = false;
 
 		registered = NULL;
+		table_full_at = GetCurrentTimestamp();
 		ereport(said ? DEBUG1 : LOG,
 				(errmsg("could not start the knn_gpu GPU service: no background worker slot free"),
 				 errhint("Raise max_worker_processes.")));
 		said = true;
 	}
 	return ok;
-}
-
-static bool
-service_listening(void)
-{
-	struct stat st;
-
-	return stat(SERVICE_SOCKET, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 /* How long a device = gpu join waits for a service to start listening. */
@@ -134,17 +140,35 @@ service_listening(void)
  * device = gpu: waits here, on the backend's thread, until a service
  * listens, answering interrupts, and starts one again whenever none holds
  * the lock (a dying service may still hold it when the join began, and a
- * service started meanwhile then leaves). Past the wait the engine says
- * what it finds.
+ * service started meanwhile then leaves). It leaves early when the
+ * server's probe record says there is no GPU (a service found none and
+ * left: the join then runs as without the service, on the CPU with the
+ * usual notice), and with an ERROR when no service runs and none can be
+ * started (no background worker slot) for SERVICE_NO_SLOT_WAIT_MS: another
+ * backend's service may still come meanwhile. Past the wait the engine
+ * says what it finds.
  */
+#define SERVICE_NO_SLOT_WAIT_MS 2000
+
 static void
 await_service(bool cpu_stand_in)
 {
+	int			no_slot_ms = 0;
+
 	for (int waited = 0; waited < SERVICE_START_WAIT_MS && !service_listening();
 		 waited += SERVICE_POLL_MS)
 	{
-		if (!service_running())
-			(void) start_service(cpu_stand_in);
+		if (!cpu_stand_in && knn_engine_gpu_ruled_out())
+			return;
+		if (service_running())
+			no_slot_ms = 0;
+		else if (start_service(cpu_stand_in))
+			no_slot_ms = 0;
+		else if ((no_slot_ms += SERVICE_POLL_MS) >= SERVICE_NO_SLOT_WAIT_MS)
+			ereport(ERROR,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("no knn_gpu GPU service runs, and none could be started: no background worker slot free"),
+					 errhint("Raise max_worker_processes, or use knn_gpu.device = auto.")));
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 SERVICE_POLL_MS, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
@@ -169,14 +193,22 @@ knn_gpu_service_prepare(KnnProblem *problem)
 	if (problem->range != KNN_RANGE_NONE || problem->query_groups != NULL ||
 		problem->target_groups != NULL)
 		mode = KNN_GPU_SERVICE_OFF;
-	if (mode != KNN_GPU_SERVICE_OFF && !service_running())
-		(void) start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN);
+	if (mode != KNN_GPU_SERVICE_OFF && !service_running() &&
+		!start_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN) &&
+		problem->device == KNN_DEVICE_AUTO)
+	{
+		/* No service, and none can be started now: the CPU, without waiting for one. */
+		problem->device = KNN_DEVICE_CPU;
+		mode = KNN_GPU_SERVICE_OFF;
+	}
 	if (mode != KNN_GPU_SERVICE_OFF && problem->device == KNN_DEVICE_GPU)
 		await_service(mode == KNN_GPU_SERVICE_CPU_STAND_IN);
 	knn_engine_set_gpu_service(SERVICE_SOCKET, SERVICE_LOCK, mode);
 }
 
 /* ---- the service's process ---- */
+
+#define STAND_IN_IDLE_MS 60000
 
 static volatile sig_atomic_t terminate_requested = false;
 static KnnGpuServiceHandle *service = NULL;
@@ -208,6 +240,8 @@ knn_gpu_service_main(Datum arg)
 	const bool	cpu_stand_in = DatumGetInt32(arg) != 0;
 	char		description[384];
 	char		why[512];
+	int64		answered = 0;
+	TimestampTz last_job_at;
 	int			lock_fd;
 	int			tries;
 
@@ -241,8 +275,10 @@ knn_gpu_service_main(Datum arg)
 			(errmsg("knn_gpu GPU service listening on %s: %s%s", SERVICE_SOCKET, description,
 					cpu_stand_in ? " (CPU stand-in for tests)" : "")));
 
+	last_job_at = GetCurrentTimestamp();
 	while (!terminate_requested)
 	{
+
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 1000L, PG_WAIT_EXTENSION);
 		ResetLatch(MyLatch);
@@ -254,6 +290,19 @@ knn_gpu_service_main(Datum arg)
 			ProcessConfigFile(PGC_SIGHUP);	/* gpu_idle_release reaches the engine */
 		}
 		if (!knn_gpu_service && !cpu_stand_in)
+			break;
+		/*
+		 * A CPU stand-in was started by a session's fault injection, not by
+		 * the server's setting, which it cannot see turned off: it leaves
+		 * once no job has ended for STAND_IN_IDLE_MS instead.
+		 */
+		if (knn_gpu_service_jobs_answered(service) != answered)
+		{
+			answered = knn_gpu_service_jobs_answered(service);
+			last_job_at = GetCurrentTimestamp();
+		}
+		else if (cpu_stand_in &&
+				 TimestampDifferenceExceeds(last_job_at, GetCurrentTimestamp(), STAND_IN_IDLE_MS))
 			break;
 	}
 	ereport(LOG,

@@ -4,6 +4,8 @@
 
 #include "gpu_service.h"
 
+#include <unistd.h>
+
 #include <memory>
 
 #include "entry_guard.h"
@@ -59,6 +61,9 @@ KnnGpuServiceHandle *knn_gpu_service_open(const char *socket_path, int serve_cpu
                                           char *errbuf, size_t errlen) {
   KnnGpuServiceHandle *opened = nullptr;
   knn::guarded("knn_gpu_service_open", errbuf, errlen, [&] {
+    // A dead service's socket goes first (the caller holds the lock), so
+    // that backends do not take it for this one while the GPU warms up.
+    if (socket_path != nullptr && socket_path[0] != '\0') (void)unlink(socket_path);
     char gpu[384];
     const bool usable = knn_engine_prepare_gpu(gpu, sizeof gpu) != 0;
     knn::copy_message(description, description_len, gpu);

@@ -27,8 +27,10 @@ extern "C" {
 typedef struct KnnGpuServiceHandle KnnGpuServiceHandle;
 
 /*
- * Prepares the GPU (module, probe, runtime) and listens at socket_path
- * (relative to the working directory, mode 0600). Without a usable GPU it
+ * Removes a dead service's socket file at socket_path (the caller holds
+ * the service's lock), prepares the GPU (module, probe, runtime) with every
+ * signal blocked, and listens at socket_path (relative to the working
+ * directory, mode 0600). Without a usable GPU it
  * returns NULL (errbuf says why) unless serve_cpu_stand_in: then it serves
  * the test jobs that ask for the CPU engine and answers every other job
  * KNN_NO_DEVICE. description: the GPU (or why none) for the log.
@@ -44,10 +46,20 @@ void		knn_gpu_service_close(KnnGpuServiceHandle *service);
 int64_t		knn_gpu_service_jobs_answered(const KnnGpuServiceHandle *service);
 
 /*
+ * For the backends (knn_gpu_service.c), as the job layer looks
+ * (gpu_service_client.h): 1 when a process holds the service's lock; 1
+ * when a service listens (its socket exists and the lock is held).
+ */
+int			knn_gpu_service_running(const char *lock_path);
+int			knn_gpu_service_listening(const char *socket_path, const char *lock_path);
+
+/*
  * Loads the GPU module (probing, and rewriting the server's probe record)
- * and creates the first GPU's runtime, blocking. Returns 1 when a GPU is
- * usable; description then names it, else says why not. Defined by the job
- * layer (knn_job.cpp).
+ * and creates the first GPU's runtime, blocking; from then on the process's
+ * k-NN joins may run side by side on runtime replicas of their own
+ * (knn_cuda_set_concurrent_joins). Returns 1 when a GPU is usable;
+ * description then names it, else says why not. Defined by the job layer
+ * (knn_job.cpp).
  */
 int			knn_engine_prepare_gpu(char *description, size_t len);
 

@@ -17,8 +17,10 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "entry_guard.h"
+#include "gpu_service.h"
 
 namespace knn::service {
 
@@ -56,25 +58,54 @@ bool running(const char *lock_path) {
   return held;
 }
 
-bool listening(const char *path) {
+bool listening(const char *path, const char *lock_path) {
   struct stat st;
-  return path != nullptr && path[0] != '\0' && stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+  return path != nullptr && path[0] != '\0' && lock_path != nullptr && stat(path, &st) == 0 &&
+         S_ISSOCK(st.st_mode) && running(lock_path);
 }
 
-int connect_to(const char *path, char *why, size_t why_len) {
+int connect_to(const char *path, char *why, size_t why_len, const int32_t *cancel, int *error,
+               int give_up_ms) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path == nullptr || std::strlen(path) >= sizeof addr.sun_path) {
     copy_message(why, why_len, "the GPU service's socket path is too long");
+    if (error != nullptr) *error = ENAMETOOLONG;
     return -1;
   }
   std::memcpy(addr.sun_path, path, std::strlen(path) + 1);
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
-    std::snprintf(why, why_len, "no GPU service answers at %s: %s", path, std::strerror(errno));
-    if (fd >= 0) close(fd);
+  Socket sock;
+  sock.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int failure = sock.fd < 0 ? errno : 0;
+  // A Unix socket's connect does not block but for a full backlog
+  // (EAGAIN); a blocking one would then ignore the cancel.
+  const auto started = std::chrono::steady_clock::now();
+  while (failure == 0 && connect(sock.fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
+    if (errno != EAGAIN && errno != EINTR) {
+      failure = errno;
+    } else if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0) {
+      failure = ECANCELED;
+    } else if (std::chrono::steady_clock::now() - started >
+               std::chrono::milliseconds(give_up_ms)) {
+      failure = ETIMEDOUT;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
+    }
+  }
+  // The rest polls before it reads, and sends 8 bytes to an empty buffer.
+  if (failure == 0 && fcntl(sock.fd, F_SETFL, fcntl(sock.fd, F_GETFL) & ~O_NONBLOCK) != 0)
+    failure = errno;
+  if (failure != 0) {
+    if (failure == ECANCELED)
+      copy_message(why, why_len, "cancelled while connecting to the GPU service");
+    else
+      std::snprintf(why, why_len, "no GPU service answers at %s: %s", path,
+                    std::strerror(failure));
+    if (error != nullptr) *error = failure;
     return -1;
   }
+  const int fd = sock.fd;
+  sock.fd = -1;
   return fd;
 }
 
@@ -180,8 +211,14 @@ KnnStatus PreparedJob::submit(const char *path, int64_t gpu_memory_limit, int64_
   auto *shared = reinterpret_cast<WireHeader *>(base_);
   shared->gpu_memory_limit = gpu_memory_limit;
   Socket sock;
-  sock.fd = connect_to(path, errbuf, errlen);
-  if (sock.fd < 0) return KNN_DEVICE_ERROR;
+  int failure = 0;
+  refused_ = false;
+  sock.fd = connect_to(path, errbuf, errlen, cancel, &failure);
+  if (sock.fd < 0) {
+    if (failure == ECANCELED) return KNN_CANCELLED;
+    refused_ = failure == ECONNREFUSED || failure == ENOENT;
+    return KNN_DEVICE_ERROR;
+  }
   if (!send_job(sock.fd, fd_)) {
     std::snprintf(errbuf, errlen, "could not send the join to the GPU service: %s",
                   std::strerror(errno));
@@ -242,4 +279,12 @@ extern "C" void knn_engine_set_gpu_service(const char *socket_path, const char *
                  : KNN_GPU_SERVICE_OFF;
     return KNN_OK;
   });
+}
+
+extern "C" int knn_gpu_service_running(const char *lock_path) {
+  return lock_path != nullptr && knn::service::running(lock_path) ? 1 : 0;
+}
+
+extern "C" int knn_gpu_service_listening(const char *socket_path, const char *lock_path) {
+  return knn::service::listening(socket_path, lock_path) ? 1 : 0;
 }

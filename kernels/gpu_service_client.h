@@ -26,13 +26,20 @@ ClientSettings client_settings();
 // dropped at once: a starting service retries over it).
 bool running(const char *lock_path);
 
-// True when a service listens at path (its socket file exists; the
-// service creates it once its GPU runtime is ready).
-bool listening(const char *path);
+// True when a service listens at path: its socket file exists (the
+// service creates it once its GPU runtime is ready) and a process holds
+// lock_path. A file that a dead service left (a crash, SIGQUIT: nothing
+// clears pg_stat_tmp) is no service; the next one replaces it.
+bool listening(const char *path, const char *lock_path);
 
 // A join written into a sealed memfd (gpu_service_wire.h), made before the
 // backend waits for its GPU slot, so that the slot is held only while the
 // service works. Closed and unmapped with the object.
+// How long a backend waits, after a cancel, for the service to answer
+// (it stops its engine at its next cancel check); past it the backend
+// leaves, and the end of its socket cancels the job in the service too.
+constexpr int kGiveUpMs = 1000;
+
 class PreparedJob {
  public:
   PreparedJob() = default;
@@ -48,9 +55,15 @@ class PreparedJob {
   // run() below.
   KnnStatus submit(const char *path, int64_t gpu_memory_limit, int64_t *neighbors,
                    double *distances, KnnStats *stats, const int32_t *cancel, char *errbuf,
-                   size_t errlen, int give_up_ms = 10000);
+                   size_t errlen, int give_up_ms = kGiveUpMs);
+
+  // After a KNN_DEVICE_ERROR of submit(): no service accepted the
+  // connection (ECONNREFUSED, ENOENT), so none saw the job: a service
+  // that is starting (or replacing a dead one's socket) may still take it.
+  bool refused() const { return refused_; }
 
  private:
+  bool refused_ = false;
   int fd_ = -1;
   unsigned char *base_ = nullptr;
   uint64_t size_ = 0;
@@ -65,10 +78,14 @@ class PreparedJob {
 // is left (KNN_CANCELLED; the end of the socket cancels it there too).
 KnnStatus run(const char *path, bool cpu_stand_in, const KnnProblem &problem,
               int64_t *neighbors, double *distances, KnnStats *stats, const int32_t *cancel,
-              char *errbuf, size_t errlen, int give_up_ms = 10000);
+              char *errbuf, size_t errlen, int give_up_ms = kGiveUpMs);
 
 // The steps of run(), for tests that send hostile jobs.
-int connect_to(const char *path, char *why, size_t why_len);  // -1 on failure
+// Connects without blocking on a full backlog: retries until connected,
+// *cancel (when given) is set, or give_up_ms passed. -1 on failure (why
+// set; *error, when given, the errno: ECANCELED after a cancel).
+int connect_to(const char *path, char *why, size_t why_len, const int32_t *cancel = nullptr,
+               int *error = nullptr, int give_up_ms = 10000);
 bool send_job(int sock, int memfd);
 // Waits for the reply; while waiting, copies *cancel (when set) into
 // *cancel_word. Returns 1 with a reply, 0 when the socket ended first, -1

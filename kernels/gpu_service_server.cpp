@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 
 #include "entry_guard.h"
@@ -35,10 +36,14 @@ void close_fd(int &fd) {
 
 // Receives the request and the memfd sent with it (-1 when none came, or
 // when anything about the message is odd: every descriptor that came is
-// closed then).
-int receive_job(int sock, JobRequest *req) {
-  pollfd pfd{sock, POLLIN, 0};
-  if (poll(&pfd, 1, kRequestTimeoutMs) != 1) return -1;
+// closed then). Waits at most kRequestTimeoutMs, and not at all once
+// stop_fd is readable (stop()); never blocks in the receive itself: a
+// peer that sends part of a request and stays is only odd.
+int receive_job(int sock, int stop_fd, JobRequest *req) {
+  pollfd pfds[2] = {{sock, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+  if (poll(pfds, 2, kRequestTimeoutMs) < 1 || (pfds[0].revents & POLLIN) == 0 ||
+      (pfds[1].revents & POLLIN) != 0)
+    return -1;
   iovec iov{req, sizeof *req};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
   msghdr msg{};
@@ -46,10 +51,10 @@ int receive_job(int sock, JobRequest *req) {
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
-  const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  const ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   int fd = -1;
   bool odd = n != static_cast<ssize_t>(sizeof *req) || (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC));
-  for (cmsghdr *c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+  for (cmsghdr *c = n < 0 ? nullptr : CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
     if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
     const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
     for (size_t i = 0; i < count; i++) {
@@ -72,15 +77,22 @@ void send_reply(int sock, KnnStatus status, const char *message) {
   (void)send(sock, &reply, sizeof reply, MSG_NOSIGNAL);
 }
 
-// A memfd the peer can no longer shrink (so the mapping never faults), and
-// its size.
-const char *sealed_size(int memfd, uint64_t *size) {
+// The job's header, read (with pread, once: the peer may rewrite it) from
+// a memfd the peer can no longer shrink, so that a mapping of it never
+// faults; and the size of that memfd. The seals are checked first: a
+// descriptor without them (a pipe, a socket, an unsealed file) is
+// rejected before anything else is asked of it.
+const char *sealed_header(int memfd, WireHeader *h, uint64_t *size) {
+  const int seals = fcntl(memfd, F_GET_SEALS);
+  if (seals < 0) return "the job is not a memory file";
+  if ((seals & F_SEAL_SHRINK) == 0) return "the job's memory file is not sealed";
   struct stat st;
   if (fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
     return "the job is not a memory file";
-  const int seals = fcntl(memfd, F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) return "the job's memory file is not sealed";
   *size = static_cast<uint64_t>(st.st_size);
+  std::memset(h, 0, sizeof *h);
+  const size_t want = static_cast<size_t>(std::min<uint64_t>(sizeof *h, *size));
+  if (pread(memfd, h, want, 0) != static_cast<ssize_t>(want)) return "could not read the job";
   return nullptr;
 }
 
@@ -180,21 +192,20 @@ void Server::reap(bool all) noexcept {
 
 void Server::serve(Connection *c) noexcept {
   JobRequest req{};
-  int memfd = receive_job(c->fd, &req);
+  int memfd = receive_job(c->fd, wake_[0], &req);
   void *base = MAP_FAILED;
   uint64_t size = 0;
   const char *rejected = nullptr;
   WireHeader h;
+  uint64_t file_size = 0;
   if (memfd < 0) rejected = "no job received";
   else if (req.magic != kMagic || req.version != kVersion) rejected = "not a job request of this version";
-  else rejected = sealed_size(memfd, &size);
-  if (rejected == nullptr) {
+  else rejected = sealed_header(memfd, &h, &file_size);
+  if (rejected == nullptr) rejected = validate_header(h, file_size);
+  if (rejected == nullptr) {  // only what the header uses, not what the peer allocated
+    size = used_bytes(h);
     base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
     if (base == MAP_FAILED) rejected = "could not map the job";
-  }
-  if (rejected == nullptr) {
-    std::memcpy(&h, base, sizeof h);  // read once: the peer may rewrite it
-    rejected = validate_header(h, size);
   }
   if (rejected == nullptr) {  // the engines' own check (enums, threads), before a thread starts
     auto *bytes = static_cast<unsigned char *>(base);

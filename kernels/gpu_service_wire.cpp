@@ -3,6 +3,7 @@
 
 #include "gpu_service_wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace knn::service {
@@ -141,6 +142,14 @@ const char *validate_header(const WireHeader &h, uint64_t size) {
     for (int i = 0; i < 6; i++)
       if (i != out && overlap(*regions[out], *regions[i])) return "regions overlap";
   return nullptr;
+}
+
+uint64_t used_bytes(const WireHeader &h) {
+  uint64_t used = sizeof(WireHeader);
+  for (const Region *r : {&h.queries, &h.targets, &h.query_keys, &h.target_keys, &h.neighbors,
+                          &h.distances})
+    if (r->length > 0) used = std::max(used, r->offset + r->length);  // validated: no overflow
+  return used;
 }
 
 KnnProblem problem_of(const WireHeader &h, unsigned char *base) {

@@ -16,6 +16,15 @@
 // cannot move a region. The backend cancels by setting the header's
 // cancel word; the service sets it itself when the backend's socket ends.
 //
+// The input regions stay writable by the backend during the join (the
+// memfd is sealed against SHRINK/GROW, not WRITE): a peer that rewrites
+// its rows or keys mid-join spoils only its own answer. That is enough
+// because the socket (mode 0600 in pg_stat_tmp) admits only the server's
+// OS user, which could already do anything to the service's process; the
+// service never takes a size or offset from the mapping, only from its
+// validated copy of the header. Sealing the inputs against writes would
+// need a second memfd for results and cancel word and a copy per job.
+//
 // Plain C++ and POSIX: no PostgreSQL, no CUDA.
 #pragma once
 
@@ -84,6 +93,10 @@ bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHead
 // counts need, and no output overlapping another region. Returns nullptr
 // when it is sound, else why not.
 const char *validate_header(const WireHeader &h, uint64_t memfd_bytes);
+
+// The bytes of the job that a validated header uses (the header and its
+// regions): all the service maps, whatever the memfd's size.
+uint64_t used_bytes(const WireHeader &h);
 
 // The problem the header describes, its pointers into the mapping at base
 // (after validate_header).

@@ -143,6 +143,17 @@ typedef void (*knn_cuda_release_notify_fn) (void);
 typedef void (*knn_cuda_set_release_notify_fn) (knn_cuda_release_notify_fn notify);
 #define KNN_CUDA_SET_RELEASE_NOTIFY_SYMBOL "knn_cuda_set_release_notify"
 
+/*
+ * set_concurrent_joins: how many k-NN joins of this process may run on one
+ * GPU at once (1 to KNN_MAX_DEVICES; default 1: one after another). Each
+ * further one takes a runtime replica of its own (a stream, a cuBLAS handle
+ * and pinned staging, made on first use) under the GPU's one context; only
+ * joins with a gpu_memory_limit of their own run side by side. The GPU
+ * service sets it; a backend keeps 1. Optional: an older module lacks it.
+ */
+typedef void (*knn_cuda_set_concurrent_joins_fn) (int32_t n);
+#define KNN_CUDA_SET_CONCURRENT_JOINS_SYMBOL "knn_cuda_set_concurrent_joins"
+
 #ifdef __cplusplus
 }
 #endif

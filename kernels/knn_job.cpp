@@ -86,6 +86,7 @@ struct GpuModule {
   knn_cuda_run_groups_fn run_groups = nullptr;  // optional: per-group joins in one call
   knn_cuda_set_release_notify_fn set_release_notify = nullptr;  // optional
   knn_cuda_takes_float16_fn takes_float16 = nullptr;  // optional: float16 rows as they are
+  knn_cuda_set_concurrent_joins_fn set_concurrent_joins = nullptr;  // optional (the service's)
   // The server's probe record (knn_engine_set_probe_record); "" = none.
   char record_path[PATH_MAX] = "";
   char server_key[256] = "";
@@ -138,6 +139,8 @@ void load_gpu_module(GpuModule &m) noexcept {
   if (m.set_release_notify != nullptr) m.set_release_notify(on_gpu_runtimes_released);
   m.takes_float16 =
       reinterpret_cast<knn_cuda_takes_float16_fn>(dlsym(handle, KNN_CUDA_TAKES_FLOAT16_SYMBOL));
+  m.set_concurrent_joins = reinterpret_cast<knn_cuda_set_concurrent_joins_fn>(
+      dlsym(handle, KNN_CUDA_SET_CONCURRENT_JOINS_SYMBOL));
 }
 
 // ---- the server's probe record ----
@@ -1046,12 +1049,12 @@ KnnStatus KnnJob::run_via_service(const knn::service::ClientSettings &s) {
   const bool stand_in = s.mode == KNN_GPU_SERVICE_CPU_STAND_IN;
   if (!stand_in && problem.device == KNN_DEVICE_AUTO && knn_engine_gpu_ruled_out() != 0)
     return run_cpu("no GPU: server's probe record");
-  if (!knn::service::listening(s.path)) {
+  if (!knn::service::listening(s.path, s.lock)) {
     if (problem.device == KNN_DEVICE_AUTO && knn::cpu_answers_before_cold_gpu(problem))
       return run_cpu("GPU service starting, CPU answers sooner");
     const auto started = std::chrono::steady_clock::now();
     auto last_running = started;
-    while (!knn::service::listening(s.path)) {
+    while (!knn::service::listening(s.path, s.lock)) {
       const auto now = std::chrono::steady_clock::now();
       if (knn::service::running(s.lock)) last_running = now;
       if (__atomic_load_n(&cancel, __ATOMIC_RELAXED) != 0) {
@@ -1087,8 +1090,15 @@ KnnStatus KnnJob::run_via_service(const knn::service::ClientSettings &s) {
     const KnnStatus admitted = await_slot();
     if (admitted != KNN_OK) return admitted;
   }
-  st = job.submit(s.path, problem.gpu_memory_limit, neighbors, distances, &stats, &cancel, error,
-                  sizeof error);
+  // A service that holds its lock but refuses the connection is starting
+  // (a dead one's socket is still there until it replaces it): wait for
+  // it as above, cancellably.
+  const auto submitted = std::chrono::steady_clock::now();
+  while ((st = job.submit(s.path, problem.gpu_memory_limit, neighbors, distances, &stats, &cancel,
+                          error, sizeof error)) == KNN_DEVICE_ERROR &&
+         job.refused() && knn::service::running(s.lock) &&
+         std::chrono::steady_clock::now() - submitted < kServiceStartWait)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   if (st == KNN_NO_DEVICE) {
     char why[kMessageBytes];
     knn::copy_message(why, sizeof why, error);
@@ -1259,7 +1269,10 @@ void knn_engine_set_gpu_contexts(const char *dir, int32_t max_contexts) {
 int knn_engine_gpu_ruled_out(void) {
   int ruled_out = 0;
   knn::guarded("knn_engine_gpu_ruled_out", nullptr, 0, [&] {
-    std::lock_guard<std::mutex> lock(gpu_module.mutex);
+    // Never waits: a background warm-up may hold the module (a backend's
+    // main thread calls this), and one that does has not ruled it out yet.
+    std::unique_lock<std::mutex> lock(gpu_module.mutex, std::try_to_lock);
+    if (!lock.owns_lock()) return KNN_OK;
     if (gpu_module.loaded) {
       ruled_out = gpu_module.usable ? 0 : 1;
       return KNN_OK;
@@ -1273,6 +1286,11 @@ int knn_engine_gpu_ruled_out(void) {
 }
 
 int knn_engine_prepare_gpu(char *description, size_t len) {
+  // The service's main thread runs this with its signals open (a
+  // background worker): the threads the driver starts while the context,
+  // cuBLAS and the pinned staging are created inherit this mask, so it is
+  // blocked meanwhile, or PostgreSQL's handlers could run on them.
+  const knn::SignalsBlocked blocked;
   int usable = 0;
   knn::guarded("knn_engine_prepare_gpu", description, len, [&] {
     const GpuView view = gpu(true);
@@ -1283,6 +1301,10 @@ int knn_engine_prepare_gpu(char *description, size_t len) {
     {
       std::lock_guard<std::mutex> lock(gpu_module.mutex);
       warm_up = gpu_module.warm_up;
+      // The service's joins (one per backend holding a max_gpu_jobs slot)
+      // run side by side, each on a runtime replica of its own.
+      if (gpu_module.set_concurrent_joins != nullptr)
+        gpu_module.set_concurrent_joins(KNN_MAX_DEVICES);
     }
     char error[kMessageBytes];
     if (warm_up != nullptr && try_enter_gpu(error, sizeof error) == GpuEntry::kGo) {

@@ -171,5 +171,37 @@ SELECT pg_temp.await_no_service();
 RESET knn_gpu.threads;
 RESET knn_gpu.device;
 RESET knn_gpu.fault_injection;
+
+-- The real service (the server's setting) and device = gpu on a host
+-- without a usable GPU: the service finds none and leaves, and the join
+-- stops waiting for it at the server's probe record (not after 30 s); the
+-- CPU engine answers, with the usual notice, as without the service.
+ALTER SYSTEM SET knn_gpu.gpu_service = on;
+SELECT pg_reload_conf() AS reloaded;
+SELECT pg_sleep(0.5);
+SHOW knn_gpu.gpu_service;
+SET knn_gpu.device = gpu;
+SET client_min_messages = warning;
+DO $$
+DECLARE
+  started timestamptz := clock_timestamp();
+  n bigint;
+BEGIN
+  SELECT count(*) INTO n
+  FROM knn_join('SELECT id, v FROM svc_rows WHERE id < 50', 'SELECT id, v FROM svc_rows', 3);
+  CREATE TEMP TABLE no_gpu_join AS
+  SELECT n, clock_timestamp() - started < interval '5 s' AS no_long_wait;
+END $$;
+SELECT n, no_long_wait,
+       knn_gpu_info() ~ '^gpu: ' OR knn_gpu_last_stats()->>'device' LIKE 'cpu%' AS cpu_without_gpu
+FROM no_gpu_join;
+RESET client_min_messages;
+RESET knn_gpu.device;
+ALTER SYSTEM RESET knn_gpu.gpu_service;
+SELECT pg_reload_conf() AS reloaded;
+SELECT pg_sleep(0.5);
+SHOW knn_gpu.gpu_service;
+SELECT count(*) >= 0 AS stopped FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'knn_gpu service') t;
+SELECT pg_temp.await_no_service();
 DROP TABLE svc_rows, svc_bits, svc_big;
 DROP EXTENSION dblink;

@@ -211,3 +211,68 @@ TEST_F(GpuContexts, IdleReleaseGivesThePermitBack) {
 }
 
 }  // namespace
+
+// The GPU service's setting (knn_cuda_set_concurrent_joins): joins of one
+// process that have budgets of their own run side by side, each on a
+// runtime replica of its own under the one context; every answer must be
+// the join's answer alone, bit for bit.
+TEST_F(GpuContexts, ConcurrentJoinsOnReplicasAnswerAsAlone) {
+  void *h = dlopen("./knn_gpu_cuda.so", RTLD_NOW);
+  ASSERT_NE(h, nullptr) << dlerror();
+  const auto set_concurrent = reinterpret_cast<knn_cuda_set_concurrent_joins_fn>(
+      dlsym(h, KNN_CUDA_SET_CONCURRENT_JOINS_SYMBOL));
+  const auto run = reinterpret_cast<knn_cuda_run_fn>(dlsym(h, KNN_CUDA_RUN_SYMBOL));
+  ASSERT_NE(set_concurrent, nullptr);
+  ASSERT_NE(run, nullptr);
+  constexpr int kJobs = 4, kRounds = 3, kDim = 48, kK = 10;
+  struct Job {
+    std::vector<float> rows;
+    KnnProblem p;
+    std::vector<int64_t> ids;
+    std::vector<double> dist;
+  };
+  std::vector<Job> jobs(kJobs);
+  for (int j = 0; j < kJobs; j++) {
+    jobs[j].rows = random_rows(6000 + 3000 * j, kDim);
+    jobs[j].p = float_problem(jobs[j].rows, kDim, kK, KNN_DEVICE_GPU);
+    jobs[j].p.method = j % 2 == 0 ? KNN_METHOD_BRUTE : KNN_METHOD_TI;
+    jobs[j].p.gpu_memory_limit = int64_t{256} << 20;
+    const size_t slots = static_cast<size_t>(jobs[j].p.n_queries) * kK;
+    jobs[j].ids.resize(slots);
+    jobs[j].dist.resize(slots);
+  }
+  const int32_t no_cancel = 0;
+  set_concurrent(1);
+  for (Job &job : jobs) {
+    char error[512] = "";
+    KnnStats stats{};
+    ASSERT_EQ(run(&job.p, job.ids.data(), job.dist.data(), &stats, &no_cancel, error,
+                  sizeof error),
+              KNN_OK)
+        << error;
+  }
+  set_concurrent(kJobs);
+  std::vector<std::string> failures(kJobs);
+  std::vector<std::thread> threads;
+  for (int j = 0; j < kJobs; j++)
+    threads.emplace_back([&, j] {
+      const Job &job = jobs[j];
+      std::vector<int64_t> ids(job.ids.size());
+      std::vector<double> dist(job.dist.size());
+      for (int round = 0; round < kRounds && failures[j].empty(); round++) {
+        char error[512] = "";
+        KnnStats stats{};
+        const KnnStatus st =
+            run(&job.p, ids.data(), dist.data(), &stats, &no_cancel, error, sizeof error);
+        if (st != KNN_OK)
+          failures[j] = std::string("status ") + std::to_string(st) + ": " + error;
+        else if (ids != job.ids ||
+                 std::memcmp(dist.data(), job.dist.data(), dist.size() * sizeof(double)) != 0)
+          failures[j] = "round " + std::to_string(round) + " differs from the join alone";
+      }
+    });
+  for (std::thread &t : threads) t.join();
+  set_concurrent(1);
+  for (int j = 0; j < kJobs; j++) EXPECT_TRUE(failures[j].empty()) << "job " << j << ": " << failures[j];
+  dlclose(h);
+}

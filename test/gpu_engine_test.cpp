@@ -1133,6 +1133,19 @@ TEST(GpuEngine, CancelledBeforeTheStart) {
 
 // ---- TI out of core (budgets below what the in-memory join needs) ----
 
+// An environment variable set for one scope (the out-of-core join's A/B
+// knobs), unset at its end, whatever way the test leaves.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char *name, const char *value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv &) = delete;
+  ScopedEnv &operator=(const ScopedEnv &) = delete;
+
+ private:
+  const char *name_;
+};
+
 // The shape an out-of-core variant names: "ti/out-of-core QxT parts of
 // RqxRt/..." (query parts x target parts, rows per part).
 struct OutOfCoreShape {
@@ -1370,7 +1383,10 @@ TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
   Options wide_options;
   wide_options.k = 20;
   const Outcome wide_ref = cpu_answer(wide, wide_options);
-  for (const KnnCudaTestOptions &f : {forced_ti(1, 0, 4), forced_ti(1, 3, 2), forced_ti(0, 0, 0)}) {
+  // The P lists of a query are merged in the block's shared memory: from
+  // register lists (stored there), shared lists (in place) and global ones.
+  for (const KnnCudaTestOptions &f : {forced_ti(1, 0, 4), forced_ti(1, 3, 2), forced_ti(1, 2, 3),
+                                      forced_ti(1, 1, 8), forced_ti(0, 0, 0)}) {
     Options o = wide_options;
     o.forced = &f;
     const std::string name = "2000 x 400000, threads " + std::to_string(f.ti_threads_per_query);
@@ -1381,9 +1397,12 @@ TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
     OutOfCoreShape shape;
     EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << name << ": " << gpu.stats.variant;
     EXPECT_GT(shape.target_parts, 1) << name;
-    // Carried lists run one thread per query, whatever was asked for.
-    EXPECT_EQ(std::string(gpu.stats.variant).find("/x"), std::string::npos)
-        << name << ": " << gpu.stats.variant;
+    // Carried lists split over the threads asked for (part 0 seeds them).
+    if (f.ti_threads_per_query > 1) {
+      EXPECT_NE(std::string(gpu.stats.variant).find("/x" + std::to_string(f.ti_threads_per_query)),
+                std::string::npos)
+          << name << ": " << gpu.stats.variant;
+    }
     expect_same_answer(gpu, ref, name + " vs cpu");
   }
   // No duplicate merging: every copy is its own target.
@@ -1425,6 +1444,56 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
     shapes = check_out_of_core(keyed, o, {2 << 20, 1 << 20}, "spatial parts, two sets, keys");
     for (const OutOfCoreShape &s : shapes)
       if (s.query_parts > 1) EXPECT_GT(s.skipped, 0);
+  }
+}
+
+TEST(GpuTiOutOfCore, RowRangePartsSkippedByTheirClusters) {
+  REQUIRE_GPU();
+  // Row ranges (KNN_TI_ROW_RANGES=1: no spatial order, so no part bound):
+  // only the cluster test (part_needed_kernel) can skip a pair. 12 blobs
+  // 100 apart along one axis, rows blob by blob, so that row-range parts
+  // far apart in rows are far apart in space; every 7th row repeats the
+  // row before it (duplicates).
+  const int dim = 8;
+  const int64_t n = 60000;
+  std::mt19937_64 rng(393);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  Data d = make_self(n, dim, Shape::kUniform, 393, false);
+  for (int64_t r = 0; r < n; r++)
+    for (int j = 0; j < dim; j++)
+      d.targets[r * dim + j] = (j == 0 ? 100.0f * static_cast<float>(r * 12 / n) : 0.0f) + noise(rng);
+  for (int64_t r = 7; r < n; r += 7)
+    std::memcpy(d.targets.data() + r * dim, d.targets.data() + (r - 1) * dim, dim * sizeof(float));
+  const ScopedEnv row_ranges("KNN_TI_ROW_RANGES", "1");
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 10;
+    o.metric = m;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {2 << 20, 1 << 20}, "row ranges, 12 blobs in a line");
+    ASSERT_FALSE(shapes.empty());
+    for (const OutOfCoreShape &s : shapes) {
+      if (!s.cached) continue;
+      EXPECT_GT(s.skipped, 0) << s.query_parts << "x" << s.target_parts;
+    }
+  }
+}
+
+TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
+  REQUIRE_GPU();
+  // The cached target parts' pinned blocks: allocated as each part is
+  // stored (KNN_TI_PIN_AHEAD=0), by cudaMallocHost on a host thread ahead
+  // (the default) or as registered pages on that thread (2): the same
+  // answers, and the parts cached each way.
+  const Data d = make_self(20000, 8, Shape::kClustered, 301, true);
+  for (const char *mode : {"0", "1", "2"}) {
+    const ScopedEnv pin_ahead("KNN_TI_PIN_AHEAD", mode);
+    Options o;
+    o.k = 20;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {3 << 18}, (std::string("pin ahead ") + mode).c_str());
+    ASSERT_EQ(shapes.size(), 1u);
+    EXPECT_TRUE(shapes[0].cached) << mode;
   }
 }
 

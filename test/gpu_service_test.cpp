@@ -7,7 +7,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -38,17 +40,47 @@ double seconds_since(Clock::time_point t) {
 
 // A fresh directory for the socket, removed afterwards.
 struct SocketDir {
-  std::string dir, path;
+  std::string dir, path, lock;
   SocketDir() {
     char tmpl[] = "/tmp/knn_service_test.XXXXXX";
     if (mkdtemp(tmpl) != nullptr) dir = tmpl;
     path = dir + "/service.sock";
+    lock = dir + "/service.lock";
   }
   ~SocketDir() {
     unlink(path.c_str());
+    unlink(lock.c_str());
     rmdir(dir.c_str());
   }
 };
+
+// The service's lock, held as the service's worker holds it
+// (knn_gpu_service.c): an exclusive flock for its life.
+struct HeldLock {
+  int fd = -1;
+  explicit HeldLock(const std::string &path) {
+    fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+  }
+  ~HeldLock() { release(); }
+  void release() {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+};
+
+// A socket file as a dead service leaves it: bound, then closed.
+void leave_stale_socket(const std::string &path) {
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  close(fd);
+}
 
 struct Rows {
   std::vector<float> queries, targets;
@@ -302,16 +334,21 @@ TEST_F(GpuService, TheSlotsMemoryLimitReachesTheService) {
   EXPECT_EQ(seen.load(), int64_t{3} << 30);
 }
 
-// A run function that waits for its cancel word and says when it saw it.
+// A run function that waits for its cancel word and says when it saw it
+// (ignoring_cancel: one that waits for release instead, as a service
+// whose engine does not stop).
 struct WaitsForCancel {
+  bool ignoring_cancel = false;
   std::atomic<bool> started{false};
   std::atomic<bool> saw_cancel{false};
+  std::atomic<bool> release{false};
   RunFunction function() {
     return [this](const KnnProblem &, bool, int64_t *, double *, KnnStats *,
                   const int32_t *cancel, char *e, size_t el) {
       started = true;
       const auto t = Clock::now();
-      while (__atomic_load_n(cancel, __ATOMIC_RELAXED) == 0 && seconds_since(t) < 20)
+      while ((ignoring_cancel ? !release.load() : __atomic_load_n(cancel, __ATOMIC_RELAXED) == 0) &&
+             seconds_since(t) < 20)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       saw_cancel = __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;
       std::snprintf(e, el, "cancelled");
@@ -324,20 +361,41 @@ struct WaitsForCancel {
   }
 };
 
-TEST_F(GpuService, CancelReachesTheServiceJob) {
-  WaitsForCancel fake;
+// Sends p to a server running fake, cancels it once fake runs, and
+// returns the seconds from the cancel to the join's end (r: its result).
+double cancelled_join(const SocketDir &dir, const KnnProblem &p, WaitsForCancel &fake,
+                      job_run::JobResult *r) {
   auto server = serve_on(dir, fake.function());
-  ASSERT_NE(server, nullptr);
+  if (server == nullptr) return -1;
   int32_t cancel = 0;
-  job_run::JobResult r;
-  std::thread client([&] { r = through_service(dir.path, p, &cancel); });
+  std::thread client([&] { *r = through_service(dir.path, p, &cancel); });
   fake.await_start();
   const auto t = Clock::now();
   __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
   client.join();
-  EXPECT_LT(seconds_since(t), 0.5);
+  const double waited = seconds_since(t);
+  fake.release = true;
+  return waited;
+}
+
+TEST_F(GpuService, CancelReachesTheServiceJob) {
+  WaitsForCancel fake;
+  job_run::JobResult r;
+  EXPECT_LT(cancelled_join(dir, p, fake, &r), 0.5);
   EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
   EXPECT_TRUE(fake.saw_cancel.load());
+}
+
+// Cancel and statement_timeout end a join within about a second even where
+// the service does not stop it.
+TEST_F(GpuService, ACancelGivesUpWithinASecond) {
+  WaitsForCancel fake;
+  fake.ignoring_cancel = true;
+  job_run::JobResult r;
+  const double waited = cancelled_join(dir, p, fake, &r);
+  EXPECT_GT(waited, 0.9);
+  EXPECT_LT(waited, 1.5);
+  EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
 }
 
 TEST_F(GpuService, TheBackendsDeathCancelsItsJob) {
@@ -373,7 +431,7 @@ TEST_F(GpuService, TheServicesDeathEndsTheJoinWithAnError) {
   EXPECT_EQ(r.status, KNN_DEVICE_ERROR);
   EXPECT_NE(r.message.find("GPU service ended"), std::string::npos) << r.message;
   // Nothing is left behind, and a join now finds no service.
-  EXPECT_FALSE(listening(dir.path.c_str()));
+  EXPECT_FALSE(listening(dir.path.c_str(), dir.lock.c_str()));
   const auto after = through_service(dir.path, p);
   EXPECT_EQ(after.status, KNN_DEVICE_ERROR);
   EXPECT_NE(after.message.find("no GPU service answers"), std::string::npos) << after.message;
@@ -388,7 +446,7 @@ TEST_F(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   ASSERT_EQ(direct.status, KNN_OK);
 
   // No service listens: AUTO lets the CPU answer this small join at once.
-  const std::string lock = dir.dir + "/service.lock";
+  const std::string &lock = dir.lock;
   knn_engine_set_gpu_service(dir.path.c_str(), lock.c_str(), KNN_GPU_SERVICE_CPU_STAND_IN);
   join.device = KNN_DEVICE_AUTO;
   auto r = job_run::run_job(join);
@@ -398,6 +456,7 @@ TEST_F(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   job_run::expect_identical(direct, r, "before the service");
 
   char description[384] = "", why[512] = "";
+  HeldLock held(lock);  // as the service's worker
   KnnGpuServiceHandle *service =
       knn_gpu_service_open(dir.path.c_str(), 1, description, sizeof description, why, sizeof why);
   ASSERT_NE(service, nullptr) << why;
@@ -410,7 +469,8 @@ TEST_F(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   }
   EXPECT_EQ(knn_gpu_service_jobs_answered(service), 2);
   knn_gpu_service_close(service);
-  EXPECT_FALSE(listening(dir.path.c_str()));
+  held.release();
+  EXPECT_FALSE(listening(dir.path.c_str(), lock.c_str()));
 
   // The service gone: GPU waits for one (cancellably); here it fails after
   // its wait only under GPU, so AUTO is checked: the small join runs on
@@ -426,6 +486,120 @@ TEST_F(GpuService, JobsGoThroughTheServiceWhenItIsOn) {
   EXPECT_NE(r.message.find("no GPU service runs"), std::string::npos) << r.message;
   EXPECT_LT(r.seconds, 5.0);
   knn_engine_set_gpu_service("", "", KNN_GPU_SERVICE_OFF);
+}
+
+// A socket file that a dead service left (a crash: nothing clears
+// pg_stat_tmp) is no service; a join under GPU waits while a new service,
+// holding the lock, replaces it, and then runs there.
+TEST_F(GpuService, AStaleSocketIsNoService) {
+  leave_stale_socket(dir.path);
+  EXPECT_FALSE(listening(dir.path.c_str(), dir.lock.c_str()));
+  const auto refused = through_service(dir.path, p);
+  EXPECT_EQ(refused.status, KNN_DEVICE_ERROR);
+  EXPECT_NE(refused.message.find("no GPU service answers"), std::string::npos) << refused.message;
+
+  const auto direct = job_run::run_job(p);
+  ASSERT_EQ(direct.status, KNN_OK);
+  HeldLock held(dir.lock);  // a new service starts: its lock first, its socket later
+  EXPECT_TRUE(listening(dir.path.c_str(), dir.lock.c_str()));  // the old file, for now
+  KnnGpuServiceHandle *service = nullptr;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    char description[384] = "", why[512] = "";
+    service = knn_gpu_service_open(dir.path.c_str(), 1, description, sizeof description, why,
+                                   sizeof why);
+    EXPECT_NE(service, nullptr) << why;
+  });
+  knn_engine_set_gpu_service(dir.path.c_str(), dir.lock.c_str(), KNN_GPU_SERVICE_CPU_STAND_IN);
+  KnnProblem join = p;
+  join.device = KNN_DEVICE_GPU;
+  const auto r = job_run::run_job(join);
+  starter.join();
+  EXPECT_EQ(r.status, KNN_OK) << r.message;
+  EXPECT_NE(std::strstr(r.stats.device_name, "via GPU service"), nullptr) << r.stats.device_name;
+  job_run::expect_identical(direct, r, "after the stale socket");
+  knn_engine_set_gpu_service("", "", KNN_GPU_SERVICE_OFF);
+  knn_gpu_service_close(service);
+}
+
+// A peer that sends part of a request and stays holds neither the other
+// jobs nor stop().
+TEST_F(GpuService, APartialRequestHoldsNothing) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
+  char why[256] = "";
+  const int sock = connect_to(dir.path.c_str(), why, sizeof why);
+  ASSERT_GE(sock, 0) << why;
+  const char half[4] = {1, 2, 3, 4};
+  ASSERT_EQ(::send(sock, half, sizeof half, MSG_NOSIGNAL), 4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto served = through_service(dir.path, p);
+  EXPECT_EQ(served.status, KNN_OK) << served.message;
+  // A second half-sender that connected just before stop().
+  const int late = connect_to(dir.path.c_str(), why, sizeof why);
+  ASSERT_GE(late, 0) << why;
+  ASSERT_EQ(::send(late, half, 2, MSG_NOSIGNAL), 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto t = Clock::now();
+  server->stop();
+  EXPECT_LT(seconds_since(t), 0.5);
+  close(sock);
+  close(late);
+}
+
+// A memory file larger than its header says: only what the header uses is
+// mapped (and populated), not what the peer allocated.
+TEST_F(GpuService, OnlyWhatTheHeaderUsesIsMapped) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
+  HandMadeJob job(p);
+  const uint64_t extra = uint64_t{512} << 20;
+  job.write(job.size + extra, true);
+  const WireReply reply = send_raw(dir.path, job.fd);
+  EXPECT_EQ(reply.status, KNN_OK) << reply.message;
+  struct stat st;
+  ASSERT_EQ(fstat(job.fd, &st), 0);
+  EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, job.size + (uint64_t{1} << 20))
+      << "the service touched pages beyond the job";
+}
+
+// A full backlog (a service that does not accept) does not hold a
+// cancelled connect.
+TEST_F(GpuService, AConnectHonoursTheCancel) {
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, dir.path.c_str(), dir.path.size() + 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr *>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 0), 0);
+  std::vector<int> queued;
+  for (int i = 0; i < 64; i++) {
+    const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof addr) != 0) {
+      ASSERT_EQ(errno, EAGAIN);
+      close(fd);
+      break;
+    }
+    queued.push_back(fd);
+  }
+  ASSERT_LT(queued.size(), 64u) << "the backlog never filled";
+  int32_t cancel = 0;
+  int error = 0;
+  char why[256] = "";
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+  });
+  const auto t = Clock::now();
+  EXPECT_EQ(connect_to(dir.path.c_str(), why, sizeof why, &cancel, &error), -1);
+  canceller.join();
+  EXPECT_LT(seconds_since(t), 0.5);
+  EXPECT_EQ(error, ECANCELED) << why;
+  for (int fd : queued) close(fd);
+  close(listener);
 }
 
 }  // namespace

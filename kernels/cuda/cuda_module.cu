@@ -203,23 +203,50 @@ KnnStatus run_split_test_hook(const SplitTestHook &hook, const Engine &engine,
   return KNN_DEVICE_ERROR;
 }
 
-// Runs work() with the runtime of `device` (its replica) lent to ctx: the
-// runtime's turn taken (cancellable), the join's budget set, the stream
-// drained before the next join's turn, the runtime marked used at the end.
+// Joins of this process that may run on one GPU at once, each on its own
+// runtime replica (stream, cuBLAS handle, staging) of the GPU's one
+// context (knn_cuda_set_concurrent_joins; the GPU service's setting). A
+// backend runs one join at a time: 1.
+std::atomic<int> concurrent_joins{1};
+
+// Runs work() with the runtime of `device` lent to ctx: the first free of
+// replicas [replica, replica + replicas), or, while all are busy, the first
+// as it comes free (the turn's wait answers a cancel); the join's budget
+// set, the stream drained before the next join's turn, the runtime marked
+// used at the end.
 template <typename Work>
 KnnStatus with_device_turn(const KnnProblem &p, int device, int replica, int sharing,
-                           const int32_t *cancel, DeviceContext &ctx, Work &&work) {
+                           const int32_t *cancel, DeviceContext &ctx, Work &&work,
+                           int replicas = 1) {
   ctx.cancel = cancel;
   KNN_TRY(select_device(ctx, device));
-  DeviceRuntime &rt = device_runtime(device, replica);
-  std::unique_lock<std::timed_mutex> turn(rt.mutex, std::defer_lock);
-  while (!turn.try_lock_for(std::chrono::milliseconds(5))) KNN_TRY(ctx.cancel_point());
+  replicas = std::max(1, std::min(replicas, kMaxReplicas - replica));
+  DeviceRuntime *rt = nullptr;
+  std::unique_lock<std::timed_mutex> turn;
+  while (rt == nullptr) {
+    for (int r = replica; r < replica + replicas && rt == nullptr; r++) {
+      DeviceRuntime &candidate = device_runtime(device, r);
+      std::unique_lock<std::timed_mutex> attempt(candidate.mutex, std::try_to_lock);
+      if (!attempt.owns_lock()) continue;
+      rt = &candidate;
+      turn = std::move(attempt);
+    }
+    if (rt != nullptr) break;
+    DeviceRuntime &first = device_runtime(device, replica);
+    std::unique_lock<std::timed_mutex> attempt(first.mutex, std::defer_lock);
+    if (attempt.try_lock_for(std::chrono::milliseconds(5))) {
+      rt = &first;
+      turn = std::move(attempt);
+    } else {
+      KNN_TRY(ctx.cancel_point());
+    }
+  }
   StreamDrain drain(ctx);  // declared after the lock: drains before the next join's turn
-  KNN_TRY(setup_context(p, sharing, rt, ctx));
+  KNN_TRY(setup_context(p, sharing, *rt, ctx));
   struct MarkUsed {  // on every path: the idle keeper counts from the join's end
     DeviceRuntime &rt;
     ~MarkUsed() { mark_runtime_used(rt); }
-  } mark_used{rt};
+  } mark_used{*rt};
   return work();
 }
 
@@ -233,7 +260,8 @@ int first_listed_device(const KnnProblem &p) {
 // (still answering a cancel), borrows it and runs the method.
 KnnStatus run_engine(const KnnProblem &p, const Engine &engine, const JoinTuning &tuning,
                      const SplitTestHook &hook, int64_t *neighbors, double *distances,
-                     KnnStats *stats, const int32_t *cancel, DeviceContext &ctx) {
+                     KnnStats *stats, const int32_t *cancel, DeviceContext &ctx,
+                     int replicas = 1) {
   const auto start = std::chrono::steady_clock::now();
   return with_device_turn(p, engine.device, engine.replica, engine.sharing, cancel, ctx,
                           [&]() -> KnnStatus {
@@ -254,7 +282,7 @@ KnnStatus run_engine(const KnnProblem &p, const Engine &engine, const JoinTuning
     local.device_work[0].seconds = local.seconds_total;
     if (stats != nullptr) *stats = local;
     return st;
-  });
+  }, replicas);
 }
 
 // What splitting could save: every pair's distance, in dimensions.
@@ -283,7 +311,12 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTes
   if (with_rows <= 1) {  // one engine, on this thread, with the whole GPU
     Engine alone = plan.engines[only];
     alone.sharing = 1;
-    return run_engine(p, alone, tuning, hook, neighbors, distances, stats, cancel, ctx);
+    // Concurrent joins of one process each take a replica of their own,
+    // only with a budget of their own (the admission's share): without one
+    // each would plan for all the free memory.
+    const int replicas = p.gpu_memory_limit > 0 ? concurrent_joins.load() : 1;
+    return run_engine(p, alone, tuning, hook, neighbors, distances, stats, cancel, ctx,
+                      replicas);
   }
   // Whether the engines share the whole set's clusters is decided for the
   // whole join (under AUTO a share alone may look small enough for brute
@@ -539,6 +572,10 @@ __attribute__((visibility("default"))) void knn_cuda_set_idle_release(int64_t id
   });
 }
 
+__attribute__((visibility("default"))) void knn_cuda_set_concurrent_joins(int32_t n) {
+  knn::cuda::concurrent_joins.store(std::max(1, std::min<int32_t>(n, knn::cuda::kMaxReplicas)));
+}
+
 __attribute__((visibility("default"))) void knn_cuda_shutdown(void) {
   knn::guarded("GPU shutdown", nullptr, 0, [&] {
     knn::cuda::stop_idle_keeper();
@@ -627,6 +664,7 @@ static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_r
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_set_idle_release), knn_cuda_set_idle_release_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_set_concurrent_joins), knn_cuda_set_concurrent_joins_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_shutdown), knn_cuda_shutdown_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_set_release_notify), knn_cuda_set_release_notify_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_test_device_count), knn_cuda_test_device_count_fn>::value, "");

@@ -182,6 +182,11 @@ struct Level2Config {
   // nearest of the target parts done so far) instead of starting empty.
   // Full filter only.
   bool resume = false;
+  // Several threads per query: their lists are merged in shared memory
+  // (the P warps of a query are one block) instead of a global array of
+  // max groups x 32 x P x k' entries, which an out-of-core budget cannot
+  // spare. Taken where the block's lists fit its shared memory.
+  bool shared_merge = false;
 };
 
 // ---- stage entry points (each returns KNN_OK or sets ctx.error) ----

@@ -32,7 +32,8 @@
 //    candidates s, s+P, ...; each lane keeps its own list, the lanes of one
 //    query share theta through atomicMin on its float bits in shared memory
 //    (non-negative floats order like their bits), and warp 0 merges the P
-//    sorted lists at the end;
+//    sorted lists at the end (stored to a global array, or, with
+//    Level2Config::shared_merge, read from the block's shared memory);
 //  * partial filter: theta stays the level-1 bound; pass 1 counts the
 //    passing members, pass 2 computes and stores their values, a selection
 //    kernel keeps the k' smallest.
@@ -69,6 +70,7 @@ struct Level2Args {
   int groups_per_block;
   int list_in_shared;
   int resume;             // seed the lists from result_value/result_row
+  int shared_merge;       // P > 1: the P lists merged from shared memory
   Margin margin;
   // results by distinct query
   float *result_value;
@@ -284,14 +286,35 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
         list.store(a.kprime, a.result_value + d * a.kprime, a.result_row + d * a.kprime, 1);
       }
     } else {
-      const int64_t slot = g * kWarp + lane;
-      if (active)
-        list.store(a.kprime, a.part_value + (slot * P + part) * a.kprime,
-                   a.part_row + (slot * P + part) * a.kprime, 1);
+      // Entry i of the list of part s: pv[s * part_step + i * entry_step].
+      const float *pv;
+      const int32_t *pr;
+      int64_t part_step, entry_step;
+      if (a.shared_merge) {
+        // [entry][thread] in shared memory: the lists themselves where they
+        // live there, else a region after the theta words they are stored
+        // to. The P warps of warp group gi are warps gi * P .. gi * P + P - 1.
+        float *mv = reinterpret_cast<float *>(smem) + a.groups_per_block * kWarp;
+        int32_t *mr = reinterpret_cast<int32_t *>(mv + (int64_t)blockDim.x * a.kprime);
+        if (!a.list_in_shared && active)
+          list.store(a.kprime, mv + threadIdx.x, mr + threadIdx.x, blockDim.x);
+        const int first = gi * P * kWarp + lane;
+        pv = mv + first;
+        pr = mr + first;
+        part_step = kWarp;
+        entry_step = blockDim.x;
+      } else {
+        const int64_t slot = g * kWarp + lane;
+        if (active)
+          list.store(a.kprime, a.part_value + (slot * P + part) * a.kprime,
+                     a.part_row + (slot * P + part) * a.kprime, 1);
+        pv = a.part_value + slot * P * a.kprime;
+        pr = a.part_row + slot * P * a.kprime;
+        part_step = a.kprime;
+        entry_step = 1;
+      }
       __syncthreads();
       if (part == 0 && active) {
-        const float *pv = a.part_value + slot * P * a.kprime;
-        const int32_t *pr = a.part_row + slot * P * a.kprime;
         const int64_t d = a.q.member[qpos];
         float *out_v = a.result_value + d * a.kprime;
         int32_t *out_r = a.result_row + d * a.kprime;
@@ -303,8 +326,8 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
           int32_t br = kNoRow;
           for (int s = 0; s < P; s++) {
             if (cursor[s] >= a.kprime) continue;
-            float v = pv[s * a.kprime + cursor[s]];
-            int32_t r = pr[s * a.kprime + cursor[s]];
+            float v = pv[s * part_step + cursor[s] * entry_step];
+            int32_t r = pr[s * part_step + cursor[s] * entry_step];
             if (best < 0 || entry_before(v, r, bv, br)) {
               best = s;
               bv = v;
@@ -407,13 +430,15 @@ struct LaunchShape {
   size_t smem;
 };
 
-LaunchShape launch_shape(int parts, bool list_in_shared, int kprime) {
+LaunchShape launch_shape(int parts, bool list_in_shared, int kprime, bool shared_merge = false) {
   LaunchShape s;
   s.parts = parts;
   s.groups_per_block = std::max(1, 4 / parts);
   s.threads = kWarp * parts * s.groups_per_block;
   s.smem = (size_t)s.groups_per_block * kWarp * sizeof(int);
-  if (list_in_shared) s.smem += (size_t)s.threads * kprime * (sizeof(float) + sizeof(int32_t));
+  // Lists in shared memory, or (shared merge) a region to merge them in.
+  if (list_in_shared || (shared_merge && parts > 1))
+    s.smem += (size_t)s.threads * kprime * (sizeof(float) + sizeof(int32_t));
   return s;
 }
 
@@ -531,10 +556,15 @@ KnnStatus run_full(const ClusterSet &queries, KnnMetric metric, int64_t max_grou
       (config->place == ListPlace::Registers32 && kprime > 32))
     config->place = ListPlace::Global;
   const bool in_shared = config->place == ListPlace::Shared;
-  const LaunchShape shape = launch_shape(config->parts, in_shared, kprime);
+  if (config->shared_merge &&
+      launch_shape(config->parts, in_shared, kprime, true).smem > ctx.prop.sharedMemPerBlockOptin)
+    config->shared_merge = false;
+  const bool shared_merge = config->shared_merge && config->parts > 1;
+  const LaunchShape shape = launch_shape(config->parts, in_shared, kprime, shared_merge);
   a.parts = config->parts;
   a.groups_per_block = shape.groups_per_block;
   a.list_in_shared = in_shared ? 1 : 0;
+  a.shared_merge = shared_merge ? 1 : 0;
   const unsigned grid = grid_for(max_groups, shape.groups_per_block);
   DeviceBuffer<float> global_value, part_value;
   DeviceBuffer<int32_t> global_row, part_row;
@@ -546,7 +576,7 @@ KnnStatus run_full(const ClusterSet &queries, KnnMetric metric, int64_t max_grou
     a.global_row = global_row.get();
     a.global_stride = slots;
   }
-  if (config->parts > 1) {
+  if (config->parts > 1 && !shared_merge) {
     const size_t entries = (size_t)max_groups * kWarp * config->parts * kprime;
     KNN_TRY(mem.allocate(ctx, part_value, entries, "inside-query lists"));
     KNN_TRY(mem.allocate(ctx, part_row, entries, "inside-query lists"));

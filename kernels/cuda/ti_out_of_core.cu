@@ -23,7 +23,10 @@
 //      (Level2Config::resume). Before a part (but the first) the largest
 //      k'-th list entry of the query part is read back; when the part's
 //      bound is beyond it, that part and all farther ones are skipped: not
-//      uploaded, not filtered;
+//      uploaded, not filtered. A cached part is then tested query by
+//      query (part_needed_kernel: its cluster centres and radii, copied
+//      from its pinned block, against each query's carried k'-th entry)
+//      and skipped alone where no (query, target cluster) pair passes;
 //   3. the lists come back to the host, and each query row takes its
 //      distinct point's list less the targets that share its key, with
 //      float8 distances (output_ordered_part: what ti_output.cu does on the
@@ -50,7 +53,14 @@
 // rounding margin of B + theta, and only a bound strictly beyond it skips.
 // Then D(q,t) > theta >= q's k'-th entry, which only decreases: t could
 // never enter q's list, ties included. The farther parts have larger
-// bounds (they are visited in bound order), so they go too.
+// bounds (they are visited in bound order), so they go too. A part skipped
+// by its clusters: for every query q and target cluster ct of the part,
+// x - R_t > theta + margin(x + R_t + theta), with x = D(q, ct) and theta
+// q's carried k'-th entry (ti distance): level 2's own cluster test, whose
+// margin (rounding_margin.h) covers the rounding of x, R_t and D(q, t),
+// so every member t has D(q, t) > theta >= q's k'-th entry, which only
+// decreases: no t could enter q's list, ties included (level 2's theta is
+// never larger than this one, so it would prune the same clusters).
 //
 // KNN_TI_TRACE=1 prints the phases (order, part builds, level 1, level 2,
 // theta read-backs, output) to stderr, the stream waited for after each.
@@ -117,12 +127,54 @@ __global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member
   out[cq] = ti == __int_as_float(0x7f800000) ? ti : ti + margin.rel * ti + margin.abs;
 }
 
+// Whether a target part can change any list of the query part: 1 goes to
+// *needed where some query q and target cluster ct pass level 2's cluster
+// test (ti_filter_level2.cu) with q's own k'-th entry as theta: not
+// x - R_t > theta + margin(x + R_t + theta), x = D(q, ct). One thread per
+// query position; the first pass found ends every thread.
+template <int METRIC>
+__global__ void part_needed_kernel(const float *qx, const int32_t *qmember, int64_t nq,
+                                   const float *value, int kprime, const float *tc,
+                                   const float *tr, const int32_t *tbegin, int32_t mt, int stride,
+                                   Margin margin, unsigned *needed) {
+  const int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (pos >= nq || *(volatile unsigned *)needed != 0) return;
+  const float last = value[(int64_t)qmember[pos] * kprime + kprime - 1];
+  if (last == __int_as_float(0x7f800000)) {  // a list not yet full
+    *needed = 1;
+    return;
+  }
+  const float theta = MetricOps<METRIC>::ti(last);
+  const float *q = qx + pos * stride;
+  for (int32_t ct = 0; ct < mt; ct++) {
+    if ((ct & 31) == 31 && *(volatile unsigned *)needed != 0) return;
+    if (tbegin[ct + 1] == tbegin[ct]) continue;
+    const float x = MetricOps<METRIC>::ti(MetricOps<METRIC>::value(q, tc + (int64_t)ct * stride,
+                                                                    stride));
+    const float rt = tr[ct];
+    if (!(x - rt > theta + margin.rel * (x + rt + theta) + margin.abs)) {
+      *needed = 1;
+      return;
+    }
+  }
+}
+
 // Groups for each side's order: several per part, so that a part's bound
 // is made of groups smaller than it, within what the host's tour and the
 // landmark distance matrix take (1024^2 pairs).
+// KNN_TI_ORDER_GROUPS=N (64..1024) sets it, for A/B benchmarks.
 int32_t order_groups(const PartPlan &plan) {
+  const char *forced = std::getenv("KNN_TI_ORDER_GROUPS");
+  if (forced != nullptr && std::atoi(forced) > 0) return std::max(64, std::min(1024, std::atoi(forced)));
   const int parts = std::max(plan.query_parts(), plan.target_parts());
   return std::max(64, std::min(1024, 8 * parts));
+}
+
+// Threads per query of level 2 asked for by KNN_TI_OOC_THREADS=P (1..8),
+// for A/B benchmarks; 0: as TiOptions say.
+int forced_threads_per_query() {
+  const char *forced = std::getenv("KNN_TI_OOC_THREADS");
+  return forced != nullptr ? std::max(0, std::min(8, std::atoi(forced))) : 0;
 }
 
 // One query part against every target part.
@@ -158,8 +210,10 @@ class OutOfCoreJoin {
  private:
   KnnStatus upload_target_keys();
   KnnStatus query_part(int index, bool *finite, int64_t *neighbors, double *distances);
-  KnnStatus filter_part(const ClusterSet &queries, const DistinctSet &query_set,
-                        const TargetPart &part, bool resume, MemoryBudget &mem);
+  KnnStatus filter_part(const ClusterSet &queries, const TargetPart &part, const float *carried,
+                        MemoryBudget &mem);
+  KnnStatus carried_bounds(const ClusterSet &queries, float *carried);
+  KnnStatus part_needed(const ClusterSet &queries, int target, bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
   KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
@@ -207,6 +261,7 @@ class OutOfCoreJoin {
 
   Level2Config used_;
   int64_t pairs_skipped_ = 0;
+  int64_t cluster_skipped_ = 0;  // of those, by part_needed (trace)
   std::vector<int64_t> part_min_row_;  // ordered: smallest original row of each target part
   int64_t query_clusters_ = 0;
   Clock::time_point t_start_ = Clock::now();
@@ -235,13 +290,14 @@ void OutOfCoreJoin::lap(double *phase, Clock::time_point *t0) {
 void OutOfCoreJoin::trace() const {
   if (!trace_) return;
   std::fprintf(stderr,
-               "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped; "
+               "[ti out-of-core] %dx%d parts (%lldx%lld rows), pairs %lld visited %lld skipped "
+               "(%lld by clusters); "
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
                "(pinned copies %.4f)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
-               (long long)pairs_skipped_,
+               (long long)pairs_skipped_, (long long)cluster_skipped_,
                cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
                query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
@@ -258,41 +314,100 @@ KnnStatus OutOfCoreJoin::upload_target_keys() {
   return KNN_OK;
 }
 
-// Level 1 and level 2 of the query part against one target part.
-KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSet &query_set,
-                                     const TargetPart &part, bool resume, MemoryBudget &mem) {
+// The carried bound of each query cluster (carried_bound_kernel).
+KnnStatus OutOfCoreJoin::carried_bounds(const ClusterSet &queries, float *carried) {
+  const unsigned grid = grid_for(queries.m, 128);
+  if (p_.metric == KNN_METRIC_L1)
+    carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
+        queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
+        margin_, carried);
+  else
+    carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
+        queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
+        margin_, carried);
+  CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
+  return KNN_OK;
+}
+
+// *needed: whether cached target part `target` can change a list of the
+// query part (part_needed_kernel); true where it is not cached. Its
+// clusters' centres, radii and offsets come from the part's pinned block
+// (a few KB), not the whole part.
+KnnStatus OutOfCoreJoin::part_needed(const ClusterSet &queries, int target, bool *needed,
+                                     MemoryBudget &mem) {
+  *needed = true;
+  TargetParts::ClusterSummary s;
+  if (!targets_.summary(target, &s) || s.m == 0 || queries.m == 0) return KNN_OK;
+  DeviceBuffer<float> centers, radius;
+  DeviceBuffer<int32_t> begin;
+  KNN_TRY(mem.allocate(ctx_, centers, (size_t)s.m * stride_, "part test"));
+  KNN_TRY(mem.allocate(ctx_, radius, (size_t)s.m, "part test"));
+  KNN_TRY(mem.allocate(ctx_, begin, (size_t)s.m + 1, "part test"));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(centers.get(), s.centers, centers.bytes(),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(radius.get(), s.radius, radius.bytes(), cudaMemcpyHostToDevice,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(begin.get(), s.begin, begin.bytes(), cudaMemcpyHostToDevice,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, sizeof(unsigned), ctx_.stream));
+  const unsigned grid = grid_for(queries.n, 256);
+  if (p_.metric == KNN_METRIC_L1)
+    part_needed_kernel<KNN_METRIC_L1><<<grid, 256, 0, ctx_.stream>>>(
+        queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+        centers.get(), radius.get(), begin.get(), s.m, stride_, margin_, theta_bits_.get());
+  else
+    part_needed_kernel<KNN_METRIC_L2><<<grid, 256, 0, ctx_.stream>>>(
+        queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+        centers.get(), radius.get(), begin.get(), s.m, stride_, margin_, theta_bits_.get());
+  CUDA_CHECK_LAUNCH(ctx_, "part_needed_kernel");
+  unsigned flag = 1;
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(&flag, theta_bits_.get(), sizeof flag, cudaMemcpyDeviceToHost,
+                                   ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  *needed = flag != 0;
+  mem.release(centers);
+  mem.release(radius);
+  mem.release(begin);
+  return KNN_OK;
+}
+
+// Level 1 and level 2 of the query part against one target part; carried:
+// the query clusters' carried bounds (carried_bounds), or nullptr before
+// the first part (empty lists).
+KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart &part,
+                                     const float *carried, MemoryBudget &mem) {
   Clock::time_point t0 = Clock::now();
+  const bool resume = carried != nullptr;
   // Resumed lists bound level 1's upper bounds (ti_filter_level1.cu): a far
   // part then leaves few candidate clusters, or none.
-  DeviceBuffer<float> carried;
-  if (resume) {
-    KNN_TRY(mem.allocate(ctx_, carried, (size_t)queries.m, "carried bounds"));
-    const unsigned grid = grid_for(queries.m, 128);
-    if (p_.metric == KNN_METRIC_L1)
-      carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
-          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
-          plan_.kprime, margin_, carried.get());
-    else
-      carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
-          queries.begin.get(), queries.member.get(), queries.m, result_value_.get(),
-          plan_.kprime, margin_, carried.get());
-    CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
-  }
   Level1Result level1;
   KNN_TRY(level1_filter(queries, part.clusters, p_.metric, plan_.kprime, margin_, level1, mem,
-                        ctx_, resume ? carried.get() : nullptr));
+                        ctx_, carried));
   KNN_TRY(ctx_.cancel_point());
   lap(&level1_seconds_, &t0);
   Level2Config config;
   config.kprime = plan_.kprime;
   config.partial = false;  // the partial filter cannot carry lists over
   config.resume = resume;
+  config.shared_merge = true;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
-  // One thread per query: a list carried from part to part then belongs to
-  // exactly one thread. Several threads per query (the in-memory join's
-  // inside-query parallelism) would each carry a partial list, merged only
-  // at the end, a path not yet proven on a GPU against the CPU engine.
-  config.parts = 1;
+  // Threads per query as in memory (IV-D3): a part's queries are few next
+  // to the device's threads. The level-2 kernel seeds a carried list into
+  // thread 0 of a query only, so the merge of the P lists sees each entry
+  // once; every thread prunes with a theta no smaller than the final k'-th
+  // (its own list's k'-th, or the shared minimum of the P lists' k'-th,
+  // each an upper bound of the merged list's). The P lists are merged in
+  // shared memory: a global merge array would take max groups x 32 x P x k'
+  // entries, more than a quarter-of-the-data budget holds. Lists in global
+  // memory keep one thread (their slots are per thread).
+  const int forced = forced_threads_per_query();
+  config.parts = forced > 0                        ? forced
+                 : options_.threads_per_query > 0 ? options_.threads_per_query
+                 : config.place == ListPlace::Global
+                     ? 1
+                     : level2_threads_per_query(ctx_, p_.metric, stride_, config.place,
+                                                plan_.kprime, queries.n,
+                                                options_.cache_conflict_factor);
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
                         result_value_.get(), result_row_.get(), counter_.get(), &used_, mem,
                         ctx_));
@@ -300,7 +415,6 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const DistinctSe
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
-  mem.release(carried);
   return KNN_OK;
 }
 
@@ -536,6 +650,10 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   KNN_TRY(done[1].create(ctx_));
   std::vector<std::pair<double, int>> order;
   order_target_parts(query_index, first, count, &order);
+  // The query clusters' carried bounds, recomputed before each part but
+  // the first.
+  DeviceBuffer<float> carried;
+  KNN_TRY(mem.allocate(ctx_, carried, (size_t)std::max<int32_t>(1, queries.m), "carried bounds"));
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
     const int target = order[i].second;
@@ -561,6 +679,20 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
         continue;
       }
     }
+    if (i > 0) {
+      // A cached part none of whose clusters can come within any query's
+      // k'-th entry is skipped (part_needed_kernel: exact).
+      bool needed = true;
+      const Clock::time_point t_test = Clock::now();
+      KNN_TRY(part_needed(queries, target, &needed, mem));
+      theta_seconds_ += seconds_since(t_test);
+      if (!needed) {
+        pairs_skipped_++;
+        cluster_skipped_++;
+        continue;
+      }
+      KNN_TRY(carried_bounds(queries, carried.get()));
+    }
     {
       // Each target part's memory is its own, released (in stream order)
       // before the next part's is allocated.
@@ -574,7 +706,7 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
       const TargetPart &part = shared && target == index ? own : loaded;
       lap(&get_seconds_, &t_get);
       pairs_visited_++;
-      KNN_TRY(filter_part(queries, query_set, part, /*resume=*/i > 0, part_mem));
+      KNN_TRY(filter_part(queries, part, i > 0 ? carried.get() : nullptr, part_mem));
     }
     CUDA_CHECK(ctx_, cudaEventRecord(done[i % 2].get(), ctx_.stream));
     if (i > 0) CUDA_CHECK(ctx_, cudaEventSynchronize(done[(i - 1) % 2].get()));
@@ -598,18 +730,22 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt[ skip S]/<list place>[/xP][/cached[/shared]]": query
-  // parts x target parts, rows per query part x rows per target part, P
-  // threads per query (of the last level-2 launch).
-  // " skip S": (query part, target part) pairs skipped by their bound.
+  // "ti/out-of-core QxT parts of RqxRt[ skip S][/cached[/self]][/xP]/<list place>": query
+  // parts x target parts, rows per query part x rows per target part;
+  // target parts cached in host memory (/self: a self-join's query parts
+  // are its cached target parts); P threads per query (of the last level-2
+  // launch). The least telling item last: the variant holds 63 characters.
+  // " skip S": (query part, target part) pairs skipped by their bound or
+  // by their clusters (part_needed; also for row ranges).
   char parts[16] = "", skipped[24] = "";
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
-  if (ordered_) std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
+  if (ordered_ || pairs_skipped_ > 0)
+    std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
-                "ti/out-of-core %dx%d parts of %lldx%lld%s/%s%s%s", plan_.query_parts(),
+                "ti/out-of-core %dx%d parts of %lldx%lld%s%s%s/%s", plan_.query_parts(),
                 plan_.target_parts(), (long long)plan_.query_rows, (long long)plan_.target_rows,
-                skipped, place_name(used_.place), parts,
-                !targets_.cached() ? "" : plan_.shared_parts ? "/cached/shared" : "/cached");
+                skipped, !targets_.cached() ? "" : plan_.shared_parts ? "/cached/self" : "/cached",
+                parts, place_name(used_.place));
   stats->query_clusters = query_clusters_;
   stats->target_clusters = targets_.clusters();
   stats->distance_computations = (int64_t)computed_;

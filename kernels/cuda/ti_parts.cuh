@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "ti_common.cuh"
@@ -191,6 +192,18 @@ class TargetParts {
   KnnStatus get(int index, float query_max_abs, TargetPart &out, bool *finite,
                 MemoryBudget &mem);
 
+  // The cluster centres (m x stride), radii (m) and offsets (m + 1) of a
+  // cached part, in its pinned host block (for copies queued on the join's
+  // stream, which orders them after the block is filled); false where the
+  // part is not cached.
+  struct ClusterSummary {
+    int32_t m = 0;
+    const float *centers = nullptr;
+    const float *radius = nullptr;
+    const int32_t *begin = nullptr;
+  };
+  bool summary(int index, ClusterSummary *out) const;
+
   bool cached() const { return cache_; }
   int64_t clusters() const { return clusters_; }
   double cluster_seconds() const { return cluster_seconds_; }
@@ -198,6 +211,7 @@ class TargetParts {
 
  private:
   struct HostPart;  // ti_target_parts.cu
+  class Pinner;     // ti_target_parts.cu: the pinned blocks, allocated ahead
 
   KnnStatus build(int index, float query_max_abs, TargetPart &out, bool *finite,
                   MemoryBudget &mem);
@@ -212,6 +226,7 @@ class TargetParts {
   bool cache_;
   PartStaging part_staging_;  // the part being built (ordered)
   std::vector<HostPart *> host_;
+  std::unique_ptr<Pinner> pinner_;  // ordered parts that are cached
   int64_t clusters_ = 0;
   double cluster_seconds_ = 0, store_seconds_ = 0;
 };

@@ -12,8 +12,21 @@
 // copy them back: a copy at PCIe speed instead of a new clustering. Copies
 // and kernels are ordered on the join's stream, so the host never waits
 // for a part. If pinned memory cannot be had, parts are simply rebuilt.
+//
+// Page-locking costs about a millisecond per few megabytes (half of the
+// target builds' time on kdd when each block was allocated as its part was
+// stored), so for ordered sides, whose parts' sizes the plan knows ahead
+// (distinct points and rows; clusters at most clusters_for), a host thread
+// (Pinner) allocates the blocks one after the other while the device
+// builds the parts, and store() takes them as they come.
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "../problem_check.h"
 #include "../value_range.h"
@@ -40,13 +53,30 @@ KnnStatus shift_rows(DeviceContext &ctx, int32_t *rows, int64_t n, int64_t offse
 
 constexpr size_t kAlign = 256;
 
+// Frees a block of TargetParts::Pinner (registered: posix_memalign'd pages
+// page-locked by cudaHostRegister).
+void free_pinned(unsigned char *block, bool registered) {
+  if (block == nullptr) return;
+  if (!registered) {
+    (void)cudaFreeHost(block);
+    return;
+  }
+  (void)cudaHostUnregister(block);
+  std::free(block);
+}
+
 size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
-// The arrays of one clustered part, in one pinned block.
+// The arrays of one clustered part, in one pinned block: allocated by
+// store() or taken from the Pinner.
 struct TargetParts::HostPart {
   PinnedBuffer<unsigned char> block;
+  unsigned char *prepinned = nullptr;  // from the Pinner, freed here
+  bool registered = false;             // prepinned is registered malloc memory
+  ~HostPart() { free_pinned(prepinned, registered); }
+  unsigned char *data() const { return prepinned != nullptr ? prepinned : block.get(); }
   bool ready = false;
   int64_t first = 0, n_rows = 0, n_distinct = 0;
   int32_t m = 0;
@@ -81,6 +111,83 @@ struct TargetParts::HostPart {
   }
 };
 
+// Pinned blocks of the given sizes, allocated in order by a host thread:
+// cudaMallocHost, or (register) pages allocated and touched by the thread
+// first, then page-locked by cudaHostRegister, so that the driver call
+// only pins pages already there.
+class TargetParts::Pinner {
+ public:
+  Pinner(int device, std::vector<size_t> sizes, bool register_pages)
+      : sizes_(std::move(sizes)),
+        register_(register_pages),
+        blocks_(sizes_.size(), nullptr),
+        done_(sizes_.size(), 0) {
+    thread_ = std::thread([this, device] { pin_all(device); });
+  }
+  ~Pinner() {
+    stop_ = true;
+    thread_.join();
+    for (unsigned char *b : blocks_) free_pinned(b, register_);
+  }
+  bool registered() const { return register_; }
+  Pinner(const Pinner &) = delete;
+  Pinner &operator=(const Pinner &) = delete;
+
+  // Block i, once allocated (the caller frees it), if it holds `bytes`;
+  // else nullptr (it could not be had, or is too small: freed here).
+  unsigned char *take(int i, size_t bytes) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_[i] != 0; });
+    unsigned char *b = blocks_[i];
+    blocks_[i] = nullptr;
+    lock.unlock();
+    if (b != nullptr && bytes > sizes_[i]) {
+      free_pinned(b, register_);
+      b = nullptr;
+    }
+    return b;
+  }
+
+ private:
+  void pin_all(int device) {
+    const bool on_device = cudaSetDevice(device) == cudaSuccess;
+    for (size_t i = 0; i < sizes_.size(); i++) {
+      void *p = nullptr;
+      if (on_device && !stop_) p = register_ ? register_block(sizes_[i]) : malloc_block(sizes_[i]);
+      (void)cudaGetLastError();  // (this thread's error state only)
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_[i] = static_cast<unsigned char *>(p);
+      done_[i] = 1;
+      cv_.notify_all();
+    }
+  }
+
+  static void *malloc_block(size_t bytes) {
+    void *p = nullptr;
+    return cudaMallocHost(&p, bytes) == cudaSuccess ? p : nullptr;
+  }
+  static void *register_block(size_t bytes) {
+    const size_t page = 4096;
+    void *p = nullptr;
+    if (posix_memalign(&p, page, bytes) != 0) return nullptr;
+    for (size_t at = 0; at < bytes; at += page) static_cast<volatile char *>(p)[at] = 0;
+    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+      std::free(p);
+      return nullptr;
+    }
+    return p;
+  }
+
+  const std::vector<size_t> sizes_;
+  const bool register_;
+  std::vector<unsigned char *> blocks_;
+  std::vector<char> done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
                          const SpatialOrder *order, DeviceContext &ctx)
     : p_(p),
@@ -90,6 +197,23 @@ TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const Pa
       ctx_(ctx),
       cache_(plan.cache_targets) {
   host_.assign(plan.target_parts(), nullptr);
+  if (cache_ && order_ != nullptr) {
+    const int stride = padded_stride(p.dim);
+    std::vector<size_t> sizes(plan.target_parts());
+    for (int i = 0; i < plan.target_parts(); i++) {
+      const int64_t n = plan.target_distinct_count(i);
+      sizes[i] = HostPart::layout(plan.clusters_for(n), n, plan.target_count(i), stride).total;
+    }
+    // KNN_TI_PIN_AHEAD=0: each block allocated as its part is stored;
+    // 2: registered pages (Pinner); else cudaMallocHost ahead (A/B).
+    const char *ahead = std::getenv("KNN_TI_PIN_AHEAD");
+    const int mode = ahead != nullptr ? std::atoi(ahead) : 1;
+    try {
+      if (mode != 0) pinner_.reset(new Pinner(ctx.device, std::move(sizes), mode == 2));
+    } catch (const std::system_error &) {
+      // No thread: store() allocates each block itself.
+    }
+  }
 }
 
 TargetParts::~TargetParts() {
@@ -97,6 +221,7 @@ TargetParts::~TargetParts() {
   // path): let them finish before the blocks go.
   if (ctx_.stream != nullptr) (void)cudaStreamSynchronize(ctx_.stream);
   (void)cudaGetLastError();
+  pinner_.reset();
   for (HostPart *h : host_) delete h;
 }
 
@@ -150,14 +275,18 @@ KnnStatus TargetParts::store(int index, const TargetPart &part) {
   const ClusterSet &c = part.clusters;
   HostPart *h = new HostPart;
   const HostPart::Layout l = HostPart::layout(c.m, c.n, part.set.n_rows, stride);
-  if (h->block.allocate(ctx_, l.total) != KNN_OK) {
+  if (pinner_) {
+    h->prepinned = pinner_->take(index, l.total);
+    h->registered = pinner_->registered();
+  }
+  if (h->prepinned == nullptr && h->block.allocate(ctx_, l.total) != KNN_OK) {
     ctx_.error.clear();  // (allocate has cleared the CUDA error)
     delete h;
     cache_ = false;
     return KNN_OK;
   }
   host_[index] = h;
-  unsigned char *b = h->block.get();
+  unsigned char *b = h->data();
   auto down = [&](size_t at, const void *src, size_t bytes) -> KnnStatus {
     if (bytes == 0) return KNN_OK;
     CUDA_CHECK(ctx_, cudaMemcpyAsync(b + at, src, bytes, cudaMemcpyDeviceToHost, ctx_.stream));
@@ -189,7 +318,7 @@ KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
   const int stride = padded_stride(p_.dim);
   const HostPart &h = *host_[index];
   const HostPart::Layout l = HostPart::layout(h.m, h.n_distinct, h.n_rows, stride);
-  const unsigned char *b = h.block.get();
+  const unsigned char *b = h.data();
   ClusterSet &c = out.clusters;
   c.m = h.m;
   c.n = h.n_distinct;
@@ -218,6 +347,19 @@ KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
   KNN_TRY(up(c.rows_begin, (size_t)h.n_distinct, l.rows_begin, "cluster members"));
   KNN_TRY(up(out.set.rows, (size_t)h.n_rows, l.rows, "duplicate groups"));
   return KNN_OK;
+}
+
+bool TargetParts::summary(int index, ClusterSummary *out) const {
+  const HostPart *h = host_[index];
+  if (h == nullptr || !h->ready) return false;
+  const HostPart::Layout l =
+      HostPart::layout(h->m, h->n_distinct, h->n_rows, padded_stride(p_.dim));
+  const unsigned char *b = h->data();
+  out->m = h->m;
+  out->centers = reinterpret_cast<const float *>(b + l.centers);
+  out->radius = reinterpret_cast<const float *>(b + l.radius);
+  out->begin = reinterpret_cast<const int32_t *>(b + l.begin);
+  return true;
 }
 
 KnnStatus TargetParts::get(int index, float query_max_abs, TargetPart &out, bool *finite,
