@@ -23,11 +23,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cuda/knn_cuda_testing.h"
@@ -320,6 +322,56 @@ TEST(SplitOnOneGpu, TiSelfJoinDividedByClusters) {
       EXPECT_TRUE(divided_by_clusters(split))
           << v.what << ", " << engines << " engines: " << split.stats.variant;
     }
+}
+
+// Settings of the process environment for one scope (the engine reads
+// them when a join runs; no join runs while they change).
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char *, const char *>> vars) {
+    for (const auto &v : vars) {
+      names_.push_back(v.first);
+      setenv(v.first, v.second, 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const char *name : names_) unsetenv(name);
+  }
+
+ private:
+  std::vector<const char *> names_;
+};
+
+// A divided share's batches of clusters run side by side, each on a stream
+// of its own, their rows written as each ends (ti_query_share.cu).
+// KNN_TI_BATCHED_WRITES=1 runs a one-GPU join the same way over every
+// cluster; KNN_TI_SHARE_BATCHES sets the batches (at most the device's
+// stream priorities: 16 asks for more) and KNN_TI_BATCH_STREAMS=1 queues
+// them on one stream: every way bit for bit against the CPU engine, on one
+// GPU and split.
+TEST(SplitOnOneGpu, ClusterBatchesSideBySideMatchTheCpu) {
+  REQUIRE_GPU();
+  Case c = uneven_case(40000, 4, 330);
+  c.problem.method = KNN_METHOD_TI;
+  c.problem.k = 20;
+  const Answer cpu = job(c.problem, KNN_DEVICE_CPU);
+  const std::pair<const char *, const char *> settings[] = {
+      {"6", "0"}, {"16", "0"}, {"3", "1"}, {"1", "0"}};
+  for (const auto &s : settings) {
+    const std::string what = std::string("batches ") + s.first + ", one stream " + s.second;
+    Answer one, split;
+    {
+      ScopedEnv env({{"KNN_TI_BATCHED_WRITES", "1"},
+                     {"KNN_TI_SHARE_BATCHES", s.first},
+                     {"KNN_TI_BATCH_STREAMS", s.second}});
+      one = job(on_devices(c.problem, {0}), KNN_DEVICE_GPU);
+      split = job(on_devices(c.problem, {0, 0}), KNN_DEVICE_GPU);
+    }
+    expect_answers_identical(one, cpu, what + " (one GPU)");
+    EXPECT_TRUE(divided_by_clusters(one)) << what << ": " << one.stats.variant;
+    expect_answers_identical(split, cpu, what + " (GPU 0 twice)");
+    EXPECT_TRUE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
+  }
 }
 
 // Each engine plans its own memory: under a tiny limit brute force chunks

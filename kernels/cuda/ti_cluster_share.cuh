@@ -32,6 +32,16 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
                                  int64_t count, int k, int kprime, size_t room,
                                  ClusterShare *out, MemoryBudget &mem, DeviceContext &ctx);
 
+// Whether the environment variable `name` is set to 1 (the measuring
+// switches below).
+bool env_flag(const char *name);
+
+// Every cluster as one share (KNN_TI_BATCHED_WRITES=1 on a join of one
+// GPU: level 2 and the output run as a divided share's do, for measuring
+// them against one launch; KNN_TI_BATCH_STREAMS=1 also queues the batches
+// on one stream, the older way).
+KnnStatus whole_cluster_share(const ClusterSet &all, ClusterShare *out, DeviceContext &ctx);
+
 // The query clusters restricted to [first_cluster, end_cluster): every
 // cluster kept (indices as in `all`, as level 1's results are), those
 // outside empty. `begin` is all.begin on the host.
@@ -58,9 +68,10 @@ struct ClusterShareJoin {
   std::function<Level2Config(int64_t n)> config;
 };
 
-// Level 2 on the share's clusters, in batches of clusters, each batch's
-// rows written (scattered, into the caller's arrays) while the GPU filters
-// the next one. *used is the last batch's configuration; the seconds of
+// Level 2 on the share's clusters, in batches of clusters queued side by
+// side (a stream and a priority each), each batch's rows written
+// (scattered, into the caller's arrays) while the GPU filters the later
+// ones. *used is the share's configuration; the seconds of
 // the row expansion and of the copies are added to *select_seconds and
 // *download_seconds.
 KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const ClusterShare &share,

@@ -19,6 +19,8 @@
 //
 // KNN_TI_PHASES=1 in the environment prints each stage's wall time to
 // stderr (a synchronisation after each; for measuring only).
+// KNN_TI_BATCHED_WRITES=1 runs a one-GPU join's level 2 and output as a
+// share divided by clusters does (ti_cluster_share.cuh; measuring only).
 //
 // The adaptive scheme of IV-D is decided here: the partial filter when
 // k / dim exceeds a ratio (TiOptions says why it is off by default), the
@@ -377,6 +379,8 @@ KnnStatus TiJoin::filter() {
     if (!by_clusters_.agreed)
       KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
                                    share_clusters_, mem_, ctx_));
+  } else if (env_flag("KNN_TI_BATCHED_WRITES")) {
+    KNN_TRY(whole_cluster_share(query_clusters_, &by_clusters_, ctx_));
   }
 
   const size_t slots = (size_t)query_set_.n_distinct * kprime_;

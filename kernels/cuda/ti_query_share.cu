@@ -248,8 +248,7 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
 
   // KNN_TI_SPLIT_ROWS=1 in the environment: decline (each engine answers
   // its rows), for comparing the two ways.
-  const char *rows_only = std::getenv("KNN_TI_SPLIT_ROWS");
-  if (rows_only != nullptr && rows_only[0] == '1') {
+  if (env_flag("KNN_TI_SPLIT_ROWS")) {
     ctx.share_vote->decline(ctx.share_voter);
     return KNN_OK;
   }
@@ -269,6 +268,24 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
   if (first_row + count >= n_rows) out->end_cluster = m;
   if (first_row == 0) out->first_cluster = 0;
   out->begin = std::move(begin);
+  return KNN_OK;
+}
+
+bool env_flag(const char *name) {
+  const char *v = std::getenv(name);
+  return v != nullptr && v[0] == '1';
+}
+
+KnnStatus whole_cluster_share(const ClusterSet &all, ClusterShare *out, DeviceContext &ctx) {
+  *out = ClusterShare{};
+  out->begin.resize(all.m + 1);
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out->begin.data(), all.begin.get(),
+                                  (all.m + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                  ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  out->agreed = true;
+  out->first_cluster = 0;
+  out->end_cluster = all.m;
   return KNN_OK;
 }
 
@@ -364,22 +381,35 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
   return KNN_OK;
 }
 
-// Batches of the share's clusters, of decreasing size (weights B, B-1,
-// ..., 1 of the share's positions): the rows of each batch are written
-// while the GPU filters the later ones, so only the last, smallest batch's
-// rows are written after level 2 has ended.
-constexpr int kShareBatches = 6;
+// Batches of the share's clusters, of decreasing size (weights B + B/2,
+// ..., 1 + B/2 of the share's positions: 9, 8, ..., 4 for B = 6): the rows
+// of each batch are written while the GPU filters the later ones, so only
+// the last, smallest batch's rows are written after level 2 has ended. The
+// writes take nearly as long as level 2 (H200, 5000000 x 8 on one GPU:
+// 0.25 s against 0.31 s), so they must not start late either: a model of
+// the two (batch b's writes start when its level 2 and the writes before
+// have ended) puts these weights 0.005-0.008 s ahead of B, ..., 1 on one
+// share of two GPUs (not measured). The batches must end in order
+// for that, which only distinct stream priorities ensure (below): B is at
+// most the device's number of priorities (6 on H100 and H200). Measured
+// on an H200 (KNN_TI_BATCHED_WRITES=1, 5000000 x 8 clustered): 6 batches
+// side by side, level 2 0.31 s and level 2 + writes 0.355 s; 12 batches,
+// 8 of them at one priority, ended together: level 2 + writes 0.47-0.52 s.
+// KNN_TI_SHARE_BATCHES (1 to kMaxShareBatches) sets B, for measuring.
+constexpr int kShareBatches = 6, kMaxShareBatches = 16;
 
-// A stream whose kernels the GPU schedules ahead of those of the join's
-// stream: a batch's row lists and expansion run as soon as its level 2 is
-// done, between the blocks of the next batch's level 2, rather than after
-// it.
-class UrgentStream : public OwnedHandle<cudaStream_t, cudaStreamDestroy> {
+int share_batches() {
+  const char *v = std::getenv("KNN_TI_SHARE_BATCHES");
+  const int b = v != nullptr ? std::atoi(v) : 0;
+  return b >= 1 && b <= kMaxShareBatches ? b : kShareBatches;
+}
+
+// A stream at a priority (cudaDeviceGetStreamPriorityRange: lower numbers
+// are scheduled first).
+class PriorityStream : public OwnedHandle<cudaStream_t, cudaStreamDestroy> {
  public:
-  KnnStatus create(DeviceContext &ctx) {
-    int least = 0, greatest = 0;
-    CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, greatest));
+  KnnStatus create(DeviceContext &ctx, int priority) {
+    CUDA_CHECK(ctx, cudaStreamCreateWithPriority(&h_, cudaStreamNonBlocking, priority));
     return KNN_OK;
   }
 };
@@ -394,11 +424,18 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // The batches' cuts (clusters), at the weights' shares of the positions.
   const std::vector<int32_t> &begin = share.begin;
   const int64_t lo = begin[share.first_cluster], hi = begin[share.end_cluster];
-  const int64_t total_weight = kShareBatches * (kShareBatches + 1) / 2;
+  // Priorities: greatest (numerically least) first. The urgent stream of
+  // the writes shares the first batch's: it has work only once that batch
+  // has ended.
+  int least = 0, greatest = 0;
+  CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int levels = least - greatest + 1;
+  const int most = levels > 1 ? std::min(share_batches(), levels) : share_batches();
+  const int64_t total_weight = most * (most + 1) / 2 + most * (most / 2);
   std::vector<int32_t> cuts{share.first_cluster};
   int64_t weight = 0;
-  for (int b = 0; b + 1 < kShareBatches; b++) {
-    weight += kShareBatches - b;
+  for (int b = 0; b + 1 < most; b++) {
+    weight += most - b + most / 2;
     const int64_t pos = lo + (hi - lo) * weight / total_weight;
     const int32_t c = (int32_t)(std::lower_bound(begin.begin() + share.first_cluster,
                                                  begin.begin() + share.end_cluster, pos) -
@@ -408,21 +445,43 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   if (share.end_cluster > cuts.back()) cuts.push_back(share.end_cluster);
   const int batches = (int)cuts.size() - 1;
 
-  UrgentStream side;
-  Event filtered[kShareBatches];
-  KNN_TRY(side.create(ctx));
-  for (int b = 0; b < batches; b++) KNN_TRY(filtered[b].create(ctx));
-  ClusterSet slices[kShareBatches];
+  // Each batch's level 2 runs on a stream of its own, all queued at once:
+  // on one stream each launch's tail (its slowest blocks, on few
+  // multiprocessors) idled the rest of the GPU until the next launch
+  // began (H200, level 2 of all clusters: 0.305 s in one launch, 0.38 s
+  // in 6 batches on one stream, 0.31 s side by side). Queued side by side,
+  // the next batch's blocks fill the tail; each batch has a lower priority
+  // than the one before, so the GPU still finishes them in order. A
+  // batch's rows are expanded and written on the urgent stream (the
+  // highest priority), between the blocks of the later batches, as soon
+  // as its level 2 ends.
+  PriorityStream side, lanes[kMaxShareBatches];
+  Event ready, filtered[kMaxShareBatches];
+  KNN_TRY(side.create(ctx, greatest));
+  KNN_TRY(ready.create(ctx));
+  // KNN_TI_BATCH_STREAMS=1: the batches one after another on one stream
+  // (the older way, for measuring).
+  const bool one_lane = env_flag("KNN_TI_BATCH_STREAMS");
+  for (int b = 0; b < batches; b++) {
+    if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + b)));
+    KNN_TRY(filtered[b].create(ctx));
+  }
+  // (Declared after the streams: freed on theirs, before they go.)
+  ClusterSet slices[kMaxShareBatches];
   DeviceContext writer = ctx;
   writer.stream = side.get();
   // On every path: nothing of the batches is in flight when the slices go.
   struct Drain {
-    cudaStream_t a, b;
+    cudaStream_t main, side;
+    const PriorityStream *lanes;
+    int n;
     ~Drain() {
-      (void)cudaStreamSynchronize(a);
-      (void)cudaStreamSynchronize(b);
+      for (int b = 0; b < n; b++)
+        if (lanes[b].get() != nullptr) (void)cudaStreamSynchronize(lanes[b].get());
+      (void)cudaStreamSynchronize(side);
+      (void)cudaStreamSynchronize(main);
     }
-  } drain{ctx.stream, side.get()};
+  } drain{ctx.stream, side.get(), lanes, batches};
 
   // KNN_TI_PHASES=1: level 2's own time on the GPU (the writes overlap it).
   const char *phases = std::getenv("KNN_TI_PHASES");
@@ -437,20 +496,35 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   if (phases != nullptr && phases[0] == '1' && cudaEventCreate(&level2_span[0]) == cudaSuccess &&
       cudaEventCreate(&level2_span[1]) == cudaSuccess)
     (void)cudaEventRecord(level2_span[0], ctx.stream);
-  // Every batch's level 2 is queued on ctx.stream at once (no step of it
-  // waits for the host), each followed by its event ...
+  // Everything the batches read (clusters, level 1, the result arrays, the
+  // counter) was made on ctx.stream.
+  CUDA_CHECK(ctx, cudaEventRecord(ready.get(), ctx.stream));
+  // One configuration for the whole share, as one launch over it would
+  // have (the batches run side by side, not one after another).
+  const Level2Config config = join.config(hi - lo);
   for (int b = 0; b < batches; b++) {
     KNN_TRY(ctx.cancel_point());
-    KNN_TRY(slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b], mem,
-                                 ctx));
-    KNN_TRY(level2_filter(slices[b], *join.targets, *join.target_set, *join.level1, join.metric,
-                          join.config(slices[b].n), join.margin, join.result_value,
-                          join.result_row, join.counter, used, mem, ctx));
-    CUDA_CHECK(ctx, cudaEventRecord(filtered[b].get(), ctx.stream));
+    DeviceContext lane = ctx;
+    lane.stream = lanes[one_lane ? 0 : b].get();
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(lane.stream, ready.get(), 0));
+    KnnStatus st = slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b],
+                                         mem, lane);
+    if (st == KNN_OK)
+      st = level2_filter(slices[b], *join.targets, *join.target_set, *join.level1, join.metric,
+                         config, join.margin, join.result_value, join.result_row, join.counter,
+                         used, mem, lane);
+    if (st != KNN_OK) {
+      ctx.error = lane.error;
+      return st;
+    }
+    CUDA_CHECK(ctx, cudaEventRecord(filtered[b].get(), lane.stream));
   }
+  // ctx.stream goes on (the counter, the frees) once every batch is done.
+  for (int b = 0; b < batches; b++)
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(ctx.stream, filtered[b].get(), 0));
   if (level2_span[1] != nullptr) (void)cudaEventRecord(level2_span[1], ctx.stream);
-  // ... and each batch's rows are written on the urgent stream once its
-  // event has passed, while the GPU filters the later batches.
+  // Each batch's rows are written on the urgent stream once its level 2
+  // has ended, while the GPU filters the later batches.
   for (int b = 0; b < batches; b++) {
     CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[b].get(), 0));
     const KnnStatus st = write_cluster_share_rows(
