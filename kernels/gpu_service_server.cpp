@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -227,6 +228,14 @@ void Server::serve(Connection *c) noexcept {
     char message[kMessageBytes] = "";
     std::atomic<bool> ran{false};
     KnnStatus status = KNN_INTERNAL_ERROR;
+    // The job's end wakes the watch below at once (not at its next look):
+    // the reply, and the backend's GPU slot, come back without delay.
+    int ended = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    const auto mark_ended = [&] {
+      ran.store(true);
+      const uint64_t one = 1;
+      if (ended >= 0) (void)!write(ended, &one, sizeof one);
+    };
     std::thread worker;
     try {
       worker = start_signal_free_thread([&] {
@@ -234,29 +243,33 @@ void Server::serve(Connection *c) noexcept {
           return run_(problem, stand_in, neighbors, distances, &stats, cancel, message,
                       sizeof message);
         });
-        ran.store(true);
+        mark_ended();
       });
     } catch (...) {
       copy_message(message, sizeof message, "the GPU service could not start a thread");
       status = KNN_OUT_OF_MEMORY;
-      ran.store(true);
+      mark_ended();
     }
     // Watch the backend while the job runs: its end (or stop()) cancels.
     bool peer_gone = false;
     while (!ran.load()) {
-      pollfd pfd{c->fd, POLLIN, 0};
-      const int ready = poll(&pfd, 1, kWatchMs);
-      if (!peer_gone && ready == 1) {
+      pollfd pfds[2] = {{c->fd, POLLIN, 0}, {ended, POLLIN, 0}};
+      (void)poll(pfds, ended >= 0 ? 2 : 1, kWatchMs);
+      const bool peer_ready = (pfds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+      if (!peer_gone && peer_ready) {
         char byte;
         const ssize_t n = recv(c->fd, &byte, 1, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
-            (pfd.revents & (POLLHUP | POLLERR)) != 0)
+            (pfds[0].revents & (POLLHUP | POLLERR)) != 0)
           peer_gone = true;
       }
       if (peer_gone || stopping_.load()) __atomic_store_n(cancel, 1, __ATOMIC_RELAXED);
-      if (peer_gone && ready == 1) std::this_thread::sleep_for(std::chrono::milliseconds(kWatchMs));
+      // A gone peer's socket stays readable: look again after a pause.
+      if (peer_gone && peer_ready && !ran.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(kWatchMs));
     }
     if (worker.joinable()) worker.join();
+    close_fd(ended);
     // Stopping: no answer, so that the backend reads the service's end.
     if (!stopping_.load() && !peer_gone) {
       std::memcpy(&shared->stats, &stats, sizeof stats);
