@@ -204,16 +204,25 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 namespace {
 
+int share_batches();  // below
+
 // An upper bound of the device memory the share still needs once the
-// engines agreed: its clusters' arrays, the lists of every distinct query,
-// level 2's lists (inside-query lists of up to 8 warps a query) and the
-// output's row lists and smallest chunk.
+// engines agreed (after that an engine cannot hand its share to another
+// method): its clusters' arrays, the lists of every distinct query, level
+// 2's lists (inside-query lists of up to 8 warps a query, and one more
+// copy for the batches' cuts), and, with global lists (k' > 32), each
+// batch's warp-group slots, up to 32 a cluster of the set with their
+// inside-query lists, all batches at once (they run side by side); and
+// the output's row lists and smallest chunk. Too much to fit: the engines
+// answer their row ranges instead.
 size_t cluster_share_bytes(const ClusterSet &all, int64_t n_rows, int k, int kprime) {
   const double n = (double)all.n, m = (double)all.m, row = 4.0 * all.stride;
   const double arrays = n * (row + 5 * 4) + m * (row + 4 * 4);
-  const double lists = n * kprime * 8.0 * (1 + 8);
+  const double lists = n * kprime * 8.0 * (1 + 8 + 1);
+  const double slots =
+      kprime > 32 ? share_batches() * kWarp * (m + 1) * kprime * 8.0 * (1 + 8) : 0.0;
   const double output = n_rows * 16.0 + std::min<double>(n_rows, 1024) * k * 16.0 + (1 << 20);
-  return (size_t)std::min<double>(arrays + lists + output, 1e18);
+  return (size_t)std::min<double>(arrays + lists + slots + output, 1e18);
 }
 
 }  // namespace
