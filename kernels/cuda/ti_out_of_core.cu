@@ -467,10 +467,7 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
                                      int64_t *neighbors, double *distances) {
   const int64_t n = query_set.n_rows;
   const int k = p_.k;
-  const size_t slot_bytes = sizeof(int64_t) + sizeof(double);
-  const size_t room = mem.budget() > mem.used() ? mem.budget() - mem.used() : 0;
-  int64_t chunk = std::min<int64_t>(n, (int64_t)(room / 2 / (slot_bytes * k)));
-  if (chunk < 1) chunk = std::min<int64_t>(n, 1024);  // let the allocation report it
+  const int64_t chunk = output_chunk_rows(mem.budget(), mem.used(), n, k);
   DeviceBuffer<int64_t> rows;
   DeviceBuffer<double> dist;
   KNN_TRY(mem.allocate(ctx_, rows, (size_t)chunk * k, "results"));
