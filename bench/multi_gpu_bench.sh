@@ -5,7 +5,7 @@
 #   OUT=/some/dir bench/multi_gpu_bench.sh      (from the project root)
 #
 # On a host with two GPUs (the device tool's nvidia-h200-x2), every step
-# under `timeout`, about 8.5 minutes at most in all:
+# under `timeout`, about 9 minutes at most in all:
 #   1. builds knn_gpu_cuda.so (sm_90), test/gpu_multi_test and bench/knn_bench;
 #   2. runs test/gpu_multi_test (split against one GPU against the CPU
 #      engine, on GPU 0 listed twice and on GPUs 0 and 1);
@@ -13,15 +13,17 @@
 #      embedding set (bench/make_cpu_sets.py clustered / embedding);
 #   4. times the TI self-join of the first (k = 20) and the brute-force
 #      self-join of the second (k = 10), each on GPU 0 and then on GPUs 0,1
-#      (bench/knn_bench --devices 0/0,1: one untimed run, then one timed),
-#      and compares the split results with the one-GPU ones bit for bit;
+#      (bench/knn_bench --devices 0/0,1: one untimed run, then
+#      MULTI_GPU_REPEAT timed ones, default 3: the figures are their medians,
+#      since one run of the one-GPU TI join varies by +-10 % with its result
+#      download), and compares the split results with the one-GPU ones bit for bit;
 #   5. writes $OUT/multi_gpu.json (per join: seconds on one and on two GPUs,
 #      the speed-up, whether the results are identical, each GPU's rows and
 #      seconds), knn_bench's own JSON (ti.json, brute.json) and three logs
 #      (build.log, test.log, bench.log): six files.
 # Exits non-zero when a step fails, a result differs or a test fails.
 #
-# Knobs (for trying the script on one GPU): MULTI_GPU_DEVICES (default
+# Knobs (for trying the script on one GPU): MULTI_GPU_REPEAT (3), MULTI_GPU_DEVICES (default
 # 0/0,1; 0/0,0 runs the split as two engines on GPU 0), MULTI_GPU_TI_ROWS
 # (5000000), MULTI_GPU_EMBED_ROWS (1000000), MULTI_GPU_BUILD=0 (use what is
 # built), GENCODE (default sm_90). GoogleTest is looked for in .gtest (or
@@ -38,6 +40,7 @@ mkdir -p "$out"
 devices=${MULTI_GPU_DEVICES:-0/0,1}
 ti_rows=${MULTI_GPU_TI_ROWS:-5000000}
 embed_rows=${MULTI_GPU_EMBED_ROWS:-1000000}
+repeat=${MULTI_GPU_REPEAT:-3}
 gencode=${GENCODE:--gencode arch=compute_90,code=sm_90}
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
@@ -76,13 +79,13 @@ grep -E '^\[  (PASSED|FAILED|SKIPPED) |tests? ran|^note:' "$out/test.log" | tail
 step 40 "$out/bench.log" python3 bench/make_cpu_sets.py clustered "$ti_rows" 8 "$data" \
   "clustered-8d-$ti_rows" || exit 1
 step 60 "$out/bench.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
-  --sets "clustered-8d-$ti_rows" --methods ti --k 20 --repeat 1 --devices "$devices" \
+  --sets "clustered-8d-$ti_rows" --methods ti --k 20 --repeat "$repeat" --devices "$devices" \
   --out "$out/ti.json" || status=1
 rm -f "$data"/clustered-8d-*
 step 50 "$out/bench.log" python3 bench/make_cpu_sets.py embedding "$embed_rows" 768 "$data" \
   "embed-768d-$embed_rows" || exit 1
-step 70 "$out/bench.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
-  --sets "embed-768d-$embed_rows" --methods brute --k 10 --repeat 1 --devices "$devices" \
+step 110 "$out/bench.log" ./bench/knn_bench "$data" --module-dir "$PWD" \
+  --sets "embed-768d-$embed_rows" --methods brute --k 10 --repeat "$repeat" --devices "$devices" \
   --out "$out/brute.json" || status=1
 grep -E '^(clustered|embed)-' "$out/bench.log" | grep -v ' s  ' 
 
