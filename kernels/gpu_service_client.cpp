@@ -173,18 +173,20 @@ bool PreparedJob::prepare_in_arena(const KnnProblem &p, bool shared_rows, bool s
       __builtin_mul_overflow(static_cast<uint64_t>(row), static_cast<uint64_t>(p.n_targets),
                              &target_bytes))
     return false;
-  std::unique_ptr<ArenaJob> lease = lease_for_job(p.queries, query_bytes);
+  std::unique_ptr<ArenaJob> lease =
+      lease_for_job(p.queries, query_bytes, p.targets, shared_rows ? 0 : target_bytes);
   if (lease == nullptr) return false;
-  const int64_t queries_at = lease->offset_of(p.queries, query_bytes);
+  // A side not in the buffer is copied into the job's segment.
+  int64_t queries_at = lease->offset_of(p.queries, query_bytes);
+  if (queries_at < 0) queries_at = kPlaceHere;
   int64_t targets_at = shared_rows ? kPlaceHere : lease->offset_of(p.targets, target_bytes);
-  if (targets_at < 0) targets_at = kPlaceHere;  // not in the buffer: copied into the job's segment
+  if (targets_at < 0) targets_at = kPlaceHere;
   // The job's own regions (keys, results, targets not in the buffer) go in
   // a segment of its own: its size first, then the layout at its offset.
   WireHeader h;
   uint64_t end = 0;
   const char *why = nullptr;
-  if (queries_at < 0 ||
-      !plan_layout_at(p, shared_rows, self_keys, queries_at, targets_at, 0, &h, &end, &why))
+  if (!plan_layout_at(p, shared_rows, self_keys, queries_at, targets_at, 0, &h, &end, &why))
     return false;
   const int64_t segment = lease->add_segment(end);
   if (segment < 0 || !plan_layout_at(p, shared_rows, self_keys, queries_at, targets_at,
@@ -194,6 +196,7 @@ bool PreparedJob::prepare_in_arena(const KnnProblem &p, bool shared_rows, bool s
   // The service's check, here first: a job it would refuse goes the copying way.
   if (validate_header(h, lease->size()) != nullptr) return false;
   unsigned char *base = lease->base();
+  if (queries_at == kPlaceHere) copy_in(base, h.queries, p.queries);
   if (targets_at == kPlaceHere) copy_in(base, h.targets, p.targets);
   if (self_keys) {
     copy_in(base, h.query_keys, p.query_keys);

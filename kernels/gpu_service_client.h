@@ -51,9 +51,9 @@ class PreparedJob {
   PreparedJob &operator=(const PreparedJob &) = delete;
 
   // Copies the problem's rows and keys in. KNN_OK, or a status and errbuf.
-  // Where the query rows lie in this process's shared row buffer
-  // (gpu_service_rows.h), the job is that buffer's memfd: only the keys,
-  // the room for results and a side not in the buffer are written.
+  // Where the query or the target rows lie in this process's shared row
+  // buffer (gpu_service_rows.h), the job is that buffer's memfd: only the
+  // keys, the room for results and a side not in the buffer are written.
   KnnStatus prepare(const KnnProblem &problem, bool cpu_stand_in, char *errbuf, size_t errlen);
 
   // Whether the job is in the shared row buffer (for tests).

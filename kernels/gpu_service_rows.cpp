@@ -60,6 +60,14 @@ class Arena {
     if (fd >= 0) close(fd);
   }
 
+  // Under mutex: whether [p, p + length) lies in the memfd's pages after
+  // the header's.
+  bool holds(const void *p, uint64_t length) const {
+    const auto *q = static_cast<const unsigned char *>(p);
+    return q >= base + kPage && q <= base + size &&
+           length <= static_cast<uint64_t>(base + size - q);
+  }
+
   // Under mutex: the end of the highest live segment (the header's page
   // when none).
   uint64_t top() const { return live.empty() ? kPage : live.back()->offset + live.back()->capacity; }
@@ -168,13 +176,13 @@ std::shared_ptr<Arena> current_arena(bool make) {
 
 }  // namespace
 
-std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes) {
+std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes,
+                                        const void *targets, uint64_t target_bytes) {
   std::shared_ptr<Arena> arena = current_arena(false);
   if (arena == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(arena->mutex);
-  const auto *p = static_cast<const unsigned char *>(queries);
-  if (arena->spoilt || arena->header_leased || p < arena->base + kPage ||
-      p + query_bytes > arena->base + arena->size)
+  if (arena->spoilt || arena->header_leased ||
+      (!arena->holds(queries, query_bytes) && !arena->holds(targets, target_bytes)))
     return nullptr;
   arena->header_leased = true;
   return std::unique_ptr<ArenaJob>(new ArenaJob(arena));
@@ -201,11 +209,8 @@ uint64_t ArenaJob::size() const {
 
 int64_t ArenaJob::offset_of(const void *p, uint64_t length) const {
   std::lock_guard<std::mutex> lock(arena_->mutex);
-  const auto *q = static_cast<const unsigned char *>(p);
-  if (q < arena_->base + kPage || q > arena_->base + arena_->size ||
-      length > static_cast<uint64_t>(arena_->base + arena_->size - q))
-    return -1;
-  return q - arena_->base;
+  if (!arena_->holds(p, length)) return -1;
+  return static_cast<const unsigned char *>(p) - arena_->base;
 }
 
 int64_t ArenaJob::add_segment(uint64_t bytes) {

@@ -40,8 +40,8 @@ class Arena;
 
 // One job's lease of the arena that holds its rows: the header at offset 0
 // and a segment of its own (keys, results, and any side not in the arena).
-// Made by lease_for_job, which returns nullptr when not every side given
-// lies in one arena, its header is leased to another job, or it is spoilt.
+// Made by lease_for_job, which returns nullptr when neither side lies in
+// the arena, its header is leased to another job, or it is spoilt.
 class ArenaJob {
  public:
   ~ArenaJob();
@@ -61,15 +61,18 @@ class ArenaJob {
   void spoil();
 
  private:
-  friend std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes);
+  friend std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes,
+                                                 const void *targets, uint64_t target_bytes);
   explicit ArenaJob(std::shared_ptr<Arena> arena) : arena_(std::move(arena)) {}
   std::shared_ptr<Arena> arena_;
   KnnSharedRows *segment_ = nullptr;
 };
 
-// The lease of the arena that holds [queries, queries + query_bytes), or
-// nullptr (then the job copies its rows into a memfd of its own).
-std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes);
+// The lease of the arena that holds the query rows or the target rows
+// (a side not in it is copied into the job's segment), or nullptr (then
+// the job copies its rows into a memfd of its own).
+std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes,
+                                        const void *targets, uint64_t target_bytes);
 
 // For tests: the arena of the current segments' process (fd, size), and
 // whether a new segment would start a new arena.

@@ -644,8 +644,8 @@ ino_t inode_of(int fd) {
 // Rows read into the shared row buffer go to the service as they lie:
 // the job is the buffer's memfd (the same one, join after join, no larger
 // for the second join), and the answers are the engine's own: two
-// matrices, one matrix on both sides with keys, and targets outside the
-// buffer (copied into the job's own segment).
+// matrices, one matrix on both sides with keys, and either side outside
+// the buffer (copied into the job's own segment).
 TEST_F(GpuService, RowsInTheSharedBufferGoAsTheyLie) {
   CpuService engine;
   auto server = serve_on(dir, engine.function());
@@ -692,13 +692,19 @@ TEST_F(GpuService, RowsInTheSharedBufferGoAsTheyLie) {
   EXPECT_TRUE(shared);
   ASSERT_EQ(served.status, KNN_OK) << served.message;
   job_run::expect_identical(direct, served, "targets outside the buffer");
-  EXPECT_EQ(server->jobs_answered(), 4);
+  join.queries = rows.queries.data();
+  join.targets = targets.data();
+  served = through_prepared(dir.path, join, &shared);
+  EXPECT_TRUE(shared);
+  ASSERT_EQ(served.status, KNN_OK) << served.message;
+  job_run::expect_identical(direct, served, "queries outside the buffer");
+  EXPECT_EQ(engine.calls.load(), 5);
 
   // Rows not in the buffer: a memfd of the job's own, as before.
   served = through_prepared(dir.path, p, &shared);
   EXPECT_FALSE(shared);
   EXPECT_EQ(served.status, KNN_OK) << served.message;
-  EXPECT_EQ(server->jobs_answered(), 5);
+  EXPECT_EQ(engine.calls.load(), 6);
 }
 
 // One job at a time holds the buffer's header: a second one copies.
