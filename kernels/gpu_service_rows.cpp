@@ -268,9 +268,14 @@ int knn_shared_rows_grow(KnnSharedRows *rows, size_t bytes) {
 }
 
 void *knn_shared_rows_data(const KnnSharedRows *rows) {
+  void *data = nullptr;
   if (rows == nullptr) return nullptr;
-  std::lock_guard<std::mutex> lock(rows->arena->mutex);
-  return rows->arena->base + rows->offset;
+  knn::guarded("knn_shared_rows_data", nullptr, 0, [&] {
+    std::lock_guard<std::mutex> lock(rows->arena->mutex);
+    data = rows->arena->base + rows->offset;
+    return KNN_OK;
+  });
+  return data;
 }
 
 void knn_shared_rows_free(KnnSharedRows *rows) {
