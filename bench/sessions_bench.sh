@@ -19,6 +19,8 @@
 # The join: KNN_SESSIONS_Q queries x KNN_SESSIONS_T targets of
 # KNN_SESSIONS_DIM dimensions (default 1000 x 100000 x 128), k = 10,
 # device = gpu; every result is checked against the CPU engine's checksum.
+# KNN_SESSIONS_KEEP_DATA=1 keeps the tables of an earlier run of the same
+# sizes (for several runs in a row: the service off and on, alternately).
 # Writes OUT_DIR/sessions_bench.json and the pgbench logs.
 set -uo pipefail
 out=$1
@@ -35,6 +37,10 @@ psql_q -c "CREATE EXTENSION IF NOT EXISTS knn_gpu" -c "LOAD 'knn_gpu'" \
   -c "ALTER SYSTEM SET knn_gpu.gpu_service = ${KNN_SESSIONS_SERVICE:-off}" \
   -c "SELECT pg_reload_conf()" >/dev/null
 # Seeded data: targets t, queries q (rows of t with a small offset).
+have=$(psql_q -c "SELECT (SELECT count(*) FROM bench_t) || ',' || (SELECT count(*) FROM bench_q) || ',' || (SELECT vector_dims(v) FROM bench_t LIMIT 1)" 2>/dev/null)
+if [ "${KNN_SESSIONS_KEEP_DATA:-0}" = 1 ] && [ "$have" = "$t,$q,$dim" ]; then
+  echo "keeping the tables bench_t and bench_q ($have)"
+else
 psql_q <<SQL
 SELECT setseed(0.42);
 DROP TABLE IF EXISTS bench_t, bench_q;
@@ -49,6 +55,7 @@ VACUUM ANALYZE bench_t; VACUUM ANALYZE bench_q;
 DROP TABLE IF EXISTS bench_engines;
 CREATE UNLOGGED TABLE bench_engines (engine text, device text);
 SQL
+fi
 join="knn_join('SELECT id, v FROM bench_q', 'SELECT id, v FROM bench_t', 10)"
 checksum="SELECT sum(target_id * rank)::bigint AS s, sum(distance)::numeric(30,6) AS d FROM $join"
 ref=$(PGOPTIONS="-c knn_gpu.device=cpu" psql_q -F ' ' -c "$checksum")

@@ -206,6 +206,13 @@ knn_gpu_service_prepare(KnnProblem *problem)
 	knn_engine_set_gpu_service(SERVICE_SOCKET, SERVICE_LOCK, mode);
 }
 
+bool
+knn_gpu_service_rows_wanted(void)
+{
+	return knn_gpu_fault_injection == KNN_GPU_FAULT_SERVICE_CPU ||
+		(knn_gpu_service && knn_gpu_device != KNN_DEVICE_CPU);
+}
+
 /* ---- the service's process ---- */
 
 #define STAND_IN_IDLE_MS 60000

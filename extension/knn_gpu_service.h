@@ -19,6 +19,12 @@
  */
 extern void knn_gpu_service_prepare(KnnProblem *problem);
 
+/*
+ * Whether the rows read now should go into the engine's shared row buffer
+ * (knn_matrix.c): when this session's k-NN joins may go to the service.
+ */
+extern bool knn_gpu_service_rows_wanted(void);
+
 /* The background worker's entry (bgw_function_name). */
 extern PGDLLEXPORT void knn_gpu_service_main(Datum arg);
 

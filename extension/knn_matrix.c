@@ -11,6 +11,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 
+#include "knn_gpu_service.h"
 #include "knn_matrix.h"
 
 /* Elements (or rows of values) between two looks at the interrupt flags. */
@@ -28,6 +29,67 @@ knn_matrix_init(KnnMatrix *m, const char *set_name, KnnElement element)
 	m->set_name = set_name;
 }
 
+/*
+ * A matrix's rows in the shared row buffer: a segment that the matrix's
+ * memory context frees when it goes (an ERROR included), unless
+ * knn_matrix_free did first.
+ */
+typedef struct KnnMatrixSharedRows
+{
+	MemoryContextCallback callback;
+	KnnSharedRows *rows;
+} KnnMatrixSharedRows;
+
+static void
+free_shared_rows(void *arg)
+{
+	KnnMatrixSharedRows *shared = (KnnMatrixSharedRows *) arg;
+
+	knn_shared_rows_free(shared->rows);
+	shared->rows = NULL;
+}
+
+/* The first rows' storage in the shared row buffer; false: the caller's own. */
+static bool
+start_shared_rows(KnnMatrix *m, Size value_bytes)
+{
+	KnnMatrixSharedRows *shared;
+
+	if (m->grouped || !knn_gpu_service_rows_wanted())
+		return false;
+	shared = MemoryContextAllocZero(m->context, sizeof(KnnMatrixSharedRows));
+	shared->rows = knn_shared_rows_create(value_bytes);
+	if (shared->rows == NULL)
+	{
+		pfree(shared);
+		return false;
+	}
+	shared->callback.func = free_shared_rows;
+	shared->callback.arg = shared;
+	MemoryContextRegisterResetCallback(m->context, &shared->callback);
+	m->shared = shared;
+	m->values = knn_shared_rows_data(shared->rows);
+	return true;
+}
+
+/* More room in the shared row buffer, or the rows moved to the caller's memory. */
+static void
+grow_shared_rows(KnnMatrix *m, Size value_bytes)
+{
+	char	   *own;
+
+	if (knn_shared_rows_grow(m->shared->rows, value_bytes))
+	{
+		m->values = knn_shared_rows_data(m->shared->rows);
+		return;
+	}
+	own = MemoryContextAllocHuge(m->context, value_bytes);
+	memcpy(own, m->values, (Size) m->n * m->row_bytes);
+	free_shared_rows(m->shared);
+	m->shared = NULL;
+	m->values = own;
+}
+
 static void
 grow(KnnMatrix *m)
 {
@@ -37,14 +99,18 @@ grow(KnnMatrix *m)
 
 	if (m->values == NULL)
 	{
-		m->values = MemoryContextAllocHuge(m->context, value_bytes);
+		if (!start_shared_rows(m, value_bytes))
+			m->values = MemoryContextAllocHuge(m->context, value_bytes);
 		m->ids = MemoryContextAllocHuge(m->context, capacity * sizeof(int64));
 		if (m->grouped)
 			m->groups = MemoryContextAllocHuge(m->context, capacity * sizeof(int64));
 	}
 	else
 	{
-		m->values = repalloc_huge(m->values, value_bytes);
+		if (m->shared != NULL)
+			grow_shared_rows(m, value_bytes);
+		else
+			m->values = repalloc_huge(m->values, value_bytes);
 		m->ids = repalloc_huge(m->ids, capacity * sizeof(int64));
 		if (m->grouped)
 			m->groups = repalloc_huge(m->groups, capacity * sizeof(int64));
@@ -178,6 +244,45 @@ sorted_rows(const KnnMatrix *m)
 	return a;
 }
 
+/*
+ * Puts row i where order[i] says it comes from, in place (rows in the
+ * shared row buffer stay there): cycle by cycle, one row held aside.
+ */
+static void
+permute_rows_in_place(KnnMatrix *m, const IdRow *order, int64 rows_per_slice)
+{
+	bool	   *done = MemoryContextAllocHuge(CurrentMemoryContext, Max(1, (Size) m->n));
+	char	   *held = palloc(m->row_bytes);
+	int64		moved = 0;
+
+	memset(done, 0, Max(1, (Size) m->n));
+	for (int64 start = 0; start < m->n; start++)
+	{
+		int64		j = start;
+
+		if (done[start])
+			continue;
+		memcpy(held, m->values + start * m->row_bytes, m->row_bytes);
+		for (;;)
+		{
+			int64		from = order[j].row;
+
+			done[j] = true;
+			if (from == start)
+			{
+				memcpy(m->values + j * m->row_bytes, held, m->row_bytes);
+				break;
+			}
+			memcpy(m->values + j * m->row_bytes, m->values + from * m->row_bytes, m->row_bytes);
+			j = from;
+			if (++moved % rows_per_slice == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+	}
+	pfree(held);
+	pfree(done);
+}
+
 void
 knn_matrix_sort_by_id(KnnMatrix *m)
 {
@@ -193,6 +298,15 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 		return;
 
 	order = sorted_rows(m);
+	if (m->shared != NULL)
+	{
+		Assert(!m->grouped);
+		permute_rows_in_place(m, order, rows_per_slice);
+		for (int64 i = 0; i < m->n; i++)
+			m->ids[i] = (int64) (order[i].key ^ (UINT64CONST(1) << 63));
+		pfree(order);
+		return;
+	}
 	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->row_bytes);
 	groups = m->grouped ? MemoryContextAllocHuge(m->context, (Size) m->n * sizeof(int64)) : NULL;
 	for (int64 i = 0; i < m->n; i++)
@@ -218,7 +332,12 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 void
 knn_matrix_free(KnnMatrix *m)
 {
-	if (m->values)
+	if (m->shared != NULL)
+	{
+		free_shared_rows(m->shared);
+		m->shared = NULL;
+	}
+	else if (m->values)
 		pfree(m->values);
 	if (m->ids)
 		pfree(m->ids);

@@ -24,8 +24,16 @@ typedef struct KnnMatrix
 	bool		grouped;
 	const char *set_name;		/* "query" or "target", for messages */
 	MemoryContext context;		/* where the arrays live (the caller's at init) */
+	/* values in the GPU service's shared row buffer (knn_matrix.c), or NULL */
+	struct KnnMatrixSharedRows *shared;
 } KnnMatrix;
 
+/*
+ * With the GPU service on (knn_gpu_service_rows_wanted), the rows of an
+ * ungrouped matrix go into the engine's shared row buffer
+ * (knn_shared_rows_create), which a join sends to the service as it is;
+ * freed with the matrix or its memory context.
+ */
 extern void knn_matrix_init(KnnMatrix *m, const char *set_name, KnnElement element);
 
 /*

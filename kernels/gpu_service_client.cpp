@@ -158,8 +158,57 @@ int await_reply(int sock, WireReply *reply, int32_t *cancel_word, const int32_t 
 }
 
 PreparedJob::~PreparedJob() {
+  if (arena_ != nullptr) return;  // the lease ends with arena_
   if (base_ != nullptr) munmap(base_, size_);
   if (fd_ >= 0) close(fd_);
+}
+
+bool PreparedJob::prepare_in_arena(const KnnProblem &p, bool shared_rows, bool self_keys,
+                                   bool cpu_stand_in) {
+  const int64_t row = row_bytes(p.element, p.dim);
+  uint64_t query_bytes, target_bytes;
+  if (row < 0 || p.n_queries < 0 || p.n_targets < 0 ||
+      __builtin_mul_overflow(static_cast<uint64_t>(row), static_cast<uint64_t>(p.n_queries),
+                             &query_bytes) ||
+      __builtin_mul_overflow(static_cast<uint64_t>(row), static_cast<uint64_t>(p.n_targets),
+                             &target_bytes))
+    return false;
+  std::unique_ptr<ArenaJob> lease =
+      lease_for_job(p.queries, query_bytes, p.targets, shared_rows ? 0 : target_bytes);
+  if (lease == nullptr) return false;
+  // A side not in the buffer is copied into the job's segment.
+  int64_t queries_at = lease->offset_of(p.queries, query_bytes);
+  if (queries_at < 0) queries_at = kPlaceHere;
+  int64_t targets_at = shared_rows ? kPlaceHere : lease->offset_of(p.targets, target_bytes);
+  if (targets_at < 0) targets_at = kPlaceHere;
+  // The job's own regions (keys, results, targets not in the buffer) go in
+  // a segment of its own: its size first, then the layout at its offset.
+  WireHeader h;
+  uint64_t end = 0;
+  const char *why = nullptr;
+  if (!plan_layout_at(p, shared_rows, self_keys, queries_at, targets_at, 0, &h, &end, &why))
+    return false;
+  const int64_t segment = lease->add_segment(end);
+  if (segment < 0 || !plan_layout_at(p, shared_rows, self_keys, queries_at, targets_at,
+                                     static_cast<uint64_t>(segment), &h, &end, &why))
+    return false;
+  if (cpu_stand_in) h.flags |= kCpuStandIn;
+  // The service's check, here first: a job it would refuse goes the copying way.
+  if (validate_header(h, lease->size()) != nullptr) return false;
+  unsigned char *base = lease->base();
+  if (queries_at == kPlaceHere) copy_in(base, h.queries, p.queries);
+  if (targets_at == kPlaceHere) copy_in(base, h.targets, p.targets);
+  if (self_keys) {
+    copy_in(base, h.query_keys, p.query_keys);
+    copy_in(base, h.target_keys, p.target_keys);
+  }
+  std::memcpy(base, &h, sizeof h);
+  header_ = h;
+  fd_ = lease->fd();
+  base_ = base;
+  size_ = lease->size();
+  arena_ = std::move(lease);
+  return true;
 }
 
 KnnStatus PreparedJob::prepare(const KnnProblem &p, bool cpu_stand_in, char *errbuf,
@@ -175,11 +224,13 @@ KnnStatus PreparedJob::prepare(const KnnProblem &p, bool cpu_stand_in, char *err
     copy_message(errbuf, errlen, why);
     return KNN_INVALID_ARGUMENT;
   }
+  if (prepare_in_arena(p, shared_rows, self_keys, cpu_stand_in)) return KNN_OK;
   if (cpu_stand_in) header_.flags |= kCpuStandIn;
-  // MAP_POPULATE: the pages are made in one call, not one fault each.
+  // fallocate: a lack of memory is an error here, not a SIGBUS in the
+  // copy; MAP_POPULATE: the pages are mapped in one call, not one fault each.
   fd_ = memfd_create("knn_gpu_job", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   void *mapped = MAP_FAILED;
-  if (fd_ < 0 || ftruncate(fd_, static_cast<off_t>(size_)) != 0 ||
+  if (fd_ < 0 || fallocate(fd_, 0, 0, static_cast<off_t>(size_)) != 0 ||
       (mapped = mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0)) ==
           MAP_FAILED) {
     std::snprintf(errbuf, errlen, "could not make the GPU service's job (%llu bytes): %s",
@@ -222,10 +273,14 @@ KnnStatus PreparedJob::submit(const char *path, int64_t gpu_memory_limit, int64_
   if (!send_job(sock.fd, fd_)) {
     std::snprintf(errbuf, errlen, "could not send the join to the GPU service: %s",
                   std::strerror(errno));
+    if (arena_ != nullptr) arena_->spoil();
     return KNN_DEVICE_ERROR;
   }
   WireReply reply;
   const int got = await_reply(sock.fd, &reply, &shared->cancel, cancel, give_up_ms);
+  // Without its answer the service may still read and write the job: a
+  // shared row buffer is never used again.
+  if (got != 1 && arena_ != nullptr) arena_->spoil();
   if (got < 0) {
     copy_message(errbuf, errlen, "cancelled; the GPU service did not stop the join in time");
     return KNN_CANCELLED;

@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include <memory>
+
+#include "gpu_service_rows.h"
 #include "gpu_service_wire.h"
 #include "knn_engine.h"
 
@@ -48,7 +51,13 @@ class PreparedJob {
   PreparedJob &operator=(const PreparedJob &) = delete;
 
   // Copies the problem's rows and keys in. KNN_OK, or a status and errbuf.
+  // Where the query or the target rows lie in this process's shared row
+  // buffer (gpu_service_rows.h), the job is that buffer's memfd: only the
+  // keys, the room for results and a side not in the buffer are written.
   KnnStatus prepare(const KnnProblem &problem, bool cpu_stand_in, char *errbuf, size_t errlen);
+
+  // Whether the job is in the shared row buffer (for tests).
+  bool in_shared_rows() const { return arena_ != nullptr; }
 
   // Sends it to the service at path with the join's GPU memory limit (the
   // admission slot's share, known only now) and waits for the answer, as
@@ -63,7 +72,11 @@ class PreparedJob {
   bool refused() const { return refused_; }
 
  private:
+  bool prepare_in_arena(const KnnProblem &p, bool shared_rows, bool self_keys,
+                        bool cpu_stand_in);
+
   bool refused_ = false;
+  std::unique_ptr<ArenaJob> arena_;  // set: fd_ and base_ are the arena's
   int fd_ = -1;
   unsigned char *base_ = nullptr;
   uint64_t size_ = 0;

@@ -273,8 +273,8 @@ void Server::serve(Connection *c) noexcept {
     // Stopping: no answer, so that the backend reads the service's end.
     if (!stopping_.load() && !peer_gone) {
       std::memcpy(&shared->stats, &stats, sizeof stats);
+      answered_++;  // before the reply: a backend that has it finds the job counted
       send_reply(c->fd, status, message);
-      answered_++;
     }
   }
   if (base != MAP_FAILED) munmap(base, size);

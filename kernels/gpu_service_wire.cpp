@@ -82,8 +82,9 @@ int64_t row_bytes(int32_t element, int32_t dim) {
   }
 }
 
-bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHeader *h,
-                 uint64_t *total_bytes, const char **why) {
+bool plan_layout_at(const KnnProblem &p, bool shared_rows, bool self_keys, int64_t queries_at,
+                    int64_t targets_at, uint64_t start, WireHeader *h, uint64_t *total_bytes,
+                    const char **why) {
   std::memset(h, 0, sizeof *h);
   h->magic = kMagic;
   h->version = kVersion;
@@ -104,9 +105,18 @@ bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHead
   Lengths l;
   *why = lengths_of(p.element, p.dim, p.n_queries, p.n_targets, p.k, shared_rows, self_keys, &l);
   if (*why != nullptr) return false;
-  uint64_t cursor = align_up(sizeof(WireHeader));
-  if (!place(l.queries, &cursor, &h->queries) || !place(l.targets, &cursor, &h->targets) ||
-      !place(l.query_keys, &cursor, &h->query_keys) ||
+  // Rows already in place keep their offsets (an empty side: absent).
+  const auto at = [](uint64_t length, int64_t offset, Region *r) {
+    r->offset = length == 0 ? 0 : static_cast<uint64_t>(offset);
+    r->length = length;
+  };
+  uint64_t cursor = align_up(std::max<uint64_t>(start, sizeof(WireHeader)));
+  bool placed = true;
+  if (queries_at != kPlaceHere) at(l.queries, queries_at, &h->queries);
+  else placed = place(l.queries, &cursor, &h->queries);
+  if (targets_at != kPlaceHere) at(l.targets, targets_at, &h->targets);
+  else placed = placed && place(l.targets, &cursor, &h->targets);
+  if (!placed || !place(l.query_keys, &cursor, &h->query_keys) ||
       !place(l.target_keys, &cursor, &h->target_keys) ||
       !place(l.results, &cursor, &h->neighbors) || !place(l.distances, &cursor, &h->distances)) {
     *why = "job too large";
@@ -114,6 +124,12 @@ bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHead
   }
   *total_bytes = cursor;
   return true;
+}
+
+bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHeader *h,
+                 uint64_t *total_bytes, const char **why) {
+  return plan_layout_at(p, shared_rows, self_keys, kPlaceHere, kPlaceHere, 0, h, total_bytes,
+                        why);
 }
 
 const char *validate_header(const WireHeader &h, uint64_t size) {

@@ -6,8 +6,14 @@
 // SCM_RIGHTS after an 8-byte request (JobRequest): a WireHeader (the
 // KnnProblem without pointers, and where each array lies in the memfd),
 // then the query rows, the target rows (absent when both sides are one
-// matrix), the keys of a self-join, and room for the results. The memfd is
-// sealed against shrinking, so that no peer can make a mapping fault. The
+// matrix), the keys of a self-join, and room for the results, each at the
+// offset the header gives (aligned, after the header, in any order, gaps
+// allowed: a backend's shared row buffer, gpu_service_rows.h, sends the
+// memfd it read its rows into, the same one for each of its joins, with
+// the rows where they lie). The memfd is sealed against shrinking (not
+// against growing: that buffer grows), so that no peer can make a mapping
+// of what the service validated fault, and the service maps only up to
+// the end of the last region it validated (used_bytes). The
 // service answers with one WireReply on the socket once the job has ended
 // (status and message); the results and the statistics are in the memfd.
 // The service reads nothing of the memfd before validate_header() has
@@ -17,7 +23,7 @@
 // cancel word; the service sets it itself when the backend's socket ends.
 //
 // The input regions stay writable by the backend during the join (the
-// memfd is sealed against SHRINK/GROW, not WRITE): a peer that rewrites
+// memfd is sealed against SHRINK, not WRITE): a peer that rewrites
 // its rows or keys mid-join spoils only its own answer. That is enough
 // because the socket (mode 0600 in pg_stat_tmp) admits only the server's
 // OS user, which could already do anything to the service's process; the
@@ -87,6 +93,15 @@ int64_t row_bytes(int32_t element, int32_t dim);
 // Returns false (why set) when the problem's sizes overflow.
 bool plan_layout(const KnnProblem &p, bool shared_rows, bool self_keys, WireHeader *header,
                  uint64_t *total_bytes, const char **why);
+
+// The same for a job in a shared row buffer (gpu_service_rows.h): the query
+// rows (and the target rows, unless targets_at is kPlaceHere) already lie
+// at the given offsets; the other regions are placed from start on.
+// *total_bytes: the end of the last placed region.
+constexpr int64_t kPlaceHere = -1;
+bool plan_layout_at(const KnnProblem &p, bool shared_rows, bool self_keys, int64_t queries_at,
+                    int64_t targets_at, uint64_t start, WireHeader *header,
+                    uint64_t *total_bytes, const char **why);
 
 // Checks a copy of a header against the memfd's size: magic, version,
 // counts, every region inside the memfd, aligned, of the length its

@@ -361,6 +361,24 @@ void		knn_engine_set_gpu_service(const char *socket_path, const char *lock_path,
 									   int32_t mode);
 
 /*
+ * The shared row buffer (gpu_service_rows.h): storage for a matrix's rows
+ * in this process's memfd that a GPU service job sends as it is, instead
+ * of copying the rows into a memfd of its own. A problem whose rows lie in
+ * it (any pointers into live segments) uses it by itself. create: a
+ * segment of at least bytes, or NULL when none can be made (the caller
+ * then uses memory of its own). grow: to at least bytes, keeping the
+ * contents; its data pointer may change (only when another segment lies
+ * above it); 0 on failure (the segment as it was). free: NULL is a no-op;
+ * no job may use the segment any more.
+ */
+typedef struct KnnSharedRows KnnSharedRows;
+
+KnnSharedRows *knn_shared_rows_create(size_t bytes);
+int			knn_shared_rows_grow(KnnSharedRows *rows, size_t bytes);
+void	   *knn_shared_rows_data(const KnnSharedRows *rows);
+void		knn_shared_rows_free(KnnSharedRows *rows);
+
+/*
  * 1 when the server's probe record (knn_engine_set_probe_record) says
  * that no GPU is usable, for this server run and module file; never loads
  * the module.

@@ -80,9 +80,25 @@ SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id % 5 = 0', 'S
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows', 'SELECT id, v FROM svc_rows', 6, exclude_self => true);
 SELECT pg_temp.through_service('SELECT id, v::halfvec FROM svc_rows WHERE id < 300', 'SELECT id, v::halfvec FROM svc_rows', 5);
 SELECT pg_temp.through_service('SELECT id, b FROM svc_bits WHERE id < 100', 'SELECT id, b FROM svc_bits', 7, 'hamming');
+-- Rows read out of id order: sorted in place in the shared row buffer.
+SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id % 3 = 0 ORDER BY id DESC',
+                               'SELECT id, v FROM svc_rows ORDER BY (id * 7919) % 1543', 5);
+SELECT pg_temp.through_service('SELECT id, v FROM svc_rows ORDER BY (id * 31) % 101', 'SELECT id, v FROM svc_rows ORDER BY (id * 31) % 101', 4, exclude_self => true);
 -- k above the number of targets, and an empty side.
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id < 4', 'SELECT id, v FROM svc_rows WHERE id < 10', 25);
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id < 4', 'SELECT id, v FROM svc_rows WHERE id < 0', 3);
+
+-- The rows went to the service in this backend's shared row buffer: one
+-- memfd, mapped here, the same one join after join (its inode).
+CREATE FUNCTION pg_temp.row_buffers() RETURNS text LANGUAGE sql AS $$
+  SELECT string_agg(DISTINCT (regexp_match(l, '\s(\d+)\s+/memfd:knn_gpu_rows'))[1], ',')
+  FROM regexp_split_to_table(pg_read_file('/proc/self/maps'), '\n') l
+  WHERE l LIKE '%/memfd:knn_gpu_rows%' $$;
+CREATE TEMP TABLE buffer_before AS SELECT pg_temp.row_buffers() AS inode;
+SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id % 7 = 0', 'SELECT id, v FROM svc_rows', 5);
+SELECT inode IS NOT NULL AS one_buffer, inode NOT LIKE '%,%' AS only_one,
+       inode = pg_temp.row_buffers() AS the_same_after_a_join
+FROM buffer_before;
 
 -- EXPLAIN ANALYZE names the engine that ran, in the service.
 SET knn_gpu.fault_injection = service_cpu;
@@ -147,12 +163,15 @@ SELECT pg_temp.kill_service_during_next_join();
 SELECT pg_temp.error_of($$SELECT count(*) FROM knn_join('SELECT id, v FROM svc_big', 'SELECT id, v FROM svc_big', 10, method => 'brute')$$);
 SELECT * FROM dblink_get_result('killer') AS r(x text);
 SELECT * FROM dblink_get_result('killer') AS r(x text);  -- the end of its results
+-- The join left without the service's answer: its row buffer is never used again.
+SELECT inode <> coalesce(pg_temp.row_buffers(), '') AS buffer_dropped FROM buffer_before;
 -- The service has gone, and its socket with it.
 SELECT pg_temp.await_no_service();
 -- The next join starts a new service.
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id < 50', 'SELECT id, v FROM svc_rows', 3);
 SELECT pid <> (SELECT pid FROM service_pid) AS new_service
 FROM pg_stat_activity WHERE backend_type = 'knn_gpu service';
+SELECT inode <> pg_temp.row_buffers() AS a_new_buffer FROM buffer_before;
 
 -- Under device = auto the CPU engine answers instead, with a notice.
 SET knn_gpu.device = auto;

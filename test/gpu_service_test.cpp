@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "cpu/cpu_engine.h"
 #include "gpu_service.h"
 #include "gpu_service_client.h"
+#include "gpu_service_rows.h"
 #include "gpu_service_server.h"
 #include "gpu_service_wire.h"
 #include "job_run.h"
@@ -600,6 +602,181 @@ TEST_F(GpuService, AConnectHonoursTheCancel) {
   EXPECT_EQ(error, ECANCELED) << why;
   for (int fd : queued) close(fd);
   close(listener);
+}
+
+// ---- the shared row buffer (gpu_service_rows.h) ----
+
+// A copy of rows in a segment of this process's shared row buffer.
+struct SharedCopy {
+  KnnSharedRows *rows = nullptr;
+  SharedCopy(const void *from, size_t bytes) {
+    rows = knn_shared_rows_create(bytes);
+    EXPECT_NE(rows, nullptr);
+    if (rows != nullptr) std::memcpy(knn_shared_rows_data(rows), from, bytes);
+  }
+  ~SharedCopy() { knn_shared_rows_free(rows); }
+  const float *data() const { return static_cast<const float *>(knn_shared_rows_data(rows)); }
+};
+
+// through_service's steps, saying whether the job was the shared row buffer.
+job_run::JobResult through_prepared(const std::string &path, const KnnProblem &p,
+                                    bool *in_shared_rows) {
+  job_run::JobResult r;
+  r.neighbors.assign(static_cast<size_t>(p.n_queries * p.k), -2);
+  r.distances.assign(r.neighbors.size(), -2.0);
+  const int32_t never = 0;
+  char err[512] = "";
+  PreparedJob job;
+  r.status = job.prepare(p, false, err, sizeof err);
+  *in_shared_rows = job.in_shared_rows();
+  if (r.status == KNN_OK)
+    r.status = job.submit(path.c_str(), p.gpu_memory_limit, r.neighbors.data(),
+                          r.distances.data(), &r.stats, &never, err, sizeof err);
+  r.message = err;
+  return r;
+}
+
+ino_t inode_of(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+// Rows read into the shared row buffer go to the service as they lie:
+// the job is the buffer's memfd (the same one, join after join, no larger
+// for the second join), and the answers are the engine's own: two
+// matrices, one matrix on both sides with keys, and either side outside
+// the buffer (copied into the job's own segment).
+TEST_F(GpuService, RowsInTheSharedBufferGoAsTheyLie) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
+  const Rows rows = make_rows(37, 501, 13);
+  SharedCopy queries(rows.queries.data(), rows.queries.size() * sizeof(float));
+  SharedCopy targets(rows.targets.data(), rows.targets.size() * sizeof(float));
+  ASSERT_NE(targets.rows, nullptr);
+  const ArenaState before = current_arena_state();
+  ASSERT_GE(before.fd, 0);
+  const int seals = fcntl(before.fd, F_GET_SEALS);
+  EXPECT_NE(seals & F_SEAL_SHRINK, 0) << "the service's mapping could fault";
+  EXPECT_EQ(seals & F_SEAL_GROW, 0);
+
+  KnnProblem join = problem_of(rows, 37, 501, 13, 7);
+  const auto direct = job_run::run_job(join);
+  join.queries = queries.data();
+  join.targets = targets.data();
+  bool shared = false;
+  for (int round = 0; round < 2; round++) {
+    const auto served = through_prepared(dir.path, join, &shared);
+    EXPECT_TRUE(shared);
+    ASSERT_EQ(served.status, KNN_OK) << served.message;
+    job_run::expect_identical(direct, served, "two matrices, round " + std::to_string(round));
+  }
+  const ArenaState after = current_arena_state();
+  EXPECT_EQ(inode_of(after.fd), inode_of(before.fd));
+  EXPECT_EQ(after.size, before.size) << "the second join grew the buffer";
+  EXPECT_EQ(after.live_segments, 2u);
+
+  KnnProblem self = problem_of(rows, 501, 501, 13, 5);
+  self.queries = rows.targets.data();
+  self.query_keys = rows.keys.data();
+  self.target_keys = rows.keys.data();
+  const auto self_direct = job_run::run_job(self);
+  self.queries = self.targets = targets.data();
+  auto served = through_prepared(dir.path, self, &shared);
+  EXPECT_TRUE(shared);
+  ASSERT_EQ(served.status, KNN_OK) << served.message;
+  job_run::expect_identical(self_direct, served, "one matrix with keys");
+
+  join.targets = rows.targets.data();  // not in the buffer
+  served = through_prepared(dir.path, join, &shared);
+  EXPECT_TRUE(shared);
+  ASSERT_EQ(served.status, KNN_OK) << served.message;
+  job_run::expect_identical(direct, served, "targets outside the buffer");
+  join.queries = rows.queries.data();
+  join.targets = targets.data();
+  served = through_prepared(dir.path, join, &shared);
+  EXPECT_TRUE(shared);
+  ASSERT_EQ(served.status, KNN_OK) << served.message;
+  job_run::expect_identical(direct, served, "queries outside the buffer");
+  EXPECT_EQ(engine.calls.load(), 5);
+
+  // Rows not in the buffer: a memfd of the job's own, as before.
+  served = through_prepared(dir.path, p, &shared);
+  EXPECT_FALSE(shared);
+  EXPECT_EQ(served.status, KNN_OK) << served.message;
+  EXPECT_EQ(engine.calls.load(), 6);
+}
+
+// One job at a time holds the buffer's header: a second one copies.
+TEST_F(GpuService, OneJobAtATimeHoldsTheSharedBuffer) {
+  const Rows rows = make_rows(10, 100, 8);
+  SharedCopy queries(rows.queries.data(), rows.queries.size() * sizeof(float));
+  KnnProblem join = p;
+  join.queries = queries.data();
+  char err[512] = "";
+  PreparedJob first, second;
+  ASSERT_EQ(first.prepare(join, false, err, sizeof err), KNN_OK) << err;
+  ASSERT_EQ(second.prepare(join, false, err, sizeof err), KNN_OK) << err;
+  EXPECT_TRUE(first.in_shared_rows());
+  EXPECT_FALSE(second.in_shared_rows());
+}
+
+// A segment grows in place at the top, and moves (contents kept) when
+// another lies above it; an emptied buffer stays for the next join.
+TEST_F(GpuService, SharedSegmentsGrowAndMove) {
+  const ArenaState start = current_arena_state();
+  KnnSharedRows *a = knn_shared_rows_create(1000);
+  ASSERT_NE(a, nullptr);
+  std::memset(knn_shared_rows_data(a), 0x5a, 1000);
+  KnnSharedRows *b = knn_shared_rows_create(100);
+  ASSERT_NE(b, nullptr);
+  void *b_data = knn_shared_rows_data(b);
+  ASSERT_EQ(knn_shared_rows_grow(b, size_t{300} << 20), 1);  // past kKeepBytes
+  EXPECT_EQ(knn_shared_rows_data(b), b_data) << "the top segment moved";
+  void *a_data = knn_shared_rows_data(a);
+  ASSERT_EQ(knn_shared_rows_grow(a, 5000), 1);
+  EXPECT_NE(knn_shared_rows_data(a), a_data);
+  const auto *bytes = static_cast<const unsigned char *>(knn_shared_rows_data(a));
+  EXPECT_EQ(std::count(bytes, bytes + 1000, 0x5a), 1000);
+  EXPECT_EQ(knn_shared_rows_grow(a, uint64_t{1} << 50), 0) << "beyond the reservation";
+  knn_shared_rows_free(a);
+  knn_shared_rows_free(b);
+  knn_shared_rows_free(nullptr);
+  const ArenaState end = current_arena_state();
+  EXPECT_EQ(end.live_segments, 0u);
+  if (start.fd >= 0) {
+    EXPECT_EQ(inode_of(end.fd), inode_of(start.fd));
+  }
+  // Past what the last use needed (and kKeepBytes), the pages went back.
+  struct stat st;
+  ASSERT_EQ(fstat(end.fd, &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, kKeepBytes);
+}
+
+// A join left without the service's answer (a cancel the service did not
+// heed within a second) spoils the buffer: the service may still write
+// into it. The next rows go into a new memfd.
+TEST_F(GpuService, AJobLeftWithoutAnswerSpoilsTheSharedBuffer) {
+  const Rows rows = make_rows(10, 100, 8);
+  ino_t spoilt = 0;
+  {
+    SharedCopy queries(rows.queries.data(), rows.queries.size() * sizeof(float));
+    spoilt = inode_of(current_arena_state().fd);
+    KnnProblem join = p;
+    join.queries = queries.data();
+    WaitsForCancel fake;
+    fake.ignoring_cancel = true;
+    job_run::JobResult r;
+    cancelled_join(dir, join, fake, &r);
+    EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
+    EXPECT_EQ(current_arena_state().fd, -1);
+    // No new segment in it, and its segments cannot grow.
+    SharedCopy other(rows.queries.data(), 64);
+    EXPECT_NE(inode_of(current_arena_state().fd), spoilt);
+    EXPECT_EQ(knn_shared_rows_grow(queries.rows, size_t{1} << 20), 0);
+  }
+  SharedCopy again(rows.queries.data(), 64);
+  EXPECT_NE(inode_of(current_arena_state().fd), spoilt);
 }
 
 }  // namespace
