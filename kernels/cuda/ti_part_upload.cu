@@ -28,8 +28,13 @@ KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int6
   staging.x.resize((size_t)count * stride);
   staging.begin.resize((size_t)count + 1);
   staging.rows.resize((size_t)n_rows);
-  // Slices of about 4 MB of rows: a small part is copied without threads.
-  const int64_t slice = std::max<int64_t>(1024, (4 << 20) / ((int64_t)stride * sizeof(float)));
+  // Slices of at most about 4 MB of rows, and at least four per thread:
+  // the rows are gathered from all over the side (a cache miss a row), so
+  // a part of narrow rows needs every core, not the two or three slices
+  // that 4 MB make of it. A small part is copied without threads.
+  const int64_t slice = std::max<int64_t>(
+      1024, std::min<int64_t>((4 << 20) / ((int64_t)stride * sizeof(float)),
+                              count / (4 * (int64_t)std::max(1, order.n_threads)) + 1));
   const int64_t slices = (count + slice - 1) / slice;
   // The largest |value| as bits (non-negative floats order as their bits,
   // NaN above +inf), per slice.

@@ -126,6 +126,7 @@ class SpatialOrder {
   std::vector<double> radius;         // groups: no member farther (margin in)
   std::vector<int64_t> distinct_begin;  // distinct points + 1 positions
   double assign_seconds = 0, dedup_seconds = 0;  // build's phases (trace)
+  double split_seconds = 0;  // of assign_seconds: the widest groups split
   int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
 
  private:

@@ -16,18 +16,25 @@
 // Duplicates: the same pass hashes each row's bits (64 bits). Equal rows
 // get the same landmark (the search is a function of the bits), so they
 // share a group; within a group
-// (rows ascending) each row is looked up by its hash among the group's
-// distinct points so far and compared bit for bit with their first rows:
-// equal, it joins that point; else it starts a new one. The group's
+// (rows ascending) the rows are sorted by (hash, position) and each is
+// compared bit for bit with the first rows of the points of its hash so
+// far: equal, it joins that point; else it starts a new one. The group's
 // positions are then laid out point by point (first occurrence order),
-// each point's rows ascending. Linear in the rows, and a group of many
-// copies of a few points (kdd's largest) costs a lookup and a compare a
-// row.
+// each point's rows ascending. A sort of each group (no hash table: 5M
+// distinct rows took 0.1-0.2 s in per-group hash maps), and a group of
+// many copies of a few points (kdd's largest) costs a compare a row.
+//
+// Landmarks sampled evenly from the rows miss the small clusters of a
+// clustered set; their rows widen some far landmark's group and spoil the
+// bounds of every part that touches it. So the widest groups are split
+// after the assignment (split_wide_groups), up to four times the groups
+// asked for.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <unordered_map>
+#include <utility>
 
 #include <math_constants.h>
 
@@ -44,6 +51,9 @@ namespace {
 constexpr int kAssignThreads = 128;
 constexpr int kTileFloats = 4096;  // landmarks per shared tile: 16 kB
 constexpr double kHostSlack = 1e-9;
+// Groups after the widest are split (split_wide_groups): the landmarks'
+// distance matrices hold m^2 doubles.
+constexpr int32_t kMaxGroups = 2048;
 
 // The nearest landmark of each row, searched in float (ties: the lowest
 // index), and the row's value to it (squared sum for L2, sum for L1) in
@@ -142,6 +152,80 @@ void bisect(int32_t *ids, int32_t n, const double *d, int32_t m) {
   bisect(ids + left, n - left, d, m);
 }
 
+// Splits the widest groups, round after round, until there are
+// max_groups (or no group with two different members is left): a group's
+// member farthest from its landmark becomes the landmark of a new group,
+// and each of the group's members goes to the nearer of the two (ties:
+// the old one), by its value in double computed here. Landmarks sampled
+// evenly from the rows miss the small clusters of a clustered set, whose
+// rows then widen the group of some far landmark, and one such group
+// makes every bound of the parts it touches useless; the widest groups
+// are exactly those (a batched farthest-point traversal, each split a
+// group's own). The choice is a function of the row's bits, so equal rows
+// stay in one group; any assignment is exact, as the radii come from the
+// values. Each round at most doubles the groups.
+void split_wide_groups(const float *rows, int64_t n, int dim, KnnMetric metric,
+                       int32_t max_groups, int n_threads, const int32_t *cancel,
+                       std::vector<float> *landmarks, int32_t *m, std::vector<int32_t> *group,
+                       std::vector<double> *value) {
+  const bool l1 = metric == KNN_METRIC_L1;
+  std::vector<int64_t> begin;
+  std::vector<int64_t> member(n);
+  for (int round = 0; round < 16 && *m < max_groups; round++) {
+    const int32_t groups = *m;
+    // Members by group (a stable counting sort).
+    begin.assign((size_t)groups + 1, 0);
+    for (int64_t i = 0; i < n; i++) begin[(size_t)(*group)[i] + 1]++;
+    for (int32_t g = 0; g < groups; g++) begin[g + 1] += begin[g];
+    {
+      std::vector<int64_t> next(begin.begin(), begin.end() - 1);
+      for (int64_t i = 0; i < n; i++) member[next[(*group)[i]]++] = i;
+    }
+    // Each group's farthest member (the first of the largest value).
+    std::vector<int64_t> far(groups, -1);
+    std::vector<double> widest(groups, 0.0);
+    cpu::parallel_for(groups, n_threads, cancel, [&](int64_t g, int) {
+      for (int64_t j = begin[g]; j < begin[g + 1]; j++) {
+        const double v = (*value)[member[j]];
+        if (v > widest[g]) {
+          widest[g] = v;
+          far[g] = member[j];
+        }
+      }
+    });
+    std::vector<int32_t> by_width;
+    for (int32_t g = 0; g < groups; g++)
+      if (far[g] >= 0) by_width.push_back(g);
+    if (by_width.empty()) return;
+    std::stable_sort(by_width.begin(), by_width.end(),
+                     [&](int32_t a, int32_t b) { return widest[a] > widest[b]; });
+    const size_t splits = std::min<size_t>(by_width.size(), (size_t)(max_groups - groups));
+    landmarks->resize((size_t)(groups + splits) * dim);
+    for (size_t s = 0; s < splits; s++)
+      std::memcpy(landmarks->data() + (groups + s) * dim, rows + far[by_width[s]] * dim,
+                  dim * sizeof(float));
+    cpu::parallel_for((int64_t)splits, n_threads, cancel, [&](int64_t s, int) {
+      const int32_t g = by_width[s], fresh = groups + (int32_t)s;
+      const float *l = landmarks->data() + (size_t)fresh * dim;
+      for (int64_t j = begin[g]; j < begin[g + 1]; j++) {
+        const int64_t i = member[j];
+        const float *x = rows + i * dim;
+        double v = 0;
+        for (int d = 0; d < dim; d++) {
+          const double diff = (double)x[d] - (double)l[d];
+          v += l1 ? std::fabs(diff) : diff * diff;
+        }
+        if (v < (*value)[i]) {
+          (*value)[i] = v;
+          (*group)[i] = fresh;
+        }
+      }
+    });
+    if (cancel != nullptr && *cancel) return;
+    *m = groups + (int32_t)splits;
+  }
+}
+
 }  // namespace
 
 KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric metric,
@@ -154,7 +238,7 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
     return KNN_OK;
   // Landmarks take at most an eighth of the budget.
   const int64_t fit = (int64_t)(budget / 8 / ((size_t)dim * sizeof(float)));
-  const int32_t m = (int32_t)std::max<int64_t>(1, std::min<int64_t>({(int64_t)groups, n, fit}));
+  int32_t m = (int32_t)std::max<int64_t>(1, std::min<int64_t>({(int64_t)groups, n, fit}));
   // Landmarks: rows spread evenly over the side.
   std::vector<float> sample((size_t)m * dim);
   for (int32_t g = 0; g < m; g++)
@@ -212,6 +296,18 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
     mem.release(h);
     mem.release(landmarks);
   }
+
+  // The widest groups split (KNN_TI_ORDER_SPLIT=0 keeps the sampled
+  // landmarks alone, for A/B benchmarks).
+  const Clock::time_point t_split = Clock::now();
+  const char *split = std::getenv("KNN_TI_ORDER_SPLIT");
+  if (split == nullptr || split[0] != '0') {
+    const int32_t most = (int32_t)std::min<int64_t>({n, (int64_t)kMaxGroups, 4 * (int64_t)m, fit});
+    split_wide_groups(rows, n, dim, metric, most, n_threads, ctx.cancel, &sample,
+                      &m, &group, &value);
+    KNN_TRY(ctx.cancel_point());
+  }
+  split_seconds = seconds_since(t_split);
 
   // The landmarks' order: leaves of a recursive bisection (two far-apart
   // pivots, each landmark to the nearer one), depth first. Any run of
@@ -281,42 +377,52 @@ void SpatialOrder::mark_distinct(const float *rows, const std::vector<uint64_t> 
     int32_t *a = perm.data() + group_begin[g];
     const int64_t size = group_begin[g + 1] - group_begin[g];
     if (size == 0) return;
-    // Distinct points of the group: first row, next point of equal hash.
-    std::vector<int32_t> first_row, same_hash, count, id(size);
-    std::unordered_map<uint64_t, int32_t> by_hash;
-    int32_t previous = -1;  // the point of the row before: copies often come in runs
-    for (int64_t j = 0; j < size; j++) {
-      const int32_t r = a[j];
-      if (previous >= 0 && hash[r] == hash[first_row[previous]] &&
-          std::memcmp(rows + (int64_t)r * dim, rows + (int64_t)first_row[previous] * dim,
-                      row_bytes) == 0) {
-        id[j] = previous;
-        count[previous]++;
-        continue;
+    // Distinct points of the group: its positions sorted by (hash,
+    // position); within a run of equal hashes each position is compared
+    // bit for bit with the run's leaders so far (the first position of
+    // each distinct point; one, but for a hash collision).
+    std::vector<std::pair<uint64_t, int32_t>> by_hash((size_t)size);
+    for (int64_t j = 0; j < size; j++) by_hash[j] = {hash[a[j]], (int32_t)j};
+    std::sort(by_hash.begin(), by_hash.end());
+    std::vector<int32_t> leader(size);  // position -> its point's first position
+    std::vector<int32_t> leaders;
+    for (int64_t lo = 0; lo < size;) {
+      int64_t hi = lo + 1;
+      while (hi < size && by_hash[hi].first == by_hash[lo].first) hi++;
+      leaders.clear();
+      for (int64_t e = lo; e < hi; e++) {
+        const int32_t j = by_hash[e].second;
+        int32_t found = -1;
+        for (int32_t c : leaders)
+          if (std::memcmp(rows + (int64_t)a[j] * dim, rows + (int64_t)a[c] * dim, row_bytes) ==
+              0) {
+            found = c;
+            break;
+          }
+        if (found < 0) {
+          leaders.push_back(j);
+          found = j;
+        }
+        leader[j] = found;
       }
-      const auto found = by_hash.find(hash[r]);
-      int32_t point = -1;
-      if (found != by_hash.end())
-        for (int32_t c = found->second; c >= 0 && point < 0; c = same_hash[c])
-          if (std::memcmp(rows + (int64_t)r * dim, rows + (int64_t)first_row[c] * dim,
-                          row_bytes) == 0)
-            point = c;
-      if (point < 0) {
-        point = (int32_t)first_row.size();
-        first_row.push_back(r);
-        same_hash.push_back(found != by_hash.end() ? found->second : -1);
-        count.push_back(0);
-        by_hash[hash[r]] = point;
-      }
-      id[j] = point;
-      count[point]++;
-      previous = point;
+      lo = hi;
     }
-    // Point by point, rows ascending (a stable counting sort by point).
+    // Points in first occurrence order, each point's rows ascending (the
+    // group's rows are ascending): a stable counting sort by point.
+    std::vector<int32_t> point(size), count;
+    for (int64_t j = 0; j < size; j++) {
+      if (leader[j] == j) {
+        point[j] = (int32_t)count.size();
+        count.push_back(0);
+      } else {
+        point[j] = point[leader[j]];
+      }
+      count[point[j]]++;
+    }
     std::vector<int32_t> offset(count.size() + 1, 0), sorted(size);
     for (size_t c = 0; c < count.size(); c++) offset[c + 1] = offset[c] + count[c];
     for (size_t c = 0; c < count.size(); c++) start[group_begin[g] + offset[c]] = 1;
-    for (int64_t j = 0; j < size; j++) sorted[offset[id[j]]++] = a[j];
+    for (int64_t j = 0; j < size; j++) sorted[offset[point[j]]++] = a[j];
     std::copy(sorted.begin(), sorted.end(), a);
   });
   for (int64_t i = 0; i < n; i++)
