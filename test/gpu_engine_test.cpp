@@ -1450,9 +1450,10 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
 // Many blobs of very uneven sizes (a few large, most tiny; rows in random
 // order), as bench/make_cpu_sets.py's clustered sets: landmarks sampled
 // evenly from the rows miss most tiny blobs, whose rows then widen the
-// groups of far landmarks. With the widest groups split (the default) the
-// bounds must skip more (query part, target part) pairs than with the
-// sampled landmarks alone (KNN_TI_ORDER_SPLIT=0), the answers unchanged.
+// groups of far landmarks. With the widest groups split
+// (KNN_TI_ORDER_SPLIT=1) the bounds must skip more (query part, target
+// part) pairs than with the sampled landmarks alone (the default), the
+// answers unchanged.
 TEST(GpuTiOutOfCore, SplitGroupsSkipMorePairsOnUnevenBlobs) {
   REQUIRE_GPU();
   const int dim = 8, blobs = 300;
@@ -1481,12 +1482,12 @@ TEST(GpuTiOutOfCore, SplitGroupsSkipMorePairsOnUnevenBlobs) {
     o.k = 10;
     o.metric = m;
     const std::vector<int64_t> limits = {1 << 20, 512 << 10};
-    const std::vector<OutOfCoreShape> split =
-        check_out_of_core(d, o, limits, "uneven blobs, split groups");
-    std::vector<OutOfCoreShape> sampled;
+    const std::vector<OutOfCoreShape> sampled =
+        check_out_of_core(d, o, limits, "uneven blobs, sampled landmarks");
+    std::vector<OutOfCoreShape> split;
     {
-      ScopedEnv knob("KNN_TI_ORDER_SPLIT", "0");
-      sampled = check_out_of_core(d, o, limits, "uneven blobs, sampled landmarks");
+      ScopedEnv knob("KNN_TI_ORDER_SPLIT", "1");
+      split = check_out_of_core(d, o, limits, "uneven blobs, split groups");
     }
     ASSERT_EQ(split.size(), limits.size());
     ASSERT_EQ(sampled.size(), limits.size());

@@ -7,7 +7,8 @@
 // ascending, and each run of them is one distinct point. The query and
 // target parts are runs of consecutive distinct points, sized from what
 // they hold (ti_part_plan.cu), and only distinct rows go to the device,
-// with their original rows (ti_part_upload.cu). For each query part:
+// with their original rows (ti_part_upload.cu), gathered on the host by a
+// thread while the device works on the part before. For each query part:
 //   1. its distinct points go up and are clustered (as in ti_join.cu), or,
 //      for a self-join cut alike on both sides (PartPlan::shared_parts),
 //      the cached target part of the same points is copied back and its
@@ -222,6 +223,7 @@ class OutOfCoreJoin {
   void expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
                     double *distances) const;
   void wait_output();
+  PartStaging &gather_query_part(int index);
   // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
   // phase times (printed to stderr at the end) are the stages' own.
   void lap(double *phase, Clock::time_point *t0);
@@ -252,7 +254,9 @@ class OutOfCoreJoin {
   DeviceBuffer<float> result_value_;
   DeviceBuffer<int32_t> result_row_;
   DeviceBuffer<unsigned> theta_bits_;
-  PartStaging query_part_staging_;
+  // Ordered query parts: two stagings, the next part gathered by a host
+  // thread (query_gather_) while the device filters the current one.
+  PartStaging query_staging_[2];
   // A query part's lists on the host, two: one being expanded by a host
   // thread (expanding_) while the device filters the next query part.
   std::vector<float> list_value_[2];
@@ -273,9 +277,10 @@ class OutOfCoreJoin {
   double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
   double query_upload_seconds_ = 0;
   int64_t pairs_visited_ = 0;
-  // Declared last, so destroyed first: the expansion still running (an
-  // error path) is waited for before anything it reads goes.
+  // Declared last, so destroyed first: the expansion and the gather still
+  // running (an error path) are waited for before anything they use goes.
   std::future<void> expanding_;
+  std::future<void> query_gather_;
   unsigned long long computed_ = 0;
 };
 
@@ -527,6 +532,35 @@ void OutOfCoreJoin::wait_output() {
   if (expanding_.valid()) expanding_.get();
 }
 
+// The staging of ordered query part `index`, gathered: by the host thread
+// started for the part before, or here. The next part's gather is then
+// started into the other staging (this one's copies to the device are
+// queued from pageable memory, so they have taken its bytes before that
+// staging is refilled, two parts on).
+PartStaging &OutOfCoreJoin::gather_query_part(int index) {
+  if (query_gather_.valid()) query_gather_.get();
+  PartStaging &staging = query_staging_[index % 2];
+  const int64_t first = plan_.query_distinct_first(index);
+  if (staging.first != first || staging.count != plan_.query_distinct_count(index))
+    gather_ordered_part(query_order_, float_rows(p_.queries), first,
+                        plan_.query_distinct_count(index), stride_, staging);
+  const int next = index + 1;
+  if (next < plan_.query_parts()) {
+    PartStaging &ahead = query_staging_[next % 2];
+    ahead.first = -1;  // not gathered until the thread is done
+    try {
+      query_gather_ = std::async(std::launch::async, [this, next, &ahead] {
+        gather_ordered_part(query_order_, float_rows(p_.queries),
+                            plan_.query_distinct_first(next), plan_.query_distinct_count(next),
+                            stride_, ahead);
+      });
+    } catch (const std::system_error &) {
+      // No thread: the next part gathers its own rows.
+    }
+  }
+  return staging;
+}
+
 void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
                                  double *distances) const {
   const int k = p_.k, kp = plan_.kprime;
@@ -588,11 +622,11 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   if (shared) {
     // (own.set holds the part's counts and rows: all the lists need.)
   } else if (ordered_) {
-    // Distinct points gathered on the host (ti_part_upload.cu).
-    KNN_TRY(upload_ordered_part(query_order_, float_rows(p_.queries),
-                                plan_.query_distinct_first(index),
-                                plan_.query_distinct_count(index), stride_, query_set,
-                                &query_max_abs, query_part_staging_, mem, ctx_));
+    // Distinct points gathered on the host (ti_part_upload.cu), by a host
+    // thread while the device filtered the query part before; this one's
+    // gather started here, the next one's queued.
+    PartStaging &staging = gather_query_part(index);
+    KNN_TRY(send_ordered_part(staging, stride_, query_set, &query_max_abs, mem, ctx_));
     lap(&query_upload_seconds_, &t0);
   } else {
     DeviceBuffer<unsigned> max_abs;

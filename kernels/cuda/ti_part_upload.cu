@@ -19,9 +19,8 @@ namespace knn {
 namespace cuda {
 namespace ti {
 
-KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
-                              int64_t count, int stride, DistinctSet &out, float *max_abs,
-                              PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx) {
+void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
+                         int64_t count, int stride, PartStaging &staging) {
   const int dim = order.dim;
   const int64_t at = order.distinct_begin[first];
   const int64_t n_rows = order.distinct_begin[first + count] - at;
@@ -60,9 +59,16 @@ KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int6
   });
   uint32_t top = 0;
   for (uint32_t b : largest) top = std::max(top, b);
-  std::memcpy(max_abs, &top, sizeof top);
+  std::memcpy(&staging.max_abs, &top, sizeof top);
   staging.begin[count] = (int32_t)n_rows;
+  staging.first = first;
+  staging.count = count;
+}
 
+KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet &out,
+                            float *max_abs, MemoryBudget &mem, DeviceContext &ctx) {
+  const int64_t count = staging.count, n_rows = (int64_t)staging.rows.size();
+  *max_abs = staging.max_abs;
   out.n_rows = n_rows;
   out.n_distinct = count;
   out.stride = stride;
@@ -80,6 +86,13 @@ KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int6
                                   (size_t)n_rows * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   ctx.stream));
   return KNN_OK;
+}
+
+KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
+                              int64_t count, int stride, DistinctSet &out, float *max_abs,
+                              PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx) {
+  gather_ordered_part(order, rows, first, count, stride, staging);
+  return send_ordered_part(staging, stride, out, max_abs, mem, ctx);
 }
 
 }  // namespace ti

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -140,6 +141,8 @@ struct PartStaging {
   std::vector<float> x;          // distinct points x stride
   std::vector<int32_t> begin;    // distinct points + 1
   std::vector<int32_t> rows;     // the part's original rows, by position
+  float max_abs = 0;             // their largest |value|
+  int64_t first = -1, count = 0;  // the distinct points gathered
 };
 
 // The distinct points [first, first + count) of an ordered side on the
@@ -151,6 +154,14 @@ struct PartStaging {
 KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
                               int64_t count, int stride, DistinctSet &out, float *max_abs,
                               PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx);
+// Its two halves: the host's gather into staging (no CUDA call: a host
+// thread may gather the next part while the device works), and the copies
+// of what staging holds to the device (the staging may be refilled once
+// the call returns).
+void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
+                         int64_t count, int stride, PartStaging &staging);
+KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet &out,
+                            float *max_abs, MemoryBudget &mem, DeviceContext &ctx);
 
 // Lower bound, in ti distance (margins taken off), of the distance between
 // any row of positions [qf, qf + qc) of `q` and any of [tf, tf + tc) of
@@ -225,9 +236,12 @@ class TargetParts {
   const SpatialOrder *order_;
   DeviceContext &ctx_;
   bool cache_;
-  PartStaging part_staging_;  // the part being built (ordered)
+  PartStaging part_staging_[2];  // the part being built and the next (ordered)
   std::vector<HostPart *> host_;
   std::unique_ptr<Pinner> pinner_;  // ordered parts that are cached
+  // The next part's gather on a host thread (build), declared after the
+  // stagings: destroyed, so waited for, first.
+  std::future<void> gather_;
   int64_t clusters_ = 0;
   double cluster_seconds_ = 0, store_seconds_ = 0;
 };
