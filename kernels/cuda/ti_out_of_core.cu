@@ -299,14 +299,14 @@ void OutOfCoreJoin::trace() const {
                "(%lld by clusters); "
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
-               "(pinned copies %.4f)\n",
+               "(uploads %.4f, pinned copies %.4f)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
                (long long)pairs_skipped_, (long long)cluster_skipped_,
                cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
                query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
-               targets_.store_seconds());
+               targets_.upload_seconds(), targets_.store_seconds());
 }
 
 KnnStatus OutOfCoreJoin::upload_target_keys() {

@@ -9,10 +9,12 @@
 // the DistinctSet that ti_dedup.cu would have built from all the rows,
 // with original row numbers, without the rows' copies on the device.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "../cpu/parallel_for.h"
+#include "host_transfer.cuh"
 #include "ti_parts.cuh"
 
 namespace knn {
@@ -75,7 +77,21 @@ KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet 
   KNN_TRY(mem.allocate(ctx, out.x, (size_t)count * stride, "distinct points"));
   KNN_TRY(mem.allocate(ctx, out.group_begin, (size_t)count + 1, "duplicate groups"));
   KNN_TRY(mem.allocate(ctx, out.rows, (size_t)n_rows, "duplicate groups"));
-  // Pageable sources: each copy has taken its bytes when the call returns.
+  // Through the device's pinned staging (host_transfer.cuh: several host
+  // threads, the copies pipelined), which wants its destinations allocated
+  // and the stream waited for; KNN_TI_STAGED_UPLOAD=0 queues pageable
+  // copies instead (A/B). Either way the bytes are taken on return.
+  const char *staged = std::getenv("KNN_TI_STAGED_UPLOAD");
+  if (staged == nullptr || staged[0] != '0') {
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    KNN_TRY(upload_to_device(ctx, out.x.get(), staging.x.data(),
+                             (size_t)count * stride * sizeof(float)));
+    KNN_TRY(upload_to_device(ctx, out.group_begin.get(), staging.begin.data(),
+                             ((size_t)count + 1) * sizeof(int32_t)));
+    KNN_TRY(upload_to_device(ctx, out.rows.get(), staging.rows.data(),
+                             (size_t)n_rows * sizeof(int32_t)));
+    return KNN_OK;
+  }
   CUDA_CHECK(ctx, cudaMemcpyAsync(out.x.get(), staging.x.data(),
                                   (size_t)count * stride * sizeof(float), cudaMemcpyHostToDevice,
                                   ctx.stream));

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <future>
 #include <memory>
 #include <vector>
@@ -220,6 +221,7 @@ class TargetParts {
   int64_t clusters() const { return clusters_; }
   double cluster_seconds() const { return cluster_seconds_; }
   double store_seconds() const { return store_seconds_; }
+  double upload_seconds() const { return upload_seconds_; }  // of cluster_seconds (trace)
 
  private:
   struct HostPart;  // ti_target_parts.cu
@@ -243,7 +245,9 @@ class TargetParts {
   // stagings: destroyed, so waited for, first.
   std::future<void> gather_;
   int64_t clusters_ = 0;
-  double cluster_seconds_ = 0, store_seconds_ = 0;
+  double cluster_seconds_ = 0, store_seconds_ = 0, upload_seconds_ = 0;
+  const bool trace_ = std::getenv("KNN_TI_TRACE") != nullptr &&
+                      std::getenv("KNN_TI_TRACE")[0] == '1';
 };
 
 }  // namespace ti

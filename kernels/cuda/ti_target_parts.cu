@@ -270,6 +270,11 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
       KNN_TRY(build_distinct_set(upload.points, options_.dedup, out.set, mem, ctx_));
     mem.release(upload.padded);  // (freed in stream order, after the set is built)
   }
+  if (trace_) {
+    // (KNN_TI_TRACE=1: the upload's own time, the stream waited for.)
+    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    upload_seconds_ += seconds_since(t0);
+  }
   // The bounds need finite distances: stop before clustering otherwise.
   *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
   if (!*finite) return KNN_OK;
