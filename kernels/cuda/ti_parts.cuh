@@ -147,18 +147,14 @@ struct PartStaging {
 };
 
 // The distinct points [first, first + count) of an ordered side on the
-// device as a DistinctSet (ti_part_upload.cu): one padded row per distinct
-// point (their largest |value| to *max_abs), its rows' offsets, and the
-// ORIGINAL rows of each (ascending), so that clusters and lists carry
-// original rows. No group_of_row: the out-of-core join expands its lists
-// on the host.
-KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
-                              int64_t count, int stride, DistinctSet &out, float *max_abs,
-                              PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx);
-// Its two halves: the host's gather into staging (no CUDA call: a host
-// thread may gather the next part while the device works), and the copies
-// of what staging holds to the device (the staging may be refilled once
-// the call returns).
+// device as a DistinctSet (ti_part_upload.cu), in two halves. The host's
+// gather into staging (no CUDA call: a host thread gathers the next part
+// while the device works): one padded row per distinct point, their
+// largest |value|, the rows' offsets and the ORIGINAL rows of each
+// (ascending), so that clusters and lists carry original rows. Then the
+// copies of what staging holds to the device (*max_abs: its largest
+// |value|; the staging may be refilled once the call returns). No
+// group_of_row: the out-of-core join expands its lists on the host.
 void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
                          int64_t count, int stride, PartStaging &staging);
 KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet &out,
