@@ -1447,6 +1447,57 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
   }
 }
 
+// Many blobs of very uneven sizes (a few large, most tiny; rows in random
+// order), as bench/make_cpu_sets.py's clustered sets: landmarks sampled
+// evenly from the rows miss most tiny blobs, whose rows then widen the
+// groups of far landmarks. With the widest groups split
+// (KNN_TI_ORDER_SPLIT=1) the bounds must skip more (query part, target
+// part) pairs than with the sampled landmarks alone (the default), the
+// answers unchanged.
+TEST(GpuTiOutOfCore, SplitGroupsSkipMorePairsOnUnevenBlobs) {
+  REQUIRE_GPU();
+  const int dim = 8, blobs = 300;
+  const int64_t n = 60000;
+  std::mt19937_64 rng(381);
+  std::uniform_real_distribution<float> uni(0.0f, 100.0f);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<float> centre(static_cast<size_t>(blobs) * dim);
+  for (float &c : centre) c = uni(rng);
+  std::vector<double> weight(blobs);
+  for (int b = 0; b < blobs; b++) weight[b] = 1.0 / (b + 1);
+  std::discrete_distribution<int> pick(weight.begin(), weight.end());
+  Data d;
+  d.dim = dim;
+  d.self = true;
+  d.targets.resize(static_cast<size_t>(n) * dim);
+  for (int64_t r = 0; r < n; r++) {
+    const int b = pick(rng);
+    const float spread = 0.2f + 0.2f * static_cast<float>(b % 4);
+    for (int j = 0; j < dim; j++)
+      d.targets[r * dim + j] = centre[static_cast<size_t>(b) * dim + j] + spread * noise(rng);
+  }
+  add_duplicates(&d.targets, dim, n / 20, rng);
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 10;
+    o.metric = m;
+    const std::vector<int64_t> limits = {1 << 20, 512 << 10};
+    const std::vector<OutOfCoreShape> sampled =
+        check_out_of_core(d, o, limits, "uneven blobs, sampled landmarks");
+    std::vector<OutOfCoreShape> split;
+    {
+      ScopedEnv knob("KNN_TI_ORDER_SPLIT", "1");
+      split = check_out_of_core(d, o, limits, "uneven blobs, split groups");
+    }
+    ASSERT_EQ(split.size(), limits.size());
+    ASSERT_EQ(sampled.size(), limits.size());
+    for (size_t i = 0; i < limits.size(); i++) {
+      ASSERT_GT(split[i].query_parts, 1);
+      EXPECT_GT(split[i].skipped, sampled[i].skipped) << "limit " << limits[i];
+    }
+  }
+}
+
 TEST(GpuTiOutOfCore, RowRangePartsSkippedByTheirClusters) {
   REQUIRE_GPU();
   // Row ranges (KNN_TI_ROW_RANGES=1: no spatial order, so no part bound):

@@ -7,7 +7,8 @@
 // ascending, and each run of them is one distinct point. The query and
 // target parts are runs of consecutive distinct points, sized from what
 // they hold (ti_part_plan.cu), and only distinct rows go to the device,
-// with their original rows (ti_part_upload.cu). For each query part:
+// with their original rows (ti_part_upload.cu), gathered on the host by a
+// thread while the device works on the part before. For each query part:
 //   1. its distinct points go up and are clustered (as in ti_join.cu), or,
 //      for a self-join cut alike on both sides (PartPlan::shared_parts),
 //      the cached target part of the same points is copied back and its
@@ -213,7 +214,8 @@ class OutOfCoreJoin {
   KnnStatus filter_part(const ClusterSet &queries, const TargetPart &part, const float *carried,
                         MemoryBudget &mem);
   KnnStatus carried_bounds(const ClusterSet &queries, float *carried);
-  KnnStatus part_needed(const ClusterSet &queries, int target, bool *needed, MemoryBudget &mem);
+  KnnStatus pair_tests(const ClusterSet &queries, const DistinctSet &query_set, int target,
+                       double *theta, int64_t *last_row, bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
   KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
@@ -221,6 +223,7 @@ class OutOfCoreJoin {
   void expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
                     double *distances) const;
   void wait_output();
+  PartStaging &gather_query_part(int index);
   // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
   // phase times (printed to stderr at the end) are the stages' own.
   void lap(double *phase, Clock::time_point *t0);
@@ -229,7 +232,6 @@ class OutOfCoreJoin {
 
   const KnnProblem &p_;
   const TiOptions &options_;
-  KnnStatus largest_theta(const DistinctSet &query_set, double *theta, int64_t *last_row);
   void order_target_parts(int query_index, int64_t first, int64_t count,
                           std::vector<std::pair<double, int>> *order) const;
 
@@ -252,7 +254,9 @@ class OutOfCoreJoin {
   DeviceBuffer<float> result_value_;
   DeviceBuffer<int32_t> result_row_;
   DeviceBuffer<unsigned> theta_bits_;
-  PartStaging query_part_staging_;
+  // Ordered query parts: two stagings, the next part gathered by a host
+  // thread (query_gather_) while the device filters the current one.
+  PartStaging query_staging_[2];
   // A query part's lists on the host, two: one being expanded by a host
   // thread (expanding_) while the device filters the next query part.
   std::vector<float> list_value_[2];
@@ -273,9 +277,10 @@ class OutOfCoreJoin {
   double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
   double query_upload_seconds_ = 0;
   int64_t pairs_visited_ = 0;
-  // Declared last, so destroyed first: the expansion still running (an
-  // error path) is waited for before anything it reads goes.
+  // Declared last, so destroyed first: the expansion and the gather still
+  // running (an error path) are waited for before anything they use goes.
   std::future<void> expanding_;
+  std::future<void> query_gather_;
   unsigned long long computed_ = 0;
 };
 
@@ -294,14 +299,14 @@ void OutOfCoreJoin::trace() const {
                "(%lld by clusters); "
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
-               "(pinned copies %.4f)\n",
+               "(uploads %.4f, pinned copies %.4f)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
                (long long)pairs_skipped_, (long long)cluster_skipped_,
                cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
                query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
-               targets_.store_seconds());
+               targets_.upload_seconds(), targets_.store_seconds());
 }
 
 KnnStatus OutOfCoreJoin::upload_target_keys() {
@@ -329,42 +334,65 @@ KnnStatus OutOfCoreJoin::carried_bounds(const ClusterSet &queries, float *carrie
   return KNN_OK;
 }
 
-// *needed: whether cached target part `target` can change a list of the
-// query part (part_needed_kernel); true where it is not cached. Its
-// clusters' centres, radii and offsets come from the part's pinned block
-// (a few KB), not the whole part.
-KnnStatus OutOfCoreJoin::part_needed(const ClusterSet &queries, int target, bool *needed,
-                                     MemoryBudget &mem) {
+// The tests before a target part (but the first), read back together
+// with one wait: where `ordered`, the largest k'-th entry of the query
+// part's lists as a ti distance (+inf while some list is not full) and the
+// largest row among them (largest_last_kernel); and *needed, whether
+// cached target part `target` can change a list of the query part
+// (part_needed_kernel; true where it is not cached). Its clusters'
+// centres, radii and offsets come from the part's pinned block (a few KB),
+// not the whole part.
+KnnStatus OutOfCoreJoin::pair_tests(const ClusterSet &queries, const DistinctSet &query_set,
+                                    int target, double *theta, int64_t *last_row, bool *needed,
+                                    MemoryBudget &mem) {
+  *theta = 0;
+  *last_row = 0;
   *needed = true;
+  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, 3 * sizeof(unsigned), ctx_.stream));
+  if (ordered_) {
+    largest_last_kernel<<<grid_for(query_set.n_distinct, 256), 256, 0, ctx_.stream>>>(
+        result_value_.get(), result_row_.get(), query_set.n_distinct, plan_.kprime,
+        theta_bits_.get());
+    CUDA_CHECK_LAUNCH(ctx_, "largest_last_kernel");
+  }
   TargetParts::ClusterSummary s;
-  if (!targets_.summary(target, &s) || s.m == 0 || queries.m == 0) return KNN_OK;
+  const bool test = targets_.summary(target, &s) && s.m > 0 && queries.m > 0;
   DeviceBuffer<float> centers, radius;
   DeviceBuffer<int32_t> begin;
-  KNN_TRY(mem.allocate(ctx_, centers, (size_t)s.m * stride_, "part test"));
-  KNN_TRY(mem.allocate(ctx_, radius, (size_t)s.m, "part test"));
-  KNN_TRY(mem.allocate(ctx_, begin, (size_t)s.m + 1, "part test"));
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(centers.get(), s.centers, centers.bytes(),
-                                   cudaMemcpyHostToDevice, ctx_.stream));
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(radius.get(), s.radius, radius.bytes(), cudaMemcpyHostToDevice,
-                                   ctx_.stream));
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(begin.get(), s.begin, begin.bytes(), cudaMemcpyHostToDevice,
-                                   ctx_.stream));
-  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, sizeof(unsigned), ctx_.stream));
-  const unsigned grid = grid_for(queries.n, 256);
-  if (p_.metric == KNN_METRIC_L1)
-    part_needed_kernel<KNN_METRIC_L1><<<grid, 256, 0, ctx_.stream>>>(
-        queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
-        centers.get(), radius.get(), begin.get(), s.m, stride_, margin_, theta_bits_.get());
-  else
-    part_needed_kernel<KNN_METRIC_L2><<<grid, 256, 0, ctx_.stream>>>(
-        queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
-        centers.get(), radius.get(), begin.get(), s.m, stride_, margin_, theta_bits_.get());
-  CUDA_CHECK_LAUNCH(ctx_, "part_needed_kernel");
-  unsigned flag = 1;
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(&flag, theta_bits_.get(), sizeof flag, cudaMemcpyDeviceToHost,
+  if (test) {
+    KNN_TRY(mem.allocate(ctx_, centers, (size_t)s.m * stride_, "part test"));
+    KNN_TRY(mem.allocate(ctx_, radius, (size_t)s.m, "part test"));
+    KNN_TRY(mem.allocate(ctx_, begin, (size_t)s.m + 1, "part test"));
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(centers.get(), s.centers, centers.bytes(),
+                                     cudaMemcpyHostToDevice, ctx_.stream));
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(radius.get(), s.radius, radius.bytes(),
+                                     cudaMemcpyHostToDevice, ctx_.stream));
+    CUDA_CHECK(ctx_, cudaMemcpyAsync(begin.get(), s.begin, begin.bytes(), cudaMemcpyHostToDevice,
+                                     ctx_.stream));
+    const unsigned grid = grid_for(queries.n, 256);
+    if (p_.metric == KNN_METRIC_L1)
+      part_needed_kernel<KNN_METRIC_L1><<<grid, 256, 0, ctx_.stream>>>(
+          queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+          centers.get(), radius.get(), begin.get(), s.m, stride_, margin_,
+          theta_bits_.get() + 2);
+    else
+      part_needed_kernel<KNN_METRIC_L2><<<grid, 256, 0, ctx_.stream>>>(
+          queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+          centers.get(), radius.get(), begin.get(), s.m, stride_, margin_,
+          theta_bits_.get() + 2);
+    CUDA_CHECK_LAUNCH(ctx_, "part_needed_kernel");
+  }
+  unsigned host[3];
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(host, theta_bits_.get(), sizeof host, cudaMemcpyDeviceToHost,
                                    ctx_.stream));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-  *needed = flag != 0;
+  if (ordered_) {
+    float value;
+    std::memcpy(&value, &host[0], sizeof value);
+    *theta = p_.metric == KNN_METRIC_L2 ? std::sqrt((double)value) : (double)value;
+    *last_row = host[1];
+  }
+  if (test) *needed = host[2] != 0;
   mem.release(centers);
   mem.release(radius);
   mem.release(begin);
@@ -415,26 +443,6 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
-  return KNN_OK;
-}
-
-// The largest k'-th entry of the query part's lists, as a ti distance
-// (+inf while some list is not full), and the largest row among them.
-KnnStatus OutOfCoreJoin::largest_theta(const DistinctSet &query_set, double *theta,
-                                       int64_t *last_row) {
-  CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, 2 * sizeof(unsigned), ctx_.stream));
-  largest_last_kernel<<<grid_for(query_set.n_distinct, 256), 256, 0, ctx_.stream>>>(
-      result_value_.get(), result_row_.get(), query_set.n_distinct, plan_.kprime,
-      theta_bits_.get());
-  CUDA_CHECK_LAUNCH(ctx_, "largest_last_kernel");
-  unsigned host[2];
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(host, theta_bits_.get(), sizeof host, cudaMemcpyDeviceToHost,
-                                   ctx_.stream));
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
-  float value;
-  std::memcpy(&value, &host[0], sizeof value);
-  *theta = p_.metric == KNN_METRIC_L2 ? std::sqrt((double)value) : (double)value;
-  *last_row = host[1];
   return KNN_OK;
 }
 
@@ -524,6 +532,35 @@ void OutOfCoreJoin::wait_output() {
   if (expanding_.valid()) expanding_.get();
 }
 
+// The staging of ordered query part `index`, gathered: by the host thread
+// started for the part before, or here. The next part's gather is then
+// started into the other staging (this one's copies to the device are
+// queued from pageable memory, so they have taken its bytes before that
+// staging is refilled, two parts on).
+PartStaging &OutOfCoreJoin::gather_query_part(int index) {
+  if (query_gather_.valid()) query_gather_.get();
+  PartStaging &staging = query_staging_[index % 2];
+  const int64_t first = plan_.query_distinct_first(index);
+  if (staging.first != first || staging.count != plan_.query_distinct_count(index))
+    gather_ordered_part(query_order_, float_rows(p_.queries), first,
+                        plan_.query_distinct_count(index), stride_, staging);
+  const int next = index + 1;
+  if (next < plan_.query_parts()) {
+    PartStaging &ahead = query_staging_[next % 2];
+    ahead.first = -1;  // not gathered until the thread is done
+    try {
+      query_gather_ = std::async(std::launch::async, [this, next, &ahead] {
+        gather_ordered_part(query_order_, float_rows(p_.queries),
+                            plan_.query_distinct_first(next), plan_.query_distinct_count(next),
+                            stride_, ahead);
+      });
+    } catch (const std::system_error &) {
+      // No thread: the next part gathers its own rows.
+    }
+  }
+  return staging;
+}
+
 void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
                                  double *distances) const {
   const int k = p_.k, kp = plan_.kprime;
@@ -585,11 +622,11 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   if (shared) {
     // (own.set holds the part's counts and rows: all the lists need.)
   } else if (ordered_) {
-    // Distinct points gathered on the host (ti_part_upload.cu).
-    KNN_TRY(upload_ordered_part(query_order_, float_rows(p_.queries),
-                                plan_.query_distinct_first(index),
-                                plan_.query_distinct_count(index), stride_, query_set,
-                                &query_max_abs, query_part_staging_, mem, ctx_));
+    // Distinct points gathered on the host (ti_part_upload.cu), by a host
+    // thread while the device filtered the query part before; this one's
+    // gather started here, the next one's queued.
+    PartStaging &staging = gather_query_part(index);
+    KNN_TRY(send_ordered_part(staging, stride_, query_set, &query_max_abs, mem, ctx_));
     lap(&query_upload_seconds_, &t0);
   } else {
     DeviceBuffer<unsigned> max_abs;
@@ -654,35 +691,32 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   for (int i = 0; i < plan_.target_parts(); i++) {
     KNN_TRY(ctx_.cancel_point());
     const int target = order[i].second;
-    if (i > 0 && ordered_) {
+    if (i > 0) {
       // Skip this part and every farther one when its bound is beyond the
       // largest theta of the part's queries; skip this part alone when
       // none of its targets can come nearer than theta and all its rows
-      // come after every list's last row (header: exactness).
+      // come after every list's last row (header: exactness), or when it
+      // is cached and none of its clusters can come within any query's
+      // k'-th entry (part_needed_kernel: exact).
       double theta;
       int64_t last_row;
+      bool needed;
       const Clock::time_point t_theta = Clock::now();
-      KNN_TRY(largest_theta(query_set, &theta, &last_row));
+      KNN_TRY(pair_tests(queries, query_set, target, &theta, &last_row, &needed, mem));
       theta_seconds_ += seconds_since(t_theta);
-      const double bound = order[i].first;
-      const double widened = theta + rounding_(std::max(0.0, bound) + theta);
-      if (bound > 0 && bound > widened) {
-        pairs_skipped_ += plan_.target_parts() - i;
-        break;
+      if (ordered_) {
+        const double bound = order[i].first;
+        const double widened = theta + rounding_(std::max(0.0, bound) + theta);
+        if (bound > 0 && bound > widened) {
+          pairs_skipped_ += plan_.target_parts() - i;
+          break;
+        }
+        const bool never_nearer = theta == 0 || (bound > 0 && bound >= widened);
+        if (never_nearer && part_min_row_[target] > last_row) {
+          pairs_skipped_++;
+          continue;
+        }
       }
-      const bool never_nearer = theta == 0 || (bound > 0 && bound >= widened);
-      if (never_nearer && part_min_row_[target] > last_row) {
-        pairs_skipped_++;
-        continue;
-      }
-    }
-    if (i > 0) {
-      // A cached part none of whose clusters can come within any query's
-      // k'-th entry is skipped (part_needed_kernel: exact).
-      bool needed = true;
-      const Clock::time_point t_test = Clock::now();
-      KNN_TRY(part_needed(queries, target, &needed, mem));
-      theta_seconds_ += seconds_since(t_test);
       if (!needed) {
         pairs_skipped_++;
         cluster_skipped_++;
@@ -759,7 +793,7 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   *finite = true;
   KNN_TRY(upload_target_keys());
   KNN_TRY(fixed_mem_.allocate(ctx_, counter_, 1, "distance counter"));
-  KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 2, "list bound"));
+  KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 3, "list bound and part test"));
   if (ordered_) {
     // The smallest original row of each target part.
     part_min_row_.assign(plan_.target_parts(), INT64_MAX);
@@ -853,9 +887,10 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
   const char *trace = std::getenv("KNN_TI_TRACE");
   if (trace != nullptr && trace[0] == '1')
     std::fprintf(stderr,
-                 "[ti out-of-core] orders %.4f s (targets: assignment %.4f, duplicates %.4f; "
-                 "%lld distinct of %lld rows)\n",
-                 order_seconds, target_order.assign_seconds, target_order.dedup_seconds,
+                 "[ti out-of-core] orders %.4f s (targets: assignment %.4f (split %.4f, %d "
+                 "groups), duplicates %.4f; %lld distinct of %lld rows)\n",
+                 order_seconds, target_order.assign_seconds, target_order.split_seconds,
+                 (int)target_order.radius.size(), target_order.dedup_seconds,
                  (long long)target_order.n_distinct(), (long long)problem.n_targets);
   // The plan's sizes are estimates: where a part still does not fit, the
   // join starts again with parts half as large, down to a floor.

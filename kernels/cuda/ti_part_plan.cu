@@ -34,6 +34,7 @@
 // less one cached part; the remainder is level 1 and level 2's scratch.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "../exclusion_runs.h"
 #include "ti_distance.cuh"
@@ -50,6 +51,15 @@ constexpr int64_t kMinQueryRows = 64;
 constexpr int64_t kMinTargetRows = 16;
 
 size_t build_bytes_per_row(int stride) { return 3 * (size_t)stride * sizeof(float) + 112; }
+
+// KNN_TI_PART_SHARE=F (0.5..1.2) scales the query and target shares of
+// ordered parts (80 % of the budget together), for A/B benchmarks: the
+// rest is level 1 and level 2's scratch, which the plan does not count.
+double part_share() {
+  const char *forced = std::getenv("KNN_TI_PART_SHARE");
+  const double f = forced != nullptr ? std::atof(forced) : 1.0;
+  return f > 0 ? std::max(0.5, std::min(1.2, f)) : 1.0;
+}
 
 int64_t rows_within(double bytes, size_t per_row, int64_t n, int64_t floor_rows) {
   const double rows = std::floor(bytes / (double)per_row);
@@ -222,7 +232,8 @@ void PartPlan::plan_distinct() {
   } else {
     // Query resident and target loaded bytes share 80 %: more to the
     // queries, whose count is the level-2 kernel's parallelism.
-    const double query_share = avail * 0.55, target_share = avail * 0.25, whole = avail * 0.9;
+    const double query_share = avail * 0.55 * part_share(),
+                 target_share = avail * 0.25 * part_share(), whole = avail * 0.9;
     cut_parts(q,
               [&](int64_t d, int64_t r) {
                 return query_resident_bytes(d, r) <= query_share && build(d, r) <= whole;

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -126,6 +128,7 @@ class SpatialOrder {
   std::vector<double> radius;         // groups: no member farther (margin in)
   std::vector<int64_t> distinct_begin;  // distinct points + 1 positions
   double assign_seconds = 0, dedup_seconds = 0;  // build's phases (trace)
+  double split_seconds = 0;  // of assign_seconds: the widest groups split
   int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
 
  private:
@@ -139,17 +142,23 @@ struct PartStaging {
   std::vector<float> x;          // distinct points x stride
   std::vector<int32_t> begin;    // distinct points + 1
   std::vector<int32_t> rows;     // the part's original rows, by position
+  float max_abs = 0;             // their largest |value|
+  int64_t first = -1, count = 0;  // the distinct points gathered
 };
 
 // The distinct points [first, first + count) of an ordered side on the
-// device as a DistinctSet (ti_part_upload.cu): one padded row per distinct
-// point (their largest |value| to *max_abs), its rows' offsets, and the
-// ORIGINAL rows of each (ascending), so that clusters and lists carry
-// original rows. No group_of_row: the out-of-core join expands its lists
-// on the host.
-KnnStatus upload_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
-                              int64_t count, int stride, DistinctSet &out, float *max_abs,
-                              PartStaging &staging, MemoryBudget &mem, DeviceContext &ctx);
+// device as a DistinctSet (ti_part_upload.cu), in two halves. The host's
+// gather into staging (no CUDA call: a host thread gathers the next part
+// while the device works): one padded row per distinct point, their
+// largest |value|, the rows' offsets and the ORIGINAL rows of each
+// (ascending), so that clusters and lists carry original rows. Then the
+// copies of what staging holds to the device (*max_abs: its largest
+// |value|; the staging may be refilled once the call returns). No
+// group_of_row: the out-of-core join expands its lists on the host.
+void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
+                         int64_t count, int stride, PartStaging &staging);
+KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet &out,
+                            float *max_abs, MemoryBudget &mem, DeviceContext &ctx);
 
 // Lower bound, in ti distance (margins taken off), of the distance between
 // any row of positions [qf, qf + qc) of `q` and any of [tf, tf + tc) of
@@ -208,6 +217,7 @@ class TargetParts {
   int64_t clusters() const { return clusters_; }
   double cluster_seconds() const { return cluster_seconds_; }
   double store_seconds() const { return store_seconds_; }
+  double upload_seconds() const { return upload_seconds_; }  // of cluster_seconds (trace)
 
  private:
   struct HostPart;  // ti_target_parts.cu
@@ -224,11 +234,16 @@ class TargetParts {
   const SpatialOrder *order_;
   DeviceContext &ctx_;
   bool cache_;
-  PartStaging part_staging_;  // the part being built (ordered)
+  PartStaging part_staging_[2];  // the part being built and the next (ordered)
   std::vector<HostPart *> host_;
   std::unique_ptr<Pinner> pinner_;  // ordered parts that are cached
+  // The next part's gather on a host thread (build), declared after the
+  // stagings: destroyed, so waited for, first.
+  std::future<void> gather_;
   int64_t clusters_ = 0;
-  double cluster_seconds_ = 0, store_seconds_ = 0;
+  double cluster_seconds_ = 0, store_seconds_ = 0, upload_seconds_ = 0;
+  const bool trace_ = std::getenv("KNN_TI_TRACE") != nullptr &&
+                      std::getenv("KNN_TI_TRACE")[0] == '1';
 };
 
 }  // namespace ti

@@ -24,6 +24,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -232,11 +233,30 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
   const int64_t first = plan_.target_first(index), count = plan_.target_count(index);
   out.first = first;
   if (order_ != nullptr) {
-    // Distinct points gathered on the host, with original rows.
-    KNN_TRY(upload_ordered_part(*order_, float_rows(p_.targets),
-                                plan_.target_distinct_first(index),
-                                plan_.target_distinct_count(index), stride, out.set, &out.max_abs,
-                                part_staging_, mem, ctx_));
+    // Distinct points gathered on the host, with original rows; where the
+    // parts are cached (built one after the other, first to last), a host
+    // thread gathers the next part's while the device clusters this one.
+    if (gather_.valid()) gather_.get();
+    PartStaging &staging = part_staging_[index % 2];
+    const int64_t distinct_first = plan_.target_distinct_first(index);
+    if (staging.first != distinct_first ||
+        staging.count != plan_.target_distinct_count(index))
+      gather_ordered_part(*order_, float_rows(p_.targets), distinct_first,
+                          plan_.target_distinct_count(index), stride, staging);
+    const int next = index + 1;
+    if (cache_ && next < plan_.target_parts() && host_[next] == nullptr) {
+      PartStaging &ahead = part_staging_[next % 2];
+      ahead.first = -1;  // not gathered until the thread is done
+      try {
+        gather_ = std::async(std::launch::async, [this, next, stride, &ahead] {
+          gather_ordered_part(*order_, float_rows(p_.targets), plan_.target_distinct_first(next),
+                              plan_.target_distinct_count(next), stride, ahead);
+        });
+      } catch (const std::system_error &) {
+        // No thread: the next part gathers its own rows.
+      }
+    }
+    KNN_TRY(send_ordered_part(staging, stride, out.set, &out.max_abs, mem, ctx_));
   } else {
     DeviceBuffer<unsigned> max_abs;
     KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
@@ -249,6 +269,11 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
     if (distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs)))
       KNN_TRY(build_distinct_set(upload.points, options_.dedup, out.set, mem, ctx_));
     mem.release(upload.padded);  // (freed in stream order, after the set is built)
+  }
+  if (trace_) {
+    // (KNN_TI_TRACE=1: the upload's own time, the stream waited for.)
+    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    upload_seconds_ += seconds_since(t0);
   }
   // The bounds need finite distances: stop before clustering otherwise.
   *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
