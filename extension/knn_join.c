@@ -45,6 +45,7 @@
 #include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_shard_packed.h"
+#include "knn_shard_receive.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
 
@@ -170,6 +171,8 @@ typedef struct KnnJoinCall
 	double		radius;
 	bool		inclusive;		/* <= radius, else < radius */
 	bool		packed;			/* knn_join_packed: rows packed into bytea values */
+	bool		received;		/* the queries: received set received_set (knn_shard_receive.h) */
+	int64		received_set;
 } KnnJoinCall;
 
 /* One set of knn_join: its query text, prepared, and its columns. */
@@ -260,6 +263,20 @@ prepare_set(KnnSet *set, const KnnJoinCall *call)
 	set->stable = check_plain_select(set->plan, set->arg);
 	check_columns(((CachedPlanSource *) linitial(SPI_plan_get_plan_sources(set->plan)))->resultDesc,
 				  set);
+}
+
+/*
+ * The query set of knn_join_received_packed: the rows a coordinator
+ * shipped (int8 ids, vectors of the received type), taken when read.
+ */
+static void
+describe_received_set(KnnSet *set, int64 received_set)
+{
+	set->natts = 2;
+	set->id_type = INT8OID;
+	set->vector_type = knn_received_queries_type(received_set);
+	set->kind = knn_vector_kind(set->vector_type);
+	set->stable = true;
 }
 
 static bool
@@ -690,8 +707,11 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		elog(ERROR, "SPI_connect failed");
 	query_set.sql = call->queries_sql;
 	query_set.arg = "queries";
-	prepare_set(&query_set, call);
-	if (strcmp(call->queries_sql, call->targets_sql) == 0)
+	if (call->received)
+		describe_received_set(&query_set, call->received_set);
+	else
+		prepare_set(&query_set, call);
+	if (!call->received && strcmp(call->queries_sql, call->targets_sql) == 0)
 		target_source = &query_set;
 	else
 	{
@@ -729,7 +749,9 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	by_operator = query_set.vector_type == target_source->vector_type &&
 		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
 								 element);
-	if (!describe_only)
+	if (call->received && !describe_only)
+		knn_received_queries_take(call->received_set, &queries);
+	else if (!describe_only)
 		read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
@@ -879,14 +901,12 @@ knn_join_run_reported(FunctionCallInfo fcinfo, const KnnJoinCall *call)
  * exclude_self and method at the given positions.
  */
 static void
-read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg,
-					  int exclude_self_arg, int method_arg)
+read_join_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int targets_arg, int metric_arg,
+					int exclude_self_arg, int method_arg)
 {
-	memset(call, 0, sizeof(*call));
-	call->queries_sql = text_argument(fcinfo, 0, "queries");
-	call->targets_sql = text_argument(fcinfo, 1, "targets");
-	require_argument(fcinfo, 2, "k");
-	call->k = PG_GETARG_INT32(2);
+	call->targets_sql = text_argument(fcinfo, targets_arg, "targets");
+	require_argument(fcinfo, targets_arg + 1, "k");
+	call->k = PG_GETARG_INT32(targets_arg + 1);
 	call->metric = (KnnMetric) named_argument(fcinfo, metric_arg, "metric", knn_metric_names);
 	require_argument(fcinfo, exclude_self_arg, "exclude_self");
 	call->exclude_self = PG_GETARG_BOOL(exclude_self_arg);
@@ -895,6 +915,15 @@ read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("k must be at least 1, not %d", call->k)));
+}
+
+static void
+read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg,
+					  int exclude_self_arg, int method_arg)
+{
+	memset(call, 0, sizeof(*call));
+	call->queries_sql = text_argument(fcinfo, 0, "queries");
+	read_join_arguments(fcinfo, call, 1, metric_arg, exclude_self_arg, method_arg);
 }
 
 /* params: NULL means none; NULL elements are NULL values. */
@@ -950,6 +979,27 @@ knn_join_packed(PG_FUNCTION_ARGS)
 	KnnJoinCall call;
 
 	read_common_arguments(fcinfo, &call, 3, 4, 5);
+	call.packed = true;
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * knn_join_received_packed(set, targets, k, metric, exclude_self, method):
+ * knn_join_packed whose queries are the rows a coordinator shipped into
+ * this transaction (knn_shard_receive.h).
+ */
+PG_FUNCTION_INFO_V1(knn_join_received_packed);
+Datum
+knn_join_received_packed(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	call.received = true;
+	call.received_set = PG_GETARG_INT64(0);
+	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
 	call.packed = true;
 	knn_join_run_reported(fcinfo, &call);
 	PG_RETURN_NULL();

@@ -673,20 +673,27 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 					 quote_literal_cstr(knn_method_name(join->method)));
 	else
 	{
-		char	   *arguments = psprintf("%s, %s, %d, %s, %s, %s",
-										 quote_literal_cstr(psprintf("SELECT id, v FROM %s",
-																	 shard->temp_table)),
-										 quote_literal_cstr(targets.data), join->k,
-										 quote_literal_cstr(knn_metric_name(join->metric)),
-										 join->exclude_self ? "true" : "false",
-										 quote_literal_cstr(knn_method_name(join->method)));
+		/* knn_join's arguments after its queries */
+		char	   *rest = psprintf("%s, %d, %s, %s, %s",
+									quote_literal_cstr(targets.data), join->k,
+									quote_literal_cstr(knn_metric_name(join->metric)),
+									join->exclude_self ? "true" : "false",
+									quote_literal_cstr(knn_method_name(join->method)));
+		char	   *queries = quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table));
 
 		/* the pairs packed into few values where the shard can (knn_shard_packed.h) */
 		shard->packed_result = shard->has_packed_join;
-		shard->join_sql = shard->packed_result ?
-			psprintf("SELECT p FROM %s.knn_join_packed(%s) p", shard->knn_schema, arguments) :
-			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s)",
-					 shard->knn_schema, arguments);
+		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
+		shard->receives_queries = shard->has_packed_join && shard->has_received_join;
+		if (shard->receives_queries)
+			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_received_packed(" INT64_FORMAT ", %s) p",
+									   shard->knn_schema, shard->received_set, rest);
+		else if (shard->packed_result)
+			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_packed(%s, %s) p",
+									   shard->knn_schema, queries, rest);
+		else
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s)",
+									   shard->knn_schema, queries, rest);
 	}
 	/* binary results: ids and distances arrive exactly, without parsing */
 	shard->binary_result = true;
@@ -987,13 +994,29 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 
 	if (queries->n > 0)
 	{
+		KnnShardRemote **to_memory = palloc(sp.n_shards * sizeof(KnnShardRemote *));
+		KnnShardRemote **to_table = palloc(sp.n_shards * sizeof(KnnShardRemote *));
+		int			n_memory = 0;
+		int			n_table = 0;
+
 		INSTR_TIME_SET_CURRENT(phase);
 		ship_rows.n = queries->n;
 		ship_rows.n_fields = 2;
 		ship_rows.max_vector_bytes = query_vector_bytes(queries);
 		ship_rows.encode = encode_query;
 		ship_rows.arg = queries;
-		knn_shard_remote_ship(sp.shards, sp.n_shards, &ship_rows);
+		/* in blocks into the shards' memory where they can, else by COPY into a table */
+		for (int s = 0; s < sp.n_shards; s++)
+		{
+			if (sp.shards[s]->receives_queries)
+				to_memory[n_memory++] = sp.shards[s];
+			else
+				to_table[n_table++] = sp.shards[s];
+		}
+		if (n_memory > 0)
+			knn_shard_remote_ship_blocks(to_memory, n_memory, &ship_rows);
+		if (n_table > 0)
+			knn_shard_remote_ship(to_table, n_table, &ship_rows);
 		seconds_ship = knn_seconds_since(phase);
 		for (int s = 0; s < sp.n_shards; s++)
 			knn_shard_remote_send(sp.shards[s]);
