@@ -577,6 +577,39 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 
 /* ---- the shards' part ---- */
 
+/*
+ * Appends n elements of `size` bytes (4 or 2) in network byte order, as
+ * pq_sendfloat4 / pq_sendint16 would one by one (bit for bit), in one pass.
+ */
+static void
+put_elements(StringInfo buf, const char *values, int32 n, int size)
+{
+	char	   *out;
+
+	enlargeStringInfo(buf, n * size);
+	out = buf->data + buf->len;
+	if (size == 4)
+		for (int32 i = 0; i < n; i++)
+		{
+			uint32		v;
+
+			memcpy(&v, values + 4 * (Size) i, sizeof(v));
+			v = pg_hton32(v);
+			memcpy(out + 4 * (Size) i, &v, sizeof(v));
+		}
+	else
+		for (int32 i = 0; i < n; i++)
+		{
+			uint16		v;
+
+			memcpy(&v, values + 2 * (Size) i, sizeof(v));
+			v = pg_hton16(v);
+			memcpy(out + 2 * (Size) i, &v, sizeof(v));
+		}
+	buf->len += n * size;
+	buf->data[buf->len] = '\0';
+}
+
 /* knn_join's query rows: (int8 id, the engine's row in its type's send form). */
 static void
 encode_query(void *arg, int64 row, StringInfo buf)
@@ -594,26 +627,14 @@ encode_query(void *arg, int64 row, StringInfo buf)
 			pq_sendint32(buf, 4 + 4 * dim);
 			pq_sendint16(buf, dim);
 			pq_sendint16(buf, 0);
-			for (int32 i = 0; i < dim; i++)
-			{
-				float4		value;
-
-				memcpy(&value, values + 4 * (Size) i, sizeof(value));
-				pq_sendfloat4(buf, value);
-			}
+			put_elements(buf, values, dim, 4);
 			break;
 		case KNN_ELEMENT_FLOAT16:
 			/* halfvec's: int16 dim, int16 unused, binary16 each */
 			pq_sendint32(buf, 4 + 2 * dim);
 			pq_sendint16(buf, dim);
 			pq_sendint16(buf, 0);
-			for (int32 i = 0; i < dim; i++)
-			{
-				uint16		value;
-
-				memcpy(&value, values + 2 * (Size) i, sizeof(value));
-				pq_sendint16(buf, value);
-			}
+			put_elements(buf, values, dim, 2);
 			break;
 		case KNN_ELEMENT_BIT:
 			/* varbit's: int32 bit length, the bytes (bits past it are zero) */

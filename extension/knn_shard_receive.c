@@ -17,6 +17,7 @@
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
+#include "libpq/pqformat.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -138,24 +139,6 @@ start_set(int64 set, Oid type)
 	return s;
 }
 
-static int32
-get_int32(const char *p)
-{
-	uint32		v;
-
-	memcpy(&v, p, sizeof(v));
-	return (int32) pg_ntoh32(v);
-}
-
-static int64
-get_int64(const char *p)
-{
-	uint64		v;
-
-	memcpy(&v, p, sizeof(v));
-	return (int64) pg_ntoh64(v);
-}
-
 static void
 malformed(int64 row, const char *what, int64 detail)
 {
@@ -178,9 +161,7 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	int64		set = PG_GETARG_INT64(0);
 	Oid			type = PG_GETARG_OID(1);
 	bytea	   *block = PG_GETARG_BYTEA_PP(2);
-	const char *data = VARDATA_ANY(block);
-	int64		length = VARSIZE_ANY_EXHDR(block);
-	int64		at = 0;
+	StringInfoData rows;		/* the block, read as a message */
 	int64		row = 0;
 	MemoryContext row_context;
 	StringInfoData value;
@@ -201,7 +182,11 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	row_context = AllocSetContextCreate(CurrentMemoryContext, "knn_gpu received row",
 										ALLOCSET_DEFAULT_SIZES);
 	initStringInfo(&value);
-	while (at < length)
+	rows.data = VARDATA_ANY(block);
+	rows.len = VARSIZE_ANY_EXHDR(block);
+	rows.maxlen = rows.len;
+	rows.cursor = 0;
+	while (rows.cursor < rows.len)
 	{
 		int32		id_length;
 		int64		id;
@@ -209,21 +194,19 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 		Datum		vector;
 		MemoryContext old;
 
-		if (length - at < ROW_HEADER_BYTES)
-			malformed(row, "is cut short: bytes left", length - at);
-		id_length = get_int32(data + at);
+		if (rows.len - rows.cursor < ROW_HEADER_BYTES)
+			malformed(row, "is cut short: bytes left", rows.len - rows.cursor);
+		id_length = (int32) pq_getmsgint(&rows, 4);
 		if (id_length != 8)
 			malformed(row, "has an id field that is not 8 bytes long", id_length);
-		id = get_int64(data + at + 4);
-		n = get_int32(data + at + 12);
-		at += ROW_HEADER_BYTES;
-		if (n < 0 || n > length - at)
+		id = pq_getmsgint64(&rows);
+		n = (int32) pq_getmsgint(&rows, 4);
+		if (n < 0 || n > rows.len - rows.cursor)
 			malformed(row, "has a vector length past the block's end", n);
 
 		/* a receive function reads a StringInfo ending in '\0', as COPY gives it */
 		resetStringInfo(&value);
-		appendBinaryStringInfo(&value, data + at, n);
-		at += n;
+		appendBinaryStringInfo(&value, pq_getmsgbytes(&rows, n), n);
 		old = MemoryContextSwitchTo(row_context);
 		vector = ReceiveFunctionCall(&held->receive, &value, held->receive_ioparam, -1);
 		MemoryContextSwitchTo(old);

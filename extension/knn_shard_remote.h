@@ -107,7 +107,7 @@ extern void knn_shard_copy_field(StringInfo buf, const char *data, int len);
 extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows);
 
 /*
- * Ships the rows into each shard's memory in blocks of a few megabytes
+ * Ships the rows into each shard's memory in blocks of a megabyte
  * (knn_shard_receive_queries() there, set received_set): each block is
  * sent to every shard at once, and the next block is encoded while the
  * shards read this one.

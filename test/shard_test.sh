@@ -240,30 +240,35 @@ compare "NaN distances (a zero query vector, cosine): ties by target id" "$ZERO"
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 6 cosine false 2
 compare "NaN distances, k past the row count" "$ZERO" \
   "SELECT id, v FROM items_h WHERE cat = 1" "SELECT id, v FROM items_all WHERE cat = 1" 400 cosine true 2
-sql 2 -q -c "ALTER FUNCTION knn_join_packed(text, text, integer, text, boolean, text) RENAME TO knn_join_packed_off"
+# away_on_shard2 FUNCTION ARGUMENT_TYPES / back_on_shard2 ...: shard 2's knn_gpu without one of its functions, and with it again
+away_on_shard2() { sql 2 -q -c "ALTER FUNCTION $1($2) RENAME TO ${1}_off"; }
+back_on_shard2() { sql 2 -q -c "ALTER FUNCTION ${1}_off($2) RENAME TO $1"; }
+# how_shards_join: per shard, how a knn_join over items_h gets its queries (memory or table) and returns its rows
+how_shards_join() {
+  sql 0 -c "SET client_min_messages = warning" \
+    -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
+    -c "SELECT s->>'server', CASE WHEN s->>'remote_sql' LIKE '%knn_join_received_packed(%' THEN 'memory, packed'
+          WHEN s->>'remote_sql' LIKE '%knn_join_packed(''SELECT id, v FROM pg_temp.knn_shard_queries_%' THEN 'table, packed'
+          WHEN s->>'remote_sql' LIKE '%knn_join(''SELECT id, v FROM pg_temp.knn_shard_queries_%' THEN 'table, rows' END
+        FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1
+}
+away_on_shard2 knn_join_packed "text, text, integer, text, boolean, text"
 compare "a shard without knn_join_packed: rows, merged with the other's packed values" "$V" \
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
-check "... its remote SQL is knn_join's" "t
-shard1|t
-shard2|f" "$(sql 0 -c "SET client_min_messages = warning" \
-  -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
-  -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_join_received_packed(%' FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
-sql 2 -q -c "ALTER FUNCTION knn_join_packed_off(text, text, integer, text, boolean, text) RENAME TO knn_join_packed"
+check "... its remote SQL is knn_join's" "$(printf 't\nshard1|memory, packed\nshard2|table, rows')" "$(how_shards_join)"
+back_on_shard2 knn_join_packed "text, text, integer, text, boolean, text"
 check "knn_join_packed: knn_join's pairs, packed" "t" "$(sql 1 -c "SELECT (SELECT count(*) FROM knn_join_packed('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, 'l2', true, 'auto') p WHERE length(p) % 24 = 0 HAVING sum(length(p)) / 24 = (SELECT count(*) FROM knn_join('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, exclude_self => true))) = 1" 2>&1)"
 
 # ---- the query rows shipped into the shards' memory (knn_shard_receive.h) ----
 # Every join above with both shards went this way (knn_join_received_packed);
 # a shard whose knn_gpu lacks the receiving functions gets the rows by COPY
 # into a temporary table, beside one that receives them.
-sql 2 -q -c "ALTER FUNCTION knn_shard_receive_queries(bigint, regtype, bytea) RENAME TO knn_shard_receive_queries_off"
+away_on_shard2 knn_shard_receive_queries "bigint, regtype, bytea"
 compare "a shard without knn_shard_receive_queries: COPY, merged with the other's received rows" "$V" \
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
-check "... shard1 received the rows in memory, shard2 read them from a temporary table" "t
-shard1|memory
-shard2|table" "$(sql 0 -c "SET client_min_messages = warning" \
-  -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
-  -c "SELECT s->>'server', CASE WHEN s->>'remote_sql' LIKE '%knn_join_received_packed(%' THEN 'memory' WHEN s->>'remote_sql' LIKE '%knn_join_packed(''SELECT id, v FROM pg_temp.knn_shard_queries_%' THEN 'table' END FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
-sql 2 -q -c "ALTER FUNCTION knn_shard_receive_queries_off(bigint, regtype, bytea) RENAME TO knn_shard_receive_queries"
+check "... shard1 received the rows in memory, shard2 read them from a temporary table" \
+  "$(printf 't\nshard1|memory, packed\nshard2|table, packed')" "$(how_shards_join)"
+back_on_shard2 knn_shard_receive_queries "bigint, regtype, bytea"
 
 # The rows received are those COPY gives, bit for bit: on shard 1, a set
 # received in two blocks joins exactly as knn_join_packed of the table's rows
