@@ -385,24 +385,17 @@ knn_shard_remote_release(KnnShardRemote *shard)
  * before it can write), answering interrupts.
  */
 static void
-wait_socket_for(KnnShardRemote *shard, int events, long timeout_ms)
+wait_socket(KnnShardRemote *shard, int events)
 {
 	int			rc = WaitLatchOrSocket(MyLatch,
-									   WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events |
-									   (timeout_ms >= 0 ? WL_TIMEOUT : 0),
-									   fdw.PQsocket(shard->conn), timeout_ms, PG_WAIT_EXTENSION);
+									   WL_LATCH_SET | WL_EXIT_ON_PM_DEATH | events,
+									   fdw.PQsocket(shard->conn), -1L, PG_WAIT_EXTENSION);
 
 	if (rc & WL_LATCH_SET)
 		ResetLatch(MyLatch);
 	CHECK_FOR_INTERRUPTS();
 	if ((rc & WL_SOCKET_READABLE) && !fdw.PQconsumeInput(shard->conn))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, "COPY");
-}
-
-static void
-wait_socket(KnnShardRemote *shard, int events)
-{
-	wait_socket_for(shard, events, -1L);
 }
 
 /* Queues one slice of the COPY stream without blocking, then sends it all. */
@@ -648,85 +641,83 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 
 /* ---- shipping in blocks into the shards' memory (knn_shard_receive.h) ---- */
 
-/* Sends everything queued to every shard, all at once, answering interrupts. */
-static void
-flush_all(KnnShardRemote **shards, int n_shards)
+/*
+ * Blocks kept encoded for shards that have not sent them yet: each shard
+ * gets its next block as soon as it has answered its last one, so a fast
+ * shard does not wait for a slow one, up to this many blocks ahead of it.
+ */
+#define SHIP_BLOCKS_AHEAD 4
+
+typedef struct ShipBlock
 {
-	for (;;)
-	{
-		KnnShardRemote *waiting = NULL;
+	StringInfoData data;
+	int64		end_row;		/* the rows of this block and all before it */
+} ShipBlock;
 
-		for (int s = 0; s < n_shards; s++)
-		{
-			int			rc = fdw.PQflush(shards[s]->conn);
+/* One shard's progress through the blocks; at most one block in flight. */
+typedef struct ShipProgress
+{
+	int64		sent;			/* blocks handed to libpq */
+	int64		answered;		/* blocks whose answer was read */
+	int64		expected;		/* rows the shard must hold after the block in flight */
+	bool		unsent_bytes;	/* libpq still holds bytes of it */
+} ShipProgress;
 
-			if (rc < 0)
-			{
-				WITH_SHARD_CONTEXT(shards[s]);
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false,
-									   "knn_shard_receive_queries");
-				END_SHARD_CONTEXT();
-			}
-			if (rc == 1 && waiting == NULL)
-				waiting = shards[s];
-		}
-		if (waiting == NULL)
-			return;
-		{
-			WITH_SHARD_CONTEXT(waiting);
-			wait_socket_for(waiting, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE, COLLECT_POLL_MS);
-			END_SHARD_CONTEXT();
-		}
-	}
-}
-
-/* Queues one block's call on every shard, then sends them all. */
+/* Hands block `b` to libpq (it keeps a copy) and sends what the socket takes. */
 static void
-send_block(KnnShardRemote **shards, int n_shards, const char *const *sql, StringInfo block)
+send_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, const ShipBlock *b)
 {
 	static const Oid types[3] = {INT8OID, REGTYPEOID, BYTEAOID};
 	static const int formats[3] = {0, 0, 1};
+	char	   *set = psprintf(INT64_FORMAT, shard->received_set);
+	const char *values[3] = {set, shard->query_type, b->data.data};
+	int			lengths[3] = {0, 0, b->data.len};
 
-	for (int s = 0; s < n_shards; s++)
-	{
-		KnnShardRemote *shard = shards[s];
-		char	   *set = psprintf(INT64_FORMAT, shard->received_set);
-		const char *values[3] = {set, shard->query_type, block->data};
-		int			lengths[3] = {0, 0, block->len};
-
-		WITH_SHARD_CONTEXT(shard);
-		if (!fdw.PQsendQueryParams(shard->conn, sql[s], 3, types, values, lengths, formats, 0))
-			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql[s]);
-		END_SHARD_CONTEXT();
-		pfree(set);
-	}
-	flush_all(shards, n_shards);
+	WITH_SHARD_CONTEXT(shard);
+	if (!fdw.PQsendQueryParams(shard->conn, sql, 3, types, values, lengths, formats, 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	END_SHARD_CONTEXT();
+	pfree(set);
+	p->sent++;
+	p->expected = b->end_row;
 }
 
-/* Reads each shard's answer to the last block: the rows it holds, all sent so far. */
-static void
-read_block_answers(KnnShardRemote **shards, int n_shards, const char *const *sql, int64 sent)
+/*
+ * Moves the shard's block in flight along: sends what libpq holds of it,
+ * reads its answer once it is there (the rows the shard holds: all sent so
+ * far). True when the answer was read.
+ */
+static bool
+advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
 {
-	for (int s = 0; s < n_shards; s++)
-	{
-		KnnShardRemote *shard = shards[s];
-		PGresult   *res;
-		int64		held;
+	PGresult   *res;
+	int64		held;
+	int			rc;
 
-		WITH_SHARD_CONTEXT(shard);
-		res = fdw.pgfdw_get_result(shard->conn, sql[s]);
-		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
-			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql[s]);
-		held = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0) ?
-			pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
-		fdw.PQclear(res);
-		if (held != sent)
-			ereport(ERROR,
-					(errcode(ERRCODE_FDW_ERROR),
-					 errmsg("%s: foreign server \"%s\" holds " INT64_FORMAT " query rows of the " INT64_FORMAT " sent",
-							shard->who, shard->server->servername, held, sent)));
+	WITH_SHARD_CONTEXT(shard);
+	if ((rc = fdw.PQflush(shard->conn)) < 0 || !fdw.PQconsumeInput(shard->conn))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	p->unsent_bytes = rc == 1;
+	if (p->answered == p->sent || fdw.PQisBusy(shard->conn))
+	{
 		END_SHARD_CONTEXT();
+		return false;
 	}
+	/* its result is here; the rest (the end of the call) follows at once */
+	res = fdw.pgfdw_get_result(shard->conn, sql);
+	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
+		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+	held = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0) ?
+		pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
+	fdw.PQclear(res);
+	if (held != p->expected)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_ERROR),
+				 errmsg("%s: foreign server \"%s\" holds " INT64_FORMAT " query rows of the " INT64_FORMAT " sent",
+						shard->who, shard->server->servername, held, p->expected)));
+	END_SHARD_CONTEXT();
+	p->answered++;
+	return true;
 }
 
 /*
@@ -753,53 +744,94 @@ fail_blocks(KnnShardRemote *shard)
 void
 knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
 {
-	StringInfoData block;
+	ShipBlock	blocks[SHIP_BLOCKS_AHEAD];
+	ShipProgress *progress = palloc0(n_shards * sizeof(ShipProgress));
 	const char **sql = palloc(n_shards * sizeof(char *));
+	WaitEventSet *events = NULL;
 	instr_time	start;
 
 	INSTR_TIME_SET_CURRENT(start);
-	initStringInfo(&block);
+	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
+		initStringInfo(&blocks[i].data);
 	for (int s = 0; s < n_shards; s++)
 		sql[s] = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shards[s]->knn_schema);
 	PG_TRY();
 	{
 		int64		r = 0;
-		int64		sent = 0;	/* rows in the blocks sent */
-		int64		answered = 0;	/* rows the shards have said they hold */
+		int64		encoded = 0;	/* blocks */
 
+		/* the latch (a cancel), the postmaster, then each shard's socket at 2 + s */
+		events = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
+		AddWaitEventToSet(events, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(events, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 		for (int s = 0; s < n_shards; s++)
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
 			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
 				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
 			shards[s]->sending = true;
+			AddWaitEventToSet(events, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
 			END_SHARD_CONTEXT();
 		}
-		while (r < rows->n || answered < sent)
+		for (;;)
 		{
-			/* the next block, encoded while the shards read the last one */
-			resetStringInfo(&block);
-			while (r < rows->n && block.len < SHIP_BLOCK_BYTES)
+			int64		slowest = PG_INT64_MAX;
+			bool		moved = false;
+			bool		done = r == rows->n;
+			WaitEvent	occurred;
+
+			/* encode ahead, into slots every shard has sent */
+			for (int s = 0; s < n_shards; s++)
+				slowest = Min(slowest, progress[s].sent);
+			while (r < rows->n && encoded - slowest < SHIP_BLOCKS_AHEAD)
 			{
-				rows->encode(rows->arg, r++, &block);
-				if (r % 1024 == 0)
-					CHECK_FOR_INTERRUPTS();
+				ShipBlock  *b = &blocks[encoded % SHIP_BLOCKS_AHEAD];
+
+				resetStringInfo(&b->data);
+				while (r < rows->n && b->data.len < SHIP_BLOCK_BYTES)
+				{
+					rows->encode(rows->arg, r++, &b->data);
+					if (r % 1024 == 0)
+						CHECK_FOR_INTERRUPTS();
+				}
+				b->end_row = r;
+				encoded++;
+				moved = true;
 			}
-			if (answered < sent)
+			for (int s = 0; s < n_shards; s++)
 			{
-				read_block_answers(shards, n_shards, sql, sent);
-				answered = sent;
+				ShipProgress *p = &progress[s];
+
+				if (advance_block(shards[s], p, sql[s]))
+					moved = true;
+				if (p->answered == p->sent && p->sent < encoded)
+				{
+					send_block(shards[s], p, sql[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
+					(void) advance_block(shards[s], p, sql[s]);
+					moved = true;
+				}
+				done = done && p->answered == encoded;
 			}
-			if (block.len > 0)
-			{
-				send_block(shards, n_shards, sql, &block);
-				sent = r;
-			}
+			if (done)
+				break;
+			if (moved)
+				continue;
+			/* nothing to do until a shard answers or takes more bytes */
+			for (int s = 0; s < n_shards; s++)
+				ModifyWaitEvent(events, 2 + s,
+								WL_SOCKET_READABLE | (progress[s].unsent_bytes ? WL_SOCKET_WRITEABLE : 0),
+								NULL);
+			if (WaitEventSetWait(events, -1L, &occurred, 1, PG_WAIT_EXTENSION) > 0 &&
+				(occurred.events & WL_LATCH_SET))
+				ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
 		}
+		FreeWaitEventSet(events);
+		events = NULL;
 		for (int s = 0; s < n_shards; s++)
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
-			/* flush_all left nothing unsent: this switch cannot fail on a flush */
+			/* every block was answered, so nothing is left unsent: this switch cannot fail on a flush */
 			shards[s]->sending = false;
 			if (fdw.PQsetnonblocking(shards[s]->conn, 0) != 0)
 				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
@@ -808,13 +840,16 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	}
 	PG_CATCH();
 	{
+		if (events != NULL)
+			FreeWaitEventSet(events);
 		for (int s = 0; s < n_shards; s++)
 			if (shards[s]->sending)
 				fail_blocks(shards[s]);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
-	pfree(block.data);
+	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
+		pfree(blocks[i].data.data);
 	note_ship_time(shards, n_shards, start);
 }
 
