@@ -897,8 +897,8 @@ knn_join_run_reported(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 }
 
 /*
- * The arguments every form has: queries, targets, k, then metric,
- * exclude_self and method at the given positions.
+ * The arguments every form has: targets and k (at targets_arg and the one
+ * after), then metric, exclude_self and method at the given positions.
  */
 static void
 read_join_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int targets_arg, int metric_arg,
@@ -917,6 +917,7 @@ read_join_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int targets_arg,
 				 errmsg("k must be at least 1, not %d", call->k)));
 }
 
+/* The queries text first, then targets and k, and the others at the given positions. */
 static void
 read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg,
 					  int exclude_self_arg, int method_arg)
