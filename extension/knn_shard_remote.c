@@ -747,7 +747,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	ShipBlock	blocks[SHIP_BLOCKS_AHEAD];
 	ShipProgress *progress = palloc0(n_shards * sizeof(ShipProgress));
 	const char **sql = palloc(n_shards * sizeof(char *));
-	WaitEventSet *events = NULL;
+	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
 	instr_time	start;
 
 	INSTR_TIME_SET_CURRENT(start);
