@@ -108,9 +108,9 @@ extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const K
 
 /*
  * Ships the rows into each shard's memory in blocks of a megabyte
- * (knn_shard_receive_queries() there, set received_set): each block is
- * sent to every shard at once, and the next block is encoded while the
- * shards read this one.
+ * (knn_shard_receive_queries() there, set received_set), all shards at
+ * once: each shard gets its next block as soon as it has answered its
+ * last, the coordinator encoding blocks ahead while the shards read.
  */
 extern void knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards,
 										 const KnnShardRows *rows);
