@@ -270,6 +270,35 @@ check "... shard1 received the rows in memory, shard2 read them from a temporary
   "$(printf 't\nshard1|memory, packed\nshard2|table, packed')" "$(how_shards_join)"
 back_on_shard2 knn_shard_receive_queries "bigint, regtype, bytea"
 
+# A shard whose receiving fails, or whose count of rows held disagrees,
+# while the rows are shipped: an ERROR naming the server, and the session
+# goes on (the connection back in blocking mode, nothing held on the shards).
+# failing_receive BODY: knn_shard_receive_queries on shard 1 as a plpgsql BODY
+failing_receive() {
+  sql 1 -q -c "ALTER FUNCTION knn_shard_receive_queries(bigint, regtype, bytea) RENAME TO knn_shard_receive_queries_real" \
+    -c "CREATE FUNCTION knn_shard_receive_queries(bigint, regtype, bytea) RETURNS bigint LANGUAGE plpgsql AS \$\$ BEGIN $1 END \$\$"
+}
+real_receive() {
+  sql 1 -q -c "DROP FUNCTION knn_shard_receive_queries(bigint, regtype, bytea)" \
+    -c "ALTER FUNCTION knn_shard_receive_queries_real(bigint, regtype, bytea) RENAME TO knn_shard_receive_queries"
+}
+for failure in "RAISE EXCEPTION 'receiving failed';|ERROR:  receiving failed" \
+               "RETURN 1;|ERROR:  knn_join: foreign server \"shard1\" holds 1 query rows of the "; do
+  failing_receive "${failure%%|*}"
+  out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1);
+SET client_min_messages = warning;
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h_1', 3);
+EOF
+)
+  real_receive
+  check_has "a shard failing while it receives: ${failure#*|}" "${failure#*|}" "$out"
+  check "... the session goes on, nothing held on the other shard" "$(printf 'held:0\nagain:true')" \
+    "$(echo "$out" | grep -E '^(held|again):')"
+done
+
 # The rows received are those COPY gives, bit for bit: on shard 1, a set
 # received in two blocks joins exactly as knn_join_packed of the table's rows
 # (the same packed values, in the same order).
