@@ -1035,12 +1035,19 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 				to_table[n_table++] = sp.shards[s];
 		}
 		if (n_memory > 0)
+		{
 			knn_shard_remote_ship_blocks(to_memory, n_memory, &ship_rows);
+			/* these join while the others' rows are copied */
+			for (int s = 0; s < n_memory; s++)
+				knn_shard_remote_send(to_memory[s]);
+		}
 		if (n_table > 0)
+		{
 			knn_shard_remote_ship(to_table, n_table, &ship_rows);
+			for (int s = 0; s < n_table; s++)
+				knn_shard_remote_send(to_table[s]);
+		}
 		seconds_ship = knn_seconds_since(phase);
-		for (int s = 0; s < sp.n_shards; s++)
-			knn_shard_remote_send(sp.shards[s]);
 	}
 
 	sources = palloc0((sp.n_shards + 1) * sizeof(KnnShardLists));
