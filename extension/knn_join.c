@@ -1044,8 +1044,8 @@ knn_join_keyed(PG_FUNCTION_ARGS)
 
 /*
  * The arguments of knn_range_join: queries, targets and radius first, then
- * metric, exclude_self, k, inclusive, method and params at the given
- * positions.
+ * metric, exclude_self, k, inclusive, method and params (-1: none) at the
+ * given positions.
  */
 typedef struct KnnRangeArguments
 {
@@ -1057,11 +1057,10 @@ typedef struct KnnRangeArguments
 	int			params;
 } KnnRangeArguments;
 
+/* The arguments after the queries: targets and radius second and third, the others at `at`. */
 static void
-read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
+read_range_join_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
 {
-	memset(call, 0, sizeof(*call));
-	call->queries_sql = text_argument(fcinfo, 0, "queries");
 	call->targets_sql = text_argument(fcinfo, 1, "targets");
 	require_argument(fcinfo, 2, "radius");
 	call->radius = PG_GETARG_FLOAT8(2);
@@ -1079,8 +1078,18 @@ read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeA
 	require_argument(fcinfo, at->inclusive, "inclusive");
 	call->inclusive = PG_GETARG_BOOL(at->inclusive);
 	call->method = (KnnMethod) named_argument(fcinfo, at->method, "method", knn_method_names);
-	read_params_argument(fcinfo, call, at->params);
+	if (at->params >= 0)
+		read_params_argument(fcinfo, call, at->params);
 	call->range = true;
+}
+
+/* knn_range_join's: the queries text first. */
+static void
+read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
+{
+	memset(call, 0, sizeof(*call));
+	call->queries_sql = text_argument(fcinfo, 0, "queries");
+	read_range_join_arguments(fcinfo, call, at);
 }
 
 /*
@@ -1090,6 +1099,27 @@ read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeA
  * statistics as knn_join; the engine's range job hands its pairs over while
  * it works, so it never holds more than a bounded number of them.
  */
+/*
+ * knn_range_join_received(set, targets, radius, metric, exclude_self, k,
+ * inclusive, method): knn_range_join whose queries are the rows a
+ * coordinator shipped into this transaction (knn_shard_receive.h).
+ */
+PG_FUNCTION_INFO_V1(knn_range_join_received);
+Datum
+knn_range_join_received(PG_FUNCTION_ARGS)
+{
+	static const KnnRangeArguments at = {3, 4, 5, 6, 7, -1};
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	call.received = true;
+	call.received_set = PG_GETARG_INT64(0);
+	read_range_join_arguments(fcinfo, &call, &at);
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
 PG_FUNCTION_INFO_V1(knn_range_join);
 Datum
 knn_range_join(PG_FUNCTION_ARGS)

@@ -681,17 +681,28 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 	shard->temp_columns = psprintf("id pg_catalog.int8, v %s", shard->query_type);
 	shard->vector_column = "v";
 	if (join->range)
-		shard->join_sql =
-			psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s, %s::pg_catalog.float8, %s, %s, %s, %s, %s)",
-					 shard->knn_schema,
-					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
-					 quote_literal_cstr(targets.data),
-					 quote_literal_cstr(float8out_internal(join->radius)),
-					 quote_literal_cstr(knn_metric_name(join->metric)),
-					 join->exclude_self ? "true" : "false",
-					 join->k > 0 ? psprintf("%d", join->k) : "NULL",
-					 join->inclusive ? "true" : "false",
-					 quote_literal_cstr(knn_method_name(join->method)));
+	{
+		/* knn_range_join's arguments after its queries */
+		char	   *rest = psprintf("%s, %s::pg_catalog.float8, %s, %s, %s, %s, %s",
+									quote_literal_cstr(targets.data),
+									quote_literal_cstr(float8out_internal(join->radius)),
+									quote_literal_cstr(knn_metric_name(join->metric)),
+									join->exclude_self ? "true" : "false",
+									join->k > 0 ? psprintf("%d", join->k) : "NULL",
+									join->inclusive ? "true" : "false",
+									quote_literal_cstr(knn_method_name(join->method)));
+
+		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
+		shard->receives_queries = shard->has_received_range_join;
+		if (shard->receives_queries)
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join_received(" INT64_FORMAT ", %s)",
+									   shard->knn_schema, shard->received_set, rest);
+		else
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s)",
+									   shard->knn_schema,
+									   quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
+									   rest);
+	}
 	else
 	{
 		/* knn_join's arguments after its queries */

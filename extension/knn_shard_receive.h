@@ -4,8 +4,8 @@
  * knn_shard_receive_queries(set, vector_type, block) reads each block's
  * rows through the vector type's own binary receive function into a
  * matrix held in this backend's memory for the rest of the transaction,
- * and knn_join_received_packed(set, targets, ...) joins that matrix, with
- * no table in between.
+ * and knn_join_received_packed(set, targets, ...) (knn_range_join_received)
+ * joins that matrix, with no table in between.
  *
  * A block is rows of (int32 8, int64 id, int32 n, n bytes of the vector's
  * send form), all integers in network byte order: the fields of a binary

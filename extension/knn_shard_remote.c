@@ -12,7 +12,7 @@
  * work at once) and COPY.
  *
  * Where the shard's knn_gpu has knn_shard_receive_queries(), knn_join's
- * query rows go in blocks of binary parameters straight into the shard
+ * (knn_range_join's) query rows go in blocks of binary parameters straight into the shard
  * backend's memory (knn_shard_receive.h), and its join reads no table:
  * neither a heap written and read back nor a statement per row, and the
  * shards read a block while the next is encoded here. Each block is one
@@ -21,7 +21,7 @@
  * allocation capped at 1 GB on the shard; 1,000,000 x 768 float32 queries
  * are 3 GB), and the binary form needs no float formatting or parsing.
  * Otherwise (an older knn_gpu there, the KNN Join node's rows with their
- * extra columns, knn_range_join), they go by binary COPY into a temporary
+ * extra columns), they go by binary COPY into a temporary
  * table, streamed in slices for the same reason. The callers choose the
  * columns and encode the rows (knn_shard.c: the engine's elements as this
  * server read them; knn_scan_shard.c: the outer rows' values in their
@@ -257,7 +257,11 @@ static const char remote_check_sql[] =
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
 	"'.knn_shard_receive_queries(bigint,regtype,bytea)') IS NOT NULL AND "
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_join_received_packed(bigint,text,integer,text,boolean,text)') IS NOT NULL "
+	"'.knn_join_received_packed(bigint,text,integer,text,boolean,text)') IS NOT NULL, "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_shard_receive_queries(bigint,regtype,bytea)') IS NOT NULL AND "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)') IS NOT NULL "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -281,7 +285,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	load_functions();
 	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 8)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 9)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -295,6 +299,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->has_packed_join = strcmp(fdw.PQgetvalue(res, 0, 5), "t") == 0;
 	shard->block_size = pg_strtoint32(fdw.PQgetvalue(res, 0, 6));
 	shard->has_received_join = strcmp(fdw.PQgetvalue(res, 0, 7), "t") == 0;
+	shard->has_received_range_join = strcmp(fdw.PQgetvalue(res, 0, 8), "t") == 0;
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)

@@ -32,6 +32,7 @@ typedef struct KnnShardRemote
 	bool		has_packed_join;	/* knn_join_packed() there (knn_shard_packed.h) */
 	bool		has_received_join;	/* knn_shard_receive_queries() and
 									 * knn_join_received_packed() there */
+	bool		has_received_range_join;	/* ... and knn_range_join_received() */
 	bool		receives_queries;	/* this join ships in blocks, set by the caller */
 	int64		received_set;	/* the number of the set shipped in blocks */
 	bool		sending;		/* in non-blocking mode for the blocks */

@@ -354,6 +354,8 @@ refused "another type for the same set" 'received query set 5 holds vector value
   "BEGIN; SELECT knn_shard_receive_queries(5, 'vector', ''); SELECT knn_shard_receive_queries(5, 'halfvec', '')"
 refused "a join of a set never received" 'no received query set 99 in this transaction' \
   "SELECT * FROM knn_join_received_packed(99, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
+refused "a range join of a set never received" 'no received query set 98 in this transaction' \
+  "SELECT * FROM knn_range_join_received(98, 'SELECT id, v FROM items_h_0', 1.0, 'l2', false, NULL, true, 'auto')"
 refused "a set of an ended transaction" 'no received query set 3 in this transaction' \
   "SELECT knn_shard_receive_queries(3, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2)" \
   -c "SELECT * FROM knn_join_received_packed(3, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
@@ -595,6 +597,18 @@ same_as_one_server "knn_range_join items_h l2" 2 \
 same_as_one_server "knn_range_join items_r l1, exclude_self, k, exclusive" 2 \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 4.0, 'l1', true, 3, false)" \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 4.0, 'l1', true, 3, false)"
+# knn_range_join's queries go into the shards' memory too; a shard without
+# knn_range_join_received gets them by COPY, beside one that receives them.
+RANGE_ARGS="bigint, text, double precision, text, boolean, integer, boolean, text"
+away_on_shard2 knn_range_join_received "$RANGE_ARGS"
+same_as_one_server "knn_range_join, a shard without knn_range_join_received: COPY beside memory" 2 \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5, 'l1', true, 4)" \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 2.5, 'l1', true, 4)"
+check "... shard1 received the rows in memory, shard2 read them from a temporary table" "$(printf 't\nshard1|t\nshard2|f')" \
+  "$(sql 0 -c "SET client_min_messages = warning" \
+    -c "SELECT count(*) > 0 FROM knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5)" \
+    -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_range_join_received(%' FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
+back_on_shard2 knn_range_join_received "$RANGE_ARGS"
 same_as_one_server "knn_join with bound parameters (a custom plan: the values go to the shards)" 2 \
   "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h WHERE cat <> \$1::int AND id > \$2', 5, ARRAY['2', '40'])" \
   "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all WHERE cat <> 2 AND id > 40', 5)"
