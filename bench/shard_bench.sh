@@ -31,6 +31,15 @@
 #     rows and own engine record; shipping, merge);
 # and for emb the KNN Join node (the LATERAL top-k query, ORDER BY distance,
 # id) over the first NODE_QUERIES rows, sharded and not, with checksums.
+# With SHIP_TARGETS=N (default 0: not run), also every emb row as a query
+# (SHIP_COPIES times, default 1, under ids of their own) against the first
+# N rows (a filter the shards run), one server and sharded: little join work, so the sharded run is mostly the shipping of
+# the queries and the shards' reading of them (derived: ship seconds and
+# each shard's read seconds, from knn_gpu_last_shard_stats()). With
+# SHIP_ROUNDS=R (default 0), then R rounds of the sharded join, each once
+# with the query rows shipped into the shards' memory and once by COPY
+# into a temporary table (knn_shard_receive_queries renamed away on the
+# shards for it): the two ways side by side on the same servers.
 # Derived: speedup = baseline / sharded (psql time), the coordinator's
 # shipping + merge over the slowest shard's time, and the merge's cost per
 # million result rows. Writes OUT_DIR/shard_bench.json and prints it.
@@ -43,7 +52,7 @@
 #   DEVICE=cpu SHARED_BUFFERS=128MB PG_BIN=/usr/lib/postgresql/15/bin bash bench/shard_bench.sh /tmp/out
 #
 # Settings: EMB_ROWS EMB_DIMS CLU_ROWS CLU_DIMS CLU_CENTRES K CHECK_QUERIES
-#   NODE_QUERIES DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
+#   NODE_QUERIES SHIP_TARGETS (0) SHIP_COPIES (1) SHIP_ROUNDS (0) DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
 #   takes the first) PORTS ("5701 5702 5703") SHARED_BUFFERS (8GB)
 #   PG_SETTINGS (more server settings) PG_BIN (default: pg_ctl's directory
 #   on PATH) PYTHON (python3 with numpy) STEP_TIMEOUT.
@@ -52,7 +61,7 @@ out=${1:?usage: shard_bench.sh OUT_DIR}
 emb_rows=${EMB_ROWS:-1000000} emb_dims=${EMB_DIMS:-768}
 clu_rows=${CLU_ROWS:-5000000} clu_dims=${CLU_DIMS:-8} clu_centres=${CLU_CENTRES:-1000}
 k=${K:-10} check_queries=${CHECK_QUERIES:-20000} node_queries=${NODE_QUERIES:-100000}
-device=${DEVICE:-gpu} step_timeout=${STEP_TIMEOUT:-240}
+device=${DEVICE:-gpu} step_timeout=${STEP_TIMEOUT:-240} ship_targets=${SHIP_TARGETS:-0} ship_copies=${SHIP_COPIES:-1} ship_rounds=${SHIP_ROUNDS:-0}
 read -r -a gpus <<<"${GPUS:-0 1}"
 read -r -a ports <<<"${PORTS:-5701 5702 5703}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -220,16 +229,47 @@ bench_node() {
     "${shard_run%%|*}" "$(json_string "$shard_sum")" "${shard_run#*|*|}" "$check"
 }
 
+# bench_ship NAME: every row as a query against the first SHIP_TARGETS rows, one server and sharded
+bench_ship() {
+  local name=$1 join base_run shard_run
+  join() { echo "SELECT $CHECKSUM FROM knn_join('SELECT id * $ship_copies + g, v FROM ${name}_all, generate_series(0, $ship_copies - 1) g', 'SELECT id, v FROM $1 WHERE id <= $ship_targets', $k)"; }
+  base_run=$(timed 0 "$(join "${name}_all")" "SELECT knn_gpu_last_stats()") || exit 1
+  shard_run=$(timed 0 "$(join "$name")" "SELECT knn_gpu_last_shard_stats()") || exit 1
+  local base_sum=${base_run#*|}; base_sum=${base_sum%%|*}
+  local shard_sum=${shard_run#*|}; shard_sum=${shard_sum%%|*}
+  local check=false
+  [ -n "$base_sum" ] && [ "$base_sum" = "$shard_sum" ] && check=true
+  echo "$name shipping, $ship_targets targets: one server ${base_run%%|*} ms, two shards ${shard_run%%|*} ms; checksums $base_sum / $shard_sum" >&2
+  # memory and COPY side by side: the sharded join's time, shipping, each shard's read
+  local ab="" round mode run
+  local phases="SELECT json_build_object('ship', knn_gpu_last_shard_stats()->'seconds'->'ship', 'reads', (SELECT json_agg(s->'remote_stats'->'seconds'->'read' ORDER BY s->>'server') FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s), 'memory', (SELECT bool_and(s->>'remote_sql' LIKE '%knn_join_received_packed(%') FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s))"
+  for ((round = 1; round <= ship_rounds; round++)); do
+    for mode in memory table; do
+      how() { [ "$mode" = table ] && for s in 1 2; do sql "$s" -c "ALTER FUNCTION knn_shard_$1(bigint, regtype, bytea) RENAME TO knn_shard_$2" >>"$log" 2>&1; done; }
+      how receive_queries receive_queries_off
+      run=$(timed 0 "$(join "$name")" "$phases") || exit 1
+      how receive_queries_off receive_queries
+      echo "  round $round, $mode: ${run%%|*} ms, ${run##*|}" >&2
+      ab="$ab${ab:+,}{\"round\":$round,\"mode\":\"$mode\",\"sql_ms\":${run%%|*},\"phases\":${run##*|}}"
+    done
+  done
+  printf '{"set":"%s","queries":%s,"targets":%s,"k":%s,"form":"knn_join, every row against few targets (shipping)","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"identical":%s,"memory_and_copy":[%s]}' \
+    "$name" "$((emb_rows * ship_copies))" "$ship_targets" "$k" "${base_run%%|*}" "$(json_string "$base_sum")" "${base_run##*|}" \
+    "${shard_run%%|*}" "$(json_string "$shard_sum")" "${shard_run#*|*|}" "$check" "$ab"
+}
+
 load emb "$emb_rows" "$emb_dims" 100
 emb=$(bench_set emb "$emb_rows" "$emb_dims") || exit 1
 node=$(bench_node emb) || exit 1
+ship=
+if [ "$ship_targets" -gt 0 ]; then ship=$(bench_ship emb) || exit 1; fi
 sql 0 -c "DROP TABLE emb, emb_all" >>"$log" 2>&1
 for s in 1 2; do sql "$s" -c "DROP TABLE emb_$((s - 1))" >>"$log" 2>&1; done
 load clu "$clu_rows" "$clu_dims" "$clu_centres"
 clu=$(bench_set clu "$clu_rows" "$clu_dims") || exit 1
 
 # Derived figures, from the psql times and knn_gpu_last_shard_stats().
-step 60 "$py" - "$result" "$device" "$info" "$emb" "$node" "$clu" <<'PYEOF'
+step 60 "$py" - "$result" "$device" "$info" "$emb" "$node" "$clu" ${ship:+"$ship"} <<'PYEOF'
 import json, sys
 path, device, info = sys.argv[1:4]
 runs = [json.loads(text) for text in sys.argv[4:]]
@@ -245,6 +285,9 @@ for run in runs:
                         if run["one_server"]["sql_ms"] and run["sharded"]["sql_ms"] else None),
         "per_shard_seconds": {s["server"]: s["seconds_join"] for s in shards},
         "per_shard_rows": {s["server"]: s["rows"] for s in shards},
+        # the shard's own record: reading its queries (shipped) and targets
+        "per_shard_read_seconds": {s["server"]: ((s.get("remote_stats") or {}).get("seconds") or {}).get("read")
+                                   for s in shards},
         "slowest_shard_seconds": slowest,
         "coordinator_ship_seconds": seconds.get("ship"),
         "coordinator_merge_seconds": seconds.get("merge"),

@@ -45,6 +45,7 @@
 #include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_shard_packed.h"
+#include "knn_shard_receive.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
 
@@ -170,6 +171,8 @@ typedef struct KnnJoinCall
 	double		radius;
 	bool		inclusive;		/* <= radius, else < radius */
 	bool		packed;			/* knn_join_packed: rows packed into bytea values */
+	bool		received;		/* the queries: received set received_set (knn_shard_receive.h) */
+	int64		received_set;
 } KnnJoinCall;
 
 /* One set of knn_join: its query text, prepared, and its columns. */
@@ -260,6 +263,20 @@ prepare_set(KnnSet *set, const KnnJoinCall *call)
 	set->stable = check_plain_select(set->plan, set->arg);
 	check_columns(((CachedPlanSource *) linitial(SPI_plan_get_plan_sources(set->plan)))->resultDesc,
 				  set);
+}
+
+/*
+ * The query set of knn_join_received_packed: the rows a coordinator
+ * shipped (int8 ids, vectors of the received type), taken when read.
+ */
+static void
+describe_received_set(KnnSet *set, int64 received_set)
+{
+	set->natts = 2;
+	set->id_type = INT8OID;
+	set->vector_type = knn_received_queries_type(received_set);
+	set->kind = knn_vector_kind(set->vector_type);
+	set->stable = true;
 }
 
 static bool
@@ -690,8 +707,11 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		elog(ERROR, "SPI_connect failed");
 	query_set.sql = call->queries_sql;
 	query_set.arg = "queries";
-	prepare_set(&query_set, call);
-	if (strcmp(call->queries_sql, call->targets_sql) == 0)
+	if (call->received)
+		describe_received_set(&query_set, call->received_set);
+	else
+		prepare_set(&query_set, call);
+	if (!call->received && strcmp(call->queries_sql, call->targets_sql) == 0)
 		target_source = &query_set;
 	else
 	{
@@ -729,7 +749,9 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	by_operator = query_set.vector_type == target_source->vector_type &&
 		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
 								 element);
-	if (!describe_only)
+	if (call->received && !describe_only)
+		knn_received_queries_take(call->received_set, &queries);
+	else if (!describe_only)
 		read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
@@ -875,18 +897,16 @@ knn_join_run_reported(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 }
 
 /*
- * The arguments every form has: queries, targets, k, then metric,
- * exclude_self and method at the given positions.
+ * The arguments every form has: targets and k (at targets_arg and the one
+ * after), then metric, exclude_self and method at the given positions.
  */
 static void
-read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg,
-					  int exclude_self_arg, int method_arg)
+read_join_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int targets_arg, int metric_arg,
+					int exclude_self_arg, int method_arg)
 {
-	memset(call, 0, sizeof(*call));
-	call->queries_sql = text_argument(fcinfo, 0, "queries");
-	call->targets_sql = text_argument(fcinfo, 1, "targets");
-	require_argument(fcinfo, 2, "k");
-	call->k = PG_GETARG_INT32(2);
+	call->targets_sql = text_argument(fcinfo, targets_arg, "targets");
+	require_argument(fcinfo, targets_arg + 1, "k");
+	call->k = PG_GETARG_INT32(targets_arg + 1);
 	call->metric = (KnnMetric) named_argument(fcinfo, metric_arg, "metric", knn_metric_names);
 	require_argument(fcinfo, exclude_self_arg, "exclude_self");
 	call->exclude_self = PG_GETARG_BOOL(exclude_self_arg);
@@ -895,6 +915,16 @@ read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("k must be at least 1, not %d", call->k)));
+}
+
+/* The queries text first, then targets and k, and the others at the given positions. */
+static void
+read_common_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, int metric_arg,
+					  int exclude_self_arg, int method_arg)
+{
+	memset(call, 0, sizeof(*call));
+	call->queries_sql = text_argument(fcinfo, 0, "queries");
+	read_join_arguments(fcinfo, call, 1, metric_arg, exclude_self_arg, method_arg);
 }
 
 /* params: NULL means none; NULL elements are NULL values. */
@@ -956,6 +986,27 @@ knn_join_packed(PG_FUNCTION_ARGS)
 }
 
 /*
+ * knn_join_received_packed(set, targets, k, metric, exclude_self, method):
+ * knn_join_packed whose queries are the rows a coordinator shipped into
+ * this transaction (knn_shard_receive.h).
+ */
+PG_FUNCTION_INFO_V1(knn_join_received_packed);
+Datum
+knn_join_received_packed(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	call.received = true;
+	call.received_set = PG_GETARG_INT64(0);
+	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
+	call.packed = true;
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
  * The forms below take exclude_self fifth, where the first form has it:
  * a positional call of the first form (metric, exclude_self as unknown
  * literals) then resolves to it alone (20_knn_join.sql, 22_...).
@@ -993,8 +1044,8 @@ knn_join_keyed(PG_FUNCTION_ARGS)
 
 /*
  * The arguments of knn_range_join: queries, targets and radius first, then
- * metric, exclude_self, k, inclusive, method and params at the given
- * positions.
+ * metric, exclude_self, k, inclusive, method and params (-1: none) at the
+ * given positions.
  */
 typedef struct KnnRangeArguments
 {
@@ -1006,11 +1057,10 @@ typedef struct KnnRangeArguments
 	int			params;
 } KnnRangeArguments;
 
+/* The arguments after the queries: targets and radius second and third, the others at `at`. */
 static void
-read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
+read_range_join_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
 {
-	memset(call, 0, sizeof(*call));
-	call->queries_sql = text_argument(fcinfo, 0, "queries");
 	call->targets_sql = text_argument(fcinfo, 1, "targets");
 	require_argument(fcinfo, 2, "radius");
 	call->radius = PG_GETARG_FLOAT8(2);
@@ -1028,8 +1078,18 @@ read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeA
 	require_argument(fcinfo, at->inclusive, "inclusive");
 	call->inclusive = PG_GETARG_BOOL(at->inclusive);
 	call->method = (KnnMethod) named_argument(fcinfo, at->method, "method", knn_method_names);
-	read_params_argument(fcinfo, call, at->params);
+	if (at->params >= 0)
+		read_params_argument(fcinfo, call, at->params);
 	call->range = true;
+}
+
+/* knn_range_join's: the queries text first. */
+static void
+read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeArguments *at)
+{
+	memset(call, 0, sizeof(*call));
+	call->queries_sql = text_argument(fcinfo, 0, "queries");
+	read_range_join_arguments(fcinfo, call, at);
 }
 
 /*
@@ -1039,6 +1099,27 @@ read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeA
  * statistics as knn_join; the engine's range job hands its pairs over while
  * it works, so it never holds more than a bounded number of them.
  */
+/*
+ * knn_range_join_received(set, targets, radius, metric, exclude_self, k,
+ * inclusive, method): knn_range_join whose queries are the rows a
+ * coordinator shipped into this transaction (knn_shard_receive.h).
+ */
+PG_FUNCTION_INFO_V1(knn_range_join_received);
+Datum
+knn_range_join_received(PG_FUNCTION_ARGS)
+{
+	static const KnnRangeArguments at = {3, 4, 5, 6, 7, -1};
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	call.received = true;
+	call.received_set = PG_GETARG_INT64(0);
+	read_range_join_arguments(fcinfo, &call, &at);
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
 PG_FUNCTION_INFO_V1(knn_range_join);
 Datum
 knn_range_join(PG_FUNCTION_ARGS)

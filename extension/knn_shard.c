@@ -577,6 +577,39 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 
 /* ---- the shards' part ---- */
 
+/*
+ * Appends n elements of `size` bytes (4 or 2) in network byte order, as
+ * pq_sendfloat4 / pq_sendint16 would one by one (bit for bit), in one pass.
+ */
+static void
+put_elements(StringInfo buf, const char *values, int32 n, int size)
+{
+	char	   *out;
+
+	enlargeStringInfo(buf, n * size);
+	out = buf->data + buf->len;
+	if (size == 4)
+		for (int32 i = 0; i < n; i++)
+		{
+			uint32		v;
+
+			memcpy(&v, values + 4 * (Size) i, sizeof(v));
+			v = pg_hton32(v);
+			memcpy(out + 4 * (Size) i, &v, sizeof(v));
+		}
+	else
+		for (int32 i = 0; i < n; i++)
+		{
+			uint16		v;
+
+			memcpy(&v, values + 2 * (Size) i, sizeof(v));
+			v = pg_hton16(v);
+			memcpy(out + 2 * (Size) i, &v, sizeof(v));
+		}
+	buf->len += n * size;
+	buf->data[buf->len] = '\0';
+}
+
 /* knn_join's query rows: (int8 id, the engine's row in its type's send form). */
 static void
 encode_query(void *arg, int64 row, StringInfo buf)
@@ -594,26 +627,14 @@ encode_query(void *arg, int64 row, StringInfo buf)
 			pq_sendint32(buf, 4 + 4 * dim);
 			pq_sendint16(buf, dim);
 			pq_sendint16(buf, 0);
-			for (int32 i = 0; i < dim; i++)
-			{
-				float4		value;
-
-				memcpy(&value, values + 4 * (Size) i, sizeof(value));
-				pq_sendfloat4(buf, value);
-			}
+			put_elements(buf, values, dim, 4);
 			break;
 		case KNN_ELEMENT_FLOAT16:
 			/* halfvec's: int16 dim, int16 unused, binary16 each */
 			pq_sendint32(buf, 4 + 2 * dim);
 			pq_sendint16(buf, dim);
 			pq_sendint16(buf, 0);
-			for (int32 i = 0; i < dim; i++)
-			{
-				uint16		value;
-
-				memcpy(&value, values + 2 * (Size) i, sizeof(value));
-				pq_sendint16(buf, value);
-			}
+			put_elements(buf, values, dim, 2);
 			break;
 		case KNN_ELEMENT_BIT:
 			/* varbit's: int32 bit length, the bytes (bits past it are zero) */
@@ -660,33 +681,51 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 	shard->temp_columns = psprintf("id pg_catalog.int8, v %s", shard->query_type);
 	shard->vector_column = "v";
 	if (join->range)
-		shard->join_sql =
-			psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s, %s::pg_catalog.float8, %s, %s, %s, %s, %s)",
-					 shard->knn_schema,
-					 quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
-					 quote_literal_cstr(targets.data),
-					 quote_literal_cstr(float8out_internal(join->radius)),
-					 quote_literal_cstr(knn_metric_name(join->metric)),
-					 join->exclude_self ? "true" : "false",
-					 join->k > 0 ? psprintf("%d", join->k) : "NULL",
-					 join->inclusive ? "true" : "false",
-					 quote_literal_cstr(knn_method_name(join->method)));
+	{
+		/* knn_range_join's arguments after its queries */
+		char	   *rest = psprintf("%s, %s::pg_catalog.float8, %s, %s, %s, %s, %s",
+									quote_literal_cstr(targets.data),
+									quote_literal_cstr(float8out_internal(join->radius)),
+									quote_literal_cstr(knn_metric_name(join->metric)),
+									join->exclude_self ? "true" : "false",
+									join->k > 0 ? psprintf("%d", join->k) : "NULL",
+									join->inclusive ? "true" : "false",
+									quote_literal_cstr(knn_method_name(join->method)));
+
+		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
+		shard->receives_queries = shard->has_received_range_join;
+		if (shard->receives_queries)
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join_received(" INT64_FORMAT ", %s)",
+									   shard->knn_schema, shard->received_set, rest);
+		else
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s)",
+									   shard->knn_schema,
+									   quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
+									   rest);
+	}
 	else
 	{
-		char	   *arguments = psprintf("%s, %s, %d, %s, %s, %s",
-										 quote_literal_cstr(psprintf("SELECT id, v FROM %s",
-																	 shard->temp_table)),
-										 quote_literal_cstr(targets.data), join->k,
-										 quote_literal_cstr(knn_metric_name(join->metric)),
-										 join->exclude_self ? "true" : "false",
-										 quote_literal_cstr(knn_method_name(join->method)));
+		/* knn_join's arguments after its queries */
+		char	   *rest = psprintf("%s, %d, %s, %s, %s",
+									quote_literal_cstr(targets.data), join->k,
+									quote_literal_cstr(knn_metric_name(join->metric)),
+									join->exclude_self ? "true" : "false",
+									quote_literal_cstr(knn_method_name(join->method)));
+		char	   *queries = quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table));
 
 		/* the pairs packed into few values where the shard can (knn_shard_packed.h) */
 		shard->packed_result = shard->has_packed_join;
-		shard->join_sql = shard->packed_result ?
-			psprintf("SELECT p FROM %s.knn_join_packed(%s) p", shard->knn_schema, arguments) :
-			psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s)",
-					 shard->knn_schema, arguments);
+		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
+		shard->receives_queries = shard->has_packed_join && shard->has_received_join;
+		if (shard->receives_queries)
+			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_received_packed(" INT64_FORMAT ", %s) p",
+									   shard->knn_schema, shard->received_set, rest);
+		else if (shard->packed_result)
+			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_packed(%s, %s) p",
+									   shard->knn_schema, queries, rest);
+		else
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s)",
+									   shard->knn_schema, queries, rest);
 	}
 	/* binary results: ids and distances arrive exactly, without parsing */
 	shard->binary_result = true;
@@ -987,16 +1026,39 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 
 	if (queries->n > 0)
 	{
+		KnnShardRemote **to_memory = palloc(sp.n_shards * sizeof(KnnShardRemote *));
+		KnnShardRemote **to_table = palloc(sp.n_shards * sizeof(KnnShardRemote *));
+		int			n_memory = 0;
+		int			n_table = 0;
+
 		INSTR_TIME_SET_CURRENT(phase);
 		ship_rows.n = queries->n;
 		ship_rows.n_fields = 2;
 		ship_rows.max_vector_bytes = query_vector_bytes(queries);
 		ship_rows.encode = encode_query;
 		ship_rows.arg = queries;
-		knn_shard_remote_ship(sp.shards, sp.n_shards, &ship_rows);
-		seconds_ship = knn_seconds_since(phase);
+		/* in blocks into the shards' memory where they can, else by COPY into a table */
 		for (int s = 0; s < sp.n_shards; s++)
-			knn_shard_remote_send(sp.shards[s]);
+		{
+			if (sp.shards[s]->receives_queries)
+				to_memory[n_memory++] = sp.shards[s];
+			else
+				to_table[n_table++] = sp.shards[s];
+		}
+		if (n_memory > 0)
+		{
+			knn_shard_remote_ship_blocks(to_memory, n_memory, &ship_rows);
+			/* these join while the others' rows are copied */
+			for (int s = 0; s < n_memory; s++)
+				knn_shard_remote_send(to_memory[s]);
+		}
+		if (n_table > 0)
+		{
+			knn_shard_remote_ship(to_table, n_table, &ship_rows);
+			for (int s = 0; s < n_table; s++)
+				knn_shard_remote_send(to_table[s]);
+		}
+		seconds_ship = knn_seconds_since(phase);
 	}
 
 	sources = palloc0((sp.n_shards + 1) * sizeof(KnnShardLists));

@@ -11,15 +11,22 @@
  * postgres_fdw has no function for: sending without waiting (all shards
  * work at once) and COPY.
  *
- * The query rows go by binary COPY into a temporary table rather than as
- * an array or VALUES in the statement: COPY streams in slices (memory
- * bounded on both sides, whatever the query set), while one parameter or
- * statement text is a single allocation capped at 1 GB on the shard
- * (1,000,000 x 768 float32 queries are 3 GB), and the binary form needs
- * no float formatting or parsing. The callers choose the columns and
- * encode the rows (knn_shard.c: the engine's elements as this server read
- * them; knn_scan_shard.c: the outer rows' values in their types' send
- * forms), so the shard joins exactly the values this server would.
+ * Where the shard's knn_gpu has knn_shard_receive_queries(), knn_join's
+ * (knn_range_join's) query rows go in blocks of binary parameters straight into the shard
+ * backend's memory (knn_shard_receive.h), and its join reads no table:
+ * neither a heap written and read back nor a statement per row, and the
+ * shards read a block while the next is encoded here. Each block is one
+ * parameter of SHIP_BLOCK_BYTES, so no message grows with the query set
+ * (one parameter or statement text is a single
+ * allocation capped at 1 GB on the shard; 1,000,000 x 768 float32 queries
+ * are 3 GB), and the binary form needs no float formatting or parsing.
+ * Otherwise (an older knn_gpu there, the KNN Join node's rows with their
+ * extra columns), they go by binary COPY into a temporary
+ * table, streamed in slices for the same reason. The callers choose the
+ * columns and encode the rows (knn_shard.c: the engine's elements as this
+ * server read them; knn_scan_shard.c: the outer rows' values in their
+ * types' send forms), so the shard joins exactly the values this server
+ * would.
  *
  * knn_gpu.so does not link libpq: a server that never shards never loads
  * it. The libpq calls go to the very libpq that postgres_fdw loaded
@@ -29,6 +36,7 @@
 
 #include <dlfcn.h>
 
+#include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "libpq/pqformat.h"
@@ -47,6 +55,15 @@
 
 /* Rows per slice of the COPY stream (one buffer, sent to every shard in turn). */
 #define SHIP_SLICE_BYTES (1024 * 1024)
+/*
+ * Bytes of rows per block shipped to a shard's memory. Small: libpq keeps a
+ * message whole in its output buffer and moves what is left of it to the
+ * front after every partial send, so a block costs its size times the
+ * sends it takes (measured: 100000 x 768 queries to one shard, 16 MB
+ * blocks 1.9 s, 4 MB 1.2 s, 1 MB 0.8-1.0 s, 512 kB 1.0 s); large enough
+ * that a call per block costs little.
+ */
+#define SHIP_BLOCK_BYTES (1024 * 1024)
 /*
  * Query vectors up to the shard's page size less this (varlena bytes; 7000
  * with 8 kB pages) stay in the temporary table's rows (STORAGE PLAIN): a
@@ -236,7 +253,15 @@ static const char remote_check_sql[] =
 	"'.knn_join(text,text,integer,text,boolean,text)') IS NOT NULL, "
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
 	"'.knn_join_packed(text,text,integer,text,boolean,text)') IS NOT NULL, "
-	"pg_catalog.current_setting('block_size') "
+	"pg_catalog.current_setting('block_size'), "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_shard_receive_queries(bigint,regtype,bytea)') IS NOT NULL AND "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_join_received_packed(bigint,text,integer,text,boolean,text)') IS NOT NULL, "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_shard_receive_queries(bigint,regtype,bytea)') IS NOT NULL AND "
+	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
+	"'.knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)') IS NOT NULL "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -260,7 +285,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	load_functions();
 	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 7)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 9)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -273,6 +298,8 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	has_join = strcmp(fdw.PQgetvalue(res, 0, 4), "t") == 0;
 	shard->has_packed_join = strcmp(fdw.PQgetvalue(res, 0, 5), "t") == 0;
 	shard->block_size = pg_strtoint32(fdw.PQgetvalue(res, 0, 6));
+	shard->has_received_join = strcmp(fdw.PQgetvalue(res, 0, 7), "t") == 0;
+	shard->has_received_range_join = strcmp(fdw.PQgetvalue(res, 0, 8), "t") == 0;
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -398,6 +425,7 @@ knn_shard_remote_name_table(KnnShardRemote *shard)
 	static uint32 table_counter = 0;
 
 	shard->temp_table = psprintf("pg_temp.knn_shard_queries_%d_%u", MyProcPid, ++table_counter);
+	shard->received_set = table_counter;
 }
 
 /*
@@ -564,13 +592,24 @@ send_to_all(KnnShardRemote **shards, int n_shards, StringInfo buf)
 	resetStringInfo(buf);
 }
 
+/* The shards were shipped to together: each one's shipping took from start to now. */
+static void
+note_ship_time(KnnShardRemote **shards, int n_shards, instr_time start)
+{
+	instr_time	now;
+
+	INSTR_TIME_SET_CURRENT(now);
+	INSTR_TIME_SUBTRACT(now, start);
+	for (int s = 0; s < n_shards; s++)
+		shards[s]->seconds_ship = INSTR_TIME_GET_DOUBLE(now);
+}
+
 void
 knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
 {
 	static const char signature[11] = "PGCOPY\n\377\r\n\0";
 	StringInfoData buf;
 	instr_time	start;
-	instr_time	now;
 
 	INSTR_TIME_SET_CURRENT(start);
 	initStringInfo(&buf);
@@ -602,10 +641,221 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 	}
 	PG_END_TRY();
 	pfree(buf.data);
-	INSTR_TIME_SET_CURRENT(now);
-	INSTR_TIME_SUBTRACT(now, start);
+	note_ship_time(shards, n_shards, start);
+}
+
+/* ---- shipping in blocks into the shards' memory (knn_shard_receive.h) ---- */
+
+/*
+ * Blocks kept encoded for shards that have not sent them yet: each shard
+ * gets its next block as soon as it has answered its last one, so a fast
+ * shard does not wait for a slow one, up to this many blocks ahead of it.
+ */
+#define SHIP_BLOCKS_AHEAD 4
+
+typedef struct ShipBlock
+{
+	StringInfoData data;
+	int64		end_row;		/* the rows of this block and all before it */
+} ShipBlock;
+
+/* One shard's progress through the blocks; at most one block in flight. */
+typedef struct ShipProgress
+{
+	int64		sent;			/* blocks handed to libpq */
+	int64		answered;		/* blocks whose answer was read */
+	int64		expected;		/* rows the shard must hold after the block in flight */
+	bool		unsent_bytes;	/* libpq still holds bytes of it */
+} ShipProgress;
+
+/* Hands block `b` to libpq (it keeps a copy) and sends what the socket takes. */
+static void
+send_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, const ShipBlock *b)
+{
+	static const Oid types[3] = {INT8OID, REGTYPEOID, BYTEAOID};
+	static const int formats[3] = {0, 0, 1};
+	char	   *set = psprintf(INT64_FORMAT, shard->received_set);
+	const char *values[3] = {set, shard->query_type, b->data.data};
+	int			lengths[3] = {0, 0, b->data.len};
+
+	WITH_SHARD_CONTEXT(shard);
+	if (!fdw.PQsendQueryParams(shard->conn, sql, 3, types, values, lengths, formats, 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	END_SHARD_CONTEXT();
+	pfree(set);
+	p->sent++;
+	p->expected = b->end_row;
+}
+
+/*
+ * Moves the shard's block in flight along: sends what libpq holds of it,
+ * reads its answer once it is there (the rows the shard holds: all sent so
+ * far). True when the answer was read.
+ */
+static bool
+advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
+{
+	PGresult   *res;
+	int64		held;
+	int			rc;
+
+	WITH_SHARD_CONTEXT(shard);
+	if ((rc = fdw.PQflush(shard->conn)) < 0 || !fdw.PQconsumeInput(shard->conn))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	p->unsent_bytes = rc == 1;
+	if (p->answered == p->sent || fdw.PQisBusy(shard->conn))
+	{
+		END_SHARD_CONTEXT();
+		return false;
+	}
+	/* its result is here; the rest (the end of the call) follows at once */
+	res = fdw.pgfdw_get_result(shard->conn, sql);
+	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
+		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+	held = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0) ?
+		pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
+	fdw.PQclear(res);
+	if (held != p->expected)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_ERROR),
+				 errmsg("%s: foreign server \"%s\" holds " INT64_FORMAT " query rows of the " INT64_FORMAT " sent",
+						shard->who, shard->server->servername, held, p->expected)));
+	END_SHARD_CONTEXT();
+	p->answered++;
+	return true;
+}
+
+/*
+ * After an error here, sends what is still queued (the rest of a block's
+ * message), ignoring interrupts but not for longer than
+ * FAIL_COPY_TIMEOUT_MS, and makes the connection blocking again:
+ * postgres_fdw's abort cleanup then reads the shard's answer, cancels what
+ * still runs and rolls back its transaction, the received rows with it.
+ */
+static void
+fail_blocks(KnnShardRemote *shard)
+{
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+													   FAIL_COPY_TIMEOUT_MS);
+
+	shard->sending = false;
+	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
+		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
+								 WL_EXIT_ON_PM_DEATH,
+								 fdw.PQsocket(shard->conn), 100L, PG_WAIT_EXTENSION);
+	(void) fdw.PQsetnonblocking(shard->conn, 0);
+}
+
+void
+knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
+{
+	ShipBlock	blocks[SHIP_BLOCKS_AHEAD];
+	ShipProgress *progress = palloc0(n_shards * sizeof(ShipProgress));
+	const char **sql = palloc(n_shards * sizeof(char *));
+	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
+	instr_time	start;
+
+	INSTR_TIME_SET_CURRENT(start);
+	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
+		initStringInfo(&blocks[i].data);
 	for (int s = 0; s < n_shards; s++)
-		shards[s]->seconds_ship = INSTR_TIME_GET_DOUBLE(now);
+		sql[s] = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shards[s]->knn_schema);
+	PG_TRY();
+	{
+		int64		r = 0;
+		int64		encoded = 0;	/* blocks */
+
+		/* the latch (a cancel), the postmaster, then each shard's socket at 2 + s */
+		events = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
+		AddWaitEventToSet(events, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(events, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		for (int s = 0; s < n_shards; s++)
+		{
+			WITH_SHARD_CONTEXT(shards[s]);
+			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
+			shards[s]->sending = true;
+			AddWaitEventToSet(events, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
+			END_SHARD_CONTEXT();
+		}
+		for (;;)
+		{
+			int64		slowest = PG_INT64_MAX;
+			bool		moved = false;
+			bool		done = r == rows->n;
+			WaitEvent	occurred;
+
+			/* encode ahead, into slots every shard has sent */
+			for (int s = 0; s < n_shards; s++)
+				slowest = Min(slowest, progress[s].sent);
+			while (r < rows->n && encoded - slowest < SHIP_BLOCKS_AHEAD)
+			{
+				ShipBlock  *b = &blocks[encoded % SHIP_BLOCKS_AHEAD];
+
+				resetStringInfo(&b->data);
+				while (r < rows->n && b->data.len < SHIP_BLOCK_BYTES)
+				{
+					rows->encode(rows->arg, r++, &b->data);
+					if (r % 1024 == 0)
+						CHECK_FOR_INTERRUPTS();
+				}
+				b->end_row = r;
+				encoded++;
+				moved = true;
+			}
+			for (int s = 0; s < n_shards; s++)
+			{
+				ShipProgress *p = &progress[s];
+
+				if (advance_block(shards[s], p, sql[s]))
+					moved = true;
+				if (p->answered == p->sent && p->sent < encoded)
+				{
+					send_block(shards[s], p, sql[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
+					(void) advance_block(shards[s], p, sql[s]);
+					moved = true;
+				}
+				done = done && p->answered == encoded;
+			}
+			if (done)
+				break;
+			if (moved)
+				continue;
+			/* nothing to do until a shard answers or takes more bytes */
+			for (int s = 0; s < n_shards; s++)
+				ModifyWaitEvent(events, 2 + s,
+								WL_SOCKET_READABLE | (progress[s].unsent_bytes ? WL_SOCKET_WRITEABLE : 0),
+								NULL);
+			if (WaitEventSetWait(events, -1L, &occurred, 1, PG_WAIT_EXTENSION) > 0 &&
+				(occurred.events & WL_LATCH_SET))
+				ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+		FreeWaitEventSet(events);
+		events = NULL;
+		for (int s = 0; s < n_shards; s++)
+		{
+			WITH_SHARD_CONTEXT(shards[s]);
+			/* every block was answered, so nothing is left unsent: this switch cannot fail on a flush */
+			shards[s]->sending = false;
+			if (fdw.PQsetnonblocking(shards[s]->conn, 0) != 0)
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
+			END_SHARD_CONTEXT();
+		}
+	}
+	PG_CATCH();
+	{
+		if (events != NULL)
+			FreeWaitEventSet(events);
+		for (int s = 0; s < n_shards; s++)
+			if (shards[s]->sending)
+				fail_blocks(shards[s]);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
+		pfree(blocks[i].data.data);
+	note_ship_time(shards, n_shards, start);
 }
 
 void
@@ -750,8 +1000,9 @@ knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader r
 		PGresult   *res;
 
 		WITH_SHARD_CONTEXT(shard);
-		fdw.PQclear(exec_checked(shard, psprintf("DROP TABLE %s", shard->temp_table),
-								 PGRES_COMMAND_OK));
+		if (shard->table_exists)
+			fdw.PQclear(exec_checked(shard, psprintf("DROP TABLE %s", shard->temp_table),
+									 PGRES_COMMAND_OK));
 		shard->table_exists = false;
 		/* the shard's own record of its join: its engine's phases */
 		res = exec_checked(shard, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),

@@ -2,8 +2,9 @@
  * knn_shard_remote.h -- one shard of a sharded join (knn_join, or the KNN
  * Join node): a postgres_fdw connection (postgres_fdw's own, through its
  * exported functions: its user mapping checks, its remote transaction, its
- * cancel on abort), the query rows shipped into a temporary table there,
- * and the shard-local join sent and collected.
+ * cancel on abort), the query rows shipped there (into a temporary table,
+ * or in blocks into the shard backend's memory: knn_shard_receive.h), and
+ * the shard-local join sent and collected.
  */
 #ifndef KNN_SHARD_REMOTE_H
 #define KNN_SHARD_REMOTE_H
@@ -29,6 +30,12 @@ typedef struct KnnShardRemote
 	char	   *knn_schema;		/* knn_gpu's schema there, quoted */
 	char	   *query_type;		/* knn_join's query vectors' type there */
 	bool		has_packed_join;	/* knn_join_packed() there (knn_shard_packed.h) */
+	bool		has_received_join;	/* knn_shard_receive_queries() and
+									 * knn_join_received_packed() there */
+	bool		has_received_range_join;	/* ... and knn_range_join_received() */
+	bool		receives_queries;	/* this join ships in blocks, set by the caller */
+	int64		received_set;	/* the number of the set shipped in blocks */
+	bool		sending;		/* in non-blocking mode for the blocks */
 	int32		block_size;		/* the shard's page size (block_size) */
 	char	   *temp_table;		/* pg_temp.<name> (knn_shard_remote_name_table) */
 	char	   *temp_columns;	/* its column definitions, set by the caller */
@@ -71,7 +78,10 @@ extern const char *knn_shard_remote_open(KnnShardRemote *shard, const char *vers
 extern char *knn_shard_remote_operator(KnnShardRemote *shard, const KnnOperatorIdentity *identity,
 									   char **operand_type, const char **why);
 
-/* Gives the shard its temporary table's name (unique in this backend). */
+/*
+ * Gives the shard its temporary table's name and its received set's
+ * number (both unique in this backend).
+ */
 extern void knn_shard_remote_name_table(KnnShardRemote *shard);
 
 /*
@@ -96,6 +106,15 @@ extern void knn_shard_copy_field(StringInfo buf, const char *data, int len);
  * temp_columns, ON COMMIT DROP), all shards in turn per slice of rows.
  */
 extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows);
+
+/*
+ * Ships the rows into each shard's memory in blocks of a megabyte
+ * (knn_shard_receive_queries() there, set received_set), all shards at
+ * once: each shard gets its next block as soon as it has answered its
+ * last, the coordinator encoding blocks ahead while the shards read.
+ */
+extern void knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards,
+										 const KnnShardRows *rows);
 
 /*
  * Sends the shard's join_sql (with its parameters, results in binary or

@@ -172,6 +172,11 @@ CREATE FOREIGN TABLE shard1_pg_class (relname name, relpersistence "char")
   SERVER shard1 OPTIONS (schema_name 'pg_catalog', table_name 'pg_class');
 CREATE FOREIGN TABLE shard2_pg_class (relname name, relpersistence "char")
   SERVER shard2 OPTIONS (schema_name 'pg_catalog', table_name 'pg_class');
+-- ... and the query rows they hold in memory (knn_shard_receive_queries)
+CREATE FOREIGN TABLE shard1_contexts (name text)
+  SERVER shard1 OPTIONS (schema_name 'pg_catalog', table_name 'pg_backend_memory_contexts');
+CREATE FOREIGN TABLE shard2_contexts (name text)
+  SERVER shard2 OPTIONS (schema_name 'pg_catalog', table_name 'pg_backend_memory_contexts');
 ANALYZE;
 EOF
 sql 1 -c "ANALYZE" && sql 2 -c "ANALYZE"
@@ -235,16 +240,133 @@ compare "NaN distances (a zero query vector, cosine): ties by target id" "$ZERO"
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 6 cosine false 2
 compare "NaN distances, k past the row count" "$ZERO" \
   "SELECT id, v FROM items_h WHERE cat = 1" "SELECT id, v FROM items_all WHERE cat = 1" 400 cosine true 2
-sql 2 -q -c "ALTER FUNCTION knn_join_packed(text, text, integer, text, boolean, text) RENAME TO knn_join_packed_off"
+# away_on_shard2 FUNCTION ARGUMENT_TYPES / back_on_shard2 ...: shard 2's knn_gpu without one of its functions, and with it again
+away_on_shard2() { sql 2 -q -c "ALTER FUNCTION $1($2) RENAME TO ${1}_off"; }
+back_on_shard2() { sql 2 -q -c "ALTER FUNCTION ${1}_off($2) RENAME TO $1"; }
+# how_shards_join: per shard, how a knn_join over items_h gets its queries (memory or table) and returns its rows
+how_shards_join() {
+  sql 0 -c "SET client_min_messages = warning" \
+    -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
+    -c "SELECT s->>'server', CASE WHEN s->>'remote_sql' LIKE '%knn_join_received_packed(%' THEN 'memory, packed'
+          WHEN s->>'remote_sql' LIKE '%knn_join_packed(''SELECT id, v FROM pg_temp.knn_shard_queries_%' THEN 'table, packed'
+          WHEN s->>'remote_sql' LIKE '%knn_join(''SELECT id, v FROM pg_temp.knn_shard_queries_%' THEN 'table, rows' END
+        FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1
+}
+away_on_shard2 knn_join_packed "text, text, integer, text, boolean, text"
 compare "a shard without knn_join_packed: rows, merged with the other's packed values" "$V" \
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
-check "... its remote SQL is knn_join's" "t
-shard1|t
-shard2|f" "$(sql 0 -c "SET client_min_messages = warning" \
-  -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
-  -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_join_packed(%' FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
-sql 2 -q -c "ALTER FUNCTION knn_join_packed_off(text, text, integer, text, boolean, text) RENAME TO knn_join_packed"
+check "... its remote SQL is knn_join's" "$(printf 't\nshard1|memory, packed\nshard2|table, rows')" "$(how_shards_join)"
+back_on_shard2 knn_join_packed "text, text, integer, text, boolean, text"
 check "knn_join_packed: knn_join's pairs, packed" "t" "$(sql 1 -c "SELECT (SELECT count(*) FROM knn_join_packed('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, 'l2', true, 'auto') p WHERE length(p) % 24 = 0 HAVING sum(length(p)) / 24 = (SELECT count(*) FROM knn_join('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, exclude_self => true))) = 1" 2>&1)"
+
+# ---- the query rows shipped into the shards' memory (knn_shard_receive.h) ----
+# Every join above with both shards went this way (knn_join_received_packed);
+# a shard whose knn_gpu lacks the receiving functions gets the rows by COPY
+# into a temporary table, beside one that receives them.
+away_on_shard2 knn_shard_receive_queries "bigint, regtype, bytea"
+compare "a shard without knn_shard_receive_queries: COPY, merged with the other's received rows" "$V" \
+  "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
+check "... shard1 received the rows in memory, shard2 read them from a temporary table" \
+  "$(printf 't\nshard1|memory, packed\nshard2|table, packed')" "$(how_shards_join)"
+back_on_shard2 knn_shard_receive_queries "bigint, regtype, bytea"
+
+# A shard whose receiving fails, or whose count of rows held disagrees,
+# while the rows are shipped: an ERROR naming the server, and the session
+# goes on (the connection back in blocking mode, nothing held on the shards).
+# failing_receive BODY: knn_shard_receive_queries on shard 1 as a plpgsql BODY
+failing_receive() {
+  sql 1 -q -c "ALTER FUNCTION knn_shard_receive_queries(bigint, regtype, bytea) RENAME TO knn_shard_receive_queries_real" \
+    -c "CREATE FUNCTION knn_shard_receive_queries(bigint, regtype, bytea) RETURNS bigint LANGUAGE plpgsql AS \$\$ BEGIN $1 END \$\$"
+}
+real_receive() {
+  sql 1 -q -c "DROP FUNCTION knn_shard_receive_queries(bigint, regtype, bytea)" \
+    -c "ALTER FUNCTION knn_shard_receive_queries_real(bigint, regtype, bytea) RENAME TO knn_shard_receive_queries"
+}
+for failure in "RAISE EXCEPTION 'receiving failed';|ERROR:  receiving failed" \
+               "RETURN 1;|ERROR:  knn_join: foreign server \"shard1\" holds 1 query rows of the "; do
+  failing_receive "${failure%%|*}"
+  out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1);
+SET client_min_messages = warning;
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h_1', 3);
+EOF
+)
+  real_receive
+  check_has "a shard failing while it receives: ${failure#*|}" "${failure#*|}" "$out"
+  check "... the session goes on, nothing held on the other shard" "$(printf 'held:0\nagain:true')" \
+    "$(echo "$out" | grep -E '^(held|again):')"
+done
+
+# The rows received are those COPY gives, bit for bit: on shard 1, a set
+# received in two blocks joins exactly as knn_join_packed of the table's rows
+# (the same packed values, in the same order).
+# received_same NAME TYPE SEND_FUNCTION QUERY_COLUMN TARGETS K METRIC EXCLUDE_SELF
+received_same() {
+  local block="SELECT string_agg(int4send(8) || int8send(id) || int4send(length($3($4))) || $3($4), ''::bytea ORDER BY id) FROM items_h_0 WHERE $4 IS NOT NULL"
+  local out
+  out=$(sql 1 2>&1 <<EOF
+BEGIN;
+SELECT knn_shard_receive_queries(7, '$2', ($block AND id % 2 = 0)) > 0;
+SELECT knn_shard_receive_queries(7, '$2', ($block AND id % 2 = 1)) = (SELECT count($4) FROM items_h_0);
+CREATE TEMP TABLE got AS SELECT p, n FROM knn_join_received_packed(7, '$5', $6, '$7', $8, 'auto') WITH ORDINALITY x(p, n);
+COMMIT;
+SELECT (SELECT string_agg(p, ''::bytea ORDER BY n) FROM got)
+     = (SELECT string_agg(p, ''::bytea ORDER BY n) FROM knn_join_packed('SELECT id, $4 FROM items_h_0', '$5', $6, '$7', $8, 'auto') WITH ORDINALITY x(p, n)),
+       (SELECT count(*) FROM got) > 0;
+EOF
+)
+  check "received rows join as knn_join_packed of the table: $1" "$(printf 't\nt\nt|t')" "$out"
+}
+received_same "vector l2 exclude_self" vector knn_vector_send v "SELECT id, v FROM items_h_0" 4 l2 true
+received_same "vector queries, halfvec targets, ip (read as halfvec)" vector knn_vector_send v "SELECT id, h FROM items_h_0" 5 ip false
+received_same "halfvec cosine" halfvec knn_halfvec_send h "SELECT id, h FROM items_h_0" 5 cosine false
+received_same "bit hamming" varbit varbit_send b "SELECT id, b FROM items_h_0" 6 hamming true
+
+# Blocks are hostile input: every malformed one is refused with a clear
+# error, and nothing is left held. refused NAME MESSAGE SQL (on shard 1)
+refused() { check_has "refused: $1" "$2" "$(sql 1 -c "$3" "${@:4}" 2>&1)"; }
+R="int4send(8) || int8send"
+VEC2="knn_vector_send('[1,2]')"
+VEC8="knn_vector_send('[1,2,3,4,5,6,7,8]')"
+refused "a row cut short" 'malformed block: row 0 is cut short' \
+  "SELECT knn_shard_receive_queries(1, 'vector', int4send(8) || int4send(1))"
+refused "an id field not 8 bytes long" 'malformed block: row 0 has an id field that is not 8 bytes long (4)' \
+  "SELECT knn_shard_receive_queries(1, 'vector', int4send(4) || int8send(1) || int4send(0))"
+refused "a vector length past the block's end" "malformed block: row 1 has a vector length past the block's end (100)" \
+  "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2 || $R(2) || int4send(100) || $VEC2)"
+refused "a negative vector length" "malformed block: row 0 has a vector length past the block's end (-1)" \
+  "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(-1))"
+refused "bytes after the send form" "malformed block: row 0 has bytes after its vector's send form (1)" \
+  "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(length($VEC2) + 1) || $VEC2 || '\\x00'::bytea)"
+refused "a dimension count past the value" 'insufficient data left in message' \
+  "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(8) || int2send(1000::int2) || int2send(0::int2) || float4send(1))"
+refused "a NaN" 'NaN not allowed in vector' \
+  "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(12) || int2send(2::int2) || int2send(0::int2) || float4send('NaN') || float4send(1))"
+refused "an infinite halfvec" 'infinite value not allowed in halfvec' \
+  "SELECT knn_shard_receive_queries(1, 'halfvec', $R(1) || int4send(6) || int2send(1::int2) || int2send(0::int2) || int2send(31744::int2))"
+refused "rows of different dimensions" 'dimension mismatch: query id 2 has 3 dimensions, expected 2' \
+  "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2 || $R(2) || int4send(16) || knn_vector_send('[1,2,3]'))"
+refused "a type that is not a vector" 'knn_shard_receive_queries receives vector, halfvec or bit values, not integer' \
+  "SELECT knn_shard_receive_queries(1, 'integer', '')"
+refused "another type for the same set" 'received query set 5 holds vector values, not halfvec' \
+  "BEGIN; SELECT knn_shard_receive_queries(5, 'vector', ''); SELECT knn_shard_receive_queries(5, 'halfvec', '')"
+refused "a join of a set never received" 'no received query set 99 in this transaction' \
+  "SELECT * FROM knn_join_received_packed(99, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
+refused "a range join of a set never received" 'no received query set 98 in this transaction' \
+  "SELECT * FROM knn_range_join_received(98, 'SELECT id, v FROM items_h_0', 1.0, 'l2', false, NULL, true, 'auto')"
+refused "a set of an ended transaction" 'no received query set 3 in this transaction' \
+  "SELECT knn_shard_receive_queries(3, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2)" \
+  -c "SELECT * FROM knn_join_received_packed(3, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
+refused "a set of a subtransaction rolled back" 'no received query set 4 in this transaction' \
+  "BEGIN; SAVEPOINT a; SELECT knn_shard_receive_queries(4, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2); ROLLBACK TO a; SELECT * FROM knn_join_received_packed(4, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
+refused "a set the join took" 'no received query set 6 in this transaction' \
+  "BEGIN; SELECT knn_shard_receive_queries(6, 'vector', $R(1) || int4send(length($VEC8)) || $VEC8); SELECT count(*) FROM knn_join_received_packed(6, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto'); SELECT * FROM knn_join_received_packed(6, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
+# A caller joins only what it may read: the join's targets run with its rights.
+sql 1 -q -c "CREATE ROLE bob" -c "GRANT USAGE ON SCHEMA public TO bob" >/dev/null 2>&1
+refused "an ordinary user's join reads only what it may" 'permission denied for table items_h_0' \
+  "SET ROLE bob; BEGIN; SELECT knn_shard_receive_queries(8, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2); SELECT * FROM knn_join_received_packed(8, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto')"
 
 # The server without knn_gpu is named in a NOTICE; the statistics list what ran where.
 out=$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 3)" 2>&1)
@@ -256,7 +378,7 @@ out=$(sql 0 <<'EOF'
 SET client_min_messages = warning;
 SELECT count(*) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r WHERE cat <> 4', 3);
 SELECT s->>'server', s->>'partitions', (s->>'rows')::int > 0, (s->>'seconds_join')::float8 >= 0,
-       s->>'remote_sql' LIKE '%knn_join_packed(%' || 'WHERE ((cat <> 4))%'
+       s->>'remote_sql' LIKE '%knn_join_received_packed(%' || 'WHERE ((cat <> 4))%'
 FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1;
 SELECT knn_gpu_last_shard_stats()->'fallback'->0->>'server', knn_gpu_last_shard_stats()->'local'->>'targets',
        (knn_gpu_last_shard_stats()->'seconds'->>'merge')::float8 >= 0;
@@ -276,10 +398,13 @@ SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM item
 SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 SELECT count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT count(*) FROM shard1_contexts WHERE name = 'knn_gpu received queries';
+SELECT count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
 COMMIT;
 EOF
 )
-check "two joins in one transaction leave no temporary table on the shards" "$(printf 't\nt\n0\n0')" "$out"
+check "two joins in one transaction leave no temporary table and no received rows on the shards" \
+  "$(printf 't\nt\n0\n0\n0\n0')" "$out"
 
 # The shard's own statistics come along.
 out=$(sql 0 -c "SET client_min_messages = warning" \
@@ -440,7 +565,7 @@ check "EXPLAIN ANALYZE of the node: rows and time per shard, shipping, the merge
   "$(echo "$out" | analyze_lines)"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN $FUNC_SQL")
 check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHARD_LINES" \
-  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT p FROM public.knn_join_packed(.SELECT id, v FROM pg_temp.knn_shard_queries_.*WHERE ((cat <> 4)).*, 3, .l2., false, .auto.) p$/Remote SQL: yes/p')"
+  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT p FROM public.knn_join_received_packed([0-9]*, .SELECT .*WHERE ((cat <> 4)).*, 3, .l2., false, .auto.) p$/Remote SQL: yes/p')"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
 check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
   "$(echo "$out" | analyze_lines)"
@@ -472,6 +597,18 @@ same_as_one_server "knn_range_join items_h l2" 2 \
 same_as_one_server "knn_range_join items_r l1, exclude_self, k, exclusive" 2 \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 4.0, 'l1', true, 3, false)" \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 4.0, 'l1', true, 3, false)"
+# knn_range_join's queries go into the shards' memory too; a shard without
+# knn_range_join_received gets them by COPY, beside one that receives them.
+RANGE_ARGS="bigint, text, double precision, text, boolean, integer, boolean, text"
+away_on_shard2 knn_range_join_received "$RANGE_ARGS"
+same_as_one_server "knn_range_join, a shard without knn_range_join_received: COPY beside memory" 2 \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5, 'l1', true, 4)" \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 2.5, 'l1', true, 4)"
+check "... shard1 received the rows in memory, shard2 read them from a temporary table" "$(printf 't\nshard1|t\nshard2|f')" \
+  "$(sql 0 -c "SET client_min_messages = warning" \
+    -c "SELECT count(*) > 0 FROM knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5)" \
+    -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_range_join_received(%' FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
+back_on_shard2 knn_range_join_received "$RANGE_ARGS"
 same_as_one_server "knn_join with bound parameters (a custom plan: the values go to the shards)" 2 \
   "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h WHERE cat <> \$1::int AND id > \$2', 5, ARRAY['2', '40'])" \
   "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all WHERE cat <> 2 AND id > 40', 5)"
@@ -513,7 +650,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_temp.knn_shard_queries%' AND pid <> pg_backend_pid()")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -526,6 +663,8 @@ $BIG;
 RESET statement_timeout;
 SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard1_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'after:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
@@ -534,8 +673,8 @@ case "$out" in
   *'canceling statement due to statement timeout'*) pass "statement_timeout ends a sharded join" ;;
   *) fail "statement_timeout ends a sharded join: $out" ;;
 esac
-check "after the timeout: no temporary table on the shards, the session works" \
-  "$(printf 'after:0\nafter:0\nagain:true')" "$(echo "$out" | grep -E '^(after|again):')"
+check "after the timeout: no temporary table, no received rows on the shards, the session works" \
+  "$(printf 'after:0\nafter:0\nafter:0\nafter:0\nagain:true')" "$(echo "$out" | grep -E '^(after|again):')"
 check "the shards stopped working" 0 "$(active_on_shards)"
 
 # statement_timeout at many points of a join: reading the queries, shipping
@@ -554,11 +693,13 @@ $BIGQ;
 RESET statement_timeout;
 SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard1_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'after:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 again:true " ] &&
+  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 again:true " ] &&
      ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
     ok=$((ok + 1))
   else

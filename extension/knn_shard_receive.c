@@ -1,0 +1,285 @@
+/*
+ * knn_shard_receive.c -- query rows shipped to a shard in blocks, held in
+ * this backend's memory for its join (knn_shard_receive.h).
+ *
+ * Why not a temporary table: the binary COPY path writes every query row
+ * into a heap (and its WAL-free buffers), then the join reads it back
+ * through SPI; here each row goes straight from the message into the
+ * matrix the join uses, and the receiving overlaps the coordinator's
+ * encoding of the next block. What a caller can do with it is what
+ * knn_join lets it do: fill its own backend's memory with query rows
+ * (checked like any other: the type's receive function, then knn_input's
+ * reader) and join them with a targets text it runs with its own rights.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "lib/stringinfo.h"
+#include "libpq/pqformat.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+
+#include "knn_shard_receive.h"
+
+/* A row's fixed part: int32 8, int64 id, int32 vector length. */
+#define ROW_HEADER_BYTES 16
+#define ROWS_PER_INTERRUPT_CHECK 1024
+
+typedef struct ReceivedSet
+{
+	int64		set;
+	Oid			vector_type;
+	const KnnVectorReader *reader;	/* the type's own element */
+	FmgrInfo	receive;
+	Oid			receive_ioparam;
+	KnnMatrix	matrix;
+	MemoryContext context;		/* holds all of it; under TopTransactionContext */
+	int			level;			/* deepest (sub)transaction that added rows */
+} ReceivedSet;
+
+static ReceivedSet *held = NULL;
+
+static void
+drop_held(void)
+{
+	if (held != NULL)
+		MemoryContextDelete(held->context);
+	held = NULL;
+}
+
+/* The transaction's end deletes TopTransactionContext, and the set with it. */
+static void
+received_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			held = NULL;
+			break;
+		case XACT_EVENT_PRE_PREPARE:
+			drop_held();
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * A subtransaction that added rows and aborts takes the set with it (a
+ * coordinator rolled back to its savepoint there); one that commits hands
+ * them to its parent.
+ */
+static void
+received_subxact_callback(SubXactEvent event, SubTransactionId sub, SubTransactionId parent,
+						  void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (held == NULL)
+		return;
+	if (event == SUBXACT_EVENT_ABORT_SUB && held->level >= level)
+		drop_held();
+	else if (event == SUBXACT_EVENT_COMMIT_SUB && held->level >= level)
+		held->level = level - 1;
+}
+
+static void
+register_callbacks(void)
+{
+	static bool registered = false;
+
+	if (registered)
+		return;
+	RegisterXactCallback(received_xact_callback, NULL);
+	RegisterSubXactCallback(received_subxact_callback, NULL);
+	registered = true;
+}
+
+/* The vector types a set may hold: base types of the kinds knn_join ships. */
+static const KnnVectorReader *
+received_type_reader(Oid type)
+{
+	KnnVectorKind kind = knn_vector_kind(type);
+
+	if (getBaseType(type) != type ||
+		(kind != KNN_VECTOR_TYPE && kind != KNN_VECTOR_HALFVEC && kind != KNN_VECTOR_BIT))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("knn_shard_receive_queries receives vector, halfvec or bit values, not %s",
+						format_type_be(type))));
+	return knn_vector_reader(kind);
+}
+
+static ReceivedSet *
+start_set(int64 set, Oid type)
+{
+	MemoryContext context = AllocSetContextCreate(TopTransactionContext,
+												  "knn_gpu received queries",
+												  ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(context);
+	ReceivedSet *s = palloc0(sizeof(ReceivedSet));
+	Oid			receive;
+
+	s->set = set;
+	s->vector_type = type;
+	s->context = context;
+	s->reader = received_type_reader(type);
+	getTypeBinaryInputInfo(type, &receive, &s->receive_ioparam);
+	fmgr_info_cxt(receive, &s->receive, context);
+	knn_matrix_init(&s->matrix, "query", s->reader->element);
+	MemoryContextSwitchTo(old);
+	return s;
+}
+
+static void
+malformed(int64 row, const char *what, int64 detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_BINARY_REPRESENTATION),
+			 errmsg("knn_shard_receive_queries: malformed block: row " INT64_FORMAT " %s (" INT64_FORMAT ")",
+					row, what, detail),
+			 errdetail("A block holds rows of (int32 8, int64 id, int32 n, n bytes of the vector's send form).")));
+}
+
+/*
+ * knn_shard_receive_queries(set bigint, vector_type regtype, block bytea):
+ * appends the block's rows to received set `set` (a new set drops the one
+ * held); the rows held.
+ */
+PG_FUNCTION_INFO_V1(knn_shard_receive_queries);
+Datum
+knn_shard_receive_queries(PG_FUNCTION_ARGS)
+{
+	int64		set = PG_GETARG_INT64(0);
+	Oid			type = PG_GETARG_OID(1);
+	bytea	   *block = PG_GETARG_BYTEA_PP(2);
+	StringInfoData rows;		/* the block, read as a message */
+	int64		row = 0;
+	MemoryContext row_context;
+	StringInfoData value;
+
+	register_callbacks();
+	if (held != NULL && held->set != set)
+		drop_held();
+	if (held == NULL)
+		held = start_set(set, type);
+	else if (held->vector_type != type)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("received query set " INT64_FORMAT " holds %s values, not %s",
+						set, format_type_be(held->vector_type), format_type_be(type))));
+	/* before any row: a subtransaction that fails from here on takes the set */
+	held->level = Max(held->level, GetCurrentTransactionNestLevel());
+
+	row_context = AllocSetContextCreate(CurrentMemoryContext, "knn_gpu received row",
+										ALLOCSET_DEFAULT_SIZES);
+	initStringInfo(&value);
+	rows.data = VARDATA_ANY(block);
+	rows.len = VARSIZE_ANY_EXHDR(block);
+	rows.maxlen = rows.len;
+	rows.cursor = 0;
+	while (rows.cursor < rows.len)
+	{
+		int32		id_length;
+		int64		id;
+		int32		n;
+		Datum		vector;
+		MemoryContext old;
+
+		if (rows.len - rows.cursor < ROW_HEADER_BYTES)
+			malformed(row, "is cut short: bytes left", rows.len - rows.cursor);
+		id_length = (int32) pq_getmsgint(&rows, 4);
+		if (id_length != 8)
+			malformed(row, "has an id field that is not 8 bytes long", id_length);
+		id = pq_getmsgint64(&rows);
+		n = (int32) pq_getmsgint(&rows, 4);
+		if (n < 0 || n > rows.len - rows.cursor)
+			malformed(row, "has a vector length past the block's end", n);
+
+		/* a receive function reads a StringInfo ending in '\0', as COPY gives it */
+		resetStringInfo(&value);
+		appendBinaryStringInfo(&value, pq_getmsgbytes(&rows, n), n);
+		old = MemoryContextSwitchTo(row_context);
+		vector = ReceiveFunctionCall(&held->receive, &value, held->receive_ioparam, -1);
+		MemoryContextSwitchTo(old);
+		if (value.cursor != value.len)
+			malformed(row, "has bytes after its vector's send form", value.len - value.cursor);
+		knn_matrix_append(&held->matrix, id, vector, held->reader);
+		MemoryContextReset(row_context);
+		if (++row % ROWS_PER_INTERRUPT_CHECK == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(value.data);
+	MemoryContextDelete(row_context);
+	PG_RETURN_INT64(held->matrix.n);
+}
+
+Oid
+knn_received_queries_type(int64 set)
+{
+	if (held == NULL || held->set != set)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("no received query set " INT64_FORMAT " in this transaction", set),
+				 errhint("knn_shard_receive_queries() ships the rows first, in the same transaction.")));
+	return held->vector_type;
+}
+
+void
+knn_received_queries_take(int64 set, KnnMatrix *queries)
+{
+	ReceivedSet *s;
+	const KnnVectorReader *reader;
+
+	(void) knn_received_queries_type(set);
+	s = held;
+	held = NULL;
+	if (queries->element == s->matrix.element)
+	{
+		/* the rows as received: their memory now lives as long as the matrix's */
+		MemoryContextSetParent(s->context, queries->context);
+		*queries = s->matrix;
+		return;
+	}
+
+	/*
+	 * Read as another element (vector rows as halfvec): each received row
+	 * is the vector's elements as its receive function gave them, so the
+	 * reader sees what it would see in the value.
+	 */
+	reader = knn_vector_reader_for(knn_vector_kind(s->vector_type), queries->element);
+	if (reader == NULL)
+	{
+		MemoryContextDelete(s->context);
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("received %s query values cannot join as this join's element type",
+						format_type_be(s->vector_type))));
+	}
+	PG_TRY();
+	{
+		for (int64 r = 0; r < s->matrix.n; r++)
+		{
+			KnnVectorView view;
+
+			view.dim = s->matrix.dim;
+			view.elements = s->matrix.values + (Size) r * s->matrix.row_bytes;
+			knn_matrix_append_view(queries, s->matrix.ids[r], &view, reader);
+			if (r % ROWS_PER_INTERRUPT_CHECK == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+	}
+	PG_FINALLY();
+	{
+		MemoryContextDelete(s->context);
+	}
+	PG_END_TRY();
+}

@@ -1,0 +1,40 @@
+/*
+ * knn_shard_receive.h -- a shard's end of a sharded knn_join's query rows
+ * shipped in blocks (knn_shard_remote.h's knn_shard_remote_ship_blocks):
+ * knn_shard_receive_queries(set, vector_type, block) reads each block's
+ * rows through the vector type's own binary receive function into a
+ * matrix held in this backend's memory for the rest of the transaction,
+ * and knn_join_received_packed(set, targets, ...) (knn_range_join_received)
+ * joins that matrix, with no table in between.
+ *
+ * A block is rows of (int32 8, int64 id, int32 n, n bytes of the vector's
+ * send form), all integers in network byte order: the fields of a binary
+ * COPY row of (int8, vector) without its field count, so the values are
+ * those the COPY path gives, bit for bit. Blocks are hostile input: every
+ * length is checked against the block before it is read.
+ *
+ * A set is named by its number (the coordinator's, unique per connection);
+ * one set is held at a time, and a new number drops the old set. It goes
+ * at the end of the transaction, at the abort of a subtransaction that
+ * added to it, or when the join takes it.
+ */
+#ifndef KNN_SHARD_RECEIVE_H
+#define KNN_SHARD_RECEIVE_H
+
+#include "postgres.h"
+
+#include "knn_matrix.h"
+
+/* The type of the vectors of received set `set`; ERROR when it is not held. */
+extern Oid	knn_received_queries_type(int64 set);
+
+/*
+ * Moves received set `set` into `queries` (knn_matrix_init'ed with the
+ * element the join reads it as, in the context the matrix must live in):
+ * the rows as received, or read again as that element (vector rows read as
+ * halfvec, as the COPY path's join would read them). The set is no longer
+ * held afterwards.
+ */
+extern void knn_received_queries_take(int64 set, KnnMatrix *queries);
+
+#endif							/* KNN_SHARD_RECEIVE_H */
