@@ -1093,13 +1093,6 @@ read_range_arguments(FunctionCallInfo fcinfo, KnnJoinCall *call, const KnnRangeA
 }
 
 /*
- * knn_range_join(queries, targets, radius, metric, exclude_self, k,
- * inclusive, method, params): every pair within radius (k: at most that
- * many per query, NULL = all), through the same reading, keys and
- * statistics as knn_join; the engine's range job hands its pairs over while
- * it works, so it never holds more than a bounded number of them.
- */
-/*
  * knn_range_join_received(set, targets, radius, metric, exclude_self, k,
  * inclusive, method): knn_range_join whose queries are the rows a
  * coordinator shipped into this transaction (knn_shard_receive.h).
@@ -1120,6 +1113,13 @@ knn_range_join_received(PG_FUNCTION_ARGS)
 	PG_RETURN_NULL();
 }
 
+/*
+ * knn_range_join(queries, targets, radius, metric, exclude_self, k,
+ * inclusive, method, params): every pair within radius (k: at most that
+ * many per query, NULL = all), through the same reading, keys and
+ * statistics as knn_join; the engine's range job hands its pairs over while
+ * it works, so it never holds more than a bounded number of them.
+ */
 PG_FUNCTION_INFO_V1(knn_range_join);
 Datum
 knn_range_join(PG_FUNCTION_ARGS)

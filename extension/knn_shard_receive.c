@@ -22,6 +22,7 @@
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 
 #include "knn_shard_receive.h"
 
@@ -121,18 +122,30 @@ received_type_reader(Oid type)
 static ReceivedSet *
 start_set(int64 set, Oid type)
 {
-	MemoryContext context = AllocSetContextCreate(TopTransactionContext,
-												  "knn_gpu received queries",
-												  ALLOCSET_DEFAULT_SIZES);
-	MemoryContext old = MemoryContextSwitchTo(context);
-	ReceivedSet *s = palloc0(sizeof(ReceivedSet));
+	const KnnVectorReader *reader;
 	Oid			receive;
+	Oid			receive_ioparam;
+	MemoryContext context;
+	MemoryContext old;
+	ReceivedSet *s;
 
+	/* checked before the set's memory exists, which a failed check would leave behind */
+	if (!SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(type)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("knn_shard_receive_queries: type with OID %u does not exist", type)));
+	reader = received_type_reader(type);
+	getTypeBinaryInputInfo(type, &receive, &receive_ioparam);
+
+	context = AllocSetContextCreate(TopTransactionContext, "knn_gpu received queries",
+									ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(context);
+	s = palloc0(sizeof(ReceivedSet));
 	s->set = set;
 	s->vector_type = type;
 	s->context = context;
-	s->reader = received_type_reader(type);
-	getTypeBinaryInputInfo(type, &receive, &s->receive_ioparam);
+	s->reader = reader;
+	s->receive_ioparam = receive_ioparam;
 	fmgr_info_cxt(receive, &s->receive, context);
 	knn_matrix_init(&s->matrix, "query", s->reader->element);
 	MemoryContextSwitchTo(old);

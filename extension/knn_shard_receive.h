@@ -16,7 +16,9 @@
  * A set is named by its number (the coordinator's, unique per connection);
  * one set is held at a time, and a new number drops the old set. It goes
  * at the end of the transaction, at the abort of a subtransaction that
- * added to it, or when the join takes it.
+ * added to it (the whole set, also the rows added before that savepoint:
+ * unlike a temporary table's rows; the coordinator ships within one
+ * level), or when the join takes it.
  */
 #ifndef KNN_SHARD_RECEIVE_H
 #define KNN_SHARD_RECEIVE_H

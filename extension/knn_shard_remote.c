@@ -245,23 +245,27 @@ exec_checked(KnnShardRemote *shard, const char *sql, int expected)
 	"    OR (x.extname = 'vector' AND p.prosrc = '" pgvector_input "'))" \
 	" ORDER BY x.extname = 'knn_gpu' DESC LIMIT 1)"
 
+/*
+ * Does knn_gpu's function of that signature exist there, and may the
+ * mapped user run it? (A function it may not run means the older way: a
+ * shard's administrator may have revoked it.)
+ */
+#define REMOTE_CALLABLE_SQL(signature) \
+	"COALESCE(pg_catalog.has_function_privilege(pg_catalog.to_regprocedure(" \
+	"pg_catalog.quote_ident(n.nspname) || '." signature "'), 'EXECUTE'), false)"
+
 static const char remote_check_sql[] =
 	"SELECT pg_catalog.quote_ident(n.nspname), e.extversion, "
 	REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ", "
 	REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ", "
 	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
 	"'.knn_join(text,text,integer,text,boolean,text)') IS NOT NULL, "
-	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_join_packed(text,text,integer,text,boolean,text)') IS NOT NULL, "
+	REMOTE_CALLABLE_SQL("knn_join_packed(text,text,integer,text,boolean,text)") ", "
 	"pg_catalog.current_setting('block_size'), "
-	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_shard_receive_queries(bigint,regtype,bytea)') IS NOT NULL AND "
-	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_join_received_packed(bigint,text,integer,text,boolean,text)') IS NOT NULL, "
-	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_shard_receive_queries(bigint,regtype,bytea)') IS NOT NULL AND "
-	"pg_catalog.to_regprocedure(pg_catalog.quote_ident(n.nspname) || "
-	"'.knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)') IS NOT NULL "
+	REMOTE_CALLABLE_SQL("knn_shard_receive_queries(bigint,regtype,bytea)") " AND "
+	REMOTE_CALLABLE_SQL("knn_join_received_packed(bigint,text,integer,text,boolean,text)") ", "
+	REMOTE_CALLABLE_SQL("knn_shard_receive_queries(bigint,regtype,bytea)") " AND "
+	REMOTE_CALLABLE_SQL("knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)") " "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 

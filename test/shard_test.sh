@@ -166,6 +166,8 @@ CREATE FOREIGN TABLE big_2 PARTITION OF big FOR VALUES WITH (MODULUS 2, REMAINDE
 INSERT INTO big SELECT i, gen_vec(i, 96) FROM generate_series(1, 30000) i;
 -- many queries (shipping them takes a while), for cancels while they are shipped
 CREATE TABLE bigq AS SELECT b.id * 10 + g AS id, b.v FROM big b, generate_series(0, 9) g;
+-- big's rows on this server, for a one-server answer to a join of many queries
+CREATE TABLE big_here AS SELECT * FROM big;
 
 -- the shards' temporary tables, seen from the coordinator's own remote sessions
 CREATE FOREIGN TABLE shard1_pg_class (relname name, relpersistence "char")
@@ -350,6 +352,12 @@ refused "rows of different dimensions" 'dimension mismatch: query id 2 has 3 dim
   "SELECT knn_shard_receive_queries(1, 'vector', $R(1) || int4send(length($VEC2)) || $VEC2 || $R(2) || int4send(16) || knn_vector_send('[1,2,3]'))"
 refused "a type that is not a vector" 'knn_shard_receive_queries receives vector, halfvec or bit values, not integer' \
   "SELECT knn_shard_receive_queries(1, 'integer', '')"
+refused "a type OID that names no type" 'knn_shard_receive_queries: type with OID 0 does not exist' \
+  "SELECT knn_shard_receive_queries(1, 0::oid::regtype, '')"
+# a refused type leaves no memory behind, even inside one transaction
+check "refused types hold no memory in the transaction" "0" \
+  "$(sql 1 -c "BEGIN" -c "DO \$\$ BEGIN FOR i IN 1 .. 50 LOOP BEGIN PERFORM knn_shard_receive_queries(i, 'integer', ''); EXCEPTION WHEN datatype_mismatch THEN NULL; END; END LOOP; END \$\$" \
+     -c "SELECT count(*) FROM pg_backend_memory_contexts WHERE name = 'knn_gpu received queries'" -c "COMMIT" 2>&1 | grep -E '^[0-9]+$')"
 refused "another type for the same set" 'received query set 5 holds vector values, not halfvec' \
   "BEGIN; SELECT knn_shard_receive_queries(5, 'vector', ''); SELECT knn_shard_receive_queries(5, 'halfvec', '')"
 refused "a join of a set never received" 'no received query set 99 in this transaction' \
@@ -609,6 +617,11 @@ check "... shard1 received the rows in memory, shard2 read them from a temporary
     -c "SELECT count(*) > 0 FROM knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5)" \
     -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_range_join_received(%' FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1)"
 back_on_shard2 knn_range_join_received "$RANGE_ARGS"
+# 15000 queries, about 6 MB: several 1 MB blocks to each shard, more than
+# are encoded ahead of the slowest shard, so blocks are reused as they go
+same_as_one_server "knn_join of 15000 queries, shipped in several blocks to each shard" 2 \
+  "knn_join('SELECT id, v FROM bigq WHERE id % 20 = 0', 'SELECT id, v FROM big', 3)" \
+  "knn_join('SELECT id, v FROM bigq WHERE id % 20 = 0', 'SELECT id, v FROM big_here', 3)"
 same_as_one_server "knn_join with bound parameters (a custom plan: the values go to the shards)" 2 \
   "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h WHERE cat <> \$1::int AND id > \$2', 5, ARRAY['2', '40'])" \
   "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all WHERE cat <> 2 AND id > 40', 5)"
