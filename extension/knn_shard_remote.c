@@ -731,17 +731,16 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
 
 /*
  * After an error here, sends what is still queued (the rest of a block's
- * message), ignoring interrupts but not for longer than
- * FAIL_COPY_TIMEOUT_MS, and makes the connection blocking again:
- * postgres_fdw's abort cleanup then reads the shard's answer, cancels what
- * still runs and rolls back its transaction, the received rows with it.
+ * message: a shard reading a message does not see a cancel), ignoring
+ * interrupts but not past deadline (one for all shards), and makes the
+ * connection blocking again: postgres_fdw's abort cleanup then reads the
+ * shard's answer, cancels what still runs and rolls back its transaction,
+ * the received rows with it. A message still unsent at the deadline (a
+ * stalled shard) is left to that cleanup, which gives the connection up.
  */
 static void
-fail_blocks(KnnShardRemote *shard)
+fail_blocks(KnnShardRemote *shard, TimestampTz deadline)
 {
-	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-													   FAIL_COPY_TIMEOUT_MS);
-
 	shard->sending = false;
 	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
@@ -849,11 +848,14 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	}
 	PG_CATCH();
 	{
+		TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
+														   FAIL_COPY_TIMEOUT_MS);
+
 		if (events != NULL)
 			FreeWaitEventSet(events);
 		for (int s = 0; s < n_shards; s++)
 			if (shards[s]->sending)
-				fail_blocks(shards[s]);
+				fail_blocks(shards[s], deadline);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
