@@ -10,9 +10,12 @@
 // pointer); only the last segment grows in place (a segment below another
 // one that grows moves to the top, as a realloc would). Offset 0 holds a
 // job's WireHeader (gpu_service_wire.h), one job at a time. The memfd is
-// sealed against shrinking from the start (the service's mapping of a
-// validated header never faults), not against growing: it grows with
-// fallocate, so that a lack of memory is an error here, not a SIGBUS.
+// sealed against shrinking (not against growing: it grows); that seal
+// keeps nothing safe -- a hole can still be punched -- which is why the
+// service never maps it (it reads and writes the job with pread and
+// pwrite, gpu_service_wire.h). Pages are backed with fallocate before
+// they are written, so that a lack of memory is an error here, not a
+// SIGBUS in this process.
 // Once no segment is live, pages past what the last join used (at most
 // kKeepBytes) are given back (a hole punched; the size stays).
 //
