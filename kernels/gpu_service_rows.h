@@ -16,8 +16,13 @@
 // pwrite, gpu_service_wire.h). Pages are backed with fallocate before
 // they are written, so that a lack of memory is an error here, not a
 // SIGBUS in this process.
-// Once no segment is live, pages past what the last join used (at most
-// kKeepBytes) are given back (a hole punched; the size stays).
+// The memfd's size and the mapping grow ahead of need (address space and
+// a sparse file cost nothing); only what a segment's owner asked to write
+// is backed (fallocate), in steps of 2 MB, so that the pages allocated
+// stay close to the rows read (knn_matrix.c asks in such steps). A segment
+// that moves leaves a hole (its pages go back), which a later segment may
+// fill. Once no segment is live, pages past what the last join used (at
+// most kKeepBytes) are given back (a hole punched; the size stays).
 //
 // A job that ended without the service's answer (a backend that gave up
 // after a cancel, a service that died) spoils the arena: the service may
@@ -36,8 +41,11 @@
 namespace knn::service {
 
 // Pages an empty arena keeps for the next join (what the last one used, up
-// to this much); the rest goes back to the system.
-constexpr uint64_t kKeepBytes = uint64_t{256} << 20;
+// to this much); the rest goes back to the system. Per backend that used
+// the service: 200 idle connections keep at most 200 x 64 MB = 12.5 GB
+// (README, knn_gpu.gpu_service); a join of 100000 x 128 float rows (51 MB,
+// the sessions benchmark's) reuses its pages join after join.
+constexpr uint64_t kKeepBytes = uint64_t{64} << 20;
 
 class Arena;
 

@@ -810,8 +810,17 @@ TEST_F(GpuService, OneJobAtATimeHoldsTheSharedBuffer) {
   EXPECT_FALSE(second.in_shared_rows());
 }
 
-// A segment grows in place at the top, and moves (contents kept) when
-// another lies above it; an emptied buffer stays for the next join.
+// The bytes the shared row buffer's memfd has allocated.
+uint64_t allocated_bytes(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+}
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// A segment grows in place at the top and within the room it was given,
+// and moves (contents kept) when another lies above it; an emptied buffer
+// keeps the pages its last use needed (up to kKeepBytes), no more.
 TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   const ArenaState start = current_arena_state();
   KnnSharedRows *a = knn_shared_rows_create(1000);
@@ -820,14 +829,21 @@ TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   KnnSharedRows *b = knn_shared_rows_create(100);
   ASSERT_NE(b, nullptr);
   void *b_data = knn_shared_rows_data(b);
-  ASSERT_EQ(knn_shared_rows_grow(b, size_t{300} << 20), 1);  // past kKeepBytes
+  ASSERT_EQ(knn_shared_rows_grow(b, 100 * kMiB), 1);  // past kKeepBytes
   EXPECT_EQ(knn_shared_rows_data(b), b_data) << "the top segment moved";
   void *a_data = knn_shared_rows_data(a);
   ASSERT_EQ(knn_shared_rows_grow(a, 5000), 1);
+  EXPECT_EQ(knn_shared_rows_data(a), a_data) << "a moved within the step it was given";
+  ASSERT_EQ(knn_shared_rows_grow(a, 3 * kMiB), 1);
   EXPECT_NE(knn_shared_rows_data(a), a_data);
   const auto *bytes = static_cast<const unsigned char *>(knn_shared_rows_data(a));
   EXPECT_EQ(std::count(bytes, bytes + 1000, 0x5a), 1000);
   EXPECT_EQ(knn_shared_rows_grow(a, uint64_t{1} << 50), 0) << "beyond the reservation";
+  const int fd = current_arena_state().fd;
+  // Live: a (3 MB, stepped to 4), b (100 MB), the header, and at most the
+  // pages an earlier test's join left kept under a's old place.
+  EXPECT_LE(allocated_bytes(fd), 108 * kMiB);
+  EXPECT_GE(allocated_bytes(fd), 103 * kMiB);
   knn_shared_rows_free(a);
   knn_shared_rows_free(b);
   knn_shared_rows_free(nullptr);
@@ -836,10 +852,39 @@ TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   if (start.fd >= 0) {
     EXPECT_EQ(inode_of(end.fd), inode_of(start.fd));
   }
-  // Past what the last use needed (and kKeepBytes), the pages went back.
-  struct stat st;
-  ASSERT_EQ(fstat(end.fd, &st), 0);
-  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, kKeepBytes);
+  // The last use reached past kKeepBytes: kKeepBytes stay (b's pages under it).
+  EXPECT_EQ(allocated_bytes(end.fd), kKeepBytes);
+  // A small use: what it needed stays (its pages are reused), the rest goes.
+  KnnSharedRows *c = knn_shared_rows_create(10 * kMiB);
+  ASSERT_NE(c, nullptr);
+  knn_shared_rows_free(c);
+  EXPECT_GE(allocated_bytes(end.fd), 10 * kMiB);
+  EXPECT_LE(allocated_bytes(end.fd), 12 * kMiB + 4096);
+}
+
+// Pages are allocated for what is asked, in 2 MB steps, not ahead: two
+// segments growing by turns (as two matrices read row by row) end with
+// about their rows' bytes allocated, not twice that.
+TEST_F(GpuService, TheSharedBufferBacksWhatIsAsked) {
+  const uint64_t row = 3000;  // bytes per row
+  KnnSharedRows *rows[2] = {knn_shared_rows_create(2 * kMiB), knn_shared_rows_create(2 * kMiB)};
+  ASSERT_NE(rows[0], nullptr);
+  ASSERT_NE(rows[1], nullptr);
+  uint64_t asked[2] = {2 * kMiB, 2 * kMiB};
+  for (uint64_t n = 0; n < 15000; n++) {  // 45 MB each
+    for (int i = 0; i < 2; i++) {
+      if ((n + 1) * row <= asked[i]) continue;
+      asked[i] = ((n + 1) * row + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+      ASSERT_EQ(knn_shared_rows_grow(rows[i], asked[i]), 1);
+      std::memset(static_cast<char *>(knn_shared_rows_data(rows[i])) + n * row, 1, row);
+    }
+  }
+  const uint64_t written = 2 * 15000 * row;
+  const uint64_t allocated = allocated_bytes(current_arena_state().fd);
+  EXPECT_GE(allocated, written);
+  EXPECT_LE(allocated, written + 4 * 2 * kMiB + kKeepBytes / 8) << "backed ahead of the rows";
+  knn_shared_rows_free(rows[0]);
+  knn_shared_rows_free(rows[1]);
 }
 
 // A join left without the service's answer (a cancel the service did not
