@@ -280,7 +280,10 @@ permute_rows_in_place(KnnMatrix *m, const IdRow *order, int64 rows_per_slice)
 	{
 		int64		j = start;
 
-		if (done[start])
+		/* Rows in place cost no copy; a nearly sorted matrix is mostly them. */
+		if (start % rows_per_slice == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (done[start] || order[start].row == start)
 			continue;
 		memcpy(held, m->values + start * m->row_bytes, m->row_bytes);
 		for (;;)
