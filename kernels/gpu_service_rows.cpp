@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,13 +34,21 @@ constexpr uint64_t kPage = 4096;
 // asked for; the file's size and the mapping grow ahead, for free.
 constexpr uint64_t kStep = uint64_t{2} << 20;
 constexpr uint64_t kFirstBytes = uint64_t{4} << 20;
-// Address space reserved for one arena (PROT_NONE until the memfd covers
-// it); a smaller one where that much is refused (RLIMIT_AS).
-constexpr uint64_t kReserveBytes[] = {uint64_t{1} << 40, uint64_t{1} << 36, uint64_t{1} << 32};
+constexpr uint64_t kMostReserved = uint64_t{1} << 40;
+constexpr uint64_t kLeastReserved = uint64_t{256} << 20;
 
 uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
+void forget_current(const Arena *spoilt);
+
 }  // namespace
+
+uint64_t reservation_bytes(uint64_t address_space_limit) {
+  // A quarter of the limit at most: the rest is the backend's.
+  const uint64_t quarter = address_space_limit / 4 / kStep * kStep;
+  if (quarter < kLeastReserved) return 0;
+  return std::min(kMostReserved, quarter);
+}
 
 class Arena {
  public:
@@ -47,7 +56,14 @@ class Arena {
     std::shared_ptr<Arena> a(new Arena());
     a->fd = memfd_create("knn_gpu_rows", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (a->fd < 0 || fcntl(a->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) return nullptr;
-    for (uint64_t reserve : kReserveBytes) {
+    // The reservation counts against RLIMIT_AS (ulimit -v): sized from it,
+    // or no buffer at all under a small one (the rows go elsewhere).
+    rlimit limit{};
+    const uint64_t most =
+        getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY
+            ? kMostReserved
+            : reservation_bytes(static_cast<uint64_t>(limit.rlim_cur));
+    for (uint64_t reserve = most; reserve >= kLeastReserved; reserve /= 16) {
       void *p = mmap(nullptr, reserve, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                      -1, 0);
       if (p == MAP_FAILED) continue;
@@ -84,7 +100,10 @@ class Arena {
     void *p = mmap(base + size, want - size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd,
                    static_cast<off_t>(size));
     if (p == MAP_FAILED) {
-      spoilt = true;  // the reservation may have a gap now: never use it again
+      // The reservation may have a gap now: never use it again, and the
+      // next segment starts a new arena rather than the memory of its own.
+      spoilt = true;
+      forget_current(this);
       return false;
     }
     size = want;
@@ -235,6 +254,11 @@ namespace {
 
 std::mutex current_mutex;
 std::shared_ptr<Arena> current;  // where new segments go; reset when spoilt
+
+void forget_current(const Arena *spoilt) {
+  std::lock_guard<std::mutex> lock(current_mutex);  // after the arena's: that order only
+  if (current.get() == spoilt) current.reset();
+}
 
 std::shared_ptr<Arena> current_arena(bool make) {
   std::lock_guard<std::mutex> lock(current_mutex);

@@ -85,6 +85,10 @@ class ArenaJob {
 std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes,
                                         const void *targets, uint64_t target_bytes);
 
+// The address space an arena reserves under an RLIMIT_AS of this many
+// bytes (a quarter of it, up to 1 TB), or 0: no shared row buffer.
+uint64_t reservation_bytes(uint64_t address_space_limit);
+
 // For tests: the arena of the current segments' process (fd, size), and
 // whether a new segment would start a new arena.
 struct ArenaState {

@@ -862,6 +862,14 @@ TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   EXPECT_LE(allocated_bytes(end.fd), 12 * kMiB + 4096);
 }
 
+// The buffer's reservation of address space counts against RLIMIT_AS: a
+// quarter of the limit at most, none under a small one.
+TEST_F(GpuService, TheReservationFitsTheAddressSpaceLimit) {
+  EXPECT_EQ(reservation_bytes(uint64_t{1} << 62), uint64_t{1} << 40);
+  EXPECT_EQ(reservation_bytes(uint64_t{8} << 30), uint64_t{2} << 30);
+  EXPECT_EQ(reservation_bytes(uint64_t{512} << 20), 0u);
+}
+
 // Pages are allocated for what is asked, in 2 MB steps, not ahead: two
 // segments growing by turns (as two matrices read row by row) end with
 // about their rows' bytes allocated, not twice that.
