@@ -210,6 +210,7 @@ bool PreparedJob::prepare_in_arena(const KnnProblem &p, bool shared_rows, bool s
   base_ = base;
   size_ = lease->size();
   arena_ = std::move(lease);
+  count_job_in_arena();
   return true;
 }
 

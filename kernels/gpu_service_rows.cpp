@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -41,7 +42,14 @@ uint64_t round_up(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 void forget_current(const Arena *spoilt);
 
+// knn_shared_rows_live, _jobs and _fail_growth (tests).
+std::atomic<int64_t> live_segments{0};
+std::atomic<int64_t> jobs_in_arena{0};
+std::atomic<bool> growth_fails{false};
+
 }  // namespace
+
+void count_job_in_arena() { jobs_in_arena++; }
 
 uint64_t reservation_bytes(uint64_t address_space_limit) {
   // A quarter of the limit at most: the rest is the backend's.
@@ -187,12 +195,13 @@ class Arena {
     if (!settle(s.get(), bytes, round_up(std::max<uint64_t>(bytes, 1), kPage))) return nullptr;
     s->arena = self;
     s->capacity = bytes;
+    live_segments++;
     return s.release();
   }
 
   bool grow(KnnSharedRows *s, uint64_t bytes) {
     if (bytes <= s->capacity) return true;
-    if (spoilt) return false;
+    if (spoilt || growth_fails.load()) return false;
     const auto it = std::find(live.begin(), live.end(), s);
     const bool top = it + 1 == live.end();
     if (top || bytes <= s->room) {  // in place
@@ -218,6 +227,7 @@ class Arena {
 
   void remove(KnnSharedRows *s) {
     live.erase(std::find(live.begin(), live.end(), s));
+    live_segments--;
     if (!live.empty()) give_back(std::max(s->offset, kept), s->offset + s->backed);
     trim_if_idle();
   }
@@ -382,5 +392,9 @@ void knn_shared_rows_free(KnnSharedRows *rows) {
     return KNN_OK;
   });
 }
+
+int64_t knn_shared_rows_live(void) { return knn::service::live_segments.load(); }
+int64_t knn_shared_rows_jobs(void) { return knn::service::jobs_in_arena.load(); }
+void knn_shared_rows_fail_growth(int fail) { knn::service::growth_fails.store(fail != 0); }
 
 }  // extern "C"

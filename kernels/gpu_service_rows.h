@@ -89,6 +89,9 @@ std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_byte
 // bytes (a quarter of it, up to 1 TB), or 0: no shared row buffer.
 uint64_t reservation_bytes(uint64_t address_space_limit);
 
+// Counts a job sent in the shared row buffer (knn_shared_rows_jobs).
+void count_job_in_arena();
+
 // For tests: the arena of the current segments' process (fd, size), and
 // whether a new segment would start a new arena.
 struct ArenaState {
