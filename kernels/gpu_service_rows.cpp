@@ -271,8 +271,14 @@ void forget_current(const Arena *spoilt) {
 }
 
 std::shared_ptr<Arena> current_arena(bool make) {
+  {
+    std::lock_guard<std::mutex> lock(current_mutex);
+    if (current != nullptr || !make) return current;
+  }
+  // Made outside current_mutex: a failing mmap in it calls forget_current.
+  std::shared_ptr<Arena> made = Arena::make();
   std::lock_guard<std::mutex> lock(current_mutex);
-  if (current == nullptr && make) current = Arena::make();
+  if (current == nullptr) current = std::move(made);
   return current;
 }
 

@@ -102,36 +102,31 @@ const char *tmpfs_header(int memfd, WireHeader *h, uint64_t *size) {
   return nullptr;
 }
 
-// Whole-region pread/pwrite: false (errno set) on an error or a file that
-// ends first (the peer cut it: its own answer is spoilt, nothing more).
-bool read_region(int memfd, unsigned char *to, uint64_t length, uint64_t offset) {
+// Whole-region pread or pwrite (io): false (errno set) on an error or a
+// file that ends first (the peer cut it: its own answer is spoilt, nothing
+// more).
+template <typename Io, typename Byte>
+bool whole_region(Io io, int memfd, Byte *bytes, uint64_t length, uint64_t offset) {
   while (length > 0) {
-    const ssize_t n = pread(memfd, to, length, static_cast<off_t>(offset));
+    const ssize_t n = io(memfd, bytes, length, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       if (n == 0) errno = EIO;
       return false;
     }
-    to += n;
+    bytes += n;
     length -= static_cast<uint64_t>(n);
     offset += static_cast<uint64_t>(n);
   }
   return true;
 }
 
+bool read_region(int memfd, unsigned char *to, uint64_t length, uint64_t offset) {
+  return whole_region(pread, memfd, to, length, offset);
+}
+
 bool write_region(int memfd, const unsigned char *from, uint64_t length, uint64_t offset) {
-  while (length > 0) {
-    const ssize_t n = pwrite(memfd, from, length, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      return false;
-    }
-    from += n;
-    length -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
-  return true;
+  return whole_region(pwrite, memfd, from, length, offset);
 }
 
 // The service's own copy of a validated job: its regions packed in memory
@@ -146,7 +141,9 @@ struct JobCopy {
   // nullptr, or why not (*status: what to answer).
   const char *read(int memfd, const WireHeader &h, KnnStatus *status) {
     packed = packed_layout(h, &size);
-    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // MAP_POPULATE: the pages come in one call, not one fault each.
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (p == MAP_FAILED) {
       *status = KNN_OUT_OF_MEMORY;
       return "the GPU service has no memory for the job's rows";
