@@ -23,6 +23,7 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include "fmgr.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -318,4 +319,32 @@ knn_gpu_service_main(Datum arg)
 	knn_gpu_service_close(service);
 	service = NULL;
 	proc_exit(0);
+}
+
+/*
+ * Test hooks of the shared row buffer (sql/knn_gpu_service.sql declares
+ * them; not part of the extension's SQL API, so only a superuser can):
+ * segments live in this backend, jobs it sent in the buffer, and making
+ * every later growth of a segment fail.
+ */
+PG_FUNCTION_INFO_V1(knn_gpu_service_test_rows_live);
+Datum
+knn_gpu_service_test_rows_live(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(knn_shared_rows_live());
+}
+
+PG_FUNCTION_INFO_V1(knn_gpu_service_test_rows_jobs);
+Datum
+knn_gpu_service_test_rows_jobs(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(knn_shared_rows_jobs());
+}
+
+PG_FUNCTION_INFO_V1(knn_gpu_service_test_rows_fail_growth);
+Datum
+knn_gpu_service_test_rows_fail_growth(PG_FUNCTION_ARGS)
+{
+	knn_shared_rows_fail_growth(PG_GETARG_BOOL(0) ? 1 : 0);
+	PG_RETURN_VOID();
 }

@@ -38,7 +38,21 @@ typedef struct KnnMatrixSharedRows
 {
 	MemoryContextCallback callback;
 	KnnSharedRows *rows;
+	Size		bytes;			/* writable (backed) bytes of the segment */
 } KnnMatrixSharedRows;
+
+/*
+ * The shared segment grows by this much at a time, not by doubling as the
+ * ids do: its pages are allocated as asked (knn_shared_rows_grow), and the
+ * buffer keeps address space ahead so that growing seldom moves rows.
+ */
+#define KNN_SHARED_ROWS_STEP ((Size) 2 << 20)
+
+static Size
+shared_rows_bytes(Size needed)
+{
+	return (needed + KNN_SHARED_ROWS_STEP - 1) / KNN_SHARED_ROWS_STEP * KNN_SHARED_ROWS_STEP;
+}
 
 static void
 free_shared_rows(void *arg)
@@ -58,7 +72,8 @@ start_shared_rows(KnnMatrix *m, Size value_bytes)
 	if (m->grouped || !knn_gpu_service_rows_wanted())
 		return false;
 	shared = MemoryContextAllocZero(m->context, sizeof(KnnMatrixSharedRows));
-	shared->rows = knn_shared_rows_create(value_bytes);
+	shared->bytes = shared_rows_bytes(value_bytes);
+	shared->rows = knn_shared_rows_create(shared->bytes);
 	if (shared->rows == NULL)
 	{
 		pfree(shared);
@@ -72,18 +87,23 @@ start_shared_rows(KnnMatrix *m, Size value_bytes)
 	return true;
 }
 
-/* More room in the shared row buffer, or the rows moved to the caller's memory. */
+/*
+ * Room for row n in the shared row buffer, or the rows moved to the
+ * caller's memory (capacity rows, as the ids).
+ */
 static void
-grow_shared_rows(KnnMatrix *m, Size value_bytes)
+grow_shared_rows(KnnMatrix *m)
 {
+	Size		needed = shared_rows_bytes((Size) (m->n + 1) * m->row_bytes);
 	char	   *own;
 
-	if (knn_shared_rows_grow(m->shared->rows, value_bytes))
+	if (knn_shared_rows_grow(m->shared->rows, needed))
 	{
+		m->shared->bytes = needed;
 		m->values = knn_shared_rows_data(m->shared->rows);
 		return;
 	}
-	own = MemoryContextAllocHuge(m->context, value_bytes);
+	own = MemoryContextAllocHuge(m->context, (Size) m->capacity * m->row_bytes);
 	memcpy(own, m->values, (Size) m->n * m->row_bytes);
 	free_shared_rows(m->shared);
 	m->shared = NULL;
@@ -107,9 +127,7 @@ grow(KnnMatrix *m)
 	}
 	else
 	{
-		if (m->shared != NULL)
-			grow_shared_rows(m, value_bytes);
-		else
+		if (m->shared == NULL)
 			m->values = repalloc_huge(m->values, value_bytes);
 		m->ids = repalloc_huge(m->ids, capacity * sizeof(int64));
 		if (m->grouped)
@@ -142,6 +160,8 @@ knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
 	}
 	if (m->n == m->capacity)
 		grow(m);
+	if (m->shared != NULL && (Size) (m->n + 1) * m->row_bytes > m->shared->bytes)
+		grow_shared_rows(m);
 	if (!reader->copy(view, m->values + m->n * m->row_bytes))
 		knn_vector_problem_error(KNN_VALUE_NOT_FINITE, m->set_name, id);
 	m->ids[m->n] = id;
@@ -260,7 +280,10 @@ permute_rows_in_place(KnnMatrix *m, const IdRow *order, int64 rows_per_slice)
 	{
 		int64		j = start;
 
-		if (done[start])
+		/* Rows in place cost no copy; a nearly sorted matrix is mostly them. */
+		if (start % rows_per_slice == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (done[start] || order[start].row == start)
 			continue;
 		memcpy(held, m->values + start * m->row_bytes, m->row_bytes);
 		for (;;)

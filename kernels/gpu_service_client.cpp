@@ -138,6 +138,8 @@ int await_reply(int sock, WireReply *reply, int32_t *cancel_word, const int32_t 
       cancelled = true;
       cancelled_at = std::chrono::steady_clock::now();
       if (cancel_word != nullptr) __atomic_store_n(cancel_word, 1, __ATOMIC_RELAXED);
+      const char byte = 'c';  // wakes the service's watch of this job at once
+      (void)send(sock, &byte, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     }
     if (cancelled && std::chrono::steady_clock::now() - cancelled_at >
                          std::chrono::milliseconds(give_up_ms))
@@ -208,6 +210,7 @@ bool PreparedJob::prepare_in_arena(const KnnProblem &p, bool shared_rows, bool s
   base_ = base;
   size_ = lease->size();
   arena_ = std::move(lease);
+  count_job_in_arena();
   return true;
 }
 

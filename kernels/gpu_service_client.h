@@ -101,7 +101,7 @@ int connect_to(const char *path, char *why, size_t why_len, const int32_t *cance
                int *error = nullptr, int give_up_ms = 10000);
 bool send_job(int sock, int memfd);
 // Waits for the reply; while waiting, copies *cancel (when set) into
-// *cancel_word. Returns 1 with a reply, 0 when the socket ended first, -1
+// *cancel_word and sends the service a byte (its watch wakes). Returns 1 with a reply, 0 when the socket ended first, -1
 // when give_up_ms passed after a cancel.
 int await_reply(int sock, WireReply *reply, int32_t *cancel_word, const int32_t *cancel,
                 int give_up_ms);

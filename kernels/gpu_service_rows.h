@@ -10,11 +10,19 @@
 // pointer); only the last segment grows in place (a segment below another
 // one that grows moves to the top, as a realloc would). Offset 0 holds a
 // job's WireHeader (gpu_service_wire.h), one job at a time. The memfd is
-// sealed against shrinking from the start (the service's mapping of a
-// validated header never faults), not against growing: it grows with
-// fallocate, so that a lack of memory is an error here, not a SIGBUS.
-// Once no segment is live, pages past what the last join used (at most
-// kKeepBytes) are given back (a hole punched; the size stays).
+// sealed against shrinking (not against growing: it grows); that seal
+// keeps nothing safe -- a hole can still be punched -- which is why the
+// service never maps it (it reads and writes the job with pread and
+// pwrite, gpu_service_wire.h). Pages are backed with fallocate before
+// they are written, so that a lack of memory is an error here, not a
+// SIGBUS in this process.
+// The memfd's size and the mapping grow ahead of need (address space and
+// a sparse file cost nothing); only what a segment's owner asked to write
+// is backed (fallocate), in steps of 2 MB, so that the pages allocated
+// stay close to the rows read (knn_matrix.c asks in such steps). A segment
+// that moves leaves a hole (its pages go back), which a later segment may
+// fill. Once no segment is live, pages past what the last join used (at
+// most kKeepBytes) are given back (a hole punched; the size stays).
 //
 // A job that ended without the service's answer (a backend that gave up
 // after a cancel, a service that died) spoils the arena: the service may
@@ -33,8 +41,11 @@
 namespace knn::service {
 
 // Pages an empty arena keeps for the next join (what the last one used, up
-// to this much); the rest goes back to the system.
-constexpr uint64_t kKeepBytes = uint64_t{256} << 20;
+// to this much); the rest goes back to the system. Per backend that used
+// the service: 200 idle connections keep at most 200 x 64 MB = 12.5 GB
+// (README, knn_gpu.gpu_service); a join of 100000 x 128 float rows (51 MB,
+// the sessions benchmark's) reuses its pages join after join.
+constexpr uint64_t kKeepBytes = uint64_t{64} << 20;
 
 class Arena;
 
@@ -73,6 +84,13 @@ class ArenaJob {
 // the job copies its rows into a memfd of its own).
 std::unique_ptr<ArenaJob> lease_for_job(const void *queries, uint64_t query_bytes,
                                         const void *targets, uint64_t target_bytes);
+
+// The address space an arena reserves under an RLIMIT_AS of this many
+// bytes (a quarter of it, up to 1 TB), or 0: no shared row buffer.
+uint64_t reservation_bytes(uint64_t address_space_limit);
+
+// Counts a job sent in the shared row buffer (knn_shared_rows_jobs).
+void count_job_in_arena();
 
 // For tests: the arena of the current segments' process (fd, size), and
 // whether a new segment would start a new arena.

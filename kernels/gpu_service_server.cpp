@@ -8,10 +8,13 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/un.h>
+#include <linux/magic.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
@@ -79,14 +82,16 @@ void send_reply(int sock, KnnStatus status, const char *message) {
 }
 
 // The job's header, read (with pread, once: the peer may rewrite it) from
-// a memfd the peer can no longer shrink, so that a mapping of it never
-// faults; and the size of that memfd. The seals are checked first: a
-// descriptor without them (a pipe, a socket, an unsealed file) is
-// rejected before anything else is asked of it.
-const char *sealed_header(int memfd, WireHeader *h, uint64_t *size) {
-  const int seals = fcntl(memfd, F_GET_SEALS);
-  if (seals < 0) return "the job is not a memory file";
-  if ((seals & F_SEAL_SHRINK) == 0) return "the job's memory file is not sealed";
+// a tmpfs memfd, and that file's size. Anything else (a pipe, a socket, a
+// regular file, a hugetlbfs memfd) is rejected before anything else is
+// asked of it: the service reads and writes the job with pread and pwrite
+// only (gpu_service_wire.h), which on tmpfs fail with an error, never a
+// signal.
+const char *tmpfs_header(int memfd, WireHeader *h, uint64_t *size) {
+  struct statfs fs;
+  if (fcntl(memfd, F_GET_SEALS) < 0 || fstatfs(memfd, &fs) != 0 ||
+      fs.f_type != static_cast<decltype(fs.f_type)>(TMPFS_MAGIC))
+    return "the job is not a memory file";
   struct stat st;
   if (fstat(memfd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0)
     return "the job is not a memory file";
@@ -96,6 +101,65 @@ const char *sealed_header(int memfd, WireHeader *h, uint64_t *size) {
   if (pread(memfd, h, want, 0) != static_cast<ssize_t>(want)) return "could not read the job";
   return nullptr;
 }
+
+// Whole-region pread or pwrite (io): false (errno set) on an error or a
+// file that ends first (the peer cut it: its own answer is spoilt, nothing
+// more).
+template <typename Io, typename Byte>
+bool whole_region(Io io, int memfd, Byte *bytes, uint64_t length, uint64_t offset) {
+  while (length > 0) {
+    const ssize_t n = io(memfd, bytes, length, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return false;
+    }
+    bytes += n;
+    length -= static_cast<uint64_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+bool read_region(int memfd, unsigned char *to, uint64_t length, uint64_t offset) {
+  return whole_region(pread, memfd, to, length, offset);
+}
+
+bool write_region(int memfd, const unsigned char *from, uint64_t length, uint64_t offset) {
+  return whole_region(pwrite, memfd, from, length, offset);
+}
+
+// The service's own copy of a validated job: its regions packed in memory
+// of the service's (anonymous), the inputs read from the peer's memfd.
+struct JobCopy {
+  WireHeader packed{};
+  unsigned char *base = nullptr;
+  uint64_t size = 0;
+  ~JobCopy() {
+    if (base != nullptr) munmap(base, size);
+  }
+  // nullptr, or why not (*status: what to answer).
+  const char *read(int memfd, const WireHeader &h, KnnStatus *status) {
+    packed = packed_layout(h, &size);
+    // MAP_POPULATE: the pages come in one call, not one fault each.
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) {
+      *status = KNN_OUT_OF_MEMORY;
+      return "the GPU service has no memory for the job's rows";
+    }
+    base = static_cast<unsigned char *>(p);
+    const Region *from[] = {&h.queries, &h.targets, &h.query_keys, &h.target_keys};
+    const Region *to[] = {&packed.queries, &packed.targets, &packed.query_keys,
+                          &packed.target_keys};
+    for (int i = 0; i < 4; i++)
+      if (!read_region(memfd, base + to[i]->offset, from[i]->length, from[i]->offset)) {
+        *status = KNN_INVALID_ARGUMENT;
+        return "could not read the job's rows";
+      }
+    return nullptr;
+  }
+};
 
 }  // namespace
 
@@ -194,35 +258,31 @@ void Server::reap(bool all) noexcept {
 void Server::serve(Connection *c) noexcept {
   JobRequest req{};
   int memfd = receive_job(c->fd, wake_[0], &req);
-  void *base = MAP_FAILED;
-  uint64_t size = 0;
   const char *rejected = nullptr;
+  KnnStatus rejected_status = KNN_INVALID_ARGUMENT;
   WireHeader h;
   uint64_t file_size = 0;
+  JobCopy job;
   if (memfd < 0) rejected = "no job received";
   else if (req.magic != kMagic || req.version != kVersion) rejected = "not a job request of this version";
-  else rejected = sealed_header(memfd, &h, &file_size);
+  else rejected = tmpfs_header(memfd, &h, &file_size);
   if (rejected == nullptr) rejected = validate_header(h, file_size);
-  if (rejected == nullptr) {  // only what the header uses, not what the peer allocated
-    size = used_bytes(h);
-    base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, memfd, 0);
-    if (base == MAP_FAILED) rejected = "could not map the job";
-  }
-  if (rejected == nullptr) {  // the engines' own check (enums, threads), before a thread starts
-    auto *bytes = static_cast<unsigned char *>(base);
-    rejected = problem_invalid_reason(problem_of(h, bytes),
-                                      reinterpret_cast<int64_t *>(bytes + h.neighbors.offset),
-                                      reinterpret_cast<double *>(bytes + h.distances.offset));
-  }
+  if (rejected == nullptr) rejected = job.read(memfd, h, &rejected_status);
+  if (rejected == nullptr)  // the engines' own check (enums, threads), before a thread starts
+    rejected = problem_invalid_reason(
+        problem_of(job.packed, job.base),
+        reinterpret_cast<int64_t *>(job.base + job.packed.neighbors.offset),
+        reinterpret_cast<double *>(job.base + job.packed.distances.offset));
   if (rejected != nullptr) {
-    send_reply(c->fd, KNN_INVALID_ARGUMENT, rejected);
+    send_reply(c->fd, rejected_status, rejected);
   } else {
-    auto *bytes = static_cast<unsigned char *>(base);
-    auto *shared = static_cast<WireHeader *>(base);
-    int32_t *cancel = &shared->cancel;
-    const KnnProblem problem = problem_of(h, bytes);
-    auto *neighbors = reinterpret_cast<int64_t *>(bytes + h.neighbors.offset);
-    auto *distances = reinterpret_cast<double *>(bytes + h.distances.offset);
+    const WireHeader &packed = job.packed;
+    // Set by the watch below (the backend's cancel word or byte, its end,
+    // stop()); read by the engine.
+    int32_t cancel = 0;
+    const KnnProblem problem = problem_of(packed, job.base);
+    auto *neighbors = reinterpret_cast<int64_t *>(job.base + packed.neighbors.offset);
+    auto *distances = reinterpret_cast<double *>(job.base + packed.distances.offset);
     const bool stand_in = (h.flags & kCpuStandIn) != 0;
     KnnStats stats{};
     char message[kMessageBytes] = "";
@@ -240,7 +300,7 @@ void Server::serve(Connection *c) noexcept {
     try {
       worker = start_signal_free_thread([&] {
         status = guarded("GPU service job", message, sizeof message, [&] {
-          return run_(problem, stand_in, neighbors, distances, &stats, cancel, message,
+          return run_(problem, stand_in, neighbors, distances, &stats, &cancel, message,
                       sizeof message);
         });
         mark_ended();
@@ -250,20 +310,27 @@ void Server::serve(Connection *c) noexcept {
       status = KNN_OUT_OF_MEMORY;
       mark_ended();
     }
-    // Watch the backend while the job runs: its end (or stop()) cancels.
+    // Watch the backend while the job runs: its cancel or its end (or stop()) cancels.
     bool peer_gone = false;
     while (!ran.load()) {
       pollfd pfds[2] = {{c->fd, POLLIN, 0}, {ended, POLLIN, 0}};
       (void)poll(pfds, ended >= 0 ? 2 : 1, kWatchMs);
       const bool peer_ready = (pfds[0].revents & (POLLIN | POLLHUP | POLLERR)) != 0;
+      bool cancelled = false;
       if (!peer_gone && peer_ready) {
         char byte;
         const ssize_t n = recv(c->fd, &byte, 1, MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) ||
             (pfds[0].revents & (POLLHUP | POLLERR)) != 0)
           peer_gone = true;
+        cancelled = n == 1;  // the backend's cancel byte
       }
-      if (peer_gone || stopping_.load()) __atomic_store_n(cancel, 1, __ATOMIC_RELAXED);
+      int32_t word = 0;
+      if (!cancelled && pread(memfd, &word, sizeof word, offsetof(WireHeader, cancel)) ==
+                            static_cast<ssize_t>(sizeof word))
+        cancelled = word != 0;
+      if (cancelled || peer_gone || stopping_.load())
+        __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
       // A gone peer's socket stays readable: look again after a pause.
       if (peer_gone && peer_ready && !ran.load())
         std::this_thread::sleep_for(std::chrono::milliseconds(kWatchMs));
@@ -272,12 +339,25 @@ void Server::serve(Connection *c) noexcept {
     close_fd(ended);
     // Stopping: no answer, so that the backend reads the service's end.
     if (!stopping_.load() && !peer_gone) {
-      std::memcpy(&shared->stats, &stats, sizeof stats);
+      // The results and statistics go back with pwrite: a peer's memfd that
+      // cannot take them (cut short, out of memory) is an error answer.
+      const bool written =
+          (status != KNN_OK ||
+           (write_region(memfd, reinterpret_cast<const unsigned char *>(neighbors),
+                         h.neighbors.length, h.neighbors.offset) &&
+            write_region(memfd, reinterpret_cast<const unsigned char *>(distances),
+                         h.distances.length, h.distances.offset))) &&
+          write_region(memfd, reinterpret_cast<const unsigned char *>(&stats), sizeof stats,
+                       offsetof(WireHeader, stats));
+      if (!written) {
+        std::snprintf(message, sizeof message, "the GPU service could not write the results: %s",
+                      std::strerror(errno));
+        status = KNN_OUT_OF_MEMORY;
+      }
       answered_++;  // before the reply: a backend that has it finds the job counted
       send_reply(c->fd, status, message);
     }
   }
-  if (base != MAP_FAILED) munmap(base, size);
   close_fd(memfd);
   close_fd(c->fd);
   c->done.store(true);

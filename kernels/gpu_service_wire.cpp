@@ -168,6 +168,16 @@ uint64_t used_bytes(const WireHeader &h) {
   return used;
 }
 
+WireHeader packed_layout(const WireHeader &h, uint64_t *total_bytes) {
+  WireHeader packed = h;
+  uint64_t cursor = align_up(sizeof(WireHeader));
+  for (Region *r : {&packed.queries, &packed.targets, &packed.query_keys, &packed.target_keys,
+                    &packed.neighbors, &packed.distances})
+    (void)place(r->length, &cursor, r);  // validated lengths: no overflow
+  *total_bytes = cursor;
+  return packed;
+}
+
 KnnProblem problem_of(const WireHeader &h, unsigned char *base) {
   KnnProblem p;
   std::memset(&p, 0, sizeof p);

@@ -10,26 +10,29 @@
 // offset the header gives (aligned, after the header, in any order, gaps
 // allowed: a backend's shared row buffer, gpu_service_rows.h, sends the
 // memfd it read its rows into, the same one for each of its joins, with
-// the rows where they lie). The memfd is sealed against shrinking (not
-// against growing: that buffer grows), so that no peer can make a mapping
-// of what the service validated fault, and the service maps only up to
-// the end of the last region it validated (used_bytes). The
-// service answers with one WireReply on the socket once the job has ended
-// (status and message); the results and the statistics are in the memfd.
-// The service reads nothing of the memfd before validate_header() has
-// checked every offset and length against its size, and it reads the
-// header once, from a copy, so that a peer that rewrites it meanwhile
-// cannot move a region. The backend cancels by setting the header's
-// cancel word; the service sets it itself when the backend's socket ends.
+// the rows where they lie). The service answers with one WireReply on the
+// socket once the job has ended (status and message); the results and the
+// statistics are in the memfd then.
 //
-// The input regions stay writable by the backend during the join (the
-// memfd is sealed against SHRINK, not WRITE): a peer that rewrites
-// its rows or keys mid-join spoils only its own answer. That is enough
-// because the socket (mode 0600 in pg_stat_tmp) admits only the server's
-// OS user, which could already do anything to the service's process; the
-// service never takes a size or offset from the mapping, only from its
-// validated copy of the header. Sealing the inputs against writes would
-// need a second memfd for results and cancel word and a copy per job.
+// The service never maps a peer's memfd: a mapping of a file the peer can
+// still change faults (SIGBUS) once its pages are gone -- F_SEAL_SHRINK
+// stops neither fallocate(FALLOC_FL_PUNCH_HOLE) nor growth, and a refault
+// of a tmpfs page can fail (vm.overcommit_memory=2, a memory cgroup), a
+// hugetlbfs one whenever its pool is empty -- and a service that dies on a
+// signal takes every backend's session with it. So it accepts only tmpfs
+// memfds (fstatfs), reads the header once (pread) and checks every offset
+// and length against the file's size (validate_header) before it reads
+// anything else, reads the input regions with pread into memory of its
+// own (a hole reads as zeros; a file cut short is an error), and writes
+// the results and statistics back with pwrite (a failure is an error
+// return). A peer that rewrites, punches or grows its memfd mid-join
+// spoils only its own answer. The backend cancels by setting the header's
+// cancel word (which the service reads with pread while the job runs) and
+// by sending a byte on the socket; the end of its socket cancels too.
+//
+// The socket (mode 0600 in pg_stat_tmp) admits only the server's OS user;
+// the service still trusts nothing in the memfd but its validated copy of
+// the header.
 //
 // Plain C++ and POSIX: no PostgreSQL, no CUDA.
 #pragma once
@@ -110,8 +113,13 @@ bool plan_layout_at(const KnnProblem &p, bool shared_rows, bool self_keys, int64
 const char *validate_header(const WireHeader &h, uint64_t memfd_bytes);
 
 // The bytes of the job that a validated header uses (the header and its
-// regions): all the service maps, whatever the memfd's size.
+// regions), whatever the memfd's size.
 uint64_t used_bytes(const WireHeader &h);
+
+// The same job with its regions packed one after another (aligned) from
+// the end of the header: where the service places its own copy of a job.
+// *total_bytes: the end of the last region.
+WireHeader packed_layout(const WireHeader &h, uint64_t *total_bytes);
 
 // The problem the header describes, its pointers into the mapping at base
 // (after validate_header).

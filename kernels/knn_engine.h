@@ -367,8 +367,9 @@ void		knn_engine_set_gpu_service(const char *socket_path, const char *lock_path,
  * it (any pointers into live segments) uses it by itself. create: a
  * segment of at least bytes, or NULL when none can be made (the caller
  * then uses memory of its own). grow: to at least bytes, keeping the
- * contents; its data pointer may change (only when another segment lies
- * above it); 0 on failure (the segment as it was). free: NULL is a no-op;
+ * contents, with pages allocated for bytes (in 2 MB steps), no more; its
+ * data pointer may change (only when another segment lies above it); 0
+ * on failure (the segment as it was). free: NULL is a no-op;
  * no job may use the segment any more.
  */
 typedef struct KnnSharedRows KnnSharedRows;
@@ -377,6 +378,15 @@ KnnSharedRows *knn_shared_rows_create(size_t bytes);
 int			knn_shared_rows_grow(KnnSharedRows *rows, size_t bytes);
 void	   *knn_shared_rows_data(const KnnSharedRows *rows);
 void		knn_shared_rows_free(KnnSharedRows *rows);
+
+/*
+ * For tests: segments live in this process, jobs sent in the shared row
+ * buffer so far, and (fail != 0) every later grow failing, as when memory
+ * runs out.
+ */
+int64_t		knn_shared_rows_live(void);
+int64_t		knn_shared_rows_jobs(void);
+void		knn_shared_rows_fail_growth(int fail);
 
 /*
  * 1 when the server's probe record (knn_engine_set_probe_record) says

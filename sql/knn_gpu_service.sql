@@ -94,11 +94,45 @@ CREATE FUNCTION pg_temp.row_buffers() RETURNS text LANGUAGE sql AS $$
   SELECT string_agg(DISTINCT (regexp_match(l, '\s(\d+)\s+/memfd:knn_gpu_rows'))[1], ',')
   FROM regexp_split_to_table(pg_read_file('/proc/self/maps'), '\n') l
   WHERE l LIKE '%/memfd:knn_gpu_rows%' $$;
-CREATE TEMP TABLE buffer_before AS SELECT pg_temp.row_buffers() AS inode;
+-- Test hooks (knn_gpu_service.c): segments live in this backend, jobs it
+-- sent in the buffer (not copied into a memfd of their own), and every
+-- later growth of a segment failing.
+CREATE FUNCTION pg_temp.rows_live() RETURNS bigint
+  AS 'knn_gpu', 'knn_gpu_service_test_rows_live' LANGUAGE C STRICT;
+CREATE FUNCTION pg_temp.rows_jobs() RETURNS bigint
+  AS 'knn_gpu', 'knn_gpu_service_test_rows_jobs' LANGUAGE C STRICT;
+CREATE FUNCTION pg_temp.rows_fail_growth(boolean) RETURNS void
+  AS 'knn_gpu', 'knn_gpu_service_test_rows_fail_growth' LANGUAGE C STRICT;
+CREATE TEMP TABLE buffer_before AS SELECT pg_temp.row_buffers() AS inode, pg_temp.rows_jobs() AS jobs;
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id % 7 = 0', 'SELECT id, v FROM svc_rows', 5);
 SELECT inode IS NOT NULL AS one_buffer, inode NOT LIKE '%,%' AS only_one,
-       inode = pg_temp.row_buffers() AS the_same_after_a_join
+       inode = pg_temp.row_buffers() AS the_same_after_a_join,
+       pg_temp.rows_jobs() > jobs AS the_job_was_the_buffer,
+       pg_temp.rows_live() AS segments_left
 FROM buffer_before;
+
+-- An ERROR while the rows are read (a dimension mismatch past the first
+-- rows) frees their segments with the statement.
+SET knn_gpu.fault_injection = service_cpu;
+SET knn_gpu.device = gpu;
+SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM svc_rows WHERE id < 50',
+  'SELECT id, v FROM svc_rows UNION ALL SELECT 0, ''[1,2,3]''::vector', 3)$q$);
+SELECT pg_temp.rows_live() AS segments_after_the_error;
+RESET knn_gpu.fault_injection;
+RESET knn_gpu.device;
+
+-- A segment that cannot grow (memory ran out): the matrix's rows move to
+-- the backend's own memory (4000-byte rows: past the first 4 MB at row
+-- 1049) and the answer is the same.
+CREATE TABLE svc_wide AS
+SELECT i AS id, array_fill((i % 97)::real / 97 + i / 100000.0, ARRAY[1000])::vector AS v
+FROM generate_series(1, 1200) i;
+SELECT pg_temp.rows_fail_growth(true);
+SELECT pg_temp.through_service('SELECT id, v FROM svc_wide WHERE id % 10 = 0', 'SELECT id, v FROM svc_wide', 4);
+SELECT pg_temp.rows_fail_growth(false);
+SELECT pg_temp.through_service('SELECT id, v FROM svc_wide WHERE id % 10 = 0', 'SELECT id, v FROM svc_wide', 4);
+SELECT pg_temp.rows_live() AS segments_left;
+DROP TABLE svc_wide;
 
 -- EXPLAIN ANALYZE names the engine that ran, in the service.
 SET knn_gpu.fault_injection = service_cpu;

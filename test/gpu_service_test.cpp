@@ -252,7 +252,6 @@ TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
     const char *expected;
   };
   const Case cases[] = {
-      {"unsealed", [](HandMadeJob &) {}, false, 0, "not sealed"},
       {"truncated below its regions", [](HandMadeJob &) {}, true, -64, "outside"},
       {"smaller than a header", [](HandMadeJob &) {}, true, -1, "smaller than its header"},
       {"wrong magic", [](HandMadeJob &j) { j.header.magic ^= 1; }, true, 0, "not a job"},
@@ -305,6 +304,30 @@ TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
   close(fds[0]);
   close(fds[1]);
   EXPECT_EQ(reply.status, KNN_INVALID_ARGUMENT);
+  // Files that are not tmpfs: a regular file, and a hugetlbfs memfd (its
+  // pages could fail to come back after a hole: a SIGBUS for a mapping).
+  char name[] = "gpu_service_test_job_XXXXXX";  // the build tree: not tmpfs
+  const int regular = mkstemp(name);
+  ASSERT_GE(regular, 0);
+  unlink(name);
+  {
+    HandMadeJob job(p);
+    close(job.fd);
+    job.fd = regular;
+    job.write(job.size, false);
+    reply = send_raw(dir.path, job.fd);
+    EXPECT_EQ(reply.status, KNN_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(reply.message, "not a memory file"), nullptr) << reply.message;
+  }
+  const int huge = memfd_create("hostile_huge", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (huge >= 0) {
+    ASSERT_EQ(ftruncate(huge, 2 << 20), 0);
+    (void)fcntl(huge, F_ADD_SEALS, F_SEAL_SHRINK);
+    reply = send_raw(dir.path, huge);
+    close(huge);
+    EXPECT_EQ(reply.status, KNN_INVALID_ARGUMENT);
+    EXPECT_NE(std::strstr(reply.message, "not a memory file"), nullptr) << reply.message;
+  }
   EXPECT_EQ(engine.calls.load(), 0) << "a hostile job reached the engine";
 
   // The service still answers a sound job.
@@ -398,6 +421,72 @@ TEST_F(GpuService, ACancelGivesUpWithinASecond) {
   EXPECT_GT(waited, 0.9);
   EXPECT_LT(waited, 1.5);
   EXPECT_EQ(r.status, KNN_CANCELLED) << r.message;
+}
+
+// Whether this process maps a file whose name contains name (/proc/self/maps).
+bool maps_file(const char *name) {
+  FILE *f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return false;
+  char line[4096];
+  bool found = false;
+  while (!found && std::fgets(line, sizeof line, f) != nullptr)
+    found = std::strstr(line, name) != nullptr;
+  std::fclose(f);
+  return found;
+}
+
+// A hostile peer that punches holes in its job and grows it while the job
+// runs (F_SEAL_SHRINK stops neither): the service maps none of it, so no
+// fault can kill it; it answers (here: the results written back into the
+// holes), and serves the next job.
+TEST_F(GpuService, AHostilePeerCannotFaultTheService) {
+  WaitsForCancel fake;
+  fake.ignoring_cancel = true;
+  std::atomic<bool> hostile_mapped{true};
+  RunFunction run = [&](const KnnProblem &problem, bool stand_in, int64_t *n, double *d,
+                        KnnStats *s, const int32_t *cancel, char *e, size_t el) {
+    hostile_mapped = maps_file("memfd:hostile");
+    fake.function()(problem, stand_in, n, d, s, cancel, e, el);
+    return knn::cpu_run(problem, n, d, s, cancel, e, el);
+  };
+  auto server = serve_on(dir, run);
+  ASSERT_NE(server, nullptr);
+  HandMadeJob job(p);
+  job.write(job.size, false);
+  ASSERT_EQ(fcntl(job.fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // as a backend's buffer
+  for (const Region *r : {&job.header.queries, &job.header.targets}) {
+    std::vector<unsigned char> bytes(r->length, 0);
+    const auto *from = r == &job.header.queries ? p.queries : p.targets;
+    std::memcpy(bytes.data(), from, r->length);
+    ASSERT_EQ(pwrite(job.fd, bytes.data(), bytes.size(), static_cast<off_t>(r->offset)),
+              static_cast<ssize_t>(bytes.size()));
+  }
+  char why[256] = "";
+  const int sock = connect_to(dir.path.c_str(), why, sizeof why);
+  ASSERT_GE(sock, 0) << why;
+  ASSERT_TRUE(send_job(sock, job.fd));
+  fake.await_start();
+  EXPECT_FALSE(hostile_mapped.load()) << "the service maps the peer's memfd";
+  EXPECT_EQ(fallocate(job.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                      static_cast<off_t>(job.size)),
+            0);
+  EXPECT_EQ(fallocate(job.fd, 0, static_cast<off_t>(job.size), 1 << 20), 0);  // grows
+  fake.release = true;
+  WireReply reply;
+  const int32_t never = 0;
+  ASSERT_EQ(await_reply(sock, &reply, nullptr, &never, 10000), 1);
+  close(sock);
+  EXPECT_EQ(reply.status, KNN_OK) << reply.message;
+  // The results came back by pwrite into the punched file: the engine's own.
+  const auto direct = job_run::run_job(p);
+  std::vector<int64_t> neighbors(direct.neighbors.size());
+  ASSERT_EQ(pread(job.fd, neighbors.data(), job.header.neighbors.length,
+                  static_cast<off_t>(job.header.neighbors.offset)),
+            static_cast<ssize_t>(job.header.neighbors.length));
+  EXPECT_EQ(neighbors, direct.neighbors);
+  // The service lives on.
+  const auto served = through_service(dir.path, p);
+  EXPECT_EQ(served.status, KNN_OK) << served.message;
 }
 
 TEST_F(GpuService, TheBackendsDeathCancelsItsJob) {
@@ -551,8 +640,8 @@ TEST_F(GpuService, APartialRequestHoldsNothing) {
 }
 
 // A memory file larger than its header says: only what the header uses is
-// mapped (and populated), not what the peer allocated.
-TEST_F(GpuService, OnlyWhatTheHeaderUsesIsMapped) {
+// read and written, not what the peer allocated.
+TEST_F(GpuService, OnlyWhatTheHeaderUsesIsTouched) {
   CpuService engine;
   auto server = serve_on(dir, engine.function());
   ASSERT_NE(server, nullptr);
@@ -721,8 +810,17 @@ TEST_F(GpuService, OneJobAtATimeHoldsTheSharedBuffer) {
   EXPECT_FALSE(second.in_shared_rows());
 }
 
-// A segment grows in place at the top, and moves (contents kept) when
-// another lies above it; an emptied buffer stays for the next join.
+// The bytes the shared row buffer's memfd has allocated.
+uint64_t allocated_bytes(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+}
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// A segment grows in place at the top and within the room it was given,
+// and moves (contents kept) when another lies above it; an emptied buffer
+// keeps the pages its last use needed (up to kKeepBytes), no more.
 TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   const ArenaState start = current_arena_state();
   KnnSharedRows *a = knn_shared_rows_create(1000);
@@ -731,14 +829,21 @@ TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   KnnSharedRows *b = knn_shared_rows_create(100);
   ASSERT_NE(b, nullptr);
   void *b_data = knn_shared_rows_data(b);
-  ASSERT_EQ(knn_shared_rows_grow(b, size_t{300} << 20), 1);  // past kKeepBytes
+  ASSERT_EQ(knn_shared_rows_grow(b, 100 * kMiB), 1);  // past kKeepBytes
   EXPECT_EQ(knn_shared_rows_data(b), b_data) << "the top segment moved";
   void *a_data = knn_shared_rows_data(a);
   ASSERT_EQ(knn_shared_rows_grow(a, 5000), 1);
+  EXPECT_EQ(knn_shared_rows_data(a), a_data) << "a moved within the step it was given";
+  ASSERT_EQ(knn_shared_rows_grow(a, 3 * kMiB), 1);
   EXPECT_NE(knn_shared_rows_data(a), a_data);
   const auto *bytes = static_cast<const unsigned char *>(knn_shared_rows_data(a));
   EXPECT_EQ(std::count(bytes, bytes + 1000, 0x5a), 1000);
   EXPECT_EQ(knn_shared_rows_grow(a, uint64_t{1} << 50), 0) << "beyond the reservation";
+  const int fd = current_arena_state().fd;
+  // Live: a (3 MB, stepped to 4), b (100 MB), the header, and at most the
+  // pages an earlier test's join left kept under a's old place.
+  EXPECT_LE(allocated_bytes(fd), 108 * kMiB);
+  EXPECT_GE(allocated_bytes(fd), 103 * kMiB);
   knn_shared_rows_free(a);
   knn_shared_rows_free(b);
   knn_shared_rows_free(nullptr);
@@ -747,10 +852,47 @@ TEST_F(GpuService, SharedSegmentsGrowAndMove) {
   if (start.fd >= 0) {
     EXPECT_EQ(inode_of(end.fd), inode_of(start.fd));
   }
-  // Past what the last use needed (and kKeepBytes), the pages went back.
-  struct stat st;
-  ASSERT_EQ(fstat(end.fd, &st), 0);
-  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, kKeepBytes);
+  // The last use reached past kKeepBytes: kKeepBytes stay (b's pages under it).
+  EXPECT_EQ(allocated_bytes(end.fd), kKeepBytes);
+  // A small use: what it needed stays (its pages are reused), the rest goes.
+  KnnSharedRows *c = knn_shared_rows_create(10 * kMiB);
+  ASSERT_NE(c, nullptr);
+  knn_shared_rows_free(c);
+  EXPECT_GE(allocated_bytes(end.fd), 10 * kMiB);
+  EXPECT_LE(allocated_bytes(end.fd), 12 * kMiB + 4096);
+}
+
+// The buffer's reservation of address space counts against RLIMIT_AS: a
+// quarter of the limit at most, none under a small one.
+TEST_F(GpuService, TheReservationFitsTheAddressSpaceLimit) {
+  EXPECT_EQ(reservation_bytes(uint64_t{1} << 62), uint64_t{1} << 40);
+  EXPECT_EQ(reservation_bytes(uint64_t{8} << 30), uint64_t{2} << 30);
+  EXPECT_EQ(reservation_bytes(uint64_t{512} << 20), 0u);
+}
+
+// Pages are allocated for what is asked, in 2 MB steps, not ahead: two
+// segments growing by turns (as two matrices read row by row) end with
+// about their rows' bytes allocated, not twice that.
+TEST_F(GpuService, TheSharedBufferBacksWhatIsAsked) {
+  const uint64_t row = 3000;  // bytes per row
+  KnnSharedRows *rows[2] = {knn_shared_rows_create(2 * kMiB), knn_shared_rows_create(2 * kMiB)};
+  ASSERT_NE(rows[0], nullptr);
+  ASSERT_NE(rows[1], nullptr);
+  uint64_t asked[2] = {2 * kMiB, 2 * kMiB};
+  for (uint64_t n = 0; n < 15000; n++) {  // 45 MB each
+    for (int i = 0; i < 2; i++) {
+      if ((n + 1) * row <= asked[i]) continue;
+      asked[i] = ((n + 1) * row + 2 * kMiB - 1) / (2 * kMiB) * (2 * kMiB);
+      ASSERT_EQ(knn_shared_rows_grow(rows[i], asked[i]), 1);
+      std::memset(static_cast<char *>(knn_shared_rows_data(rows[i])) + n * row, 1, row);
+    }
+  }
+  const uint64_t written = 2 * 15000 * row;
+  const uint64_t allocated = allocated_bytes(current_arena_state().fd);
+  EXPECT_GE(allocated, written);
+  EXPECT_LE(allocated, written + 4 * 2 * kMiB + kKeepBytes / 8) << "backed ahead of the rows";
+  knn_shared_rows_free(rows[0]);
+  knn_shared_rows_free(rows[1]);
 }
 
 // A join left without the service's answer (a cancel the service did not
