@@ -18,6 +18,8 @@
 #include <cstdio>
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "entry_guard.h"
 #include "gpu_service_wire.h"
@@ -129,26 +131,86 @@ bool write_region(int memfd, const unsigned char *from, uint64_t length, uint64_
   return whole_region(pwrite, memfd, from, length, offset);
 }
 
+// Memory for the jobs' copies, kept between jobs: a fresh mapping per job
+// costs its pages' zeroing and faults (and the unmap) on every join, on the
+// service's side of the backend's GPU slot. At most kPoolBuffers mappings
+// of at most kPoolBufferBytes each are kept, kPoolBytes in all; larger or
+// surplus ones are unmapped after their job.
+constexpr size_t kPoolBuffers = 8;
+constexpr uint64_t kPoolBufferBytes = uint64_t{256} << 20;
+constexpr uint64_t kPoolBytes = uint64_t{512} << 20;
+constexpr uint64_t kPoolStep = uint64_t{2} << 20;
+
+class JobMemoryPool {
+ public:
+  struct Buffer {
+    unsigned char *base = nullptr;
+    uint64_t size = 0;
+  };
+  // The smallest kept buffer of at least `bytes`, or a new mapping ({} when none can be made).
+  Buffer take(uint64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto best = kept_.end();
+      for (auto it = kept_.begin(); it != kept_.end(); ++it)
+        if (it->size >= bytes && (best == kept_.end() || it->size < best->size)) best = it;
+      if (best != kept_.end()) {
+        const Buffer b = *best;
+        kept_bytes_ -= b.size;
+        kept_.erase(best);
+        return b;
+      }
+    }
+    const uint64_t size = (bytes + kPoolStep - 1) / kPoolStep * kPoolStep;
+    // MAP_POPULATE: the pages come in one call, not one fault each.
+    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return {};
+    return {static_cast<unsigned char *>(p), size};
+  }
+  void give(Buffer b) {
+    if (b.base == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (b.size <= kPoolBufferBytes && kept_.size() < kPoolBuffers &&
+          kept_bytes_ + b.size <= kPoolBytes) {
+        kept_.push_back(b);
+        kept_bytes_ += b.size;
+        return;
+      }
+    }
+    munmap(b.base, b.size);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<Buffer> kept_;
+  uint64_t kept_bytes_ = 0;
+};
+
+JobMemoryPool &job_memory() {
+  static JobMemoryPool *pool = new JobMemoryPool();  // never destroyed: jobs may outlive statics
+  return *pool;
+}
+
 // The service's own copy of a validated job: its regions packed in memory
-// of the service's (anonymous), the inputs read from the peer's memfd.
+// of the service's (anonymous, kept between jobs), the inputs read from the
+// peer's memfd.
 struct JobCopy {
   WireHeader packed{};
   unsigned char *base = nullptr;
   uint64_t size = 0;
-  ~JobCopy() {
-    if (base != nullptr) munmap(base, size);
-  }
+  JobMemoryPool::Buffer buffer;
+  ~JobCopy() { job_memory().give(buffer); }
   // nullptr, or why not (*status: what to answer).
   const char *read(int memfd, const WireHeader &h, KnnStatus *status) {
     packed = packed_layout(h, &size);
-    // MAP_POPULATE: the pages come in one call, not one fault each.
-    void *p = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-    if (p == MAP_FAILED) {
+    buffer = job_memory().take(size);
+    if (buffer.base == nullptr) {
       *status = KNN_OUT_OF_MEMORY;
       return "the GPU service has no memory for the job's rows";
     }
-    base = static_cast<unsigned char *>(p);
+    base = buffer.base;
     const Region *from[] = {&h.queries, &h.targets, &h.query_keys, &h.target_keys};
     const Region *to[] = {&packed.queries, &packed.targets, &packed.query_keys,
                           &packed.target_keys};
@@ -157,6 +219,10 @@ struct JobCopy {
         *status = KNN_INVALID_ARGUMENT;
         return "could not read the job's rows";
       }
+    // A kept buffer holds an earlier job's bytes: the results start as a
+    // fresh mapping's would, so that no byte of another join can go back.
+    std::memset(base, 0, packed.queries.offset);
+    std::memset(base + packed.neighbors.offset, 0, size - packed.neighbors.offset);
     return nullptr;
   }
 };

@@ -193,6 +193,27 @@ TEST_F(GpuService, ResultsAreTheEnginesOwn) {
   EXPECT_EQ(server->jobs_answered(), 4);
 }
 
+// The service keeps its jobs' memory for the next jobs: a small join after a
+// large one (k above its targets' count: empty slots) answers as on fresh
+// memory, nothing of the earlier join's in it.
+TEST_F(GpuService, KeptJobMemoryAnswersAsFresh) {
+  CpuService engine;
+  auto server = serve_on(dir, engine.function());
+  ASSERT_NE(server, nullptr);
+  const Rows large = make_rows(37, 501, 13), small_rows = make_rows(5, 3, 13);
+  for (int round = 0; round < 3; round++) {
+    const KnnProblem big = problem_of(large, 37, 501, 13, 600);
+    const auto served_big = through_service(dir.path, big);
+    ASSERT_EQ(served_big.status, KNN_OK) << served_big.message;
+    job_run::expect_identical(job_run::run_job(big), served_big, "large join");
+    const KnnProblem tiny = problem_of(small_rows, 5, 3, 13, 7);
+    const auto served = through_service(dir.path, tiny);
+    ASSERT_EQ(served.status, KNN_OK) << served.message;
+    job_run::expect_identical(job_run::run_job(tiny), served, "small join after a large one");
+  }
+  EXPECT_EQ(server->jobs_answered(), 6);
+}
+
 // A job file made by hand: a header planned for a valid problem, then
 // spoiled by the test.
 struct HandMadeJob {
