@@ -543,7 +543,7 @@ PartStaging &OutOfCoreJoin::gather_query_part(int index) {
   const int64_t first = plan_.query_distinct_first(index);
   if (staging.first != first || staging.count != plan_.query_distinct_count(index))
     gather_ordered_part(query_order_, float_rows(p_.queries), first,
-                        plan_.query_distinct_count(index), stride_, staging);
+                        plan_.query_distinct_count(index), stride_, staging, ctx_.cancel);
   const int next = index + 1;
   if (next < plan_.query_parts()) {
     PartStaging &ahead = query_staging_[next % 2];
@@ -552,7 +552,7 @@ PartStaging &OutOfCoreJoin::gather_query_part(int index) {
       query_gather_ = std::async(std::launch::async, [this, next, &ahead] {
         gather_ordered_part(query_order_, float_rows(p_.queries),
                             plan_.query_distinct_first(next), plan_.query_distinct_count(next),
-                            stride_, ahead);
+                            stride_, ahead, ctx_.cancel);
       });
     } catch (const std::system_error &) {
       // No thread: the next part gathers its own rows.
@@ -626,6 +626,7 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
     // thread while the device filtered the query part before; this one's
     // gather started here, the next one's queued.
     PartStaging &staging = gather_query_part(index);
+    KNN_TRY(ctx_.cancel_point());  // a cancelled gather leaves its staging unfilled
     KNN_TRY(send_ordered_part(staging, stride_, query_set, &query_max_abs, mem, ctx_));
     lap(&query_upload_seconds_, &t0);
   } else {

@@ -20,7 +20,9 @@ namespace cuda {
 namespace ti {
 
 void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
-                         int64_t count, int stride, PartStaging &staging) {
+                         int64_t count, int stride, PartStaging &staging,
+                         const int32_t *cancel) {
+  staging.first = -1;  // gathered only once every slice is
   const int dim = order.dim;
   const int64_t at = order.distinct_begin[first];
   const int64_t n_rows = order.distinct_begin[first + count] - at;
@@ -38,7 +40,7 @@ void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t f
   // The largest |value| as bits (non-negative floats order as their bits,
   // NaN above +inf), per slice.
   std::vector<uint32_t> largest((size_t)slices, 0);
-  cpu::parallel_for(slices, order.n_threads, nullptr, [&](int64_t s, int) {
+  cpu::parallel_for(slices, order.n_threads, cancel, [&](int64_t s, int) {
     const int64_t end = std::min(count, (s + 1) * slice);
     uint32_t top = 0;
     for (int64_t d = s * slice; d < end; d++) {
@@ -57,6 +59,9 @@ void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t f
     }
     largest[s] = top;
   });
+  // A cancel stops the slices not yet started: the staging stays marked
+  // ungathered (first = -1), and the join ends at its next cancel point.
+  if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED)) return;
   uint32_t top = 0;
   for (uint32_t b : largest) top = std::max(top, b);
   std::memcpy(&staging.max_abs, &top, sizeof top);

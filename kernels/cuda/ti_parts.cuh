@@ -155,8 +155,11 @@ struct PartStaging {
 // copies of what staging holds to the device (*max_abs: its largest
 // |value|; the staging may be refilled once the call returns). No
 // group_of_row: the out-of-core join expands its lists on the host.
+// A set *cancel stops the gather between slices (a host thread gathering
+// ahead must not hold a cancelled join up); staging.first then stays -1.
 void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t first,
-                         int64_t count, int stride, PartStaging &staging);
+                         int64_t count, int stride, PartStaging &staging,
+                         const int32_t *cancel);
 KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet &out,
                             float *max_abs, MemoryBudget &mem, DeviceContext &ctx);
 

@@ -242,7 +242,7 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
     if (staging.first != distinct_first ||
         staging.count != plan_.target_distinct_count(index))
       gather_ordered_part(*order_, float_rows(p_.targets), distinct_first,
-                          plan_.target_distinct_count(index), stride, staging);
+                          plan_.target_distinct_count(index), stride, staging, ctx_.cancel);
     const int next = index + 1;
     if (cache_ && next < plan_.target_parts() && host_[next] == nullptr) {
       PartStaging &ahead = part_staging_[next % 2];
@@ -250,12 +250,13 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
       try {
         gather_ = std::async(std::launch::async, [this, next, stride, &ahead] {
           gather_ordered_part(*order_, float_rows(p_.targets), plan_.target_distinct_first(next),
-                              plan_.target_distinct_count(next), stride, ahead);
+                              plan_.target_distinct_count(next), stride, ahead, ctx_.cancel);
         });
       } catch (const std::system_error &) {
         // No thread: the next part gathers its own rows.
       }
     }
+    KNN_TRY(ctx_.cancel_point());  // a cancelled gather leaves its staging unfilled
     KNN_TRY(send_ordered_part(staging, stride, out.set, &out.max_abs, mem, ctx_));
   } else {
     DeviceBuffer<unsigned> max_abs;
