@@ -1443,7 +1443,9 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
     o.k = 25;
     shapes = check_out_of_core(keyed, o, {2 << 20, 1 << 20}, "spatial parts, two sets, keys");
     for (const OutOfCoreShape &s : shapes) {
-      if (s.query_parts > 1) EXPECT_GT(s.skipped, 0);
+      if (s.query_parts > 1) {
+        EXPECT_GT(s.skipped, 0);
+      }
     }
   }
 }
