@@ -13,6 +13,8 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "fmgr.h"
@@ -24,7 +26,9 @@
 #include "utils/memutils.h"
 #include "utils/syscache.h"
 
+#include "halfvec.h"
 #include "knn_shard_receive.h"
+#include "vector.h"
 
 /* A row's fixed part: int32 8, int64 id, int32 vector length. */
 #define ROW_HEADER_BYTES 16
@@ -37,6 +41,9 @@ typedef struct ReceivedSet
 	const KnnVectorReader *reader;	/* the type's own element */
 	FmgrInfo	receive;
 	Oid			receive_ioparam;
+	/* KNN_VECTOR_TYPE / _HALFVEC: the send form is decoded here (decode_send_form) */
+	KnnVectorKind decoded_kind;
+	char	   *decoded_row;	/* room for one row of the largest dimension */
 	KnnMatrix	matrix;
 	MemoryContext context;		/* holds all of it; under TopTransactionContext */
 	int			level;			/* deepest (sub)transaction that added rows */
@@ -147,8 +154,16 @@ start_set(int64 set, Oid type)
 	s->reader = reader;
 	s->receive_ioparam = receive_ioparam;
 	fmgr_info_cxt(receive, &s->receive, context);
+	s->decoded_kind = knn_vector_known_receive_kind(type);
+	if (s->decoded_kind != KNN_VECTOR_UNSUPPORTED)
+		s->decoded_row = palloc(Max(VECTOR_MAX_DIM * sizeof(float), HALFVEC_MAX_DIM * sizeof(uint16)));
 	knn_matrix_init(&s->matrix, "query", s->reader->element);
 	MemoryContextSwitchTo(old);
+	ereport(DEBUG1,
+			(errmsg_internal("knn_shard_receive_queries: set " INT64_FORMAT " of %s read %s",
+							 set, format_type_be(type),
+							 s->decoded_kind != KNN_VECTOR_UNSUPPORTED ?
+							 "from its send form here" : "through its receive function")));
 	return s;
 }
 
@@ -160,6 +175,126 @@ malformed(int64 row, const char *what, int64 detail)
 			 errmsg("knn_shard_receive_queries: malformed block: row " INT64_FORMAT " %s (" INT64_FORMAT ")",
 					row, what, detail),
 			 errdetail("A block holds rows of (int32 8, int64 id, int32 n, n bytes of the vector's send form).")));
+}
+
+/* What pq_getmsgint and its kin raise when a message ends too soon. */
+static void
+send_form_cut_short(void)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_PROTOCOL_VIOLATION),
+			 errmsg("insufficient data left in message")));
+}
+
+/*
+ * Appends one row given in the send form of knn_gpu's or pgvector's vector
+ * (halfvec) (int16 dim, int16 unused, dim float4 (binary16) in network
+ * order), which those types' receive functions (vector.c, halfvec.c; the
+ * same in pgvector) read with typmod -1: the same checks in the same
+ * order, with the same errors, and the same bits, without a StringInfo
+ * copy, a palloc'd value or a call per element. The elements are decoded
+ * in one pass, which also notes a non-finite one; the error names the
+ * first, as the receive function, reading in order, would.
+ */
+static void
+decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
+{
+	bool		half = s->decoded_kind == KNN_VECTOR_HALFVEC;
+	const char *type_name = half ? "halfvec" : "vector";
+	int			size = half ? sizeof(uint16) : sizeof(float);
+	int			max_dim = half ? HALFVEC_MAX_DIM : VECTOR_MAX_DIM;
+	uint16		dim16;
+	uint16		unused16;
+	int			dim;
+	int			present;		/* whole elements in the value, up to dim */
+	bool		finite = true;
+	KnnVectorView view;
+
+	if (n < 4)
+		send_form_cut_short();
+	memcpy(&dim16, data, sizeof(dim16));
+	memcpy(&unused16, data + 2, sizeof(unused16));
+	dim = pg_ntoh16(dim16);
+	if (dim < 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("%s must have at least 1 dimension", type_name)));
+	if (dim > max_dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s cannot have more than %d dimensions", type_name, max_dim)));
+	if (pg_ntoh16(unused16) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("expected unused to be 0, not %d", (int) pg_ntoh16(unused16))));
+
+	data += 4;
+	present = Min(dim, (n - 4) / size);
+	if (half)
+	{
+		uint16	   *out = (uint16 *) s->decoded_row;
+
+		for (int i = 0; i < present; i++)
+		{
+			uint16		h;
+
+			memcpy(&h, data + 2 * (Size) i, sizeof(h));
+			h = pg_ntoh16(h);
+			finite &= (h & 0x7C00) != 0x7C00;
+			out[i] = h;
+		}
+	}
+	else
+	{
+		uint32	   *out = (uint32 *) s->decoded_row;
+
+		for (int i = 0; i < present; i++)
+		{
+			uint32		f;
+
+			memcpy(&f, data + 4 * (Size) i, sizeof(f));
+			f = pg_ntoh32(f);
+			finite &= (f & 0x7F800000) != 0x7F800000;
+			out[i] = f;
+		}
+	}
+	if (!finite)
+	{
+		/* the first element the receive function would refuse */
+		for (int i = 0; i < present; i++)
+		{
+			bool		nan;
+
+			if (half)
+			{
+				uint16		h = ((uint16 *) s->decoded_row)[i];
+
+				if ((h & 0x7C00) != 0x7C00)
+					continue;
+				nan = (h & 0x3FF) != 0;
+			}
+			else
+			{
+				float		f = ((float *) s->decoded_row)[i];
+
+				if (isfinite(f))
+					continue;
+				nan = isnan(f);
+			}
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 nan ? errmsg("NaN not allowed in %s", type_name)
+					 : errmsg("infinite value not allowed in %s", type_name)));
+		}
+	}
+	if (present < dim)
+		send_form_cut_short();
+	if (n != 4 + size * dim)
+		malformed(row, "has bytes after its vector's send form", n - 4 - size * dim);
+
+	view.dim = dim;
+	view.elements = s->decoded_row;
+	knn_matrix_append_view(&s->matrix, id, &view, s->reader);
 }
 
 /*
@@ -217,16 +352,21 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 		if (n < 0 || n > rows.len - rows.cursor)
 			malformed(row, "has a vector length past the block's end", n);
 
-		/* a receive function reads a StringInfo ending in '\0', as COPY gives it */
-		resetStringInfo(&value);
-		appendBinaryStringInfo(&value, pq_getmsgbytes(&rows, n), n);
-		old = MemoryContextSwitchTo(row_context);
-		vector = ReceiveFunctionCall(&held->receive, &value, held->receive_ioparam, -1);
-		MemoryContextSwitchTo(old);
-		if (value.cursor != value.len)
-			malformed(row, "has bytes after its vector's send form", value.len - value.cursor);
-		knn_matrix_append(&held->matrix, id, vector, held->reader);
-		MemoryContextReset(row_context);
+		if (held->decoded_kind != KNN_VECTOR_UNSUPPORTED)
+			decode_send_form(held, row, id, pq_getmsgbytes(&rows, n), n);
+		else
+		{
+			/* a receive function reads a StringInfo ending in '\0', as COPY gives it */
+			resetStringInfo(&value);
+			appendBinaryStringInfo(&value, pq_getmsgbytes(&rows, n), n);
+			old = MemoryContextSwitchTo(row_context);
+			vector = ReceiveFunctionCall(&held->receive, &value, held->receive_ioparam, -1);
+			MemoryContextSwitchTo(old);
+			if (value.cursor != value.len)
+				malformed(row, "has bytes after its vector's send form", value.len - value.cursor);
+			knn_matrix_append(&held->matrix, id, vector, held->reader);
+			MemoryContextReset(row_context);
+		}
 		if (++row % ROWS_PER_INTERRUPT_CHECK == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
