@@ -28,6 +28,7 @@
 
 #include "halfvec.h"
 #include "knn_shard_receive.h"
+#include "knn_stats.h"
 #include "vector.h"
 
 /* A row's fixed part: int32 8, int64 id, int32 vector length. */
@@ -47,6 +48,8 @@ typedef struct ReceivedSet
 	KnnMatrix	matrix;
 	MemoryContext context;		/* holds all of it; under TopTransactionContext */
 	int			level;			/* deepest (sub)transaction that added rows */
+	int64		blocks;			/* received, and the time spent reading them (DEBUG1) */
+	double		seconds;
 } ReceivedSet;
 
 static ReceivedSet *held = NULL;
@@ -313,6 +316,7 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	int64		row = 0;
 	MemoryContext row_context;
 	StringInfoData value;
+	instr_time	start;
 
 	register_callbacks();
 	if (held != NULL && held->set != set)
@@ -327,6 +331,7 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	/* before any row: a subtransaction that fails from here on takes the set */
 	held->level = Max(held->level, GetCurrentTransactionNestLevel());
 
+	INSTR_TIME_SET_CURRENT(start);
 	row_context = AllocSetContextCreate(CurrentMemoryContext, "knn_gpu received row",
 										ALLOCSET_DEFAULT_SIZES);
 	initStringInfo(&value);
@@ -372,6 +377,8 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	}
 	pfree(value.data);
 	MemoryContextDelete(row_context);
+	held->blocks++;
+	held->seconds += knn_seconds_since(start);
 	PG_RETURN_INT64(held->matrix.n);
 }
 
@@ -395,6 +402,9 @@ knn_received_queries_take(int64 set, KnnMatrix *queries)
 	(void) knn_received_queries_type(set);
 	s = held;
 	held = NULL;
+	ereport(DEBUG1,
+			(errmsg_internal("knn_shard_receive_queries: set " INT64_FORMAT ": " INT64_FORMAT " rows in " INT64_FORMAT " blocks read in %.3f s",
+							 set, s->matrix.n, s->blocks, s->seconds)));
 	if (queries->element == s->matrix.element)
 	{
 		/* the rows as received: their memory now lives as long as the matrix's */
