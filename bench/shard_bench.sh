@@ -40,6 +40,11 @@
 # with the query rows shipped into the shards' memory and once by COPY
 # into a temporary table (knn_shard_receive_queries renamed away on the
 # shards for it): the two ways side by side on the same servers.
+# With QUERY_TEXT_FETCH_SIZES="100 10000" (default empty: not run), also
+# the emb self-join with its query text over the sharded table (its rows
+# read here through postgres_fdw) and over the plain one, per fetch_size
+# (bench_query_text). FETCH_SIZE sets the shards' servers' fetch_size for
+# every run (default: postgres_fdw's 100); the JSON says which.
 # Derived: speedup = baseline / sharded (psql time), the coordinator's
 # shipping + merge over the slowest shard's time, and the merge's cost per
 # million result rows. Writes OUT_DIR/shard_bench.json and prints it.
@@ -52,7 +57,8 @@
 #   DEVICE=cpu SHARED_BUFFERS=128MB PG_BIN=/usr/lib/postgresql/15/bin bash bench/shard_bench.sh /tmp/out
 #
 # Settings: EMB_ROWS EMB_DIMS CLU_ROWS CLU_DIMS CLU_CENTRES K CHECK_QUERIES
-#   NODE_QUERIES SHIP_TARGETS (0) SHIP_COPIES (1) SHIP_ROUNDS (0) DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
+#   NODE_QUERIES SHIP_TARGETS (0) SHIP_COPIES (1) SHIP_ROUNDS (0) FETCH_SIZE
+#   QUERY_TEXT_FETCH_SIZES DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
 #   takes the first) PORTS ("5701 5702 5703") SHARED_BUFFERS (8GB)
 #   PG_SETTINGS (more server settings) PG_BIN (default: pg_ctl's directory
 #   on PATH) PYTHON (python3 with numpy) STEP_TIMEOUT.
@@ -62,6 +68,8 @@ emb_rows=${EMB_ROWS:-1000000} emb_dims=${EMB_DIMS:-768}
 clu_rows=${CLU_ROWS:-5000000} clu_dims=${CLU_DIMS:-8} clu_centres=${CLU_CENTRES:-1000}
 k=${K:-10} check_queries=${CHECK_QUERIES:-20000} node_queries=${NODE_QUERIES:-100000}
 device=${DEVICE:-gpu} step_timeout=${STEP_TIMEOUT:-240} ship_targets=${SHIP_TARGETS:-0} ship_copies=${SHIP_COPIES:-1} ship_rounds=${SHIP_ROUNDS:-0}
+# postgres_fdw's fetch_size on the shards' servers (empty: its default, 100 rows)
+server_fetch_size=${FETCH_SIZE:-} fetch_size=${FETCH_SIZE:-} query_text_fetch_sizes=${QUERY_TEXT_FETCH_SIZES:-}
 read -r -a gpus <<<"${GPUS:-0 1}"
 read -r -a ports <<<"${PORTS:-5701 5702 5703}"
 here=$(cd "$(dirname "$0")" && pwd)
@@ -131,8 +139,8 @@ info=$(sql 0 -c "SELECT knn_gpu_info()")
 echo "coordinator: $info"
 sql 0 >>"$log" 2>&1 <<EOF || { tail "$log"; exit 1; }
 CREATE EXTENSION postgres_fdw;
-CREATE SERVER shard1 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '$base/shard1', port '${ports[1]}', dbname 'postgres');
-CREATE SERVER shard2 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '$base/shard2', port '${ports[2]}', dbname 'postgres');
+CREATE SERVER shard1 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '$base/shard1', port '${ports[1]}', dbname 'postgres'${server_fetch_size:+, fetch_size '$server_fetch_size'});
+CREATE SERVER shard2 FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '$base/shard2', port '${ports[2]}', dbname 'postgres'${server_fetch_size:+, fetch_size '$server_fetch_size'});
 CREATE USER MAPPING FOR postgres SERVER shard1 OPTIONS (user 'postgres');
 CREATE USER MAPPING FOR postgres SERVER shard2 OPTIONS (user 'postgres');
 EOF
@@ -258,8 +266,42 @@ bench_ship() {
     "${shard_run%%|*}" "$(json_string "$shard_sum")" "${shard_run#*|*|}" "$check" "$ab"
 }
 
+# bench_query_text NAME: the coordinator's time before the shipping when the
+# query text reads the sharded table itself (postgres_fdw brings its rows as
+# text, each value through the type's input function) rather than the plain
+# table, per fetch_size of the shards' servers (QUERY_TEXT_FETCH_SIZES): a
+# plain scan of each (count(v)), and the sharded join with each query text;
+# "outside" is the psql time less knn_gpu_last_shard_stats()'s total (the
+# query rows' reading before it, the result's checksum after it).
+bench_query_text() {
+  local name=$1 fs runs="" scan join outside
+  local scan_sql="SELECT count(v) FROM"
+  for fs in $query_text_fetch_sizes; do
+    local op=ADD; [ -n "$fetch_size" ] && op=SET
+    for s in 1 2; do sql 0 -c "ALTER SERVER shard$s OPTIONS ($op fetch_size '$fs')" >>"$log" 2>&1 || exit 1; done
+    fetch_size=$fs
+    for q in "${name}_all" "$name"; do
+      scan=$(timed 0 "$scan_sql $q" "SELECT 1") || exit 1
+      join=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $q', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+        "SELECT knn_gpu_last_shard_stats()") || exit 1
+      outside=$(awk -v ms="${join%%|*}" -v total="$(echo "${join##*|}" | sed -n 's/.*"total" *: *\([0-9.e+-]*\).*/\1/p')" 'BEGIN { printf "%.3f", ms / 1000 - total }')
+      echo "$name query text over $q, fetch_size $fs: scan ${scan%%|*} ms, sharded join ${join%%|*} ms (outside the shard phases ${outside} s)" >&2
+      runs="$runs${runs:+,}{\"fetch_size\":$fs,\"query_table\":\"$q\",\"scan_ms\":${scan%%|*},\"join_ms\":${join%%|*},\"outside_shard_phases_s\":$outside,\"checksum\":$(json_string "$(echo "$join" | cut -d'|' -f2)"),\"stats\":${join##*|}}"
+    done
+  done
+  # back to the servers' setting for the other runs
+  for s in 1 2; do
+    if [ -n "$server_fetch_size" ]; then sql 0 -c "ALTER SERVER shard$s OPTIONS (SET fetch_size '$server_fetch_size')"
+    else sql 0 -c "ALTER SERVER shard$s OPTIONS (DROP fetch_size)"; fi >>"$log" 2>&1 || exit 1
+  done
+  fetch_size=$server_fetch_size
+  printf '{"set":"%s","form":"knn_join exclude_self, the query text over the plain table or the sharded one, per fetch_size","runs":[%s]}' "$name" "$runs"
+}
+
 load emb "$emb_rows" "$emb_dims" 100
 emb=$(bench_set emb "$emb_rows" "$emb_dims") || exit 1
+query_text=
+if [ -n "$query_text_fetch_sizes" ]; then query_text=$(bench_query_text emb) || exit 1; fi
 node=$(bench_node emb) || exit 1
 ship=
 if [ "$ship_targets" -gt 0 ]; then ship=$(bench_ship emb) || exit 1; fi
@@ -269,10 +311,10 @@ load clu "$clu_rows" "$clu_dims" "$clu_centres"
 clu=$(bench_set clu "$clu_rows" "$clu_dims") || exit 1
 
 # Derived figures, from the psql times and knn_gpu_last_shard_stats().
-step 60 "$py" - "$result" "$device" "$info" "$emb" "$node" "$clu" ${ship:+"$ship"} <<'PYEOF'
+step 60 "$py" - "$result" "$device" "$info" "${server_fetch_size:-null}" "${query_text:-null}" "$emb" "$node" "$clu" ${ship:+"$ship"} <<'PYEOF'
 import json, sys
-path, device, info = sys.argv[1:4]
-runs = [json.loads(text) for text in sys.argv[4:]]
+path, device, info, fetch_size, query_text = sys.argv[1:6]
+runs = [json.loads(text) for text in sys.argv[6:]]
 for run in runs:
     stats = run["sharded"]["stats"] or {}
     shards = stats.get("shards", [])
@@ -296,7 +338,11 @@ for run in runs:
         "result_rows": rows,
     }
 report = {"benchmark": "issue 11: sharded self-join, two shards on two GPUs vs one server on one GPU",
-          "device": device, "coordinator_engine": info, "runs": runs}
+          "device": device, "coordinator_engine": info,
+          # the shards' servers' postgres_fdw fetch_size (null: its default, 100)
+          "fetch_size": json.loads(fetch_size), "runs": runs}
+if query_text != "null":
+    report["query_text"] = json.loads(query_text)
 with open(path, "w") as f:
     json.dump(report, f, indent=1)
     f.write("\n")

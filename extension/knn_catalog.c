@@ -412,3 +412,38 @@ knn_distance_operator_identity(Oid opno, KnnOperatorIdentity *identity)
 	}
 	return identity->version != NULL;
 }
+
+/* The binary receive functions of the vector types, and the kind they read. */
+static const KnownFunction vector_receive_functions[] = {
+	{KNN_GPU_EXTENSION, "knn_vector_recv", KNN_VECTOR_TYPE},
+	{PGVECTOR_EXTENSION, "vector_recv", KNN_VECTOR_TYPE},
+	{KNN_GPU_EXTENSION, "knn_halfvec_recv", KNN_VECTOR_HALFVEC},
+	{PGVECTOR_EXTENSION, "halfvec_recv", KNN_VECTOR_HALFVEC},
+};
+
+KnnVectorKind
+knn_vector_known_receive_kind(Oid typid)
+{
+	KnnVectorKind kind = extension_vector_kind(typid);
+	HeapTuple	tuple;
+	Oid			receive;
+	const KnownFunction *known;
+	char	   *extension;
+
+	if (kind != KNN_VECTOR_TYPE && kind != KNN_VECTOR_HALFVEC)
+		return KNN_VECTOR_UNSUPPORTED;
+	tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
+	if (!HeapTupleIsValid(tuple))
+		return KNN_VECTOR_UNSUPPORTED;
+	receive = ((Form_pg_type) GETSTRUCT(tuple))->typreceive;
+	ReleaseSysCache(tuple);
+	known = identify_function(receive, vector_receive_functions,
+							  lengthof(vector_receive_functions));
+	/* that extension's receive function for this kind, and the type is of the same extension */
+	if (known == NULL || (KnnVectorKind) known->value != kind)
+		return KNN_VECTOR_UNSUPPORTED;
+	extension = owning_extension(TypeRelationId, typid);
+	if (extension == NULL || strcmp(extension, known->extension) != 0)
+		return KNN_VECTOR_UNSUPPORTED;
+	return kind;
+}

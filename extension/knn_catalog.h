@@ -32,6 +32,14 @@ typedef enum KnnVectorKind
 extern KnnVectorKind knn_vector_kind(Oid typid);
 
 /*
+ * KNN_VECTOR_TYPE or KNN_VECTOR_HALFVEC when typid (no domain) is knn_gpu's
+ * or pgvector's vector (halfvec) and its binary receive function is still
+ * that extension's own C receive function for it, so that its send form is
+ * read as that function reads it; else KNN_VECTOR_UNSUPPORTED.
+ */
+extern KnnVectorKind knn_vector_known_receive_kind(Oid typid);
+
+/*
  * Is opno a distance operator of knn_gpu or pgvector between two values of
  * one joinable type (vector, halfvec, bit)? Then *metric says which distance
  * it computes.

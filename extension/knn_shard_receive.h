@@ -2,7 +2,10 @@
  * knn_shard_receive.h -- a shard's end of a sharded knn_join's query rows
  * shipped in blocks (knn_shard_remote.h's knn_shard_remote_ship_blocks):
  * knn_shard_receive_queries(set, vector_type, block) reads each block's
- * rows through the vector type's own binary receive function into a
+ * rows as the vector type's own binary receive function does (knn_gpu's
+ * and pgvector's vector and halfvec, while their receive functions are
+ * their extension's own: decoded here, with the same checks, errors and
+ * bits; any other: through that function) into a
  * matrix held in this backend's memory for the rest of the transaction,
  * and knn_join_received_packed(set, targets, ...) (knn_range_join_received)
  * joins that matrix, with no table in between.

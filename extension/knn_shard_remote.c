@@ -48,6 +48,7 @@
 #include "utils/timestamp.h"
 
 #include "knn_shard_remote.h"
+#include "knn_stats.h"
 #include "knn_vocabulary.h"
 
 #define POSTGRES_FDW_LIBRARY "$libdir/postgres_fdw"
@@ -757,6 +758,11 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	const char **sql = palloc(n_shards * sizeof(char *));
 	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
 	instr_time	start;
+	/* where the coordinator's time goes, for DEBUG1 */
+	double		seconds_encode = 0.0;
+	double		seconds_libpq = 0.0;
+	double		seconds_wait = 0.0;
+	int64		waits = 0;
 
 	INSTR_TIME_SET_CURRENT(start);
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
@@ -767,6 +773,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	{
 		int64		r = 0;
 		int64		encoded = 0;	/* blocks */
+		instr_time	phase;
 
 		/* the latch (a cancel), the postmaster, then each shard's socket at 2 + s */
 		events = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
@@ -791,6 +798,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 			/* encode ahead, into slots every shard has sent */
 			for (int s = 0; s < n_shards; s++)
 				slowest = Min(slowest, progress[s].sent);
+			INSTR_TIME_SET_CURRENT(phase);
 			while (r < rows->n && encoded - slowest < SHIP_BLOCKS_AHEAD)
 			{
 				ShipBlock  *b = &blocks[encoded % SHIP_BLOCKS_AHEAD];
@@ -806,6 +814,8 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 				encoded++;
 				moved = true;
 			}
+			seconds_encode += knn_seconds_since(phase);
+			INSTR_TIME_SET_CURRENT(phase);
 			for (int s = 0; s < n_shards; s++)
 			{
 				ShipProgress *p = &progress[s];
@@ -820,6 +830,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 				}
 				done = done && p->answered == encoded;
 			}
+			seconds_libpq += knn_seconds_since(phase);
 			if (done)
 				break;
 			if (moved)
@@ -829,9 +840,12 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 				ModifyWaitEvent(events, 2 + s,
 								WL_SOCKET_READABLE | (progress[s].unsent_bytes ? WL_SOCKET_WRITEABLE : 0),
 								NULL);
+			INSTR_TIME_SET_CURRENT(phase);
 			if (WaitEventSetWait(events, -1L, &occurred, 1, PG_WAIT_EXTENSION) > 0 &&
 				(occurred.events & WL_LATCH_SET))
 				ResetLatch(MyLatch);
+			seconds_wait += knn_seconds_since(phase);
+			waits++;
 			CHECK_FOR_INTERRUPTS();
 		}
 		FreeWaitEventSet(events);
@@ -862,6 +876,10 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
 		pfree(blocks[i].data.data);
 	note_ship_time(shards, n_shards, start);
+	ereport(DEBUG1,
+			(errmsg_internal("%s: " INT64_FORMAT " query rows shipped to %d shards in %.3f s: encoding %.3f s, libpq %.3f s, waiting for the shards %.3f s (" INT64_FORMAT " waits)",
+							 shards[0]->who, rows->n, n_shards, shards[0]->seconds_ship,
+							 seconds_encode, seconds_libpq, seconds_wait, waits)));
 }
 
 void

@@ -326,6 +326,69 @@ received_same "vector queries, halfvec targets, ip (read as halfvec)" vector knn
 received_same "halfvec cosine" halfvec knn_halfvec_send h "SELECT id, h FROM items_h_0" 5 cosine false
 received_same "bit hamming" varbit varbit_send b "SELECT id, b FROM items_h_0" 6 hamming true
 
+# pgvector's vector and halfvec (where pgvector is installed; its own schema
+# on shard 1): their send forms are read on the shard itself while their
+# receive functions are pgvector's own, and give what those functions give:
+# the same rows (the same packed join of pgvector targets) and the same
+# errors, the receive function's way forced by a function of the same C code
+# that is not pgvector's. pgvector_received TYPE RECEIVE SEND: "here|..."
+# and "receive|..." (the join's md5, a NaN's error, a short value's error),
+# then how many sets were read here, and through the receive function.
+pgvector_received() {
+  local cast="::text::pgv.$1" out
+  out=$(sql 1 2>&1 <<EOF
+CREATE FUNCTION pg_temp.outcome(set bigint, block bytea) RETURNS text LANGUAGE plpgsql AS \$\$
+BEGIN
+  RETURN knn_shard_receive_queries(set, 'pgv.$1', block)::text;
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END \$\$;
+CREATE FUNCTION pg_temp.pgv_recv(internal, oid, integer) RETURNS pgv.$1 AS '\$libdir/vector', '$2' LANGUAGE C IMMUTABLE STRICT;
+CREATE FUNCTION pg_temp.received(how text) RETURNS text LANGUAGE plpgsql AS \$\$
+DECLARE
+  result text;
+BEGIN
+  IF how = 'receive' THEN
+    ALTER TYPE pgv.$1 SET (RECEIVE = pg_temp.pgv_recv);
+  END IF;
+  PERFORM knn_shard_receive_queries(30, 'pgv.$1',
+    (SELECT string_agg(int4send(8) || int8send(id) || int4send(length(pgv.$3(v$cast))) || pgv.$3(v$cast), ''::bytea ORDER BY id)
+     FROM items_h_0 WHERE v IS NOT NULL));
+  SELECT md5(string_agg(p, ''::bytea ORDER BY n)) INTO result
+    FROM knn_join_received_packed(30, 'SELECT id, v$cast FROM items_h_0', 4, 'l2', true, 'auto') WITH ORDINALITY x(p, n);
+  RETURN result || '|' || pg_temp.outcome(31, int4send(8) || int8send(1) || int4send(8) || int2send(1::int2) || int2send(0::int2) || '\\xffc00000'::bytea)
+    || '|' || pg_temp.outcome(32, int4send(8) || int8send(1) || int4send(5) || int2send(1::int2) || int2send(0::int2) || '\\x00'::bytea);
+END \$\$;
+SET client_min_messages = debug1;
+BEGIN;
+SELECT 'here|' || pg_temp.received('here');
+ROLLBACK;
+BEGIN;
+SELECT 'receive|' || pg_temp.received('receive');
+ROLLBACK;
+EOF
+)
+  echo "$out" | grep -E '^(here|receive)\|' | sort
+  echo "$out" | grep -c "read from its send form here"
+  echo "$out" | grep -c "read through its receive function"
+}
+if [ "$(sql 1 -c "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'")" = 1 ] &&
+   sql 1 -q -c "CREATE SCHEMA pgv" -c "CREATE EXTENSION vector SCHEMA pgv" 2>/dev/null; then
+  for t in "vector vector_recv vector_send" "halfvec halfvec_recv halfvec_send"; do
+    read -r type recv send <<<"$t"
+    out=$(pgvector_received "$type" "$recv" "$send")
+    here=$(echo "$out" | sed -n 's/^here|//p') through=$(echo "$out" | sed -n 's/^receive|//p')
+    check "pgvector's $type: received rows and errors, read here or through its receive function" \
+      "$through" "$here"
+    check_has "... the rows joined, the errors raised" "|22000: NaN not allowed in $type|08P01: insufficient data left in message" "$here"
+    check "... read here for the one, through the receive function for the other (3 sets each)" "$(printf '3\n3')" \
+      "$(echo "$out" | tail -2)"
+  done
+  sql 1 -q -c "DROP EXTENSION vector" -c "DROP SCHEMA pgv"
+else
+  echo "skipped: pgvector's send forms on a shard (pgvector is not installed here)"
+fi
+
 # Blocks are hostile input: every malformed one is refused with a clear
 # error, and nothing is left held. refused NAME MESSAGE SQL (on shard 1)
 refused() { check_has "refused: $1" "$2" "$(sql 1 -c "$3" "${@:4}" 2>&1)"; }
