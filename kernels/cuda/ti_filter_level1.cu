@@ -2,7 +2,7 @@
 // candidate target clusters of every query cluster.
 //
 //  1. Centre-to-centre distances of every (query cluster, target cluster).
-//  2. Upper bound UB of each query cluster (one thread per query cluster):
+//  2. Upper bound UB of each query cluster (one warp per query cluster):
 //     with R_q the query cluster's radius, every member t of target cluster
 //     ct gives the two-landmark bound R_q + D(cq, ct) + D(ct, t) on the
 //     distance from any query of the cluster to t (and to each of t's
@@ -80,12 +80,20 @@ __device__ float insert_bound(float *value, int32_t *count, int &len, int kprime
   return __int_as_float(0x7f800000);
 }
 
+// One warp per query cluster. The lanes find the nearest non-empty target
+// cluster together and test 32 target clusters at a time against the
+// current k'-th; lane 0 walks those that passed, in cluster order, testing
+// each again with the k'-th it has by then: the same walk, and the same
+// bound, as one thread's over all clusters, without its serial scan.
+constexpr int kUpperBoundWarps = 4;
+
 __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView t) {
-  int cq = blockIdx.x * blockDim.x + threadIdx.x;
-  if (cq >= a.mq) return;
+  const int lane = threadIdx.x % kWarp;
+  const int cq = blockIdx.x * kUpperBoundWarps + threadIdx.x / kWarp;
+  if (cq >= a.mq) return;  // the whole warp
   const float inf = __int_as_float(0x7f800000);
   if (q.begin[cq + 1] == q.begin[cq]) {
-    a.upper_bound[cq] = 0.0f;  // no queries: never read
+    if (lane == 0) a.upper_bound[cq] = 0.0f;  // no queries: never read
     return;
   }
   const float rq = q.radius[cq];
@@ -96,32 +104,56 @@ __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView 
   float kth = inf;
   const float carried = a.carried != nullptr ? a.carried[cq] : inf;
 
+  // The nearest non-empty target cluster (the first of equals).
   int first = -1;
   float first_d = inf;
-  for (int ct = 0; ct < a.mt; ct++) {
+  for (int ct = lane; ct < a.mt; ct += kWarp) {
     if (t.begin[ct + 1] > t.begin[ct] && (first < 0 || dcc[ct] < first_d)) {
       first = ct;
       first_d = dcc[ct];
     }
   }
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    const int other = __shfl_xor_sync(kFullMask, first, off);
+    const float other_d = __shfl_xor_sync(kFullMask, first_d, off);
+    if (other >= 0 &&
+        (first < 0 || other_d < first_d || (other_d == first_d && other < first))) {
+      first = other;
+      first_d = other_d;
+    }
+  }
   if (first < 0) {
-    a.upper_bound[cq] = carried;
+    if (lane == 0) a.upper_bound[cq] = carried;
     return;
   }
-  for (int it = -1; it < a.mt; it++) {
-    int ct = it < 0 ? first : it;
-    if (it >= 0 && ct == first) continue;
-    int b = t.begin[ct], e = t.begin[ct + 1];
-    if (e == b) continue;
-    float base = rq + dcc[ct];
-    if (!(base + t.nearest[ct] < fminf(kth, carried))) continue;
+  // Lane 0's walk of one target cluster's members, centre outwards.
+  auto walk = [&](int ct) {
+    const int b = t.begin[ct], e = t.begin[ct + 1];
+    const float base = rq + dcc[ct];
+    if (e == b || !(base + t.nearest[ct] < fminf(kth, carried))) return;
     for (int pos = e - 1; pos >= b; pos--) {
-      float bound = base + t.dist[pos];
+      const float bound = base + t.dist[pos];
       if (!(bound < fminf(kth, carried))) break;
       kth = insert_bound(value, count, len, a.kprime, bound, t.mult[pos]);
     }
+  };
+  if (lane == 0) walk(first);
+  kth = __shfl_sync(kFullMask, kth, 0);
+  for (int c0 = 0; c0 < a.mt; c0 += kWarp) {
+    const int ct = c0 + lane;
+    const bool pass = ct < a.mt && ct != first && t.begin[ct + 1] > t.begin[ct] &&
+                      rq + dcc[ct] + t.nearest[ct] < fminf(kth, carried);
+    unsigned mask = __ballot_sync(kFullMask, pass);
+    if (lane == 0) {
+      while (mask != 0) {
+        const int bit = __ffs(mask) - 1;
+        mask &= mask - 1;
+        walk(c0 + bit);
+      }
+    }
+    kth = __shfl_sync(kFullMask, kth, 0);
   }
-  a.upper_bound[cq] = fminf(carried, kth == inf ? inf : kth + widen(a.margin, kth));
+  if (lane == 0) a.upper_bound[cq] = fminf(carried, kth == inf ? inf : kth + widen(a.margin, kth));
 }
 
 struct GroupFilterArgs {
@@ -200,7 +232,8 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   ua.margin = margin;
   ua.upper_bound = out.upper_bound.get();
   ua.carried = carried_bound;
-  upper_bound_kernel<<<grid_for(mq, 64), 64, 0, stream>>>(ua, queries.view(), targets.view());
+  upper_bound_kernel<<<grid_for(mq, kUpperBoundWarps), kUpperBoundWarps * kWarp, 0, stream>>>(
+      ua, queries.view(), targets.view());
   CUDA_CHECK_LAUNCH(ctx, "upper_bound_kernel");
   KNN_TRY(ctx.cancel_point());
 

@@ -374,22 +374,32 @@ __global__ void partial_select_kernel(int64_t nq, const int32_t *qmember, const 
   list.store(kprime, result_value + d * kprime, result_row + d * kprime, 1);
 }
 
-// Warp groups: ceil(size / 32) per query cluster.
-__global__ void group_counts_kernel(int m, const int32_t *begin, int32_t *count) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c > m) return;
-  count[c] = c < m ? (begin[c + 1] - begin[c] + kWarp - 1) / kWarp : 0;
+// Warp groups: ceil(size / 32) per query cluster; none for a cluster
+// without candidates where `cand_count` is given (resumed lists: its
+// queries' lists stay as they are).
+__device__ __forceinline__ int cluster_groups(int c, const int32_t *begin,
+                                              const int32_t *cand_count) {
+  if (cand_count != nullptr && cand_count[c] == 0) return 0;
+  return (begin[c + 1] - begin[c] + kWarp - 1) / kWarp;
 }
 
-__global__ void group_table_kernel(int m, const int32_t *begin, const int32_t *first_group,
-                                   int4 *groups, int32_t *n_groups) {
+__global__ void group_counts_kernel(int m, const int32_t *begin, const int32_t *cand_count,
+                                    int32_t *count) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c > m) return;
+  count[c] = c < m ? cluster_groups(c, begin, cand_count) : 0;
+}
+
+__global__ void group_table_kernel(int m, const int32_t *begin, const int32_t *cand_count,
+                                   const int32_t *first_group, int4 *groups, int32_t *n_groups) {
   int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= m) return;
   int b = begin[c], size = begin[c + 1] - b;
   int g0 = first_group[c];
-  for (int w = 0; w * kWarp < size; w++)
+  const int n = cluster_groups(c, begin, cand_count);
+  for (int w = 0; w < n; w++)
     groups[g0 + w] = make_int4(c, b + w * kWarp, min(kWarp, size - w * kWarp), 0);
-  if (c == m - 1) *n_groups = g0 + (size + kWarp - 1) / kWarp;
+  if (c == m - 1) *n_groups = g0 + n;
 }
 
 // ---- kernel selection ----
@@ -463,23 +473,23 @@ struct WarpGroups {
   int64_t max_groups = 0;
 };
 
-KnnStatus build_warp_groups(const ClusterSet &queries, WarpGroups &g, MemoryBudget &mem,
-                            DeviceContext &ctx) {
+KnnStatus build_warp_groups(const ClusterSet &queries, const int32_t *cand_count, WarpGroups &g,
+                            MemoryBudget &mem, DeviceContext &ctx) {
   const int mq = queries.m;
   g.max_groups = queries.n / kWarp + mq + 1;
   KNN_TRY(mem.allocate(ctx, g.count, mq + 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.first, mq + 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.n_groups, 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.groups, g.max_groups, "warp groups"));
-  group_counts_kernel<<<grid_for(mq + 1, 128), 128, 0, ctx.stream>>>(mq, queries.begin.get(),
-                                                                     g.count.get());
+  group_counts_kernel<<<grid_for(mq + 1, 128), 128, 0, ctx.stream>>>(
+      mq, queries.begin.get(), cand_count, g.count.get());
   CUDA_CHECK_LAUNCH(ctx, "group_counts_kernel");
   KNN_TRY(run_cub(ctx, mem, g.scan_temp, "warp groups", [&](void *temp, size_t &bytes) {
     return cub::DeviceScan::ExclusiveSum(temp, bytes, g.count.get(), g.first.get(), mq + 1,
                                          ctx.stream);
   }));
   group_table_kernel<<<grid_for(mq, 128), 128, 0, ctx.stream>>>(
-      mq, queries.begin.get(), g.first.get(), g.groups.get(), g.n_groups.get());
+      mq, queries.begin.get(), cand_count, g.first.get(), g.groups.get(), g.n_groups.get());
   CUDA_CHECK_LAUNCH(ctx, "group_table_kernel");
   return KNN_OK;
 }
@@ -610,8 +620,11 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
                         float *result_value, int32_t *result_row,
                         unsigned long long *distance_counter, Level2Config *used,
                         MemoryBudget &mem, DeviceContext &ctx) {
+  // Resumed lists: a query cluster without candidates keeps its queries'
+  // lists as they are, so it gets no warps (no seeding, merge or store).
   WarpGroups groups;
-  KNN_TRY(build_warp_groups(queries, groups, mem, ctx));
+  KNN_TRY(build_warp_groups(queries, requested.resume ? level1.cand_count.get() : nullptr,
+                            groups, mem, ctx));
 
   Level2Args a{};
   a.q = queries.view();

@@ -114,16 +114,20 @@ __global__ void largest_last_kernel(const float *value, const int32_t *row, int6
 // The carried bound of each query cluster: the largest k'-th entry of its
 // queries' lists, as a ti distance widened by the rounding margin (+inf
 // while some list is not full). Every query's final k'-th is at most its
-// current one, hence at most this.
+// current one, hence at most this. One warp per cluster.
 template <int METRIC>
 __global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member, int32_t mq,
                                      const float *value, int kprime, Margin margin,
                                      float *out) {
-  const int32_t cq = blockIdx.x * blockDim.x + threadIdx.x;
-  if (cq >= mq) return;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t cq = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / kWarp;
+  if (cq >= mq) return;  // the whole warp
   float top = 0.0f;
-  for (int32_t pos = begin[cq]; pos < begin[cq + 1]; pos++)
+  for (int32_t pos = begin[cq] + lane; pos < begin[cq + 1]; pos += kWarp)
     top = fmaxf(top, value[(int64_t)member[pos] * kprime + kprime - 1]);
+  for (int off = kWarp / 2; off > 0; off /= 2)
+    top = fmaxf(top, __shfl_xor_sync(kFullMask, top, off));
+  if (lane != 0) return;
   const float ti = MetricOps<METRIC>::ti(top);
   out[cq] = ti == __int_as_float(0x7f800000) ? ti : ti + margin.rel * ti + margin.abs;
 }
@@ -131,14 +135,19 @@ __global__ void carried_bound_kernel(const int32_t *begin, const int32_t *member
 // Whether a target part can change any list of the query part: 1 goes to
 // *needed where some query q and target cluster ct pass level 2's cluster
 // test (ti_filter_level2.cu) with q's own k'-th entry as theta: not
-// x - R_t > theta + margin(x + R_t + theta), x = D(q, ct). One thread per
-// query position; the first pass found ends every thread.
+// x - R_t > theta + margin(x + R_t + theta), x = D(q, ct). kNeededSlices
+// threads per query position, each over every kNeededSlices-th target
+// cluster; the first pass found ends every thread.
+constexpr int kNeededSlices = 8;
+
 template <int METRIC>
 __global__ void part_needed_kernel(const float *qx, const int32_t *qmember, int64_t nq,
                                    const float *value, int kprime, const float *tc,
                                    const float *tr, const int32_t *tbegin, int32_t mt, int stride,
                                    Margin margin, unsigned *needed) {
-  const int64_t pos = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int64_t pos = i / kNeededSlices;
+  const int slice = (int)(i % kNeededSlices);
   if (pos >= nq || *(volatile unsigned *)needed != 0) return;
   const float last = value[(int64_t)qmember[pos] * kprime + kprime - 1];
   if (last == __int_as_float(0x7f800000)) {  // a list not yet full
@@ -147,8 +156,9 @@ __global__ void part_needed_kernel(const float *qx, const int32_t *qmember, int6
   }
   const float theta = MetricOps<METRIC>::ti(last);
   const float *q = qx + pos * stride;
-  for (int32_t ct = 0; ct < mt; ct++) {
-    if ((ct & 31) == 31 && *(volatile unsigned *)needed != 0) return;
+  int tested = 0;
+  for (int32_t ct = slice; ct < mt; ct += kNeededSlices) {
+    if ((++tested & 31) == 0 && *(volatile unsigned *)needed != 0) return;
     if (tbegin[ct + 1] == tbegin[ct]) continue;
     const float x = MetricOps<METRIC>::ti(MetricOps<METRIC>::value(q, tc + (int64_t)ct * stride,
                                                                     stride));
@@ -321,7 +331,7 @@ KnnStatus OutOfCoreJoin::upload_target_keys() {
 
 // The carried bound of each query cluster (carried_bound_kernel).
 KnnStatus OutOfCoreJoin::carried_bounds(const ClusterSet &queries, float *carried) {
-  const unsigned grid = grid_for(queries.m, 128);
+  const unsigned grid = grid_for((int64_t)queries.m * kWarp, 128);
   if (p_.metric == KNN_METRIC_L1)
     carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
         queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
@@ -369,7 +379,7 @@ KnnStatus OutOfCoreJoin::pair_tests(const ClusterSet &queries, const DistinctSet
                                      cudaMemcpyHostToDevice, ctx_.stream));
     CUDA_CHECK(ctx_, cudaMemcpyAsync(begin.get(), s.begin, begin.bytes(), cudaMemcpyHostToDevice,
                                      ctx_.stream));
-    const unsigned grid = grid_for(queries.n, 256);
+    const unsigned grid = grid_for(queries.n * kNeededSlices, 256);
     if (p_.metric == KNN_METRIC_L1)
       part_needed_kernel<KNN_METRIC_L1><<<grid, 256, 0, ctx_.stream>>>(
           queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
