@@ -132,7 +132,8 @@ class SpatialOrder {
   int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
 
  private:
-  void mark_distinct(const float *rows, const std::vector<uint64_t> &hash, bool dedup,
+  // hash_at: the hash of each position's row (ti_spatial_order.cu).
+  void mark_distinct(const float *rows, const uint64_t *hash_at, bool dedup,
                      const int32_t *cancel);
 };
 
