@@ -21,6 +21,7 @@
 // builds the parts, and store() takes them as they come.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +77,7 @@ struct TargetParts::HostPart {
   PinnedBuffer<unsigned char> block;
   unsigned char *prepinned = nullptr;  // from the Pinner, freed here
   bool registered = false;             // prepinned is registered malloc memory
+  size_t capacity = 0;                 // bytes of prepinned where taken by pin_staging
   ~HostPart() { free_pinned(prepinned, registered); }
   unsigned char *data() const { return prepinned != nullptr ? prepinned : block.get(); }
   bool ready = false;
@@ -83,10 +85,13 @@ struct TargetParts::HostPart {
   int32_t m = 0;
   float max_abs = 0;
 
-  // The arrays in the block, in this order, each aligned.
+  // The arrays in the block, in this order, each aligned. The first three
+  // lie where they do whatever the clusters (m): an ordered part's points
+  // are gathered into them before it is clustered (pin_staging) and go up
+  // from there; the stored arrays overwrite them later, in stream order.
   struct Layout {
-    size_t centers, begin, radius, nearest, member, dist, x, first_row, mult, rows_begin, rows,
-        total;
+    size_t x, rows, upload_begin, centers, begin, radius, nearest, member, dist, first_row, mult,
+        rows_begin, total;
   };
   static Layout layout(int32_t m, int64_t n, int64_t n_rows, int stride) {
     Layout l;
@@ -96,17 +101,18 @@ struct TargetParts::HostPart {
       at += aligned(bytes);
       return here;
     };
+    l.x = take((size_t)n * stride * sizeof(float));
+    l.rows = take((size_t)n_rows * sizeof(int32_t));
+    l.upload_begin = take((size_t)(n + 1) * sizeof(int32_t));  // the gathered points' offsets
     l.centers = take((size_t)m * stride * sizeof(float));
     l.begin = take((size_t)(m + 1) * sizeof(int32_t));
     l.radius = take((size_t)m * sizeof(float));
     l.nearest = take((size_t)m * sizeof(float));
     l.member = take((size_t)n * sizeof(int32_t));
     l.dist = take((size_t)n * sizeof(float));
-    l.x = take((size_t)n * stride * sizeof(float));
     l.first_row = take((size_t)n * sizeof(int32_t));
     l.mult = take((size_t)n * sizeof(int32_t));
     l.rows_begin = take((size_t)n * sizeof(int32_t));
-    l.rows = take((size_t)n_rows * sizeof(int32_t));
     l.total = std::max<size_t>(at, 1);
     return l;
   }
@@ -218,6 +224,14 @@ TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const Pa
 }
 
 TargetParts::~TargetParts() {
+  // A gather ahead (an error path) may still write into a block.
+  if (gather_.valid()) gather_.wait();
+  if (trace_ && clusters_ > 0)
+    std::fprintf(stderr,
+                 "[ti target parts] builds %.4f s: uploads %.4f (of them waits for the gathers "
+                 "ahead %.4f), pinned copies %.4f; %s stagings\n",
+                 cluster_seconds_, upload_seconds_, gather_wait_seconds_, store_seconds_,
+                 cache_ && pinner_ != nullptr && pinned_parts_ ? "pinned" : "pageable");
   // Copies into or out of the pinned blocks may still be queued (an error
   // path): let them finish before the blocks go.
   if (ctx_.stream != nullptr) (void)cudaStreamSynchronize(ctx_.stream);
@@ -236,19 +250,30 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
     // Distinct points gathered on the host, with original rows; where the
     // parts are cached (built one after the other, first to last), a host
     // thread gathers the next part's while the device clusters this one.
+    // Cached parts are gathered straight into their pinned blocks, so that
+    // their copies to the device are queued, not waited for
+    // (KNN_TI_PINNED_PARTS=0: the pageable stagings, A/B).
+    const Clock::time_point t_wait = Clock::now();
     if (gather_.valid()) gather_.get();
+    gather_wait_seconds_ += seconds_since(t_wait);
+    const bool pin = cache_ && pinner_ != nullptr && pinned_parts_;
     PartStaging &staging = part_staging_[index % 2];
     const int64_t distinct_first = plan_.target_distinct_first(index);
     if (staging.first != distinct_first ||
-        staging.count != plan_.target_distinct_count(index))
+        staging.count != plan_.target_distinct_count(index)) {
+      // (Here, the first part: not pinned, as its block may not be yet.)
+      pin_staging(index, false, staging);
       gather_ordered_part(*order_, float_rows(p_.targets), distinct_first,
                           plan_.target_distinct_count(index), stride, staging, ctx_.cancel);
+    }
     const int next = index + 1;
-    if (cache_ && next < plan_.target_parts() && host_[next] == nullptr) {
+    if (cache_ && next < plan_.target_parts() &&
+        (host_[next] == nullptr || !host_[next]->ready)) {
       PartStaging &ahead = part_staging_[next % 2];
       ahead.first = -1;  // not gathered until the thread is done
       try {
-        gather_ = std::async(std::launch::async, [this, next, stride, &ahead] {
+        gather_ = std::async(std::launch::async, [this, next, stride, pin, &ahead] {
+          pin_staging(next, pin, ahead);
           gather_ordered_part(*order_, float_rows(p_.targets), plan_.target_distinct_first(next),
                               plan_.target_distinct_count(next), stride, ahead, ctx_.cancel);
         });
@@ -289,9 +314,34 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
     KNN_TRY(shift_rows(ctx_, out.clusters.first_row.get(), out.clusters.n, first));
   }
   clusters_ += out.clusters.m;
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  // The host goes on (storing the part, gathering the next) while the
+  // device clusters; only the trace waits, for the phase's own time.
+  if (trace_) CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   cluster_seconds_ += seconds_since(t0);
   return KNN_OK;
+}
+
+void TargetParts::pin_staging(int index, bool pin, PartStaging &staging) {
+  staging.pinned_x = nullptr;
+  staging.pinned_begin = staging.pinned_rows = nullptr;
+  if (!pin) return;
+  const int64_t n = plan_.target_distinct_count(index), n_rows = plan_.target_count(index);
+  const int stride = padded_stride(p_.dim);
+  const HostPart::Layout l = HostPart::layout(plan_.clusters_for(n), n, n_rows, stride);
+  HostPart *h = host_[index];
+  if (h == nullptr) {
+    unsigned char *block = pinner_->take(index, l.total);
+    if (block == nullptr) return;  // store() tries again, else the part is not cached
+    h = new HostPart;
+    h->prepinned = block;
+    h->registered = pinner_->registered();
+    h->capacity = l.total;
+    host_[index] = h;
+  }
+  unsigned char *b = h->data();
+  staging.pinned_x = reinterpret_cast<float *>(b + l.x);
+  staging.pinned_begin = reinterpret_cast<int32_t *>(b + l.upload_begin);
+  staging.pinned_rows = reinterpret_cast<int32_t *>(b + l.rows);
 }
 
 // Queues copies of the part's arrays into a pinned block (a failed pinned
@@ -299,19 +349,31 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
 KnnStatus TargetParts::store(int index, const TargetPart &part) {
   const int stride = padded_stride(p_.dim);
   const ClusterSet &c = part.clusters;
-  HostPart *h = new HostPart;
   const HostPart::Layout l = HostPart::layout(c.m, c.n, part.set.n_rows, stride);
-  if (pinner_) {
-    h->prepinned = pinner_->take(index, l.total);
-    h->registered = pinner_->registered();
-  }
-  if (h->prepinned == nullptr && h->block.allocate(ctx_, l.total) != KNN_OK) {
-    ctx_.error.clear();  // (allocate has cleared the CUDA error)
+  // The block the part was gathered into (pin_staging), if any: it holds
+  // l.total bytes, as the Pinner's sizes take the most clusters.
+  HostPart *h = host_[index];
+  if (h != nullptr && h->capacity < l.total) {
+    // (More clusters than the plan's most: never expected.) The block may
+    // still be read by the part's upload: waited for before it goes.
+    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
     delete h;
-    cache_ = false;
-    return KNN_OK;
+    h = host_[index] = nullptr;
   }
-  host_[index] = h;
+  if (h == nullptr) {
+    h = new HostPart;
+    if (pinner_) {
+      h->prepinned = pinner_->take(index, l.total);
+      h->registered = pinner_->registered();
+    }
+    if (h->prepinned == nullptr && h->block.allocate(ctx_, l.total) != KNN_OK) {
+      ctx_.error.clear();  // (allocate has cleared the CUDA error)
+      delete h;
+      cache_ = false;
+      return KNN_OK;
+    }
+    host_[index] = h;
+  }
   unsigned char *b = h->data();
   auto down = [&](size_t at, const void *src, size_t bytes) -> KnnStatus {
     if (bytes == 0) return KNN_OK;
