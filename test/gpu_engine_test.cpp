@@ -1551,6 +1551,61 @@ TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
   }
 }
 
+TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
+  REQUIRE_GPU();
+  // Order groups larger than a duplicates piece (16384 positions:
+  // ti_spatial_order.cu) of a few points copied many times, among distinct
+  // rows and near-copies one ulp away: found in pieces and merged. The
+  // cached target parts gathered into their pinned blocks (the default) or
+  // into pageable stagings (KNN_TI_PINNED_PARTS=0): the same answers.
+  Data d = make_self(60000, 6, Shape::kClustered, 371, false);
+  for (int64_t i = 2; i < d.nt(); i++) {
+    const int64_t from = i % 5 < 2 ? 0 : i % 5 == 2 ? 1 : -1;
+    if (from < 0) continue;
+    std::memcpy(d.targets.data() + i * 6, d.targets.data() + from * 6, 6 * sizeof(float));
+    if (i % 97 == 0) d.targets[i * 6 + 5] = std::nextafter(d.targets[i * 6 + 5], INFINITY);
+  }
+  for (const char *pinned : {"1", "0"}) {
+    const ScopedEnv env("KNN_TI_PINNED_PARTS", pinned);
+    Options o;
+    o.k = 30;
+    const std::vector<OutOfCoreShape> shapes = check_out_of_core(
+        d, o, {1 << 20, 1 << 19}, (std::string("large duplicate groups, pinned ") + pinned).c_str());
+    ASSERT_EQ(shapes.size(), 2u);
+    EXPECT_TRUE(shapes.back().cached) << pinned;
+  }
+}
+
+TEST(GpuTiOutOfCore, CancelDuringTheOrder) {
+  REQUIRE_GPU();
+  // A cancel while the rows are being ordered (the pipelined assignment,
+  // the host's passes) ends the join as promptly as between parts.
+  const Data d = make_self(2000000, 8, Shape::kClustered, 381, false);
+  for (int ms : {2, 15, 40}) {
+    Options o;
+    o.k = 20;
+    o.method = KNN_METHOD_TI;
+    o.gpu_memory_limit = 16 << 20;
+    const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+    std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
+    std::vector<double> dist(nb.size());
+    char err[512] = "";
+    KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
+    ASSERT_NE(job, nullptr) << err;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    const auto t0 = std::chrono::steady_clock::now();
+    knn_job_cancel(job);
+    KnnStats stats{};
+    const KnnStatus st = knn_job_finish(job, &stats, err, sizeof err);
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("  [out-of-core] cancel after %d ms: status %d after %.3f s (%s)\n", ms,
+                static_cast<int>(st), waited, st == KNN_OK ? stats.variant : err);
+    EXPECT_EQ(st, KNN_CANCELLED) << err;
+    EXPECT_LT(waited, 0.5);
+  }
+}
+
 TEST(GpuTiOutOfCore, PartsCutByDistinctPoints) {
   REQUIRE_GPU();
   // Parts are cut by distinct points, each duplicate group whole in one
