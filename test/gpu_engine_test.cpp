@@ -1569,8 +1569,9 @@ TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
     const ScopedEnv env("KNN_TI_PINNED_PARTS", pinned);
     Options o;
     o.k = 30;
-    const std::vector<OutOfCoreShape> shapes = check_out_of_core(
-        d, o, {1 << 20, 1 << 19}, (std::string("large duplicate groups, pinned ") + pinned).c_str());
+    const std::string name = std::string("large duplicate groups, pinned ") + pinned;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {1 << 20, 1 << 19}, name.c_str());
     ASSERT_EQ(shapes.size(), 2u);
     EXPECT_TRUE(shapes.back().cached) << pinned;
   }
@@ -1581,7 +1582,7 @@ TEST(GpuTiOutOfCore, CancelDuringTheOrder) {
   // A cancel while the rows are being ordered (the pipelined assignment,
   // the host's passes) ends the join as promptly as between parts.
   const Data d = make_self(2000000, 8, Shape::kClustered, 381, false);
-  for (int ms : {2, 15, 40}) {
+  for (int ms : {20, 40, 80}) {
     Options o;
     o.k = 20;
     o.method = KNN_METHOD_TI;

@@ -129,12 +129,15 @@ class SpatialOrder {
   std::vector<int64_t> distinct_begin;  // distinct points + 1 positions
   double assign_seconds = 0, dedup_seconds = 0;  // build's phases (trace)
   double split_seconds = 0;  // of assign_seconds: the widest groups split
+  // Of dedup_seconds (trace): pieces, merges, starts allocated, layout, rows moved.
+  double dedup_phase_seconds[5] = {0, 0, 0, 0, 0};
   int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
 
  private:
-  // hash_at: the hash of each position's row (ti_spatial_order.cu).
-  void mark_distinct(const float *rows, const uint64_t *hash_at, bool dedup,
-                     const int32_t *cancel);
+  // hash_at: the hash of each position's row (ti_spatial_order.cu), then
+  // scratch; id_scratch: n, point_scratch: 2n values of scratch.
+  void mark_distinct(const float *rows, uint64_t *hash_at, int32_t *id_scratch,
+                     int32_t *point_scratch, bool dedup, const int32_t *cancel);
 };
 
 // Where the host copies of an ordered part are assembled (reused from part
@@ -263,6 +266,7 @@ class TargetParts {
   int64_t clusters_ = 0;
   double cluster_seconds_ = 0, store_seconds_ = 0, upload_seconds_ = 0;
   double gather_wait_seconds_ = 0;  // of upload_seconds_ (trace)
+  double send_seconds_ = 0, upload_wait_seconds_ = 0, pin_seconds_ = 0;  // (trace)
   // KNN_TI_PINNED_PARTS=0: cached parts gathered into pageable stagings (A/B).
   const bool pinned_parts_ = std::getenv("KNN_TI_PINNED_PARTS") == nullptr ||
                              std::getenv("KNN_TI_PINNED_PARTS")[0] != '0';

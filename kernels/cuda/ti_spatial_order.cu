@@ -67,8 +67,9 @@ constexpr int32_t kMaxGroups = 2048;
 
 // The nearest landmark of each row, searched in float (ties: the lowest
 // index), and the row's value to it (squared sum for L2, sum for L1) in
-// double, whose largest per group (widest) gives the group's radius. Any landmark would do for exactness (the group's radius is what
-// the bounds use, and it comes from the double value); the float search is
+// double, whose largest per group (widest) gives the group's radius. Any
+// landmark would do for exactness (the group's radius is what the bounds
+// use, and it comes from the double value); the float search is
 // only there to make groups compact, and it is a function of the row's
 // bits, so equal rows always get the same landmark. Each thread holds
 // kBatch sums, so that a row value read serves kBatch landmarks.
@@ -294,21 +295,26 @@ struct ChunkBuffers {
   }
 };
 
-// Waits for the stream when it goes out of scope (every return path): the
-// pinned buffers must not be reused or freed under a copy still queued.
-struct StreamWait {
-  cudaStream_t stream;
-  ~StreamWait() { (void)cudaStreamSynchronize(stream); }
+// Waits for the streams when it goes out of scope (every return path):
+// the pinned buffers must not be reused or freed under a copy still queued,
+// nor the device buffers freed (on ctx.stream) under the other's work.
+struct StreamsWait {
+  cudaStream_t a, b;
+  ~StreamsWait() {
+    if (b != nullptr) (void)cudaStreamSynchronize(b);
+    (void)cudaStreamSynchronize(a);
+  }
 };
 
 // Every row's nearest landmark (group), the hash of its bits and, where
 // `value` is not null, its value to the landmark; widest[g]: group g's
 // largest value as bits (nearest_landmark_kernel). Streamed in chunks
-// within the budget, pipelined: while the device uploads, assigns and
-// downloads chunk c on ctx.stream, the host empties chunk c - 1's results
-// and fills chunk c + 1's rows, each into its own pinned buffer (one event
-// per buffer pair says when the device is done with it). *chunks: how
-// many (trace).
+// within the budget, pipelined: chunk c goes on stream c % 2 (ctx.stream
+// and one of its own), each with its device buffers and its pair of pinned
+// buffers, so that one chunk's upload overlaps the other's kernel and
+// download, and the host empties chunk c - 1's results and fills chunk
+// c + 1's rows meanwhile (one event per pair says when the device is done
+// with it). *chunks: how many (trace).
 KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
                       const std::vector<float> &sample, int32_t m, size_t budget, int n_threads,
                       int32_t *group, uint64_t *hash, double *value, unsigned long long *widest,
@@ -326,7 +332,8 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
   // Results of a row: hash, value (only to split groups), group.
   const size_t out_bytes =
       sizeof(uint64_t) + (value != nullptr ? sizeof(double) : 0) + sizeof(int32_t);
-  const size_t room = budget > mem.used() ? (budget - mem.used()) / 2 : 0;
+  // Two chunks' buffers within half of what is left (as one was before).
+  const size_t room = budget > mem.used() ? (budget - mem.used()) / 4 : 0;
   int64_t chunk = std::min<int64_t>(n, std::max<int64_t>(64, room / (row_bytes + out_bytes)));
   ChunkBuffers buffers;
   KNN_TRY(buffers.reserve(ctx, std::min(PinnedStaging::kSliceBytes,
@@ -334,20 +341,29 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
   chunk = std::max<int64_t>(
       1, std::min<int64_t>({chunk, (int64_t)(buffers.bytes / row_bytes),
                             (int64_t)(buffers.bytes / out_bytes)}));
-  DeviceBuffer<float> x;
-  DeviceBuffer<int32_t> g;
-  DeviceBuffer<double> v;
-  DeviceBuffer<uint64_t> h;
-  KNN_TRY(mem.allocate(ctx, x, (size_t)chunk * dim, "points"));
-  KNN_TRY(mem.allocate(ctx, h, (size_t)chunk, "row hashes"));
-  KNN_TRY(mem.allocate(ctx, g, (size_t)chunk, "landmark assignment"));
-  if (value != nullptr) KNN_TRY(mem.allocate(ctx, v, (size_t)chunk, "landmark assignment"));
+  const int64_t chunks = (n + chunk - 1) / chunk;
+  *chunks_used = chunks;
+  const int lanes = chunks > 1 ? 2 : 1;
+  DeviceBuffer<float> x[2];
+  DeviceBuffer<int32_t> g[2];
+  DeviceBuffer<double> v[2];
+  DeviceBuffer<uint64_t> h[2];
+  for (int b = 0; b < lanes; b++) {
+    KNN_TRY(mem.allocate(ctx, x[b], (size_t)chunk * dim, "points"));
+    KNN_TRY(mem.allocate(ctx, h[b], (size_t)chunk, "row hashes"));
+    KNN_TRY(mem.allocate(ctx, g[b], (size_t)chunk, "landmark assignment"));
+    if (value != nullptr) KNN_TRY(mem.allocate(ctx, v[b], (size_t)chunk, "landmark assignment"));
+  }
+  Stream side;
+  if (lanes > 1) KNN_TRY(side.create(ctx));
+  const cudaStream_t stream[2] = {ctx.stream, side.get()};
   Event done[2];
   KNN_TRY(done[0].create(ctx));
   KNN_TRY(done[1].create(ctx));
-  const StreamWait wait{ctx.stream};
-  const int64_t chunks = (n + chunk - 1) / chunk;
-  *chunks_used = chunks;
+  const StreamsWait wait{ctx.stream, side.get()};
+  // The buffers were allocated on ctx.stream: usable on the other once it
+  // is waited for.
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
   // Where chunk c's results lie in its pinned buffer.
   const size_t hash_at = 0, value_at = (size_t)chunk * sizeof(uint64_t),
                group_at = value_at + (value != nullptr ? (size_t)chunk * sizeof(double) : 0);
@@ -366,34 +382,36 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
   for (int64_t c = 0; c < chunks; c++) {
     KNN_TRY(ctx.cancel_point());
     const int b = (int)(c % 2);
+    const cudaStream_t s = stream[b];
     const int64_t first = c * chunk, count = std::min(chunk, n - first);
-    // Buffer pair b was last used by chunk c - 2, whose results were taken.
+    // Pair b was last used by chunk c - 2, whose results were taken.
     const HostCopy fill = {buffers.in[b], rows + first * dim, (size_t)count * row_bytes};
     parallel_copies(&fill, 1, n_threads);
-    CUDA_CHECK(ctx, cudaMemcpyAsync(x.get(), buffers.in[b], fill.bytes, cudaMemcpyHostToDevice,
-                                    ctx.stream));
+    CUDA_CHECK(ctx,
+               cudaMemcpyAsync(x[b].get(), buffers.in[b], fill.bytes, cudaMemcpyHostToDevice, s));
     const unsigned grid = grid_for(count, kAssignThreads);
     if (metric == KNN_METRIC_L1)
-      nearest_landmark_kernel<true><<<grid, kAssignThreads, 0, ctx.stream>>>(
-          x.get(), count, dim, landmarks.get(), m, g.get(), v.get(), h.get(),
+      nearest_landmark_kernel<true><<<grid, kAssignThreads, 0, s>>>(
+          x[b].get(), count, dim, landmarks.get(), m, g[b].get(), v[b].get(), h[b].get(),
           widest_device.get());
     else
-      nearest_landmark_kernel<false><<<grid, kAssignThreads, 0, ctx.stream>>>(
-          x.get(), count, dim, landmarks.get(), m, g.get(), v.get(), h.get(),
+      nearest_landmark_kernel<false><<<grid, kAssignThreads, 0, s>>>(
+          x[b].get(), count, dim, landmarks.get(), m, g[b].get(), v[b].get(), h[b].get(),
           widest_device.get());
     CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
     unsigned char *o = buffers.out[b];
-    CUDA_CHECK(ctx, cudaMemcpyAsync(o + hash_at, h.get(), (size_t)count * sizeof(uint64_t),
-                                    cudaMemcpyDeviceToHost, ctx.stream));
-    CUDA_CHECK(ctx, cudaMemcpyAsync(o + group_at, g.get(), (size_t)count * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, ctx.stream));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(o + hash_at, h[b].get(), (size_t)count * sizeof(uint64_t),
+                                    cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(o + group_at, g[b].get(), (size_t)count * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, s));
     if (value != nullptr)
-      CUDA_CHECK(ctx, cudaMemcpyAsync(o + value_at, v.get(), (size_t)count * sizeof(double),
-                                      cudaMemcpyDeviceToHost, ctx.stream));
-    CUDA_CHECK(ctx, cudaEventRecord(done[b].get(), ctx.stream));
+      CUDA_CHECK(ctx, cudaMemcpyAsync(o + value_at, v[b].get(), (size_t)count * sizeof(double),
+                                      cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(ctx, cudaEventRecord(done[b].get(), s));
     if (c > 0) KNN_TRY(take_results(c - 1));
   }
   KNN_TRY(take_results(chunks - 1));
+  // Every chunk's kernel is done (its event waited for).
   CUDA_CHECK(ctx, cudaMemcpyAsync(widest, widest_device.get(),
                                   (size_t)m * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
                                   ctx.stream));
@@ -422,11 +440,14 @@ double radius_of(unsigned long long widest_bits, KnnMetric metric) {
 // ascending (piece after piece, each piece's ascending).
 constexpr int64_t kDedupPiece = 16384;
 
+// A piece's arrays lie in scratch memory the order no longer needs, at the
+// piece's positions (a piece has at most as many points as positions):
+// id, per position, its point in the piece; first and count, per point, its
+// first position and its rows, then where its next row goes.
 struct DedupPiece {
   int64_t begin = 0, end = 0;      // positions
-  std::vector<int32_t> id;         // per position: its point in the piece
-  std::vector<int32_t> first;      // per point: its first position
-  std::vector<int32_t> count;      // per point: its rows, then where the next goes
+  int64_t points = 0;
+  int32_t *id = nullptr, *first = nullptr, *count = nullptr;
 };
 
 // A group of several pieces, merged: its pieces' points one after the
@@ -499,6 +520,15 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   std::unique_ptr<int32_t[]> group(new int32_t[n]);
   std::unique_ptr<uint64_t[]> hash(new uint64_t[n]);
   std::unique_ptr<double[]> value(factor >= 2 ? new double[n] : nullptr);
+  // Their pages touched first on all threads, not in the pipeline's copies.
+  {
+    const int64_t slice = 1 << 18;
+    cpu::parallel_for((n + slice - 1) / slice, n_threads, nullptr, [&](int64_t s, int) {
+      const int64_t first = s * slice, count = std::min(slice, n - first);
+      std::memset(group.get() + first, 0, (size_t)count * sizeof(int32_t));
+      std::memset(hash.get() + first, 0, (size_t)count * sizeof(uint64_t));
+    });
+  }
   std::vector<unsigned long long> widest((size_t)m);
   int64_t chunks = 0;
   KNN_TRY(assign_rows(rows, n, dim, metric, sample, m, budget, n_threads, group.get(), hash.get(),
@@ -581,10 +611,10 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   });
   KNN_TRY(ctx.cancel_point());
   const double sort_seconds = seconds_since(t_sort);
-  group.reset();
-  hash.reset();
   const Clock::time_point t1 = Clock::now();
-  mark_distinct(rows, hash_at.get(), dedup, ctx.cancel);
+  // (The per-row arrays, no longer needed, are the duplicates' scratch.)
+  mark_distinct(rows, hash_at.get(), group.get(), reinterpret_cast<int32_t *>(hash.get()), dedup,
+                ctx.cancel);
   KNN_TRY(ctx.cancel_point());
   dedup_seconds = seconds_since(t1);
   assign_seconds = std::chrono::duration<double>(t1 - t0).count();
@@ -602,8 +632,8 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   return KNN_OK;
 }
 
-void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, bool dedup,
-                                 const int32_t *cancel) {
+void SpatialOrder::mark_distinct(const float *rows, uint64_t *hash_at, int32_t *id_scratch,
+                                 int32_t *point_scratch, bool dedup, const int32_t *cancel) {
   const int64_t n = (int64_t)perm.size();
   const int64_t groups = (int64_t)group_begin.size() - 1;
   distinct_begin.clear();
@@ -613,6 +643,12 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     return;
   }
   auto cancelled = [&] { return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED); };
+  Clock::time_point t_phase = Clock::now();
+  auto lap = [&](int phase) {
+    const Clock::time_point now = Clock::now();
+    dedup_phase_seconds[phase] = std::chrono::duration<double>(now - t_phase).count();
+    t_phase = now;
+  };
   const size_t row_bytes = (size_t)dim * sizeof(float);
   // Whether the rows at positions a and b are bitwise equal.
   auto equal_at = [&](int64_t a, int64_t b) {
@@ -627,8 +663,12 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     piece_at[g] = (int64_t)pieces.size();
     for (int64_t b = group_begin[g]; b < group_begin[g + 1]; b += kDedupPiece) {
       pieces.emplace_back();
-      pieces.back().begin = b;
-      pieces.back().end = std::min(group_begin[g + 1], b + kDedupPiece);
+      DedupPiece &piece = pieces.back();
+      piece.begin = b;
+      piece.end = std::min(group_begin[g + 1], b + kDedupPiece);
+      piece.id = id_scratch + b;
+      piece.first = point_scratch + b;
+      piece.count = point_scratch + n + b;
     }
   }
   piece_at[groups] = (int64_t)pieces.size();
@@ -645,7 +685,6 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     const int64_t size = piece.end - piece.begin;
     PointTable &table = tables[worker];
     table.reset((size_t)size);
-    piece.id.resize(size);
     int32_t previous = -1;
     for (int64_t e = 0; e < size; e++) {
       const int64_t j = piece.begin + e;
@@ -654,11 +693,12 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
         piece.count[previous]++;
         continue;
       }
-      int32_t *slot = table.slot(hash_at[j], [&](int32_t c) { return equal_at(j, piece.first[c]); });
+      int32_t *slot =
+          table.slot(hash_at[j], [&](int32_t c) { return equal_at(j, piece.first[c]); });
       if (*slot < 0) {
-        *slot = (int32_t)piece.first.size();
-        piece.first.push_back((int32_t)j);
-        piece.count.push_back(0);
+        *slot = (int32_t)piece.points;
+        piece.first[piece.points] = (int32_t)j;
+        piece.count[piece.points++] = 0;
       }
       piece.id[e] = *slot;
       piece.count[*slot]++;
@@ -666,6 +706,7 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     }
   });
   if (cancelled()) return;
+  lap(0);
 
   // 2. Groups of several pieces: their pieces' points dealt into buckets,
   // by hash (the groups of the most pieces first: the longest passes).
@@ -680,8 +721,9 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     if (!several(g)) return;
     DedupMerge &merge = merges[g];
     for (int64_t p = piece_at[g]; p < piece_at[g + 1]; p++) {
-      merge.first.insert(merge.first.end(), pieces[p].first.begin(), pieces[p].first.end());
-      merge.count.insert(merge.count.end(), pieces[p].count.begin(), pieces[p].count.end());
+      const DedupPiece &piece = pieces[p];
+      merge.first.insert(merge.first.end(), piece.first, piece.first + piece.points);
+      merge.count.insert(merge.count.end(), piece.count, piece.count + piece.points);
     }
     const int64_t flat = (int64_t)merge.first.size();
     const int64_t nb = (flat + kDedupPiece - 1) / kDedupPiece;
@@ -702,7 +744,8 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     table.reset(share.size());
     for (int32_t f : share) {
       const int64_t j = merge.first[f];
-      int32_t *slot = table.slot(hash_at[j], [&](int32_t c) { return equal_at(j, merge.first[c]); });
+      int32_t *slot =
+          table.slot(hash_at[j], [&](int32_t c) { return equal_at(j, merge.first[c]); });
       if (*slot < 0) *slot = f;
       merge.same[f] = *slot;
     }
@@ -715,7 +758,7 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
   cpu::parallel_for(groups, n_threads, cancel, [&](int64_t i, int) {
     const int64_t g = by_size[i];
     if (!several(g)) {
-      points[g] = piece_at[g + 1] > piece_at[g] ? (int64_t)pieces[piece_at[g]].first.size() : 0;
+      points[g] = piece_at[g + 1] > piece_at[g] ? pieces[piece_at[g]].points : 0;
       return;
     }
     DedupMerge &merge = merges[g];
@@ -733,6 +776,7 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     points[g] = (int64_t)merge.rows_of.size();
   });
   if (cancelled()) return;
+  lap(1);
 
   // 4. The distinct points' starts, and where each piece's rows of each of
   // its points go (its count becomes that place).
@@ -740,14 +784,16 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
   for (int64_t g = 0; g < groups; g++) first_point[g + 1] = first_point[g] + points[g];
   distinct_begin.resize((size_t)first_point[groups] + 1);
   distinct_begin[first_point[groups]] = n;
+  lap(2);
   cpu::parallel_for(groups, n_threads, cancel, [&](int64_t i, int) {
     const int64_t g = by_size[i];
     int64_t *starts = distinct_begin.data() + first_point[g];
     int64_t at = group_begin[g];
     if (!several(g)) {
       if (piece_at[g + 1] == piece_at[g]) return;
-      std::vector<int32_t> &count = pieces[piece_at[g]].count;
-      for (size_t c = 0; c < count.size(); c++) {
+      const DedupPiece &piece = pieces[piece_at[g]];
+      int32_t *count = piece.count;
+      for (int64_t c = 0; c < piece.points; c++) {
         starts[c] = at;
         const int32_t rows_of = count[c];
         count[c] = (int32_t)at;
@@ -764,7 +810,8 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
     }
     size_t f = 0;
     for (int64_t p = piece_at[g]; p < piece_at[g + 1]; p++)
-      for (int32_t &count : pieces[p].count) {
+      for (int64_t c = 0; c < pieces[p].points; c++) {
+        int32_t &count = pieces[p].count[c];
         const int32_t q = merge.point[f++];
         const int32_t rows_of = count;
         count = (int32_t)next[q];
@@ -772,10 +819,11 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
       }
   });
   if (cancelled()) return;
+  lap(3);
 
-  // 5. Point by point, rows ascending: each piece's rows to their places,
-  // then back into perm.
-  std::unique_ptr<int32_t[]> sorted(new int32_t[n]);
+  // 5. Point by point, rows ascending: each piece's rows to their places
+  // (in the hashes' memory, no longer read), then back into perm.
+  int32_t *sorted = reinterpret_cast<int32_t *>(hash_at);
   cpu::parallel_for(n_pieces, n_threads, cancel, [&](int64_t i, int) {
     DedupPiece &piece = pieces[i];
     for (int64_t j = piece.begin; j < piece.end; j++)
@@ -784,9 +832,10 @@ void SpatialOrder::mark_distinct(const float *rows, const uint64_t *hash_at, boo
   if (cancelled()) return;
   cpu::parallel_for(n_pieces, n_threads, cancel, [&](int64_t i, int) {
     const DedupPiece &piece = pieces[i];
-    std::memcpy(perm.data() + piece.begin, sorted.get() + piece.begin,
+    std::memcpy(perm.data() + piece.begin, sorted + piece.begin,
                 (size_t)(piece.end - piece.begin) * sizeof(int32_t));
   });
+  lap(4);
 }
 
 void SpatialOrder::gather(const float *rows, int64_t first, int64_t count, float *out) const {

@@ -30,6 +30,8 @@
 #include <system_error>
 #include <thread>
 
+#include <sys/mman.h>
+
 #include "../problem_check.h"
 #include "../value_range.h"
 #include "ti_distance.cuh"
@@ -124,9 +126,12 @@ struct TargetParts::HostPart {
 // only pins pages already there.
 class TargetParts::Pinner {
  public:
-  Pinner(int device, std::vector<size_t> sizes, bool register_pages)
+  // register_pages: 1, pages of 4 kB; 2, of 2 MB where the kernel gives
+  // them (madvise), far fewer pages to lock; 0: cudaMallocHost.
+  Pinner(int device, std::vector<size_t> sizes, int register_pages)
       : sizes_(std::move(sizes)),
-        register_(register_pages),
+        register_(register_pages != 0),
+        huge_(register_pages == 2),
         blocks_(sizes_.size(), nullptr),
         done_(sizes_.size(), 0) {
     thread_ = std::thread([this, device] { pin_all(device); });
@@ -134,6 +139,7 @@ class TargetParts::Pinner {
   ~Pinner() {
     stop_ = true;
     thread_.join();
+    if (report_pin_seconds != nullptr) *report_pin_seconds = pin_seconds_;
     for (unsigned char *b : blocks_) free_pinned(b, register_);
   }
   bool registered() const { return register_; }
@@ -160,8 +166,11 @@ class TargetParts::Pinner {
     const bool on_device = cudaSetDevice(device) == cudaSuccess;
     for (size_t i = 0; i < sizes_.size(); i++) {
       void *p = nullptr;
-      if (on_device && !stop_) p = register_ ? register_block(sizes_[i]) : malloc_block(sizes_[i]);
+      const Clock::time_point t0 = Clock::now();
+      if (on_device && !stop_)
+        p = register_ ? register_block(sizes_[i], huge_) : malloc_block(sizes_[i]);
       (void)cudaGetLastError();  // (this thread's error state only)
+      pin_seconds_ += seconds_since(t0);
       std::lock_guard<std::mutex> lock(mu_);
       blocks_[i] = static_cast<unsigned char *>(p);
       done_[i] = 1;
@@ -173,10 +182,12 @@ class TargetParts::Pinner {
     void *p = nullptr;
     return cudaMallocHost(&p, bytes) == cudaSuccess ? p : nullptr;
   }
-  static void *register_block(size_t bytes) {
-    const size_t page = 4096;
+  static void *register_block(size_t bytes, bool huge) {
+    const size_t page = 4096, huge_page = size_t(2) << 20;
     void *p = nullptr;
-    if (posix_memalign(&p, page, bytes) != 0) return nullptr;
+    if (huge) bytes = (bytes + huge_page - 1) / huge_page * huge_page;
+    if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) return nullptr;
+    if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
     for (size_t at = 0; at < bytes; at += page) static_cast<volatile char *>(p)[at] = 0;
     if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
       std::free(p);
@@ -186,13 +197,19 @@ class TargetParts::Pinner {
   }
 
   const std::vector<size_t> sizes_;
-  const bool register_;
+  const bool register_, huge_;
   std::vector<unsigned char *> blocks_;
   std::vector<char> done_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<bool> stop_{false};
+  double pin_seconds_ = 0;  // (the thread's; read once it is joined)
   std::thread thread_;
+
+ public:
+  // Seconds the thread spent allocating and locking (after ~Pinner's join:
+  // the destructor reports it through *out).
+  double *report_pin_seconds = nullptr;
 };
 
 TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const PartPlan &plan,
@@ -212,11 +229,14 @@ TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const Pa
       sizes[i] = HostPart::layout(plan.clusters_for(n), n, plan.target_count(i), stride).total;
     }
     // KNN_TI_PIN_AHEAD=0: each block allocated as its part is stored;
-    // 2: registered pages (Pinner); else cudaMallocHost ahead (A/B).
+    // 2: registered pages (Pinner); 3: registered 2 MB pages; else
+    // cudaMallocHost ahead (A/B).
     const char *ahead = std::getenv("KNN_TI_PIN_AHEAD");
     const int mode = ahead != nullptr ? std::atoi(ahead) : 1;
     try {
-      if (mode != 0) pinner_.reset(new Pinner(ctx.device, std::move(sizes), mode == 2));
+      if (mode != 0)
+        pinner_.reset(new Pinner(ctx.device, std::move(sizes), mode == 2 ? 1 : mode == 3 ? 2 : 0));
+      if (pinner_) pinner_->report_pin_seconds = &pin_seconds_;
     } catch (const std::system_error &) {
       // No thread: store() allocates each block itself.
     }
@@ -226,18 +246,22 @@ TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const Pa
 TargetParts::~TargetParts() {
   // A gather ahead (an error path) may still write into a block.
   if (gather_.valid()) gather_.wait();
-  if (trace_ && clusters_ > 0)
-    std::fprintf(stderr,
-                 "[ti target parts] builds %.4f s: uploads %.4f (of them waits for the gathers "
-                 "ahead %.4f), pinned copies %.4f; %s stagings\n",
-                 cluster_seconds_, upload_seconds_, gather_wait_seconds_, store_seconds_,
-                 cache_ && pinner_ != nullptr && pinned_parts_ ? "pinned" : "pageable");
+  const bool pinned = cache_ && pinner_ != nullptr && pinned_parts_;
   // Copies into or out of the pinned blocks may still be queued (an error
   // path): let them finish before the blocks go.
   if (ctx_.stream != nullptr) (void)cudaStreamSynchronize(ctx_.stream);
   (void)cudaGetLastError();
+  const Clock::time_point t0 = Clock::now();
   pinner_.reset();
   for (HostPart *h : host_) delete h;
+  if (trace_ && clusters_ > 0)
+    std::fprintf(stderr,
+                 "[ti target parts] builds %.4f s: uploads %.4f (waits for the gathers ahead "
+                 "%.4f, sends %.4f, stream waits %.4f), pinned copies %.4f; %s stagings; blocks "
+                 "pinned in %.4f s (thread), freed in %.4f s\n",
+                 cluster_seconds_, upload_seconds_, gather_wait_seconds_, send_seconds_,
+                 upload_wait_seconds_, store_seconds_, pinned ? "pinned" : "pageable",
+                 pin_seconds_, seconds_since(t0));
 }
 
 KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bool *finite,
@@ -282,7 +306,9 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
       }
     }
     KNN_TRY(ctx_.cancel_point());  // a cancelled gather leaves its staging unfilled
+    const Clock::time_point t_send = Clock::now();
     KNN_TRY(send_ordered_part(staging, stride, out.set, &out.max_abs, mem, ctx_));
+    send_seconds_ += seconds_since(t_send);
   } else {
     DeviceBuffer<unsigned> max_abs;
     KNN_TRY(mem.allocate(ctx_, max_abs, 1, "value range"));
@@ -298,7 +324,9 @@ KnnStatus TargetParts::build(int index, float query_max_abs, TargetPart &out, bo
   }
   if (trace_) {
     // (KNN_TI_TRACE=1: the upload's own time, the stream waited for.)
+    const Clock::time_point t_wait = Clock::now();
     CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    upload_wait_seconds_ += seconds_since(t_wait);
     upload_seconds_ += seconds_since(t0);
   }
   // The bounds need finite distances: stop before clustering otherwise.
