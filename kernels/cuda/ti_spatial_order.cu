@@ -312,9 +312,9 @@ struct StreamsWait {
 // within the budget, pipelined: chunk c goes on stream c % 2 (ctx.stream
 // and one of its own), each with its device buffers and its pair of pinned
 // buffers, so that one chunk's upload overlaps the other's kernel and
-// download, and the host empties chunk c - 1's results and fills chunk
-// c + 1's rows meanwhile (one event per pair says when the device is done
-// with it). *chunks: how many (trace).
+// download, and the host empties chunk c - 2's results and fills chunk c's
+// rows while the device works on chunk c - 1 (one event per pair says when
+// the device is done with it). *chunks: how many (trace).
 KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
                       const std::vector<float> &sample, int32_t m, size_t budget, int n_threads,
                       int32_t *group, uint64_t *hash, double *value, unsigned long long *widest,
@@ -367,28 +367,36 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
   // Where chunk c's results lie in its pinned buffer.
   const size_t hash_at = 0, value_at = (size_t)chunk * sizeof(uint64_t),
                group_at = value_at + (value != nullptr ? (size_t)chunk * sizeof(double) : 0);
-  auto take_results = [&](int64_t c) -> KnnStatus {
-    const int b = (int)(c % 2);
-    const int64_t first = c * chunk, count = std::min(chunk, n - first);
-    CUDA_CHECK(ctx, cudaEventSynchronize(done[b].get()));
-    const unsigned char *o = buffers.out[b];
-    HostCopy copies[3] = {{hash + first, o + hash_at, (size_t)count * sizeof(uint64_t)},
-                          {group + first, o + group_at, (size_t)count * sizeof(int32_t)},
-                          {nullptr, nullptr, 0}};
-    if (value != nullptr) copies[2] = {value + first, o + value_at, (size_t)count * sizeof(double)};
-    parallel_copies(copies, 3, n_threads);
+  // The host's copies of one step, on several threads at once: chunk
+  // `take`'s results out of its pinned buffer (its event waited for first)
+  // and chunk `fill`'s rows into its own (-1: none).
+  auto host_step = [&](int64_t take, int64_t fill) -> KnnStatus {
+    HostCopy copies[4];
+    int n_copies = 0;
+    if (take >= 0) {
+      const int b = (int)(take % 2);
+      const int64_t first = take * chunk, count = std::min(chunk, n - first);
+      CUDA_CHECK(ctx, cudaEventSynchronize(done[b].get()));
+      const unsigned char *o = buffers.out[b];
+      copies[n_copies++] = {hash + first, o + hash_at, (size_t)count * sizeof(uint64_t)};
+      copies[n_copies++] = {group + first, o + group_at, (size_t)count * sizeof(int32_t)};
+      if (value != nullptr)
+        copies[n_copies++] = {value + first, o + value_at, (size_t)count * sizeof(double)};
+    }
+    if (fill >= 0) {
+      const int64_t first = fill * chunk, count = std::min(chunk, n - first);
+      copies[n_copies++] = {buffers.in[fill % 2], rows + first * dim, (size_t)count * row_bytes};
+    }
+    parallel_copies(copies, n_copies, n_threads);
     return KNN_OK;
   };
-  for (int64_t c = 0; c < chunks; c++) {
-    KNN_TRY(ctx.cancel_point());
+  // Queues chunk c (its rows filled) on its stream.
+  auto queue_chunk = [&](int64_t c) -> KnnStatus {
     const int b = (int)(c % 2);
     const cudaStream_t s = stream[b];
     const int64_t first = c * chunk, count = std::min(chunk, n - first);
-    // Pair b was last used by chunk c - 2, whose results were taken.
-    const HostCopy fill = {buffers.in[b], rows + first * dim, (size_t)count * row_bytes};
-    parallel_copies(&fill, 1, n_threads);
-    CUDA_CHECK(ctx,
-               cudaMemcpyAsync(x[b].get(), buffers.in[b], fill.bytes, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(x[b].get(), buffers.in[b], (size_t)count * row_bytes,
+                                    cudaMemcpyHostToDevice, s));
     const unsigned grid = grid_for(count, kAssignThreads);
     if (metric == KNN_METRIC_L1)
       nearest_landmark_kernel<true><<<grid, kAssignThreads, 0, s>>>(
@@ -408,9 +416,17 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
       CUDA_CHECK(ctx, cudaMemcpyAsync(o + value_at, v[b].get(), (size_t)count * sizeof(double),
                                       cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(ctx, cudaEventRecord(done[b].get(), s));
-    if (c > 0) KNN_TRY(take_results(c - 1));
+    return KNN_OK;
+  };
+  // Step c: chunk c - 2's results taken and chunk c's rows filled (pair
+  // c % 2, which chunk c - 2 has just given back), while the device works
+  // on chunk c - 1; then chunk c queued.
+  for (int64_t c = 0; c < chunks; c++) {
+    KNN_TRY(ctx.cancel_point());
+    KNN_TRY(host_step(c >= 2 ? c - 2 : -1, c));
+    KNN_TRY(queue_chunk(c));
   }
-  KNN_TRY(take_results(chunks - 1));
+  for (int64_t c = std::max<int64_t>(0, chunks - 2); c < chunks; c++) KNN_TRY(host_step(c, -1));
   // Every chunk's kernel is done (its event waited for).
   CUDA_CHECK(ctx, cudaMemcpyAsync(widest, widest_device.get(),
                                   (size_t)m * sizeof(unsigned long long), cudaMemcpyDeviceToHost,
@@ -626,9 +642,11 @@ KnnStatus SpatialOrder::build(const float *rows, int64_t n, int dim_, KnnMetric 
   if (trace != nullptr && trace[0] == '1')
     std::fprintf(stderr,
                  "[ti order] %lld x %d: assignment %.4f s (device loop %.4f: %lld chunks; "
-                 "sort %.4f), duplicates %.4f s\n",
+                 "sort %.4f), duplicates %.4f s (pieces %.4f, merges %.4f, starts %.4f, "
+                 "layout %.4f, rows %.4f)\n",
                  (long long)n, dim, assign_seconds, transfer_seconds, (long long)chunks,
-                 sort_seconds, dedup_seconds);
+                 sort_seconds, dedup_seconds, dedup_phase_seconds[0], dedup_phase_seconds[1],
+                 dedup_phase_seconds[2], dedup_phase_seconds[3], dedup_phase_seconds[4]);
   return KNN_OK;
 }
 
