@@ -190,8 +190,10 @@ class TargetParts::Pinner {
   }
   static void *register_block(size_t bytes, bool huge) {
     const size_t page = 4096, huge_page = size_t(2) << 20;
+    // Large pages only for blocks of one at least (aligned to them, not
+    // rounded up: a tail of small pages costs nothing more).
+    huge = huge && bytes >= huge_page;
     void *p = nullptr;
-    if (huge) bytes = (bytes + huge_page - 1) / huge_page * huge_page;
     if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) return nullptr;
     if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
     // Pages touched (allocated and zeroed by the kernel) on a few threads:
