@@ -1537,10 +1537,10 @@ TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
   REQUIRE_GPU();
   // The cached target parts' pinned blocks: allocated as each part is
   // stored (KNN_TI_PIN_AHEAD=0), by cudaMallocHost on a host thread ahead
-  // (the default) or as registered pages on that thread (2): the same
-  // answers, and the parts cached each way.
+  // (1), as registered pages on that thread (2) or as registered 2 MB pages
+  // (3, the default): the same answers, and the parts cached each way.
   const Data d = make_self(20000, 8, Shape::kClustered, 301, true);
-  for (const char *mode : {"0", "1", "2"}) {
+  for (const char *mode : {"0", "1", "2", "3"}) {
     const ScopedEnv pin_ahead("KNN_TI_PIN_AHEAD", mode);
     Options o;
     o.k = 20;
@@ -1548,6 +1548,79 @@ TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
         check_out_of_core(d, o, {3 << 18}, (std::string("pin ahead ") + mode).c_str());
     ASSERT_EQ(shapes.size(), 1u);
     EXPECT_TRUE(shapes[0].cached) << mode;
+  }
+}
+
+TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
+  REQUIRE_GPU();
+  // Order groups larger than a duplicates piece (16384 positions:
+  // ti_spatial_order.cu) of a few points copied many times, among distinct
+  // rows and near-copies one ulp away: found in pieces and merged. The
+  // cached target parts gathered into their pinned blocks (the default) or
+  // into pageable stagings (KNN_TI_PINNED_PARTS=0): the same answers.
+  Data d = make_self(60000, 6, Shape::kClustered, 371, false);
+  for (int64_t i = 2; i < d.nt(); i++) {
+    const int64_t from = i % 5 < 2 ? 0 : i % 5 == 2 ? 1 : -1;
+    if (from < 0) continue;
+    std::memcpy(d.targets.data() + i * 6, d.targets.data() + from * 6, 6 * sizeof(float));
+    if (i % 97 == 0) d.targets[i * 6 + 5] = std::nextafter(d.targets[i * 6 + 5], INFINITY);
+  }
+  for (const char *pinned : {"1", "0"}) {
+    const ScopedEnv env("KNN_TI_PINNED_PARTS", pinned);
+    Options o;
+    o.k = 30;
+    const std::string name = std::string("large duplicate groups, pinned ") + pinned;
+    const std::vector<OutOfCoreShape> shapes =
+        check_out_of_core(d, o, {1 << 20, 1 << 19}, name.c_str());
+    ASSERT_EQ(shapes.size(), 2u);
+    EXPECT_TRUE(shapes.back().cached) << pinned;
+  }
+}
+
+// An out-of-core TI join of d (k 20, 16 MB) started as a job and cancelled
+// after `ms`: its status, the seconds the cancel took, and what it said.
+struct CancelledJoin {
+  KnnStatus status = KNN_OK;
+  double waited = 0;
+  std::string said;
+};
+CancelledJoin cancel_out_of_core_join(const Data &d, int ms) {
+  Options o;
+  o.k = 20;
+  o.method = KNN_METHOD_TI;
+  o.gpu_memory_limit = 16 << 20;
+  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+  std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
+  std::vector<double> dist(nb.size());
+  char err[512] = "";
+  CancelledJoin out;
+  KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
+  if (job == nullptr) {
+    out.status = KNN_INVALID_ARGUMENT;
+    out.said = err;
+    return out;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  const auto t0 = std::chrono::steady_clock::now();
+  knn_job_cancel(job);
+  KnnStats stats{};
+  out.status = knn_job_finish(job, &stats, err, sizeof err);
+  out.waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  out.said = out.status == KNN_OK ? stats.variant : err;
+  std::printf("  [out-of-core] cancel after %d ms: status %d after %.3f s (%s)\n", ms,
+              static_cast<int>(out.status), out.waited, out.said.c_str());
+  return out;
+}
+
+TEST(GpuTiOutOfCore, CancelDuringTheOrder) {
+  REQUIRE_GPU();
+  // A cancel while the rows are being ordered (the pipelined assignment,
+  // the host's passes) ends the join as promptly as between parts.
+  const Data d = make_self(2000000, 8, Shape::kClustered, 381, false);
+  for (int ms : {20, 40, 80}) {
+    const CancelledJoin c = cancel_out_of_core_join(d, ms);
+    EXPECT_EQ(c.status, KNN_CANCELLED) << c.said;
+    EXPECT_LT(c.waited, 0.5);
   }
 }
 
@@ -1618,28 +1691,10 @@ TEST(GpuTiOutOfCore, OverflowingValuesStillGoToBruteForce) {
 TEST(GpuTiOutOfCore, CancelStopsBetweenParts) {
   REQUIRE_GPU();
   const Data d = make_self(300000, 8, Shape::kClustered, 361, false);
-  Options o;
-  o.k = 20;
-  o.method = KNN_METHOD_TI;
-  o.gpu_memory_limit = 16 << 20;
-  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
-  std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
-  std::vector<double> dist(nb.size());
-  char err[512] = "";
-  KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
-  ASSERT_NE(job, nullptr) << err;
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const auto t0 = std::chrono::steady_clock::now();
-  knn_job_cancel(job);
-  KnnStats stats{};
-  const KnnStatus st = knn_job_finish(job, &stats, err, sizeof err);
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("  [out-of-core] cancel: status %d after %.3f s (%s)\n", static_cast<int>(st),
-              waited, st == KNN_OK ? stats.variant : err);
-  if (st != KNN_OK) {
-    EXPECT_EQ(st, KNN_CANCELLED) << err;
-    EXPECT_LT(waited, 1.0);
+  const CancelledJoin c = cancel_out_of_core_join(d, 300);
+  if (c.status != KNN_OK) {
+    EXPECT_EQ(c.status, KNN_CANCELLED) << c.said;
+    EXPECT_LT(c.waited, 1.0);
   }
 }
 

@@ -26,9 +26,18 @@ void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t f
   const int dim = order.dim;
   const int64_t at = order.distinct_begin[first];
   const int64_t n_rows = order.distinct_begin[first + count] - at;
-  staging.x.resize((size_t)count * stride);
-  staging.begin.resize((size_t)count + 1);
-  staging.rows.resize((size_t)n_rows);
+  float *x = staging.pinned_x;
+  int32_t *begin = staging.pinned_begin, *part_rows = staging.pinned_rows;
+  if (x == nullptr || begin == nullptr || part_rows == nullptr) {
+    staging.pinned_x = nullptr;
+    staging.pinned_begin = staging.pinned_rows = nullptr;
+    staging.x.resize((size_t)count * stride);
+    staging.begin.resize((size_t)count + 1);
+    staging.rows.resize((size_t)n_rows);
+    x = staging.x.data();
+    begin = staging.begin.data();
+    part_rows = staging.rows.data();
+  }
   // Slices of at most about 4 MB of rows, and at least four per thread:
   // the rows are gathered from all over the side (a cache miss a row), so
   // a part of narrow rows needs every core, not the two or three slices
@@ -45,7 +54,7 @@ void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t f
     uint32_t top = 0;
     for (int64_t d = s * slice; d < end; d++) {
       const int64_t p = order.distinct_begin[first + d];
-      float *to = staging.x.data() + d * stride;
+      float *to = x + d * stride;
       std::memcpy(to, rows + (int64_t)order.perm[p] * dim, dim * sizeof(float));
       for (int c = 0; c < dim; c++) {
         uint32_t bits;
@@ -53,9 +62,9 @@ void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t f
         top = std::max(top, bits & 0x7fffffffu);
       }
       std::fill(to + dim, to + stride, 0.0f);
-      staging.begin[d] = (int32_t)(p - at);
+      begin[d] = (int32_t)(p - at);
       const int64_t q_end = order.distinct_begin[first + d + 1];
-      for (int64_t q = p; q < q_end; q++) staging.rows[q - at] = order.perm[q];
+      for (int64_t q = p; q < q_end; q++) part_rows[q - at] = order.perm[q];
     }
     largest[s] = top;
   });
@@ -65,14 +74,15 @@ void gather_ordered_part(const SpatialOrder &order, const float *rows, int64_t f
   uint32_t top = 0;
   for (uint32_t b : largest) top = std::max(top, b);
   std::memcpy(&staging.max_abs, &top, sizeof top);
-  staging.begin[count] = (int32_t)n_rows;
+  begin[count] = (int32_t)n_rows;
   staging.first = first;
   staging.count = count;
+  staging.n_rows = n_rows;
 }
 
 KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet &out,
                             float *max_abs, MemoryBudget &mem, DeviceContext &ctx) {
-  const int64_t count = staging.count, n_rows = (int64_t)staging.rows.size();
+  const int64_t count = staging.count, n_rows = staging.n_rows;
   *max_abs = staging.max_abs;
   out.n_rows = n_rows;
   out.n_distinct = count;
@@ -83,16 +93,18 @@ KnnStatus send_ordered_part(const PartStaging &staging, int stride, DistinctSet 
   // Pageable sources: each copy has taken its bytes when the call returns.
   // (Through the pinned staging of host_transfer.cuh, which wants the
   // stream waited for first, the 5M x 8 set's query parts went up in 0.12 s
-  // instead of 0.04 s on an H100.)
-  CUDA_CHECK(ctx, cudaMemcpyAsync(out.x.get(), staging.x.data(),
+  // instead of 0.04 s on an H100.) Pinned ones (staging.pinned_*): the
+  // copies are only queued; the caller keeps them untouched meanwhile.
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out.x.get(), staging.x_data(),
                                   (size_t)count * stride * sizeof(float), cudaMemcpyHostToDevice,
                                   ctx.stream));
-  CUDA_CHECK(ctx, cudaMemcpyAsync(out.group_begin.get(), staging.begin.data(),
+  CUDA_CHECK(ctx, cudaMemcpyAsync(out.group_begin.get(), staging.begin_data(),
                                   ((size_t)count + 1) * sizeof(int32_t), cudaMemcpyHostToDevice,
                                   ctx.stream));
-  CUDA_CHECK(ctx, cudaMemcpyAsync(out.rows.get(), staging.rows.data(),
-                                  (size_t)n_rows * sizeof(int32_t), cudaMemcpyHostToDevice,
-                                  ctx.stream));
+  if (n_rows > 0)
+    CUDA_CHECK(ctx, cudaMemcpyAsync(out.rows.get(), staging.rows_data(),
+                                    (size_t)n_rows * sizeof(int32_t), cudaMemcpyHostToDevice,
+                                    ctx.stream));
   return KNN_OK;
 }
 

@@ -129,11 +129,15 @@ class SpatialOrder {
   std::vector<int64_t> distinct_begin;  // distinct points + 1 positions
   double assign_seconds = 0, dedup_seconds = 0;  // build's phases (trace)
   double split_seconds = 0;  // of assign_seconds: the widest groups split
+  // Of dedup_seconds (trace): pieces, merges, starts allocated, layout, rows moved.
+  double dedup_phase_seconds[5] = {0, 0, 0, 0, 0};
   int64_t n_distinct() const { return (int64_t)distinct_begin.size() - 1; }
 
  private:
-  void mark_distinct(const float *rows, const std::vector<uint64_t> &hash, bool dedup,
-                     const int32_t *cancel);
+  // hash_at: the hash of each position's row (ti_spatial_order.cu), then
+  // scratch; id_scratch: n, point_scratch: 2n values of scratch.
+  void mark_distinct(const float *rows, uint64_t *hash_at, int32_t *id_scratch,
+                     int32_t *point_scratch, bool dedup, const int32_t *cancel);
 };
 
 // Where the host copies of an ordered part are assembled (reused from part
@@ -144,6 +148,18 @@ struct PartStaging {
   std::vector<int32_t> rows;     // the part's original rows, by position
   float max_abs = 0;             // their largest |value|
   int64_t first = -1, count = 0;  // the distinct points gathered
+  int64_t n_rows = 0;             // their rows
+  // Where set (before the gather), the three arrays go there instead of
+  // the vectors: pinned memory that stays untouched until the copies queued
+  // from it are done (TargetParts: the part's own cache block), so that
+  // they are asynchronous.
+  float *pinned_x = nullptr;
+  int32_t *pinned_begin = nullptr, *pinned_rows = nullptr;
+  const float *x_data() const { return pinned_x != nullptr ? pinned_x : x.data(); }
+  const int32_t *begin_data() const {
+    return pinned_begin != nullptr ? pinned_begin : begin.data();
+  }
+  const int32_t *rows_data() const { return pinned_rows != nullptr ? pinned_rows : rows.data(); }
 };
 
 // The distinct points [first, first + count) of an ordered side on the
@@ -228,6 +244,10 @@ class TargetParts {
 
   KnnStatus build(int index, float query_max_abs, TargetPart &out, bool *finite,
                   MemoryBudget &mem);
+  // Points staging at part `index`'s pinned cache block (taken from the
+  // Pinner, the part's HostPart made), or at its vectors where there is
+  // none. pin: whether to try (decided on the join's thread).
+  void pin_staging(int index, bool pin, PartStaging &staging);
   KnnStatus store(int index, const TargetPart &part);
   KnnStatus load(int index, TargetPart &out, MemoryBudget &mem);
 
@@ -245,6 +265,11 @@ class TargetParts {
   std::future<void> gather_;
   int64_t clusters_ = 0;
   double cluster_seconds_ = 0, store_seconds_ = 0, upload_seconds_ = 0;
+  double gather_wait_seconds_ = 0;  // of upload_seconds_ (trace)
+  double send_seconds_ = 0, upload_wait_seconds_ = 0, pin_seconds_ = 0;  // (trace)
+  // KNN_TI_PINNED_PARTS=0: cached parts gathered into pageable stagings (A/B).
+  const bool pinned_parts_ = std::getenv("KNN_TI_PINNED_PARTS") == nullptr ||
+                             std::getenv("KNN_TI_PINNED_PARTS")[0] != '0';
   const bool trace_ = std::getenv("KNN_TI_TRACE") != nullptr &&
                       std::getenv("KNN_TI_TRACE")[0] == '1';
 };
