@@ -626,8 +626,10 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
       ctx.error.clear();
     }
   }
-  if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled())
+  if (status == KNN_OUT_OF_MEMORY) {
+    KNN_TRY(ctx.cancel_point());  // a cancel, not the budget, ended the in-memory try
     status = out_of_core_join(problem, tuning.ti, neighbors, distances, stats, &finite, ctx);
+  }
   if (status != KNN_OK || finite) return status;
   // The bounds need finite distances; brute force handles everything (the
   // join's device memory was released above).
