@@ -627,7 +627,9 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
     }
   }
   if (status == KNN_OUT_OF_MEMORY) {
-    KNN_TRY(ctx.cancel_point());  // a cancel, not the budget, ended the in-memory try
+    // A cancel, not the budget, may have ended the in-memory try: say so.
+    if (ctx.cancelled()) ctx.error.clear();
+    KNN_TRY(ctx.cancel_point());
     status = out_of_core_join(problem, tuning.ti, neighbors, distances, stats, &finite, ctx);
   }
   if (status != KNN_OK || finite) return status;
