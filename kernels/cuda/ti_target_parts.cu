@@ -500,6 +500,13 @@ bool TargetParts::summary(int index, ClusterSummary *out) const {
 
 KnnStatus TargetParts::get(int index, float query_max_abs, TargetPart &out, bool *finite,
                            MemoryBudget &mem) {
+  // The gather ahead started by the build before may be making
+  // host_[index] (pin_staging): it is done before host_ is read here.
+  if (gather_.valid()) {
+    const Clock::time_point t_wait = Clock::now();
+    gather_.get();
+    gather_wait_seconds_ += seconds_since(t_wait);
+  }
   if (host_[index] != nullptr && host_[index]->ready) {
     KNN_TRY(load(index, out, mem));
     *finite = distances_stay_finite(p_.metric, p_.dim, std::max(query_max_abs, out.max_abs));
