@@ -149,7 +149,7 @@ extension_vector_kind(Oid typid)
 
 	tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
 	if (!HeapTupleIsValid(tuple))
-		return false;
+		return KNN_VECTOR_UNSUPPORTED;
 	varlena = ((Form_pg_type) GETSTRUCT(tuple))->typlen == -1 &&
 		((Form_pg_type) GETSTRUCT(tuple))->typtype == TYPTYPE_BASE;
 	input = ((Form_pg_type) GETSTRUCT(tuple))->typinput;

@@ -59,7 +59,10 @@ INSERT INTO hostile VALUES
   (27, 'halfvec', '-infinity', pg_temp.brow(1, pg_temp.hform(1, 0, '{-1024}'))),
   (28, 'halfvec', 'cut short in an element', pg_temp.brow(1, substr(pg_temp.hform(2, 0, '{1,2}'), 1, 7))),
   (29, 'halfvec', 'a trailing byte', pg_temp.brow(1, pg_temp.hform(1, 0, '{1}') || '\x00'::bytea)),
-  (30, 'halfvec', 'rows of two dimensions', pg_temp.brow(1, pg_temp.hform(1, 0, '{1}')) || pg_temp.brow(7, pg_temp.hform(2, 0, '{1,2}')));
+  (30, 'halfvec', 'rows of two dimensions', pg_temp.brow(1, pg_temp.hform(1, 0, '{1}')) || pg_temp.brow(7, pg_temp.hform(2, 0, '{1,2}'))),
+  (31, 'vector', 'dim 0 and unused 5 (dim checked first)', pg_temp.brow(1, pg_temp.vform(0, 5, '{}'))),
+  (32, 'vector', 'dim 65535 and unused 1', pg_temp.brow(1, pg_temp.vform(-1, 1, '{1}'))),
+  (33, 'halfvec', 'dim 0 and unused 1', pg_temp.brow(1, pg_temp.hform(0, 1, '{}')));
 
 -- Read here (the types' own receive functions).
 SET client_min_messages = debug1;
