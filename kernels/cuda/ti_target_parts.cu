@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -378,13 +379,14 @@ void TargetParts::pin_staging(int index, bool pin, PartStaging &staging) {
   const HostPart::Layout l = HostPart::layout(plan_.clusters_for(n), n, n_rows, stride);
   HostPart *h = host_[index];
   if (h == nullptr) {
+    // Made before the block is taken, which it then owns (and frees).
+    std::unique_ptr<HostPart> made(new HostPart);
     unsigned char *block = pinner_->take(index, l.total);
     if (block == nullptr) return;  // store() tries again, else the part is not cached
-    h = new HostPart;
-    h->prepinned = block;
-    h->registered = pinner_->registered();
-    h->capacity = l.total;
-    host_[index] = h;
+    made->prepinned = block;
+    made->registered = pinner_->registered();
+    made->capacity = l.total;
+    h = host_[index] = made.release();
   }
   unsigned char *b = h->data();
   staging.pinned_x = reinterpret_cast<float *>(b + l.x);
@@ -407,6 +409,11 @@ KnnStatus TargetParts::store(int index, const TargetPart &part) {
     CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
     delete h;
     h = host_[index] = nullptr;
+    // The part's staging pointed into that block: never reused.
+    PartStaging &staging = part_staging_[index % 2];
+    staging.first = -1;
+    staging.pinned_x = nullptr;
+    staging.pinned_begin = staging.pinned_rows = nullptr;
   }
   if (h == nullptr) {
     h = new HostPart;
