@@ -46,7 +46,7 @@ knn_shard_summarize(KnnShardSummary *summary, const KnnShardPlan *sp)
 		out->rows = shard->rows;
 		out->seconds_ship = shard->seconds_ship;
 		out->seconds_join = shard->seconds_join;
-		out->seconds_read = shard->prefetch_sql != NULL ? shard->seconds_read : -1.0;
+		out->seconds_read = shard->read_ahead ? shard->seconds_read : -1.0;
 		out->targets_read = shard->prefetched_rows;
 	}
 }

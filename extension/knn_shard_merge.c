@@ -151,7 +151,7 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 						 ",\"seconds_join\":%.6f,",
 						 list_length(shard->scans), shard->rows, shard->seconds_join);
 		/* its targets read ahead of the queries (knn_shard_prefetch_targets) */
-		if (shard->prefetch_sql != NULL)
+		if (shard->read_ahead)
 			appendStringInfo(&buf, "\"seconds_read\":%.6f,\"targets_read\":" INT64_FORMAT ",",
 							 shard->seconds_read, shard->prefetched_rows);
 		json_key(&buf, "remote_sql");

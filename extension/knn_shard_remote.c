@@ -897,6 +897,7 @@ knn_shard_remote_prefetch_send(KnnShardRemote *shard)
 	if (!fdw.PQsendQuery(shard->conn, shard->prefetch_sql))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->prefetch_sql);
 	shard->prefetching = true;
+	shard->read_ahead = true;
 	INSTR_TIME_SET_CURRENT(shard->prefetch_sent);
 	END_SHARD_CONTEXT();
 }

@@ -54,7 +54,8 @@ typedef struct KnnShardRemote
 	instr_time	sent;
 	/* its targets read ahead of the queries (knn_shard_receive.h), set by the caller */
 	char	   *prefetch_sql;	/* what reads them there, or NULL: the join reads them */
-	bool		prefetching;	/* prefetch_sql sent, its result not yet read */
+	bool		read_ahead;		/* prefetch_sql sent in this join */
+	bool		prefetching;	/* ... its result not yet read */
 	bool		holds_targets;	/* read there, not yet taken by the join */
 	instr_time	prefetch_sent;
 	double		seconds_read;	/* from sending prefetch_sql to its result arriving */
