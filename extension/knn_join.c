@@ -1027,7 +1027,7 @@ knn_join_received_packed(PG_FUNCTION_ARGS)
  * reads its targets for set `set`'s join before the coordinator ships the
  * queries (of query_type), as that join would read them (the element
  * query_type, the text's type and the metric give), and holds them for it
- * (knn_shard_receive.h). Returns the rows held.
+ * (knn_shard_receive.h). Returns the rows held and the seconds it took.
  */
 PG_FUNCTION_INFO_V1(knn_shard_prefetch_targets);
 Datum
@@ -1039,7 +1039,14 @@ knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 	KnnMatrix	targets;
 	MemoryContext context;
 	MemoryContext old_context;
+	instr_time	start;
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
 
+	INSTR_TIME_SET_CURRENT(start);
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "knn_shard_prefetch_targets: not called for a record");
 	memset(&call, 0, sizeof(call));
 	require_argument(fcinfo, 0, "set");
 	require_argument(fcinfo, 1, "query_type");
@@ -1078,7 +1085,9 @@ knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 	SPI_finish();
 	knn_held_targets_keep(call.received_set, call.targets_sql, target_set.vector_type, &targets);
 	knn_progress_end();
-	PG_RETURN_INT64(targets.n);
+	values[0] = Int64GetDatum(targets.n);
+	values[1] = Float8GetDatum(knn_seconds_since(start));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }
 
 /* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`. */

@@ -735,7 +735,7 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 	}
 	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */
 	if (shard->receives_queries && shard->has_prefetch)
-		shard->prefetch_sql = psprintf("SELECT %s.knn_shard_prefetch_targets(" INT64_FORMAT ", %s::pg_catalog.regtype, %s, %s)",
+		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.knn_shard_prefetch_targets(" INT64_FORMAT ", %s::pg_catalog.regtype, %s, %s)",
 									   shard->knn_schema, shard->received_set,
 									   quote_literal_cstr(shard->query_type),
 									   quote_literal_cstr(targets.data),

@@ -44,6 +44,7 @@
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/float.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -898,7 +899,6 @@ knn_shard_remote_prefetch_send(KnnShardRemote *shard)
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->prefetch_sql);
 	shard->prefetching = true;
 	shard->read_ahead = true;
-	INSTR_TIME_SET_CURRENT(shard->prefetch_sent);
 	END_SHARD_CONTEXT();
 }
 
@@ -907,14 +907,24 @@ static void
 read_prefetch_result(KnnShardRemote *shard)
 {
 	PGresult   *res;
+	char	   *rows = NULL;
+	char	   *seconds = NULL;
 
 	WITH_SHARD_CONTEXT(shard);
 	res = fdw.pgfdw_get_result(shard->conn, shard->prefetch_sql);
 	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->prefetch_sql);
-	shard->prefetched_rows = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 &&
-		!fdw.PQgetisnull(res, 0, 0) ? pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
+	/* (targets_read, seconds): the shard's own time, which it spent while we read our queries */
+	if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 2 &&
+		!fdw.PQgetisnull(res, 0, 0) && !fdw.PQgetisnull(res, 0, 1))
+	{
+		rows = pstrdup(fdw.PQgetvalue(res, 0, 0));
+		seconds = pstrdup(fdw.PQgetvalue(res, 0, 1));
+	}
 	fdw.PQclear(res);
+	shard->prefetched_rows = rows != NULL ? pg_strtoint64(rows) : -1;
+	if (seconds != NULL)
+		shard->seconds_read = float8in_internal(seconds, NULL, "double precision", seconds);
 	if (shard->prefetched_rows < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
@@ -1007,8 +1017,9 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch)
 				instr_time	now;
 
 				INSTR_TIME_SET_CURRENT(now);
-				INSTR_TIME_SUBTRACT(now, prefetch ? shard->prefetch_sent : shard->sent);
-				*(prefetch ? &shard->seconds_read : &shard->seconds_join) = INSTR_TIME_GET_DOUBLE(now);
+				INSTR_TIME_SUBTRACT(now, shard->sent);
+				if (!prefetch)
+					shard->seconds_join = INSTR_TIME_GET_DOUBLE(now);
 				*busy = false;
 			}
 			else if (waiting == NULL)

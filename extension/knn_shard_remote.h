@@ -57,8 +57,7 @@ typedef struct KnnShardRemote
 	bool		read_ahead;		/* prefetch_sql sent in this join */
 	bool		prefetching;	/* ... its result not yet read */
 	bool		holds_targets;	/* read there, not yet taken by the join */
-	instr_time	prefetch_sent;
-	double		seconds_read;	/* from sending prefetch_sql to its result arriving */
+	double		seconds_read;	/* the shard's own time reading them */
 	int64		prefetched_rows;
 	double		seconds_ship;
 	double		seconds_join;	/* from sending the join to its result arriving */

@@ -800,14 +800,14 @@ check "knn_shard_prefetch_targets: held for its set's join, taken by it, gone at
   "$(printf '%s\n' "$(sql 1 -c "SELECT count(v) FROM items_h_0")" t t -1 -1 "$(sql 1 -c "SELECT count(v) FROM items_h_0 WHERE id < 3")" dropped -1)" \
   "$(sql 1 2>&1 <<'EOF'
 BEGIN;
-SELECT knn_shard_prefetch_targets(9, 'vector', 'SELECT id, v FROM items_h_0', 'l2');
+SELECT targets_read FROM knn_shard_prefetch_targets(9, 'vector', 'SELECT id, v FROM items_h_0', 'l2');
 SELECT knn_shard_receive_queries(9, 'vector', (SELECT string_agg(int4send(8) || int8send(id) || int4send(length(knn_vector_send(v))) || knn_vector_send(v), ''::bytea) FROM items_h_0 WHERE id < 50)) > 0;
 SELECT count(*) > 0 FROM knn_join_received_packed(9, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto') p;
 SELECT knn_shard_held_targets();
 COMMIT;
 SELECT knn_shard_held_targets();
 BEGIN;
-SELECT knn_shard_prefetch_targets(10, 'vector', 'SELECT id, v FROM items_h_0 WHERE id < 3', 'l2');
+SELECT targets_read FROM knn_shard_prefetch_targets(10, 'vector', 'SELECT id, v FROM items_h_0 WHERE id < 3', 'l2');
 SELECT 'dropped' FROM (SELECT knn_shard_drop_targets(10)) d;
 SELECT knn_shard_held_targets();
 COMMIT;

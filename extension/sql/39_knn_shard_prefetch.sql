@@ -4,13 +4,14 @@
 -- ends, a new set number, knn_shard_drop_targets, or the join of that set
 -- (knn_join_received_packed, knn_range_join_received) takes them.
 CREATE FUNCTION knn_shard_prefetch_targets(set bigint, query_type regtype, targets text,
-                                           metric text DEFAULT 'l2')
-RETURNS bigint
+                                           metric text DEFAULT 'l2',
+                                           OUT targets_read bigint, OUT seconds double precision)
+RETURNS record
 AS 'MODULE_PATHNAME', 'knn_shard_prefetch_targets'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 
 COMMENT ON FUNCTION knn_shard_prefetch_targets(bigint, regtype, text, text) IS
-'For a coordinator of a sharded knn_join: reads the targets of query set "set"''s join (queries of query_type, this metric) into this transaction''s memory, for that join with the same targets text; the rows held.';
+'For a coordinator of a sharded knn_join: reads the targets of query set "set"''s join (queries of query_type, this metric) into this transaction''s memory, for that join with the same targets text; the rows held and the seconds the read took.';
 
 CREATE FUNCTION knn_shard_drop_targets(set bigint)
 RETURNS void
