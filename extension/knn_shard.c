@@ -1122,13 +1122,13 @@ knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement ele
 {
 	KnnShardEarly *c;
 
-	if (join->describe_only || !knn_gpu_shard_prefetch ||
-		!queries_leave_connections_alone(queries_plan))
+	if (join->describe_only || !knn_gpu_shard_prefetch)
 		return NULL;
 	c = palloc0(sizeof(KnnShardEarly));
 	c->seconds_queries = -1.0;
 	c->state = find_shards(c, targets_plan, join, grouped);
-	if (c->state != SHARDS_FOUND)
+	/* shards, but queries that may need their connections: opened after the queries are read */
+	if (c->state != SHARDS_FOUND || !queries_leave_connections_alone(queries_plan))
 		return c;
 	open_shards(c, element, join);
 	/* their targets are read there while the caller reads its queries */
@@ -1171,12 +1171,15 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		if ((now.state = find_shards(&now, targets_plan, join, queries->grouped)) != SHARDS_FOUND)
 			return false;
 	}
-	else if (early->state != SHARDS_OPENED)
+	else if (early->state != SHARDS_FOUND && early->state != SHARDS_OPENED)
 		return false;
 	else if (queries->n == 0)
 	{
-		/* no query: the caller reads nothing there (as before), so nothing stays held */
-		abandon_shards(early);
+		/* no query: joined here (as before), and nothing stays held on the shards */
+		if (early->state == SHARDS_OPENED)
+			abandon_shards(early);
+		else
+			ReleaseCachedPlan(early->cplan, early->owner);
 		return false;
 	}
 	knn_matrix_sort_by_id(queries);

@@ -120,10 +120,11 @@ typedef struct KnnShardEarly KnnShardEarly;
  * with group key columns): when the targets are sharded and the call can
  * go to the shards, opens them and has each one read its targets now
  * (knn_shard_prefetch_targets there), while the caller reads its queries.
- * NULL when the queries text might use the shards' connections itself (a
- * foreign table, a function that runs SQL), with knn_gpu.shard_prefetch
- * off, or for EXPLAIN: knn_shard_try_join then does it all, as before.
- * Otherwise what knn_shard_try_join must be given.
+ * Where the queries text might use the shards' connections itself (a
+ * foreign table, a function that runs SQL), the shards are only found
+ * (their NOTICEs said) and opened after the queries are read. NULL with
+ * knn_gpu.shard_prefetch off, or for EXPLAIN: knn_shard_try_join then does
+ * it all, as before. Otherwise what knn_shard_try_join must be given.
  */
 extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan,
 									  KnnElement element, bool grouped, const KnnShardJoin *join);

@@ -759,6 +759,8 @@ for call in "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 7, 'co
   check "targets read ahead, the same rows as without: $call" "0 differences, true, 2 read ahead" \
     "$(prefetched "$call")"
 done
+check "knn_gpu.shard_prefetch = off: the old order, nothing read ahead" \
+  "$(printf 't\nshard1|f|f\nshard2|f|f\nf')" "$(PGOPTIONS='-c knn_gpu.shard_prefetch=off' targets_read_ahead "$V")"
 # a shard whose knn_gpu has no knn_shard_prefetch_targets reads its targets in its join, as before
 away_on_shard2 knn_shard_prefetch_targets "bigint, regtype, text, text"
 check "a shard without knn_shard_prefetch_targets: only the other reads ahead" \
@@ -770,9 +772,9 @@ back_on_shard2 knn_shard_prefetch_targets "bigint, regtype, text, text"
 # queries read through the shards' connections (a foreign table, a function
 # that runs SQL) are read first, as before: nothing read ahead
 check "queries of a foreign table: read first, no target read ahead" \
-  "$(printf 't\nshard1|f|f\nshard2|f|f\nf')" "$(targets_read_ahead "SELECT id, v FROM items_h WHERE id % 7 = 0")"
+  "$(printf 't\nshard1|f|f\nshard2|f|f\nt')" "$(targets_read_ahead "SELECT id, v FROM items_h WHERE id % 7 = 0")"
 check "queries through a SQL function: read first, no target read ahead" \
-  "$(printf 't\nshard1|f|f\nshard2|f|f\nf')" "$(targets_read_ahead "SELECT id, v FROM q WHERE odd_cat(id::int)")"
+  "$(printf 't\nshard1|f|f\nshard2|f|f\nt')" "$(targets_read_ahead "SELECT id, v FROM q WHERE odd_cat(id::int)")"
 compare "queries of a foreign table: the same rows as one server" "SELECT id, v FROM items_h WHERE id % 7 = 0" \
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 4 l2 true 2
 # calls that join here after all (query ids repeat; no query): the shards'
