@@ -914,22 +914,23 @@ cancel_in_the_middle() {
 }
 cancel_in_the_middle "knn_join's big join" "$BIG"
 
-# A cancel and a statement_timeout while the shards read their targets
-# ahead (shard 1 waits for a lock on big_1 meanwhile): the coordinator ends
-# at once, the shards stop reading, nothing stays held there.
+# A cancel, a statement_timeout, and shard 1's backend ending while the
+# shards read their targets ahead (shard 1 waits for a lock on big_1
+# meanwhile): the coordinator ends at once (the lost shard: an ERROR naming
+# it), the shards stop reading, nothing stays held there.
 BIG_AHEAD="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
 reading_ahead_on_shard1() {
   sql 1 -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock' AND query LIKE '%knn_shard_prefetch_targets(%'"
 }
-for how in cancel timeout; do
+for how in cancel timeout "shard lost"; do
   sql 1 -c "SET application_name = 'knn_locker'" -c "BEGIN" -c "LOCK TABLE big_1 IN ACCESS EXCLUSIVE MODE" \
     -c "SELECT pg_sleep(6)" -c "COMMIT" >/dev/null 2>&1 &
   locker=$!
   sleep 0.3
-  if [ "$how" = cancel ]; then
-    sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIG_AHEAD" >"${DIRS[0]}/cancel.out" 2>&1 &
-  else
+  if [ "$how" = timeout ]; then
     sql 0 -c "SET statement_timeout = '1500ms'" -c "$BIG_AHEAD" >"${DIRS[0]}/cancel.out" 2>&1 &
+  else
+    sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIG_AHEAD" >"${DIRS[0]}/cancel.out" 2>&1 &
   fi
   bg=$!
   seen=0
@@ -940,10 +941,17 @@ for how in cancel timeout; do
   check "shard 1 reads its targets ahead, waiting for the lock ($how)" 1 "$seen"
   [ "$how" = cancel ] &&
     sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+  # the shard's backend ends in the middle of its read (as if the server went away)
+  [ "$how" = "shard lost" ] &&
+    sql 1 -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%knn_shard_prefetch_targets(%' AND pid <> pg_backend_pid()" >/dev/null
   start=$(date +%s%N)
   wait "$bg"
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$how" = cancel ]; then expected='canceling statement due to user request'; else expected='canceling statement due to statement timeout'; fi
+  case "$how" in
+    cancel) expected='canceling statement due to user request' ;;
+    timeout) expected='canceling statement due to statement timeout' ;;
+    *) expected='knn_join on foreign server "shard1"' ;;
+  esac
   check_has "a $how while the shards read ahead ends the join (${ms} ms, shard 1 still locked)" "$expected" \
     "$(cat "${DIRS[0]}/cancel.out")"
   [ "$ms" -lt 3000 ] || fail "the $how took ${ms} ms"
