@@ -640,6 +640,9 @@ check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHA
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
 check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
   "$(echo "$out" | analyze_lines)"
+check "EXPLAIN ANALYZE of knn_join: each shard's target read ahead, the query read here, the wait for the shards" \
+  "$(printf '%s\n' 'Shard Target Read Time' 'Shard Target Read Time' 'Query Read Time' 'Target Read Wait Time')" \
+  "$(echo "$out" | sed -n 's/^ *\(Shard Target Read Time\|Query Read Time\|Target Read Wait Time\): [0-9.]* ms$/\1/p')"
 check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
   'Shards: not known (relation "no_such_table" does not exist)' \
   "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
