@@ -888,18 +888,27 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 
 static void wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch);
 
-void
-knn_shard_remote_prefetch_send(KnnShardRemote *shard)
+/* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
+static void
+send_statement(KnnShardRemote *shard, const char *what, const char *sql, int n_params,
+			   const Oid *types, const char *const *values, bool binary_result)
 {
 	WITH_SHARD_CONTEXT(shard);
 	ereport(DEBUG1,
-			(errmsg_internal("%s: foreign server \"%s\" reads its targets: %s", shard->who,
-							 shard->server->servername, shard->prefetch_sql)));
-	if (!fdw.PQsendQuery(shard->conn, shard->prefetch_sql))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->prefetch_sql);
+			(errmsg_internal("%s: foreign server \"%s\" %s: %s", shard->who,
+							 shard->server->servername, what, sql)));
+	if (!fdw.PQsendQueryParams(shard->conn, sql, n_params, types, values, NULL, NULL,
+							   binary_result ? 1 : 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	END_SHARD_CONTEXT();
+}
+
+void
+knn_shard_remote_prefetch_send(KnnShardRemote *shard)
+{
+	send_statement(shard, "reads its targets", shard->prefetch_sql, 0, NULL, NULL, false);
 	shard->prefetching = true;
 	shard->read_ahead = true;
-	END_SHARD_CONTEXT();
 }
 
 /* Reads a shard's prefetch result: the rows it holds now. */
@@ -972,18 +981,11 @@ knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards)
 void
 knn_shard_remote_send(KnnShardRemote *shard)
 {
-	WITH_SHARD_CONTEXT(shard);
-	ereport(DEBUG1,
-			(errmsg_internal("%s: foreign server \"%s\" joins: %s", shard->who,
-							 shard->server->servername, shard->join_sql)));
-	if (!fdw.PQsendQueryParams(shard->conn, shard->join_sql, shard->n_params,
-							   shard->param_types, shard->param_values, NULL, NULL,
-							   shard->binary_result ? 1 : 0))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+	send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
+				   shard->param_values, shard->binary_result);
 	shard->busy = true;
 	shard->holds_targets = false;	/* the join takes them */
 	INSTR_TIME_SET_CURRENT(shard->sent);
-	END_SHARD_CONTEXT();
 }
 
 /*
