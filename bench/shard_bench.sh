@@ -57,7 +57,8 @@
 #   DEVICE=cpu SHARED_BUFFERS=128MB PG_BIN=/usr/lib/postgresql/15/bin bash bench/shard_bench.sh /tmp/out
 #
 # Settings: EMB_ROWS EMB_DIMS CLU_ROWS CLU_DIMS CLU_CENTRES K CHECK_QUERIES
-#   NODE_QUERIES SHIP_TARGETS (0) SHIP_COPIES (1) SHIP_ROUNDS (0) FETCH_SIZE
+#   NODE_QUERIES PREFETCH_OFF (1: each set's sharded join once more with
+#   knn_gpu.shard_prefetch = off, "sharded_no_prefetch") SHIP_TARGETS (0) SHIP_COPIES (1) SHIP_ROUNDS (0) FETCH_SIZE
 #   QUERY_TEXT_FETCH_SIZES DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
 #   takes the first) PORTS ("5701 5702 5703") SHARED_BUFFERS (8GB)
 #   PG_SETTINGS (more server settings) PG_BIN (default: pg_ctl's directory
@@ -67,6 +68,7 @@ out=${1:?usage: shard_bench.sh OUT_DIR}
 emb_rows=${EMB_ROWS:-1000000} emb_dims=${EMB_DIMS:-768}
 clu_rows=${CLU_ROWS:-5000000} clu_dims=${CLU_DIMS:-8} clu_centres=${CLU_CENTRES:-1000}
 k=${K:-10} check_queries=${CHECK_QUERIES:-20000} node_queries=${NODE_QUERIES:-100000}
+prefetch_off=${PREFETCH_OFF:-1}
 device=${DEVICE:-gpu} step_timeout=${STEP_TIMEOUT:-240} ship_targets=${SHIP_TARGETS:-0} ship_copies=${SHIP_COPIES:-1} ship_rounds=${SHIP_ROUNDS:-0}
 # postgres_fdw's fetch_size on the shards' servers (empty: its default, 100 rows)
 server_fetch_size=${FETCH_SIZE:-} fetch_size=${FETCH_SIZE:-} query_text_fetch_sizes=${QUERY_TEXT_FETCH_SIZES:-}
@@ -178,10 +180,10 @@ load() {
 # ---- the joins ----
 # An order-free checksum of a join's rows: equal rows, equal checksums.
 CHECKSUM="count(*) || ':' || sum(rank) || ':' || bit_xor(hashint8extended(target_id, query_id) # hashfloat8extended(distance, rank))"
-# timed SERVER SQL STATS_SQL -> "ms|first column|stats" of one run in a session
+# timed SERVER SQL STATS_SQL [SETTING_SQL] -> "ms|first column|stats" of one run in a session
 timed() {
   local res ms value stats
-  res=$(sql "$1" -c "SET client_min_messages = warning" -c '\timing on' -c "$2" -c '\timing off' -c "$3" 2>&1) ||
+  res=$(sql "$1" -c "SET client_min_messages = warning" ${4:+-c "$4"} -c '\timing on' -c "$2" -c '\timing off' -c "$3" 2>&1) ||
     { echo "$res" >>"$log"; echo "failed: $2" >&2; return 1; }
   ms=$(echo "$res" | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | head -1)
   value=$(echo "$res" | grep -v '^Time:' | grep -v '^{' | head -1)
@@ -203,6 +205,14 @@ bench_set() {
     "SELECT knn_gpu_last_stats()") || exit 1
   shard_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
     "SELECT knn_gpu_last_shard_stats()") || exit 1
+  # the same sharded join with the shards reading their targets only after the queries are shipped (as before)
+  local late_run=null late_json=null
+  if [ "$prefetch_off" = 1 ]; then
+    late_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+      "SELECT knn_gpu_last_shard_stats()" "SET knn_gpu.shard_prefetch = off") || exit 1
+    late_json="{\"sql_ms\":${late_run%%|*},\"checksum\":$(json_string "$(echo "$late_run" | cut -d'|' -f2)"),\"stats\":${late_run#*|*|}}"
+    echo "$name knn_join, two shards with knn_gpu.shard_prefetch = off: ${late_run%%|*} ms" >&2
+  fi
   diff=$(sql 0 -c "SET client_min_messages = warning" \
     -c "CREATE TEMP TABLE s AS SELECT * FROM knn_join('SELECT id, v FROM ${name}_all WHERE id <= $check_queries', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
     -c "CREATE TEMP TABLE r AS SELECT * FROM knn_join('SELECT id, v FROM ${name}_all WHERE id <= $check_queries', 'SELECT id, v FROM ${name}_all', $k, exclude_self => true)" \
@@ -213,9 +223,9 @@ bench_set() {
   local shard_stats=${shard_run#*|*|}
   check=false; [ -n "$base_sum" ] && [ "$base_sum" = "$shard_sum" ] && [ "$diff" = 0 ] && check=true
   echo "$name knn_join: one server ${base_ms} ms, two shards ${shard_ms} ms; checksums $base_sum / $shard_sum; first $check_queries queries: ${diff:-?} differing rows" >&2
-  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
+  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded_no_prefetch":%s,"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
     "$name" "$rows" "$dims" "$k" "$base_ms" "$(json_string "$base_sum")" "${base_run##*|}" \
-    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$check_queries" "${diff:-null}" "$check"
+    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$late_json" "$check_queries" "${diff:-null}" "$check"
 }
 
 # bench_node NAME: the KNN Join node over the first NODE_QUERIES rows, sharded and not
@@ -336,7 +346,15 @@ for run in runs:
         "coordinator_ship_plus_merge_over_slowest_shard": coordinator / slowest if slowest else None,
         "merge_seconds_per_million_result_rows": seconds.get("merge", 0) / (rows / 1e6) if rows else None,
         "result_rows": rows,
+        # the shards' target reads overlapping the coordinator's query read (knn_shard_prefetch_targets)
+        "coordinator_query_read_seconds": seconds.get("queries"),
+        "coordinator_wait_for_target_reads_seconds": seconds.get("wait_targets"),
+        "per_shard_target_read_ahead_seconds": {s["server"]: s.get("seconds_read") for s in shards},
     }
+    late = run.get("sharded_no_prefetch")
+    if late and late.get("sql_ms") and run["sharded"]["sql_ms"]:
+        run["derived"]["no_prefetch_sql_ms_over_prefetch"] = late["sql_ms"] / run["sharded"]["sql_ms"]
+        run["derived"]["no_prefetch_identical"] = late.get("checksum") == run["sharded"].get("checksum")
 report = {"benchmark": "issue 11: sharded self-join, two shards on two GPUs vs one server on one GPU",
           "device": device, "coordinator_engine": info,
           # the shards' servers' postgres_fdw fetch_size (null: its default, 100)

@@ -595,9 +595,9 @@ static bool describe_only = false;
  * here (with a NOTICE when there are shards): their ids' order is this
  * server's type's, which the shards' ranks could not be merged by.
  */
-static bool
-shard_join(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queries,
-		   KnnSet *targets, KnnOperatorValues *by_operator, KnnPackedRows *packed)
+static void
+shard_join(const KnnJoinCall *call, KnnSet *targets, KnnOperatorValues *by_operator,
+		   KnnPackedRows *packed, KnnShardJoin *shard_call)
 {
 	KnnShardJoin join = {0};
 	ParamListInfo params = NULL;
@@ -628,7 +628,7 @@ shard_join(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queries,
 		}
 		join.params = params;
 	}
-	return knn_shard_try_join(rsinfo, queries, targets->plan, targets->sql, targets->kind, &join);
+	*shard_call = join;
 }
 
 void
@@ -694,6 +694,9 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	double		seconds_read;
 	double		seconds_sort;
 	KnnPackedRows packed;
+	KnnShardJoin shard_call;
+	KnnShardEarly *shards = NULL;
+	instr_time	queries_start;
 
 	/* knn_join_packed returns bytea values, not rows: the caller's one-column descriptor */
 	InitMaterializedSRF(fcinfo, call->packed ? MAT_SRF_USE_EXPECTED_DESC : 0);
@@ -749,14 +752,23 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	by_operator = query_set.vector_type == target_source->vector_type &&
 		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
 								 element);
+	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
+	shard_join(call, target_source, by_operator ? &operator_values : NULL,
+			   call->packed ? &packed : NULL, &shard_call);
 	if (call->received && !describe_only)
 		knn_received_queries_take(call->received_set, &queries);
 	else if (!describe_only)
+	{
+		/* the shards read their targets meanwhile */
+		shards = knn_shard_start(query_set.plan, target_source->plan, element, groups != NULL,
+								 &shard_call);
+		INSTR_TIME_SET_CURRENT(queries_start);
 		read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
+		knn_shard_queries_read(shards, knn_seconds_since(queries_start));
+	}
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
-	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
-	if (shard_join(rsinfo, call, &queries, target_source, by_operator ? &operator_values : NULL,
-				   call->packed ? &packed : NULL) ||
+	if (knn_shard_try_join(rsinfo, &queries, target_source->plan, target_source->sql,
+						   target_source->kind, &shard_call, shards) ||
 		describe_only)
 	{
 		if (call->packed)
@@ -777,8 +789,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		/* The same volatile text, read again: its keys of their own. */
 		if (target_source == &query_set && query_keys != NULL)
 			query_set.keys = key_column(&query_set, caller_context);
-		read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets,
-				 groups);
+		/* a shard's targets may have been read ahead of its queries (knn_shard_receive.h) */
+		if (!(call->received && groups == NULL &&
+			  knn_held_targets_take(call->received_set, target_source->sql,
+									target_source->vector_type, targets)))
+			read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets,
+					 groups);
 		target_keys = target_source->keys;
 		query_set.keys = query_keys;
 	}
@@ -1004,6 +1020,91 @@ knn_join_received_packed(PG_FUNCTION_ARGS)
 	call.packed = true;
 	knn_join_run_reported(fcinfo, &call);
 	PG_RETURN_NULL();
+}
+
+/*
+ * knn_shard_prefetch_targets(set, query_type, targets, metric): a shard
+ * reads its targets for set `set`'s join before the coordinator ships the
+ * queries (of query_type), as that join would read them (the element
+ * query_type, the text's type and the metric give), and holds them for it
+ * (knn_shard_receive.h). Returns the rows held and the seconds it took.
+ */
+PG_FUNCTION_INFO_V1(knn_shard_prefetch_targets);
+Datum
+knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+	KnnSet		query_set = {0};
+	KnnSet		target_set = {0};
+	KnnMatrix	targets;
+	MemoryContext context;
+	MemoryContext old_context;
+	instr_time	start;
+	TupleDesc	desc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+
+	INSTR_TIME_SET_CURRENT(start);
+	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "knn_shard_prefetch_targets: not called for a record");
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	require_argument(fcinfo, 1, "query_type");
+	call.received_set = PG_GETARG_INT64(0);
+	call.targets_sql = text_argument(fcinfo, 2, "targets");
+	call.metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
+	/* the types a coordinator ships queries as (knn_shard_receive_queries's) */
+	query_set.natts = 2;
+	query_set.vector_type = PG_GETARG_OID(1);
+	query_set.kind = knn_vector_kind(query_set.vector_type);
+	if (getBaseType(query_set.vector_type) != query_set.vector_type ||
+		(query_set.kind != KNN_VECTOR_TYPE && query_set.kind != KNN_VECTOR_HALFVEC &&
+		 query_set.kind != KNN_VECTOR_BIT))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("knn_shard_prefetch_targets takes query types vector, halfvec or bit, not %s",
+						format_type_be(query_set.vector_type))));
+
+	knn_progress_begin("knn_shard_prefetch_targets", 0);
+	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	target_set.sql = call.targets_sql;
+	target_set.arg = "targets";
+	prepare_set(&target_set, &call);
+	if (target_set.natts != 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("knn_shard_prefetch_targets reads targets of 2 columns (id, vector), not %d",
+						target_set.natts)));
+	context = knn_held_targets_begin(call.received_set);
+	old_context = MemoryContextSwitchTo(context);
+	knn_matrix_init(&targets, "target", knn_join_element(&query_set, &target_set, call.metric));
+	MemoryContextSwitchTo(old_context);
+	read_set(&target_set, knn_vector_reader_for(target_set.kind, targets.element), &targets, NULL);
+	SPI_finish();
+	knn_held_targets_keep(call.received_set, call.targets_sql, target_set.vector_type, &targets);
+	knn_progress_end();
+	values[0] = Int64GetDatum(targets.n);
+	values[1] = Float8GetDatum(knn_seconds_since(start));
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+/* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`. */
+PG_FUNCTION_INFO_V1(knn_shard_drop_targets);
+Datum
+knn_shard_drop_targets(PG_FUNCTION_ARGS)
+{
+	knn_held_targets_drop(PG_GETARG_INT64(0));
+	PG_RETURN_VOID();
+}
+
+/* knn_shard_held_targets(): the rows of the targets held, or -1 (tests). */
+PG_FUNCTION_INFO_V1(knn_shard_held_targets);
+Datum
+knn_shard_held_targets(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(knn_held_targets_rows());
 }
 
 /*

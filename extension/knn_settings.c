@@ -20,6 +20,7 @@ int			knn_gpu_memory_limit_mb = 0;
 int			knn_gpu_threads = 0;
 bool		knn_gpu_enable_knn_join = true;
 bool		knn_gpu_exact_over_index = false;
+bool		knn_gpu_shard_prefetch = true;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
@@ -163,6 +164,11 @@ knn_settings_define(void)
 							 "Uses the exact KNN Join node even where an approximate index (hnsw, ivfflat) would answer.",
 							 NULL,
 							 &knn_gpu_exact_over_index, false,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("knn_gpu.shard_prefetch",
+							 "A sharded knn_join's shards read their targets while the coordinator reads its queries.",
+							 NULL,
+							 &knn_gpu_shard_prefetch, true,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomEnumVariable("knn_gpu.fault_injection",
 							 "Test only: makes an engine entry throw (start, run, bad_alloc, finish), "

@@ -23,12 +23,16 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_language.h"
+#include "catalog/pg_proc.h"
 #include "executor/executor.h"
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
 #include "lib/stringinfo.h"
 #include "libpq/pqformat.h"
 #include "miscadmin.h"
+#include "nodes/nodeFuncs.h"
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
 #include "portability/instr_time.h"
@@ -39,10 +43,12 @@
 #include "utils/lsyscache.h"
 #include "utils/plancache.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 #include "knn_input.h"
 #include "knn_join_explain.h"
 #include "knn_run.h"
+#include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_shard_packed.h"
 #include "knn_shard_remote.h"
@@ -727,6 +733,13 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s)",
 									   shard->knn_schema, queries, rest);
 	}
+	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */
+	if (shard->receives_queries && shard->has_prefetch)
+		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.knn_shard_prefetch_targets(" INT64_FORMAT ", %s::pg_catalog.regtype, %s, %s)",
+									   shard->knn_schema, shard->received_set,
+									   quote_literal_cstr(shard->query_type),
+									   quote_literal_cstr(targets.data),
+									   quote_literal_cstr(knn_metric_name(join->metric)));
 	/* binary results: ids and distances arrive exactly, without parsing */
 	shard->binary_result = true;
 }
@@ -941,19 +954,208 @@ notice_not_pushed(const KnnShardPlan *sp, const char *why)
 					sp->n_shards > 1 ? " and others" : "", why)));
 }
 
-bool
-knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets_plan,
-				   const char *targets_sql, KnnVectorKind target_kind, const KnnShardJoin *join)
+/*
+ * A sharded knn_join under way: the targets text's plan, its shards, and
+ * how far it got (knn_shard.h's KnnShardEarly is one begun before the
+ * queries were read).
+ */
+typedef enum ShardState
 {
+	SHARDS_NONE,				/* nothing to push down: the caller joins */
+	SHARDS_NOT_PUSHED,			/* shards, but a form they do not run (said) */
+	SHARDS_FOUND,				/* pushable, not yet opened */
+	SHARDS_OPENED				/* opened, their joins composed */
+} ShardState;
+
+struct KnnShardEarly
+{
+	ShardState	state;
 	CachedPlan *cplan;
 	ResourceOwner owner;
 	PlannedStmt *stmt;
-	KnnShardPlan sp = {0};
+	KnnShardPlan sp;
 	StringInfoData fallbacks;
+	instr_time	start;
+	double		seconds_queries;	/* the caller's query read, -1 = not told */
+	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */
+};
+
+/*
+ * Finds the shards of the targets text: SHARDS_FOUND (the plan held), or
+ * SHARDS_NONE / SHARDS_NOT_PUSHED (with its NOTICE; the plan released).
+ */
+static ShardState
+find_shards(KnnShardEarly *c, SPIPlanPtr targets_plan, const KnnShardJoin *join, bool grouped)
+{
+	if (list_length(SPI_plan_get_plan_sources(targets_plan)) != 1)
+		return SHARDS_NONE;
+	c->cplan = targets_cached_plan(targets_plan, join->params, &c->owner);
+	if (c->cplan == NULL || list_length(c->cplan->stmt_list) != 1)
+	{
+		if (c->cplan != NULL)
+			ReleaseCachedPlan(c->cplan, c->owner);
+		return SHARDS_NONE;
+	}
+	c->stmt = linitial_node(PlannedStmt, c->cplan->stmt_list);
+	c->sp.who = "knn_join";
+	c->sp.scans = list_length(c->stmt->planTree->targetlist) >= 2 ?
+		knn_shard_partition_scans(c->stmt->planTree) : NIL;
+	/* the caller's rights on every relation of the text, before any user mapping is looked up */
+	if (c->sp.scans != NIL)
+		ExecCheckRTPerms(c->stmt->rtable, true);
+	knn_shard_classify(&c->sp, c->stmt->rtable);
+	if (c->sp.n_shards == 0)
+	{
+		ReleaseCachedPlan(c->cplan, c->owner);
+		return SHARDS_NONE;
+	}
+	/* forms the shards do not run: said once, then joined here */
+	if (join->not_pushed != NULL || grouped ||
+		list_length(c->stmt->planTree->targetlist) != 2)
+	{
+		notice_not_pushed(&c->sp, join->not_pushed ? join->not_pushed :
+						  "query and target texts with group key columns are joined here");
+		ReleaseCachedPlan(c->cplan, c->owner);
+		return SHARDS_NOT_PUSHED;
+	}
+	return SHARDS_FOUND;
+}
+
+/* Opens the shards found (those that cannot join are read here, said) and composes their joins. */
+static void
+open_shards(KnnShardEarly *c, KnnElement element, const KnnShardJoin *join)
+{
+	INSTR_TIME_SET_CURRENT(c->start);
+	initStringInfo(&c->fallbacks);
+	knn_shard_open(&c->sp, element, NULL, NULL, &c->fallbacks);
+	for (int s = 0; s < c->sp.n_shards; s++)
+	{
+		knn_shard_remote_name_table(c->sp.shards[s]);
+		compose_join_sql(c->sp.shards[s], join);
+	}
+	c->state = SHARDS_OPENED;
+}
+
+/* A join that stays here after all: nothing held on the shards, their connections and the plan given back. */
+static void
+abandon_shards(KnnShardEarly *c)
+{
+	knn_shard_remote_prefetch_drop(c->sp.shards, c->sp.n_shards);
+	for (int s = 0; s < c->sp.n_shards; s++)
+		knn_shard_remote_release(c->sp.shards[s]);
+	ReleaseCachedPlan(c->cplan, c->owner);
+}
+
+/* Is the function one whose body runs no SQL of its own (C or internal)? */
+static bool
+function_runs_sql(Oid function, void *context)
+{
+	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(function));
+	bool		runs_sql = true;
+
+	if (HeapTupleIsValid(tuple))
+	{
+		Oid			language = ((Form_pg_proc) GETSTRUCT(tuple))->prolang;
+
+		runs_sql = language != ClanguageId && language != INTERNALlanguageId;
+		ReleaseSysCache(tuple);
+	}
+	return runs_sql;
+}
+
+static bool
+calls_sql_function(Node *node, void *context)
+{
+	if (node == NULL)
+		return false;
+	if (check_functions_in_node(node, function_runs_sql, context))
+		return true;
+	if (IsA(node, Query))
+		return query_tree_walker((Query *) node, calls_sql_function, context, 0);
+	return expression_tree_walker(node, calls_sql_function, context);
+}
+
+/*
+ * Can the queries text be read while the shards' connections are busy?
+ * Not when it reads a foreign table (postgres_fdw would use a connection
+ * in the middle of a prefetch) or calls a function that runs SQL of its
+ * own (it might): then the queries are read first, as before.
+ */
+static bool
+queries_leave_connections_alone(SPIPlanPtr queries_plan)
+{
+	List	   *sources = SPI_plan_get_plan_sources(queries_plan);
+	CachedPlanSource *source;
+	CachedPlan *cplan;
+	ResourceOwner owner = queries_plan->saved ? CurrentResourceOwner : NULL;
+	bool		alone = true;
+	ListCell   *lc;
+
+	if (list_length(sources) != 1)
+		return false;
+	source = linitial(sources);
+	foreach(lc, source->query_list)
+		if (calls_sql_function(lfirst(lc), NULL))
+			return false;
+	/* the generic plan: every partition that may be read */
+	cplan = GetCachedPlan(source, NULL, owner, NULL);
+	foreach(lc, cplan->stmt_list)
+	{
+		PlannedStmt *stmt = lfirst_node(PlannedStmt, lc);
+		ListCell   *rc;
+
+		foreach(rc, stmt->rtable)
+		{
+			RangeTblEntry *rte = lfirst_node(RangeTblEntry, rc);
+
+			if (rte->rtekind == RTE_RELATION && rte->relkind == RELKIND_FOREIGN_TABLE)
+				alone = false;
+		}
+	}
+	ReleaseCachedPlan(cplan, owner);
+	return alone;
+}
+
+KnnShardEarly *
+knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement element,
+				bool grouped, const KnnShardJoin *join)
+{
+	KnnShardEarly *c;
+
+	if (join->describe_only || !knn_gpu_shard_prefetch)
+		return NULL;
+	c = palloc0(sizeof(KnnShardEarly));
+	c->seconds_queries = -1.0;
+	c->state = find_shards(c, targets_plan, join, grouped);
+	/* shards, but queries that may need their connections: opened after the queries are read */
+	if (c->state != SHARDS_FOUND || !queries_leave_connections_alone(queries_plan))
+		return c;
+	open_shards(c, element, join);
+	/* their targets are read there while the caller reads its queries */
+	for (int s = 0; s < c->sp.n_shards; s++)
+		if (c->sp.shards[s]->prefetch_sql != NULL)
+			knn_shard_remote_prefetch_send(c->sp.shards[s]);
+	return c;
+}
+
+void
+knn_shard_queries_read(KnnShardEarly *early, double seconds)
+{
+	if (early != NULL)
+		early->seconds_queries = seconds;
+}
+
+bool
+knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets_plan,
+				   const char *targets_sql, KnnVectorKind target_kind, const KnnShardJoin *join,
+				   KnnShardEarly *early)
+{
+	KnnShardEarly now = {0};
+	KnnShardEarly *c = early != NULL ? early : &now;
+	KnnShardPlan *spp = &c->sp;
 	KnnMatrix	local;
 	KnnShardLists *sources;
 	bool		local_after;
-	instr_time	start;
 	instr_time	phase;
 	double		seconds_ship = 0.0;
 	double		seconds_local = 0.0;
@@ -961,73 +1163,60 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	int64		rows;
 	KnnShardRows ship_rows;
 
-	if ((queries->n == 0 && !join->describe_only) ||
-		list_length(SPI_plan_get_plan_sources(targets_plan)) != 1)
-		return false;
-	cplan = targets_cached_plan(targets_plan, join->params, &owner);
-	if (cplan == NULL || list_length(cplan->stmt_list) != 1)
+	if (early == NULL)
 	{
-		if (cplan != NULL)
-			ReleaseCachedPlan(cplan, owner);
-		return false;
+		if (queries->n == 0 && !join->describe_only)
+			return false;
+		now.seconds_queries = -1.0;
+		if ((now.state = find_shards(&now, targets_plan, join, queries->grouped)) != SHARDS_FOUND)
+			return false;
 	}
-	stmt = linitial_node(PlannedStmt, cplan->stmt_list);
-	sp.who = "knn_join";
-	sp.scans = list_length(stmt->planTree->targetlist) >= 2 ?
-		knn_shard_partition_scans(stmt->planTree) : NIL;
-	/* the caller's rights on every relation of the text, before any user mapping is looked up */
-	if (sp.scans != NIL)
-		ExecCheckRTPerms(stmt->rtable, true);
-	knn_shard_classify(&sp, stmt->rtable);
-	if (sp.n_shards == 0)
-	{
-		ReleaseCachedPlan(cplan, owner);
+	else if (early->state != SHARDS_FOUND && early->state != SHARDS_OPENED)
 		return false;
-	}
-	/* forms the shards do not run: said once, then joined here */
-	if (join->not_pushed != NULL || queries->grouped ||
-		list_length(stmt->planTree->targetlist) != 2)
+	else if (queries->n == 0)
 	{
-		notice_not_pushed(&sp, join->not_pushed ? join->not_pushed :
-						  "query and target texts with group key columns are joined here");
-		ReleaseCachedPlan(cplan, owner);
+		/* no query: joined here (as before), and nothing stays held on the shards */
+		if (early->state == SHARDS_OPENED)
+			abandon_shards(early);
+		else
+			ReleaseCachedPlan(early->cplan, early->owner);
 		return false;
 	}
 	knn_matrix_sort_by_id(queries);
 	if (!unique_sorted_ids(queries))
 	{
-		notice_not_pushed(&sp, "query ids repeat");
-		ReleaseCachedPlan(cplan, owner);
+		notice_not_pushed(spp, "query ids repeat");
+		if (c->state == SHARDS_OPENED)
+			abandon_shards(c);
+		else
+			ReleaseCachedPlan(c->cplan, c->owner);
 		return false;
 	}
-
-	INSTR_TIME_SET_CURRENT(start);
-	initStringInfo(&fallbacks);
-	knn_shard_open(&sp, queries->element, NULL, NULL, &fallbacks);
-	if (sp.n_shards == 0)
+	if (c->state != SHARDS_OPENED)
+		open_shards(c, queries->element, join);
+	if (spp->n_shards == 0)
 	{
-		ReleaseCachedPlan(cplan, owner);
+		ReleaseCachedPlan(c->cplan, c->owner);
 		return false;
-	}
-	for (int s = 0; s < sp.n_shards; s++)
-	{
-		knn_shard_remote_name_table(sp.shards[s]);
-		compose_join_sql(sp.shards[s], join);
 	}
 	if (join->describe_only)
 	{
 		KnnShardSummary summary;
 
-		knn_shard_summarize(&summary, &sp);
+		knn_shard_summarize(&summary, spp);
 		knn_join_explain_report_shards(&summary);
-		ReleaseCachedPlan(cplan, owner);
+		ReleaseCachedPlan(c->cplan, c->owner);
 		return true;
 	}
 
+	/* the shards read their targets (begun before the queries were read) before they take queries */
+	INSTR_TIME_SET_CURRENT(phase);
+	knn_shard_remote_prefetch_wait(spp->shards, spp->n_shards);
+	c->seconds_prefetch_wait = knn_seconds_since(phase);
 	if (queries->n > 0)
 	{
-		KnnShardRemote **to_memory = palloc(sp.n_shards * sizeof(KnnShardRemote *));
-		KnnShardRemote **to_table = palloc(sp.n_shards * sizeof(KnnShardRemote *));
+		KnnShardRemote **to_memory = palloc(spp->n_shards * sizeof(KnnShardRemote *));
+		KnnShardRemote **to_table = palloc(spp->n_shards * sizeof(KnnShardRemote *));
 		int			n_memory = 0;
 		int			n_table = 0;
 
@@ -1038,12 +1227,12 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		ship_rows.encode = encode_query;
 		ship_rows.arg = queries;
 		/* in blocks into the shards' memory where they can, else by COPY into a table */
-		for (int s = 0; s < sp.n_shards; s++)
+		for (int s = 0; s < spp->n_shards; s++)
 		{
-			if (sp.shards[s]->receives_queries)
-				to_memory[n_memory++] = sp.shards[s];
+			if (spp->shards[s]->receives_queries)
+				to_memory[n_memory++] = spp->shards[s];
 			else
-				to_table[n_table++] = sp.shards[s];
+				to_table[n_table++] = spp->shards[s];
 		}
 		if (n_memory > 0)
 		{
@@ -1061,9 +1250,9 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		seconds_ship = knn_seconds_since(phase);
 	}
 
-	sources = palloc0((sp.n_shards + 1) * sizeof(KnnShardLists));
+	sources = palloc0((spp->n_shards + 1) * sizeof(KnnShardLists));
 	knn_matrix_init(&local, "target", queries->element);
-	local_after = knn_shard_local_needs_shard_connection(&sp, stmt->rtable);
+	local_after = knn_shard_local_needs_shard_connection(spp, c->stmt->rtable);
 	for (int pass = 0; pass < 2; pass++)
 	{
 		/* the local part runs while the shards work, unless it needs their connections */
@@ -1072,43 +1261,45 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			double		seconds_read;
 
 			INSTR_TIME_SET_CURRENT(phase);
-			read_local_part(stmt, targets_sql, &sp, join->params, &local, target_kind);
+			read_local_part(c->stmt, targets_sql, spp, join->params, &local, target_kind);
 			seconds_read = knn_seconds_since(phase);
-			join_local_part(queries, &local, join, &sources[sp.n_shards], seconds_read);
+			join_local_part(queries, &local, join, &sources[spp->n_shards], seconds_read);
 			seconds_local = knn_seconds_since(phase);
 		}
 		if (pass == 0 && queries->n > 0)
-			knn_shard_remote_collect(sp.shards, sp.n_shards, read_shard_lists, queries);
+			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, queries);
 	}
-	ReleaseCachedPlan(cplan, owner);
+	ReleaseCachedPlan(c->cplan, c->owner);
 
 	INSTR_TIME_SET_CURRENT(phase);
-	for (int s = 0; s < sp.n_shards; s++)
+	for (int s = 0; s < spp->n_shards; s++)
 	{
-		if (sp.shards[s]->caller != NULL)
-			sources[s] = *(KnnShardLists *) sp.shards[s]->caller;
+		if (spp->shards[s]->caller != NULL)
+			sources[s] = *(KnnShardLists *) spp->shards[s]->caller;
 		else
 		{
 			sources[s].n_queries = queries->n;
 			sources[s].offsets = palloc0((queries->n + 1) * sizeof(int64));
 		}
-		knn_shard_remote_release(sp.shards[s]);
+		knn_shard_remote_release(spp->shards[s]);
 	}
-	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, sp.n_shards + 1,
+	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
 						   join->range && join->k == 0 ? -1 : join->k, join->packed);
 	seconds_merge = knn_seconds_since(phase);
 	{
 		KnnShardSummary summary;
 
-		knn_shard_summarize(&summary, &sp);
+		knn_shard_summarize(&summary, spp);
 		summary.ran = true;
 		summary.local_targets = local.n;
 		summary.rows = rows;
+		summary.seconds_queries = c->seconds_queries;
+		summary.seconds_prefetch_wait = c->seconds_prefetch_wait;
 		summary.seconds_ship = seconds_ship;
 		summary.seconds_local = seconds_local;
 		summary.seconds_merge = seconds_merge;
-		knn_shard_record_stats(&sp, &summary, queries->n, join->k, fallbacks.data,
-							   knn_seconds_since(start));
+		knn_shard_record_stats(spp, &summary, queries->n, join->k, c->fallbacks.data,
+							   knn_seconds_since(c->start));
 		knn_join_explain_report_shards(&summary);
 	}
 	return true;

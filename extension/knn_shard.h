@@ -112,6 +112,26 @@ typedef struct KnnShardJoin
 	struct KnnPackedRows *packed;	/* knn_join_packed: the rows go there, or NULL */
 } KnnShardJoin;
 
+/* A sharded knn_join begun before its queries are read (knn_shard_start). */
+typedef struct KnnShardEarly KnnShardEarly;
+
+/*
+ * Called by knn_join before it reads its queries (of `element`; grouped:
+ * with group key columns): when the targets are sharded and the call can
+ * go to the shards, opens them and has each one read its targets now
+ * (knn_shard_prefetch_targets there), while the caller reads its queries.
+ * Where the queries text might use the shards' connections itself (a
+ * foreign table, a function that runs SQL), the shards are only found
+ * (their NOTICEs said) and opened after the queries are read. NULL with
+ * knn_gpu.shard_prefetch off, or for EXPLAIN: knn_shard_try_join then does
+ * it all, as before. Otherwise what knn_shard_try_join must be given.
+ */
+extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan,
+									  KnnElement element, bool grouped, const KnnShardJoin *join);
+
+/* The caller's time reading its queries, for the statistics (early may be NULL). */
+extern void knn_shard_queries_read(KnnShardEarly *early, double seconds);
+
 /*
  * Called by knn_join once the queries are read (into `queries`, any order)
  * and before the targets are: when the prepared targets text scans
@@ -120,12 +140,14 @@ typedef struct KnnShardJoin
  * only finishes SPI). Returns false when there is nothing to push down
  * (the queries may have been put in id order meanwhile, which the caller
  * does anyway), with a NOTICE when there were shards but the call cannot
- * go to them: the caller joins as usual. Runs inside the caller's SPI
- * connection.
+ * go to them: the caller joins as usual (the shards then hold nothing and
+ * their connections are free). early: knn_shard_start's, or NULL. Runs
+ * inside the caller's SPI connection.
  */
 extern bool knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries,
 							   SPIPlanPtr targets_plan, const char *targets_sql,
-							   KnnVectorKind target_kind, const KnnShardJoin *join);
+							   KnnVectorKind target_kind, const KnnShardJoin *join,
+							   KnnShardEarly *early);
 
 /*
  * One source's candidates per query (a shard's result, or the local
@@ -175,6 +197,8 @@ typedef struct KnnShardSummaryShard
 	int64		rows;
 	double		seconds_ship;
 	double		seconds_join;
+	double		seconds_read;	/* its targets read ahead of the queries, -1 = not */
+	int64		targets_read;
 } KnnShardSummaryShard;
 
 typedef struct KnnShardSummary
@@ -185,6 +209,8 @@ typedef struct KnnShardSummary
 	char	   *read_here;		/* the servers read here, or NULL */
 	int64		local_targets;	/* rows joined here */
 	int64		rows;			/* rows of the merge */
+	double		seconds_queries;	/* the coordinator's query read, -1 = not known */
+	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */
 	double		seconds_ship;
 	double		seconds_local;
 	double		seconds_merge;

@@ -21,6 +21,7 @@ void
 knn_shard_summarize(KnnShardSummary *summary, const KnnShardPlan *sp)
 {
 	memset(summary, 0, sizeof(*summary));
+	summary->seconds_queries = -1.0;
 	summary->n_shards = sp->n_shards;
 	summary->read_here = sp->read_here;
 	summary->shards = palloc0(Max(sp->n_shards, 1) * sizeof(KnnShardSummaryShard));
@@ -45,6 +46,8 @@ knn_shard_summarize(KnnShardSummary *summary, const KnnShardPlan *sp)
 		out->rows = shard->rows;
 		out->seconds_ship = shard->seconds_ship;
 		out->seconds_join = shard->seconds_join;
+		out->seconds_read = shard->read_ahead ? shard->seconds_read : -1.0;
+		out->targets_read = shard->prefetched_rows;
 	}
 }
 
@@ -106,6 +109,9 @@ knn_shard_explain(const KnnShardSummary *summary, ExplainState *es)
 			ExplainPropertyInteger("Shard Rows", NULL, shard->rows, es);
 			if (es->timing)
 				ExplainPropertyFloat("Shard Time", "ms", shard->seconds_join * 1000.0, 3, es);
+			/* its targets read while the queries were read here */
+			if (es->timing && shard->seconds_read >= 0.0)
+				ExplainPropertyFloat("Shard Target Read Time", "ms", shard->seconds_read * 1000.0, 3, es);
 		}
 		if (text)
 			es->indent--;
@@ -120,6 +126,12 @@ knn_shard_explain(const KnnShardSummary *summary, ExplainState *es)
 		ExplainPropertyInteger("Targets Joined Here", NULL, summary->local_targets, es);
 		if (es->timing)
 		{
+			if (summary->seconds_queries >= 0.0)
+			{
+				ExplainPropertyFloat("Query Read Time", "ms", summary->seconds_queries * 1000.0, 3, es);
+				ExplainPropertyFloat("Target Read Wait Time", "ms",
+									 summary->seconds_prefetch_wait * 1000.0, 3, es);
+			}
 			ExplainPropertyFloat("Ship Time", "ms", summary->seconds_ship * 1000.0, 3, es);
 			ExplainPropertyFloat("Local Join Time", "ms", summary->seconds_local * 1000.0, 3, es);
 			ExplainPropertyFloat("Shard Merge Time", "ms", summary->seconds_merge * 1000.0, 3, es);

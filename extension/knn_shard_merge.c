@@ -150,6 +150,10 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 		appendStringInfo(&buf, ",\"partitions\":%d,\"rows\":" INT64_FORMAT
 						 ",\"seconds_join\":%.6f,",
 						 list_length(shard->scans), shard->rows, shard->seconds_join);
+		/* its targets read ahead of the queries (knn_shard_prefetch_targets) */
+		if (shard->read_ahead)
+			appendStringInfo(&buf, "\"seconds_read\":%.6f,\"targets_read\":" INT64_FORMAT ",",
+							 shard->seconds_read, shard->prefetched_rows);
 		json_key(&buf, "remote_sql");
 		escape_json(&buf, shard->join_sql);
 		appendStringInfoChar(&buf, ',');
@@ -165,7 +169,12 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT "}", summary->local_targets);
 	else
 		appendStringInfoString(&buf, "null");
-	appendStringInfo(&buf, ",\"seconds\":{\"ship\":%.6f,\"local\":%.6f,\"merge\":%.6f,\"total\":%.6f}}",
+	appendStringInfoString(&buf, ",\"seconds\":{");
+	/* the coordinator's query read, and its wait for the shards' target reads after it */
+	if (summary->seconds_queries >= 0.0)
+		appendStringInfo(&buf, "\"queries\":%.6f,\"wait_targets\":%.6f,",
+						 summary->seconds_queries, summary->seconds_prefetch_wait);
+	appendStringInfo(&buf, "\"ship\":%.6f,\"local\":%.6f,\"merge\":%.6f,\"total\":%.6f}}",
 					 summary->seconds_ship, summary->seconds_local, summary->seconds_merge,
 					 seconds_total);
 	knn_shard_set_last_stats(buf.data);

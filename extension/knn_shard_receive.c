@@ -62,12 +62,38 @@ typedef struct ReceivedSet
 
 static ReceivedSet *held = NULL;
 
+/*
+ * The targets of a set's join, read before its queries arrive
+ * (knn_shard_prefetch_targets), with the text they were read by: the join
+ * of that set and text takes them instead of reading it again. Same life
+ * as the received set: the transaction, or a subtransaction that read them.
+ */
+typedef struct HeldTargets
+{
+	int64		set;
+	char	   *targets_sql;
+	Oid			vector_type;	/* of the text's vector column */
+	KnnMatrix	matrix;
+	MemoryContext context;		/* holds all of it; under TopTransactionContext */
+	int			level;
+} HeldTargets;
+
+static HeldTargets *held_targets = NULL;
+
 static void
 drop_held(void)
 {
 	if (held != NULL)
 		MemoryContextDelete(held->context);
 	held = NULL;
+}
+
+static void
+drop_held_targets(void)
+{
+	if (held_targets != NULL)
+		MemoryContextDelete(held_targets->context);
+	held_targets = NULL;
 }
 
 /* The transaction's end deletes TopTransactionContext, and the set with it. */
@@ -82,9 +108,11 @@ received_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
 			held = NULL;
+			held_targets = NULL;
 			break;
 		case XACT_EVENT_PRE_PREPARE:
 			drop_held();
+			drop_held_targets();
 			break;
 		default:
 			break;
@@ -102,12 +130,15 @@ received_subxact_callback(SubXactEvent event, SubTransactionId sub, SubTransacti
 {
 	int			level = GetCurrentTransactionNestLevel();
 
-	if (held == NULL)
-		return;
-	if (event == SUBXACT_EVENT_ABORT_SUB && held->level >= level)
+	if (held != NULL && event == SUBXACT_EVENT_ABORT_SUB && held->level >= level)
 		drop_held();
-	else if (event == SUBXACT_EVENT_COMMIT_SUB && held->level >= level)
+	else if (held != NULL && event == SUBXACT_EVENT_COMMIT_SUB && held->level >= level)
 		held->level = level - 1;
+	if (held_targets != NULL && event == SUBXACT_EVENT_ABORT_SUB && held_targets->level >= level)
+		drop_held_targets();
+	else if (held_targets != NULL && event == SUBXACT_EVENT_COMMIT_SUB &&
+			 held_targets->level >= level)
+		held_targets->level = level - 1;
 }
 
 static void
@@ -453,4 +484,66 @@ knn_received_queries_take(int64 set, KnnMatrix *queries)
 		MemoryContextDelete(s->context);
 	}
 	PG_END_TRY();
+}
+
+/* ---- targets read ahead of the join ---- */
+
+MemoryContext
+knn_held_targets_begin(int64 set)
+{
+	MemoryContext context;
+
+	register_callbacks();
+	drop_held_targets();
+	context = AllocSetContextCreate(TopTransactionContext, "knn_gpu prefetched targets",
+									ALLOCSET_DEFAULT_SIZES);
+	held_targets = MemoryContextAllocZero(context, sizeof(HeldTargets));
+	held_targets->set = set;
+	held_targets->context = context;
+	held_targets->level = GetCurrentTransactionNestLevel();
+	return context;
+}
+
+void
+knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector_type, const KnnMatrix *matrix)
+{
+	if (held_targets == NULL || held_targets->set != set)
+		elog(ERROR, "knn_held_targets_keep: set " INT64_FORMAT " was not begun", set);
+	held_targets->targets_sql = MemoryContextStrdup(held_targets->context, targets_sql);
+	held_targets->vector_type = vector_type;
+	held_targets->matrix = *matrix;
+}
+
+bool
+knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMatrix *targets)
+{
+	HeldTargets *h = held_targets;
+
+	/* begun but not kept (its read failed in a subtransaction that went on): not usable */
+	if (h == NULL || h->set != set || h->targets_sql == NULL)
+		return false;
+	if (strcmp(h->targets_sql, targets_sql) != 0 || h->vector_type != vector_type ||
+		h->matrix.element != targets->element)
+	{
+		drop_held_targets();
+		return false;
+	}
+	held_targets = NULL;
+	/* the rows as read: their memory now lives as long as the matrix's */
+	MemoryContextSetParent(h->context, targets->context);
+	*targets = h->matrix;
+	return true;
+}
+
+void
+knn_held_targets_drop(int64 set)
+{
+	if (held_targets != NULL && held_targets->set == set)
+		drop_held_targets();
+}
+
+int64
+knn_held_targets_rows(void)
+{
+	return held_targets != NULL && held_targets->targets_sql != NULL ? held_targets->matrix.n : -1;
 }

@@ -42,4 +42,34 @@ extern Oid	knn_received_queries_type(int64 set);
  */
 extern void knn_received_queries_take(int64 set, KnnMatrix *queries);
 
+/*
+ * A set's targets read before its queries arrive (knn_shard_prefetch_targets,
+ * knn_join.c), so that a coordinator reads its queries while its shards
+ * read their targets: held like a received set (the transaction, or the
+ * subtransaction that read them; a new set number drops them), taken by
+ * the join of that set whose targets text is the one they were read by.
+ *
+ * knn_held_targets_begin drops what is held and gives the context the
+ * matrix must be made in; knn_held_targets_keep then holds it (the text's
+ * vector column type and the matrix read there).
+ */
+extern MemoryContext knn_held_targets_begin(int64 set);
+extern void knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector_type,
+								  const KnnMatrix *matrix);
+
+/*
+ * Moves the held targets into `targets` (knn_matrix_init'ed with the
+ * join's element) when they are set `set`'s, read by the same text as the
+ * same type and element; otherwise drops anything held for another text
+ * and returns false (the caller reads the text).
+ */
+extern bool knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type,
+								  KnnMatrix *targets);
+
+/* Drops set `set`'s held targets, if any (knn_shard_drop_targets). */
+extern void knn_held_targets_drop(int64 set);
+
+/* The rows of the targets held, or -1 (tests: knn_shard_held_targets). */
+extern int64 knn_held_targets_rows(void);
+
 #endif							/* KNN_SHARD_RECEIVE_H */

@@ -44,6 +44,7 @@
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "utils/builtins.h"
+#include "utils/float.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
@@ -266,7 +267,9 @@ static const char remote_check_sql[] =
 	REMOTE_CALLABLE_SQL("knn_shard_receive_queries(bigint,regtype,bytea)") " AND "
 	REMOTE_CALLABLE_SQL("knn_join_received_packed(bigint,text,integer,text,boolean,text)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_receive_queries(bigint,regtype,bytea)") " AND "
-	REMOTE_CALLABLE_SQL("knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)") " "
+	REMOTE_CALLABLE_SQL("knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)") ", "
+	REMOTE_CALLABLE_SQL("knn_shard_prefetch_targets(bigint,regtype,text,text)") " AND "
+	REMOTE_CALLABLE_SQL("knn_shard_drop_targets(bigint)") " "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -290,7 +293,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	load_functions();
 	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 9)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 10)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -305,6 +308,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->block_size = pg_strtoint32(fdw.PQgetvalue(res, 0, 6));
 	shard->has_received_join = strcmp(fdw.PQgetvalue(res, 0, 7), "t") == 0;
 	shard->has_received_range_join = strcmp(fdw.PQgetvalue(res, 0, 8), "t") == 0;
+	shard->has_prefetch = strcmp(fdw.PQgetvalue(res, 0, 9), "t") == 0;
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -882,29 +886,115 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 							 seconds_encode, seconds_libpq, seconds_wait, waits)));
 }
 
-void
-knn_shard_remote_send(KnnShardRemote *shard)
+static void wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch);
+
+/* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
+static void
+send_statement(KnnShardRemote *shard, const char *what, const char *sql, int n_params,
+			   const Oid *types, const char *const *values, bool binary_result)
 {
 	WITH_SHARD_CONTEXT(shard);
 	ereport(DEBUG1,
-			(errmsg_internal("%s: foreign server \"%s\" joins: %s", shard->who,
-							 shard->server->servername, shard->join_sql)));
-	if (!fdw.PQsendQueryParams(shard->conn, shard->join_sql, shard->n_params,
-							   shard->param_types, shard->param_values, NULL, NULL,
-							   shard->binary_result ? 1 : 0))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
-	shard->busy = true;
-	INSTR_TIME_SET_CURRENT(shard->sent);
+			(errmsg_internal("%s: foreign server \"%s\" %s: %s", shard->who,
+							 shard->server->servername, what, sql)));
+	if (!fdw.PQsendQueryParams(shard->conn, sql, n_params, types, values, NULL, NULL,
+							   binary_result ? 1 : 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
 	END_SHARD_CONTEXT();
 }
 
+void
+knn_shard_remote_prefetch_send(KnnShardRemote *shard)
+{
+	send_statement(shard, "reads its targets", shard->prefetch_sql, 0, NULL, NULL, false);
+	shard->prefetching = true;
+	shard->read_ahead = true;
+}
+
+/* Reads a shard's prefetch result: the rows it holds now. */
+static void
+read_prefetch_result(KnnShardRemote *shard)
+{
+	PGresult   *res;
+	char	   *rows = NULL;
+	char	   *seconds = NULL;
+
+	WITH_SHARD_CONTEXT(shard);
+	res = fdw.pgfdw_get_result(shard->conn, shard->prefetch_sql);
+	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
+		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->prefetch_sql);
+	/* (targets_read, seconds): the shard's own time, which it spent while we read our queries */
+	if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 2 &&
+		!fdw.PQgetisnull(res, 0, 0) && !fdw.PQgetisnull(res, 0, 1))
+	{
+		rows = pstrdup(fdw.PQgetvalue(res, 0, 0));
+		seconds = pstrdup(fdw.PQgetvalue(res, 0, 1));
+	}
+	fdw.PQclear(res);
+	shard->prefetched_rows = rows != NULL ? pg_strtoint64(rows) : -1;
+	if (seconds != NULL)
+		shard->seconds_read = float8in_internal(seconds, NULL, "double precision", seconds);
+	if (shard->prefetched_rows < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s: foreign server \"%s\" did not say how many targets it read",
+						shard->who, shard->server->servername)));
+	shard->holds_targets = true;
+	END_SHARD_CONTEXT();
+}
+
+void
+knn_shard_remote_prefetch_wait(KnnShardRemote **shards, int n_shards)
+{
+	bool	   *pending = palloc(Max(n_shards, 1) * sizeof(bool));
+
+	for (int s = 0; s < n_shards; s++)
+		pending[s] = shards[s]->prefetching;
+	wait_for_shards(shards, n_shards, true);
+	for (int s = 0; s < n_shards; s++)
+		if (pending[s])
+			read_prefetch_result(shards[s]);
+	pfree(pending);
+}
+
+static void
+drop_targets(KnnShardRemote *shard)
+{
+	WITH_SHARD_CONTEXT(shard);
+	fdw.PQclear(exec_checked(shard,
+							 psprintf("SELECT %s.knn_shard_drop_targets(" INT64_FORMAT ")",
+									  shard->knn_schema, shard->received_set),
+							 PGRES_TUPLES_OK));
+	shard->holds_targets = false;
+	END_SHARD_CONTEXT();
+}
+
+void
+knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards)
+{
+	knn_shard_remote_prefetch_wait(shards, n_shards);
+	for (int s = 0; s < n_shards; s++)
+		if (shards[s]->holds_targets)
+			drop_targets(shards[s]);
+}
+
+void
+knn_shard_remote_send(KnnShardRemote *shard)
+{
+	send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
+				   shard->param_values, shard->binary_result);
+	shard->busy = true;
+	shard->holds_targets = false;	/* the join takes them */
+	INSTR_TIME_SET_CURRENT(shard->sent);
+}
+
 /*
- * Waits until no shard is busy, noting when each one's result arrived.
- * One socket is waited on at a time, the others looked at every
- * COLLECT_POLL_MS.
+ * Waits until no shard is busy (with prefetch: prefetching), noting when
+ * each one's result arrived. One socket is waited on at a time, the others
+ * looked at every COLLECT_POLL_MS.
  */
 static void
-wait_for_shards(KnnShardRemote **shards, int n_shards)
+wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch)
 {
 	for (;;)
 	{
@@ -913,13 +1003,15 @@ wait_for_shards(KnnShardRemote **shards, int n_shards)
 		for (int s = 0; s < n_shards; s++)
 		{
 			KnnShardRemote *shard = shards[s];
+			bool	   *busy = prefetch ? &shard->prefetching : &shard->busy;
+			const char *sql = prefetch ? shard->prefetch_sql : shard->join_sql;
 
-			if (!shard->busy)
+			if (!*busy)
 				continue;
 			{
 				WITH_SHARD_CONTEXT(shard);
 				if (!fdw.PQconsumeInput(shard->conn))
-					fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+					fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
 				END_SHARD_CONTEXT();
 			}
 			if (!fdw.PQisBusy(shard->conn))
@@ -928,8 +1020,9 @@ wait_for_shards(KnnShardRemote **shards, int n_shards)
 
 				INSTR_TIME_SET_CURRENT(now);
 				INSTR_TIME_SUBTRACT(now, shard->sent);
-				shard->seconds_join = INSTR_TIME_GET_DOUBLE(now);
-				shard->busy = false;
+				if (!prefetch)
+					shard->seconds_join = INSTR_TIME_GET_DOUBLE(now);
+				*busy = false;
 			}
 			else if (waiting == NULL)
 				waiting = shard;
@@ -1004,7 +1097,7 @@ void
 knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
 						 void *reader_arg)
 {
-	wait_for_shards(shards, n_shards);
+	wait_for_shards(shards, n_shards, false);
 	for (int s = 0; s < n_shards; s++)
 	{
 		KnnShardRemote *shard = shards[s];

@@ -33,6 +33,7 @@ typedef struct KnnShardRemote
 	bool		has_received_join;	/* knn_shard_receive_queries() and
 									 * knn_join_received_packed() there */
 	bool		has_received_range_join;	/* ... and knn_range_join_received() */
+	bool		has_prefetch;	/* knn_shard_prefetch_targets() and knn_shard_drop_targets() there */
 	bool		receives_queries;	/* this join ships in blocks, set by the caller */
 	int64		received_set;	/* the number of the set shipped in blocks */
 	bool		sending;		/* in non-blocking mode for the blocks */
@@ -51,6 +52,13 @@ typedef struct KnnShardRemote
 	bool		copying;		/* ... and its COPY IN answer read */
 	bool		busy;			/* the join was sent, its result not yet read */
 	instr_time	sent;
+	/* its targets read ahead of the queries (knn_shard_receive.h), set by the caller */
+	char	   *prefetch_sql;	/* what reads them there, or NULL: the join reads them */
+	bool		read_ahead;		/* prefetch_sql sent in this join */
+	bool		prefetching;	/* ... its result not yet read */
+	bool		holds_targets;	/* read there, not yet taken by the join */
+	double		seconds_read;	/* the shard's own time reading them */
+	int64		prefetched_rows;
 	double		seconds_ship;
 	double		seconds_join;	/* from sending the join to its result arriving */
 	int64		rows;			/* the join's result rows */
@@ -115,6 +123,26 @@ extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const K
  */
 extern void knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards,
 										 const KnnShardRows *rows);
+
+/*
+ * Sends the shard's prefetch_sql without waiting for it: the shard reads
+ * its targets while the caller reads its queries. Nothing else may use the
+ * connection until knn_shard_remote_prefetch_wait.
+ */
+extern void knn_shard_remote_prefetch_send(KnnShardRemote *shard);
+
+/*
+ * Waits (cancellably) for every shard's prefetch sent, noting its time
+ * and rows (seconds_read, prefetched_rows); the shards then hold their
+ * targets for the join.
+ */
+extern void knn_shard_remote_prefetch_wait(KnnShardRemote **shards, int n_shards);
+
+/*
+ * A join that does not go to the shards after all: waits for the
+ * prefetches and drops the targets held there.
+ */
+extern void knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards);
 
 /*
  * Sends the shard's join_sql (with its parameters, results in binary or

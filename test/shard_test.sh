@@ -291,7 +291,7 @@ for failure in "RAISE EXCEPTION 'receiving failed';|ERROR:  receiving failed" \
 \set ON_ERROR_STOP 0
 SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1);
 SET client_min_messages = warning;
-SELECT 'held:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h_1', 3);
 EOF
 )
@@ -469,8 +469,8 @@ SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM item
 SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 SELECT count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
-SELECT count(*) FROM shard1_contexts WHERE name = 'knn_gpu received queries';
-SELECT count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
+SELECT count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
 COMMIT;
 EOF
 )
@@ -640,6 +640,9 @@ check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHA
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
 check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
   "$(echo "$out" | analyze_lines)"
+check "EXPLAIN ANALYZE of knn_join: each shard's target read ahead, the query read here, the wait for the shards" \
+  "$(printf '%s\n' 'Shard Target Read Time' 'Shard Target Read Time' 'Query Read Time' 'Target Read Wait Time')" \
+  "$(echo "$out" | sed -n 's/^ *\(Shard Target Read Time\|Query Read Time\|Target Read Wait Time\): [0-9.]* ms$/\1/p')"
 check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
   'Shards: not known (relation "no_such_table" does not exist)' \
   "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
@@ -721,12 +724,116 @@ case "$out" in
 esac
 sql 1 -c "ALTER TABLE items_h_0_away RENAME TO items_h_0" >/dev/null
 
+# ---- the shards read their targets while the coordinator reads its queries ----
+# (knn_shard_prefetch_targets there, held for the join: knn_shard_receive.h)
+# targets_read_ahead QUERIES: per shard, whether it read its targets ahead
+# (seconds_read, targets_read in the statistics), and whether the
+# coordinator's query read time is there
+targets_read_ahead() {
+  sql 0 -c "SET client_min_messages = warning" \
+    -c "SELECT count(*) > 0 FROM knn_join('$1', 'SELECT id, v FROM items_h', 5)" \
+    -c "SELECT s->>'server', s->>'seconds_read' IS NOT NULL, coalesce((s->>'targets_read')::int > 0, false)
+        FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" \
+    -c "SELECT knn_gpu_last_shard_stats()->'seconds'->>'queries' IS NOT NULL" 2>&1
+}
+check "both shards read their targets while the queries were read here" \
+  "$(printf 't\nshard1|t|t\nshard2|t|t\nt')" "$(targets_read_ahead "$V")"
+# prefetched CALL: the call's rows with the targets read ahead and without
+# (knn_gpu.shard_prefetch = off), compared both ways; and how many shards read ahead
+prefetched() {
+  sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+CREATE TEMP TABLE a AS SELECT * FROM $1;
+CREATE TEMP TABLE n AS SELECT count(*) FILTER (WHERE s->>'seconds_read' IS NOT NULL) AS ahead
+  FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s;
+SET knn_gpu.shard_prefetch = off;
+CREATE TEMP TABLE b AS SELECT * FROM $1;
+SELECT (SELECT count(*) FROM (SELECT * FROM a EXCEPT ALL SELECT * FROM b) x)
+     + (SELECT count(*) FROM (SELECT * FROM b EXCEPT ALL SELECT * FROM a) y)
+     || ' differences, ' || ((SELECT count(*) FROM a) > 0) || ', ' || (SELECT ahead FROM n) || ' read ahead';
+EOF
+}
+for call in "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 7, 'cosine', true)" \
+            "knn_join('SELECT id, h FROM q', 'SELECT id, h FROM items_h WHERE cat = 1', 4, 'ip', false)" \
+            "knn_join('SELECT id, v FROM q', 'SELECT id, h FROM items_h', 3, 'l1', false)" \
+            "knn_join('SELECT id, b FROM q', 'SELECT id, b FROM items_h', 6, 'hamming', true)" \
+            "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 1.5, 'l2', true)" \
+            "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 5, 'l2', false)"; do
+  check "targets read ahead, the same rows as without: $call" "0 differences, true, 2 read ahead" \
+    "$(prefetched "$call")"
+done
+check "knn_gpu.shard_prefetch = off: the old order, nothing read ahead" \
+  "$(printf 't\nshard1|f|f\nshard2|f|f\nf')" "$(PGOPTIONS='-c knn_gpu.shard_prefetch=off' targets_read_ahead "$V")"
+# a shard whose knn_gpu has no knn_shard_prefetch_targets reads its targets in its join, as before
+away_on_shard2 knn_shard_prefetch_targets "bigint, regtype, text, text"
+check "a shard without knn_shard_prefetch_targets: only the other reads ahead" \
+  "$(printf 't\nshard1|t|t\nshard2|f|f\nt')" "$(targets_read_ahead "$V")"
+check "... the same rows as without reading ahead" "0 differences, true, 1 read ahead" \
+  "$(prefetched "knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5, 'l2', true)")"
+compare "... and as one server" "$V" "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 true 2
+back_on_shard2 knn_shard_prefetch_targets "bigint, regtype, text, text"
+# queries read through the shards' connections (a foreign table, a function
+# that runs SQL) are read first, as before: nothing read ahead
+check "queries of a foreign table: read first, no target read ahead" \
+  "$(printf 't\nshard1|f|f\nshard2|f|f\nt')" "$(targets_read_ahead "SELECT id, v FROM items_h WHERE id % 7 = 0")"
+check "queries through a SQL function: read first, no target read ahead" \
+  "$(printf 't\nshard1|f|f\nshard2|f|f\nt')" "$(targets_read_ahead "SELECT id, v FROM q WHERE odd_cat(id::int)")"
+compare "queries of a foreign table: the same rows as one server" "SELECT id, v FROM items_h WHERE id % 7 = 0" \
+  "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 4 l2 true 2
+# calls that join here after all (query ids repeat; no query): the shards'
+# targets read ahead are dropped at once, not at the end of the transaction
+for queries in "SELECT id, v FROM q UNION ALL SELECT id, v FROM q WHERE id < 100" "SELECT id, v FROM q WHERE id < 0"; do
+  out=$(sql 0 2>&1 <<EOF
+BEGIN;
+SET LOCAL client_min_messages = warning;
+CREATE TEMP TABLE a AS SELECT * FROM knn_join('$queries', 'SELECT id, v FROM items_h', 3);
+SELECT 'held:' || count(*) FROM shard1_contexts WHERE name = 'knn_gpu prefetched targets';
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu prefetched targets';
+CREATE TEMP TABLE b AS SELECT * FROM knn_join('$queries', 'SELECT id, v FROM items_all', 3);
+SELECT 'same:' || ((SELECT count(*) FROM (SELECT * FROM a EXCEPT ALL SELECT * FROM b) x)
+     + (SELECT count(*) FROM (SELECT * FROM b EXCEPT ALL SELECT * FROM a) y));
+COMMIT;
+EOF
+)
+  check "joined here after the shards read ahead ($queries): nothing held on them, the right rows" \
+    "$(printf 'held:0\nheld:0\nsame:0')" "$(echo "$out" | grep -E '^(held|same):')"
+done
+check_has "... query ids repeating: said" "query ids repeat" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM q UNION ALL SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3)" 2>&1)"
+# the shard's side: held for the join of its set and text, taken by it, gone with the transaction
+check "knn_shard_prefetch_targets: held for its set's join, taken by it, gone at the end" \
+  "$(printf '%s\n' "$(sql 1 -c "SELECT count(v) FROM items_h_0")" t t -1 -1 "$(sql 1 -c "SELECT count(v) FROM items_h_0 WHERE id < 3")" dropped -1)" \
+  "$(sql 1 2>&1 <<'EOF'
+BEGIN;
+SELECT targets_read FROM knn_shard_prefetch_targets(9, 'vector', 'SELECT id, v FROM items_h_0', 'l2');
+SELECT knn_shard_receive_queries(9, 'vector', (SELECT string_agg(int4send(8) || int8send(id) || int4send(length(knn_vector_send(v))) || knn_vector_send(v), ''::bytea) FROM items_h_0 WHERE id < 50)) > 0;
+SELECT count(*) > 0 FROM knn_join_received_packed(9, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto') p;
+SELECT knn_shard_held_targets();
+COMMIT;
+SELECT knn_shard_held_targets();
+BEGIN;
+SELECT targets_read FROM knn_shard_prefetch_targets(10, 'vector', 'SELECT id, v FROM items_h_0 WHERE id < 3', 'l2');
+SELECT 'dropped' FROM (SELECT knn_shard_drop_targets(10)) d;
+SELECT knn_shard_held_targets();
+COMMIT;
+EOF
+)"
+# another text than the one read ahead: the join reads its own (3 neighbours each, not the 2 or fewer read ahead)
+check "knn_shard_prefetch_targets: a join of another text reads that text" "$(printf 't\nt\nt')" "$(sql 1 2>&1 <<'EOF'
+BEGIN;
+SELECT knn_shard_prefetch_targets(11, 'vector', 'SELECT id, v FROM items_h_0 WHERE id < 3', 'l2') IS NOT NULL;
+SELECT knn_shard_receive_queries(11, 'vector', (SELECT string_agg(int4send(8) || int8send(id) || int4send(length(knn_vector_send(v))) || knn_vector_send(v), ''::bytea) FROM items_h_0 WHERE id < 50)) IS NOT NULL;
+SELECT sum(length(p)) / 24 = 3 * (SELECT count(v) FROM items_h_0 WHERE id < 50) FROM knn_join_received_packed(11, 'SELECT id, v FROM items_h_0', 3, 'l2', false, 'auto') p;
+COMMIT;
+EOF
+)"
+
 # ---- statement_timeout and cancel in the middle of the shards' work ----
 BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM big', 10, 'l2', false, 'brute')"
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -739,8 +846,8 @@ $BIG;
 RESET statement_timeout;
 SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
-SELECT 'after:' || count(*) FROM shard1_contexts WHERE name = 'knn_gpu received queries';
-SELECT 'after:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'after:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'after:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
@@ -769,8 +876,8 @@ $BIGQ;
 RESET statement_timeout;
 SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
-SELECT 'after:' || count(*) FROM shard1_contexts WHERE name = 'knn_gpu received queries';
-SELECT 'after:' || count(*) FROM shard2_contexts WHERE name = 'knn_gpu received queries';
+SELECT 'after:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'after:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
@@ -809,6 +916,62 @@ cancel_in_the_middle() {
   check "no temporary table left on the shards after $what" 0 "$leftovers"
 }
 cancel_in_the_middle "knn_join's big join" "$BIG"
+
+# A cancel, a statement_timeout, and shard 1's backend ending while the
+# shards read their targets ahead (shard 1 waits for a lock on big_1
+# meanwhile): the coordinator ends at once (the lost shard: an ERROR naming
+# it), the shards stop reading, nothing stays held there.
+BIG_AHEAD="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
+reading_ahead_on_shard1() {
+  sql 1 -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock' AND query LIKE '%knn_shard_prefetch_targets(%'"
+}
+for how in cancel timeout "shard lost"; do
+  sql 1 -c "SET application_name = 'knn_locker'" -c "BEGIN" -c "LOCK TABLE big_1 IN ACCESS EXCLUSIVE MODE" \
+    -c "SELECT pg_sleep(6)" -c "COMMIT" >/dev/null 2>&1 &
+  locker=$!
+  sleep 0.3
+  if [ "$how" = timeout ]; then
+    sql 0 -c "SET statement_timeout = '1500ms'" -c "$BIG_AHEAD" >"${DIRS[0]}/cancel.out" 2>&1 &
+  else
+    sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIG_AHEAD" >"${DIRS[0]}/cancel.out" 2>&1 &
+  fi
+  bg=$!
+  seen=0
+  for _ in $(seq 1 50); do
+    [ "$(reading_ahead_on_shard1)" -ge 1 ] && { seen=1; break; }
+    sleep 0.1
+  done
+  check "shard 1 reads its targets ahead, waiting for the lock ($how)" 1 "$seen"
+  [ "$how" = cancel ] &&
+    sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+  # the shard's backend ends in the middle of its read (as if the server went away)
+  [ "$how" = "shard lost" ] &&
+    sql 1 -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%knn_shard_prefetch_targets(%' AND pid <> pg_backend_pid()" >/dev/null
+  start=$(date +%s%N)
+  wait "$bg"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  case "$how" in
+    cancel) expected='canceling statement due to user request' ;;
+    timeout) expected='canceling statement due to statement timeout' ;;
+    *) expected='knn_join on foreign server "shard1"' ;;
+  esac
+  check_has "a $how while the shards read ahead ends the join (${ms} ms, shard 1 still locked)" "$expected" \
+    "$(cat "${DIRS[0]}/cancel.out")"
+  [ "$ms" -lt 3000 ] || fail "the $how took ${ms} ms"
+  check "the $how stopped the shards' reading ahead" 0 "$(reading_ahead_on_shard1)"
+  check "... and every other work of the join on the shards" 0 "$(active_on_shards)"
+  sql 1 -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_locker'" >/dev/null
+  wait "$locker" 2>/dev/null
+  out=$(sql 0 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SELECT 'held:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu prefetched targets', 'knn_gpu received queries');
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu prefetched targets', 'knn_gpu received queries');
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+EOF
+)
+  check "after the $how: nothing held on the shards, the session works" \
+    "$(printf 'held:0\nheld:0\nagain:true')" "$(echo "$out" | grep -E '^(held|again):')"
+done
 
 # The KNN Join node: a timeout and a cancel while the shards join.
 BIG_NODE="SELECT count(*) FROM big q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM big t WHERE t.id <> q.id ORDER BY t.v <-> q.v LIMIT 10) n"
