@@ -3,11 +3,14 @@
 // One pass in row order over an open-addressing hash table: a row either
 // finds an earlier row with the same bits (its group) or starts a group, so
 // groups come out numbered by their first row. Equal hashes are confirmed
-// bit by bit; a collision only costs a probe.
+// bit by bit; a collision only costs a probe. The hash starts from a secret
+// seed (../row_hash_seed.h), so rows cannot be made to collide.
 #include "ti_distinct.h"
 
 #include <algorithm>
 #include <cstring>
+
+#include "../row_hash_seed.h"
 
 namespace knn {
 namespace cpu {
@@ -15,8 +18,8 @@ namespace {
 
 constexpr int64_t kCancelPollRows = 1 << 16;
 
-uint64_t hash_bits(const float *row, int dim) {
-  uint64_t h = 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(dim);
+uint64_t hash_bits(const float *row, int dim, uint64_t seed) {
+  uint64_t h = seed ^ static_cast<uint64_t>(dim);
   for (int j = 0; j < dim; j++) {
     uint32_t bits;
     std::memcpy(&bits, &row[j], sizeof(bits));
@@ -69,10 +72,11 @@ bool find_distinct_rows(const float *matrix, int64_t n, int dim,
   std::vector<Slot> table(slots, Slot{0, -1});
   std::vector<int64_t> group_of(n);
   std::vector<int64_t> first_row;  // of each group
+  const uint64_t seed = row_hash_seed();
   for (int64_t i = 0; i < n; i++) {
     if (i % kCancelPollRows == 0 && cancelled()) return false;
     const float *row = matrix + i * dim;
-    const uint64_t h = hash_bits(row, dim);
+    const uint64_t h = hash_bits(row, dim, seed);
     for (int64_t s = static_cast<int64_t>(h & (slots - 1));; s = (s + 1) & (slots - 1)) {
       Slot &slot = table[s];
       if (slot.group < 0) {

@@ -51,6 +51,7 @@
 #include "../cpu/parallel_for.h"
 #include "host_transfer.cuh"
 #include "ti_parts.cuh"
+#include "../row_hash_seed.h"
 #include "../stopwatch.h"
 
 namespace knn {
@@ -79,7 +80,7 @@ template <bool L1>
 __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
                                         const float *landmarks, int32_t m, int32_t *group,
                                         double *value, uint64_t *hash,
-                                        unsigned long long *widest) {
+                                        unsigned long long *widest, uint64_t seed) {
   __shared__ float tile[kTileFloats];
   const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   const float *x = rows + (i < n ? i : 0) * (int64_t)dim;
@@ -128,8 +129,9 @@ __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
     // could not raise the maximum.
     const unsigned long long bits = (unsigned long long)__double_as_longlong(v);
     if (bits > widest[best_index]) atomicMax(widest + best_index, bits);
-    // The row's bits, mixed word by word (splitmix-style finaliser).
-    uint64_t h = 0x6a09e667f3bcc909ull + (uint64_t)dim;
+    // The row's bits, mixed word by word (splitmix-style finaliser), from
+    // the secret seed (../row_hash_seed.h).
+    uint64_t h = seed + (uint64_t)dim;
     for (int d = 0; d < dim; d++) {
       h = (h ^ __float_as_uint(x[d])) * 0x9e3779b97f4a7c15ull;
       h ^= h >> 29;
@@ -343,6 +345,7 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
                             (int64_t)(buffers.bytes / out_bytes)}));
   const int64_t chunks = (n + chunk - 1) / chunk;
   *chunks_used = chunks;
+  const uint64_t seed = row_hash_seed();
   const int lanes = chunks > 1 ? 2 : 1;
   DeviceBuffer<float> x[2];
   DeviceBuffer<int32_t> g[2];
@@ -401,11 +404,11 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
     if (metric == KNN_METRIC_L1)
       nearest_landmark_kernel<true><<<grid, kAssignThreads, 0, s>>>(
           x[b].get(), count, dim, landmarks.get(), m, g[b].get(), v[b].get(), h[b].get(),
-          widest_device.get());
+          widest_device.get(), seed);
     else
       nearest_landmark_kernel<false><<<grid, kAssignThreads, 0, s>>>(
           x[b].get(), count, dim, landmarks.get(), m, g[b].get(), v[b].get(), h[b].get(),
-          widest_device.get());
+          widest_device.get(), seed);
     CUDA_CHECK_LAUNCH(ctx, "nearest_landmark_kernel");
     unsigned char *o = buffers.out[b];
     CUDA_CHECK(ctx, cudaMemcpyAsync(o + hash_at, h[b].get(), (size_t)count * sizeof(uint64_t),
