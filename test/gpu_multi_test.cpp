@@ -421,6 +421,47 @@ TEST(SplitOnOneGpu, StatisticsShowEachEngine) {
   expect_work_covers(one.stats, 4000, 1, "self-join, TI, 0");
 }
 
+// Brute-force engines with resident targets upload them once between them
+// and copy each other's slices GPU to GPU (peer_rows.cuh; " peer" in the variant);
+// a self-join's shares read their query rows from those targets. The
+// answers stay those of one GPU and of the CPU. Engines that chunk their
+// targets share nothing.
+bool shares_targets(const Answer &a) {
+  return std::string(a.stats.variant).find(" peer") != std::string::npos;
+}
+
+TEST(SplitOnOneGpu, BruteForceEnginesShareOneUploadOfTheTargets) {
+  REQUIRE_GPU();
+  struct Shape {
+    KnnElement element;
+    KnnMetric metric;
+    bool self;
+    bool three;
+  };
+  uint64_t seed = 950;
+  for (const Shape &s : {Shape{KNN_ELEMENT_FLOAT32, KNN_METRIC_L2, true, false},
+                         Shape{KNN_ELEMENT_FLOAT32, KNN_METRIC_IP, false, true},
+                         Shape{KNN_ELEMENT_FLOAT16, KNN_METRIC_COSINE, true, false},
+                         Shape{KNN_ELEMENT_FLOAT32, KNN_METRIC_L1, true, true}}) {
+    Case c = make_case(s.element, 20000, 40000, 48, true, s.self, seed++);
+    c.problem.metric = s.metric;
+    c.problem.method = KNN_METHOD_BRUTE;
+    c.problem.k = 16;
+    Answer split;
+    if (s.three)
+      check_split(c.problem, {0, 0, 0}, "0,0,0", 3, &split);
+    else
+      check_split(c.problem, {0, 0}, "0,0", 2, &split);
+    EXPECT_TRUE(shares_targets(split)) << describe(c.problem, "") << ": " << split.stats.variant;
+  }
+  Case chunked = make_case(KNN_ELEMENT_FLOAT32, 3000, 20000, 8, true, false, 960);
+  chunked.problem.method = KNN_METHOD_BRUTE;
+  chunked.problem.gpu_memory_limit = int64_t{3} << 20;
+  Answer split;
+  check_split(chunked.problem, {0, 0}, "0,0", 2, &split);
+  EXPECT_FALSE(shares_targets(split)) << split.stats.variant;
+}
+
 // A listed GPU that does not exist is an error naming it, not a CPU run.
 TEST(SplitOnOneGpu, MissingGpuIsAnError) {
   REQUIRE_TEST_ENTRIES();
@@ -612,6 +653,27 @@ TEST(TwoGpus, EachGpuDoesItsShare) {
   const Answer one = job(on_devices(big.problem, {0}), KNN_DEVICE_GPU);
   expect_answers_identical(all, one, "all against GPU 0");
   EXPECT_EQ(all.stats.n_devices, std::min(entries().device_count(), 2)) << all.stats.device_name;
+}
+
+// The shared upload of the targets across two GPUs (peer links), and with
+// three engines on two GPUs (a GPU's two engines copy within it).
+TEST(TwoGpus, BruteForceEnginesShareTheTargetsAcrossGpus) {
+  REQUIRE_TWO_GPUS();
+  uint64_t seed = 970;
+  for (KnnElement element : {KNN_ELEMENT_FLOAT32, KNN_ELEMENT_FLOAT16})
+    for (bool self : {true, false}) {
+      Case c = make_case(element, 30000, 60000, 64, true, self, seed++);
+      c.problem.metric = self ? KNN_METRIC_L2 : KNN_METRIC_COSINE;
+      c.problem.method = KNN_METHOD_BRUTE;
+      c.problem.k = 20;
+      Answer split;
+      check_split(c.problem, {0, 1}, "0,1", 2, &split);
+      EXPECT_TRUE(shares_targets(split)) << describe(c.problem, "0,1") << ": "
+                                         << split.stats.variant;
+      check_split(c.problem, {1, 0, 1}, "1,0,1", 3, &split);
+      EXPECT_TRUE(shares_targets(split)) << describe(c.problem, "1,0,1") << ": "
+                                         << split.stats.variant;
+    }
 }
 
 // Divided by clusters across two GPUs (and three engines on two GPUs):

@@ -31,7 +31,11 @@
 // thread) while the current one is processed. Float16 rows
 // (KNN_ELEMENT_FLOAT16) travel as float16 and are widened on the device
 // into the float rows (upload_half_rows); everything after that is the
-// float32 join of the same values.
+// float32 join of the same values. The engines of a join split across GPUs
+// upload resident targets once between them and copy the slices GPU to GPU
+// (peer_rows.cuh); a query share that is a run of the target rows (a
+// self-join's) reads its rows from the resident targets instead of
+// uploading them again.
 #include <algorithm>
 #include <cstdio>
 #include <vector>
@@ -46,6 +50,7 @@
 #include "device_thread.cuh"
 #include "host_transfer.cuh"
 #include "large_k_select.cuh"
+#include "peer_rows.cuh"
 #include "phase_timer.cuh"
 #include "../stopwatch.h"
 
@@ -124,6 +129,7 @@ class BruteForce {
 
   int64_t exact_pairs = 0;      // exact distances evaluated
   int64_t fallback_queries = 0; // (query, target chunk) redone with exact tiles
+  bool shared_targets = false;  // uploaded once with the split's other engines
   double seconds_transfer = 0, seconds_filter = 0, seconds_select = 0;
   PhaseTimer phases;  // KNN_BRUTE_PHASES=1: device time per stage
 
@@ -161,6 +167,8 @@ class BruteForce {
                         int64_t first, int64_t n, DeviceContext &ctx);
   KnnStatus upload_half_rows(float *x, const void *host, int64_t first, int64_t n,
                              DeviceContext &ctx);
+  KnnStatus upload_target_slice(int64_t first, int64_t n);
+  KnnStatus load_shared_targets();
   KnnStatus row_stats(const RowBuffers &b, int64_t n);
   int64_t target_chunk_rows(int64_t chunk) const {
     return std::min(plan_.t_chunk, p_.n_targets - chunk * plan_.t_chunk);
@@ -184,6 +192,9 @@ class BruteForce {
   DeviceBuffer<int32_t> gather_index_;
   LargeKSelect large_k_;
   ResultBuffers results_[2];  // [0] running, [1] the current target chunk's
+  // Last, so first to go: the other engines' reads of t_buf_[0] end before
+  // it is freed.
+  PeerRowsTurn peer_turn_;
 };
 
 // Rows [first, first + n) of the problem's host rows (and keys) into dst.
@@ -611,18 +622,72 @@ KnnStatus BruteForce::allocate() {
 }
 
 // Targets that fit in one chunk stay on the device for every query chunk.
+// The engines of a split join upload them once between them, where all of
+// them keep them so (peer_rows.cuh).
 KnnStatus BruteForce::load_resident_targets() {
   const Clock::time_point t0 = Clock::now();
-  KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
+  bool shared = false;
+  if (ctx_.peer_rows != nullptr)
+    KNN_TRY(ctx_.peer_rows->offer(ctx_, ctx_.share_voter, t_buf_[0].x.get(), p_.n_targets,
+                                  p_.dim, &shared));
+  if (shared)
+    KNN_TRY(load_shared_targets());
+  else
+    KNN_TRY(upload_rows(t_buf_[0], p_.targets, p_.target_keys, 0, p_.n_targets, ctx_));
   seconds_transfer += seconds_since(t0);
   return row_stats(t_buf_[0], p_.n_targets);
+}
+
+// Target rows [first, first + n) from the host into their place of the
+// resident buffer.
+KnnStatus BruteForce::upload_target_slice(int64_t first, int64_t n) {
+  float *x = t_buf_[0].x.get() + first * p_.dim;
+  if (p_.element == KNN_ELEMENT_FLOAT16) return upload_half_rows(x, p_.targets, first, n, ctx_);
+  return upload_to_device(ctx_, x, float_rows(p_.targets) + first * p_.dim,
+                          static_cast<size_t>(n) * p_.dim * sizeof(float));
+}
+
+// A split join's shared upload: this engine's slice from the host, every
+// other slice from its engine's GPU (from the host where that slice will
+// not come), the keys from the host.
+KnnStatus BruteForce::load_shared_targets() {
+  PeerRows &peers = *ctx_.peer_rows;
+  const int me = peers.member(ctx_.share_voter);
+  peer_turn_.take(&peers, me, ctx_.stream);
+  int64_t first, count;
+  peers.slice(me, &first, &count);
+  const KnnStatus own = upload_target_slice(first, count);
+  peers.slice_done(me, own == KNN_OK);
+  KNN_TRY(own);
+  if (p_.target_keys != nullptr)
+    KNN_TRY(upload_to_device(ctx_, t_buf_[0].keys.get(), p_.target_keys,
+                             static_cast<size_t>(p_.n_targets) * sizeof(int64_t)));
+  for (int step = 1; step < peers.members(); step++) {
+    const int m = (me + step) % peers.members();  // each engine starts at another's
+    peers.slice(m, &first, &count);
+    if (count == 0) continue;
+    bool ready = false;
+    KNN_TRY(peers.wait_slice(ctx_, m, &ready));
+    if (!ready) {
+      KNN_TRY(upload_target_slice(first, count));
+      continue;
+    }
+    CUDA_CHECK(ctx_, cudaMemcpyPeerAsync(t_buf_[0].x.get() + first * p_.dim, ctx_.device,
+                                         peers.rows_of(m) + first * p_.dim, peers.device_of(m),
+                                         static_cast<size_t>(count) * p_.dim * sizeof(float),
+                                         ctx_.stream));
+  }
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  peer_turn_.finished_reading();
+  shared_targets = true;
+  return KNN_OK;
 }
 
 // Query rows [first, first + n) on the device (or, in a self-join with
 // resident targets, the same rows of the targets).
 KnnStatus BruteForce::load_queries(int64_t first, int64_t n, Rows *q) {
   if (plan_.alias_queries) {
-    *q = t_buf_[0].view(p_.n_targets, 0).slice(first, n, p_.dim);
+    *q = t_buf_[0].view(p_.n_targets, 0).slice(plan_.alias_first + first, n, p_.dim);
     return KNN_OK;
   }
   const Clock::time_point t0 = Clock::now();
@@ -698,6 +763,7 @@ KnnStatus BruteForce::download(int64_t first, int64_t n, ResultArrays running,
 }
 
 KnnStatus BruteForce::run(int64_t *neighbors, double *distances) {
+  if (plan_.t_chunked) decline_peer_rows(ctx_);
   KNN_TRY(allocate());
   if (!plan_.t_chunked) KNN_TRY(load_resident_targets());
   const ResultArrays running = results_[0].view();
@@ -738,9 +804,11 @@ void describe(const KnnProblem &problem, const Plan &plan, const BruteForce &bf,
   const char *tiles = gemm && plan.half_tiles ? " fp16-tiles" : "";
   // Float16 rows uploaded as such (widened on the device).
   const char *rows = problem.element == KNN_ELEMENT_FLOAT16 ? " fp16-rows" : "";
-  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s%s", scoring,
+  // Targets uploaded once for the split's engines, copied between GPUs.
+  const char *peer = bf.shared_targets ? " peer" : "";
+  std::snprintf(stats->variant, sizeof stats->variant, "%s k'=%d%s%s%s%s%s", scoring,
                 plan.full_sort ? problem.k : plan.large_k ? plan.large_k_capacity : plan.cap,
-                tiles, rows, chunks, fallback);
+                tiles, rows, peer, chunks, fallback);
 }
 
 }  // namespace

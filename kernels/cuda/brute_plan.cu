@@ -60,9 +60,21 @@ bool fast_fp64(const cudaDeviceProp &prop) {
          (prop.major == 10 && prop.minor == 0);
 }
 
-bool same_rows(const KnnProblem &p) {
-  return p.queries == p.targets && p.n_queries <= p.n_targets &&
-         p.query_keys == p.target_keys;
+// The target row of query row 0 where the query rows (and keys) are a run
+// of the target rows (a self-join, or one engine's share of it: the same
+// host memory), else -1.
+int64_t queries_within_targets(const KnnProblem &p) {
+  const uintptr_t row = (p.element == KNN_ELEMENT_FLOAT16 ? 2u : 4u) * (uintptr_t)p.dim;
+  const uintptr_t q = reinterpret_cast<uintptr_t>(p.queries);
+  const uintptr_t t = reinterpret_cast<uintptr_t>(p.targets);
+  if (row == 0 || q < t || (q - t) % row != 0) return -1;
+  const uintptr_t first = (q - t) / row;
+  if (first > (uintptr_t)p.n_targets || (uintptr_t)p.n_queries > (uintptr_t)p.n_targets - first)
+    return -1;
+  const bool keys = p.query_keys == nullptr
+                        ? p.target_keys == nullptr
+                        : p.target_keys != nullptr && p.query_keys == p.target_keys + first;
+  return keys ? static_cast<int64_t>(first) : -1;
 }
 
 // Tiles and segments for the current chunk sizes.
@@ -125,7 +137,8 @@ size_t plan_bytes(const KnnProblem &p, const Plan &pl) {
 
 void shape(const KnnProblem &p, size_t budget, Plan *pl) {
   pl->t_chunked = pl->t_chunk < p.n_targets;
-  pl->alias_queries = !pl->t_chunked && same_rows(p);
+  pl->alias_first = pl->t_chunked ? -1 : queries_within_targets(p);
+  pl->alias_queries = pl->alias_first >= 0;
   shape_tiles(p, budget, pl);
   if (pl->large_k)
     pl->large_k_capacity = large_k_shape(p.k, pl->t_chunk,

@@ -44,6 +44,7 @@ struct Plan {
   int64_t t_chunk = 0;      // targets per chunk
   bool t_chunked = false;   // several target chunks (double-buffered)
   bool alias_queries = false;  // self-join with resident targets: query rows are target rows
+  int64_t alias_first = -1;    // then the target row of query row 0
   int tile_rows = 0, tile_cols = 0;
   int64_t gather_rows = 0;  // fallback batch
   size_t full_sort_budget = 0;

@@ -23,6 +23,7 @@ namespace cuda {
 
 class PinnedStaging;  // host_transfer.cuh
 class ShareVote;     // share_vote.cuh
+class PeerRows;      // peer_rows.cuh
 
 // Everything a method needs to run on the device for one join.
 struct DeviceContext {
@@ -44,6 +45,10 @@ struct DeviceContext {
   // (share_vote.cuh), and this engine's place in it; null: no split.
   ShareVote *share_vote = nullptr;
   int share_voter = 0;
+  // The split's shared upload of the target rows (peer_rows.cuh), where
+  // this engine (share_voter) takes part; null: no split. Brute force
+  // offers its resident targets; every other path declines.
+  PeerRows *peer_rows = nullptr;
 
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;

@@ -44,6 +44,7 @@
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
 #include "multi_device.cuh"
+#include "peer_rows.cuh"
 #include "range_join.cuh"
 #include "small_join.cuh"
 
@@ -158,6 +159,13 @@ KnnStatus run_shared_ti(const KnnProblem &p, const JoinTuning &tuning, int64_t *
 // Runs the join's method on the prepared context; stats are the method's.
 KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *neighbors,
                      double *distances, KnnStats *stats, DeviceContext &ctx) {
+  // Only brute force offers its targets to a split's shared upload
+  // (peer_rows.cuh); every other path says at once that it will not.
+  const bool brute = p.element != KNN_ELEMENT_BIT && ctx.query_count < 0 &&
+                     p.n_queries > 0 && p.n_targets > 0 &&
+                     (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI) &&
+                     !small_join_applies(p, tuning, ctx);
+  if (!brute) decline_peer_rows(ctx);
   if (ctx.query_count >= 0) return run_shared_ti(p, tuning, neighbors, distances, stats, ctx);
   if (p.element == KNN_ELEMENT_BIT) return bit_join(p, neighbors, distances, stats, ctx);
   if (p.n_queries == 0 || p.n_targets == 0) {
@@ -170,7 +178,7 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
   // float32 host rows; the job gives it those: knn_cuda_takes_float16).
   if (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI) {
     // Tiny joins: one upload, one selection, one download (small_join.cu).
-    if (small_join_applies(p, tuning, ctx)) return small_join(p, neighbors, distances, stats, ctx);
+    if (!brute) return small_join(p, neighbors, distances, stats, ctx);
     return brute_force_join(p, tuning, neighbors, distances, stats, ctx);
   }
   // TI never hands a join to brute force for lack of memory: it runs out

@@ -13,6 +13,7 @@
 #include "device_runtime.cuh"
 #include "device_thread.cuh"
 #include "multi_device.cuh"
+#include "peer_rows.cuh"
 #include "share_vote.cuh"
 
 namespace knn {
@@ -147,8 +148,13 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   // (share_vote.cuh; other methods never vote). Declared before
   // the threads: it outlives them.
   int voters = 0;
-  for (int i = 0; i < n; i++) voters += plan.engines[i].n_queries > 0;
+  int members[KNN_MAX_DEVICES];
+  for (int i = 0; i < n; i++)
+    if (plan.engines[i].n_queries > 0) members[voters++] = i;
   ShareVote vote(voters);
+  // The same engines share one upload of the target rows where all of
+  // them run brute force on resident targets (peer_rows.cuh).
+  PeerRows peer_rows(members, voters);
 
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};
@@ -162,7 +168,9 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
       const Clock::time_point t0 = Clock::now();
       ectx.share_vote = &vote;
       ectx.share_voter = i;
+      ectx.peer_rows = &peer_rows;
       const KnnStatus st = run(plan.engines[i], &shares[i], &stop, ectx);
+      peer_rows.decline(i);  // (if it never offered: the others wait no more)
       seconds[i] = seconds_since(t0);
       return st;
     });

@@ -12,7 +12,10 @@
 // one GPU). A TI self-join's engines each cluster the whole set, as one
 // GPU does, and filter their own queries only (ti_join_share); other
 // joins give each engine its rows as a problem of their own
-// (query_share).
+// (query_share). Brute-force engines whose targets stay resident upload
+// them once between them, each a slice, and copy the others' slices GPU to
+// GPU (peer_rows.cuh): the host's links carry the targets once, not once
+// per GPU.
 //
 // The ranges are sized by each GPU's streaming multiprocessors (equal GPUs:
 // equal rows, which is equal work for brute force and, rows being in no

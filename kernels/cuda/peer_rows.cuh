@@ -1,0 +1,259 @@
+// peer_rows.cuh -- the engines of a brute-force join split across GPUs
+// upload the target rows once between them and copy each other's parts
+// over the GPUs' peer links (multi_device.cuh, brute_force.cu).
+//
+// Every engine of a split needs every target row on its own GPU. Uploaded
+// from the host by each engine, the host's links carry the targets once per
+// GPU (four GPUs: four times 3 GB for 1000000 x 768), and they, not the
+// GPUs, bound the join. Here each member -- an engine with query rows --
+// uploads only its slice of the target rows (member m of M: rows
+// [n m / M, n (m + 1) / M)) into its own resident buffer, and copies the
+// other slices from the other members' buffers, GPU to GPU.
+//
+// The same rows, bit for bit, end up in every buffer, so the results are
+// those of an upload from the host. Sharing is all or nothing: each member
+// offers its buffer once, or declines (its plan keeps no resident buffer
+// of the whole targets, a GPU of the split cannot reach its own, or it
+// failed first); the offer closes when all have offered, and the members
+// share only if all offered buffers of the same shape and every GPU can
+// read every other's memory. Otherwise each uploads everything itself.
+// An offering engine never waits for long: the caller's cancel (or another
+// engine's failure) ends the wait, and after kPatience the offer closes
+// without sharing, as ShareVote's vote does.
+//
+// Once shared, a member's buffer is read by the others: a member marks its
+// slice done (or failed: the readers then upload that slice from the host
+// instead), and never frees its buffer before every member has said it
+// reads no more (wait_for_readers, after each reader drained its stream).
+// PeerRowsTurn does this in that order on every path of an engine.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+
+#include "../knn_engine.h"
+#include "cuda_engine.cuh"
+
+namespace knn {
+namespace cuda {
+
+class PeerRows {
+ public:
+  static constexpr std::chrono::milliseconds kPatience{3000};
+
+  // members: the engine indices that will offer or decline, ascending.
+  PeerRows(const int *members, int n_members) : n_members_(n_members) {
+    for (int i = 0; i < KNN_MAX_DEVICES; i++) member_of_[i] = -1;
+    for (int m = 0; m < n_members && m < KNN_MAX_DEVICES; m++) member_of_[members[m]] = m;
+  }
+  PeerRows(const PeerRows &) = delete;
+  PeerRows &operator=(const PeerRows &) = delete;
+
+  // Offers `rows` (n_rows x dim floats on `device`) and waits for the
+  // outcome (*shared). KNN_CANCELLED when the cancel came first (the offer
+  // then closes without sharing).
+  KnnStatus offer(DeviceContext &ctx, int engine, float *rows, int64_t n_rows, int dim,
+                  bool *shared) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    *shared = false;
+    const int m = member(engine);
+    if (m < 0 || offered_[m] || closed_) {
+      if (m >= 0) offered_[m] = true;
+      return KNN_OK;
+    }
+    offered_[m] = true;
+    buffer_[m] = Buffer{ctx.device, rows};
+    if (offers_ == 0) {
+      n_rows_ = n_rows;
+      dim_ = dim;
+    }
+    same_ = same_ && n_rows == n_rows_ && dim == dim_;
+    if (++offers_ == n_members_) close(same_ && reachable());
+    const auto until = std::chrono::steady_clock::now() + kPatience;
+    while (!closed_) {
+      if (ctx.cancelled() || std::chrono::steady_clock::now() >= until) {
+        close(false);
+        return ctx.cancel_point();
+      }
+      changed_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+    *shared = shared_;
+    return KNN_OK;
+  }
+
+  // Declines (no wait), unless this engine offered already.
+  void decline(int engine) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int m = member(engine);
+    if (m < 0 || offered_[m]) return;
+    offered_[m] = true;
+    close(false);
+  }
+
+  int members() const { return n_members_; }
+  int member(int engine) const {
+    return engine >= 0 && engine < KNN_MAX_DEVICES ? member_of_[engine] : -1;
+  }
+
+  // Member m's slice of the target rows.
+  void slice(int m, int64_t *first, int64_t *count) const {
+    const int64_t lo = n_rows_ * m / n_members_, hi = n_rows_ * (m + 1) / n_members_;
+    *first = lo;
+    *count = hi - lo;
+  }
+
+  // Member m's buffer (valid once shared).
+  float *rows_of(int m) const { return buffer_[m].rows; }
+  int device_of(int m) const { return buffer_[m].device; }
+
+  // Member m's slice is complete on its GPU (ok), or will never be.
+  void slice_done(int m, bool ok) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (slice_state_[m] != kPending) return;
+    slice_state_[m] = ok ? kReady : kFailed;
+    changed_.notify_all();
+  }
+
+  // Waits for member m's slice: *ready when it can be copied from m's
+  // buffer, false when it will not come (upload it from the host).
+  KnnStatus wait_slice(DeviceContext &ctx, int m, bool *ready) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (slice_state_[m] == kPending) {
+      if (ctx.cancelled()) return ctx.cancel_point();
+      changed_.wait_for(lock, std::chrono::milliseconds(1));
+    }
+    *ready = slice_state_[m] == kReady;
+    return KNN_OK;
+  }
+
+  // Member m reads the others' buffers no more (its copies completed).
+  void done_reading(int m) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (done_reading_[m]) return;
+    done_reading_[m] = true;
+    readers_left_--;
+    changed_.notify_all();
+  }
+
+  // Waits until no member reads any buffer. Not cancellable: what it waits
+  // for are copies already queued and members on their way out
+  // (PeerRowsTurn), never another wait of this class.
+  void wait_for_readers() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return readers_left_ == 0; });
+  }
+
+ private:
+  enum SliceState { kPending, kReady, kFailed };
+  struct Buffer {
+    int device = -1;
+    float *rows = nullptr;
+  };
+
+  void close(bool shared) {
+    if (closed_) return;
+    closed_ = true;
+    shared_ = shared;
+    readers_left_ = shared ? n_members_ : 0;
+    changed_.notify_all();
+  }
+
+  // Whether every member's GPU can read every other's pool memory (asked
+  // once per pair and process; granted on the owner's default pool).
+  bool reachable() const {
+    for (int a = 0; a < n_members_; a++)
+      for (int b = 0; b < n_members_; b++)
+        if (!grant_access(buffer_[b].device, buffer_[a].device)) return false;
+    return true;
+  }
+
+  // Lets `reader` read the default pool of `owner` (true on the same GPU).
+  static bool grant_access(int owner, int reader) {
+    if (owner == reader) return true;
+    static std::mutex grants_mutex;
+    static signed char grants[KNN_MAX_DEVICES][KNN_MAX_DEVICES] = {};  // 0 unknown, 1 yes, -1 no
+    if (owner < 0 || reader < 0 || owner >= KNN_MAX_DEVICES || reader >= KNN_MAX_DEVICES)
+      return false;
+    std::lock_guard<std::mutex> lock(grants_mutex);
+    if (grants[owner][reader] == 0) {
+      int can = 0;
+      cudaMemPool_t pool;
+      cudaMemAccessDesc desc{};
+      desc.location.type = cudaMemLocationTypeDevice;
+      desc.location.id = reader;
+      desc.flags = cudaMemAccessFlagsProtReadWrite;
+      const bool ok = cudaDeviceCanAccessPeer(&can, reader, owner) == cudaSuccess && can &&
+                      cudaDeviceGetDefaultMemPool(&pool, owner) == cudaSuccess &&
+                      cudaMemPoolSetAccess(pool, &desc, 1) == cudaSuccess;
+      if (!ok) (void)cudaGetLastError();
+      grants[owner][reader] = ok ? 1 : -1;
+    }
+    return grants[owner][reader] > 0;
+  }
+
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  const int n_members_;
+  int member_of_[KNN_MAX_DEVICES];
+  int offers_ = 0;
+  bool offered_[KNN_MAX_DEVICES] = {};
+  Buffer buffer_[KNN_MAX_DEVICES];
+  int64_t n_rows_ = 0;
+  int dim_ = 0;
+  bool same_ = true, closed_ = false, shared_ = false;
+  SliceState slice_state_[KNN_MAX_DEVICES] = {};
+  bool done_reading_[KNN_MAX_DEVICES] = {};
+  int readers_left_ = 0;
+};
+
+// One engine's part in a shared upload, released in the safe order on
+// every path: its slice marked (failed, if not done), its stream drained
+// (its copies from the others' buffers complete), then it reads no more,
+// then it waits until nobody reads its buffer, which its owner frees
+// after this.
+class PeerRowsTurn {
+ public:
+  PeerRowsTurn() = default;
+  PeerRowsTurn(const PeerRowsTurn &) = delete;
+  PeerRowsTurn &operator=(const PeerRowsTurn &) = delete;
+  ~PeerRowsTurn() { release(); }
+
+  void take(PeerRows *rows, int member, cudaStream_t stream) {
+    rows_ = rows;
+    member_ = member;
+    stream_ = stream;
+  }
+  PeerRows *rows() const { return rows_; }
+  int member() const { return member_; }
+
+  // The engine's copies from the others are complete: they may free theirs.
+  void finished_reading() {
+    if (rows_ != nullptr) rows_->done_reading(member_);
+  }
+
+  void release() {
+    if (rows_ == nullptr) return;
+    rows_->slice_done(member_, false);
+    if (cudaStreamSynchronize(stream_) != cudaSuccess) (void)cudaGetLastError();
+    rows_->done_reading(member_);
+    rows_->wait_for_readers();
+    rows_ = nullptr;
+  }
+
+ private:
+  PeerRows *rows_ = nullptr;
+  int member_ = -1;
+  cudaStream_t stream_ = nullptr;
+};
+
+// Says, for an engine that will not offer its targets, that it will not.
+inline void decline_peer_rows(DeviceContext &ctx) {
+  if (ctx.peer_rows != nullptr) ctx.peer_rows->decline(ctx.share_voter);
+}
+
+}  // namespace cuda
+}  // namespace knn
