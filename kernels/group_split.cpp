@@ -14,6 +14,7 @@
 
 #include "entry_guard.h"
 #include "group_subproblem.h"
+#include "hash_seed.h"
 #include "result_padding.h"
 #include "stats_sum.h"
 #include "stopwatch.h"
@@ -63,8 +64,10 @@ class DenseGroups {
   int64_t size() const { return count_; }
 
  private:
+  // From the secret seed (hash_seed.h): ids cannot be chosen to collide.
   size_t slot(int64_t id) const {
-    return static_cast<size_t>((static_cast<uint64_t>(id) * 0x9E3779B97F4A7C15ull) >> shift_);
+    return static_cast<size_t>(((static_cast<uint64_t>(id) ^ seed_) * 0x9E3779B97F4A7C15ull) >>
+                               shift_);
   }
 
   void resize(size_t slots) {
@@ -85,6 +88,7 @@ class DenseGroups {
   std::vector<int64_t> id_, number_;  // number_ -1: empty slot
   int shift_ = 64;
   int64_t count_ = 0;
+  const uint64_t seed_ = hash_seed();
 };
 
 // Stable counting sort of rows by their dense group (-1: no group, dropped).

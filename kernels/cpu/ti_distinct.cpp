@@ -4,13 +4,13 @@
 // finds an earlier row with the same bits (its group) or starts a group, so
 // groups come out numbered by their first row. Equal hashes are confirmed
 // bit by bit; a collision only costs a probe. The hash starts from a secret
-// seed (../row_hash_seed.h), so rows cannot be made to collide.
+// seed (../hash_seed.h), so rows cannot be made to collide.
 #include "ti_distinct.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "../row_hash_seed.h"
+#include "../hash_seed.h"
 
 namespace knn {
 namespace cpu {
@@ -72,7 +72,7 @@ bool find_distinct_rows(const float *matrix, int64_t n, int dim,
   std::vector<Slot> table(slots, Slot{0, -1});
   std::vector<int64_t> group_of(n);
   std::vector<int64_t> first_row;  // of each group
-  const uint64_t seed = row_hash_seed();
+  const uint64_t seed = hash_seed();
   for (int64_t i = 0; i < n; i++) {
     if (i % kCancelPollRows == 0 && cancelled()) return false;
     const float *row = matrix + i * dim;

@@ -629,7 +629,8 @@ KnnStatus BruteForce::load_resident_targets() {
   bool shared = false;
   if (ctx_.peer_rows != nullptr)
     KNN_TRY(ctx_.peer_rows->offer(ctx_, ctx_.share_voter, t_buf_[0].x.get(), p_.n_targets,
-                                  p_.dim, &shared));
+                                  p_.dim, p_.targets, static_cast<int>(p_.element),
+                                  p_.target_keys, &shared));
   if (shared)
     KNN_TRY(load_shared_targets());
   else
@@ -648,15 +649,23 @@ KnnStatus BruteForce::upload_target_slice(int64_t first, int64_t n) {
 }
 
 // A split join's shared upload: this engine's slice from the host, every
-// other slice from its engine's GPU (from the host where that slice will
-// not come), the keys from the host.
+// other slice from its engine's GPU, the keys from the host. The buffer is
+// first filled with NaN bits, so that a slice not copied shows in the
+// results (tests) instead of a stale copy of the same rows.
 KnnStatus BruteForce::load_shared_targets() {
   PeerRows &peers = *ctx_.peer_rows;
   const int me = peers.member(ctx_.share_voter);
   peer_turn_.take(&peers, me, ctx_.stream);
   int64_t first, count;
   peers.slice(me, &first, &count);
-  const KnnStatus own = upload_target_slice(first, count);
+  auto fill_and_upload = [&]() -> KnnStatus {
+    CUDA_CHECK(ctx_, cudaMemsetAsync(t_buf_[0].x.get(), 0xFF,
+                                     static_cast<size_t>(p_.n_targets) * p_.dim * sizeof(float),
+                                     ctx_.stream));
+    CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+    return upload_target_slice(first, count);
+  };
+  const KnnStatus own = fill_and_upload();
   peers.slice_done(me, own == KNN_OK);
   KNN_TRY(own);
   if (p_.target_keys != nullptr)
@@ -668,9 +677,9 @@ KnnStatus BruteForce::load_shared_targets() {
     if (count == 0) continue;
     bool ready = false;
     KNN_TRY(peers.wait_slice(ctx_, m, &ready));
-    if (!ready) {
-      KNN_TRY(upload_target_slice(first, count));
-      continue;
+    if (!ready) {  // its engine failed, and the join with it
+      if (ctx_.error.empty()) ctx_.error = "canceled";
+      return KNN_CANCELLED;
     }
     CUDA_CHECK(ctx_, cudaMemcpyPeerAsync(t_buf_[0].x.get() + first * p_.dim, ctx_.device,
                                          peers.rows_of(m) + first * p_.dim, peers.device_of(m),

@@ -22,9 +22,9 @@
 // without sharing, as ShareVote's vote does.
 //
 // Once shared, a member's buffer is read by the others: a member marks its
-// slice done (or failed: the readers then upload that slice from the host
-// instead), and never frees its buffer before every member has said it
-// reads no more (wait_for_readers, after each reader drained its stream).
+// slice done (or failed: the join fails with it, and the readers stop),
+// and never frees its buffer before every member has said it reads no
+// more (wait_for_readers, after each reader drained its stream).
 // PeerRowsTurn does this in that order on every path of an engine.
 #pragma once
 
@@ -53,11 +53,12 @@ class PeerRows {
   PeerRows(const PeerRows &) = delete;
   PeerRows &operator=(const PeerRows &) = delete;
 
-  // Offers `rows` (n_rows x dim floats on `device`) and waits for the
+  // Offers `rows` (n_rows x dim floats on ctx's GPU, to hold the host rows
+  // `host` of element type `element` with keys `keys`) and waits for the
   // outcome (*shared). KNN_CANCELLED when the cancel came first (the offer
   // then closes without sharing).
   KnnStatus offer(DeviceContext &ctx, int engine, float *rows, int64_t n_rows, int dim,
-                  bool *shared) {
+                  const void *host, int element, const int64_t *keys, bool *shared) {
     std::unique_lock<std::mutex> lock(mutex_);
     *shared = false;
     const int m = member(engine);
@@ -70,9 +71,13 @@ class PeerRows {
     if (offers_ == 0) {
       n_rows_ = n_rows;
       dim_ = dim;
+      host_ = host;
+      element_ = element;
+      keys_ = keys;
     }
-    same_ = same_ && n_rows == n_rows_ && dim == dim_;
-    if (++offers_ == n_members_) close(same_ && reachable());
+    same_ = same_ && n_rows == n_rows_ && dim == dim_ && host == host_ && element == element_ &&
+            keys == keys_;
+    if (++offers_ == n_members_) close(n_members_ > 1 && same_ && reachable());
     const auto until = std::chrono::steady_clock::now() + kPatience;
     while (!closed_) {
       if (ctx.cancelled() || std::chrono::steady_clock::now() >= until) {
@@ -119,7 +124,7 @@ class PeerRows {
   }
 
   // Waits for member m's slice: *ready when it can be copied from m's
-  // buffer, false when it will not come (upload it from the host).
+  // buffer, false when it will not come (m failed: so does the join).
   KnnStatus wait_slice(DeviceContext &ctx, int m, bool *ready) {
     std::unique_lock<std::mutex> lock(mutex_);
     while (slice_state_[m] == kPending) {
@@ -162,8 +167,7 @@ class PeerRows {
     changed_.notify_all();
   }
 
-  // Whether every member's GPU can read every other's pool memory (asked
-  // once per pair and process; granted on the owner's default pool).
+  // Whether every member's GPU can read every other's pool memory.
   bool reachable() const {
     for (int a = 0; a < n_members_; a++)
       for (int b = 0; b < n_members_; b++)
@@ -172,27 +176,33 @@ class PeerRows {
   }
 
   // Lets `reader` read the default pool of `owner` (true on the same GPU).
+  // The pool's own answer is asked each time: a GPU reset (the idle
+  // keeper's) makes a new default pool, mapped nowhere else. The grant
+  // stays with the pool: its later allocations are mapped on the reader
+  // too (the price of peer copies from stream-ordered memory).
   static bool grant_access(int owner, int reader) {
     if (owner == reader) return true;
-    static std::mutex grants_mutex;
-    static signed char grants[KNN_MAX_DEVICES][KNN_MAX_DEVICES] = {};  // 0 unknown, 1 yes, -1 no
-    if (owner < 0 || reader < 0 || owner >= KNN_MAX_DEVICES || reader >= KNN_MAX_DEVICES)
+    int can = 0;
+    cudaMemPool_t pool;
+    cudaMemLocation where{};
+    where.type = cudaMemLocationTypeDevice;
+    where.id = reader;
+    cudaMemAccessFlags now = cudaMemAccessFlagsProtNone;
+    if (cudaDeviceCanAccessPeer(&can, reader, owner) != cudaSuccess || !can ||
+        cudaDeviceGetDefaultMemPool(&pool, owner) != cudaSuccess ||
+        cudaMemPoolGetAccess(&now, pool, &where) != cudaSuccess) {
+      (void)cudaGetLastError();
       return false;
-    std::lock_guard<std::mutex> lock(grants_mutex);
-    if (grants[owner][reader] == 0) {
-      int can = 0;
-      cudaMemPool_t pool;
-      cudaMemAccessDesc desc{};
-      desc.location.type = cudaMemLocationTypeDevice;
-      desc.location.id = reader;
-      desc.flags = cudaMemAccessFlagsProtReadWrite;
-      const bool ok = cudaDeviceCanAccessPeer(&can, reader, owner) == cudaSuccess && can &&
-                      cudaDeviceGetDefaultMemPool(&pool, owner) == cudaSuccess &&
-                      cudaMemPoolSetAccess(pool, &desc, 1) == cudaSuccess;
-      if (!ok) (void)cudaGetLastError();
-      grants[owner][reader] = ok ? 1 : -1;
     }
-    return grants[owner][reader] > 0;
+    if (now == cudaMemAccessFlagsProtReadWrite) return true;
+    cudaMemAccessDesc desc{};
+    desc.location = where;
+    desc.flags = cudaMemAccessFlagsProtReadWrite;
+    if (cudaMemPoolSetAccess(pool, &desc, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return true;
   }
 
   std::mutex mutex_;
@@ -204,6 +214,9 @@ class PeerRows {
   Buffer buffer_[KNN_MAX_DEVICES];
   int64_t n_rows_ = 0;
   int dim_ = 0;
+  const void *host_ = nullptr;
+  int element_ = 0;
+  const int64_t *keys_ = nullptr;
   bool same_ = true, closed_ = false, shared_ = false;
   SliceState slice_state_[KNN_MAX_DEVICES] = {};
   bool done_reading_[KNN_MAX_DEVICES] = {};

@@ -51,7 +51,7 @@
 #include "../cpu/parallel_for.h"
 #include "host_transfer.cuh"
 #include "ti_parts.cuh"
-#include "../row_hash_seed.h"
+#include "../hash_seed.h"
 #include "../stopwatch.h"
 
 namespace knn {
@@ -130,7 +130,7 @@ __global__ void nearest_landmark_kernel(const float *rows, int64_t n, int dim,
     const unsigned long long bits = (unsigned long long)__double_as_longlong(v);
     if (bits > widest[best_index]) atomicMax(widest + best_index, bits);
     // The row's bits, mixed word by word (splitmix-style finaliser), from
-    // the secret seed (../row_hash_seed.h).
+    // the secret seed (../hash_seed.h).
     uint64_t h = seed + (uint64_t)dim;
     for (int d = 0; d < dim; d++) {
       h = (h ^ __float_as_uint(x[d])) * 0x9e3779b97f4a7c15ull;
@@ -345,7 +345,7 @@ KnnStatus assign_rows(const float *rows, int64_t n, int dim, KnnMetric metric,
                             (int64_t)(buffers.bytes / out_bytes)}));
   const int64_t chunks = (n + chunk - 1) / chunk;
   *chunks_used = chunks;
-  const uint64_t seed = row_hash_seed();
+  const uint64_t seed = hash_seed();
   const int lanes = chunks > 1 ? 2 : 1;
   DeviceBuffer<float> x[2];
   DeviceBuffer<int32_t> g[2];

@@ -1,15 +1,15 @@
-// row_hash_seed.h -- the secret seed of the hashes that group identical rows.
+// hash_seed.h -- the secret seed of the engines' hash tables.
 //
 // The engines find bitwise-identical rows with open-addressing tables keyed
 // by a 64-bit hash of each row's bits (cpu/ti_distinct.cpp,
-// cuda/ti_spatial_order.cu). The rows are the user's: with a fixed hash
-// function anyone could compute many distinct rows of one hash (or one
+// cuda/ti_spatial_order.cu), and number group ids the same way
+// (group_split.cpp). The keys come from the user's data: with a fixed hash
+// function anyone could compute many distinct keys of one hash (or one
 // table slot) and make every lookup walk all of them, a join quadratic in
-// its rows that no cancel interrupts. Starting every row's hash from a
-// seed drawn from the kernel's random source once per process makes such
-// rows impossible to compute without the seed, which never leaves the
-// process. Exactness never depends on the seed: equal hashes are confirmed
-// bit for bit.
+// its rows that no cancel interrupts. Starting every hash from a seed drawn
+// from the kernel's random source once per process makes such keys
+// impossible to compute without the seed, which never leaves the process.
+// Exactness never depends on the seed: equal hashes are confirmed.
 #pragma once
 
 #include <sys/random.h>
@@ -19,7 +19,7 @@
 
 namespace knn {
 
-inline uint64_t row_hash_seed() {
+inline uint64_t hash_seed() {
   static const uint64_t seed = [] {
     uint64_t s = 0;
     if (getrandom(&s, sizeof s, GRND_NONBLOCK) != static_cast<ssize_t>(sizeof s)) {
