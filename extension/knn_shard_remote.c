@@ -110,6 +110,11 @@ static struct
 									  const Oid *paramTypes, const char *const *paramValues,
 									  const int *paramLengths, const int *paramFormats,
 									  int resultFormat);
+	int			(*PQsendPrepare) (PGconn *conn, const char *stmtName, const char *query,
+								  int nParams, const Oid *paramTypes);
+	int			(*PQsendQueryPrepared) (PGconn *conn, const char *stmtName, int nParams,
+										const char *const *paramValues, const int *paramLengths,
+										const int *paramFormats, int resultFormat);
 	PGresult   *(*PQgetResult) (PGconn *conn);
 	int			(*PQresultStatus) (const PGresult *res);
 	int			(*PQntuples) (const PGresult *res);
@@ -167,6 +172,8 @@ load_functions(void)
 				 errmsg("knn_join: postgres_fdw is loaded without %s", LIBPQ_SONAME)));
 	fdw.PQsendQuery = libpq_function(libpq, "PQsendQuery");
 	fdw.PQsendQueryParams = libpq_function(libpq, "PQsendQueryParams");
+	fdw.PQsendPrepare = libpq_function(libpq, "PQsendPrepare");
+	fdw.PQsendQueryPrepared = libpq_function(libpq, "PQsendQueryPrepared");
 	fdw.PQgetResult = libpq_function(libpq, "PQgetResult");
 	fdw.PQresultStatus = libpq_function(libpq, "PQresultStatus");
 	fdw.PQntuples = libpq_function(libpq, "PQntuples");
@@ -269,7 +276,10 @@ static const char remote_check_sql[] =
 	REMOTE_CALLABLE_SQL("knn_shard_receive_queries(bigint,regtype,bytea)") " AND "
 	REMOTE_CALLABLE_SQL("knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_prefetch_targets(bigint,regtype,text,text)") " AND "
-	REMOTE_CALLABLE_SQL("knn_shard_drop_targets(bigint)") " "
+	REMOTE_CALLABLE_SQL("knn_shard_drop_targets(bigint)") ", "
+	/* the two types' OIDs there: the blocks name their type by OID, in binary */
+	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ")::pg_catalog.oid, "
+	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -277,6 +287,12 @@ static char *
 text_value(PGresult *res, int field)
 {
 	return fdw.PQgetisnull(res, 0, field) ? NULL : pstrdup(fdw.PQgetvalue(res, 0, field));
+}
+
+static Oid
+remote_oid(const char *text)
+{
+	return DatumGetObjectId(DirectFunctionCall1(oidin, CStringGetDatum(text)));
 }
 
 const char *
@@ -287,13 +303,20 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	char	   *remote_version;
 	char	   *vector_type;
 	char	   *halfvec_type;
+	char	   *vector_oid;
+	char	   *halfvec_oid;
 	bool		has_join;
 
 	WITH_SHARD_CONTEXT(shard);
 	load_functions();
-	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
+	/*
+	 * will_prep_stmt: the blocks go through a statement prepared there
+	 * (knn_shard_remote_ship_blocks), which postgres_fdw's cleanup after an
+	 * error deallocates.
+	 */
+	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 10)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 12)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -309,6 +332,8 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->has_received_join = strcmp(fdw.PQgetvalue(res, 0, 7), "t") == 0;
 	shard->has_received_range_join = strcmp(fdw.PQgetvalue(res, 0, 8), "t") == 0;
 	shard->has_prefetch = strcmp(fdw.PQgetvalue(res, 0, 9), "t") == 0;
+	vector_oid = text_value(res, 10);
+	halfvec_oid = text_value(res, 11);
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -317,12 +342,22 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	else if (!has_join)
 		why = "knn_gpu there has no knn_join(text, text, integer, text, boolean, text)";
 	else if (element == KNN_ELEMENT_FLOAT32)
+	{
 		shard->query_type = vector_type;
+		shard->query_type_oid = vector_oid ? remote_oid(vector_oid) : InvalidOid;
+	}
 	else if (element == KNN_ELEMENT_FLOAT16)
+	{
 		shard->query_type = halfvec_type;
+		shard->query_type_oid = halfvec_oid ? remote_oid(halfvec_oid) : InvalidOid;
+	}
 	else
+	{
 		shard->query_type = pstrdup("pg_catalog.varbit");
-	if (why == NULL && shard->query_type == NULL)
+		/* a built-in type: the same OID on every server */
+		shard->query_type_oid = VARBITOID;
+	}
+	if (why == NULL && (shard->query_type == NULL || !OidIsValid(shard->query_type_oid)))
 		why = psprintf("it has no %s type", element == KNN_ELEMENT_FLOAT16 ? "halfvec" : "vector");
 	END_SHARD_CONTEXT();
 	return why;
@@ -668,6 +703,25 @@ typedef struct ShipBlock
 	int64		end_row;		/* the rows of this block and all before it */
 } ShipBlock;
 
+/*
+ * The statement each shard runs per block, prepared there once per set:
+ * a statement of its own (the unnamed one would be parsed, planned with
+ * the block folded into a constant and the plan copied, for every block:
+ * three more copies of each block on the shard), named after the set,
+ * which is unique per connection, so that no other statement there (of
+ * postgres_fdw's, or of another set's, a connection outlives its queries)
+ * has the name. Deallocated once the set is shipped; after an error,
+ * postgres_fdw's cleanup deallocates it (GetConnection's will_prep_stmt).
+ */
+typedef struct ShipStatement
+{
+	char	   *name;
+	char	   *sql;
+	/* its first two parameters' send forms (int8 set, regtype oid) */
+	char		set_send[8];
+	char		type_send[4];
+} ShipStatement;
+
 /* One shard's progress through the blocks; at most one block in flight. */
 typedef struct ShipProgress
 {
@@ -677,21 +731,22 @@ typedef struct ShipProgress
 	bool		unsent_bytes;	/* libpq still holds bytes of it */
 } ShipProgress;
 
-/* Hands block `b` to libpq (it keeps a copy) and sends what the socket takes. */
+/*
+ * Hands block `b` to libpq (it keeps a copy) and sends what the socket
+ * takes: an execution of the statement prepared there (ship_statement),
+ * every parameter in binary.
+ */
 static void
-send_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, const ShipBlock *b)
+send_block(KnnShardRemote *shard, ShipProgress *p, const ShipStatement *st, const ShipBlock *b)
 {
-	static const Oid types[3] = {INT8OID, REGTYPEOID, BYTEAOID};
-	static const int formats[3] = {0, 0, 1};
-	char	   *set = psprintf(INT64_FORMAT, shard->received_set);
-	const char *values[3] = {set, shard->query_type, b->data.data};
-	int			lengths[3] = {0, 0, b->data.len};
+	static const int formats[3] = {1, 1, 1};
+	const char *values[3] = {st->set_send, st->type_send, b->data.data};
+	int			lengths[3] = {sizeof(st->set_send), sizeof(st->type_send), b->data.len};
 
 	WITH_SHARD_CONTEXT(shard);
-	if (!fdw.PQsendQueryParams(shard->conn, sql, 3, types, values, lengths, formats, 0))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	if (!fdw.PQsendQueryPrepared(shard->conn, st->name, 3, values, lengths, formats, 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, st->sql);
 	END_SHARD_CONTEXT();
-	pfree(set);
 	p->sent++;
 	p->expected = b->end_row;
 }
@@ -754,12 +809,50 @@ fail_blocks(KnnShardRemote *shard, TimestampTz deadline)
 	(void) fdw.PQsetnonblocking(shard->conn, 0);
 }
 
+static void
+ship_statement_init(KnnShardRemote *shard, ShipStatement *st)
+{
+	uint64		set = pg_hton64((uint64) shard->received_set);
+	uint32		type = pg_hton32(shard->query_type_oid);
+
+	st->name = psprintf("knn_gpu_receive_queries_" INT64_FORMAT, shard->received_set);
+	st->sql = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shard->knn_schema);
+	memcpy(st->set_send, &set, sizeof(set));
+	memcpy(st->type_send, &type, sizeof(type));
+}
+
+/* Prepares each shard's statement, all shards at once. */
+static void
+ship_statement_prepare(KnnShardRemote **shards, int n_shards, ShipStatement *st)
+{
+	static const Oid types[3] = {INT8OID, REGTYPEOID, BYTEAOID};
+
+	for (int s = 0; s < n_shards; s++)
+	{
+		WITH_SHARD_CONTEXT(shards[s]);
+		if (!fdw.PQsendPrepare(shards[s]->conn, st[s].name, st[s].sql, 3, types))
+			fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
+		END_SHARD_CONTEXT();
+	}
+	for (int s = 0; s < n_shards; s++)
+	{
+		PGresult   *res;
+
+		WITH_SHARD_CONTEXT(shards[s]);
+		res = fdw.pgfdw_get_result(shards[s]->conn, st[s].sql);
+		if (fdw.PQresultStatus(res) != PGRES_COMMAND_OK)
+			fdw.pgfdw_report_error(ERROR, res, shards[s]->conn, true, st[s].sql);
+		fdw.PQclear(res);
+		END_SHARD_CONTEXT();
+	}
+}
+
 void
 knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
 {
 	ShipBlock	blocks[SHIP_BLOCKS_AHEAD];
 	ShipProgress *progress = palloc0(n_shards * sizeof(ShipProgress));
-	const char **sql = palloc(n_shards * sizeof(char *));
+	ShipStatement *st = palloc0(n_shards * sizeof(ShipStatement));
 	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
 	instr_time	start;
 	/* where the coordinator's time goes, for DEBUG1 */
@@ -772,13 +865,14 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
 		initStringInfo(&blocks[i].data);
 	for (int s = 0; s < n_shards; s++)
-		sql[s] = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shards[s]->knn_schema);
+		ship_statement_init(shards[s], &st[s]);
 	PG_TRY();
 	{
 		int64		r = 0;
 		int64		encoded = 0;	/* blocks */
 		instr_time	phase;
 
+		ship_statement_prepare(shards, n_shards, st);
 		/* the latch (a cancel), the postmaster, then each shard's socket at 2 + s */
 		events = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
 		AddWaitEventToSet(events, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
@@ -787,7 +881,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
 			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
 			shards[s]->sending = true;
 			AddWaitEventToSet(events, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
 			END_SHARD_CONTEXT();
@@ -824,12 +918,12 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 			{
 				ShipProgress *p = &progress[s];
 
-				if (advance_block(shards[s], p, sql[s]))
+				if (advance_block(shards[s], p, st[s].sql))
 					moved = true;
 				if (p->answered == p->sent && p->sent < encoded)
 				{
-					send_block(shards[s], p, sql[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
-					(void) advance_block(shards[s], p, sql[s]);
+					send_block(shards[s], p, &st[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
+					(void) advance_block(shards[s], p, st[s].sql);
 					moved = true;
 				}
 				done = done && p->answered == encoded;
@@ -860,7 +954,9 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 			/* every block was answered, so nothing is left unsent: this switch cannot fail on a flush */
 			shards[s]->sending = false;
 			if (fdw.PQsetnonblocking(shards[s]->conn, 0) != 0)
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
+			fdw.PQclear(exec_checked(shards[s], psprintf("DEALLOCATE %s", st[s].name),
+									 PGRES_COMMAND_OK));
 			END_SHARD_CONTEXT();
 		}
 	}
