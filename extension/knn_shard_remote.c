@@ -87,6 +87,7 @@ typedef struct pg_result PGresult;
 #define PGRES_COMMAND_OK 1
 #define PGRES_TUPLES_OK 2
 #define PGRES_COPY_IN 4
+#define PGRES_PIPELINE_SYNC 10
 
 struct KnnShardResult
 {
@@ -132,6 +133,11 @@ static struct
 	int			(*PQisBusy) (PGconn *conn);
 	int			(*PQsocket) (const PGconn *conn);
 	char	   *(*PQerrorMessage) (const PGconn *conn);
+	/* pipeline mode: libpq 14 and later (NULL without it: one block in flight) */
+	int			(*PQenterPipelineMode) (PGconn *conn);
+	int			(*PQexitPipelineMode) (PGconn *conn);
+	int			(*PQpipelineSync) (PGconn *conn);
+	int			(*PQsendFlushRequest) (PGconn *conn);
 } fdw;
 
 static void *
@@ -191,6 +197,12 @@ load_functions(void)
 	fdw.PQisBusy = libpq_function(libpq, "PQisBusy");
 	fdw.PQsocket = libpq_function(libpq, "PQsocket");
 	fdw.PQerrorMessage = libpq_function(libpq, "PQerrorMessage");
+	fdw.PQenterPipelineMode = dlsym(libpq, "PQenterPipelineMode");
+	fdw.PQexitPipelineMode = dlsym(libpq, "PQexitPipelineMode");
+	fdw.PQpipelineSync = dlsym(libpq, "PQpipelineSync");
+	fdw.PQsendFlushRequest = dlsym(libpq, "PQsendFlushRequest");
+	if (!fdw.PQexitPipelineMode || !fdw.PQpipelineSync || !fdw.PQsendFlushRequest)
+		fdw.PQenterPipelineMode = NULL;
 	/* dlopen took a reference; the library stays loaded with postgres_fdw */
 	dlclose(libpq);
 	fdw.loaded = true;
@@ -691,11 +703,21 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 /* ---- shipping in blocks into the shards' memory (knn_shard_receive.h) ---- */
 
 /*
- * Blocks kept encoded for shards that have not sent them yet: each shard
- * gets its next block as soon as it has answered its last one, so a fast
- * shard does not wait for a slow one, up to this many blocks ahead of it.
+ * Blocks a shard may have unanswered at once: its connection is in libpq's
+ * pipeline mode, so the next block travels while the shard reads the one
+ * before, rather than after its answer. (Only one block is queued in libpq
+ * at a time: libpq moves what is left of its buffer to the front after
+ * every partial send.)
  */
-#define SHIP_BLOCKS_AHEAD 4
+#define SHIP_IN_FLIGHT 2
+
+/*
+ * Blocks kept encoded for shards that have not sent them yet: each shard
+ * gets its next block as soon as it has fewer than SHIP_IN_FLIGHT
+ * unanswered, so a fast shard does not wait for a slow one, up to this many
+ * blocks ahead of it.
+ */
+#define SHIP_BLOCKS_AHEAD (SHIP_IN_FLIGHT + 3)
 
 typedef struct ShipBlock
 {
@@ -722,13 +744,14 @@ typedef struct ShipStatement
 	char		type_send[4];
 } ShipStatement;
 
-/* One shard's progress through the blocks; at most one block in flight. */
+/* One shard's progress through the blocks; at most SHIP_IN_FLIGHT in flight (1 without pipeline mode). */
 typedef struct ShipProgress
 {
 	int64		sent;			/* blocks handed to libpq */
 	int64		answered;		/* blocks whose answer was read */
-	int64		expected;		/* rows the shard must hold after the block in flight */
-	bool		unsent_bytes;	/* libpq still holds bytes of it */
+	int64		expected[SHIP_IN_FLIGHT];	/* rows the shard must hold after each block in flight */
+	bool		unsent_bytes;	/* libpq still holds bytes of them */
+	bool		pipelined;		/* the connection is in pipeline mode */
 } ShipProgress;
 
 /*
@@ -744,17 +767,19 @@ send_block(KnnShardRemote *shard, ShipProgress *p, const ShipStatement *st, cons
 	int			lengths[3] = {sizeof(st->set_send), sizeof(st->type_send), b->data.len};
 
 	WITH_SHARD_CONTEXT(shard);
-	if (!fdw.PQsendQueryPrepared(shard->conn, st->name, 3, values, lengths, formats, 0))
+	/* in pipeline mode, the flush request makes the shard answer now, not at a sync */
+	if (!fdw.PQsendQueryPrepared(shard->conn, st->name, 3, values, lengths, formats, 0) ||
+		(p->pipelined && !fdw.PQsendFlushRequest(shard->conn)))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, st->sql);
 	END_SHARD_CONTEXT();
+	p->expected[p->sent % SHIP_IN_FLIGHT] = b->end_row;
 	p->sent++;
-	p->expected = b->end_row;
 }
 
 /*
- * Moves the shard's block in flight along: sends what libpq holds of it,
- * reads its answer once it is there (the rows the shard holds: all sent so
- * far). True when the answer was read.
+ * Moves the shard's blocks in flight along: sends what libpq holds of them,
+ * reads the oldest one's answer once it is there (the rows the shard holds:
+ * all of that block and before). True when an answer was read.
  */
 static bool
 advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
@@ -772,25 +797,78 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
 		END_SHARD_CONTEXT();
 		return false;
 	}
-	/* its result is here; the rest (the end of the call) follows at once */
+	/* its result is here; the rest (the end of that call's results) follows at once */
 	res = fdw.pgfdw_get_result(shard->conn, sql);
 	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
 	held = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0) ?
 		pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
 	fdw.PQclear(res);
-	if (held != p->expected)
+	if (held != p->expected[p->answered % SHIP_IN_FLIGHT])
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_ERROR),
 				 errmsg("%s: foreign server \"%s\" holds " INT64_FORMAT " query rows of the " INT64_FORMAT " sent",
-						shard->who, shard->server->servername, held, p->expected)));
+						shard->who, shard->server->servername, held,
+						p->expected[p->answered % SHIP_IN_FLIGHT])));
 	END_SHARD_CONTEXT();
 	p->answered++;
 	return true;
 }
 
 /*
- * After an error here, sends what is still queued (the rest of a block's
+ * Ends a connection's pipeline: a sync, its results read up to the sync's
+ * (any left by blocks an error skipped), then out of pipeline mode. Waits
+ * interruptibly, or (after an error) until deadline only. False where that
+ * did not come to pass (the connection is left to postgres_fdw's cleanup,
+ * which then gives it up).
+ */
+static bool
+leave_pipeline(KnnShardRemote *shard, bool interruptible, TimestampTz deadline)
+{
+	PGconn	   *conn = shard->conn;
+
+	if (fdw.PQpipelineSync(conn) != 1)
+		return false;
+	for (;;)
+	{
+		int			rc = fdw.PQflush(conn);
+
+		if (rc < 0 || !fdw.PQconsumeInput(conn))
+			return false;
+		/* two NULLs in a row: nothing more to read now */
+		for (int ends = 0; ends < 2 && !fdw.PQisBusy(conn);)
+		{
+			PGresult   *res = fdw.PQgetResult(conn);
+			int			status;
+
+			if (res == NULL)
+			{
+				ends++;
+				continue;
+			}
+			ends = 0;
+			status = fdw.PQresultStatus(res);
+			fdw.PQclear(res);
+			if (status == PGRES_PIPELINE_SYNC)
+				return fdw.PQexitPipelineMode(conn) == 1;
+		}
+		if (!interruptible && GetCurrentTimestamp() >= deadline)
+			return false;
+		(void) WaitLatchOrSocket(interruptible ? MyLatch : NULL,
+								 (interruptible ? WL_LATCH_SET : 0) | WL_SOCKET_READABLE |
+								 (rc == 1 ? WL_SOCKET_WRITEABLE : 0) | WL_TIMEOUT |
+								 WL_EXIT_ON_PM_DEATH,
+								 fdw.PQsocket(conn), 100L, PG_WAIT_EXTENSION);
+		if (interruptible)
+		{
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+}
+
+/*
+ * After an error here, ends the pipeline, sends what is still queued (the rest of a block's
  * message: a shard reading a message does not see a cancel), ignoring
  * interrupts but not past deadline (one for all shards), and makes the
  * connection blocking again: postgres_fdw's abort cleanup then reads the
@@ -799,9 +877,14 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
  * stalled shard) is left to that cleanup, which gives the connection up.
  */
 static void
-fail_blocks(KnnShardRemote *shard, TimestampTz deadline)
+fail_blocks(KnnShardRemote *shard, ShipProgress *p, TimestampTz deadline)
 {
 	shard->sending = false;
+	if (p->pipelined)
+	{
+		p->pipelined = false;
+		(void) leave_pipeline(shard, false, deadline);
+	}
 	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
 								 WL_EXIT_ON_PM_DEATH,
@@ -883,6 +966,8 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
 				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
 			shards[s]->sending = true;
+			progress[s].pipelined = fdw.PQenterPipelineMode != NULL &&
+				fdw.PQenterPipelineMode(shards[s]->conn) == 1;
 			AddWaitEventToSet(events, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
 			END_SHARD_CONTEXT();
 		}
@@ -920,7 +1005,8 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 
 				if (advance_block(shards[s], p, st[s].sql))
 					moved = true;
-				if (p->answered == p->sent && p->sent < encoded)
+				while (p->sent - p->answered < (p->pipelined ? SHIP_IN_FLIGHT : 1) &&
+					   p->sent < encoded && !p->unsent_bytes)
 				{
 					send_block(shards[s], p, &st[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
 					(void) advance_block(shards[s], p, st[s].sql);
@@ -951,6 +1037,12 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 		for (int s = 0; s < n_shards; s++)
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
+			if (progress[s].pipelined)
+			{
+				if (!leave_pipeline(shards[s], true, 0))
+					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
+				progress[s].pipelined = false;
+			}
 			/* every block was answered, so nothing is left unsent: this switch cannot fail on a flush */
 			shards[s]->sending = false;
 			if (fdw.PQsetnonblocking(shards[s]->conn, 0) != 0)
@@ -969,7 +1061,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 			FreeWaitEventSet(events);
 		for (int s = 0; s < n_shards; s++)
 			if (shards[s]->sending)
-				fail_blocks(shards[s], deadline);
+				fail_blocks(shards[s], &progress[s], deadline);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
