@@ -6,8 +6,15 @@
  *
  * Every source returned its own k best by (distance, target id), with the
  * distance the operator's value bit for bit, so the k best of the union
- * are the k best overall: sorting each query's few candidates (at most
- * sources x k) is all the merge needs.
+ * are the k best overall. Each source's list of a query comes in that
+ * order already (knn_join's rank order), so the merge takes the best head
+ * of the sources' lists, `limit` times: no sort, and a query's candidates
+ * are read once. A list out of that order (a shard is not trusted to keep
+ * it) makes that query's candidates go through a sort instead. Both ways
+ * give the same rows in the same order, also for candidates equal by
+ * (distance, target id) (a target id in two sources; the distances may
+ * differ in the sign of a zero): the first source's, then its list's
+ * first, as the merge takes them.
  */
 #include "postgres.h"
 
@@ -32,24 +39,100 @@ typedef struct Candidate
 {
 	double		distance;
 	int64		target_id;
+	int64		from;			/* for the sort: its source's rank, then its place in that list */
 } Candidate;
 
-/* (distance, target id), NaN after every number as PostgreSQL sorts float8. */
+/* (distance, target id), NaN after every number, as PostgreSQL sorts float8. */
+static inline int
+compare_pairs(double x_distance, int64 x_target, double y_distance, int64 y_target)
+{
+	bool		x_nan = isnan(x_distance);
+	bool		y_nan = isnan(y_distance);
+
+	if (x_nan != y_nan)
+		return x_nan ? 1 : -1;
+	if (!x_nan && x_distance != y_distance)
+		return x_distance < y_distance ? -1 : 1;
+	if (x_target != y_target)
+		return x_target < y_target ? -1 : 1;
+	return 0;
+}
+
 static int
 compare_candidates(const void *a, const void *b)
 {
 	const Candidate *x = (const Candidate *) a;
 	const Candidate *y = (const Candidate *) b;
-	bool		x_nan = isnan(x->distance);
-	bool		y_nan = isnan(y->distance);
 
-	if (x_nan != y_nan)
-		return x_nan ? 1 : -1;
-	if (!x_nan && x->distance != y->distance)
-		return x->distance < y->distance ? -1 : 1;
-	if (x->target_id != y->target_id)
-		return x->target_id < y->target_id ? -1 : 1;
-	return 0;
+	int			c = compare_pairs(x->distance, x->target_id, y->distance, y->target_id);
+
+	if (c != 0 || x->from == y->from)
+		return c;
+	return x->from < y->from ? -1 : 1;
+}
+
+/* Is the source's list of query q in (distance, target id) order? */
+static bool
+list_in_order(const KnnShardLists *source, int64 q)
+{
+	for (int64 i = source->offsets[q] + 1; i < source->offsets[q + 1]; i++)
+		if (compare_pairs(source->distances[i - 1], source->target_ids[i - 1],
+						  source->distances[i], source->target_ids[i]) > 0)
+			return false;
+	return true;
+}
+
+/*
+ * Query q's best `limit` candidates (all with limit < 0) into candidates,
+ * in order; their number. heads: room for a position per source.
+ */
+static int64
+merge_query(const KnnShardLists *sources, int n_sources, int64 q, int64 limit,
+			Candidate *candidates, int64 *heads)
+{
+	int64		n = 0;
+	bool		in_order = true;
+
+	for (int s = 0; s < n_sources; s++)
+	{
+		heads[s] = sources[s].offsets[q];
+		n += sources[s].offsets[q + 1] - heads[s];
+		in_order = in_order && list_in_order(&sources[s], q);
+	}
+	if (limit >= 0)
+		n = Min(n, limit);
+	if (!in_order)
+	{
+		int64		all = 0;
+
+		for (int s = 0; s < n_sources; s++)
+			for (int64 i = sources[s].offsets[q]; i < sources[s].offsets[q + 1]; i++)
+			{
+				candidates[all].distance = sources[s].distances[i];
+				candidates[all].target_id = sources[s].target_ids[i];
+				candidates[all].from = all;
+				all++;
+			}
+		qsort(candidates, all, sizeof(Candidate), compare_candidates);
+		return n;
+	}
+	for (int64 r = 0; r < n; r++)
+	{
+		int			best = -1;
+
+		/* the first source's head wins a tie: the sources' order, as the sort keeps it */
+		for (int s = 0; s < n_sources; s++)
+			if (heads[s] < sources[s].offsets[q + 1] &&
+				(best < 0 ||
+				 compare_pairs(sources[s].distances[heads[s]], sources[s].target_ids[heads[s]],
+							   sources[best].distances[heads[best]],
+							   sources[best].target_ids[heads[best]]) < 0))
+				best = s;
+		candidates[r].distance = sources[best].distances[heads[best]];
+		candidates[r].target_id = sources[best].target_ids[heads[best]];
+		heads[best]++;
+	}
+	return n;
 }
 
 int64
@@ -59,6 +142,7 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 {
 	int64		most = 0;
 	Candidate  *candidates;
+	int64	   *heads;
 	int64		emitted = 0;
 
 	for (int64 q = 0; q < n_queries; q++)
@@ -70,21 +154,12 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 		most = Max(most, n);
 	}
 	candidates = palloc_extended(Max(most, 1) * sizeof(Candidate), MCXT_ALLOC_HUGE);
+	heads = palloc(Max(n_sources, 1) * sizeof(int64));
 
 	for (int64 q = 0; q < n_queries; q++)
 	{
-		int64		n = 0;
+		int64		n = merge_query(sources, n_sources, q, limit, candidates, heads);
 
-		for (int s = 0; s < n_sources; s++)
-			for (int64 i = sources[s].offsets[q]; i < sources[s].offsets[q + 1]; i++)
-			{
-				candidates[n].distance = sources[s].distances[i];
-				candidates[n].target_id = sources[s].target_ids[i];
-				n++;
-			}
-		qsort(candidates, n, sizeof(Candidate), compare_candidates);
-		if (limit >= 0)
-			n = Min(n, limit);
 		if (n > PG_INT32_MAX)
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -111,6 +186,7 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 		}
 	}
 	pfree(candidates);
+	pfree(heads);
 	return emitted;
 }
 
