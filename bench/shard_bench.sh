@@ -321,7 +321,8 @@ bench_query_text() {
 # bench_ab: the builds of AB_LIBS alternating on the same servers (see the top)
 bench_ab() {
   local lib_dir round form entry name path run stats query
-  lib_dir=$("$pg_bin/pg_config" --pkglibdir)
+  # the servers' own $libdir (the one they load knn_gpu.so from)
+  lib_dir=$(sql 0 -c "SELECT setting FROM pg_catalog.pg_config WHERE name = 'PKGLIBDIR'") || exit 1
   local ship_n=${ship_targets:-0}; [ "$ship_n" -gt 0 ] || ship_n=100
   : > "$out/ab.jsonl"
   # untimed warm-up: every server's engine loaded once
