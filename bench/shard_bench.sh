@@ -45,6 +45,16 @@
 # read here through postgres_fdw) and over the plain one, per fetch_size
 # (bench_query_text). FETCH_SIZE sets the shards' servers' fetch_size for
 # every run (default: postgres_fdw's 100); the JSON says which.
+# With AB_LIBS="NAME=PATH ..." (builds of knn_gpu.so, e.g. main's and a
+# branch's), only the emb set is loaded, and each sharded join of AB_FORMS
+# ("ship": every row against the first SHIP_TARGETS rows (default 100);
+# "self": the self-join) runs AB_ROUNDS times (default 3) per build, the
+# builds alternating on the same servers (each run a new session, so it
+# loads the build just put in place): per run its psql time, checksum and
+# phases (coordinator query read, ship, merge, slowest shard, the rest),
+# one JSON line each in OUT_DIR/ab.jsonl as they come, then OUT_DIR/ab.json
+# with each build's medians and whether all builds' checksums agree. Forms
+# AB_SELF_LIBS (default: all) lists the builds the self-join runs for.
 # Derived: speedup = baseline / sharded (psql time), the coordinator's
 # shipping + merge over the slowest shard's time, and the merge's cost per
 # million result rows. Writes OUT_DIR/shard_bench.json and prints it.
@@ -308,7 +318,73 @@ bench_query_text() {
   printf '{"set":"%s","form":"knn_join exclude_self, the query text over the plain table or the sharded one, per fetch_size","runs":[%s]}' "$name" "$runs"
 }
 
+# bench_ab: the builds of AB_LIBS alternating on the same servers (see the top)
+bench_ab() {
+  local lib_dir round form entry name path run stats query
+  # the servers' own $libdir (the one they load knn_gpu.so from)
+  lib_dir=$(sql 0 -c "SELECT setting FROM pg_catalog.pg_config WHERE name = 'PKGLIBDIR'") || exit 1
+  local ship_n=${ship_targets:-0}; [ "$ship_n" -gt 0 ] || ship_n=100
+  : > "$out/ab.jsonl"
+  # untimed warm-up: every server's engine loaded once
+  sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM emb_all WHERE id <= 1000', 'SELECT id, v FROM emb WHERE id <= 1000', 2)" >>"$log" 2>&1 || exit 1
+  for ((round = 1; round <= ${AB_ROUNDS:-3}; round++)); do
+    for form in ${AB_FORMS:-ship self}; do
+      for entry in $AB_LIBS; do
+        name=${entry%%=*} path=${entry#*=}
+        if [ "$form" = self ] && [ -n "${AB_SELF_LIBS:-}" ] && [[ " $AB_SELF_LIBS " != *" $name "* ]]; then continue; fi
+        # a rename: the running backends keep the file they loaded
+        cp "$path" "$lib_dir/knn_gpu.so.ab" && mv "$lib_dir/knn_gpu.so.ab" "$lib_dir/knn_gpu.so" || exit 1
+        if [ "$form" = ship ]; then
+          query="SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM emb_all', 'SELECT id, v FROM emb WHERE id <= $ship_n', $k)"
+        else
+          query="SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM emb_all', 'SELECT id, v FROM emb', $k, exclude_self => true)"
+        fi
+        run=$(timed 0 "$query" "SELECT knn_gpu_last_shard_stats()") || exit 1
+        stats=${run#*|*|}
+        printf '{"round":%s,"form":"%s","build":"%s","sql_ms":%s,"checksum":%s,"stats":%s}\n' \
+          "$round" "$form" "$name" "${run%%|*}" "$(json_string "$(echo "$run" | cut -d'|' -f2)")" "$stats" >>"$out/ab.jsonl"
+        echo "ab round $round $form $name: ${run%%|*} ms" >&2
+      done
+    done
+  done
+  timeout 60 "$py" - "$out/ab.jsonl" "$out/ab.json" <<'PYEOF'
+import json, statistics, sys
+runs = [json.loads(line) for line in open(sys.argv[1])]
+summary = {}
+for form in sorted({r["form"] for r in runs}):
+    of_form = [r for r in runs if r["form"] == form]
+    builds = {}
+    for name in dict.fromkeys(r["build"] for r in of_form):
+        mine = [r for r in of_form if r["build"] == name]
+        def median(f):
+            values = [v for v in (f(r) for r in mine) if v is not None]
+            return statistics.median(values) if values else None
+        seconds = lambda r: (r["stats"] or {}).get("seconds", {})
+        slowest = lambda r: max((s["seconds_join"] for s in (r["stats"] or {}).get("shards", [])), default=None)
+        builds[name] = {
+            "runs": len(mine),
+            "sql_s": median(lambda r: r["sql_ms"] / 1000 if r["sql_ms"] else None),
+            "queries_s": median(lambda r: seconds(r).get("queries")),
+            "ship_s": median(lambda r: seconds(r).get("ship")),
+            "merge_s": median(lambda r: seconds(r).get("merge")),
+            "slowest_shard_s": median(slowest),
+            # the total less the phases named: reading the shards' results, among others
+            "rest_s": median(lambda r: seconds(r).get("total", 0) - seconds(r).get("queries", 0) - seconds(r).get("ship", 0)
+                             - seconds(r).get("merge", 0) - (slowest(r) or 0)),
+            "result_rows": median(lambda r: (r["stats"] or {}).get("rows")),
+        }
+    summary[form] = {"builds": builds, "identical": len({r["checksum"] for r in of_form}) == 1}
+json.dump({"benchmark": "sharded knn_join, builds alternating on the same servers", "summary": summary, "runs": runs},
+          open(sys.argv[2], "w"), indent=1)
+print(json.dumps(summary, indent=1))
+PYEOF
+}
+
 load emb "$emb_rows" "$emb_dims" 100
+if [ -n "${AB_LIBS:-}" ]; then
+  bench_ab
+  exit 0
+fi
 emb=$(bench_set emb "$emb_rows" "$emb_dims") || exit 1
 query_text=
 if [ -n "$query_text_fetch_sizes" ]; then query_text=$(bench_query_text emb) || exit 1; fi

@@ -168,6 +168,32 @@ knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
 	m->n++;
 }
 
+void *
+knn_matrix_reserve_row(KnnMatrix *m, int dim)
+{
+	Assert(!m->grouped);
+	if (m->dim < 0)
+	{
+		m->dim = dim;
+		m->row_bytes = knn_row_bytes(m->element, m->dim);
+	}
+	else if (dim != m->dim)
+		return NULL;
+	if (m->n == m->capacity)
+		grow(m);
+	if (m->shared != NULL && (Size) (m->n + 1) * m->row_bytes > m->shared->bytes)
+		grow_shared_rows(m);
+	return m->values + m->n * m->row_bytes;
+}
+
+void
+knn_matrix_commit_row(KnnMatrix *m, int64 id)
+{
+	Assert(m->n < m->capacity);
+	m->ids[m->n] = id;
+	m->n++;
+}
+
 void
 knn_matrix_append(KnnMatrix *m, int64 id, Datum value, const KnnVectorReader *reader)
 {

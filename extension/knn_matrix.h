@@ -57,6 +57,16 @@ extern void knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *
 								   const KnnVectorReader *reader);
 
 /*
+ * For a caller that writes a row's elements itself, checked as the
+ * matrix's reader would (finite, the matrix's element type): the next
+ * row's room for `dim` elements, or NULL when the matrix holds rows of
+ * another dimension (then append through knn_matrix_append_view, which
+ * raises the mismatch). knn_matrix_commit_row then counts the row written.
+ */
+extern void *knn_matrix_reserve_row(KnnMatrix *m, int dim);
+extern void knn_matrix_commit_row(KnnMatrix *m, int64 id);
+
+/*
  * Sorts rows by id (stable), so that row order breaks ties by id. Checks
  * for interrupts as it goes.
  */

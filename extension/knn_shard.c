@@ -763,12 +763,21 @@ get_float8(const char *p)
 	return d;
 }
 
-/* The row of query id `id` among the sorted, unique ids; -1 if none. */
+/*
+ * The row of query id `id` among the sorted, unique ids; -1 if none. A
+ * shard returns its pairs query by query in the order sent: `hint` (the
+ * row found last, or -1) or the row after it is nearly always the one.
+ */
 static int64
-query_row(const int64 *ids, int64 n, int64 id)
+query_row(const int64 *ids, int64 n, int64 id, int64 hint)
 {
 	int64		lo = 0;
 	int64		hi = n;
+
+	if (hint >= 0 && hint < n && ids[hint] == id)
+		return hint;
+	if (hint + 1 >= 0 && hint + 1 < n && ids[hint + 1] == id)
+		return hint + 1;
 
 	while (lo < hi)
 	{
@@ -793,6 +802,8 @@ typedef struct ShardPairs
 	bool		packed;
 	int			row;			/* of the result */
 	int			offset;			/* in a packed value */
+	const char *value;			/* the packed value of row `row` (NULL: not yet looked up) */
+	int			len;
 } ShardPairs;
 
 /* Checks the result's form; the number of its pairs, or -1 with *bad set. */
@@ -839,16 +850,16 @@ next_pair(ShardPairs *it, int64 *query_id, int64 *target_id, double *distance)
 
 	if (it->packed)
 	{
-		const char *value = knn_shard_result_value(it->result, it->row, 0, &len);
-
+		if (it->value == NULL)
+			it->value = knn_shard_result_value(it->result, it->row, 0, &it->len);
 		/* check_pairs counted the pairs: an empty value is skipped */
-		while (it->offset >= len)
+		while (it->offset >= it->len)
 		{
 			it->row++;
 			it->offset = 0;
-			value = knn_shard_result_value(it->result, it->row, 0, &len);
+			it->value = knn_shard_result_value(it->result, it->row, 0, &it->len);
 		}
-		knn_packed_get(value + it->offset, query_id, target_id, distance);
+		knn_packed_get(it->value + it->offset, query_id, target_id, distance);
 		it->offset += KNN_PACKED_ROW_BYTES;
 		return;
 	}
@@ -872,7 +883,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	KnnShardLists *lists = palloc0(sizeof(KnnShardLists));
 	int64	   *rows = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	int64	   *fill;
-	ShardPairs	it = {result, shard->packed_result, 0, 0};
+	ShardPairs	it = {result, shard->packed_result, 0, 0, NULL, 0};
 	int64		query_id;
 	int64		target_id;
 	double		distance;
@@ -880,7 +891,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	for (int64 r = 0; bad == NULL && r < n; r++)
 	{
 		next_pair(&it, &query_id, &target_id, &distance);
-		if ((rows[r] = query_row(queries->ids, queries->n, query_id)) < 0)
+		if ((rows[r] = query_row(queries->ids, queries->n, query_id, r > 0 ? rows[r - 1] : -1)) < 0)
 			bad = "a query id that was not sent";
 		if (r % 65536 == 0)
 			CHECK_FOR_INTERRUPTS();
@@ -903,6 +914,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	memcpy(fill, lists->offsets, queries->n * sizeof(int64));
 	it.row = 0;
 	it.offset = 0;
+	it.value = NULL;
 	for (int64 r = 0; r < n; r++)
 	{
 		int64		at = fill[rows[r]]++;

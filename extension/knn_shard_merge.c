@@ -6,13 +6,24 @@
  *
  * Every source returned its own k best by (distance, target id), with the
  * distance the operator's value bit for bit, so the k best of the union
- * are the k best overall: sorting each query's few candidates (at most
- * sources x k) is all the merge needs.
+ * are the k best overall. Each source's list of a query comes in that
+ * order already (knn_join's rank order), so the merge takes the best head
+ * of the sources' lists, `limit` times: no sort, and a query's candidates
+ * are read once. A list out of that order (a shard is not trusted to keep
+ * it) makes that query's candidates go through a sort instead. Both ways
+ * give the same rows in the same order, also for candidates equal by
+ * (distance, target id) (a target id in two sources; the distances may
+ * differ in the sign of a zero): the first source's, then its list's
+ * first, as the merge takes them.
  */
 #include "postgres.h"
 
 #include <math.h>
 
+#include "access/htup_details.h"
+#include "access/tupmacs.h"
+#include "catalog/pg_type.h"
+#include "executor/tuptable.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "common/jsonapi.h"
@@ -32,24 +43,183 @@ typedef struct Candidate
 {
 	double		distance;
 	int64		target_id;
+	int64		from;			/* for the sort: its source's rank, then its place in that list */
 } Candidate;
 
-/* (distance, target id), NaN after every number as PostgreSQL sorts float8. */
+/* (distance, target id), NaN after every number, as PostgreSQL sorts float8. */
+static inline int
+compare_pairs(double x_distance, int64 x_target, double y_distance, int64 y_target)
+{
+	bool		x_nan = isnan(x_distance);
+	bool		y_nan = isnan(y_distance);
+
+	if (x_nan != y_nan)
+		return x_nan ? 1 : -1;
+	if (!x_nan && x_distance != y_distance)
+		return x_distance < y_distance ? -1 : 1;
+	if (x_target != y_target)
+		return x_target < y_target ? -1 : 1;
+	return 0;
+}
+
 static int
 compare_candidates(const void *a, const void *b)
 {
 	const Candidate *x = (const Candidate *) a;
 	const Candidate *y = (const Candidate *) b;
-	bool		x_nan = isnan(x->distance);
-	bool		y_nan = isnan(y->distance);
 
-	if (x_nan != y_nan)
-		return x_nan ? 1 : -1;
-	if (!x_nan && x->distance != y->distance)
-		return x->distance < y->distance ? -1 : 1;
-	if (x->target_id != y->target_id)
-		return x->target_id < y->target_id ? -1 : 1;
-	return 0;
+	int			c = compare_pairs(x->distance, x->target_id, y->distance, y->target_id);
+
+	if (c != 0 || x->from == y->from)
+		return c;
+	return x->from < y->from ? -1 : 1;
+}
+
+/* Is the source's list of query q in (distance, target id) order? */
+static bool
+list_in_order(const KnnShardLists *source, int64 q)
+{
+	for (int64 i = source->offsets[q] + 1; i < source->offsets[q + 1]; i++)
+		if (compare_pairs(source->distances[i - 1], source->target_ids[i - 1],
+						  source->distances[i], source->target_ids[i]) > 0)
+			return false;
+	return true;
+}
+
+/*
+ * Query q's best `limit` candidates (all with limit < 0) into candidates,
+ * in order; their number. heads: room for a position per source.
+ */
+static int64
+merge_query(const KnnShardLists *sources, int n_sources, int64 q, int64 limit,
+			Candidate *candidates, int64 *heads)
+{
+	int64		n = 0;
+	bool		in_order = true;
+
+	for (int s = 0; s < n_sources; s++)
+	{
+		heads[s] = sources[s].offsets[q];
+		n += sources[s].offsets[q + 1] - heads[s];
+		in_order = in_order && list_in_order(&sources[s], q);
+	}
+	if (limit >= 0)
+		n = Min(n, limit);
+	if (!in_order)
+	{
+		int64		all = 0;
+
+		for (int s = 0; s < n_sources; s++)
+			for (int64 i = sources[s].offsets[q]; i < sources[s].offsets[q + 1]; i++)
+			{
+				candidates[all].distance = sources[s].distances[i];
+				candidates[all].target_id = sources[s].target_ids[i];
+				candidates[all].from = all;
+				all++;
+			}
+		qsort(candidates, all, sizeof(Candidate), compare_candidates);
+		return n;
+	}
+	for (int64 r = 0; r < n; r++)
+	{
+		int			best = -1;
+
+		/* the first source's head wins a tie: the sources' order, as the sort keeps it */
+		for (int s = 0; s < n_sources; s++)
+			if (heads[s] < sources[s].offsets[q + 1] &&
+				(best < 0 ||
+				 compare_pairs(sources[s].distances[heads[s]], sources[s].target_ids[heads[s]],
+							   sources[best].distances[heads[best]],
+							   sources[best].target_ids[heads[best]]) < 0))
+				best = s;
+		candidates[r].distance = sources[best].distances[heads[best]];
+		candidates[r].target_id = sources[best].target_ids[heads[best]];
+		heads[best]++;
+	}
+	return n;
+}
+
+/*
+ * The merge's rows into the tuplestore as copies of one minimal tuple whose
+ * four fixed-width fields are overwritten per row: a copy is a palloc and a
+ * memcpy, where tuplestore_putvalues forms each tuple field by field (most
+ * of the merge's time, perf). Only for knn_join's own row type (int8, int8,
+ * int4, float8, all by value); any other through tuplestore_putvalues.
+ */
+typedef struct RowWriter
+{
+	ReturnSetInfo *rsinfo;
+	TupleTableSlot *slot;		/* holding `tuple`; NULL: tuplestore_putvalues */
+	MinimalTuple tuple;
+	char	   *fields[4];		/* each field's bytes in `tuple` */
+} RowWriter;
+
+static void
+row_writer_begin(RowWriter *w, ReturnSetInfo *rsinfo)
+{
+	static const Oid types[4] = {INT8OID, INT8OID, INT4OID, FLOAT8OID};
+	TupleDesc	desc = rsinfo->setDesc;
+	Datum		values[4] = {0, 0, 0, 0};
+	bool		nulls[4] = {false, false, false, false};
+	char	   *data;
+	Size		offset = 0;
+
+	w->rsinfo = rsinfo;
+	w->slot = NULL;
+	if (desc->natts != 4)
+		return;
+	for (int i = 0; i < 4; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || att->atttypid != types[i] || !att->attbyval ||
+			att->attlen != (i == 2 ? 4 : 8))
+			return;
+	}
+	w->tuple = heap_form_minimal_tuple(desc, values, nulls);
+	/* the fields where heap_fill_tuple put them: no nulls, each at its alignment */
+	data = (char *) w->tuple + w->tuple->t_hoff - MINIMAL_TUPLE_OFFSET;
+	for (int i = 0; i < 4; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		offset = att_align_nominal(offset, att->attalign);
+		w->fields[i] = data + offset;
+		offset += att->attlen;
+	}
+	w->slot = MakeSingleTupleTableSlot(desc, &TTSOpsMinimalTuple);
+	ExecStoreMinimalTuple(w->tuple, w->slot, false);
+}
+
+static void
+row_writer_put(RowWriter *w, int64 query_id, int64 target_id, int32 rank, double distance)
+{
+	if (w->slot == NULL)
+	{
+		Datum		values[4];
+		bool		nulls[4] = {false, false, false, false};
+
+		values[0] = Int64GetDatum(query_id);
+		values[1] = Int64GetDatum(target_id);
+		values[2] = Int32GetDatum(rank);
+		values[3] = Float8GetDatum(distance);
+		tuplestore_putvalues(w->rsinfo->setResult, w->rsinfo->setDesc, values, nulls);
+		return;
+	}
+	memcpy(w->fields[0], &query_id, sizeof(query_id));
+	memcpy(w->fields[1], &target_id, sizeof(target_id));
+	memcpy(w->fields[2], &rank, sizeof(rank));
+	memcpy(w->fields[3], &distance, sizeof(distance));
+	tuplestore_puttupleslot(w->rsinfo->setResult, w->slot);
+}
+
+static void
+row_writer_end(RowWriter *w)
+{
+	if (w->slot == NULL)
+		return;
+	ExecDropSingleTupleTableSlot(w->slot);
+	pfree(w->tuple);
 }
 
 int64
@@ -59,6 +229,8 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 {
 	int64		most = 0;
 	Candidate  *candidates;
+	int64	   *heads;
+	RowWriter	writer = {NULL, NULL, NULL, {NULL}};
 	int64		emitted = 0;
 
 	for (int64 q = 0; q < n_queries; q++)
@@ -70,21 +242,14 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 		most = Max(most, n);
 	}
 	candidates = palloc_extended(Max(most, 1) * sizeof(Candidate), MCXT_ALLOC_HUGE);
+	heads = palloc(Max(n_sources, 1) * sizeof(int64));
+	if (packed == NULL)
+		row_writer_begin(&writer, rsinfo);
 
 	for (int64 q = 0; q < n_queries; q++)
 	{
-		int64		n = 0;
+		int64		n = merge_query(sources, n_sources, q, limit, candidates, heads);
 
-		for (int s = 0; s < n_sources; s++)
-			for (int64 i = sources[s].offsets[q]; i < sources[s].offsets[q + 1]; i++)
-			{
-				candidates[n].distance = sources[s].distances[i];
-				candidates[n].target_id = sources[s].target_ids[i];
-				n++;
-			}
-		qsort(candidates, n, sizeof(Candidate), compare_candidates);
-		if (limit >= 0)
-			n = Min(n, limit);
 		if (n > PG_INT32_MAX)
 			ereport(ERROR,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -92,25 +257,20 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 					 errhint("Cap the pairs per query with k.")));
 		for (int64 r = 0; r < n; r++)
 		{
-			Datum		values[4];
-			bool		nulls[4] = {false, false, false, false};
-
 			if (packed != NULL)
 				knn_packed_put(packed, query_ids[q], candidates[r].target_id,
 							   candidates[r].distance);
 			else
-			{
-				values[0] = Int64GetDatum(query_ids[q]);
-				values[1] = Int64GetDatum(candidates[r].target_id);
-				values[2] = Int32GetDatum((int32) (r + 1));
-				values[3] = Float8GetDatum(candidates[r].distance);
-				tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
-			}
+				row_writer_put(&writer, query_ids[q], candidates[r].target_id, (int32) (r + 1),
+							   candidates[r].distance);
 			if (++emitted % MERGE_SLICE == 0)
 				CHECK_FOR_INTERRUPTS();
 		}
 	}
+	if (packed == NULL)
+		row_writer_end(&writer);
 	pfree(candidates);
+	pfree(heads);
 	return emitted;
 }
 

@@ -249,7 +249,8 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 	uint16		unused16;
 	int			dim;
 	int			present;		/* whole elements in the value, up to dim */
-	bool		finite = true;
+	uint32		not_finite = 0;
+	char	   *dest;
 	KnnVectorView view;
 
 	if (n < 4)
@@ -272,9 +273,19 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 
 	data += 4;
 	present = Min(dim, (n - 4) / size);
+
+	/*
+	 * Straight into the matrix's next row (the bits the matrix's reader,
+	 * which copies the elements as they are, would put there), counted only
+	 * once every check passed; into decoded_row where the dimension is not
+	 * the matrix's (knn_matrix_append_view then raises the mismatch).
+	 */
+	dest = knn_matrix_reserve_row(&s->matrix, dim);
+	if (dest == NULL)
+		dest = s->decoded_row;
 	if (half)
 	{
-		uint16	   *out = (uint16 *) s->decoded_row;
+		uint16	   *out = (uint16 *) dest;
 
 		for (int i = 0; i < present; i++)
 		{
@@ -282,13 +293,13 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 
 			memcpy(&h, data + 2 * (Size) i, sizeof(h));
 			h = pg_ntoh16(h);
-			finite &= (h & 0x7C00) != 0x7C00;
+			not_finite |= (h & 0x7C00) == 0x7C00;
 			out[i] = h;
 		}
 	}
 	else
 	{
-		uint32	   *out = (uint32 *) s->decoded_row;
+		uint32	   *out = (uint32 *) dest;
 
 		for (int i = 0; i < present; i++)
 		{
@@ -296,11 +307,11 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 
 			memcpy(&f, data + 4 * (Size) i, sizeof(f));
 			f = pg_ntoh32(f);
-			finite &= (f & 0x7F800000) != 0x7F800000;
+			not_finite |= (f & 0x7F800000) == 0x7F800000;
 			out[i] = f;
 		}
 	}
-	if (!finite)
+	if (not_finite)
 	{
 		/* the first element the receive function would refuse */
 		for (int i = 0; i < present; i++)
@@ -309,7 +320,7 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 
 			if (half)
 			{
-				uint16		h = ((uint16 *) s->decoded_row)[i];
+				uint16		h = ((uint16 *) dest)[i];
 
 				if ((h & 0x7C00) != 0x7C00)
 					continue;
@@ -317,7 +328,7 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 			}
 			else
 			{
-				float		f = ((float *) s->decoded_row)[i];
+				float		f = ((float *) dest)[i];
 
 				if (isfinite(f))
 					continue;
@@ -334,6 +345,11 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 	if (n != 4 + size * dim)
 		malformed(row, "has bytes after its vector's send form", n - 4 - size * dim);
 
+	if (dest != s->decoded_row)
+	{
+		knn_matrix_commit_row(&s->matrix, id);
+		return;
+	}
 	view.dim = dim;
 	view.elements = s->decoded_row;
 	knn_matrix_append_view(&s->matrix, id, &view, s->reader);

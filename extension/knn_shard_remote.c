@@ -35,6 +35,7 @@
 #include "postgres.h"
 
 #include <dlfcn.h>
+#include <sys/socket.h>
 
 #include "catalog/pg_type.h"
 #include "fmgr.h"
@@ -87,6 +88,7 @@ typedef struct pg_result PGresult;
 #define PGRES_COMMAND_OK 1
 #define PGRES_TUPLES_OK 2
 #define PGRES_COPY_IN 4
+#define PGRES_PIPELINE_SYNC 10
 
 struct KnnShardResult
 {
@@ -110,6 +112,11 @@ static struct
 									  const Oid *paramTypes, const char *const *paramValues,
 									  const int *paramLengths, const int *paramFormats,
 									  int resultFormat);
+	int			(*PQsendPrepare) (PGconn *conn, const char *stmtName, const char *query,
+								  int nParams, const Oid *paramTypes);
+	int			(*PQsendQueryPrepared) (PGconn *conn, const char *stmtName, int nParams,
+										const char *const *paramValues, const int *paramLengths,
+										const int *paramFormats, int resultFormat);
 	PGresult   *(*PQgetResult) (PGconn *conn);
 	int			(*PQresultStatus) (const PGresult *res);
 	int			(*PQntuples) (const PGresult *res);
@@ -127,6 +134,11 @@ static struct
 	int			(*PQisBusy) (PGconn *conn);
 	int			(*PQsocket) (const PGconn *conn);
 	char	   *(*PQerrorMessage) (const PGconn *conn);
+	/* pipeline mode: libpq 14 and later (NULL without it: one block in flight) */
+	int			(*PQenterPipelineMode) (PGconn *conn);
+	int			(*PQexitPipelineMode) (PGconn *conn);
+	int			(*PQpipelineSync) (PGconn *conn);
+	int			(*PQsendFlushRequest) (PGconn *conn);
 } fdw;
 
 static void *
@@ -167,6 +179,8 @@ load_functions(void)
 				 errmsg("knn_join: postgres_fdw is loaded without %s", LIBPQ_SONAME)));
 	fdw.PQsendQuery = libpq_function(libpq, "PQsendQuery");
 	fdw.PQsendQueryParams = libpq_function(libpq, "PQsendQueryParams");
+	fdw.PQsendPrepare = libpq_function(libpq, "PQsendPrepare");
+	fdw.PQsendQueryPrepared = libpq_function(libpq, "PQsendQueryPrepared");
 	fdw.PQgetResult = libpq_function(libpq, "PQgetResult");
 	fdw.PQresultStatus = libpq_function(libpq, "PQresultStatus");
 	fdw.PQntuples = libpq_function(libpq, "PQntuples");
@@ -184,6 +198,12 @@ load_functions(void)
 	fdw.PQisBusy = libpq_function(libpq, "PQisBusy");
 	fdw.PQsocket = libpq_function(libpq, "PQsocket");
 	fdw.PQerrorMessage = libpq_function(libpq, "PQerrorMessage");
+	fdw.PQenterPipelineMode = dlsym(libpq, "PQenterPipelineMode");
+	fdw.PQexitPipelineMode = dlsym(libpq, "PQexitPipelineMode");
+	fdw.PQpipelineSync = dlsym(libpq, "PQpipelineSync");
+	fdw.PQsendFlushRequest = dlsym(libpq, "PQsendFlushRequest");
+	if (!fdw.PQexitPipelineMode || !fdw.PQpipelineSync || !fdw.PQsendFlushRequest)
+		fdw.PQenterPipelineMode = NULL;
 	/* dlopen took a reference; the library stays loaded with postgres_fdw */
 	dlclose(libpq);
 	fdw.loaded = true;
@@ -269,7 +289,10 @@ static const char remote_check_sql[] =
 	REMOTE_CALLABLE_SQL("knn_shard_receive_queries(bigint,regtype,bytea)") " AND "
 	REMOTE_CALLABLE_SQL("knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_prefetch_targets(bigint,regtype,text,text)") " AND "
-	REMOTE_CALLABLE_SQL("knn_shard_drop_targets(bigint)") " "
+	REMOTE_CALLABLE_SQL("knn_shard_drop_targets(bigint)") ", "
+	/* the two types' OIDs there: the blocks name their type by OID, in binary */
+	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ")::pg_catalog.oid, "
+	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -277,6 +300,12 @@ static char *
 text_value(PGresult *res, int field)
 {
 	return fdw.PQgetisnull(res, 0, field) ? NULL : pstrdup(fdw.PQgetvalue(res, 0, field));
+}
+
+static Oid
+remote_oid(const char *text)
+{
+	return DatumGetObjectId(DirectFunctionCall1(oidin, CStringGetDatum(text)));
 }
 
 const char *
@@ -287,13 +316,20 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	char	   *remote_version;
 	char	   *vector_type;
 	char	   *halfvec_type;
+	char	   *vector_oid;
+	char	   *halfvec_oid;
 	bool		has_join;
 
 	WITH_SHARD_CONTEXT(shard);
 	load_functions();
-	shard->conn = fdw.GetConnection(shard->user, false, &shard->conn_state);
+	/*
+	 * will_prep_stmt: the blocks go through a statement prepared there
+	 * (knn_shard_remote_ship_blocks), which postgres_fdw's cleanup after an
+	 * error deallocates.
+	 */
+	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 10)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 12)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -309,6 +345,8 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->has_received_join = strcmp(fdw.PQgetvalue(res, 0, 7), "t") == 0;
 	shard->has_received_range_join = strcmp(fdw.PQgetvalue(res, 0, 8), "t") == 0;
 	shard->has_prefetch = strcmp(fdw.PQgetvalue(res, 0, 9), "t") == 0;
+	vector_oid = text_value(res, 10);
+	halfvec_oid = text_value(res, 11);
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -317,12 +355,22 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	else if (!has_join)
 		why = "knn_gpu there has no knn_join(text, text, integer, text, boolean, text)";
 	else if (element == KNN_ELEMENT_FLOAT32)
+	{
 		shard->query_type = vector_type;
+		shard->query_type_oid = vector_oid ? remote_oid(vector_oid) : InvalidOid;
+	}
 	else if (element == KNN_ELEMENT_FLOAT16)
+	{
 		shard->query_type = halfvec_type;
+		shard->query_type_oid = halfvec_oid ? remote_oid(halfvec_oid) : InvalidOid;
+	}
 	else
+	{
 		shard->query_type = pstrdup("pg_catalog.varbit");
-	if (why == NULL && shard->query_type == NULL)
+		/* a built-in type: the same OID on every server */
+		shard->query_type_oid = VARBITOID;
+	}
+	if (why == NULL && (shard->query_type == NULL || !OidIsValid(shard->query_type_oid)))
 		why = psprintf("it has no %s type", element == KNN_ELEMENT_FLOAT16 ? "halfvec" : "vector");
 	END_SHARD_CONTEXT();
 	return why;
@@ -656,11 +704,21 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 /* ---- shipping in blocks into the shards' memory (knn_shard_receive.h) ---- */
 
 /*
- * Blocks kept encoded for shards that have not sent them yet: each shard
- * gets its next block as soon as it has answered its last one, so a fast
- * shard does not wait for a slow one, up to this many blocks ahead of it.
+ * Blocks a shard may have unanswered at once: its connection is in libpq's
+ * pipeline mode, so the next block travels while the shard reads the one
+ * before, rather than after its answer. (Only one block is queued in libpq
+ * at a time: libpq moves what is left of its buffer to the front after
+ * every partial send.)
  */
-#define SHIP_BLOCKS_AHEAD 4
+#define SHIP_IN_FLIGHT 2
+
+/*
+ * Blocks kept encoded for shards that have not sent them yet: each shard
+ * gets its next block as soon as it has fewer than SHIP_IN_FLIGHT
+ * unanswered, so a fast shard does not wait for a slow one, up to this many
+ * blocks ahead of it.
+ */
+#define SHIP_BLOCKS_AHEAD (SHIP_IN_FLIGHT + 3)
 
 typedef struct ShipBlock
 {
@@ -668,38 +726,62 @@ typedef struct ShipBlock
 	int64		end_row;		/* the rows of this block and all before it */
 } ShipBlock;
 
-/* One shard's progress through the blocks; at most one block in flight. */
+/*
+ * The statement each shard runs per block, prepared there once per set:
+ * a statement of its own (the unnamed one would be parsed, planned with
+ * the block folded into a constant and the plan copied, for every block:
+ * three more copies of each block on the shard), named after the set,
+ * which is unique per connection, so that no other statement there (of
+ * postgres_fdw's, or of another set's, a connection outlives its queries)
+ * has the name. Deallocated once the set is shipped; after an error,
+ * postgres_fdw's cleanup deallocates it (GetConnection's will_prep_stmt).
+ */
+typedef struct ShipStatement
+{
+	char	   *name;
+	char	   *sql;
+	/* its first two parameters' send forms (int8 set, regtype oid) */
+	char		set_send[8];
+	char		type_send[4];
+} ShipStatement;
+
+/* One shard's progress through the blocks; at most SHIP_IN_FLIGHT in flight (1 without pipeline mode). */
 typedef struct ShipProgress
 {
 	int64		sent;			/* blocks handed to libpq */
 	int64		answered;		/* blocks whose answer was read */
-	int64		expected;		/* rows the shard must hold after the block in flight */
-	bool		unsent_bytes;	/* libpq still holds bytes of it */
+	int64		expected[SHIP_IN_FLIGHT];	/* rows the shard must hold after each block in flight */
+	bool		unsent_bytes;	/* libpq still holds bytes of them */
+	bool		pipelined;		/* the connection is in pipeline mode */
+	int			old_send_buffer;	/* SO_SNDBUF before widen_send_buffer, or -1 */
 } ShipProgress;
 
-/* Hands block `b` to libpq (it keeps a copy) and sends what the socket takes. */
+/*
+ * Hands block `b` to libpq (it keeps a copy) and sends what the socket
+ * takes: an execution of the statement prepared there (ship_statement),
+ * every parameter in binary.
+ */
 static void
-send_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, const ShipBlock *b)
+send_block(KnnShardRemote *shard, ShipProgress *p, const ShipStatement *st, const ShipBlock *b)
 {
-	static const Oid types[3] = {INT8OID, REGTYPEOID, BYTEAOID};
-	static const int formats[3] = {0, 0, 1};
-	char	   *set = psprintf(INT64_FORMAT, shard->received_set);
-	const char *values[3] = {set, shard->query_type, b->data.data};
-	int			lengths[3] = {0, 0, b->data.len};
+	static const int formats[3] = {1, 1, 1};
+	const char *values[3] = {st->set_send, st->type_send, b->data.data};
+	int			lengths[3] = {sizeof(st->set_send), sizeof(st->type_send), b->data.len};
 
 	WITH_SHARD_CONTEXT(shard);
-	if (!fdw.PQsendQueryParams(shard->conn, sql, 3, types, values, lengths, formats, 0))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	/* in pipeline mode, the flush request makes the shard answer now, not at a sync */
+	if (!fdw.PQsendQueryPrepared(shard->conn, st->name, 3, values, lengths, formats, 0) ||
+		(p->pipelined && !fdw.PQsendFlushRequest(shard->conn)))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, st->sql);
 	END_SHARD_CONTEXT();
-	pfree(set);
+	p->expected[p->sent % SHIP_IN_FLIGHT] = b->end_row;
 	p->sent++;
-	p->expected = b->end_row;
 }
 
 /*
- * Moves the shard's block in flight along: sends what libpq holds of it,
- * reads its answer once it is there (the rows the shard holds: all sent so
- * far). True when the answer was read.
+ * Moves the shard's blocks in flight along: sends what libpq holds of them,
+ * reads the oldest one's answer once it is there (the rows the shard holds:
+ * all of that block and before). True when an answer was read.
  */
 static bool
 advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
@@ -717,25 +799,78 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
 		END_SHARD_CONTEXT();
 		return false;
 	}
-	/* its result is here; the rest (the end of the call) follows at once */
+	/* its result is here; the rest (the end of that call's results) follows at once */
 	res = fdw.pgfdw_get_result(shard->conn, sql);
 	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
 	held = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0) ?
 		pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
 	fdw.PQclear(res);
-	if (held != p->expected)
+	if (held != p->expected[p->answered % SHIP_IN_FLIGHT])
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_ERROR),
 				 errmsg("%s: foreign server \"%s\" holds " INT64_FORMAT " query rows of the " INT64_FORMAT " sent",
-						shard->who, shard->server->servername, held, p->expected)));
+						shard->who, shard->server->servername, held,
+						p->expected[p->answered % SHIP_IN_FLIGHT])));
 	END_SHARD_CONTEXT();
 	p->answered++;
 	return true;
 }
 
 /*
- * After an error here, sends what is still queued (the rest of a block's
+ * Ends a connection's pipeline: a sync, its results read up to the sync's
+ * (any left by blocks an error skipped), then out of pipeline mode. Waits
+ * interruptibly, or (after an error) until deadline only. False where that
+ * did not come to pass (the connection is left to postgres_fdw's cleanup,
+ * which then gives it up).
+ */
+static bool
+leave_pipeline(KnnShardRemote *shard, bool interruptible, TimestampTz deadline)
+{
+	PGconn	   *conn = shard->conn;
+
+	if (fdw.PQpipelineSync(conn) != 1)
+		return false;
+	for (;;)
+	{
+		int			rc = fdw.PQflush(conn);
+
+		if (rc < 0 || !fdw.PQconsumeInput(conn))
+			return false;
+		/* two NULLs in a row: nothing more to read now */
+		for (int ends = 0; ends < 2 && !fdw.PQisBusy(conn);)
+		{
+			PGresult   *res = fdw.PQgetResult(conn);
+			int			status;
+
+			if (res == NULL)
+			{
+				ends++;
+				continue;
+			}
+			ends = 0;
+			status = fdw.PQresultStatus(res);
+			fdw.PQclear(res);
+			if (status == PGRES_PIPELINE_SYNC)
+				return fdw.PQexitPipelineMode(conn) == 1;
+		}
+		if (!interruptible && GetCurrentTimestamp() >= deadline)
+			return false;
+		(void) WaitLatchOrSocket(interruptible ? MyLatch : NULL,
+								 (interruptible ? WL_LATCH_SET : 0) | WL_SOCKET_READABLE |
+								 (rc == 1 ? WL_SOCKET_WRITEABLE : 0) | WL_TIMEOUT |
+								 WL_EXIT_ON_PM_DEATH,
+								 fdw.PQsocket(conn), 100L, PG_WAIT_EXTENSION);
+		if (interruptible)
+		{
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+}
+
+/*
+ * After an error here, ends the pipeline, sends what is still queued (the rest of a block's
  * message: a shard reading a message does not see a cancel), ignoring
  * interrupts but not past deadline (one for all shards), and makes the
  * connection blocking again: postgres_fdw's abort cleanup then reads the
@@ -744,9 +879,14 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
  * stalled shard) is left to that cleanup, which gives the connection up.
  */
 static void
-fail_blocks(KnnShardRemote *shard, TimestampTz deadline)
+fail_blocks(KnnShardRemote *shard, ShipProgress *p, TimestampTz deadline)
 {
 	shard->sending = false;
+	if (p->pipelined)
+	{
+		p->pipelined = false;
+		(void) leave_pipeline(shard, false, deadline);
+	}
 	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
 								 WL_EXIT_ON_PM_DEATH,
@@ -754,12 +894,87 @@ fail_blocks(KnnShardRemote *shard, TimestampTz deadline)
 	(void) fdw.PQsetnonblocking(shard->conn, 0);
 }
 
+/*
+ * A local shard's socket (Unix-domain) takes a whole block per send once
+ * its send buffer holds one: libpq moves what is left of its buffer to the
+ * front after every partial send, so a 1 MB block through the default
+ * 208 kB buffer cost some 2.5 MB of moves here (perf). Raised for the
+ * shipping (as far as net.core.wmem_max lets it), put back after; a TCP
+ * socket is left alone (setting its size would end the kernel's own
+ * tuning of it). The size before, or -1 where it was not changed.
+ */
+static int
+widen_send_buffer(int sock)
+{
+	struct sockaddr_storage addr;
+	socklen_t	len = sizeof(addr);
+	int			old;
+	socklen_t	old_len = sizeof(old);
+	int			wanted = 2 * SHIP_BLOCK_BYTES;
+
+	if (sock < 0 || getsockname(sock, (struct sockaddr *) &addr, &len) != 0 ||
+		addr.ss_family != AF_UNIX ||
+		getsockopt(sock, SOL_SOCKET, SO_SNDBUF, &old, &old_len) != 0 || old >= wanted ||
+		setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &wanted, sizeof(wanted)) != 0)
+		return -1;
+	return old;
+}
+
+static void
+restore_send_buffer(int sock, ShipProgress *p)
+{
+	/* the kernel doubles what it is given (getsockopt returned the doubled size) */
+	int			size = p->old_send_buffer / 2;
+
+	if (p->old_send_buffer >= 0 && sock >= 0)
+		(void) setsockopt(sock, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
+	p->old_send_buffer = -1;
+}
+
+static void
+ship_statement_init(KnnShardRemote *shard, ShipStatement *st)
+{
+	uint64		set = pg_hton64((uint64) shard->received_set);
+	uint32		type = pg_hton32(shard->query_type_oid);
+
+	st->name = psprintf("knn_gpu_receive_queries_" INT64_FORMAT, shard->received_set);
+	st->sql = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shard->knn_schema);
+	memcpy(st->set_send, &set, sizeof(set));
+	memcpy(st->type_send, &type, sizeof(type));
+}
+
+/* Prepares each shard's statement, all shards at once. */
+static void
+ship_statement_prepare(KnnShardRemote **shards, int n_shards, ShipStatement *st)
+{
+	static const Oid types[3] = {INT8OID, REGTYPEOID, BYTEAOID};
+
+	for (int s = 0; s < n_shards; s++)
+	{
+		WITH_SHARD_CONTEXT(shards[s]);
+		if (!fdw.PQsendPrepare(shards[s]->conn, st[s].name, st[s].sql, 3, types))
+			fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
+		END_SHARD_CONTEXT();
+	}
+	for (int s = 0; s < n_shards; s++)
+	{
+		PGresult   *res;
+
+		WITH_SHARD_CONTEXT(shards[s]);
+		res = fdw.pgfdw_get_result(shards[s]->conn, st[s].sql);
+		if (fdw.PQresultStatus(res) != PGRES_COMMAND_OK)
+			fdw.pgfdw_report_error(ERROR, res, shards[s]->conn, true, st[s].sql);
+		fdw.PQclear(res);
+		END_SHARD_CONTEXT();
+	}
+}
+
 void
 knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
 {
 	ShipBlock	blocks[SHIP_BLOCKS_AHEAD];
 	ShipProgress *progress = palloc0(n_shards * sizeof(ShipProgress));
-	const char **sql = palloc(n_shards * sizeof(char *));
+	ShipStatement *st = palloc0(n_shards * sizeof(ShipStatement));
 	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
 	instr_time	start;
 	/* where the coordinator's time goes, for DEBUG1 */
@@ -772,13 +987,17 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
 		initStringInfo(&blocks[i].data);
 	for (int s = 0; s < n_shards; s++)
-		sql[s] = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shards[s]->knn_schema);
+	{
+		ship_statement_init(shards[s], &st[s]);
+		progress[s].old_send_buffer = -1;
+	}
 	PG_TRY();
 	{
 		int64		r = 0;
 		int64		encoded = 0;	/* blocks */
 		instr_time	phase;
 
+		ship_statement_prepare(shards, n_shards, st);
 		/* the latch (a cancel), the postmaster, then each shard's socket at 2 + s */
 		events = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
 		AddWaitEventToSet(events, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
@@ -787,8 +1006,11 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
 			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
 			shards[s]->sending = true;
+			progress[s].pipelined = fdw.PQenterPipelineMode != NULL &&
+				fdw.PQenterPipelineMode(shards[s]->conn) == 1;
+			progress[s].old_send_buffer = widen_send_buffer(fdw.PQsocket(shards[s]->conn));
 			AddWaitEventToSet(events, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
 			END_SHARD_CONTEXT();
 		}
@@ -824,12 +1046,13 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 			{
 				ShipProgress *p = &progress[s];
 
-				if (advance_block(shards[s], p, sql[s]))
+				if (advance_block(shards[s], p, st[s].sql))
 					moved = true;
-				if (p->answered == p->sent && p->sent < encoded)
+				while (p->sent - p->answered < (p->pipelined ? SHIP_IN_FLIGHT : 1) &&
+					   p->sent < encoded && !p->unsent_bytes)
 				{
-					send_block(shards[s], p, sql[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
-					(void) advance_block(shards[s], p, sql[s]);
+					send_block(shards[s], p, &st[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
+					(void) advance_block(shards[s], p, st[s].sql);
 					moved = true;
 				}
 				done = done && p->answered == encoded;
@@ -857,10 +1080,19 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 		for (int s = 0; s < n_shards; s++)
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
+			if (progress[s].pipelined)
+			{
+				if (!leave_pipeline(shards[s], true, 0))
+					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
+				progress[s].pipelined = false;
+			}
 			/* every block was answered, so nothing is left unsent: this switch cannot fail on a flush */
 			shards[s]->sending = false;
+			restore_send_buffer(fdw.PQsocket(shards[s]->conn), &progress[s]);
 			if (fdw.PQsetnonblocking(shards[s]->conn, 0) != 0)
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sql[s]);
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
+			fdw.PQclear(exec_checked(shards[s], psprintf("DEALLOCATE %s", st[s].name),
+									 PGRES_COMMAND_OK));
 			END_SHARD_CONTEXT();
 		}
 	}
@@ -872,8 +1104,11 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 		if (events != NULL)
 			FreeWaitEventSet(events);
 		for (int s = 0; s < n_shards; s++)
+		{
 			if (shards[s]->sending)
-				fail_blocks(shards[s], deadline);
+				fail_blocks(shards[s], &progress[s], deadline);
+			restore_send_buffer(fdw.PQsocket(shards[s]->conn), &progress[s]);
+		}
 		PG_RE_THROW();
 	}
 	PG_END_TRY();

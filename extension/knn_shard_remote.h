@@ -29,6 +29,7 @@ typedef struct KnnShardRemote
 	void	   *conn_state;		/* postgres_fdw's PgFdwConnState */
 	char	   *knn_schema;		/* knn_gpu's schema there, quoted */
 	char	   *query_type;		/* knn_join's query vectors' type there */
+	Oid			query_type_oid; /* ... its OID there (the blocks' type parameter) */
 	bool		has_packed_join;	/* knn_join_packed() there (knn_shard_packed.h) */
 	bool		has_received_join;	/* knn_shard_receive_queries() and
 									 * knn_join_received_packed() there */

@@ -179,6 +179,11 @@ CREATE FOREIGN TABLE shard1_contexts (name text)
   SERVER shard1 OPTIONS (schema_name 'pg_catalog', table_name 'pg_backend_memory_contexts');
 CREATE FOREIGN TABLE shard2_contexts (name text)
   SERVER shard2 OPTIONS (schema_name 'pg_catalog', table_name 'pg_backend_memory_contexts');
+-- ... and the statements prepared on the coordinator's connections (the shipping's)
+CREATE FOREIGN TABLE shard1_prepared (name text)
+  SERVER shard1 OPTIONS (schema_name 'pg_catalog', table_name 'pg_prepared_statements');
+CREATE FOREIGN TABLE shard2_prepared (name text)
+  SERVER shard2 OPTIONS (schema_name 'pg_catalog', table_name 'pg_prepared_statements');
 ANALYZE;
 EOF
 sql 1 -c "ANALYZE" && sql 2 -c "ANALYZE"
@@ -259,6 +264,20 @@ compare "a shard without knn_join_packed: rows, merged with the other's packed v
   "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
 check "... its remote SQL is knn_join's" "$(printf 't\nshard1|memory, packed\nshard2|table, rows')" "$(how_shards_join)"
 back_on_shard2 knn_join_packed "text, text, integer, text, boolean, text"
+# A shard returning each query's pairs out of rank order (here reversed): the
+# merge, which takes the lists' heads, sorts that query's candidates instead.
+sql 2 -q -c "ALTER FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text) RENAME TO knn_join_received_packed_real" \
+  -c "CREATE FUNCTION knn_join_received_packed(s bigint, t text, k integer, m text, x boolean, how text) RETURNS SETOF bytea
+      LANGUAGE sql SET search_path FROM CURRENT AS \$\$ SELECT string_agg(substr(p, 1 + 24 * i, 24), ''::bytea ORDER BY substr(p, 1 + 24 * i, 8), n DESC, i DESC)
+        FROM knn_join_received_packed_real(s, t, k, m, x, how) WITH ORDINALITY v(p, n), generate_series(0, length(p) / 24 - 1) i \$\$"
+compare "a shard returning each query's pairs in reverse rank order: the same rows" "$V" \
+  "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 5 l2 false 2
+compare "... with NaN distances, ties by target id" "$ZERO" \
+  "SELECT id, v FROM items_h" "SELECT id, v FROM items_all" 6 cosine false 2
+sql 2 -q -c "DROP FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text)" \
+  -c "ALTER FUNCTION knn_join_received_packed_real(bigint, text, integer, text, boolean, text) RENAME TO knn_join_received_packed"
+check "the shipping's prepared statements are gone after the joins" "0|0" \
+  "$(sql 0 -c "SELECT (SELECT count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%') || '|' || (SELECT count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%')" 2>&1)"
 check "knn_join_packed: knn_join's pairs, packed" "t" "$(sql 1 -c "SELECT (SELECT count(*) FROM knn_join_packed('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, 'l2', true, 'auto') p WHERE length(p) % 24 = 0 HAVING sum(length(p)) / 24 = (SELECT count(*) FROM knn_join('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, exclude_self => true))) = 1" 2>&1)"
 
 # ---- the query rows shipped into the shards' memory (knn_shard_receive.h) ----
@@ -878,18 +897,20 @@ SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_q
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
 SELECT 'after:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'after:' || count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'after:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
   ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 again:true " ] &&
+  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 after:0 after:0 again:true " ] &&
      ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
     ok=$((ok + 1))
   else
     echo "statement_timeout = ${t}ms (${ms} ms in all): $out"
   fi
 done
-check "statement_timeout at $points points: ends at once, nothing left behind, the session works" "$points" "$ok"
+check "statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
 check "the shards stopped working" 0 "$(active_on_shards)"
 
 # cancel_in_the_middle WHAT SQL: SQL runs until both shards work on it, is
