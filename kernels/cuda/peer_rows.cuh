@@ -17,9 +17,8 @@
 // failed first); the offer closes when all have offered, and the members
 // share only if all offered buffers of the same shape and every GPU can
 // read every other's memory. Otherwise each uploads everything itself.
-// An offering engine never waits for long: the caller's cancel (or another
-// engine's failure) ends the wait, and after kPatience the offer closes
-// without sharing, as ShareVote's vote does.
+// An offering engine never waits for long (patient_wait.cuh): after a
+// cancel, a failure or kPatience the offer closes without sharing.
 //
 // Once shared, a member's buffer is read by the others: a member marks its
 // slice done (or failed: the join fails with it, and the readers stop),
@@ -36,7 +35,9 @@
 #include <mutex>
 
 #include "../knn_engine.h"
+#include "cuda_check.cuh"
 #include "cuda_engine.cuh"
+#include "patient_wait.cuh"
 
 namespace knn {
 namespace cuda {
@@ -78,14 +79,7 @@ class PeerRows {
     same_ = same_ && n_rows == n_rows_ && dim == dim_ && host == host_ && element == element_ &&
             keys == keys_;
     if (++offers_ == n_members_) close(n_members_ > 1 && same_ && reachable());
-    const auto until = std::chrono::steady_clock::now() + kPatience;
-    while (!closed_) {
-      if (ctx.cancelled() || std::chrono::steady_clock::now() >= until) {
-        close(false);
-        return ctx.cancel_point();
-      }
-      changed_.wait_for(lock, std::chrono::milliseconds(1));
-    }
+    KNN_TRY(wait_until_closed(lock, changed_, closed_, kPatience, ctx, [this] { close(false); }));
     *shared = shared_;
     return KNN_OK;
   }

@@ -26,7 +26,9 @@
 #include <mutex>
 
 #include "../knn_engine.h"
+#include "cuda_check.cuh"
 #include "cuda_engine.cuh"
+#include "patient_wait.cuh"
 
 namespace knn {
 namespace cuda {
@@ -47,14 +49,7 @@ class ShareVote {
     std::unique_lock<std::mutex> lock(mutex_);
     *agreed = false;
     if (!cast(voter, true, fingerprint)) return KNN_OK;
-    const auto until = std::chrono::steady_clock::now() + kPatience;
-    while (!closed_) {
-      if (ctx.cancelled() || std::chrono::steady_clock::now() >= until) {
-        close(false);
-        return ctx.cancel_point();
-      }
-      changed_.wait_for(lock, std::chrono::milliseconds(1));
-    }
+    KNN_TRY(wait_until_closed(lock, changed_, closed_, kPatience, ctx, [this] { close(false); }));
     *agreed = agreed_;
     return KNN_OK;
   }
