@@ -11,7 +11,8 @@
  * batches into one matrix per set (float32, float16 for halfvec, bits for
  * bit: knn_join_element), sorted by id (so the engine's
  * tie order, by row, is the order by id), handed to the engine in one
- * call, and the result is returned as a materialised set.
+ * call, and the result is returned as a materialised set, or as the
+ * engine's arrays to the custom scan that called it (knn_join_call_direct).
  *
  * The overload with a key argument takes ids of the key's type (any type
  * with a default btree ordering): they are read as values, and the engine

@@ -2,11 +2,16 @@
  * knn_join_explain.c -- the "KNN Join Function" custom scan
  * (knn_join_explain.h).
  *
- * The node has the Function Scan as its only child and returns the child's
- * slots as they are: the function, its arguments, its quals and LATERAL
- * parameters all stay the Function Scan's. knn_join materialises its
- * result on the child's first fetch of each scan, so the call finishes
- * while the node is inside that ExecProcNode(child): the node marks itself
+ * The node has the Function Scan as its only child. For knn_join's forms
+ * (one function, no ordinality; knn_gpu.direct_return on) the node calls
+ * the function itself, with the child's arguments (LATERAL parameters
+ * included), asks for the engine's arrays instead of a tuplestore
+ * (knn_join_call_direct) and returns their rows through the child's quals
+ * and target list; the child is never executed, but its instrumentation
+ * counts what it would have returned. Otherwise (knn_range_join, or
+ * knn_gpu.direct_return off) the node returns the child's slots as they
+ * are: knn_join materialises its result on the child's first fetch of each
+ * scan. Either way the call finishes inside the node, which marks itself
  * as the collector for that time (restored on every exit, so nested nodes
  * nest).
  *
@@ -40,7 +45,10 @@
 #include "knn_subtransaction.h"
 
 #define KNN_JOIN_FUNCTION_NAME "KNN Join Function"
-/* Rows returned between two looks at the interrupt flags. */
+/*
+ * Rows filtered out between two looks at the interrupt flags (each fetch
+ * looks once: ExecCustomScan).
+ */
 #define KNN_DIRECT_SLICE 4096
 
 /*

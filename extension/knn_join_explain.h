@@ -3,10 +3,11 @@
  * shows the engine's statistics.
  *
  * The planner wraps the Function Scan of a knn_join call in a Custom Scan
- * "KNN Join Function" (set_rel_pathlist_hook) that passes its rows through
- * unchanged; while it reads them, a knn_join call that finishes reports its
- * record to it, and EXPLAIN ANALYZE prints the record under the node, as
- * the KNN Join node does.
+ * "KNN Join Function" (set_rel_pathlist_hook) that returns the same rows:
+ * knn_join's straight from the engine's arrays (knn_join_call_direct),
+ * knn_range_join's from the Function Scan; a knn_join call that finishes
+ * reports its record to it, and EXPLAIN ANALYZE prints the record under
+ * the node, as the KNN Join node does.
  */
 #ifndef KNN_JOIN_EXPLAIN_H
 #define KNN_JOIN_EXPLAIN_H
