@@ -20,8 +20,6 @@ void		_PG_init(void);
 void
 _PG_init(void)
 {
-	/* before knn_settings_define reserves the prefix: knn_gpu.direct_return */
-	knn_join_explain_register();
 	knn_settings_define();
 
 	/* The GPU module (knn_gpu_cuda.so) is installed beside this library. */
@@ -30,4 +28,5 @@ _PG_init(void)
 	knn_admission_setup_probe_record();
 
 	knn_scan_register();
+	knn_join_explain_register();
 }

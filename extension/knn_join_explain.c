@@ -36,11 +36,11 @@
 #include "optimizer/paths.h"
 #include "miscadmin.h"
 #include "utils/memutils.h"
-#include "utils/guc.h"
 #include "utils/syscache.h"
 #include "utils/tuplestore.h"
 
 #include "knn_join_explain.h"
+#include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_subtransaction.h"
 
@@ -92,8 +92,6 @@ typedef struct KnnJoinFunctionState
 } KnnJoinFunctionState;
 
 static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
-/* knn_gpu.direct_return: the direct path (off: the Function Scan's tuplestore, as before). */
-static bool direct_return = true;
 static KnnJoinFunctionState *collector = NULL;
 
 static Plan *plan_function_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
@@ -322,7 +320,7 @@ begin_function_scan(CustomScanState *node, EState *estate, int eflags)
 	node->custom_ps = list_make1(ExecInitNode(linitial(cscan->custom_plans), estate, eflags));
 	/* The child's slots are returned as they are: of no fixed kind. */
 	node->ss.ps.resultopsfixed = false;
-	if (direct_return)
+	if (knn_gpu_direct_return)
 		state->direct = begin_direct(state, estate);
 }
 
@@ -657,10 +655,6 @@ void
 knn_join_explain_register(void)
 {
 	RegisterCustomScanMethods(&scan_methods);
-	DefineCustomBoolVariable("knn_gpu.direct_return",
-							 "Returns knn_join's rows straight from the engine's result, without a tuplestore.",
-							 "Off: through the Function Scan's tuplestore (work_mem, spilling to disk).",
-							 &direct_return, true, PGC_USERSET, 0, NULL, NULL, NULL);
 	prev_rel_pathlist_hook = set_rel_pathlist_hook;
 	set_rel_pathlist_hook = knn_join_rel_pathlist;
 }
