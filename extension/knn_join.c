@@ -11,7 +11,8 @@
  * batches into one matrix per set (float32, float16 for halfvec, bits for
  * bit: knn_join_element), sorted by id (so the engine's
  * tie order, by row, is the order by id), handed to the engine in one
- * call, and the result is returned as a materialised set.
+ * call, and the result is returned as a materialised set, or as the
+ * engine's arrays to the custom scan that called it (knn_join_call_direct).
  *
  * The overload with a key argument takes ids of the key's type (any type
  * with a default btree ordering): they are read as values, and the engine
@@ -589,6 +590,9 @@ check_key_collations(const KnnSet *queries, const KnnSet *targets)
 /* Plain EXPLAIN's call (knn_join_describe): find the shards, read and join nothing. */
 static bool describe_only = false;
 
+/* The custom scan's call (knn_join_call_direct): where the arrays go, or NULL. */
+static KnnJoinDirect *direct_result = NULL;
+
 /*
  * The call's shards, when its targets are sharded (knn_shard.h): the
  * whole join, or with describe_only their description. Keyed calls join
@@ -667,10 +671,40 @@ knn_join_describe(FuncExpr *call)
 	FreeExprContext(rsinfo.econtext, true);
 }
 
+/* A matrix's vectors, once the engine is done with them (the direct result keeps the ids). */
+static void
+drop_vectors(KnnMatrix *m)
+{
+	if (m->shared == NULL && m->values != NULL)
+	{
+		pfree(m->values);
+		m->values = NULL;
+	}
+}
+
+bool
+knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result)
+{
+	memset(result, 0, sizeof(*result));
+	direct_result = result;
+	PG_TRY();
+	{
+		(void) FunctionCallInvoke(fcinfo);
+	}
+	PG_FINALLY();
+	{
+		direct_result = NULL;
+	}
+	PG_END_TRY();
+	return result->neighbors != NULL;
+}
+
 static void
 knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	/* this call's, not that of a knn_join its texts may call */
+	KnnJoinDirect *direct = call->range || call->packed ? NULL : direct_result;
 	KnnSet		query_set = {0};
 	KnnSet		target_text = {0};
 	KnnSet	   *target_source = &target_text;
@@ -697,6 +731,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	KnnShardJoin shard_call;
 	KnnShardEarly *shards = NULL;
 	instr_time	queries_start;
+
+	direct_result = NULL;
 
 	/* knn_join_packed returns bytea values, not rows: the caller's one-column descriptor */
 	InitMaterializedSRF(fcinfo, call->packed ? MAT_SRF_USE_EXPECTED_DESC : 0);
@@ -884,6 +920,26 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	knn_progress_work(stats.distance_computations);
 	knn_progress_totals(queries.n, targets->n, stats.pairs);
 	knn_progress_phase(KNN_PROGRESS_RETURNING);
+
+	if (direct != NULL)
+	{
+		/* The custom scan returns the rows (and measures that). */
+		drop_vectors(&queries);
+		if (targets != &queries)
+			drop_vectors(targets);
+		direct->n_queries = queries.n;
+		direct->slots = slots;
+		direct->query_ids = queries.ids;
+		direct->target_ids = targets->ids;
+		direct->neighbors = neighbors;
+		direct->distances = distances;
+		direct->query_keys = query_set.keys != NULL ? query_set.keys->by_rank : NULL;
+		direct->target_keys = target_keys != NULL ? target_keys->by_rank : NULL;
+		knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort, 0);
+		knn_join_explain_report(&record);
+		knn_progress_end();
+		return;
+	}
 
 	INSTR_TIME_SET_CURRENT(start);
 	return_rows(rsinfo, &queries, targets, query_set.keys, target_keys, slots, neighbors,

@@ -2,11 +2,16 @@
  * knn_join_explain.c -- the "KNN Join Function" custom scan
  * (knn_join_explain.h).
  *
- * The node has the Function Scan as its only child and returns the child's
- * slots as they are: the function, its arguments, its quals and LATERAL
- * parameters all stay the Function Scan's. knn_join materialises its
- * result on the child's first fetch of each scan, so the call finishes
- * while the node is inside that ExecProcNode(child): the node marks itself
+ * The node has the Function Scan as its only child. For knn_join's forms
+ * (one function, no ordinality; knn_gpu.direct_return on) the node calls
+ * the function itself, with the child's arguments (LATERAL parameters
+ * included), asks for the engine's arrays instead of a tuplestore
+ * (knn_join_call_direct) and returns their rows through the child's quals
+ * and target list; the child is never executed, but its instrumentation
+ * counts what it would have returned. Otherwise (knn_range_join, or
+ * knn_gpu.direct_return off) the node returns the child's slots as they
+ * are: knn_join materialises its result on the child's first fetch of each
+ * scan. Either way the call finishes inside the node, which marks itself
  * as the collector for that time (restored on every exit, so nested nodes
  * nest).
  *
@@ -29,13 +34,51 @@
 #include "nodes/extensible.h"
 #include "optimizer/pathnode.h"
 #include "optimizer/paths.h"
+#include "miscadmin.h"
+#include "utils/memutils.h"
 #include "utils/syscache.h"
+#include "utils/tuplestore.h"
 
 #include "knn_join_explain.h"
+#include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_subtransaction.h"
 
 #define KNN_JOIN_FUNCTION_NAME "KNN Join Function"
+/*
+ * Rows filtered out between two looks at the interrupt flags (each fetch
+ * looks once: ExecCustomScan).
+ */
+#define KNN_DIRECT_SLICE 4096
+
+/*
+ * The direct path (knn_join's forms, not knn_range_join): the node calls
+ * the function itself and returns rows from the engine's arrays, applying
+ * the child's quals and target list as the Function Scan would; the child
+ * is never executed, but its instrumentation counts the rows, so EXPLAIN
+ * ANALYZE reads as before.
+ */
+typedef struct KnnDirectScan
+{
+	FuncExpr   *call;			/* the child's */
+	List	   *args;			/* ExprState of each argument */
+	FmgrInfo	flinfo;
+	ExprState  *qual;			/* the child's quals, on function_slot */
+	ProjectionInfo *projection; /* the child's target list, from function_slot */
+	TupleTableSlot *function_slot;	/* virtual, of the function's columns */
+	TupleTableSlot *store_slot; /* minimal, for rows of a tuplestore */
+	TupleDesc	function_desc;
+	MemoryContext call_context; /* the call and its result: reset when it runs again */
+	ExprContext *call_econtext; /* the call's ReturnSetInfo's (per-query memory: call_context) */
+	bool		called;			/* the result below is of the current parameters */
+	bool		has_arrays;		/* else the rows are in store */
+	KnnJoinDirect result;
+	Tuplestorestate *store;
+	int64		query;			/* the next row: query row and slot */
+	int32		slot;
+	bool		timing;			/* rows are being returned since return_start */
+	instr_time	return_start;
+} KnnDirectScan;
 
 typedef struct KnnJoinFunctionState
 {
@@ -45,6 +88,7 @@ typedef struct KnnJoinFunctionState
 	bool		fetched;		/* since the last (re)scan: the call has run */
 	KnnShardSummary *shards;	/* of the last sharded call, or NULL */
 	MemoryContext context;		/* the node's: where shards lives */
+	KnnDirectScan *direct;		/* NULL: the child's rows are passed on */
 } KnnJoinFunctionState;
 
 static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
@@ -95,24 +139,39 @@ knn_join_explain_report_shards(const KnnShardSummary *summary)
 	collector->shards = knn_shard_summary_copy(summary, collector->context);
 }
 
-/* Is the function one of knn_join's forms or knn_range_join (by its C entry point)? */
-static bool
-is_knn_join(Oid funcid)
+/* The function's C entry point, or NULL when it is not a C function. */
+static PGFunction
+c_entry_point(Oid funcid)
 {
 	FmgrInfo	info;
 	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcid));
 	bool		in_c;
 
 	if (!HeapTupleIsValid(tuple))
-		return false;
+		return NULL;
 	/* Only C functions can be ours (a cheap test before the fmgr lookup). */
 	in_c = ((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId;
 	ReleaseSysCache(tuple);
 	if (!in_c)
-		return false;
+		return NULL;
 	fmgr_info(funcid, &info);
-	return info.fn_addr == knn_join || info.fn_addr == knn_join_params ||
-		info.fn_addr == knn_join_keyed || info.fn_addr == knn_range_join;
+	return info.fn_addr;
+}
+
+/* Is the function one of knn_join's forms (whose rows the node can return itself)? */
+static bool
+is_knn_join_form(PGFunction entry)
+{
+	return entry == knn_join || entry == knn_join_params || entry == knn_join_keyed;
+}
+
+/* Is the function one of knn_join's forms or knn_range_join (by its C entry point)? */
+static bool
+is_knn_join(Oid funcid)
+{
+	PGFunction	entry = c_entry_point(funcid);
+
+	return entry != NULL && (is_knn_join_form(entry) || entry == knn_range_join);
 }
 
 static void
@@ -192,15 +251,250 @@ create_function_state(CustomScan *cscan)
 	return (Node *) state;
 }
 
+/*
+ * The direct path's state, when the child calls one of knn_join's forms
+ * (no ordinality, one function, knn_join's four columns); else NULL.
+ */
+static KnnDirectScan *
+begin_direct(KnnJoinFunctionState *state, EState *estate)
+{
+	PlanState  *ps = &state->css.ss.ps;
+	FunctionScanState *child = linitial(state->css.custom_ps);
+	FunctionScan *scan = (FunctionScan *) child->ss.ps.plan;
+	RangeTblFunction *function;
+	KnnDirectScan *direct;
+	TupleDesc	saved_desc = ps->scandesc;
+	const TupleTableSlotOps *saved_ops = ps->scanops;
+	bool		saved_fixed = ps->scanopsfixed;
+	bool		saved_set = ps->scanopsset;
+	TupleTableSlot *result_slot;
+
+	if (!IsA(scan, FunctionScan) || scan->funcordinality || list_length(scan->functions) != 1)
+		return NULL;
+	function = linitial_node(RangeTblFunction, scan->functions);
+	if (!IsA(function->funcexpr, FuncExpr) ||
+		!is_knn_join_form(c_entry_point(((FuncExpr *) function->funcexpr)->funcid)) ||
+		child->ss.ss_ScanTupleSlot->tts_tupleDescriptor->natts != 4)
+		return NULL;
+
+	direct = palloc0(sizeof(KnnDirectScan));
+	direct->call = (FuncExpr *) function->funcexpr;
+	fmgr_info(direct->call->funcid, &direct->flinfo);
+	fmgr_info_set_expr((Node *) direct->call, &direct->flinfo);
+	direct->args = ExecInitExprList(direct->call->args, ps);
+	direct->function_desc = child->ss.ss_ScanTupleSlot->tts_tupleDescriptor;
+	direct->function_slot = ExecInitExtraTupleSlot(estate, direct->function_desc, &TTSOpsVirtual);
+	direct->store_slot = ExecInitExtraTupleSlot(estate, direct->function_desc,
+												&TTSOpsMinimalTuple);
+	result_slot = ExecInitExtraTupleSlot(estate, ExecTypeFromTL(scan->scan.plan.targetlist),
+										 &TTSOpsVirtual);
+
+	/* The child's quals and target list, compiled for rows of function_slot. */
+	ps->scandesc = direct->function_desc;
+	ps->scanops = &TTSOpsVirtual;
+	ps->scanopsfixed = true;
+	ps->scanopsset = true;
+	direct->qual = ExecInitQual(scan->scan.plan.qual, ps);
+	direct->projection = ExecBuildProjectionInfo(scan->scan.plan.targetlist, ps->ps_ExprContext,
+												 result_slot, ps, direct->function_desc);
+	ps->scandesc = saved_desc;
+	ps->scanops = saved_ops;
+	ps->scanopsfixed = saved_fixed;
+	ps->scanopsset = saved_set;
+
+	direct->call_context = AllocSetContextCreate(CurrentMemoryContext, "knn_join direct result",
+												 ALLOCSET_DEFAULT_SIZES);
+	direct->call_econtext = CreateExprContext(estate);
+	/* what the call leaves in "per-query" memory goes with its result */
+	direct->call_econtext->ecxt_per_query_memory = direct->call_context;
+	return direct;
+}
+
 static void
 begin_function_scan(CustomScanState *node, EState *estate, int eflags)
 {
 	CustomScan *cscan = (CustomScan *) node->ss.ps.plan;
+	KnnJoinFunctionState *state = (KnnJoinFunctionState *) node;
 
-	((KnnJoinFunctionState *) node)->context = CurrentMemoryContext;
+	state->context = CurrentMemoryContext;
 	node->custom_ps = list_make1(ExecInitNode(linitial(cscan->custom_plans), estate, eflags));
 	/* The child's slots are returned as they are: of no fixed kind. */
 	node->ss.ps.resultopsfixed = false;
+	if (knn_gpu_direct_return)
+		state->direct = begin_direct(state, estate);
+}
+
+/* The end of the rows of a call: their return time goes into its record. */
+static void
+finish_return(KnnJoinFunctionState *state)
+{
+	KnnDirectScan *direct = state->direct;
+
+	if (!direct->timing)
+		return;
+	direct->timing = false;
+	knn_stats_set_return(&state->record, knn_seconds_since(direct->return_start));
+}
+
+/* Forgets the call's result: the next fetch calls again. */
+static void
+drop_result(KnnDirectScan *direct)
+{
+	if (direct->store != NULL)
+		tuplestore_end(direct->store);	/* its temporary files too */
+	direct->store = NULL;
+	direct->has_arrays = false;
+	direct->called = false;
+	MemoryContextReset(direct->call_context);
+}
+
+/*
+ * Calls the function with the arguments evaluated now (LATERAL values
+ * included), as the Function Scan would: a strict form given a NULL
+ * returns no row.
+ */
+static void
+call_direct(KnnJoinFunctionState *state)
+{
+	KnnDirectScan *direct = state->direct;
+	ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
+	KnnJoinFunctionState *saved = collector;
+	ReturnSetInfo rsinfo = {T_ReturnSetInfo};
+	MemoryContext old_context;
+	ListCell   *lc;
+	int			n = 0;
+	bool		null_argument = false;
+	LOCAL_FCINFO(fcinfo, FUNC_MAX_ARGS);
+
+	drop_result(direct);
+	direct->called = true;
+	direct->query = 0;
+	direct->slot = 0;
+	old_context = MemoryContextSwitchTo(direct->call_context);
+	InitFunctionCallInfoData(*fcinfo, &direct->flinfo, list_length(direct->args),
+							 direct->call->inputcollid, NULL, (Node *) &rsinfo);
+	ResetExprContext(econtext);
+	foreach(lc, direct->args)
+	{
+		fcinfo->args[n].value = ExecEvalExpr(lfirst(lc), econtext, &fcinfo->args[n].isnull);
+		null_argument |= fcinfo->args[n].isnull;
+		n++;
+	}
+	rsinfo.econtext = direct->call_econtext;
+	rsinfo.expectedDesc = direct->function_desc;
+	rsinfo.allowedModes = SFRM_Materialize;
+	if (!(direct->flinfo.fn_strict && null_argument))
+	{
+		collector = state;
+		PG_TRY();
+		{
+			direct->has_arrays = knn_join_call_direct(fcinfo, &direct->result);
+		}
+		PG_FINALLY();
+		{
+			collector = saved;
+		}
+		PG_END_TRY();
+		if (direct->has_arrays)
+		{
+			if (rsinfo.setResult != NULL)
+				tuplestore_end(rsinfo.setResult);	/* empty */
+			direct->timing = true;
+			INSTR_TIME_SET_CURRENT(direct->return_start);
+		}
+		else
+			direct->store = rsinfo.setResult;	/* a sharded call's rows */
+	}
+	MemoryContextSwitchTo(old_context);
+}
+
+/* The call's next row into slot (virtual, the function's columns); false after the last. */
+static bool
+next_row(KnnDirectScan *direct, TupleTableSlot *slot)
+{
+	const KnnJoinDirect *result = &direct->result;
+
+	if (!direct->has_arrays)
+	{
+		if (direct->store == NULL ||
+			!tuplestore_gettupleslot(direct->store, true, false, direct->store_slot))
+			return false;
+		ExecCopySlot(slot, direct->store_slot);
+		return true;
+	}
+	while (direct->query < result->n_queries)
+	{
+		int64		q = direct->query;
+		int64		at = q * result->slots + direct->slot;
+		int64		t = direct->slot < result->slots ? result->neighbors[at] : -1;
+
+		if (t < 0)
+		{
+			direct->query++;
+			direct->slot = 0;
+			continue;
+		}
+		ExecClearTuple(slot);
+		if (result->query_keys != NULL)
+		{
+			/* keyed: ids are ranks of the keys (knn_key_order.h) */
+			slot->tts_values[0] = result->query_keys[result->query_ids[q]];
+			slot->tts_values[1] = result->target_keys[result->target_ids[t]];
+		}
+		else
+		{
+			slot->tts_values[0] = Int64GetDatum(result->query_ids[q]);
+			slot->tts_values[1] = Int64GetDatum(result->target_ids[t]);
+		}
+		slot->tts_values[2] = Int32GetDatum(direct->slot + 1);
+		slot->tts_values[3] = Float8GetDatum(result->distances[at]);
+		memset(slot->tts_isnull, 0, 4 * sizeof(bool));
+		ExecStoreVirtualTuple(slot);
+		direct->slot++;
+		return true;
+	}
+	return false;
+}
+
+/*
+ * The next row of the child's quals and target list, as ExecScan would
+ * give it; the child's instrumentation counts it (EXPLAIN ANALYZE).
+ */
+static TupleTableSlot *
+exec_direct(KnnJoinFunctionState *state)
+{
+	KnnDirectScan *direct = state->direct;
+	PlanState  *child = linitial(state->css.custom_ps);
+	ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
+	TupleTableSlot *slot = NULL;
+	uint32		looked = 0;
+
+	if (child->instrument)
+		InstrStartNode(child->instrument);
+	if (!direct->called)
+		call_direct(state);
+	for (;;)
+	{
+		if (++looked % KNN_DIRECT_SLICE == 0)
+			CHECK_FOR_INTERRUPTS();
+		if (!next_row(direct, direct->function_slot))
+		{
+			finish_return(state);
+			break;
+		}
+		ResetExprContext(econtext);
+		econtext->ecxt_scantuple = direct->function_slot;
+		if (direct->qual != NULL && !ExecQual(direct->qual, econtext))
+		{
+			InstrCountFiltered1(child, 1);
+			continue;
+		}
+		slot = ExecProject(direct->projection);
+		break;
+	}
+	if (child->instrument)
+		InstrStopNode(child->instrument, slot != NULL ? 1.0 : 0.0);
+	return slot;
 }
 
 static TupleTableSlot *
@@ -209,6 +503,15 @@ exec_function_scan(CustomScanState *node)
 	KnnJoinFunctionState *state = (KnnJoinFunctionState *) node;
 	KnnJoinFunctionState *saved = collector;
 	TupleTableSlot *slot;
+
+	if (state->direct != NULL)
+	{
+		slot = exec_direct(state);
+		if (slot == NULL || node->ss.ps.ps_ProjInfo == NULL)
+			return slot;
+		node->ss.ps.ps_ExprContext->ecxt_scantuple = slot;
+		return ExecProject(node->ss.ps.ps_ProjInfo);
+	}
 
 	/* The call runs on the first fetch of each scan; later ones read its rows. */
 	if (state->fetched)
@@ -236,15 +539,46 @@ exec_function_scan(CustomScanState *node)
 static void
 end_function_scan(CustomScanState *node)
 {
+	KnnJoinFunctionState *state = (KnnJoinFunctionState *) node;
+
+	if (state->direct != NULL)
+	{
+		finish_return(state);
+		drop_result(state->direct);
+	}
 	ExecEndNode(linitial(node->custom_ps));
 }
 
 static void
 rescan_function_scan(CustomScanState *node)
 {
+	KnnJoinFunctionState *state = (KnnJoinFunctionState *) node;
 	PlanState  *child = linitial(node->custom_ps);
 
-	((KnnJoinFunctionState *) node)->fetched = false;
+	if (state->direct != NULL)
+	{
+		/*
+		 * Changed LATERAL parameters call again; otherwise the same rows
+		 * are read again, as the Function Scan rereads its tuplestore. The
+		 * child is rescanned for its instrumentation's loops.
+		 */
+		finish_return(state);
+		if (node->ss.ps.chgParam != NULL)
+		{
+			drop_result(state->direct);
+			UpdateChangedParamSet(child, node->ss.ps.chgParam);
+		}
+		else
+		{
+			state->direct->query = 0;
+			state->direct->slot = 0;
+			if (state->direct->store != NULL)
+				tuplestore_rescan(state->direct->store);
+		}
+		ExecReScan(child);
+		return;
+	}
+	state->fetched = false;
 	/* Changed LATERAL parameters reach the child, which re-runs the call. */
 	if (node->ss.ps.chgParam != NULL)
 		UpdateChangedParamSet(child, node->ss.ps.chgParam);

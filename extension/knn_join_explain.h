@@ -3,10 +3,11 @@
  * shows the engine's statistics.
  *
  * The planner wraps the Function Scan of a knn_join call in a Custom Scan
- * "KNN Join Function" (set_rel_pathlist_hook) that passes its rows through
- * unchanged; while it reads them, a knn_join call that finishes reports its
- * record to it, and EXPLAIN ANALYZE prints the record under the node, as
- * the KNN Join node does.
+ * "KNN Join Function" (set_rel_pathlist_hook) that returns the same rows:
+ * knn_join's straight from the engine's arrays (knn_join_call_direct),
+ * knn_range_join's from the Function Scan; a knn_join call that finishes
+ * reports its record to it, and EXPLAIN ANALYZE prints the record under
+ * the node, as the KNN Join node does.
  */
 #ifndef KNN_JOIN_EXPLAIN_H
 #define KNN_JOIN_EXPLAIN_H
@@ -22,6 +23,31 @@ extern Datum knn_join(PG_FUNCTION_ARGS);
 extern Datum knn_join_params(PG_FUNCTION_ARGS);
 extern Datum knn_join_keyed(PG_FUNCTION_ARGS);
 extern Datum knn_range_join(PG_FUNCTION_ARGS);
+
+/*
+ * knn_join's result as the engine left it, for the custom scan to return
+ * rows from without a tuplestore (knn_join_call_direct). The arrays live
+ * in the memory context the call ran in.
+ */
+typedef struct KnnJoinDirect
+{
+	int64		n_queries;
+	int32		slots;			/* per query; a negative neighbour ends a query's */
+	const int64 *query_ids;		/* per query row: its id (keyed: its key's rank) */
+	const int64 *target_ids;	/* per target row */
+	const int64 *neighbors;		/* n_queries x slots target rows */
+	const double *distances;	/* n_queries x slots */
+	const Datum *query_keys;	/* keyed calls: the key of each rank, else NULL */
+	const Datum *target_keys;
+} KnnJoinDirect;
+
+/*
+ * Calls knn_join (one of its forms, through fcinfo, whose resultinfo is a
+ * ReturnSetInfo allowing SFRM_Materialize) asking for the engine's arrays:
+ * true when they are in *result; false when the rows went into the
+ * ReturnSetInfo's tuplestore as usual (a sharded call, knn_range_join).
+ */
+extern bool knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result);
 
 /* Installs the planner hook; from _PG_init. */
 extern void knn_join_explain_register(void);

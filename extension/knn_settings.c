@@ -21,6 +21,7 @@ int			knn_gpu_threads = 0;
 bool		knn_gpu_enable_knn_join = true;
 bool		knn_gpu_exact_over_index = false;
 bool		knn_gpu_shard_prefetch = true;
+bool		knn_gpu_direct_return = true;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
@@ -164,6 +165,11 @@ knn_settings_define(void)
 							 "Uses the exact KNN Join node even where an approximate index (hnsw, ivfflat) would answer.",
 							 NULL,
 							 &knn_gpu_exact_over_index, false,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("knn_gpu.direct_return",
+							 "Returns knn_join's rows straight from the engine's result, without a tuplestore.",
+							 "Off: through the Function Scan's tuplestore (work_mem, spilling to disk).",
+							 &knn_gpu_direct_return, true,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("knn_gpu.shard_prefetch",
 							 "A sharded knn_join's shards read their targets while the coordinator reads its queries.",

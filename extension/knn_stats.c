@@ -36,6 +36,14 @@ knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem, const KnnStat
 	last_valid = true;
 }
 
+void
+knn_stats_set_return(KnnJoinRecord *record, double seconds_return)
+{
+	if (last_valid && memcmp(&last, record, sizeof(last)) == 0)
+		last.seconds_return = seconds_return;
+	record->seconds_return = seconds_return;
+}
+
 static void
 append_json_string(StringInfo buf, const char *key, const char *value)
 {

@@ -49,6 +49,13 @@ extern void knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem,
 							 const KnnStats *engine, double seconds_read,
 							 double seconds_sort, double seconds_return);
 
+/*
+ * Sets a record's seconds of handing rows back, measured after
+ * knn_stats_record (knn_join's rows returned by its custom scan), in the
+ * backend's last join too when that is the same join.
+ */
+extern void knn_stats_set_return(KnnJoinRecord *record, double seconds_return);
+
 /* EXPLAIN ANALYZE's lines for a record. */
 extern void knn_stats_explain(const KnnJoinRecord *record, ExplainState *es);
 
