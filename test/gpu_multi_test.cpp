@@ -257,7 +257,8 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheClusters) {
 // Whether the split divided the TI self-join by whole query clusters
 // (every engine agreed; the variant says so first).
 bool divided_by_clusters(const Answer &a) {
-  return std::string(a.stats.variant).rfind("cluster-split/", 0) == 0;
+  const std::string variant = a.stats.variant;
+  return variant.rfind("cluster-split/", 0) == 0 || variant.rfind("cluster-batches/", 0) == 0;
 }
 
 // Clusters of very different sizes: most rows in one tight blob (half of
@@ -372,6 +373,34 @@ TEST(SplitOnOneGpu, ClusterBatchesSideBySideMatchTheCpu) {
     expect_answers_identical(split, cpu, what + " (GPU 0 twice)");
     EXPECT_TRUE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
   }
+}
+
+// A one-GPU TI join whose output reaches kBatchedWritesMinSlots (rows x k,
+// ti_cluster_share.cuh) runs as batches by itself, writing rows beside
+// level 2, and answers exactly as the one launch does; below it, it keeps
+// the one launch.
+TEST(OneGpu, LargeOutputRunsAsBatches) {
+  REQUIRE_GPU();
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 0, 2600000, 3, true, true, 331);
+  c.problem.method = KNN_METHOD_TI;
+  c.problem.k = 20;  // 52 M slots
+  const KnnProblem one = on_devices(c.problem, {0});
+  Answer plain;
+  {
+    ScopedEnv env({{"KNN_TI_BATCHED_WRITES", "0"}});
+    plain = job(one, KNN_DEVICE_GPU);
+  }
+  const Answer batched = job(one, KNN_DEVICE_GPU);
+  EXPECT_FALSE(divided_by_clusters(plain)) << plain.stats.variant;
+  EXPECT_EQ(std::string(batched.stats.variant).rfind("cluster-batches/", 0), 0u)
+      << batched.stats.variant;
+  expect_answers_identical(batched, plain, "2600000 x 3, k 20: batches against one launch");
+
+  KnnProblem fewer = one;
+  fewer.k = 10;  // 26 M slots
+  const Answer below = job(fewer, KNN_DEVICE_GPU);
+  ASSERT_EQ(below.status, KNN_OK) << below.message;
+  EXPECT_FALSE(divided_by_clusters(below)) << below.stats.variant;
 }
 
 // Each engine plans its own memory: under a tiny limit brute force chunks

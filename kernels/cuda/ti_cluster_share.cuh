@@ -36,11 +36,24 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
 // switches below).
 bool env_flag(const char *name);
 
-// Every cluster as one share (KNN_TI_BATCHED_WRITES=1 on a join of one
-// GPU: level 2 and the output run as a divided share's do, for measuring
-// them against one launch; KNN_TI_BATCH_STREAMS=1 also queues the batches
-// on one stream, the older way).
-KnnStatus whole_cluster_share(const ClusterSet &all, ClusterShare *out, DeviceContext &ctx);
+// A join on one GPU whose output is this many result slots (rows x k) or
+// more runs level 2 and the output as batches of clusters side by side,
+// each batch's rows written while the GPU filters the later ones: there
+// the writes take nearly as long as level 2. Below it the batches' extra
+// launches and slices cost more than the overlap saves.
+constexpr double kBatchedWritesMinSlots = 50e6;
+
+// Whether a one-GPU join of n_rows query rows and k neighbours should run
+// as batches (above); KNN_TI_BATCHED_WRITES=1 or 0 in the environment
+// forces it either way (for measuring and tests).
+bool batched_writes_pay(int64_t n_rows, int k);
+
+// Every cluster as one share, where batched_writes_pay says so and the
+// share's arrays, lists and output fit `room` (else out->agreed stays
+// false: one launch and the plain output). KNN_TI_BATCH_STREAMS=1 also
+// queues the batches on one stream, the older way.
+KnnStatus whole_cluster_share(const ClusterSet &all, int64_t n_rows, int k, int kprime,
+                              size_t room, ClusterShare *out, DeviceContext &ctx);
 
 // The query clusters restricted to [first_cluster, end_cluster): every
 // cluster kept (indices as in `all`, as level 1's results are), those

@@ -19,8 +19,10 @@
 //
 // KNN_TI_PHASES=1 in the environment prints each stage's wall time to
 // stderr (a synchronisation after each; for measuring only).
-// KNN_TI_BATCHED_WRITES=1 runs a one-GPU join's level 2 and output as a
-// share divided by clusters does (ti_cluster_share.cuh; measuring only).
+// A one-GPU join with a large output runs its level 2 and output as a
+// share divided by clusters does, writing rows beside level 2
+// (ti_cluster_share.cuh: batched_writes_pay; KNN_TI_BATCHED_WRITES=0/1
+// forces it off or on).
 //
 // The adaptive scheme of IV-D is decided here: the partial filter when
 // k / dim exceeds a ratio (TiOptions says why it is off by default), the
@@ -379,8 +381,10 @@ KnnStatus TiJoin::filter() {
     if (!by_clusters_.agreed)
       KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
                                    share_clusters_, mem_, ctx_));
-  } else if (env_flag("KNN_TI_BATCHED_WRITES")) {
-    KNN_TRY(whole_cluster_share(query_clusters_, &by_clusters_, ctx_));
+  } else {
+    const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
+    KNN_TRY(whole_cluster_share(query_clusters_, p_.n_queries, p_.k, kprime_, room,
+                                &by_clusters_, ctx_));
   }
 
   const size_t slots = (size_t)query_set_.n_distinct * kprime_;
@@ -508,7 +512,7 @@ void TiJoin::describe(KnnStats *stats) const {
   if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/inside-query x%d", used_.parts);
   // (A split divided by clusters says so first: the text is short.)
   std::snprintf(stats->variant, sizeof stats->variant, "%s%s/%s/remap%s%s/level-1 kept %.1f%%",
-                by_clusters_.agreed ? "cluster-split/" : "", used_.partial ? "partial" : "full",
+                !by_clusters_.agreed ? "" : share_ ? "cluster-split/" : "cluster-batches/", used_.partial ? "partial" : "full",
                 used_.partial ? "global" : place_name(used_.place), parts,
                 options_.dedup ? "/dedup" : "", 100.0 * level1_kept_);
   stats->query_clusters = by_clusters_.agreed

@@ -285,8 +285,17 @@ bool env_flag(const char *name) {
   return v != nullptr && v[0] == '1';
 }
 
-KnnStatus whole_cluster_share(const ClusterSet &all, ClusterShare *out, DeviceContext &ctx) {
+bool batched_writes_pay(int64_t n_rows, int k) {
+  const char *v = std::getenv("KNN_TI_BATCHED_WRITES");
+  if (v != nullptr && (v[0] == '0' || v[0] == '1')) return v[0] == '1';
+  return (double)n_rows * k >= kBatchedWritesMinSlots;
+}
+
+KnnStatus whole_cluster_share(const ClusterSet &all, int64_t n_rows, int k, int kprime,
+                              size_t room, ClusterShare *out, DeviceContext &ctx) {
   *out = ClusterShare{};
+  if (!batched_writes_pay(n_rows, k) || cluster_share_bytes(all, n_rows, k, kprime) > room)
+    return KNN_OK;
   out->begin.resize(all.m + 1);
   CUDA_CHECK(ctx, cudaMemcpyAsync(out->begin.data(), all.begin.get(),
                                   (all.m + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost,
