@@ -12,7 +12,7 @@
 // Page-locking memory costs about a millisecond per few megabytes, so the
 // slices are not made per join: cuda_module.cu keeps one PinnedStaging per
 // device for the life of the process (at most 2 * kMaxWorkers slices of
-// kSliceBytes: 32 MiB of pinned host memory, allocated as transfers first
+// kSliceBytes: 64 MiB of pinned host memory, allocated as transfers first
 // need them). Joins on a device run one at a time and a join runs one
 // transfer at a time, so the slices are never shared by two transfers.
 #pragma once
@@ -27,7 +27,7 @@ namespace cuda {
 
 class PinnedStaging {
  public:
-  static constexpr int kMaxWorkers = 4;
+  static constexpr int kMaxWorkers = 8;
   static constexpr size_t kSliceBytes = size_t(4) << 20;
 
   // Makes sure the slices and events of `workers` threads and the upload
