@@ -187,6 +187,12 @@ struct Level2Config {
   // max groups x 32 x P x k' entries, which an out-of-core budget cannot
   // spare. Taken where the block's lists fit its shared memory.
   bool shared_merge = false;
+  // Out-of-core join: where set, each stored list's k'-th entry (value,
+  // row) also goes here, by distinct query, in device memory: the per-pair
+  // scans then read it there while the lists themselves may be in mapped
+  // host memory (ti_out_of_core.cu).
+  float *last_value = nullptr;
+  int32_t *last_row = nullptr;
 };
 
 // ---- stage entry points (each returns KNN_OK or sets ctx.error) ----

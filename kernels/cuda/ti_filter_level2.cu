@@ -75,6 +75,9 @@ struct Level2Args {
   // results by distinct query
   float *result_value;
   int32_t *result_row;
+  // where set, each stored list's k'-th entry too (Level2Config::last_value)
+  float *last_value;
+  int32_t *last_row;
   // inside-query parallelism: one list per (query slot, part)
   float *part_value;
   int32_t *part_row;
@@ -176,9 +179,26 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       const int64_t d = a.q.member[qpos];
       const float *seed_v = a.result_value + d * a.kprime;
       const int32_t *seed_r = a.result_row + d * a.kprime;
-      for (int i = 0; i < a.kprime && seed_r[i] != kNoRow; i++)
-        if (entry_before(seed_v[i], seed_r[i], list.last_value(), list.last_row()))
-          list.insert(seed_v[i], seed_r[i]);
+      // Read kSeedBatch entries ahead of using them: the lists may be in
+      // mapped host memory, where each load waits for the bus.
+      constexpr int kSeedBatch = 8;
+      bool more = true;
+      for (int i0 = 0; i0 < a.kprime && more; i0 += kSeedBatch) {
+        float sv[kSeedBatch];
+        int32_t sr[kSeedBatch];
+#pragma unroll
+        for (int j = 0; j < kSeedBatch; j++) {
+          const bool in = i0 + j < a.kprime;
+          sv[j] = in ? seed_v[i0 + j] : kInf;
+          sr[j] = in ? seed_r[i0 + j] : kNoRow;
+        }
+#pragma unroll
+        for (int j = 0; j < kSeedBatch; j++) {
+          more = more && sr[j] != kNoRow;
+          if (more && entry_before(sv[j], sr[j], list.last_value(), list.last_row()))
+            list.insert(sv[j], sr[j]);
+        }
+      }
       const float last = list.last_value();
       if (last != kInf) theta_own = fminf(theta_own, MetricOps<METRIC>::ti(last));
     }
@@ -284,6 +304,10 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       if (active) {
         const int64_t d = a.q.member[qpos];
         list.store(a.kprime, a.result_value + d * a.kprime, a.result_row + d * a.kprime, 1);
+        if (a.last_value != nullptr) {
+          a.last_value[d] = list.last_value();
+          a.last_row[d] = list.last_row();
+        }
       }
     } else {
       // Entry i of the list of part s: pv[s * part_step + i * entry_step].
@@ -337,6 +361,10 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
           out_v[i] = bv;
           out_r[i] = br;
           cursor[best]++;
+          if (i == a.kprime - 1 && a.last_value != nullptr) {
+            a.last_value[d] = bv;
+            a.last_row[d] = br;
+          }
         }
       }
     }
@@ -641,6 +669,8 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.margin = margin;
   a.result_value = result_value;
   a.result_row = result_row;
+  a.last_value = requested.last_value;
+  a.last_row = requested.last_row;
   a.counter = distance_counter;
   KNN_TRY(ctx.cancel_point());
 
