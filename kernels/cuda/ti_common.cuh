@@ -193,6 +193,11 @@ struct Level2Config {
   // host memory (ti_out_of_core.cu).
   float *last_value = nullptr;
   int32_t *last_row = nullptr;
+  // The lists by query POSITION, in tiles of 32 positions, entry-major
+  // within a tile (entry i of position p at (p / 32) * 32 k' + i * 32 +
+  // p % 32), so that a warp's loads and stores of its lists are coalesced:
+  // over the bus, scattered 4-byte accesses cost several times more.
+  bool tiled_lists = false;
 };
 
 // ---- stage entry points (each returns KNN_OK or sets ctx.error) ----

@@ -78,6 +78,7 @@ struct Level2Args {
   // where set, each stored list's k'-th entry too (Level2Config::last_value)
   float *last_value;
   int32_t *last_row;
+  int tiled;              // lists by position in tiles (Level2Config::tiled_lists)
   // inside-query parallelism: one list per (query slot, part)
   float *part_value;
   int32_t *part_row;
@@ -93,6 +94,13 @@ struct Level2Args {
   int32_t *cand_pos;
   unsigned long long *counter;
 };
+
+// Where query `d` at position `qpos` keeps entry 0 of its list, and the
+// step between its entries.
+__device__ __forceinline__ int64_t list_at(const Level2Args &a, int64_t d, int64_t qpos) {
+  return a.tiled ? (qpos / kWarp) * kWarp * a.kprime + qpos % kWarp : d * a.kprime;
+}
+__device__ __forceinline__ int64_t list_step(const Level2Args &a) { return a.tiled ? kWarp : 1; }
 
 __device__ __forceinline__ float widen(Margin m, float magnitude) {
   return m.rel * magnitude + m.abs;
@@ -177,8 +185,9 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
     // the seeds, so the merge of the P lists below sees each entry once.
     if (a.resume && active && part == 0) {
       const int64_t d = a.q.member[qpos];
-      const float *seed_v = a.result_value + d * a.kprime;
-      const int32_t *seed_r = a.result_row + d * a.kprime;
+      const float *seed_v = a.result_value + list_at(a, d, qpos);
+      const int32_t *seed_r = a.result_row + list_at(a, d, qpos);
+      const int64_t step = list_step(a);
       // Read kSeedBatch entries ahead of using them: the lists may be in
       // mapped host memory, where each load waits for the bus.
       constexpr int kSeedBatch = 8;
@@ -189,8 +198,8 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
 #pragma unroll
         for (int j = 0; j < kSeedBatch; j++) {
           const bool in = i0 + j < a.kprime;
-          sv[j] = in ? seed_v[i0 + j] : kInf;
-          sr[j] = in ? seed_r[i0 + j] : kNoRow;
+          sv[j] = in ? seed_v[(i0 + j) * step] : kInf;
+          sr[j] = in ? seed_r[(i0 + j) * step] : kNoRow;
         }
 #pragma unroll
         for (int j = 0; j < kSeedBatch; j++) {
@@ -303,7 +312,8 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
     if (P == 1) {
       if (active) {
         const int64_t d = a.q.member[qpos];
-        list.store(a.kprime, a.result_value + d * a.kprime, a.result_row + d * a.kprime, 1);
+        const int64_t at = list_at(a, d, qpos);
+        list.store(a.kprime, a.result_value + at, a.result_row + at, list_step(a));
         if (a.last_value != nullptr) {
           a.last_value[d] = list.last_value();
           a.last_row[d] = list.last_row();
@@ -340,8 +350,9 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       __syncthreads();
       if (part == 0 && active) {
         const int64_t d = a.q.member[qpos];
-        float *out_v = a.result_value + d * a.kprime;
-        int32_t *out_r = a.result_row + d * a.kprime;
+        float *out_v = a.result_value + list_at(a, d, qpos);
+        int32_t *out_r = a.result_row + list_at(a, d, qpos);
+        const int64_t step = list_step(a);
         int cursor[kMaxParts];
         for (int s = 0; s < P; s++) cursor[s] = 0;
         for (int i = 0; i < a.kprime; i++) {
@@ -358,8 +369,8 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
               br = r;
             }
           }
-          out_v[i] = bv;
-          out_r[i] = br;
+          out_v[i * step] = bv;
+          out_r[i * step] = br;
           cursor[best]++;
           if (i == a.kprime - 1 && a.last_value != nullptr) {
             a.last_value[d] = bv;
@@ -671,6 +682,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.result_row = result_row;
   a.last_value = requested.last_value;
   a.last_row = requested.last_row;
+  a.tiled = requested.tiled_lists ? 1 : 0;
   a.counter = distance_counter;
   KNN_TRY(ctx.cancel_point());
 

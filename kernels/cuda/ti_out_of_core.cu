@@ -320,10 +320,10 @@ class OutOfCoreJoin {
                        double *theta, int64_t *last_row, bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
-  KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
-                                double *distances);
+  KnnStatus output_ordered_part(int index, const ClusterSet &queries, int64_t n_distinct,
+                                int64_t *neighbors, double *distances);
   void expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
-                    double *distances) const;
+                    double *distances);
   void wait_output();
   void start_mapping();
   KnnStatus wait_mapping();
@@ -379,6 +379,9 @@ class OutOfCoreJoin {
   // mapped blocks.
   const float *host_value_[2] = {nullptr, nullptr};
   const int32_t *host_row_[2] = {nullptr, nullptr};
+  // Mapped lists are by position (Level2Config::tiled_lists): the distinct
+  // point at each position, by slot.
+  std::vector<int32_t> list_member_[2];
   int list_slot_ = 0;
 
   Level2Config used_;
@@ -541,6 +544,8 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   config.shared_merge = true;
   config.last_value = last_value_.get();
   config.last_row = last_row_.get();
+  // Mapped lists by position, coalesced over the bus.
+  config.tiled_lists = plan_.mapped_lists;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
   // Threads per query as in memory (IV-D3): a part's queries are few next
   // to the device's threads. The level-2 kernel seeds a carried list into
@@ -627,7 +632,8 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
 // results of its rows, on the host: each row of a distinct point takes
 // its list, less the entries whose target key equals its own key
 // (ti_expand.cuh: the code ti_output.cu runs on the device).
-KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
+KnnStatus OutOfCoreJoin::output_ordered_part(int index, const ClusterSet &queries,
+                                             int64_t n_distinct, int64_t *neighbors,
                                              double *distances) {
   wait_output();  // the part before, whose buffers are the other slot
   const int slot = list_slot_ = index % 2;
@@ -636,6 +642,11 @@ KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int6
     const MappedLists &block = mapped_[plan_.query_parts() > 1 ? slot : 0];
     host_value_[slot] = block.host_value();
     host_row_[slot] = block.host_row();
+    // They are by position (tiled): the distinct point at each position.
+    std::vector<int32_t> &member = list_member_[slot];
+    member.resize((size_t)queries.n);
+    KNN_TRY(download_to_host(ctx_, member.data(), queries.member.get(),
+                             member.size() * sizeof(int32_t)));
   } else {
     const size_t slots = (size_t)n_distinct * plan_.kprime;
     list_value_[slot].resize(slots);
@@ -693,10 +704,34 @@ PartStaging &OutOfCoreJoin::gather_query_part(int index) {
 }
 
 void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
-                                 double *distances) const {
+                                 double *distances) {
   const int k = p_.k, kp = plan_.kprime;
-  const float *list_value = host_value_[slot];
-  const int32_t *list_row = host_row_[slot];
+  if (plan_.mapped_lists) {
+    // Mapped lists are by position in tiles of 32 (entry i of position p at
+    // (p / 32) * 32 k' + i * 32 + p % 32): first into distinct point order,
+    // tile by tile (each tile read where it lies, each list written whole).
+    const float *tile_value = host_value_[slot];
+    const int32_t *tile_row = host_row_[slot];
+    const std::vector<int32_t> &member = list_member_[slot];
+    const int64_t n = (int64_t)member.size();
+    list_value_[slot].resize((size_t)n_distinct * kp);
+    list_row_[slot].resize((size_t)n_distinct * kp);
+    float *value = list_value_[slot].data();
+    int32_t *row = list_row_[slot].data();
+    cpu::parallel_for((n + kWarp - 1) / kWarp, query_order_.n_threads, ctx_.cancel,
+                      [&](int64_t t, int) {
+      const int64_t tile = t * kWarp * kp;
+      for (int lane = 0; lane < kWarp && t * kWarp + lane < n; lane++) {
+        const int64_t d = member[t * kWarp + lane];
+        for (int i = 0; i < kp; i++) {
+          value[d * kp + i] = tile_value[tile + (int64_t)i * kWarp + lane];
+          row[d * kp + i] = tile_row[tile + (int64_t)i * kWarp + lane];
+        }
+      }
+    });
+  }
+  const float *list_value = plan_.mapped_lists ? list_value_[slot].data() : host_value_[slot];
+  const int32_t *list_row = plan_.mapped_lists ? list_row_[slot].data() : host_row_[slot];
   const int64_t d0 = plan_.query_distinct_first(index);
   const std::vector<int64_t> &begin = query_order_.distinct_begin;
   const bool l1 = p_.metric == KNN_METRIC_L1;
@@ -713,6 +748,7 @@ void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_
     for (; d < n_distinct && begin[d0 + d] < hi; d++) {
       const float *value = list_value + d * kp;
       const int32_t *row = list_row + d * kp;
+
       const int64_t from = std::max(lo, begin[d0 + d]), to = std::min(hi, begin[d0 + d + 1]);
       for (int64_t pos = from; pos < to; pos++) {
         const int64_t q = query_order_.row(pos);
@@ -878,7 +914,7 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
 
   t0 = Clock::now();
   if (ordered_)
-    KNN_TRY(output_ordered_part(index, query_set.n_distinct, neighbors, distances));
+    KNN_TRY(output_ordered_part(index, queries, query_set.n_distinct, neighbors, distances));
   else
     KNN_TRY(output_part(query_set, first, query_keys, mem, neighbors, distances));
   output_seconds_ += seconds_since(t0);
@@ -899,7 +935,8 @@ void OutOfCoreJoin::start_mapping() {
   int64_t largest = 0;
   for (int i = 0; i < plan_.query_parts(); i++)
     largest = std::max(largest, plan_.query_distinct_count(i));
-  const size_t entries = (size_t)largest * plan_.kprime;
+  // Tiles of 32 positions (Level2Config::tiled_lists).
+  const size_t entries = (size_t)((largest + kWarp - 1) / kWarp * kWarp) * plan_.kprime;
   const int blocks = plan_.query_parts() > 1 ? 2 : 1;
   const int device = ctx_.device;
   auto pin = [this, entries, blocks, device] {
@@ -931,8 +968,9 @@ KnnStatus OutOfCoreJoin::wait_mapping() {
 // or on the device; each list's k'-th entry on the device (written by
 // level 2 with the list).
 KnnStatus OutOfCoreJoin::allocate_lists(int index, int64_t n_distinct, MemoryBudget &mem) {
-  const size_t slots = (size_t)n_distinct * plan_.kprime;
+  size_t slots = (size_t)n_distinct * plan_.kprime;
   if (plan_.mapped_lists) {
+    slots = (size_t)((n_distinct + kWarp - 1) / kWarp * kWarp) * plan_.kprime;  // tiles
     KNN_TRY(wait_mapping());
     const MappedLists &block = mapped_[plan_.query_parts() > 1 ? index % 2 : 0];
     if (block.entries() < slots) {  // (the plan's largest part holds every part)

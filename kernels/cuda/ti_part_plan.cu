@@ -100,8 +100,7 @@ PartPlan::PartPlan(const KnnProblem &p, const TiOptions &options, size_t budget_
   const int64_t excluded = exclude_ ? max_rows_per_key(p.target_keys, p.n_targets) : 0;
   kprime = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)p.k + excluded);
   global_lists_ = kprime > 32;
-  const char *lists = std::getenv("KNN_TI_LISTS");
-  mapped_lists = lists == nullptr || std::strcmp(lists, "device") != 0;
+  mapped_lists = false;  // row ranges: on the device (cut_distinct may map them)
   plan_rows();
 }
 
@@ -173,6 +172,9 @@ void PartPlan::cut_distinct(const SpatialOrder &queries, const SpatialOrder &tar
   // Nothing but a counter and the theta words stays: keys are applied on
   // the host.
   avail_ = budget > 4096 ? (double)(budget - 4096) : 0.0;
+  // Ordered parts' lists are mapped (KNN_TI_LISTS=device: on the device).
+  const char *lists = std::getenv("KNN_TI_LISTS");
+  mapped_lists = lists == nullptr || std::strcmp(lists, "device") != 0;
   plan_distinct();
 }
 

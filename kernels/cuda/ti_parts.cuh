@@ -50,8 +50,9 @@ class PartPlan {
   // device's address space (not in the budget: a part is sized by its
   // points and clusters, and by the k'-th entry of each list, which stays
   // on the device); false: on the device, in the budget.
-  // KNN_TI_LISTS=device keeps them on the device (A/B benchmarks).
-  bool mapped_lists = true;
+  // Ordered sides only (cut_distinct); KNN_TI_LISTS=device keeps them on
+  // the device (A/B benchmarks).
+  bool mapped_lists = false;
 
   int query_parts() const { return (int)query_at_.size() - 1; }
   int target_parts() const { return (int)target_at_.size() - 1; }
