@@ -14,8 +14,10 @@
 //      the cached target part of the same points is copied back and its
 //      clusters serve as the queries; its k' lists are allocated: in
 //      pinned host memory mapped into the device's address space
-//      (MappedLists; PartPlan::mapped_lists, the default), so that a
-//      query part is sized by its points alone, or on the device; the
+//      (MappedLists; PartPlan::mapped_lists, the default for ordered
+//      sides), by query position in tiles of 32 so that level 2's accesses
+//      over the bus are coalesced (Level2Config::tiled_lists), so that a
+//      query part is sized by its points alone; or on the device; the
 //      k'-th entry of each list is kept on the device too (level 2 writes
 //      it with the list), for the per-pair scans;
 //   2. the target parts come nearest first, by a lower bound on the
