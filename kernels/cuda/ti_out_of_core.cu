@@ -80,8 +80,6 @@
 #include <future>
 #include <system_error>
 
-#include <sys/mman.h>
-
 #include <limits>
 #include <utility>
 #include <vector>
@@ -200,11 +198,10 @@ int forced_threads_per_query() {
 
 // Pinned host memory mapped into the device's address space: the query
 // parts' k' lists (PartPlan::mapped_lists), which level 2 reads and writes
-// through the bus and the host expands where they are. Pages are allocated
-// and touched by a few threads, on 2 MB pages where the kernel gives them,
-// and locked by cudaHostRegister (far faster than cudaHostAlloc for
-// hundreds of MB; ti_target_parts.cu measures the same for its blocks).
-// Freed with its owner, on every path.
+// through the bus and the host expands where they are. Registered pages
+// (register_pages: far faster to lock than cudaHostAlloc for hundreds of
+// MB, as ti_target_parts.cu measured for its blocks). Freed with its
+// owner, on every path.
 class MappedLists {
  public:
   MappedLists() = default;
@@ -217,26 +214,16 @@ class MappedLists {
   // state is left behind; the caller records a failure.
   cudaError_t allocate(int device, size_t entries) {
     release();
-    const size_t huge_page = size_t(2) << 20, page = 4096;
+    const size_t page = 4096;
     size_t bytes = std::max<size_t>(1, entries) * (sizeof(float) + sizeof(int32_t));
     bytes = (bytes + page - 1) / page * page;
-    const bool huge = bytes >= huge_page;
-    void *p = nullptr;
-    if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) return cudaErrorMemoryAllocation;
-    if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
-    const size_t piece = huge_page;
-    cpu::parallel_for((int64_t)((bytes + piece - 1) / piece), 4, nullptr, [&](int64_t i, int) {
-      const size_t end = std::min(bytes, (size_t)(i + 1) * piece);
-      for (size_t at = (size_t)i * piece; at < end; at += page)
-        static_cast<volatile char *>(p)[at] = 0;
-    });
     cudaError_t err = cudaSetDevice(device);
-    if (err == cudaSuccess) err = cudaHostRegister(p, bytes, cudaHostRegisterMapped);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      std::free(p);
       return err;
     }
+    void *p = register_pages(bytes, true, cudaHostRegisterMapped);
+    if (p == nullptr) return cudaErrorMemoryAllocation;
     void *dev = nullptr;
     err = cudaHostGetDevicePointer(&dev, p, 0);
     host_ = p;

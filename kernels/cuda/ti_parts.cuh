@@ -199,6 +199,12 @@ double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const 
 std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
                                        KnnMetric metric, const int32_t *cancel);
 
+// Host memory of `bytes` (posix_memalign'd: free with cudaHostUnregister,
+// then std::free), its pages touched by a few threads, 2 MB pages where
+// `huge` and the kernel gives them, then page-locked by cudaHostRegister
+// with `flags`; nullptr where it cannot be had (ti_target_parts.cu).
+void *register_pages(size_t bytes, bool huge, unsigned flags);
+
 // One target part on the device: its distinct points and clusters, with
 // global target rows in set.rows and clusters.first_row.
 struct TargetPart {
