@@ -1551,6 +1551,39 @@ TEST(GpuTiOutOfCore, TargetCacheBlocksPinnedEachWay) {
   }
 }
 
+TEST(GpuTiOutOfCore, MappedListsAndDeviceLists) {
+  REQUIRE_GPU();
+  // The query parts' k' lists in mapped pinned host memory (the default)
+  // or on the device (KNN_TI_LISTS=device): the same answers. 3000 queries
+  // against 200000 targets at 1 MB: the mapped lists leave all queries in
+  // one query part, filtered against many target parts (each pair reads
+  // and writes the lists through the bus), where lists on the device need
+  // several query parts. k 40 (k' > 32): level 2's own lists in global
+  // memory, the carried ones mapped.
+  const Data few = make_data(3000, 200000, 4, Shape::kClustered, 351, true);
+  const Data self = make_self(20000, 8, Shape::kClustered, 352, true);
+  for (const char *lists : {"mapped", "device"}) {
+    const ScopedEnv place("KNN_TI_LISTS", lists);
+    const bool mapped = std::string(lists) == "mapped";
+    Options o;
+    o.k = 20;
+    const std::string name = std::string("lists ") + lists;
+    std::vector<OutOfCoreShape> shapes = check_out_of_core(few, o, {1 << 20}, name.c_str());
+    ASSERT_EQ(shapes.size(), 1u) << lists;
+    EXPECT_GT(shapes[0].target_parts, 1) << lists;
+    if (mapped) EXPECT_EQ(shapes[0].query_parts, 1) << lists;
+    else EXPECT_GT(shapes[0].query_parts, 1) << lists;
+    o.k = 40;
+    check_out_of_core(few, o, {4 << 20}, (name + ", global lists").c_str());
+    // Several query parts, each in its own mapped block while the host
+    // expands the part before.
+    o.k = 20;
+    shapes = check_out_of_core(self, o, {3 << 18}, (name + ", self").c_str());
+    ASSERT_EQ(shapes.size(), 1u) << lists;
+    EXPECT_GT(shapes[0].query_parts, 1) << lists;
+  }
+}
+
 TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
   REQUIRE_GPU();
   // Order groups larger than a duplicates piece (16384 positions:

@@ -187,6 +187,17 @@ struct Level2Config {
   // max groups x 32 x P x k' entries, which an out-of-core budget cannot
   // spare. Taken where the block's lists fit its shared memory.
   bool shared_merge = false;
+  // Out-of-core join: where set, each stored list's k'-th entry (value,
+  // row) also goes here, by distinct query, in device memory: the per-pair
+  // scans then read it there while the lists themselves may be in mapped
+  // host memory (ti_out_of_core.cu).
+  float *last_value = nullptr;
+  int32_t *last_row = nullptr;
+  // The lists by query POSITION, in tiles of 32 positions, entry-major
+  // within a tile (entry i of position p at (p / 32) * 32 k' + i * 32 +
+  // p % 32), so that a warp's loads and stores of its lists are coalesced:
+  // over the bus, scattered 4-byte accesses cost several times more.
+  bool tiled_lists = false;
 };
 
 // ---- stage entry points (each returns KNN_OK or sets ctx.error) ----

@@ -75,6 +75,10 @@ struct Level2Args {
   // results by distinct query
   float *result_value;
   int32_t *result_row;
+  // where set, each stored list's k'-th entry too (Level2Config::last_value)
+  float *last_value;
+  int32_t *last_row;
+  int tiled;              // lists by position in tiles (Level2Config::tiled_lists)
   // inside-query parallelism: one list per (query slot, part)
   float *part_value;
   int32_t *part_row;
@@ -90,6 +94,13 @@ struct Level2Args {
   int32_t *cand_pos;
   unsigned long long *counter;
 };
+
+// Where query `d` at position `qpos` keeps entry 0 of its list, and the
+// step between its entries.
+__device__ __forceinline__ int64_t list_at(const Level2Args &a, int64_t d, int64_t qpos) {
+  return a.tiled ? (qpos / kWarp) * kWarp * a.kprime + qpos % kWarp : d * a.kprime;
+}
+__device__ __forceinline__ int64_t list_step(const Level2Args &a) { return a.tiled ? kWarp : 1; }
 
 __device__ __forceinline__ float widen(Margin m, float magnitude) {
   return m.rel * magnitude + m.abs;
@@ -174,11 +185,29 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
     // the seeds, so the merge of the P lists below sees each entry once.
     if (a.resume && active && part == 0) {
       const int64_t d = a.q.member[qpos];
-      const float *seed_v = a.result_value + d * a.kprime;
-      const int32_t *seed_r = a.result_row + d * a.kprime;
-      for (int i = 0; i < a.kprime && seed_r[i] != kNoRow; i++)
-        if (entry_before(seed_v[i], seed_r[i], list.last_value(), list.last_row()))
-          list.insert(seed_v[i], seed_r[i]);
+      const float *seed_v = a.result_value + list_at(a, d, qpos);
+      const int32_t *seed_r = a.result_row + list_at(a, d, qpos);
+      const int64_t step = list_step(a);
+      // Read kSeedBatch entries ahead of using them: the lists may be in
+      // mapped host memory, where each load waits for the bus.
+      constexpr int kSeedBatch = 8;
+      bool more = true;
+      for (int i0 = 0; i0 < a.kprime && more; i0 += kSeedBatch) {
+        float sv[kSeedBatch];
+        int32_t sr[kSeedBatch];
+#pragma unroll
+        for (int j = 0; j < kSeedBatch; j++) {
+          const bool in = i0 + j < a.kprime;
+          sv[j] = in ? seed_v[(i0 + j) * step] : kInf;
+          sr[j] = in ? seed_r[(i0 + j) * step] : kNoRow;
+        }
+#pragma unroll
+        for (int j = 0; j < kSeedBatch; j++) {
+          more = more && sr[j] != kNoRow;
+          if (more && entry_before(sv[j], sr[j], list.last_value(), list.last_row()))
+            list.insert(sv[j], sr[j]);
+        }
+      }
       const float last = list.last_value();
       if (last != kInf) theta_own = fminf(theta_own, MetricOps<METRIC>::ti(last));
     }
@@ -283,7 +312,12 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
     if (P == 1) {
       if (active) {
         const int64_t d = a.q.member[qpos];
-        list.store(a.kprime, a.result_value + d * a.kprime, a.result_row + d * a.kprime, 1);
+        const int64_t at = list_at(a, d, qpos);
+        list.store(a.kprime, a.result_value + at, a.result_row + at, list_step(a));
+        if (a.last_value != nullptr) {
+          a.last_value[d] = list.last_value();
+          a.last_row[d] = list.last_row();
+        }
       }
     } else {
       // Entry i of the list of part s: pv[s * part_step + i * entry_step].
@@ -316,8 +350,9 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       __syncthreads();
       if (part == 0 && active) {
         const int64_t d = a.q.member[qpos];
-        float *out_v = a.result_value + d * a.kprime;
-        int32_t *out_r = a.result_row + d * a.kprime;
+        float *out_v = a.result_value + list_at(a, d, qpos);
+        int32_t *out_r = a.result_row + list_at(a, d, qpos);
+        const int64_t step = list_step(a);
         int cursor[kMaxParts];
         for (int s = 0; s < P; s++) cursor[s] = 0;
         for (int i = 0; i < a.kprime; i++) {
@@ -334,9 +369,13 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
               br = r;
             }
           }
-          out_v[i] = bv;
-          out_r[i] = br;
+          out_v[i * step] = bv;
+          out_r[i * step] = br;
           cursor[best]++;
+          if (i == a.kprime - 1 && a.last_value != nullptr) {
+            a.last_value[d] = bv;
+            a.last_row[d] = br;
+          }
         }
       }
     }
@@ -641,6 +680,9 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.margin = margin;
   a.result_value = result_value;
   a.result_row = result_row;
+  a.last_value = requested.last_value;
+  a.last_row = requested.last_row;
+  a.tiled = requested.tiled_lists ? 1 : 0;
   a.counter = distance_counter;
   KNN_TRY(ctx.cancel_point());
 

@@ -12,7 +12,14 @@
 //   1. its distinct points go up and are clustered (as in ti_join.cu), or,
 //      for a self-join cut alike on both sides (PartPlan::shared_parts),
 //      the cached target part of the same points is copied back and its
-//      clusters serve as the queries; its k' lists are allocated;
+//      clusters serve as the queries; its k' lists are allocated: in
+//      pinned host memory mapped into the device's address space
+//      (MappedLists; PartPlan::mapped_lists, the default for ordered
+//      sides), by query position in tiles of 32 so that level 2's accesses
+//      over the bus are coalesced (Level2Config::tiled_lists), so that a
+//      query part is sized by its points alone; or on the device; the
+//      k'-th entry of each list is kept on the device too (level 2 writes
+//      it with the list), for the per-pair scans;
 //   2. the target parts come nearest first, by a lower bound on the
 //      distance between the two parts' landmark groups (ti_parts.cuh:
 //      part_distance_bound); with one query part each is clustered beside
@@ -28,7 +35,8 @@
 //      query (part_needed_kernel: its cluster centres and radii, copied
 //      from its pinned block, against each query's carried k'-th entry)
 //      and skipped alone where no (query, target cluster) pair passes;
-//   3. the lists come back to the host, and each query row takes its
+//   3. the lists come back to the host (mapped: the host reads them where
+//      the device wrote them, no copy), and each query row takes its
 //      distinct point's list less the targets that share its key, with
 //      float8 distances (output_ordered_part: what ti_output.cu does on the
 //      device). Sides without an order (row ranges) deduplicate each part
@@ -188,6 +196,68 @@ int forced_threads_per_query() {
   return forced != nullptr ? std::max(0, std::min(8, std::atoi(forced))) : 0;
 }
 
+// Pinned host memory mapped into the device's address space: the query
+// parts' k' lists (PartPlan::mapped_lists), which level 2 reads and writes
+// through the bus and the host expands where they are. Registered pages
+// (register_pages: far faster to lock than cudaHostAlloc for hundreds of
+// MB, as ti_target_parts.cu measured for its blocks). Freed with its
+// owner, on every path.
+class MappedLists {
+ public:
+  MappedLists() = default;
+  ~MappedLists() { release(); }
+  MappedLists(const MappedLists &) = delete;
+  MappedLists &operator=(const MappedLists &) = delete;
+
+  // Room for `entries` (value, row) pairs, on `device` (any host thread:
+  // the join allocates ahead while target parts are built). No CUDA error
+  // state is left behind; the caller records a failure.
+  cudaError_t allocate(int device, size_t entries) {
+    release();
+    const size_t page = 4096;
+    size_t bytes = std::max<size_t>(1, entries) * (sizeof(float) + sizeof(int32_t));
+    bytes = (bytes + page - 1) / page * page;
+    cudaError_t err = cudaSetDevice(device);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      return err;
+    }
+    void *p = register_pages(bytes, true, cudaHostRegisterMapped);
+    if (p == nullptr) return cudaErrorMemoryAllocation;
+    void *dev = nullptr;
+    err = cudaHostGetDevicePointer(&dev, p, 0);
+    host_ = p;
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      release();
+      return err;
+    }
+    device_ = dev;
+    entries_ = entries;
+    return cudaSuccess;
+  }
+
+  void release() {
+    if (host_ == nullptr) return;
+    (void)cudaHostUnregister(host_);
+    std::free(host_);
+    host_ = device_ = nullptr;
+    entries_ = 0;
+  }
+
+  size_t entries() const { return entries_; }
+  // Values first, then rows (entries each), on the host and on the device.
+  float *host_value() const { return static_cast<float *>(host_); }
+  int32_t *host_row() const { return reinterpret_cast<int32_t *>(host_value() + entries_); }
+  float *device_value() const { return static_cast<float *>(device_); }
+  int32_t *device_row() const { return reinterpret_cast<int32_t *>(device_value() + entries_); }
+
+ private:
+  void *host_ = nullptr;
+  void *device_ = nullptr;
+  size_t entries_ = 0;
+};
+
 // One query part against every target part.
 class OutOfCoreJoin {
  public:
@@ -215,6 +285,17 @@ class OutOfCoreJoin {
     margin_.abs = (float)rounding(0.0);
   }
 
+  // Mapped lists go only once the device is done with them (an error path
+  // may leave kernels queued); the host threads are waited for by their
+  // futures, destroyed first.
+  ~OutOfCoreJoin() {
+    if (mapping_.valid()) (void)mapping_.wait();
+    if (mapped_[0].entries() != 0 || mapped_[1].entries() != 0)
+      (void)cudaStreamSynchronize(ctx_.stream);
+  }
+  OutOfCoreJoin(const OutOfCoreJoin &) = delete;
+  OutOfCoreJoin &operator=(const OutOfCoreJoin &) = delete;
+
   // *finite: false when some distance could overflow (nothing written).
   KnnStatus run(int64_t *neighbors, double *distances, KnnStats *stats, bool *finite);
 
@@ -228,11 +309,14 @@ class OutOfCoreJoin {
                        double *theta, int64_t *last_row, bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
                         MemoryBudget &mem, int64_t *neighbors, double *distances);
-  KnnStatus output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
-                                double *distances);
+  KnnStatus output_ordered_part(int index, const ClusterSet &queries, int64_t n_distinct,
+                                int64_t *neighbors, double *distances);
   void expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
-                    double *distances) const;
+                    double *distances);
   void wait_output();
+  void start_mapping();
+  KnnStatus wait_mapping();
+  KnnStatus allocate_lists(int index, int64_t n_distinct, MemoryBudget &mem);
   PartStaging &gather_query_part(int index);
   // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
   // phase times (printed to stderr at the end) are the stages' own.
@@ -261,8 +345,17 @@ class OutOfCoreJoin {
   DeviceBuffer<int64_t> target_keys_;  // all target keys (rows are global)
   DeviceBuffer<int64_t> query_keys_;   // the current query part's keys
   DeviceBuffer<unsigned long long> counter_;
-  DeviceBuffer<float> result_value_;
+  DeviceBuffer<float> result_value_;  // the lists on the device (not mapped)
   DeviceBuffer<int32_t> result_row_;
+  // Mapped lists: two blocks, one per query part in turn (the host expands
+  // one while the device fills the other), each for the largest part.
+  MappedLists mapped_[2];
+  // The current query part's lists, as the device addresses them (mapped
+  // or result_value_/result_row_), and each list's k'-th entry (device).
+  float *lists_value_ = nullptr;
+  int32_t *lists_row_ = nullptr;
+  DeviceBuffer<float> last_value_;
+  DeviceBuffer<int32_t> last_row_;
   DeviceBuffer<unsigned> theta_bits_;
   // Ordered query parts: two stagings, the next part gathered by a host
   // thread (query_gather_) while the device filters the current one.
@@ -271,6 +364,13 @@ class OutOfCoreJoin {
   // thread (expanding_) while the device filters the next query part.
   std::vector<float> list_value_[2];
   std::vector<int32_t> list_row_[2];
+  // Where expand_lists reads each slot's lists: the vectors above, or the
+  // mapped blocks.
+  const float *host_value_[2] = {nullptr, nullptr};
+  const int32_t *host_row_[2] = {nullptr, nullptr};
+  // Mapped lists are by position (Level2Config::tiled_lists): the distinct
+  // point at each position, by slot.
+  std::vector<int32_t> list_member_[2];
   int list_slot_ = 0;
 
   Level2Config used_;
@@ -291,6 +391,9 @@ class OutOfCoreJoin {
   // running (an error path) are waited for before anything they use goes.
   std::future<void> expanding_;
   std::future<void> query_gather_;
+  // The mapped blocks being allocated by a host thread (start_mapping).
+  std::future<cudaError_t> mapping_;
+  double mapping_wait_seconds_ = 0;  // (trace)
   unsigned long long computed_ = 0;
 };
 
@@ -309,14 +412,15 @@ void OutOfCoreJoin::trace() const {
                "(%lld by clusters); "
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
-               "(uploads %.4f, pinned copies %.4f)\n",
+               "(uploads %.4f, pinned copies %.4f); lists %s (pinning waited %.4f s)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
                (long long)pairs_skipped_, (long long)cluster_skipped_,
                cluster_seconds_ + filter_seconds_ + output_seconds_, cluster_seconds_,
                query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
-               targets_.upload_seconds(), targets_.store_seconds());
+               targets_.upload_seconds(), targets_.store_seconds(),
+               plan_.mapped_lists ? "mapped" : "device", mapping_wait_seconds_);
 }
 
 KnnStatus OutOfCoreJoin::upload_target_keys() {
@@ -334,12 +438,12 @@ KnnStatus OutOfCoreJoin::carried_bounds(const ClusterSet &queries, float *carrie
   const unsigned grid = grid_for((int64_t)queries.m * kWarp, 128);
   if (p_.metric == KNN_METRIC_L1)
     carried_bound_kernel<KNN_METRIC_L1><<<grid, 128, 0, ctx_.stream>>>(
-        queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
-        margin_, carried);
+        queries.begin.get(), queries.member.get(), queries.m, last_value_.get(), 1, margin_,
+        carried);
   else
     carried_bound_kernel<KNN_METRIC_L2><<<grid, 128, 0, ctx_.stream>>>(
-        queries.begin.get(), queries.member.get(), queries.m, result_value_.get(), plan_.kprime,
-        margin_, carried);
+        queries.begin.get(), queries.member.get(), queries.m, last_value_.get(), 1, margin_,
+        carried);
   CUDA_CHECK_LAUNCH(ctx_, "carried_bound_kernel");
   return KNN_OK;
 }
@@ -361,8 +465,7 @@ KnnStatus OutOfCoreJoin::pair_tests(const ClusterSet &queries, const DistinctSet
   CUDA_CHECK(ctx_, cudaMemsetAsync(theta_bits_.get(), 0, 3 * sizeof(unsigned), ctx_.stream));
   if (ordered_) {
     largest_last_kernel<<<grid_for(query_set.n_distinct, 256), 256, 0, ctx_.stream>>>(
-        result_value_.get(), result_row_.get(), query_set.n_distinct, plan_.kprime,
-        theta_bits_.get());
+        last_value_.get(), last_row_.get(), query_set.n_distinct, 1, theta_bits_.get());
     CUDA_CHECK_LAUNCH(ctx_, "largest_last_kernel");
   }
   TargetParts::ClusterSummary s;
@@ -382,12 +485,12 @@ KnnStatus OutOfCoreJoin::pair_tests(const ClusterSet &queries, const DistinctSet
     const unsigned grid = grid_for(queries.n * kNeededSlices, 256);
     if (p_.metric == KNN_METRIC_L1)
       part_needed_kernel<KNN_METRIC_L1><<<grid, 256, 0, ctx_.stream>>>(
-          queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+          queries.x.get(), queries.member.get(), queries.n, last_value_.get(), 1,
           centers.get(), radius.get(), begin.get(), s.m, stride_, margin_,
           theta_bits_.get() + 2);
     else
       part_needed_kernel<KNN_METRIC_L2><<<grid, 256, 0, ctx_.stream>>>(
-          queries.x.get(), queries.member.get(), queries.n, result_value_.get(), plan_.kprime,
+          queries.x.get(), queries.member.get(), queries.n, last_value_.get(), 1,
           centers.get(), radius.get(), begin.get(), s.m, stride_, margin_,
           theta_bits_.get() + 2);
     CUDA_CHECK_LAUNCH(ctx_, "part_needed_kernel");
@@ -428,6 +531,10 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   config.partial = false;  // the partial filter cannot carry lists over
   config.resume = resume;
   config.shared_merge = true;
+  config.last_value = last_value_.get();
+  config.last_row = last_row_.get();
+  // Mapped lists by position, coalesced over the bus.
+  config.tiled_lists = plan_.mapped_lists;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
   // Threads per query as in memory (IV-D3): a part's queries are few next
   // to the device's threads. The level-2 kernel seeds a carried list into
@@ -447,8 +554,7 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
                                                 plan_.kprime, queries.n,
                                                 options_.cache_conflict_factor);
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
-                        result_value_.get(), result_row_.get(), counter_.get(), &used_, mem,
-                        ctx_));
+                        lists_value_, lists_row_, counter_.get(), &used_, mem, ctx_));
   lap(&level2_seconds_, &t0);
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
@@ -493,8 +599,8 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
   for (int64_t c = 0; c < n; c += chunk) {
     KNN_TRY(ctx_.cancel_point());
     const int64_t count = std::min(chunk, n - c);
-    KNN_TRY(expand_results(query_set, p_.metric, c, count, k, plan_.kprime, result_value_.get(),
-                           result_row_.get(), query_keys, exclude_ ? target_keys_.get() : nullptr,
+    KNN_TRY(expand_results(query_set, p_.metric, c, count, k, plan_.kprime, lists_value_,
+                           lists_row_, query_keys, exclude_ ? target_keys_.get() : nullptr,
                            rows.get(), dist.get(), ctx_));
     CUDA_CHECK(ctx_, cudaMemcpyAsync(neighbors + (first + c) * k, rows.get(),
                                      (size_t)count * k * sizeof(int64_t),
@@ -515,17 +621,32 @@ KnnStatus OutOfCoreJoin::output_part(const DistinctSet &query_set, int64_t first
 // results of its rows, on the host: each row of a distinct point takes
 // its list, less the entries whose target key equals its own key
 // (ti_expand.cuh: the code ti_output.cu runs on the device).
-KnnStatus OutOfCoreJoin::output_ordered_part(int index, int64_t n_distinct, int64_t *neighbors,
+KnnStatus OutOfCoreJoin::output_ordered_part(int index, const ClusterSet &queries,
+                                             int64_t n_distinct, int64_t *neighbors,
                                              double *distances) {
   wait_output();  // the part before, whose buffers are the other slot
-  const int slot = list_slot_ ^= 1;
-  const size_t slots = (size_t)n_distinct * plan_.kprime;
-  list_value_[slot].resize(slots);
-  list_row_[slot].resize(slots);
-  KNN_TRY(download_to_host(ctx_, list_value_[slot].data(), result_value_.get(),
-                           slots * sizeof(float)));
-  KNN_TRY(download_to_host(ctx_, list_row_[slot].data(), result_row_.get(),
-                           slots * sizeof(int32_t)));
+  const int slot = list_slot_ = index % 2;
+  if (plan_.mapped_lists) {
+    // The device wrote them here (the stream was waited for): no copy.
+    const MappedLists &block = mapped_[plan_.query_parts() > 1 ? slot : 0];
+    host_value_[slot] = block.host_value();
+    host_row_[slot] = block.host_row();
+    // They are by position (tiled): the distinct point at each position.
+    std::vector<int32_t> &member = list_member_[slot];
+    member.resize((size_t)queries.n);
+    KNN_TRY(download_to_host(ctx_, member.data(), queries.member.get(),
+                             member.size() * sizeof(int32_t)));
+  } else {
+    const size_t slots = (size_t)n_distinct * plan_.kprime;
+    list_value_[slot].resize(slots);
+    list_row_[slot].resize(slots);
+    KNN_TRY(download_to_host(ctx_, list_value_[slot].data(), result_value_.get(),
+                             slots * sizeof(float)));
+    KNN_TRY(download_to_host(ctx_, list_row_[slot].data(), result_row_.get(),
+                             slots * sizeof(int32_t)));
+    host_value_[slot] = list_value_[slot].data();
+    host_row_[slot] = list_row_[slot].data();
+  }
   // The rows are written by a host thread while the device goes on with the
   // next query part (here, if no thread can be had).
   try {
@@ -572,10 +693,34 @@ PartStaging &OutOfCoreJoin::gather_query_part(int index) {
 }
 
 void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_t *neighbors,
-                                 double *distances) const {
+                                 double *distances) {
   const int k = p_.k, kp = plan_.kprime;
-  const std::vector<float> &list_value = list_value_[slot];
-  const std::vector<int32_t> &list_row = list_row_[slot];
+  if (plan_.mapped_lists) {
+    // Mapped lists are by position in tiles of 32 (entry i of position p at
+    // (p / 32) * 32 k' + i * 32 + p % 32): first into distinct point order,
+    // tile by tile (each tile read where it lies, each list written whole).
+    const float *tile_value = host_value_[slot];
+    const int32_t *tile_row = host_row_[slot];
+    const std::vector<int32_t> &member = list_member_[slot];
+    const int64_t n = (int64_t)member.size();
+    list_value_[slot].resize((size_t)n_distinct * kp);
+    list_row_[slot].resize((size_t)n_distinct * kp);
+    float *value = list_value_[slot].data();
+    int32_t *row = list_row_[slot].data();
+    cpu::parallel_for((n + kWarp - 1) / kWarp, query_order_.n_threads, ctx_.cancel,
+                      [&](int64_t t, int) {
+      const int64_t tile = t * kWarp * kp;
+      for (int lane = 0; lane < kWarp && t * kWarp + lane < n; lane++) {
+        const int64_t d = member[t * kWarp + lane];
+        for (int i = 0; i < kp; i++) {
+          value[d * kp + i] = tile_value[tile + (int64_t)i * kWarp + lane];
+          row[d * kp + i] = tile_row[tile + (int64_t)i * kWarp + lane];
+        }
+      }
+    });
+  }
+  const float *list_value = plan_.mapped_lists ? list_value_[slot].data() : host_value_[slot];
+  const int32_t *list_row = plan_.mapped_lists ? list_row_[slot].data() : host_row_[slot];
   const int64_t d0 = plan_.query_distinct_first(index);
   const std::vector<int64_t> &begin = query_order_.distinct_begin;
   const bool l1 = p_.metric == KNN_METRIC_L1;
@@ -590,8 +735,9 @@ void OutOfCoreJoin::expand_lists(int index, int64_t n_distinct, int slot, int64_
     int64_t d = std::upper_bound(begin.begin() + d0, begin.begin() + d0 + n_distinct + 1, lo) -
                 begin.begin() - 1 - d0;
     for (; d < n_distinct && begin[d0 + d] < hi; d++) {
-      const float *value = list_value.data() + d * kp;
-      const int32_t *row = list_row.data() + d * kp;
+      const float *value = list_value + d * kp;
+      const int32_t *row = list_row + d * kp;
+
       const int64_t from = std::max(lo, begin[d0 + d]), to = std::min(hi, begin[d0 + d + 1]);
       for (int64_t pos = from; pos < to; pos++) {
         const int64_t q = query_order_.row(pos);
@@ -678,9 +824,7 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
       query_keys = query_keys_.get();
     }
   }
-  const size_t slots = (size_t)query_set.n_distinct * plan_.kprime;
-  KNN_TRY(mem.allocate(ctx_, result_value_, slots, "results"));
-  KNN_TRY(mem.allocate(ctx_, result_row_, slots, "results"));
+  KNN_TRY(allocate_lists(index, query_set.n_distinct, mem));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   cluster_seconds_ += seconds_since(t0);
   KNN_TRY(ctx_.cancel_point());
@@ -759,13 +903,80 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
 
   t0 = Clock::now();
   if (ordered_)
-    KNN_TRY(output_ordered_part(index, query_set.n_distinct, neighbors, distances));
+    KNN_TRY(output_ordered_part(index, queries, query_set.n_distinct, neighbors, distances));
   else
     KNN_TRY(output_part(query_set, first, query_keys, mem, neighbors, distances));
   output_seconds_ += seconds_since(t0);
   mem.release(result_value_);
   mem.release(result_row_);
+  mem.release(last_value_);
+  mem.release(last_row_);
   mem.release(query_keys_);
+  return KNN_OK;
+}
+
+// The mapped blocks (two where there are several query parts, the host
+// expanding one part's lists while the device fills the next), each for
+// the largest query part, allocated by a host thread while the target
+// parts are built; here, if no thread can be had.
+void OutOfCoreJoin::start_mapping() {
+  if (!plan_.mapped_lists) return;
+  int64_t largest = 0;
+  for (int i = 0; i < plan_.query_parts(); i++)
+    largest = std::max(largest, plan_.query_distinct_count(i));
+  // Tiles of 32 positions (Level2Config::tiled_lists).
+  const size_t entries = (size_t)((largest + kWarp - 1) / kWarp * kWarp) * plan_.kprime;
+  const int blocks = plan_.query_parts() > 1 ? 2 : 1;
+  const int device = ctx_.device;
+  auto pin = [this, entries, blocks, device] {
+    cudaError_t err = cudaSuccess;
+    for (int b = 0; b < blocks && err == cudaSuccess; b++)
+      err = mapped_[b].allocate(device, entries);
+    return err;
+  };
+  try {
+    mapping_ = std::async(std::launch::async, pin);
+  } catch (const std::system_error &) {
+    std::promise<cudaError_t> done;
+    done.set_value(pin());
+    mapping_ = done.get_future();
+  }
+}
+
+KnnStatus OutOfCoreJoin::wait_mapping() {
+  if (!mapping_.valid()) return KNN_OK;
+  const Clock::time_point t0 = Clock::now();
+  const cudaError_t err = mapping_.get();
+  mapping_wait_seconds_ += seconds_since(t0);
+  if (err != cudaSuccess)
+    return record_failure(ctx_, err, "pinning the mapped kNN lists", __FILE__, __LINE__);
+  return KNN_OK;
+}
+
+// Query part `index`'s lists (n_distinct x k'): in mapped block index % 2
+// or on the device; each list's k'-th entry on the device (written by
+// level 2 with the list).
+KnnStatus OutOfCoreJoin::allocate_lists(int index, int64_t n_distinct, MemoryBudget &mem) {
+  size_t slots = (size_t)n_distinct * plan_.kprime;
+  if (plan_.mapped_lists) {
+    slots = (size_t)((n_distinct + kWarp - 1) / kWarp * kWarp) * plan_.kprime;  // tiles
+    KNN_TRY(wait_mapping());
+    const MappedLists &block = mapped_[plan_.query_parts() > 1 ? index % 2 : 0];
+    if (block.entries() < slots) {  // (the plan's largest part holds every part)
+      if (ctx_.error.empty()) ctx_.error = "TI join: a query part outgrew its mapped kNN lists";
+      return KNN_DEVICE_ERROR;
+    }
+    lists_value_ = block.device_value();
+    lists_row_ = block.device_row();
+  } else {
+    KNN_TRY(mem.allocate(ctx_, result_value_, slots, "results"));
+    KNN_TRY(mem.allocate(ctx_, result_row_, slots, "results"));
+    lists_value_ = result_value_.get();
+    lists_row_ = result_row_.get();
+  }
+  const size_t n = (size_t)std::max<int64_t>(1, n_distinct);
+  KNN_TRY(mem.allocate(ctx_, last_value_, n, "list bounds"));
+  KNN_TRY(mem.allocate(ctx_, last_row_, n, "list bounds"));
   return KNN_OK;
 }
 
@@ -814,6 +1025,7 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
                                              target_order_.row(plan_.target_first(i) + j));
   }
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
+  start_mapping();
   if (plan_.cache_targets) {
     // Every target part built and cached first, each with the whole budget
     // (ti_part_plan.cu). Their own values are checked here; the queries'

@@ -10,7 +10,9 @@
 //    original row;
 //  * a target part copied back for a query part: S + 20, 4 per row;
 //  * a query part while target parts are filtered: S + 24 plus its k'
-//    lists (8 k'), and level 2's global list slots where k' > 32.
+//    lists (8 k'), and level 2's global list slots where k' > 32; with
+//    mapped lists (PartPlan::mapped_lists, the default) the lists are in
+//    pinned host memory and only their k'-th entries (8) count.
 // The query resident bytes and the loaded target bytes share 80 % of the
 // budget, 55 % and 25 % (the pair count falls with the product of the
 // part sizes, and the level-2 kernel runs a thread per query of the part:
@@ -35,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 
 #include "../exclusion_runs.h"
 #include "ti_distance.cuh"
@@ -97,6 +100,7 @@ PartPlan::PartPlan(const KnnProblem &p, const TiOptions &options, size_t budget_
   const int64_t excluded = exclude_ ? max_rows_per_key(p.target_keys, p.n_targets) : 0;
   kprime = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)p.k + excluded);
   global_lists_ = kprime > 32;
+  mapped_lists = false;  // row ranges: on the device (cut_distinct may map them)
   plan_rows();
 }
 
@@ -104,7 +108,9 @@ double PartPlan::query_resident_bytes(int64_t n, int64_t rows) const {
   const double entry = sizeof(float) + sizeof(int32_t);
   const double clusters = query_clusters_for(n);
   const double slots = global_lists_ ? n + kWarp * (clusters + 1) : 0.0;
-  return n * ((double)stride_ * sizeof(float) + 32 + kprime * entry) + 4.0 * rows +
+  // Mapped lists: the k'-th entry of each list on the device.
+  const double lists = mapped_lists ? entry : kprime * entry;
+  return n * ((double)stride_ * sizeof(float) + 32 + lists) + 4.0 * rows +
          slots * kprime * entry + clusters * (kprime + 1) * entry;
 }
 
@@ -166,6 +172,9 @@ void PartPlan::cut_distinct(const SpatialOrder &queries, const SpatialOrder &tar
   // Nothing but a counter and the theta words stays: keys are applied on
   // the host.
   avail_ = budget > 4096 ? (double)(budget - 4096) : 0.0;
+  // Ordered parts' lists are mapped (KNN_TI_LISTS=device: on the device).
+  const char *lists = std::getenv("KNN_TI_LISTS");
+  mapped_lists = lists == nullptr || std::strcmp(lists, "device") != 0;
   plan_distinct();
 }
 

@@ -46,6 +46,13 @@ class PartPlan {
   // i, copied back instead of built again.
   bool shared_parts = false;
   bool by_distinct() const { return by_distinct_; }
+  // The query parts' k' lists in pinned host memory mapped into the
+  // device's address space (not in the budget: a part is sized by its
+  // points and clusters, and by the k'-th entry of each list, which stays
+  // on the device); false: on the device, in the budget.
+  // Ordered sides only (cut_distinct); KNN_TI_LISTS=device keeps them on
+  // the device (A/B benchmarks).
+  bool mapped_lists = false;
 
   int query_parts() const { return (int)query_at_.size() - 1; }
   int target_parts() const { return (int)target_at_.size() - 1; }
@@ -191,6 +198,12 @@ double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const 
 // (incomplete once *cancel is set: the caller stops).
 std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
                                        KnnMetric metric, const int32_t *cancel);
+
+// Host memory of `bytes` (posix_memalign'd: free with cudaHostUnregister,
+// then std::free), its pages touched by a few threads, 2 MB pages where
+// `huge` and the kernel gives them, then page-locked by cudaHostRegister
+// with `flags`; nullptr where it cannot be had (ti_target_parts.cu).
+void *register_pages(size_t bytes, bool huge, unsigned flags);
 
 // One target part on the device: its distinct points and clusters, with
 // global target rows in set.rows and clusters.first_row.

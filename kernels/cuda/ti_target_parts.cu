@@ -80,6 +80,31 @@ size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
+void *register_pages(size_t bytes, bool huge, unsigned flags) {
+  const size_t page = 4096, huge_page = size_t(2) << 20;
+  // Large pages only for blocks of one at least (aligned to them, not
+  // rounded up: a tail of small pages costs nothing more).
+  huge = huge && bytes >= huge_page;
+  void *p = nullptr;
+  if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) return nullptr;
+  if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
+  // Pages touched (allocated and zeroed by the kernel) on a few threads:
+  // most of a block's cost once the pages are large.
+  const size_t piece = size_t(2) << 20;
+  cpu::parallel_for((int64_t)((bytes + piece - 1) / piece), kTouchThreads, nullptr,
+                    [&](int64_t i, int) {
+                      const size_t end = std::min(bytes, (size_t)(i + 1) * piece);
+                      for (size_t at = (size_t)i * piece; at < end; at += page)
+                        static_cast<volatile char *>(p)[at] = 0;
+                    });
+  if (cudaHostRegister(p, bytes, flags) != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::free(p);
+    return nullptr;
+  }
+  return p;
+}
+
 // The arrays of one clustered part, in one pinned block: allocated by
 // store() or taken from the Pinner.
 struct TargetParts::HostPart {
@@ -190,27 +215,7 @@ class TargetParts::Pinner {
     return cudaMallocHost(&p, bytes) == cudaSuccess ? p : nullptr;
   }
   static void *register_block(size_t bytes, bool huge) {
-    const size_t page = 4096, huge_page = size_t(2) << 20;
-    // Large pages only for blocks of one at least (aligned to them, not
-    // rounded up: a tail of small pages costs nothing more).
-    huge = huge && bytes >= huge_page;
-    void *p = nullptr;
-    if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) return nullptr;
-    if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
-    // Pages touched (allocated and zeroed by the kernel) on a few threads:
-    // most of a block's cost once the pages are large.
-    const size_t piece = size_t(2) << 20;
-    cpu::parallel_for((int64_t)((bytes + piece - 1) / piece), kTouchThreads, nullptr,
-                      [&](int64_t i, int) {
-                        const size_t end = std::min(bytes, (size_t)(i + 1) * piece);
-                        for (size_t at = (size_t)i * piece; at < end; at += page)
-                          static_cast<volatile char *>(p)[at] = 0;
-                      });
-    if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
-      std::free(p);
-      return nullptr;
-    }
-    return p;
+    return register_pages(bytes, huge, cudaHostRegisterDefault);
   }
 
   const std::vector<size_t> sizes_;
