@@ -1215,6 +1215,9 @@ knn_shard_queries_added(KnnShardEarly *c, const KnnMatrix *queries)
 		old = MemoryContextSwitchTo(c->context);
 		c->shipment = knn_shard_remote_ship_start(c->to_memory, c->n_memory, &c->ship_rows, true);
 		MemoryContextSwitchTo(old);
+		ereport(DEBUG1,
+				(errmsg_internal("knn_join: shipping the query rows to %d shards while they are read (" INT64_FORMAT " read so far)",
+								 c->n_memory, queries->n)));
 	}
 	knn_shard_remote_ship_poll(c->shipment);
 }
