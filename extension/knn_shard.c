@@ -14,9 +14,12 @@
  * through the same plan with the pushed partitions taken out, so its
  * rows, visibility and filters are exactly those of the plan.
  *
- * Order of the work: the query rows are shipped to every shard, the shard
- * joins are sent, the local part is read and joined while the shards work,
- * then their results are collected and merged. All partitions of one user
+ * Order of the work: the query rows are shipped to every shard (where the
+ * shards read their targets ahead and receive in blocks: block by block
+ * while the rows are read, knn_shard_queries_added), the shard joins are
+ * sent, the local part is read and joined while the shards work, then
+ * their results are collected and merged. The shards' pairs name their
+ * query by id, so the order the rows were shipped in does not matter. All partitions of one user
  * mapping share postgres_fdw's one connection, so they form one shard
  * (knn_join: whose targets text is the UNION ALL of their SELECTs).
  */
