@@ -913,10 +913,21 @@ done
 check "statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
 check "the shards stopped working" 0 "$(active_on_shards)"
 
+# cancel_and_wait PID: cancels the coordinator's backend named knn_shard_cancel
+# and waits for its psql (PID, started in the background); sets ms to the
+# milliseconds from the cancel to psql's end.
+cancel_and_wait() {
+  local start
+  sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+  start=$(date +%s%N)
+  wait "$1"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+}
+
 # cancel_in_the_middle WHAT SQL: SQL runs until both shards work on it, is
 # cancelled, and ends at once, stopping the shards' work and leaving nothing.
 cancel_in_the_middle() {
-  local what=$1 bg seen=0 start ms leftovers=0
+  local what=$1 bg seen=0 ms leftovers=0
   sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$2" >"${DIRS[0]}/cancel.out" 2>&1 &
   bg=$!
   for _ in $(seq 1 100); do
@@ -924,10 +935,7 @@ cancel_in_the_middle() {
     sleep 0.1
   done
   check "$what runs on both shards" 1 "$seen"
-  sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
-  start=$(date +%s%N)
-  wait "$bg"
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  cancel_and_wait "$bg"
   check_has "a cancel ends $what (${ms} ms)" 'canceling statement due to user request' \
     "$(cat "${DIRS[0]}/cancel.out")"
   check "the cancel stopped the shards' work on $what" 0 "$(active_on_shards)"
@@ -1127,10 +1135,7 @@ check "... the shards stopped" 0 "$(active_on_shards)"
 sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "SET client_min_messages = debug1" -c "$SLOW" >"${DIRS[0]}/cancel.out" 2>&1 &
 bg=$!
 sleep 1.5
-sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
-start=$(date +%s%N)
-wait "$bg"
-ms=$(( ($(date +%s%N) - start) / 1000000 ))
+cancel_and_wait "$bg"
 check_has "a cancel during the query read ends the join (${ms} ms)" 'canceling statement due to user request' \
   "$(cat "${DIRS[0]}/cancel.out")"
 check_has "... with blocks gone out" "while they are read" "$(cat "${DIRS[0]}/cancel.out")"
