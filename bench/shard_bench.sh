@@ -55,6 +55,9 @@
 # one JSON line each in OUT_DIR/ab.jsonl as they come, then OUT_DIR/ab.json
 # with each build's medians and whether all builds' checksums agree. Forms
 # AB_SELF_LIBS (default: all) lists the builds the self-join runs for.
+# AB_METHOD (default: none, the engine's choice) gives their joins a method
+# (e.g. brute: on a CPU dry run, where the engine's choice for the ship
+# form can take a minute and swamp the phases the builds differ in).
 # Derived: speedup = baseline / sharded (psql time), the coordinator's
 # shipping + merge over the slowest shard's time, and the merge's cost per
 # million result rows. Writes OUT_DIR/shard_bench.json and prints it.
@@ -335,9 +338,9 @@ bench_ab() {
         # a rename: the running backends keep the file they loaded
         cp "$path" "$lib_dir/knn_gpu.so.ab" && mv "$lib_dir/knn_gpu.so.ab" "$lib_dir/knn_gpu.so" || exit 1
         if [ "$form" = ship ]; then
-          query="SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM emb_all', 'SELECT id, v FROM emb WHERE id <= $ship_n', $k)"
+          query="SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM emb_all', 'SELECT id, v FROM emb WHERE id <= $ship_n', $k${AB_METHOD:+, method => '$AB_METHOD'})"
         else
-          query="SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM emb_all', 'SELECT id, v FROM emb', $k, exclude_self => true)"
+          query="SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM emb_all', 'SELECT id, v FROM emb', $k, exclude_self => true${AB_METHOD:+, method => '$AB_METHOD'})"
         fi
         run=$(timed 0 "$query" "SELECT knn_gpu_last_shard_stats()") || exit 1
         stats=${run#*|*|}

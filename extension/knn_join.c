@@ -393,7 +393,7 @@ keyed_row_context(void *arg)
  */
 static void
 read_set(KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
-		 KnnGroupKeys *groups)
+		 KnnGroupKeys *groups, KnnShardEarly *shipping)
 {
 	Portal		portal;
 	bool		checked = false;
@@ -450,6 +450,8 @@ read_set(KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
 			}
 			else
 				knn_matrix_append(matrix, row_id(set, id, matrix), vector, reader);
+			/* the query rows go to the shards as they are read (knn_shard.h) */
+			knn_shard_queries_added(shipping, matrix);
 			CHECK_FOR_INTERRUPTS();
 		}
 		row.valid = false;
@@ -799,7 +801,18 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		shards = knn_shard_start(query_set.plan, target_source->plan, element, groups != NULL,
 								 &shard_call);
 		INSTR_TIME_SET_CURRENT(queries_start);
-		read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups);
+		PG_TRY();
+		{
+			read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups,
+					 shards);
+		}
+		PG_CATCH();
+		{
+			/* rows shipped meanwhile: the connections are left to postgres_fdw's cleanup */
+			knn_shard_queries_failed(shards);
+			PG_RE_THROW();
+		}
+		PG_END_TRY();
 		knn_shard_queries_read(shards, knn_seconds_since(queries_start));
 	}
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
@@ -830,7 +843,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 			  knn_held_targets_take(call->received_set, target_source->sql,
 									target_source->vector_type, targets)))
 			read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets,
-					 groups);
+					 groups, NULL);
 		target_keys = target_source->keys;
 		query_set.keys = query_keys;
 	}
@@ -1137,7 +1150,7 @@ knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 	old_context = MemoryContextSwitchTo(context);
 	knn_matrix_init(&targets, "target", knn_join_element(&query_set, &target_set, call.metric));
 	MemoryContextSwitchTo(old_context);
-	read_set(&target_set, knn_vector_reader_for(target_set.kind, targets.element), &targets, NULL);
+	read_set(&target_set, knn_vector_reader_for(target_set.kind, targets.element), &targets, NULL, NULL);
 	SPI_finish();
 	knn_held_targets_keep(call.received_set, call.targets_sql, target_set.vector_type, &targets);
 	knn_progress_end();

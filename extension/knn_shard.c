@@ -14,9 +14,12 @@
  * through the same plan with the pushed partitions taken out, so its
  * rows, visibility and filters are exactly those of the plan.
  *
- * Order of the work: the query rows are shipped to every shard, the shard
- * joins are sent, the local part is read and joined while the shards work,
- * then their results are collected and merged. All partitions of one user
+ * Order of the work: the query rows are shipped to every shard (where the
+ * shards read their targets ahead and receive in blocks: block by block
+ * while the rows are read, knn_shard_queries_added), the shard joins are
+ * sent, the local part is read and joined while the shards work, then
+ * their results are collected and merged. The shards' pairs name their
+ * query by id, so the order the rows were shipped in does not matter. All partitions of one user
  * mapping share postgres_fdw's one connection, so they form one shard
  * (knn_join: whose targets text is the UNION ALL of their SELECTs).
  */
@@ -990,6 +993,14 @@ struct KnnShardEarly
 	instr_time	start;
 	double		seconds_queries;	/* the caller's query read, -1 = not told */
 	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */
+	/* the query rows shipped while they are read (knn_shard_queries_added) */
+	MemoryContext context;		/* knn_shard_start's: where the shipment lives */
+	int64		poll_at;		/* rows read when the reader looks next */
+	int64		poll_every;
+	KnnShardRemote **to_memory; /* the opened shards that receive in blocks */
+	int			n_memory;
+	KnnShardRows ship_rows;		/* rows.n follows the read */
+	KnnShardShipment *shipment; /* started during the read, or NULL */
 };
 
 /*
@@ -1052,6 +1063,8 @@ open_shards(KnnShardEarly *c, KnnElement element, const KnnShardJoin *join)
 static void
 abandon_shards(KnnShardEarly *c)
 {
+	if (c->shipment != NULL)
+		knn_shard_remote_ship_end_savepoint(c->shipment, false);
 	knn_shard_remote_prefetch_drop(c->sp.shards, c->sp.n_shards);
 	for (int s = 0; s < c->sp.n_shards; s++)
 		knn_shard_remote_release(c->sp.shards[s]);
@@ -1138,6 +1151,8 @@ knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement ele
 		return NULL;
 	c = palloc0(sizeof(KnnShardEarly));
 	c->seconds_queries = -1.0;
+	c->context = CurrentMemoryContext;
+	c->poll_at = PG_INT64_MAX;	/* nothing shipped during the read unless said below */
 	c->state = find_shards(c, targets_plan, join, grouped);
 	/* shards, but queries that may need their connections: opened after the queries are read */
 	if (c->state != SHARDS_FOUND || !queries_leave_connections_alone(queries_plan))
@@ -1147,7 +1162,74 @@ knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement ele
 	for (int s = 0; s < c->sp.n_shards; s++)
 		if (c->sp.shards[s]->prefetch_sql != NULL)
 			knn_shard_remote_prefetch_send(c->sp.shards[s]);
+	/* the shards that receive in blocks get the query rows as they are read */
+	c->to_memory = palloc(Max(c->sp.n_shards, 1) * sizeof(KnnShardRemote *));
+	for (int s = 0; s < c->sp.n_shards; s++)
+		if (c->sp.shards[s]->receives_queries)
+			c->to_memory[c->n_memory++] = c->sp.shards[s];
+	if (c->n_memory > 0)
+		c->poll_at = 1;
 	return c;
+}
+
+/*
+ * The first query row is read: how often to look at the shards. A quarter
+ * of a block's rows (every row has the first's size), the first look once
+ * a block is read.
+ */
+static void
+plan_polls(KnnShardEarly *c, const KnnMatrix *queries)
+{
+	/* encode_query's row: the id's length and value, the vector's length and send form */
+	int64		row_bytes = 4 + 8 + 4 + (query_vector_bytes(queries) - VARHDRSZ);
+	int64		block_rows = (KNN_SHARD_BLOCK_BYTES + row_bytes - 1) / row_bytes;
+
+	c->poll_every = Max(block_rows / 4, 1);
+	c->poll_at = block_rows;
+	c->ship_rows.n_fields = 2;
+	c->ship_rows.max_vector_bytes = query_vector_bytes(queries);
+	c->ship_rows.encode = encode_query;
+	c->ship_rows.arg = (void *) queries;
+}
+
+void
+knn_shard_queries_added(KnnShardEarly *c, const KnnMatrix *queries)
+{
+	if (c == NULL || queries->n < c->poll_at)
+		return;
+	if (c->ship_rows.encode == NULL)
+	{
+		plan_polls(c, queries);
+		return;
+	}
+	c->poll_at = queries->n + c->poll_every;
+	c->ship_rows.n = queries->n;
+	if (c->shipment == NULL)
+	{
+		MemoryContext old;
+
+		/* the connections are the prefetches' until they end */
+		if (!knn_shard_remote_prefetch_poll(c->sp.shards, c->sp.n_shards))
+			return;
+		/*
+		 * Under a savepoint there: ids that repeat, found only once all rows
+		 * are read, take the rows back (the call then joins here).
+		 */
+		old = MemoryContextSwitchTo(c->context);
+		c->shipment = knn_shard_remote_ship_start(c->to_memory, c->n_memory, &c->ship_rows, true);
+		MemoryContextSwitchTo(old);
+		ereport(DEBUG1,
+				(errmsg_internal("knn_join: shipping the query rows to %d shards while they are read (" INT64_FORMAT " read so far)",
+								 c->n_memory, queries->n)));
+	}
+	knn_shard_remote_ship_poll(c->shipment);
+}
+
+void
+knn_shard_queries_failed(KnnShardEarly *early)
+{
+	if (early != NULL && early->shipment != NULL)
+		knn_shard_remote_ship_fail(early->shipment);
 }
 
 void
@@ -1175,6 +1257,14 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	int64		rows;
 	KnnShardRows ship_rows;
 
+	/* the rows not shipped while they were read go now: the shards then hold them all */
+	if (early != NULL && early->shipment != NULL)
+	{
+		INSTR_TIME_SET_CURRENT(phase);
+		early->ship_rows.n = queries->n;
+		knn_shard_remote_ship_finish(early->shipment);
+		seconds_ship = knn_seconds_since(phase);
+	}
 	if (early == NULL)
 	{
 		if (queries->n == 0 && !join->describe_only)
@@ -1232,6 +1322,9 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		int			n_memory = 0;
 		int			n_table = 0;
 
+		/* the shards that got the rows while they were read keep them (in id order or not: the joins there sort them) */
+		if (c->shipment != NULL)
+			knn_shard_remote_ship_end_savepoint(c->shipment, true);
 		INSTR_TIME_SET_CURRENT(phase);
 		ship_rows.n = queries->n;
 		ship_rows.n_fields = 2;
@@ -1248,7 +1341,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		}
 		if (n_memory > 0)
 		{
-			knn_shard_remote_ship_blocks(to_memory, n_memory, &ship_rows);
+			if (c->shipment == NULL)
+				knn_shard_remote_ship_blocks(to_memory, n_memory, &ship_rows);
 			/* these join while the others' rows are copied */
 			for (int s = 0; s < n_memory; s++)
 				knn_shard_remote_send(to_memory[s]);
@@ -1259,7 +1353,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			for (int s = 0; s < n_table; s++)
 				knn_shard_remote_send(to_table[s]);
 		}
-		seconds_ship = knn_seconds_since(phase);
+		seconds_ship += knn_seconds_since(phase);
 	}
 
 	sources = palloc0((spp->n_shards + 1) * sizeof(KnnShardLists));

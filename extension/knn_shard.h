@@ -129,6 +129,23 @@ typedef struct KnnShardEarly KnnShardEarly;
 extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan,
 									  KnnElement element, bool grouped, const KnnShardJoin *join);
 
+/*
+ * Called by knn_join's query read after each row it appends to `queries`
+ * (early may be NULL): where the shards opened early receive in blocks,
+ * ships the complete blocks of the rows read so far once their prefetches
+ * are done (knn_shard_remote_ship_poll: without waiting), so that when the
+ * read ends only the last blocks remain for knn_shard_try_join. Cheap
+ * between its looks (a comparison).
+ */
+extern void knn_shard_queries_added(KnnShardEarly *early, const KnnMatrix *queries);
+
+/*
+ * Called by knn_join when its query read fails (in PG_CATCH): the
+ * shipping begun meanwhile leaves the connections to postgres_fdw's abort
+ * cleanup, which takes the rows back there.
+ */
+extern void knn_shard_queries_failed(KnnShardEarly *early);
+
 /* The caller's time reading its queries, for the statistics (early may be NULL). */
 extern void knn_shard_queries_read(KnnShardEarly *early, double seconds);
 

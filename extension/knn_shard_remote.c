@@ -66,7 +66,7 @@
  * blocks 1.9 s, 4 MB 1.2 s, 1 MB 0.8-1.0 s, 512 kB 1.0 s); large enough
  * that a call per block costs little.
  */
-#define SHIP_BLOCK_BYTES (1024 * 1024)
+#define SHIP_BLOCK_BYTES KNN_SHARD_BLOCK_BYTES
 /*
  * Query vectors up to the shard's page size less this (varlena bytes; 7000
  * with 8 kB pages) stay in the temporary table's rows (STORAGE PLAIN): a
@@ -751,6 +751,7 @@ typedef struct ShipProgress
 	int64		sent;			/* blocks handed to libpq */
 	int64		answered;		/* blocks whose answer was read */
 	int64		expected[SHIP_IN_FLIGHT];	/* rows the shard must hold after each block in flight */
+	int64		held;			/* rows the shard said it holds, at its last answer */
 	bool		unsent_bytes;	/* libpq still holds bytes of them */
 	bool		pipelined;		/* the connection is in pipeline mode */
 	int			old_send_buffer;	/* SO_SNDBUF before widen_send_buffer, or -1 */
@@ -813,6 +814,7 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
 						shard->who, shard->server->servername, held,
 						p->expected[p->answered % SHIP_IN_FLIGHT])));
 	END_SHARD_CONTEXT();
+	p->held = held;
 	p->answered++;
 	return true;
 }
@@ -969,110 +971,223 @@ ship_statement_prepare(KnnShardRemote **shards, int n_shards, ShipStatement *st)
 	}
 }
 
-void
-knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
+/*
+ * A shipment in blocks under way (knn_shard_remote.h): the blocks encoded
+ * ahead (a ring shared by the shards), each shard's progress through them.
+ * rows->n may grow until the finish (the caller reads on): a block is
+ * complete once it holds SHIP_BLOCK_BYTES, or at the finish.
+ */
+struct KnnShardShipment
 {
+	KnnShardRemote **shards;
+	int			n_shards;
+	const KnnShardRows *rows;
 	ShipBlock	blocks[SHIP_BLOCKS_AHEAD];
-	ShipProgress *progress = palloc0(n_shards * sizeof(ShipProgress));
-	ShipStatement *st = palloc0(n_shards * sizeof(ShipStatement));
-	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
+	ShipProgress *progress;
+	ShipStatement *st;
+	int64		r;				/* rows encoded */
+	int64		encoded;		/* blocks complete */
+	bool		filling;		/* blocks[encoded % SHIP_BLOCKS_AHEAD] has rows, not yet complete */
+	bool		open;			/* started, neither finished nor failed */
+	bool		savepoint;		/* the rows went in under a savepoint there (ship_savepoint) */
+	int64		held_at_finish; /* the rows every shard held when the finish began */
 	instr_time	start;
 	/* where the coordinator's time goes, for DEBUG1 */
-	double		seconds_encode = 0.0;
-	double		seconds_libpq = 0.0;
-	double		seconds_wait = 0.0;
-	int64		waits = 0;
+	double		seconds_encode;
+	double		seconds_libpq;
+	double		seconds_wait;
+	int64		waits;
+};
 
-	INSTR_TIME_SET_CURRENT(start);
+/* The savepoint a shipment's rows go in under, named after the set (unique per connection). */
+static char *
+ship_savepoint(KnnShardRemote *shard)
+{
+	return psprintf("knn_gpu_ship_" INT64_FORMAT, shard->received_set);
+}
+
+KnnShardShipment *
+knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows,
+							bool savepoint)
+{
+	KnnShardShipment *sh = palloc0(sizeof(KnnShardShipment));
+
+	INSTR_TIME_SET_CURRENT(sh->start);
+	sh->shards = shards;
+	sh->n_shards = n_shards;
+	sh->rows = rows;
+	sh->savepoint = savepoint;
+	sh->progress = palloc0(n_shards * sizeof(ShipProgress));
+	sh->st = palloc0(n_shards * sizeof(ShipStatement));
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
-		initStringInfo(&blocks[i].data);
+		initStringInfo(&sh->blocks[i].data);
 	for (int s = 0; s < n_shards; s++)
 	{
-		ship_statement_init(shards[s], &st[s]);
-		progress[s].old_send_buffer = -1;
+		ship_statement_init(shards[s], &sh->st[s]);
+		sh->progress[s].old_send_buffer = -1;
 	}
+	sh->open = true;
 	PG_TRY();
 	{
-		int64		r = 0;
-		int64		encoded = 0;	/* blocks */
-		instr_time	phase;
+		/* rows that may have to be taken back: a savepoint of their own there */
+		for (int s = 0; s < n_shards && savepoint; s++)
+		{
+			WITH_SHARD_CONTEXT(shards[s]);
+			fdw.PQclear(exec_checked(shards[s], psprintf("SAVEPOINT %s", ship_savepoint(shards[s])),
+									 PGRES_COMMAND_OK));
+			END_SHARD_CONTEXT();
+		}
+		ship_statement_prepare(shards, n_shards, sh->st);
+		for (int s = 0; s < n_shards; s++)
+		{
+			WITH_SHARD_CONTEXT(shards[s]);
+			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sh->st[s].sql);
+			shards[s]->sending = true;
+			sh->progress[s].pipelined = fdw.PQenterPipelineMode != NULL &&
+				fdw.PQenterPipelineMode(shards[s]->conn) == 1;
+			sh->progress[s].old_send_buffer = widen_send_buffer(fdw.PQsocket(shards[s]->conn));
+			END_SHARD_CONTEXT();
+		}
+	}
+	PG_CATCH();
+	{
+		knn_shard_remote_ship_fail(sh);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	return sh;
+}
 
-		ship_statement_prepare(shards, n_shards, st);
+/*
+ * Encodes rows into blocks while the ring has room (a slot every shard has
+ * sent): a block is complete at SHIP_BLOCK_BYTES, or with `last` at the
+ * last row. True when a block was completed.
+ */
+static bool
+encode_blocks(KnnShardShipment *sh, bool last)
+{
+	const KnnShardRows *rows = sh->rows;
+	int64		slowest = PG_INT64_MAX;
+	bool		moved = false;
+	instr_time	phase;
+
+	for (int s = 0; s < sh->n_shards; s++)
+		slowest = Min(slowest, sh->progress[s].sent);
+	INSTR_TIME_SET_CURRENT(phase);
+	while (sh->encoded - slowest < SHIP_BLOCKS_AHEAD &&
+		   (sh->r < rows->n || (last && sh->filling)))
+	{
+		ShipBlock  *b = &sh->blocks[sh->encoded % SHIP_BLOCKS_AHEAD];
+
+		if (!sh->filling)
+		{
+			resetStringInfo(&b->data);
+			sh->filling = true;
+		}
+		while (sh->r < rows->n && b->data.len < SHIP_BLOCK_BYTES)
+		{
+			rows->encode(rows->arg, sh->r++, &b->data);
+			if (sh->r % 1024 == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+		if (b->data.len < SHIP_BLOCK_BYTES && !last)
+			break;				/* the rest of it is not read yet */
+		b->end_row = sh->r;
+		sh->encoded++;
+		sh->filling = false;
+		moved = true;
+	}
+	sh->seconds_encode += knn_seconds_since(phase);
+	return moved;
+}
+
+/*
+ * Sends each shard the blocks it has room for and reads the answers there,
+ * without waiting. True when a block was sent or an answer read; *done
+ * when every complete block is answered everywhere.
+ */
+static bool
+move_blocks(KnnShardShipment *sh, bool *done)
+{
+	bool		moved = false;
+	instr_time	phase;
+
+	*done = true;
+	INSTR_TIME_SET_CURRENT(phase);
+	for (int s = 0; s < sh->n_shards; s++)
+	{
+		KnnShardRemote *shard = sh->shards[s];
+		ShipProgress *p = &sh->progress[s];
+
+		if (advance_block(shard, p, sh->st[s].sql))
+			moved = true;
+		while (p->sent - p->answered < (p->pipelined ? SHIP_IN_FLIGHT : 1) &&
+			   p->sent < sh->encoded && !p->unsent_bytes)
+		{
+			send_block(shard, p, &sh->st[s], &sh->blocks[p->sent % SHIP_BLOCKS_AHEAD]);
+			(void) advance_block(shard, p, sh->st[s].sql);
+			moved = true;
+		}
+		*done = *done && p->answered == sh->encoded;
+	}
+	sh->seconds_libpq += knn_seconds_since(phase);
+	return moved;
+}
+
+void
+knn_shard_remote_ship_poll(KnnShardShipment *sh)
+{
+	bool		done;
+
+	Assert(sh->open);
+	/* each pass moves something, or ends: the rows read so far are finite */
+	while (encode_blocks(sh, false) | move_blocks(sh, &done))
+		;
+}
+
+void
+knn_shard_remote_ship_finish(KnnShardShipment *sh)
+{
+	KnnShardRemote **shards = sh->shards;
+	int			n_shards = sh->n_shards;
+	WaitEventSet *volatile events = NULL;	/* set in PG_TRY, freed in PG_CATCH */
+
+	Assert(sh->open);
+	sh->held_at_finish = PG_INT64_MAX;
+	for (int s = 0; s < n_shards; s++)
+		sh->held_at_finish = Min(sh->held_at_finish, sh->progress[s].held);
+	PG_TRY();
+	{
 		/* the latch (a cancel), the postmaster, then each shard's socket at 2 + s */
 		events = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
 		AddWaitEventToSet(events, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 		AddWaitEventToSet(events, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 		for (int s = 0; s < n_shards; s++)
-		{
-			WITH_SHARD_CONTEXT(shards[s]);
-			if (fdw.PQsetnonblocking(shards[s]->conn, 1) != 0)
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
-			shards[s]->sending = true;
-			progress[s].pipelined = fdw.PQenterPipelineMode != NULL &&
-				fdw.PQenterPipelineMode(shards[s]->conn) == 1;
-			progress[s].old_send_buffer = widen_send_buffer(fdw.PQsocket(shards[s]->conn));
 			AddWaitEventToSet(events, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
-			END_SHARD_CONTEXT();
-		}
 		for (;;)
 		{
-			int64		slowest = PG_INT64_MAX;
-			bool		moved = false;
-			bool		done = r == rows->n;
+			bool		done;
+			bool		moved = encode_blocks(sh, true);
 			WaitEvent	occurred;
+			instr_time	phase;
 
-			/* encode ahead, into slots every shard has sent */
-			for (int s = 0; s < n_shards; s++)
-				slowest = Min(slowest, progress[s].sent);
-			INSTR_TIME_SET_CURRENT(phase);
-			while (r < rows->n && encoded - slowest < SHIP_BLOCKS_AHEAD)
-			{
-				ShipBlock  *b = &blocks[encoded % SHIP_BLOCKS_AHEAD];
-
-				resetStringInfo(&b->data);
-				while (r < rows->n && b->data.len < SHIP_BLOCK_BYTES)
-				{
-					rows->encode(rows->arg, r++, &b->data);
-					if (r % 1024 == 0)
-						CHECK_FOR_INTERRUPTS();
-				}
-				b->end_row = r;
-				encoded++;
-				moved = true;
-			}
-			seconds_encode += knn_seconds_since(phase);
-			INSTR_TIME_SET_CURRENT(phase);
-			for (int s = 0; s < n_shards; s++)
-			{
-				ShipProgress *p = &progress[s];
-
-				if (advance_block(shards[s], p, st[s].sql))
-					moved = true;
-				while (p->sent - p->answered < (p->pipelined ? SHIP_IN_FLIGHT : 1) &&
-					   p->sent < encoded && !p->unsent_bytes)
-				{
-					send_block(shards[s], p, &st[s], &blocks[p->sent % SHIP_BLOCKS_AHEAD]);
-					(void) advance_block(shards[s], p, st[s].sql);
-					moved = true;
-				}
-				done = done && p->answered == encoded;
-			}
-			seconds_libpq += knn_seconds_since(phase);
-			if (done)
+			moved = move_blocks(sh, &done) || moved;
+			if (done && sh->r == sh->rows->n && !sh->filling)
 				break;
 			if (moved)
 				continue;
 			/* nothing to do until a shard answers or takes more bytes */
 			for (int s = 0; s < n_shards; s++)
 				ModifyWaitEvent(events, 2 + s,
-								WL_SOCKET_READABLE | (progress[s].unsent_bytes ? WL_SOCKET_WRITEABLE : 0),
+								WL_SOCKET_READABLE | (sh->progress[s].unsent_bytes ? WL_SOCKET_WRITEABLE : 0),
 								NULL);
 			INSTR_TIME_SET_CURRENT(phase);
 			if (WaitEventSetWait(events, -1L, &occurred, 1, PG_WAIT_EXTENSION) > 0 &&
 				(occurred.events & WL_LATCH_SET))
 				ResetLatch(MyLatch);
-			seconds_wait += knn_seconds_since(phase);
-			waits++;
+			sh->seconds_wait += knn_seconds_since(phase);
+			sh->waits++;
 			CHECK_FOR_INTERRUPTS();
 		}
 		FreeWaitEventSet(events);
@@ -1080,45 +1195,88 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 		for (int s = 0; s < n_shards; s++)
 		{
 			WITH_SHARD_CONTEXT(shards[s]);
-			if (progress[s].pipelined)
+			if (sh->progress[s].pipelined)
 			{
 				if (!leave_pipeline(shards[s], true, 0))
-					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
-				progress[s].pipelined = false;
+					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sh->st[s].sql);
+				sh->progress[s].pipelined = false;
 			}
 			/* every block was answered, so nothing is left unsent: this switch cannot fail on a flush */
 			shards[s]->sending = false;
-			restore_send_buffer(fdw.PQsocket(shards[s]->conn), &progress[s]);
+			restore_send_buffer(fdw.PQsocket(shards[s]->conn), &sh->progress[s]);
 			if (fdw.PQsetnonblocking(shards[s]->conn, 0) != 0)
-				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, st[s].sql);
-			fdw.PQclear(exec_checked(shards[s], psprintf("DEALLOCATE %s", st[s].name),
+				fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sh->st[s].sql);
+			fdw.PQclear(exec_checked(shards[s], psprintf("DEALLOCATE %s", sh->st[s].name),
 									 PGRES_COMMAND_OK));
 			END_SHARD_CONTEXT();
 		}
 	}
 	PG_CATCH();
 	{
-		TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(),
-														   FAIL_COPY_TIMEOUT_MS);
-
 		if (events != NULL)
 			FreeWaitEventSet(events);
-		for (int s = 0; s < n_shards; s++)
-		{
-			if (shards[s]->sending)
-				fail_blocks(shards[s], &progress[s], deadline);
-			restore_send_buffer(fdw.PQsocket(shards[s]->conn), &progress[s]);
-		}
+		knn_shard_remote_ship_fail(sh);
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	sh->open = false;
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
-		pfree(blocks[i].data.data);
-	note_ship_time(shards, n_shards, start);
+		pfree(sh->blocks[i].data.data);
+	note_ship_time(shards, n_shards, sh->start);
 	ereport(DEBUG1,
-			(errmsg_internal("%s: " INT64_FORMAT " query rows shipped to %d shards in %.3f s: encoding %.3f s, libpq %.3f s, waiting for the shards %.3f s (" INT64_FORMAT " waits)",
-							 shards[0]->who, rows->n, n_shards, shards[0]->seconds_ship,
-							 seconds_encode, seconds_libpq, seconds_wait, waits)));
+			(errmsg_internal("%s: " INT64_FORMAT " query rows shipped to %d shards in %.3f s (" INT64_FORMAT " held there before the finish): encoding %.3f s, libpq %.3f s, waiting for the shards %.3f s (" INT64_FORMAT " waits)",
+							 shards[0]->who, sh->rows->n, n_shards, shards[0]->seconds_ship,
+							 sh->held_at_finish, sh->seconds_encode, sh->seconds_libpq,
+							 sh->seconds_wait, sh->waits)));
+}
+
+int64
+knn_shard_remote_ship_held_at_finish(const KnnShardShipment *sh)
+{
+	return sh->held_at_finish;
+}
+
+void
+knn_shard_remote_ship_fail(KnnShardShipment *sh)
+{
+	TimestampTz deadline;
+
+	if (sh == NULL || !sh->open)
+		return;
+	sh->open = false;
+	deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), FAIL_COPY_TIMEOUT_MS);
+	for (int s = 0; s < sh->n_shards; s++)
+	{
+		if (sh->shards[s]->sending)
+			fail_blocks(sh->shards[s], &sh->progress[s], deadline);
+		restore_send_buffer(fdw.PQsocket(sh->shards[s]->conn), &sh->progress[s]);
+	}
+}
+
+void
+knn_shard_remote_ship_end_savepoint(KnnShardShipment *sh, bool keep)
+{
+	Assert(!sh->open && sh->savepoint);
+	for (int s = 0; s < sh->n_shards; s++)
+	{
+		char	   *name = ship_savepoint(sh->shards[s]);
+
+		WITH_SHARD_CONTEXT(sh->shards[s]);
+		/* taken back: the received set goes with its subtransaction there (knn_shard_receive.h) */
+		if (!keep)
+			fdw.PQclear(exec_checked(sh->shards[s], psprintf("ROLLBACK TO SAVEPOINT %s", name),
+									 PGRES_COMMAND_OK));
+		fdw.PQclear(exec_checked(sh->shards[s], psprintf("RELEASE SAVEPOINT %s", name),
+								 PGRES_COMMAND_OK));
+		END_SHARD_CONTEXT();
+	}
+	sh->savepoint = false;
+}
+
+void
+knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows)
+{
+	knn_shard_remote_ship_finish(knn_shard_remote_ship_start(shards, n_shards, rows, false));
 }
 
 static void wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch);
@@ -1190,6 +1348,34 @@ knn_shard_remote_prefetch_wait(KnnShardRemote **shards, int n_shards)
 		if (pending[s])
 			read_prefetch_result(shards[s]);
 	pfree(pending);
+}
+
+bool
+knn_shard_remote_prefetch_poll(KnnShardRemote **shards, int n_shards)
+{
+	bool		all = true;
+
+	for (int s = 0; s < n_shards; s++)
+	{
+		KnnShardRemote *shard = shards[s];
+
+		if (!shard->prefetching)
+			continue;
+		{
+			WITH_SHARD_CONTEXT(shard);
+			if (!fdw.PQconsumeInput(shard->conn))
+				fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->prefetch_sql);
+			END_SHARD_CONTEXT();
+		}
+		if (fdw.PQisBusy(shard->conn))
+			all = false;
+		else
+		{
+			shard->prefetching = false;
+			read_prefetch_result(shard);
+		}
+	}
+	return all;
 }
 
 static void

@@ -116,14 +116,51 @@ extern void knn_shard_copy_field(StringInfo buf, const char *data, int len);
  */
 extern void knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows *rows);
 
+/* The bytes of rows per block shipped into a shard's memory. */
+#define KNN_SHARD_BLOCK_BYTES (1024 * 1024)
+
 /*
  * Ships the rows into each shard's memory in blocks of a megabyte
  * (knn_shard_receive_queries() there, set received_set), all shards at
  * once: each shard gets its next block as soon as it has answered its
  * last, the coordinator encoding blocks ahead while the shards read.
+ * (knn_shard_remote_ship_start, then knn_shard_remote_ship_finish.)
  */
 extern void knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards,
 										 const KnnShardRows *rows);
+
+/*
+ * The same in steps, for rows shipped while the caller still reads them:
+ * start prepares the shards' statement and puts their connections into
+ * non-blocking (pipeline) mode, with `savepoint` under a savepoint of its
+ * own there (so the rows can be taken back); poll encodes the complete
+ * blocks of rows->n rows so far (rows->n grows between calls, the rows
+ * before it never change) and moves them along as far as the shards take
+ * them now, without waiting; finish ships the rest (rows->n final) and
+ * waits until every shard holds every row. Nothing else may use the
+ * connections in between. After an error anywhere from start to the end
+ * of finish, the caller calls fail before postgres_fdw's abort cleanup
+ * (start, poll's callers and finish do it where they catch an error).
+ */
+typedef struct KnnShardShipment KnnShardShipment;
+
+extern KnnShardShipment *knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards,
+													 const KnnShardRows *rows, bool savepoint);
+extern void knn_shard_remote_ship_poll(KnnShardShipment *shipment);
+extern void knn_shard_remote_ship_finish(KnnShardShipment *shipment);
+
+/* The rows every shard held when the finish began (shipped while they were read). */
+extern int64 knn_shard_remote_ship_held_at_finish(const KnnShardShipment *shipment);
+
+/* After an error: leaves the connections to postgres_fdw's abort cleanup (no-op once ended). */
+extern void knn_shard_remote_ship_fail(KnnShardShipment *shipment);
+
+/*
+ * After finish, a shipment under a savepoint: keep releases the savepoint
+ * (the rows stay for the join); otherwise the shards roll back to it,
+ * which drops the rows received there.
+ */
+extern void knn_shard_remote_ship_end_savepoint(KnnShardShipment *shipment, bool keep);
 
 /*
  * Sends the shard's prefetch_sql without waiting for it: the shard reads
@@ -138,6 +175,12 @@ extern void knn_shard_remote_prefetch_send(KnnShardRemote *shard);
  * targets for the join.
  */
 extern void knn_shard_remote_prefetch_wait(KnnShardRemote **shards, int n_shards);
+
+/*
+ * Without waiting: reads the prefetch results that are there; true when no
+ * shard is prefetching any more (then the connections are free).
+ */
+extern bool knn_shard_remote_prefetch_poll(KnnShardRemote **shards, int n_shards);
 
 /*
  * A join that does not go to the shards after all: waits for the

@@ -913,10 +913,21 @@ done
 check "statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
 check "the shards stopped working" 0 "$(active_on_shards)"
 
+# cancel_and_wait PID: cancels the coordinator's backend named knn_shard_cancel
+# and waits for its psql (PID, started in the background); sets ms to the
+# milliseconds from the cancel to psql's end.
+cancel_and_wait() {
+  local start
+  sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
+  start=$(date +%s%N)
+  wait "$1"
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+}
+
 # cancel_in_the_middle WHAT SQL: SQL runs until both shards work on it, is
 # cancelled, and ends at once, stopping the shards' work and leaving nothing.
 cancel_in_the_middle() {
-  local what=$1 bg seen=0 start ms leftovers=0
+  local what=$1 bg seen=0 ms leftovers=0
   sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$2" >"${DIRS[0]}/cancel.out" 2>&1 &
   bg=$!
   for _ in $(seq 1 100); do
@@ -924,10 +935,7 @@ cancel_in_the_middle() {
     sleep 0.1
   done
   check "$what runs on both shards" 1 "$seen"
-  sql 0 -c "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_shard_cancel'" >/dev/null
-  start=$(date +%s%N)
-  wait "$bg"
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  cancel_and_wait "$bg"
   check_has "a cancel ends $what (${ms} ms)" 'canceling statement due to user request' \
     "$(cat "${DIRS[0]}/cancel.out")"
   check "the cancel stopped the shards' work on $what" 0 "$(active_on_shards)"
@@ -1013,6 +1021,128 @@ check "after the node's timeout: no temporary table on the shards, the session w
   "$(printf 'after:0\nafter:0\nagain:171')" "$(echo "$out" | grep -E '^(after|again):')"
 check "the shards stopped the node's work" 0 "$(active_on_shards)"
 cancel_in_the_middle "the KNN Join node's big join" "$BIG_NODE"
+
+# ---- the query rows shipped while they are read (knn_shard_queries_added) ----
+# OVQ: 40000 rows of 96 dimensions (some 15 blocks), read slowly enough
+# (pg_sleep now and then) that the shards' reads ahead end first and the
+# blocks go out during the read; the shards' targets: 2000 rows of big.
+OVQ="SELECT id, v FROM bigq WHERE id < 40000 AND (id % 4000 <> 0 OR pg_sleep(0.02) IS NOT NULL)"
+OVT="SELECT id, v FROM big WHERE id <= 2000"
+OVT_HERE="SELECT id, v FROM big_here WHERE id <= 2000"
+# overlapped QUERIES: debug lines of the shipping, then the differences to one server both ways, rows
+overlapped() {
+  sql 0 -v "qs=$1" -v "ts=$OVT" -v "tr=$OVT_HERE" 2>&1 <<'EOF'
+SET client_min_messages = debug1;
+CREATE TEMP TABLE s AS SELECT * FROM knn_join(:'qs', :'ts', 3, 'l2', true);
+SET client_min_messages = warning;
+CREATE TEMP TABLE o AS SELECT * FROM knn_join(:'qs', :'tr', 3, 'l2', true);
+SELECT 'diff:' || ((SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM o) x)
+     + (SELECT count(*) FROM (SELECT * FROM o EXCEPT ALL SELECT * FROM s) y));
+SELECT 'rows:' || count(*) FROM s;
+EOF
+}
+out=$(overlapped "$OVQ")
+check_has "query rows shipped while they are read: begun during the read" "while they are read" "$out"
+held=$(echo "$out" | sed -n 's/.*query rows shipped to 2 shards in .* (\([0-9]*\) held there before the finish).*/\1/p' | head -1)
+check "... most rows held by the shards before the read ended (${held:-?} of 40000)" t \
+  "$([ "${held:-0}" -gt 0 ] && echo t || echo f)"
+check "... the same rows as one server" "$(printf 'diff:0\nrows:%s' "$(sql 0 -c "SELECT 3 * count(*) FROM bigq WHERE id < 40000")")" \
+  "$(echo "$out" | grep -E '^(diff|rows):')"
+# halfvec rows, shipped the same way
+out=$(overlapped "SELECT id, v::halfvec FROM bigq WHERE id < 40000 AND (id % 4000 <> 0 OR pg_sleep(0.02) IS NOT NULL)")
+check_has "halfvec query rows shipped while they are read" "while they are read" "$out"
+check "... the same rows as one server" "diff:0" "$(echo "$out" | grep -E '^diff:')"
+
+# ids that repeat, found after the read: the blocks shipped are taken back
+# (rolled back to their savepoint there), the call joins here, said
+REPEAT="$OVQ UNION ALL SELECT id, v FROM bigq WHERE id < 100"
+out=$(sql 0 -v "qs=$REPEAT" -v "ts=$OVT" -v "tr=$OVT_HERE" 2>&1 <<'EOF'
+BEGIN;
+SET LOCAL client_min_messages = debug1;
+CREATE TEMP TABLE a AS SELECT * FROM knn_join(:'qs', :'ts', 3);
+SET LOCAL client_min_messages = warning;
+SELECT 'held:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'held:' || count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'held:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+CREATE TEMP TABLE b AS SELECT * FROM knn_join(:'qs', :'tr', 3);
+SELECT 'same:' || ((SELECT count(*) FROM (SELECT * FROM a EXCEPT ALL SELECT * FROM b) x)
+     + (SELECT count(*) FROM (SELECT * FROM b EXCEPT ALL SELECT * FROM a) y));
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+COMMIT;
+EOF
+)
+check_has "ids repeating after blocks were shipped: said" "query ids repeat" "$out"
+check_has "... the blocks had gone out during the read" "while they are read" "$out"
+check "... nothing held on the shards (in the same transaction), the right rows, the session goes on" \
+  "$(printf 'held:0\nheld:0\nheld:0\nheld:0\nsame:0\nagain:true')" "$(echo "$out" | grep -E '^(held|same|again):')"
+
+# an error far into the query rows (a vector of 2 dimensions at the end),
+# at the top level and in a subtransaction rolled back: nothing left on the
+# shards, the session (and the transaction) goes on. (The shipping's
+# prepared statement on a shard goes at the end of the coordinator's
+# transaction, with postgres_fdw's DEALLOCATE ALL after an error.)
+BAD="SELECT id, CASE WHEN id = 39999 THEN '[1,2]'::vector ELSE v END FROM bigq WHERE id < 40000 AND (id % 4000 <> 0 OR pg_sleep(0.02) IS NOT NULL) ORDER BY id"
+LEFT_HELD="SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);"
+LEFT_PREPARED="SELECT 'left:' || count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'left:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';"
+LEFT="$LEFT_HELD
+$LEFT_PREPARED"
+LEFT_NONE="$(printf 'left:0\nleft:0\nagain:true\nleft:0\nleft:0')"
+for how in top subtransaction; do
+  if [ "$how" = top ]; then pre="" post=""; else pre="BEGIN; SAVEPOINT x;" post="ROLLBACK TO SAVEPOINT x;"; fi
+  out=$(sql 0 -v "qs=$BAD" -v "ts=$OVT" 2>&1 <<EOF
+\\set ON_ERROR_STOP 0
+$pre
+SET client_min_messages = debug1;
+SELECT count(*) FROM knn_join(:'qs', :'ts', 3);
+$post
+SET client_min_messages = warning;
+$LEFT_HELD
+$([ "$how" = top ] || echo "COMMIT;")
+$LEFT_PREPARED
+EOF
+)
+  check_has "an error far into the query rows ($how): its message" "dimension mismatch: query id 39999" "$out"
+  check_has "... after blocks had gone out" "while they are read" "$out"
+  check "... nothing left on the shards, the session goes on ($how)" \
+    "$LEFT_NONE" "$(echo "$out" | grep -E '^(left|again):')"
+done
+
+# statement_timeout and a cancel in the middle of a slow query read whose
+# blocks are going out (300 pauses of 10 ms): ends at once, the shards stop,
+# nothing left there
+SLOW="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq WHERE id % 1000 <> 0 OR pg_sleep(0.01) IS NOT NULL', '$OVT', 1)"
+start=$(date +%s%N)
+out=$(sql 0 2>&1 <<EOF
+\\set ON_ERROR_STOP 0
+SET client_min_messages = debug1;
+SET statement_timeout = '1500ms';
+$SLOW;
+RESET statement_timeout;
+SET client_min_messages = warning;
+$LEFT
+EOF
+)
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+check_has "statement_timeout during the query read: ends the join" "canceling statement due to statement timeout" "$out"
+check_has "... with blocks gone out" "while they are read" "$out"
+check "... nothing left on the shards, the session works (${ms} ms in all)" \
+  "$LEFT_NONE" "$(echo "$out" | grep -E '^(left|again):')"
+check "... the shards stopped" 0 "$(active_on_shards)"
+sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "SET client_min_messages = debug1" -c "$SLOW" >"${DIRS[0]}/cancel.out" 2>&1 &
+bg=$!
+sleep 1.5
+cancel_and_wait "$bg"
+check_has "a cancel during the query read ends the join (${ms} ms)" 'canceling statement due to user request' \
+  "$(cat "${DIRS[0]}/cancel.out")"
+check_has "... with blocks gone out" "while they are read" "$(cat "${DIRS[0]}/cancel.out")"
+[ "$ms" -lt 3000 ] || fail "the cancel took ${ms} ms"
+check "... the shards stopped" 0 "$(active_on_shards)"
+check "... nothing left on the shards, the session works" \
+  "$LEFT_NONE" "$(sql 0 -c "SET client_min_messages = warning" -c "$LEFT" 2>&1 | grep -E '^(left|again):')"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
