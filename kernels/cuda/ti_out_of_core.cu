@@ -211,22 +211,34 @@ class MappedLists {
 
   // Room for `entries` (value, row) pairs, on `device` (any host thread:
   // the join allocates ahead while target parts are built). No CUDA error
-  // state is left behind; the caller records a failure.
-  cudaError_t allocate(int device, size_t entries) {
+  // state is left behind; the caller records a failure. A cancel (*cancel)
+  // stops the pinning within a piece of it: cudaSuccess, nothing held.
+  cudaError_t allocate(int device, size_t entries, const int32_t *cancel) {
     release();
     const size_t page = 4096;
     size_t bytes = std::max<size_t>(1, entries) * (sizeof(float) + sizeof(int32_t));
     bytes = (bytes + page - 1) / page * page;
     cudaError_t err = cudaSetDevice(device);
+    int same_address = 0;
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&same_address, cudaDevAttrCanUseHostPointerForRegisteredMem,
+                                   device);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       return err;
     }
-    void *p = register_pages(bytes, true, cudaHostRegisterMapped);
-    if (p == nullptr) return cudaErrorMemoryAllocation;
+    // Registered in chunks only where the device reads registered pages at
+    // their host addresses: the chunks are then one range there too; else
+    // in one call (the device pointer of one registration covers only it).
+    const size_t chunk = same_address != 0 ? kMappedChunk : 0;
+    void *p = register_pages(bytes, true, cudaHostRegisterMapped, cancel, chunk, &err);
+    if (p == nullptr) return err;  // (cudaSuccess: cancelled)
+    host_ = p;
+    bytes_ = bytes;
+    chunk_ = chunk;
     void *dev = nullptr;
     err = cudaHostGetDevicePointer(&dev, p, 0);
-    host_ = p;
+    if (err == cudaSuccess && chunk != 0 && dev != p) err = cudaErrorInvalidValue;
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       release();
@@ -239,10 +251,10 @@ class MappedLists {
 
   void release() {
     if (host_ == nullptr) return;
-    (void)cudaHostUnregister(host_);
+    unregister_pages(host_, bytes_, chunk_);
     std::free(host_);
     host_ = device_ = nullptr;
-    entries_ = 0;
+    entries_ = bytes_ = chunk_ = 0;
   }
 
   size_t entries() const { return entries_; }
@@ -253,9 +265,11 @@ class MappedLists {
   int32_t *device_row() const { return reinterpret_cast<int32_t *>(device_value() + entries_); }
 
  private:
+  // Registrations of 256 MB: a cancel waits for one at most.
+  static constexpr size_t kMappedChunk = size_t(256) << 20;
   void *host_ = nullptr;
   void *device_ = nullptr;
-  size_t entries_ = 0;
+  size_t entries_ = 0, bytes_ = 0, chunk_ = 0;
 };
 
 // One query part against every target part.
@@ -928,10 +942,13 @@ void OutOfCoreJoin::start_mapping() {
   const size_t entries = (size_t)((largest + kWarp - 1) / kWarp * kWarp) * plan_.kprime;
   const int blocks = plan_.query_parts() > 1 ? 2 : 1;
   const int device = ctx_.device;
-  auto pin = [this, entries, blocks, device] {
+  const int32_t *cancel = ctx_.cancel;
+  auto pin = [this, entries, blocks, device, cancel] {
     cudaError_t err = cudaSuccess;
-    for (int b = 0; b < blocks && err == cudaSuccess; b++)
-      err = mapped_[b].allocate(device, entries);
+    for (int b = 0; b < blocks && err == cudaSuccess; b++) {
+      if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED)) break;
+      err = mapped_[b].allocate(device, entries, cancel);
+    }
     return err;
   };
   try {
@@ -948,6 +965,7 @@ KnnStatus OutOfCoreJoin::wait_mapping() {
   const Clock::time_point t0 = Clock::now();
   const cudaError_t err = mapping_.get();
   mapping_wait_seconds_ += seconds_since(t0);
+  KNN_TRY(ctx_.cancel_point());  // a cancelled pinning holds nothing
   if (err != cudaSuccess)
     return record_failure(ctx_, err, "pinning the mapped kNN lists", __FILE__, __LINE__);
   return KNN_OK;

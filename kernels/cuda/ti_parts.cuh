@@ -199,11 +199,17 @@ double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const 
 std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
                                        KnnMetric metric, const int32_t *cancel);
 
-// Host memory of `bytes` (posix_memalign'd: free with cudaHostUnregister,
+// Host memory of `bytes` (posix_memalign'd: free with unregister_pages,
 // then std::free), its pages touched by a few threads, 2 MB pages where
 // `huge` and the kernel gives them, then page-locked by cudaHostRegister
-// with `flags`; nullptr where it cannot be had (ti_target_parts.cu).
-void *register_pages(size_t bytes, bool huge, unsigned flags);
+// with `flags`, in registrations of `chunk` bytes (0: one); nullptr where
+// it cannot be had (*error, if given: the failed call's error) or where
+// *cancel (may be null) was set first (*error: cudaSuccess): a cancel is
+// seen between pieces of 2 MB and between chunks (ti_target_parts.cu).
+void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *cancel,
+                     size_t chunk, cudaError_t *error);
+// Unlocks what register_pages locked (the same bytes and chunk).
+void unregister_pages(void *p, size_t bytes, size_t chunk);
 
 // One target part on the device: its distinct points and clusters, with
 // global target rows in set.rows and clusters.first_row.
