@@ -312,6 +312,8 @@ class OutOfCoreJoin {
 
   // *finite: false when some distance could overflow (nothing written).
   KnnStatus run(int64_t *neighbors, double *distances, KnnStats *stats, bool *finite);
+  // The mapped lists could not be pinned (the status says why).
+  bool pinning_failed() const { return pinning_failed_; }
 
  private:
   KnnStatus upload_target_keys();
@@ -407,6 +409,7 @@ class OutOfCoreJoin {
   std::future<void> query_gather_;
   // The mapped blocks being allocated by a host thread (start_mapping).
   std::future<cudaError_t> mapping_;
+  bool pinning_failed_ = false;
   double mapping_wait_seconds_ = 0;  // (trace)
   unsigned long long computed_ = 0;
 };
@@ -966,8 +969,10 @@ KnnStatus OutOfCoreJoin::wait_mapping() {
   const cudaError_t err = mapping_.get();
   mapping_wait_seconds_ += seconds_since(t0);
   KNN_TRY(ctx_.cancel_point());  // a cancelled pinning holds nothing
-  if (err != cudaSuccess)
+  if (err != cudaSuccess) {
+    pinning_failed_ = true;
     return record_failure(ctx_, err, "pinning the mapped kNN lists", __FILE__, __LINE__);
+  }
   return KNN_OK;
 }
 
@@ -1134,18 +1139,36 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
                  (int)target_order.radius.size(), target_order.dedup_seconds,
                  (long long)target_order.n_distinct(), (long long)problem.n_targets);
   // The plan's sizes are estimates: where a part still does not fit, the
-  // join starts again with parts half as large, down to a floor.
+  // join starts again with parts half as large, down to a floor. Where the
+  // mapped lists cannot be pinned, it starts again with the lists on the
+  // device (smaller device shares would not help); should that fail too,
+  // its error says what the pinning's was.
+  std::string pinning_error;
   for (;;) {
     KnnStatus status;
+    bool pinning_failed;
     {
       OutOfCoreJoin join(problem, options, plan, query_order, target_order, centre, ctx);
       status = join.run(neighbors, distances, stats, finite);
+      pinning_failed = join.pinning_failed();
     }
     if (status == KNN_OK && stats != nullptr && *finite) {
       stats->seconds_cluster += order_seconds;
       stats->seconds_total += order_seconds;
     }
-    if (status != KNN_OUT_OF_MEMORY || ctx.cancelled() || !plan.halve()) return status;
+    if (status != KNN_OK && pinning_failed && plan.mapped_lists && !ctx.cancelled()) {
+      pinning_error = ctx.error;
+      CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+      ctx.error.clear();
+      plan.keep_lists_on_device();
+      continue;
+    }
+    if (status != KNN_OUT_OF_MEMORY || ctx.cancelled() || !plan.halve()) {
+      if (status != KNN_OK && !ctx.cancelled() && !pinning_error.empty())
+        ctx.error += " (lists on the device after pinning them in host memory failed: " +
+                     pinning_error + ")";
+      return status;
+    }
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // the failed try's frees
     ctx.error.clear();
   }

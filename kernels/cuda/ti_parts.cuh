@@ -53,6 +53,12 @@ class PartPlan {
   // Ordered sides only (cut_distinct); KNN_TI_LISTS=device keeps them on
   // the device (A/B benchmarks).
   bool mapped_lists = false;
+  // The lists on the device from here on (their pinned host memory could
+  // not be had): cut again as KNN_TI_LISTS=device cuts.
+  void keep_lists_on_device() {
+    mapped_lists = false;
+    if (by_distinct_) plan_distinct();
+  }
 
   int query_parts() const { return (int)query_at_.size() - 1; }
   int target_parts() const { return (int)target_at_.size() - 1; }
