@@ -36,10 +36,11 @@
 //      from its pinned block, against each query's carried k'-th entry)
 //      and skipped alone where no (query, target cluster) pair passes;
 //   3. the lists come back to the host (mapped: the host reads them where
-//      the device wrote them, no copy), and each query row takes its
-//      distinct point's list less the targets that share its key, with
-//      float8 distances (output_ordered_part: what ti_output.cu does on the
-//      device). Sides without an order (row ranges) deduplicate each part
+//      the device wrote them, no download, and copies them out of the
+//      tiles into distinct point order, a pageable n_distinct x k' copy),
+//      and each query row takes its distinct point's list less the
+//      targets that share its key, with float8 distances
+//      (output_ordered_part: what ti_output.cu does on the device). Sides without an order (row ranges) deduplicate each part
 //      on the device and expand there, as in ti_join.cu.
 //
 // Exactness: the level-1 bound of one target part is an upper bound of the
@@ -198,7 +199,7 @@ int forced_threads_per_query() {
 
 // Pinned host memory mapped into the device's address space: the query
 // parts' k' lists (PartPlan::mapped_lists), which level 2 reads and writes
-// through the bus and the host expands where they are. Registered pages
+// through the bus and the host copies out of the tiles (expand_lists). Registered pages
 // (register_pages: far faster to lock than cudaHostAlloc for hundreds of
 // MB, as ti_target_parts.cu measured for its blocks). Freed with its
 // owner, on every path.
