@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -1576,11 +1577,16 @@ TEST(GpuTiOutOfCore, MappedListsAndDeviceLists) {
     o.k = 40;
     check_out_of_core(few, o, {4 << 20}, (name + ", global lists").c_str());
     // Several query parts, each in its own mapped block while the host
-    // expands the part before.
+    // expands the part before; with k 40 too (both blocks alternate with
+    // k' > 32).
     o.k = 20;
     shapes = check_out_of_core(self, o, {3 << 18}, (name + ", self").c_str());
     ASSERT_EQ(shapes.size(), 1u) << lists;
     EXPECT_GT(shapes[0].query_parts, 1) << lists;
+    o.k = 40;
+    shapes = check_out_of_core(self, o, {1 << 20}, (name + ", self, global lists").c_str());
+    ASSERT_EQ(shapes.size(), 1u) << lists;
+    EXPECT_GT(shapes[0].query_parts, 2) << lists;
   }
 }
 
@@ -1610,24 +1616,29 @@ TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
   }
 }
 
-// An out-of-core TI join of d (k 20, 16 MB) started as a job and cancelled
-// after `ms`: its status, the seconds the cancel took, and what it said.
+// An out-of-core TI join of d (k 20, 16 MB unless told) started as a job
+// and cancelled after `ms`: its status, the seconds the cancel took, and
+// what it said.
 struct CancelledJoin {
   KnnStatus status = KNN_OK;
   double waited = 0;
   std::string said;
 };
-CancelledJoin cancel_out_of_core_join(const Data &d, int ms) {
+CancelledJoin cancel_out_of_core_join(const Data &d, int ms, int k = 20,
+                                      int64_t limit = 16 << 20) {
   Options o;
-  o.k = 20;
+  o.k = k;
   o.method = KNN_METHOD_TI;
-  o.gpu_memory_limit = 16 << 20;
+  o.gpu_memory_limit = limit;
   const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
-  std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
-  std::vector<double> dist(nb.size());
+  // Left untouched (a cancelled join writes none of it): large joins cost
+  // no memory here.
+  const size_t slots = static_cast<size_t>(p.n_queries) * p.k;
+  std::unique_ptr<int64_t[]> nb(new int64_t[slots]);
+  std::unique_ptr<double[]> dist(new double[slots]);
   char err[512] = "";
   CancelledJoin out;
-  KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
+  KnnJob *job = knn_job_start(&p, nb.get(), dist.get(), err, sizeof err);
   if (job == nullptr) {
     out.status = KNN_INVALID_ARGUMENT;
     out.said = err;
@@ -1723,11 +1734,29 @@ TEST(GpuTiOutOfCore, OverflowingValuesStillGoToBruteForce) {
 
 TEST(GpuTiOutOfCore, CancelStopsBetweenParts) {
   REQUIRE_GPU();
-  const Data d = make_self(300000, 8, Shape::kClustered, 361, false);
-  const CancelledJoin c = cancel_out_of_core_join(d, 300);
-  if (c.status != KNN_OK) {
-    EXPECT_EQ(c.status, KNN_CANCELLED) << c.said;
-    EXPECT_LT(c.waited, 1.0);
+  // 5M rows at 16 MB (300000 rows there made 5 x 5 parts): dozens of parts
+  // a side, over a second of pairs on an H200 (5M x 8 at a quarter of its
+  // in-memory budget, 55 x 29 parts, took 1.8 s), its order about 0.1 s:
+  // the cancel comes between parts, never after the end.
+  const Data d = make_self(5000000, 8, Shape::kClustered, 361, false);
+  const CancelledJoin c = cancel_out_of_core_join(d, 400);
+  EXPECT_EQ(c.status, KNN_CANCELLED) << c.said;
+  EXPECT_LT(c.waited, 1.0);
+}
+
+TEST(GpuTiOutOfCore, CancelDuringThePinning) {
+  REQUIRE_GPU();
+  // 12M distinct points, k 31 (k' 32 with the self-join's keys): about 3 GB
+  // of mapped lists (one block of the part, or two of half), pinned by a
+  // host thread from the join's start while the target parts are built.
+  // Cancels at several points of it end the join within half a second
+  // (the pinning stops between 2 MB pieces and 256 MB registrations and
+  // frees what it locked).
+  const Data d = make_self(12000000, 2, Shape::kUniform, 391, false);
+  for (int ms : {200, 400, 700, 1000}) {
+    const CancelledJoin c = cancel_out_of_core_join(d, ms, 31, int64_t(3) << 29);
+    EXPECT_EQ(c.status, KNN_CANCELLED) << ms << " ms: " << c.said;
+    EXPECT_LT(c.waited, 0.5) << ms << " ms";
   }
 }
 

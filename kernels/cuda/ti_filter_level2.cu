@@ -688,7 +688,10 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
 
   a.resume = requested.resume ? 1 : 0;
   Level2Config config = requested;
-  if (config.resume) config.partial = false;  // the partial filter cannot resume
+  // The partial filter cannot resume, and its selection stores lists by
+  // distinct query, untiled and without their k'-th entries: the full
+  // filter wherever any of these is asked for.
+  if (config.resume || config.tiled_lists || config.last_value != nullptr) config.partial = false;
   if (config.partial) {
     config.parts = 1;  // also for the full filter, should the partial one not fit
     bool done = false;

@@ -36,10 +36,11 @@
 //      from its pinned block, against each query's carried k'-th entry)
 //      and skipped alone where no (query, target cluster) pair passes;
 //   3. the lists come back to the host (mapped: the host reads them where
-//      the device wrote them, no copy), and each query row takes its
-//      distinct point's list less the targets that share its key, with
-//      float8 distances (output_ordered_part: what ti_output.cu does on the
-//      device). Sides without an order (row ranges) deduplicate each part
+//      the device wrote them, no download, and copies them out of the
+//      tiles into distinct point order, a pageable n_distinct x k' copy),
+//      and each query row takes its distinct point's list less the
+//      targets that share its key, with float8 distances
+//      (output_ordered_part: what ti_output.cu does on the device). Sides without an order (row ranges) deduplicate each part
 //      on the device and expand there, as in ti_join.cu.
 //
 // Exactness: the level-1 bound of one target part is an upper bound of the
@@ -198,7 +199,7 @@ int forced_threads_per_query() {
 
 // Pinned host memory mapped into the device's address space: the query
 // parts' k' lists (PartPlan::mapped_lists), which level 2 reads and writes
-// through the bus and the host expands where they are. Registered pages
+// through the bus and the host copies out of the tiles (expand_lists). Registered pages
 // (register_pages: far faster to lock than cudaHostAlloc for hundreds of
 // MB, as ti_target_parts.cu measured for its blocks). Freed with its
 // owner, on every path.
@@ -211,22 +212,34 @@ class MappedLists {
 
   // Room for `entries` (value, row) pairs, on `device` (any host thread:
   // the join allocates ahead while target parts are built). No CUDA error
-  // state is left behind; the caller records a failure.
-  cudaError_t allocate(int device, size_t entries) {
+  // state is left behind; the caller records a failure. A cancel (*cancel)
+  // stops the pinning within a piece of it: cudaSuccess, nothing held.
+  cudaError_t allocate(int device, size_t entries, const int32_t *cancel) {
     release();
     const size_t page = 4096;
     size_t bytes = std::max<size_t>(1, entries) * (sizeof(float) + sizeof(int32_t));
     bytes = (bytes + page - 1) / page * page;
     cudaError_t err = cudaSetDevice(device);
+    int same_address = 0;
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&same_address, cudaDevAttrCanUseHostPointerForRegisteredMem,
+                                   device);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       return err;
     }
-    void *p = register_pages(bytes, true, cudaHostRegisterMapped);
-    if (p == nullptr) return cudaErrorMemoryAllocation;
+    // Registered in chunks only where the device reads registered pages at
+    // their host addresses: the chunks are then one range there too; else
+    // in one call (the device pointer of one registration covers only it).
+    const size_t chunk = same_address != 0 ? kMappedChunk : 0;
+    void *p = register_pages(bytes, true, cudaHostRegisterMapped, cancel, chunk, &err);
+    if (p == nullptr) return err;  // (cudaSuccess: cancelled)
+    host_ = p;
+    bytes_ = bytes;
+    chunk_ = chunk;
     void *dev = nullptr;
     err = cudaHostGetDevicePointer(&dev, p, 0);
-    host_ = p;
+    if (err == cudaSuccess && chunk != 0 && dev != p) err = cudaErrorInvalidValue;
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
       release();
@@ -239,10 +252,10 @@ class MappedLists {
 
   void release() {
     if (host_ == nullptr) return;
-    (void)cudaHostUnregister(host_);
+    unregister_pages(host_, bytes_, chunk_);
     std::free(host_);
     host_ = device_ = nullptr;
-    entries_ = 0;
+    entries_ = bytes_ = chunk_ = 0;
   }
 
   size_t entries() const { return entries_; }
@@ -253,9 +266,11 @@ class MappedLists {
   int32_t *device_row() const { return reinterpret_cast<int32_t *>(device_value() + entries_); }
 
  private:
+  // Registrations of 256 MB: a cancel waits for one at most.
+  static constexpr size_t kMappedChunk = size_t(256) << 20;
   void *host_ = nullptr;
   void *device_ = nullptr;
-  size_t entries_ = 0;
+  size_t entries_ = 0, bytes_ = 0, chunk_ = 0;
 };
 
 // One query part against every target part.
@@ -298,6 +313,8 @@ class OutOfCoreJoin {
 
   // *finite: false when some distance could overflow (nothing written).
   KnnStatus run(int64_t *neighbors, double *distances, KnnStats *stats, bool *finite);
+  // The mapped lists could not be pinned (the status says why).
+  bool pinning_failed() const { return pinning_failed_; }
 
  private:
   KnnStatus upload_target_keys();
@@ -393,6 +410,7 @@ class OutOfCoreJoin {
   std::future<void> query_gather_;
   // The mapped blocks being allocated by a host thread (start_mapping).
   std::future<cudaError_t> mapping_;
+  bool pinning_failed_ = false;
   double mapping_wait_seconds_ = 0;  // (trace)
   unsigned long long computed_ = 0;
 };
@@ -928,10 +946,13 @@ void OutOfCoreJoin::start_mapping() {
   const size_t entries = (size_t)((largest + kWarp - 1) / kWarp * kWarp) * plan_.kprime;
   const int blocks = plan_.query_parts() > 1 ? 2 : 1;
   const int device = ctx_.device;
-  auto pin = [this, entries, blocks, device] {
+  const int32_t *cancel = ctx_.cancel;
+  auto pin = [this, entries, blocks, device, cancel] {
     cudaError_t err = cudaSuccess;
-    for (int b = 0; b < blocks && err == cudaSuccess; b++)
-      err = mapped_[b].allocate(device, entries);
+    for (int b = 0; b < blocks && err == cudaSuccess; b++) {
+      if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED)) break;
+      err = mapped_[b].allocate(device, entries, cancel);
+    }
     return err;
   };
   try {
@@ -948,8 +969,11 @@ KnnStatus OutOfCoreJoin::wait_mapping() {
   const Clock::time_point t0 = Clock::now();
   const cudaError_t err = mapping_.get();
   mapping_wait_seconds_ += seconds_since(t0);
-  if (err != cudaSuccess)
+  KNN_TRY(ctx_.cancel_point());  // a cancelled pinning holds nothing
+  if (err != cudaSuccess) {
+    pinning_failed_ = true;
     return record_failure(ctx_, err, "pinning the mapped kNN lists", __FILE__, __LINE__);
+  }
   return KNN_OK;
 }
 
@@ -1116,18 +1140,36 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
                  (int)target_order.radius.size(), target_order.dedup_seconds,
                  (long long)target_order.n_distinct(), (long long)problem.n_targets);
   // The plan's sizes are estimates: where a part still does not fit, the
-  // join starts again with parts half as large, down to a floor.
+  // join starts again with parts half as large, down to a floor. Where the
+  // mapped lists cannot be pinned, it starts again with the lists on the
+  // device (smaller device shares would not help); should that fail too,
+  // its error says what the pinning's was.
+  std::string pinning_error;
   for (;;) {
     KnnStatus status;
+    bool pinning_failed;
     {
       OutOfCoreJoin join(problem, options, plan, query_order, target_order, centre, ctx);
       status = join.run(neighbors, distances, stats, finite);
+      pinning_failed = join.pinning_failed();
     }
     if (status == KNN_OK && stats != nullptr && *finite) {
       stats->seconds_cluster += order_seconds;
       stats->seconds_total += order_seconds;
     }
-    if (status != KNN_OUT_OF_MEMORY || ctx.cancelled() || !plan.halve()) return status;
+    if (status != KNN_OK && pinning_failed && plan.mapped_lists && !ctx.cancelled()) {
+      pinning_error = ctx.error;
+      CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+      ctx.error.clear();
+      plan.keep_lists_on_device();
+      continue;
+    }
+    if (status != KNN_OUT_OF_MEMORY || ctx.cancelled() || !plan.halve()) {
+      if (status != KNN_OK && !ctx.cancelled() && !pinning_error.empty())
+        ctx.error += " (lists on the device after pinning them in host memory failed: " +
+                     pinning_error + ")";
+      return status;
+    }
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // the failed try's frees
     ctx.error.clear();
   }

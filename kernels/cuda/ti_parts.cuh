@@ -53,6 +53,12 @@ class PartPlan {
   // Ordered sides only (cut_distinct); KNN_TI_LISTS=device keeps them on
   // the device (A/B benchmarks).
   bool mapped_lists = false;
+  // The lists on the device from here on (their pinned host memory could
+  // not be had): cut again as KNN_TI_LISTS=device cuts.
+  void keep_lists_on_device() {
+    mapped_lists = false;
+    if (by_distinct_) plan_distinct();
+  }
 
   int query_parts() const { return (int)query_at_.size() - 1; }
   int target_parts() const { return (int)target_at_.size() - 1; }
@@ -199,11 +205,17 @@ double part_distance_bound(const SpatialOrder &q, int64_t qf, int64_t qc, const 
 std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder &t,
                                        KnnMetric metric, const int32_t *cancel);
 
-// Host memory of `bytes` (posix_memalign'd: free with cudaHostUnregister,
+// Host memory of `bytes` (posix_memalign'd: free with unregister_pages,
 // then std::free), its pages touched by a few threads, 2 MB pages where
 // `huge` and the kernel gives them, then page-locked by cudaHostRegister
-// with `flags`; nullptr where it cannot be had (ti_target_parts.cu).
-void *register_pages(size_t bytes, bool huge, unsigned flags);
+// with `flags`, in registrations of `chunk` bytes (0: one); nullptr where
+// it cannot be had (*error, if given: the failed call's error) or where
+// *cancel (may be null) was set first (*error: cudaSuccess): a cancel is
+// seen between pieces of 2 MB and between chunks (ti_target_parts.cu).
+void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *cancel,
+                     size_t chunk, cudaError_t *error);
+// Unlocks what register_pages locked (the same bytes and chunk).
+void unregister_pages(void *p, size_t bytes, size_t chunk);
 
 // One target part on the device: its distinct points and clusters, with
 // global target rows in set.rows and clusters.first_row.

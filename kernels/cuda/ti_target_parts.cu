@@ -80,29 +80,55 @@ size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
-void *register_pages(size_t bytes, bool huge, unsigned flags) {
+void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *cancel, size_t chunk,
+                     cudaError_t *error) {
   const size_t page = 4096, huge_page = size_t(2) << 20;
+  auto cancelled = [cancel] { return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED); };
+  if (error != nullptr) *error = cudaSuccess;
   // Large pages only for blocks of one at least (aligned to them, not
   // rounded up: a tail of small pages costs nothing more).
   huge = huge && bytes >= huge_page;
   void *p = nullptr;
-  if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) return nullptr;
+  if (posix_memalign(&p, huge ? huge_page : page, bytes) != 0) {
+    if (error != nullptr) *error = cudaErrorMemoryAllocation;
+    return nullptr;
+  }
   if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
   // Pages touched (allocated and zeroed by the kernel) on a few threads:
-  // most of a block's cost once the pages are large.
+  // most of a block's cost once the pages are large. A cancel stops it
+  // between pieces of 2 MB.
   const size_t piece = size_t(2) << 20;
-  cpu::parallel_for((int64_t)((bytes + piece - 1) / piece), kTouchThreads, nullptr,
+  cpu::parallel_for((int64_t)((bytes + piece - 1) / piece), kTouchThreads, cancel,
                     [&](int64_t i, int) {
                       const size_t end = std::min(bytes, (size_t)(i + 1) * piece);
                       for (size_t at = (size_t)i * piece; at < end; at += page)
                         static_cast<volatile char *>(p)[at] = 0;
                     });
-  if (cudaHostRegister(p, bytes, flags) != cudaSuccess) {
-    (void)cudaGetLastError();
+  // Locked in chunks (one where chunk is 0), a cancel seen between them.
+  if (chunk == 0) chunk = bytes;
+  size_t done = 0;
+  while (done < bytes && !cancelled()) {
+    const size_t n = std::min(chunk, bytes - done);
+    const cudaError_t err = cudaHostRegister(static_cast<char *>(p) + done, n, flags);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (error != nullptr) *error = err;
+      break;
+    }
+    done += n;
+  }
+  if (done < bytes) {  // failed or cancelled: what was locked goes
+    unregister_pages(p, done, chunk);
     std::free(p);
     return nullptr;
   }
   return p;
+}
+
+void unregister_pages(void *p, size_t bytes, size_t chunk) {
+  if (chunk == 0) chunk = bytes;
+  for (size_t at = 0; at < bytes; at += chunk)
+    (void)cudaHostUnregister(static_cast<char *>(p) + at);
 }
 
 // The arrays of one clustered part, in one pinned block: allocated by
@@ -215,7 +241,7 @@ class TargetParts::Pinner {
     return cudaMallocHost(&p, bytes) == cudaSuccess ? p : nullptr;
   }
   static void *register_block(size_t bytes, bool huge) {
-    return register_pages(bytes, huge, cudaHostRegisterDefault);
+    return register_pages(bytes, huge, cudaHostRegisterDefault, nullptr, 0, nullptr);
   }
 
   const std::vector<size_t> sizes_;
