@@ -1,6 +1,6 @@
 /*
  * knn_join_explain.c -- the "KNN Join Function" custom scan
- * (knn_join_explain.h).
+ * (knn_join_function_scan.h).
  *
  * The node has the Function Scan as its only child. For knn_join's forms
  * (one function, no ordinality; knn_gpu.direct_return on) the node calls
@@ -39,7 +39,7 @@
 #include "utils/syscache.h"
 #include "utils/tuplestore.h"
 
-#include "knn_join_explain.h"
+#include "knn_join_function_scan.h"
 #include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_subtransaction.h"
@@ -399,13 +399,45 @@ call_direct(KnnJoinFunctionState *state)
 		{
 			if (rsinfo.setResult != NULL)
 				tuplestore_end(rsinfo.setResult);	/* empty */
-			direct->timing = true;
-			INSTR_TIME_SET_CURRENT(direct->return_start);
+			/* the engine's record measures the return; a sharded call's summary, its merge */
+			direct->timing = direct->result.neighbors != NULL;
+			if (direct->timing)
+				INSTR_TIME_SET_CURRENT(direct->return_start);
 		}
 		else
-			direct->store = rsinfo.setResult;	/* a sharded call's rows */
+			direct->store = rsinfo.setResult;	/* knn_range_join's, or no row */
 	}
 	MemoryContextSwitchTo(old_context);
+}
+
+/* A sharded call's next row (its merged lists), as next_row gives it. */
+static bool
+next_merged_row(KnnDirectScan *direct, TupleTableSlot *slot)
+{
+	const KnnJoinDirect *result = &direct->result;
+
+	while (direct->query < result->n_queries)
+	{
+		int64		q = direct->query;
+		int64		at = result->offsets[q] + direct->slot;
+
+		if (at >= result->offsets[q + 1])
+		{
+			direct->query++;
+			direct->slot = 0;
+			continue;
+		}
+		ExecClearTuple(slot);
+		slot->tts_values[0] = Int64GetDatum(result->query_ids[q]);
+		slot->tts_values[1] = Int64GetDatum(result->target_ids[at]);
+		slot->tts_values[2] = Int32GetDatum(direct->slot + 1);
+		slot->tts_values[3] = Float8GetDatum(result->distances[at]);
+		memset(slot->tts_isnull, 0, 4 * sizeof(bool));
+		ExecStoreVirtualTuple(slot);
+		direct->slot++;
+		return true;
+	}
+	return false;
 }
 
 /* The call's next row into slot (virtual, the function's columns); false after the last. */
@@ -422,6 +454,8 @@ next_row(KnnDirectScan *direct, TupleTableSlot *slot)
 		ExecCopySlot(slot, direct->store_slot);
 		return true;
 	}
+	if (result->offsets != NULL)
+		return next_merged_row(direct, slot);
 	while (direct->query < result->n_queries)
 	{
 		int64		q = direct->query;
@@ -652,7 +686,7 @@ explain_function_scan(CustomScanState *node, List *ancestors, ExplainState *es)
 }
 
 void
-knn_join_explain_register(void)
+knn_join_function_scan_register(void)
 {
 	RegisterCustomScanMethods(&scan_methods);
 	prev_rel_pathlist_hook = set_rel_pathlist_hook;
