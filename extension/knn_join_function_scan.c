@@ -1,17 +1,17 @@
 /*
- * knn_join_explain.c -- the "KNN Join Function" custom scan
+ * knn_join_function_scan.c -- the "KNN Join Function" custom scan
  * (knn_join_function_scan.h).
  *
  * The node has the Function Scan as its only child. For knn_join's forms
  * (one function, no ordinality; knn_gpu.direct_return on) the node calls
  * the function itself, with the child's arguments (LATERAL parameters
- * included), asks for the engine's arrays instead of a tuplestore
- * (knn_join_call_direct) and returns their rows through the child's quals
- * and target list; the child is never executed, but its instrumentation
- * counts what it would have returned. Otherwise (knn_range_join, or
- * knn_gpu.direct_return off) the node returns the child's slots as they
- * are: knn_join materialises its result on the child's first fetch of each
- * scan. Either way the call finishes inside the node, which marks itself
+ * included), asks for the engine's arrays instead of a tuplestore (a
+ * sharded call's merged lists: knn_join_call_direct) and returns their
+ * rows through the child's quals and target list; the child is never
+ * executed, but its instrumentation counts what it would have returned.
+ * Otherwise (knn_range_join, or knn_gpu.direct_return off) the node
+ * returns the child's slots as they are: knn_join materialises its result
+ * on the child's first fetch of each scan. Either way the call finishes inside the node, which marks itself
  * as the collector for that time (restored on every exit, so nested nodes
  * nest).
  *
@@ -53,7 +53,8 @@
 
 /*
  * The direct path (knn_join's forms, not knn_range_join): the node calls
- * the function itself and returns rows from the engine's arrays, applying
+ * the function itself and returns rows from the engine's arrays (or a
+ * sharded call's merged lists), applying
  * the child's quals and target list as the Function Scan would; the child
  * is never executed, but its instrumentation counts the rows, so EXPLAIN
  * ANALYZE reads as before.
@@ -410,36 +411,6 @@ call_direct(KnnJoinFunctionState *state)
 	MemoryContextSwitchTo(old_context);
 }
 
-/* A sharded call's next row (its merged lists), as next_row gives it. */
-static bool
-next_merged_row(KnnDirectScan *direct, TupleTableSlot *slot)
-{
-	const KnnJoinDirect *result = &direct->result;
-
-	while (direct->query < result->n_queries)
-	{
-		int64		q = direct->query;
-		int64		at = result->offsets[q] + direct->slot;
-
-		if (at >= result->offsets[q + 1])
-		{
-			direct->query++;
-			direct->slot = 0;
-			continue;
-		}
-		ExecClearTuple(slot);
-		slot->tts_values[0] = Int64GetDatum(result->query_ids[q]);
-		slot->tts_values[1] = Int64GetDatum(result->target_ids[at]);
-		slot->tts_values[2] = Int32GetDatum(direct->slot + 1);
-		slot->tts_values[3] = Float8GetDatum(result->distances[at]);
-		memset(slot->tts_isnull, 0, 4 * sizeof(bool));
-		ExecStoreVirtualTuple(slot);
-		direct->slot++;
-		return true;
-	}
-	return false;
-}
-
 /* The call's next row into slot (virtual, the function's columns); false after the last. */
 static bool
 next_row(KnnDirectScan *direct, TupleTableSlot *slot)
@@ -454,14 +425,23 @@ next_row(KnnDirectScan *direct, TupleTableSlot *slot)
 		ExecCopySlot(slot, direct->store_slot);
 		return true;
 	}
-	if (result->offsets != NULL)
-		return next_merged_row(direct, slot);
 	while (direct->query < result->n_queries)
 	{
 		int64		q = direct->query;
-		int64		at = q * result->slots + direct->slot;
-		int64		t = direct->slot < result->slots ? result->neighbors[at] : -1;
+		int64		at;				/* the row's distance */
+		int64		t;				/* its target row, -1 past the query's last */
 
+		if (result->offsets != NULL)
+		{
+			/* a sharded call's merged lists: a target id per row */
+			at = result->offsets[q] + direct->slot;
+			t = at < result->offsets[q + 1] ? at : -1;
+		}
+		else
+		{
+			at = q * result->slots + direct->slot;
+			t = direct->slot < result->slots ? result->neighbors[at] : -1;
+		}
 		if (t < 0)
 		{
 			direct->query++;

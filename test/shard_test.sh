@@ -1023,31 +1023,34 @@ cancel_in_the_middle "the KNN Join node's big join" "$BIG_NODE"
 # not spilled by work_mem, the merge is still reported, and nothing of the
 # join stays held, neither here nor on the shards.
 sql 0 <<'EOF'
-CREATE FUNCTION direct_rows(statement text, direct boolean) RETURNS text[] LANGUAGE plpgsql AS $$
-DECLARE
-  result text[];
-BEGIN
-  PERFORM set_config('knn_gpu.direct_return', direct::text, true);
-  EXECUTE format('SELECT array_agg(r::text) FROM (%s) r', statement) INTO result;
-  RETURN result;
-END $$;
 -- three_ways(SHARDED, ONE_SERVER): "N rows, S shards, direct = tuplestore, direct = one server"
 -- (S: the shards of the direct call's own statistics; = / <>: the same rows in the same order)
 CREATE FUNCTION three_ways(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   before text := knn_gpu_last_shard_stats()::text;
-  direct text[] := direct_rows(sharded, true);
-  shards int := CASE WHEN knn_gpu_last_shard_stats()::text IS DISTINCT FROM before
-                     THEN json_array_length(knn_gpu_last_shard_stats()::json->'shards') ELSE 0 END;
-  stored text[] := direct_rows(sharded, false);
-  here text[] := direct_rows(single, true);
+  shards int;
+  n int;
+  direct_count int;
+  rows_text text;
+  got text[];  -- per way (sharded direct, sharded through the tuplestore, one server): its rows, in order
 BEGIN
-  RETURN format('%s rows, %s shards, direct %s tuplestore, direct %s one server',
-                coalesce(cardinality(direct), 0), shards,
-                CASE WHEN direct IS NOT DISTINCT FROM stored THEN '=' ELSE '<>' END,
-                CASE WHEN direct IS NOT DISTINCT FROM here THEN '=' ELSE '<>' END);
+  FOR way IN 1..3 LOOP
+    PERFORM set_config('knn_gpu.direct_return', (way <> 2)::text, true);
+    EXECUTE format('SELECT count(*), array_agg(r::text)::text FROM (%s) r', CASE way WHEN 3 THEN single ELSE sharded END)
+      INTO n, rows_text;
+    got[way] := rows_text;
+    IF way = 1 THEN
+      shards := CASE WHEN knn_gpu_last_shard_stats()::text IS DISTINCT FROM before
+                     THEN json_array_length(knn_gpu_last_shard_stats()::json->'shards') ELSE 0 END;
+      direct_count := n;
+    END IF;
+  END LOOP;
+  RETURN format('%s rows, %s shards, direct %s tuplestore, direct %s one server', direct_count, shards,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[2] THEN '=' ELSE '<>' END,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[3] THEN '=' ELSE '<>' END);
 END $$;
 EOF
+[ $? -eq 0 ] || fail "direct: three_ways() created"
 # three_ways NAME SHARDED ONE_SERVER ROWS [SETTINGS]: ROWS rows ("some": at least one),
 # both shards joined, the three ways equal
 three_ways() {
