@@ -9,7 +9,7 @@
 
 #include "knn_admission.h"
 #include "knn_engine.h"
-#include "knn_join_explain.h"
+#include "knn_join_function_scan.h"
 #include "knn_scan.h"
 #include "knn_settings.h"
 
@@ -28,5 +28,5 @@ _PG_init(void)
 	knn_admission_setup_probe_record();
 
 	knn_scan_register();
-	knn_join_explain_register();
+	knn_join_function_scan_register();
 }

@@ -35,7 +35,7 @@
 #include "utils/plancache.h"
 #include "utils/tuplestore.h"
 
-#include "knn_join_explain.h"
+#include "knn_join_function_scan.h"
 #include "knn_join_groups.h"
 #include "knn_join_params.h"
 #include "knn_key_order.h"
@@ -698,7 +698,8 @@ knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result)
 		direct_result = NULL;
 	}
 	PG_END_TRY();
-	return result->neighbors != NULL;
+	/* the engine's arrays, or a sharded call's merged lists */
+	return result->neighbors != NULL || result->offsets != NULL;
 }
 
 static void
@@ -793,6 +794,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
 	shard_join(call, target_source, by_operator ? &operator_values : NULL,
 			   call->packed ? &packed : NULL, &shard_call);
+	/* a sharded call's merged rows go to the custom scan's arrays too */
+	shard_call.direct = direct;
 	if (call->received && !describe_only)
 		knn_received_queries_take(call->received_set, &queries);
 	else if (!describe_only)

@@ -49,7 +49,7 @@
 #include "utils/syscache.h"
 
 #include "knn_input.h"
-#include "knn_join_explain.h"
+#include "knn_join_function_scan.h"
 #include "knn_run.h"
 #include "knn_settings.h"
 #include "knn_shard.h"
@@ -1390,7 +1390,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		knn_shard_remote_release(spp->shards[s]);
 	}
 	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
-						   join->range && join->k == 0 ? -1 : join->k, join->packed);
+						   join->range && join->k == 0 ? -1 : join->k, join->packed, join->direct);
 	seconds_merge = knn_seconds_since(phase);
 	{
 		KnnShardSummary summary;

@@ -110,6 +110,7 @@ typedef struct KnnShardJoin
 	KnnOperatorValues *by_operator; /* pgvector's operator ranks (the part joined here), or NULL */
 	bool		describe_only;	/* EXPLAIN: find the shards, run nothing */
 	struct KnnPackedRows *packed;	/* knn_join_packed: the rows go there, or NULL */
+	struct KnnJoinDirect *direct;	/* the KNN Join Function node's direct return: the rows go there, or NULL */
 } KnnShardJoin;
 
 /* A sharded knn_join begun before its queries are read (knn_shard_start). */
@@ -181,12 +182,14 @@ typedef struct KnnShardLists
 /*
  * Merges the sources' lists into the best `limit` per query (-1: all),
  * ordered by (distance, NaN last, target id), and puts them into rsinfo's
- * tuplestore with ranks from 1 (or into packed, when not NULL). query_ids[q]
- * is query row q's id. Returns the rows put.
+ * tuplestore with ranks from 1 (or into packed, when not NULL; or, when
+ * direct is not NULL, into its merged lists, allocated in rsinfo's
+ * per-query memory: knn_join_function_scan.h). query_ids[q] is query row
+ * q's id. Returns the rows put.
  */
 extern int64 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 							 const KnnShardLists *sources, int n_sources, int64 limit,
-							 struct KnnPackedRows *packed);
+							 struct KnnPackedRows *packed, struct KnnJoinDirect *direct);
 
 /* The statistics of this backend's last sharded join, as JSON (TopMemoryContext). */
 extern void knn_shard_set_last_stats(const char *json);

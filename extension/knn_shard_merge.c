@@ -15,6 +15,12 @@
  * (distance, target id) (a target id in two sources; the distances may
  * differ in the sign of a zero): the first source's, then its list's
  * first, as the merge takes them.
+ *
+ * The merged rows go into the caller's tuplestore, into packed values
+ * (a coordinator that is itself a shard), or, for the KNN Join Function
+ * node's direct return (knn_join_function_scan.h), into per-query lists
+ * in the caller's memory: 16 bytes a row written, against a tuple formed
+ * and stored per row.
  */
 #include "postgres.h"
 
@@ -33,6 +39,7 @@
 #include "utils/memutils.h"
 #include "utils/tuplestore.h"
 
+#include "knn_join_function_scan.h"
 #include "knn_shard.h"
 #include "knn_shard_packed.h"
 
@@ -222,16 +229,43 @@ row_writer_end(RowWriter *w)
 	pfree(w->tuple);
 }
 
+/*
+ * The merged lists of the direct return (knn_join_function_scan.h), for
+ * `rows` rows, in the caller's memory: they outlive this call's (SPI's),
+ * as a tuplestore would. out: the same lists, to be written.
+ */
+static void
+direct_begin(KnnJoinDirect *direct, KnnShardLists *out, ReturnSetInfo *rsinfo,
+			 const int64 *query_ids, int64 n_queries, int64 rows)
+{
+	MemoryContext context = rsinfo->econtext->ecxt_per_query_memory;
+	int64	   *ids = MemoryContextAllocHuge(context, Max(n_queries, 1) * sizeof(int64));
+
+	memcpy(ids, query_ids, n_queries * sizeof(int64));
+	out->n_queries = n_queries;
+	out->offsets = MemoryContextAllocHuge(context, (n_queries + 1) * sizeof(int64));
+	out->target_ids = MemoryContextAllocHuge(context, Max(rows, 1) * sizeof(int64));
+	out->distances = MemoryContextAllocHuge(context, Max(rows, 1) * sizeof(double));
+	memset(direct, 0, sizeof(*direct));
+	direct->n_queries = n_queries;
+	direct->query_ids = ids;
+	direct->offsets = out->offsets;
+	direct->target_ids = out->target_ids;
+	direct->distances = out->distances;
+}
+
 int64
 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 				const KnnShardLists *sources, int n_sources, int64 limit,
-				KnnPackedRows *packed)
+				KnnPackedRows *packed, KnnJoinDirect *direct)
 {
 	int64		most = 0;
+	int64		total = 0;
 	Candidate  *candidates;
 	int64	   *heads;
 	RowWriter	writer = {NULL, NULL, NULL, {NULL}};
 	int64		emitted = 0;
+	KnnShardLists out = {0};
 
 	for (int64 q = 0; q < n_queries; q++)
 	{
@@ -240,10 +274,13 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 		for (int s = 0; s < n_sources; s++)
 			n += sources[s].offsets[q + 1] - sources[s].offsets[q];
 		most = Max(most, n);
+		total += limit >= 0 ? Min(n, limit) : n;
 	}
 	candidates = palloc_extended(Max(most, 1) * sizeof(Candidate), MCXT_ALLOC_HUGE);
 	heads = palloc(Max(n_sources, 1) * sizeof(int64));
-	if (packed == NULL)
+	if (direct != NULL)
+		direct_begin(direct, &out, rsinfo, query_ids, n_queries, total);
+	else if (packed == NULL)
 		row_writer_begin(&writer, rsinfo);
 
 	for (int64 q = 0; q < n_queries; q++)
@@ -255,6 +292,19 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 					 errmsg("knn_range_join: more than %d pairs for one query", PG_INT32_MAX),
 					 errhint("Cap the pairs per query with k.")));
+		if (direct != NULL)
+		{
+			out.offsets[q] = emitted;
+			for (int64 r = 0; r < n; r++)
+			{
+				out.target_ids[emitted + r] = candidates[r].target_id;
+				out.distances[emitted + r] = candidates[r].distance;
+			}
+			if ((emitted + n) / MERGE_SLICE != emitted / MERGE_SLICE)
+				CHECK_FOR_INTERRUPTS();
+			emitted += n;
+			continue;
+		}
 		for (int64 r = 0; r < n; r++)
 		{
 			if (packed != NULL)
@@ -267,7 +317,9 @@ knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int64 n_queries,
 				CHECK_FOR_INTERRUPTS();
 		}
 	}
-	if (packed == NULL)
+	if (direct != NULL)
+		out.offsets[n_queries] = emitted;
+	else if (packed == NULL)
 		row_writer_end(&writer);
 	pfree(candidates);
 	pfree(heads);

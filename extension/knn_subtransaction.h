@@ -1,7 +1,7 @@
 /*
  * knn_subtransaction.h -- running a step whose failure is not the
  * statement's: a row estimate of a query text (knn_join_support.c), the
- * shards a knn_join call would use for plain EXPLAIN (knn_join_explain.c).
+ * shards a knn_join call would use for plain EXPLAIN (knn_join_function_scan.c).
  */
 #ifndef KNN_SUBTRANSACTION_H
 #define KNN_SUBTRANSACTION_H

@@ -1144,5 +1144,138 @@ check "... the shards stopped" 0 "$(active_on_shards)"
 check "... nothing left on the shards, the session works" \
   "$LEFT_NONE" "$(sql 0 -c "SET client_min_messages = warning" -c "$LEFT" 2>&1 | grep -E '^(left|again):')"
 
+# ---- sharded knn_join's rows without a tuplestore (knn_gpu.direct_return) ----
+# A knn_join in FROM over sharded targets hands its merged rows to the KNN
+# Join Function node as lists (knn_join_function_scan.h): the same rows in
+# the same order as through the tuplestore (direct_return off) and as the
+# one-server join, with quals, LIMIT, rescans (LATERAL calls, a nested
+# loop's inner side) and an error in the middle of the rows; the rows are
+# not spilled by work_mem, the merge is still reported, and nothing of the
+# join stays held, neither here nor on the shards.
+sql 0 <<'EOF'
+-- three_ways(SHARDED, ONE_SERVER): "N rows, S shards, direct = tuplestore, direct = one server"
+-- (S: the shards of the direct call's own statistics; = / <>: the same rows in the same order)
+CREATE FUNCTION three_ways(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  before text := knn_gpu_last_shard_stats()::text;
+  shards int;
+  n int;
+  direct_count int;
+  rows_text text;
+  got text[];  -- per way (sharded direct, sharded through the tuplestore, one server): its rows, in order
+BEGIN
+  FOR way IN 1..3 LOOP
+    PERFORM set_config('knn_gpu.direct_return', (way <> 2)::text, true);
+    EXECUTE format('SELECT count(*), array_agg(r::text)::text FROM (%s) r', CASE way WHEN 3 THEN single ELSE sharded END)
+      INTO n, rows_text;
+    got[way] := rows_text;
+    IF way = 1 THEN
+      shards := CASE WHEN knn_gpu_last_shard_stats()::text IS DISTINCT FROM before
+                     THEN json_array_length(knn_gpu_last_shard_stats()::json->'shards') ELSE 0 END;
+      direct_count := n;
+    END IF;
+  END LOOP;
+  RETURN format('%s rows, %s shards, direct %s tuplestore, direct %s one server', direct_count, shards,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[2] THEN '=' ELSE '<>' END,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[3] THEN '=' ELSE '<>' END);
+END $$;
+EOF
+[ $? -eq 0 ] || fail "direct: three_ways() created"
+# three_ways NAME SHARDED ONE_SERVER ROWS [SETTINGS]: ROWS rows ("some": at least one),
+# both shards joined, the three ways equal
+three_ways() {
+  local out
+  out=$(sql 0 -v "s=$2" -v "o=$3" 2>&1 <<EOF
+SET client_min_messages = warning;
+${5:-}
+SELECT three_ways(:'s', :'o');
+EOF
+)
+  [ "$4" = some ] && out=$(echo "$out" | sed -E 's/^[1-9][0-9]* rows/some rows/')
+  check "$1" "$4 rows, 2 shards, direct = tuplestore, direct = one server" "$out"
+}
+KJ="SELECT * FROM knn_join"
+three_ways "direct: items_h l2" "$KJ('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 5)" \
+  "$KJ('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 5)" some
+three_ways "direct: items_r cosine exclude_self, quals and expressions" \
+  "SELECT query_id, target_id * 2, rank FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 6, 'cosine', true) WHERE rank % 2 = 1" \
+  "SELECT query_id, target_id * 2, rank FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 6, 'cosine', true) WHERE rank % 2 = 1" some
+three_ways "direct: NaN distances, ties by target id" "$KJ('$ZERO', 'SELECT id, v FROM items_h', 6, 'cosine')" \
+  "$KJ('$ZERO', 'SELECT id, v FROM items_all', 6, 'cosine')" some
+three_ways "direct: bit hamming, k past the row count" "$KJ('SELECT id, b FROM q', 'SELECT id, b FROM items_h WHERE cat = 4', 300, 'hamming')" \
+  "$KJ('SELECT id, b FROM q', 'SELECT id, b FROM items_all WHERE cat = 4', 300, 'hamming')" some
+three_ways "direct: LIMIT" "$KJ('SELECT id, h FROM q', 'SELECT id, h FROM items_h', 5) LIMIT 7" \
+  "$KJ('SELECT id, h FROM q', 'SELECT id, h FROM items_all', 5) LIMIT 7" 7
+three_ways "direct: OFFSET and LIMIT across queries" "$KJ('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 4, 'l1') OFFSET 37 LIMIT 10" \
+  "$KJ('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 4, 'l1') OFFSET 37 LIMIT 10" 10
+three_ways "direct: LATERAL calls (a rescan with new parameters calls again)" \
+  "SELECT d.x, j.* FROM (VALUES (0), (1), (2)) d(x), LATERAL knn_join(format('SELECT id, v FROM q WHERE mod(id, 3) = %s', d.x), 'SELECT id, v FROM items_h', 2 + d.x) j" \
+  "SELECT d.x, j.* FROM (VALUES (0), (1), (2)) d(x), LATERAL knn_join(format('SELECT id, v FROM q WHERE mod(id, 3) = %s', d.x), 'SELECT id, v FROM items_all', 2 + d.x) j" some
+three_ways "direct: a nested loop's inner side, rescanned (its rows read again)" \
+  "SELECT a.x, j.target_id, j.rank FROM (VALUES (23), (5003), (46), (7)) a(x) LEFT JOIN knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3) j ON j.query_id = a.x" \
+  "SELECT a.x, j.target_id, j.rank FROM (VALUES (23), (5003), (46), (7)) a(x) LEFT JOIN knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 3) j ON j.query_id = a.x" 10 \
+  "SET enable_hashjoin = off; SET enable_mergejoin = off; SET enable_material = off;"
+BIGJ="knn_join('SELECT id, v FROM big WHERE id <= 2000', 'SELECT id, v FROM big', 10)"
+three_ways "direct: 20000 rows of big" "$KJ('SELECT id, v FROM big WHERE id <= 2000', 'SELECT id, v FROM big', 10)" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 2000', 'SELECT id, v FROM big_here', 10)" 20000
+
+# The direct path is the one taken: its rows are not spilled to disk by
+# work_mem (the tuplestore's are), and the statistics and EXPLAIN ANALYZE
+# still report the merge.
+spills() {
+  sql 0 -c "SET client_min_messages = warning" -c "SET work_mem = '64kB'" -c "SET knn_gpu.direct_return = $1" \
+    -c "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF, SUMMARY OFF) SELECT * FROM $BIGJ" 2>&1 |
+    grep -c 'temp read\|temp written'
+}
+check "direct: the sharded rows are not spilled to disk (work_mem 64kB)" 0 "$(spills on)"
+check "... through the tuplestore they are" 1 "$([ "$(spills off)" -ge 1 ] && echo 1 || echo 0)"
+out=$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) FROM $BIGJ" \
+  -c "SELECT (s->>'rows') || ',' || ((s->'seconds'->>'merge')::float8 > 0) FROM (SELECT knn_gpu_last_shard_stats()::json s) x" 2>&1)
+check "direct: knn_gpu_last_shard_stats() has the merge's rows and seconds" "$(printf '20000\n20000,true')" "$out"
+out=$(sql 0 -c "SET client_min_messages = warning" \
+  -c "EXPLAIN (ANALYZE, COSTS OFF, SUMMARY OFF) SELECT * FROM $BIGJ" 2>&1 | grep -E 'Shard Merge (Rows|Time)|KNN Join Function' |
+  sed -E 's/actual time=[0-9.]+ /actual /; s/[0-9.]+ ms/N ms/; s/ +/ /g; s/^ //')
+check "direct: EXPLAIN ANALYZE shows the merge" "$(printf 'Custom Scan (KNN Join Function) (actual rows=20000 loops=1)\nShard Merge Rows: 20000\nShard Merge Time: N ms')" "$out"
+
+# An error in the middle of the rows (rank 3 of the first query), on both
+# paths, caught or not; LIMITs and whole reads: the session's memory does
+# not grow (the merged rows, 320 kB a call, go with the statement), nothing
+# is held on the shards, and the session goes on.
+out=$(sql 0 2>&1 <<EOF
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+SELECT count(*) FROM $BIGJ;
+SELECT query_id, 1 / (rank - 3) FROM $BIGJ;
+DO \$\$ BEGIN PERFORM count(*) FROM $BIGJ; END \$\$;
+CREATE TEMP TABLE mem AS SELECT sum(total_bytes) AS before FROM pg_backend_memory_contexts;
+SELECT query_id, 1 / (rank - 3) FROM $BIGJ;
+SET knn_gpu.direct_return = off;
+SELECT query_id, 1 / (rank - 3) FROM $BIGJ;
+RESET knn_gpu.direct_return;
+DO \$\$
+DECLARE
+  n bigint;
+BEGIN
+  FOR i IN 1..3 LOOP
+    BEGIN
+      SELECT sum(1 / (rank - 3)) INTO n FROM $BIGJ;
+    EXCEPTION WHEN division_by_zero THEN
+      NULL;
+    END;
+    SELECT count(*) INTO n FROM (SELECT * FROM $BIGJ LIMIT 5) l;
+    SELECT count(*) INTO n FROM $BIGJ;
+  END LOOP;
+END \$\$;
+SELECT 'grown:' || (sum(total_bytes) - (SELECT before FROM mem) < 262144) FROM pg_backend_memory_contexts;
+SELECT 'result contexts:' || count(*) FROM pg_backend_memory_contexts WHERE name = 'knn_join direct result';
+SELECT 'held:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'again:' || count(*) FROM $BIGJ;
+EOF
+)
+check_has "direct: an error in the middle of the sharded rows" "ERROR:  division by zero" "$out"
+check "... the memory does not grow, nothing is held here or on the shards, the session works" \
+  "$(printf 'grown:true\nresult contexts:0\nheld:0\nheld:0\nagain:20000')" "$(echo "$out" | grep -E '^(grown|result contexts|held|again):')"
+
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

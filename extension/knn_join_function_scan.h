@@ -1,16 +1,18 @@
 /*
- * knn_join_explain.h -- EXPLAIN ANALYZE of a statement calling knn_join
- * shows the engine's statistics.
+ * knn_join_function_scan.h -- the "KNN Join Function" custom scan over a
+ * knn_join call: it returns the call's rows without a tuplestore, and
+ * EXPLAIN ANALYZE of it shows the engine's statistics.
  *
  * The planner wraps the Function Scan of a knn_join call in a Custom Scan
  * "KNN Join Function" (set_rel_pathlist_hook) that returns the same rows:
- * knn_join's straight from the engine's arrays (knn_join_call_direct),
- * knn_range_join's from the Function Scan; a knn_join call that finishes
- * reports its record to it, and EXPLAIN ANALYZE prints the record under
- * the node, as the KNN Join node does.
+ * knn_join's straight from the engine's arrays, or from a sharded call's
+ * merged lists (knn_join_call_direct), knn_range_join's from the Function
+ * Scan; a knn_join call that finishes reports its record to it, and
+ * EXPLAIN ANALYZE prints the record under the node, as the KNN Join node
+ * does.
  */
-#ifndef KNN_JOIN_EXPLAIN_H
-#define KNN_JOIN_EXPLAIN_H
+#ifndef KNN_JOIN_FUNCTION_SCAN_H
+#define KNN_JOIN_FUNCTION_SCAN_H
 
 #include "postgres.h"
 
@@ -26,31 +28,39 @@ extern Datum knn_range_join(PG_FUNCTION_ARGS);
 
 /*
  * knn_join's result as the engine left it, for the custom scan to return
- * rows from without a tuplestore (knn_join_call_direct). The arrays live
- * in the memory context the call ran in.
+ * rows from without a tuplestore (knn_join_call_direct), in one of two
+ * shapes. The engine's: neighbors (not NULL) holds n_queries x slots
+ * target rows, a negative one ending a query's. A sharded call's merged
+ * lists (knn_shard.h): offsets (not NULL) says where each query's rows
+ * are, in rank order, in target_ids and distances. The arrays live in the
+ * per-query memory of the call's ReturnSetInfo (the node's, reset when it
+ * calls again or ends).
  */
 typedef struct KnnJoinDirect
 {
 	int64		n_queries;
-	int32		slots;			/* per query; a negative neighbour ends a query's */
 	const int64 *query_ids;		/* per query row: its id (keyed: its key's rank) */
-	const int64 *target_ids;	/* per target row */
+	/* the engine's shape */
+	int32		slots;			/* per query; a negative neighbour ends a query's */
+	const int64 *target_ids;	/* per target row; merged: per row */
 	const int64 *neighbors;		/* n_queries x slots target rows */
-	const double *distances;	/* n_queries x slots */
+	const double *distances;	/* n_queries x slots; merged: per row */
 	const Datum *query_keys;	/* keyed calls: the key of each rank, else NULL */
 	const Datum *target_keys;
+	/* the merged shape: query row q's rows are offsets[q] .. offsets[q+1]-1 */
+	const int64 *offsets;		/* n_queries + 1 */
 } KnnJoinDirect;
 
 /*
  * Calls knn_join (one of its forms, through fcinfo, whose resultinfo is a
- * ReturnSetInfo allowing SFRM_Materialize) asking for the engine's arrays:
+ * ReturnSetInfo allowing SFRM_Materialize) asking for its rows as arrays:
  * true when they are in *result; false when the rows went into the
- * ReturnSetInfo's tuplestore as usual (a sharded call, knn_range_join).
+ * ReturnSetInfo's tuplestore as usual (knn_range_join, an empty result).
  */
 extern bool knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result);
 
-/* Installs the planner hook; from _PG_init. */
-extern void knn_join_explain_register(void);
+/* Installs the planner hook and the node's methods; from _PG_init. */
+extern void knn_join_function_scan_register(void);
 
 /* A knn_join call's record, for the node reading its rows (if any). */
 extern void knn_join_explain_report(const KnnJoinRecord *record);
@@ -67,4 +77,4 @@ extern void knn_join_explain_report_shards(const struct KnnShardSummary *summary
 struct FuncExpr;
 extern void knn_join_describe(struct FuncExpr *call);
 
-#endif							/* KNN_JOIN_EXPLAIN_H */
+#endif							/* KNN_JOIN_FUNCTION_SCAN_H */

@@ -1,17 +1,17 @@
 /*
- * knn_join_explain.c -- the "KNN Join Function" custom scan
- * (knn_join_explain.h).
+ * knn_join_function_scan.c -- the "KNN Join Function" custom scan
+ * (knn_join_function_scan.h).
  *
  * The node has the Function Scan as its only child. For knn_join's forms
  * (one function, no ordinality; knn_gpu.direct_return on) the node calls
  * the function itself, with the child's arguments (LATERAL parameters
- * included), asks for the engine's arrays instead of a tuplestore
- * (knn_join_call_direct) and returns their rows through the child's quals
- * and target list; the child is never executed, but its instrumentation
- * counts what it would have returned. Otherwise (knn_range_join, or
- * knn_gpu.direct_return off) the node returns the child's slots as they
- * are: knn_join materialises its result on the child's first fetch of each
- * scan. Either way the call finishes inside the node, which marks itself
+ * included), asks for the engine's arrays instead of a tuplestore (a
+ * sharded call's merged lists: knn_join_call_direct) and returns their
+ * rows through the child's quals and target list; the child is never
+ * executed, but its instrumentation counts what it would have returned.
+ * Otherwise (knn_range_join, or knn_gpu.direct_return off) the node
+ * returns the child's slots as they are: knn_join materialises its result
+ * on the child's first fetch of each scan. Either way the call finishes inside the node, which marks itself
  * as the collector for that time (restored on every exit, so nested nodes
  * nest).
  *
@@ -39,7 +39,7 @@
 #include "utils/syscache.h"
 #include "utils/tuplestore.h"
 
-#include "knn_join_explain.h"
+#include "knn_join_function_scan.h"
 #include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_subtransaction.h"
@@ -53,7 +53,8 @@
 
 /*
  * The direct path (knn_join's forms, not knn_range_join): the node calls
- * the function itself and returns rows from the engine's arrays, applying
+ * the function itself and returns rows from the engine's arrays (or a
+ * sharded call's merged lists), applying
  * the child's quals and target list as the Function Scan would; the child
  * is never executed, but its instrumentation counts the rows, so EXPLAIN
  * ANALYZE reads as before.
@@ -399,11 +400,13 @@ call_direct(KnnJoinFunctionState *state)
 		{
 			if (rsinfo.setResult != NULL)
 				tuplestore_end(rsinfo.setResult);	/* empty */
-			direct->timing = true;
-			INSTR_TIME_SET_CURRENT(direct->return_start);
+			/* the engine's record measures the return; a sharded call's summary, its merge */
+			direct->timing = direct->result.neighbors != NULL;
+			if (direct->timing)
+				INSTR_TIME_SET_CURRENT(direct->return_start);
 		}
 		else
-			direct->store = rsinfo.setResult;	/* a sharded call's rows */
+			direct->store = rsinfo.setResult;	/* knn_range_join's, or no row */
 	}
 	MemoryContextSwitchTo(old_context);
 }
@@ -425,9 +428,20 @@ next_row(KnnDirectScan *direct, TupleTableSlot *slot)
 	while (direct->query < result->n_queries)
 	{
 		int64		q = direct->query;
-		int64		at = q * result->slots + direct->slot;
-		int64		t = direct->slot < result->slots ? result->neighbors[at] : -1;
+		int64		at;				/* the row's distance */
+		int64		t;				/* its target row, -1 past the query's last */
 
+		if (result->offsets != NULL)
+		{
+			/* a sharded call's merged lists: a target id per row */
+			at = result->offsets[q] + direct->slot;
+			t = at < result->offsets[q + 1] ? at : -1;
+		}
+		else
+		{
+			at = q * result->slots + direct->slot;
+			t = direct->slot < result->slots ? result->neighbors[at] : -1;
+		}
 		if (t < 0)
 		{
 			direct->query++;
@@ -652,7 +666,7 @@ explain_function_scan(CustomScanState *node, List *ancestors, ExplainState *es)
 }
 
 void
-knn_join_explain_register(void)
+knn_join_function_scan_register(void)
 {
 	RegisterCustomScanMethods(&scan_methods);
 	prev_rel_pathlist_hook = set_rel_pathlist_hook;
