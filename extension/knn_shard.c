@@ -26,9 +26,11 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
+#include "commands/extension.h"
 #include "executor/executor.h"
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
@@ -42,6 +44,7 @@
 #include "tcop/dest.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
+#include "utils/fmgroids.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
 #include "utils/plancache.h"
@@ -1071,7 +1074,28 @@ abandon_shards(KnnShardEarly *c)
 	ReleaseCachedPlan(c->cplan, c->owner);
 }
 
-/* Is the function one whose body runs no SQL of its own (C or internal)? */
+/* Builtin functions that run a query (a text, a cursor, a table or a schema) of their own. */
+static const Oid builtins_running_sql[] = {
+	F_QUERY_TO_XML, F_QUERY_TO_XMLSCHEMA, F_QUERY_TO_XML_AND_XMLSCHEMA,
+	F_TABLE_TO_XML, F_TABLE_TO_XMLSCHEMA, F_TABLE_TO_XML_AND_XMLSCHEMA,
+	F_CURSOR_TO_XML, F_CURSOR_TO_XMLSCHEMA,
+	F_SCHEMA_TO_XML, F_SCHEMA_TO_XMLSCHEMA, F_SCHEMA_TO_XML_AND_XMLSCHEMA,
+	F_DATABASE_TO_XML, F_DATABASE_TO_XMLSCHEMA, F_DATABASE_TO_XML_AND_XMLSCHEMA,
+	F_TS_STAT_TEXT, F_TS_STAT_TEXT_TEXT, F_TS_REWRITE_TSQUERY_TEXT,
+};
+
+/* knn_gpu's C functions that read a query or target text (knn_join.c's entry points). */
+static const char *const knn_gpu_text_readers[] = {
+	"knn_join", "knn_join_packed", "knn_join_received_packed", "knn_join_params",
+	"knn_join_keyed", "knn_range_join", "knn_range_join_keyed", "knn_range_join_received",
+	"knn_shard_prefetch_targets",
+};
+
+/*
+ * May the function run SQL of its own? Builtins no, except those above; C
+ * functions only when knn_gpu's (pg_depend) and none of its text readers;
+ * any other function (other C libraries, SQL, PL) may.
+ */
 static bool
 function_runs_sql(Oid function, void *context)
 {
@@ -1082,17 +1106,44 @@ function_runs_sql(Oid function, void *context)
 	{
 		Oid			language = ((Form_pg_proc) GETSTRUCT(tuple))->prolang;
 
-		runs_sql = language != ClanguageId && language != INTERNALlanguageId;
+		if (language == INTERNALlanguageId)
+		{
+			runs_sql = false;
+			for (int i = 0; i < lengthof(builtins_running_sql); i++)
+				if (function == builtins_running_sql[i])
+					runs_sql = true;
+		}
+		else if (language == ClanguageId)
+		{
+			Oid			knn_gpu = get_extension_oid("knn_gpu", true);
+			bool		isnull;
+			Datum		prosrc = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
+			char	   *symbol = isnull ? pstrdup("") : TextDatumGetCString(prosrc);
+
+			runs_sql = !OidIsValid(knn_gpu) ||
+				getExtensionOfObject(ProcedureRelationId, function) != knn_gpu;
+			for (int i = 0; i < lengthof(knn_gpu_text_readers) && !runs_sql; i++)
+				if (strcmp(symbol, knn_gpu_text_readers[i]) == 0)
+					runs_sql = true;
+			pfree(symbol);
+		}
 		ReleaseSysCache(tuple);
 	}
 	return runs_sql;
 }
 
+/*
+ * Does the node run SQL of its own, or may it? Aggregates and window
+ * functions (their support functions are not walked), domain checks
+ * (their constraints are not in the tree) are taken as may.
+ */
 static bool
 calls_sql_function(Node *node, void *context)
 {
 	if (node == NULL)
 		return false;
+	if (IsA(node, Aggref) || IsA(node, WindowFunc) || IsA(node, CoerceToDomain))
+		return true;
 	if (check_functions_in_node(node, function_runs_sql, context))
 		return true;
 	if (IsA(node, Query))

@@ -1277,5 +1277,24 @@ check_has "direct: an error in the middle of the sharded rows" "ERROR:  division
 check "... the memory does not grow, nothing is held here or on the shards, the session works" \
   "$(printf 'grown:true\nresult contexts:0\nheld:0\nheld:0\nagain:20000')" "$(echo "$out" | grep -E '^(grown|result contexts|held|again):')"
 
+# ---- review fixes (issue 11) ----
+# A queries text whose functions run SQL of their own (query_to_xml here, a
+# domain's CHECK through a plpgsql function) reads through postgres_fdw's
+# connections: the queries are read first, then shipped (nothing goes out
+# during the read), with the same rows as one server.
+XMLQ="$OVQ AND (id <> 30000 OR query_to_xml('SELECT count(*) FROM big_1', false, false, '') IS NOT NULL)"
+out=$(overlapped "$XMLQ")
+check "a queries text calling query_to_xml: the same rows as one server" \
+  "$(printf 'diff:0\nrows:%s' "$(sql 0 -c "SELECT 3 * count(*) FROM bigq WHERE id < 40000")")" "$(echo "$out" | grep -E '^(diff|rows):')"
+check "... read first (no rows shipped during the read)" 0 "$(echo "$out" | grep -c 'while they are read')"
+sql 0 -c "CREATE FUNCTION big_1_seen(bigint) RETURNS boolean LANGUAGE plpgsql AS \$\$ BEGIN RETURN \$1 <> 30000 OR (SELECT count(*) FROM big_1) > 0; END \$\$" \
+  -c "CREATE DOMAIN seen_id AS bigint CHECK (big_1_seen(VALUE))"
+out=$(overlapped "$OVQ AND id::seen_id IS NOT NULL")
+check "a queries text with a domain CHECK that reads a shard: the same rows as one server" "diff:0" "$(echo "$out" | grep -E '^diff:|ERROR')"
+check "... read first" 0 "$(echo "$out" | grep -c 'while they are read')"
+out=$(overlapped "SELECT id, v FROM (SELECT id, v, count(*) OVER () n FROM bigq WHERE id < 40000 AND (id % 4000 <> 0 OR pg_sleep(0.02) IS NOT NULL)) w")
+check "a queries text with a window function: read first, the same rows" "$(printf '0\ndiff:0')" \
+  "$(echo "$out" | grep -c 'while they are read'; echo "$out" | grep -E '^diff:')"
+
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
