@@ -336,7 +336,6 @@ void
 knn_matrix_sort_by_id(KnnMatrix *m)
 {
 	IdRow	   *order;
-	char	   *values;
 	int64	   *groups;
 	bool		sorted = true;
 	int64		rows_per_slice = Max(1, KNN_INTERRUPT_SLICE / Max(1, (int64) m->row_bytes / 4));
@@ -346,36 +345,27 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 	if (sorted)
 		return;
 
+	/*
+	 * Rows move in place (the shared row buffer stays where it is, and a
+	 * large matrix is not copied); the id and group arrays are small.
+	 */
 	order = sorted_rows(m);
-	if (m->shared != NULL)
-	{
-		Assert(!m->grouped);
-		permute_rows_in_place(m, order, rows_per_slice);
-		for (int64 i = 0; i < m->n; i++)
-			m->ids[i] = (int64) (order[i].key ^ (UINT64CONST(1) << 63));
-		pfree(order);
-		return;
-	}
-	values = MemoryContextAllocHuge(m->context, (Size) m->n * m->row_bytes);
-	groups = m->grouped ? MemoryContextAllocHuge(m->context, (Size) m->n * sizeof(int64)) : NULL;
+	permute_rows_in_place(m, order, rows_per_slice);
+	groups = m->grouped ? MemoryContextAllocHuge(m->context, (Size) m->capacity * sizeof(int64)) : NULL;
 	for (int64 i = 0; i < m->n; i++)
 	{
-		memcpy(values + i * m->row_bytes, m->values + order[i].row * m->row_bytes, m->row_bytes);
 		m->ids[i] = (int64) (order[i].key ^ (UINT64CONST(1) << 63));
 		if (groups)
 			groups[i] = m->groups[order[i].row];
 		if (i % rows_per_slice == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
-	pfree(m->values);
 	pfree(order);
 	if (groups)
 	{
 		pfree(m->groups);
 		m->groups = groups;
 	}
-	m->values = values;
-	m->capacity = m->n;
 }
 
 void

@@ -1296,5 +1296,12 @@ out=$(overlapped "SELECT id, v FROM (SELECT id, v, count(*) OVER () n FROM bigq 
 check "a queries text with a window function: read first, the same rows" "$(printf '0\ndiff:0')" \
   "$(echo "$out" | grep -c 'while they are read'; echo "$out" | grep -E '^diff:')"
 
+# Queries not in id order: the shards sort them in place, the same rows.
+out=$(overlapped "$OVQ ORDER BY id DESC")
+check "queries in descending id order: the same rows as one server" \
+  "$(printf 'diff:0\nrows:%s' "$(sql 0 -c "SELECT 3 * count(*) FROM bigq WHERE id < 40000")")" "$(echo "$out" | grep -E '^(diff|rows):')"
+out=$(overlapped "SELECT id, v FROM bigq WHERE id < 40000 ORDER BY md5(id::text)")
+check "queries in random order: the same rows as one server" "diff:0" "$(echo "$out" | grep -E '^diff:')"
+
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
