@@ -823,6 +823,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 						   target_source->kind, &shard_call, shards) ||
 		describe_only)
 	{
+		/* merged: the result lists hold their own ids, the queries need not wait for the scan's end */
+		knn_matrix_free(&queries);
 		if (call->packed)
 			knn_packed_end(&packed);
 		SPI_finish();

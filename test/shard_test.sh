@@ -1303,5 +1303,17 @@ check "queries in descending id order: the same rows as one server" \
 out=$(overlapped "SELECT id, v FROM bigq WHERE id < 40000 ORDER BY md5(id::text)")
 check "queries in random order: the same rows as one server" "diff:0" "$(echo "$out" | grep -E '^diff:')"
 
+# A cursor over a sharded knn_join on the direct path: after the merge the
+# query vectors are not held until the scan ends (as on one server).
+direct_bytes() {
+  sql 0 -c "SET client_min_messages = warning" -c "BEGIN" \
+    -c "DECLARE c CURSOR FOR SELECT * FROM knn_join('SELECT id, v FROM bigq WHERE id < 20000', '$1', 3)" \
+    -c "FETCH 1 FROM c" -c "SELECT sum(total_bytes) FROM pg_backend_memory_contexts WHERE name = 'knn_join direct result'" -c "COMMIT" | tail -1
+}
+sharded=$(direct_bytes "SELECT id, v FROM big")
+single=$(direct_bytes "SELECT id, v FROM big_here")
+check "a cursor over a sharded knn_join holds about what one server's does ($sharded vs $single bytes)" t \
+  "$([ -n "$sharded" ] && [ -n "$single" ] && [ "$sharded" -lt $((2 * single)) ] && echo t || echo f)"
+
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
