@@ -406,7 +406,7 @@ call_direct(KnnJoinFunctionState *state)
 				INSTR_TIME_SET_CURRENT(direct->return_start);
 		}
 		else
-			direct->store = rsinfo.setResult;	/* knn_range_join's, or no row */
+			direct->store = rsinfo.setResult;	/* no arrays: the rows, if any, as a tuplestore */
 	}
 	MemoryContextSwitchTo(old_context);
 }

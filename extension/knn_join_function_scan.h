@@ -55,7 +55,8 @@ typedef struct KnnJoinDirect
  * Calls knn_join (one of its forms, through fcinfo, whose resultinfo is a
  * ReturnSetInfo allowing SFRM_Materialize) asking for its rows as arrays:
  * true when they are in *result; false when the rows went into the
- * ReturnSetInfo's tuplestore as usual (knn_range_join, an empty result).
+ * ReturnSetInfo's tuplestore as usual (an empty result). knn_range_join
+ * never comes here (the node runs its Function Scan).
  */
 extern bool knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result);
 
