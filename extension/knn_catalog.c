@@ -134,6 +134,35 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 	return found;
 }
 
+char *
+knn_gpu_function_symbol(Oid funcoid)
+{
+	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
+	char	   *symbol = NULL;
+	char	   *extension;
+
+	if (!HeapTupleIsValid(tuple))
+		return NULL;
+	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
+
+		if (!isnull)
+			symbol = TextDatumGetCString(src);
+	}
+	ReleaseSysCache(tuple);
+	if (symbol == NULL)
+		return NULL;
+	extension = owning_extension(ProcedureRelationId, funcoid);
+	if (extension == NULL || strcmp(extension, KNN_GPU_EXTENSION) != 0)
+	{
+		pfree(symbol);
+		return NULL;
+	}
+	return symbol;
+}
+
 /*
  * The kind of typid (no domain) when it is the vector or halfvec type of
  * knn_gpu or of pgvector, else KNN_VECTOR_UNSUPPORTED.

@@ -81,4 +81,7 @@ extern char *knn_extension_version(const char *extension);
 /* Is amoid one of pgvector's (approximate) index access methods? */
 extern bool knn_is_approximate_index_am(Oid amoid);
 
+/* The C symbol of funcoid when it is a C function of knn_gpu, else NULL (palloc'd). */
+extern char *knn_gpu_function_symbol(Oid funcoid);
+
 #endif							/* KNN_CATALOG_H */

@@ -26,11 +26,9 @@
 #include "postgres.h"
 
 #include "access/xact.h"
-#include "catalog/dependency.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
-#include "commands/extension.h"
 #include "executor/executor.h"
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
@@ -51,6 +49,7 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+#include "knn_catalog.h"
 #include "knn_input.h"
 #include "knn_join_function_scan.h"
 #include "knn_run.h"
@@ -1113,21 +1112,18 @@ function_runs_sql(Oid function, void *context)
 				if (function == builtins_running_sql[i])
 					runs_sql = true;
 		}
-		else if (language == ClanguageId)
+		ReleaseSysCache(tuple);
+		if (language == ClanguageId)
 		{
-			Oid			knn_gpu = get_extension_oid("knn_gpu", true);
-			bool		isnull;
-			Datum		prosrc = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
-			char	   *symbol = isnull ? pstrdup("") : TextDatumGetCString(prosrc);
+			char	   *symbol = knn_gpu_function_symbol(function);
 
-			runs_sql = !OidIsValid(knn_gpu) ||
-				getExtensionOfObject(ProcedureRelationId, function) != knn_gpu;
+			runs_sql = symbol == NULL;
 			for (int i = 0; i < lengthof(knn_gpu_text_readers) && !runs_sql; i++)
 				if (strcmp(symbol, knn_gpu_text_readers[i]) == 0)
 					runs_sql = true;
-			pfree(symbol);
+			if (symbol != NULL)
+				pfree(symbol);
 		}
-		ReleaseSysCache(tuple);
 	}
 	return runs_sql;
 }
