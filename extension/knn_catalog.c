@@ -89,24 +89,16 @@ owning_extension(Oid classid, Oid objid)
 	return OidIsValid(extension) ? get_extension_name(extension) : NULL;
 }
 
-/*
- * The entry of `known` that funcoid is (a C function of that extension with
- * that symbol), or NULL.
- */
-static const KnownFunction *
-identify_function(Oid funcoid, const KnownFunction *known, int n_known)
+/* The C symbol of a function, or NULL (not C). */
+static char *
+c_symbol(Oid funcoid)
 {
-	HeapTuple	tuple;
-	Form_pg_proc proc;
+	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
 	char	   *symbol = NULL;
-	char	   *extension = NULL;
-	const KnownFunction *found = NULL;
 
-	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
 	if (!HeapTupleIsValid(tuple))
 		return NULL;
-	proc = (Form_pg_proc) GETSTRUCT(tuple);
-	if (proc->prolang == ClanguageId)
+	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId)
 	{
 		bool		isnull;
 		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
@@ -115,6 +107,20 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 			symbol = TextDatumGetCString(src);
 	}
 	ReleaseSysCache(tuple);
+	return symbol;
+}
+
+/*
+ * The entry of `known` that funcoid is (a C function of that extension with
+ * that symbol), or NULL.
+ */
+static const KnownFunction *
+identify_function(Oid funcoid, const KnownFunction *known, int n_known)
+{
+	char	   *symbol = c_symbol(funcoid);
+	char	   *extension = NULL;
+	const KnownFunction *found = NULL;
+
 	if (symbol == NULL)
 		return NULL;
 
@@ -137,21 +143,9 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 char *
 knn_gpu_function_symbol(Oid funcoid)
 {
-	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
-	char	   *symbol = NULL;
+	char	   *symbol = c_symbol(funcoid);
 	char	   *extension;
 
-	if (!HeapTupleIsValid(tuple))
-		return NULL;
-	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId)
-	{
-		bool		isnull;
-		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
-
-		if (!isnull)
-			symbol = TextDatumGetCString(src);
-	}
-	ReleaseSysCache(tuple);
 	if (symbol == NULL)
 		return NULL;
 	extension = owning_extension(ProcedureRelationId, funcoid);
@@ -353,27 +347,6 @@ knn_pgvector_distance_function(Oid typid, KnnMetric metric)
 	systable_endscan(scan);
 	table_close(depend, AccessShareLock);
 	return found;
-}
-
-/* The C symbol of a function, or NULL (not C). */
-static char *
-c_symbol(Oid funcoid)
-{
-	HeapTuple	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(funcoid));
-	char	   *symbol = NULL;
-
-	if (!HeapTupleIsValid(tuple))
-		return NULL;
-	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId)
-	{
-		bool		isnull;
-		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
-
-		if (!isnull)
-			symbol = TextDatumGetCString(src);
-	}
-	ReleaseSysCache(tuple);
-	return symbol;
 }
 
 char *
