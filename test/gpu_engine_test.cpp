@@ -1590,6 +1590,47 @@ TEST(GpuTiOutOfCore, MappedListsAndDeviceLists) {
   }
 }
 
+TEST(GpuTiOutOfCore, LazyAndEagerCarriedLists) {
+  REQUIRE_GPU();
+  // A carried list is read and written back only by the warps whose visit
+  // can change it (the default), or by every warp of a visited cluster
+  // (KNN_TI_LAZY_LISTS=0): the same answers as the CPU's, with one thread
+  // per query and with several (whose lists merge with the carried one
+  // where only the other threads took entries), lists in registers, shared
+  // and global memory, mapped and on the device. Duplicates make entries
+  // tie across parts; few queries against many targets make many carried
+  // visits.
+  const Data wide = make_data(2000, 400000, 4, Shape::kClustered, 361, true);
+  const Data self = make_self(30000, 6, Shape::kClustered, 362, true);
+  Options base;
+  base.k = 20;
+  const Outcome wide_ref = cpu_answer(wide, base);
+  for (const char *lazy : {"1", "0"}) {
+    const ScopedEnv lazy_env("KNN_TI_LAZY_LISTS", lazy);
+    for (const char *lists : {"mapped", "device"}) {
+      const ScopedEnv place("KNN_TI_LISTS", lists);
+      for (const KnnCudaTestOptions &f : {forced_ti(1, 1, 1), forced_ti(1, 0, 4),
+                                          forced_ti(1, 3, 2), forced_ti(1, 2, 3)}) {
+        Options o = base;
+        o.forced = &f;
+        const std::string name = std::string("lazy ") + lazy + ", lists " + lists +
+                                 ", list place " + std::to_string(f.ti_list) + ", threads " +
+                                 std::to_string(f.ti_threads_per_query);
+        const Outcome gpu = gpu_ti(wide, o, 16 << 20);
+        ASSERT_EQ(gpu.status, KNN_OK) << name << ": " << gpu.error;
+        OutOfCoreShape shape;
+        EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << name << ": " << gpu.stats.variant;
+        EXPECT_GT(shape.target_parts, 1) << name;
+        expect_same_answer(gpu, wide_ref, name + " vs cpu");
+      }
+      Options o = base;
+      check_out_of_core(self, o, {1 << 20}, (std::string("self, lazy ") + lazy + ", " + lists).c_str());
+      o.k = 40;
+      check_out_of_core(self, o, {2 << 20}, (std::string("self k 40, lazy ") + lazy + ", " + lists).c_str());
+    }
+  }
+}
+
 TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
   REQUIRE_GPU();
   // Order groups larger than a duplicates piece (16384 positions:

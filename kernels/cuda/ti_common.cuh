@@ -193,6 +193,11 @@ struct Level2Config {
   // host memory (ti_out_of_core.cu).
   float *last_value = nullptr;
   int32_t *last_row = nullptr;
+  // With resume and last_value: a carried list is read (and written back)
+  // only by the warps whose visit offers an entry before its k'-th entry
+  // (the others leave it unread); off: every list of a visited cluster is
+  // read and written.
+  bool lazy_lists = false;
   // The lists by query POSITION, in tiles of 32 positions, entry-major
   // within a tile (entry i of position p at (p / 32) * 32 k' + i * 32 +
   // p % 32), so that a warp's loads and stores of its lists are coalesced:

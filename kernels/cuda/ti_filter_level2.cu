@@ -40,6 +40,8 @@
 #include <cub/cub.cuh>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
@@ -70,6 +72,7 @@ struct Level2Args {
   int groups_per_block;
   int list_in_shared;
   int resume;             // seed the lists from result_value/result_row
+  int lazy;               // ... only where an entry beats the k'-th (Level2Config::lazy_lists)
   int shared_merge;       // P > 1: the P lists merged from shared memory
   Margin margin;
   // results by distinct query
@@ -163,6 +166,41 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
   float theta_own = ub;
 
   List list;
+  // Out-of-core join with each list's k'-th entry on the device (lazy): the
+  // carried list, possibly in mapped host memory, is read only when this
+  // visit offers an entry before that k'-th entry, and written back only
+  // then. Until it is read, entries are taken only before it (seed_last),
+  // so the lists of all parts hold only entries that beat the carried ones.
+  const bool lazy = MODE == kFull && a.lazy;
+  float seed_last_v = kInf;
+  int32_t seed_last_r = kNoRow;
+  bool seeds_pending = false;  // part 0 of a lazy list: carried entries not read yet
+  auto load_seeds = [&]() {
+    const int64_t d = a.q.member[qpos];
+    const float *seed_v = a.result_value + list_at(a, d, qpos);
+    const int32_t *seed_r = a.result_row + list_at(a, d, qpos);
+    const int64_t step = list_step(a);
+    // Read kSeedBatch entries ahead of using them: the lists may be in
+    // mapped host memory, where each load waits for the bus.
+    constexpr int kSeedBatch = 8;
+    bool more = true;
+    for (int i0 = 0; i0 < a.kprime && more; i0 += kSeedBatch) {
+      float sv[kSeedBatch];
+      int32_t sr[kSeedBatch];
+#pragma unroll
+      for (int j = 0; j < kSeedBatch; j++) {
+        const bool in = i0 + j < a.kprime;
+        sv[j] = in ? seed_v[(i0 + j) * step] : kInf;
+        sr[j] = in ? seed_r[(i0 + j) * step] : kNoRow;
+      }
+#pragma unroll
+      for (int j = 0; j < kSeedBatch; j++) {
+        more = more && sr[j] != kNoRow;
+        if (more && entry_before(sv[j], sr[j], list.last_value(), list.last_row()))
+          list.insert(sv[j], sr[j]);
+      }
+    }
+  };
   if constexpr (MODE == kFull) {
     float *lv = nullptr;
     int32_t *lr = nullptr;
@@ -183,31 +221,14 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
     // Out-of-core join: the list goes on from the target parts done so far,
     // and its k'-th entry bounds theta from the start. Part 0 alone takes
     // the seeds, so the merge of the P lists below sees each entry once.
-    if (a.resume && active && part == 0) {
+    if (lazy && active) {
       const int64_t d = a.q.member[qpos];
-      const float *seed_v = a.result_value + list_at(a, d, qpos);
-      const int32_t *seed_r = a.result_row + list_at(a, d, qpos);
-      const int64_t step = list_step(a);
-      // Read kSeedBatch entries ahead of using them: the lists may be in
-      // mapped host memory, where each load waits for the bus.
-      constexpr int kSeedBatch = 8;
-      bool more = true;
-      for (int i0 = 0; i0 < a.kprime && more; i0 += kSeedBatch) {
-        float sv[kSeedBatch];
-        int32_t sr[kSeedBatch];
-#pragma unroll
-        for (int j = 0; j < kSeedBatch; j++) {
-          const bool in = i0 + j < a.kprime;
-          sv[j] = in ? seed_v[(i0 + j) * step] : kInf;
-          sr[j] = in ? seed_r[(i0 + j) * step] : kNoRow;
-        }
-#pragma unroll
-        for (int j = 0; j < kSeedBatch; j++) {
-          more = more && sr[j] != kNoRow;
-          if (more && entry_before(sv[j], sr[j], list.last_value(), list.last_row()))
-            list.insert(sv[j], sr[j]);
-        }
-      }
+      seed_last_v = a.last_value[d];
+      seed_last_r = a.last_row[d];
+      if (seed_last_v != kInf) theta_own = fminf(theta_own, MetricOps<METRIC>::ti(seed_last_v));
+      seeds_pending = part == 0;
+    } else if (a.resume && active && part == 0) {
+      load_seeds();
       const float last = list.last_value();
       if (last != kInf) theta_own = fminf(theta_own, MetricOps<METRIC>::ti(last));
     }
@@ -263,16 +284,34 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
             stop = true;
             break;
           }
-          if (done || e - x > theta + sigma) continue;
+          const bool cand = !(done || e - x > theta + sigma);
           const int pos = p + j;
+          float v = kInf;
+          if (MODE == kFull && lazy) {
+            if (cand) {
+              v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
+              distances++;
+            }
+            // The warp reads its carried lists together (coalesced over the
+            // bus) once an entry could go before one of their k'-th.
+            if (__any_sync(kFullMask, seeds_pending && cand && v <= seed_last_v) &&
+                seeds_pending) {
+              load_seeds();
+              seeds_pending = false;
+            }
+          }
+          if (!cand) continue;
           if constexpr (MODE == kFull) {
-            const float v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
-            distances++;
-            if (v <= list.last_value()) {
+            if (!lazy) {
+              v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
+              distances++;
+            }
+            if (v <= list.last_value() && v <= seed_last_v) {
               const int mult = a.t.mult[pos];
               int32_t row = a.t.first_row[pos];
               for (int r = 0;;) {
                 if (!entry_before(v, row, list.last_value(), list.last_row())) break;
+                if (!entry_before(v, row, seed_last_v, seed_last_r)) break;
                 list.insert(v, row);
                 if (++r >= mult) break;
                 row = a.trows[a.t.rows_begin[pos] + r];
@@ -310,7 +349,8 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
     if (!a.write && active) a.cand_total[qpos] = found;
   } else {
     if (P == 1) {
-      if (active) {
+      // A lazy list is written back where its warp read it.
+      if (active && !(lazy && seeds_pending)) {
         const int64_t d = a.q.member[qpos];
         const int64_t at = list_at(a, d, qpos);
         list.store(a.kprime, a.result_value + at, a.result_row + at, list_step(a));
@@ -321,8 +361,8 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       }
     } else {
       // Entry i of the list of part s: pv[s * part_step + i * entry_step].
-      const float *pv;
-      const int32_t *pr;
+      float *pv;
+      int32_t *pr;
       int64_t part_step, entry_step;
       if (a.shared_merge) {
         // [entry][thread] in shared memory: the lists themselves where they
@@ -348,7 +388,40 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
         entry_step = 1;
       }
       __syncthreads();
-      if (part == 0 && active) {
+      // Lazy lists: where no part of the warp's queries added an entry,
+      // they stay as they are, unread. Where part 0 did not read its
+      // carried list, its (empty) list is replaced by the carried one
+      // before the merge.
+      bool merge = part == 0 && active;
+      if (lazy && part == 0) {  // warp-uniform: the warp merges together, coalesced
+        bool added = false;
+        for (int s = 0; s < P && active && !added; s++) added = pr[s * part_step] != kNoRow;
+        merge = active && __any_sync(kFullMask, added);
+        if (merge && seeds_pending) {
+          const int64_t d = a.q.member[qpos];
+          const float *seed_v = a.result_value + list_at(a, d, qpos);
+          const int32_t *seed_r = a.result_row + list_at(a, d, qpos);
+          const int64_t step = list_step(a);
+          constexpr int kSeedBatch = 8;
+          for (int i0 = 0; i0 < a.kprime; i0 += kSeedBatch) {
+            float sv[kSeedBatch];
+            int32_t sr[kSeedBatch];
+#pragma unroll
+            for (int j = 0; j < kSeedBatch; j++) {
+              const bool in = i0 + j < a.kprime;
+              sv[j] = in ? seed_v[(i0 + j) * step] : kInf;
+              sr[j] = in ? seed_r[(i0 + j) * step] : kNoRow;
+            }
+#pragma unroll
+            for (int j = 0; j < kSeedBatch; j++)
+              if (i0 + j < a.kprime) {
+                pv[(i0 + j) * entry_step] = sv[j];
+                pr[(i0 + j) * entry_step] = sr[j];
+              }
+          }
+        }
+      }
+      if (merge) {
         const int64_t d = a.q.member[qpos];
         float *out_v = a.result_value + list_at(a, d, qpos);
         int32_t *out_r = a.result_row + list_at(a, d, qpos);
@@ -422,23 +495,32 @@ __device__ __forceinline__ int cluster_groups(int c, const int32_t *begin,
   return (begin[c + 1] - begin[c] + kWarp - 1) / kWarp;
 }
 
+// Entry i of the warp-group table is query cluster order[i] (order null:
+// cluster i).
 __global__ void group_counts_kernel(int m, const int32_t *begin, const int32_t *cand_count,
-                                    int32_t *count) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c > m) return;
-  count[c] = c < m ? cluster_groups(c, begin, cand_count) : 0;
+                                    const int32_t *order, int32_t *count) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i > m) return;
+  count[i] = i < m ? cluster_groups(order != nullptr ? order[i] : i, begin, cand_count) : 0;
 }
 
 __global__ void group_table_kernel(int m, const int32_t *begin, const int32_t *cand_count,
-                                   const int32_t *first_group, int4 *groups, int32_t *n_groups) {
-  int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= m) return;
+                                   const int32_t *order, const int32_t *first_group,
+                                   int4 *groups, int32_t *n_groups) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m) return;
+  const int c = order != nullptr ? order[i] : i;
   int b = begin[c], size = begin[c + 1] - b;
-  int g0 = first_group[c];
+  int g0 = first_group[i];
   const int n = cluster_groups(c, begin, cand_count);
   for (int w = 0; w < n; w++)
     groups[g0 + w] = make_int4(c, b + w * kWarp, min(kWarp, size - w * kWarp), 0);
-  if (c == m - 1) *n_groups = g0 + n;
+  if (i == m - 1) *n_groups = g0 + n;
+}
+
+__global__ void iota_kernel(int m, int32_t *out) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < m) out[i] = i;
 }
 
 // ---- kernel selection ----
@@ -506,29 +588,58 @@ KnnStatus launch(DeviceContext &ctx, Level2Kernel kernel, unsigned grid, const L
 // The warp groups of the query clusters (thread-data remapping): ceil(size
 // / 32) per cluster, each (cluster, first position, count, 0).
 struct WarpGroups {
-  DeviceBuffer<int32_t> count, first, n_groups;
+  DeviceBuffer<int32_t> count, first, n_groups, order;
   DeviceBuffer<int4> groups;
-  DeviceBuffer<unsigned char> scan_temp;
+  DeviceBuffer<unsigned char> scan_temp, sort_temp;
   int64_t max_groups = 0;
 };
 
-KnnStatus build_warp_groups(const ClusterSet &queries, const int32_t *cand_count, WarpGroups &g,
-                            MemoryBudget &mem, DeviceContext &ctx) {
+// Warp groups of the query clusters with most candidate clusters first
+// (KNN_TI_GROUP_ORDER=cluster: in cluster order, for A/B benchmarks). A
+// warp's work grows with its cluster's candidates, and blocks start
+// roughly in table order: the longest first leave the shortest for the
+// end of the launch, where fewer warps are left to fill the GPU.
+bool groups_by_work() {
+  const char *forced = std::getenv("KNN_TI_GROUP_ORDER");
+  return forced == nullptr || std::strcmp(forced, "cluster") != 0;
+}
+
+KnnStatus build_warp_groups(const ClusterSet &queries, const int32_t *cand_count,
+                            const int32_t *work, WarpGroups &g, MemoryBudget &mem,
+                            DeviceContext &ctx) {
   const int mq = queries.m;
   g.max_groups = queries.n / kWarp + mq + 1;
   KNN_TRY(mem.allocate(ctx, g.count, mq + 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.first, mq + 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.n_groups, 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.groups, g.max_groups, "warp groups"));
+  const int32_t *order = nullptr;
+  if (work != nullptr && mq > 1 && groups_by_work()) {
+    DeviceBuffer<int32_t> ids, sorted_work;
+    KNN_TRY(mem.allocate(ctx, ids, mq, "warp groups"));
+    KNN_TRY(mem.allocate(ctx, sorted_work, mq, "warp groups"));
+    KNN_TRY(mem.allocate(ctx, g.order, mq, "warp groups"));
+    iota_kernel<<<grid_for(mq, 128), 128, 0, ctx.stream>>>(mq, ids.get());
+    CUDA_CHECK_LAUNCH(ctx, "iota_kernel");
+    KNN_TRY(run_cub(ctx, mem, g.sort_temp, "warp groups", [&](void *temp, size_t &bytes) {
+      return cub::DeviceRadixSort::SortPairsDescending(temp, bytes, work, sorted_work.get(),
+                                                       ids.get(), g.order.get(), mq, 0,
+                                                       32, ctx.stream);
+    }));
+    mem.release(ids);
+    mem.release(sorted_work);
+    order = g.order.get();
+  }
   group_counts_kernel<<<grid_for(mq + 1, 128), 128, 0, ctx.stream>>>(
-      mq, queries.begin.get(), cand_count, g.count.get());
+      mq, queries.begin.get(), cand_count, order, g.count.get());
   CUDA_CHECK_LAUNCH(ctx, "group_counts_kernel");
   KNN_TRY(run_cub(ctx, mem, g.scan_temp, "warp groups", [&](void *temp, size_t &bytes) {
     return cub::DeviceScan::ExclusiveSum(temp, bytes, g.count.get(), g.first.get(), mq + 1,
                                          ctx.stream);
   }));
   group_table_kernel<<<grid_for(mq, 128), 128, 0, ctx.stream>>>(
-      mq, queries.begin.get(), cand_count, g.first.get(), g.groups.get(), g.n_groups.get());
+      mq, queries.begin.get(), cand_count, order, g.first.get(), g.groups.get(),
+      g.n_groups.get());
   CUDA_CHECK_LAUNCH(ctx, "group_table_kernel");
   return KNN_OK;
 }
@@ -663,7 +774,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   // lists as they are, so it gets no warps (no seeding, merge or store).
   WarpGroups groups;
   KNN_TRY(build_warp_groups(queries, requested.resume ? level1.cand_count.get() : nullptr,
-                            groups, mem, ctx));
+                            level1.cand_count.get(), groups, mem, ctx));
 
   Level2Args a{};
   a.q = queries.view();
@@ -687,6 +798,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   KNN_TRY(ctx.cancel_point());
 
   a.resume = requested.resume ? 1 : 0;
+  a.lazy = requested.resume && requested.lazy_lists && requested.last_value != nullptr ? 1 : 0;
   Level2Config config = requested;
   // The partial filter cannot resume, and its selection stores lists by
   // distinct query, untiled and without their k'-th entries: the full

@@ -197,6 +197,14 @@ int forced_threads_per_query() {
   return forced != nullptr ? std::max(0, std::min(8, std::atoi(forced))) : 0;
 }
 
+// Level 2 reads a carried list only where a visit can change it
+// (Level2Config::lazy_lists); KNN_TI_LAZY_LISTS=0 reads every list of a
+// visited cluster, for A/B benchmarks and tests.
+bool lazy_lists() {
+  const char *forced = std::getenv("KNN_TI_LAZY_LISTS");
+  return forced == nullptr || forced[0] != '0';
+}
+
 // Pinned host memory mapped into the device's address space: the query
 // parts' k' lists (PartPlan::mapped_lists), which level 2 reads and writes
 // through the bus and the host copies out of the tiles (expand_lists). Registered pages
@@ -551,6 +559,7 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   config.shared_merge = true;
   config.last_value = last_value_.get();
   config.last_row = last_row_.get();
+  config.lazy_lists = lazy_lists();
   // Mapped lists by position, coalesced over the bus.
   config.tiled_lists = plan_.mapped_lists;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
