@@ -18,7 +18,10 @@
 #include <cub/cub.cuh>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <vector>
 
@@ -471,12 +474,31 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
   out.m = (int)std::max<int64_t>(1, std::min<int64_t>(clusters, n));
   out.n = n;
   out.stride = set.stride;
+  // KNN_TI_PHASES=1: each step's wall time to stderr (a synchronisation
+  // after each; for measuring only).
+  static const bool phases = std::getenv("KNN_TI_PHASES") != nullptr &&
+                             std::getenv("KNN_TI_PHASES")[0] == '1';
+  std::chrono::steady_clock::time_point t = std::chrono::steady_clock::now();
+  double seconds[3] = {};
+  auto step = [&](int i) {
+    if (!phases) return;
+    (void)cudaStreamSynchronize(ctx.stream);
+    const auto now = std::chrono::steady_clock::now();
+    seconds[i] = std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   KNN_TRY(choose_landmarks(set, metric, out.m, candidate_sets, out, mem, ctx));
   KNN_TRY(ctx.cancel_point());
+  step(0);
   Assignment as;
   KNN_TRY(assign_points(set, metric, gemm_min_stride, out, as, mem, ctx));
   KNN_TRY(ctx.cancel_point());
+  step(1);
   KNN_TRY(build_cluster_arrays(set, as, out, mem, ctx));
+  step(2);
+  if (phases)
+    std::fprintf(stderr, "ti clusters (GPU %d): %lld points, %d centres: landmarks %.4f assignment %.4f arrays %.4f\n",
+                 ctx.device, (long long)n, out.m, seconds[0], seconds[1], seconds[2]);
   mem.release(as.cluster);
   mem.release(as.local);
   mem.release(as.size);
