@@ -137,7 +137,9 @@ __device__ __forceinline__ int warp_first_leq(const float *d, int lo, int hi, fl
 
 constexpr float kInf = __builtin_huge_valf();
 
-template <int METRIC, int DPAD, class List, int MODE>
+// LAZY (out-of-core carried lists, Level2Config::lazy_lists) is a template
+// parameter so that the other kernels keep their registers.
+template <int METRIC, int DPAD, class List, int MODE, bool LAZY>
 __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   const int lane = threadIdx.x % kWarp;
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
   // visit offers an entry before that k'-th entry, and written back only
   // then. Until it is read, entries are taken only before it (seed_last),
   // so the lists of all parts hold only entries that beat the carried ones.
-  const bool lazy = MODE == kFull && a.lazy;
+  constexpr bool lazy = MODE == kFull && LAZY;
   float seed_last_v = kInf;
   int32_t seed_last_r = kNoRow;
   bool seeds_pending = false;  // part 0 of a lazy list: carried entries not read yet
@@ -287,7 +289,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
           const bool cand = !(done || e - x > theta + sigma);
           const int pos = p + j;
           float v = kInf;
-          if (MODE == kFull && lazy) {
+          if constexpr (lazy) {
             if (cand) {
               v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
               distances++;
@@ -306,12 +308,12 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
               v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
               distances++;
             }
-            if (v <= list.last_value() && v <= seed_last_v) {
+            if (v <= list.last_value() && (!lazy || v <= seed_last_v)) {
               const int mult = a.t.mult[pos];
               int32_t row = a.t.first_row[pos];
               for (int r = 0;;) {
                 if (!entry_before(v, row, list.last_value(), list.last_row())) break;
-                if (!entry_before(v, row, seed_last_v, seed_last_r)) break;
+                if (lazy && !entry_before(v, row, seed_last_v, seed_last_r)) break;
                 list.insert(v, row);
                 if (++r >= mult) break;
                 row = a.trows[a.t.rows_begin[pos] + r];
@@ -527,31 +529,37 @@ __global__ void iota_kernel(int m, int32_t *out) {
 
 typedef void (*Level2Kernel)(Level2Args);
 
-template <int METRIC, int DPAD, int MODE>
+template <int METRIC, int DPAD, int MODE, bool LAZY>
 Level2Kernel pick_list(ListPlace place) {
   if constexpr (MODE == kFull) {
     switch (place) {
-      case ListPlace::Registers16: return level2_kernel<METRIC, DPAD, RegisterList<16>, MODE>;
-      case ListPlace::Registers32: return level2_kernel<METRIC, DPAD, RegisterList<32>, MODE>;
-      default: return level2_kernel<METRIC, DPAD, StridedList, MODE>;
+      case ListPlace::Registers16: return level2_kernel<METRIC, DPAD, RegisterList<16>, MODE, LAZY>;
+      case ListPlace::Registers32: return level2_kernel<METRIC, DPAD, RegisterList<32>, MODE, LAZY>;
+      default: return level2_kernel<METRIC, DPAD, StridedList, MODE, LAZY>;
     }
   } else {
-    return level2_kernel<METRIC, DPAD, StridedList, MODE>;
+    return level2_kernel<METRIC, DPAD, StridedList, MODE, false>;
   }
 }
 
-template <int METRIC, int MODE>
+template <int METRIC, int MODE, bool LAZY>
 Level2Kernel pick_stride(int stride, ListPlace place) {
   return with_register_stride(
-      stride, [&](auto d) { return pick_list<METRIC, decltype(d)::value, MODE>(place); });
+      stride, [&](auto d) { return pick_list<METRIC, decltype(d)::value, MODE, LAZY>(place); });
 }
 
-Level2Kernel pick_kernel(KnnMetric metric, int stride, ListPlace place, int mode) {
-  if (metric == KNN_METRIC_L1)
-    return mode == kFull ? pick_stride<KNN_METRIC_L1, kFull>(stride, place)
-                         : pick_stride<KNN_METRIC_L1, kPartial>(stride, place);
-  return mode == kFull ? pick_stride<KNN_METRIC_L2, kFull>(stride, place)
-                       : pick_stride<KNN_METRIC_L2, kPartial>(stride, place);
+template <int METRIC>
+Level2Kernel pick_metric(int stride, ListPlace place, int mode, bool lazy) {
+  if (mode != kFull) return pick_stride<METRIC, kPartial, false>(stride, place);
+  return lazy ? pick_stride<METRIC, kFull, true>(stride, place)
+              : pick_stride<METRIC, kFull, false>(stride, place);
+}
+
+// lazy: the kernel of Level2Config::lazy_lists (full filter only).
+Level2Kernel pick_kernel(KnnMetric metric, int stride, ListPlace place, int mode,
+                         bool lazy = false) {
+  if (metric == KNN_METRIC_L1) return pick_metric<KNN_METRIC_L1>(stride, place, mode, lazy);
+  return pick_metric<KNN_METRIC_L2>(stride, place, mode, lazy);
 }
 
 struct LaunchShape {
@@ -587,11 +595,28 @@ KnnStatus launch(DeviceContext &ctx, Level2Kernel kernel, unsigned grid, const L
 
 // The warp groups of the query clusters (thread-data remapping): ceil(size
 // / 32) per cluster, each (cluster, first position, count, 0).
+// Freed (stream-ordered, after the launches that read them) and given back
+// to the budget when level 2 returns.
 struct WarpGroups {
   DeviceBuffer<int32_t> count, first, n_groups, order;
   DeviceBuffer<int4> groups;
   DeviceBuffer<unsigned char> scan_temp, sort_temp;
   int64_t max_groups = 0;
+  MemoryBudget *mem = nullptr;
+
+  WarpGroups() = default;
+  WarpGroups(const WarpGroups &) = delete;
+  WarpGroups &operator=(const WarpGroups &) = delete;
+  ~WarpGroups() {
+    if (mem == nullptr) return;
+    mem->release(count);
+    mem->release(first);
+    mem->release(n_groups);
+    mem->release(order);
+    mem->release(groups);
+    mem->release(scan_temp);
+    mem->release(sort_temp);
+  }
 };
 
 // Warp groups of the query clusters with most candidate clusters first
@@ -608,6 +633,7 @@ KnnStatus build_warp_groups(const ClusterSet &queries, const int32_t *cand_count
                             const int32_t *work, WarpGroups &g, MemoryBudget &mem,
                             DeviceContext &ctx) {
   const int mq = queries.m;
+  g.mem = &mem;
   g.max_groups = queries.n / kWarp + mq + 1;
   KNN_TRY(mem.allocate(ctx, g.count, mq + 1, "warp groups"));
   KNN_TRY(mem.allocate(ctx, g.first, mq + 1, "warp groups"));
@@ -743,7 +769,8 @@ KnnStatus run_full(const ClusterSet &queries, KnnMetric metric, int64_t max_grou
     a.part_value = part_value.get();
     a.part_row = part_row.get();
   }
-  return launch(ctx, pick_kernel(metric, queries.stride, config->place, kFull), grid, shape, a);
+  return launch(ctx, pick_kernel(metric, queries.stride, config->place, kFull, a.lazy != 0),
+                grid, shape, a);
 }
 
 }  // namespace
