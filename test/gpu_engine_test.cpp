@@ -1602,6 +1602,7 @@ TEST(GpuTiOutOfCore, LazyAndEagerCarriedLists) {
   // visits.
   const Data wide = make_data(2000, 400000, 4, Shape::kClustered, 361, true);
   const Data self = make_self(30000, 6, Shape::kClustered, 362, true);
+  const Data ties = make_data(1500, 200000, 8, Shape::kIntegers, 363, true);
   Options base;
   base.k = 20;
   const Outcome wide_ref = cpu_answer(wide, base);
@@ -1623,11 +1624,92 @@ TEST(GpuTiOutOfCore, LazyAndEagerCarriedLists) {
         EXPECT_GT(shape.target_parts, 1) << name;
         expect_same_answer(gpu, wide_ref, name + " vs cpu");
       }
+      // Integer rows: exact ties across target parts at the carried k'-th
+      // entry; k 40 (k' > 32: strided lists) with several threads per query,
+      // merged from shared and from global memory; L1.
+      struct TieCase {
+        KnnMetric metric;
+        int k;
+        KnnCudaTestOptions forced;
+      };
+      for (const TieCase &t : {TieCase{KNN_METRIC_L2, 40, forced_ti(1, 2, 2)},
+                               TieCase{KNN_METRIC_L2, 40, forced_ti(1, 2, 4)},
+                               TieCase{KNN_METRIC_L2, 40, forced_ti(1, 3, 2)},
+                               TieCase{KNN_METRIC_L1, 20, forced_ti(1, 0, 4)}}) {
+        Options o = base;
+        o.k = t.k;
+        o.metric = t.metric;
+        o.forced = &t.forced;
+        const std::string name = std::string("ties, lazy ") + lazy + ", lists " + lists + ", " +
+                                 knn_metric_name(t.metric) + ", k " + std::to_string(t.k) +
+                                 ", list place " + std::to_string(t.forced.ti_list) +
+                                 ", threads " + std::to_string(t.forced.ti_threads_per_query);
+        Options cpu = o;
+        cpu.forced = nullptr;
+        const Outcome gpu = gpu_ti(ties, o, 4 << 20);
+        ASSERT_EQ(gpu.status, KNN_OK) << name << ": " << gpu.error;
+        OutOfCoreShape shape;
+        EXPECT_TRUE(out_of_core_shape(gpu.stats.variant, &shape)) << name << ": " << gpu.stats.variant;
+        EXPECT_GT(shape.target_parts, 1) << name;
+        EXPECT_NE(std::string(gpu.stats.variant)
+                      .find("/x" + std::to_string(t.forced.ti_threads_per_query)),
+                  std::string::npos)
+            << name << ": " << gpu.stats.variant;
+        expect_same_answer(gpu, cpu_answer(ties, cpu), name + " vs cpu");
+      }
       Options o = base;
       check_out_of_core(self, o, {1 << 20}, (std::string("self, lazy ") + lazy + ", " + lists).c_str());
       o.k = 40;
       check_out_of_core(self, o, {2 << 20}, (std::string("self k 40, lazy ") + lazy + ", " + lists).c_str());
     }
+  }
+}
+
+TEST(GpuTi, TiledAssignmentPicksCentresAsWellAsDirect) {
+  REQUIRE_GPU();
+  // Rows of stride 4, 8 and 16 go to their centres through a tiled kernel
+  // (centres in shared memory, several points a thread) unless
+  // KNN_TI_ASSIGN=direct. Both compute the same sums in the same order, so
+  // they pick the same centres: the same clusters, hence the same number of
+  // distances in level 2, and answers that match the CPU's. Sizes that are
+  // not multiples of a block's points, centres over two tiles, rows far from
+  // the origin, tiny clusters far apart.
+  struct Case {
+    const char *name;
+    int64_t n;
+    int dim;
+    KnnMetric metric;
+    Shape shape;
+    uint64_t seed;
+  };
+  const Case cases[] = {{"d3 L2", 20011, 3, KNN_METRIC_L2, Shape::kClustered, 371},
+                        {"d8 L2", 20011, 8, KNN_METRIC_L2, Shape::kClustered, 372},
+                        {"d13 L2", 15013, 13, KNN_METRIC_L2, Shape::kClustered, 373},
+                        {"d8 L1", 20011, 8, KNN_METRIC_L1, Shape::kClustered, 374},
+                        {"d6 far grid", 12007, 6, KNN_METRIC_L2, Shape::kFarGrid, 375},
+                        {"d7 far clusters", 12007, 7, KNN_METRIC_L2, Shape::kFarClusters, 376}};
+  for (const Case &c : cases) {
+    const Data d = make_self(c.n, c.dim, c.shape, c.seed, true);
+    Options o;
+    o.k = 20;
+    o.metric = c.metric;
+    Options cpu = o;
+    cpu.method = KNN_METHOD_TI;
+    const Outcome ref = cpu_answer(d, cpu);
+    int64_t computed[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+      const char *kernel = i == 0 ? "tiled" : "direct";
+      const ScopedEnv env("KNN_TI_ASSIGN", kernel);
+      const std::string name = std::string(c.name) + ", " + kernel;
+      const Outcome gpu = gpu_ti(d, o, 0);
+      ASSERT_EQ(gpu.status, KNN_OK) << name << ": " << gpu.error;
+      ASSERT_EQ(gpu.stats.method, KNN_METHOD_TI) << name << ": " << gpu.stats.variant;
+      expect_same_answer(gpu, ref, name + " vs cpu");
+      computed[i] = gpu.stats.distance_computations;
+    }
+    std::printf("  [assignment] %s: %lld distances tiled, %lld direct\n", c.name,
+                static_cast<long long>(computed[0]), static_cast<long long>(computed[1]));
+    EXPECT_EQ(computed[0], computed[1]) << c.name;
   }
 }
 

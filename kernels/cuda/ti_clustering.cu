@@ -23,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ti_common.cuh"
@@ -189,6 +191,84 @@ __global__ void row_norms_kernel(const float *x, int64_t rows, int stride, float
   norm[r] = acc;
 }
 
+// Narrow rows (DPAD 4..16): each thread takes several points and the block
+// reads the centres through shared memory, tile by tile, so that each
+// centre read serves them all. The sums are fast_value's, term for term, so
+// the choice is assign_direct_kernel's.
+constexpr int kAssignThreads = 128;
+constexpr int kAssignTile = 256;  // centres per shared tile
+
+template <int DPAD>
+__host__ __device__ constexpr int assign_points_per_thread() {
+  return DPAD <= 8 ? 4 : 2;
+}
+
+template <int METRIC, int DPAD>
+__global__ void __launch_bounds__(kAssignThreads)
+    assign_tiled_kernel(const float *x, int64_t n, int stride, const float *centers, int m,
+                        int32_t *cluster, float *dist, int32_t *local, int32_t *size) {
+  constexpr int P = assign_points_per_thread<DPAD>();
+  __shared__ __align__(16) float tile[kAssignTile * DPAD];
+  const int64_t first = (int64_t)blockIdx.x * kAssignThreads * P + threadIdx.x;
+  QueryRow<DPAD> q[P];
+  float best[P];
+  int best_c[P];
+#pragma unroll
+  for (int j = 0; j < P; j++) {
+    const int64_t p = first + (int64_t)j * kAssignThreads;
+    q[j].load(x + (p < n ? p : 0) * stride, stride);
+    best[j] = __int_as_float(0x7f800000);
+    best_c[j] = 0;
+  }
+  for (int c0 = 0; c0 < m; c0 += kAssignTile) {
+    const int nt = min(kAssignTile, m - c0);
+    __syncthreads();
+    for (int i = threadIdx.x; i < nt * (DPAD / 4); i += kAssignThreads)
+      reinterpret_cast<float4 *>(tile)[i] =
+          __ldg(reinterpret_cast<const float4 *>(centers + (int64_t)c0 * stride) + i);
+    __syncthreads();
+    for (int c = 0; c < nt; c++) {
+      const float4 *cv = reinterpret_cast<const float4 *>(tile + c * DPAD);
+      float acc0[P], acc1[P];
+#pragma unroll
+      for (int j = 0; j < P; j++) acc0[j] = acc1[j] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPAD / 4; i++) {
+        const float4 f = cv[i];
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+          const float d0 = q[j].v[4 * i] - f.x, d1 = q[j].v[4 * i + 1] - f.y;
+          const float d2 = q[j].v[4 * i + 2] - f.z, d3 = q[j].v[4 * i + 3] - f.w;
+          if (METRIC == KNN_METRIC_L1) {
+            acc0[j] += fabsf(d0) + fabsf(d2);
+            acc1[j] += fabsf(d1) + fabsf(d3);
+          } else {
+            acc0[j] = __fmaf_rn(d0, d0, acc0[j]);
+            acc1[j] = __fmaf_rn(d1, d1, acc1[j]);
+            acc0[j] = __fmaf_rn(d2, d2, acc0[j]);
+            acc1[j] = __fmaf_rn(d3, d3, acc1[j]);
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < P; j++) {
+        const float s = acc0[j] + acc1[j];
+        if (s < best[j]) {
+          best[j] = s;
+          best_c[j] = c0 + c;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < P; j++) {
+    const int64_t p = first + (int64_t)j * kAssignThreads;
+    if (p < n)
+      record_assignment<METRIC, DPAD>(q[j], p, centers, stride, best_c[j], cluster, dist, local,
+                                      size);
+  }
+}
+
 // One warp per point: argmin over centres of |c|^2 - 2 x.c (gram holds x.c,
 // m entries per point), then record_assignment with the exact distance.
 template <int DPAD>
@@ -275,16 +355,37 @@ __global__ void cluster_extent_kernel(int m, const int32_t *begin, const float *
   nearest[c] = e > b ? dist[e - 1] : __int_as_float(0x7f800000);
 }
 
+// KNN_TI_ASSIGN=direct keeps narrow rows on assign_direct_kernel, for A/B
+// benchmarks.
+bool tiled_assignment() {
+  const char *forced = std::getenv("KNN_TI_ASSIGN");
+  return forced == nullptr || std::strcmp(forced, "direct") != 0;
+}
+
 template <int METRIC>
 KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int32_t *cluster,
-                               float *dist, int32_t *local, int32_t *size,
-                               DeviceContext &ctx) {
+                               float *dist, int32_t *local, int32_t *size, DeviceContext &ctx) {
   const int64_t n = set.n_distinct;
   const int stride = set.stride;
+  const int m = cs.m;
+  const int bucket = register_stride(stride);
+  if (bucket == stride && stride <= 16 && m > 1 && tiled_assignment()) {
+    auto launch = [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      constexpr int points = kAssignThreads * assign_points_per_thread<D>();
+      assign_tiled_kernel<METRIC, D><<<grid_for(n, points), kAssignThreads, 0, ctx.stream>>>(
+          set.x.get(), n, stride, cs.centers.get(), m, cluster, dist, local, size);
+    };
+    if (stride == 4) launch(std::integral_constant<int, 4>());
+    else if (stride == 8) launch(std::integral_constant<int, 8>());
+    else launch(std::integral_constant<int, 16>());
+    CUDA_CHECK_LAUNCH(ctx, "assign_tiled_kernel");
+    return KNN_OK;
+  }
   const unsigned grid = grid_for(n, 128);
   with_register_stride(stride, [&](auto d) {
     assign_direct_kernel<METRIC, decltype(d)::value><<<grid, 128, 0, ctx.stream>>>(
-        set.x.get(), n, stride, cs.centers.get(), cs.m, cluster, dist, local, size);
+        set.x.get(), n, stride, cs.centers.get(), m, cluster, dist, local, size);
   });
   CUDA_CHECK_LAUNCH(ctx, "assign_direct_kernel");
   return KNN_OK;
