@@ -51,7 +51,8 @@ typedef struct KnnCudaTestOptions
 	 * are (a cancel answered inside the order leaves 1; joins cut in row
 	 * ranges, without an order, store nothing). ti_pinning_hook:
 	 * once the join's host thread has started pinning the mapped kNN lists,
-	 * the join stores 1 there and waits (answering a cancel) until the test
+	 * the join turns a 0 there into 1 (a retry, finding no 0, runs on) and
+	 * waits (answering a cancel) until the test
 	 * stores 2 (fail now, the pinning still under way) or 3 (fail once the
 	 * pinning is done); it then fails with KNN_DEVICE_ERROR,
 	 * KNN_CUDA_TEST_PINNING_FAILURE. Joins without mapped lists never store.

@@ -1005,10 +1005,13 @@ KnnStatus OutOfCoreJoin::wait_mapping() {
 
 // The engine tests' hook (TiOptions::pinning_hook, knn_cuda_testing.h):
 // a failure of the join's own while its pinning runs, or once it is done.
+// Only the first try parks (a retry after a failed pinning runs on).
 KnnStatus OutOfCoreJoin::pinning_test_hook() {
   int32_t *hook = options_.pinning_hook;
-  if (hook == nullptr || !mapping_.valid()) return KNN_OK;
-  __atomic_store_n(hook, 1, __ATOMIC_RELEASE);
+  int32_t idle = 0;
+  if (hook == nullptr || !mapping_.valid() ||
+      !__atomic_compare_exchange_n(hook, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return KNN_OK;
   int32_t told;
   while ((told = __atomic_load_n(hook, __ATOMIC_ACQUIRE)) == 1) {
     KNN_TRY(ctx_.cancel_point());
