@@ -1779,16 +1779,125 @@ CancelledJoin cancel_out_of_core_join(const Data &d, int ms, int k = 20,
   return out;
 }
 
+// An out-of-core TI join of d (k, budget `limit`) through the module's
+// test entry, on a thread of its own, with `forced`'s hooks
+// (knn_cuda_testing.h) and a cancel flag; the output arrays are left
+// untouched (a join that ends early writes none of them).
+class JoinOnAThread {
+ public:
+  JoinOnAThread(const Data &d, int k, int64_t limit, const KnnCudaTestOptions &forced)
+      : forced_(forced) {
+    Options o;
+    o.k = k;
+    o.method = KNN_METHOD_TI;
+    o.gpu_memory_limit = limit;
+    p_ = make_problem(d, o, KNN_DEVICE_GPU);
+    const size_t slots = static_cast<size_t>(p_.n_queries) * p_.k;
+    neighbors_.reset(new int64_t[slots]);
+    distances_.reset(new double[slots]);
+    thread_ = std::thread([this] {
+      const knn_cuda_run_tuned_fn entry = tuned_entry();
+      if (entry == nullptr) {
+        std::snprintf(error_, sizeof error_, "no %s", KNN_CUDA_RUN_TUNED_SYMBOL);
+        status_ = KNN_INTERNAL_ERROR;
+      } else {
+        status_ = entry(&p_, &forced_, neighbors_.get(), distances_.get(), &stats_, &cancel_,
+                        error_, sizeof error_);
+      }
+      __atomic_store_n(&done_, 1, __ATOMIC_RELEASE);
+    });
+  }
+  ~JoinOnAThread() {
+    cancel();
+    finish();
+  }
+  JoinOnAThread(const JoinOnAThread &) = delete;
+  JoinOnAThread &operator=(const JoinOnAThread &) = delete;
+
+  // Waits until *flag (one of the hooks) holds `value` or more, or the join
+  // has ended: whether it does.
+  bool wait_for(const int32_t *flag, int32_t value) const {
+    while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) < value) {
+      if (__atomic_load_n(&done_, __ATOMIC_ACQUIRE) != 0)
+        return __atomic_load_n(flag, __ATOMIC_ACQUIRE) >= value;
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return true;
+  }
+  void cancel() { __atomic_store_n(&cancel_, 1, __ATOMIC_RELAXED); }
+  // The join's status, once its thread is done; said(): its message (its
+  // variant where it succeeded).
+  KnnStatus finish() {
+    if (thread_.joinable()) thread_.join();
+    return status_;
+  }
+  std::string said() const { return status_ == KNN_OK ? stats_.variant : error_; }
+
+ private:
+  const KnnCudaTestOptions forced_;
+  KnnProblem p_{};
+  std::unique_ptr<int64_t[]> neighbors_;
+  std::unique_ptr<double[]> distances_;
+  KnnStats stats_{};
+  char error_[512] = "";
+  KnnStatus status_ = KNN_INTERNAL_ERROR;
+  int32_t cancel_ = 0, done_ = 0;
+  std::thread thread_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 TEST(GpuTiOutOfCore, CancelDuringTheOrder) {
   REQUIRE_GPU();
   // A cancel while the rows are being ordered (the pipelined assignment,
-  // the host's passes) ends the join as promptly as between parts.
+  // the host's passes) ends the join inside the order, as promptly as
+  // between parts. The order's probe (knn_cuda_testing.h) says when the
+  // order starts and whether it ran to its end: an order that ignored the
+  // cancel would run on, and the join would see the cancel only after it.
   const Data d = make_self(2000000, 8, Shape::kClustered, 381, false);
-  for (int ms : {20, 40, 80}) {
-    const CancelledJoin c = cancel_out_of_core_join(d, ms);
-    EXPECT_EQ(c.status, KNN_CANCELLED) << c.said;
-    EXPECT_LT(c.waited, 0.5);
+  const int64_t limit = 16 << 20;
+  // The order's own time: a join cancelled once its rows are ordered.
+  double order_seconds = 0;
+  {
+    int32_t probe = 0;
+    KnnCudaTestOptions forced{};
+    forced.ti_order_probe = &probe;
+    JoinOnAThread join(d, 20, limit, forced);
+    ASSERT_TRUE(join.wait_for(&probe, 1)) << "the order never started: " << join.said();
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(join.wait_for(&probe, 2)) << "the order never ended: " << join.said();
+    order_seconds = seconds_since(t0);
+    join.cancel();
+    EXPECT_EQ(join.finish(), KNN_CANCELLED) << join.said();
   }
+  std::printf("  [out-of-core] the order of 2M x 8 took %.3f s\n", order_seconds);
+  int inside = 0;
+  for (double share : {0.1, 0.3, 0.5}) {
+    int32_t probe = 0;
+    KnnCudaTestOptions forced{};
+    forced.ti_order_probe = &probe;
+    JoinOnAThread join(d, 20, limit, forced);
+    ASSERT_TRUE(join.wait_for(&probe, 1)) << join.said();
+    std::this_thread::sleep_for(std::chrono::duration<double>(share * order_seconds));
+    const bool ordering = __atomic_load_n(&probe, __ATOMIC_ACQUIRE) == 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    join.cancel();
+    const KnnStatus status = join.finish();
+    const double waited = seconds_since(t0);
+    const int32_t ended = __atomic_load_n(&probe, __ATOMIC_ACQUIRE);
+    std::printf("  [out-of-core] cancel at %.0f%% of the order (%s): status %d after %.3f s, "
+                "probe %d (%s)\n",
+                100 * share, ordering ? "ordering" : "already ordered",
+                static_cast<int>(status), waited, ended, join.said().c_str());
+    EXPECT_EQ(status, KNN_CANCELLED) << share << ": " << join.said();
+    EXPECT_LT(waited, 0.5) << share;
+    if (!ordering) continue;  // (a faster order than the first: nothing to tell)
+    inside++;
+    EXPECT_EQ(ended, 1) << "cancelled at " << share << " of the order, which ran to its end";
+  }
+  EXPECT_GT(inside, 0) << "no cancel came inside the order";
 }
 
 TEST(GpuTiOutOfCore, PartsCutByDistinctPoints) {
@@ -1881,6 +1990,51 @@ TEST(GpuTiOutOfCore, CancelDuringThePinning) {
     EXPECT_EQ(c.status, KNN_CANCELLED) << ms << " ms: " << c.said;
     EXPECT_LT(c.waited, 0.5) << ms << " ms";
   }
+}
+
+// The join of CancelDuringThePinning with the pinning hook
+// (knn_cuda_testing.h), told `how` (2: fail now; 3: fail once the pinning
+// is done) `ms` after its pinning started: its status, its message and
+// the seconds from the word to its return.
+CancelledJoin fail_during_the_pinning(const Data &d, int ms, int32_t how) {
+  int32_t hook = 0;
+  KnnCudaTestOptions forced{};
+  forced.ti_pinning_hook = &hook;
+  JoinOnAThread join(d, 31, int64_t(3) << 29, forced);
+  CancelledJoin out;
+  if (!join.wait_for(&hook, 1)) {
+    out.status = join.finish();
+    out.said = "no mapped lists were pinned: " + join.said();
+    return out;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  const auto t0 = std::chrono::steady_clock::now();
+  __atomic_store_n(&hook, how, __ATOMIC_RELEASE);
+  out.status = join.finish();
+  out.waited = seconds_since(t0);
+  out.said = join.said();
+  std::printf("  [out-of-core] failure %s, %d ms into the pinning: status %d after %.3f s (%s)\n",
+              how == 2 ? "at once" : "after the pinning", ms, static_cast<int>(out.status),
+              out.waited, out.said.c_str());
+  return out;
+}
+
+TEST(GpuTiOutOfCore, FailureDuringThePinning) {
+  REQUIRE_GPU();
+  // A join that fails for a reason of its own (the hook's device error)
+  // 100 ms into the pinning of its 3 GB of mapped lists stops the pinning
+  // within a piece, as a cancel does, and returns its own status and
+  // message: far sooner than a failure once the pinning is done, which
+  // waits for all of it (and no sooner than that before the fix).
+  const Data d = make_self(12000000, 2, Shape::kUniform, 391, false);
+  const CancelledJoin whole = fail_during_the_pinning(d, 100, 3);
+  const CancelledJoin early = fail_during_the_pinning(d, 100, 2);
+  for (const CancelledJoin *c : {&whole, &early}) {
+    EXPECT_EQ(c->status, KNN_DEVICE_ERROR) << c->said;
+    EXPECT_EQ(c->said, KNN_CUDA_TEST_PINNING_FAILURE);
+  }
+  EXPECT_LT(early.waited, 0.5);
+  EXPECT_LT(4 * early.waited, whole.waited) << "the failure waited for the pinning";
 }
 
 // ---- tiny joins (small_join.cu) ----

@@ -438,6 +438,8 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   t.ti.dedup = o->ti_keep_duplicates == 0;
   if (o->ti_gemm_assign_min_stride > 0) t.ti.gemm_assign_min_stride = o->ti_gemm_assign_min_stride;
   if (o->ti_landmark_factor > 0) t.ti.landmark_factor = o->ti_landmark_factor;
+  t.ti.order_probe = o->ti_order_probe;
+  t.ti.pinning_hook = o->ti_pinning_hook;
   return t;
 }
 

@@ -4,6 +4,8 @@
 // prove that each of them is exact too.
 #pragma once
 
+#include <cstdint>
+
 namespace knn {
 namespace cuda {
 namespace ti {
@@ -33,6 +35,10 @@ struct TiOptions {
   // level-1 filter keeps more than this share of the (query cluster, target
   // cluster) pairs; 0: never.
   double level1_give_up = 0;
+  // The out-of-core join's test hooks (knn_cuda_testing.h: ti_order_probe,
+  // ti_pinning_hook); null in the product.
+  int32_t *order_probe = nullptr;
+  int32_t *pinning_hook = nullptr;
 };
 
 }  // namespace ti

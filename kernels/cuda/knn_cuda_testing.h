@@ -43,7 +43,26 @@ typedef struct KnnCudaTestOptions
 	/* 1: brute force with k beyond the lists takes the full sort, not large_k_select.cu */
 	int			brute_no_large_k;
 	int			no_small_join;	/* brute force: 1 = never the tiny-join path (small_join.cu) */
+
+	/*
+	 * The out-of-core TI join's hooks (ti_out_of_core.cu), for tests of
+	 * its cancel and failure paths. ti_order_probe: the join stores 1 there
+	 * as it starts putting the rows in their spatial order and 2 once they
+	 * are (a cancel answered inside the order leaves 1; joins cut in row
+	 * ranges, without an order, store nothing). ti_pinning_hook:
+	 * once the join's host thread has started pinning the mapped kNN lists,
+	 * the join turns a 0 there into 1 (a retry, finding no 0, runs on) and
+	 * waits (answering a cancel) until the test
+	 * stores 2 (fail now, the pinning still under way) or 3 (fail once the
+	 * pinning is done); it then fails with KNN_DEVICE_ERROR,
+	 * KNN_CUDA_TEST_PINNING_FAILURE. Joins without mapped lists never store.
+	 */
+	int32_t    *ti_order_probe;
+	int32_t    *ti_pinning_hook;
 } KnnCudaTestOptions;
+
+/* The message of the failure ti_pinning_hook makes. */
+#define KNN_CUDA_TEST_PINNING_FAILURE "forced failure (out-of-core pinning test hook)"
 
 /* knn_cuda_run (knn_cuda_module.h) with options; NULL options: the defaults. */
 typedef KnnStatus (*knn_cuda_run_tuned_fn) (const KnnProblem *problem,

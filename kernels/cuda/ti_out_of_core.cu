@@ -80,6 +80,7 @@
 #include <cstring>
 #include <future>
 #include <system_error>
+#include <thread>
 
 #include <limits>
 #include <utility>
@@ -91,6 +92,7 @@
 #include "../rounding_margin.h"
 #include "../value_range.h"
 #include "host_transfer.cuh"
+#include "knn_cuda_testing.h"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 #include "ti_expand.cuh"
@@ -221,8 +223,9 @@ class MappedLists {
   // Room for `entries` (value, row) pairs, on `device` (any host thread:
   // the join allocates ahead while target parts are built). No CUDA error
   // state is left behind; the caller records a failure. A cancel (*cancel)
-  // stops the pinning within a piece of it: cudaSuccess, nothing held.
-  cudaError_t allocate(int device, size_t entries, const int32_t *cancel) {
+  // or the join's stop (*stop: it failed otherwise) ends the pinning within
+  // a piece of it: cudaSuccess, nothing held.
+  cudaError_t allocate(int device, size_t entries, const int32_t *cancel, const int32_t *stop) {
     release();
     const size_t page = 4096;
     size_t bytes = std::max<size_t>(1, entries) * (sizeof(float) + sizeof(int32_t));
@@ -240,8 +243,8 @@ class MappedLists {
     // their host addresses: the chunks are then one range there too; else
     // in one call (the device pointer of one registration covers only it).
     const size_t chunk = same_address != 0 ? kMappedChunk : 0;
-    void *p = register_pages(bytes, true, cudaHostRegisterMapped, cancel, chunk, &err);
-    if (p == nullptr) return err;  // (cudaSuccess: cancelled)
+    void *p = register_pages(bytes, true, cudaHostRegisterMapped, cancel, stop, chunk, &err);
+    if (p == nullptr) return err;  // (cudaSuccess: cancelled or stopped)
     host_ = p;
     bytes_ = bytes;
     chunk_ = chunk;
@@ -310,8 +313,15 @@ class OutOfCoreJoin {
 
   // Mapped lists go only once the device is done with them (an error path
   // may leave kernels queued); the host threads are waited for by their
-  // futures, destroyed first.
+  // futures, destroyed first. Whatever ended the join (a failure, a
+  // cancel, a budget too small, values that overflow), the pinning still
+  // under way is not wanted: both pinning threads stop within a piece (a
+  // block stopped half-way is unlocked and freed by its thread; the blocks
+  // done go with their owners, after the stream), and the join's own status
+  // and message stand (a stopped pinning reports nothing).
   ~OutOfCoreJoin() {
+    __atomic_store_n(&stop_pinning_, 1, __ATOMIC_RELAXED);
+    targets_.stop_pinning();
     if (mapping_.valid()) (void)mapping_.wait();
     if (mapped_[0].entries() != 0 || mapped_[1].entries() != 0)
       (void)cudaStreamSynchronize(ctx_.stream);
@@ -341,6 +351,7 @@ class OutOfCoreJoin {
   void wait_output();
   void start_mapping();
   KnnStatus wait_mapping();
+  KnnStatus pinning_test_hook();
   KnnStatus allocate_lists(int index, int64_t n_distinct, MemoryBudget &mem);
   PartStaging &gather_query_part(int index);
   // KNN_TI_TRACE=1: the stream is waited for after each stage, so that the
@@ -416,6 +427,9 @@ class OutOfCoreJoin {
   // running (an error path) are waited for before anything they use goes.
   std::future<void> expanding_;
   std::future<void> query_gather_;
+  // Set (only) by the destructor: the pinning thread stops (start_mapping).
+  // Declared before the future, so alive as long as the thread.
+  int32_t stop_pinning_ = 0;
   // The mapped blocks being allocated by a host thread (start_mapping).
   std::future<cudaError_t> mapping_;
   bool pinning_failed_ = false;
@@ -956,11 +970,14 @@ void OutOfCoreJoin::start_mapping() {
   const int blocks = plan_.query_parts() > 1 ? 2 : 1;
   const int device = ctx_.device;
   const int32_t *cancel = ctx_.cancel;
-  auto pin = [this, entries, blocks, device, cancel] {
+  const int32_t *stop = &stop_pinning_;
+  auto pin = [this, entries, blocks, device, cancel, stop] {
     cudaError_t err = cudaSuccess;
     for (int b = 0; b < blocks && err == cudaSuccess; b++) {
-      if (cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED)) break;
-      err = mapped_[b].allocate(device, entries, cancel);
+      if ((cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED)) ||
+          __atomic_load_n(stop, __ATOMIC_RELAXED))
+        break;
+      err = mapped_[b].allocate(device, entries, cancel, stop);
     }
     return err;
   };
@@ -984,6 +1001,25 @@ KnnStatus OutOfCoreJoin::wait_mapping() {
     return record_failure(ctx_, err, "pinning the mapped kNN lists", __FILE__, __LINE__);
   }
   return KNN_OK;
+}
+
+// The engine tests' hook (TiOptions::pinning_hook, knn_cuda_testing.h):
+// a failure of the join's own while its pinning runs, or once it is done.
+// Only the first try parks (a retry after a failed pinning runs on).
+KnnStatus OutOfCoreJoin::pinning_test_hook() {
+  int32_t *hook = options_.pinning_hook;
+  int32_t idle = 0;
+  if (hook == nullptr || !mapping_.valid() ||
+      !__atomic_compare_exchange_n(hook, &idle, 1, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return KNN_OK;
+  int32_t told;
+  while ((told = __atomic_load_n(hook, __ATOMIC_ACQUIRE)) == 1) {
+    KNN_TRY(ctx_.cancel_point());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (told == 3) KNN_TRY(wait_mapping());
+  ctx_.error = KNN_CUDA_TEST_PINNING_FAILURE;
+  return KNN_DEVICE_ERROR;
 }
 
 // Query part `index`'s lists (n_distinct x k'): in mapped block index % 2
@@ -1059,6 +1095,7 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   }
   CUDA_CHECK(ctx_, cudaMemsetAsync(counter_.get(), 0, sizeof(unsigned long long), ctx_.stream));
   start_mapping();
+  KNN_TRY(pinning_test_hook());
   if (plan_.cache_targets) {
     // Every target part built and cached first, each with the whole budget
     // (ti_part_plan.cu). Their own values are checked here; the queries'
@@ -1114,6 +1151,8 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
       problem.element != KNN_ELEMENT_FLOAT32 || (row_ranges != nullptr && row_ranges[0] == '1')) {
     // Row ranges (lists hold int32 rows; only float rows are gathered).
   } else {
+    // (The engine tests' probe, TiOptions::order_probe: the order starts.)
+    if (options.order_probe != nullptr) __atomic_store_n(options.order_probe, 1, __ATOMIC_RELEASE);
     KnnStatus status =
         target_order.build(float_rows(problem.targets), problem.n_targets, problem.dim,
                            problem.metric, groups, options.dedup, budget, ctx);
@@ -1123,6 +1162,10 @@ KnnStatus out_of_core_join(const KnnProblem &problem, const TiOptions &options,
         status = query_order.build(float_rows(problem.queries), problem.n_queries, problem.dim,
                                    problem.metric, groups, options.dedup, budget, ctx);
     }
+    // (The probe: both orders ran to their end. A cancel they answered
+    // returns before this.)
+    if (status == KNN_OK && options.order_probe != nullptr)
+      __atomic_store_n(options.order_probe, 2, __ATOMIC_RELEASE);
     // A budget too small for the landmarks: row ranges, as before.
     if (status == KNN_OUT_OF_MEMORY && !ctx.cancelled()) {
       CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));

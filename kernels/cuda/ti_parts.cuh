@@ -210,10 +210,12 @@ std::vector<double> landmark_distances(const SpatialOrder &q, const SpatialOrder
 // `huge` and the kernel gives them, then page-locked by cudaHostRegister
 // with `flags`, in registrations of `chunk` bytes (0: one); nullptr where
 // it cannot be had (*error, if given: the failed call's error) or where
-// *cancel (may be null) was set first (*error: cudaSuccess): a cancel is
-// seen between pieces of 2 MB and between chunks (ti_target_parts.cu).
+// *cancel or *stop (either may be null) was set first (*error:
+// cudaSuccess): the user's cancel, or the owner's word that it no longer
+// wants the memory (a join that failed otherwise), is seen between pieces
+// of 2 MB and between chunks (ti_target_parts.cu).
 void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *cancel,
-                     size_t chunk, cudaError_t *error);
+                     const int32_t *stop, size_t chunk, cudaError_t *error);
 // Unlocks what register_pages locked (the same bytes and chunk).
 void unregister_pages(void *p, size_t bytes, size_t chunk);
 
@@ -256,6 +258,11 @@ class TargetParts {
     const int32_t *begin = nullptr;
   };
   bool summary(int index, ClusterSummary *out) const;
+
+  // The join ends (on any path): the blocks not pinned yet are not wanted.
+  // The thread pinning them ahead stops within a piece; the parts already
+  // cached keep theirs. (The destructor does it too.)
+  void stop_pinning();
 
   bool cached() const { return cache_; }
   int64_t clusters() const { return clusters_; }

@@ -24,7 +24,6 @@
 // part is gathered straight into its block, whose copies to the device are
 // then queued, not waited for (pin_staging).
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <condition_variable>
 #include <cstdlib>
@@ -80,10 +79,13 @@ size_t aligned(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
-void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *cancel, size_t chunk,
-                     cudaError_t *error) {
+void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *cancel,
+                     const int32_t *stop, size_t chunk, cudaError_t *error) {
   const size_t page = 4096, huge_page = size_t(2) << 20;
-  auto cancelled = [cancel] { return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED); };
+  auto set = [](const int32_t *flag) {
+    return flag != nullptr && __atomic_load_n(flag, __ATOMIC_RELAXED) != 0;
+  };
+  auto cancelled = [&] { return set(cancel) || set(stop); };
   if (error != nullptr) *error = cudaSuccess;
   // Large pages only for blocks of one at least (aligned to them, not
   // rounded up: a tail of small pages costs nothing more).
@@ -95,11 +97,12 @@ void *register_pages(size_t bytes, bool huge, unsigned flags, const int32_t *can
   }
   if (huge) (void)madvise(p, bytes, MADV_HUGEPAGE);
   // Pages touched (allocated and zeroed by the kernel) on a few threads:
-  // most of a block's cost once the pages are large. A cancel stops it
-  // between pieces of 2 MB.
+  // most of a block's cost once the pages are large. A cancel or a stop
+  // ends it between pieces of 2 MB (the pieces left are skipped).
   const size_t piece = size_t(2) << 20;
   cpu::parallel_for((int64_t)((bytes + piece - 1) / piece), kTouchThreads, cancel,
                     [&](int64_t i, int) {
+                      if (set(stop)) return;
                       const size_t end = std::min(bytes, (size_t)(i + 1) * piece);
                       for (size_t at = (size_t)i * piece; at < end; at += page)
                         static_cast<volatile char *>(p)[at] = 0;
@@ -195,12 +198,17 @@ class TargetParts::Pinner {
     thread_ = std::thread([this, device] { pin_all(device); });
   }
   ~Pinner() {
-    stop_ = true;
+    stop();
     thread_.join();
     if (report_pin_seconds != nullptr) *report_pin_seconds = pin_seconds_;
     for (unsigned char *b : blocks_) free_pinned(b, register_);
   }
   bool registered() const { return register_; }
+  // No more blocks wanted (the join ends, on any path): the thread stops
+  // within a 2 MB piece of the block it is touching, or after the block's
+  // one registration (its pages already touched), and every block not
+  // taken yet is nullptr.
+  void stop() { __atomic_store_n(&stop_, 1, __ATOMIC_RELAXED); }
   Pinner(const Pinner &) = delete;
   Pinner &operator=(const Pinner &) = delete;
 
@@ -225,8 +233,8 @@ class TargetParts::Pinner {
     for (size_t i = 0; i < sizes_.size(); i++) {
       void *p = nullptr;
       const Clock::time_point t0 = Clock::now();
-      if (on_device && !stop_)
-        p = register_ ? register_block(sizes_[i], huge_) : malloc_block(sizes_[i]);
+      if (on_device && __atomic_load_n(&stop_, __ATOMIC_RELAXED) == 0)
+        p = register_ ? register_block(sizes_[i], huge_, &stop_) : malloc_block(sizes_[i]);
       (void)cudaGetLastError();  // (this thread's error state only)
       pin_seconds_ += seconds_since(t0);
       std::lock_guard<std::mutex> lock(mu_);
@@ -240,8 +248,8 @@ class TargetParts::Pinner {
     void *p = nullptr;
     return cudaMallocHost(&p, bytes) == cudaSuccess ? p : nullptr;
   }
-  static void *register_block(size_t bytes, bool huge) {
-    return register_pages(bytes, huge, cudaHostRegisterDefault, nullptr, 0, nullptr);
+  static void *register_block(size_t bytes, bool huge, const int32_t *stop) {
+    return register_pages(bytes, huge, cudaHostRegisterDefault, nullptr, stop, 0, nullptr);
   }
 
   const std::vector<size_t> sizes_;
@@ -250,7 +258,7 @@ class TargetParts::Pinner {
   std::vector<char> done_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::atomic<bool> stop_{false};
+  int32_t stop_ = 0;  // (atomic accesses: register_pages reads it as a flag)
   double pin_seconds_ = 0;  // (the thread's; read once it is joined)
   std::thread thread_;
 
@@ -296,6 +304,9 @@ TargetParts::TargetParts(const KnnProblem &p, const TiOptions &options, const Pa
 }
 
 TargetParts::~TargetParts() {
+  // No block is wanted any more: the Pinner stops within a piece (a gather
+  // ahead waiting for its block then gets none).
+  stop_pinning();
   // A gather ahead (an error path) may still write into a block.
   if (gather_.valid()) gather_.wait();
   const bool pinned = cache_ && pinner_ != nullptr && pinned_parts_;
@@ -521,6 +532,10 @@ KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
   KNN_TRY(up(c.rows_begin, (size_t)h.n_distinct, l.rows_begin, "cluster members"));
   KNN_TRY(up(out.set.rows, (size_t)h.n_rows, l.rows, "duplicate groups"));
   return KNN_OK;
+}
+
+void TargetParts::stop_pinning() {
+  if (pinner_) pinner_->stop();
 }
 
 bool TargetParts::summary(int index, ClusterSummary *out) const {
