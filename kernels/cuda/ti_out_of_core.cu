@@ -586,14 +586,18 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   // shared memory: a global merge array would take max groups x 32 x P x k'
   // entries, more than a quarter-of-the-data budget holds. Lists in global
   // memory keep one thread (their slots are per thread).
+  // At least two: a pair's launch is short and ends with its slowest warp
+  // groups (the query clusters with most candidates), whose walks two
+  // threads per query halve (bench/results-2026-11-27-s8/h100x2-assignment-threads.txt).
   const int forced = forced_threads_per_query();
   config.parts = forced > 0                        ? forced
                  : options_.threads_per_query > 0 ? options_.threads_per_query
                  : config.place == ListPlace::Global
                      ? 1
-                     : level2_threads_per_query(ctx_, p_.metric, stride_, config.place,
-                                                plan_.kprime, queries.n,
-                                                options_.cache_conflict_factor);
+                     : std::max(2, level2_threads_per_query(ctx_, p_.metric, stride_,
+                                                            config.place, plan_.kprime,
+                                                            queries.n,
+                                                            options_.cache_conflict_factor));
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
                         lists_value_, lists_row_, counter_.get(), &used_, mem, ctx_));
   lap(&level2_seconds_, &t0);
