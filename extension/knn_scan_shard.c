@@ -512,7 +512,7 @@ knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *sp
 		shard->temp_columns = column_definitions(sh, shard);
 		compose_join_sql(sh, shard);
 	}
-	sh->local_after = knn_shard_local_needs_shard_connection(&sh->sp, rtable);
+	sh->local_after = knn_shard_local_needs_shard_connection(&sh->sp, inner_plan, rtable);
 
 	local = knn_shard_local_plan(base, &sh->sp);
 	if (local == NULL)
