@@ -767,6 +767,7 @@ summarize(const KnnScanShards *sh, KnnShardSummary *summary)
 	knn_shard_summarize(summary, &sh->sp);
 	summary->ran = sh->ran;
 	summary->local_targets = sh->local_targets;
+	summary->local_after = sh->local_after;
 	summary->rows = sh->merged;
 	summary->seconds_ship = sh->seconds_ship;
 	summary->seconds_local = sh->seconds_local;

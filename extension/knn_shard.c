@@ -1578,6 +1578,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		knn_shard_summarize(&summary, spp);
 		summary.ran = true;
 		summary.local_targets = local.n;
+		summary.local_after = local_after;
 		summary.rows = rows;
 		summary.seconds_queries = c->seconds_queries;
 		summary.seconds_prefetch_wait = c->seconds_prefetch_wait;

@@ -233,6 +233,7 @@ typedef struct KnnShardSummary
 	KnnShardSummaryShard *shards;
 	char	   *read_here;		/* the servers read here, or NULL */
 	int64		local_targets;	/* rows joined here */
+	bool		local_after;	/* read after the shards' results (it may use their connections) */
 	int64		rows;			/* rows of the merge */
 	double		seconds_queries;	/* the coordinator's query read, -1 = not known */
 	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */

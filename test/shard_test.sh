@@ -1393,6 +1393,26 @@ check "... both nodes run on the shards" \
   "$(printf 'Custom Scan (KNN Join)\nShard: shard1\nShard: shard2\nCustom Scan (KNN Join Function)\nShard: shard1\nShard: shard2')" \
   "$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (COSTS OFF) ${KJ_OUTER//TARGETS/items_h}" 2>&1 |
      grep -oE 'Custom Scan \(KNN Join( Function)?\)|Shard: shard[12]')"
+# local_after TARGETS: whether the part read here was read after the shards' results
+# (knn_gpu_last_shard_stats: only where it may use their connections)
+local_after() {
+  sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', '$(sqlq "$1")', 5)" \
+    -c "SELECT knn_gpu_last_shard_stats()->'local'->>'after_shards'" 2>&1
+}
+check "the part read here runs while the shards work: local partitions" "$(printf 't\nfalse')" \
+  "$(local_after "SELECT id, v FROM items_h")"
+check "... local partitions in id order (Merge Append, sorts)" "$(printf 't\nfalse')" \
+  "$(local_after "SELECT id, v FROM items_h ORDER BY id")"
+check "... a file_fdw partition" "$(printf 't\nfalse')" "$(local_after "SELECT id, v FROM items_f")"
+check "... the KNN Join node's local partition" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM q a, LATERAL (SELECT t.id FROM items_h t ORDER BY t.v <-> a.v LIMIT 3) x" \
+     -c "SELECT knn_gpu_last_shard_stats()->'local'->>'after_shards'" 2>&1)"
+check "... after the shards: a part running a sharded knn_join" "$(printf 't\ntrue')" \
+  "$(local_after "SELECT id, v FROM items_h_0 UNION ALL $LOCAL_H")"
+check "... after the shards: a LIMIT pushed to a shard's server" "$(printf 't\ntrue')" \
+  "$(local_after "SELECT id, v FROM items_h_0 UNION ALL SELECT id + 100000, v FROM (SELECT * FROM items_r_a ORDER BY id LIMIT 200) x")"
+check "... after the shards: a part calling a PL function (it may run SQL)" "$(printf 't\ntrue')" \
+  "$(local_after "SELECT id, v FROM items_h_0 UNION ALL SELECT id, v FROM items_all WHERE id > 1000 AND odd_cat(cat)")"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', '$(sqlq "SELECT id, v FROM items_h_0 UNION ALL $LOCAL_H")', 5)" \
   -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
   -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)
