@@ -1299,11 +1299,11 @@ queries_leave_connections_alone(SPIPlanPtr queries_plan)
 	if (list_length(sources) != 1)
 		return false;
 	source = linitial(sources);
+	/* the generic plan: every partition that may be read (and the query revalidated first) */
+	cplan = GetCachedPlan(source, NULL, owner, NULL);
 	foreach(lc, source->query_list)
 		if (calls_sql_function(lfirst(lc), NULL))
-			return false;
-	/* the generic plan: every partition that may be read */
-	cplan = GetCachedPlan(source, NULL, owner, NULL);
+			alone = false;
 	foreach(lc, cplan->stmt_list)
 	{
 		PlannedStmt *stmt = lfirst_node(PlannedStmt, lc);
