@@ -512,7 +512,7 @@ knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *sp
 		shard->temp_columns = column_definitions(sh, shard);
 		compose_join_sql(sh, shard);
 	}
-	sh->local_after = knn_shard_local_needs_shard_connection(&sh->sp, rtable);
+	sh->local_after = knn_shard_local_needs_shard_connection(&sh->sp, inner_plan, rtable);
 
 	local = knn_shard_local_plan(base, &sh->sp);
 	if (local == NULL)
@@ -767,6 +767,7 @@ summarize(const KnnScanShards *sh, KnnShardSummary *summary)
 	knn_shard_summarize(summary, &sh->sp);
 	summary->ran = sh->ran;
 	summary->local_targets = sh->local_targets;
+	summary->local_after = sh->local_after;
 	summary->rows = sh->merged;
 	summary->seconds_ship = sh->seconds_ship;
 	summary->seconds_local = sh->seconds_local;

@@ -281,26 +281,6 @@ knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *
 	sp->n_shards = kept;
 }
 
-bool
-knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, List *rtable)
-{
-	for (int i = 0; i < sp->n_scans; i++)
-	{
-		ForeignScan *scan = list_nth(sp->scans, i);
-		UserMapping *user;
-
-		/* other wrappers' scans need no user mapping, and use no shard's connection */
-		if (sp->shard_of[i] >= 0 || !IsA(scan, ForeignScan) || scan->scan.scanrelid == 0 ||
-			!knn_shard_is_postgres_fdw(GetForeignServer(scan->fs_server)))
-			continue;
-		user = scan_user_mapping(rtable, scan);
-		for (int s = 0; s < sp->n_shards; s++)
-			if (sp->shards[s]->user->umid == user->umid)
-				return true;
-	}
-	return false;
-}
-
 Plan *
 knn_shard_local_plan(Plan *top, const KnnShardPlan *sp)
 {
@@ -1140,11 +1120,164 @@ calls_sql_function(Node *node, void *context)
 		return false;
 	if (IsA(node, Aggref) || IsA(node, WindowFunc) || IsA(node, CoerceToDomain))
 		return true;
+	/* in a plan's expressions: a subquery's plan run from there, which may read anything */
+	if (IsA(node, SubPlan) || IsA(node, AlternativeSubPlan))
+		return true;
 	if (check_functions_in_node(node, function_runs_sql, context))
 		return true;
 	if (IsA(node, Query))
 		return query_tree_walker((Query *) node, calls_sql_function, context, 0);
 	return expression_tree_walker(node, calls_sql_function, context);
+}
+
+/* ---- may the part read here use a shard's connection? ---- */
+
+typedef struct LocalPartCheck
+{
+	const KnnShardPlan *sp;
+	List	   *rtable;
+} LocalPartCheck;
+
+static bool
+exprs_run_sql(List *exprs)
+{
+	return calls_sql_function((Node *) exprs, NULL);
+}
+
+/* Sort operators (a Sort's, a MergeAppend's): their functions run for every comparison. */
+static bool
+operators_run_sql(const Oid *operators, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (function_runs_sql(get_opcode(operators[i]), NULL))
+			return true;
+	return false;
+}
+
+/*
+ * Is the scan postgres_fdw's on a shard's connection? One of a table: with
+ * the shard's user mapping; a join or a LIMIT pushed down (no one table):
+ * on the shard's server at all.
+ */
+static bool
+scan_uses_shard_connection(ForeignScan *scan, const LocalPartCheck *check)
+{
+	const KnnShardPlan *sp = check->sp;
+
+	for (int s = 0; s < sp->n_shards; s++)
+	{
+		if (sp->shards[s]->server->serverid != scan->fs_server)
+			continue;
+		if (scan->scan.scanrelid == 0 ||
+			scan_user_mapping(check->rtable, scan)->umid == sp->shards[s]->user->umid)
+			return true;
+	}
+	return false;
+}
+
+static bool
+plan_list_uses_shards(List *plans, const LocalPartCheck *check);
+
+/*
+ * May running the plan (the part of the targets read here) use a shard's
+ * connection? Yes for a postgres_fdw scan on it, anywhere in the tree, and
+ * for anything that may run SQL of its own (a function that may, a
+ * subquery's plan, an init plan): a nested knn_join there, a PL function
+ * reading a foreign table. Nodes not known here are taken as may.
+ */
+static bool
+plan_uses_shards(Plan *plan, const LocalPartCheck *check)
+{
+	if (plan == NULL)
+		return false;
+	/* the scans that join on their servers are not part of it */
+	for (int i = 0; i < check->sp->n_scans; i++)
+		if (check->sp->shard_of[i] >= 0 && list_nth(check->sp->scans, i) == plan)
+			return false;
+	if (plan->initPlan != NIL || exprs_run_sql(plan->targetlist) || exprs_run_sql(plan->qual))
+		return true;
+	switch (nodeTag(plan))
+	{
+		case T_Append:
+			return plan_list_uses_shards(((Append *) plan)->appendplans, check);
+		case T_MergeAppend:
+			{
+				MergeAppend *merge = (MergeAppend *) plan;
+
+				return operators_run_sql(merge->sortOperators, merge->numCols) ||
+					plan_list_uses_shards(merge->mergeplans, check);
+			}
+		case T_Sort:
+			return operators_run_sql(((Sort *) plan)->sortOperators, ((Sort *) plan)->numCols) ||
+				plan_uses_shards(plan->lefttree, check);
+		case T_IncrementalSort:
+			{
+				Sort	   *sort = &((IncrementalSort *) plan)->sort;
+
+				return operators_run_sql(sort->sortOperators, sort->numCols) ||
+					plan_uses_shards(plan->lefttree, check);
+			}
+		case T_Result:
+			return exprs_run_sql((List *) ((Result *) plan)->resconstantqual) ||
+				plan_uses_shards(plan->lefttree, check);
+		case T_Limit:
+			return calls_sql_function(((Limit *) plan)->limitOffset, NULL) ||
+				calls_sql_function(((Limit *) plan)->limitCount, NULL) ||
+				plan_uses_shards(plan->lefttree, check);
+		case T_Material:
+			return plan_uses_shards(plan->lefttree, check);
+		case T_SubqueryScan:
+			return plan_uses_shards(((SubqueryScan *) plan)->subplan, check);
+		case T_SeqScan:
+			return false;
+		case T_IndexScan:
+			return exprs_run_sql(((IndexScan *) plan)->indexqual) ||
+				exprs_run_sql(((IndexScan *) plan)->indexorderby);
+		case T_IndexOnlyScan:
+			return exprs_run_sql(((IndexOnlyScan *) plan)->indexqual) ||
+				exprs_run_sql(((IndexOnlyScan *) plan)->recheckqual) ||
+				exprs_run_sql(((IndexOnlyScan *) plan)->indexorderby);
+		case T_BitmapHeapScan:
+			return exprs_run_sql(((BitmapHeapScan *) plan)->bitmapqualorig) ||
+				plan_uses_shards(plan->lefttree, check);
+		case T_BitmapIndexScan:
+			return exprs_run_sql(((BitmapIndexScan *) plan)->indexqual);
+		case T_BitmapAnd:
+			return plan_list_uses_shards(((BitmapAnd *) plan)->bitmapplans, check);
+		case T_BitmapOr:
+			return plan_list_uses_shards(((BitmapOr *) plan)->bitmapplans, check);
+		case T_ForeignScan:
+			{
+				ForeignScan *scan = (ForeignScan *) plan;
+
+				if (exprs_run_sql(scan->fdw_exprs) || exprs_run_sql(scan->fdw_recheck_quals))
+					return true;
+				/* other wrappers' scans use no shard's connection */
+				return knn_shard_is_postgres_fdw(GetForeignServer(scan->fs_server)) &&
+					scan_uses_shard_connection(scan, check);
+			}
+		default:
+			return true;
+	}
+}
+
+static bool
+plan_list_uses_shards(List *plans, const LocalPartCheck *check)
+{
+	ListCell   *lc;
+
+	foreach(lc, plans)
+		if (plan_uses_shards(lfirst(lc), check))
+			return true;
+	return false;
+}
+
+bool
+knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, Plan *top, List *rtable)
+{
+	LocalPartCheck check = {sp, rtable};
+
+	return plan_uses_shards(top, &check);
 }
 
 /*
@@ -1166,11 +1299,11 @@ queries_leave_connections_alone(SPIPlanPtr queries_plan)
 	if (list_length(sources) != 1)
 		return false;
 	source = linitial(sources);
+	/* the generic plan: every partition that may be read (and the query revalidated first) */
+	cplan = GetCachedPlan(source, NULL, owner, NULL);
 	foreach(lc, source->query_list)
 		if (calls_sql_function(lfirst(lc), NULL))
-			return false;
-	/* the generic plan: every partition that may be read */
-	cplan = GetCachedPlan(source, NULL, owner, NULL);
+			alone = false;
 	foreach(lc, cplan->stmt_list)
 	{
 		PlannedStmt *stmt = lfirst_node(PlannedStmt, lc);
@@ -1405,7 +1538,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 
 	sources = palloc0((spp->n_shards + 1) * sizeof(KnnShardLists));
 	knn_matrix_init(&local, "target", queries->element);
-	local_after = knn_shard_local_needs_shard_connection(spp, c->stmt->rtable);
+	local_after = knn_shard_local_needs_shard_connection(spp, c->stmt->planTree, c->stmt->rtable);
 	for (int pass = 0; pass < 2; pass++)
 	{
 		/* the local part runs while the shards work, unless it needs their connections */
@@ -1445,6 +1578,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		knn_shard_summarize(&summary, spp);
 		summary.ran = true;
 		summary.local_targets = local.n;
+		summary.local_after = local_after;
 		summary.rows = rows;
 		summary.seconds_queries = c->seconds_queries;
 		summary.seconds_prefetch_wait = c->seconds_prefetch_wait;

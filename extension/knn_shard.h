@@ -78,11 +78,16 @@ extern void knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck c
 						   void *check_arg, StringInfo fallbacks);
 
 /*
- * Does a scan read here use the connection of a shard (a foreign partition
- * of a shard's server that cannot join there)? Then the part read here
- * must wait for the shards: one connection runs one statement at a time.
+ * May the part of the plan `top` read here (all but the scans that join
+ * on their servers) use the connection of a shard: a postgres_fdw scan on
+ * it anywhere in that part (a foreign partition that cannot join there, a
+ * subquery's), or something that may run SQL of its own (a nested
+ * knn_join, a PL function, a subquery's plan; nodes not known are taken
+ * as may)? Then the part read here must wait for the shards: one
+ * connection runs one statement at a time.
  */
-extern bool knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, List *rtable);
+extern bool knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, Plan *top,
+												   List *rtable);
 
 /*
  * A copy of the top of the plan without the scans that join on their
@@ -228,6 +233,7 @@ typedef struct KnnShardSummary
 	KnnShardSummaryShard *shards;
 	char	   *read_here;		/* the servers read here, or NULL */
 	int64		local_targets;	/* rows joined here */
+	bool		local_after;	/* read after the shards' results (it may use their connections) */
 	int64		rows;			/* rows of the merge */
 	double		seconds_queries;	/* the coordinator's query read, -1 = not known */
 	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */

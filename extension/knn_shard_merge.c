@@ -378,7 +378,8 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 	}
 	appendStringInfo(&buf, "],\"fallback\":[%s],\"local\":", fallbacks ? fallbacks : "");
 	if (summary->local_targets > 0)
-		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT "}", summary->local_targets);
+		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT ",\"after_shards\":%s}",
+						 summary->local_targets, summary->local_after ? "true" : "false");
 	else
 		appendStringInfoString(&buf, "null");
 	appendStringInfoString(&buf, ",\"seconds\":{");

@@ -1315,5 +1315,108 @@ single=$(direct_bytes "SELECT id, v FROM big_here")
 check "a cursor over a sharded knn_join holds about what one server's does ($sharded vs $single bytes)" t \
   "$([ -n "$sharded" ] && [ -n "$single" ] && [ "$sharded" -lt $((2 * single)) ] && echo t || echo f)"
 
+# ---- sharded joins inside sharded joins (issue 11) ----
+# One connection per shard runs one statement at a time. A sharded join
+# whose queries text, or whose part of the targets read here, runs another
+# sharded join or reads a shard's table through postgres_fdw must run that
+# part while the connections are free: the rows equal those with
+# knn_gpu.shard_prefetch = off and those of one server, and the outer join
+# still runs on its shards. (Before: "another command is already in
+# progress" for the targets' parts.)
+# nested NAME SELECT ONE_SERVER_SELECT [SHARDS]: the rows with prefetch on and off
+# and on one server, compared both ways; S: the shards of the last sharded join
+# recorded (the outermost)
+nested() {
+  local out
+  out=$(sql 0 -v "s=$2" -v "o=$3" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+CREATE TEMP TABLE a AS SELECT * FROM (:s) x;
+CREATE TEMP TABLE n AS SELECT coalesce(json_array_length(knn_gpu_last_shard_stats()->'shards'), 0) AS shards;
+SET knn_gpu.shard_prefetch = off;
+CREATE TEMP TABLE b AS SELECT * FROM (:s) x;
+RESET knn_gpu.shard_prefetch;
+CREATE TEMP TABLE r AS SELECT * FROM (:o) x;
+SELECT 'on = off: ' || ((SELECT count(*) FROM (SELECT * FROM a EXCEPT ALL SELECT * FROM b) x)
+     + (SELECT count(*) FROM (SELECT * FROM b EXCEPT ALL SELECT * FROM a) y))
+     || ' differences, on = one server: ' || ((SELECT count(*) FROM (SELECT * FROM a EXCEPT ALL SELECT * FROM r) x)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM a) y))
+     || ' differences, rows: ' || ((SELECT count(*) FROM a) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+EOF
+)
+  check "$1" "on = off: 0 differences, on = one server: 0 differences, rows: true, ${4:-2} shards" "$out"
+}
+# inner_rows TARGETS: the rows of the 3 nearest targets of the queries, as a queries text
+inner_rows() {
+  echo "SELECT a.id, a.v FROM items_all a WHERE a.id IN (SELECT target_id FROM knn_join('SELECT id, v FROM q', '$1', 3))"
+}
+# sqlq TEXT: TEXT with its quotes doubled, for a literal
+sqlq() { printf '%s' "$1" | sed "s/'/''/g"; }
+INNER_H=$(inner_rows "SELECT id, v FROM items_h")
+INNER_ALL=$(inner_rows "SELECT id, v FROM items_all")
+nested "queries text running a sharded knn_join on the same servers" \
+  "SELECT * FROM knn_join('$(sqlq "$INNER_H")', 'SELECT id, v FROM items_h', 5, 'l2', true)" \
+  "SELECT * FROM knn_join('$(sqlq "$INNER_ALL")', 'SELECT id, v FROM items_all', 5, 'l2', true)"
+nested "... knn_range_join, queries of a sharded join over items_r" \
+  "SELECT * FROM knn_range_join('$(sqlq "$(inner_rows "SELECT id, v FROM items_r")")', 'SELECT id, v FROM items_r', 1.5, 'cosine')" \
+  "SELECT * FROM knn_range_join('$(sqlq "$INNER_ALL")', 'SELECT id, v FROM items_all', 1.5, 'cosine')"
+# two levels: the queries of the queries are a sharded join's too
+INNER2_H="SELECT a.id, a.v FROM items_all a WHERE a.id IN (SELECT target_id FROM knn_join('$(sqlq "$INNER_H")', 'SELECT id, v FROM items_h', 2))"
+INNER2_ALL="SELECT a.id, a.v FROM items_all a WHERE a.id IN (SELECT target_id FROM knn_join('$(sqlq "$INNER_ALL")', 'SELECT id, v FROM items_all', 2))"
+nested "... two levels of sharded joins in the queries text" \
+  "SELECT * FROM knn_join('$(sqlq "$INNER2_H")', 'SELECT id, v FROM items_h', 4, 'l1')" \
+  "SELECT * FROM knn_join('$(sqlq "$INNER2_ALL")', 'SELECT id, v FROM items_all', 4, 'l1')"
+
+# The targets: a shard's table beside a part read here (UNION ALL) that runs a
+# sharded knn_join, or reads a table of the same shard through postgres_fdw
+# (its LIMIT pushed there, so not a partition that joins there).
+H0_HERE="SELECT id, v FROM items_all WHERE satisfies_hash_partition('items_h'::regclass, 3, 0, id)"
+LOCAL_H="SELECT id + 100000, v FROM ($INNER_H) n"
+LOCAL_ALL="SELECT id + 100000, v FROM ($INNER_ALL) n"
+nested "targets: a shard's table and a part read here that runs a sharded knn_join" \
+  "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "SELECT id, v FROM items_h_0 UNION ALL $LOCAL_H")', 5)" \
+  "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "$H0_HERE UNION ALL $LOCAL_ALL")', 5)" 1
+nested "targets: a shard's table and a LIMIT on another table of that shard" \
+  "SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h_0 UNION ALL SELECT id + 100000, v FROM (SELECT * FROM items_r_a ORDER BY id LIMIT 200) x', 6, 'cosine', true)" \
+  "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "$H0_HERE UNION ALL SELECT id + 100000, v FROM (SELECT * FROM items_all WHERE id < 300 ORDER BY id LIMIT 200) x")', 6, 'cosine', true)" 1
+nested "targets: partitions filtered by a sharded knn_join" \
+  "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "SELECT id, v FROM items_h WHERE id IN (SELECT target_id FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3))")', 5)" \
+  "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "$INNER_ALL")', 5)"
+nested "queries and targets both running sharded joins" \
+  "SELECT * FROM knn_join('$(sqlq "$INNER_H")', '$(sqlq "SELECT id, v FROM items_h_0 UNION ALL $LOCAL_H")', 3)" \
+  "SELECT * FROM knn_join('$(sqlq "$INNER_ALL")', '$(sqlq "$H0_HERE UNION ALL $LOCAL_ALL")', 3)" 1
+
+# The KNN Join node (LATERAL top-k over items_h) whose outer rows come from a sharded knn_join
+KJ_OUTER="SELECT j.query_id, a.id AS outer_id, x.id, x.d FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM TARGETS', 2) j JOIN items_all a ON a.id = j.target_id, LATERAL (SELECT t.id, t.v <-> a.v AS d FROM TARGETS t ORDER BY t.v <-> a.v, t.id LIMIT 3) x"
+nested "KNN Join over a sharded table, its outer side a sharded knn_join" \
+  "${KJ_OUTER//TARGETS/items_h}" "${KJ_OUTER//TARGETS/items_all}"
+check "... both nodes run on the shards" \
+  "$(printf 'Custom Scan (KNN Join)\nShard: shard1\nShard: shard2\nCustom Scan (KNN Join Function)\nShard: shard1\nShard: shard2')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (COSTS OFF) ${KJ_OUTER//TARGETS/items_h}" 2>&1 |
+     grep -oE 'Custom Scan \(KNN Join( Function)?\)|Shard: shard[12]')"
+# local_after TARGETS: whether the part read here was read after the shards' results
+# (knn_gpu_last_shard_stats: only where it may use their connections)
+local_after() {
+  sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', '$(sqlq "$1")', 5)" \
+    -c "SELECT knn_gpu_last_shard_stats()->'local'->>'after_shards'" 2>&1
+}
+check "the part read here runs while the shards work: local partitions" "$(printf 't\nfalse')" \
+  "$(local_after "SELECT id, v FROM items_h")"
+check "... local partitions in id order (Merge Append, sorts)" "$(printf 't\nfalse')" \
+  "$(local_after "SELECT id, v FROM items_h ORDER BY id")"
+check "... a file_fdw partition" "$(printf 't\nfalse')" "$(local_after "SELECT id, v FROM items_f")"
+check "... the KNN Join node's local partition" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM q a, LATERAL (SELECT t.id FROM items_h t ORDER BY t.v <-> a.v LIMIT 3) x" \
+     -c "SELECT knn_gpu_last_shard_stats()->'local'->>'after_shards'" 2>&1)"
+check "... after the shards: a part running a sharded knn_join" "$(printf 't\ntrue')" \
+  "$(local_after "SELECT id, v FROM items_h_0 UNION ALL $LOCAL_H")"
+check "... after the shards: a LIMIT pushed to a shard's server" "$(printf 't\ntrue')" \
+  "$(local_after "SELECT id, v FROM items_h_0 UNION ALL SELECT id + 100000, v FROM (SELECT * FROM items_r_a ORDER BY id LIMIT 200) x")"
+check "... after the shards: a part calling a PL function (it may run SQL)" "$(printf 't\ntrue')" \
+  "$(local_after "SELECT id, v FROM items_h_0 UNION ALL SELECT id, v FROM items_all WHERE id > 1000 AND odd_cat(cat)")"
+out=$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', '$(sqlq "SELECT id, v FROM items_h_0 UNION ALL $LOCAL_H")', 5)" \
+  -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+  -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)
+check "... nothing left held on the shards after nested joins" "$(printf 't\nleft:0\nleft:0')" "$out"
+
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
