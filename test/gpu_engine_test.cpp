@@ -1670,10 +1670,12 @@ TEST(GpuTi, TiledAssignmentPicksCentresAsWellAsDirect) {
   // Rows of stride 4, 8 and 16 go to their centres through a tiled kernel
   // (centres in shared memory, several points a thread) unless
   // KNN_TI_ASSIGN=direct. Both compute the same sums in the same order, so
-  // they pick the same centres: the same clusters, hence the same number of
-  // distances in level 2, and answers that match the CPU's. Sizes that are
-  // not multiples of a block's points, centres over two tiles, rows far from
-  // the origin, tiny clusters far apart.
+  // they pick the same centres, and answers match the CPU's. A poorer choice
+  // would show in the distances level 2 computes (which vary a little from
+  // run to run: the threads of a query share their bound as they go; an
+  // expanded |c|^2 - 2 x.c took 12 % more on the tiny far clusters). Sizes
+  // that are not multiples of a block's points, centres over two tiles, rows
+  // far from the origin, tiny clusters far apart.
   struct Case {
     const char *name;
     int64_t n;
@@ -1709,7 +1711,9 @@ TEST(GpuTi, TiledAssignmentPicksCentresAsWellAsDirect) {
     }
     std::printf("  [assignment] %s: %lld distances tiled, %lld direct\n", c.name,
                 static_cast<long long>(computed[0]), static_cast<long long>(computed[1]));
-    EXPECT_EQ(computed[0], computed[1]) << c.name;
+    EXPECT_LT(std::fabs(static_cast<double>(computed[0]) - static_cast<double>(computed[1])),
+              0.02 * static_cast<double>(computed[1]) + 1000.0)
+        << c.name;
   }
 }
 
@@ -1792,6 +1796,9 @@ class JoinOnAThread {
     o.method = KNN_METHOD_TI;
     o.gpu_memory_limit = limit;
     p_ = make_problem(d, o, KNN_DEVICE_GPU);
+    // One engine on GPU 0: the hooks watch one join, not a split's engines.
+    p_.n_devices = 1;
+    p_.devices[0] = 0;
     const size_t slots = static_cast<size_t>(p_.n_queries) * p_.k;
     neighbors_.reset(new int64_t[slots]);
     distances_.reset(new double[slots]);
