@@ -49,6 +49,11 @@ struct DeviceContext {
   // this engine (share_voter) takes part; null: no split. Brute force
   // offers its resident targets; every other path declines.
   PeerRows *peer_rows = nullptr;
+  // The split's shared cluster assignment of a TI self-join (ti_clustering.cu:
+  // each engine picks the centres of its slice of the distinct points and
+  // copies the others' picks), where this engine takes part; null: no
+  // split. TI shares offer theirs; every other path declines.
+  PeerRows *peer_assign = nullptr;
 
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;

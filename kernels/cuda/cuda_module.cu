@@ -166,6 +166,8 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
                      (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI) &&
                      !small_join_applies(p, tuning, ctx);
   if (!brute) decline_peer_rows(ctx);
+  // Only a TI share offers its cluster assignment (ti_join_share).
+  if (ctx.query_count < 0) decline_peer_assign(ctx);
   if (ctx.query_count >= 0) return run_shared_ti(p, tuning, neighbors, distances, stats, ctx);
   if (p.element == KNN_ELEMENT_BIT) return bit_join(p, neighbors, distances, stats, ctx);
   if (p.n_queries == 0 || p.n_targets == 0) {

@@ -155,6 +155,8 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   // The same engines share one upload of the target rows where all of
   // them run brute force on resident targets (peer_rows.cuh).
   PeerRows peer_rows(members, voters);
+  // ... and the cluster assignment of a TI self-join (ti_clustering.cu).
+  PeerRows peer_assign(members, voters);
 
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};
@@ -169,8 +171,10 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
       ectx.share_vote = &vote;
       ectx.share_voter = i;
       ectx.peer_rows = &peer_rows;
+      ectx.peer_assign = &peer_assign;
       const KnnStatus st = run(plan.engines[i], &shares[i], &stop, ectx);
       peer_rows.decline(i);  // (if it never offered: the others wait no more)
+      peer_assign.decline(i);
       seconds[i] = seconds_since(t0);
       return st;
     });

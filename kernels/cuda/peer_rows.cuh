@@ -262,5 +262,11 @@ inline void decline_peer_rows(DeviceContext &ctx) {
   if (ctx.peer_rows != nullptr) ctx.peer_rows->decline(ctx.share_voter);
 }
 
+// Says, for an engine that will not share a TI clustering's assignment,
+// that it will not.
+inline void decline_peer_assign(DeviceContext &ctx) {
+  if (ctx.peer_assign != nullptr) ctx.peer_assign->decline(ctx.share_voter);
+}
+
 }  // namespace cuda
 }  // namespace knn

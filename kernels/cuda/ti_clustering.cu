@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "peer_rows.cuh"
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 
@@ -149,12 +150,16 @@ __device__ __forceinline__ void record_assignment(const QueryRow<DPAD> &q, int64
   local[p] = atomicAdd(&size[c], 1);
 }
 
+// Points [first, end). choice (optional): the picked centre goes there
+// instead (a split's share of the assignment, recorded later by
+// record_choices_kernel).
 template <int METRIC, int DPAD>
-__global__ void assign_direct_kernel(const float *x, int64_t n, int stride,
-                                     const float *centers, int m, int32_t *cluster,
-                                     float *dist, int32_t *local, int32_t *size) {
-  int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-  if (p >= n) return;
+__global__ void assign_direct_kernel(const float *x, int64_t first, int64_t end, int stride,
+                                     const float *centers, int m, int32_t *choice,
+                                     int32_t *cluster, float *dist, int32_t *local,
+                                     int32_t *size) {
+  int64_t p = first + blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (p >= end) return;
   QueryRow<DPAD> q;
   q.load(x + p * stride, stride);
   float best = __int_as_float(0x7f800000);
@@ -170,7 +175,29 @@ __global__ void assign_direct_kernel(const float *x, int64_t n, int stride,
       best_c = c;
     }
   }
-  record_assignment<METRIC, DPAD>(q, p, centers, stride, best_c, cluster, dist, local, size);
+  if (choice != nullptr)
+    choice[p] = best_c;
+  else
+    record_assignment<METRIC, DPAD>(q, p, centers, stride, best_c, cluster, dist, local, size);
+}
+
+// A split's shared assignment: every point's picked centre (choice, from
+// the engines' slices) recorded as assign_direct_kernel records its own,
+// the exact distance computed here from this engine's rows. A pick out of
+// range (a slice that never came; cannot happen in a completed exchange)
+// takes centre 0: any centre is correct.
+template <int METRIC, int DPAD>
+__global__ void record_choices_kernel(const float *x, int64_t n, int stride,
+                                      const float *centers, int m, const int32_t *choice,
+                                      int32_t *cluster, float *dist, int32_t *local,
+                                      int32_t *size) {
+  int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (p >= n) return;
+  QueryRow<DPAD> q;
+  q.load(x + p * stride, stride);
+  int c = choice[p];
+  if (c < 0 || c >= m) c = 0;
+  record_assignment<METRIC, DPAD>(q, p, centers, stride, c, cluster, dist, local, size);
 }
 
 // GEMM path (L2, wide rows). Rows are first translated by centre 0, so that
@@ -205,11 +232,12 @@ __host__ __device__ constexpr int assign_points_per_thread() {
 
 template <int METRIC, int DPAD>
 __global__ void __launch_bounds__(kAssignThreads)
-    assign_tiled_kernel(const float *x, int64_t n, int stride, const float *centers, int m,
-                        int32_t *cluster, float *dist, int32_t *local, int32_t *size) {
+    assign_tiled_kernel(const float *x, int64_t begin, int64_t n, int stride,
+                        const float *centers, int m, int32_t *choice, int32_t *cluster,
+                        float *dist, int32_t *local, int32_t *size) {
   constexpr int P = assign_points_per_thread<DPAD>();
   __shared__ __align__(16) float tile[kAssignTile * DPAD];
-  const int64_t first = (int64_t)blockIdx.x * kAssignThreads * P + threadIdx.x;
+  const int64_t first = begin + (int64_t)blockIdx.x * kAssignThreads * P + threadIdx.x;
   QueryRow<DPAD> q[P];
   float best[P];
   int best_c[P];
@@ -263,7 +291,10 @@ __global__ void __launch_bounds__(kAssignThreads)
 #pragma unroll
   for (int j = 0; j < P; j++) {
     const int64_t p = first + (int64_t)j * kAssignThreads;
-    if (p < n)
+    if (p >= n) continue;
+    if (choice != nullptr)
+      choice[p] = best_c[j];
+    else
       record_assignment<METRIC, DPAD>(q[j], p, centers, stride, best_c[j], cluster, dist, local,
                                       size);
   }
@@ -355,6 +386,13 @@ __global__ void cluster_extent_kernel(int m, const int32_t *begin, const float *
   nearest[c] = e > b ? dist[e - 1] : __int_as_float(0x7f800000);
 }
 
+// KNN_TI_SHARED_ASSIGN=0: a split's engines each assign every point
+// (assign_shared declined), for A/B benchmarks and tests.
+bool shared_assignment() {
+  const char *forced = std::getenv("KNN_TI_SHARED_ASSIGN");
+  return forced == nullptr || forced[0] != '0';
+}
+
 // KNN_TI_ASSIGN=direct keeps narrow rows on assign_direct_kernel, for A/B
 // benchmarks.
 bool tiled_assignment() {
@@ -362,19 +400,24 @@ bool tiled_assignment() {
   return forced == nullptr || std::strcmp(forced, "direct") != 0;
 }
 
+// Points [first, end) of the set, each to its nearest centre (recorded,
+// or its pick into `choice` where given).
 template <int METRIC>
-KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int32_t *cluster,
-                               float *dist, int32_t *local, int32_t *size, DeviceContext &ctx) {
-  const int64_t n = set.n_distinct;
+KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int64_t first,
+                               int64_t end, int32_t *choice, int32_t *cluster, float *dist,
+                               int32_t *local, int32_t *size, DeviceContext &ctx) {
   const int stride = set.stride;
   const int m = cs.m;
+  const int64_t count = end - first;
+  if (count <= 0) return KNN_OK;
   const int bucket = register_stride(stride);
   if (bucket == stride && stride <= 16 && m > 1 && tiled_assignment()) {
     auto launch = [&](auto d) {
       constexpr int D = decltype(d)::value;
       constexpr int points = kAssignThreads * assign_points_per_thread<D>();
-      assign_tiled_kernel<METRIC, D><<<grid_for(n, points), kAssignThreads, 0, ctx.stream>>>(
-          set.x.get(), n, stride, cs.centers.get(), m, cluster, dist, local, size);
+      assign_tiled_kernel<METRIC, D><<<grid_for(count, points), kAssignThreads, 0, ctx.stream>>>(
+          set.x.get(), first, end, stride, cs.centers.get(), m, choice, cluster, dist, local,
+          size);
     };
     if (stride == 4) launch(std::integral_constant<int, 4>());
     else if (stride == 8) launch(std::integral_constant<int, 8>());
@@ -382,10 +425,10 @@ KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int
     CUDA_CHECK_LAUNCH(ctx, "assign_tiled_kernel");
     return KNN_OK;
   }
-  const unsigned grid = grid_for(n, 128);
+  const unsigned grid = grid_for(count, 128);
   with_register_stride(stride, [&](auto d) {
     assign_direct_kernel<METRIC, decltype(d)::value><<<grid, 128, 0, ctx.stream>>>(
-        set.x.get(), n, stride, cs.centers.get(), m, cluster, dist, local, size);
+        set.x.get(), first, end, stride, cs.centers.get(), m, choice, cluster, dist, local, size);
   });
   CUDA_CHECK_LAUNCH(ctx, "assign_direct_kernel");
   return KNN_OK;
@@ -504,8 +547,105 @@ KnnStatus assign_points(const DistinctSet &set, KnnMetric metric, int gemm_min_s
   if (metric == KNN_METRIC_L2 && set.stride >= gemm_min_stride && m > 1)
     return assign_with_gemm(set, cs, cluster, dist, local, size, mem, ctx);
   if (metric == KNN_METRIC_L1)
-    return launch_assign_direct<KNN_METRIC_L1>(set, cs, cluster, dist, local, size, ctx);
-  return launch_assign_direct<KNN_METRIC_L2>(set, cs, cluster, dist, local, size, ctx);
+    return launch_assign_direct<KNN_METRIC_L1>(set, cs, 0, n, nullptr, cluster, dist, local,
+                                               size, ctx);
+  return launch_assign_direct<KNN_METRIC_L2>(set, cs, 0, n, nullptr, cluster, dist, local, size,
+                                             ctx);
+}
+
+// A split TI self-join's engines assign the points once between them
+// (share: DeviceContext::peer_assign, peer_rows.cuh's all-or-nothing
+// protocol): each picks the centres of its slice of the distinct points
+// into its own buffer, copies the other slices' picks from the other GPUs
+// (cudaMemcpyPeerAsync), and records every point against its pick with
+// the exact distance from its own rows (record_choices_kernel), as
+// assign_points would. The picks are only choices (any centre is correct),
+// so the clusters are exact whatever came; the engines agree on them when
+// their distinct points and centres agree (they offer the same points,
+// host rows, element, keys and number of centres, or share nothing). The
+// GEMM path (wide L2 rows) declines. *shared: whether as was filled.
+KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_stride,
+                        const ClusterSet &cs, const AssignShare &share, Assignment &as,
+                        bool *shared, MemoryBudget &mem, DeviceContext &ctx) {
+  *shared = false;
+  PeerRows &peers = *share.peers;
+  const int64_t n = set.n_distinct;
+  const int m = cs.m;
+  if ((metric == KNN_METRIC_L2 && set.stride >= gemm_min_stride) || m <= 1 || n < 2) {
+    peers.decline(share.engine);
+    return KNN_OK;
+  }
+  DeviceBuffer<int32_t> choice;
+  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment"));
+  // Filled with -1 (centre 0 where a pick never came), and complete before
+  // the other GPUs may read it.
+  CUDA_CHECK(ctx, cudaMemsetAsync(choice.get(), 0xFF, n * sizeof(int32_t), ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  // (The offer's "rows" are the picks: n of one word; its "dim" the number
+  // of centres, which the engines must agree on too.)
+  KNN_TRY(peers.offer(ctx, share.engine, reinterpret_cast<float *>(choice.get()), n, m, share.host,
+                      share.element, share.keys, shared));
+  if (!*shared) {
+    mem.release(choice);
+    return KNN_OK;
+  }
+  PeerRowsTurn turn;  // (declared after `choice`: done with it first, on every path)
+  const int me = peers.member(share.engine);
+  turn.take(&peers, me, ctx.stream);
+  int64_t first, count;
+  peers.slice(me, &first, &count);
+  KnnStatus own = metric == KNN_METRIC_L1
+                      ? launch_assign_direct<KNN_METRIC_L1>(set, cs, first, first + count,
+                                                            choice.get(), nullptr, nullptr,
+                                                            nullptr, nullptr, ctx)
+                      : launch_assign_direct<KNN_METRIC_L2>(set, cs, first, first + count,
+                                                            choice.get(), nullptr, nullptr,
+                                                            nullptr, nullptr, ctx);
+  if (own == KNN_OK) {
+    const cudaError_t err = cudaStreamSynchronize(ctx.stream);
+    if (err != cudaSuccess)
+      own = record_failure(ctx, err, "cudaStreamSynchronize (shared assignment)", __FILE__,
+                           __LINE__);
+  }
+  peers.slice_done(me, own == KNN_OK);
+  KNN_TRY(own);
+  for (int step = 1; step < peers.members(); step++) {
+    const int other = (me + step) % peers.members();  // each engine starts at another's
+    peers.slice(other, &first, &count);
+    if (count == 0) continue;
+    bool ready = false;
+    KNN_TRY(peers.wait_slice(ctx, other, &ready));
+    if (!ready) {  // its engine failed, and the join with it
+      if (ctx.error.empty()) ctx.error = "canceled";
+      return KNN_CANCELLED;
+    }
+    CUDA_CHECK(ctx, cudaMemcpyPeerAsync(choice.get() + first, ctx.device,
+                                        reinterpret_cast<int32_t *>(peers.rows_of(other)) + first,
+                                        peers.device_of(other), count * sizeof(int32_t),
+                                        ctx.stream));
+  }
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  turn.finished_reading();
+  KNN_TRY(mem.allocate(ctx, as.cluster, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, as.local, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, as.dist, n, "cluster assignment"));
+  KNN_TRY(mem.allocate(ctx, as.size, m + 1, "cluster assignment"));
+  CUDA_CHECK(ctx, cudaMemsetAsync(as.size.get(), 0, (m + 1) * sizeof(int32_t), ctx.stream));
+  with_register_stride(set.stride, [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    if (metric == KNN_METRIC_L1)
+      record_choices_kernel<KNN_METRIC_L1, D><<<grid_for(n, 128), 128, 0, ctx.stream>>>(
+          set.x.get(), n, set.stride, cs.centers.get(), m, choice.get(), as.cluster.get(),
+          as.dist.get(), as.local.get(), as.size.get());
+    else
+      record_choices_kernel<KNN_METRIC_L2, D><<<grid_for(n, 128), 128, 0, ctx.stream>>>(
+          set.x.get(), n, set.stride, cs.centers.get(), m, choice.get(), as.cluster.get(),
+          as.dist.get(), as.local.get(), as.size.get());
+  });
+  CUDA_CHECK_LAUNCH(ctx, "record_choices_kernel");
+  turn.release();  // the others read this engine's picks no more: they may go
+  mem.release(choice);
+  return KNN_OK;
 }
 
 // Kernel 2 and the rest: offsets, positions in cluster order (each cluster
@@ -570,7 +710,7 @@ KnnStatus build_cluster_arrays(const DistinctSet &set, const Assignment &as, Clu
 
 KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clusters,
                          int candidate_sets, int gemm_min_stride, ClusterSet &out,
-                         MemoryBudget &mem, DeviceContext &ctx) {
+                         MemoryBudget &mem, DeviceContext &ctx, const AssignShare *share) {
   const int64_t n = set.n_distinct;
   out.m = (int)std::max<int64_t>(1, std::min<int64_t>(clusters, n));
   out.n = n;
@@ -592,14 +732,22 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
   KNN_TRY(ctx.cancel_point());
   step(0);
   Assignment as;
-  KNN_TRY(assign_points(set, metric, gemm_min_stride, out, as, mem, ctx));
+  bool shared = false;
+  if (share != nullptr && share->peers != nullptr) {
+    if (shared_assignment())
+      KNN_TRY(assign_shared(set, metric, gemm_min_stride, out, *share, as, &shared, mem, ctx));
+    else
+      share->peers->decline(share->engine);
+  }
+  if (!shared) KNN_TRY(assign_points(set, metric, gemm_min_stride, out, as, mem, ctx));
   KNN_TRY(ctx.cancel_point());
   step(1);
   KNN_TRY(build_cluster_arrays(set, as, out, mem, ctx));
   step(2);
   if (phases)
-    std::fprintf(stderr, "ti clusters (GPU %d): %lld points, %d centres: landmarks %.4f assignment %.4f arrays %.4f\n",
-                 ctx.device, (long long)n, out.m, seconds[0], seconds[1], seconds[2]);
+    std::fprintf(stderr, "ti clusters (GPU %d): %lld points, %d centres: landmarks %.4f assignment%s %.4f arrays %.4f\n",
+                 ctx.device, (long long)n, out.m, seconds[0], shared ? " (shared)" : "",
+                 seconds[1], seconds[2]);
   mem.release(as.cluster);
   mem.release(as.local);
   mem.release(as.size);

@@ -236,12 +236,26 @@ const char *place_name(ListPlace p);
 KnnStatus build_distinct_set(const DevicePoints &points, bool dedup, DistinctSet &out,
                              MemoryBudget &mem, DeviceContext &ctx);
 
+// A split TI self-join's engines share the assignment of the points to
+// their centres (ti_clustering.cu): `peers` (DeviceContext::peer_assign),
+// this engine's index in it, and what the engines must have in common to
+// share (the host rows, element type and keys of the problem).
+struct AssignShare {
+  PeerRows *peers = nullptr;
+  int engine = 0;
+  const void *host = nullptr;
+  int element = 0;
+  const int64_t *keys = nullptr;
+};
+
 // ti_clustering.cu: landmarks, assignment and cluster arrays.
 // Rows at least gemm_min_stride floats wide are assigned through cuBLAS
-// (L2 only).
+// (L2 only). share (optional): the split's shared assignment, offered or
+// declined here.
 KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clusters,
                          int candidate_sets, int gemm_min_stride, ClusterSet &out,
-                         MemoryBudget &mem, DeviceContext &ctx);
+                         MemoryBudget &mem, DeviceContext &ctx,
+                         const AssignShare *share = nullptr);
 
 // ti_filter_level1.cu: centre distances, upper bounds, group filter.
 // carried_bound (mq, optional; the out-of-core join's lists carried from

@@ -49,6 +49,7 @@
 #include "../value_range.h"
 #include "ti_common.cuh"
 #include "host_transfer.cuh"
+#include "peer_rows.cuh"
 #include "share_vote.cuh"
 #include "ti_cluster_share.cuh"
 #include "ti_distance.cuh"
@@ -324,8 +325,17 @@ KnnStatus TiJoin::cluster() {
     mt = std::max<int32_t>(1, (int32_t)(mt * scale));
   }
   if (self_) mq = mt;
+  // A share of a split self-join: the engines assign the points once
+  // between them (ti_clustering.cu: assign_shared).
+  AssignShare share;
+  share.peers = share_ && self_ ? ctx_.peer_assign : nullptr;
+  share.engine = ctx_.share_voter;
+  share.host = p_.queries;
+  share.element = static_cast<int>(p_.element);
+  share.keys = p_.target_keys;
   KNN_TRY(build_clusters(query_set_, p_.metric, mq, options_.landmark_candidate_sets,
-                         options_.gemm_assign_min_stride, query_clusters_, mem_, ctx_));
+                         options_.gemm_assign_min_stride, query_clusters_, mem_, ctx_,
+                         share.peers != nullptr ? &share : nullptr));
   if (!self_)
     KNN_TRY(build_clusters(target_set_own_, p_.metric, mt, options_.landmark_candidate_sets,
                            options_.gemm_assign_min_stride, target_clusters_own_, mem_, ctx_));
@@ -656,10 +666,12 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
   *declined = true;
   // However this ends, this engine's vote on dividing by clusters is cast
   // (a share that did not vote declines, so that no engine waits for it).
+  // Likewise its offer of the shared cluster assignment (ti_clustering.cu).
   struct DeclineUnlessVoted {
     DeviceContext &ctx;
     ~DeclineUnlessVoted() {
       if (ctx.share_vote != nullptr) ctx.share_vote->decline(ctx.share_voter);
+      decline_peer_assign(ctx);
     }
   } vote_cast{ctx};
   const int64_t nq = problem.n_queries, nt = problem.n_targets;
