@@ -671,22 +671,7 @@ KnnStatus BruteForce::load_shared_targets() {
   if (p_.target_keys != nullptr)
     KNN_TRY(upload_to_device(ctx_, t_buf_[0].keys.get(), p_.target_keys,
                              static_cast<size_t>(p_.n_targets) * sizeof(int64_t)));
-  for (int step = 1; step < peers.members(); step++) {
-    const int m = (me + step) % peers.members();  // each engine starts at another's
-    peers.slice(m, &first, &count);
-    if (count == 0) continue;
-    bool ready = false;
-    KNN_TRY(peers.wait_slice(ctx_, m, &ready));
-    if (!ready) {  // its engine failed, and the join with it
-      if (ctx_.error.empty()) ctx_.error = "canceled";
-      return KNN_CANCELLED;
-    }
-    CUDA_CHECK(ctx_, cudaMemcpyPeerAsync(t_buf_[0].x.get() + first * p_.dim, ctx_.device,
-                                         peers.rows_of(m) + first * p_.dim, peers.device_of(m),
-                                         static_cast<size_t>(count) * p_.dim * sizeof(float),
-                                         ctx_.stream));
-  }
-  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  KNN_TRY(copy_other_slices(ctx_, peers, me, t_buf_[0].x.get(), p_.dim * sizeof(float)));
   peer_turn_.finished_reading();
   shared_targets = true;
   return KNN_OK;

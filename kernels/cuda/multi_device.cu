@@ -156,7 +156,7 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   // them run brute force on resident targets (peer_rows.cuh).
   PeerRows peer_rows(members, voters);
   // ... and the cluster assignment of a TI self-join (ti_clustering.cu).
-  PeerRows peer_assign(members, voters);
+  PeerRows peer_assign(members, voters, PeerRows::kAssignPatience);
 
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};

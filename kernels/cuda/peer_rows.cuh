@@ -25,6 +25,13 @@
 // and never frees its buffer before every member has said it reads no
 // more (wait_for_readers, after each reader drained its stream).
 // PeerRowsTurn does this in that order on every path of an engine.
+//
+// A split has a second instance for a TI self-join's cluster assignment
+// (ti_clustering.cu: assign_shared, DeviceContext::peer_assign): there the
+// "rows" are each distinct point's picked centre (int32 words in the float
+// buffer, one a row) and "dim" is the number of centres, which the engines
+// must agree on too; its patience is shorter (kAssignPatience), as it
+// comes before the share vote's own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -45,9 +52,13 @@ namespace cuda {
 class PeerRows {
  public:
   static constexpr std::chrono::milliseconds kPatience{3000};
+  static constexpr std::chrono::milliseconds kAssignPatience{1000};
 
-  // members: the engine indices that will offer or decline, ascending.
-  PeerRows(const int *members, int n_members) : n_members_(n_members) {
+  // members: the engine indices that will offer or decline, ascending;
+  // patience: how long an offer waits for the others.
+  PeerRows(const int *members, int n_members,
+           std::chrono::milliseconds patience = kPatience)
+      : n_members_(n_members), patience_(patience) {
     for (int i = 0; i < KNN_MAX_DEVICES; i++) member_of_[i] = -1;
     for (int m = 0; m < n_members && m < KNN_MAX_DEVICES; m++) member_of_[members[m]] = m;
   }
@@ -79,7 +90,7 @@ class PeerRows {
     same_ = same_ && n_rows == n_rows_ && dim == dim_ && host == host_ && element == element_ &&
             keys == keys_;
     if (++offers_ == n_members_) close(n_members_ > 1 && same_ && reachable());
-    KNN_TRY(wait_until_closed(lock, changed_, closed_, kPatience, ctx, [this] { close(false); }));
+    KNN_TRY(wait_until_closed(lock, changed_, closed_, patience_, ctx, [this] { close(false); }));
     *shared = shared_;
     return KNN_OK;
   }
@@ -140,7 +151,9 @@ class PeerRows {
 
   // Waits until no member reads any buffer. Not cancellable: what it waits
   // for are copies already queued and members on their way out
-  // (PeerRowsTurn), never another wait of this class.
+  // (PeerRowsTurn). A member may still be in wait_slice for another's
+  // slice, but every member marks its own slice (done or failed) before it
+  // waits for anything, so those waits end.
   void wait_for_readers() {
     std::unique_lock<std::mutex> lock(mutex_);
     changed_.wait(lock, [this] { return readers_left_ == 0; });
@@ -202,6 +215,7 @@ class PeerRows {
   std::mutex mutex_;
   std::condition_variable changed_;
   const int n_members_;
+  const std::chrono::milliseconds patience_;
   int member_of_[KNN_MAX_DEVICES];
   int offers_ = 0;
   bool offered_[KNN_MAX_DEVICES] = {};
@@ -256,6 +270,36 @@ class PeerRowsTurn {
   int member_ = -1;
   cudaStream_t stream_ = nullptr;
 };
+
+// A sharing member `me`'s copies of every other member's slice from that
+// member's buffer into the same rows of `dst` (rows of `row_bytes`, the
+// layout of the offered buffers), queued on ctx.stream as each slice is
+// ready, each member starting at another's; waits for them. KNN_CANCELLED
+// when a slice will not come (its engine failed, and the join with it) or
+// on a cancel.
+inline KnnStatus copy_other_slices(DeviceContext &ctx, PeerRows &peers, int me, void *dst,
+                                   size_t row_bytes) {
+  for (int step = 1; step < peers.members(); step++) {
+    const int other = (me + step) % peers.members();
+    int64_t first, count;
+    peers.slice(other, &first, &count);
+    if (count == 0) continue;
+    bool ready = false;
+    KNN_TRY(peers.wait_slice(ctx, other, &ready));
+    if (!ready) {
+      if (ctx.error.empty()) ctx.error = "canceled";
+      return KNN_CANCELLED;
+    }
+    const size_t offset = static_cast<size_t>(first) * row_bytes;
+    CUDA_CHECK(ctx, cudaMemcpyPeerAsync(static_cast<unsigned char *>(dst) + offset, ctx.device,
+                                        reinterpret_cast<unsigned char *>(peers.rows_of(other)) +
+                                            offset,
+                                        peers.device_of(other), static_cast<size_t>(count) * row_bytes,
+                                        ctx.stream));
+  }
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  return KNN_OK;
+}
 
 // Says, for an engine that will not offer its targets, that it will not.
 inline void decline_peer_rows(DeviceContext &ctx) {

@@ -401,11 +401,12 @@ bool tiled_assignment() {
 }
 
 // Points [first, end) of the set, each to its nearest centre (recorded,
-// or its pick into `choice` where given).
+// or its pick into `choice` where given): assign_tiled_kernel for strides
+// 4, 8 and 16, else assign_direct_kernel.
 template <int METRIC>
-KnnStatus launch_assign_direct(const DistinctSet &set, const ClusterSet &cs, int64_t first,
-                               int64_t end, int32_t *choice, int32_t *cluster, float *dist,
-                               int32_t *local, int32_t *size, DeviceContext &ctx) {
+KnnStatus assign_nearest_centres(const DistinctSet &set, const ClusterSet &cs, int64_t first,
+                                 int64_t end, int32_t *choice, int32_t *cluster, float *dist,
+                                 int32_t *local, int32_t *size, DeviceContext &ctx) {
   const int stride = set.stride;
   const int m = cs.m;
   const int64_t count = end - first;
@@ -547,10 +548,10 @@ KnnStatus assign_points(const DistinctSet &set, KnnMetric metric, int gemm_min_s
   if (metric == KNN_METRIC_L2 && set.stride >= gemm_min_stride && m > 1)
     return assign_with_gemm(set, cs, cluster, dist, local, size, mem, ctx);
   if (metric == KNN_METRIC_L1)
-    return launch_assign_direct<KNN_METRIC_L1>(set, cs, 0, n, nullptr, cluster, dist, local,
+    return assign_nearest_centres<KNN_METRIC_L1>(set, cs, 0, n, nullptr, cluster, dist, local,
+                                                 size, ctx);
+  return assign_nearest_centres<KNN_METRIC_L2>(set, cs, 0, n, nullptr, cluster, dist, local,
                                                size, ctx);
-  return launch_assign_direct<KNN_METRIC_L2>(set, cs, 0, n, nullptr, cluster, dist, local, size,
-                                             ctx);
 }
 
 // A split TI self-join's engines assign the points once between them
@@ -560,10 +561,12 @@ KnnStatus assign_points(const DistinctSet &set, KnnMetric metric, int gemm_min_s
 // (cudaMemcpyPeerAsync), and records every point against its pick with
 // the exact distance from its own rows (record_choices_kernel), as
 // assign_points would. The picks are only choices (any centre is correct),
-// so the clusters are exact whatever came; the engines agree on them when
-// their distinct points and centres agree (they offer the same points,
-// host rows, element, keys and number of centres, or share nothing). The
-// GEMM path (wide L2 rows) declines. *shared: whether as was filled.
+// so the clusters are exact whatever came. They are good picks where the
+// engines' distinct points and centres are the same (both built by the
+// same deterministic steps from the same rows); the offer checks only what
+// is cheap to compare (the numbers of points and centres, the host rows,
+// element and keys). The GEMM path (wide L2 rows) declines. *shared:
+// whether `as` was filled.
 KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_stride,
                         const ClusterSet &cs, const AssignShare &share, Assignment &as,
                         bool *shared, MemoryBudget &mem, DeviceContext &ctx) {
@@ -595,12 +598,12 @@ KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_s
   int64_t first, count;
   peers.slice(me, &first, &count);
   KnnStatus own = metric == KNN_METRIC_L1
-                      ? launch_assign_direct<KNN_METRIC_L1>(set, cs, first, first + count,
-                                                            choice.get(), nullptr, nullptr,
-                                                            nullptr, nullptr, ctx)
-                      : launch_assign_direct<KNN_METRIC_L2>(set, cs, first, first + count,
-                                                            choice.get(), nullptr, nullptr,
-                                                            nullptr, nullptr, ctx);
+                      ? assign_nearest_centres<KNN_METRIC_L1>(set, cs, first, first + count,
+                                                              choice.get(), nullptr, nullptr,
+                                                              nullptr, nullptr, ctx)
+                      : assign_nearest_centres<KNN_METRIC_L2>(set, cs, first, first + count,
+                                                              choice.get(), nullptr, nullptr,
+                                                              nullptr, nullptr, ctx);
   if (own == KNN_OK) {
     const cudaError_t err = cudaStreamSynchronize(ctx.stream);
     if (err != cudaSuccess)
@@ -609,22 +612,7 @@ KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_s
   }
   peers.slice_done(me, own == KNN_OK);
   KNN_TRY(own);
-  for (int step = 1; step < peers.members(); step++) {
-    const int other = (me + step) % peers.members();  // each engine starts at another's
-    peers.slice(other, &first, &count);
-    if (count == 0) continue;
-    bool ready = false;
-    KNN_TRY(peers.wait_slice(ctx, other, &ready));
-    if (!ready) {  // its engine failed, and the join with it
-      if (ctx.error.empty()) ctx.error = "canceled";
-      return KNN_CANCELLED;
-    }
-    CUDA_CHECK(ctx, cudaMemcpyPeerAsync(choice.get() + first, ctx.device,
-                                        reinterpret_cast<int32_t *>(peers.rows_of(other)) + first,
-                                        peers.device_of(other), count * sizeof(int32_t),
-                                        ctx.stream));
-  }
-  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  KNN_TRY(copy_other_slices(ctx, peers, me, choice.get(), sizeof(int32_t)));
   turn.finished_reading();
   KNN_TRY(mem.allocate(ctx, as.cluster, n, "cluster assignment"));
   KNN_TRY(mem.allocate(ctx, as.local, n, "cluster assignment"));
