@@ -89,8 +89,6 @@ typedef struct pg_result PGresult;
 #define PGRES_TUPLES_OK 2
 #define PGRES_COPY_IN 4
 #define PGRES_PIPELINE_SYNC 10
-#define PQTRANS_ACTIVE 1
-#define PQ_PIPELINE_OFF 0
 
 struct KnnShardResult
 {
@@ -136,13 +134,11 @@ static struct
 	int			(*PQisBusy) (PGconn *conn);
 	int			(*PQsocket) (const PGconn *conn);
 	char	   *(*PQerrorMessage) (const PGconn *conn);
-	int			(*PQtransactionStatus) (const PGconn *conn);
 	/* pipeline mode: libpq 14 and later (NULL without it: one block in flight) */
 	int			(*PQenterPipelineMode) (PGconn *conn);
 	int			(*PQexitPipelineMode) (PGconn *conn);
 	int			(*PQpipelineSync) (PGconn *conn);
 	int			(*PQsendFlushRequest) (PGconn *conn);
-	int			(*PQpipelineStatus) (const PGconn *conn);
 } fdw;
 
 static void *
@@ -202,8 +198,6 @@ load_functions(void)
 	fdw.PQisBusy = libpq_function(libpq, "PQisBusy");
 	fdw.PQsocket = libpq_function(libpq, "PQsocket");
 	fdw.PQerrorMessage = libpq_function(libpq, "PQerrorMessage");
-	fdw.PQtransactionStatus = libpq_function(libpq, "PQtransactionStatus");
-	fdw.PQpipelineStatus = dlsym(libpq, "PQpipelineStatus");
 	fdw.PQenterPipelineMode = dlsym(libpq, "PQenterPipelineMode");
 	fdw.PQexitPipelineMode = dlsym(libpq, "PQexitPipelineMode");
 	fdw.PQpipelineSync = dlsym(libpq, "PQpipelineSync");
@@ -334,24 +328,6 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	 * error deallocates.
 	 */
 	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
-	/*
-	 * A statement still under way on it: a sharded join or scan around this
-	 * one (whose rows this call is computing) holds it, and one connection
-	 * runs one statement at a time. The callers read such parts before or
-	 * after their shards' work (knn_shard_local_needs_shard_connection,
-	 * queries_leave_connections_alone); this says so clearly where they
-	 * could not know.
-	 */
-	if (fdw.PQtransactionStatus(shard->conn) == PQTRANS_ACTIVE ||
-		(fdw.PQpipelineStatus != NULL && fdw.PQpipelineStatus(shard->conn) != PQ_PIPELINE_OFF))
-	{
-		shard->conn = NULL;
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_IN_USE),
-				 errmsg("%s cannot use foreign server \"%s\": its connection is busy with a sharded join around this one",
-						shard->who ? shard->who : "knn_join", shard->server->servername),
-				 errhint("Run the inner query first, into a temporary table, and join that.")));
-	}
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
 	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 12)
 	{

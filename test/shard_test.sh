@@ -1378,7 +1378,8 @@ nested "targets: a shard's table and a part read here that runs a sharded knn_jo
 nested "targets: a shard's table and a LIMIT on another table of that shard" \
   "SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h_0 UNION ALL SELECT id + 100000, v FROM (SELECT * FROM items_r_a ORDER BY id LIMIT 200) x', 6, 'cosine', true)" \
   "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "$H0_HERE UNION ALL SELECT id + 100000, v FROM (SELECT * FROM items_all WHERE id < 300 ORDER BY id LIMIT 200) x")', 6, 'cosine', true)" 1
-nested "targets: partitions filtered by a sharded knn_join" \
+# (a semi-join: the outer join is not sharded; the shard count is the inner join's)
+nested "targets: a semi-join whose filter runs a sharded knn_join" \
   "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "SELECT id, v FROM items_h WHERE id IN (SELECT target_id FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3))")', 5)" \
   "SELECT * FROM knn_join('SELECT id, v FROM q', '$(sqlq "$INNER_ALL")', 5)"
 nested "queries and targets both running sharded joins" \
@@ -1417,6 +1418,19 @@ out=$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM 
   -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
   -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)
 check "... nothing left held on the shards after nested joins" "$(printf 't\nleft:0\nleft:0')" "$out"
+
+# async_capable shards: postgres_fdw's asynchronous Append keeps a FETCH pending on a shard's
+# connection while a nested sharded knn_join (one per outer row) needs that connection;
+# postgres_fdw finishes the pending request first, so the answer is the one without async.
+ASYNC_Q="SELECT count(*) || ':' || sum(x.n) FROM items_r r CROSS JOIN LATERAL (SELECT count(*) AS n FROM knn_join('SELECT id, v FROM q ORDER BY id LIMIT ' || (1 + r.id % 2), 'SELECT id, v FROM items_h', 5)) x WHERE r.id % 50 = 0"
+plain=$(sql 0 -c "SET client_min_messages = warning" -c "$ASYNC_Q" 2>&1)
+# (fetch_size 1: each shard's rows come one FETCH at a time, so one is pending between them)
+async=$(sql 0 -c "ALTER SERVER shard1 OPTIONS (ADD async_capable 'true', ADD fetch_size '1')" \
+  -c "ALTER SERVER shard2 OPTIONS (ADD async_capable 'true', ADD fetch_size '1')" \
+  -c "SET client_min_messages = warning" -c "$ASYNC_Q" 2>&1)
+sql 0 -c "ALTER SERVER shard1 OPTIONS (DROP async_capable, DROP fetch_size)" \
+  -c "ALTER SERVER shard2 OPTIONS (DROP async_capable, DROP fetch_size)" >/dev/null 2>&1
+check "async_capable shards: a nested sharded join while a FETCH is pending ($plain)" "$plain" "$async"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
