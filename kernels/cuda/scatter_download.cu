@@ -1,5 +1,6 @@
 // scatter_download.cu -- see scatter_download.cuh.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -12,13 +13,41 @@ namespace knn {
 namespace cuda {
 namespace {
 
+// Rows ahead whose places scatter_piece prefetches, and the cache lines of
+// each row's start it prefetches (the hardware follows a longer row). The
+// places are ascending but far apart (a batch's rows are spread over the
+// whole output), so each row's write would otherwise wait for its lines
+// (a page walk and a read for ownership) one row at a time.
+// KNN_SCATTER_PREFETCH=0 turns it off, for A/B benchmarks.
+constexpr int64_t kPrefetchRows = 8;
+constexpr int kPrefetchLines = 4;
+
+bool scatter_prefetch() {
+  static const bool on = [] {
+    const char *v = std::getenv("KNN_SCATTER_PREFETCH");
+    return v == nullptr || v[0] != '0';
+  }();
+  return on;
+}
+
 // Rows n of one piece in `from` (n * k neighbours, then n * k distances)
 // to their places.
 void scatter_piece(const unsigned char *from, const int32_t *places, int64_t n, int k,
                    int64_t *neighbors, double *distances) {
   const size_t bytes = sizeof(int64_t) * k;
   const unsigned char *dist = from + n * bytes;
+  const int lines = static_cast<int>(std::min<size_t>(kPrefetchLines, (bytes + 63) / 64 + 1));
+  const int64_t ahead = scatter_prefetch() ? kPrefetchRows : 0;
   for (int64_t c = 0; c < n; c++) {
+    if (c + ahead < n && ahead > 0) {
+      const int64_t next = static_cast<int64_t>(places[c + ahead]) * k;
+      const char *a = reinterpret_cast<const char *>(neighbors + next);
+      const char *b = reinterpret_cast<const char *>(distances + next);
+      for (int line = 0; line < lines; line++) {
+        __builtin_prefetch(a + 64 * line, 1);
+        __builtin_prefetch(b + 64 * line, 1);
+      }
+    }
     const int64_t at = static_cast<int64_t>(places[c]) * k;
     std::memcpy(neighbors + at, from + c * bytes, bytes);
     std::memcpy(distances + at, dist + c * bytes, bytes);
