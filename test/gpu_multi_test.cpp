@@ -603,14 +603,15 @@ TEST(SplitOnOneGpu, CancelStopsEveryEngine) {
 // not hold the other, which answers its rows; the late one then finds the
 // vote closed and does the same. The result is still the single GPU's.
 // (The prompt engine first waits 1 s for the late one's offer of the
-// shared cluster assignment, then assigns alone: 5 s is past both.)
+// shared upload, then 1 s for that of the shared cluster assignment, and
+// does both alone: 7 s is past all three waits.)
 TEST(SplitOnOneGpu, TiVoteThatWaitsTooLongFallsBackToRows) {
   REQUIRE_TEST_ENTRIES();
   Case c = uneven_case(20000, 4, 720);
   c.problem.method = KNN_METHOD_TI;
   const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
-  const Answer late = tuned(on_devices(c.problem, {0, 0}), second_engine(5000, false));
-  expect_answers_identical(late, one, "second engine 5 s late");
+  const Answer late = tuned(on_devices(c.problem, {0, 0}), second_engine(7000, false));
+  expect_answers_identical(late, one, "second engine 7 s late");
   EXPECT_FALSE(divided_by_clusters(late)) << late.stats.variant;
   const Answer prompt = tuned(on_devices(c.problem, {0, 0}), KnnCudaTestOptions{});
   expect_answers_identical(prompt, one, "no engine late");
@@ -620,7 +621,8 @@ TEST(SplitOnOneGpu, TiVoteThatWaitsTooLongFallsBackToRows) {
 
 // A cancel reaches an engine waiting for the others: 300 ms in, engine 1
 // waits for engine 2 (held 60 s by the test hook) at the offer of the
-// shared cluster assignment, or, with that off, at the vote.
+// shared upload, or, with that off, at the offer of the shared cluster
+// assignment, or, with both off, at the vote.
 void cancel_while_waiting(const char *what, uint64_t seed) {
   Case c = uneven_case(20000, 4, seed);
   c.problem.method = KNN_METHOD_TI;
@@ -643,13 +645,55 @@ void cancel_while_waiting(const char *what, uint64_t seed) {
 
 TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingForTheVote) {
   REQUIRE_TEST_ENTRIES();
-  const ScopedEnv no_shared_assignment({{"KNN_TI_SHARED_ASSIGN", "0"}});
+  const ScopedEnv nothing_shared({{"KNN_TI_SHARED_ASSIGN", "0"}, {"KNN_TI_SHARED_UPLOAD", "0"}});
   cancel_while_waiting("the vote", 721);
 }
 
 TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingToShareTheAssignment) {
   REQUIRE_TEST_ENTRIES();
+  const ScopedEnv no_shared_upload({{"KNN_TI_SHARED_UPLOAD", "0"}});
   cancel_while_waiting("the assignment's offer", 722);
+}
+
+TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingToShareTheUpload) {
+  REQUIRE_TEST_ENTRIES();
+  cancel_while_waiting("the upload's offer", 723);
+}
+
+// The engines of a split TI self-join upload the points and assign them to
+// their clusters once between them (each its slice, the rest copied from
+// the others), unless told not to; every way the answer is one GPU's.
+// Rows of 4 floats are uploaded as they are; rows of 6 are padded to 8.
+TEST(SplitOnOneGpu, TiSelfJoinSharesTheUploadAndTheAssignment) {
+  REQUIRE_TEST_ENTRIES();
+  uint64_t seed = 730;
+  for (int dim : {4, 6}) {
+    Case c = uneven_case(20000, dim, seed++);
+    c.problem.method = KNN_METHOD_TI;
+    c.problem.k = 15;
+    const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+    struct Way {
+      const char *upload, *assign;
+      int32_t shared;  // the probe's bits: 1 upload, 2 assignment
+    };
+    for (const Way &w : {Way{"1", "1", 3}, Way{"0", "1", 2}, Way{"1", "0", 1}, Way{"0", "0", 0}}) {
+      const ScopedEnv ways({{"KNN_TI_SHARED_UPLOAD", w.upload}, {"KNN_TI_SHARED_ASSIGN", w.assign}});
+      for (std::initializer_list<int> devices : {std::initializer_list<int>{0, 0},
+                                                 std::initializer_list<int>{0, 0, 0}}) {
+        int32_t probe = 0;
+        KnnCudaTestOptions o{};
+        o.ti_shared_probe = &probe;
+        const Answer split = tuned(on_devices(c.problem, devices), o);
+        const std::string what = "dim " + std::to_string(dim) + ", " +
+                                 std::to_string(devices.size()) + " engines, upload " + w.upload +
+                                 ", assignment " + w.assign;
+        expect_answers_identical(split, one, what);
+        EXPECT_TRUE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
+        EXPECT_EQ(probe, w.shared) << what;
+      }
+    }
+  }
+  expect_pool_empty(0, "after the shared uploads");
 }
 
 // ---- on two GPUs ----

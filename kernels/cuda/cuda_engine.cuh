@@ -54,6 +54,11 @@ struct DeviceContext {
   // copies the others' picks), where this engine takes part; null: no
   // split. TI shares offer theirs; every other path declines.
   PeerRows *peer_assign = nullptr;
+  // The split's shared upload of a TI self-join's points (ti_join.cu:
+  // each engine uploads its slice of the rows and copies the others'),
+  // where this engine takes part; null: no split. TI shares offer; every
+  // other path declines.
+  PeerRows *peer_points = nullptr;
 
   bool cancelled() const {
     return cancel != nullptr && __atomic_load_n(cancel, __ATOMIC_RELAXED) != 0;

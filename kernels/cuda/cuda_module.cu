@@ -166,8 +166,12 @@ KnnStatus run_method(const KnnProblem &p, const JoinTuning &tuning, int64_t *nei
                      (p.element == KNN_ELEMENT_FLOAT16 || method_for(p) != KNN_METHOD_TI) &&
                      !small_join_applies(p, tuning, ctx);
   if (!brute) decline_peer_rows(ctx);
-  // Only a TI share offers its cluster assignment (ti_join_share).
-  if (ctx.query_count < 0) decline_peer_assign(ctx);
+  // Only a TI share offers its cluster assignment and its points
+  // (ti_join_share).
+  if (ctx.query_count < 0) {
+    decline_peer_assign(ctx);
+    decline_peer_points(ctx);
+  }
   if (ctx.query_count >= 0) return run_shared_ti(p, tuning, neighbors, distances, stats, ctx);
   if (p.element == KNN_ELEMENT_BIT) return bit_join(p, neighbors, distances, stats, ctx);
   if (p.n_queries == 0 || p.n_targets == 0) {
@@ -442,6 +446,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   if (o->ti_landmark_factor > 0) t.ti.landmark_factor = o->ti_landmark_factor;
   t.ti.order_probe = o->ti_order_probe;
   t.ti.pinning_hook = o->ti_pinning_hook;
+  t.ti.shared_probe = o->ti_shared_probe;
   return t;
 }
 

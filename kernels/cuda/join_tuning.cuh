@@ -39,6 +39,8 @@ struct TiOptions {
   // ti_pinning_hook); null in the product.
   int32_t *order_probe = nullptr;
   int32_t *pinning_hook = nullptr;
+  // A split self-join's test probe (knn_cuda_testing.h: ti_shared_probe).
+  int32_t *shared_probe = nullptr;
 };
 
 }  // namespace ti

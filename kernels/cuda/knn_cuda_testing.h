@@ -59,6 +59,14 @@ typedef struct KnnCudaTestOptions
 	 */
 	int32_t    *ti_order_probe;
 	int32_t    *ti_pinning_hook;
+
+	/*
+	 * A TI self-join split across engines: each engine ORs into
+	 * ti_shared_probe 1 where it shared the upload of the points with the
+	 * others (ti_join.cu), 2 where it shared the cluster assignment
+	 * (ti_clustering.cu).
+	 */
+	int32_t    *ti_shared_probe;
 } KnnCudaTestOptions;
 
 /* The message of the failure ti_pinning_hook makes. */

@@ -157,6 +157,8 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   PeerRows peer_rows(members, voters);
   // ... and the cluster assignment of a TI self-join (ti_clustering.cu).
   PeerRows peer_assign(members, voters, PeerRows::kAssignPatience);
+  // ... and the upload of its points (ti_join.cu), which comes first.
+  PeerRows peer_points(members, voters, PeerRows::kAssignPatience);
 
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};
@@ -172,9 +174,11 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
       ectx.share_voter = i;
       ectx.peer_rows = &peer_rows;
       ectx.peer_assign = &peer_assign;
+      ectx.peer_points = &peer_points;
       const KnnStatus st = run(plan.engines[i], &shares[i], &stop, ectx);
       peer_rows.decline(i);  // (if it never offered: the others wait no more)
       peer_assign.decline(i);
+      peer_points.decline(i);
       seconds[i] = seconds_since(t0);
       return st;
     });

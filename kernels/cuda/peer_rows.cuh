@@ -26,12 +26,14 @@
 // more (wait_for_readers, after each reader drained its stream).
 // PeerRowsTurn does this in that order on every path of an engine.
 //
-// A split has a second instance for a TI self-join's cluster assignment
-// (ti_clustering.cu: assign_shared, DeviceContext::peer_assign): there the
+// A split has two more instances for a TI self-join: the upload of its
+// points (ti_join.cu: upload_points_shared, DeviceContext::peer_points;
+// rows of the padded stride) and its cluster assignment
+// (ti_clustering.cu: assign_shared, DeviceContext::peer_assign), where the
 // "rows" are each distinct point's picked centre (int32 words in the float
 // buffer, one a row) and "dim" is the number of centres, which the engines
-// must agree on too; its patience is shorter (kAssignPatience), as it
-// comes before the share vote's own.
+// must agree on too. Their patience is shorter (kAssignPatience), as they
+// come before the share vote's own.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -310,6 +312,12 @@ inline void decline_peer_rows(DeviceContext &ctx) {
 // that it will not.
 inline void decline_peer_assign(DeviceContext &ctx) {
   if (ctx.peer_assign != nullptr) ctx.peer_assign->decline(ctx.share_voter);
+}
+
+// Says, for an engine that will not share a TI self-join's upload of the
+// points, that it will not.
+inline void decline_peer_points(DeviceContext &ctx) {
+  if (ctx.peer_points != nullptr) ctx.peer_points->decline(ctx.share_voter);
 }
 
 }  // namespace cuda

@@ -727,6 +727,7 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
     else
       share->peers->decline(share->engine);
   }
+  if (shared && share->probe != nullptr) __atomic_fetch_or(share->probe, 2, __ATOMIC_RELAXED);
   if (!shared) KNN_TRY(assign_points(set, metric, gemm_min_stride, out, as, mem, ctx));
   KNN_TRY(ctx.cancel_point());
   step(1);

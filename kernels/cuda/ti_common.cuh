@@ -246,6 +246,7 @@ struct AssignShare {
   const void *host = nullptr;
   int element = 0;
   const int64_t *keys = nullptr;
+  int32_t *probe = nullptr;  // TiOptions::shared_probe: 2 is ORed in once shared
 };
 
 // ti_clustering.cu: landmarks, assignment and cluster arrays.

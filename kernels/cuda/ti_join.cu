@@ -174,16 +174,91 @@ const char *place_name(ListPlace p) {
 
 namespace {
 
+// A split TI self-join's engines upload the points once between them
+// (DeviceContext::peer_points, peer_rows.cuh): each uploads its slice of
+// the rows from the host, padded, and copies the other slices from the
+// other GPUs; the largest |value| is then taken over all of them, so
+// every engine holds what upload_points would have made, bit for bit.
+// *shared false: nothing was uploaded (the caller uploads all rows).
+// KNN_TI_SHARED_UPLOAD=0 declines, for A/B benchmarks and tests.
+KnnStatus upload_points_shared(const float *host, int64_t n, int dim, int stride,
+                               PeerRows &peers, int engine, int element, const int64_t *keys,
+                               UploadedSet &out, unsigned *max_abs_bits, bool *shared,
+                               MemoryBudget &mem, DeviceContext &ctx) {
+  *shared = false;
+  const char *forced = std::getenv("KNN_TI_SHARED_UPLOAD");
+  if (n < 2 || (forced != nullptr && forced[0] == '0')) {
+    peers.decline(engine);
+    return KNN_OK;
+  }
+  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points"));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // usable from the other GPUs
+  KNN_TRY(peers.offer(ctx, engine, out.padded.get(), n, stride, host, element, keys, shared));
+  if (!*shared) {
+    mem.release(out.padded);
+    return KNN_OK;
+  }
+  PeerRowsTurn turn;  // (declared after out.padded's owner: done with it first)
+  const int me = peers.member(engine);
+  turn.take(&peers, me, ctx.stream);
+  int64_t first, count;
+  peers.slice(me, &first, &count);
+  KnnStatus own = KNN_OK;
+  float *slice = out.padded.get() + first * stride;
+  if (count > 0 && dim == stride) {
+    own = upload_to_device(ctx, slice, host + first * dim, (size_t)count * dim * sizeof(float));
+  } else if (count > 0) {
+    DeviceBuffer<float> raw;
+    own = mem.allocate(ctx, raw, (size_t)count * dim, "points");
+    if (own == KNN_OK) {
+      const cudaError_t err = cudaStreamSynchronize(ctx.stream);
+      own = err == cudaSuccess ? upload_to_device(ctx, raw.get(), host + first * dim,
+                                                  (size_t)count * dim * sizeof(float))
+                               : record_failure(ctx, err, "cudaStreamSynchronize", __FILE__,
+                                                __LINE__);
+    }
+    if (own == KNN_OK) {
+      pad_rows_kernel<<<grid_for(count * stride, 256 * 8), 256, 0, ctx.stream>>>(
+          raw.get(), count, dim, stride, slice, max_abs_bits);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) own = record_failure(ctx, err, "pad_rows_kernel", __FILE__, __LINE__);
+    }
+    mem.release(raw);
+  }
+  if (own == KNN_OK) {
+    const cudaError_t err = cudaStreamSynchronize(ctx.stream);
+    if (err != cudaSuccess)
+      own = record_failure(ctx, err, "cudaStreamSynchronize (shared upload)", __FILE__, __LINE__);
+  }
+  peers.slice_done(me, own == KNN_OK);
+  KNN_TRY(own);
+  KNN_TRY(copy_other_slices(ctx, peers, me, out.padded.get(), (size_t)stride * sizeof(float)));
+  turn.finished_reading();
+  // The largest |value| of every row (padding is zero; in place).
+  pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
+      out.padded.get(), n, stride, stride, out.padded.get(), max_abs_bits);
+  CUDA_CHECK_LAUNCH(ctx, "pad_rows_kernel");
+  turn.release();  // the others read this engine's rows no more
+  out.points.x = out.padded.get();
+  out.points.n = n;
+  out.points.dim = dim;
+  out.points.stride = stride;
+  return KNN_OK;
+}
+
 // One join, stage by stage. Every device array is a member (or a local of
 // a stage), so all of them are released when the join object goes.
 class TiJoin {
  public:
-  TiJoin(const KnnProblem &p, const TiOptions &options, DeviceContext &ctx)
+  // excluded: max_rows_per_key of the target keys (0 without keys), which
+  // the caller has counted already.
+  TiJoin(const KnnProblem &p, const TiOptions &options, int64_t excluded, DeviceContext &ctx)
       : p_(p),
         options_(options),
         ctx_(ctx),
         self_(p.queries == p.targets && p.n_queries == p.n_targets),
         exclude_(p.query_keys != nullptr && p.target_keys != nullptr),
+        excluded_(exclude_ ? excluded : 0),
         stride_(padded_stride(p.dim)),
         share_(ctx.query_count >= 0),
         share_first_(share_ ? ctx.query_first : 0),
@@ -228,6 +303,7 @@ class TiJoin {
   const TiOptions &options_;
   DeviceContext &ctx_;
   const bool self_, exclude_;
+  const int64_t excluded_;  // the most targets one query can lose to exclusion
   const bool share_;  // answers query rows [share_first_, + share_count_) only
   const int64_t share_first_, share_count_;
   const int stride_;
@@ -236,7 +312,6 @@ class TiJoin {
 
   UploadedSet query_upload_, target_upload_;
   DeviceBuffer<int64_t> query_keys_, target_keys_;
-  int64_t excluded_ = 0;  // the most targets one query can lose to exclusion
   DistinctSet query_set_, target_set_own_;
   ClusterSet query_clusters_, target_clusters_own_, share_clusters_;
   ClusterShare by_clusters_;  // a share's clusters, where the engines agreed
@@ -268,17 +343,19 @@ void TiJoin::phase(const char *name) {
   phase_at_ = now;
 }
 
+// Through the pinned staging, as the points (a plain copy from pageable
+// memory is several times slower), once the allocations are usable from
+// the staging's stream.
 KnnStatus TiJoin::upload_keys() {
   if (!exclude_) return KNN_OK;
   const int64_t nq = p_.n_queries, nt = p_.n_targets;
-  excluded_ = max_rows_per_key(p_.target_keys, nt);
   KNN_TRY(mem_.allocate(ctx_, query_keys_, nq, "keys"));
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(query_keys_.get(), p_.query_keys, nq * sizeof(int64_t),
-                                   cudaMemcpyHostToDevice, ctx_.stream));
-  if (self_ && p_.query_keys == p_.target_keys) return KNN_OK;
-  KNN_TRY(mem_.allocate(ctx_, target_keys_, nt, "keys"));
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(target_keys_.get(), p_.target_keys, nt * sizeof(int64_t),
-                                   cudaMemcpyHostToDevice, ctx_.stream));
+  const bool one_set = self_ && p_.query_keys == p_.target_keys;
+  if (!one_set) KNN_TRY(mem_.allocate(ctx_, target_keys_, nt, "keys"));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
+  KNN_TRY(upload_to_device(ctx_, query_keys_.get(), p_.query_keys, nq * sizeof(int64_t)));
+  if (!one_set)
+    KNN_TRY(upload_to_device(ctx_, target_keys_.get(), p_.target_keys, nt * sizeof(int64_t)));
   return KNN_OK;
 }
 
@@ -292,8 +369,19 @@ KnnStatus TiJoin::upload(bool *finite) {
   DeviceBuffer<unsigned> max_abs;
   KNN_TRY(mem_.allocate(ctx_, max_abs, 1, "value range"));
   CUDA_CHECK(ctx_, cudaMemsetAsync(max_abs.get(), 0, sizeof(unsigned), ctx_.stream));
-  KNN_TRY(upload_points(float_rows(p_.queries), p_.n_queries, p_.dim, stride_, query_upload_, max_abs.get(),
-                        mem_, ctx_));
+  // A share of a split self-join: the engines upload the rows once between
+  // them; elsewhere (or where they did not agree) each uploads them all.
+  bool shared = false;
+  if (share_ && self_ && ctx_.peer_points != nullptr)
+    KNN_TRY(upload_points_shared(float_rows(p_.queries), p_.n_queries, p_.dim, stride_,
+                                 *ctx_.peer_points, ctx_.share_voter,
+                                 static_cast<int>(p_.element), p_.target_keys, query_upload_,
+                                 max_abs.get(), &shared, mem_, ctx_));
+  if (shared && options_.shared_probe != nullptr)
+    __atomic_fetch_or(options_.shared_probe, 1, __ATOMIC_RELAXED);
+  if (!shared)
+    KNN_TRY(upload_points(float_rows(p_.queries), p_.n_queries, p_.dim, stride_, query_upload_,
+                          max_abs.get(), mem_, ctx_));
   if (!self_)
     KNN_TRY(upload_points(float_rows(p_.targets), p_.n_targets, p_.dim, stride_, target_upload_,
                           max_abs.get(), mem_, ctx_));
@@ -301,7 +389,7 @@ KnnStatus TiJoin::upload(bool *finite) {
   float max_abs_value;
   KNN_TRY(read_max_abs(max_abs.get(), &max_abs_value, ctx_));
   t_uploaded_ = Clock::now();
-  phase("upload");
+  phase(shared ? "upload(shared)" : "upload");
   *finite = distances_stay_finite(p_.metric, p_.dim, max_abs_value);
   return ctx_.cancel_point();
 }
@@ -333,6 +421,7 @@ KnnStatus TiJoin::cluster() {
   share.host = p_.queries;
   share.element = static_cast<int>(p_.element);
   share.keys = p_.target_keys;
+  share.probe = options_.shared_probe;
   KNN_TRY(build_clusters(query_set_, p_.metric, mq, options_.landmark_candidate_sets,
                          options_.gemm_assign_min_stride, query_clusters_, mem_, ctx_,
                          share.peers != nullptr ? &share : nullptr));
@@ -556,11 +645,11 @@ KnnStatus TiJoin::finish(int64_t *neighbors, double *distances, KnnStats *stats)
 
 // The whole join on the device at once. *finite as for out_of_core_join;
 // *level1_kept >= 0 when TI gave up after level 1 (nothing written).
-KnnStatus in_memory_join(const KnnProblem &problem, const TiOptions &options,
+KnnStatus in_memory_join(const KnnProblem &problem, const TiOptions &options, int64_t excluded,
                          int64_t *neighbors, double *distances, KnnStats *stats, bool *finite,
                          double *level1_kept, DeviceContext &ctx) {
   *level1_kept = -1;
-  TiJoin join(problem, options, ctx);
+  TiJoin join(problem, options, excluded, ctx);
   KNN_TRY(join.upload(finite));
   if (!*finite) return KNN_OK;
   KNN_TRY(join.finish(neighbors, distances, stats));
@@ -622,8 +711,8 @@ KnnStatus run_join(const KnnProblem &problem, const JoinTuning &tuning, int64_t 
   KnnStatus status = KNN_OUT_OF_MEMORY;
   if (in_memory_join_bytes(problem, kprime) <= budget) {
     double level1_kept = -1;
-    status = in_memory_join(problem, in_memory_options(problem, tuning), neighbors, distances,
-                            stats, &finite, &level1_kept, ctx);
+    status = in_memory_join(problem, in_memory_options(problem, tuning), excluded, neighbors,
+                            distances, stats, &finite, &level1_kept, ctx);
     if (status == KNN_OK && level1_kept >= 0) {
       // Level 1's device memory is queued for freeing: let it go first.
       CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
@@ -666,12 +755,13 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
   *declined = true;
   // However this ends, this engine's vote on dividing by clusters is cast
   // (a share that did not vote declines, so that no engine waits for it).
-  // Likewise its offer of the shared cluster assignment (ti_clustering.cu).
+  // Likewise its offers of the shared upload and cluster assignment.
   struct DeclineUnlessVoted {
     DeviceContext &ctx;
     ~DeclineUnlessVoted() {
       if (ctx.share_vote != nullptr) ctx.share_vote->decline(ctx.share_voter);
       decline_peer_assign(ctx);
+      decline_peer_points(ctx);
     }
   } vote_cast{ctx};
   const int64_t nq = problem.n_queries, nt = problem.n_targets;
@@ -686,8 +776,8 @@ KnnStatus ti_join_share(const KnnProblem &problem, const JoinTuning &tuning, int
   if (ti::in_memory_join_bytes(problem, kprime) > budget) return KNN_OK;
   bool finite = false;
   double level1_kept = -1;
-  KnnStatus status = ti::in_memory_join(problem, ti::in_memory_options(problem, tuning), neighbors,
-                                        distances, stats, &finite, &level1_kept, ctx);
+  KnnStatus status = ti::in_memory_join(problem, ti::in_memory_options(problem, tuning), excluded,
+                                        neighbors, distances, stats, &finite, &level1_kept, ctx);
   // After agreeing to answer whole clusters, no other method can take over
   // this share (its rows are not a range): a failure ends the join.
   const bool by_clusters = ctx.share_vote != nullptr && ctx.share_vote->agreed();
