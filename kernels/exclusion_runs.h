@@ -11,13 +11,15 @@
 #include <thread>
 #include <vector>
 
+#include "signal_free_thread.h"
+
 namespace knn {
 
 // Whether keys[0 .. n) strictly increase. Millions of keys are read on
 // several threads (a single thread reads them at a few GB/s: milliseconds
 // that every GPU engine of a split would pay before its join); the
-// threads inherit the caller's blocked signals, and where one cannot be
-// started its range is read on the calling thread.
+// threads run with every signal blocked, and where one cannot be started
+// its range is read on the calling thread.
 inline bool keys_increase(const int64_t *keys, int64_t n) {
   constexpr int64_t kKeysPerThread = int64_t{1} << 20;
   constexpr int kMaxThreads = 8;
@@ -35,18 +37,20 @@ inline bool keys_increase(const int64_t *keys, int64_t n) {
   const int threads = static_cast<int>(std::max<int64_t>(
       1, std::min<int64_t>({n / kKeysPerThread, kMaxThreads, cores > 0 ? cores : 1})));
   auto begin_of = [&](int t) { return n * t / threads; };
-  std::vector<std::thread> helpers;
+  std::thread helpers[kMaxThreads];
   int started = 1;
   for (; started < threads; started++) {
     try {
-      helpers.emplace_back(check, begin_of(started), begin_of(started + 1));
+      const int64_t begin = begin_of(started), end = begin_of(started + 1);
+      helpers[started] = start_signal_free_thread([&check, begin, end] { check(begin, end); });
     } catch (const std::system_error &) {
       break;
     }
   }
   check(0, begin_of(1));
   for (int t = started; t < threads; t++) check(begin_of(t), begin_of(t + 1));
-  for (std::thread &h : helpers) h.join();
+  for (std::thread &h : helpers)
+    if (h.joinable()) h.join();
   return increasing.load();
 }
 
