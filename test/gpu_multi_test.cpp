@@ -696,6 +696,34 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheUploadAndTheAssignment) {
   expect_pool_empty(0, "after the shared uploads");
 }
 
+// An engine whose own slice of the shared upload fails after the engines
+// agreed to share (the test hook: as for want of device memory) answers its
+// rows another way, and declines the assignment and the vote; the other
+// engine uploads the failed slice from the host. The answer is still one
+// GPU's, and no cancel is made up.
+TEST(SplitOnOneGpu, TiSharedUploadSurvivesAFailedSlice) {
+  REQUIRE_TEST_ENTRIES();
+  for (int dim : {4, 6}) {
+    Case c = uneven_case(20000, dim, 740 + dim);
+    c.problem.method = KNN_METHOD_TI;
+    c.problem.k = 15;
+    const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+    for (int failing : {1, 2}) {
+      int32_t probe = 0;
+      KnnCudaTestOptions o{};
+      o.ti_shared_probe = &probe;
+      o.ti_upload_slice_fail = failing;
+      const Answer split = tuned(on_devices(c.problem, {0, 0}), o);
+      const std::string what =
+          "dim " + std::to_string(dim) + ", engine " + std::to_string(failing) + "'s slice failed";
+      expect_answers_identical(split, one, what);
+      EXPECT_EQ(probe, 1) << what << ": only the other engine's upload was shared";
+      EXPECT_FALSE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
+    }
+  }
+  expect_pool_empty(0, "after the failed slices");
+}
+
 // ---- on two GPUs ----
 
 #define REQUIRE_TWO_GPUS()                                                               \
@@ -780,6 +808,26 @@ TEST(TwoGpus, TiSelfJoinDividedByClusters) {
     EXPECT_TRUE(divided_by_clusters(split)) << split.stats.variant;
     check_split(c.problem, {1, 0, 1}, "1,0,1", 3, &split);
     EXPECT_TRUE(divided_by_clusters(split)) << split.stats.variant;
+  }
+  // Rows padded from 6 floats to 8, their upload and assignment shared
+  // across the two GPUs (peer copies), the largest value in GPU 1's slice:
+  // where its square overflows float, GPU 0 must see it too (both engines
+  // then leave TI for brute force, as one GPU does).
+  for (float largest : {1.0e3f, 1.0e30f}) {
+    Case wide = uneven_case(40000, 6, 962);
+    wide.problem.method = KNN_METHOD_TI;
+    wide.problem.k = 25;
+    wide.targets.f32[39000 * 6 + 5] = largest;
+    const bool finite = largest < 1.0e10f;
+    const std::string what = std::string("dim 6 on GPUs 0,1, largest ") + (finite ? "1e3" : "1e30");
+    const Answer one = tuned(on_devices(wide.problem, {0}), KnnCudaTestOptions{});
+    int32_t probe = 0;
+    KnnCudaTestOptions o{};
+    o.ti_shared_probe = &probe;
+    const Answer split = tuned(on_devices(wide.problem, {0, 1}), o);
+    expect_answers_identical(split, one, what);
+    EXPECT_EQ(probe, finite ? 3 : 1) << what << ": what was shared across GPUs 0 and 1";
+    EXPECT_EQ(divided_by_clusters(split), finite) << what << ": " << split.stats.variant;
   }
 }
 

@@ -447,6 +447,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   t.ti.order_probe = o->ti_order_probe;
   t.ti.pinning_hook = o->ti_pinning_hook;
   t.ti.shared_probe = o->ti_shared_probe;
+  t.ti.upload_slice_fail = o->ti_upload_slice_fail;
   return t;
 }
 

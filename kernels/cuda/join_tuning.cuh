@@ -39,8 +39,10 @@ struct TiOptions {
   // ti_pinning_hook); null in the product.
   int32_t *order_probe = nullptr;
   int32_t *pinning_hook = nullptr;
-  // A split self-join's test probe (knn_cuda_testing.h: ti_shared_probe).
+  // A split self-join's test probe and hook (knn_cuda_testing.h:
+  // ti_shared_probe, ti_upload_slice_fail).
   int32_t *shared_probe = nullptr;
+  int upload_slice_fail = 0;
 };
 
 }  // namespace ti

@@ -67,6 +67,15 @@ typedef struct KnnCudaTestOptions
 	 * (ti_clustering.cu).
 	 */
 	int32_t    *ti_shared_probe;
+
+	/*
+	 * Engine ti_upload_slice_fail (1-based, as split_test_engine; 0 = none)
+	 * of a TI self-join sharing the upload of its points fails its own
+	 * slice with KNN_OUT_OF_MEMORY once the engines agreed to share, as a
+	 * lack of device memory would; it then answers its rows another way,
+	 * and the others upload its slice from the host.
+	 */
+	int			ti_upload_slice_fail;
 } KnnCudaTestOptions;
 
 /* The message of the failure ti_pinning_hook makes. */

@@ -276,11 +276,12 @@ class PeerRowsTurn {
 // A sharing member `me`'s copies of every other member's slice from that
 // member's buffer into the same rows of `dst` (rows of `row_bytes`, the
 // layout of the offered buffers), queued on ctx.stream as each slice is
-// ready, each member starting at another's; waits for them. KNN_CANCELLED
-// when a slice will not come (its engine failed, and the join with it) or
-// on a cancel.
-inline KnnStatus copy_other_slices(DeviceContext &ctx, PeerRows &peers, int me, void *dst,
-                                   size_t row_bytes) {
+// ready, each member starting at another's; waits for them. A slice that
+// will not come (its engine failed) goes to missing(first, count), which
+// may make the rows itself; KNN_CANCELLED on a cancel.
+template <class Missing>
+KnnStatus copy_other_slices(DeviceContext &ctx, PeerRows &peers, int me, void *dst,
+                            size_t row_bytes, Missing &&missing) {
   for (int step = 1; step < peers.members(); step++) {
     const int other = (me + step) % peers.members();
     int64_t first, count;
@@ -289,8 +290,8 @@ inline KnnStatus copy_other_slices(DeviceContext &ctx, PeerRows &peers, int me, 
     bool ready = false;
     KNN_TRY(peers.wait_slice(ctx, other, &ready));
     if (!ready) {
-      if (ctx.error.empty()) ctx.error = "canceled";
-      return KNN_CANCELLED;
+      KNN_TRY(missing(first, count));
+      continue;
     }
     const size_t offset = static_cast<size_t>(first) * row_bytes;
     CUDA_CHECK(ctx, cudaMemcpyPeerAsync(static_cast<unsigned char *>(dst) + offset, ctx.device,
@@ -301,6 +302,16 @@ inline KnnStatus copy_other_slices(DeviceContext &ctx, PeerRows &peers, int me, 
   }
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
   return KNN_OK;
+}
+
+// The same where a slice that will not come ends the copies with
+// KNN_CANCELLED (its engine failed, and the join with it).
+inline KnnStatus copy_other_slices(DeviceContext &ctx, PeerRows &peers, int me, void *dst,
+                                   size_t row_bytes) {
+  return copy_other_slices(ctx, peers, me, dst, row_bytes, [&ctx](int64_t, int64_t) {
+    if (ctx.error.empty()) ctx.error = "canceled";
+    return KNN_CANCELLED;
+  });
 }
 
 // Says, for an engine that will not offer its targets, that it will not.

@@ -87,27 +87,37 @@ __global__ void pad_rows_kernel(const float *raw, int64_t n, int dim, int stride
 
 }  // namespace
 
+namespace {
+
+// Host rows [first, first + count) of `dim` floats into the same rows of
+// `padded` (`stride` floats a row, zero padding), their largest |value|
+// recorded at max_abs_bits. Through the pinned staging, on several host
+// threads (host_transfer.cuh), once the allocation is usable from the
+// staging's stream.
+KnnStatus upload_padded_rows(const float *host, int64_t first, int64_t count, int dim,
+                             int stride, float *padded, unsigned *max_abs_bits,
+                             MemoryBudget &mem, DeviceContext &ctx) {
+  if (count == 0) return KNN_OK;
+  float *to = padded + first * stride;
+  const float *from = host + first * dim;
+  DeviceBuffer<float> raw;  // rows as they come, where they need padding
+  if (dim != stride) KNN_TRY(mem.allocate(ctx, raw, (size_t)count * dim, "points"));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  float *in = dim == stride ? to : raw.get();
+  KNN_TRY(upload_to_device(ctx, in, from, (size_t)count * dim * sizeof(float)));
+  pad_rows_kernel<<<grid_for(count * stride, 256 * 8), 256, 0, ctx.stream>>>(
+      in, count, dim, stride, to, max_abs_bits);
+  CUDA_CHECK_LAUNCH(ctx, "pad_rows_kernel");
+  mem.release(raw);
+  return KNN_OK;
+}
+
+}  // namespace
+
 KnnStatus upload_points(const float *host, int64_t n, int dim, int stride, UploadedSet &out,
                         unsigned *max_abs_bits, MemoryBudget &mem, DeviceContext &ctx) {
   KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points"));
-  // Through the pinned staging, on several host threads (host_transfer.cuh),
-  // once the allocation is usable from the staging's stream.
-  if (dim == stride) {
-    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
-    KNN_TRY(upload_to_device(ctx, out.padded.get(), host, (size_t)n * dim * sizeof(float)));
-    pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
-        out.padded.get(), n, dim, stride, out.padded.get(), max_abs_bits);
-  } else {
-    DeviceBuffer<float> raw;
-    KNN_TRY(mem.allocate(ctx, raw, (size_t)n * dim, "points"));
-    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
-    KNN_TRY(upload_to_device(ctx, raw.get(), host, (size_t)n * dim * sizeof(float)));
-    pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
-        raw.get(), n, dim, stride, out.padded.get(), max_abs_bits);
-    CUDA_CHECK_LAUNCH(ctx, "pad_rows_kernel");
-    mem.release(raw);
-  }
-  CUDA_CHECK_LAUNCH(ctx, "pad_rows_kernel");
+  KNN_TRY(upload_padded_rows(host, 0, n, dim, stride, out.padded.get(), max_abs_bits, mem, ctx));
   out.points.x = out.padded.get();
   out.points.n = n;
   out.points.dim = dim;
@@ -179,12 +189,15 @@ namespace {
 // the rows from the host, padded, and copies the other slices from the
 // other GPUs; the largest |value| is then taken over all of them, so
 // every engine holds what upload_points would have made, bit for bit.
-// *shared false: nothing was uploaded (the caller uploads all rows).
-// KNN_TI_SHARED_UPLOAD=0 declines, for A/B benchmarks and tests.
+// A slice that will not come (its engine failed, maybe for want of memory,
+// which that engine then answers another way) is uploaded from the host
+// instead. *shared false: nothing was uploaded (the caller uploads all
+// rows). KNN_TI_SHARED_UPLOAD=0 declines, for A/B benchmarks and tests;
+// fail_own_slice is the engine tests' hook (TiOptions::upload_slice_fail).
 KnnStatus upload_points_shared(const float *host, int64_t n, int dim, int stride,
                                PeerRows &peers, int engine, int element, const int64_t *keys,
-                               UploadedSet &out, unsigned *max_abs_bits, bool *shared,
-                               MemoryBudget &mem, DeviceContext &ctx) {
+                               bool fail_own_slice, UploadedSet &out, unsigned *max_abs_bits,
+                               bool *shared, MemoryBudget &mem, DeviceContext &ctx) {
   *shared = false;
   const char *forced = std::getenv("KNN_TI_SHARED_UPLOAD");
   if (n < 2 || (forced != nullptr && forced[0] == '0')) {
@@ -201,38 +214,26 @@ KnnStatus upload_points_shared(const float *host, int64_t n, int dim, int stride
   PeerRowsTurn turn;  // (declared after out.padded's owner: done with it first)
   const int me = peers.member(engine);
   turn.take(&peers, me, ctx.stream);
+  // Rows [first, first + count) from the host, complete on the device.
+  auto from_host = [&](int64_t first, int64_t count) -> KnnStatus {
+    KNN_TRY(upload_padded_rows(host, first, count, dim, stride, out.padded.get(), max_abs_bits,
+                               mem, ctx));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+    return KNN_OK;
+  };
   int64_t first, count;
   peers.slice(me, &first, &count);
   KnnStatus own = KNN_OK;
-  float *slice = out.padded.get() + first * stride;
-  if (count > 0 && dim == stride) {
-    own = upload_to_device(ctx, slice, host + first * dim, (size_t)count * dim * sizeof(float));
-  } else if (count > 0) {
-    DeviceBuffer<float> raw;
-    own = mem.allocate(ctx, raw, (size_t)count * dim, "points");
-    if (own == KNN_OK) {
-      const cudaError_t err = cudaStreamSynchronize(ctx.stream);
-      own = err == cudaSuccess ? upload_to_device(ctx, raw.get(), host + first * dim,
-                                                  (size_t)count * dim * sizeof(float))
-                               : record_failure(ctx, err, "cudaStreamSynchronize", __FILE__,
-                                                __LINE__);
-    }
-    if (own == KNN_OK) {
-      pad_rows_kernel<<<grid_for(count * stride, 256 * 8), 256, 0, ctx.stream>>>(
-          raw.get(), count, dim, stride, slice, max_abs_bits);
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) own = record_failure(ctx, err, "pad_rows_kernel", __FILE__, __LINE__);
-    }
-    mem.release(raw);
-  }
-  if (own == KNN_OK) {
-    const cudaError_t err = cudaStreamSynchronize(ctx.stream);
-    if (err != cudaSuccess)
-      own = record_failure(ctx, err, "cudaStreamSynchronize (shared upload)", __FILE__, __LINE__);
+  if (fail_own_slice) {
+    ctx.error = "forced failure (shared upload test hook)";
+    own = KNN_OUT_OF_MEMORY;
+  } else {
+    own = from_host(first, count);
   }
   peers.slice_done(me, own == KNN_OK);
   KNN_TRY(own);
-  KNN_TRY(copy_other_slices(ctx, peers, me, out.padded.get(), (size_t)stride * sizeof(float)));
+  KNN_TRY(copy_other_slices(ctx, peers, me, out.padded.get(), (size_t)stride * sizeof(float),
+                            from_host));
   turn.finished_reading();
   // The largest |value| of every row (padding is zero; in place).
   pad_rows_kernel<<<grid_for(n * stride, 256 * 8), 256, 0, ctx.stream>>>(
@@ -375,8 +376,9 @@ KnnStatus TiJoin::upload(bool *finite) {
   if (share_ && self_ && ctx_.peer_points != nullptr)
     KNN_TRY(upload_points_shared(float_rows(p_.queries), p_.n_queries, p_.dim, stride_,
                                  *ctx_.peer_points, ctx_.share_voter,
-                                 static_cast<int>(p_.element), p_.target_keys, query_upload_,
-                                 max_abs.get(), &shared, mem_, ctx_));
+                                 static_cast<int>(p_.element), p_.target_keys,
+                                 options_.upload_slice_fail == ctx_.share_voter + 1,
+                                 query_upload_, max_abs.get(), &shared, mem_, ctx_));
   if (shared && options_.shared_probe != nullptr)
     __atomic_fetch_or(options_.shared_probe, 1, __ATOMIC_RELAXED);
   if (!shared)
