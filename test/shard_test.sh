@@ -852,7 +852,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -1431,6 +1431,175 @@ async=$(sql 0 -c "ALTER SERVER shard1 OPTIONS (ADD async_capable 'true', ADD fet
 sql 0 -c "ALTER SERVER shard1 OPTIONS (DROP async_capable, DROP fetch_size)" \
   -c "ALTER SERVER shard2 OPTIONS (DROP async_capable, DROP fetch_size)" >/dev/null 2>&1
 check "async_capable shards: a nested sharded join while a FETCH is pending ($plain)" "$plain" "$async"
+
+# ---- a sharded self-join's queries from the shards (knn_shard_read_queries) ----
+# Where the queries text is the targets text (stable) and every partition
+# joins on a shard, the shards read the rows once (knn_shard_prefetch_self_join)
+# and send them back in binary as the queries (knn_shard_held_target_blocks),
+# instead of the coordinator reading them through postgres_fdw as text.
+# items_s: two foreign partitions only, with duplicate vectors and NULL vectors.
+sql 1 -c "CREATE TABLE items_s_0 ($COLUMNS)"
+sql 2 -c "CREATE TABLE items_s_1 ($COLUMNS)"
+sql 0 >/dev/null <<EOF || fail "items_s set-up"
+CREATE TABLE items_s ($COLUMNS) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE items_s_0 PARTITION OF items_s FOR VALUES WITH (MODULUS 2, REMAINDER 0)
+  SERVER shard1 OPTIONS (table_name 'items_s_0');
+CREATE FOREIGN TABLE items_s_1 PARTITION OF items_s FOR VALUES WITH (MODULUS 2, REMAINDER 1)
+  SERVER shard2 OPTIONS (table_name 'items_s_1');
+CREATE TABLE items_s_all AS SELECT * FROM items_all;
+-- duplicate vectors (of rows on either shard) and more NULL vectors
+INSERT INTO items_s_all SELECT id + 3000, cat, v, h, b FROM items_all WHERE id <= 40;
+INSERT INTO items_s_all SELECT 4000 + i, i % 5, NULL, NULL, NULL FROM generate_series(1, 6) i;
+INSERT INTO items_s SELECT * FROM items_s_all;
+ANALYZE items_s_all;
+EOF
+sql 1 -c "ANALYZE items_s_0" && sql 2 -c "ANALYZE items_s_1"
+check "items_s: rows on both shards, none here, NULL vectors and duplicates among them" "t" \
+  "$(sql 0 -c "SELECT (SELECT count(*) FROM items_s_0) > 0 AND (SELECT count(*) FROM items_s_1) > 0 AND (SELECT count(*) FROM items_s WHERE v IS NULL) = 7 AND (SELECT count(*) FROM items_s s JOIN items_s t ON s.v = t.v AND s.id < t.id) >= 40")"
+# self_from_shards NAME CALL_OVER_ITEMS_S EXPECTED_FROM_SHARDS: the call, and the same over
+# items_s_all (every items_s replaced) on one server: differences both ways, rows, whether the
+# queries came from the shards (knn_gpu_last_shard_stats()->'queries_from_shards')
+self_from_shards() {
+  local out
+  out=$(sql 0 -v "s=$2" -v "r=${2//items_s/items_s_all}" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
+CREATE TEMP TABLE s AS SELECT * FROM :s;
+CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 'none' ELSE knn_gpu_last_shard_stats()->>'queries_from_shards' END AS f;
+CREATE TEMP TABLE r AS SELECT * FROM :r;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', from shards ' || (SELECT f FROM n);
+EOF
+)
+  check "$1" "0 differences, true, from shards $3" "$out"
+}
+SV="SELECT id, v FROM items_s"
+for metric in l2 cosine ip l1; do
+  self_from_shards "self-join from the shards' rows: $metric" "knn_join('$SV', '$SV', 5, '$metric')" true
+done
+self_from_shards "... exclude_self" "knn_join('$SV', '$SV', 7, 'l2', true)" true
+self_from_shards "... halfvec l2" "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 5, 'l2')" true
+self_from_shards "... halfvec cosine, exclude_self" "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 4, 'cosine', true)" true
+self_from_shards "... bit hamming, exclude_self" "knn_join('SELECT id, b FROM items_s', 'SELECT id, b FROM items_s', 6, 'hamming', true)" true
+self_from_shards "... bit jaccard" "knn_join('SELECT id, b FROM items_s', 'SELECT id, b FROM items_s', 6, 'jaccard')" true
+FS="SELECT id, v FROM items_s WHERE cat <> 2 AND id > 40"
+self_from_shards "... a filter in the text (pushed to the shards)" "knn_join('$FS', '$FS', 5, 'cosine')" true
+K3="SELECT id, v FROM items_s WHERE cat = 3"
+self_from_shards "... k above a shard's rows" "knn_join('$K3', '$K3', 1000, 'l1', true)" true
+self_from_shards "... knn_range_join" "knn_range_join('$SV', '$SV', 2.5, 'l2', true, 4)" true
+self_from_shards "... bound parameters, the same for both texts" \
+  "knn_join('SELECT id, v FROM items_s WHERE cat <> \$1::int', 'SELECT id, v FROM items_s WHERE cat <> \$1::int', 5, ARRAY['2'])" true
+self_from_shards "... one partition after pruning" \
+  "knn_join('SELECT id, v FROM items_s WHERE id = 5', 'SELECT id, v FROM items_s WHERE id = 5', 3)" true
+# otherwise the queries are read here, as before (and the rows are the same)
+self_from_shards "texts that differ: the queries read here" "knn_join('$SV WHERE id > 0', '$SV', 5)" false
+self_from_shards "partitions read here with a NOTICE: nothing on the shards" \
+  "knn_join('SELECT id, v FROM items_s WHERE odd_cat(cat)', 'SELECT id, v FROM items_s WHERE odd_cat(cat)', 5)" none
+check "a local partition (items_h): the queries read here" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM items_h', 'SELECT id, v FROM items_h', 4, 'l2', true)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+check "a partition read here with a NOTICE, beside a shard's: the queries read here" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM items_f', 'SELECT id, v FROM items_f', 4)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+check "items_s with knn_gpu.shard_prefetch = off: the queries read here" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SET knn_gpu.shard_prefetch = off" -c "SELECT count(*) > 0 FROM knn_join('$SV', '$SV', 4)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+away_on_shard2 knn_shard_held_target_blocks "bigint"
+self_from_shards "a shard without knn_shard_held_target_blocks: the queries read here" "knn_join('$SV', '$SV', 5, 'l2', true)" false
+back_on_shard2 knn_shard_held_target_blocks "bigint"
+check "... nothing held on the shards after the joins" "$(printf 'left:0\nleft:0')" \
+  "$(sql 0 -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+     -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
+# a NULL id: today's message (the queries'), from the shard that read it
+out=$(sql 0 2>&1 <<EOF
+BEGIN;
+INSERT INTO items_s VALUES (NULL, 1, gen_vec(7), gen_vec(7)::halfvec, binary_quantize(gen_vec(7))::bit(8));
+SELECT count(*) FROM knn_join('$SV', '$SV', 3);
+ROLLBACK;
+EOF
+)
+check_has "a NULL id: the queries' error, as without the shards" 'ERROR:  queries returned a NULL id' "$out"
+check "... as one server's" "ERROR:  queries returned a NULL id" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT NULL::bigint, v FROM items_s_all', 'SELECT NULL::bigint, v FROM items_s_all', 3)" 2>&1)"
+check "... and as without reading from the shards (shard_prefetch off)" "ERROR:  queries returned a NULL id" \
+  "$(sql 0 -c "SET knn_gpu.shard_prefetch = off" -c "BEGIN" -c "INSERT INTO items_s VALUES (NULL, 1, gen_vec(7), NULL, NULL)" \
+     -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1 | grep ERROR)"
+# the big self-join goes this way; a timeout at many points (the shards' reads, the
+# fetch of their rows, the shipping, the joins) ends it at once and leaves nothing
+check "the big self-join's queries come from the shards" "$(printf '3000\ntrue')" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM big WHERE id % 10 = 0', 'SELECT id, v FROM big WHERE id % 10 = 0', 1)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+BIGS="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
+ok=0 points=0
+for t in $(seq 20 20 400); do
+  points=$((points + 1))
+  start=$(date +%s%N)
+  out=$(sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+SET statement_timeout = '${t}ms';
+\\set ON_ERROR_STOP 0
+$BIGS;
+RESET statement_timeout;
+SELECT 'after:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'after:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'after:' || count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'after:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'again:' || (count(*) > 0) FROM knn_join('$SV', '$SV', 3);
+EOF
+)
+  ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 again:true " ] &&
+     echo "$out" | grep -q 'canceling statement due to statement timeout' &&
+     ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
+    ok=$((ok + 1))
+  else
+    echo "self-join, statement_timeout = ${t}ms (${ms} ms in all): $out"
+  fi
+done
+check "self-join from the shards: statement_timeout at $points points ends it at once, nothing left behind" "$points" "$ok"
+check "the shards stopped working" 0 "$(active_on_shards)"
+cancel_in_the_middle "the big self-join from the shards" "$BIGS"
+# a cancel while shard 1 is held up before it can send its rows (a lock on big_1)
+sql 1 -c "SET application_name = 'knn_locker'" -c "BEGIN" -c "LOCK TABLE big_1 IN ACCESS EXCLUSIVE MODE" \
+  -c "SELECT pg_sleep(6)" -c "COMMIT" >/dev/null 2>&1 &
+locker=$!
+sleep 0.3
+sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIGS" >"${DIRS[0]}/cancel.out" 2>&1 &
+bg=$!
+seen=0
+for _ in $(seq 1 50); do
+  [ "$(sql 1 -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock' AND query LIKE '%knn_shard_prefetch_self_join(%'")" -ge 1 ] && { seen=1; break; }
+  sleep 0.1
+done
+check "shard 1 reads the self-join's rows, waiting for the lock" 1 "$seen"
+cancel_and_wait "$bg"
+check_has "a cancel there ends the self-join (${ms} ms, shard 1 still locked)" 'canceling statement due to user request' \
+  "$(cat "${DIRS[0]}/cancel.out")"
+[ "$ms" -lt 3000 ] || fail "the cancel took ${ms} ms"
+check "... and stopped the shards' work" 0 "$(active_on_shards)"
+sql 1 -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_locker'" >/dev/null
+wait "$locker" 2>/dev/null
+check "... nothing held on the shards, the session works" "$(printf 'held:0\nheld:0\nagain:true')" \
+  "$(sql 0 -c "SET client_min_messages = warning" \
+     -c "SELECT 'held:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu prefetched targets', 'knn_gpu received queries')" \
+     -c "SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu prefetched targets', 'knn_gpu received queries')" \
+     -c "SELECT 'again:' || (count(*) > 0) FROM knn_join('$SV', '$SV', 3)" 2>&1)"
+# the shard's function: only the targets held for that set, in its transaction
+check_has "knn_shard_held_target_blocks without a read ahead: an error" 'no targets held for query set 5' \
+  "$(sql 1 -c "SELECT knn_shard_held_target_blocks(5)" 2>&1)"
+check "knn_shard_held_target_blocks: the rows read ahead, still held for the join" "t" \
+  "$(sql 1 2>&1 <<'EOF'
+BEGIN;
+CREATE TEMP TABLE r AS SELECT targets_read FROM knn_shard_prefetch_self_join(6, 'vector', 'SELECT id, v FROM items_s_0', 'l2');
+SELECT (SELECT targets_read FROM r) = (SELECT count(v) FROM items_s_0)
+   AND sum(length(b)) = 12 * count(*) + (SELECT count(v) * (8 + 4 * 8) FROM items_s_0)
+   AND knn_shard_held_targets() = (SELECT count(v) FROM items_s_0)
+  FROM (SELECT knn_shard_held_target_blocks(6) AS b) x;
+COMMIT;
+EOF
+)"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
