@@ -56,6 +56,7 @@
 #include "knn_run.h"
 #include "knn_settings.h"
 #include "knn_shard.h"
+#include "knn_shard_receive.h"
 #include "knn_shard_packed.h"
 #include "knn_shard_remote.h"
 #include "knn_stats.h"
@@ -1518,36 +1519,14 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 		uint64		id;
 		char	   *dest = knn_matrix_reserve_row(m, dim);
 		char	   *row = dest != NULL ? dest : palloc(row_bytes);
-		bool		bad = false;
+		bool		bad;
 
 		memcpy(&id, ids + (Size) r * sizeof(int64), sizeof(id));
 		id = pg_ntoh64(id);
-		if (m->element == KNN_ELEMENT_FLOAT32)
-			for (Size i = 0; i < row_bytes; i += 4)
-			{
-				uint32		w;
-
-				memcpy(&w, src + i, 4);
-				w = pg_ntoh32(w);
-				bad |= (w & 0x7F800000) == 0x7F800000;
-				memcpy(row + i, &w, 4);
-			}
-		else if (m->element == KNN_ELEMENT_FLOAT16)
-			for (Size i = 0; i < row_bytes; i += 2)
-			{
-				uint16		w;
-
-				memcpy(&w, src + i, 2);
-				w = pg_ntoh16(w);
-				bad |= (w & 0x7C00) == 0x7C00;
-				memcpy(row + i, &w, 2);
-			}
-		else
-		{
-			memcpy(row, src, row_bytes);
-			if (dim % 8 != 0)
-				bad = (((unsigned char) row[row_bytes - 1]) & (0xFF >> (dim % 8))) != 0;
-		}
+		bad = knn_rows_swap_order(row, src, row_bytes, m->element);
+		/* bits past a bit string's length are zero */
+		if (m->element == KNN_ELEMENT_BIT && dim % 8 != 0)
+			bad = (((unsigned char) row[row_bytes - 1]) & (0xFF >> (dim % 8))) != 0;
 		if (bad)
 			held_block_malformed(shard, "a value the type does not allow");
 		if (dest != NULL)

@@ -567,6 +567,36 @@ knn_held_targets_rows(void)
 
 /* ---- held targets sent back as a self-join's queries ---- */
 
+bool
+knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement element)
+{
+	bool		not_finite = false;
+
+	if (element == KNN_ELEMENT_FLOAT32)
+		for (Size i = 0; i < n_bytes; i += 4)
+		{
+			uint32		w;
+
+			memcpy(&w, src + i, 4);
+			w = pg_ntoh32(w);
+			not_finite |= (w & 0x7F800000) == 0x7F800000;
+			memcpy(dest + i, &w, 4);
+		}
+	else if (element == KNN_ELEMENT_FLOAT16)
+		for (Size i = 0; i < n_bytes; i += 2)
+		{
+			uint16		w;
+
+			memcpy(&w, src + i, 2);
+			w = pg_ntoh16(w);
+			not_finite |= (w & 0x7C00) == 0x7C00;
+			memcpy(dest + i, &w, 2);
+		}
+	else
+		memcpy(dest, src, n_bytes);
+	return not_finite;
+}
+
 /*
  * knn_shard_held_target_blocks(set bigint): the held targets of set `set`
  * (still held for its join) in blocks of about KNN_HELD_BLOCK_BYTES:
@@ -631,31 +661,8 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 		memcpy(p, &id, sizeof(id));
 		p += sizeof(id);
 	}
-	{
-		const char *values = m->values + (Size) *next * m->row_bytes;
-		Size		n_bytes = (Size) rows * m->row_bytes;
-
-		if (m->element == KNN_ELEMENT_FLOAT32)
-			for (Size i = 0; i < n_bytes; i += 4)
-			{
-				uint32		w;
-
-				memcpy(&w, values + i, 4);
-				w = pg_hton32(w);
-				memcpy(p + i, &w, 4);
-			}
-		else if (m->element == KNN_ELEMENT_FLOAT16)
-			for (Size i = 0; i < n_bytes; i += 2)
-			{
-				uint16		w;
-
-				memcpy(&w, values + i, 2);
-				w = pg_hton16(w);
-				memcpy(p + i, &w, 2);
-			}
-		else
-			memcpy(p, values, n_bytes);
-	}
+	(void) knn_rows_swap_order(p, m->values + (Size) *next * m->row_bytes,
+							   (Size) rows * m->row_bytes, m->element);
 	*next += rows;
 	SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
 }

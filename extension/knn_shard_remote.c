@@ -1554,27 +1554,8 @@ knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReade
 		res = fdw.pgfdw_get_result(shard->conn, shard->fetch_sql);
 		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->fetch_sql);
-		if (fdw.PQnfields(res) != 1 || fdw.PQfformat(res, 0) != 1)
-		{
-			fdw.PQclear(res);
-			ereport(ERROR,
-					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-					 errmsg("%s on foreign server \"%s\" returned its held rows in another form",
-							shard->who, shard->server->servername)));
-		}
-		{
-			KnnShardResult result = {res};
-
-			PG_TRY();
-			{
-				reader(reader_arg, shard, &result);
-			}
-			PG_FINALLY();
-			{
-				fdw.PQclear(res);
-			}
-			PG_END_TRY();
-		}
+		/* (its rows count: the join's count replaces them) */
+		read_result(shard, res, reader, reader_arg);
 		END_SHARD_CONTEXT();
 	}
 }

@@ -667,22 +667,26 @@ check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
   "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
 
 # ---- knn_join's other forms: pushed down, or read here with a NOTICE ----
-# same_as_one_server NAME SHARDS SHARDED_CALL SINGLE_SERVER_CALL
+# same_as_one_server NAME SHARDS SHARDED_CALL SINGLE_SERVER_CALL [FROM_SHARDS]
+# (FROM_SHARDS: also whether the queries came from the shards, knn_gpu_last_shard_stats()->'queries_from_shards')
 same_as_one_server() {
   local out
-  out=$(sql 0 -v "s=$3" -v "r=$4" 2>&1 <<'EOF'
+  out=$(sql 0 -v "s=$3" -v "r=$4" -v "f=${5:+1}" 2>&1 <<'EOF'
 SET client_min_messages = warning;
 CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
 CREATE TEMP TABLE s AS SELECT * FROM :s;
 CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
-  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
+  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards,
+  CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 'none' ELSE knn_gpu_last_shard_stats()->>'queries_from_shards' END AS f;
 CREATE TEMP TABLE r AS SELECT * FROM :r;
 SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
      + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
-     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards'
+     || CASE WHEN :'f' = '1' THEN ', from shards ' || (SELECT f FROM n) ELSE '' END;
 EOF
 )
-  check "$1" "0 differences, true, $2 shards" "$out"
+  check "$1" "0 differences, true, $2 shards${5:+, from shards $5}" "$out"
 }
 same_as_one_server "knn_range_join items_h l2" 2 \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5)" \
@@ -882,16 +886,20 @@ check "the shards stopped working" 0 "$(active_on_shards)"
 # statement_timeout at many points of a join: reading the queries, shipping
 # them, the shards' work; each must end at once, leave nothing behind, and
 # leave a session that works.
-BIGQ="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
-ok=0 points=0
-for t in $(seq 100 30 1000) 1300 1800; do
-  points=$((points + 1))
-  start=$(date +%s%N)
-  out=$(sql 0 2>&1 <<EOF
+# timeouts_at NAME SQL TIMES...: SQL under statement_timeout at each of TIMES (ms)
+# ends within 3 s of it, leaves no temporary table, no rows held and no prepared
+# statement on the shards, and a session that works.
+timeouts_at() {
+  local name=$1 query=$2 t ok=0 points=0 start ms out
+  shift 2
+  for t in "$@"; do
+    points=$((points + 1))
+    start=$(date +%s%N)
+    out=$(sql 0 2>&1 <<EOF
 SET client_min_messages = warning;
 SET statement_timeout = '${t}ms';
 \\set ON_ERROR_STOP 0
-$BIGQ;
+$query;
 RESET statement_timeout;
 SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
@@ -902,15 +910,18 @@ SELECT 'after:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receiv
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 after:0 after:0 again:true " ] &&
-     ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
-    ok=$((ok + 1))
-  else
-    echo "statement_timeout = ${t}ms (${ms} ms in all): $out"
-  fi
-done
-check "statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 after:0 after:0 again:true " ] &&
+       ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
+      ok=$((ok + 1))
+    else
+      echo "$name: statement_timeout = ${t}ms (${ms} ms in all): $out"
+    fi
+  done
+  check "$name: statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
+}
+BIGQ="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
+timeouts_at "many queries" "$BIGQ" $(seq 100 30 1000) 1300 1800
 check "the shards stopped working" 0 "$(active_on_shards)"
 
 # cancel_and_wait PID: cancels the coordinator's backend named knn_shard_cancel
@@ -1456,24 +1467,10 @@ EOF
 sql 1 -c "ANALYZE items_s_0" && sql 2 -c "ANALYZE items_s_1"
 check "items_s: rows on both shards, none here, NULL vectors and duplicates among them" "t" \
   "$(sql 0 -c "SELECT (SELECT count(*) FROM items_s_0) > 0 AND (SELECT count(*) FROM items_s_1) > 0 AND (SELECT count(*) FROM items_s WHERE v IS NULL) = 7 AND (SELECT count(*) FROM items_s s JOIN items_s t ON s.v = t.v AND s.id < t.id) >= 40")"
-# self_from_shards NAME CALL_OVER_ITEMS_S EXPECTED_FROM_SHARDS: the call, and the same over
-# items_s_all (every items_s replaced) on one server: differences both ways, rows, whether the
-# queries came from the shards (knn_gpu_last_shard_stats()->'queries_from_shards')
+# self_from_shards NAME CALL_OVER_ITEMS_S EXPECTED_FROM_SHARDS [SHARDS]: the call, and the
+# same over items_s_all (every items_s replaced) on one server, as same_as_one_server
 self_from_shards() {
-  local out
-  out=$(sql 0 -v "s=$2" -v "r=${2//items_s/items_s_all}" 2>&1 <<'EOF'
-SET client_min_messages = warning;
-CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
-CREATE TEMP TABLE s AS SELECT * FROM :s;
-CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
-  THEN 'none' ELSE knn_gpu_last_shard_stats()->>'queries_from_shards' END AS f;
-CREATE TEMP TABLE r AS SELECT * FROM :r;
-SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
-     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
-     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', from shards ' || (SELECT f FROM n);
-EOF
-)
-  check "$1" "0 differences, true, from shards $3" "$out"
+  same_as_one_server "$1" "${4:-2}" "$2" "${2//items_s/items_s_all}" "$3"
 }
 SV="SELECT id, v FROM items_s"
 for metric in l2 cosine ip l1; do
@@ -1492,11 +1489,11 @@ self_from_shards "... knn_range_join" "knn_range_join('$SV', '$SV', 2.5, 'l2', t
 self_from_shards "... bound parameters, the same for both texts" \
   "knn_join('SELECT id, v FROM items_s WHERE cat <> \$1::int', 'SELECT id, v FROM items_s WHERE cat <> \$1::int', 5, ARRAY['2'])" true
 self_from_shards "... one partition after pruning" \
-  "knn_join('SELECT id, v FROM items_s WHERE id = 5', 'SELECT id, v FROM items_s WHERE id = 5', 3)" true
+  "knn_join('SELECT id, v FROM items_s WHERE id = 5', 'SELECT id, v FROM items_s WHERE id = 5', 3)" true 1
 # otherwise the queries are read here, as before (and the rows are the same)
 self_from_shards "texts that differ: the queries read here" "knn_join('$SV WHERE id > 0', '$SV', 5)" false
 self_from_shards "partitions read here with a NOTICE: nothing on the shards" \
-  "knn_join('SELECT id, v FROM items_s WHERE odd_cat(cat)', 'SELECT id, v FROM items_s WHERE odd_cat(cat)', 5)" none
+  "knn_join('SELECT id, v FROM items_s WHERE odd_cat(cat)', 'SELECT id, v FROM items_s WHERE odd_cat(cat)', 5)" none 0
 check "a local partition (items_h): the queries read here" "$(printf 't\nfalse')" \
   "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM items_h', 'SELECT id, v FROM items_h', 4, 'l2', true)" \
      -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
@@ -1512,6 +1509,10 @@ back_on_shard2 knn_shard_held_target_blocks "bigint"
 check "... nothing held on the shards after the joins" "$(printf 'left:0\nleft:0')" \
   "$(sql 0 -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
      -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
+check "EXPLAIN ANALYZE says the queries came from the shards" "Queries From Shards: true" \
+  "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV', '$SV', 3)" 2>&1 | grep -o 'Queries From Shards: .*')"
+check "... and nothing where they did not" "" \
+  "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV WHERE id > 0', '$SV', 3)" 2>&1 | grep -o 'Queries From Shards: .*')"
 # a NULL id: today's message (the queries'), from the shard that read it
 out=$(sql 0 2>&1 <<EOF
 BEGIN;
@@ -1532,33 +1533,7 @@ check "the big self-join's queries come from the shards" "$(printf '3000\ntrue')
   "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM big WHERE id % 10 = 0', 'SELECT id, v FROM big WHERE id % 10 = 0', 1)" \
      -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
 BIGS="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
-ok=0 points=0
-for t in $(seq 20 20 400); do
-  points=$((points + 1))
-  start=$(date +%s%N)
-  out=$(sql 0 2>&1 <<EOF
-SET client_min_messages = warning;
-SET statement_timeout = '${t}ms';
-\\set ON_ERROR_STOP 0
-$BIGS;
-RESET statement_timeout;
-SELECT 'after:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
-SELECT 'after:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
-SELECT 'after:' || count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
-SELECT 'after:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
-SELECT 'again:' || (count(*) > 0) FROM knn_join('$SV', '$SV', 3);
-EOF
-)
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 again:true " ] &&
-     echo "$out" | grep -q 'canceling statement due to statement timeout' &&
-     ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
-    ok=$((ok + 1))
-  else
-    echo "self-join, statement_timeout = ${t}ms (${ms} ms in all): $out"
-  fi
-done
-check "self-join from the shards: statement_timeout at $points points ends it at once, nothing left behind" "$points" "$ok"
+timeouts_at "the self-join from the shards" "$BIGS" $(seq 20 20 400)
 check "the shards stopped working" 0 "$(active_on_shards)"
 cancel_in_the_middle "the big self-join from the shards" "$BIGS"
 # a cancel while shard 1 is held up before it can send its rows (a lock on big_1)
