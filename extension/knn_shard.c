@@ -1549,15 +1549,24 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 static void
 read_held_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 {
+	HeldRowsTarget *t = (HeldRowsTarget *) arg;
 	int			n = knn_shard_result_rows(result);
+	int64		before = t->queries->n;
 
 	for (int r = 0; r < n; r++)
 	{
 		int			length;
 		const char *data = knn_shard_result_value(result, r, 0, &length);
 
-		read_held_block(shard, data, length, (HeldRowsTarget *) arg);
+		read_held_block(shard, data, length, t);
 	}
+	/* every row it read (and will join as its targets), no more */
+	if (t->queries->n - before != shard->prefetched_rows)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s: foreign server \"%s\" sent " INT64_FORMAT " held rows, not the " INT64_FORMAT " it read",
+						shard->who, shard->server->servername, t->queries->n - before,
+						shard->prefetched_rows)));
 }
 
 bool

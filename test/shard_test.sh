@@ -1506,6 +1506,26 @@ check "items_s with knn_gpu.shard_prefetch = off: the queries read here" "$(prin
 away_on_shard2 knn_shard_held_target_blocks "bigint"
 self_from_shards "a shard without knn_shard_held_target_blocks: the queries read here" "knn_join('$SV', '$SV', 5, 'l2', true)" false
 back_on_shard2 knn_shard_held_target_blocks "bigint"
+# a shard sending other blocks than the rows it read: an ERROR naming it, not another answer
+# forged_blocks_on_shard2 SQL_OVER_REAL_BLOCKS: shard 2's knn_shard_held_target_blocks sends those instead
+forged_blocks_on_shard2() {
+  sql 2 -q -c "ALTER FUNCTION knn_shard_held_target_blocks(bigint) RENAME TO knn_shard_held_target_blocks_real" \
+    -c "CREATE FUNCTION knn_shard_held_target_blocks(s bigint) RETURNS SETOF bytea LANGUAGE sql SET search_path FROM CURRENT AS \$\$ $1 \$\$"
+  sql 0 -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1
+  sql 2 -q -c "DROP FUNCTION knn_shard_held_target_blocks(bigint)" \
+    -c "ALTER FUNCTION knn_shard_held_target_blocks_real(bigint) RENAME TO knn_shard_held_target_blocks"
+}
+out=$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b LIMIT 0")
+check_has "a shard sending none of its rows: an ERROR" 'sent 0 held rows, not the' "$out"
+check_has "... naming it" 'foreign server "shard2"' "$out"
+check_has "a shard sending a block cut short: an ERROR" 'sent a malformed block of held rows: a length that is not its rows' \
+  "$(forged_blocks_on_shard2 "SELECT substr(b, 1, length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b")"
+check_has "a shard sending another element type: an ERROR" 'sent a malformed block of held rows: another element type' \
+  "$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x00000009'::bytea from 1) FROM knn_shard_held_target_blocks_real(s) b")"
+check_has "a shard sending a non-finite value: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' \
+  "$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7f800000'::bytea from length(b) - 3) FROM knn_shard_held_target_blocks_real(s) b")"
+same_as_one_server "... and with the real function back: the same rows as one server" 2 \
+  "knn_join('$SV', '$SV', 3)" "knn_join('SELECT id, v FROM items_s_all', 'SELECT id, v FROM items_s_all', 3)" true
 check "... nothing held on the shards after the joins" "$(printf 'left:0\nleft:0')" \
   "$(sql 0 -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
      -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
