@@ -801,13 +801,16 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	else if (!describe_only)
 	{
 		/* the shards read their targets meanwhile */
+		/* a stable self-join's rows may come from the shards that read them (knn_shard.h) */
 		shards = knn_shard_start(query_set.plan, target_source->plan, element, groups != NULL,
-								 &shard_call);
+								 &shard_call, target_source == &query_set && query_set.stable);
 		INSTR_TIME_SET_CURRENT(queries_start);
 		PG_TRY();
 		{
-			read_set(&query_set, knn_vector_reader_for(query_set.kind, element), &queries, groups,
-					 shards);
+			const KnnVectorReader *reader = knn_vector_reader_for(query_set.kind, element);
+
+			if (!knn_shard_read_queries(shards, &queries, reader))
+				read_set(&query_set, reader, &queries, groups, shards);
 		}
 		PG_CATCH();
 		{
@@ -1103,9 +1106,8 @@ knn_join_received_packed(PG_FUNCTION_ARGS)
  * query_type, the text's type and the metric give), and holds them for it
  * (knn_shard_receive.h). Returns the rows held and the seconds it took.
  */
-PG_FUNCTION_INFO_V1(knn_shard_prefetch_targets);
-Datum
-knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
+static Datum
+prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *label)
 {
 	KnnJoinCall call;
 	KnnSet		query_set = {0};
@@ -1120,7 +1122,7 @@ knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 
 	INSTR_TIME_SET_CURRENT(start);
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "knn_shard_prefetch_targets: not called for a record");
+		elog(ERROR, "%s: not called for a record", function);
 	memset(&call, 0, sizeof(call));
 	require_argument(fcinfo, 0, "set");
 	require_argument(fcinfo, 1, "query_type");
@@ -1136,21 +1138,21 @@ knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 		 query_set.kind != KNN_VECTOR_BIT))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("knn_shard_prefetch_targets takes query types vector, halfvec or bit, not %s",
-						format_type_be(query_set.vector_type))));
+				 errmsg("%s takes query types vector, halfvec or bit, not %s",
+						function, format_type_be(query_set.vector_type))));
 
-	knn_progress_begin("knn_shard_prefetch_targets", 0);
+	knn_progress_begin(function, 0);
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	target_set.sql = call.targets_sql;
-	target_set.arg = "targets";
+	target_set.arg = label;
 	prepare_set(&target_set, &call);
 	if (target_set.natts != 2)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("knn_shard_prefetch_targets reads targets of 2 columns (id, vector), not %d",
-						target_set.natts)));
+				 errmsg("%s reads targets of 2 columns (id, vector), not %d",
+						function, target_set.natts)));
 	context = knn_held_targets_begin(call.received_set);
 	old_context = MemoryContextSwitchTo(context);
 	knn_matrix_init(&targets, "target", knn_join_element(&query_set, &target_set, call.metric));
@@ -1162,6 +1164,26 @@ knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 	values[0] = Int64GetDatum(targets.n);
 	values[1] = Float8GetDatum(knn_seconds_since(start));
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
+}
+
+PG_FUNCTION_INFO_V1(knn_shard_prefetch_targets);
+Datum
+knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
+{
+	return prefetch_targets(fcinfo, "knn_shard_prefetch_targets", "targets");
+}
+
+/*
+ * knn_shard_prefetch_self_join(set, query_type, text, metric): the same
+ * read for a coordinator whose queries text is its targets text: it takes
+ * these rows as its queries too (knn_shard_held_target_blocks), so errors
+ * name them as its own query read would ("queries returned a NULL id").
+ */
+PG_FUNCTION_INFO_V1(knn_shard_prefetch_self_join);
+Datum
+knn_shard_prefetch_self_join(PG_FUNCTION_ARGS)
+{
+	return prefetch_targets(fcinfo, "knn_shard_prefetch_self_join", "queries");
 }
 
 /* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`. */

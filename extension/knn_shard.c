@@ -52,9 +52,11 @@
 #include "knn_catalog.h"
 #include "knn_input.h"
 #include "knn_join_function_scan.h"
+#include "knn_progress.h"
 #include "knn_run.h"
 #include "knn_settings.h"
 #include "knn_shard.h"
+#include "knn_shard_receive.h"
 #include "knn_shard_packed.h"
 #include "knn_shard_remote.h"
 #include "knn_stats.h"
@@ -652,9 +654,13 @@ query_vector_bytes(const KnnMatrix *queries)
 	return 0;
 }
 
-/* The shard's join: knn_join (or knn_range_join) of the shipped queries and its partitions. */
+/*
+ * The shard's join: knn_join (or knn_range_join) of the shipped queries and
+ * its partitions; self_join: its read ahead is knn_shard_prefetch_self_join
+ * (its rows are this server's queries too).
+ */
 static void
-compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
+compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join)
 {
 	StringInfoData targets;
 	ListCell   *lc;
@@ -720,8 +726,10 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join)
 	}
 	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */
 	if (shard->receives_queries && shard->has_prefetch)
-		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.knn_shard_prefetch_targets(" INT64_FORMAT ", %s::pg_catalog.regtype, %s, %s)",
-									   shard->knn_schema, shard->received_set,
+		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.%s(" INT64_FORMAT ", %s::pg_catalog.regtype, %s, %s)",
+									   shard->knn_schema,
+									   self_join ? "knn_shard_prefetch_self_join" : "knn_shard_prefetch_targets",
+									   shard->received_set,
 									   quote_literal_cstr(shard->query_type),
 									   quote_literal_cstr(targets.data),
 									   quote_literal_cstr(knn_metric_name(join->metric)));
@@ -975,6 +983,8 @@ struct KnnShardEarly
 	instr_time	start;
 	double		seconds_queries;	/* the caller's query read, -1 = not told */
 	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */
+	/* a self-join whose query rows are the shards' targets read ahead, fetched back (knn_shard_read_queries) */
+	bool		queries_from_shards;
 	/* the query rows shipped while they are read (knn_shard_queries_added) */
 	MemoryContext context;		/* knn_shard_start's: where the shipment lives */
 	int64		poll_at;		/* rows read when the reader looks next */
@@ -1026,19 +1036,53 @@ find_shards(KnnShardEarly *c, SPIPlanPtr targets_plan, const KnnShardJoin *join,
 	return SHARDS_FOUND;
 }
 
-/* Opens the shards found (those that cannot join are read here, said) and composes their joins. */
+/*
+ * Can a shard read the self-join's rows ahead, receive the queries in
+ * blocks and send its rows back (knn_shard_held_target_blocks)?
+ */
+static bool
+shard_sends_held_rows(const KnnShardRemote *shard, const KnnShardJoin *join)
+{
+	return shard->has_held_blocks && shard->has_prefetch &&
+		(join->range ? shard->has_received_range_join :
+		 shard->has_packed_join && shard->has_received_join);
+}
+
+/*
+ * Opens the shards found (those that cannot join are read here, said) and
+ * composes their joins. self_join (the queries text is the targets text,
+ * stable, every partition on a shard): where every shard opened and can
+ * send its rows back, the queries will be fetched from the shards
+ * (c->queries_from_shards).
+ */
 static void
-open_shards(KnnShardEarly *c, KnnElement element, const KnnShardJoin *join)
+open_shards(KnnShardEarly *c, KnnElement element, const KnnShardJoin *join, bool self_join)
 {
 	INSTR_TIME_SET_CURRENT(c->start);
 	initStringInfo(&c->fallbacks);
 	knn_shard_open(&c->sp, element, NULL, NULL, &c->fallbacks);
+	c->queries_from_shards = self_join && c->sp.read_here == NULL && c->sp.n_shards > 0;
+	for (int s = 0; s < c->sp.n_shards; s++)
+		if (!shard_sends_held_rows(c->sp.shards[s], join))
+			c->queries_from_shards = false;
 	for (int s = 0; s < c->sp.n_shards; s++)
 	{
 		knn_shard_remote_name_table(c->sp.shards[s]);
-		compose_join_sql(c->sp.shards[s], join);
+		compose_join_sql(c->sp.shards[s], join, c->queries_from_shards);
 	}
 	c->state = SHARDS_OPENED;
+}
+
+/* Does every partition scan of the plan join on a shard (none read here)? */
+static bool
+all_scans_on_shards(const KnnShardPlan *sp)
+{
+	if (sp->n_scans == 0)
+		return false;
+	for (int i = 0; i < sp->n_scans; i++)
+		if (sp->shard_of[i] < 0)
+			return false;
+	return true;
 }
 
 /* A join that stays here after all: nothing held on the shards, their connections and the plan given back. */
@@ -1323,7 +1367,7 @@ queries_leave_connections_alone(SPIPlanPtr queries_plan)
 
 KnnShardEarly *
 knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement element,
-				bool grouped, const KnnShardJoin *join)
+				bool grouped, const KnnShardJoin *join, bool queries_are_targets)
 {
 	KnnShardEarly *c;
 
@@ -1334,10 +1378,25 @@ knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement ele
 	c->context = CurrentMemoryContext;
 	c->poll_at = PG_INT64_MAX;	/* nothing shipped during the read unless said below */
 	c->state = find_shards(c, targets_plan, join, grouped);
-	/* shards, but queries that may need their connections: opened after the queries are read */
+	/*
+	 * A self-join over shards only: the shards read the rows as their
+	 * targets now, and send them back as the queries (knn_shard_read_queries)
+	 * instead of this server reading the text through postgres_fdw.
+	 */
+	if (c->state == SHARDS_FOUND && queries_are_targets && all_scans_on_shards(&c->sp))
+	{
+		open_shards(c, element, join, true);
+		if (c->queries_from_shards)
+		{
+			for (int s = 0; s < c->sp.n_shards; s++)
+				knn_shard_remote_prefetch_send(c->sp.shards[s]);
+			return c;
+		}
+	}
+	/* shards, but queries that may need their connections: read before the shards' work */
 	if (c->state != SHARDS_FOUND || !queries_leave_connections_alone(queries_plan))
 		return c;
-	open_shards(c, element, join);
+	open_shards(c, element, join, false);
 	/* their targets are read there while the caller reads its queries */
 	for (int s = 0; s < c->sp.n_shards; s++)
 		if (c->sp.shards[s]->prefetch_sql != NULL)
@@ -1405,6 +1464,123 @@ knn_shard_queries_added(KnnShardEarly *c, const KnnMatrix *queries)
 	knn_shard_remote_ship_poll(c->shipment);
 }
 
+/* What read_held_block decodes into. */
+typedef struct HeldRowsTarget
+{
+	KnnMatrix  *queries;
+	const KnnVectorReader *reader;
+} HeldRowsTarget;
+
+static void
+held_block_malformed(KnnShardRemote *shard, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+			 errmsg("%s: foreign server \"%s\" sent a malformed block of held rows: %s",
+					shard->who, shard->server->servername, what)));
+}
+
+/*
+ * Appends one block of a shard's held rows (knn_shard_held_target_blocks's
+ * layout) to the queries: hostile input, every length checked against the
+ * block and every value as the matrix's reader would (the matrix's element
+ * and dimension, finite elements, no bits past a bit string's length).
+ */
+static void
+read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTarget *t)
+{
+	KnnMatrix  *m = t->queries;
+	uint32		header[3];
+	int			element;
+	int			dim;
+	int64		rows;
+	Size		row_bytes;
+	const char *ids;
+	const char *values;
+
+	if (data == NULL || length < (int) sizeof(header))
+		held_block_malformed(shard, "no header");
+	memcpy(header, data, sizeof(header));
+	element = (int) pg_ntoh32(header[0]);
+	dim = (int) pg_ntoh32(header[1]);
+	rows = (int32) pg_ntoh32(header[2]);
+	if (element != (int) m->element)
+		held_block_malformed(shard, "another element type");
+	if (dim < 1 || dim > (m->element == KNN_ELEMENT_BIT ? 64 * 1024 * 8 : 64 * 1024) || rows < 1)
+		held_block_malformed(shard, "a dimension or row count out of range");
+	row_bytes = knn_row_bytes(m->element, dim);
+	if ((Size) length != sizeof(header) + (Size) rows * (sizeof(int64) + row_bytes))
+		held_block_malformed(shard, "a length that is not its rows'");
+	ids = data + sizeof(header);
+	values = ids + (Size) rows * sizeof(int64);
+	for (int64 r = 0; r < rows; r++)
+	{
+		const char *src = values + (Size) r * row_bytes;
+		uint64		id;
+		char	   *dest = knn_matrix_reserve_row(m, dim);
+		char	   *row = dest != NULL ? dest : palloc(row_bytes);
+		bool		bad;
+
+		memcpy(&id, ids + (Size) r * sizeof(int64), sizeof(id));
+		id = pg_ntoh64(id);
+		bad = knn_rows_swap_order(row, src, row_bytes, m->element);
+		/* bits past a bit string's length are zero */
+		if (m->element == KNN_ELEMENT_BIT && dim % 8 != 0)
+			bad = (((unsigned char) row[row_bytes - 1]) & (0xFF >> (dim % 8))) != 0;
+		if (bad)
+			held_block_malformed(shard, "a value the type does not allow");
+		if (dest != NULL)
+			knn_matrix_commit_row(m, (int64) id);
+		else
+		{
+			/* another dimension than the rows before: the matrix raises it, naming the id */
+			KnnVectorView view;
+
+			view.dim = dim;
+			view.elements = row;
+			knn_matrix_append_view(m, (int64) id, &view, t->reader);
+			pfree(row);
+		}
+	}
+	knn_progress_rows(rows);
+	CHECK_FOR_INTERRUPTS();
+}
+
+static void
+read_held_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
+{
+	HeldRowsTarget *t = (HeldRowsTarget *) arg;
+	int			n = knn_shard_result_rows(result);
+	int64		before = t->queries->n;
+
+	for (int r = 0; r < n; r++)
+	{
+		int			length;
+		const char *data = knn_shard_result_value(result, r, 0, &length);
+
+		read_held_block(shard, data, length, t);
+	}
+	/* every row it read (and will join as its targets), no more */
+	if (t->queries->n - before != shard->prefetched_rows)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s: foreign server \"%s\" sent " INT64_FORMAT " held rows, not the " INT64_FORMAT " it read",
+						shard->who, shard->server->servername, t->queries->n - before,
+						shard->prefetched_rows)));
+}
+
+bool
+knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries, const KnnVectorReader *reader)
+{
+	HeldRowsTarget target = {queries, reader};
+
+	if (c == NULL || !c->queries_from_shards)
+		return false;
+	knn_shard_remote_prefetch_wait(c->sp.shards, c->sp.n_shards);
+	knn_shard_remote_fetch_held(c->sp.shards, c->sp.n_shards, read_held_rows, &target);
+	return true;
+}
+
 void
 knn_shard_queries_failed(KnnShardEarly *early)
 {
@@ -1415,8 +1591,12 @@ knn_shard_queries_failed(KnnShardEarly *early)
 void
 knn_shard_queries_read(KnnShardEarly *early, double seconds)
 {
-	if (early != NULL)
-		early->seconds_queries = seconds;
+	if (early == NULL)
+		return;
+	early->seconds_queries = seconds;
+	ereport(DEBUG1,
+			(errmsg_internal("knn_join: the query rows read in %.3f s (%s)", seconds,
+							 early->queries_from_shards ? "from the shards" : "here")));
 }
 
 bool
@@ -1475,7 +1655,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		return false;
 	}
 	if (c->state != SHARDS_OPENED)
-		open_shards(c, queries->element, join);
+		open_shards(c, queries->element, join, false);
 	if (spp->n_shards == 0)
 	{
 		ReleaseCachedPlan(c->cplan, c->owner);
@@ -1581,6 +1761,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.local_after = local_after;
 		summary.rows = rows;
 		summary.seconds_queries = c->seconds_queries;
+		summary.queries_from_shards = c->queries_from_shards;
 		summary.seconds_prefetch_wait = c->seconds_prefetch_wait;
 		summary.seconds_ship = seconds_ship;
 		summary.seconds_local = seconds_local;

@@ -133,7 +133,21 @@ typedef struct KnnShardEarly KnnShardEarly;
  * it all, as before. Otherwise what knn_shard_try_join must be given.
  */
 extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan,
-									  KnnElement element, bool grouped, const KnnShardJoin *join);
+									  KnnElement element, bool grouped, const KnnShardJoin *join,
+									  bool queries_are_targets);
+
+/*
+ * A self-join (queries_are_targets: the queries text is the targets text,
+ * with the same parameters, and stable) whose every partition joins on a
+ * shard that can send its rows back: knn_shard_start had the shards read
+ * the rows as their targets; this appends those rows, fetched from all
+ * shards at once in binary (the very values they join), to `queries`
+ * (knn_matrix_init'ed with the join's element; `reader`: the query
+ * column's, for the messages of a dimension mismatch) and returns true.
+ * Otherwise false: the caller reads its queries text (early may be NULL).
+ */
+extern bool knn_shard_read_queries(KnnShardEarly *early, KnnMatrix *queries,
+								   const KnnVectorReader *reader);
 
 /*
  * Called by knn_join's query read after each row it appends to `queries`
@@ -236,6 +250,7 @@ typedef struct KnnShardSummary
 	bool		local_after;	/* read after the shards' results (it may use their connections) */
 	int64		rows;			/* rows of the merge */
 	double		seconds_queries;	/* the coordinator's query read, -1 = not known */
+	bool		queries_from_shards;	/* ... the shards' rows fetched back (a self-join) */
 	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */
 	double		seconds_ship;
 	double		seconds_local;

@@ -124,6 +124,9 @@ knn_shard_explain(const KnnShardSummary *summary, ExplainState *es)
 	{
 		ExplainPropertyInteger("Shard Merge Rows", NULL, summary->rows, es);
 		ExplainPropertyInteger("Targets Joined Here", NULL, summary->local_targets, es);
+		/* a self-join's query rows fetched from the shards that read them */
+		if (summary->queries_from_shards)
+			ExplainPropertyBool("Queries From Shards", true, es);
 		if (es->timing)
 		{
 			if (summary->seconds_queries >= 0.0)

@@ -26,6 +26,7 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "fmgr.h"
+#include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "libpq/pqformat.h"
 #include "miscadmin.h"
@@ -562,4 +563,106 @@ int64
 knn_held_targets_rows(void)
 {
 	return held_targets != NULL && held_targets->targets_sql != NULL ? held_targets->matrix.n : -1;
+}
+
+/* ---- held targets sent back as a self-join's queries ---- */
+
+bool
+knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement element)
+{
+	bool		not_finite = false;
+
+	if (element == KNN_ELEMENT_FLOAT32)
+		for (Size i = 0; i < n_bytes; i += 4)
+		{
+			uint32		w;
+
+			memcpy(&w, src + i, 4);
+			w = pg_ntoh32(w);
+			not_finite |= (w & 0x7F800000) == 0x7F800000;
+			memcpy(dest + i, &w, 4);
+		}
+	else if (element == KNN_ELEMENT_FLOAT16)
+		for (Size i = 0; i < n_bytes; i += 2)
+		{
+			uint16		w;
+
+			memcpy(&w, src + i, 2);
+			w = pg_ntoh16(w);
+			not_finite |= (w & 0x7C00) == 0x7C00;
+			memcpy(dest + i, &w, 2);
+		}
+	else
+		memcpy(dest, src, n_bytes);
+	return not_finite;
+}
+
+/*
+ * knn_shard_held_target_blocks(set bigint): the held targets of set `set`
+ * (still held for its join) in blocks of about KNN_HELD_BLOCK_BYTES:
+ * int32 element, int32 dim, int32 rows, then the rows' int64 ids, then
+ * their elements as the matrix holds them (float32 and float16 as 32- and
+ * 16-bit words), all in network byte order. Value per call from the
+ * target list: each block goes to the coordinator as it is made.
+ */
+#define KNN_HELD_BLOCK_BYTES (1024 * 1024)
+
+PG_FUNCTION_INFO_V1(knn_shard_held_target_blocks);
+Datum
+knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
+{
+	FuncCallContext *funcctx;
+	int64		set = PG_GETARG_INT64(0);
+	int64	   *next;
+	const KnnMatrix *m;
+	int64		rows;
+	Size		bytes;
+	bytea	   *block;
+	char	   *p;
+
+	if (SRF_IS_FIRSTCALL())
+	{
+		funcctx = SRF_FIRSTCALL_INIT();
+		if (held_targets == NULL || held_targets->set != set || held_targets->targets_sql == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("no targets held for query set " INT64_FORMAT " in this transaction", set),
+					 errhint("knn_shard_prefetch_self_join() reads them first, in the same transaction.")));
+		funcctx->user_fctx = MemoryContextAllocZero(funcctx->multi_call_memory_ctx, sizeof(int64));
+	}
+	funcctx = SRF_PERCALL_SETUP();
+	next = (int64 *) funcctx->user_fctx;
+	/* the set must still be held between calls (nothing else runs on this connection meanwhile) */
+	if (held_targets == NULL || held_targets->set != set)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the targets held for query set " INT64_FORMAT " were dropped", set)));
+	m = &held_targets->matrix;
+	if (*next >= m->n)
+		SRF_RETURN_DONE(funcctx);
+	CHECK_FOR_INTERRUPTS();
+	rows = Max((int64) (KNN_HELD_BLOCK_BYTES / (sizeof(int64) + m->row_bytes)), 1);
+	rows = Min(rows, m->n - *next);
+	bytes = 12 + (Size) rows * (sizeof(int64) + m->row_bytes);
+	block = (bytea *) palloc(VARHDRSZ + bytes);
+	SET_VARSIZE(block, VARHDRSZ + bytes);
+	p = VARDATA(block);
+	{
+		uint32		header[3] = {pg_hton32((uint32) m->element), pg_hton32((uint32) m->dim),
+		pg_hton32((uint32) rows)};
+
+		memcpy(p, header, sizeof(header));
+		p += sizeof(header);
+	}
+	for (int64 r = 0; r < rows; r++)
+	{
+		uint64		id = pg_hton64((uint64) m->ids[*next + r]);
+
+		memcpy(p, &id, sizeof(id));
+		p += sizeof(id);
+	}
+	(void) knn_rows_swap_order(p, m->values + (Size) *next * m->row_bytes,
+							   (Size) rows * m->row_bytes, m->element);
+	*next += rows;
+	SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
 }

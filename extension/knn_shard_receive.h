@@ -72,4 +72,13 @@ extern void knn_held_targets_drop(int64 set);
 /* The rows of the targets held, or -1 (tests: knn_shard_held_targets). */
 extern int64 knn_held_targets_rows(void);
 
+/*
+ * Copies n_bytes of matrix rows of `element` between this server's byte
+ * order and network order (one swap, both ways: float32 elements as 32-bit
+ * words, float16 as 16-bit words, bits as they are), for the blocks of
+ * knn_shard_held_target_blocks; true when a float element (as read after
+ * the swap) is not finite.
+ */
+extern bool knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement element);
+
 #endif							/* KNN_SHARD_RECEIVE_H */

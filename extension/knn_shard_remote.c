@@ -290,6 +290,8 @@ static const char remote_check_sql[] =
 	REMOTE_CALLABLE_SQL("knn_range_join_received(bigint,text,double precision,text,boolean,integer,boolean,text)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_prefetch_targets(bigint,regtype,text,text)") " AND "
 	REMOTE_CALLABLE_SQL("knn_shard_drop_targets(bigint)") ", "
+	REMOTE_CALLABLE_SQL("knn_shard_prefetch_self_join(bigint,regtype,text,text)") " AND "
+	REMOTE_CALLABLE_SQL("knn_shard_held_target_blocks(bigint)") ", "
 	/* the two types' OIDs there: the blocks name their type by OID, in binary */
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ")::pg_catalog.oid, "
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid "
@@ -329,7 +331,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	 */
 	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 12)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 13)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -345,8 +347,9 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->has_received_join = strcmp(fdw.PQgetvalue(res, 0, 7), "t") == 0;
 	shard->has_received_range_join = strcmp(fdw.PQgetvalue(res, 0, 8), "t") == 0;
 	shard->has_prefetch = strcmp(fdw.PQgetvalue(res, 0, 9), "t") == 0;
-	vector_oid = text_value(res, 10);
-	halfvec_oid = text_value(res, 11);
+	shard->has_held_blocks = strcmp(fdw.PQgetvalue(res, 0, 10), "t") == 0;
+	vector_oid = text_value(res, 11);
+	halfvec_oid = text_value(res, 12);
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -1279,7 +1282,15 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 	knn_shard_remote_ship_finish(knn_shard_remote_ship_start(shards, n_shards, rows, false));
 }
 
-static void wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch);
+/* What wait_for_shards waits for. */
+typedef enum ShardWait
+{
+	WAIT_JOIN,
+	WAIT_PREFETCH,
+	WAIT_FETCH
+} ShardWait;
+
+static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what);
 
 /* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
 static void
@@ -1343,7 +1354,7 @@ knn_shard_remote_prefetch_wait(KnnShardRemote **shards, int n_shards)
 
 	for (int s = 0; s < n_shards; s++)
 		pending[s] = shards[s]->prefetching;
-	wait_for_shards(shards, n_shards, true);
+	wait_for_shards(shards, n_shards, WAIT_PREFETCH);
 	for (int s = 0; s < n_shards; s++)
 		if (pending[s])
 			read_prefetch_result(shards[s]);
@@ -1410,13 +1421,15 @@ knn_shard_remote_send(KnnShardRemote *shard)
 }
 
 /*
- * Waits until no shard is busy (with prefetch: prefetching), noting when
- * each one's result arrived. One socket is waited on at a time, the others
- * looked at every COLLECT_POLL_MS.
+ * Waits until no shard is busy (WAIT_PREFETCH: prefetching; WAIT_FETCH:
+ * fetching), noting when each one's join result arrived. One socket is
+ * waited on at a time, the others looked at every COLLECT_POLL_MS.
  */
 static void
-wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch)
+wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what)
 {
+	bool		prefetch = what != WAIT_JOIN;
+
 	for (;;)
 	{
 		KnnShardRemote *waiting = NULL;
@@ -1424,8 +1437,10 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, bool prefetch)
 		for (int s = 0; s < n_shards; s++)
 		{
 			KnnShardRemote *shard = shards[s];
-			bool	   *busy = prefetch ? &shard->prefetching : &shard->busy;
-			const char *sql = prefetch ? shard->prefetch_sql : shard->join_sql;
+			bool	   *busy = what == WAIT_PREFETCH ? &shard->prefetching :
+				what == WAIT_FETCH ? &shard->fetching : &shard->busy;
+			const char *sql = what == WAIT_PREFETCH ? shard->prefetch_sql :
+				what == WAIT_FETCH ? shard->fetch_sql : shard->join_sql;
 
 			if (!*busy)
 				continue;
@@ -1515,10 +1530,41 @@ read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *r
 }
 
 void
+knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
+							void *reader_arg)
+{
+	for (int s = 0; s < n_shards; s++)
+	{
+		KnnShardRemote *shard = shards[s];
+
+		/* value per call from the target list: the shard sends each block as it makes it */
+		shard->fetch_sql = psprintf("SELECT %s.knn_shard_held_target_blocks(" INT64_FORMAT ")",
+									shard->knn_schema, shard->received_set);
+		send_statement(shard, "sends its targets back as the queries", shard->fetch_sql, 0,
+					   NULL, NULL, true);
+		shard->fetching = true;
+	}
+	wait_for_shards(shards, n_shards, WAIT_FETCH);
+	for (int s = 0; s < n_shards; s++)
+	{
+		KnnShardRemote *shard = shards[s];
+		PGresult   *res;
+
+		WITH_SHARD_CONTEXT(shard);
+		res = fdw.pgfdw_get_result(shard->conn, shard->fetch_sql);
+		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->fetch_sql);
+		/* (its rows count: the join's count replaces them) */
+		read_result(shard, res, reader, reader_arg);
+		END_SHARD_CONTEXT();
+	}
+}
+
+void
 knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
 						 void *reader_arg)
 {
-	wait_for_shards(shards, n_shards, false);
+	wait_for_shards(shards, n_shards, WAIT_JOIN);
 	for (int s = 0; s < n_shards; s++)
 	{
 		KnnShardRemote *shard = shards[s];

@@ -35,6 +35,8 @@ typedef struct KnnShardRemote
 									 * knn_join_received_packed() there */
 	bool		has_received_range_join;	/* ... and knn_range_join_received() */
 	bool		has_prefetch;	/* knn_shard_prefetch_targets() and knn_shard_drop_targets() there */
+	bool		has_held_blocks;	/* knn_shard_prefetch_self_join() and
+									 * knn_shard_held_target_blocks() there */
 	bool		receives_queries;	/* this join ships in blocks, set by the caller */
 	int64		received_set;	/* the number of the set shipped in blocks */
 	bool		sending;		/* in non-blocking mode for the blocks */
@@ -60,6 +62,9 @@ typedef struct KnnShardRemote
 	bool		holds_targets;	/* read there, not yet taken by the join */
 	double		seconds_read;	/* the shard's own time reading them */
 	int64		prefetched_rows;
+	/* a self-join's query rows: its held targets fetched back (knn_shard_remote_fetch_held) */
+	char	   *fetch_sql;
+	bool		fetching;		/* ... sent, its result not yet read */
 	double		seconds_ship;
 	double		seconds_join;	/* from sending the join to its result arriving */
 	int64		rows;			/* the join's result rows */
@@ -212,6 +217,17 @@ typedef void (*KnnShardReader) (void *arg, KnnShardRemote *shard, const KnnShard
  */
 extern void knn_shard_remote_collect(KnnShardRemote **shards, int n_shards,
 									 KnnShardReader reader, void *reader_arg);
+
+/*
+ * A self-join's queries: has every shard (prefetched with
+ * knn_shard_prefetch_self_join) send back the targets it holds, all shards
+ * at once, in binary blocks (knn_shard_held_target_blocks there), and
+ * hands each shard's result to reader (its rows: one block each). The
+ * shards keep the targets for their joins. Cancellable; nothing else may
+ * use the connections meanwhile.
+ */
+extern void knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards,
+										KnnShardReader reader, void *reader_arg);
 
 /* Gives postgres_fdw's connection back (at the end of its use). */
 extern void knn_shard_remote_release(KnnShardRemote *shard);

@@ -667,22 +667,26 @@ check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
   "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
 
 # ---- knn_join's other forms: pushed down, or read here with a NOTICE ----
-# same_as_one_server NAME SHARDS SHARDED_CALL SINGLE_SERVER_CALL
+# same_as_one_server NAME SHARDS SHARDED_CALL SINGLE_SERVER_CALL [FROM_SHARDS]
+# (FROM_SHARDS: also whether the queries came from the shards, knn_gpu_last_shard_stats()->'queries_from_shards')
 same_as_one_server() {
   local out
-  out=$(sql 0 -v "s=$3" -v "r=$4" 2>&1 <<'EOF'
+  out=$(sql 0 -v "s=$3" -v "r=$4" -v "f=${5:+1}" 2>&1 <<'EOF'
 SET client_min_messages = warning;
 CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
 CREATE TEMP TABLE s AS SELECT * FROM :s;
 CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
-  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
+  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards,
+  CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 'none' ELSE knn_gpu_last_shard_stats()->>'queries_from_shards' END AS f;
 CREATE TEMP TABLE r AS SELECT * FROM :r;
 SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
      + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
-     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards'
+     || CASE WHEN :'f' = '1' THEN ', from shards ' || (SELECT f FROM n) ELSE '' END;
 EOF
 )
-  check "$1" "0 differences, true, $2 shards" "$out"
+  check "$1" "0 differences, true, $2 shards${5:+, from shards $5}" "$out"
 }
 same_as_one_server "knn_range_join items_h l2" 2 \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5)" \
@@ -852,7 +856,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -882,16 +886,20 @@ check "the shards stopped working" 0 "$(active_on_shards)"
 # statement_timeout at many points of a join: reading the queries, shipping
 # them, the shards' work; each must end at once, leave nothing behind, and
 # leave a session that works.
-BIGQ="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
-ok=0 points=0
-for t in $(seq 100 30 1000) 1300 1800; do
-  points=$((points + 1))
-  start=$(date +%s%N)
-  out=$(sql 0 2>&1 <<EOF
+# timeouts_at NAME SQL TIMES...: SQL under statement_timeout at each of TIMES (ms)
+# ends within 3 s of it, leaves no temporary table, no rows held and no prepared
+# statement on the shards, and a session that works.
+timeouts_at() {
+  local name=$1 query=$2 t ok=0 points=0 start ms out
+  shift 2
+  for t in "$@"; do
+    points=$((points + 1))
+    start=$(date +%s%N)
+    out=$(sql 0 2>&1 <<EOF
 SET client_min_messages = warning;
 SET statement_timeout = '${t}ms';
 \\set ON_ERROR_STOP 0
-$BIGQ;
+$query;
 RESET statement_timeout;
 SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
 SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
@@ -902,15 +910,18 @@ SELECT 'after:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receiv
 SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
 EOF
 )
-  ms=$(( ($(date +%s%N) - start) / 1000000 ))
-  if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 after:0 after:0 again:true " ] &&
-     ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
-    ok=$((ok + 1))
-  else
-    echo "statement_timeout = ${t}ms (${ms} ms in all): $out"
-  fi
-done
-check "statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
+    ms=$(( ($(date +%s%N) - start) / 1000000 ))
+    if [ "$(echo "$out" | grep -E '^(after|again):' | tr '\n' ' ')" = "after:0 after:0 after:0 after:0 after:0 after:0 again:true " ] &&
+       ! echo "$out" | grep -q WARNING && [ "$ms" -lt $((t + 3000)) ]; then
+      ok=$((ok + 1))
+    else
+      echo "$name: statement_timeout = ${t}ms (${ms} ms in all): $out"
+    fi
+  done
+  check "$name: statement_timeout at $points points: ends at once, nothing left behind (no prepared statement either), the session works" "$points" "$ok"
+}
+BIGQ="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
+timeouts_at "many queries" "$BIGQ" $(seq 100 30 1000) 1300 1800
 check "the shards stopped working" 0 "$(active_on_shards)"
 
 # cancel_and_wait PID: cancels the coordinator's backend named knn_shard_cancel
@@ -1431,6 +1442,159 @@ async=$(sql 0 -c "ALTER SERVER shard1 OPTIONS (ADD async_capable 'true', ADD fet
 sql 0 -c "ALTER SERVER shard1 OPTIONS (DROP async_capable, DROP fetch_size)" \
   -c "ALTER SERVER shard2 OPTIONS (DROP async_capable, DROP fetch_size)" >/dev/null 2>&1
 check "async_capable shards: a nested sharded join while a FETCH is pending ($plain)" "$plain" "$async"
+
+# ---- a sharded self-join's queries from the shards (knn_shard_read_queries) ----
+# Where the queries text is the targets text (stable) and every partition
+# joins on a shard, the shards read the rows once (knn_shard_prefetch_self_join)
+# and send them back in binary as the queries (knn_shard_held_target_blocks),
+# instead of the coordinator reading them through postgres_fdw as text.
+# items_s: two foreign partitions only, with duplicate vectors and NULL vectors.
+sql 1 -c "CREATE TABLE items_s_0 ($COLUMNS)"
+sql 2 -c "CREATE TABLE items_s_1 ($COLUMNS)"
+sql 0 >/dev/null <<EOF || fail "items_s set-up"
+CREATE TABLE items_s ($COLUMNS) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE items_s_0 PARTITION OF items_s FOR VALUES WITH (MODULUS 2, REMAINDER 0)
+  SERVER shard1 OPTIONS (table_name 'items_s_0');
+CREATE FOREIGN TABLE items_s_1 PARTITION OF items_s FOR VALUES WITH (MODULUS 2, REMAINDER 1)
+  SERVER shard2 OPTIONS (table_name 'items_s_1');
+CREATE TABLE items_s_all AS SELECT * FROM items_all;
+-- duplicate vectors (of rows on either shard) and more NULL vectors
+INSERT INTO items_s_all SELECT id + 3000, cat, v, h, b FROM items_all WHERE id <= 40;
+INSERT INTO items_s_all SELECT 4000 + i, i % 5, NULL, NULL, NULL FROM generate_series(1, 6) i;
+INSERT INTO items_s SELECT * FROM items_s_all;
+ANALYZE items_s_all;
+EOF
+sql 1 -c "ANALYZE items_s_0" && sql 2 -c "ANALYZE items_s_1"
+check "items_s: rows on both shards, none here, NULL vectors and duplicates among them" "t" \
+  "$(sql 0 -c "SELECT (SELECT count(*) FROM items_s_0) > 0 AND (SELECT count(*) FROM items_s_1) > 0 AND (SELECT count(*) FROM items_s WHERE v IS NULL) = 7 AND (SELECT count(*) FROM items_s s JOIN items_s t ON s.v = t.v AND s.id < t.id) >= 40")"
+# self_from_shards NAME CALL_OVER_ITEMS_S EXPECTED_FROM_SHARDS [SHARDS]: the call, and the
+# same over items_s_all (every items_s replaced) on one server, as same_as_one_server
+self_from_shards() {
+  same_as_one_server "$1" "${4:-2}" "$2" "${2//items_s/items_s_all}" "$3"
+}
+SV="SELECT id, v FROM items_s"
+for metric in l2 cosine ip l1; do
+  self_from_shards "self-join from the shards' rows: $metric" "knn_join('$SV', '$SV', 5, '$metric')" true
+done
+self_from_shards "... exclude_self" "knn_join('$SV', '$SV', 7, 'l2', true)" true
+self_from_shards "... halfvec l2" "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 5, 'l2')" true
+self_from_shards "... halfvec cosine, exclude_self" "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 4, 'cosine', true)" true
+self_from_shards "... bit hamming, exclude_self" "knn_join('SELECT id, b FROM items_s', 'SELECT id, b FROM items_s', 6, 'hamming', true)" true
+self_from_shards "... bit jaccard" "knn_join('SELECT id, b FROM items_s', 'SELECT id, b FROM items_s', 6, 'jaccard')" true
+FS="SELECT id, v FROM items_s WHERE cat <> 2 AND id > 40"
+self_from_shards "... a filter in the text (pushed to the shards)" "knn_join('$FS', '$FS', 5, 'cosine')" true
+K3="SELECT id, v FROM items_s WHERE cat = 3"
+self_from_shards "... k above a shard's rows" "knn_join('$K3', '$K3', 1000, 'l1', true)" true
+self_from_shards "... knn_range_join" "knn_range_join('$SV', '$SV', 2.5, 'l2', true, 4)" true
+self_from_shards "... bound parameters, the same for both texts" \
+  "knn_join('SELECT id, v FROM items_s WHERE cat <> \$1::int', 'SELECT id, v FROM items_s WHERE cat <> \$1::int', 5, ARRAY['2'])" true
+self_from_shards "... one partition after pruning" \
+  "knn_join('SELECT id, v FROM items_s WHERE id = 5', 'SELECT id, v FROM items_s WHERE id = 5', 3)" true 1
+# otherwise the queries are read here, as before (and the rows are the same)
+self_from_shards "texts that differ: the queries read here" "knn_join('$SV WHERE id > 0', '$SV', 5)" false
+self_from_shards "partitions read here with a NOTICE: nothing on the shards" \
+  "knn_join('SELECT id, v FROM items_s WHERE odd_cat(cat)', 'SELECT id, v FROM items_s WHERE odd_cat(cat)', 5)" none 0
+check "a local partition (items_h): the queries read here" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM items_h', 'SELECT id, v FROM items_h', 4, 'l2', true)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+check "a partition read here with a NOTICE, beside a shard's: the queries read here" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM items_f', 'SELECT id, v FROM items_f', 4)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+check "items_s with knn_gpu.shard_prefetch = off: the queries read here" "$(printf 't\nfalse')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SET knn_gpu.shard_prefetch = off" -c "SELECT count(*) > 0 FROM knn_join('$SV', '$SV', 4)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+away_on_shard2 knn_shard_held_target_blocks "bigint"
+self_from_shards "a shard without knn_shard_held_target_blocks: the queries read here" "knn_join('$SV', '$SV', 5, 'l2', true)" false
+back_on_shard2 knn_shard_held_target_blocks "bigint"
+# a shard sending other blocks than the rows it read: an ERROR naming it, not another answer
+# forged_blocks_on_shard2 SQL_OVER_REAL_BLOCKS: shard 2's knn_shard_held_target_blocks sends those instead
+forged_blocks_on_shard2() {
+  sql 2 -q -c "ALTER FUNCTION knn_shard_held_target_blocks(bigint) RENAME TO knn_shard_held_target_blocks_real" \
+    -c "CREATE FUNCTION knn_shard_held_target_blocks(s bigint) RETURNS SETOF bytea LANGUAGE sql SET search_path FROM CURRENT AS \$\$ $1 \$\$"
+  sql 0 -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1
+  sql 2 -q -c "DROP FUNCTION knn_shard_held_target_blocks(bigint)" \
+    -c "ALTER FUNCTION knn_shard_held_target_blocks_real(bigint) RENAME TO knn_shard_held_target_blocks"
+}
+out=$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b LIMIT 0")
+check_has "a shard sending none of its rows: an ERROR" 'sent 0 held rows, not the' "$out"
+check_has "... naming it" 'foreign server "shard2"' "$out"
+check_has "a shard sending a block cut short: an ERROR" 'sent a malformed block of held rows: a length that is not its rows' \
+  "$(forged_blocks_on_shard2 "SELECT substr(b, 1, length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b")"
+check_has "a shard sending another element type: an ERROR" 'sent a malformed block of held rows: another element type' \
+  "$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x00000009'::bytea from 1) FROM knn_shard_held_target_blocks_real(s) b")"
+check_has "a shard sending a non-finite value: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' \
+  "$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7f800000'::bytea from length(b) - 3) FROM knn_shard_held_target_blocks_real(s) b")"
+same_as_one_server "... and with the real function back: the same rows as one server" 2 \
+  "knn_join('$SV', '$SV', 3)" "knn_join('SELECT id, v FROM items_s_all', 'SELECT id, v FROM items_s_all', 3)" true
+check "... nothing held on the shards after the joins" "$(printf 'left:0\nleft:0')" \
+  "$(sql 0 -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+     -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
+check "EXPLAIN ANALYZE says the queries came from the shards" "Queries From Shards: true" \
+  "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV', '$SV', 3)" 2>&1 | grep -o 'Queries From Shards: .*')"
+check "... and nothing where they did not" "" \
+  "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV WHERE id > 0', '$SV', 3)" 2>&1 | grep -o 'Queries From Shards: .*')"
+# a NULL id: today's message (the queries'), from the shard that read it
+out=$(sql 0 2>&1 <<EOF
+BEGIN;
+INSERT INTO items_s VALUES (NULL, 1, gen_vec(7), gen_vec(7)::halfvec, binary_quantize(gen_vec(7))::bit(8));
+SELECT count(*) FROM knn_join('$SV', '$SV', 3);
+ROLLBACK;
+EOF
+)
+check_has "a NULL id: the queries' error, as without the shards" 'ERROR:  queries returned a NULL id' "$out"
+check "... as one server's" "ERROR:  queries returned a NULL id" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT NULL::bigint, v FROM items_s_all', 'SELECT NULL::bigint, v FROM items_s_all', 3)" 2>&1)"
+check "... and as without reading from the shards (shard_prefetch off)" "ERROR:  queries returned a NULL id" \
+  "$(sql 0 -c "SET knn_gpu.shard_prefetch = off" -c "BEGIN" -c "INSERT INTO items_s VALUES (NULL, 1, gen_vec(7), NULL, NULL)" \
+     -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1 | grep ERROR)"
+# the big self-join goes this way; a timeout at many points (the shards' reads, the
+# fetch of their rows, the shipping, the joins) ends it at once and leaves nothing
+check "the big self-join's queries come from the shards" "$(printf '3000\ntrue')" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM big WHERE id % 10 = 0', 'SELECT id, v FROM big WHERE id % 10 = 0', 1)" \
+     -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'" 2>&1)"
+BIGS="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM big', 1, 'l2', false, 'brute')"
+timeouts_at "the self-join from the shards" "$BIGS" $(seq 20 20 400)
+check "the shards stopped working" 0 "$(active_on_shards)"
+cancel_in_the_middle "the big self-join from the shards" "$BIGS"
+# a cancel while shard 1 is held up before it can send its rows (a lock on big_1)
+sql 1 -c "SET application_name = 'knn_locker'" -c "BEGIN" -c "LOCK TABLE big_1 IN ACCESS EXCLUSIVE MODE" \
+  -c "SELECT pg_sleep(6)" -c "COMMIT" >/dev/null 2>&1 &
+locker=$!
+sleep 0.3
+sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIGS" >"${DIRS[0]}/cancel.out" 2>&1 &
+bg=$!
+seen=0
+for _ in $(seq 1 50); do
+  [ "$(sql 1 -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock' AND query LIKE '%knn_shard_prefetch_self_join(%'")" -ge 1 ] && { seen=1; break; }
+  sleep 0.1
+done
+check "shard 1 reads the self-join's rows, waiting for the lock" 1 "$seen"
+cancel_and_wait "$bg"
+check_has "a cancel there ends the self-join (${ms} ms, shard 1 still locked)" 'canceling statement due to user request' \
+  "$(cat "${DIRS[0]}/cancel.out")"
+[ "$ms" -lt 3000 ] || fail "the cancel took ${ms} ms"
+check "... and stopped the shards' work" 0 "$(active_on_shards)"
+sql 1 -c "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'knn_locker'" >/dev/null
+wait "$locker" 2>/dev/null
+check "... nothing held on the shards, the session works" "$(printf 'held:0\nheld:0\nagain:true')" \
+  "$(sql 0 -c "SET client_min_messages = warning" \
+     -c "SELECT 'held:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu prefetched targets', 'knn_gpu received queries')" \
+     -c "SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu prefetched targets', 'knn_gpu received queries')" \
+     -c "SELECT 'again:' || (count(*) > 0) FROM knn_join('$SV', '$SV', 3)" 2>&1)"
+# the shard's function: only the targets held for that set, in its transaction
+check_has "knn_shard_held_target_blocks without a read ahead: an error" 'no targets held for query set 5' \
+  "$(sql 1 -c "SELECT knn_shard_held_target_blocks(5)" 2>&1)"
+check "knn_shard_held_target_blocks: the rows read ahead, still held for the join" "t" \
+  "$(sql 1 2>&1 <<'EOF'
+BEGIN;
+CREATE TEMP TABLE r AS SELECT targets_read FROM knn_shard_prefetch_self_join(6, 'vector', 'SELECT id, v FROM items_s_0', 'l2');
+SELECT (SELECT targets_read FROM r) = (SELECT count(v) FROM items_s_0)
+   AND sum(length(b)) = 12 * count(*) + (SELECT count(v) * (8 + 4 * 8) FROM items_s_0)
+   AND knn_shard_held_targets() = (SELECT count(v) FROM items_s_0)
+  FROM (SELECT knn_shard_held_target_blocks(6) AS b) x;
+COMMIT;
+EOF
+)"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
