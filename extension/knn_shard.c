@@ -680,7 +680,7 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 	if (join->range)
 	{
 		/* knn_range_join's arguments after its queries */
-		char	   *rest = psprintf("%s, %s::pg_catalog.float8, %s, %s, %s, %s, %s",
+		char	   *rest = psprintf("%s::pg_catalog.text, %s::pg_catalog.float8, %s::pg_catalog.text, %s, %s, %s, %s::pg_catalog.text",
 									quote_literal_cstr(targets.data),
 									quote_literal_cstr(float8out_internal(join->radius)),
 									quote_literal_cstr(knn_metric_name(join->metric)),
@@ -692,10 +692,10 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
 		shard->receives_queries = shard->has_received_range_join;
 		if (shard->receives_queries)
-			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join_received(" INT64_FORMAT ", %s)",
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join_received(" INT64_FORMAT "::pg_catalog.int8, %s)",
 									   shard->knn_schema, shard->received_set, rest);
 		else
-			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s, %s)",
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_range_join(%s::pg_catalog.text, %s)",
 									   shard->knn_schema,
 									   quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table)),
 									   rest);
@@ -703,7 +703,7 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 	else
 	{
 		/* knn_join's arguments after its queries */
-		char	   *rest = psprintf("%s, %d, %s, %s, %s",
+		char	   *rest = psprintf("%s::pg_catalog.text, %d, %s::pg_catalog.text, %s, %s::pg_catalog.text",
 									quote_literal_cstr(targets.data), join->k,
 									quote_literal_cstr(knn_metric_name(join->metric)),
 									join->exclude_self ? "true" : "false",
@@ -715,18 +715,18 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
 		shard->receives_queries = shard->has_packed_join && shard->has_received_join;
 		if (shard->receives_queries)
-			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_received_packed(" INT64_FORMAT ", %s) p",
+			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_received_packed(" INT64_FORMAT "::pg_catalog.int8, %s) p",
 									   shard->knn_schema, shard->received_set, rest);
 		else if (shard->packed_result)
-			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_packed(%s, %s) p",
+			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_packed(%s::pg_catalog.text, %s) p",
 									   shard->knn_schema, queries, rest);
 		else
-			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s, %s)",
+			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s::pg_catalog.text, %s)",
 									   shard->knn_schema, queries, rest);
 	}
 	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */
 	if (shard->receives_queries && shard->has_prefetch)
-		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.%s(" INT64_FORMAT ", %s::pg_catalog.regtype, %s, %s)",
+		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.%s(" INT64_FORMAT "::pg_catalog.int8, %s::pg_catalog.regtype, %s::pg_catalog.text, %s::pg_catalog.text)",
 									   shard->knn_schema,
 									   self_join ? "knn_shard_prefetch_self_join" : "knn_shard_prefetch_targets",
 									   shard->received_set,
@@ -1506,7 +1506,8 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 	rows = (int32) pg_ntoh32(header[2]);
 	if (element != (int) m->element)
 		held_block_malformed(shard, "another element type");
-	if (dim < 1 || dim > (m->element == KNN_ELEMENT_BIT ? 64 * 1024 * 8 : 64 * 1024) || rows < 1)
+	/* (a bit string's length is any positive int32, as its readers take it) */
+	if (dim < 1 || (m->element != KNN_ELEMENT_BIT && dim > 64 * 1024) || rows < 1)
 		held_block_malformed(shard, "a dimension or row count out of range");
 	row_bytes = knn_row_bytes(m->element, dim);
 	if ((Size) length != sizeof(header) + (Size) rows * (sizeof(int64) + row_bytes))

@@ -77,6 +77,7 @@ typedef struct HeldTargets
 	KnnMatrix	matrix;
 	MemoryContext context;		/* holds all of it; under TopTransactionContext */
 	int			level;
+	Oid			reader;			/* the role that read them: only it may take or see them */
 } HeldTargets;
 
 static HeldTargets *held_targets = NULL;
@@ -518,6 +519,7 @@ knn_held_targets_begin(int64 set)
 	held_targets->set = set;
 	held_targets->context = context;
 	held_targets->level = GetCurrentTransactionNestLevel();
+	held_targets->reader = GetUserId();
 	return context;
 }
 
@@ -536,8 +538,12 @@ knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMa
 {
 	HeldTargets *h = held_targets;
 
-	/* begun but not kept (its read failed in a subtransaction that went on): not usable */
-	if (h == NULL || h->set != set || h->targets_sql == NULL)
+	/*
+	 * Begun but not kept (its read failed in a subtransaction that went
+	 * on), or read by another role (SET ROLE since, a SECURITY DEFINER
+	 * function): not usable.
+	 */
+	if (h == NULL || h->set != set || h->targets_sql == NULL || h->reader != GetUserId())
 		return false;
 	if (strcmp(h->targets_sql, targets_sql) != 0 || h->vector_type != vector_type ||
 		h->matrix.element != targets->element)
@@ -623,7 +629,8 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 	if (SRF_IS_FIRSTCALL())
 	{
 		funcctx = SRF_FIRSTCALL_INIT();
-		if (held_targets == NULL || held_targets->set != set || held_targets->targets_sql == NULL)
+		if (held_targets == NULL || held_targets->set != set || held_targets->targets_sql == NULL ||
+			held_targets->reader != GetUserId())
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("no targets held for query set " INT64_FORMAT " in this transaction", set),
@@ -633,7 +640,7 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 	funcctx = SRF_PERCALL_SETUP();
 	next = (int64 *) funcctx->user_fctx;
 	/* the set must still be held between calls (nothing else runs on this connection meanwhile) */
-	if (held_targets == NULL || held_targets->set != set)
+	if (held_targets == NULL || held_targets->set != set || held_targets->reader != GetUserId())
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the targets held for query set " INT64_FORMAT " were dropped", set)));

@@ -1394,7 +1394,7 @@ drop_targets(KnnShardRemote *shard)
 {
 	WITH_SHARD_CONTEXT(shard);
 	fdw.PQclear(exec_checked(shard,
-							 psprintf("SELECT %s.knn_shard_drop_targets(" INT64_FORMAT ")",
+							 psprintf("SELECT %s.knn_shard_drop_targets(" INT64_FORMAT "::pg_catalog.int8)",
 									  shard->knn_schema, shard->received_set),
 							 PGRES_TUPLES_OK));
 	shard->holds_targets = false;
@@ -1538,7 +1538,7 @@ knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReade
 		KnnShardRemote *shard = shards[s];
 
 		/* value per call from the target list: the shard sends each block as it makes it */
-		shard->fetch_sql = psprintf("SELECT %s.knn_shard_held_target_blocks(" INT64_FORMAT ")",
+		shard->fetch_sql = psprintf("SELECT %s.knn_shard_held_target_blocks(" INT64_FORMAT "::pg_catalog.int8)",
 									shard->knn_schema, shard->received_set);
 		send_statement(shard, "sends its targets back as the queries", shard->fetch_sql, 0,
 					   NULL, NULL, true);
