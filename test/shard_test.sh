@@ -1556,6 +1556,27 @@ BIGS="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM 
 timeouts_at "the self-join from the shards" "$BIGS" $(seq 20 20 400)
 check "the shards stopped working" 0 "$(active_on_shards)"
 cancel_in_the_middle "the big self-join from the shards" "$BIGS"
+# in one transaction: the self-join stopped by a timeout under a savepoint, rolled back to
+# it, leaves nothing held on the shards in that very transaction (their rows live there
+# until its end), and the next self-join of the transaction works
+out=$(sql 0 2>&1 <<EOF
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+BEGIN;
+SAVEPOINT before_join;
+SET LOCAL statement_timeout = '300ms';
+$BIGS;
+ROLLBACK TO SAVEPOINT before_join;
+SELECT 'held:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'held:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets');
+SELECT 'again:' || (count(*) > 0) FROM knn_join('$SV', '$SV', 3);
+SELECT 'from:' || (knn_gpu_last_shard_stats()->>'queries_from_shards');
+COMMIT;
+EOF
+)
+check_has "a self-join under a savepoint stopped by statement_timeout" 'canceling statement due to statement timeout' "$out"
+check "... rolled back to the savepoint: nothing held on the shards in the same transaction, the next self-join works" \
+  "$(printf 'held:0\nheld:0\nagain:true\nfrom:true')" "$(echo "$out" | grep -E '^(held|again|from):')"
 # a cancel while shard 1 is held up before it can send its rows (a lock on big_1)
 sql 1 -c "SET application_name = 'knn_locker'" -c "BEGIN" -c "LOCK TABLE big_1 IN ACCESS EXCLUSIVE MODE" \
   -c "SELECT pg_sleep(6)" -c "COMMIT" >/dev/null 2>&1 &
