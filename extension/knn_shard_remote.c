@@ -1529,6 +1529,30 @@ read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *r
 	PG_END_TRY();
 }
 
+/*
+ * Each shard's result of the statement `what` waited for (its join, or
+ * its fetch of held rows) to reader, in shard order; a failed one raises
+ * the shard's ERROR.
+ */
+static void
+read_results(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardReader reader,
+			 void *reader_arg)
+{
+	for (int s = 0; s < n_shards; s++)
+	{
+		KnnShardRemote *shard = shards[s];
+		const char *sql = what == WAIT_FETCH ? shard->fetch_sql : shard->join_sql;
+		PGresult   *res;
+
+		WITH_SHARD_CONTEXT(shard);
+		res = fdw.pgfdw_get_result(shard->conn, sql);
+		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+		read_result(shard, res, reader, reader_arg);
+		END_SHARD_CONTEXT();
+	}
+}
+
 void
 knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
 							void *reader_arg)
@@ -1545,19 +1569,8 @@ knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReade
 		shard->fetching = true;
 	}
 	wait_for_shards(shards, n_shards, WAIT_FETCH);
-	for (int s = 0; s < n_shards; s++)
-	{
-		KnnShardRemote *shard = shards[s];
-		PGresult   *res;
-
-		WITH_SHARD_CONTEXT(shard);
-		res = fdw.pgfdw_get_result(shard->conn, shard->fetch_sql);
-		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
-			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->fetch_sql);
-		/* (its rows count: the join's count replaces them) */
-		read_result(shard, res, reader, reader_arg);
-		END_SHARD_CONTEXT();
-	}
+	/* (their rows count: the join's count replaces them) */
+	read_results(shards, n_shards, WAIT_FETCH, reader, reader_arg);
 }
 
 void
@@ -1565,18 +1578,7 @@ knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader r
 						 void *reader_arg)
 {
 	wait_for_shards(shards, n_shards, WAIT_JOIN);
-	for (int s = 0; s < n_shards; s++)
-	{
-		KnnShardRemote *shard = shards[s];
-		PGresult   *res;
-
-		WITH_SHARD_CONTEXT(shard);
-		res = fdw.pgfdw_get_result(shard->conn, shard->join_sql);
-		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
-			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->join_sql);
-		read_result(shard, res, reader, reader_arg);
-		END_SHARD_CONTEXT();
-	}
+	read_results(shards, n_shards, WAIT_JOIN, reader, reader_arg);
 	/* ON COMMIT DROP covers errors; a long transaction should not keep them */
 	for (int s = 0; s < n_shards; s++)
 	{
