@@ -20,8 +20,10 @@
 #   emb: EMB_ROWS x EMB_DIMS (1000000 x 768)
 #   clu: CLU_ROWS x CLU_DIMS (5000000 x 8), clustered (CLU_CENTRES centres)
 # Per set, k = K nearest other rows of every row (knn_join, exclude_self):
-#   - the baseline (one server, one GPU) and the sharded join, timed in
-#     psql, each with an order-free checksum of its rows (count, sum of
+#   - the baseline (one server, one GPU) and the sharded join (queries and
+#     targets both the sharded table), timed in psql, and the sharded join
+#     once more with its queries read from the coordinator's plain copy
+#     ("sharded_local_queries"), each with an order-free checksum of its rows (count, sum of
 #     ranks, bit_xor of a hash of every row): identical results have equal
 #     checksums;
 #   - an exact check: the first CHECK_QUERIES queries' rows of both joins,
@@ -216,8 +218,16 @@ bench_set() {
   done
   base_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM ${name}_all', $k, exclude_self => true)" \
     "SELECT knn_gpu_last_stats()") || exit 1
-  shard_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+  # the self-join over the sharded table: queries and targets both its rows (the queries come
+  # from the shards' held targets where the path applies: stats "queries_from_shards")
+  shard_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
     "SELECT knn_gpu_last_shard_stats()") || exit 1
+  # the same rows as queries read from the coordinator's plain copy (the form earlier sessions timed)
+  local local_run local_json
+  local_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+    "SELECT knn_gpu_last_shard_stats()") || exit 1
+  local_json="{\"sql_ms\":${local_run%%|*},\"checksum\":$(json_string "$(echo "$local_run" | cut -d'|' -f2)"),\"stats\":${local_run#*|*|}}"
+  echo "$name knn_join, two shards, queries from the coordinator's plain copy: ${local_run%%|*} ms" >&2
   # the same sharded join with the shards reading their targets only after the queries are shipped (as before)
   local late_run=null late_json=null
   if [ "$prefetch_off" = 1 ]; then
@@ -236,9 +246,9 @@ bench_set() {
   local shard_stats=${shard_run#*|*|}
   check=false; [ -n "$base_sum" ] && [ "$base_sum" = "$shard_sum" ] && [ "$diff" = 0 ] && check=true
   echo "$name knn_join: one server ${base_ms} ms, two shards ${shard_ms} ms; checksums $base_sum / $shard_sum; first $check_queries queries: ${diff:-?} differing rows" >&2
-  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded_no_prefetch":%s,"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
+  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded_no_prefetch":%s,"sharded_local_queries":%s,"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
     "$name" "$rows" "$dims" "$k" "$base_ms" "$(json_string "$base_sum")" "${base_run##*|}" \
-    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$late_json" "$check_queries" "${diff:-null}" "$check"
+    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$late_json" "$local_json" "$check_queries" "${diff:-null}" "$check"
 }
 
 # bench_node NAME: the KNN Join node over the first NODE_QUERIES rows, sharded and not
@@ -434,6 +444,11 @@ for run in runs:
     if late and late.get("sql_ms") and run["sharded"]["sql_ms"]:
         run["derived"]["no_prefetch_sql_ms_over_prefetch"] = late["sql_ms"] / run["sharded"]["sql_ms"]
         run["derived"]["no_prefetch_identical"] = late.get("checksum") == run["sharded"].get("checksum")
+    local_q = run.get("sharded_local_queries")
+    if local_q and local_q.get("sql_ms"):
+        run["derived"]["speedup_sql_local_queries"] = run["one_server"]["sql_ms"] / local_q["sql_ms"]
+        run["derived"]["local_queries_identical"] = local_q.get("checksum") == run["one_server"].get("checksum")
+        run["derived"]["queries_from_shards"] = (run["sharded"]["stats"] or {}).get("queries_from_shards")
 report = {"benchmark": "issue 11: sharded self-join, two shards on two GPUs vs one server on one GPU",
           "device": device, "coordinator_engine": info,
           # the shards' servers' postgres_fdw fetch_size (null: its default, 100)
