@@ -81,4 +81,15 @@ extern int64 knn_held_targets_rows(void);
  */
 extern bool knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement element);
 
+/*
+ * What a type is in terms another server can compare (a sharded self-join's
+ * check that the rows a shard holds are what the coordinator's declared
+ * columns would read: knn_shard_prefetch_self_join's answer): PostgreSQL's
+ * own types by OID (the same on every server), knn_gpu's and pgvector's
+ * vector and halfvec by their extension and kind (knn_catalog.h's catalog
+ * identity); NULL for any other type (a domain, a user's type), which
+ * matches nothing.
+ */
+extern char *knn_shard_type_identity(Oid type);
+
 #endif							/* KNN_SHARD_RECEIVE_H */
