@@ -1581,6 +1581,18 @@ dim_fits_typmod(Oid type, int32 typmod, int dim)
 		dim == typmod;
 }
 
+/* NULL where a shard's column (its type `there`) is of the type declared here (`here`), else why not. */
+static char *
+column_differs(const KnnShardRemote *shard, const char *what, const char *there,
+			   const char *here, Oid here_type)
+{
+	if (here != NULL && there != NULL && strcmp(here, there) == 0)
+		return NULL;
+	return psprintf("foreign server \"%s\" holds %s of another type (%s, here %s)",
+					shard->server->servername, what, there ? there : "?",
+					format_type_be(here_type));
+}
+
 /*
  * Are the rows every shard holds exactly those this server's read of the
  * text would give: its id and vector columns of the types declared here
@@ -1605,18 +1617,13 @@ held_rows_differ(const KnnShardEarly *c, KnnElement element, int32 *dim)
 	{
 		KnnShardRemote *shard = c->sp.shards[s];
 
-		if (id_type == NULL || shard->held_id_type == NULL ||
-			strcmp(id_type, shard->held_id_type) != 0)
-			return psprintf("foreign server \"%s\" holds ids of another type (%s, here %s)",
-							shard->server->servername,
-							shard->held_id_type ? shard->held_id_type : "?",
-							format_type_be(exprType((Node *) id)));
-		if (vector_type == NULL || shard->held_vector_type == NULL ||
-			strcmp(vector_type, shard->held_vector_type) != 0)
-			return psprintf("foreign server \"%s\" holds vectors of another type (%s, here %s)",
-							shard->server->servername,
-							shard->held_vector_type ? shard->held_vector_type : "?",
-							format_type_be(exprType((Node *) vector)));
+		char	   *why;
+
+		if ((why = column_differs(shard, "ids", shard->held_id_type, id_type,
+								  exprType((Node *) id))) != NULL ||
+			(why = column_differs(shard, "vectors", shard->held_vector_type, vector_type,
+								  exprType((Node *) vector))) != NULL)
+			return why;
 		/* (a dimension the rows cannot have: a shard that says what it does not hold) */
 		if (shard->prefetched_rows > 0 &&
 			(shard->held_dim < 1 || (element != KNN_ELEMENT_BIT && shard->held_dim > 64 * 1024)))

@@ -59,9 +59,10 @@ extern void knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector
 
 /*
  * Moves the held targets into `targets` (knn_matrix_init'ed with the
- * join's element) when they are set `set`'s, read by the same text as the
- * same type and element; otherwise drops anything held for another text
- * and returns false (the caller reads the text).
+ * join's element; its set name stays, for messages) when they are set
+ * `set`'s, read by the same text as the same type and element; otherwise
+ * drops anything held for another text and returns false (the caller
+ * reads the text).
  */
 extern bool knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type,
 								  KnnMatrix *targets);

@@ -1719,6 +1719,12 @@ out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM item
 check "rows of another dimension in a shard's read: the ERROR names the query id, as the read here does" \
   "2 1" "$(echo "$out" | grep -o 'ERROR:  dimension mismatch: query id [0-9]* has 3 dimensions, expected 8' | wc -l) $(echo "$out" | grep -o 'ERROR:  dimension mismatch: [a-z]* id [0-9]*' | sort -u | wc -l)"
 sql 1 -c "UPDATE items_x_0 SET u = v"
+# ... and shards whose rows have different dimensions: read here, today's ERROR
+sql 2 -c "UPDATE items_x_1 SET u = w"
+out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
+check "shards holding rows of different dimensions: the ERROR of the read here" \
+  "2 1" "$(echo "$out" | grep -o 'ERROR:  dimension mismatch: query id [0-9]* has 16 dimensions, expected 8' | wc -l) $(echo "$out" | grep -o 'ERROR:  dimension mismatch: [a-z]* id [0-9]*' | sort -u | wc -l)"
+sql 2 -c "UPDATE items_x_1 SET u = v"
 # ids that repeat across the shards: joined here with a NOTICE, the same rows as before
 dup=$(sql 1 -c "SELECT min(id) FROM items_x_0")
 sql 2 -c "INSERT INTO items_x_1 VALUES ($dup, '[1,1,1,1,1,1,1,1]', '[1,1,1,1,1,1,1,1]', B'111111111111')"
@@ -1754,6 +1760,10 @@ grew=$(echo "$out" | sed -n 's/^grew://p')
 check "a 1000 x 16000 self-join from the shards" "$(printf 'rows:1000\nfrom:true')" "$(echo "$out" | grep -E '^(rows|from):')"
 check "... the coordinator's peak memory grew by ${grew:-?} kB for 62500 kB of queries (less than 1.25 times)" t \
   "$([ -n "$grew" ] && [ "$grew" -lt 78125 ] && echo t || echo f)"
+# a timeout while the shards read, send their rows back (decoded as they arrive) or take the queries
+timeouts_at "the wide self-join from the shards" \
+  "SELECT count(*) FROM knn_join('SELECT id, v FROM wide', 'SELECT id, v FROM wide', 1, 'l2', false, 'brute')" 40 80 120 160 200 240 280
+check "the shards stopped working" 0 "$(active_on_shards)"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
