@@ -1738,6 +1738,8 @@ out=$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7c00'::bytea from le
   "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 3)")
 check_has "a shard sending a non-finite halfvec: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' "$out"
 check_has "... naming it" 'foreign server "shard2"' "$out"
+check_has "a shard sending more rows than it read: an ERROR naming it" 'foreign server "shard2" sent more held rows, not the' \
+  "$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b UNION ALL SELECT b FROM knn_shard_held_target_blocks_real(s) b")"
 # the memory of the coordinator: the held rows are decoded as they arrive, not
 # held whole in libpq first (that was half as much again as the query set)
 for i in 1 2; do
