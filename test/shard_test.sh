@@ -1713,6 +1713,15 @@ SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
 ROLLBACK;
 EOF
 )"
+# a declared domain (its CHECK runs in the read here): the queries read here, its ERROR
+out=$(sql 0 -c "CREATE DOMAIN vector_none AS vector CHECK (VALUE IS NULL)" \
+  -c "CREATE TABLE items_xd (id bigint, v vector_none) PARTITION BY HASH (id)" \
+  -c "CREATE FOREIGN TABLE items_xd_0 PARTITION OF items_xd FOR VALUES WITH (MODULUS 3, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'items_x_0')" \
+  -c "CREATE FOREIGN TABLE items_xd_1 PARTITION OF items_xd FOR VALUES WITH (MODULUS 3, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'items_x_1')" \
+  -c "CREATE FOREIGN TABLE items_xd_2 PARTITION OF items_xd FOR VALUES WITH (MODULUS 3, REMAINDER 2) SERVER shard1 OPTIONS (table_name 'items_x_2')" 2>&1 >/dev/null;
+  as_today x "knn_join('SELECT id, v FROM items_xd', 'SELECT id, v FROM items_xd', 5, 'l2')")
+check "declared domain over vector: the ERROR of its CHECK, as before" "2" \
+  "$(echo "$out" | grep -o 'ERROR:  value for domain vector_none violates check constraint "vector_none_check"' | wc -l)"
 # a shard's read of rows of another dimension: the message names a query, as the read here does
 sql 1 -c "UPDATE items_x_0 SET u = '[1,2,3]' WHERE id = (SELECT max(id) FROM items_x_0 WHERE v IS NOT NULL AND id < 1000)"
 out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
