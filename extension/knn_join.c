@@ -809,7 +809,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		{
 			const KnnVectorReader *reader = knn_vector_reader_for(query_set.kind, element);
 
-			if (!knn_shard_read_queries(shards, &queries, reader))
+			if (!knn_shard_read_queries(shards, &queries))
 				read_set(&query_set, reader, &queries, groups, shards);
 		}
 		PG_CATCH();
@@ -1107,7 +1107,8 @@ knn_join_received_packed(PG_FUNCTION_ARGS)
  * (knn_shard_receive.h). Returns the rows held and the seconds it took.
  */
 static Datum
-prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *label)
+prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *label,
+				 const char *set_name)
 {
 	KnnJoinCall call;
 	KnnSet		query_set = {0};
@@ -1117,8 +1118,8 @@ prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *labe
 	MemoryContext old_context;
 	instr_time	start;
 	TupleDesc	desc;
-	Datum		values[2];
-	bool		nulls[2] = {false, false};
+	Datum		values[5];
+	bool		nulls[5] = {false, false, false, false, false};
 
 	INSTR_TIME_SET_CURRENT(start);
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
@@ -1155,7 +1156,7 @@ prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *labe
 						function, target_set.natts)));
 	context = knn_held_targets_begin(call.received_set);
 	old_context = MemoryContextSwitchTo(context);
-	knn_matrix_init(&targets, "target", knn_join_element(&query_set, &target_set, call.metric));
+	knn_matrix_init(&targets, set_name, knn_join_element(&query_set, &target_set, call.metric));
 	MemoryContextSwitchTo(old_context);
 	read_set(&target_set, knn_vector_reader_for(target_set.kind, targets.element), &targets, NULL, NULL);
 	SPI_finish();
@@ -1163,6 +1164,19 @@ prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *labe
 	knn_progress_end();
 	values[0] = Int64GetDatum(targets.n);
 	values[1] = Float8GetDatum(knn_seconds_since(start));
+	/* knn_shard_prefetch_self_join's: what the rows are, checked against the coordinator's columns */
+	if (desc->natts == 5)
+	{
+		for (int column = 2; column <= 3; column++)
+		{
+			char	   *identity = knn_shard_type_identity(column == 2 ? target_set.id_type :
+														   target_set.vector_type);
+
+			nulls[column] = identity == NULL;
+			values[column] = identity ? CStringGetTextDatum(identity) : (Datum) 0;
+		}
+		values[4] = Int32GetDatum(targets.dim);
+	}
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(BlessTupleDesc(desc), values, nulls)));
 }
 
@@ -1170,20 +1184,23 @@ PG_FUNCTION_INFO_V1(knn_shard_prefetch_targets);
 Datum
 knn_shard_prefetch_targets(PG_FUNCTION_ARGS)
 {
-	return prefetch_targets(fcinfo, "knn_shard_prefetch_targets", "targets");
+	return prefetch_targets(fcinfo, "knn_shard_prefetch_targets", "targets", "target");
 }
 
 /*
  * knn_shard_prefetch_self_join(set, query_type, text, metric): the same
  * read for a coordinator whose queries text is its targets text: it takes
  * these rows as its queries too (knn_shard_held_target_blocks), so errors
- * name them as its own query read would ("queries returned a NULL id").
+ * name them as its own query read would ("queries returned a NULL id",
+ * "query id 5 has ..."), and the answer says what the rows are (the id and
+ * vector columns' types, knn_shard_type_identity, and the dimension), for
+ * the coordinator to take them only where its declared columns read the same.
  */
 PG_FUNCTION_INFO_V1(knn_shard_prefetch_self_join);
 Datum
 knn_shard_prefetch_self_join(PG_FUNCTION_ARGS)
 {
-	return prefetch_targets(fcinfo, "knn_shard_prefetch_self_join", "queries");
+	return prefetch_targets(fcinfo, "knn_shard_prefetch_self_join", "queries", "query");
 }
 
 /* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`. */

@@ -29,6 +29,7 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
@@ -726,7 +727,8 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 	}
 	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */
 	if (shard->receives_queries && shard->has_prefetch)
-		shard->prefetch_sql = psprintf("SELECT targets_read, seconds FROM %s.%s(" INT64_FORMAT "::pg_catalog.int8, %s::pg_catalog.regtype, %s::pg_catalog.text, %s::pg_catalog.text)",
+		shard->prefetch_sql = psprintf("SELECT targets_read, seconds%s FROM %s.%s(" INT64_FORMAT "::pg_catalog.int8, %s::pg_catalog.regtype, %s::pg_catalog.text, %s::pg_catalog.text)",
+									   self_join ? ", id_type, vector_type, dim" : "",
 									   shard->knn_schema,
 									   self_join ? "knn_shard_prefetch_self_join" : "knn_shard_prefetch_targets",
 									   shard->received_set,
@@ -1464,11 +1466,18 @@ knn_shard_queries_added(KnnShardEarly *c, const KnnMatrix *queries)
 	knn_shard_remote_ship_poll(c->shipment);
 }
 
-/* What read_held_block decodes into. */
+/*
+ * Where a shard's held rows go among the queries: shard by shard, each in
+ * the order it sends them (the order they were decoded in when the shards'
+ * answers were read one after the other), whatever order the blocks of
+ * the shards arrive in.
+ */
 typedef struct HeldRowsTarget
 {
 	KnnMatrix  *queries;
-	const KnnVectorReader *reader;
+	KnnShardRemote **shards;	/* the shards, whose index is theirs in next and end */
+	int64	   *next;			/* per shard: the row its next held row goes to */
+	int64	   *end;			/* ... and one past its last */
 } HeldRowsTarget;
 
 static void
@@ -1480,24 +1489,36 @@ held_block_malformed(KnnShardRemote *shard, const char *what)
 					shard->who, shard->server->servername, what)));
 }
 
+static void
+held_rows_miscounted(KnnShardRemote *shard, const char *sent)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+			 errmsg("%s: foreign server \"%s\" sent %s held rows, not the " INT64_FORMAT " it read",
+					shard->who, shard->server->servername, sent, shard->prefetched_rows)));
+}
+
 /*
- * Appends one block of a shard's held rows (knn_shard_held_target_blocks's
- * layout) to the queries: hostile input, every length checked against the
- * block and every value as the matrix's reader would (the matrix's element
- * and dimension, finite elements, no bits past a bit string's length).
+ * Puts one block of a shard's held rows (knn_shard_held_target_blocks's
+ * layout) into their places among the queries: hostile input, every
+ * length checked against the block and every value as the matrix's reader
+ * would (the matrix's element and the dimension the shard said, finite
+ * elements, no bits past a bit string's length), no more rows than it said.
  */
 static void
 read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTarget *t)
 {
 	KnnMatrix  *m = t->queries;
+	int			s = 0;
 	uint32		header[3];
 	int			element;
 	int			dim;
 	int64		rows;
-	Size		row_bytes;
 	const char *ids;
 	const char *values;
 
+	while (t->shards[s] != shard)
+		s++;
 	if (data == NULL || length < (int) sizeof(header))
 		held_block_malformed(shard, "no header");
 	memcpy(header, data, sizeof(header));
@@ -1506,42 +1527,28 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 	rows = (int32) pg_ntoh32(header[2]);
 	if (element != (int) m->element)
 		held_block_malformed(shard, "another element type");
-	/* (a bit string's length is any positive int32, as its readers take it) */
-	if (dim < 1 || (m->element != KNN_ELEMENT_BIT && dim > 64 * 1024) || rows < 1)
+	if (dim != m->dim || rows < 1)
 		held_block_malformed(shard, "a dimension or row count out of range");
-	row_bytes = knn_row_bytes(m->element, dim);
-	if ((Size) length != sizeof(header) + (Size) rows * (sizeof(int64) + row_bytes))
+	if ((Size) length != sizeof(header) + (Size) rows * (sizeof(int64) + m->row_bytes))
 		held_block_malformed(shard, "a length that is not its rows'");
+	if (rows > t->end[s] - t->next[s])
+		held_rows_miscounted(shard, "more");
 	ids = data + sizeof(header);
 	values = ids + (Size) rows * sizeof(int64);
 	for (int64 r = 0; r < rows; r++)
 	{
-		const char *src = values + (Size) r * row_bytes;
+		char	   *row = m->values + (Size) t->next[s] * m->row_bytes;
 		uint64		id;
-		char	   *dest = knn_matrix_reserve_row(m, dim);
-		char	   *row = dest != NULL ? dest : palloc(row_bytes);
 		bool		bad;
 
 		memcpy(&id, ids + (Size) r * sizeof(int64), sizeof(id));
-		id = pg_ntoh64(id);
-		bad = knn_rows_swap_order(row, src, row_bytes, m->element);
+		bad = knn_rows_swap_order(row, values + (Size) r * m->row_bytes, m->row_bytes, m->element);
 		/* bits past a bit string's length are zero */
 		if (m->element == KNN_ELEMENT_BIT && dim % 8 != 0)
-			bad = (((unsigned char) row[row_bytes - 1]) & (0xFF >> (dim % 8))) != 0;
+			bad = (((unsigned char) row[m->row_bytes - 1]) & (0xFF >> (dim % 8))) != 0;
 		if (bad)
 			held_block_malformed(shard, "a value the type does not allow");
-		if (dest != NULL)
-			knn_matrix_commit_row(m, (int64) id);
-		else
-		{
-			/* another dimension than the rows before: the matrix raises it, naming the id */
-			KnnVectorView view;
-
-			view.dim = dim;
-			view.elements = row;
-			knn_matrix_append_view(m, (int64) id, &view, t->reader);
-			pfree(row);
-		}
+		m->ids[t->next[s]++] = (int64) pg_ntoh64(id);
 	}
 	knn_progress_rows(rows);
 	CHECK_FOR_INTERRUPTS();
@@ -1550,35 +1557,140 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 static void
 read_held_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 {
-	HeldRowsTarget *t = (HeldRowsTarget *) arg;
-	int			n = knn_shard_result_rows(result);
-	int64		before = t->queries->n;
-
-	for (int r = 0; r < n; r++)
+	for (int r = 0; r < knn_shard_result_rows(result); r++)
 	{
 		int			length;
 		const char *data = knn_shard_result_value(result, r, 0, &length);
 
-		read_held_block(shard, data, length, t);
+		read_held_block(shard, data, length, (HeldRowsTarget *) arg);
 	}
-	/* every row it read (and will join as its targets), no more */
-	if (t->queries->n - before != shard->prefetched_rows)
-		ereport(ERROR,
-				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-				 errmsg("%s: foreign server \"%s\" sent " INT64_FORMAT " held rows, not the " INT64_FORMAT " it read",
-						shard->who, shard->server->servername, t->queries->n - before,
-						shard->prefetched_rows)));
+}
+
+/* May a value of this type and typmod have `dim` dimensions (bits)? */
+static bool
+dim_fits_typmod(Oid type, int32 typmod, int dim)
+{
+	KnnVectorKind kind = knn_vector_kind(type);
+
+	if (typmod < 0)
+		return true;
+	if (type == VARBITOID)
+		return dim <= typmod;
+	/* vector(n), halfvec(n), bit(n) */
+	return (type == BITOID || kind == KNN_VECTOR_TYPE || kind == KNN_VECTOR_HALFVEC) &&
+		dim == typmod;
+}
+
+/* NULL where a shard's column (its type `there`) is of the type declared here (`here`), else why not. */
+static char *
+column_differs(const KnnShardRemote *shard, const char *what, const char *there,
+			   const char *here, Oid here_type)
+{
+	if (here != NULL && there != NULL && strcmp(here, there) == 0)
+		return NULL;
+	return psprintf("foreign server \"%s\" holds %s of another type (%s, here %s)",
+					shard->server->servername, what, there ? there : "?",
+					format_type_be(here_type));
+}
+
+/*
+ * Are the rows every shard holds exactly those this server's read of the
+ * text would give: its id and vector columns of the types declared here
+ * (catalog identity: knn_shard_type_identity), every dimension one the
+ * declared vector type allows, and one dimension on all shards (as one
+ * read would require)? NULL if so (*dim: theirs, -1 without rows), else
+ * why not. Where they are not, the text is read here (through
+ * postgres_fdw: the declared types' input functions), which gives what it
+ * always gave, an ERROR included.
+ */
+static const char *
+held_rows_differ(const KnnShardEarly *c, KnnElement element, int32 *dim)
+{
+	List	   *tlist = c->stmt->planTree->targetlist;
+	Expr	   *id = linitial_node(TargetEntry, tlist)->expr;
+	Expr	   *vector = lsecond_node(TargetEntry, tlist)->expr;
+	char	   *id_type = knn_shard_type_identity(exprType((Node *) id));
+	char	   *vector_type = knn_shard_type_identity(exprType((Node *) vector));
+
+	*dim = -1;
+	for (int s = 0; s < c->sp.n_shards; s++)
+	{
+		KnnShardRemote *shard = c->sp.shards[s];
+
+		char	   *why;
+
+		if ((why = column_differs(shard, "ids", shard->held_id_type, id_type,
+								  exprType((Node *) id))) != NULL ||
+			(why = column_differs(shard, "vectors", shard->held_vector_type, vector_type,
+								  exprType((Node *) vector))) != NULL)
+			return why;
+		/* (a dimension the rows cannot have: a shard that says what it does not hold) */
+		if (shard->prefetched_rows > 0 &&
+			(shard->held_dim < 1 || (element != KNN_ELEMENT_BIT && shard->held_dim > 64 * 1024)))
+			held_block_malformed(shard, psprintf("rows of %d dimensions said", shard->held_dim));
+		if (shard->prefetched_rows == 0)
+			continue;
+		if (*dim >= 0 && shard->held_dim != *dim)
+			return psprintf("foreign server \"%s\" holds vectors of %d dimensions, another shard of %d",
+							shard->server->servername, shard->held_dim, *dim);
+		if (!dim_fits_typmod(exprType((Node *) vector), exprTypmod((Node *) vector),
+							 shard->held_dim))
+			return psprintf("foreign server \"%s\" holds vectors of %d dimensions, which %s does not allow",
+							shard->server->servername, shard->held_dim,
+							format_type_with_typemod(exprType((Node *) vector),
+													 exprTypmod((Node *) vector)));
+		*dim = shard->held_dim;
+	}
+	return NULL;
 }
 
 bool
-knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries, const KnnVectorReader *reader)
+knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 {
-	HeldRowsTarget target = {queries, reader};
+	HeldRowsTarget target;
+	const char *differ;
+	int32		dim;
+	int64		rows = 0;
 
 	if (c == NULL || !c->queries_from_shards)
 		return false;
 	knn_shard_remote_prefetch_wait(c->sp.shards, c->sp.n_shards);
-	knn_shard_remote_fetch_held(c->sp.shards, c->sp.n_shards, read_held_rows, &target);
+	/* before any row moves: rows other than the declared columns would read are read here */
+	if ((differ = held_rows_differ(c, queries->element, &dim)) != NULL)
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("knn_join: the query rows read here, not from the shards: %s",
+								 differ)));
+		c->queries_from_shards = false;
+		return false;
+	}
+	/* every shard's rows get their places at once: as many as each said it read */
+	target.queries = queries;
+	target.shards = c->sp.shards;
+	target.next = palloc(c->sp.n_shards * sizeof(int64));
+	target.end = palloc(c->sp.n_shards * sizeof(int64));
+	for (int s = 0; s < c->sp.n_shards; s++)
+	{
+		target.next[s] = rows;
+		rows += c->sp.shards[s]->prefetched_rows;
+		target.end[s] = rows;
+	}
+	for (int64 r = 0; r < rows; r++)
+	{
+		if (knn_matrix_reserve_row(queries, dim) == NULL)
+			elog(ERROR, "knn_shard_read_queries: the query matrix was not empty");
+		knn_matrix_commit_row(queries, 0);
+		if (r % (1024 * 1024) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	if (rows > 0)
+		knn_shard_remote_fetch_held(c->sp.shards, c->sp.n_shards, read_held_rows, &target);
+	/* every row it read (and will join as its targets), no fewer */
+	for (int s = 0; s < c->sp.n_shards; s++)
+		if (target.next[s] != target.end[s])
+			held_rows_miscounted(c->sp.shards[s],
+								 psprintf(INT64_FORMAT, c->sp.shards[s]->prefetched_rows -
+										  (target.end[s] - target.next[s])));
 	return true;
 }
 

@@ -140,14 +140,15 @@ extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr target
  * A self-join (queries_are_targets: the queries text is the targets text,
  * with the same parameters, and stable) whose every partition joins on a
  * shard that can send its rows back: knn_shard_start had the shards read
- * the rows as their targets; this appends those rows, fetched from all
- * shards at once in binary (the very values they join), to `queries`
- * (knn_matrix_init'ed with the join's element; `reader`: the query
- * column's, for the messages of a dimension mismatch) and returns true.
- * Otherwise false: the caller reads its queries text (early may be NULL).
+ * the rows as their targets. Where those rows are what this server's read
+ * of the text would give (the types declared here, by catalog identity; a
+ * dimension the declared type allows), this appends them, fetched from
+ * all shards at once in binary (the very values they join) and decoded as
+ * they arrive, to `queries` (knn_matrix_init'ed with the join's element,
+ * empty), in the order of a read here, and returns true. Otherwise false:
+ * the caller reads its queries text (early may be NULL).
  */
-extern bool knn_shard_read_queries(KnnShardEarly *early, KnnMatrix *queries,
-								   const KnnVectorReader *reader);
+extern bool knn_shard_read_queries(KnnShardEarly *early, KnnMatrix *queries);
 
 /*
  * Called by knn_join's query read after each row it appends to `queries`

@@ -23,8 +23,11 @@
 
 #include <math.h>
 
+#include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
@@ -554,7 +557,13 @@ knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMa
 	held_targets = NULL;
 	/* the rows as read: their memory now lives as long as the matrix's */
 	MemoryContextSetParent(h->context, targets->context);
-	*targets = h->matrix;
+	{
+		/* (a self-join's read ahead named its rows queries, in its messages) */
+		const char *set_name = targets->set_name;
+
+		*targets = h->matrix;
+		targets->set_name = set_name;
+	}
 	return true;
 }
 
@@ -672,4 +681,25 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 							   (Size) rows * m->row_bytes, m->element);
 	*next += rows;
 	SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
+}
+
+/* ---- a self-join's held rows against the coordinator's declared columns ---- */
+
+char *
+knn_shard_type_identity(Oid type)
+{
+	KnnVectorKind kind;
+	Oid			extension;
+
+	if (type < FirstGenbkiObjectId)
+		return psprintf("pg_catalog %u", type);
+	kind = knn_vector_kind(type);
+	if (get_typtype(type) != TYPTYPE_BASE ||
+		(kind != KNN_VECTOR_TYPE && kind != KNN_VECTOR_HALFVEC))
+		return NULL;
+	extension = getExtensionOfObject(TypeRelationId, type);
+	if (!OidIsValid(extension))
+		return NULL;
+	return psprintf("%s %s", get_extension_name(extension),
+					kind == KNN_VECTOR_TYPE ? "vector" : "halfvec");
 }

@@ -59,9 +59,10 @@ extern void knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector
 
 /*
  * Moves the held targets into `targets` (knn_matrix_init'ed with the
- * join's element) when they are set `set`'s, read by the same text as the
- * same type and element; otherwise drops anything held for another text
- * and returns false (the caller reads the text).
+ * join's element; its set name stays, for messages) when they are set
+ * `set`'s, read by the same text as the same type and element; otherwise
+ * drops anything held for another text and returns false (the caller
+ * reads the text).
  */
 extern bool knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type,
 								  KnnMatrix *targets);
@@ -80,5 +81,16 @@ extern int64 knn_held_targets_rows(void);
  * the swap) is not finite.
  */
 extern bool knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement element);
+
+/*
+ * What a type is in terms another server can compare (a sharded self-join's
+ * check that the rows a shard holds are what the coordinator's declared
+ * columns would read: knn_shard_prefetch_self_join's answer): PostgreSQL's
+ * own types by OID (the same on every server), knn_gpu's and pgvector's
+ * vector and halfvec by their extension and kind (knn_catalog.h's catalog
+ * identity); NULL for any other type (a domain, a user's type), which
+ * matches nothing.
+ */
+extern char *knn_shard_type_identity(Oid type);
 
 #endif							/* KNN_SHARD_RECEIVE_H */

@@ -88,6 +88,7 @@ typedef struct pg_result PGresult;
 #define PGRES_COMMAND_OK 1
 #define PGRES_TUPLES_OK 2
 #define PGRES_COPY_IN 4
+#define PGRES_SINGLE_TUPLE 9
 #define PGRES_PIPELINE_SYNC 10
 
 struct KnnShardResult
@@ -118,6 +119,7 @@ static struct
 										const char *const *paramValues, const int *paramLengths,
 										const int *paramFormats, int resultFormat);
 	PGresult   *(*PQgetResult) (PGconn *conn);
+	int			(*PQsetSingleRowMode) (PGconn *conn);
 	int			(*PQresultStatus) (const PGresult *res);
 	int			(*PQntuples) (const PGresult *res);
 	int			(*PQnfields) (const PGresult *res);
@@ -182,6 +184,7 @@ load_functions(void)
 	fdw.PQsendPrepare = libpq_function(libpq, "PQsendPrepare");
 	fdw.PQsendQueryPrepared = libpq_function(libpq, "PQsendQueryPrepared");
 	fdw.PQgetResult = libpq_function(libpq, "PQgetResult");
+	fdw.PQsetSingleRowMode = libpq_function(libpq, "PQsetSingleRowMode");
 	fdw.PQresultStatus = libpq_function(libpq, "PQresultStatus");
 	fdw.PQntuples = libpq_function(libpq, "PQntuples");
 	fdw.PQnfields = libpq_function(libpq, "PQnfields");
@@ -1290,7 +1293,9 @@ typedef enum ShardWait
 	WAIT_FETCH
 } ShardWait;
 
-static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what);
+static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what,
+							KnnShardReader reader, void *reader_arg);
+static void read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_arg);
 
 /* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
 static void
@@ -1322,19 +1327,31 @@ read_prefetch_result(KnnShardRemote *shard)
 	PGresult   *res;
 	char	   *rows = NULL;
 	char	   *seconds = NULL;
+	char	   *dim = NULL;
 
 	WITH_SHARD_CONTEXT(shard);
 	res = fdw.pgfdw_get_result(shard->conn, shard->prefetch_sql);
 	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->prefetch_sql);
 	/* (targets_read, seconds): the shard's own time, which it spent while we read our queries */
-	if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 2 &&
+	if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) >= 2 &&
 		!fdw.PQgetisnull(res, 0, 0) && !fdw.PQgetisnull(res, 0, 1))
 	{
 		rows = pstrdup(fdw.PQgetvalue(res, 0, 0));
 		seconds = pstrdup(fdw.PQgetvalue(res, 0, 1));
 	}
+	/* a self-join's read: then (id_type, vector_type, dim), what the rows held are */
+	shard->held_id_type = shard->held_vector_type = NULL;
+	shard->held_dim = -1;
+	if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 5)
+	{
+		shard->held_id_type = text_value(res, 2);
+		shard->held_vector_type = text_value(res, 3);
+		dim = text_value(res, 4);
+	}
 	fdw.PQclear(res);
+	if (dim != NULL)
+		shard->held_dim = pg_strtoint32(dim);
 	shard->prefetched_rows = rows != NULL ? pg_strtoint64(rows) : -1;
 	if (seconds != NULL)
 		shard->seconds_read = float8in_internal(seconds, NULL, "double precision", seconds);
@@ -1354,7 +1371,7 @@ knn_shard_remote_prefetch_wait(KnnShardRemote **shards, int n_shards)
 
 	for (int s = 0; s < n_shards; s++)
 		pending[s] = shards[s]->prefetching;
-	wait_for_shards(shards, n_shards, WAIT_PREFETCH);
+	wait_for_shards(shards, n_shards, WAIT_PREFETCH, NULL, NULL);
 	for (int s = 0; s < n_shards; s++)
 		if (pending[s])
 			read_prefetch_result(shards[s]);
@@ -1422,11 +1439,13 @@ knn_shard_remote_send(KnnShardRemote *shard)
 
 /*
  * Waits until no shard is busy (WAIT_PREFETCH: prefetching; WAIT_FETCH:
- * fetching), noting when each one's join result arrived. One socket is
- * waited on at a time, the others looked at every COLLECT_POLL_MS.
+ * fetching, each block handed to reader as it arrives: read_arrived_blocks),
+ * noting when each one's join result arrived. One socket is waited on at a
+ * time, the others looked at every COLLECT_POLL_MS.
  */
 static void
-wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what)
+wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardReader reader,
+				void *reader_arg)
 {
 	bool		prefetch = what != WAIT_JOIN;
 
@@ -1450,7 +1469,9 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what)
 					fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
 				END_SHARD_CONTEXT();
 			}
-			if (!fdw.PQisBusy(shard->conn))
+			if (what == WAIT_FETCH)
+				read_arrived_blocks(shard, reader, reader_arg);
+			else if (!fdw.PQisBusy(shard->conn))
 			{
 				instr_time	now;
 
@@ -1460,7 +1481,7 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what)
 					shard->seconds_join = INSTR_TIME_GET_DOUBLE(now);
 				*busy = false;
 			}
-			else if (waiting == NULL)
+			if (*busy && waiting == NULL)
 				waiting = shard;
 		}
 		if (waiting == NULL)
@@ -1529,28 +1550,48 @@ read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *r
 	PG_END_TRY();
 }
 
-/*
- * Each shard's result of the statement `what` waited for (its join, or
- * its fetch of held rows) to reader, in shard order; a failed one raises
- * the shard's ERROR.
- */
+/* Each shard's join result to reader, in shard order; a failed one raises the shard's ERROR. */
 static void
-read_results(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardReader reader,
-			 void *reader_arg)
+read_results(KnnShardRemote **shards, int n_shards, KnnShardReader reader, void *reader_arg)
 {
 	for (int s = 0; s < n_shards; s++)
 	{
 		KnnShardRemote *shard = shards[s];
-		const char *sql = what == WAIT_FETCH ? shard->fetch_sql : shard->join_sql;
 		PGresult   *res;
 
 		WITH_SHARD_CONTEXT(shard);
-		res = fdw.pgfdw_get_result(shard->conn, sql);
+		res = fdw.pgfdw_get_result(shard->conn, shard->join_sql);
 		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
-			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->join_sql);
 		read_result(shard, res, reader, reader_arg);
 		END_SHARD_CONTEXT();
 	}
+}
+
+/*
+ * The blocks of a shard's fetch of held rows that libpq holds whole (in
+ * single-row mode each is a result of its own), each to reader and freed;
+ * fetching ends with its statement's end. Never waits: libpq has what it
+ * has read, a block or two (its input buffer), not the shard's whole answer.
+ */
+static void
+read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_arg)
+{
+	WITH_SHARD_CONTEXT(shard);
+	while (shard->fetching && !fdw.PQisBusy(shard->conn))
+	{
+		PGresult   *res = fdw.PQgetResult(shard->conn);
+
+		if (res == NULL)
+			shard->fetching = false;
+		else if (fdw.PQresultStatus(res) == PGRES_SINGLE_TUPLE)
+			read_result(shard, res, reader, reader_arg);
+		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
+			fdw.PQclear(res);	/* the end of the rows; then NULL */
+		else
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->fetch_sql);
+	}
+	END_SHARD_CONTEXT();
 }
 
 void
@@ -1566,19 +1607,20 @@ knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReade
 									shard->knn_schema, shard->received_set);
 		send_statement(shard, "sends its targets back as the queries", shard->fetch_sql, 0,
 					   NULL, NULL, true);
+		/* and each block is read here as it arrives, not once all are in libpq's memory */
+		if (!fdw.PQsetSingleRowMode(shard->conn))
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->fetch_sql);
 		shard->fetching = true;
 	}
-	wait_for_shards(shards, n_shards, WAIT_FETCH);
-	/* (their rows count: the join's count replaces them) */
-	read_results(shards, n_shards, WAIT_FETCH, reader, reader_arg);
+	wait_for_shards(shards, n_shards, WAIT_FETCH, reader, reader_arg);
 }
 
 void
 knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
 						 void *reader_arg)
 {
-	wait_for_shards(shards, n_shards, WAIT_JOIN);
-	read_results(shards, n_shards, WAIT_JOIN, reader, reader_arg);
+	wait_for_shards(shards, n_shards, WAIT_JOIN, NULL, NULL);
+	read_results(shards, n_shards, reader, reader_arg);
 	/* ON COMMIT DROP covers errors; a long transaction should not keep them */
 	for (int s = 0; s < n_shards; s++)
 	{

@@ -62,6 +62,16 @@ typedef struct KnnShardRemote
 	bool		holds_targets;	/* read there, not yet taken by the join */
 	double		seconds_read;	/* the shard's own time reading them */
 	int64		prefetched_rows;
+	/*
+	 * What a self-join's read ahead holds (knn_shard_prefetch_self_join's
+	 * answer): its id and vector columns' types there by catalog identity
+	 * (knn_shard_type_identity; NULL: not said, or a type without one) and
+	 * the rows' dimension (-1: no rows), checked against the declared
+	 * columns before any row is fetched.
+	 */
+	char	   *held_id_type;
+	char	   *held_vector_type;
+	int32		held_dim;
 	/* a self-join's query rows: its held targets fetched back (knn_shard_remote_fetch_held) */
 	char	   *fetch_sql;
 	bool		fetching;		/* ... sent, its result not yet read */
@@ -222,9 +232,10 @@ extern void knn_shard_remote_collect(KnnShardRemote **shards, int n_shards,
  * A self-join's queries: has every shard (prefetched with
  * knn_shard_prefetch_self_join) send back the targets it holds, all shards
  * at once, in binary blocks (knn_shard_held_target_blocks there), and
- * hands each shard's result to reader (its rows: one block each). The
- * shards keep the targets for their joins. Cancellable; nothing else may
- * use the connections meanwhile.
+ * hands each block to reader as it arrives (libpq's single-row mode: a
+ * result of one row, freed once read), so that no shard's whole answer
+ * waits here. The shards keep the targets for their joins. Cancellable;
+ * nothing else may use the connections meanwhile.
  */
 extern void knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards,
 										KnnShardReader reader, void *reader_arg);

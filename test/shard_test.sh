@@ -1507,11 +1507,12 @@ away_on_shard2 knn_shard_held_target_blocks "bigint"
 self_from_shards "a shard without knn_shard_held_target_blocks: the queries read here" "knn_join('$SV', '$SV', 5, 'l2', true)" false
 back_on_shard2 knn_shard_held_target_blocks "bigint"
 # a shard sending other blocks than the rows it read: an ERROR naming it, not another answer
-# forged_blocks_on_shard2 SQL_OVER_REAL_BLOCKS: shard 2's knn_shard_held_target_blocks sends those instead
+# forged_blocks_on_shard2 SQL_OVER_REAL_BLOCKS [CALL]: shard 2's knn_shard_held_target_blocks sends
+# those instead, to the self-join CALL (over items_s's v by default)
 forged_blocks_on_shard2() {
   sql 2 -q -c "ALTER FUNCTION knn_shard_held_target_blocks(bigint) RENAME TO knn_shard_held_target_blocks_real" \
     -c "CREATE FUNCTION knn_shard_held_target_blocks(s bigint) RETURNS SETOF bytea LANGUAGE sql SET search_path FROM CURRENT AS \$\$ $1 \$\$"
-  sql 0 -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1
+  sql 0 -c "SELECT count(*) FROM ${2:-knn_join('$SV', '$SV', 3)}" 2>&1
   sql 2 -q -c "DROP FUNCTION knn_shard_held_target_blocks(bigint)" \
     -c "ALTER FUNCTION knn_shard_held_target_blocks_real(bigint) RENAME TO knn_shard_held_target_blocks"
 }
@@ -1616,6 +1617,164 @@ SELECT (SELECT targets_read FROM r) = (SELECT count(v) FROM items_s_0)
 COMMIT;
 EOF
 )"
+
+# ---- the self-join's queries from the shards: robustness (issue 11) ----
+# items_x: three foreign partitions, two of them on shard 1, with a bit(12)
+# column; its remote tables also hold columns of other types than some
+# coordinator tables declare over them (items_xm: vector over halfvec,
+# items_xw: vector(8) over vector(16), items_xi: integer ids over bigint,
+# items_xu: a vector column with rows of another dimension on shard 1).
+XCOLS="id bigint, v vector(8), h halfvec(8), b bit(12)"
+sql 1 -c "CREATE TABLE items_x_0 ($XCOLS, w vector(16), u vector)" -c "CREATE TABLE items_x_2 ($XCOLS, w vector(16), u vector)"
+sql 2 -c "CREATE TABLE items_x_1 ($XCOLS, w vector(16), u vector)"
+sql 0 >/dev/null <<EOF || fail "items_x set-up"
+CREATE TABLE items_x ($XCOLS) PARTITION BY HASH (id);
+CREATE TABLE items_xm (id bigint, h vector(8)) PARTITION BY HASH (id);
+CREATE TABLE items_xw (id bigint, w vector(8)) PARTITION BY HASH (id);
+CREATE TABLE items_xi (id integer, v vector(8)) PARTITION BY HASH (id);
+CREATE TABLE items_xu (id bigint, u vector) PARTITION BY HASH (id);
+DO \$\$
+DECLARE
+  t text;
+  p int;
+BEGIN
+  FOREACH t IN ARRAY ARRAY['x', 'xm', 'xw', 'xi', 'xu'] LOOP
+    FOR p IN 0 .. 2 LOOP
+      EXECUTE format('CREATE FOREIGN TABLE items_%s_%s PARTITION OF items_%s FOR VALUES WITH (MODULUS 3, REMAINDER %s) SERVER %s OPTIONS (table_name %L)',
+                     t, p, t, p, CASE p WHEN 1 THEN 'shard2' ELSE 'shard1' END, 'items_x_' || p);
+    END LOOP;
+  END LOOP;
+END
+\$\$;
+CREATE TABLE items_x_all ($XCOLS);
+INSERT INTO items_x_all
+  SELECT i, gen_vec(i), gen_vec(i)::halfvec, substr(binary_quantize(gen_vec(i, 16))::text, 1, 12)::bit(12)
+  FROM generate_series(1, 600) i;
+INSERT INTO items_x_all VALUES (3000000000, gen_vec(7), gen_vec(7)::halfvec, B'101010101010'), (601, NULL, NULL, NULL);
+INSERT INTO items_x SELECT * FROM items_x_all;
+ANALYZE items_x_all;
+EOF
+for t in 1:items_x_0 1:items_x_2 2:items_x_1; do
+  sql "${t%%:*}" -c "UPDATE ${t#*:} SET w = (v::real[] || v::real[])::vector(16), u = v" -c "ANALYZE ${t#*:}"
+done
+check "items_x: rows on both shards (two partitions on shard 1), none here" "t" \
+  "$(sql 0 -c "SELECT (SELECT count(*) FROM items_x_0) > 0 AND (SELECT count(*) FROM items_x_2) > 0 AND (SELECT count(*) FROM items_x_1) > 0 AND (SELECT count(*) FROM items_x) = 602")"
+XV="SELECT id, v FROM items_x"
+# x_from_shards NAME CALL_OVER_ITEMS_X EXPECTED_FROM_SHARDS: as self_from_shards, over items_x
+x_from_shards() {
+  same_as_one_server "$1" 2 "$2" "${2//items_x/items_x_all}" "$3"
+}
+x_from_shards "one shard holding two partitions: the self-join from the shards" "knn_join('$XV', '$XV', 6, 'l2', true)" true
+x_from_shards "... bit(12) hamming" "knn_join('SELECT id, b FROM items_x', 'SELECT id, b FROM items_x', 5, 'hamming')" true
+x_from_shards "... bit(12) jaccard, exclude_self" "knn_join('SELECT id, b FROM items_x', 'SELECT id, b FROM items_x', 5, 'jaccard', true)" true
+x_from_shards "... halfvec" "knn_join('SELECT id, h FROM items_x', 'SELECT id, h FROM items_x', 4, 'cosine')" true
+# as_today NAME CALL: the call equals itself with knn_gpu.shard_prefetch off (the
+# queries read here through postgres_fdw, as before the self-join from the
+# shards), and says whether its queries came from the shards; or both end in
+# the same ERROR
+as_today() {
+  local out
+  out=$(sql 0 -v "c=$2" 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+CREATE TEMP TABLE s AS SELECT * FROM :c;
+SELECT 'from shards ' || (knn_gpu_last_shard_stats()->>'queries_from_shards');
+SET knn_gpu.shard_prefetch = off;
+CREATE TEMP TABLE r AS SELECT * FROM :c;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0);
+EOF
+)
+  echo "$out" | grep -E '^(ERROR|from shards|[0-9]+ differences)' | sed 's/^\(ERROR: .*\)$/\1/' | tr '\n' ';'
+}
+# declared types that are not the remote ones: the queries read here, as before
+check "declared vector over a remote halfvec: the queries read here, the same rows as before" \
+  "from shards false;0 differences, true;" "$(as_today x "knn_join('SELECT id, h FROM items_xm', 'SELECT id, h FROM items_xm', 5, 'l2')")"
+out=$(as_today x "knn_join('SELECT id, w FROM items_xw', 'SELECT id, w FROM items_xw', 5, 'l2')")
+check_has "declared vector(8) over a remote vector(16): the ERROR of the read here" "ERROR:  expected 8 dimensions, not 16" "$out"
+check "... as before (shard_prefetch off)" "2" "$(echo "$out" | grep -o 'ERROR:  expected 8 dimensions, not 16' | wc -l)"
+out=$(as_today x "knn_join('SELECT id, v FROM items_xi', 'SELECT id, v FROM items_xi', 5, 'l2')")
+check_has "declared integer ids over remote bigint ids: the ERROR of the read here" 'ERROR:  value "3000000000" is out of range for type integer' "$out"
+check "... as before (shard_prefetch off)" "2" "$(echo "$out" | grep -o 'ERROR:  value "3000000000" is out of range for type integer' | wc -l)"
+check "... and without the id out of range: the queries read here, the same rows as before" \
+  "from shards false;0 differences, true;" \
+  "$(sql 0 -v "c=knn_join('SELECT id, v FROM items_xi', 'SELECT id, v FROM items_xi', 5, 'l2')" 2>&1 <<'EOF' | grep -E '^(from shards|[0-9]+ differences)' | tr '\n' ';'
+SET client_min_messages = warning;
+BEGIN;
+DELETE FROM items_x WHERE id = 3000000000;
+CREATE TEMP TABLE s AS SELECT * FROM :c;
+SELECT 'from shards ' || (knn_gpu_last_shard_stats()->>'queries_from_shards');
+SET LOCAL knn_gpu.shard_prefetch = off;
+CREATE TEMP TABLE r AS SELECT * FROM :c;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0);
+ROLLBACK;
+EOF
+)"
+# a declared domain (its CHECK runs in the read here): the queries read here, its ERROR
+out=$(sql 0 -c "CREATE DOMAIN vector_none AS vector CHECK (VALUE IS NULL)" \
+  -c "CREATE TABLE items_xd (id bigint, v vector_none) PARTITION BY HASH (id)" \
+  -c "CREATE FOREIGN TABLE items_xd_0 PARTITION OF items_xd FOR VALUES WITH (MODULUS 3, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'items_x_0')" \
+  -c "CREATE FOREIGN TABLE items_xd_1 PARTITION OF items_xd FOR VALUES WITH (MODULUS 3, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'items_x_1')" \
+  -c "CREATE FOREIGN TABLE items_xd_2 PARTITION OF items_xd FOR VALUES WITH (MODULUS 3, REMAINDER 2) SERVER shard1 OPTIONS (table_name 'items_x_2')" 2>&1 >/dev/null;
+  as_today x "knn_join('SELECT id, v FROM items_xd', 'SELECT id, v FROM items_xd', 5, 'l2')")
+check "declared domain over vector: the ERROR of its CHECK, as before" "2" \
+  "$(echo "$out" | grep -o 'ERROR:  value for domain vector_none violates check constraint "vector_none_check"' | wc -l)"
+# a shard's read of rows of another dimension: the message names a query, as the read here does
+sql 1 -c "UPDATE items_x_0 SET u = '[1,2,3]' WHERE id = (SELECT max(id) FROM items_x_0 WHERE v IS NOT NULL AND id < 1000)"
+out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
+check "rows of another dimension in a shard's read: the ERROR names the query id, as the read here does" \
+  "2 1" "$(echo "$out" | grep -o 'ERROR:  dimension mismatch: query id [0-9]* has 3 dimensions, expected 8' | wc -l) $(echo "$out" | grep -o 'ERROR:  dimension mismatch: [a-z]* id [0-9]*' | sort -u | wc -l)"
+sql 1 -c "UPDATE items_x_0 SET u = v"
+# ... and shards whose rows have different dimensions: read here, today's ERROR
+sql 2 -c "UPDATE items_x_1 SET u = w"
+out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
+check "shards holding rows of different dimensions: the ERROR of the read here" \
+  "2 1" "$(echo "$out" | grep -o 'ERROR:  dimension mismatch: query id [0-9]* has 16 dimensions, expected 8' | wc -l) $(echo "$out" | grep -o 'ERROR:  dimension mismatch: [a-z]* id [0-9]*' | sort -u | wc -l)"
+sql 2 -c "UPDATE items_x_1 SET u = v"
+# ids that repeat across the shards: joined here with a NOTICE, the same rows as before
+dup=$(sql 1 -c "SELECT min(id) FROM items_x_0")
+sql 2 -c "INSERT INTO items_x_1 VALUES ($dup, '[1,1,1,1,1,1,1,1]', '[1,1,1,1,1,1,1,1]', B'111111111111')"
+out=$(as_today x "knn_join('$XV', '$XV', 5, 'l2')")
+check "ids repeating across the shards: the same rows as before" "0 differences, true;" "$(echo "$out" | grep -o '[0-9]* differences, [a-z]*;')"
+check_has "... joined here with a NOTICE" "query ids repeat" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('$XV', '$XV', 5, 'l2')" 2>&1)"
+sql 2 -c "DELETE FROM items_x_1 WHERE id = $dup"
+# a forged halfvec block: an ERROR naming the shard
+out=$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7c00'::bytea from length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b" \
+  "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 3)")
+check_has "a shard sending a non-finite halfvec: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' "$out"
+check_has "... naming it" 'foreign server "shard2"' "$out"
+check_has "a shard sending more rows than it read: an ERROR naming it" 'foreign server "shard2" sent more held rows, not the' \
+  "$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b UNION ALL SELECT b FROM knn_shard_held_target_blocks_real(s) b")"
+# the memory of the coordinator: the held rows are decoded as they arrive, not
+# held whole in libpq first (that was half as much again as the query set)
+for i in 1 2; do
+  sql "$i" -c "CREATE TABLE wide_$i (id bigint, v vector(16000))" \
+    -c "INSERT INTO wide_$i SELECT i, (SELECT array_agg(random()::real) FROM generate_series(1, 16000) WHERE i > 0)::vector FROM generate_series($i, 1000, 2) i"
+done
+sql 0 -c "CREATE TABLE wide (id bigint, v vector(16000)) PARTITION BY HASH (id)" \
+  -c "CREATE FOREIGN TABLE wide_1 PARTITION OF wide FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'wide_1')" \
+  -c "CREATE FOREIGN TABLE wide_2 PARTITION OF wide FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'wide_2')" >/dev/null
+out=$(sql 0 2>&1 <<'EOF'
+-- (the libraries loaded, the connections and their buffers made: only the rows count)
+SELECT count(*) FROM knn_join('SELECT id, v FROM wide WHERE id <= 40', 'SELECT id, v FROM wide WHERE id <= 40', 1);
+CREATE TEMP TABLE hwm AS SELECT (regexp_match(pg_read_file('/proc/self/status'), 'VmHWM:\s*(\d+) kB'))[1]::bigint AS kb;
+SELECT 'rows:' || count(*) FROM knn_join('SELECT id, v FROM wide', 'SELECT id, v FROM wide', 1, 'l2', false, 'brute');
+SELECT 'from:' || (knn_gpu_last_shard_stats()->>'queries_from_shards');
+SELECT 'grew:' || ((regexp_match(pg_read_file('/proc/self/status'), 'VmHWM:\s*(\d+) kB'))[1]::bigint - kb) FROM hwm;
+EOF
+)
+grew=$(echo "$out" | sed -n 's/^grew://p')
+check "a 1000 x 16000 self-join from the shards" "$(printf 'rows:1000\nfrom:true')" "$(echo "$out" | grep -E '^(rows|from):')"
+check "... the coordinator's peak memory grew by ${grew:-?} kB for 62500 kB of queries (less than 1.25 times)" t \
+  "$([ -n "$grew" ] && [ "$grew" -lt 78125 ] && echo t || echo f)"
+# a timeout while the shards read, send their rows back (decoded as they arrive) or take the queries
+timeouts_at "the wide self-join from the shards" \
+  "SELECT count(*) FROM knn_join('SELECT id, v FROM wide', 'SELECT id, v FROM wide', 1, 'l2', false, 'brute')" 40 80 120 160 200 240 280
+check "the shards stopped working" 0 "$(active_on_shards)"
 
 echo "shard tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
