@@ -368,6 +368,29 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 	}
 }
 
+bool
+knn_matrix_ids_distinct(const KnnMatrix *m)
+{
+	IdRow	   *order;
+	bool		sorted = true;
+	bool		distinct = true;
+
+	for (int64 i = 1; i < m->n && sorted; i++)
+		sorted = m->ids[i - 1] < m->ids[i];
+	if (sorted)
+		return true;
+	/* the ids in order (only ids and row numbers move): neighbours compared */
+	order = sorted_rows(m);
+	for (int64 i = 1; i < m->n && distinct; i++)
+	{
+		distinct = order[i - 1].key != order[i].key;
+		if ((i & (KNN_INTERRUPT_SLICE - 1)) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(order);
+	return distinct;
+}
+
 void
 knn_matrix_free(KnnMatrix *m)
 {

@@ -71,6 +71,12 @@ extern void knn_matrix_commit_row(KnnMatrix *m, int64 id);
  * for interrupts as it goes.
  */
 extern void knn_matrix_sort_by_id(KnnMatrix *m);
+
+/*
+ * Are the ids distinct? Moves no row (a caller may check before the rows
+ * go anywhere, and sort later). Checks for interrupts as it goes.
+ */
+extern bool knn_matrix_ids_distinct(const KnnMatrix *m);
 extern void knn_matrix_free(KnnMatrix *m);
 
 /* Do both hold the same rows, bit for bit, in the same order? */

@@ -928,15 +928,6 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 
 /* ---- the join ---- */
 
-static bool
-unique_sorted_ids(const KnnMatrix *m)
-{
-	for (int64 i = 1; i < m->n; i++)
-		if (m->ids[i] == m->ids[i - 1])
-			return false;
-	return true;
-}
-
 /*
  * The targets text's plan: the cached generic plan, or with bound
  * parameters a custom plan for their values (the values then are
@@ -1757,8 +1748,11 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			ReleaseCachedPlan(early->cplan, early->owner);
 		return false;
 	}
-	knn_matrix_sort_by_id(queries);
-	if (!unique_sorted_ids(queries))
+	/*
+	 * The rows go out in the order they were read (each shard's join sorts
+	 * its queries by id); they are sorted here once the shards are joining.
+	 */
+	if (!knn_matrix_ids_distinct(queries))
 	{
 		notice_not_pushed(spp, "query ids repeat");
 		if (c->state == SHARDS_OPENED)
@@ -1828,6 +1822,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		}
 		seconds_ship += knn_seconds_since(phase);
 	}
+	/* while the shards join: the local part and the merge take the queries in id order */
+	knn_matrix_sort_by_id(queries);
 
 	sources = palloc0((spp->n_shards + 1) * sizeof(KnnShardLists));
 	knn_matrix_init(&local, "target", queries->element);
