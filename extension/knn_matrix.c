@@ -10,6 +10,7 @@
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/memutils.h"
 
 #include "knn_gpu_service.h"
 #include "knn_matrix.h"
@@ -184,6 +185,31 @@ knn_matrix_reserve_row(KnnMatrix *m, int dim)
 	if (m->shared != NULL && (Size) (m->n + 1) * m->row_bytes > m->shared->bytes)
 		grow_shared_rows(m);
 	return m->values + m->n * m->row_bytes;
+}
+
+void
+knn_matrix_reserve_rows(KnnMatrix *m, int dim, int64 n)
+{
+	Size		value_bytes;
+
+	Assert(!m->grouped);
+	if (m->n != 0 || m->values != NULL)
+		elog(ERROR, "knn_matrix_reserve_rows: the %s matrix is not empty", m->set_name);
+	if (n <= 0)
+		return;
+	m->dim = dim;
+	m->row_bytes = knn_row_bytes(m->element, m->dim);
+	if ((Size) n > MaxAllocHugeSize / Max(m->row_bytes, sizeof(int64)))
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s rows of " INT64_FORMAT " x %zu bytes exceed the largest allocation",
+						m->set_name, n, m->row_bytes)));
+	value_bytes = (Size) n * m->row_bytes;
+	if (!start_shared_rows(m, value_bytes))
+		m->values = MemoryContextAllocHuge(m->context, value_bytes);
+	m->ids = MemoryContextAllocHuge(m->context, (Size) n * sizeof(int64));
+	m->capacity = n;
+	m->n = n;
 }
 
 void

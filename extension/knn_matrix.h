@@ -67,6 +67,15 @@ extern void *knn_matrix_reserve_row(KnnMatrix *m, int dim);
 extern void knn_matrix_commit_row(KnnMatrix *m, int64 id);
 
 /*
+ * For a caller that places rows itself, in any order: an empty matrix
+ * becomes n rows of dim elements whose ids and elements the caller then
+ * writes, every one (m->ids[i], and row i at m->values + i * row_bytes).
+ * One allocation each, none of it touched here: a count the caller was
+ * told but has not seen costs address space, not memory.
+ */
+extern void knn_matrix_reserve_rows(KnnMatrix *m, int dim, int64 n);
+
+/*
  * Sorts rows by id (stable), so that row order breaks ties by id. Checks
  * for interrupts as it goes.
  */

@@ -30,6 +30,7 @@
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "common/int.h"
 #include "executor/executor.h"
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
@@ -1524,6 +1525,8 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 		held_block_malformed(shard, "a length that is not its rows'");
 	if (rows > t->end[s] - t->next[s])
 		held_rows_miscounted(shard, "more");
+	if (t->next[s] < 0 || t->end[s] > m->n)
+		elog(ERROR, "read_held_block: rows placed outside the query matrix");
 	ids = data + sizeof(header);
 	values = ids + (Size) rows * sizeof(int64);
 	for (int64 r = 0; r < rows; r++)
@@ -1662,18 +1665,22 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 	target.end = palloc(c->sp.n_shards * sizeof(int64));
 	for (int s = 0; s < c->sp.n_shards; s++)
 	{
+		KnnShardRemote *shard = c->sp.shards[s];
+		/* (the counts are the shards' word: more than memory could hold is a lie) */
+		int64		most = dim > 0 ? (int64) (MaxAllocHugeSize / (knn_row_bytes(queries->element, dim) +
+																 sizeof(int64))) : 0;
+
 		target.next[s] = rows;
-		rows += c->sp.shards[s]->prefetched_rows;
+		if (shard->prefetched_rows < 0 || shard->prefetched_rows > most ||
+			pg_add_s64_overflow(rows, shard->prefetched_rows, &rows) || rows > most)
+			ereport(ERROR,
+					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+					 errmsg("%s: foreign server \"%s\" says it read " INT64_FORMAT " rows, more than this server could hold",
+							shard->who, shard->server->servername, shard->prefetched_rows)));
 		target.end[s] = rows;
 	}
-	for (int64 r = 0; r < rows; r++)
-	{
-		if (knn_matrix_reserve_row(queries, dim) == NULL)
-			elog(ERROR, "knn_shard_read_queries: the query matrix was not empty");
-		knn_matrix_commit_row(queries, 0);
-		if (r % (1024 * 1024) == 0)
-			CHECK_FOR_INTERRUPTS();
-	}
+	/* room for them all, untouched until they come */
+	knn_matrix_reserve_rows(queries, dim, rows);
 	if (rows > 0)
 		knn_shard_remote_fetch_held(c->sp.shards, c->sp.n_shards, read_held_rows, &target);
 	/* every row it read (and will join as its targets), no fewer */

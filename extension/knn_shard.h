@@ -145,8 +145,10 @@ extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr target
  * dimension the declared type allows), this appends them, fetched from
  * all shards at once in binary (the very values they join) and decoded as
  * they arrive, to `queries` (knn_matrix_init'ed with the join's element,
- * empty), in the order of a read here, and returns true. Otherwise false:
- * the caller reads its queries text (early may be NULL).
+ * empty), shard by shard, each shard's in the order it read them (not
+ * necessarily a read here's order: the join sorts them by id), and returns
+ * true. Otherwise false: the caller reads its queries text (early may be
+ * NULL).
  */
 extern bool knn_shard_read_queries(KnnShardEarly *early, KnnMatrix *queries);
 
