@@ -174,6 +174,7 @@ typedef struct KnnJoinCall
 	bool		packed;			/* knn_join_packed: rows packed into bytea values */
 	bool		received;		/* the queries: received set received_set (knn_shard_receive.h) */
 	int64		received_set;
+	bool		with_held;		/* and the targets held for it (knn_held_queries_take) */
 } KnnJoinCall;
 
 /* One set of knn_join: its query text, prepared, and its columns. */
@@ -271,11 +272,12 @@ prepare_set(KnnSet *set, const KnnJoinCall *call)
  * shipped (int8 ids, vectors of the received type), taken when read.
  */
 static void
-describe_received_set(KnnSet *set, int64 received_set)
+describe_received_set(KnnSet *set, int64 received_set, bool with_held)
 {
 	set->natts = 2;
 	set->id_type = INT8OID;
-	set->vector_type = knn_received_queries_type(received_set);
+	set->vector_type = with_held ? knn_held_queries_type(received_set) :
+		knn_received_queries_type(received_set);
 	set->kind = knn_vector_kind(set->vector_type);
 	set->stable = true;
 }
@@ -750,7 +752,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	query_set.sql = call->queries_sql;
 	query_set.arg = "queries";
 	if (call->received)
-		describe_received_set(&query_set, call->received_set);
+		describe_received_set(&query_set, call->received_set, call->with_held);
 	else
 		prepare_set(&query_set, call);
 	if (!call->received && strcmp(call->queries_sql, call->targets_sql) == 0)
@@ -796,7 +798,9 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 			   call->packed ? &packed : NULL, &shard_call);
 	/* a sharded call's merged rows go to the custom scan's arrays too */
 	shard_call.direct = direct;
-	if (call->received && !describe_only)
+	if (call->received && call->with_held && !describe_only)
+		knn_held_queries_take(call->received_set, &queries);
+	else if (call->received && !describe_only)
 		knn_received_queries_take(call->received_set, &queries);
 	else if (!describe_only)
 	{
@@ -1092,6 +1096,30 @@ knn_join_received_packed(PG_FUNCTION_ARGS)
 	memset(&call, 0, sizeof(call));
 	require_argument(fcinfo, 0, "set");
 	call.received = true;
+	call.received_set = PG_GETARG_INT64(0);
+	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
+	call.packed = true;
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
+/*
+ * knn_join_received_held_packed(set, targets, k, metric, exclude_self,
+ * method): knn_join_received_packed of a sharded self-join whose
+ * coordinator shipped only the other shards' rows: the queries are those
+ * and this server's own, the targets knn_shard_prefetch_self_join holds
+ * for the set (knn_held_queries_take).
+ */
+PG_FUNCTION_INFO_V1(knn_join_received_held_packed);
+Datum
+knn_join_received_held_packed(PG_FUNCTION_ARGS)
+{
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	call.received = true;
+	call.with_held = true;
 	call.received_set = PG_GETARG_INT64(0);
 	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
 	call.packed = true;

@@ -588,7 +588,7 @@ void
 knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer,
 					  TupleTableSlot *outer_slot, int64 want, double radius)
 {
-	KnnShardRows rows;
+	KnnShardRows rows = {0};
 	instr_time	start;
 
 	sh->outer_rows = outer_rows;

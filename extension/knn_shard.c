@@ -679,6 +679,7 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 	}
 	shard->temp_columns = psprintf("id pg_catalog.int8, v %s", shard->query_type);
 	shard->vector_column = "v";
+	shard->held_join_sql = NULL;
 	if (join->range)
 	{
 		/* knn_range_join's arguments after its queries */
@@ -725,6 +726,10 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 		else
 			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s::pg_catalog.text, %s)",
 									   shard->knn_schema, queries, rest);
+		/* its own rows joined as queries too, where they came from it (knn_shard_try_join) */
+		if (shard->receives_queries && self_join && shard->has_received_held_join)
+			shard->held_join_sql = psprintf("SELECT p FROM %s.knn_join_received_held_packed(" INT64_FORMAT "::pg_catalog.int8, %s) p",
+											shard->knn_schema, shard->received_set, rest);
 	}
 	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */
 	if (shard->receives_queries && shard->has_prefetch)
@@ -987,6 +992,8 @@ struct KnnShardEarly
 	int			n_memory;
 	KnnShardRows ship_rows;		/* rows.n follows the read */
 	KnnShardShipment *shipment; /* started during the read, or NULL */
+	/* queries from the shards: shard s's rows end at held_end[s] (in the order read), or NULL */
+	int64	   *held_end;
 };
 
 /*
@@ -1689,6 +1696,9 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 			held_rows_miscounted(c->sp.shards[s],
 								 psprintf(INT64_FORMAT, c->sp.shards[s]->prefetched_rows -
 										  (target.end[s] - target.next[s])));
+	/* where each shard's rows are: it may be shipped only the others' (knn_shard_try_join) */
+	c->held_end = MemoryContextAlloc(c->context, c->sp.n_shards * sizeof(int64));
+	memcpy(c->held_end, target.end, c->sp.n_shards * sizeof(int64));
 	return true;
 }
 
@@ -1726,7 +1736,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	double		seconds_local = 0.0;
 	double		seconds_merge;
 	int64		rows;
-	KnnShardRows ship_rows;
+	KnnShardRows ship_rows = {0};
 
 	/* the rows not shipped while they were read go now: the shards then hold them all */
 	if (early != NULL && early->shipment != NULL)
@@ -1812,6 +1822,25 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 				to_memory[n_memory++] = spp->shards[s];
 			else
 				to_table[n_table++] = spp->shards[s];
+		}
+		/*
+		 * The queries came from the shards (each shard's rows still where
+		 * they were read: they are sorted below): each is shipped only the
+		 * other shards' and joins them with its own, where every one can.
+		 */
+		if (c->queries_from_shards && c->held_end != NULL && c->shipment == NULL &&
+			n_memory == spp->n_shards)
+		{
+			bool		all_can = true;
+
+			for (int s = 0; s < spp->n_shards; s++)
+				all_can = all_can && spp->shards[s]->held_join_sql != NULL;
+			if (all_can)
+			{
+				ship_rows.origin_end = c->held_end;
+				for (int s = 0; s < spp->n_shards; s++)
+					spp->shards[s]->join_sql = spp->shards[s]->held_join_sql;
+			}
 		}
 		if (n_memory > 0)
 		{

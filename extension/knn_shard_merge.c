@@ -366,6 +366,9 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 		if (shard->read_ahead)
 			appendStringInfo(&buf, "\"seconds_read\":%.6f,\"targets_read\":" INT64_FORMAT ",",
 							 shard->seconds_read, shard->prefetched_rows);
+		/* the query rows shipped to it in blocks (a self-join's: the other shards' only) */
+		if (shard->rows_shipped >= 0)
+			appendStringInfo(&buf, "\"queries_shipped\":" INT64_FORMAT ",", shard->rows_shipped);
 		json_key(&buf, "remote_sql");
 		escape_json(&buf, shard->join_sql);
 		appendStringInfoChar(&buf, ',');

@@ -567,6 +567,62 @@ knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMa
 	return true;
 }
 
+/* Set `set`'s held targets, read by this role, or ERROR. */
+static HeldTargets *
+held_targets_of(int64 set)
+{
+	if (held_targets == NULL || held_targets->set != set || held_targets->targets_sql == NULL ||
+		held_targets->reader != GetUserId())
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("no targets of set " INT64_FORMAT " held in this transaction", set),
+				 errhint("knn_shard_prefetch_self_join() reads them first, in the same transaction.")));
+	return held_targets;
+}
+
+Oid
+knn_held_queries_type(int64 set)
+{
+	HeldTargets *h = held_targets_of(set);
+
+	/* (bit strings are shipped as bit varying, a bit column's rows held as bit: one kind) */
+	if (held == NULL || held->set != set)
+		return h->vector_type;
+	if (knn_vector_kind(held->vector_type) != knn_vector_kind(h->vector_type))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("received %s query values with held %s rows",
+						format_type_be(held->vector_type), format_type_be(h->vector_type))));
+	return held->vector_type;
+}
+
+void
+knn_held_queries_take(int64 set, KnnMatrix *queries)
+{
+	const KnnMatrix *own = &held_targets_of(set)->matrix;
+
+	if (held != NULL && held->set == set)
+		knn_received_queries_take(set, queries);
+	if (own->n == 0)
+		return;
+	if (own->element != queries->element || (queries->dim >= 0 && queries->dim != own->dim))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("held rows of %d dimensions cannot join with the received query rows of %d",
+						own->dim, queries->dim)));
+	for (int64 r = 0; r < own->n; r++)
+	{
+		char	   *row = knn_matrix_reserve_row(queries, own->dim);
+
+		if (row == NULL)
+			elog(ERROR, "knn_held_queries_take: rows of another dimension");
+		memcpy(row, own->values + (Size) r * own->row_bytes, own->row_bytes);
+		knn_matrix_commit_row(queries, own->ids[r]);
+		if (r % ROWS_PER_INTERRUPT_CHECK == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+}
+
 void
 knn_held_targets_drop(int64 set)
 {

@@ -67,6 +67,20 @@ extern void knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector
 extern bool knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type,
 								  KnnMatrix *targets);
 
+/*
+ * A sharded self-join whose coordinator ships each shard only the other
+ * shards' rows (knn_join_received_held_packed): the queries are the rows
+ * received for set `set` (none, where no other shard had rows) and this
+ * server's own rows, the targets it holds for that set (which the join
+ * then takes as its targets too). knn_held_queries_type: the type of
+ * their vectors; knn_held_queries_take: both into `queries` (as
+ * knn_received_queries_take), the held rows copied. ERROR where the
+ * targets are not held for this set (or were read by another role), or
+ * are not the received rows' kind.
+ */
+extern Oid	knn_held_queries_type(int64 set);
+extern void knn_held_queries_take(int64 set, KnnMatrix *queries);
+
 /* Drops set `set`'s held targets, if any (knn_shard_drop_targets). */
 extern void knn_held_targets_drop(int64 set);
 

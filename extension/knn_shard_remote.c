@@ -297,7 +297,8 @@ static const char remote_check_sql[] =
 	REMOTE_CALLABLE_SQL("knn_shard_held_target_blocks(bigint)") ", "
 	/* the two types' OIDs there: the blocks name their type by OID, in binary */
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ")::pg_catalog.oid, "
-	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid "
+	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid, "
+	REMOTE_CALLABLE_SQL("knn_join_received_held_packed(bigint,text,integer,text,boolean,text)") " "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -334,7 +335,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	 */
 	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 13)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 14)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -353,6 +354,8 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->has_held_blocks = strcmp(fdw.PQgetvalue(res, 0, 10), "t") == 0;
 	vector_oid = text_value(res, 11);
 	halfvec_oid = text_value(res, 12);
+	shard->has_received_held_join = strcmp(fdw.PQgetvalue(res, 0, 13), "t") == 0;
+	shard->rows_shipped = -1;
 	fdw.PQclear(res);
 
 	if (remote_version == NULL || strcmp(remote_version, version) != 0)
@@ -729,7 +732,8 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 typedef struct ShipBlock
 {
 	StringInfoData data;
-	int64		end_row;		/* the rows of this block and all before it */
+	int64		rows;
+	int			origin;			/* the shard whose own rows these are (not sent them), or -1 */
 } ShipBlock;
 
 /*
@@ -754,8 +758,10 @@ typedef struct ShipStatement
 /* One shard's progress through the blocks; at most SHIP_IN_FLIGHT in flight (1 without pipeline mode). */
 typedef struct ShipProgress
 {
+	int64		passed;			/* blocks sent, or passed over as its own rows */
 	int64		sent;			/* blocks handed to libpq */
 	int64		answered;		/* blocks whose answer was read */
+	int64		rows_sent;		/* the rows of the blocks sent */
 	int64		expected[SHIP_IN_FLIGHT];	/* rows the shard must hold after each block in flight */
 	int64		held;			/* rows the shard said it holds, at its last answer */
 	bool		unsent_bytes;	/* libpq still holds bytes of them */
@@ -781,7 +787,8 @@ send_block(KnnShardRemote *shard, ShipProgress *p, const ShipStatement *st, cons
 		(p->pipelined && !fdw.PQsendFlushRequest(shard->conn)))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, st->sql);
 	END_SHARD_CONTEXT();
-	p->expected[p->sent % SHIP_IN_FLIGHT] = b->end_row;
+	p->rows_sent += b->rows;
+	p->expected[p->sent % SHIP_IN_FLIGHT] = p->rows_sent;
 	p->sent++;
 }
 
@@ -994,6 +1001,10 @@ struct KnnShardShipment
 	int64		r;				/* rows encoded */
 	int64		encoded;		/* blocks complete */
 	bool		filling;		/* blocks[encoded % SHIP_BLOCKS_AHEAD] has rows, not yet complete */
+	int64		block_start;	/* sh->r when that block began */
+	/* rows->origin_end: the next row of each shard's own rows, and whose block is next */
+	int64	   *origin_next;
+	int			origin_turn;
 	bool		open;			/* started, neither finished nor failed */
 	bool		savepoint;		/* the rows went in under a savepoint there (ship_savepoint) */
 	int64		held_at_finish; /* the rows every shard held when the finish began */
@@ -1031,6 +1042,19 @@ knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards, const KnnShar
 	{
 		ship_statement_init(shards[s], &sh->st[s]);
 		sh->progress[s].old_send_buffer = -1;
+	}
+	if (rows->origin_end != NULL)
+	{
+		/* each shard's own rows, in shard order, cover the rows */
+		sh->origin_next = palloc(n_shards * sizeof(int64));
+		for (int s = 0; s < n_shards; s++)
+		{
+			sh->origin_next[s] = s > 0 ? rows->origin_end[s - 1] : 0;
+			if (rows->origin_end[s] < sh->origin_next[s])
+				elog(ERROR, "knn_shard_remote_ship_start: shard %d's rows end before they begin", s);
+		}
+		if (rows->origin_end[n_shards - 1] != rows->n)
+			elog(ERROR, "knn_shard_remote_ship_start: the shards' own rows are not the rows");
 	}
 	sh->open = true;
 	PG_TRY();
@@ -1079,27 +1103,44 @@ encode_blocks(KnnShardShipment *sh, bool last)
 	instr_time	phase;
 
 	for (int s = 0; s < sh->n_shards; s++)
-		slowest = Min(slowest, sh->progress[s].sent);
+		slowest = Min(slowest, sh->progress[s].passed);
 	INSTR_TIME_SET_CURRENT(phase);
 	while (sh->encoded - slowest < SHIP_BLOCKS_AHEAD &&
 		   (sh->r < rows->n || (last && sh->filling)))
 	{
 		ShipBlock  *b = &sh->blocks[sh->encoded % SHIP_BLOCKS_AHEAD];
+		int64		row;
+		int64		end = rows->n;
 
 		if (!sh->filling)
 		{
 			resetStringInfo(&b->data);
 			sh->filling = true;
+			sh->block_start = sh->r;
+			b->origin = -1;
+			if (rows->origin_end != NULL)
+			{
+				/* the next shard's own rows in turn, a block each: every shard has blocks to take */
+				do
+					b->origin = sh->origin_turn++ % sh->n_shards;
+				while (sh->origin_next[b->origin] == rows->origin_end[b->origin]);
+			}
 		}
-		while (sh->r < rows->n && b->data.len < SHIP_BLOCK_BYTES)
+		row = b->origin >= 0 ? sh->origin_next[b->origin] : sh->r;
+		if (b->origin >= 0)
+			end = rows->origin_end[b->origin];
+		while (row < end && b->data.len < SHIP_BLOCK_BYTES)
 		{
-			rows->encode(rows->arg, sh->r++, &b->data);
-			if (sh->r % 1024 == 0)
+			rows->encode(rows->arg, row++, &b->data);
+			if (++sh->r % 1024 == 0)
 				CHECK_FOR_INTERRUPTS();
 		}
-		if (b->data.len < SHIP_BLOCK_BYTES && !last)
-			break;				/* the rest of it is not read yet */
-		b->end_row = sh->r;
+		if (b->origin >= 0)
+			sh->origin_next[b->origin] = row;
+		/* (rows shipped while read) the rest of it is not read yet; a shard's own rows are all here */
+		if (b->data.len < SHIP_BLOCK_BYTES && b->origin < 0 && !last)
+			break;
+		b->rows = sh->r - sh->block_start;
 		sh->encoded++;
 		sh->filling = false;
 		moved = true;
@@ -1128,14 +1169,22 @@ move_blocks(KnnShardShipment *sh, bool *done)
 
 		if (advance_block(shard, p, sh->st[s].sql))
 			moved = true;
-		while (p->sent - p->answered < (p->pipelined ? SHIP_IN_FLIGHT : 1) &&
-			   p->sent < sh->encoded && !p->unsent_bytes)
+		while (p->passed < sh->encoded)
 		{
-			send_block(shard, p, &sh->st[s], &sh->blocks[p->sent % SHIP_BLOCKS_AHEAD]);
-			(void) advance_block(shard, p, sh->st[s].sql);
+			const ShipBlock *b = &sh->blocks[p->passed % SHIP_BLOCKS_AHEAD];
+
+			if (b->origin != s)
+			{
+				if (p->sent - p->answered >= (p->pipelined ? SHIP_IN_FLIGHT : 1) ||
+					p->unsent_bytes)
+					break;
+				send_block(shard, p, &sh->st[s], b);
+				(void) advance_block(shard, p, sh->st[s].sql);
+			}
+			p->passed++;
 			moved = true;
 		}
-		*done = *done && p->answered == sh->encoded;
+		*done = *done && p->passed == sh->encoded && p->answered == p->sent;
 	}
 	sh->seconds_libpq += knn_seconds_since(phase);
 	return moved;
@@ -1226,6 +1275,8 @@ knn_shard_remote_ship_finish(KnnShardShipment *sh)
 	}
 	PG_END_TRY();
 	sh->open = false;
+	for (int s = 0; s < n_shards; s++)
+		shards[s]->rows_shipped = sh->progress[s].rows_sent;
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
 		pfree(sh->blocks[i].data.data);
 	note_ship_time(shards, n_shards, sh->start);

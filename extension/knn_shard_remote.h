@@ -37,6 +37,10 @@ typedef struct KnnShardRemote
 	bool		has_prefetch;	/* knn_shard_prefetch_targets() and knn_shard_drop_targets() there */
 	bool		has_held_blocks;	/* knn_shard_prefetch_self_join() and
 									 * knn_shard_held_target_blocks() there */
+	bool		has_received_held_join; /* knn_join_received_held_packed() there */
+	/* a self-join's join with its own held rows as queries too (the others' shipped), or NULL */
+	char	   *held_join_sql;
+	int64		rows_shipped;	/* query rows shipped to it in blocks, -1 = not */
 	bool		receives_queries;	/* this join ships in blocks, set by the caller */
 	int64		received_set;	/* the number of the set shipped in blocks */
 	bool		sending;		/* in non-blocking mode for the blocks */
@@ -120,6 +124,13 @@ typedef struct KnnShardRows
 	int64		max_vector_bytes;	/* the largest query vector's size there, 0 = unknown */
 	void		(*encode) (void *arg, int64 row, StringInfo buf);
 	void	   *arg;
+	/*
+	 * NULL: every row goes to every shard. Else (knn_shard_remote_ship_blocks
+	 * only, rows->n final) one end per shard of the shipment, in its order:
+	 * shard s's own rows are rows origin_end[s - 1] (0 for the first) up to
+	 * origin_end[s], and it is shipped only the others'.
+	 */
+	const int64 *origin_end;
 } KnnShardRows;
 
 /* Appends one field of binary COPY: the value's send form, or NULL. */

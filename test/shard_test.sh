@@ -856,7 +856,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -1534,6 +1534,44 @@ check "EXPLAIN ANALYZE says the queries came from the shards" "Queries From Shar
   "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV', '$SV', 3)" 2>&1 | grep -o 'Queries From Shards: .*')"
 check "... and nothing where they did not" "" \
   "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV WHERE id > 0', '$SV', 3)" 2>&1 | grep -o 'Queries From Shards: .*')"
+# each shard is shipped only the other shards' rows and joins its own with them
+# (knn_join_received_held_packed); a shard without that function: every row to every shard
+shipped_to_shards() {
+  sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('$SV', '$SV', 3)" \
+    -c "SELECT s->>'server', s->>'remote_sql' LIKE '%knn_join_received_held_packed(%',
+          (s->>'queries_shipped')::bigint = (knn_gpu_last_shard_stats()->>'queries')::bigint - (s->>'targets_read')::bigint,
+          (s->>'queries_shipped')::bigint = (knn_gpu_last_shard_stats()->>'queries')::bigint
+        FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1
+}
+check "a self-join from the shards: each shard is shipped only the other shards' rows, and joins its own with them" \
+  "$(printf 't\nshard1|t|t|f\nshard2|t|t|f')" "$(shipped_to_shards)"
+HELD_JOIN_ARGS="bigint, text, integer, text, boolean, text"
+away_on_shard2 knn_join_received_held_packed "$HELD_JOIN_ARGS"
+check "... a shard without knn_join_received_held_packed: every shard is shipped every row" \
+  "$(printf 't\nshard1|f|f|t\nshard2|f|f|t')" "$(shipped_to_shards)"
+self_from_shards "... and the rows are the same as one server's" "knn_join('$SV', '$SV', 5, 'l2', true)" true
+back_on_shard2 knn_join_received_held_packed "$HELD_JOIN_ARGS"
+# a shard that says it read more rows than it did: an ERROR naming it, nothing written past the rows
+# claimed_on_shard2 CLAIM: shard 2's read ahead answers CLAIM rows (an expression over the real count n)
+claimed_on_shard2() {
+  sql 2 -q -c "ALTER FUNCTION knn_shard_prefetch_self_join(bigint, regtype, text, text) RENAME TO knn_shard_prefetch_self_join_real" \
+    -c "CREATE FUNCTION knn_shard_prefetch_self_join(set bigint, query_type regtype, targets text, metric text,
+          OUT targets_read bigint, OUT seconds double precision, OUT id_type text, OUT vector_type text, OUT dim integer)
+        LANGUAGE sql SET search_path FROM CURRENT AS \$\$ SELECT $1, r.seconds, r.id_type, r.vector_type, r.dim
+          FROM knn_shard_prefetch_self_join_real(set, query_type, targets, metric) r(n, seconds, id_type, vector_type, dim) \$\$"
+  sql 0 -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1
+  sql 2 -q -c "DROP FUNCTION knn_shard_prefetch_self_join(bigint, regtype, text, text)" \
+    -c "ALTER FUNCTION knn_shard_prefetch_self_join_real(bigint, regtype, text, text) RENAME TO knn_shard_prefetch_self_join"
+}
+check_has "a shard claiming 2^63 - 1 rows read: an ERROR naming it" \
+  'foreign server "shard2" says it read 9223372036854775807 rows, more than this server could hold' \
+  "$(claimed_on_shard2 9223372036854775807)"
+check_has "a shard claiming more rows than it sends: an ERROR naming it" 'foreign server "shard2" sent' \
+  "$(claimed_on_shard2 "r.n + 1000000")"
+check "... the coordinator goes on" "$(printf 'alive\nleft:0\nleft:0')" \
+  "$(sql 0 -c "SELECT 'alive'" \
+     -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+     -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
 # a NULL id: today's message (the queries'), from the shard that read it
 out=$(sql 0 2>&1 <<EOF
 BEGIN;
