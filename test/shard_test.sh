@@ -1787,6 +1787,25 @@ check_has "a shard sending a non-finite halfvec: an ERROR" 'sent a malformed blo
 check_has "... naming it" 'foreign server "shard2"' "$out"
 check_has "a shard sending more rows than it read: an ERROR naming it" 'foreign server "shard2" sent more held rows, not the' \
   "$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b UNION ALL SELECT b FROM knn_shard_held_target_blocks_real(s) b")"
+# each block is read as it arrives, not after the shard's whole answer: a malformed first
+# block is refused at once while the shard still sends (its real blocks, which push the first
+# one's end out of its send buffer, then 5 s of sleep before its end)
+start=$(date +%s%N)
+out=$(forged_blocks_on_shard2 "SELECT x FROM (SELECT substr(b, 1, length(b) - 1) AS x FROM knn_shard_held_target_blocks_real(s) b LIMIT 1) f
+  UNION ALL SELECT b FROM knn_shard_held_target_blocks_real(s) b UNION ALL SELECT NULL::bytea FROM pg_sleep(5)")
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+check_has "a malformed first block refused as it arrives, the shard still sending" 'sent a malformed block of held rows' "$out"
+[ "$ms" -lt 3000 ] && pass "... at once (${ms} ms)" || fail "... only after the shard's whole answer (${ms} ms)"
+check "... and the shard stopped" 0 "$(active_on_shards)"
+# an error on the shard in the middle of its blocks: its ERROR, its server named, nothing left held
+out=$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b UNION ALL SELECT b FROM knn_shard_held_target_blocks_real(s) b WHERE 1 / (length(b) - length(b)) = 1")
+check_has "an error on the shard while it sends its blocks: its ERROR" 'ERROR:  division by zero' "$out"
+check_has "... naming it" 'knn_join on foreign server "shard2"' "$out"
+check "... nothing held on the shards, nothing running there, the session goes on" "$(printf 'left:0\nleft:0\nagain:true')" \
+  "$(sql 0 -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+     -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+     -c "SELECT 'again:' || (count(*) > 0) FROM knn_join('$SV', '$SV', 3)" 2>&1)"
+check "... and the shards stopped" 0 "$(active_on_shards)"
 # the memory of the coordinator: the held rows are decoded as they arrive, not
 # held whole in libpq first (that was half as much again as the query set)
 for i in 1 2; do
