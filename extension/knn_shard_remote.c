@@ -76,8 +76,6 @@
  * their type's storage.
  */
 #define PLAIN_ROW_ROOM 1192
-/* How often the wait for the shards looks at the other sockets. */
-#define COLLECT_POLL_MS 10
 
 /*
  * libpq's stable ABI (libpq-fe.h of soname libpq.so.5), declared here
@@ -1344,6 +1342,41 @@ typedef enum ShardWait
 	WAIT_FETCH
 } ShardWait;
 
+/* Is the shard busy with what wait_for_shards waits for? */
+static bool
+shard_busy(const KnnShardRemote *shard, ShardWait what)
+{
+	return what == WAIT_PREFETCH ? shard->prefetching :
+		what == WAIT_FETCH ? shard->fetching : shard->busy;
+}
+
+/* Waits (cancellably) until any busy shard's socket has something to read. */
+static void
+wait_for_any(KnnShardRemote **shards, int n_shards, ShardWait what)
+{
+	WaitEventSet *set = CreateWaitEventSet(CurrentMemoryContext, n_shards + 2);
+
+	PG_TRY();
+	{
+		WaitEvent	event;
+
+		AddWaitEventToSet(set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+		AddWaitEventToSet(set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+		for (int s = 0; s < n_shards; s++)
+			if (shard_busy(shards[s], what))
+				AddWaitEventToSet(set, WL_SOCKET_READABLE, fdw.PQsocket(shards[s]->conn), NULL, NULL);
+		if (WaitEventSetWait(set, -1L, &event, 1, PG_WAIT_EXTENSION) == 1 &&
+			(event.events & WL_LATCH_SET))
+			ResetLatch(MyLatch);
+	}
+	PG_FINALLY();
+	{
+		FreeWaitEventSet(set);
+	}
+	PG_END_TRY();
+	CHECK_FOR_INTERRUPTS();
+}
+
 static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what,
 							KnnShardReader reader, void *reader_arg);
 static void read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_arg);
@@ -1491,8 +1524,9 @@ knn_shard_remote_send(KnnShardRemote *shard)
 /*
  * Waits until no shard is busy (WAIT_PREFETCH: prefetching; WAIT_FETCH:
  * fetching, each block handed to reader as it arrives: read_arrived_blocks),
- * noting when each one's join result arrived. One socket is waited on at a
- * time, the others looked at every COLLECT_POLL_MS.
+ * noting when each one's join result arrived. Waits on every busy shard's
+ * socket at once (wait_for_any): the blocks of a fetch are read as soon as
+ * any shard's arrive.
  */
 static void
 wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardReader reader,
@@ -1502,7 +1536,7 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardR
 
 	for (;;)
 	{
-		KnnShardRemote *waiting = NULL;
+		bool		any_busy = false;
 
 		for (int s = 0; s < n_shards; s++)
 		{
@@ -1532,22 +1566,11 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardR
 					shard->seconds_join = INSTR_TIME_GET_DOUBLE(now);
 				*busy = false;
 			}
-			if (*busy && waiting == NULL)
-				waiting = shard;
+			any_busy |= *busy;
 		}
-		if (waiting == NULL)
+		if (!any_busy)
 			return;
-		{
-			int			rc = WaitLatchOrSocket(MyLatch,
-											   WL_LATCH_SET | WL_EXIT_ON_PM_DEATH |
-											   WL_SOCKET_READABLE | WL_TIMEOUT,
-											   fdw.PQsocket(waiting->conn), COLLECT_POLL_MS,
-											   PG_WAIT_EXTENSION);
-
-			if (rc & WL_LATCH_SET)
-				ResetLatch(MyLatch);
-			CHECK_FOR_INTERRUPTS();
-		}
+		wait_for_any(shards, n_shards, what);
 	}
 }
 
