@@ -1696,6 +1696,25 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 			held_rows_miscounted(c->sp.shards[s],
 								 psprintf(INT64_FORMAT, c->sp.shards[s]->prefetched_rows -
 										  (target.end[s] - target.next[s])));
+	/*
+	 * Ids that repeat: the call joins here, on the rows in the order this
+	 * server's read gives them (partition order, not the shards'), so they
+	 * are read here, as without the shards (the join then says so).
+	 */
+	if (!knn_matrix_ids_distinct(queries))
+	{
+		MemoryContext old = MemoryContextSwitchTo(queries->context);
+		const char *set_name = queries->set_name;
+		KnnElement	element = queries->element;
+
+		knn_matrix_free(queries);
+		knn_matrix_init(queries, set_name, element);
+		MemoryContextSwitchTo(old);
+		ereport(DEBUG1,
+				(errmsg_internal("knn_join: the query rows read here, not from the shards: query ids repeat")));
+		c->queries_from_shards = false;
+		return false;
+	}
 	/* where each shard's rows are: it may be shipped only the others' (knn_shard_try_join) */
 	c->held_end = MemoryContextAlloc(c->context, c->sp.n_shards * sizeof(int64));
 	memcpy(c->held_end, target.end, c->sp.n_shards * sizeof(int64));

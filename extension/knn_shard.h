@@ -147,8 +147,9 @@ extern KnnShardEarly *knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr target
  * they arrive, to `queries` (knn_matrix_init'ed with the join's element,
  * empty), shard by shard, each shard's in the order it read them (not
  * necessarily a read here's order: the join sorts them by id), and returns
- * true. Otherwise false: the caller reads its queries text (early may be
- * NULL).
+ * true. Otherwise false (also where ids repeat: the call then joins here,
+ * on the rows in the order of a read here): the caller reads its queries
+ * text (early may be NULL).
  */
 extern bool knn_shard_read_queries(KnnShardEarly *early, KnnMatrix *queries);
 

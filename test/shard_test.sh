@@ -1780,6 +1780,14 @@ check "ids repeating across the shards: the same rows as before" "0 differences,
 check_has "... joined here with a NOTICE" "query ids repeat" \
   "$(sql 0 -c "SELECT count(*) FROM knn_join('$XV', '$XV', 5, 'l2')" 2>&1)"
 sql 2 -c "DELETE FROM items_x_1 WHERE id = $dup"
+# ... the same rows in the same order as the coordinator's own read (in partition order: the
+# row of items_x_1 before that of items_x_2; shard 1, which holds items_x_2, sends its rows first)
+dup=$(sql 1 -c "SELECT min(id) FROM items_x_2")
+sql 2 -c "INSERT INTO items_x_1 VALUES ($dup, '[1,1,1,1,1,1,1,1]', '[1,1,1,1,1,1,1,1]', B'111111111111')"
+check "ids repeating across the shards: the rows in the order of the coordinator's own read" \
+  "$(sql 0 -c "SET knn_gpu.shard_prefetch = off" -c "SELECT * FROM knn_join('$XV', '$XV', 3, 'l1')" 2>&1 | md5sum)" \
+  "$(sql 0 -c "SELECT * FROM knn_join('$XV', '$XV', 3, 'l1')" 2>&1 | md5sum)"
+sql 2 -c "DELETE FROM items_x_1 WHERE id = $dup"
 # a forged halfvec block: an ERROR naming the shard
 out=$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7c00'::bytea from length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b" \
   "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 3)")
