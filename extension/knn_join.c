@@ -884,7 +884,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		knn_key_columns_rank(query_set.keys, queries.ids,
 							 targets != &queries ? target_keys : NULL,
 							 targets != &queries ? targets->ids : NULL);
-	knn_matrix_sort_by_id(&queries);
+	/*
+	 * A shard's packed pairs of received queries go back keyed by query id
+	 * (the coordinator puts them in its order): their order here is no one's.
+	 */
+	if (!(call->received && call->packed))
+		knn_matrix_sort_by_id(&queries);
 	if (targets != &queries)
 		knn_matrix_sort_by_id(targets);
 	seconds_sort = knn_seconds_since(start);

@@ -93,9 +93,9 @@ start_shared_rows(KnnMatrix *m, Size value_bytes)
  * caller's memory (capacity rows, as the ids).
  */
 static void
-grow_shared_rows(KnnMatrix *m)
+grow_shared_rows(KnnMatrix *m, int64 rows)
 {
-	Size		needed = shared_rows_bytes((Size) (m->n + 1) * m->row_bytes);
+	Size		needed = shared_rows_bytes((Size) rows * m->row_bytes);
 	char	   *own;
 
 	if (knn_shared_rows_grow(m->shared->rows, needed))
@@ -138,6 +138,30 @@ grow(KnnMatrix *m)
 }
 
 void
+knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from)
+{
+	Assert(!m->grouped && m->element == from->element);
+	if (from->n == 0)
+		return;
+	if (m->dim < 0)
+	{
+		m->dim = from->dim;
+		m->row_bytes = knn_row_bytes(m->element, m->dim);
+	}
+	else if (m->dim != from->dim)
+		elog(ERROR, "knn_matrix_append_rows: rows of %d dimensions into %s rows of %d",
+			 from->dim, m->set_name, m->dim);
+	/* room for them all at once: one growth, not one per doubling of a row at a time */
+	while (m->capacity < m->n + from->n)
+		grow(m);
+	if (m->shared != NULL && (Size) (m->n + from->n) * m->row_bytes > m->shared->bytes)
+		grow_shared_rows(m, m->n + from->n);
+	memcpy(m->values + (Size) m->n * m->row_bytes, from->values, (Size) from->n * m->row_bytes);
+	memcpy(m->ids + m->n, from->ids, (Size) from->n * sizeof(int64));
+	m->n += from->n;
+}
+
+void
 knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
 					   const KnnVectorReader *reader)
 {
@@ -162,7 +186,7 @@ knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
 	if (m->n == m->capacity)
 		grow(m);
 	if (m->shared != NULL && (Size) (m->n + 1) * m->row_bytes > m->shared->bytes)
-		grow_shared_rows(m);
+		grow_shared_rows(m, m->n + 1);
 	if (!reader->copy(view, m->values + m->n * m->row_bytes))
 		knn_vector_problem_error(KNN_VALUE_NOT_FINITE, m->set_name, id);
 	m->ids[m->n] = id;
@@ -183,7 +207,7 @@ knn_matrix_reserve_row(KnnMatrix *m, int dim)
 	if (m->n == m->capacity)
 		grow(m);
 	if (m->shared != NULL && (Size) (m->n + 1) * m->row_bytes > m->shared->bytes)
-		grow_shared_rows(m);
+		grow_shared_rows(m, m->n + 1);
 	return m->values + m->n * m->row_bytes;
 }
 

@@ -75,6 +75,9 @@ extern void knn_matrix_commit_row(KnnMatrix *m, int64 id);
  */
 extern void knn_matrix_reserve_rows(KnnMatrix *m, int dim, int64 n);
 
+/* Appends every row of `from` (the same element and dimension, neither grouped), in one copy. */
+extern void knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from);
+
 /*
  * Sorts rows by id (stable), so that row order breaks ties by id. Checks
  * for interrupts as it goes.

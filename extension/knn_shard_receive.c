@@ -610,17 +610,7 @@ knn_held_queries_take(int64 set, KnnMatrix *queries)
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("held rows of %d dimensions cannot join with the received query rows of %d",
 						own->dim, queries->dim)));
-	for (int64 r = 0; r < own->n; r++)
-	{
-		char	   *row = knn_matrix_reserve_row(queries, own->dim);
-
-		if (row == NULL)
-			elog(ERROR, "knn_held_queries_take: rows of another dimension");
-		memcpy(row, own->values + (Size) r * own->row_bytes, own->row_bytes);
-		knn_matrix_commit_row(queries, own->ids[r]);
-		if (r % ROWS_PER_INTERRUPT_CHECK == 0)
-			CHECK_FOR_INTERRUPTS();
-	}
+	knn_matrix_append_rows(queries, own);
 }
 
 void

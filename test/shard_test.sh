@@ -322,7 +322,9 @@ done
 
 # The rows received are those COPY gives, bit for bit: on shard 1, a set
 # received in two blocks joins exactly as knn_join_packed of the table's rows
-# (the same packed values, in the same order).
+# (the same packed pairs, each query's in the same order; the queries in any
+# order: the coordinator takes a shard's pairs by query id, and the shard
+# does not sort the queries it received).
 # received_same NAME TYPE SEND_FUNCTION QUERY_COLUMN TARGETS K METRIC EXCLUDE_SELF
 received_same() {
   local block="SELECT string_agg(int4send(8) || int8send(id) || int4send(length($3($4))) || $3($4), ''::bytea ORDER BY id) FROM items_h_0 WHERE $4 IS NOT NULL"
@@ -333,8 +335,12 @@ SELECT knn_shard_receive_queries(7, '$2', ($block AND id % 2 = 0)) > 0;
 SELECT knn_shard_receive_queries(7, '$2', ($block AND id % 2 = 1)) = (SELECT count($4) FROM items_h_0);
 CREATE TEMP TABLE got AS SELECT p, n FROM knn_join_received_packed(7, '$5', $6, '$7', $8, 'auto') WITH ORDINALITY x(p, n);
 COMMIT;
-SELECT (SELECT string_agg(p, ''::bytea ORDER BY n) FROM got)
-     = (SELECT string_agg(p, ''::bytea ORDER BY n) FROM knn_join_packed('SELECT id, $4 FROM items_h_0', '$5', $6, '$7', $8, 'auto') WITH ORDINALITY x(p, n)),
+-- the 24-byte pairs (query id, target id, distance) by query id, each query's in their order
+CREATE FUNCTION pg_temp.by_query(b bytea) RETURNS bytea LANGUAGE sql AS \$\$
+  SELECT string_agg(substr(b, o, 24), ''::bytea ORDER BY ('x' || encode(substr(b, o, 8), 'hex'))::bit(64)::bigint, o)
+  FROM generate_series(1, length(b), 24) o \$\$;
+SELECT pg_temp.by_query((SELECT string_agg(p, ''::bytea ORDER BY n) FROM got))
+     = pg_temp.by_query((SELECT string_agg(p, ''::bytea ORDER BY n) FROM knn_join_packed('SELECT id, $4 FROM items_h_0', '$5', $6, '$7', $8, 'auto') WITH ORDINALITY x(p, n))),
        (SELECT count(*) FROM got) > 0;
 EOF
 )
