@@ -1087,6 +1087,23 @@ knn_join_packed(PG_FUNCTION_ARGS)
 	PG_RETURN_NULL();
 }
 
+/* The two joins of a received set below: its rows (and with_held, the targets held for it) as queries. */
+static Datum
+join_received_packed(FunctionCallInfo fcinfo, bool with_held)
+{
+	KnnJoinCall call;
+
+	memset(&call, 0, sizeof(call));
+	require_argument(fcinfo, 0, "set");
+	call.received = true;
+	call.with_held = with_held;
+	call.received_set = PG_GETARG_INT64(0);
+	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
+	call.packed = true;
+	knn_join_run_reported(fcinfo, &call);
+	PG_RETURN_NULL();
+}
+
 /*
  * knn_join_received_packed(set, targets, k, metric, exclude_self, method):
  * knn_join_packed whose queries are the rows a coordinator shipped into
@@ -1096,16 +1113,7 @@ PG_FUNCTION_INFO_V1(knn_join_received_packed);
 Datum
 knn_join_received_packed(PG_FUNCTION_ARGS)
 {
-	KnnJoinCall call;
-
-	memset(&call, 0, sizeof(call));
-	require_argument(fcinfo, 0, "set");
-	call.received = true;
-	call.received_set = PG_GETARG_INT64(0);
-	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
-	call.packed = true;
-	knn_join_run_reported(fcinfo, &call);
-	PG_RETURN_NULL();
+	return join_received_packed(fcinfo, false);
 }
 
 /*
@@ -1119,17 +1127,7 @@ PG_FUNCTION_INFO_V1(knn_join_received_held_packed);
 Datum
 knn_join_received_held_packed(PG_FUNCTION_ARGS)
 {
-	KnnJoinCall call;
-
-	memset(&call, 0, sizeof(call));
-	require_argument(fcinfo, 0, "set");
-	call.received = true;
-	call.with_held = true;
-	call.received_set = PG_GETARG_INT64(0);
-	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
-	call.packed = true;
-	knn_join_run_reported(fcinfo, &call);
-	PG_RETURN_NULL();
+	return join_received_packed(fcinfo, true);
 }
 
 /*
