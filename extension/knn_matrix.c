@@ -15,6 +15,9 @@
 #include "knn_gpu_service.h"
 #include "knn_matrix.h"
 
+/* knn_matrix_append_rows copies this much between its looks for a cancel. */
+#define KNN_COPY_SLICE_BYTES ((int64) 64 * 1024 * 1024)
+
 /* Elements (or rows of values) between two looks at the interrupt flags. */
 #define KNN_INTERRUPT_SLICE 65536
 #define KNN_RADIX_BITS 16
@@ -111,11 +114,10 @@ grow_shared_rows(KnnMatrix *m, int64 rows)
 	m->values = own;
 }
 
+/* Room for `capacity` rows (more than now). Huge allocations: the matrix may well pass 1 GB. */
 static void
-grow(KnnMatrix *m)
+grow_to(KnnMatrix *m, int64 capacity)
 {
-	/* Huge allocations: the matrix may well pass 1 GB. */
-	int64		capacity = m->capacity == 0 ? 1024 : m->capacity * 2;
 	Size		value_bytes = (Size) capacity * m->row_bytes;
 
 	if (m->values == NULL)
@@ -137,6 +139,12 @@ grow(KnnMatrix *m)
 	m->capacity = capacity;
 }
 
+static void
+grow(KnnMatrix *m)
+{
+	grow_to(m, m->capacity == 0 ? 1024 : m->capacity * 2);
+}
+
 void
 knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from)
 {
@@ -151,13 +159,22 @@ knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from)
 	else if (m->dim != from->dim)
 		elog(ERROR, "knn_matrix_append_rows: rows of %d dimensions into %s rows of %d",
 			 from->dim, m->set_name, m->dim);
-	/* room for them all at once: one growth, not one per doubling of a row at a time */
-	while (m->capacity < m->n + from->n)
-		grow(m);
+	/* room for them all at once, exactly */
+	if (m->capacity < m->n + from->n)
+		grow_to(m, m->n + from->n);
 	if (m->shared != NULL && (Size) (m->n + from->n) * m->row_bytes > m->shared->bytes)
 		grow_shared_rows(m, m->n + from->n);
-	memcpy(m->values + (Size) m->n * m->row_bytes, from->values, (Size) from->n * m->row_bytes);
 	memcpy(m->ids + m->n, from->ids, (Size) from->n * sizeof(int64));
+	/* in slices: a cancel is seen within one slice's copy */
+	for (int64 r = 0; r < from->n;)
+	{
+		int64		rows = Min(from->n - r, Max(1, KNN_COPY_SLICE_BYTES / (int64) m->row_bytes));
+
+		memcpy(m->values + (Size) (m->n + r) * m->row_bytes, from->values + (Size) r * m->row_bytes,
+			   (Size) rows * m->row_bytes);
+		r += rows;
+		CHECK_FOR_INTERRUPTS();
+	}
 	m->n += from->n;
 }
 

@@ -1785,10 +1785,11 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		return false;
 	}
 	/*
-	 * The rows go out in the order they were read (each shard's join sorts
-	 * its queries by id); they are sorted here once the shards are joining.
+	 * The rows go out in the order they were read (a shard's join takes its
+	 * queries in any order); they are sorted here once the shards are
+	 * joining. (Rows from the shards were checked as they were fetched.)
 	 */
-	if (!knn_matrix_ids_distinct(queries))
+	if (!(c->queries_from_shards && c->held_end != NULL) && !knn_matrix_ids_distinct(queries))
 	{
 		notice_not_pushed(spp, "query ids repeat");
 		if (c->state == SHARDS_OPENED)

@@ -605,7 +605,11 @@ knn_held_queries_take(int64 set, KnnMatrix *queries)
 		knn_received_queries_take(set, queries);
 	if (own->n == 0)
 		return;
-	if (own->element != queries->element || (queries->dim >= 0 && queries->dim != own->dim))
+	if (own->element != queries->element)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("held rows cannot join as this join's element type with the received query rows")));
+	if (queries->dim >= 0 && queries->dim != own->dim)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("held rows of %d dimensions cannot join with the received query rows of %d",

@@ -1551,6 +1551,14 @@ shipped_to_shards() {
 }
 check "a self-join from the shards: each shard is shipped only the other shards' rows, and joins its own with them" \
   "$(printf 't\nshard1|t|t|f\nshard2|t|t|f')" "$(shipped_to_shards)"
+# the same with several blocks of rows per shard (big: 96 dimensions, 12000 rows)
+BS="SELECT id, v FROM big WHERE id <= 12000"
+same_as_one_server "a self-join from the shards over several blocks a shard: the same rows as one server's" 2 \
+  "knn_join('$BS', '$BS', 4, 'l2', true)" "knn_join('${BS//big/big_here}', '${BS//big/big_here}', 4, 'l2', true)" true
+check "... each shard shipped only the other shard's rows" "$(printf 'shard1|t\nshard2|t')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM knn_join('$BS', '$BS', 4, 'l2', true)" -c "SELECT s->>'server',
+       (s->>'queries_shipped')::bigint = 12000 - (s->>'targets_read')::bigint
+     FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s ORDER BY 1" 2>&1 | tail -2)"
 HELD_JOIN_ARGS="bigint, text, integer, text, boolean, text"
 away_on_shard2 knn_join_received_held_packed "$HELD_JOIN_ARGS"
 check "... a shard without knn_join_received_held_packed: every shard is shipped every row" \

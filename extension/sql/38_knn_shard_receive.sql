@@ -18,7 +18,7 @@ AS 'MODULE_PATHNAME', 'knn_join_received_packed'
 LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
 
 COMMENT ON FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text) IS
-'knn_join_packed for a coordinator of a sharded knn_join: the queries are the set knn_shard_receive_queries() received in this transaction, which the join takes.';
+'knn_join_packed for a coordinator of a sharded knn_join: the queries are the set knn_shard_receive_queries() received in this transaction, which the join takes; each query''s pairs together, in rank order, the queries in the order received (the coordinator takes the pairs by query id).';
 
 -- knn_range_join with the received query set as its queries.
 CREATE FUNCTION knn_range_join_received(set bigint, targets text, radius double precision,
