@@ -992,7 +992,7 @@ struct KnnShardEarly
 	int			n_memory;
 	KnnShardRows ship_rows;		/* rows.n follows the read */
 	KnnShardShipment *shipment; /* started during the read, or NULL */
-	/* queries from the shards: shard s's rows end at held_end[s] (in the order read), or NULL */
+	/* the queries came from the shards: shard s's rows end at held_end[s] (in the order read); else NULL */
 	int64	   *held_end;
 };
 
@@ -1652,6 +1652,7 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 	const char *differ;
 	int32		dim;
 	int64		rows = 0;
+	int64		most;
 
 	if (c == NULL || !c->queries_from_shards)
 		return false;
@@ -1669,13 +1670,13 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 	target.queries = queries;
 	target.shards = c->sp.shards;
 	target.next = palloc(c->sp.n_shards * sizeof(int64));
-	target.end = palloc(c->sp.n_shards * sizeof(int64));
+	/* (where each shard's rows end: kept, it may be shipped only the others', knn_shard_try_join) */
+	target.end = MemoryContextAlloc(c->context, c->sp.n_shards * sizeof(int64));
+	/* (the counts are the shards' word: more than memory could hold is a lie) */
+	most = dim > 0 ? (int64) (MaxAllocHugeSize / (knn_row_bytes(queries->element, dim) + sizeof(int64))) : 0;
 	for (int s = 0; s < c->sp.n_shards; s++)
 	{
 		KnnShardRemote *shard = c->sp.shards[s];
-		/* (the counts are the shards' word: more than memory could hold is a lie) */
-		int64		most = dim > 0 ? (int64) (MaxAllocHugeSize / (knn_row_bytes(queries->element, dim) +
-																 sizeof(int64))) : 0;
 
 		target.next[s] = rows;
 		if (shard->prefetched_rows < 0 || shard->prefetched_rows > most ||
@@ -1715,9 +1716,7 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 		c->queries_from_shards = false;
 		return false;
 	}
-	/* where each shard's rows are: it may be shipped only the others' (knn_shard_try_join) */
-	c->held_end = MemoryContextAlloc(c->context, c->sp.n_shards * sizeof(int64));
-	memcpy(c->held_end, target.end, c->sp.n_shards * sizeof(int64));
+	c->held_end = target.end;
 	return true;
 }
 
@@ -1789,7 +1788,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	 * queries in any order); they are sorted here once the shards are
 	 * joining. (Rows from the shards were checked as they were fetched.)
 	 */
-	if (!(c->queries_from_shards && c->held_end != NULL) && !knn_matrix_ids_distinct(queries))
+	if (c->held_end == NULL && !knn_matrix_ids_distinct(queries))
 	{
 		notice_not_pushed(spp, "query ids repeat");
 		if (c->state == SHARDS_OPENED)
@@ -1848,8 +1847,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		 * they were read: they are sorted below): each is shipped only the
 		 * other shards' and joins them with its own, where every one can.
 		 */
-		if (c->queries_from_shards && c->held_end != NULL && c->shipment == NULL &&
-			n_memory == spp->n_shards)
+		if (c->held_end != NULL && c->shipment == NULL && n_memory == spp->n_shards)
 		{
 			bool		all_can = true;
 
