@@ -72,7 +72,8 @@
 #   DEVICE=cpu SHARED_BUFFERS=128MB PG_BIN=/usr/lib/postgresql/15/bin bash bench/shard_bench.sh /tmp/out
 #
 # Settings: EMB_ROWS EMB_DIMS CLU_ROWS CLU_DIMS CLU_CENTRES K CHECK_QUERIES
-#   NODE_QUERIES PREFETCH_OFF (1: each set's sharded join once more with
+#   RELAY_OFF (1: the self-join over the sharded table once more with knn_gpu.shard_relay = off,
+#   "sharded_no_relay") NODE_QUERIES PREFETCH_OFF (1: each set's sharded join once more with
 #   knn_gpu.shard_prefetch = off, "sharded_no_prefetch") SHIP_TARGETS (0) SHIP_COPIES (1) SHIP_ROUNDS (0) FETCH_SIZE
 #   QUERY_TEXT_FETCH_SIZES DEVICE (gpu) GPUS ("0 1": the shards' GPUs; the coordinator
 #   takes the first) PORTS ("5701 5702 5703") SHARED_BUFFERS (8GB)
@@ -84,6 +85,7 @@ emb_rows=${EMB_ROWS:-1000000} emb_dims=${EMB_DIMS:-768}
 clu_rows=${CLU_ROWS:-5000000} clu_dims=${CLU_DIMS:-8} clu_centres=${CLU_CENTRES:-1000}
 k=${K:-10} check_queries=${CHECK_QUERIES:-20000} node_queries=${NODE_QUERIES:-100000}
 prefetch_off=${PREFETCH_OFF:-1}
+relay_off=${RELAY_OFF:-1}
 device=${DEVICE:-gpu} step_timeout=${STEP_TIMEOUT:-240} ship_targets=${SHIP_TARGETS:-0} ship_copies=${SHIP_COPIES:-1} ship_rounds=${SHIP_ROUNDS:-0}
 # postgres_fdw's fetch_size on the shards' servers (empty: its default, 100 rows)
 server_fetch_size=${FETCH_SIZE:-} fetch_size=${FETCH_SIZE:-} query_text_fetch_sizes=${QUERY_TEXT_FETCH_SIZES:-}
@@ -222,6 +224,14 @@ bench_set() {
   # from the shards' held targets where the path applies: stats "queries_from_shards")
   shard_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
     "SELECT knn_gpu_last_shard_stats()") || exit 1
+  # the same self-join with the shards' rows decoded here and encoded again (knn_gpu.shard_relay = off)
+  local no_relay_run=null no_relay_json=null
+  if [ "$relay_off" = 1 ]; then
+    no_relay_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+      "SELECT knn_gpu_last_shard_stats()" "SET knn_gpu.shard_relay = off") || exit 1
+    no_relay_json="{\"sql_ms\":${no_relay_run%%|*},\"checksum\":$(json_string "$(echo "$no_relay_run" | cut -d'|' -f2)"),\"stats\":${no_relay_run#*|*|}}"
+    echo "$name knn_join, two shards, the shards' rows not relayed (knn_gpu.shard_relay = off): ${no_relay_run%%|*} ms" >&2
+  fi
   # the same rows as queries read from the coordinator's plain copy (the form earlier sessions timed)
   local local_run local_json
   local_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
@@ -246,9 +256,9 @@ bench_set() {
   local shard_stats=${shard_run#*|*|}
   check=false; [ -n "$base_sum" ] && [ "$base_sum" = "$shard_sum" ] && [ "$diff" = 0 ] && check=true
   echo "$name knn_join: one server ${base_ms} ms, two shards ${shard_ms} ms; checksums $base_sum / $shard_sum; first $check_queries queries: ${diff:-?} differing rows" >&2
-  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded_no_prefetch":%s,"sharded_local_queries":%s,"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
+  printf '{"set":"%s","rows":%s,"dims":%s,"k":%s,"form":"knn_join exclude_self","one_server":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded":{"sql_ms":%s,"checksum":%s,"stats":%s},"sharded_no_prefetch":%s,"sharded_no_relay":%s,"sharded_local_queries":%s,"check_queries":%s,"check_differing_rows":%s,"identical":%s}' \
     "$name" "$rows" "$dims" "$k" "$base_ms" "$(json_string "$base_sum")" "${base_run##*|}" \
-    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$late_json" "$local_json" "$check_queries" "${diff:-null}" "$check"
+    "$shard_ms" "$(json_string "$shard_sum")" "$shard_stats" "$late_json" "$no_relay_json" "$local_json" "$check_queries" "${diff:-null}" "$check"
 }
 
 # bench_node NAME: the KNN Join node over the first NODE_QUERIES rows, sharded and not
@@ -444,6 +454,11 @@ for run in runs:
     if late and late.get("sql_ms") and run["sharded"]["sql_ms"]:
         run["derived"]["no_prefetch_sql_ms_over_prefetch"] = late["sql_ms"] / run["sharded"]["sql_ms"]
         run["derived"]["no_prefetch_identical"] = late.get("checksum") == run["sharded"].get("checksum")
+    no_relay = run.get("sharded_no_relay")
+    if no_relay and no_relay.get("sql_ms"):
+        run["derived"]["speedup_sql_no_relay"] = run["one_server"]["sql_ms"] / no_relay["sql_ms"]
+        run["derived"]["no_relay_identical"] = no_relay.get("checksum") == run["one_server"].get("checksum")
+        run["derived"]["queries_relayed"] = (run["sharded"]["stats"] or {}).get("queries_relayed")
     local_q = run.get("sharded_local_queries")
     if local_q and local_q.get("sql_ms"):
         run["derived"]["speedup_sql_local_queries"] = run["one_server"]["sql_ms"] / local_q["sql_ms"]

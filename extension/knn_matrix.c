@@ -254,6 +254,25 @@ knn_matrix_reserve_rows(KnnMatrix *m, int dim, int64 n)
 }
 
 void
+knn_matrix_reserve_ids(KnnMatrix *m, int dim, int64 n)
+{
+	Assert(!m->grouped);
+	if (m->n != 0 || m->values != NULL)
+		elog(ERROR, "knn_matrix_reserve_ids: the %s matrix is not empty", m->set_name);
+	if (n <= 0)
+		return;
+	m->dim = dim;
+	m->row_bytes = knn_row_bytes(m->element, m->dim);
+	if ((Size) n > MaxAllocHugeSize / sizeof(int64))
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg(INT64_FORMAT " %s ids exceed the largest allocation", n, m->set_name)));
+	m->ids = MemoryContextAllocHuge(m->context, (Size) n * sizeof(int64));
+	m->capacity = n;
+	m->n = n;
+}
+
+void
 knn_matrix_commit_row(KnnMatrix *m, int64 id)
 {
 	Assert(m->n < m->capacity);
@@ -417,7 +436,9 @@ knn_matrix_sort_by_id(KnnMatrix *m)
 	 * large matrix is not copied); the id and group arrays are small.
 	 */
 	order = sorted_rows(m);
-	permute_rows_in_place(m, order, rows_per_slice);
+	/* (a matrix of ids only, knn_matrix_reserve_ids, has no rows to move) */
+	if (m->values != NULL || m->shared != NULL)
+		permute_rows_in_place(m, order, rows_per_slice);
 	groups = m->grouped ? MemoryContextAllocHuge(m->context, (Size) m->capacity * sizeof(int64)) : NULL;
 	for (int64 i = 0; i < m->n; i++)
 	{

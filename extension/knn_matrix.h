@@ -75,6 +75,14 @@ extern void knn_matrix_commit_row(KnnMatrix *m, int64 id);
  */
 extern void knn_matrix_reserve_rows(KnnMatrix *m, int dim, int64 n);
 
+/*
+ * The same with ids only: n rows of dim elements whose ids the caller
+ * writes, and no values (NULL): for rows that go elsewhere as they came
+ * (knn_shard_relay.h), of which only the ids are needed here. Such a
+ * matrix can be sorted by id, checked for distinct ids and freed.
+ */
+extern void knn_matrix_reserve_ids(KnnMatrix *m, int dim, int64 n);
+
 /* Appends every row of `from` (the same element and dimension, neither grouped), in one copy. */
 extern void knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from);
 

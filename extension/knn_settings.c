@@ -21,6 +21,7 @@ int			knn_gpu_threads = 0;
 bool		knn_gpu_enable_knn_join = true;
 bool		knn_gpu_exact_over_index = false;
 bool		knn_gpu_shard_prefetch = true;
+bool		knn_gpu_shard_relay = true;
 bool		knn_gpu_direct_return = true;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
@@ -175,6 +176,11 @@ knn_settings_define(void)
 							 "A sharded knn_join's shards read their targets while the coordinator reads its queries.",
 							 NULL,
 							 &knn_gpu_shard_prefetch, true,
+							 PGC_USERSET, 0, NULL, NULL, NULL);
+	DefineCustomBoolVariable("knn_gpu.shard_relay",
+							 "A sharded self-join sends the shards' rows on to the other shards as they came.",
+							 "Off: the coordinator decodes them and encodes them again (shards of an older knn_gpu are served so).",
+							 &knn_gpu_shard_relay, true,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomEnumVariable("knn_gpu.fault_injection",
 							 "Test only: makes an engine entry throw (start, run, bad_alloc, finish), "

@@ -14,6 +14,7 @@ extern int	knn_gpu_threads;			/* knn_gpu.threads, 0 = all cores */
 extern bool knn_gpu_enable_knn_join;	/* knn_gpu.enable_knn_join (CustomScan) */
 extern bool knn_gpu_exact_over_index;	/* knn_gpu.exact_over_index (CustomScan) */
 extern bool knn_gpu_shard_prefetch;		/* knn_gpu.shard_prefetch (knn_shard.c) */
+extern bool knn_gpu_shard_relay;		/* knn_gpu.shard_relay (knn_shard.c) */
 extern bool knn_gpu_direct_return;		/* knn_gpu.direct_return (knn_join_function_scan.c) */
 extern int	knn_gpu_fault_injection;	/* KnnFault: knn_gpu.fault_injection (tests) */
 extern int	knn_gpu_max_gpu_jobs;		/* knn_gpu.max_gpu_jobs: GPU joins at once, cluster-wide */

@@ -60,6 +60,7 @@
 #include "knn_shard.h"
 #include "knn_shard_receive.h"
 #include "knn_shard_packed.h"
+#include "knn_shard_relay.h"
 #include "knn_shard_remote.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
@@ -994,6 +995,8 @@ struct KnnShardEarly
 	KnnShardShipment *shipment; /* started during the read, or NULL */
 	/* the queries came from the shards: shard s's rows end at held_end[s] (in the order read); else NULL */
 	int64	   *held_end;
+	/* ... kept as they came, to be sent on unchanged (only their ids read here); else NULL */
+	KnnShardRelay *relay;
 };
 
 /*
@@ -1473,7 +1476,8 @@ knn_shard_queries_added(KnnShardEarly *c, const KnnMatrix *queries)
  */
 typedef struct HeldRowsTarget
 {
-	KnnMatrix  *queries;
+	KnnMatrix  *queries;		/* of ids only where the blocks are relayed */
+	KnnShardRelay *relay;		/* where they are kept to be relayed, or NULL */
 	KnnShardRemote **shards;	/* the shards, whose index is theirs in next and end */
 	int64	   *next;			/* per shard: the row its next held row goes to */
 	int64	   *end;			/* ... and one past its last */
@@ -1504,11 +1508,10 @@ held_rows_miscounted(KnnShardRemote *shard, const char *sent)
  * would (the matrix's element and the dimension the shard said, finite
  * elements, no bits past a bit string's length), no more rows than it said.
  */
-static void
-read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTarget *t)
+static int64
+read_held_block(KnnShardRemote *shard, int s, const char *data, int length, HeldRowsTarget *t)
 {
 	KnnMatrix  *m = t->queries;
-	int			s = 0;
 	uint32		header[3];
 	int			element;
 	int			dim;
@@ -1516,8 +1519,6 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 	const char *ids;
 	const char *values;
 
-	while (t->shards[s] != shard)
-		s++;
 	if (data == NULL || length < (int) sizeof(header))
 		held_block_malformed(shard, "no header");
 	memcpy(header, data, sizeof(header));
@@ -1536,7 +1537,15 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 		elog(ERROR, "read_held_block: rows placed outside the query matrix");
 	ids = data + sizeof(header);
 	values = ids + (Size) rows * sizeof(int64);
-	for (int64 r = 0; r < rows; r++)
+	/* relayed: the ids only (each shard it goes to checks every value, as of any caller) */
+	for (int64 r = 0; t->relay != NULL && r < rows; r++)
+	{
+		uint64		id;
+
+		memcpy(&id, ids + (Size) r * sizeof(int64), sizeof(id));
+		m->ids[t->next[s]++] = (int64) pg_ntoh64(id);
+	}
+	for (int64 r = 0; t->relay == NULL && r < rows; r++)
 	{
 		char	   *row = m->values + (Size) t->next[s] * m->row_bytes;
 		uint64		id;
@@ -1553,18 +1562,49 @@ read_held_block(KnnShardRemote *shard, const char *data, int length, HeldRowsTar
 	}
 	knn_progress_rows(rows);
 	CHECK_FOR_INTERRUPTS();
+	return rows;
 }
 
 static void
 read_held_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 {
+	HeldRowsTarget *t = (HeldRowsTarget *) arg;
+	int			s = 0;
+
+	while (t->shards[s] != shard)
+		s++;
+	/* (single-row mode: a result is one block, kept whole where relayed) */
+	if (t->relay != NULL && knn_shard_result_rows(result) != 1)
+		elog(ERROR, "read_held_rows: %d blocks in one result", knn_shard_result_rows(result));
 	for (int r = 0; r < knn_shard_result_rows(result); r++)
 	{
 		int			length;
 		const char *data = knn_shard_result_value(result, r, 0, &length);
+		int64		rows = read_held_block(shard, s, data, length, t);
 
-		read_held_block(shard, data, length, (HeldRowsTarget *) arg);
+		if (t->relay != NULL)
+			knn_shard_relay_keep(t->relay, result, s, data, length, rows);
 	}
+}
+
+/*
+ * Can the held blocks be relayed to the shards as they came? Where every
+ * shard receives them (knn_shard_receive_held_rows) and joins them with
+ * its own rows, and there is another shard to send them to.
+ */
+static bool
+shards_take_relayed_blocks(const KnnShardEarly *c)
+{
+	if (!knn_gpu_shard_relay || c->sp.n_shards < 2)
+		return false;
+	for (int s = 0; s < c->sp.n_shards; s++)
+	{
+		const KnnShardRemote *shard = c->sp.shards[s];
+
+		if (!shard->has_held_relay || !shard->receives_queries || shard->held_join_sql == NULL)
+			return false;
+	}
+	return true;
 }
 
 /* May a value of this type and typmod have `dim` dimensions (bits)? */
@@ -1687,8 +1727,18 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 							shard->who, shard->server->servername, shard->prefetched_rows)));
 		target.end[s] = rows;
 	}
-	/* room for them all, untouched until they come */
-	knn_matrix_reserve_rows(queries, dim, rows);
+	/* room for them all, untouched until they come; only for their ids where they are relayed */
+	target.relay = NULL;
+	if (shards_take_relayed_blocks(c))
+	{
+		MemoryContext old = MemoryContextSwitchTo(c->context);
+
+		target.relay = c->relay = knn_shard_relay_create(c->sp.n_shards);
+		MemoryContextSwitchTo(old);
+		knn_matrix_reserve_ids(queries, dim, rows);
+	}
+	else
+		knn_matrix_reserve_rows(queries, dim, rows);
 	if (rows > 0)
 		knn_shard_remote_fetch_held(c->sp.shards, c->sp.n_shards, read_held_rows, &target);
 	/* every row it read (and will join as its targets), no fewer */
@@ -1711,6 +1761,9 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 		knn_matrix_free(queries);
 		knn_matrix_init(queries, set_name, element);
 		MemoryContextSwitchTo(old);
+		if (c->relay != NULL)
+			knn_shard_relay_free(c->relay);
+		c->relay = NULL;
 		ereport(DEBUG1,
 				(errmsg_internal("knn_join: the query rows read here, not from the shards: query ids repeat")));
 		c->queries_from_shards = false;
@@ -1847,7 +1900,18 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		 * they were read: they are sorted below): each is shipped only the
 		 * other shards' and joins them with its own, where every one can.
 		 */
-		if (c->held_end != NULL && c->shipment == NULL && n_memory == spp->n_shards)
+		if (c->relay != NULL)
+		{
+			/* (every shard receives them: shards_take_relayed_blocks) */
+			if (n_memory != spp->n_shards || c->shipment != NULL)
+				elog(ERROR, "knn_shard_try_join: relayed blocks for %d of %d shards",
+					 n_memory, spp->n_shards);
+			ship_rows.relay = c->relay;
+			ship_rows.n = c->relay->rows;
+			for (int s = 0; s < spp->n_shards; s++)
+				spp->shards[s]->join_sql = spp->shards[s]->held_join_sql;
+		}
+		else if (c->held_end != NULL && c->shipment == NULL && n_memory == spp->n_shards)
 		{
 			bool		all_can = true;
 
@@ -1925,6 +1989,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.rows = rows;
 		summary.seconds_queries = c->seconds_queries;
 		summary.queries_from_shards = c->queries_from_shards;
+		summary.queries_relayed = c->relay != NULL;
 		summary.seconds_prefetch_wait = c->seconds_prefetch_wait;
 		summary.seconds_ship = seconds_ship;
 		summary.seconds_local = seconds_local;

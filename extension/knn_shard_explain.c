@@ -127,6 +127,8 @@ knn_shard_explain(const KnnShardSummary *summary, ExplainState *es)
 		/* a self-join's query rows fetched from the shards that read them */
 		if (summary->queries_from_shards)
 			ExplainPropertyBool("Queries From Shards", true, es);
+		if (summary->queries_relayed)
+			ExplainPropertyBool("Queries Relayed", true, es);
 		if (es->timing)
 		{
 			if (summary->seconds_queries >= 0.0)

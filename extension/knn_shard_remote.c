@@ -49,6 +49,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "knn_shard_relay.h"
 #include "knn_shard_remote.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
@@ -92,6 +93,7 @@ typedef struct pg_result PGresult;
 struct KnnShardResult
 {
 	PGresult   *res;
+	bool		kept;			/* the reader keeps it (knn_shard_result_keep): not freed */
 };
 
 static struct
@@ -296,7 +298,8 @@ static const char remote_check_sql[] =
 	/* the two types' OIDs there: the blocks name their type by OID, in binary */
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ")::pg_catalog.oid, "
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid, "
-	REMOTE_CALLABLE_SQL("knn_join_received_held_packed(bigint,text,integer,text,boolean,text)") " "
+	REMOTE_CALLABLE_SQL("knn_join_received_held_packed(bigint,text,integer,text,boolean,text)") ", "
+	REMOTE_CALLABLE_SQL("knn_shard_receive_held_rows(bigint,regtype,bytea)") " "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -333,7 +336,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	 */
 	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 14)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 15)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -353,6 +356,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	vector_oid = text_value(res, 11);
 	halfvec_oid = text_value(res, 12);
 	shard->has_received_held_join = strcmp(fdw.PQgetvalue(res, 0, 13), "t") == 0;
+	shard->has_held_relay = strcmp(fdw.PQgetvalue(res, 0, 14), "t") == 0;
 	shard->rows_shipped = -1;
 	fdw.PQclear(res);
 
@@ -732,6 +736,10 @@ typedef struct ShipBlock
 	StringInfoData data;
 	int64		rows;
 	int			origin;			/* the shard whose own rows these are (not sent them), or -1 */
+	/* a relayed block (KnnShardRows.relay): its bytes as they came, and its index there, or -1 */
+	const char *raw;
+	int			raw_length;
+	int64		relay_index;
 } ShipBlock;
 
 /*
@@ -761,6 +769,7 @@ typedef struct ShipProgress
 	int64		answered;		/* blocks whose answer was read */
 	int64		rows_sent;		/* the rows of the blocks sent */
 	int64		expected[SHIP_IN_FLIGHT];	/* rows the shard must hold after each block in flight */
+	int			from[SHIP_IN_FLIGHT];	/* ... and the shard that sent it, where relayed (else -1) */
 	int64		held;			/* rows the shard said it holds, at its last answer */
 	bool		unsent_bytes;	/* libpq still holds bytes of them */
 	bool		pipelined;		/* the connection is in pipeline mode */
@@ -776,8 +785,9 @@ static void
 send_block(KnnShardRemote *shard, ShipProgress *p, const ShipStatement *st, const ShipBlock *b)
 {
 	static const int formats[3] = {1, 1, 1};
-	const char *values[3] = {st->set_send, st->type_send, b->data.data};
-	int			lengths[3] = {sizeof(st->set_send), sizeof(st->type_send), b->data.len};
+	const char *values[3] = {st->set_send, st->type_send, b->raw ? b->raw : b->data.data};
+	int			lengths[3] = {sizeof(st->set_send), sizeof(st->type_send),
+	b->raw ? b->raw_length : b->data.len};
 
 	WITH_SHARD_CONTEXT(shard);
 	/* in pipeline mode, the flush request makes the shard answer now, not at a sync */
@@ -787,20 +797,31 @@ send_block(KnnShardRemote *shard, ShipProgress *p, const ShipStatement *st, cons
 	END_SHARD_CONTEXT();
 	p->rows_sent += b->rows;
 	p->expected[p->sent % SHIP_IN_FLIGHT] = p->rows_sent;
+	p->from[p->sent % SHIP_IN_FLIGHT] = b->raw ? b->origin : -1;
 	p->sent++;
+}
+
+/* An error of a shard about rows relayed to it also names the shard they came from. */
+static void
+relayed_error_context(void *arg)
+{
+	errcontext("rows sent by foreign server \"%s\", relayed to it unchanged",
+			   ((KnnShardRemote *) arg)->server->servername);
 }
 
 /*
  * Moves the shard's blocks in flight along: sends what libpq holds of them,
  * reads the oldest one's answer once it is there (the rows the shard holds:
- * all of that block and before). True when an answer was read.
+ * all of that block and before). True when an answer was read. origins:
+ * the shards relayed blocks came from (KnnShardRows.relay), or NULL.
  */
 static bool
-advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
+advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, KnnShardRemote **origins)
 {
 	PGresult   *res;
 	int64		held;
 	int			rc;
+	ErrorContextCallback relayed;
 
 	WITH_SHARD_CONTEXT(shard);
 	if ((rc = fdw.PQflush(shard->conn)) < 0 || !fdw.PQconsumeInput(shard->conn))
@@ -814,7 +835,16 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql)
 	/* its result is here; the rest (the end of that call's results) follows at once */
 	res = fdw.pgfdw_get_result(shard->conn, sql);
 	if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
+	{
+		if (origins != NULL && p->from[p->answered % SHIP_IN_FLIGHT] >= 0)
+		{
+			relayed.callback = relayed_error_context;
+			relayed.arg = origins[p->from[p->answered % SHIP_IN_FLIGHT]];
+			relayed.previous = error_context_stack;
+			error_context_stack = &relayed;
+		}
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+	}
 	held = fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0) ?
 		pg_strtoint64(fdw.PQgetvalue(res, 0, 0)) : -1;
 	fdw.PQclear(res);
@@ -945,13 +975,15 @@ restore_send_buffer(int sock, ShipProgress *p)
 }
 
 static void
-ship_statement_init(KnnShardRemote *shard, ShipStatement *st)
+ship_statement_init(KnnShardRemote *shard, ShipStatement *st, bool relay)
 {
 	uint64		set = pg_hton64((uint64) shard->received_set);
 	uint32		type = pg_hton32(shard->query_type_oid);
 
-	st->name = psprintf("knn_gpu_receive_queries_" INT64_FORMAT, shard->received_set);
-	st->sql = psprintf("SELECT %s.knn_shard_receive_queries($1, $2, $3)", shard->knn_schema);
+	st->name = psprintf("knn_gpu_receive_%s_" INT64_FORMAT, relay ? "held" : "queries",
+						shard->received_set);
+	st->sql = psprintf("SELECT %s.knn_shard_receive_%s($1, $2, $3)", shard->knn_schema,
+					   relay ? "held_rows" : "queries");
 	memcpy(st->set_send, &set, sizeof(set));
 	memcpy(st->type_send, &type, sizeof(type));
 }
@@ -1003,6 +1035,9 @@ struct KnnShardShipment
 	/* rows->origin_end: the next row of each shard's own rows, and whose block is next */
 	int64	   *origin_next;
 	int			origin_turn;
+	/* rows->relay: the blocks in the order they go (knn_shard_relay_order), and the next one */
+	int64	   *relay_order;
+	int64		relay_next;
 	bool		open;			/* started, neither finished nor failed */
 	bool		savepoint;		/* the rows went in under a savepoint there (ship_savepoint) */
 	int64		held_at_finish; /* the rows every shard held when the finish began */
@@ -1035,11 +1070,23 @@ knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards, const KnnShar
 	sh->progress = palloc0(n_shards * sizeof(ShipProgress));
 	sh->st = palloc0(n_shards * sizeof(ShipStatement));
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
+	{
 		initStringInfo(&sh->blocks[i].data);
+		sh->blocks[i].relay_index = -1;
+	}
 	for (int s = 0; s < n_shards; s++)
 	{
-		ship_statement_init(shards[s], &sh->st[s]);
+		ship_statement_init(shards[s], &sh->st[s], rows->relay != NULL);
 		sh->progress[s].old_send_buffer = -1;
+	}
+	if (rows->relay != NULL)
+	{
+		/* (a block's origin is its sender's index among these shards) */
+		if (rows->relay->n_origins != n_shards || rows->origin_end != NULL ||
+			rows->n != rows->relay->rows)
+			elog(ERROR, "knn_shard_remote_ship_start: a relay of %d shards' blocks to %d shards",
+				 rows->relay->n_origins, n_shards);
+		sh->relay_order = knn_shard_relay_order(rows->relay);
 	}
 	if (rows->origin_end != NULL)
 	{
@@ -1088,6 +1135,38 @@ knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards, const KnnShar
 }
 
 /*
+ * Takes relayed blocks into the ring while it has room (a slot every shard
+ * has passed): nothing to encode, the block's bytes are sent as they came.
+ * The block a slot held before is sent everywhere (libpq copied it), so its
+ * result is freed here. True when a block was taken.
+ */
+static bool
+relay_blocks(KnnShardShipment *sh, int64 slowest)
+{
+	KnnShardRelay *relay = sh->rows->relay;
+	bool		moved = false;
+
+	while (sh->encoded - slowest < SHIP_BLOCKS_AHEAD && sh->relay_next < relay->n_blocks)
+	{
+		ShipBlock  *b = &sh->blocks[sh->encoded % SHIP_BLOCKS_AHEAD];
+		const KnnShardRelayBlock *from;
+
+		if (b->relay_index >= 0)
+			knn_shard_relay_free_block(relay, b->relay_index);
+		b->relay_index = sh->relay_order[sh->relay_next++];
+		from = &relay->blocks[b->relay_index];
+		b->raw = from->data;
+		b->raw_length = from->length;
+		b->rows = from->rows;
+		b->origin = from->origin;
+		sh->r += b->rows;
+		sh->encoded++;
+		moved = true;
+	}
+	return moved;
+}
+
+/*
  * Encodes rows into blocks while the ring has room (a slot every shard has
  * sent): a block is complete at SHIP_BLOCK_BYTES, or with `last` at the
  * last row. True when a block was completed.
@@ -1102,6 +1181,8 @@ encode_blocks(KnnShardShipment *sh, bool last)
 
 	for (int s = 0; s < sh->n_shards; s++)
 		slowest = Min(slowest, sh->progress[s].passed);
+	if (rows->relay != NULL)
+		return relay_blocks(sh, slowest);
 	INSTR_TIME_SET_CURRENT(phase);
 	while (sh->encoded - slowest < SHIP_BLOCKS_AHEAD &&
 		   (sh->r < rows->n || (last && sh->filling)))
@@ -1157,6 +1238,7 @@ move_blocks(KnnShardShipment *sh, bool *done)
 {
 	bool		moved = false;
 	instr_time	phase;
+	KnnShardRemote **origins = sh->rows->relay != NULL ? sh->shards : NULL;
 
 	*done = true;
 	INSTR_TIME_SET_CURRENT(phase);
@@ -1165,7 +1247,7 @@ move_blocks(KnnShardShipment *sh, bool *done)
 		KnnShardRemote *shard = sh->shards[s];
 		ShipProgress *p = &sh->progress[s];
 
-		if (advance_block(shard, p, sh->st[s].sql))
+		if (advance_block(shard, p, sh->st[s].sql, origins))
 			moved = true;
 		while (p->passed < sh->encoded)
 		{
@@ -1177,7 +1259,7 @@ move_blocks(KnnShardShipment *sh, bool *done)
 					p->unsent_bytes)
 					break;
 				send_block(shard, p, &sh->st[s], b);
-				(void) advance_block(shard, p, sh->st[s].sql);
+				(void) advance_block(shard, p, sh->st[s].sql, origins);
 			}
 			p->passed++;
 			moved = true;
@@ -1277,6 +1359,8 @@ knn_shard_remote_ship_finish(KnnShardShipment *sh)
 		shards[s]->rows_shipped = sh->progress[s].rows_sent;
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
 		pfree(sh->blocks[i].data.data);
+	if (sh->rows->relay != NULL)
+		knn_shard_relay_free(sh->rows->relay);
 	note_ship_time(shards, n_shards, sh->start);
 	ereport(DEBUG1,
 			(errmsg_internal("%s: " INT64_FORMAT " query rows shipped to %d shards in %.3f s (" INT64_FORMAT " held there before the finish): encoding %.3f s, libpq %.3f s, waiting for the shards %.3f s (" INT64_FORMAT " waits)",
@@ -1602,7 +1686,7 @@ knn_shard_result_value(const KnnShardResult *result, int row, int column, int *l
 static void
 read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *reader_arg)
 {
-	KnnShardResult result = {res};
+	KnnShardResult result = {res, false};
 
 	if (res != NULL && fdw.PQnfields(res) > 0 && fdw.PQfformat(res, 0) != (shard->binary_result ? 1 : 0))
 	{
@@ -1619,9 +1703,23 @@ read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *r
 	}
 	PG_FINALLY();
 	{
-		fdw.PQclear(res);
+		if (!result.kept)
+			fdw.PQclear(res);
 	}
 	PG_END_TRY();
+}
+
+void *
+knn_shard_result_keep(const KnnShardResult *result)
+{
+	((KnnShardResult *) result)->kept = true;
+	return result->res;
+}
+
+void
+knn_shard_result_free_kept(void *kept)
+{
+	fdw.PQclear((PGresult *) kept);
 }
 
 /* Each shard's join result to reader, in shard order; a failed one raises the shard's ERROR. */

@@ -38,6 +38,7 @@ typedef struct KnnShardRemote
 	bool		has_held_blocks;	/* knn_shard_prefetch_self_join() and
 									 * knn_shard_held_target_blocks() there */
 	bool		has_received_held_join; /* knn_join_received_held_packed() there */
+	bool		has_held_relay; /* knn_shard_receive_held_rows() there (knn_shard_relay.h) */
 	/* a self-join's join with its own held rows as queries too (the others' shipped), or NULL */
 	char	   *held_join_sql;
 	int64		rows_shipped;	/* query rows shipped to it in blocks, -1 = not */
@@ -131,6 +132,13 @@ typedef struct KnnShardRows
 	 * origin_end[s], and it is shipped only the others'.
 	 */
 	const int64 *origin_end;
+	/*
+	 * Or (knn_shard_remote_ship_blocks only, the shards in the relay's
+	 * origin order): the held blocks to send on as they came, each to every
+	 * shard but the one that sent it, by knn_shard_receive_held_rows(); n is
+	 * then the relay's rows and encode is not used.
+	 */
+	struct KnnShardRelay *relay;
 } KnnShardRows;
 
 /* Appends one field of binary COPY: the value's send form, or NULL. */
@@ -228,6 +236,13 @@ extern int	knn_shard_result_columns(const KnnShardResult *result);
 /* The value (NULL for NULL) and its length; text values end in '\0'. */
 extern const char *knn_shard_result_value(const KnnShardResult *result, int row, int column,
 										  int *length);
+
+/*
+ * The reader keeps the result (a PGresult, libpq's memory): freed only by
+ * knn_shard_result_free_kept of what this returns.
+ */
+extern void *knn_shard_result_keep(const KnnShardResult *result);
+extern void knn_shard_result_free_kept(void *kept);
 
 /* Reads one shard's result; may raise (the result is freed first). */
 typedef void (*KnnShardReader) (void *arg, KnnShardRemote *shard, const KnnShardResult *result);

@@ -277,7 +277,7 @@ compare "... with NaN distances, ties by target id" "$ZERO" \
 sql 2 -q -c "DROP FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text)" \
   -c "ALTER FUNCTION knn_join_received_packed_real(bigint, text, integer, text, boolean, text) RENAME TO knn_join_received_packed"
 check "the shipping's prepared statements are gone after the joins" "0|0" \
-  "$(sql 0 -c "SELECT (SELECT count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%') || '|' || (SELECT count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%')" 2>&1)"
+  "$(sql 0 -c "SELECT (SELECT count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_%') || '|' || (SELECT count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_%')" 2>&1)"
 check "knn_join_packed: knn_join's pairs, packed" "t" "$(sql 1 -c "SELECT (SELECT count(*) FROM knn_join_packed('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, 'l2', true, 'auto') p WHERE length(p) % 24 = 0 HAVING sum(length(p)) / 24 = (SELECT count(*) FROM knn_join('SELECT id, v FROM items_h_0', 'SELECT id, v FROM items_h_0', 3, exclude_self => true))) = 1" 2>&1)"
 
 # ---- the query rows shipped into the shards' memory (knn_shard_receive.h) ----
@@ -1529,8 +1529,13 @@ check_has "a shard sending a block cut short: an ERROR" 'sent a malformed block 
   "$(forged_blocks_on_shard2 "SELECT substr(b, 1, length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b")"
 check_has "a shard sending another element type: an ERROR" 'sent a malformed block of held rows: another element type' \
   "$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x00000009'::bytea from 1) FROM knn_shard_held_target_blocks_real(s) b")"
-check_has "a shard sending a non-finite value: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' \
-  "$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7f800000'::bytea from length(b) - 3) FROM knn_shard_held_target_blocks_real(s) b")"
+# (relayed, the blocks' values are checked by the shards they go to; decoded here, here)
+INF_BLOCKS="SELECT overlay(b placing '\\x7f800000'::bytea from length(b) - 3) FROM knn_shard_held_target_blocks_real(s) b"
+check_has "a shard sending a non-finite value, not relayed: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' \
+  "$(PGOPTIONS="-c knn_gpu.shard_relay=off" forged_blocks_on_shard2 "$INF_BLOCKS")"
+out=$(forged_blocks_on_shard2 "$INF_BLOCKS")
+check_has "a shard sending a non-finite value, relayed: the ERROR of the shard it went to" 'foreign server "shard1"' "$out"
+check_has "... naming the shard that sent it" 'rows sent by foreign server "shard2", relayed to it unchanged' "$out"
 same_as_one_server "... and with the real function back: the same rows as one server" 2 \
   "knn_join('$SV', '$SV', 3)" "knn_join('SELECT id, v FROM items_s_all', 'SELECT id, v FROM items_s_all', 3)" true
 check "... nothing held on the shards after the joins" "$(printf 'left:0\nleft:0')" \
@@ -1565,6 +1570,31 @@ check "... a shard without knn_join_received_held_packed: every shard is shipped
   "$(printf 't\nshard1|f|f|t\nshard2|f|f|t')" "$(shipped_to_shards)"
 self_from_shards "... and the rows are the same as one server's" "knn_join('$SV', '$SV', 5, 'l2', true)" true
 back_on_shard2 knn_join_received_held_packed "$HELD_JOIN_ARGS"
+# the shards' rows relayed to the other shards as they came (knn_shard_receive_held_rows there),
+# or, with knn_gpu.shard_relay off or a shard without that function, decoded here and encoded again
+relayed() {
+  sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM $1" \
+    -c "SELECT knn_gpu_last_shard_stats()->>'queries_from_shards', knn_gpu_last_shard_stats()->>'queries_relayed'" 2>&1
+}
+check "a self-join from the shards: their rows relayed" "$(printf 't\ntrue|true')" "$(relayed "knn_join('$SV', '$SV', 3)")"
+check "... over several blocks a shard" "$(printf 't\ntrue|true')" "$(relayed "knn_join('$BS', '$BS', 4, 'l2', true)")"
+check "... EXPLAIN ANALYZE says so" "Queries Relayed: true" \
+  "$(sql 0 -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) SELECT * FROM knn_join('$SV', '$SV', 3)" 2>&1 | grep -o 'Queries Relayed: .*')"
+check "... with knn_gpu.shard_relay off: not relayed" "$(printf 't\ntrue|false')" \
+  "$(PGOPTIONS="-c knn_gpu.shard_relay=off" relayed "knn_join('$SV', '$SV', 3)")"
+export PGOPTIONS="-c knn_gpu.shard_relay=off"
+self_from_shards "... and the rows are the same as one server's, l2" "knn_join('$SV', '$SV', 5, 'l2', true)" true
+self_from_shards "... halfvec cosine" "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 4, 'cosine', true)" true
+self_from_shards "... bit hamming" "knn_join('SELECT id, b FROM items_s', 'SELECT id, b FROM items_s', 6, 'hamming', true)" true
+same_as_one_server "... over several blocks a shard" 2 \
+  "knn_join('$BS', '$BS', 4, 'l2', true)" "knn_join('${BS//big/big_here}', '${BS//big/big_here}', 4, 'l2', true)" true
+unset PGOPTIONS
+RELAY_ARGS="bigint, regtype, bytea"
+away_on_shard2 knn_shard_receive_held_rows "$RELAY_ARGS"
+check "a shard without knn_shard_receive_held_rows: the rows from the shards, not relayed" "$(printf 't\ntrue|false')" \
+  "$(relayed "knn_join('$SV', '$SV', 3)")"
+self_from_shards "... and the rows are the same as one server's" "knn_join('$SV', '$SV', 5, 'l2', true)" true
+back_on_shard2 knn_shard_receive_held_rows "$RELAY_ARGS"
 # a shard that says it read more rows than it did: an ERROR naming it, nothing written past the rows
 # claimed_on_shard2 CLAIM: shard 2's read ahead answers CLAIM rows (an expression over the real count n)
 claimed_on_shard2() {
@@ -1803,10 +1833,13 @@ check "ids repeating across the shards: the rows in the order of the coordinator
   "$(sql 0 -c "SELECT * FROM knn_join('$XV', '$XV', 3, 'l1')" 2>&1 | md5sum)"
 sql 2 -c "DELETE FROM items_x_1 WHERE id = $dup"
 # a forged halfvec block: an ERROR naming the shard
-out=$(forged_blocks_on_shard2 "SELECT overlay(b placing '\\x7c00'::bytea from length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b" \
+HALF_INF_BLOCKS="SELECT overlay(b placing '\\x7c00'::bytea from length(b) - 1) FROM knn_shard_held_target_blocks_real(s) b"
+out=$(PGOPTIONS="-c knn_gpu.shard_relay=off" forged_blocks_on_shard2 "$HALF_INF_BLOCKS" \
   "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 3)")
-check_has "a shard sending a non-finite halfvec: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' "$out"
+check_has "a shard sending a non-finite halfvec, not relayed: an ERROR" 'sent a malformed block of held rows: a value the type does not allow' "$out"
 check_has "... naming it" 'foreign server "shard2"' "$out"
+out=$(forged_blocks_on_shard2 "$HALF_INF_BLOCKS" "knn_join('SELECT id, h FROM items_s', 'SELECT id, h FROM items_s', 3)")
+check_has "... relayed: the ERROR of the shard it went to, naming the sender" 'rows sent by foreign server "shard2", relayed to it unchanged' "$out"
 check_has "a shard sending more rows than it read: an ERROR naming it" 'foreign server "shard2" sent more held rows, not the' \
   "$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b UNION ALL SELECT b FROM knn_shard_held_target_blocks_real(s) b")"
 # each block is read as it arrives, not after the shard's whole answer: a malformed first
