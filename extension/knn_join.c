@@ -597,6 +597,9 @@ static bool describe_only = false;
 /* The custom scan's call (knn_join_call_direct): where the arrays go, or NULL. */
 static KnnJoinDirect *direct_result = NULL;
 
+/* A packed form called value per call (packed_call): its arrays go to direct_result too. */
+static bool packed_per_call = false;
+
 /*
  * The call's shards, when its targets are sharded (knn_shard.h): the
  * whole join, or with describe_only their description. Keyed calls join
@@ -709,7 +712,9 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	/* this call's, not that of a knn_join its texts may call */
-	KnnJoinDirect *direct = call->range || call->packed ? NULL : direct_result;
+	KnnJoinDirect *direct = call->range || (call->packed && !packed_per_call) ? NULL : direct_result;
+	/* packed into the ReturnSetInfo's tuplestore here (not value per call) */
+	bool		pack_here = call->packed && direct == NULL;
 	KnnSet		query_set = {0};
 	KnnSet		target_text = {0};
 	KnnSet	   *target_source = &target_text;
@@ -738,10 +743,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	instr_time	queries_start;
 
 	direct_result = NULL;
+	packed_per_call = false;
 
 	/* knn_join_packed returns bytea values, not rows: the caller's one-column descriptor */
-	InitMaterializedSRF(fcinfo, call->packed ? MAT_SRF_USE_EXPECTED_DESC : 0);
-	if (call->packed)
+	if (!call->packed || pack_here)
+		InitMaterializedSRF(fcinfo, call->packed ? MAT_SRF_USE_EXPECTED_DESC : 0);
+	if (pack_here)
 		knn_packed_begin(&packed, rsinfo);
 
 	INSTR_TIME_SET_CURRENT(start);
@@ -795,7 +802,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 								 element);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
 	shard_join(call, target_source, by_operator ? &operator_values : NULL,
-			   call->packed ? &packed : NULL, &shard_call);
+			   pack_here ? &packed : NULL, &shard_call);
 	/* a sharded call's merged rows go to the custom scan's arrays too */
 	shard_call.direct = direct;
 	if (call->received && call->with_held && !describe_only)
@@ -832,7 +839,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	{
 		/* merged: the result lists hold their own ids, the queries need not wait for the scan's end */
 		knn_matrix_free(&queries);
-		if (call->packed)
+		if (pack_here)
 			knn_packed_end(&packed);
 		SPI_finish();
 		knn_progress_end();
@@ -973,8 +980,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 
 	INSTR_TIME_SET_CURRENT(start);
 	return_rows(rsinfo, &queries, targets, query_set.keys, target_keys, slots, neighbors,
-				distances, call->packed ? &packed : NULL);
-	if (call->packed)
+				distances, pack_here ? &packed : NULL);
+	if (pack_here)
 		knn_packed_end(&packed);
 	knn_stats_record(&record, &problem, &stats, seconds_read, seconds_sort,
 					 knn_seconds_since(start));
@@ -1072,6 +1079,60 @@ knn_join(PG_FUNCTION_ARGS)
 }
 
 /*
+ * A packed form's call. Value per call where the caller allows it: the
+ * join runs at the first call, its arrays kept in the call's multi-call
+ * memory, and each call packs the next value (knn_packed_next), so that,
+ * called from a query's target list, each value goes to the coordinator
+ * as it is made, with no tuplestore (whose 24 bytes a row spill to disk
+ * past work_mem). Otherwise (a caller that only materialises, or EXPLAIN's
+ * description) the packed values go into the caller's tuplestore.
+ */
+static Datum
+packed_call(FunctionCallInfo fcinfo, const KnnJoinCall *call)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	FuncCallContext *funcctx;
+	KnnPackedCursor *cursor;
+	bytea	   *value;
+
+	if (describe_only || rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_ValuePerCall) == 0)
+	{
+		knn_join_run_reported(fcinfo, call);
+		PG_RETURN_NULL();
+	}
+	if (SRF_IS_FIRSTCALL())
+	{
+		MemoryContext old;
+
+		funcctx = SRF_FIRSTCALL_INIT();
+		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+		cursor = palloc0(sizeof(KnnPackedCursor));
+		direct_result = &cursor->result;
+		packed_per_call = true;
+		PG_TRY();
+		{
+			knn_join_run_reported(fcinfo, call);
+		}
+		PG_FINALLY();
+		{
+			direct_result = NULL;
+			packed_per_call = false;
+		}
+		PG_END_TRY();
+		MemoryContextSwitchTo(old);
+		funcctx->user_fctx = cursor;
+	}
+	funcctx = SRF_PERCALL_SETUP();
+	cursor = (KnnPackedCursor *) funcctx->user_fctx;
+	/* (no arrays: no rows, the join ended early) */
+	if ((cursor->result.neighbors == NULL && cursor->result.offsets == NULL) ||
+		(value = knn_packed_next(cursor)) == NULL)
+		SRF_RETURN_DONE(funcctx);
+	SRF_RETURN_NEXT(funcctx, PointerGetDatum(value));
+}
+
+/*
  * knn_join_packed(queries, targets, k, metric, exclude_self, method): the
  * same join, its rows packed for a coordinator (knn_shard_packed.h).
  */
@@ -1083,8 +1144,7 @@ knn_join_packed(PG_FUNCTION_ARGS)
 
 	read_common_arguments(fcinfo, &call, 3, 4, 5);
 	call.packed = true;
-	knn_join_run_reported(fcinfo, &call);
-	PG_RETURN_NULL();
+	return packed_call(fcinfo, &call);
 }
 
 /* The two joins of a received set below: its rows (and with_held, the targets held for it) as queries. */
@@ -1100,8 +1160,7 @@ join_received_packed(FunctionCallInfo fcinfo, bool with_held)
 	call.received_set = PG_GETARG_INT64(0);
 	read_join_arguments(fcinfo, &call, 1, 3, 4, 5);
 	call.packed = true;
-	knn_join_run_reported(fcinfo, &call);
-	PG_RETURN_NULL();
+	return packed_call(fcinfo, &call);
 }
 
 /*

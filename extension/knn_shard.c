@@ -714,22 +714,26 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 									quote_literal_cstr(knn_method_name(join->method)));
 		char	   *queries = quote_literal_cstr(psprintf("SELECT id, v FROM %s", shard->temp_table));
 
-		/* the pairs packed into few values where the shard can (knn_shard_packed.h) */
+		/*
+		 * The pairs packed into few values where the shard can
+		 * (knn_shard_packed.h), called from the target list: each value
+		 * comes as it is made (value per call), not through a tuplestore.
+		 */
 		shard->packed_result = shard->has_packed_join;
 		/* the queries shipped into its memory where it can (knn_shard_receive.h) */
 		shard->receives_queries = shard->has_packed_join && shard->has_received_join;
 		if (shard->receives_queries)
-			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_received_packed(" INT64_FORMAT "::pg_catalog.int8, %s) p",
+			shard->join_sql = psprintf("SELECT %s.knn_join_received_packed(" INT64_FORMAT "::pg_catalog.int8, %s)",
 									   shard->knn_schema, shard->received_set, rest);
 		else if (shard->packed_result)
-			shard->join_sql = psprintf("SELECT p FROM %s.knn_join_packed(%s::pg_catalog.text, %s) p",
+			shard->join_sql = psprintf("SELECT %s.knn_join_packed(%s::pg_catalog.text, %s)",
 									   shard->knn_schema, queries, rest);
 		else
 			shard->join_sql = psprintf("SELECT query_id, target_id, distance FROM %s.knn_join(%s::pg_catalog.text, %s)",
 									   shard->knn_schema, queries, rest);
 		/* its own rows joined as queries too, where they came from it (knn_shard_try_join) */
 		if (shard->receives_queries && self_join && shard->has_received_held_join)
-			shard->held_join_sql = psprintf("SELECT p FROM %s.knn_join_received_held_packed(" INT64_FORMAT "::pg_catalog.int8, %s) p",
+			shard->held_join_sql = psprintf("SELECT %s.knn_join_received_held_packed(" INT64_FORMAT "::pg_catalog.int8, %s)",
 											shard->knn_schema, shard->received_set, rest);
 	}
 	/* its targets read there ahead of the queries, by the join's own text (knn_shard_receive.h) */

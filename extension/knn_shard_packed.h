@@ -17,6 +17,8 @@
 #include "lib/stringinfo.h"
 #include "nodes/execnodes.h"
 
+#include "knn_join_function_scan.h"
+
 #define KNN_PACKED_ROW_BYTES 24
 #define KNN_PACKED_ROWS 65536
 
@@ -32,6 +34,21 @@ extern void knn_packed_begin(KnnPackedRows *out, ReturnSetInfo *rsinfo);
 extern void knn_packed_put(KnnPackedRows *out, int64 query_id, int64 target_id, double distance);
 /* Puts the last, partly filled value. */
 extern void knn_packed_end(KnnPackedRows *out);
+
+/*
+ * A join's result arrays (KnnJoinDirect: the engine's, or a sharded call's
+ * merged lists; integer ids, no keys) packed a value at a time, for a
+ * packed form called value per call: knn_packed_next gives the next value
+ * of up to KNN_PACKED_ROWS rows (palloc'd), or NULL after the last.
+ */
+typedef struct KnnPackedCursor
+{
+	KnnJoinDirect result;
+	int64		query;			/* the next row: query row ... */
+	int64		at;				/* ... and its slot (engine's) or row (merged) */
+} KnnPackedCursor;
+
+extern bytea *knn_packed_next(KnnPackedCursor *cursor);
 
 /* One packed row (KNN_PACKED_ROW_BYTES at p). */
 extern void knn_packed_get(const char *p, int64 *query_id, int64 *target_id, double *distance);

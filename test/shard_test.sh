@@ -661,7 +661,7 @@ check "EXPLAIN ANALYZE of the node: rows and time per shard, shipping, the merge
   "$(echo "$out" | analyze_lines)"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN $FUNC_SQL")
 check "EXPLAIN of knn_join: each shard, its partitions and its remote SQL" "$SHARD_LINES" \
-  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT p FROM public.knn_join_received_packed([0-9]*::pg_catalog.int8, .SELECT .*WHERE ((cat <> 4)).*::pg_catalog.text, 3, .l2.::pg_catalog.text, false, .auto.::pg_catalog.text) p$/Remote SQL: yes/p')"
+  "$(echo "$out" | sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; s/^ *Remote SQL: SELECT public.knn_join_received_packed([0-9]*::pg_catalog.int8, .SELECT .*WHERE ((cat <> 4)).*::pg_catalog.text, 3, .l2.::pg_catalog.text, false, .auto.::pg_catalog.text)$/Remote SQL: yes/p')"
 out=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE) $FUNC_SQL")
 check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge" "$ANALYZE_LINES" \
   "$(echo "$out" | analyze_lines)"
