@@ -925,8 +925,8 @@ knn_shard_receive_held_rows(PG_FUNCTION_ARGS)
 	if (m->dim < 0 && (dim < 1 || dim > held_type_max_dim(h->vector_type)))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATA_EXCEPTION),
-				 errmsg("knn_shard_receive_held_rows: a block of rows of %d dimensions, which %s does not have",
-						dim, format_type_be(h->vector_type))));
+				 errmsg("knn_shard_receive_held_rows: a block of rows of %d dimensions for set " INT64_FORMAT ", whose %s rows have 1 to " INT64_FORMAT,
+						dim, set, format_type_be(h->vector_type), held_type_max_dim(h->vector_type))));
 	if (rows < 1)
 		malformed_held_block("has no rows", rows);
 	if (length != 12 + (int64) rows * (int64) (sizeof(int64) + knn_row_bytes(m->element, dim)))
