@@ -741,6 +741,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	KnnShardJoin shard_call;
 	KnnShardEarly *shards = NULL;
 	instr_time	queries_start;
+	bool		targets_taken = false;	/* a view of the held queries' first rows */
 
 	direct_result = NULL;
 	packed_per_call = false;
@@ -805,8 +806,14 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 			   pack_here ? &packed : NULL, &shard_call);
 	/* a sharded call's merged rows go to the custom scan's arrays too */
 	shard_call.direct = direct;
+	/* the other shards' rows relayed into the held rows: those rows, no copy; else copied after the received */
 	if (call->received && call->with_held && !describe_only)
-		knn_held_queries_take(call->received_set, &queries);
+	{
+		if (groups != NULL ||
+			!knn_held_rows_take(call->received_set, target_source->sql, target_source->vector_type,
+								&queries, targets, &targets_taken))
+			knn_held_queries_take(call->received_set, &queries);
+	}
 	else if (call->received && !describe_only)
 		knn_received_queries_take(call->received_set, &queries);
 	else if (!describe_only)
@@ -858,7 +865,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		if (target_source == &query_set && query_keys != NULL)
 			query_set.keys = key_column(&query_set, caller_context);
 		/* a shard's targets may have been read ahead of its queries (knn_shard_receive.h) */
-		if (!(call->received && groups == NULL &&
+		if (!targets_taken &&
+			!(call->received && groups == NULL &&
 			  knn_held_targets_take(call->received_set, target_source->sql,
 									target_source->vector_type, targets)))
 			read_set(target_source, knn_vector_reader_for(target_source->kind, element), targets,

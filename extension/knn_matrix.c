@@ -178,6 +178,51 @@ knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from)
 	m->n += from->n;
 }
 
+char *
+knn_matrix_reserve_more(KnnMatrix *m, int dim, int64 n)
+{
+	Assert(!m->grouped && n >= 0);
+	if (m->dim < 0)
+	{
+		m->dim = dim;
+		m->row_bytes = knn_row_bytes(m->element, m->dim);
+	}
+	else if (dim != m->dim)
+		elog(ERROR, "knn_matrix_reserve_more: rows of %d dimensions into %s rows of %d",
+			 dim, m->set_name, m->dim);
+	if (n > (int64) (MaxAllocHugeSize / Max(m->row_bytes, sizeof(int64))) - m->n)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s rows of " INT64_FORMAT " x %zu bytes exceed the largest allocation",
+						m->set_name, m->n + n, m->row_bytes)));
+	if (m->capacity < m->n + n)
+	{
+		/* doubling: a remap moves the page tables of the rows held, which is not free either */
+		int64		most = (int64) (MaxAllocHugeSize / Max(m->row_bytes, sizeof(int64)));
+
+		grow_to(m, Min(most, Max(m->n + n, m->capacity * 2)));
+	}
+	if (m->shared != NULL && (Size) (m->n + n) * m->row_bytes > m->shared->bytes)
+		grow_shared_rows(m, m->n + n);
+	return m->values + (Size) m->n * m->row_bytes;
+}
+
+void
+knn_matrix_commit_rows(KnnMatrix *m, int64 n)
+{
+	Assert(n >= 0 && m->n + n <= m->capacity);
+	m->n += n;
+}
+
+void
+knn_matrix_forget_dim(KnnMatrix *m)
+{
+	Assert(m->n == 0);
+	knn_matrix_free(m);
+	m->dim = -1;
+	m->row_bytes = 0;
+}
+
 void
 knn_matrix_append_view(KnnMatrix *m, int64 id, const KnnVectorView *view,
 					   const KnnVectorReader *reader)

@@ -83,6 +83,22 @@ extern void knn_matrix_reserve_rows(KnnMatrix *m, int dim, int64 n);
  */
 extern void knn_matrix_reserve_ids(KnnMatrix *m, int dim, int64 n);
 
+/*
+ * For a caller that writes rows in blocks (knn_shard_receive_held_rows):
+ * room for `n` more rows of `dim` elements (the matrix's dimension, set
+ * here when it has none), the ids at m->ids + m->n and the rows at the
+ * returned address, counted by knn_matrix_commit_rows once written. The
+ * arrays grow by doubling through repalloc_huge (a huge chunk is its own
+ * malloc'd block: glibc's realloc remaps it, copying and touching
+ * nothing), the shared row buffer by knn_shared_rows_grow (or the rows
+ * move to the matrix's own memory, as any growth of it does).
+ */
+extern char *knn_matrix_reserve_more(KnnMatrix *m, int dim, int64 n);
+extern void knn_matrix_commit_rows(KnnMatrix *m, int64 n);
+
+/* An empty matrix gives back its arrays and its dimension (a block that failed fixed it). */
+extern void knn_matrix_forget_dim(KnnMatrix *m);
+
 /* Appends every row of `from` (the same element and dimension, neither grouped), in one copy. */
 extern void knn_matrix_append_rows(KnnMatrix *m, const KnnMatrix *from);
 

@@ -37,6 +37,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/syscache.h"
+#include "utils/varbit.h"
 
 #include "halfvec.h"
 #include "knn_shard_receive.h"
@@ -81,6 +82,15 @@ typedef struct HeldTargets
 	MemoryContext context;		/* holds all of it; under TopTransactionContext */
 	int			level;
 	Oid			reader;			/* the role that read them: only it may take or see them */
+	/*
+	 * Rows of the other shards relayed after them (knn_shard_receive_held_rows):
+	 * the matrix's last `relayed` rows, not targets; and the blocks and the
+	 * time they took (DEBUG1).
+	 */
+	int64		relayed;
+	int64		relay_blocks;
+	double		relay_seconds;
+	double		relay_slowest;	/* the slowest block's (one that grew the matrix: no copy, no page touched) */
 } HeldTargets;
 
 static HeldTargets *held_targets = NULL;
@@ -564,6 +574,8 @@ knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMa
 		*targets = h->matrix;
 		targets->set_name = set_name;
 	}
+	/* rows relayed after them (knn_shard_receive_held_rows) are queries, not targets */
+	targets->n -= h->relayed;
 	return true;
 }
 
@@ -600,6 +612,7 @@ void
 knn_held_queries_take(int64 set, KnnMatrix *queries)
 {
 	const KnnMatrix *own = &held_targets_of(set)->matrix;
+	instr_time	start;
 
 	if (held != NULL && held->set == set)
 		knn_received_queries_take(set, queries);
@@ -614,7 +627,11 @@ knn_held_queries_take(int64 set, KnnMatrix *queries)
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("held rows of %d dimensions cannot join with the received query rows of %d",
 						own->dim, queries->dim)));
+	INSTR_TIME_SET_CURRENT(start);
 	knn_matrix_append_rows(queries, own);
+	ereport(DEBUG1,
+			(errmsg_internal("knn_held_queries_take: set " INT64_FORMAT ": " INT64_FORMAT " held rows copied after " INT64_FORMAT " received in %.3f s",
+							 set, own->n, queries->n - own->n, knn_seconds_since(start))));
 }
 
 void
@@ -627,7 +644,8 @@ knn_held_targets_drop(int64 set)
 int64
 knn_held_targets_rows(void)
 {
-	return held_targets != NULL && held_targets->targets_sql != NULL ? held_targets->matrix.n : -1;
+	return held_targets != NULL && held_targets->targets_sql != NULL ?
+		held_targets->matrix.n - held_targets->relayed : -1;
 }
 
 /* ---- held targets sent back as a self-join's queries ---- */
@@ -704,11 +722,12 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the targets held for query set " INT64_FORMAT " were dropped", set)));
 	m = &held_targets->matrix;
-	if (*next >= m->n)
+	/* this server's rows only, not those relayed after them */
+	if (*next >= m->n - held_targets->relayed)
 		SRF_RETURN_DONE(funcctx);
 	CHECK_FOR_INTERRUPTS();
 	rows = Max((int64) (KNN_HELD_BLOCK_BYTES / (sizeof(int64) + m->row_bytes)), 1);
-	rows = Min(rows, m->n - *next);
+	rows = Min(rows, m->n - held_targets->relayed - *next);
 	bytes = 12 + (Size) rows * (sizeof(int64) + m->row_bytes);
 	block = (bytea *) palloc(VARHDRSZ + bytes);
 	SET_VARSIZE(block, VARHDRSZ + bytes);
@@ -731,6 +750,282 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 							   (Size) rows * m->row_bytes, m->element);
 	*next += rows;
 	SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
+}
+
+/* ---- the other shards' held rows, relayed by the coordinator ---- */
+
+static const char *
+element_name(int32 element)
+{
+	switch (element)
+	{
+		case KNN_ELEMENT_FLOAT32:
+			return "float32";
+		case KNN_ELEMENT_FLOAT16:
+			return "float16";
+		case KNN_ELEMENT_BIT:
+			return "bit";
+		default:
+			return "unknown";
+	}
+}
+
+static void
+malformed_held_block(const char *what, int64 detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_BINARY_REPRESENTATION),
+			 errmsg("knn_shard_receive_held_rows: malformed block: %s (" INT64_FORMAT ")", what, detail),
+			 errdetail("A block holds int32 element, int32 dim, int32 rows, then the rows' int64 ids, then their elements, in network byte order, as knn_shard_held_target_blocks() makes it.")));
+}
+
+/* The most elements (bits) a row of the held rows' type may have. */
+static int64
+held_type_max_dim(Oid type)
+{
+	switch (knn_vector_kind(type))
+	{
+		case KNN_VECTOR_TYPE:
+			return VECTOR_MAX_DIM;
+		case KNN_VECTOR_HALFVEC:
+			return HALFVEC_MAX_DIM;
+		default:
+			return VARBITMAXLEN;
+	}
+}
+
+/* A row of the block with a non-finite element (rows in this server's order at `rows`): ERROR. */
+static void
+report_not_finite(const KnnMatrix *m, const char *rows, const int64 *ids, int32 count,
+				  int64 first_row)
+{
+	for (int32 r = 0; r < count; r++)
+	{
+		const char *row = rows + (Size) r * m->row_bytes;
+
+		for (int i = 0; i < m->dim; i++)
+		{
+			bool		nan;
+
+			if (m->element == KNN_ELEMENT_FLOAT16)
+			{
+				uint16		h;
+
+				memcpy(&h, row + 2 * (Size) i, sizeof(h));
+				if ((h & 0x7C00) != 0x7C00)
+					continue;
+				nan = (h & 0x3FF) != 0;
+			}
+			else
+			{
+				float		f;
+
+				memcpy(&f, row + 4 * (Size) i, sizeof(f));
+				if (isfinite(f))
+					continue;
+				nan = isnan(f);
+			}
+			ereport(ERROR,
+					(errcode(ERRCODE_DATA_EXCEPTION),
+					 errmsg("knn_shard_receive_held_rows: %s in row " INT64_FORMAT " of the block (id " INT64_FORMAT ")",
+							nan ? "NaN" : "infinite value", first_row + r, ids[r])));
+		}
+	}
+}
+
+/*
+ * The block's rows (its ids at `ids`, its elements at `elements`, checked
+ * to fit) into the matrix's room past its last row (`dest`, and
+ * m->ids + m->n): ids and elements swapped into this server's order and
+ * checked in the same pass, in slices with a look for a cancel between.
+ * Counts nothing: the caller commits the rows once all passed.
+ */
+static void
+fill_held_rows(const KnnMatrix *m, const char *ids, const char *elements, int32 rows, char *dest)
+{
+	int64	   *id_dest = m->ids + m->n;
+	int			tail_bits = m->element == KNN_ELEMENT_BIT ? m->dim % 8 : 0;
+
+	for (int32 first = 0; first < rows; first += ROWS_PER_INTERRUPT_CHECK)
+	{
+		int32		count = Min(ROWS_PER_INTERRUPT_CHECK, rows - first);
+		char	   *out = dest + (Size) first * m->row_bytes;
+
+		CHECK_FOR_INTERRUPTS();
+		for (int32 r = first; r < first + count; r++)
+		{
+			uint64		id;
+
+			memcpy(&id, ids + (Size) r * sizeof(int64), sizeof(id));
+			id_dest[r] = (int64) pg_ntoh64(id);
+		}
+		if (knn_rows_swap_order(out, elements + (Size) first * m->row_bytes,
+								(Size) count * m->row_bytes, m->element))
+			report_not_finite(m, out, id_dest + first, count, first);
+		/* a bit string's last byte: the bits past its length are zero, as in a value */
+		if (tail_bits != 0)
+			for (int32 r = 0; r < count; r++)
+				if ((uint8) out[(Size) r * m->row_bytes + m->row_bytes - 1] & (0xFF >> tail_bits))
+					malformed_held_block("row has bits set past its bit length", first + r);
+	}
+}
+
+/*
+ * knn_shard_receive_held_rows(set bigint, vector_type regtype, block
+ * bytea): a block another shard's knn_shard_held_target_blocks made,
+ * relayed unchanged by the coordinator of a sharded self-join, appended
+ * after the rows this backend holds as set `set`'s targets; the rows
+ * relayed so far.
+ */
+PG_FUNCTION_INFO_V1(knn_shard_receive_held_rows);
+Datum
+knn_shard_receive_held_rows(PG_FUNCTION_ARGS)
+{
+	int64		set = PG_GETARG_INT64(0);
+	Oid			type = PG_GETARG_OID(1);
+	bytea	   *block = PG_GETARG_BYTEA_PP(2);
+	const char *data = VARDATA_ANY(block);
+	int64		length = VARSIZE_ANY_EXHDR(block);
+	HeldTargets *h = held_targets_of(set);
+	KnnMatrix  *m = &h->matrix;
+	uint32		header[3];
+	int32		element;
+	int32		dim;
+	int32		rows;
+	bool		fixes_dim;
+	instr_time	start;
+
+	INSTR_TIME_SET_CURRENT(start);
+	if (!SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(type)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("knn_shard_receive_held_rows: type with OID %u does not exist", type)));
+	/* (bit strings are shipped as bit varying, a bit column's rows held as bit: one kind) */
+	if (getBaseType(type) != type || knn_vector_kind(type) != knn_vector_kind(h->vector_type))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("knn_shard_receive_held_rows: set " INT64_FORMAT " holds %s rows, not %s",
+						set, format_type_be(h->vector_type), format_type_be(type))));
+
+	if (length < 12)
+		malformed_held_block("is shorter than its 12-byte header", length);
+	memcpy(header, data, sizeof(header));
+	element = (int32) pg_ntoh32(header[0]);
+	dim = (int32) pg_ntoh32(header[1]);
+	rows = (int32) pg_ntoh32(header[2]);
+	if (element != (int32) m->element)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("knn_shard_receive_held_rows: a block of %s rows for set " INT64_FORMAT ", whose rows are %s",
+						element_name(element), set, element_name(m->element))));
+	if (m->dim >= 0 && dim != m->dim)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("knn_shard_receive_held_rows: a block of rows of %d dimensions for set " INT64_FORMAT ", whose rows have %d",
+						dim, set, m->dim)));
+	if (m->dim < 0 && (dim < 1 || dim > held_type_max_dim(h->vector_type)))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATA_EXCEPTION),
+				 errmsg("knn_shard_receive_held_rows: a block of rows of %d dimensions for set " INT64_FORMAT ", whose %s rows have 1 to " INT64_FORMAT,
+						dim, set, format_type_be(h->vector_type), held_type_max_dim(h->vector_type))));
+	if (rows < 1)
+		malformed_held_block("has no rows", rows);
+	if (length != 12 + (int64) rows * (int64) (sizeof(int64) + knn_row_bytes(m->element, dim)))
+		malformed_held_block("is not 12 + rows x (8 + the row's bytes) long", length);
+
+	/* straight into the matrix's room past its rows; a block that fails leaves no row */
+	fixes_dim = m->dim < 0;
+	PG_TRY();
+	{
+		char	   *dest = knn_matrix_reserve_more(m, dim, rows);
+
+		fill_held_rows(m, data + 12, data + 12 + (Size) rows * sizeof(int64), rows, dest);
+	}
+	PG_CATCH();
+	{
+		if (fixes_dim && m->n == 0)
+			knn_matrix_forget_dim(m);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	/* a subtransaction that aborts after this takes the set (received_subxact_callback) */
+	h->level = Max(h->level, GetCurrentTransactionNestLevel());
+	knn_matrix_commit_rows(m, rows);
+	h->relayed += rows;
+	h->relay_blocks++;
+	{
+		double		seconds = knn_seconds_since(start);
+
+		h->relay_seconds += seconds;
+		h->relay_slowest = Max(h->relay_slowest, seconds);
+	}
+	PG_RETURN_INT64(h->relayed);
+}
+
+bool
+knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_type, KnnMatrix *queries,
+				   KnnMatrix *targets, bool *targets_taken)
+{
+	HeldTargets *h = held_targets_of(set);
+	KnnMatrix	own;
+	instr_time	start;
+	double		seconds_sort;
+
+	*targets_taken = false;
+	if (held != NULL && held->set == set)
+		return false;			/* rows by knn_shard_receive_queries: knn_held_queries_take */
+	if (h->matrix.n > 0 && h->matrix.element != queries->element)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("held rows cannot join as this join's element type with the received query rows")));
+	INSTR_TIME_SET_CURRENT(start);
+	held_targets = NULL;
+
+	/*
+	 * This server's rows in id order, in place (the targets' order breaks
+	 * ties; the relayed rows' order does not matter: the pairs go back
+	 * keyed by query id).
+	 */
+	own = h->matrix;
+	own.n = h->matrix.n - h->relayed;
+	own.capacity = own.n;
+	knn_matrix_sort_by_id(&own);
+	seconds_sort = knn_seconds_since(start);
+
+	/* the held matrix itself: its memory now lives as long as the queries' */
+	MemoryContextSetParent(h->context, queries->context);
+	{
+		const char *set_name = queries->set_name;
+
+		*queries = h->matrix;
+		queries->set_name = set_name;
+	}
+	if (strcmp(h->targets_sql, targets_sql) == 0 && h->vector_type == vector_type)
+	{
+		const char *set_name = targets->set_name;
+
+		/*
+		 * The first rows of the same memory, never freed or written through
+		 * this matrix (shared is the queries'). Ids of their own where rows
+		 * follow: an engine that sees one array of keys on both sides takes
+		 * the two sides for the same rows.
+		 */
+		*targets = own;
+		targets->set_name = set_name;
+		targets->shared = NULL;
+		if (h->relayed > 0)
+		{
+			targets->ids = MemoryContextAllocHuge(queries->context,
+												  Max(1, (Size) own.n * sizeof(int64)));
+			memcpy(targets->ids, own.ids, (Size) own.n * sizeof(int64));
+		}
+		*targets_taken = true;
+	}
+	ereport(DEBUG1,
+			(errmsg_internal("knn_shard_receive_held_rows: set " INT64_FORMAT ": " INT64_FORMAT " rows relayed in " INT64_FORMAT " blocks, read in %.3f s (the slowest block %.4f s); queries: " INT64_FORMAT " held rows (put in id order in %.3f s) and them, taken in %.3f s (no copy)",
+							 set, h->relayed, h->relay_blocks, h->relay_seconds, h->relay_slowest, own.n,
+							 seconds_sort, knn_seconds_since(start))));
+	return true;
 }
 
 /* ---- a self-join's held rows against the coordinator's declared columns ---- */

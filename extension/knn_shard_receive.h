@@ -81,6 +81,26 @@ extern bool knn_held_targets_take(int64 set, const char *targets_sql, Oid vector
 extern Oid	knn_held_queries_type(int64 set);
 extern void knn_held_queries_take(int64 set, KnnMatrix *queries);
 
+/*
+ * A sharded self-join whose coordinator relays the other shards' held
+ * blocks unchanged (knn_shard_receive_held_rows(set, vector_type, block):
+ * each block, checked as hostile input, goes straight into the held
+ * matrix's memory after this server's rows; ERROR where the targets are
+ * not held for the set or the block is not of their kind, element and
+ * dimension). knn_held_rows_take: where no rows came by
+ * knn_shard_receive_queries for the set, the held matrix itself becomes
+ * `queries` (knn_matrix_init'ed in the context it must live in): this
+ * server's rows first, put in id order, then those relayed, with no copy;
+ * and where `targets_sql` and `vector_type` are those they were read by,
+ * `targets` becomes a view of its first rows (this server's: the same
+ * memory, never to be freed or written through it) and *targets_taken is
+ * set. False, nothing taken, where rows came by knn_shard_receive_queries
+ * (then knn_held_queries_take, and knn_held_targets_take takes this
+ * server's rows only).
+ */
+extern bool knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_type,
+							   KnnMatrix *queries, KnnMatrix *targets, bool *targets_taken);
+
 /* Drops set `set`'s held targets, if any (knn_shard_drop_targets). */
 extern void knn_held_targets_drop(int64 set);
 

@@ -1,0 +1,12 @@
+-- A sharded self-join whose coordinator relays each shard's held rows to
+-- the other shards unchanged (knn_shard_receive.h): the blocks
+-- knn_shard_held_target_blocks() made on one shard go, byte for byte, into
+-- the held rows of another, which knn_join_received_held_packed() then
+-- joins with its own rows, with no copy of either.
+CREATE FUNCTION knn_shard_receive_held_rows(set bigint, vector_type regtype, block bytea)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'knn_shard_receive_held_rows'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION knn_shard_receive_held_rows(bigint, regtype, bytea) IS
+'For a coordinator of a sharded self-join: appends a block of another shard''s held rows (as knn_shard_held_target_blocks() made it: int32 element, int32 dim, int32 rows, the rows'' int64 ids, their elements; network byte order) after the rows knn_shard_prefetch_self_join() holds for query set "set" in this transaction, as queries of knn_join_received_held_packed(); the rows appended so far.';
