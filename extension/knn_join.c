@@ -970,7 +970,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	{
 		/* The custom scan returns the rows (and measures that). */
 		drop_vectors(&queries);
-		if (targets != &queries)
+		/* (targets taken as a view of the queries' first rows have no vectors of their own) */
+		if (targets != &queries && !targets_taken)
 			drop_vectors(targets);
 		direct->n_queries = queries.n;
 		direct->slots = slots;
