@@ -448,6 +448,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   t.ti.pinning_hook = o->ti_pinning_hook;
   t.ti.shared_probe = o->ti_shared_probe;
   t.ti.upload_slice_fail = o->ti_upload_slice_fail;
+  t.ti.level1_probe = o->ti_level1_probe;
   return t;
 }
 
