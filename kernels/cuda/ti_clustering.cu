@@ -593,8 +593,8 @@ KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_s
     peers.decline(share.engine);
     return KNN_OK;
   }
-  DeviceBuffer<int32_t> choice;
-  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment"));
+  DeviceBuffer<int32_t> choice;  // read by the other GPUs: from the pool of shared rows
+  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment", shared_rows_pool(ctx.device, true)));
   // Filled with -1 (centre 0 where a pick never came), and complete before
   // the other GPUs may read it.
   CUDA_CHECK(ctx, cudaMemsetAsync(choice.get(), 0xFF, n * sizeof(int32_t), ctx.stream));

@@ -50,7 +50,8 @@ class MemoryBudget {
   explicit MemoryBudget(size_t budget) : budget_(budget) {}
 
   template <class T>
-  KnnStatus allocate(DeviceContext &ctx, DeviceBuffer<T> &buffer, size_t count, const char *what) {
+  KnnStatus allocate(DeviceContext &ctx, DeviceBuffer<T> &buffer, size_t count, const char *what,
+                     cudaMemPool_t pool = nullptr) {
     const size_t bytes = count * sizeof(T);
     if (budget_ != 0 && used_ + bytes > budget_) {
       char msg[256];
@@ -60,7 +61,7 @@ class MemoryBudget {
       if (ctx.error.empty()) ctx.error = msg;
       return KNN_OUT_OF_MEMORY;
     }
-    KNN_TRY(buffer.allocate(ctx, count, what));
+    KNN_TRY(buffer.allocate(ctx, count, what, pool));
     used_ += bytes;
     return KNN_OK;
   }

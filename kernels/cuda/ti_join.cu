@@ -138,6 +138,8 @@ KnnStatus release_join_memory(KnnStatus status, DeviceContext &ctx) {
   const cudaError_t err = cudaStreamSynchronize(ctx.stream);
   cudaMemPool_t pool;
   if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+  if (cudaMemPool_t shared = shared_rows_pool(ctx.device, false))
+    (void)cudaMemPoolTrimTo(shared, 0);
   (void)cudaGetLastError();
   if (status == KNN_OK && err != cudaSuccess)
     return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
@@ -204,7 +206,9 @@ KnnStatus upload_points_shared(const float *host, int64_t n, int dim, int stride
     peers.decline(engine);
     return KNN_OK;
   }
-  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points"));
+  // Read by the other GPUs: from the pool of shared rows (device_runtime.cuh).
+  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points",
+                       shared_rows_pool(ctx.device, true)));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // usable from the other GPUs
   KNN_TRY(peers.offer(ctx, engine, out.padded.get(), n, stride, host, element, keys, shared));
   if (!*shared) {
