@@ -204,7 +204,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 namespace {
 
-int all_share_batches();  // below
+int share_batches();  // below
 
 // An upper bound of the device memory the share still needs once the
 // engines agreed (after that an engine cannot hand its share to another
@@ -220,7 +220,7 @@ size_t cluster_share_bytes(const ClusterSet &all, int64_t n_rows, int k, int kpr
   const double arrays = n * (row + 5 * 4) + m * (row + 4 * 4);
   const double lists = n * kprime * 8.0 * (1 + 8 + 1);
   const double slots =
-      kprime > 32 ? all_share_batches() * kWarp * (m + 1) * kprime * 8.0 * (1 + 8) : 0.0;
+      kprime > 32 ? share_batches() * kWarp * (m + 1) * kprime * 8.0 * (1 + 8) : 0.0;
   const double output = n_rows * 16.0 + std::min<double>(n_rows, 1024) * k * 16.0 + (1 << 20);
   return (size_t)std::min<double>(arrays + lists + slots + output, 1e18);
 }
@@ -414,30 +414,12 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
 // side by side, level 2 0.31 s and level 2 + writes 0.355 s; 12 batches,
 // 8 of them at one priority, ended together: level 2 + writes 0.47-0.52 s.
 // KNN_TI_SHARE_BATCHES (1 to kMaxShareBatches) sets B, for measuring.
-//
-// More batches would shorten the last one (the writes left after level 2),
-// but batches of one priority run together and end together. So a lane
-// (a stream at one priority) may take several batches one after another
-// (KNN_TI_BATCHES_PER_LANE, 1 to 4): its next batch waits for the one
-// before, whose tail the later lanes fill, and the batches still end in
-// order.
-constexpr int kShareBatches = 6, kMaxShareBatches = 16, kBatchesPerLane = 1, kMaxPerLane = 4;
+constexpr int kShareBatches = 6, kMaxShareBatches = 16;
 
 int share_batches() {
   const char *v = std::getenv("KNN_TI_SHARE_BATCHES");
   const int b = v != nullptr ? std::atoi(v) : 0;
   return b >= 1 && b <= kMaxShareBatches ? b : kShareBatches;
-}
-
-int batches_per_lane() {
-  const char *v = std::getenv("KNN_TI_BATCHES_PER_LANE");
-  const int b = v != nullptr ? std::atoi(v) : 0;
-  return b >= 1 && b <= kMaxPerLane ? b : kBatchesPerLane;
-}
-
-// The most batches a share may run (what cluster_share_bytes counts).
-int all_share_batches() {
-  return std::min(kMaxShareBatches, share_batches() * batches_per_lane());
 }
 
 // A stream at a priority (cudaDeviceGetStreamPriorityRange: lower numbers
@@ -466,10 +448,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   int least = 0, greatest = 0;
   CUDA_CHECK(ctx, cudaDeviceGetStreamPriorityRange(&least, &greatest));
   const int levels = least - greatest + 1;
-  const int per_lane = batches_per_lane();
-  const int most = std::min(
-      kMaxShareBatches,
-      (levels > 1 ? std::min(share_batches(), levels) : share_batches()) * per_lane);
+  const int most = levels > 1 ? std::min(share_batches(), levels) : share_batches();
   const int64_t total_weight = most * (most + 1) / 2 + most * (most / 2);
   std::vector<int32_t> cuts{share.first_cluster};
   int64_t weight = 0;
@@ -501,11 +480,8 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // KNN_TI_BATCH_STREAMS=1: the batches one after another on one stream
   // (the older way, for measuring).
   const bool one_lane = env_flag("KNN_TI_BATCH_STREAMS");
-  // Batch b's lane: b / per_lane (all on lane 0 under one_lane).
-  auto lane_of = [&](int b) { return one_lane ? 0 : b / per_lane; };
   for (int b = 0; b < batches; b++) {
-    if (b == 0 || lane_of(b) != lane_of(b - 1))
-      KNN_TRY(lanes[lane_of(b)].create(ctx, std::min(least, greatest + lane_of(b))));
+    if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + b)));
     KNN_TRY(filtered[b].create(ctx));
   }
   // (Declared after the streams: freed on theirs, before they go.)
@@ -547,7 +523,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   for (int b = 0; b < batches; b++) {
     KNN_TRY(ctx.cancel_point());
     DeviceContext lane = ctx;
-    lane.stream = lanes[lane_of(b)].get();
+    lane.stream = lanes[one_lane ? 0 : b].get();
     CUDA_CHECK(ctx, cudaStreamWaitEvent(lane.stream, ready.get(), 0));
     KnnStatus st = slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b],
                                          mem, lane);
