@@ -135,12 +135,21 @@ KnnStatus read_max_abs(const unsigned *max_abs_bits, float *out, DeviceContext &
 }
 
 KnnStatus release_join_memory(KnnStatus status, DeviceContext &ctx) {
+  const Clock::time_point t0 = Clock::now();
   const cudaError_t err = cudaStreamSynchronize(ctx.stream);
+  const Clock::time_point t1 = Clock::now();
   cudaMemPool_t pool;
   if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
   if (cudaMemPool_t shared = shared_rows_pool(ctx.device, false))
     (void)cudaMemPoolTrimTo(shared, 0);
   (void)cudaGetLastError();
+  // KNN_TI_PHASES=1: what the end of the join takes (the frees' wait, the
+  // trim), outside the phases line.
+  static const bool phases = std::getenv("KNN_TI_PHASES") != nullptr &&
+                             std::getenv("KNN_TI_PHASES")[0] == '1';
+  if (phases)
+    std::fprintf(stderr, "ti release (GPU %d): wait %.4f trim %.4f\n", ctx.device,
+                 seconds_between(t0, t1), seconds_between(t1, Clock::now()));
   if (status == KNN_OK && err != cudaSuccess)
     return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
   return status;
