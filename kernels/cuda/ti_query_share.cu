@@ -487,6 +487,9 @@ KnnStatus write_batches(const ClusterShareJoin &join, const ClusterSet *slices, 
     if (output_chunk_rows(join.budget, mem.used(), total, k) < total) {
       *select_seconds += seconds_since(t0);
       KNN_TRY(join_writes());
+      PipelinedBatch &other = slot[1 - b % 2];  // written: its buffers may go
+      mem.release(other.rows);
+      mem.release(other.dist);
       st = write_batch_rows(join, p.rows_of, neighbors, distances, select_seconds,
                             download_seconds, mem, w);
       if (st != KNN_OK) return failed(st);
