@@ -344,9 +344,7 @@ class ScopedEnv {
 };
 
 // A divided share's batches of clusters run side by side, each on a stream
-// of its own, their rows written as each ends (ti_query_share.cu), each
-// batch's host writes beside the next batch's expansion
-// (KNN_TI_PIPELINED_WRITES=0: one after the other).
+// of its own, their rows written as each ends (ti_query_share.cu).
 // KNN_TI_BATCHED_WRITES=1 runs a one-GPU join the same way over every
 // cluster; KNN_TI_SHARE_BATCHES sets the batches (at most the device's
 // stream priorities: 16 asks for more) and KNN_TI_BATCH_STREAMS=1 queues
@@ -358,20 +356,15 @@ TEST(SplitOnOneGpu, ClusterBatchesSideBySideMatchTheCpu) {
   c.problem.method = KNN_METHOD_TI;
   c.problem.k = 20;
   const Answer cpu = job(c.problem, KNN_DEVICE_CPU);
-  struct Setting {
-    const char *batches, *one_stream, *pipelined;
-  };
-  const Setting settings[] = {{"6", "0", "1"}, {"6", "0", "0"}, {"16", "0", "1"},
-                              {"3", "1", "1"}, {"3", "1", "0"}, {"1", "0", "1"}};
-  for (const Setting &s : settings) {
-    const std::string what = std::string("batches ") + s.batches + ", one stream " +
-                             s.one_stream + ", pipelined writes " + s.pipelined;
+  const std::pair<const char *, const char *> settings[] = {
+      {"6", "0"}, {"16", "0"}, {"3", "1"}, {"1", "0"}};
+  for (const auto &s : settings) {
+    const std::string what = std::string("batches ") + s.first + ", one stream " + s.second;
     Answer one, split;
     {
       ScopedEnv env({{"KNN_TI_BATCHED_WRITES", "1"},
-                     {"KNN_TI_SHARE_BATCHES", s.batches},
-                     {"KNN_TI_BATCH_STREAMS", s.one_stream},
-                     {"KNN_TI_PIPELINED_WRITES", s.pipelined}});
+                     {"KNN_TI_SHARE_BATCHES", s.first},
+                     {"KNN_TI_BATCH_STREAMS", s.second}});
       one = job(on_devices(c.problem, {0}), KNN_DEVICE_GPU);
       split = job(on_devices(c.problem, {0, 0}), KNN_DEVICE_GPU);
     }

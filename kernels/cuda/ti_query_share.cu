@@ -26,7 +26,6 @@
 #include <cstdlib>
 #include <vector>
 
-#include "device_thread.cuh"
 #include "scatter_download.cuh"
 #include "share_vote.cuh"
 #include "ti_cluster_share.cuh"
@@ -329,20 +328,20 @@ KnnStatus slice_query_clusters(const ClusterSet &all, const std::vector<int32_t>
 
 namespace {
 
-// A batch's rows, ascending (the host writes then sweep the caller's
-// arrays once): `sorted` on the device, `places` on the host. They depend
-// on the batch's clusters only, not on level 2.
-struct BatchRows {
-  int32_t total = 0;
-  DeviceBuffer<int32_t> sorted;
-  std::vector<int32_t> places;
-};
-
-KnnStatus list_batch_rows(const DistinctSet &set, const ClusterSet &share, BatchRows &out,
-                          MemoryBudget &mem, DeviceContext &ctx) {
+// Expands the lists of the share's points (level 2's results) to their
+// rows and writes them, scattered, into their places of the caller's
+// arrays, in chunks that fit what `budget` has left.
+KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
+                                   KnnMetric metric, int k, int kprime,
+                                   const float *result_value, const int32_t *result_row,
+                                   const int64_t *query_keys, const int64_t *target_keys,
+                                   size_t budget, int64_t *neighbors, double *distances,
+                                   double *select_seconds, double *download_seconds,
+                                   MemoryBudget &mem, DeviceContext &ctx) {
+  const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = share.n;
-  out.total = 0;
-  DeviceBuffer<int32_t> offset, list;
+  // The share's rows, ascending (the host writes then sweep its arrays once).
+  DeviceBuffer<int32_t> offset, list, sorted;
   DeviceBuffer<unsigned char> temp;
   KNN_TRY(mem.allocate(ctx, offset, n + 1, "share rows"));
   CUDA_CHECK(ctx, cudaMemsetAsync(offset.get(), 0, sizeof(int32_t), ctx.stream));
@@ -358,179 +357,46 @@ KnnStatus list_batch_rows(const DistinctSet &set, const ClusterSet &share, Batch
   mem.release(temp);
   if (total == 0) return KNN_OK;
   KNN_TRY(mem.allocate(ctx, list, total, "share rows"));
-  KNN_TRY(mem.allocate(ctx, out.sorted, total, "share rows"));
+  KNN_TRY(mem.allocate(ctx, sorted, total, "share rows"));
   list_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(
       n, offset.get(), share.mult.get(), share.rows_begin.get(), set.rows.get(), list.get());
   CUDA_CHECK_LAUNCH(ctx, "list_rows_kernel");
   int bits = 1;
   while (bits < 31 && (int64_t{1} << bits) < set.n_rows) bits++;
   KNN_TRY(run_cub(ctx, mem, temp, "share rows", [&](void *t, size_t &bytes) {
-    return cub::DeviceRadixSort::SortKeys(t, bytes, list.get(), out.sorted.get(), total, 0, bits,
+    return cub::DeviceRadixSort::SortKeys(t, bytes, list.get(), sorted.get(), total, 0, bits,
                                           ctx.stream);
   }));
-  out.places.resize(total);
-  CUDA_CHECK(ctx, cudaMemcpyAsync(out.places.data(), out.sorted.get(), total * sizeof(int32_t),
+  std::vector<int32_t> places(total);
+  CUDA_CHECK(ctx, cudaMemcpyAsync(places.data(), sorted.get(), total * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, ctx.stream));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
   mem.release(temp);
   mem.release(list);
   mem.release(offset);
-  out.total = total;
-  return KNN_OK;
-}
 
-// Expands the lists of a batch's points (level 2's results) to their rows
-// (listed in `rows`) and writes them, scattered, into their places of the
-// caller's arrays, in chunks that fit what `budget` has left.
-KnnStatus write_batch_rows(const ClusterShareJoin &join, const BatchRows &rows_of,
-                           int64_t *neighbors, double *distances, double *select_seconds,
-                           double *download_seconds, MemoryBudget &mem, DeviceContext &ctx) {
-  const int64_t total = rows_of.total;
-  if (total == 0) return KNN_OK;
-  const int k = join.k;
-  const int64_t chunk = output_chunk_rows(join.budget, mem.used(), total, k);
+  // Expanded and copied in chunks that fit what is left of the budget.
+  const int64_t chunk = output_chunk_rows(budget, mem.used(), total, k);
   DeviceBuffer<int64_t> rows;
   DeviceBuffer<double> dist;
   KNN_TRY(mem.allocate(ctx, rows, (size_t)chunk * k, "results"));
   KNN_TRY(mem.allocate(ctx, dist, (size_t)chunk * k, "results"));
+  *select_seconds += seconds_since(t0);
   for (int64_t done = 0; done < total; done += chunk) {
     KNN_TRY(ctx.cancel_point());
     const int64_t count = std::min(chunk, total - done);
     const auto t1 = std::chrono::steady_clock::now();
-    KNN_TRY(expand_listed_results(*join.query_set, join.metric, rows_of.sorted.get() + done, count,
-                                  k, join.kprime, join.result_value, join.result_row,
-                                  join.query_keys, join.target_keys, rows.get(), dist.get(), ctx));
+    KNN_TRY(expand_listed_results(set, metric, sorted.get() + done, count, k, kprime,
+                                  result_value, result_row, query_keys, target_keys, rows.get(),
+                                  dist.get(), ctx));
     CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
     const auto t2 = std::chrono::steady_clock::now();
-    KNN_TRY(download_scattered_rows(ctx, rows.get(), dist.get(), rows_of.places.data() + done,
-                                    count, k, neighbors, distances));
+    KNN_TRY(download_scattered_rows(ctx, rows.get(), dist.get(), places.data() + done, count, k,
+                                    neighbors, distances));
     *select_seconds += std::chrono::duration<double>(t2 - t1).count();
     *download_seconds += seconds_since(t2);
   }
   return KNN_OK;
-}
-
-// One batch of the pipelined writes (write_batches): its rows, their
-// expansion on the device, and the seconds its host writes took.
-struct PipelinedBatch {
-  BatchRows rows_of;
-  DeviceBuffer<int64_t> rows;
-  DeviceBuffer<double> dist;
-  double download_seconds = 0;
-};
-
-// Whether a batch's host writes run on a thread of their own while this
-// thread lists and expands the next batch's rows (KNN_TI_PIPELINED_WRITES=0:
-// one batch after another, the older way, for measuring).
-bool pipelined_writes() {
-  const char *v = std::getenv("KNN_TI_PIPELINED_WRITES");
-  return v == nullptr || v[0] != '0';
-}
-
-// The rows of each batch, in order, once its level 2 has ended
-// (filtered[b]): listed (which needs only the batch's clusters, made at
-// sliced[b]), expanded
-// on the device, then written, scattered, into the caller's arrays by the
-// host. The writes of a batch are mostly host work and its expansion
-// mostly a wait for the GPU, which the later batches' level 2 fills: so
-// batch b's writes run on a helper thread while this thread lists and
-// expands batch b + 1 (two writer streams and two sets of buffers, used
-// in turn). Only one batch writes at a time (they share the pinned
-// staging). A batch whose rows do not fit the budget at once is written
-// chunk by chunk on this thread, after the one before.
-KnnStatus write_batches(const ClusterShareJoin &join, const ClusterSet *slices, int batches,
-                        const Event *sliced, const Event *filtered,
-                        const cudaStream_t *writers, int64_t *neighbors,
-                        double *distances, double *select_seconds, double *download_seconds,
-                        MemoryBudget &mem, DeviceContext &ctx) {
-  const int k = join.k;
-  const bool pipelined = pipelined_writes();
-  PipelinedBatch slot[2];
-  DeviceThread scatter;  // (declared after the slots: joined before they go)
-  int writing = -1;      // the slot whose writes the helper runs
-  auto join_writes = [&]() -> KnnStatus {
-    if (writing < 0) return KNN_OK;
-    const KnnStatus st = scatter.finish(ctx);
-    *download_seconds += slot[writing].download_seconds;
-    writing = -1;
-    return st;
-  };
-  for (int b = 0; b < batches; b++) {
-    KNN_TRY(ctx.cancel_point());
-    PipelinedBatch &p = slot[pipelined ? b % 2 : 0];
-    DeviceContext w = ctx;
-    w.stream = writers[pipelined ? b % 2 : 0];
-    auto failed = [&](KnnStatus st) {
-      if (ctx.error.empty()) ctx.error = w.error;
-      return st;
-    };
-    // (Batch b - 2's writes from this slot were joined before b - 1's began.)
-    mem.release(p.rows);
-    mem.release(p.dist);
-    mem.release(p.rows_of.sorted);
-    const auto t0 = std::chrono::steady_clock::now();
-    KnnStatus st = KNN_OK;
-    CUDA_CHECK(ctx, cudaStreamWaitEvent(w.stream, sliced[b].get(), 0));
-    if (pipelined) st = list_batch_rows(*join.query_set, slices[b], p.rows_of, mem, w);
-    CUDA_CHECK(ctx, cudaStreamWaitEvent(w.stream, filtered[b].get(), 0));
-    if (st != KNN_OK) return failed(st);
-    if (!pipelined) {
-      *select_seconds += seconds_since(t0);
-      st = list_batch_rows(*join.query_set, slices[b], p.rows_of, mem, w);
-      if (st == KNN_OK)
-        st = write_batch_rows(join, p.rows_of, neighbors, distances, select_seconds,
-                              download_seconds, mem, w);
-      if (st != KNN_OK) return failed(st);
-      continue;
-    }
-    const int64_t total = p.rows_of.total;
-    if (output_chunk_rows(join.budget, mem.used(), total, k) < total) {
-      *select_seconds += seconds_since(t0);
-      KNN_TRY(join_writes());
-      PipelinedBatch &other = slot[1 - b % 2];  // written: its buffers may go
-      mem.release(other.rows);
-      mem.release(other.dist);
-      st = write_batch_rows(join, p.rows_of, neighbors, distances, select_seconds,
-                            download_seconds, mem, w);
-      if (st != KNN_OK) return failed(st);
-      continue;
-    }
-    if (total > 0) {
-      st = mem.allocate(w, p.rows, (size_t)total * k, "results");
-      if (st == KNN_OK) st = mem.allocate(w, p.dist, (size_t)total * k, "results");
-      if (st == KNN_OK)
-        st = expand_listed_results(*join.query_set, join.metric, p.rows_of.sorted.get(), total,
-                                   k, join.kprime, join.result_value, join.result_row,
-                                   join.query_keys, join.target_keys, p.rows.get(),
-                                   p.dist.get(), w);
-      if (st != KNN_OK) return failed(st);
-      CUDA_CHECK(ctx, cudaStreamSynchronize(w.stream));
-    }
-    *select_seconds += seconds_since(t0);
-    KNN_TRY(join_writes());
-    if (total == 0) continue;
-    const int me = b % 2;
-    auto write = [&p, total, k, neighbors, distances](DeviceContext &on) {
-      const auto t = std::chrono::steady_clock::now();
-      const KnnStatus written =
-          download_scattered_rows(on, p.rows.get(), p.dist.get(), p.rows_of.places.data(), total,
-                                  k, neighbors, distances);
-      p.download_seconds = seconds_since(t);
-      return written;
-    };
-    const cudaStream_t stream = w.stream;
-    if (scatter.start(ctx, [write, stream](DeviceContext &local) {
-          local.stream = stream;
-          return write(local);
-        })) {
-      writing = me;
-    } else {  // no thread: written here
-      st = write(w);
-      *download_seconds += p.download_seconds;
-      if (st != KNN_OK) return failed(st);
-    }
-  }
-  return join_writes();
 }
 
 // Batches of the share's clusters, of decreasing size (weights B + B/2,
@@ -606,36 +472,34 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // than the one before, so the GPU still finishes them in order. A
   // batch's rows are expanded and written on the urgent stream (the
   // highest priority), between the blocks of the later batches, as soon
-  // as its level 2 ends (two urgent streams: write_batches).
-  PriorityStream side[2], lanes[kMaxShareBatches];
-  Event ready, sliced[kMaxShareBatches], filtered[kMaxShareBatches];
-  KNN_TRY(side[0].create(ctx, greatest));
-  KNN_TRY(side[1].create(ctx, greatest));
-  const cudaStream_t writers[2] = {side[0].get(), side[1].get()};
+  // as its level 2 ends.
+  PriorityStream side, lanes[kMaxShareBatches];
+  Event ready, filtered[kMaxShareBatches];
+  KNN_TRY(side.create(ctx, greatest));
   KNN_TRY(ready.create(ctx));
   // KNN_TI_BATCH_STREAMS=1: the batches one after another on one stream
   // (the older way, for measuring).
   const bool one_lane = env_flag("KNN_TI_BATCH_STREAMS");
   for (int b = 0; b < batches; b++) {
     if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + b)));
-    KNN_TRY(sliced[b].create(ctx));
     KNN_TRY(filtered[b].create(ctx));
   }
   // (Declared after the streams: freed on theirs, before they go.)
   ClusterSet slices[kMaxShareBatches];
+  DeviceContext writer = ctx;
+  writer.stream = side.get();
   // On every path: nothing of the batches is in flight when the slices go.
   struct Drain {
-    cudaStream_t main;
-    const cudaStream_t *writers;
+    cudaStream_t main, side;
     const PriorityStream *lanes;
     int n;
     ~Drain() {
       for (int b = 0; b < n; b++)
         if (lanes[b].get() != nullptr) (void)cudaStreamSynchronize(lanes[b].get());
-      for (int i = 0; i < 2; i++) (void)cudaStreamSynchronize(writers[i]);
+      (void)cudaStreamSynchronize(side);
       (void)cudaStreamSynchronize(main);
     }
-  } drain{ctx.stream, writers, lanes, batches};
+  } drain{ctx.stream, side.get(), lanes, batches};
 
   // KNN_TI_PHASES=1: level 2's own time on the GPU (the writes overlap it).
   const char *phases = std::getenv("KNN_TI_PHASES");
@@ -663,10 +527,6 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
     CUDA_CHECK(ctx, cudaStreamWaitEvent(lane.stream, ready.get(), 0));
     KnnStatus st = slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b],
                                          mem, lane);
-    if (st == KNN_OK) {
-      const cudaError_t err = cudaEventRecord(sliced[b].get(), lane.stream);
-      if (err != cudaSuccess) st = record_failure(lane, err, "cudaEventRecord", __FILE__, __LINE__);
-    }
     if (st == KNN_OK)
       st = level2_filter(slices[b], *join.targets, *join.target_set, *join.level1, join.metric,
                          config, join.margin, join.result_value, join.result_row, join.counter,
@@ -681,10 +541,19 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   for (int b = 0; b < batches; b++)
     CUDA_CHECK(ctx, cudaStreamWaitEvent(ctx.stream, filtered[b].get(), 0));
   if (level2_span[1] != nullptr) (void)cudaEventRecord(level2_span[1], ctx.stream);
-  // Each batch's rows are written on the urgent streams once its level 2
+  // Each batch's rows are written on the urgent stream once its level 2
   // has ended, while the GPU filters the later batches.
-  KNN_TRY(write_batches(join, slices, batches, sliced, filtered, writers, neighbors, distances,
-                        select_seconds, download_seconds, mem, ctx));
+  for (int b = 0; b < batches; b++) {
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[b].get(), 0));
+    const KnnStatus st = write_cluster_share_rows(
+        *join.query_set, slices[b], join.metric, join.k, join.kprime, join.result_value,
+        join.result_row, join.query_keys, join.target_keys, join.budget, neighbors, distances,
+        select_seconds, download_seconds, mem, writer);
+    if (st != KNN_OK) {
+      ctx.error = writer.error;
+      return st;
+    }
+  }
   if (level2_span[1] != nullptr) {
     float ms = 0;
     if (cudaEventSynchronize(level2_span[1]) == cudaSuccess &&
