@@ -660,6 +660,15 @@ TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingToShareTheUpload) {
   cancel_while_waiting("the upload's offer", 723);
 }
 
+// A TI self-join of 20000 uneven rows of `dim` floats, k = 15: what the
+// tests of the split's sharing run.
+Case ti_share_case(int dim, uint64_t seed) {
+  Case c = uneven_case(20000, dim, seed);
+  c.problem.method = KNN_METHOD_TI;
+  c.problem.k = 15;
+  return c;
+}
+
 // The engines of a split TI self-join upload the points and assign them to
 // their clusters once between them (each its slice, the rest copied from
 // the others), unless told not to; every way the answer is one GPU's.
@@ -668,9 +677,7 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheUploadAndTheAssignment) {
   REQUIRE_TEST_ENTRIES();
   uint64_t seed = 730;
   for (int dim : {4, 6}) {
-    Case c = uneven_case(20000, dim, seed++);
-    c.problem.method = KNN_METHOD_TI;
-    c.problem.k = 15;
+    const Case c = ti_share_case(dim, seed++);
     const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
     struct Way {
       const char *upload, *assign;
@@ -704,9 +711,7 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheUploadAndTheAssignment) {
 TEST(SplitOnOneGpu, TiSharedUploadSurvivesAFailedSlice) {
   REQUIRE_TEST_ENTRIES();
   for (int dim : {4, 6}) {
-    Case c = uneven_case(20000, dim, 740 + dim);
-    c.problem.method = KNN_METHOD_TI;
-    c.problem.k = 15;
+    const Case c = ti_share_case(dim, 740 + dim);
     const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
     for (int failing : {1, 2}) {
       int32_t probe = 0;
@@ -734,9 +739,7 @@ TEST(SplitOnOneGpu, TiLevel1RunsOverEachEnginesOwnClusters) {
   REQUIRE_TEST_ENTRIES();
   uint64_t seed = 750;
   for (int dim : {4, 6}) {
-    Case c = uneven_case(20000, dim, seed++);
-    c.problem.method = KNN_METHOD_TI;
-    c.problem.k = 15;
+    const Case c = ti_share_case(dim, seed++);
     int32_t clusters = 0;
     KnnCudaTestOptions single{};
     single.ti_level1_probe = &clusters;
