@@ -660,6 +660,15 @@ TEST(SplitOnOneGpu, CancelReachesAnEngineWaitingToShareTheUpload) {
   cancel_while_waiting("the upload's offer", 723);
 }
 
+// A TI self-join of 20000 uneven rows of `dim` floats, k = 15: what the
+// tests of the split's sharing run.
+Case ti_share_case(int dim, uint64_t seed) {
+  Case c = uneven_case(20000, dim, seed);
+  c.problem.method = KNN_METHOD_TI;
+  c.problem.k = 15;
+  return c;
+}
+
 // The engines of a split TI self-join upload the points and assign them to
 // their clusters once between them (each its slice, the rest copied from
 // the others), unless told not to; every way the answer is one GPU's.
@@ -668,9 +677,7 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheUploadAndTheAssignment) {
   REQUIRE_TEST_ENTRIES();
   uint64_t seed = 730;
   for (int dim : {4, 6}) {
-    Case c = uneven_case(20000, dim, seed++);
-    c.problem.method = KNN_METHOD_TI;
-    c.problem.k = 15;
+    const Case c = ti_share_case(dim, seed++);
     const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
     struct Way {
       const char *upload, *assign;
@@ -704,9 +711,7 @@ TEST(SplitOnOneGpu, TiSelfJoinSharesTheUploadAndTheAssignment) {
 TEST(SplitOnOneGpu, TiSharedUploadSurvivesAFailedSlice) {
   REQUIRE_TEST_ENTRIES();
   for (int dim : {4, 6}) {
-    Case c = uneven_case(20000, dim, 740 + dim);
-    c.problem.method = KNN_METHOD_TI;
-    c.problem.k = 15;
+    const Case c = ti_share_case(dim, 740 + dim);
     const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
     for (int failing : {1, 2}) {
       int32_t probe = 0;
@@ -722,6 +727,52 @@ TEST(SplitOnOneGpu, TiSharedUploadSurvivesAFailedSlice) {
     }
   }
   expect_pool_empty(0, "after the failed slices");
+}
+
+// Divided by whole clusters, each engine runs level 1 over its own query
+// clusters only (it votes first): the engines' ranges together are the
+// clusters once, where every engine used to filter all of them. Answering
+// rows instead (KNN_TI_SPLIT_ROWS=1), or with the old order kept
+// (KNN_TI_LEVEL1_ALL=1), each filters all of them. Every way the answer is
+// one GPU's, bit for bit.
+TEST(SplitOnOneGpu, TiLevel1RunsOverEachEnginesOwnClusters) {
+  REQUIRE_TEST_ENTRIES();
+  uint64_t seed = 750;
+  for (int dim : {4, 6}) {
+    const Case c = ti_share_case(dim, seed++);
+    int32_t clusters = 0;
+    KnnCudaTestOptions single{};
+    single.ti_level1_probe = &clusters;
+    const Answer one = tuned(on_devices(c.problem, {0}), single);
+    ASSERT_EQ(one.status, KNN_OK) << one.message;
+    ASSERT_GT(clusters, 1) << "one GPU's level 1 ran over no clusters";
+    EXPECT_EQ(clusters, one.stats.query_clusters);
+    struct Way {
+      const char *env, *value;
+      bool by_clusters, own_only;
+    };
+    for (const Way &w : {Way{"KNN_TI_LEVEL1_ALL", "0", true, true},
+                         Way{"KNN_TI_LEVEL1_ALL", "1", true, false},
+                         Way{"KNN_TI_SPLIT_ROWS", "1", false, false}}) {
+      const ScopedEnv way({{w.env, w.value}});
+      for (int engines : {2, 3}) {
+        int32_t probe = 0;
+        KnnCudaTestOptions o{};
+        o.ti_level1_probe = &probe;
+        const Answer split =
+            tuned(on_devices(c.problem, engines == 2 ? std::initializer_list<int>{0, 0}
+                                                     : std::initializer_list<int>{0, 0, 0}),
+                  o);
+        const std::string what = "dim " + std::to_string(dim) + ", " + std::to_string(engines) +
+                                 " engines, " + w.env + "=" + w.value;
+        expect_answers_identical(split, one, what);
+        EXPECT_EQ(divided_by_clusters(split), w.by_clusters) << what << ": " << split.stats.variant;
+        EXPECT_EQ(probe, w.own_only ? clusters : engines * clusters)
+            << what << ": query clusters level 1 ran over, all engines together";
+      }
+    }
+  }
+  expect_pool_empty(0, "after the shares' level 1");
 }
 
 // ---- on two GPUs ----
@@ -821,13 +872,18 @@ TEST(TwoGpus, TiSelfJoinDividedByClusters) {
     const bool finite = largest < 1.0e10f;
     const std::string what = std::string("dim 6 on GPUs 0,1, largest ") + (finite ? "1e3" : "1e30");
     const Answer one = tuned(on_devices(wide.problem, {0}), KnnCudaTestOptions{});
-    int32_t probe = 0;
+    int32_t probe = 0, level1 = 0;
     KnnCudaTestOptions o{};
     o.ti_shared_probe = &probe;
+    o.ti_level1_probe = &level1;
     const Answer split = tuned(on_devices(wide.problem, {0, 1}), o);
     expect_answers_identical(split, one, what);
     EXPECT_EQ(probe, finite ? 3 : 1) << what << ": what was shared across GPUs 0 and 1";
     EXPECT_EQ(divided_by_clusters(split), finite) << what << ": " << split.stats.variant;
+    if (finite) {
+      EXPECT_EQ(level1, one.stats.query_clusters)
+          << what << ": each GPU's level 1 over its own query clusters only";
+    }
   }
 }
 

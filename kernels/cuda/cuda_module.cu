@@ -448,6 +448,7 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   t.ti.pinning_hook = o->ti_pinning_hook;
   t.ti.shared_probe = o->ti_shared_probe;
   t.ti.upload_slice_fail = o->ti_upload_slice_fail;
+  t.ti.level1_probe = o->ti_level1_probe;
   return t;
 }
 
@@ -665,6 +666,12 @@ __attribute__((visibility("default"))) int64_t knn_cuda_test_pool_used(int devic
     if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
         cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess)
       used_bytes = static_cast<int64_t>(used);
+    // ... and the pool of a split's shared rows, where there is one.
+    uint64_t shared_used = 0;
+    if (cudaMemPool_t shared = knn::cuda::shared_rows_pool(device, false))
+      if (used_bytes >= 0 &&
+          cudaMemPoolGetAttribute(shared, cudaMemPoolAttrUsedMemCurrent, &shared_used) == cudaSuccess)
+        used_bytes += static_cast<int64_t>(shared_used);
     (void)cudaGetLastError();
     return KNN_OK;
   });

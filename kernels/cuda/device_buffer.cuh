@@ -33,12 +33,19 @@ class DeviceBuffer {
   DeviceBuffer &operator=(const DeviceBuffer &) = delete;
 
   // Frees what was held and allocates `count` elements. `what` names the
-  // buffer in the out-of-memory message.
-  KnnStatus allocate(DeviceContext &ctx, size_t count, const char *what) {
+  // buffer in the out-of-memory message. pool: another pool than the
+  // device's default one (device_runtime.cuh: shared_rows_pool), or null.
+  KnnStatus allocate(DeviceContext &ctx, size_t count, const char *what,
+                     cudaMemPool_t pool_from = nullptr) {
     release();
     if (count == 0) return KNN_OK;
     void *p = nullptr;
-    cudaError_t err = cudaMallocAsync(&p, count * sizeof(T), ctx.stream);
+    auto malloc_async = [&]() {
+      return pool_from != nullptr
+                 ? cudaMallocFromPoolAsync(&p, count * sizeof(T), pool_from, ctx.stream)
+                 : cudaMallocAsync(&p, count * sizeof(T), ctx.stream);
+    };
+    cudaError_t err = malloc_async();
     if (err == cudaErrorMemoryAllocation) {
       // Memory the pool keeps from earlier joins may be in pieces that do
       // not fit: hand it back to the driver and try once more.
@@ -48,7 +55,7 @@ class DeviceBuffer {
           cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess)
         (void)cudaMemPoolTrimTo(pool, 0);
       (void)cudaGetLastError();
-      err = cudaMallocAsync(&p, count * sizeof(T), ctx.stream);
+      err = malloc_async();
     }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();

@@ -4,6 +4,7 @@
 #include <array>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <new>
 #include <string>
 #include <system_error>
@@ -59,6 +60,25 @@ std::vector<DeviceRuntime *> runtimes_of(int device) {
   for (int r = 0; r < kMaxReplicas; r++)
     if (DeviceRuntime *rt = find_runtime(device, r)) out.push_back(rt);
   return out;
+}
+
+// Each GPU's pool of shared rows (shared_rows_pool), made under the
+// registry's mutex.
+std::array<std::atomic<cudaMemPool_t>, kOrdinals> &shared_pools() {
+  static auto *pools = new std::array<std::atomic<cudaMemPool_t>, kOrdinals>();
+  return *pools;
+}
+
+// Destroys `device`'s pool of shared rows (its runtimes held: no join
+// allocates from it); the next split makes a new one.
+void drop_shared_rows_pool(int device) {
+  if (device < 0 || device >= kOrdinals) return;
+  cudaMemPool_t pool = shared_pools()[device].exchange(nullptr);
+  if (pool != nullptr) {
+    (void)cudaMemPoolTrimTo(pool, 0);
+    (void)cudaMemPoolDestroy(pool);
+    (void)cudaGetLastError();
+  }
 }
 
 // A runtime's stream, handle and staging (not the GPU's context or pool).
@@ -119,6 +139,7 @@ KnnStatus release_device(int device, const std::vector<DeviceRuntime *> &rts,
   cudaMemPool_t pool;
   if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
   (void)cudaGetLastError();
+  drop_shared_rows_pool(device);
   // Releases this process's primary context; the next join creates it anew.
   const cudaError_t err = cudaDeviceReset();
   if (err != cudaSuccess) {
@@ -129,6 +150,30 @@ KnnStatus release_device(int device, const std::vector<DeviceRuntime *> &rts,
 }
 
 }  // namespace
+
+cudaMemPool_t shared_rows_pool(int device, bool create) {
+  if (device < 0 || device >= kOrdinals) return nullptr;
+  static const bool off = [] {
+    const char *v = std::getenv("KNN_PEER_POOL");
+    return v != nullptr && v[0] == '0';
+  }();
+  if (off) return nullptr;
+  cudaMemPool_t pool = shared_pools()[device].load();
+  if (pool != nullptr || !create) return pool;
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  pool = shared_pools()[device].load();
+  if (pool != nullptr) return pool;
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = device;
+  if (cudaMemPoolCreate(&pool, &props) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  shared_pools()[device].store(pool);
+  return pool;
+}
 
 DeviceRuntime &device_runtime(int device, int replica) {
   Registry &reg = registry();

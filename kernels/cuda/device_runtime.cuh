@@ -75,6 +75,19 @@ KnnStatus select_device(DeviceContext &ctx, int device = kFirstDevice);
 // Creates what the runtime lacks. Its device current, its mutex held.
 KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx);
 
+// The pool of a split's buffers that other GPUs read (peer_rows.cuh: the
+// TI self-join's shared upload and assignment), apart from the device's
+// default pool. Access granted to a pool maps every later allocation of
+// it on the reader too, so the default pool, which has all of a join's
+// other arrays, would otherwise map them on every GPU of the split (and
+// unmap them at the trim). Made on first use with `create` (its release
+// threshold 0: freed memory goes back at the next synchronisation), and
+// destroyed before the GPU's context is released. Null where it could
+// not be made, without `create` where it was not, or under
+// KNN_PEER_POOL=0 (the default pool then, the older way, for measuring).
+// Thread-safe.
+cudaMemPool_t shared_rows_pool(int device, bool create);
+
 // Gives back every runtime of every GPU, each GPU's context included, so
 // that the process holds no GPU memory; waits for running joins.
 KnnStatus release_all_runtimes(DeviceContext &ctx);

@@ -43,6 +43,8 @@ struct TiOptions {
   // ti_shared_probe, ti_upload_slice_fail).
   int32_t *shared_probe = nullptr;
   int upload_slice_fail = 0;
+  // Query clusters level 1 ran over, added up (ti_level1_probe).
+  int32_t *level1_probe = nullptr;
 };
 
 }  // namespace ti

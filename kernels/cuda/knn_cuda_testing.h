@@ -76,6 +76,13 @@ typedef struct KnnCudaTestOptions
 	 * and the others upload its slice from the host.
 	 */
 	int			ti_upload_slice_fail;
+
+	/*
+	 * A TI join adds to ti_level1_probe the number of query clusters its
+	 * level-1 filter ran over (each engine of a split its own: a share
+	 * divided by clusters filters its own clusters only, ti_join.cu).
+	 */
+	int32_t    *ti_level1_probe;
 } KnnCudaTestOptions;
 
 /* The message of the failure ti_pinning_hook makes. */

@@ -156,9 +156,11 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   // them run brute force on resident targets (peer_rows.cuh).
   PeerRows peer_rows(members, voters);
   // ... and the cluster assignment of a TI self-join (ti_clustering.cu).
-  PeerRows peer_assign(members, voters, PeerRows::kAssignPatience);
+  // Their buffers come from the pools of shared rows (device_runtime.cuh),
+  // so that the join's other arrays are not mapped on every GPU.
+  PeerRows peer_assign(members, voters, PeerRows::kAssignPatience, true);
   // ... and the upload of its points (ti_join.cu), which comes first.
-  PeerRows peer_points(members, voters, PeerRows::kAssignPatience);
+  PeerRows peer_points(members, voters, PeerRows::kAssignPatience, true);
 
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};

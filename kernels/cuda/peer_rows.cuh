@@ -46,6 +46,7 @@
 #include "../knn_engine.h"
 #include "cuda_check.cuh"
 #include "cuda_engine.cuh"
+#include "device_runtime.cuh"
 #include "patient_wait.cuh"
 
 namespace knn {
@@ -57,10 +58,13 @@ class PeerRows {
   static constexpr std::chrono::milliseconds kAssignPatience{1000};
 
   // members: the engine indices that will offer or decline, ascending;
-  // patience: how long an offer waits for the others.
+  // patience: how long an offer waits for the others; shared_pool: the
+  // offered buffers come from the GPUs' pools of shared rows
+  // (device_runtime.cuh: shared_rows_pool), to which access is granted
+  // instead of the default pools.
   PeerRows(const int *members, int n_members,
-           std::chrono::milliseconds patience = kPatience)
-      : n_members_(n_members), patience_(patience) {
+           std::chrono::milliseconds patience = kPatience, bool shared_pool = false)
+      : n_members_(n_members), patience_(patience), shared_pool_(shared_pool) {
     for (int i = 0; i < KNN_MAX_DEVICES; i++) member_of_[i] = -1;
     for (int m = 0; m < n_members && m < KNN_MAX_DEVICES; m++) member_of_[members[m]] = m;
   }
@@ -180,7 +184,7 @@ class PeerRows {
   bool reachable() const {
     for (int a = 0; a < n_members_; a++)
       for (int b = 0; b < n_members_; b++)
-        if (!grant_access(buffer_[b].device, buffer_[a].device)) return false;
+        if (!grant_access(buffer_[b].device, buffer_[a].device, shared_pool_)) return false;
     return true;
   }
 
@@ -189,16 +193,18 @@ class PeerRows {
   // keeper's) makes a new default pool, mapped nowhere else. The grant
   // stays with the pool: its later allocations are mapped on the reader
   // too (the price of peer copies from stream-ordered memory).
-  static bool grant_access(int owner, int reader) {
+  // shared_pool: the owner's pool of shared rows where it has one (its
+  // buffer came from there), else its default pool.
+  static bool grant_access(int owner, int reader, bool shared_pool) {
     if (owner == reader) return true;
     int can = 0;
-    cudaMemPool_t pool;
+    cudaMemPool_t pool = shared_pool ? shared_rows_pool(owner, false) : nullptr;
     cudaMemLocation where{};
     where.type = cudaMemLocationTypeDevice;
     where.id = reader;
     cudaMemAccessFlags now = cudaMemAccessFlagsProtNone;
     if (cudaDeviceCanAccessPeer(&can, reader, owner) != cudaSuccess || !can ||
-        cudaDeviceGetDefaultMemPool(&pool, owner) != cudaSuccess ||
+        (pool == nullptr && cudaDeviceGetDefaultMemPool(&pool, owner) != cudaSuccess) ||
         cudaMemPoolGetAccess(&now, pool, &where) != cudaSuccess) {
       (void)cudaGetLastError();
       return false;
@@ -218,6 +224,7 @@ class PeerRows {
   std::condition_variable changed_;
   const int n_members_;
   const std::chrono::milliseconds patience_;
+  const bool shared_pool_;
   int member_of_[KNN_MAX_DEVICES];
   int offers_ = 0;
   bool offered_[KNN_MAX_DEVICES] = {};

@@ -52,15 +52,25 @@ struct SampleSets {
   AffineSample set[32];
 };
 
+// index[s * m + i] = the i-th point of candidate set s (a 64-bit modulo
+// each: computed once here, not once a pair below).
+__global__ void landmark_index_kernel(int64_t n, int m, int sets, SampleSets samples,
+                                      int32_t *index) {
+  const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (i >= (int64_t)m * sets) return;
+  index[i] = (int32_t)sample_index(samples.set[i / m], i % m, n);
+}
+
 // Sum of pairwise ti distances of each candidate set (block (i, set)).
-__global__ void landmark_spread_kernel(const float *x, int64_t n, int stride, KnnMetric metric,
-                                       int m, SampleSets sets, double *score) {
+__global__ void landmark_spread_kernel(const float *x, int stride, KnnMetric metric, int m,
+                                       const int32_t *index, double *score) {
   const int i = blockIdx.x;
   const int s = blockIdx.y;
-  const float *xi = x + sample_index(sets.set[s], i, n) * stride;
+  const int32_t *set = index + (int64_t)s * m;
+  const float *xi = x + (int64_t)set[i] * stride;
   double sum = 0;
   for (int j = i + 1 + threadIdx.x; j < m; j += blockDim.x) {
-    const float *xj = x + sample_index(sets.set[s], j, n) * stride;
+    const float *xj = x + (int64_t)set[j] * stride;
     sum += ti_distance_rt(metric, row_value_rt(metric, xi, xj, stride));
   }
   typedef cub::BlockReduce<double, 128> Reduce;
@@ -505,11 +515,16 @@ KnnStatus choose_landmarks(const DistinctSet &set, KnnMetric metric, int m, int 
   int best = 0;
   if (candidate_sets > 1 && m > 1 && m < n) {
     DeviceBuffer<double> score;
+    DeviceBuffer<int32_t> index;
     KNN_TRY(mem.allocate(ctx, score, candidate_sets, "landmark scores"));
+    KNN_TRY(mem.allocate(ctx, index, (size_t)m * candidate_sets, "landmark scores"));
     CUDA_CHECK(ctx, cudaMemsetAsync(score.get(), 0, candidate_sets * sizeof(double), ctx.stream));
+    landmark_index_kernel<<<grid_for((int64_t)m * candidate_sets, 256), 256, 0, ctx.stream>>>(
+        n, m, candidate_sets, sets, index.get());
+    CUDA_CHECK_LAUNCH(ctx, "landmark_index_kernel");
     dim3 grid(m, candidate_sets);
-    landmark_spread_kernel<<<grid, 128, 0, ctx.stream>>>(set.x.get(), n, stride, metric, m, sets,
-                                                         score.get());
+    landmark_spread_kernel<<<grid, 128, 0, ctx.stream>>>(set.x.get(), stride, metric, m,
+                                                         index.get(), score.get());
     CUDA_CHECK_LAUNCH(ctx, "landmark_spread_kernel");
     std::vector<double> host(candidate_sets);
     CUDA_CHECK(ctx, cudaMemcpyAsync(host.data(), score.get(), candidate_sets * sizeof(double),
@@ -578,8 +593,8 @@ KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_s
     peers.decline(share.engine);
     return KNN_OK;
   }
-  DeviceBuffer<int32_t> choice;
-  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment"));
+  DeviceBuffer<int32_t> choice;  // read by the other GPUs: from the pool of shared rows
+  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment", shared_rows_pool(ctx.device, true)));
   // Filled with -1 (centre 0 where a pick never came), and complete before
   // the other GPUs may read it.
   CUDA_CHECK(ctx, cudaMemsetAsync(choice.get(), 0xFF, n * sizeof(int32_t), ctx.stream));

@@ -50,7 +50,8 @@ class MemoryBudget {
   explicit MemoryBudget(size_t budget) : budget_(budget) {}
 
   template <class T>
-  KnnStatus allocate(DeviceContext &ctx, DeviceBuffer<T> &buffer, size_t count, const char *what) {
+  KnnStatus allocate(DeviceContext &ctx, DeviceBuffer<T> &buffer, size_t count, const char *what,
+                     cudaMemPool_t pool = nullptr) {
     const size_t bytes = count * sizeof(T);
     if (budget_ != 0 && used_ + bytes > budget_) {
       char msg[256];
@@ -60,7 +61,7 @@ class MemoryBudget {
       if (ctx.error.empty()) ctx.error = msg;
       return KNN_OUT_OF_MEMORY;
     }
-    KNN_TRY(buffer.allocate(ctx, count, what));
+    KNN_TRY(buffer.allocate(ctx, count, what, pool));
     used_ += bytes;
     return KNN_OK;
   }
@@ -153,12 +154,16 @@ struct ClusterSet {
   }
 };
 
-// Level-1 output for every query cluster (ti_filter_level1.cu).
+// Level-1 output for every query cluster (ti_filter_level1.cu), computed
+// for the clusters [cand_first, cand_first + rows of candidates) only (a
+// split's share divided by clusters: its own); the others have no
+// candidates and bound 0.
 struct Level1Result {
   int64_t cand_stride = 0;           // = target clusters
+  int32_t cand_first = 0;            // the query cluster of candidates' row 0
   DeviceBuffer<float> upper_bound;   // mq: no query of the cluster has its
                                      // k'-th neighbour farther (ti distance)
-  DeviceBuffer<uint64_t> candidates; // mq x cand_stride sorted keys:
+  DeviceBuffer<uint64_t> candidates; // rows x cand_stride sorted keys:
                                      // (centre distance bits << 32) | cluster
   DeviceBuffer<int32_t> cand_count;  // mq
 };
@@ -262,10 +267,17 @@ KnnStatus build_clusters(const DistinctSet &set, KnnMetric metric, int32_t clust
 // carried_bound (mq, optional; the out-of-core join's lists carried from
 // earlier target parts): a bound no query of the cluster's k'-th neighbour
 // exceeds (ti distance, margin in); each upper bound is at most it.
+// [first_cluster, end_cluster): the query clusters filtered (end -1: to
+// the last); level 2 may then run on queries of those clusters only.
 KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets,
                         KnnMetric metric, int kprime, Margin margin, Level1Result &out,
                         MemoryBudget &mem, DeviceContext &ctx,
-                        const float *carried_bound = nullptr);
+                        const float *carried_bound = nullptr, int32_t first_cluster = 0,
+                        int32_t end_cluster = -1);
+
+// ti_filter_level1.cu: a bound of level1_filter's device memory at its
+// peak, for `rows` query clusters against mt target clusters.
+size_t level1_filter_bytes(int64_t rows, int64_t mt, int kprime);
 
 // ti_filter_level2.cu: the k' nearest (value, row) of every distinct query,
 // written to result_value/result_row (n_distinct_queries x kprime). *used

@@ -21,6 +21,11 @@
 //     by more than the rounding margin. Candidates are compacted in cluster
 //     order (no atomics, so the result is deterministic) and each list is
 //     sorted by centre distance (ties by cluster).
+//
+// A range of query clusters may be filtered instead of all of them (a
+// split's share divided by clusters filters its own): each query cluster's
+// bound and candidates depend on that cluster and the targets only, so
+// they are the same bits as in the whole filter.
 #include <cub/cub.cuh>
 
 #include <algorithm>
@@ -46,7 +51,7 @@ __global__ void center_distance_kernel(KnnMetric metric, const float *qc, int mq
 }
 
 struct UpperBoundArgs {
-  int mq, mt, kprime;
+  int first, mq, mt, kprime;  // query clusters [first, first + mq)
   const float *dcc;
   float *scratch_value;   // mq x (kprime + 1)
   int32_t *scratch_count; // mq x (kprime + 1)
@@ -89,17 +94,18 @@ constexpr int kUpperBoundWarps = 4;
 
 __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView t) {
   const int lane = threadIdx.x % kWarp;
-  const int cq = blockIdx.x * kUpperBoundWarps + threadIdx.x / kWarp;
-  if (cq >= a.mq) return;  // the whole warp
+  const int local = blockIdx.x * kUpperBoundWarps + threadIdx.x / kWarp;
+  if (local >= a.mq) return;  // the whole warp
+  const int cq = a.first + local;
   const float inf = __int_as_float(0x7f800000);
   if (q.begin[cq + 1] == q.begin[cq]) {
     if (lane == 0) a.upper_bound[cq] = 0.0f;  // no queries: never read
     return;
   }
   const float rq = q.radius[cq];
-  const float *dcc = a.dcc + (int64_t)cq * a.mt;
-  float *value = a.scratch_value + (int64_t)cq * (a.kprime + 1);
-  int32_t *count = a.scratch_count + (int64_t)cq * (a.kprime + 1);
+  const float *dcc = a.dcc + (int64_t)local * a.mt;
+  float *value = a.scratch_value + (int64_t)local * (a.kprime + 1);
+  int32_t *count = a.scratch_count + (int64_t)local * (a.kprime + 1);
   int len = 0;
   float kth = inf;
   const float carried = a.carried != nullptr ? a.carried[cq] : inf;
@@ -157,12 +163,12 @@ __global__ void upper_bound_kernel(UpperBoundArgs a, ClusterView q, ClusterView 
 }
 
 struct GroupFilterArgs {
-  int mq, mt;
+  int first, mq, mt;  // query clusters [first, first + mq)
   const float *dcc;
   const float *upper_bound;
   Margin margin;
   uint64_t *keys;         // mq x mt
-  int32_t *count;         // mq
+  int32_t *count;         // every query cluster's (indexed by cq)
   int64_t *segment_begin; // mq
   int64_t *segment_end;   // mq
 };
@@ -172,11 +178,11 @@ constexpr int kFilterBlock = 256;
 __global__ void group_filter_kernel(GroupFilterArgs a, ClusterView q, ClusterView t) {
   typedef cub::BlockScan<int, kFilterBlock> Scan;
   __shared__ typename Scan::TempStorage temp;
-  const int cq = blockIdx.x;
+  const int cq = a.first + blockIdx.x;
   const bool has_queries = q.begin[cq + 1] > q.begin[cq];
   const float rq = q.radius[cq];
   const float ub = a.upper_bound[cq];
-  const int64_t row = (int64_t)cq * a.mt;
+  const int64_t row = (int64_t)blockIdx.x * a.mt;
   int written = 0;
   for (int c0 = 0; c0 < a.mt; c0 += kFilterBlock) {
     int ct = c0 + threadIdx.x;
@@ -196,33 +202,57 @@ __global__ void group_filter_kernel(GroupFilterArgs a, ClusterView q, ClusterVie
   }
   if (threadIdx.x == 0) {
     a.count[cq] = written;
-    a.segment_begin[cq] = row;
-    a.segment_end[cq] = row + written;
+    a.segment_begin[blockIdx.x] = row;
+    a.segment_end[blockIdx.x] = row + written;
   }
 }
 
 }  // namespace
 
+size_t level1_filter_bytes(int64_t rows, int64_t mt, int kprime) {
+  // Centre distances (4), keys (8), candidates (8) and the sort's
+  // workspace (about the keys again) a pair; lists, bounds and segments a
+  // query cluster; 1 MiB of slack.
+  const double pairs = (double)rows * (double)mt;
+  return (size_t)std::min(32.0 * pairs + rows * (8.0 * (kprime + 1) + 32.0) + (1 << 20), 1e18);
+}
+
 KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, KnnMetric metric,
                         int kprime, Margin margin, Level1Result &out, MemoryBudget &mem,
-                        DeviceContext &ctx, const float *carried_bound) {
-  const int mq = queries.m, mt = targets.m;
+                        DeviceContext &ctx, const float *carried_bound, int32_t first_cluster,
+                        int32_t end_cluster) {
+  const int all = queries.m, mt = targets.m;
+  const int first = std::max(0, std::min(first_cluster, all));
+  const int mq = std::max(0, (end_cluster < 0 ? all : std::min(end_cluster, all)) - first);
   const int64_t pairs = (int64_t)mq * mt;
   cudaStream_t stream = ctx.stream;
   out.cand_stride = mt;
+  out.cand_first = first;
+
+  // Bounds and counts of every query cluster (level 2 indexes them by
+  // cluster); those outside the range have no candidates and bound 0.
+  KNN_TRY(mem.allocate(ctx, out.upper_bound, all, "upper bounds"));
+  KNN_TRY(mem.allocate(ctx, out.cand_count, all, "candidate clusters"));
+  if (mq < all) {
+    CUDA_CHECK(ctx, cudaMemsetAsync(out.upper_bound.get(), 0, all * sizeof(float), stream));
+    CUDA_CHECK(ctx, cudaMemsetAsync(out.cand_count.get(), 0, all * sizeof(int32_t), stream));
+  }
+  KNN_TRY(mem.allocate(ctx, out.candidates, std::max<int64_t>(pairs, 1), "candidate clusters"));
+  if (mq == 0) return KNN_OK;
 
   DeviceBuffer<float> dcc;
   KNN_TRY(mem.allocate(ctx, dcc, pairs, "centre distances"));
   center_distance_kernel<<<grid_for(pairs, 256), 256, 0, stream>>>(
-      metric, queries.centers.get(), mq, targets.centers.get(), mt, queries.stride, dcc.get());
+      metric, queries.centers.get() + (int64_t)first * queries.stride, mq,
+      targets.centers.get(), mt, queries.stride, dcc.get());
   CUDA_CHECK_LAUNCH(ctx, "center_distance_kernel");
 
   DeviceBuffer<float> scratch_value;
   DeviceBuffer<int32_t> scratch_count;
   KNN_TRY(mem.allocate(ctx, scratch_value, (size_t)mq * (kprime + 1), "upper-bound lists"));
   KNN_TRY(mem.allocate(ctx, scratch_count, (size_t)mq * (kprime + 1), "upper-bound lists"));
-  KNN_TRY(mem.allocate(ctx, out.upper_bound, mq, "upper bounds"));
   UpperBoundArgs ua;
+  ua.first = first;
   ua.mq = mq;
   ua.mt = mt;
   ua.kprime = kprime;
@@ -240,11 +270,10 @@ KnnStatus level1_filter(const ClusterSet &queries, const ClusterSet &targets, Kn
   DeviceBuffer<uint64_t> keys;
   DeviceBuffer<int64_t> seg_begin, seg_end;
   KNN_TRY(mem.allocate(ctx, keys, pairs, "candidate clusters"));
-  KNN_TRY(mem.allocate(ctx, out.candidates, pairs, "candidate clusters"));
-  KNN_TRY(mem.allocate(ctx, out.cand_count, mq, "candidate clusters"));
   KNN_TRY(mem.allocate(ctx, seg_begin, mq, "candidate clusters"));
   KNN_TRY(mem.allocate(ctx, seg_end, mq, "candidate clusters"));
   GroupFilterArgs ga;
+  ga.first = first;
   ga.mq = mq;
   ga.mt = mt;
   ga.dcc = dcc.get();

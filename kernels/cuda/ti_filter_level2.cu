@@ -64,6 +64,7 @@ struct Level2Args {
   const uint64_t *cand;
   const int32_t *cand_count;
   int64_t cand_stride;
+  int32_t cand_first;     // the query cluster of cand's row 0
   ClusterView t;          // targets, in position order
   const int32_t *trows;   // the target set's rows of each duplicate group
   int stride;
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
 
   if (has_group) {
     const int ncand = a.cand_count[cq];
-    const uint64_t *cand = a.cand + (int64_t)cq * a.cand_stride;
+    const uint64_t *cand = a.cand + (int64_t)(cq - a.cand_first) * a.cand_stride;
     for (int i = part; i < ncand; i += P) {
       const uint64_t key = cand[i];
       const int ct = (int)(uint32_t)key;
@@ -811,6 +812,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.cand = level1.candidates.get();
   a.cand_count = level1.cand_count.get();
   a.cand_stride = level1.cand_stride;
+  a.cand_first = level1.cand_first;
   a.t = targets.view();
   a.trows = target_set.rows.get();
   a.stride = queries.stride;

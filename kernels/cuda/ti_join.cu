@@ -135,10 +135,21 @@ KnnStatus read_max_abs(const unsigned *max_abs_bits, float *out, DeviceContext &
 }
 
 KnnStatus release_join_memory(KnnStatus status, DeviceContext &ctx) {
+  const Clock::time_point t0 = Clock::now();
   const cudaError_t err = cudaStreamSynchronize(ctx.stream);
+  const Clock::time_point t1 = Clock::now();
   cudaMemPool_t pool;
   if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
+  if (cudaMemPool_t shared = shared_rows_pool(ctx.device, false))
+    (void)cudaMemPoolTrimTo(shared, 0);
   (void)cudaGetLastError();
+  // KNN_TI_PHASES=1: what the end of the join takes (the frees' wait, the
+  // trim), outside the phases line.
+  static const bool phases = std::getenv("KNN_TI_PHASES") != nullptr &&
+                             std::getenv("KNN_TI_PHASES")[0] == '1';
+  if (phases)
+    std::fprintf(stderr, "ti release (GPU %d): wait %.4f trim %.4f\n", ctx.device,
+                 seconds_between(t0, t1), seconds_between(t1, Clock::now()));
   if (status == KNN_OK && err != cudaSuccess)
     return record_failure(ctx, err, "cudaStreamSynchronize", __FILE__, __LINE__);
   return status;
@@ -204,7 +215,9 @@ KnnStatus upload_points_shared(const float *host, int64_t n, int dim, int stride
     peers.decline(engine);
     return KNN_OK;
   }
-  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points"));
+  // Read by the other GPUs: from the pool of shared rows (device_runtime.cuh).
+  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points",
+                       shared_rows_pool(ctx.device, true)));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // usable from the other GPUs
   KNN_TRY(peers.offer(ctx, engine, out.padded.get(), n, stride, host, element, keys, shared));
   if (!*shared) {
@@ -280,6 +293,7 @@ class TiJoin {
  private:
   KnnStatus upload_keys();
   KnnStatus cluster();
+  KnnStatus divide_share(size_t level1_bytes);
   KnnStatus filter();
   KnnStatus measure_level1();
   // For n distinct queries.
@@ -457,6 +471,19 @@ Level2Config TiJoin::level2_config(int kprime, int64_t n) const {
   return config;
 }
 
+// A share of a split self-join: whether the engines divide it by clusters
+// (by_clusters_), else its query clusters restricted to its rows.
+// level1_bytes: what level 1 still needs once the engines agreed (after
+// agreeing, a share cannot hand its rows to another method).
+KnnStatus TiJoin::divide_share(size_t level1_bytes) {
+  const size_t used = mem_.used() + level1_bytes;
+  const size_t room = budget_ > used ? budget_ - used : 0;
+  KNN_TRY(agree_on_cluster_share(query_clusters_, p_.n_queries, share_first_, share_count_,
+                                 p_.k, kprime_, room, &by_clusters_, mem_, ctx_));
+  phase(by_clusters_.agreed ? "vote(clusters)" : "vote(rows)");
+  return KNN_OK;
+}
+
 // Stage 3: the k' nearest (value, row) of every distinct query.
 KnnStatus TiJoin::filter() {
   kprime_ = (int)std::min<int64_t>(INT32_MAX / 4, (int64_t)p_.k + excluded_);
@@ -464,8 +491,27 @@ KnnStatus TiJoin::filter() {
   Margin margin;
   margin.rel = (float)rounding.relative();
   margin.abs = (float)(rounding(0.0));
+  // A share votes before level 1, so that divided by clusters it filters
+  // its own query clusters only (their bounds and candidates are the same
+  // bits as in the whole filter). Not where AUTO may give up after level
+  // 1: that decision must be the same on every engine, so it is taken
+  // over all clusters first (KNN_TI_LEVEL1_ALL=1 also keeps the old order,
+  // for measuring).
+  const bool vote_first =
+      share_ && options_.level1_give_up <= 0 && !env_flag("KNN_TI_LEVEL1_ALL");
+  if (vote_first)
+    KNN_TRY(divide_share(level1_filter_bytes(query_clusters_.m, target_clusters().m, kprime_)));
+  int32_t first_cluster = 0, end_cluster = -1;
+  if (by_clusters_.agreed) {
+    first_cluster = by_clusters_.first_cluster;
+    end_cluster = by_clusters_.end_cluster;
+  }
   KNN_TRY(level1_filter(query_clusters_, target_clusters(), p_.metric, kprime_, margin, level1_,
-                        mem_, ctx_));
+                        mem_, ctx_, nullptr, first_cluster, end_cluster));
+  if (options_.level1_probe != nullptr)
+    __atomic_fetch_add(options_.level1_probe,
+                       (end_cluster < 0 ? query_clusters_.m : end_cluster) - first_cluster,
+                       __ATOMIC_RELAXED);
   KNN_TRY(ctx_.cancel_point());
   KNN_TRY(measure_level1());
   phase("level1");
@@ -474,11 +520,8 @@ KnnStatus TiJoin::filter() {
     t_filtered_ = Clock::now();
     return KNN_OK;
   }
+  if (share_ && !vote_first) KNN_TRY(divide_share(0));
   if (share_) {
-    const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
-    KNN_TRY(agree_on_cluster_share(query_clusters_, p_.n_queries, share_first_, share_count_,
-                                   p_.k, kprime_, room, &by_clusters_, mem_, ctx_));
-    phase(by_clusters_.agreed ? "vote(clusters)" : "vote(rows)");
     if (!by_clusters_.agreed)
       KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
                                    share_clusters_, mem_, ctx_));
@@ -539,10 +582,16 @@ KnnStatus TiJoin::output_rows(int64_t first, int64_t count, int64_t *neighbors,
 // candidates: what level 2 may still have to look at. Where it is high,
 // the data's intrinsic dimension defeats the clustering.
 KnnStatus TiJoin::measure_level1() {
-  const int32_t mq = query_clusters_.m, mt = target_clusters().m;
+  // (Over the query clusters level 1 filtered: a share's own, or all.)
+  const int32_t first = level1_.cand_first;
+  const int32_t mq = (int32_t)(by_clusters_.agreed && share_
+                                   ? by_clusters_.end_cluster - by_clusters_.first_cluster
+                                   : query_clusters_.m),
+                mt = target_clusters().m;
+  if (mq <= 0) return KNN_OK;
   std::vector<int32_t> counts(mq);
-  CUDA_CHECK(ctx_, cudaMemcpyAsync(counts.data(), level1_.cand_count.get(), mq * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  CUDA_CHECK(ctx_, cudaMemcpyAsync(counts.data(), level1_.cand_count.get() + first,
+                                   mq * sizeof(int32_t), cudaMemcpyDeviceToHost, ctx_.stream));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   double kept = 0;
   for (int32_t c : counts) kept += c;
