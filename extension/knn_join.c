@@ -1302,6 +1302,215 @@ knn_shard_prefetch_self_join(PG_FUNCTION_ARGS)
 	return prefetch_targets(fcinfo, "knn_shard_prefetch_self_join", "queries", "query");
 }
 
+/*
+ * knn_shard_read_held_blocks's state between its calls: the read's cursor
+ * (a portal, which outlives each call's SPI connection), the rows read
+ * (held for the set's join) and how many were sent.
+ */
+typedef struct HeldStream
+{
+	int64		set;
+	char	   *portal_name;
+	char	   *targets_sql;
+	Oid			id_type;
+	Oid			vector_type;
+	const KnnVectorReader *reader;
+	KnnMatrix  *matrix;			/* in the held targets' memory */
+	int64		sent;
+	int32		min_dim;		/* what the coordinator's declared column allows */
+	int32		max_dim;
+	bool		done;			/* the cursor is read to its end */
+	bool		refused;		/* the refusal is sent: nothing more */
+} HeldStream;
+
+/* The one value of a read whose rows are not what the coordinator's columns read. */
+static bytea *
+held_refusal(void)
+{
+	bytea	   *value = palloc(VARHDRSZ + 12);
+	uint32		header[3] = {pg_hton32(UINT32_MAX), 0, 0};
+
+	SET_VARSIZE(value, VARHDRSZ + 12);
+	memcpy(VARDATA(value), header, sizeof(header));
+	return value;
+}
+
+/* The next batch of the cursor into the stream's matrix, as read_set reads (without keys or groups). */
+static void
+read_held_batch(HeldStream *st)
+{
+	Portal		portal;
+	TupleDesc	desc;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	portal = SPI_cursor_find(st->portal_name);
+	if (portal == NULL)
+		elog(ERROR, "knn_shard_read_held_blocks: its cursor is gone");
+	SPI_cursor_fetch(portal, true, KNN_FETCH_BATCH);
+	desc = SPI_tuptable->tupdesc;
+	if (desc->natts != 2 || SPI_gettypeid(desc, 1) != st->id_type ||
+		SPI_gettypeid(desc, 2) != st->vector_type)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("queries changed its column types while it ran")));
+	for (uint64 r = 0; r < SPI_processed; r++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[r];
+		bool		id_null;
+		bool		vector_null;
+		Datum		id = SPI_getbinval(tuple, desc, 1, &id_null);
+		Datum		vector = SPI_getbinval(tuple, desc, 2, &vector_null);
+
+		if (id_null)
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("queries returned a NULL id")));
+		knn_progress_rows(1);
+		if (vector_null)
+			continue;
+		knn_matrix_append(st->matrix, read_id(id, st->id_type), vector, st->reader);
+		CHECK_FOR_INTERRUPTS();
+	}
+	if (SPI_processed < KNN_FETCH_BATCH)
+	{
+		SPI_cursor_close(portal);
+		st->done = true;
+	}
+	SPI_finish();
+}
+
+/*
+ * knn_shard_read_held_blocks(set, query_type, targets, metric, id_type,
+ * vector_type, min_dim, max_dim): knn_shard_prefetch_self_join's read,
+ * its rows sent back as they are read, value per call from a query's
+ * target list, in blocks of knn_shard_held_target_blocks's layout: the
+ * coordinator has them when the read ends, not a whole fetch later. The
+ * rows stay held for the set's join, as the prefetch's do. Where they are
+ * not what the coordinator's declared columns would read (id_type and
+ * vector_type: knn_shard_type_identity of its columns, NULL for none; the
+ * first row's dimension in min_dim .. max_dim) the one value is a refusal
+ * (a header of element -1, no rows) and nothing stays held: the
+ * coordinator then reads the rows itself.
+ */
+PG_FUNCTION_INFO_V1(knn_shard_read_held_blocks);
+Datum
+knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
+{
+	FuncCallContext *funcctx;
+	HeldStream *st;
+	int64		rows;
+
+	if (SRF_IS_FIRSTCALL())
+	{
+		KnnJoinCall call;
+		KnnSet		query_set = {0};
+		KnnSet		target_set = {0};
+		MemoryContext context;
+		MemoryContext old;
+		Portal		portal;
+		char	   *id_identity;
+		char	   *vector_identity;
+
+		funcctx = SRF_FIRSTCALL_INIT();
+		for (int a = 0; a < 4; a++)
+			require_argument(fcinfo, a, a == 0 ? "set" : a == 1 ? "query_type" : a == 2 ? "targets" : "metric");
+		for (int a = 6; a < 8; a++)
+			require_argument(fcinfo, a, a == 6 ? "min_dim" : "max_dim");
+		memset(&call, 0, sizeof(call));
+		call.received_set = PG_GETARG_INT64(0);
+		call.targets_sql = text_argument(fcinfo, 2, "targets");
+		call.metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
+		query_set.vector_type = PG_GETARG_OID(1);
+		query_set.kind = knn_vector_kind(query_set.vector_type);
+		if (getBaseType(query_set.vector_type) != query_set.vector_type ||
+			(query_set.kind != KNN_VECTOR_TYPE && query_set.kind != KNN_VECTOR_HALFVEC &&
+			 query_set.kind != KNN_VECTOR_BIT))
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("knn_shard_read_held_blocks takes query types vector, halfvec or bit, not %s",
+							format_type_be(query_set.vector_type))));
+
+		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+		st = palloc0(sizeof(HeldStream));
+		st->set = call.received_set;
+		st->targets_sql = pstrdup(call.targets_sql);
+		st->min_dim = PG_GETARG_INT32(6);
+		st->max_dim = PG_GETARG_INT32(7);
+		MemoryContextSwitchTo(old);
+		funcctx->user_fctx = st;
+
+		knn_progress_begin("knn_shard_read_held_blocks", 0);
+		knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
+		if (SPI_connect() != SPI_OK_CONNECT)
+			elog(ERROR, "SPI_connect failed");
+		target_set.sql = call.targets_sql;
+		target_set.arg = "queries";
+		prepare_set(&target_set, &call);
+		if (target_set.natts != 2)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("knn_shard_read_held_blocks reads targets of 2 columns (id, vector), not %d",
+							target_set.natts)));
+		id_identity = knn_shard_type_identity(target_set.id_type);
+		vector_identity = knn_shard_type_identity(target_set.vector_type);
+		st->refused = PG_ARGISNULL(4) || PG_ARGISNULL(5) || id_identity == NULL ||
+			vector_identity == NULL ||
+			strcmp(id_identity, text_to_cstring(PG_GETARG_TEXT_PP(4))) != 0 ||
+			strcmp(vector_identity, text_to_cstring(PG_GETARG_TEXT_PP(5))) != 0;
+		st->id_type = target_set.id_type;
+		st->vector_type = target_set.vector_type;
+		if (!st->refused)
+		{
+			context = knn_held_targets_begin(st->set);
+			old = MemoryContextSwitchTo(context);
+			st->matrix = palloc(sizeof(KnnMatrix));
+			knn_matrix_init(st->matrix, "query", knn_join_element(&query_set, &target_set, call.metric));
+			MemoryContextSwitchTo(old);
+			st->reader = knn_vector_reader_for(target_set.kind, st->matrix->element);
+			portal = SPI_cursor_open(NULL, target_set.plan, target_set.param_values,
+									 target_set.param_nulls, true);
+			st->portal_name = MemoryContextStrdup(funcctx->multi_call_memory_ctx, portal->name);
+		}
+		SPI_finish();
+		if (st->refused)
+		{
+			knn_progress_end();
+			st->done = true;
+			SRF_RETURN_NEXT(funcctx, PointerGetDatum(held_refusal()));
+		}
+	}
+	funcctx = SRF_PERCALL_SETUP();
+	st = (HeldStream *) funcctx->user_fctx;
+	if (st->refused)
+		SRF_RETURN_DONE(funcctx);
+	/* a block's rows read (or all there are), then sent */
+	while (!st->done && (st->matrix->dim < 0 ||
+						 st->matrix->n - st->sent < knn_held_block_rows(st->matrix)))
+		read_held_batch(st);
+	if (st->sent == 0 && st->matrix->n > 0 &&
+		(st->matrix->dim < st->min_dim || st->matrix->dim > st->max_dim))
+	{
+		/* (another dimension than the declared column's: read there, as it would be) */
+		knn_held_targets_drop(st->set);
+		st->refused = true;
+		knn_progress_end();
+		SRF_RETURN_NEXT(funcctx, PointerGetDatum(held_refusal()));
+	}
+	rows = Min(knn_held_block_rows(st->matrix), st->matrix->n - st->sent);
+	if (rows > 0)
+	{
+		bytea	   *block = knn_held_block(st->matrix, st->sent, rows);
+
+		st->sent += rows;
+		SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
+	}
+	/* all read and sent: held for the join, as the prefetch holds them */
+	knn_held_targets_keep(st->set, st->targets_sql, st->vector_type, st->matrix);
+	knn_progress_end();
+	SRF_RETURN_DONE(funcctx);
+}
+
 /* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`. */
 PG_FUNCTION_INFO_V1(knn_shard_drop_targets);
 Datum

@@ -663,7 +663,8 @@ query_vector_bytes(const KnnMatrix *queries)
  * (its rows are this server's queries too).
  */
 static void
-compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join)
+compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join,
+				 const char *stream_columns)
 {
 	StringInfoData targets;
 	ListCell   *lc;
@@ -746,6 +747,15 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 									   quote_literal_cstr(shard->query_type),
 									   quote_literal_cstr(targets.data),
 									   quote_literal_cstr(knn_metric_name(join->metric)));
+	/* a self-join's read that sends its rows as it reads them, where the shard can (chosen by open_shards) */
+	shard->stream_sql = NULL;
+	if (self_join && stream_columns != NULL && shard->has_held_stream && shard->has_prefetch)
+		shard->stream_sql = psprintf("SELECT %s.knn_shard_read_held_blocks(" INT64_FORMAT "::pg_catalog.int8, %s::pg_catalog.regtype, %s::pg_catalog.text, %s::pg_catalog.text, %s)",
+									 shard->knn_schema, shard->received_set,
+									 quote_literal_cstr(shard->query_type),
+									 quote_literal_cstr(targets.data),
+									 quote_literal_cstr(knn_metric_name(join->metric)),
+									 stream_columns);
 	/* binary results: ids and distances arrive exactly, without parsing */
 	shard->binary_result = true;
 }
@@ -1001,7 +1011,12 @@ struct KnnShardEarly
 	int64	   *held_end;
 	/* ... kept as they came, to be sent on unchanged (only their ids read here); else NULL */
 	KnnShardRelay *relay;
+	/* ... sent by the shards as they read them (KnnShardRemote.stream_sql), not read ahead first */
+	bool		streaming;
 };
+
+static bool shards_take_relayed_blocks(const KnnShardEarly *c);
+static char *declared_held_columns(const KnnShardEarly *c);
 
 /*
  * Finds the shards of the targets text: SHARDS_FOUND (the plan held), or
@@ -1076,8 +1091,16 @@ open_shards(KnnShardEarly *c, KnnElement element, const KnnShardJoin *join, bool
 	for (int s = 0; s < c->sp.n_shards; s++)
 	{
 		knn_shard_remote_name_table(c->sp.shards[s]);
-		compose_join_sql(c->sp.shards[s], join, c->queries_from_shards);
+		compose_join_sql(c->sp.shards[s], join, c->queries_from_shards,
+						 c->queries_from_shards ? declared_held_columns(c) : NULL);
 	}
+	/* every shard sends its rows as it reads them, or none does (then: read ahead, then fetched) */
+	c->streaming = c->queries_from_shards && shards_take_relayed_blocks(c);
+	for (int s = 0; s < c->sp.n_shards; s++)
+		if (c->sp.shards[s]->stream_sql == NULL)
+			c->streaming = false;
+	for (int s = 0; s < c->sp.n_shards && !c->streaming; s++)
+		c->sp.shards[s]->stream_sql = NULL;
 	c->state = SHARDS_OPENED;
 }
 
@@ -1396,7 +1419,8 @@ knn_shard_start(SPIPlanPtr queries_plan, SPIPlanPtr targets_plan, KnnElement ele
 		open_shards(c, element, join, true);
 		if (c->queries_from_shards)
 		{
-			for (int s = 0; s < c->sp.n_shards; s++)
+			/* (streaming: they read when knn_shard_read_queries asks for the rows) */
+			for (int s = 0; s < c->sp.n_shards && !c->streaming; s++)
 				knn_shard_remote_prefetch_send(c->sp.shards[s]);
 			return c;
 		}
@@ -1611,19 +1635,59 @@ shards_take_relayed_blocks(const KnnShardEarly *c)
 	return true;
 }
 
+/* The dimensions (bits) a value of this type and typmod may have: *min_dim .. *max_dim. */
+static void
+typmod_dims(Oid type, int32 typmod, int32 *min_dim, int32 *max_dim)
+{
+	KnnVectorKind kind = knn_vector_kind(type);
+
+	*min_dim = 1;
+	*max_dim = PG_INT32_MAX;
+	if (typmod < 0)
+		return;
+	if (type == VARBITOID)
+		*max_dim = typmod;
+	/* vector(n), halfvec(n), bit(n) */
+	else if (type == BITOID || kind == KNN_VECTOR_TYPE || kind == KNN_VECTOR_HALFVEC)
+		*min_dim = *max_dim = typmod;
+	else
+		*max_dim = 0;
+}
+
 /* May a value of this type and typmod have `dim` dimensions (bits)? */
 static bool
 dim_fits_typmod(Oid type, int32 typmod, int dim)
 {
-	KnnVectorKind kind = knn_vector_kind(type);
+	int32		min_dim;
+	int32		max_dim;
 
-	if (typmod < 0)
-		return true;
-	if (type == VARBITOID)
-		return dim <= typmod;
-	/* vector(n), halfvec(n), bit(n) */
-	return (type == BITOID || kind == KNN_VECTOR_TYPE || kind == KNN_VECTOR_HALFVEC) &&
-		dim == typmod;
+	typmod_dims(type, typmod, &min_dim, &max_dim);
+	return dim >= min_dim && dim <= max_dim;
+}
+
+/*
+ * What the declared columns of a self-join's text read, for a shard's read
+ * that sends its rows as it reads them (knn_shard_read_held_blocks's last
+ * arguments): the id and vector types by catalog identity
+ * (knn_shard_type_identity, NULL for none) and the dimensions the vector
+ * column allows. A shard whose rows are not those reads nothing and says
+ * so; the rows are then read here, as held_rows_differ's are.
+ */
+static char *
+declared_held_columns(const KnnShardEarly *c)
+{
+	List	   *tlist = c->stmt->planTree->targetlist;
+	Expr	   *id = linitial_node(TargetEntry, tlist)->expr;
+	Expr	   *vector = lsecond_node(TargetEntry, tlist)->expr;
+	char	   *id_type = knn_shard_type_identity(exprType((Node *) id));
+	char	   *vector_type = knn_shard_type_identity(exprType((Node *) vector));
+	int32		min_dim;
+	int32		max_dim;
+
+	typmod_dims(exprType((Node *) vector), exprTypmod((Node *) vector), &min_dim, &max_dim);
+	return psprintf("%s::pg_catalog.text, %s::pg_catalog.text, %d, %d",
+					id_type ? quote_literal_cstr(id_type) : "NULL",
+					vector_type ? quote_literal_cstr(vector_type) : "NULL", min_dim, max_dim);
 }
 
 /* NULL where a shard's column (its type `there`) is of the type declared here (`here`), else why not. */
@@ -1689,6 +1753,187 @@ held_rows_differ(const KnnShardEarly *c, KnnElement element, int32 *dim)
 	return NULL;
 }
 
+/*
+ * Ids that repeat: the call joins here, on the rows in the order this
+ * server's read gives them (partition order, not the shards'), so they are
+ * read here, as without the shards (the join then says so). True where
+ * the queries from the shards stand.
+ */
+static bool
+queries_distinct(KnnShardEarly *c, KnnMatrix *queries)
+{
+	if (!knn_matrix_ids_distinct(queries))
+	{
+		MemoryContext old = MemoryContextSwitchTo(queries->context);
+		const char *set_name = queries->set_name;
+		KnnElement	element = queries->element;
+
+		knn_matrix_free(queries);
+		knn_matrix_init(queries, set_name, element);
+		MemoryContextSwitchTo(old);
+		if (c->relay != NULL)
+			knn_shard_relay_free(c->relay);
+		c->relay = NULL;
+		c->held_end = NULL;
+		ereport(DEBUG1,
+				(errmsg_internal("knn_join: the query rows read here, not from the shards: query ids repeat")));
+		c->queries_from_shards = false;
+		return false;
+	}
+	return true;
+}
+
+/* The rows of a self-join's read as the shards send them (knn_shard_read_held_blocks). */
+typedef struct StreamedRows
+{
+	KnnShardRemote **shards;
+	int			n_shards;
+	KnnShardRelay *relay;		/* where the blocks are kept, to be relayed */
+	KnnElement	element;
+	int32	   *dim;			/* per shard: its blocks' dimension, -1 before its first */
+	bool	   *refused;		/* ... it said its rows are not the declared columns' */
+	int64	   *ids;			/* every row's, in the order they came */
+	int64		n;
+	int64		capacity;
+} StreamedRows;
+
+/*
+ * One block of a shard's read (hostile input: every length checked, the
+ * ids taken, the block kept whole to be relayed; the shards it goes to
+ * check its values), or its refusal (a 12-byte header of element -1,
+ * before any row).
+ */
+static void
+read_streamed_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
+{
+	StreamedRows *t = (StreamedRows *) arg;
+	int			s = 0;
+	int			length;
+	const char *data;
+	uint32		header[3];
+	int32		dim;
+	int64		rows;
+	Size		row_bytes;
+
+	while (t->shards[s] != shard)
+		s++;
+	if (knn_shard_result_rows(result) != 1)
+		elog(ERROR, "read_streamed_rows: %d blocks in one result", knn_shard_result_rows(result));
+	data = knn_shard_result_value(result, 0, 0, &length);
+	if (data == NULL || length < (int) sizeof(header))
+		held_block_malformed(shard, "no header");
+	memcpy(header, data, sizeof(header));
+	dim = (int32) pg_ntoh32(header[1]);
+	rows = (int32) pg_ntoh32(header[2]);
+	if (t->refused[s])
+		held_block_malformed(shard, "rows after it said its rows are not the declared columns'");
+	if (pg_ntoh32(header[0]) == PG_UINT32_MAX)
+	{
+		if (length != (int) sizeof(header) || dim != 0 || rows != 0 || shard->prefetched_rows > 0)
+			held_block_malformed(shard, "a refusal that is not one");
+		t->refused[s] = true;
+		return;
+	}
+	if ((int) pg_ntoh32(header[0]) != (int) t->element)
+		held_block_malformed(shard, "another element type");
+	if (rows < 1 || dim < 1 || (t->element != KNN_ELEMENT_BIT && dim > 64 * 1024) ||
+		(t->dim[s] >= 0 && dim != t->dim[s]))
+		held_block_malformed(shard, "a dimension or row count out of range");
+	t->dim[s] = dim;
+	row_bytes = knn_row_bytes(t->element, dim);
+	if ((Size) length != sizeof(header) + (Size) rows * (sizeof(int64) + row_bytes))
+		held_block_malformed(shard, "a length that is not its rows'");
+	/* (every row is held here, as libpq's, until it is relayed: more than memory could hold is a lie) */
+	if (rows > (int64) (MaxAllocHugeSize / (row_bytes + sizeof(int64))) - t->n)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s: foreign server \"%s\" sent more rows than this server could hold",
+						shard->who, shard->server->servername)));
+	if (t->n + rows > t->capacity)
+	{
+		t->capacity = Max(t->n + rows, 2 * t->capacity);
+		t->ids = repalloc_huge(t->ids, (Size) t->capacity * sizeof(int64));
+	}
+	for (int64 r = 0; r < rows; r++)
+	{
+		uint64		id;
+
+		memcpy(&id, data + sizeof(header) + (Size) r * sizeof(int64), sizeof(id));
+		t->ids[t->n++] = (int64) pg_ntoh64(id);
+	}
+	knn_shard_relay_keep(t->relay, result, s, data, length, rows);
+	shard->prefetched_rows += rows;
+	knn_progress_rows(rows);
+	CHECK_FOR_INTERRUPTS();
+}
+
+/*
+ * A self-join's queries, as the shards read them (c->streaming): each
+ * shard's read sends its rows as it goes (knn_shard_read_held_blocks),
+ * all shards at once, and the blocks are kept to be relayed. False where
+ * a shard's rows are not what the declared columns read (it said so, or
+ * the shards' dimensions differ): the rows are then read here, and the
+ * shards that read theirs hold them as their targets.
+ */
+static bool
+stream_queries(KnnShardEarly *c, KnnMatrix *queries)
+{
+	StreamedRows t = {0};
+	const char *differ = NULL;
+	int32		dim = -1;
+	MemoryContext old;
+
+	t.shards = c->sp.shards;
+	t.n_shards = c->sp.n_shards;
+	t.element = queries->element;
+	t.dim = palloc(t.n_shards * sizeof(int32));
+	t.refused = palloc0(t.n_shards * sizeof(bool));
+	t.capacity = 1024;
+	t.ids = palloc(t.capacity * sizeof(int64));
+	for (int s = 0; s < t.n_shards; s++)
+	{
+		t.dim[s] = -1;
+		c->sp.shards[s]->prefetched_rows = 0;
+	}
+	old = MemoryContextSwitchTo(c->context);
+	t.relay = c->relay = knn_shard_relay_create(t.n_shards);
+	MemoryContextSwitchTo(old);
+	knn_shard_remote_fetch_held(c->sp.shards, c->sp.n_shards, read_streamed_rows, &t);
+	for (int s = 0; s < t.n_shards; s++)
+	{
+		KnnShardRemote *shard = c->sp.shards[s];
+
+		/* what it read it holds for its join, as a read ahead would */
+		shard->holds_targets = !t.refused[s];
+		if (t.refused[s])
+			differ = psprintf("foreign server \"%s\" holds rows of other columns than those declared here",
+							  shard->server->servername);
+		else if (t.dim[s] >= 0 && dim >= 0 && t.dim[s] != dim && differ == NULL)
+			differ = psprintf("foreign server \"%s\" holds vectors of %d dimensions, another shard of %d",
+							  shard->server->servername, t.dim[s], dim);
+		else if (t.dim[s] >= 0)
+			dim = t.dim[s];
+	}
+	if (differ != NULL)
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("knn_join: the query rows read here, not from the shards: %s", differ)));
+		knn_shard_relay_free(c->relay);
+		c->relay = NULL;
+		c->queries_from_shards = false;
+		return false;
+	}
+	knn_matrix_reserve_ids(queries, dim, t.n);
+	if (t.n > 0)
+		memcpy(queries->ids, t.ids, (Size) t.n * sizeof(int64));
+	pfree(t.ids);
+	/* (each shard's count; the rows are in the order they came, which only the relay needs) */
+	c->held_end = MemoryContextAlloc(c->context, t.n_shards * sizeof(int64));
+	for (int s = 0; s < t.n_shards; s++)
+		c->held_end[s] = (s > 0 ? c->held_end[s - 1] : 0) + c->sp.shards[s]->prefetched_rows;
+	return true;
+}
+
 bool
 knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 {
@@ -1700,6 +1945,8 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 
 	if (c == NULL || !c->queries_from_shards)
 		return false;
+	if (c->streaming)
+		return stream_queries(c, queries) && queries_distinct(c, queries);
 	knn_shard_remote_prefetch_wait(c->sp.shards, c->sp.n_shards);
 	/* before any row moves: rows other than the declared columns would read are read here */
 	if ((differ = held_rows_differ(c, queries->element, &dim)) != NULL)
@@ -1751,30 +1998,8 @@ knn_shard_read_queries(KnnShardEarly *c, KnnMatrix *queries)
 			held_rows_miscounted(c->sp.shards[s],
 								 psprintf(INT64_FORMAT, c->sp.shards[s]->prefetched_rows -
 										  (target.end[s] - target.next[s])));
-	/*
-	 * Ids that repeat: the call joins here, on the rows in the order this
-	 * server's read gives them (partition order, not the shards'), so they
-	 * are read here, as without the shards (the join then says so).
-	 */
-	if (!knn_matrix_ids_distinct(queries))
-	{
-		MemoryContext old = MemoryContextSwitchTo(queries->context);
-		const char *set_name = queries->set_name;
-		KnnElement	element = queries->element;
-
-		knn_matrix_free(queries);
-		knn_matrix_init(queries, set_name, element);
-		MemoryContextSwitchTo(old);
-		if (c->relay != NULL)
-			knn_shard_relay_free(c->relay);
-		c->relay = NULL;
-		ereport(DEBUG1,
-				(errmsg_internal("knn_join: the query rows read here, not from the shards: query ids repeat")));
-		c->queries_from_shards = false;
-		return false;
-	}
 	c->held_end = target.end;
-	return true;
+	return queries_distinct(c, queries);
 }
 
 void
@@ -1994,6 +2219,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.seconds_queries = c->seconds_queries;
 		summary.queries_from_shards = c->queries_from_shards;
 		summary.queries_relayed = c->relay != NULL;
+		summary.queries_streamed = c->streaming && c->queries_from_shards;
 		summary.seconds_prefetch_wait = c->seconds_prefetch_wait;
 		summary.seconds_ship = seconds_ship;
 		summary.seconds_local = seconds_local;

@@ -256,6 +256,7 @@ typedef struct KnnShardSummary
 	double		seconds_queries;	/* the coordinator's query read, -1 = not known */
 	bool		queries_from_shards;	/* ... the shards' rows fetched back (a self-join) */
 	bool		queries_relayed;	/* ... and sent on to the other shards as they came */
+	bool		queries_streamed;	/* ... the shards sending them as they read them */
 	double		seconds_prefetch_wait;	/* then waiting for the shards' target reads */
 	double		seconds_ship;
 	double		seconds_local;

@@ -379,9 +379,10 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 			appendStringInfoString(&buf, "null");
 		appendStringInfoChar(&buf, '}');
 	}
-	appendStringInfo(&buf, "],\"fallback\":[%s],\"queries_from_shards\":%s,\"queries_relayed\":%s,\"local\":",
+	appendStringInfo(&buf, "],\"fallback\":[%s],\"queries_from_shards\":%s,\"queries_relayed\":%s,\"queries_streamed\":%s,\"local\":",
 					 fallbacks ? fallbacks : "", summary->queries_from_shards ? "true" : "false",
-					 summary->queries_relayed ? "true" : "false");
+					 summary->queries_relayed ? "true" : "false",
+					 summary->queries_streamed ? "true" : "false");
 	if (summary->local_targets > 0)
 		appendStringInfo(&buf, "{\"targets\":" INT64_FORMAT ",\"after_shards\":%s}",
 						 summary->local_targets, summary->local_after ? "true" : "false");

@@ -680,6 +680,38 @@ knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement elemen
 	return not_finite;
 }
 
+#define KNN_HELD_BLOCK_BYTES (1024 * 1024)
+
+int64
+knn_held_block_rows(const KnnMatrix *m)
+{
+	return Max((int64) (KNN_HELD_BLOCK_BYTES / (sizeof(int64) + m->row_bytes)), 1);
+}
+
+bytea *
+knn_held_block(const KnnMatrix *m, int64 first, int64 rows)
+{
+	Size		bytes = 12 + (Size) rows * (sizeof(int64) + m->row_bytes);
+	bytea	   *block = (bytea *) palloc(VARHDRSZ + bytes);
+	char	   *p = VARDATA(block);
+	uint32		header[3] = {pg_hton32((uint32) m->element), pg_hton32((uint32) m->dim),
+	pg_hton32((uint32) rows)};
+
+	SET_VARSIZE(block, VARHDRSZ + bytes);
+	memcpy(p, header, sizeof(header));
+	p += sizeof(header);
+	for (int64 r = 0; r < rows; r++)
+	{
+		uint64		id = pg_hton64((uint64) m->ids[first + r]);
+
+		memcpy(p, &id, sizeof(id));
+		p += sizeof(id);
+	}
+	(void) knn_rows_swap_order(p, m->values + (Size) first * m->row_bytes,
+							   (Size) rows * m->row_bytes, m->element);
+	return block;
+}
+
 /*
  * knn_shard_held_target_blocks(set bigint): the held targets of set `set`
  * (still held for its join) in blocks of about KNN_HELD_BLOCK_BYTES:
@@ -688,7 +720,6 @@ knn_rows_swap_order(char *dest, const char *src, Size n_bytes, KnnElement elemen
  * 16-bit words), all in network byte order. Value per call from the
  * target list: each block goes to the coordinator as it is made.
  */
-#define KNN_HELD_BLOCK_BYTES (1024 * 1024)
 
 PG_FUNCTION_INFO_V1(knn_shard_held_target_blocks);
 Datum
@@ -699,9 +730,7 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 	int64	   *next;
 	const KnnMatrix *m;
 	int64		rows;
-	Size		bytes;
 	bytea	   *block;
-	char	   *p;
 
 	if (SRF_IS_FIRSTCALL())
 	{
@@ -726,28 +755,8 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 	if (*next >= m->n - held_targets->relayed)
 		SRF_RETURN_DONE(funcctx);
 	CHECK_FOR_INTERRUPTS();
-	rows = Max((int64) (KNN_HELD_BLOCK_BYTES / (sizeof(int64) + m->row_bytes)), 1);
-	rows = Min(rows, m->n - held_targets->relayed - *next);
-	bytes = 12 + (Size) rows * (sizeof(int64) + m->row_bytes);
-	block = (bytea *) palloc(VARHDRSZ + bytes);
-	SET_VARSIZE(block, VARHDRSZ + bytes);
-	p = VARDATA(block);
-	{
-		uint32		header[3] = {pg_hton32((uint32) m->element), pg_hton32((uint32) m->dim),
-		pg_hton32((uint32) rows)};
-
-		memcpy(p, header, sizeof(header));
-		p += sizeof(header);
-	}
-	for (int64 r = 0; r < rows; r++)
-	{
-		uint64		id = pg_hton64((uint64) m->ids[*next + r]);
-
-		memcpy(p, &id, sizeof(id));
-		p += sizeof(id);
-	}
-	(void) knn_rows_swap_order(p, m->values + (Size) *next * m->row_bytes,
-							   (Size) rows * m->row_bytes, m->element);
+	rows = Min(knn_held_block_rows(m), m->n - held_targets->relayed - *next);
+	block = knn_held_block(m, *next, rows);
 	*next += rows;
 	SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
 }

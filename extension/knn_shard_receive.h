@@ -101,6 +101,15 @@ extern void knn_held_queries_take(int64 set, KnnMatrix *queries);
 extern bool knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_type,
 							   KnnMatrix *queries, KnnMatrix *targets, bool *targets_taken);
 
+/*
+ * A block of a held matrix's rows first .. first + rows - 1, in
+ * knn_shard_held_target_blocks's layout (int32 element, int32 dim, int32
+ * rows, the rows' int64 ids, their elements; network byte order), and the
+ * rows of a block of about a megabyte.
+ */
+extern bytea *knn_held_block(const KnnMatrix *m, int64 first, int64 rows);
+extern int64 knn_held_block_rows(const KnnMatrix *m);
+
 /* Drops set `set`'s held targets, if any (knn_shard_drop_targets). */
 extern void knn_held_targets_drop(int64 set);
 

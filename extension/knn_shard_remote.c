@@ -299,7 +299,8 @@ static const char remote_check_sql[] =
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ")::pg_catalog.oid, "
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid, "
 	REMOTE_CALLABLE_SQL("knn_join_received_held_packed(bigint,text,integer,text,boolean,text)") ", "
-	REMOTE_CALLABLE_SQL("knn_shard_receive_held_rows(bigint,regtype,bytea)") " "
+	REMOTE_CALLABLE_SQL("knn_shard_receive_held_rows(bigint,regtype,bytea)") ", "
+	REMOTE_CALLABLE_SQL("knn_shard_read_held_blocks(bigint,regtype,text,text,text,text,integer,integer)") " "
 	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
 	"WHERE e.extname = 'knn_gpu'";
 
@@ -336,7 +337,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	 */
 	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
 	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 15)
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 16)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -357,6 +358,7 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	halfvec_oid = text_value(res, 12);
 	shard->has_received_held_join = strcmp(fdw.PQgetvalue(res, 0, 13), "t") == 0;
 	shard->has_held_relay = strcmp(fdw.PQgetvalue(res, 0, 14), "t") == 0;
+	shard->has_held_stream = strcmp(fdw.PQgetvalue(res, 0, 15), "t") == 0;
 	shard->rows_shipped = -1;
 	fdw.PQclear(res);
 
@@ -1755,7 +1757,19 @@ read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_a
 		PGresult   *res = fdw.PQgetResult(shard->conn);
 
 		if (res == NULL)
+		{
 			shard->fetching = false;
+			/* a read that sent its rows as it read them: its time is the fetch's */
+			if (shard->stream_sql != NULL)
+			{
+				instr_time	now;
+
+				INSTR_TIME_SET_CURRENT(now);
+				INSTR_TIME_SUBTRACT(now, shard->sent);
+				shard->seconds_read = INSTR_TIME_GET_DOUBLE(now);
+				shard->read_ahead = true;
+			}
+		}
 		else if (fdw.PQresultStatus(res) == PGRES_SINGLE_TUPLE)
 			read_result(shard, res, reader, reader_arg);
 		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
@@ -1775,10 +1789,12 @@ knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReade
 		KnnShardRemote *shard = shards[s];
 
 		/* value per call from the target list: the shard sends each block as it makes it */
-		shard->fetch_sql = psprintf("SELECT %s.knn_shard_held_target_blocks(" INT64_FORMAT "::pg_catalog.int8)",
-									shard->knn_schema, shard->received_set);
-		send_statement(shard, "sends its targets back as the queries", shard->fetch_sql, 0,
-					   NULL, NULL, true);
+		shard->fetch_sql = shard->stream_sql != NULL ? shard->stream_sql :
+			psprintf("SELECT %s.knn_shard_held_target_blocks(" INT64_FORMAT "::pg_catalog.int8)",
+					 shard->knn_schema, shard->received_set);
+		INSTR_TIME_SET_CURRENT(shard->sent);
+		send_statement(shard, shard->stream_sql != NULL ? "reads its targets, sending them as the queries" :
+					   "sends its targets back as the queries", shard->fetch_sql, 0, NULL, NULL, true);
 		/* and each block is read here as it arrives, not once all are in libpq's memory */
 		if (!fdw.PQsetSingleRowMode(shard->conn))
 			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->fetch_sql);

@@ -39,6 +39,9 @@ typedef struct KnnShardRemote
 									 * knn_shard_held_target_blocks() there */
 	bool		has_received_held_join; /* knn_join_received_held_packed() there */
 	bool		has_held_relay; /* knn_shard_receive_held_rows() there (knn_shard_relay.h) */
+	bool		has_held_stream;	/* knn_shard_read_held_blocks() there */
+	/* a self-join's read that sends its rows as it reads them (instead of prefetch and fetch), or NULL */
+	char	   *stream_sql;
 	/* a self-join's join with its own held rows as queries too (the others' shipped), or NULL */
 	char	   *held_join_sql;
 	int64		rows_shipped;	/* query rows shipped to it in blocks, -1 = not */

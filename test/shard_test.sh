@@ -1514,13 +1514,17 @@ self_from_shards "a shard without knn_shard_held_target_blocks: the queries read
 back_on_shard2 knn_shard_held_target_blocks "bigint"
 # a shard sending other blocks than the rows it read: an ERROR naming it, not another answer
 # forged_blocks_on_shard2 SQL_OVER_REAL_BLOCKS [CALL]: shard 2's knn_shard_held_target_blocks sends
-# those instead, to the self-join CALL (over items_s's v by default)
+# those instead, to the self-join CALL (over items_s's v by default); without
+# knn_shard_read_held_blocks there, so that the rows are read ahead, then fetched
+STREAM_ARGS="bigint, regtype, text, text, text, text, integer, integer"
 forged_blocks_on_shard2() {
+  away_on_shard2 knn_shard_read_held_blocks "$STREAM_ARGS"
   sql 2 -q -c "ALTER FUNCTION knn_shard_held_target_blocks(bigint) RENAME TO knn_shard_held_target_blocks_real" \
     -c "CREATE FUNCTION knn_shard_held_target_blocks(s bigint) RETURNS SETOF bytea LANGUAGE sql SET search_path FROM CURRENT AS \$\$ $1 \$\$"
   sql 0 -c "SELECT count(*) FROM ${2:-knn_join('$SV', '$SV', 3)}" 2>&1
   sql 2 -q -c "DROP FUNCTION knn_shard_held_target_blocks(bigint)" \
     -c "ALTER FUNCTION knn_shard_held_target_blocks_real(bigint) RENAME TO knn_shard_held_target_blocks"
+  back_on_shard2 knn_shard_read_held_blocks "$STREAM_ARGS"
 }
 out=$(forged_blocks_on_shard2 "SELECT b FROM knn_shard_held_target_blocks_real(s) b LIMIT 0")
 check_has "a shard sending none of its rows: an ERROR" 'sent 0 held rows, not the' "$out"
@@ -1598,6 +1602,7 @@ back_on_shard2 knn_shard_receive_held_rows "$RELAY_ARGS"
 # a shard that says it read more rows than it did: an ERROR naming it, nothing written past the rows
 # claimed_on_shard2 CLAIM: shard 2's read ahead answers CLAIM rows (an expression over the real count n)
 claimed_on_shard2() {
+  away_on_shard2 knn_shard_read_held_blocks "$STREAM_ARGS"
   sql 2 -q -c "ALTER FUNCTION knn_shard_prefetch_self_join(bigint, regtype, text, text) RENAME TO knn_shard_prefetch_self_join_real" \
     -c "CREATE FUNCTION knn_shard_prefetch_self_join(set bigint, query_type regtype, targets text, metric text,
           OUT targets_read bigint, OUT seconds double precision, OUT id_type text, OUT vector_type text, OUT dim integer)
@@ -1606,6 +1611,7 @@ claimed_on_shard2() {
   sql 0 -c "SELECT count(*) FROM knn_join('$SV', '$SV', 3)" 2>&1
   sql 2 -q -c "DROP FUNCTION knn_shard_prefetch_self_join(bigint, regtype, text, text)" \
     -c "ALTER FUNCTION knn_shard_prefetch_self_join_real(bigint, regtype, text, text) RENAME TO knn_shard_prefetch_self_join"
+  back_on_shard2 knn_shard_read_held_blocks "$STREAM_ARGS"
 }
 check_has "a shard claiming 2^63 - 1 rows read: an ERROR naming it" \
   'foreign server "shard2" says it read 9223372036854775807 rows, more than this server could hold' \
@@ -1615,6 +1621,55 @@ check_has "a shard claiming more rows than it sends: an ERROR naming it" 'foreig
 check "... the coordinator goes on" "$(printf 'alive\nleft:0\nleft:0')" \
   "$(sql 0 -c "SELECT 'alive'" \
      -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
+     -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
+# the shards send their rows as they read them (knn_shard_read_held_blocks), where every shard
+# can and the rows are relayed; else they read ahead, then the rows are fetched (as above)
+streamed() {
+  sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) > 0 FROM $1" \
+    -c "SELECT knn_gpu_last_shard_stats()->>'queries_streamed', knn_gpu_last_shard_stats()->>'queries_relayed',
+          (SELECT bool_and((s->>'targets_read')::bigint > 0 AND (s->>'seconds_read')::float8 >= 0)
+           FROM json_array_elements(knn_gpu_last_shard_stats()->'shards') s)" 2>&1
+}
+check "a self-join from the shards: their rows sent as they read them, relayed" "$(printf 't\ntrue|true|t')" \
+  "$(streamed "knn_join('$SV', '$SV', 3)")"
+check "... with knn_gpu.shard_relay off: read ahead, then fetched" "$(printf 't\nfalse|false|t')" \
+  "$(PGOPTIONS="-c knn_gpu.shard_relay=off" streamed "knn_join('$SV', '$SV', 3)")"
+away_on_shard2 knn_shard_read_held_blocks "$STREAM_ARGS"
+check "a shard without knn_shard_read_held_blocks: read ahead, then fetched, relayed" "$(printf 't\nfalse|true|t')" \
+  "$(streamed "knn_join('$SV', '$SV', 3)")"
+self_from_shards "... and the rows are the same as one server's" "knn_join('$SV', '$SV', 5, 'cosine', true)" true
+back_on_shard2 knn_shard_read_held_blocks "$STREAM_ARGS"
+# forged_stream_on_shard2 SQL_OVER_REAL_BLOCKS [CALL]: shard 2's knn_shard_read_held_blocks sends those
+# blocks instead (b, over the real ones), to the self-join CALL (over items_s's v by default)
+forged_stream_on_shard2() {
+  sql 2 -q -c "ALTER FUNCTION knn_shard_read_held_blocks($STREAM_ARGS) RENAME TO knn_shard_read_held_blocks_real" \
+    -c "CREATE FUNCTION knn_shard_read_held_blocks(s bigint, t regtype, x text, m text, i text, v text, lo integer, hi integer)
+          RETURNS SETOF bytea LANGUAGE sql SET search_path FROM CURRENT AS \$\$ $1 \$\$"
+  sql 0 -c "SELECT count(*) FROM ${2:-knn_join('$SV', '$SV', 3)}" 2>&1
+  sql 2 -q -c "DROP FUNCTION knn_shard_read_held_blocks($STREAM_ARGS)" \
+    -c "ALTER FUNCTION knn_shard_read_held_blocks_real($STREAM_ARGS) RENAME TO knn_shard_read_held_blocks"
+}
+REAL_STREAM="knn_shard_read_held_blocks_real(s, t, x, m, i, v, lo, hi) b"
+REFUSAL="'\\xffffffff0000000000000000'::bytea"
+check "a shard's stream as it is (through a wrapper): the same rows as one server's" \
+  "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM items_s_all', 'SELECT id, v FROM items_s_all', 3)" 2>&1)" \
+  "$(forged_stream_on_shard2 "SELECT b FROM $REAL_STREAM")"
+check_has "a shard streaming a block cut short: an ERROR naming it" 'foreign server "shard2" sent a malformed block of held rows: a length that is not its rows' \
+  "$(forged_stream_on_shard2 "SELECT substr(b, 1, length(b) - 1) FROM $REAL_STREAM")"
+check_has "a shard streaming another element type: an ERROR naming it" 'foreign server "shard2" sent a malformed block of held rows: another element type' \
+  "$(forged_stream_on_shard2 "SELECT overlay(b placing '\\x00000009'::bytea from 1) FROM $REAL_STREAM")"
+out=$(forged_stream_on_shard2 "SELECT overlay(b placing '\\x7f800000'::bytea from length(b) - 3) FROM $REAL_STREAM")
+check_has "a shard streaming a non-finite value: the ERROR of the shard it is relayed to" 'foreign server "shard1"' "$out"
+check_has "... naming the shard that sent it" 'rows sent by foreign server "shard2", relayed to it unchanged' "$out"
+check_has "a shard streaming a refusal after its rows: an ERROR naming it" 'foreign server "shard2" sent a malformed block of held rows: a refusal that is not one' \
+  "$(forged_stream_on_shard2 "SELECT b FROM $REAL_STREAM UNION ALL SELECT $REFUSAL")"
+check_has "a shard streaming rows after its refusal: an ERROR naming it" "foreign server \"shard2\" sent a malformed block of held rows: rows after it said its rows are not the declared columns'" \
+  "$(forged_stream_on_shard2 "SELECT $REFUSAL UNION ALL SELECT b FROM $REAL_STREAM")"
+out=$(forged_stream_on_shard2 "SELECT $REFUSAL" \
+  "(SELECT * FROM knn_join('$SV', '$SV', 3)) j; SELECT knn_gpu_last_shard_stats()->>'queries_from_shards'")
+check "a shard refusing its rows (not the declared columns'): the queries read here" "false" "$(echo "$out" | tail -1)"
+check "... nothing held on the shards after the streams" "$(printf 'left:0\nleft:0')" \
+  "$(sql 0 -c "SELECT 'left:' || count(*) FROM shard1_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" \
      -c "SELECT 'left:' || count(*) FROM shard2_contexts WHERE name IN ('knn_gpu received queries', 'knn_gpu prefetched targets')" 2>&1)"
 # a NULL id: today's message (the queries'), from the shard that read it
 out=$(sql 0 2>&1 <<EOF
@@ -1669,7 +1724,7 @@ sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "$BIGS" >"${DIRS[0]}/can
 bg=$!
 seen=0
 for _ in $(seq 1 50); do
-  [ "$(sql 1 -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock' AND query LIKE '%knn_shard_prefetch_self_join(%'")" -ge 1 ] && { seen=1; break; }
+  [ "$(sql 1 -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND wait_event_type = 'Lock' AND (query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_read_held_blocks(%')")" -ge 1 ] && { seen=1; break; }
   sleep 0.1
 done
 check "shard 1 reads the self-join's rows, waiting for the lock" 1 "$seen"
