@@ -209,6 +209,16 @@ timed() {
 }
 json_string() { printf '"%s"' "$(echo "$1" | sed 's/\\/\\\\/g; s/"/\\"/g')"; }
 
+# timed_variant WHAT QUERY_TABLE [SETTING_SQL] (in bench_set: $name, $k): the sharded
+# self-join once more, its queries read from QUERY_TABLE, as JSON {sql_ms, checksum, stats}
+timed_variant() {
+  local run
+  run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $2', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
+    "SELECT knn_gpu_last_shard_stats()" "${3:-}") || return 1
+  echo "$name knn_join, two shards, $1: ${run%%|*} ms" >&2
+  echo "{\"sql_ms\":${run%%|*},\"checksum\":$(json_string "$(echo "$run" | cut -d'|' -f2)"),\"stats\":${run#*|*|}}"
+}
+
 # bench_set NAME: the self-join, baseline and sharded, checked; its JSON object
 bench_set() {
   local name=$1 rows=$2 dims=$3 base_run shard_run check diff
@@ -225,26 +235,16 @@ bench_set() {
   shard_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
     "SELECT knn_gpu_last_shard_stats()") || exit 1
   # the same self-join with the shards' rows decoded here and encoded again (knn_gpu.shard_relay = off)
-  local no_relay_run=null no_relay_json=null
+  local no_relay_json=null late_json=null local_json
   if [ "$relay_off" = 1 ]; then
-    no_relay_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM $name', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
-      "SELECT knn_gpu_last_shard_stats()" "SET knn_gpu.shard_relay = off") || exit 1
-    no_relay_json="{\"sql_ms\":${no_relay_run%%|*},\"checksum\":$(json_string "$(echo "$no_relay_run" | cut -d'|' -f2)"),\"stats\":${no_relay_run#*|*|}}"
-    echo "$name knn_join, two shards, the shards' rows not relayed (knn_gpu.shard_relay = off): ${no_relay_run%%|*} ms" >&2
+    no_relay_json=$(timed_variant "the shards' rows not relayed (knn_gpu.shard_relay = off)" "$name" \
+      "SET knn_gpu.shard_relay = off") || exit 1
   fi
   # the same rows as queries read from the coordinator's plain copy (the form earlier sessions timed)
-  local local_run local_json
-  local_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
-    "SELECT knn_gpu_last_shard_stats()") || exit 1
-  local_json="{\"sql_ms\":${local_run%%|*},\"checksum\":$(json_string "$(echo "$local_run" | cut -d'|' -f2)"),\"stats\":${local_run#*|*|}}"
-  echo "$name knn_join, two shards, queries from the coordinator's plain copy: ${local_run%%|*} ms" >&2
+  local_json=$(timed_variant "queries from the coordinator's plain copy" "${name}_all") || exit 1
   # the same sharded join with the shards reading their targets only after the queries are shipped (as before)
-  local late_run=null late_json=null
   if [ "$prefetch_off" = 1 ]; then
-    late_run=$(timed 0 "SELECT $CHECKSUM FROM knn_join('SELECT id, v FROM ${name}_all', 'SELECT id, v FROM $name', $k, exclude_self => true)" \
-      "SELECT knn_gpu_last_shard_stats()" "SET knn_gpu.shard_prefetch = off") || exit 1
-    late_json="{\"sql_ms\":${late_run%%|*},\"checksum\":$(json_string "$(echo "$late_run" | cut -d'|' -f2)"),\"stats\":${late_run#*|*|}}"
-    echo "$name knn_join, two shards with knn_gpu.shard_prefetch = off: ${late_run%%|*} ms" >&2
+    late_json=$(timed_variant "knn_gpu.shard_prefetch = off" "${name}_all" "SET knn_gpu.shard_prefetch = off") || exit 1
   fi
   diff=$(sql 0 -c "SET client_min_messages = warning" \
     -c "CREATE TEMP TABLE s AS SELECT * FROM knn_join('SELECT id, v FROM ${name}_all WHERE id <= $check_queries', 'SELECT id, v FROM $name', $k, exclude_self => true)" \

@@ -390,6 +390,27 @@ keyed_row_context(void *arg)
 }
 
 /*
+ * A row's id and vector (the first two columns), counted as read: false
+ * for a row without a vector (documented: such rows take no part), ERROR
+ * for a NULL id.
+ */
+static bool
+row_id_and_vector(HeapTuple tuple, TupleDesc desc, const char *arg, Datum *id, Datum *vector)
+{
+	bool		id_null;
+	bool		vector_null;
+
+	*id = SPI_getbinval(tuple, desc, 1, &id_null);
+	*vector = SPI_getbinval(tuple, desc, 2, &vector_null);
+	if (id_null)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s returned a NULL id", arg)));
+	knn_progress_rows(1);
+	return !vector_null;
+}
+
+/*
  * Runs one set's prepared query and appends its rows to the matrix, read
  * by `reader`. Rows whose vector is NULL are skipped; a NULL id is an error.
  */
@@ -426,18 +447,11 @@ read_set(KnnSet *set, const KnnVectorReader *reader, KnnMatrix *matrix,
 		for (uint64 r = 0; r < SPI_processed; r++)
 		{
 			HeapTuple	tuple = SPI_tuptable->vals[r];
-			bool		id_null;
-			bool		vector_null;
-			Datum		id = SPI_getbinval(tuple, desc, 1, &id_null);
-			Datum		vector = SPI_getbinval(tuple, desc, 2, &vector_null);
+			Datum		id;
+			Datum		vector;
 
-			if (id_null)
-				ereport(ERROR,
-						(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-						 errmsg("%s returned a NULL id", set->arg)));
-			knn_progress_rows(1);
-			if (vector_null)
-				continue;		/* documented: rows without a vector take no part */
+			if (!row_id_and_vector(tuple, desc, set->arg, &id, &vector))
+				continue;
 			row.key = id;
 			row.valid = set->keys != NULL;
 			if (groups != NULL)
@@ -1257,7 +1271,16 @@ prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *labe
 	old_context = MemoryContextSwitchTo(context);
 	knn_matrix_init(&targets, set_name, knn_join_element(&query_set, &target_set, call.metric));
 	MemoryContextSwitchTo(old_context);
-	read_set(&target_set, knn_vector_reader_for(target_set.kind, targets.element), &targets, NULL, NULL);
+	knn_held_targets_filling(true);
+	PG_TRY();
+	{
+		read_set(&target_set, knn_vector_reader_for(target_set.kind, targets.element), &targets, NULL, NULL);
+	}
+	PG_FINALLY();
+	{
+		knn_held_targets_filling(false);
+	}
+	PG_END_TRY();
 	SPI_finish();
 	knn_held_targets_keep(call.received_set, call.targets_sql, target_set.vector_type, &targets);
 	knn_progress_end();
@@ -1315,13 +1338,50 @@ typedef struct HeldStream
 	Oid			id_type;
 	Oid			vector_type;
 	const KnnVectorReader *reader;
-	KnnMatrix  *matrix;			/* in the held targets' memory */
+	KnnMatrix  *matrix;			/* in the held targets' memory ... */
+	uint64		generation;		/* ... while these are the held targets (knn_held_targets_unchanged) */
 	int64		sent;
 	int32		min_dim;		/* what the coordinator's declared column allows */
 	int32		max_dim;
 	bool		done;			/* the cursor is read to its end */
 	bool		refused;		/* the refusal is sent: nothing more */
+	bool		kept;			/* all sent: held for the join */
 } HeldStream;
+
+/*
+ * The held rows the stream reads into, or ERROR where they are no longer
+ * the ones it began (dropped, read again or rolled back between calls:
+ * their memory went with them).
+ */
+static KnnMatrix *
+held_stream_matrix(const HeldStream *st)
+{
+	if (!knn_held_targets_unchanged(st->set, st->generation))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the targets held for query set " INT64_FORMAT " were dropped while knn_shard_read_held_blocks read them",
+						st->set)));
+	return st->matrix;
+}
+
+/*
+ * The query that called the stream ends before its last value (a LIMIT,
+ * a cursor closed): its cursor is closed and the rows it did not finish
+ * are not held (an aborted query's go with the transaction).
+ */
+static void
+held_stream_shutdown(Datum arg)
+{
+	HeldStream *st = (HeldStream *) DatumGetPointer(arg);
+	Portal		portal;
+
+	if (!st->done && st->portal_name != NULL &&
+		PortalIsValid(portal = GetPortalByName(st->portal_name)))
+		SPI_cursor_close(portal);
+	st->done = true;
+	if (!st->kept && !st->refused && knn_held_targets_unchanged(st->set, st->generation))
+		knn_held_targets_drop(st->set);
+}
 
 /* The one value of a read whose rows are not what the coordinator's columns read. */
 static bytea *
@@ -1342,12 +1402,24 @@ read_held_batch(HeldStream *st)
 	Portal		portal;
 	TupleDesc	desc;
 
+	KnnMatrix  *matrix = held_stream_matrix(st);
+
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	portal = SPI_cursor_find(st->portal_name);
 	if (portal == NULL)
 		elog(ERROR, "knn_shard_read_held_blocks: its cursor is gone");
-	SPI_cursor_fetch(portal, true, KNN_FETCH_BATCH);
+	/* (the text's functions run in this fetch: none may drop the matrix it fills) */
+	knn_held_targets_filling(true);
+	PG_TRY();
+	{
+		SPI_cursor_fetch(portal, true, KNN_FETCH_BATCH);
+	}
+	PG_FINALLY();
+	{
+		knn_held_targets_filling(false);
+	}
+	PG_END_TRY();
 	desc = SPI_tuptable->tupdesc;
 	if (desc->natts != 2 || SPI_gettypeid(desc, 1) != st->id_type ||
 		SPI_gettypeid(desc, 2) != st->vector_type)
@@ -1356,20 +1428,12 @@ read_held_batch(HeldStream *st)
 				 errmsg("queries changed its column types while it ran")));
 	for (uint64 r = 0; r < SPI_processed; r++)
 	{
-		HeapTuple	tuple = SPI_tuptable->vals[r];
-		bool		id_null;
-		bool		vector_null;
-		Datum		id = SPI_getbinval(tuple, desc, 1, &id_null);
-		Datum		vector = SPI_getbinval(tuple, desc, 2, &vector_null);
+		Datum		id;
+		Datum		vector;
 
-		if (id_null)
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("queries returned a NULL id")));
-		knn_progress_rows(1);
-		if (vector_null)
+		if (!row_id_and_vector(SPI_tuptable->vals[r], desc, "queries", &id, &vector))
 			continue;
-		knn_matrix_append(st->matrix, read_id(id, st->id_type), vector, st->reader);
+		knn_matrix_append(matrix, read_id(id, st->id_type), vector, st->reader);
 		CHECK_FOR_INTERRUPTS();
 	}
 	if (SPI_processed < KNN_FETCH_BATCH)
@@ -1463,6 +1527,7 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 		if (!st->refused)
 		{
 			context = knn_held_targets_begin(st->set);
+			st->generation = knn_held_targets_generation();
 			old = MemoryContextSwitchTo(context);
 			st->matrix = palloc(sizeof(KnnMatrix));
 			knn_matrix_init(st->matrix, "query", knn_join_element(&query_set, &target_set, call.metric));
@@ -1471,6 +1536,8 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 			portal = SPI_cursor_open(NULL, target_set.plan, target_set.param_values,
 									 target_set.param_nulls, true);
 			st->portal_name = MemoryContextStrdup(funcctx->multi_call_memory_ctx, portal->name);
+			RegisterExprContextCallback(((ReturnSetInfo *) fcinfo->resultinfo)->econtext,
+										held_stream_shutdown, PointerGetDatum(st));
 		}
 		SPI_finish();
 		if (st->refused)
@@ -1485,9 +1552,10 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 	if (st->refused)
 		SRF_RETURN_DONE(funcctx);
 	/* a block's rows read (or all there are), then sent */
-	while (!st->done && (st->matrix->dim < 0 ||
+	while (!st->done && (held_stream_matrix(st)->dim < 0 ||
 						 st->matrix->n - st->sent < knn_held_block_rows(st->matrix)))
 		read_held_batch(st);
+	(void) held_stream_matrix(st);
 	if (st->sent == 0 && st->matrix->n > 0 &&
 		(st->matrix->dim < st->min_dim || st->matrix->dim > st->max_dim))
 	{
@@ -1507,6 +1575,7 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 	}
 	/* all read and sent: held for the join, as the prefetch holds them */
 	knn_held_targets_keep(st->set, st->targets_sql, st->vector_type, st->matrix);
+	st->kept = true;
 	knn_progress_end();
 	SRF_RETURN_DONE(funcctx);
 }

@@ -1914,6 +1914,16 @@ stream_queries(KnnShardEarly *c, KnnMatrix *queries)
 		else if (t.dim[s] >= 0)
 			dim = t.dim[s];
 	}
+	/* (the shards check the declared dimensions; they are the shards' word) */
+	if (differ == NULL && dim >= 0)
+	{
+		Expr	   *vector = lsecond_node(TargetEntry, c->stmt->planTree->targetlist)->expr;
+
+		if (!dim_fits_typmod(exprType((Node *) vector), exprTypmod((Node *) vector), dim))
+			differ = psprintf("the shards hold vectors of %d dimensions, which %s does not allow", dim,
+							  format_type_with_typemod(exprType((Node *) vector),
+													   exprTypmod((Node *) vector)));
+	}
 	if (differ != NULL)
 	{
 		ereport(DEBUG1,

@@ -91,9 +91,29 @@ typedef struct HeldTargets
 	int64		relay_blocks;
 	double		relay_seconds;
 	double		relay_slowest;	/* the slowest block's (one that grew the matrix: no copy, no page touched) */
+	uint64		generation;		/* which begin made it (knn_held_targets_unchanged) */
 } HeldTargets;
 
 static HeldTargets *held_targets = NULL;
+static uint64 held_generation = 0;
+/* rows are being read into the held targets (knn_held_targets_filling): they must stay */
+static bool held_filling = false;
+
+/* A targets text that, while it is read, would drop or replace the matrix it is read into: ERROR. */
+static void
+refuse_while_filling(void)
+{
+	if (held_filling)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("held targets cannot be dropped or read again while targets are read into them")));
+}
+
+void
+knn_held_targets_filling(bool filling)
+{
+	held_filling = filling;
+}
 
 static void
 drop_held(void)
@@ -124,6 +144,7 @@ received_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			held = NULL;
 			held_targets = NULL;
+			held_filling = false;
 			break;
 		case XACT_EVENT_PRE_PREPARE:
 			drop_held();
@@ -525,6 +546,7 @@ knn_held_targets_begin(int64 set)
 	MemoryContext context;
 
 	register_callbacks();
+	refuse_while_filling();
 	drop_held_targets();
 	context = AllocSetContextCreate(TopTransactionContext, "knn_gpu prefetched targets",
 									ALLOCSET_DEFAULT_SIZES);
@@ -533,7 +555,21 @@ knn_held_targets_begin(int64 set)
 	held_targets->context = context;
 	held_targets->level = GetCurrentTransactionNestLevel();
 	held_targets->reader = GetUserId();
+	held_targets->generation = ++held_generation;
 	return context;
+}
+
+uint64
+knn_held_targets_generation(void)
+{
+	return held_targets != NULL ? held_targets->generation : 0;
+}
+
+bool
+knn_held_targets_unchanged(int64 set, uint64 generation)
+{
+	return held_targets != NULL && held_targets->set == set &&
+		held_targets->generation == generation && held_targets->reader == GetUserId();
 }
 
 void
@@ -638,7 +674,10 @@ void
 knn_held_targets_drop(int64 set)
 {
 	if (held_targets != NULL && held_targets->set == set)
+	{
+		refuse_while_filling();
 		drop_held_targets();
+	}
 }
 
 int64

@@ -54,6 +54,24 @@ extern void knn_received_queries_take(int64 set, KnnMatrix *queries);
  * vector column type and the matrix read there).
  */
 extern MemoryContext knn_held_targets_begin(int64 set);
+
+/*
+ * The held targets' generation, a number each begin makes anew (0: none
+ * held): a reader that makes them over several calls
+ * (knn_shard_read_held_blocks) checks with knn_held_targets_unchanged that
+ * they are still the ones it began (not dropped, replaced or rolled back
+ * since) before it touches their matrix again.
+ */
+extern uint64 knn_held_targets_generation(void);
+
+/*
+ * Around a read into the held targets' matrix: while on, a targets text
+ * that calls knn_shard_drop_targets or a read ahead (its functions run
+ * inside that read) gets an ERROR instead of freeing the matrix being
+ * filled.
+ */
+extern void knn_held_targets_filling(bool filling);
+extern bool knn_held_targets_unchanged(int64 set, uint64 generation);
 extern void knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector_type,
 								  const KnnMatrix *matrix);
 
