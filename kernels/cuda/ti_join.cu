@@ -539,13 +539,17 @@ KnnStatus TiJoin::filter() {
   }
   if (own_range) {
     KNN_TRY(run_level1(by_clusters_.first_cluster, by_clusters_.end_cluster, margin));
+    phase("level1(own)");
     KNN_TRY(divide_share());
-    if (!by_clusters_.agreed) KNN_TRY(run_level1(0, -1, margin));
+    if (!by_clusters_.agreed) {
+      KNN_TRY(run_level1(0, -1, margin));
+      phase("level1");
+    }
   } else {
     KNN_TRY(run_level1(0, -1, margin));
+    phase("level1");
   }
   KNN_TRY(measure_level1());
-  phase("level1");
   if (options_.level1_give_up > 0 && level1_kept_ > options_.level1_give_up) {
     gave_up_ = true;
     t_filtered_ = Clock::now();
