@@ -775,6 +775,74 @@ TEST(SplitOnOneGpu, TiLevel1RunsOverEachEnginesOwnClusters) {
   expect_pool_empty(0, "after the shares' level 1");
 }
 
+// An engine that runs out of memory in its level 1 (the test hook: as for
+// want of device memory; its share's largest allocation) has not agreed to
+// divide by clusters yet: it declines, answers its rows another way, and
+// every other engine answers its own rows, without waiting out the vote's
+// patience (3 s). The answer is one GPU's, and no memory is left behind.
+TEST(SplitOnOneGpu, TiLevel1OutOfMemoryHandsTheRowsBack) {
+  REQUIRE_TEST_ENTRIES();
+  const Case c = ti_share_case(4, 760);
+  const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+  for (int engines : {2, 3})
+    for (int failing = 1; failing <= engines; failing++) {
+      KnnCudaTestOptions o{};
+      o.ti_level1_fail = failing;
+      const Answer split =
+          tuned(on_devices(c.problem, engines == 2 ? std::initializer_list<int>{0, 0}
+                                                   : std::initializer_list<int>{0, 0, 0}),
+                o);
+      const std::string what = std::to_string(engines) + " engines, engine " +
+                               std::to_string(failing) + "'s level 1 out of memory";
+      expect_answers_identical(split, one, what);
+      EXPECT_FALSE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
+      EXPECT_LT(split.seconds, 2.5) << what << ": an engine waited out the vote";
+      expect_pool_empty(0, what);
+    }
+}
+
+// Under knn_gpu.gpu_memory_limit an engine of a split has level 1 behind
+// it when it votes (over its own clusters: fewer pairs than one GPU's over
+// all of them), so it divides by clusters wherever one GPU, under the same
+// limit, runs its join as cluster batches (KNN_TI_BATCHED_WRITES=1: the
+// same room check after level 1 over all clusters). Many clusters (landmark
+// factor 8) make level 1 a large part of the budget.
+TEST(SplitOnOneGpu, TiSplitDividesByClustersUnderALimitWhereOneGpuBatches) {
+  REQUIRE_TEST_ENTRIES();
+  Case c = ti_share_case(4, 770);
+  c.problem.k = 4;
+  KnnCudaTestOptions o{};
+  o.ti_landmark_factor = 8;
+  const ScopedEnv batched({{"KNN_TI_BATCHED_WRITES", "1"}});
+  // The smallest limit (in MiB) at which one GPU batches: every limit is
+  // tried (the cluster count follows the limit, so whether one GPU batches
+  // need not fall off at one point).
+  int64_t lowest = 0;
+  Answer one;
+  for (int64_t mib = 48; mib >= 4; mib--) {
+    KnnProblem p = on_devices(c.problem, {0});
+    p.gpu_memory_limit = mib << 20;
+    const Answer a = tuned(p, o);
+    ASSERT_EQ(a.status, KNN_OK) << mib << " MiB: " << a.message;
+    if (std::string(a.stats.variant).rfind("cluster-batches/", 0) != 0) continue;
+    lowest = mib;
+    one = a;
+  }
+  ASSERT_GT(lowest, 0) << "one GPU did not batch even under 48 MiB";
+  ASSERT_LT(lowest, 48) << "one GPU batched at every limit scanned";
+  for (std::initializer_list<int> devices :
+       {std::initializer_list<int>{0, 0}, std::initializer_list<int>{0, 0, 0}}) {
+    KnnProblem p = on_devices(c.problem, devices);
+    p.gpu_memory_limit = lowest << 20;
+    const Answer split = tuned(p, o);
+    const std::string what = std::to_string(devices.size()) + " engines under " +
+                             std::to_string(lowest) + " MiB";
+    expect_answers_identical(split, one, what);
+    EXPECT_TRUE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
+  }
+  expect_pool_empty(0, "after the limited splits");
+}
+
 // ---- on two GPUs ----
 
 #define REQUIRE_TWO_GPUS()                                                               \
@@ -885,6 +953,59 @@ TEST(TwoGpus, TiSelfJoinDividedByClusters) {
           << what << ": each GPU's level 1 over its own query clusters only";
     }
   }
+}
+
+// An engine whose buffer for the shared upload came from the default pool
+// (its GPU's pool of shared rows could not be made), the pool then made by
+// another join before the buffer was offered (the test hook), grants the
+// other GPU the default pool, the one the buffer is in: the peer copies
+// read it, and the answer is one GPU's. (Granting the pool found at grant
+// time instead fails the copies where nothing granted the default pool
+// before, e.g. this test alone.)
+TEST(TwoGpus, TiSharedUploadGrantsThePoolItsBufferCameFrom) {
+  REQUIRE_TWO_GPUS();
+  const Case c = ti_share_case(4, 980);
+  const Answer one = tuned(on_devices(c.problem, {0}), KnnCudaTestOptions{});
+  for (int late : {1, 2}) {
+    int32_t probe = 0;
+    KnnCudaTestOptions o{};
+    o.ti_shared_probe = &probe;
+    o.ti_shared_pool_late = late;
+    const Answer split = tuned(on_devices(c.problem, {0, 1}), o);
+    const std::string what = "GPUs 0,1, engine " + std::to_string(late) + "'s buffer from the default pool";
+    expect_answers_identical(split, one, what);
+    EXPECT_EQ(probe & 1, 1) << what << ": the upload was not shared";
+    EXPECT_TRUE(divided_by_clusters(split)) << what << ": " << split.stats.variant;
+  }
+  expect_pool_empty(0, "after the shared uploads");
+  expect_pool_empty(1, "after the shared uploads");
+}
+
+// The split's "level-1 kept" figure speaks for every engine's clusters:
+// each engine's level 1 ran over its own, and the figure is theirs
+// weighted by their clusters, which is one GPU's over all of them (to the
+// rounding of the engines' figures). (Lists in registers, one thread a
+// query: a longer variant loses the figure to the 64 bytes of the field.)
+TEST(SplitOnOneGpu, TiSplitLevel1KeptIsAllEngines) {
+  REQUIRE_TEST_ENTRIES();
+  const Case c = uneven_case(30000, 4, 790);
+  KnnProblem p = c.problem;
+  p.method = KNN_METHOD_TI;
+  p.k = 10;
+  KnnCudaTestOptions o{};
+  o.ti_list = 1;
+  o.ti_threads_per_query = 1;
+  const Answer one = tuned(on_devices(p, {0}), o);
+  const Answer split = tuned(on_devices(p, {0, 0, 0}), o);
+  expect_answers_identical(split, one, "GPU 0 three times");
+  ASSERT_TRUE(divided_by_clusters(split)) << split.stats.variant;
+  auto kept = [](const Answer &a) {
+    const char *at = std::strstr(a.stats.variant, "level-1 kept ");
+    return at == nullptr ? -1.0 : std::atof(at + std::strlen("level-1 kept "));
+  };
+  ASSERT_GE(kept(one), 0.0) << one.stats.variant;
+  EXPECT_NEAR(kept(split), kept(one), 0.11) << split.stats.variant << " against "
+                                            << one.stats.variant;
 }
 
 TEST(TwoGpus, FailureNamesTheGpu) {

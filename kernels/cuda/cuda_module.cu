@@ -449,6 +449,8 @@ JoinTuning tuning_from(const KnnCudaTestOptions *o) {
   t.ti.shared_probe = o->ti_shared_probe;
   t.ti.upload_slice_fail = o->ti_upload_slice_fail;
   t.ti.level1_probe = o->ti_level1_probe;
+  t.ti.level1_fail = o->ti_level1_fail;
+  t.ti.shared_pool_late = o->ti_shared_pool_late;
   return t;
 }
 

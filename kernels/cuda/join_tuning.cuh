@@ -45,6 +45,9 @@ struct TiOptions {
   int upload_slice_fail = 0;
   // Query clusters level 1 ran over, added up (ti_level1_probe).
   int32_t *level1_probe = nullptr;
+  // Split self-join hooks (ti_level1_fail, ti_shared_pool_late).
+  int level1_fail = 0;
+  int shared_pool_late = 0;
 };
 
 }  // namespace ti

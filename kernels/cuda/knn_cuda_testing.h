@@ -83,6 +83,25 @@ typedef struct KnnCudaTestOptions
 	 * divided by clusters filters its own clusters only, ti_join.cu).
 	 */
 	int32_t    *ti_level1_probe;
+
+	/*
+	 * Engine ti_level1_fail (1-based, as split_test_engine; 0 = none) of
+	 * a TI self-join split across engines fails its level-1 filter with
+	 * KNN_OUT_OF_MEMORY, as a lack of device memory would; it then answers
+	 * its rows another way (level 1 runs before the engines' vote on
+	 * dividing by clusters, ti_join.cu).
+	 */
+	int			ti_level1_fail;
+
+	/*
+	 * Engine ti_shared_pool_late (1-based; 0 = none) of a TI self-join
+	 * sharing the upload of its points takes its buffer from the GPU's
+	 * default pool, as where its pool of shared rows could not be made, and
+	 * then makes that pool, as a concurrent join would, before offering
+	 * the buffer: the other GPUs must be granted the pool the buffer came
+	 * from (peer_rows.cuh).
+	 */
+	int			ti_shared_pool_late;
 } KnnCudaTestOptions;
 
 /* The message of the failure ti_pinning_hook makes. */

@@ -71,6 +71,30 @@ void describe_devices(const SplitPlan &plan, const char *const *names, char *out
   std::snprintf(out, len, "%s", text.c_str());
 }
 
+// A TI join's variant ends in "level-1 kept X%" (ti_join.cu: describe),
+// the share of the cluster pairs its level 1 kept over the query clusters
+// it ran over (KnnStats::query_clusters): a share divided by clusters its
+// own only. The split's figure weighs each engine's by those clusters,
+// so that it speaks for all of them, not for the first engine's alone
+// (rounded as the engines' are). Left as it is where an engine lacks it.
+void merge_level1_kept(const KnnStats *shares, const bool *started, int n, KnnStats *merged) {
+  static const char kKept[] = "level-1 kept ";
+  char *at = std::strstr(merged->variant, kKept);
+  if (at == nullptr) return;
+  double kept = 0, clusters = 0;
+  for (int i = 0; i < n; i++) {
+    if (!started[i]) continue;
+    const char *text = std::strstr(shares[i].variant, kKept);
+    double percent = 0;
+    if (text == nullptr || std::sscanf(text + sizeof kKept - 1, "%lf", &percent) != 1) return;
+    kept += percent * static_cast<double>(shares[i].query_clusters);
+    clusters += static_cast<double>(shares[i].query_clusters);
+  }
+  if (clusters <= 0) return;
+  const size_t used = static_cast<size_t>(at - merged->variant);
+  std::snprintf(at, sizeof merged->variant - used, "%s%.1f%%", kKept, kept / clusters);
+}
+
 }  // namespace
 
 KnnProblem query_share(const KnnProblem &p, int64_t first, int64_t n, int device) {
@@ -158,9 +182,9 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
   // ... and the cluster assignment of a TI self-join (ti_clustering.cu).
   // Their buffers come from the pools of shared rows (device_runtime.cuh),
   // so that the join's other arrays are not mapped on every GPU.
-  PeerRows peer_assign(members, voters, PeerRows::kAssignPatience, true);
+  PeerRows peer_assign(members, voters, PeerRows::kAssignPatience);
   // ... and the upload of its points (ti_join.cu), which comes first.
-  PeerRows peer_points(members, voters, PeerRows::kAssignPatience, true);
+  PeerRows peer_points(members, voters, PeerRows::kAssignPatience);
 
   DeviceThread threads[KNN_MAX_DEVICES];
   bool started[KNN_MAX_DEVICES] = {};
@@ -264,6 +288,7 @@ KnnStatus run_split(const KnnProblem &p, const SplitPlan &plan, const EngineRun 
     if (!started[i])
       for (int j = 0; j < n; j++)
         if (started[j] && plan.engines[j].device == plan.engines[i].device) names[i] = names[j];
+  merge_level1_kept(shares, started, n, &merged);
   merged.device = KNN_DEVICE_GPU;
   describe_devices(plan, names, merged.device_name, sizeof merged.device_name);
   merged.pairs = p.n_queries * p.n_targets;

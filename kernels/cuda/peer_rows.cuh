@@ -58,13 +58,10 @@ class PeerRows {
   static constexpr std::chrono::milliseconds kAssignPatience{1000};
 
   // members: the engine indices that will offer or decline, ascending;
-  // patience: how long an offer waits for the others; shared_pool: the
-  // offered buffers come from the GPUs' pools of shared rows
-  // (device_runtime.cuh: shared_rows_pool), to which access is granted
-  // instead of the default pools.
+  // patience: how long an offer waits for the others.
   PeerRows(const int *members, int n_members,
-           std::chrono::milliseconds patience = kPatience, bool shared_pool = false)
-      : n_members_(n_members), patience_(patience), shared_pool_(shared_pool) {
+           std::chrono::milliseconds patience = kPatience)
+      : n_members_(n_members), patience_(patience) {
     for (int i = 0; i < KNN_MAX_DEVICES; i++) member_of_[i] = -1;
     for (int m = 0; m < n_members && m < KNN_MAX_DEVICES; m++) member_of_[members[m]] = m;
   }
@@ -74,9 +71,12 @@ class PeerRows {
   // Offers `rows` (n_rows x dim floats on ctx's GPU, to hold the host rows
   // `host` of element type `element` with keys `keys`) and waits for the
   // outcome (*shared). KNN_CANCELLED when the cancel came first (the offer
-  // then closes without sharing).
+  // then closes without sharing). pool: the pool `rows` came from (a pool
+  // of shared rows, device_runtime.cuh: shared_rows_pool), null for the
+  // GPU's default pool; access is granted to that pool.
   KnnStatus offer(DeviceContext &ctx, int engine, float *rows, int64_t n_rows, int dim,
-                  const void *host, int element, const int64_t *keys, bool *shared) {
+                  const void *host, int element, const int64_t *keys, bool *shared,
+                  cudaMemPool_t pool = nullptr) {
     std::unique_lock<std::mutex> lock(mutex_);
     *shared = false;
     const int m = member(engine);
@@ -85,7 +85,7 @@ class PeerRows {
       return KNN_OK;
     }
     offered_[m] = true;
-    buffer_[m] = Buffer{ctx.device, rows};
+    buffer_[m] = Buffer{ctx.device, rows, pool};
     if (offers_ == 0) {
       n_rows_ = n_rows;
       dim_ = dim;
@@ -170,6 +170,7 @@ class PeerRows {
   struct Buffer {
     int device = -1;
     float *rows = nullptr;
+    cudaMemPool_t pool = nullptr;  // null: the device's default pool
   };
 
   void close(bool shared) {
@@ -180,25 +181,23 @@ class PeerRows {
     changed_.notify_all();
   }
 
-  // Whether every member's GPU can read every other's pool memory.
+  // Whether every member's GPU can read every other's buffer.
   bool reachable() const {
     for (int a = 0; a < n_members_; a++)
       for (int b = 0; b < n_members_; b++)
-        if (!grant_access(buffer_[b].device, buffer_[a].device, shared_pool_)) return false;
+        if (!grant_access(buffer_[b].device, buffer_[b].pool, buffer_[a].device)) return false;
     return true;
   }
 
-  // Lets `reader` read the default pool of `owner` (true on the same GPU).
-  // The pool's own answer is asked each time: a GPU reset (the idle
-  // keeper's) makes a new default pool, mapped nowhere else. The grant
-  // stays with the pool: its later allocations are mapped on the reader
-  // too (the price of peer copies from stream-ordered memory).
-  // shared_pool: the owner's pool of shared rows where it has one (its
-  // buffer came from there), else its default pool.
-  static bool grant_access(int owner, int reader, bool shared_pool) {
+  // Lets `reader` read `pool` of `owner`, the pool the offered buffer came
+  // from (null: the owner's default pool; true on the same GPU). The
+  // default pool's own answer is asked each time: a GPU reset (the idle
+  // keeper's) makes a new one, mapped nowhere else. The grant stays with
+  // the pool: its later allocations are mapped on the reader too (the
+  // price of peer copies from stream-ordered memory).
+  static bool grant_access(int owner, cudaMemPool_t pool, int reader) {
     if (owner == reader) return true;
     int can = 0;
-    cudaMemPool_t pool = shared_pool ? shared_rows_pool(owner, false) : nullptr;
     cudaMemLocation where{};
     where.type = cudaMemLocationTypeDevice;
     where.id = reader;
@@ -224,7 +223,6 @@ class PeerRows {
   std::condition_variable changed_;
   const int n_members_;
   const std::chrono::milliseconds patience_;
-  const bool shared_pool_;
   int member_of_[KNN_MAX_DEVICES];
   int offers_ = 0;
   bool offered_[KNN_MAX_DEVICES] = {};

@@ -24,13 +24,26 @@ struct ClusterShare {
   std::vector<int32_t> begin;  // the clusters' first positions (m + 1), on the host
 };
 
-// Votes (ctx.share_vote) with a fingerprint of `all`; declines where the
-// share's arrays, lists and output could need more than `room` bytes
-// (after agreeing, a share cannot hand its rows to another method), or
-// where KNN_TI_SPLIT_ROWS=1 (for comparing the two ways).
-KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
-                                 int64_t count, int k, int kprime, size_t room,
-                                 ClusterShare *out, MemoryBudget &mem, DeviceContext &ctx);
+// This engine's clusters [first_cluster, end_cluster) (out->begin from
+// `all`, out->agreed false): known before the vote, so that level 1 runs
+// over them first (ti_join.cu: an engine short of memory there still hands
+// its rows to another method).
+KnnStatus plan_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
+                              int64_t count, ClusterShare *out, DeviceContext &ctx);
+
+// Whether an engine declines to divide by clusters: the share's arrays,
+// lists and output could need more than `room` bytes (after agreeing, a
+// share cannot hand its rows to another method), or KNN_TI_SPLIT_ROWS=1
+// (for comparing the two ways).
+bool cluster_share_declines(const ClusterSet &all, int64_t n_rows, int k, int kprime,
+                            size_t room);
+
+// Votes (ctx.share_vote) with a fingerprint of `all` and share->begin
+// (plan_cluster_share's), or declines (cluster_share_declines); sets
+// share->agreed.
+KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int k, int kprime,
+                                 size_t room, ClusterShare *share, MemoryBudget &mem,
+                                 DeviceContext &ctx);
 
 // Whether the environment variable `name` is set to 1 (the measuring
 // switches below).

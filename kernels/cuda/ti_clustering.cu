@@ -594,7 +594,8 @@ KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_s
     return KNN_OK;
   }
   DeviceBuffer<int32_t> choice;  // read by the other GPUs: from the pool of shared rows
-  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment", shared_rows_pool(ctx.device, true)));
+  cudaMemPool_t pool = shared_rows_pool(ctx.device, true);
+  KNN_TRY(mem.allocate(ctx, choice, n, "cluster assignment", pool));
   // Filled with -1 (centre 0 where a pick never came), and complete before
   // the other GPUs may read it.
   CUDA_CHECK(ctx, cudaMemsetAsync(choice.get(), 0xFF, n * sizeof(int32_t), ctx.stream));
@@ -602,7 +603,7 @@ KnnStatus assign_shared(const DistinctSet &set, KnnMetric metric, int gemm_min_s
   // (The offer's "rows" are the picks: n of one word; its "dim" the number
   // of centres, which the engines must agree on too.)
   KNN_TRY(peers.offer(ctx, share.engine, reinterpret_cast<float *>(choice.get()), n, m, share.host,
-                      share.element, share.keys, shared));
+                      share.element, share.keys, shared, pool));
   if (!*shared) {
     mem.release(choice);
     return KNN_OK;

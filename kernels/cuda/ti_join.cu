@@ -204,22 +204,28 @@ namespace {
 // which that engine then answers another way) is uploaded from the host
 // instead. *shared false: nothing was uploaded (the caller uploads all
 // rows). KNN_TI_SHARED_UPLOAD=0 declines, for A/B benchmarks and tests;
-// fail_own_slice is the engine tests' hook (TiOptions::upload_slice_fail).
+// fail_own_slice and pool_made_after are the engine tests' hooks
+// (TiOptions::upload_slice_fail, shared_pool_late).
 KnnStatus upload_points_shared(const float *host, int64_t n, int dim, int stride,
                                PeerRows &peers, int engine, int element, const int64_t *keys,
-                               bool fail_own_slice, UploadedSet &out, unsigned *max_abs_bits,
-                               bool *shared, MemoryBudget &mem, DeviceContext &ctx) {
+                               bool fail_own_slice, bool pool_made_after, UploadedSet &out,
+                               unsigned *max_abs_bits, bool *shared, MemoryBudget &mem,
+                               DeviceContext &ctx) {
   *shared = false;
   const char *forced = std::getenv("KNN_TI_SHARED_UPLOAD");
   if (n < 2 || (forced != nullptr && forced[0] == '0')) {
     peers.decline(engine);
     return KNN_OK;
   }
-  // Read by the other GPUs: from the pool of shared rows (device_runtime.cuh).
-  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points",
-                       shared_rows_pool(ctx.device, true)));
+  // Read by the other GPUs: from the pool of shared rows (device_runtime.cuh),
+  // or the default pool where it could not be made (the offer names the
+  // pool: another join may make it meanwhile, as the hook does).
+  cudaMemPool_t pool = pool_made_after ? nullptr : shared_rows_pool(ctx.device, true);
+  KNN_TRY(mem.allocate(ctx, out.padded, (size_t)n * stride, "points", pool));
+  if (pool_made_after) (void)shared_rows_pool(ctx.device, true);
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));  // usable from the other GPUs
-  KNN_TRY(peers.offer(ctx, engine, out.padded.get(), n, stride, host, element, keys, shared));
+  KNN_TRY(peers.offer(ctx, engine, out.padded.get(), n, stride, host, element, keys, shared,
+                      pool));
   if (!*shared) {
     mem.release(out.padded);
     return KNN_OK;
@@ -293,7 +299,8 @@ class TiJoin {
  private:
   KnnStatus upload_keys();
   KnnStatus cluster();
-  KnnStatus divide_share(size_t level1_bytes);
+  KnnStatus divide_share();
+  KnnStatus run_level1(int32_t first_cluster, int32_t end_cluster, Margin margin);
   KnnStatus filter();
   KnnStatus measure_level1();
   // For n distinct queries.
@@ -331,6 +338,7 @@ class TiJoin {
   ClusterSet query_clusters_, target_clusters_own_, share_clusters_;
   ClusterShare by_clusters_;  // a share's clusters, where the engines agreed
   Level1Result level1_;
+  int32_t level1_first_ = 0, level1_end_ = 0;  // the query clusters it ran over
   Level2Config used_;
   int kprime_ = 0;
   DeviceBuffer<float> result_value_;
@@ -392,7 +400,7 @@ KnnStatus TiJoin::upload(bool *finite) {
                                  *ctx_.peer_points, ctx_.share_voter,
                                  static_cast<int>(p_.element), p_.target_keys,
                                  options_.upload_slice_fail == ctx_.share_voter + 1,
-                                 query_upload_, max_abs.get(), &shared, mem_, ctx_));
+                                 options_.shared_pool_late == ctx_.share_voter + 1, query_upload_, max_abs.get(), &shared, mem_, ctx_));
   if (shared && options_.shared_probe != nullptr)
     __atomic_fetch_or(options_.shared_probe, 1, __ATOMIC_RELAXED);
   if (!shared)
@@ -472,16 +480,33 @@ Level2Config TiJoin::level2_config(int kprime, int64_t n) const {
 }
 
 // A share of a split self-join: whether the engines divide it by clusters
-// (by_clusters_), else its query clusters restricted to its rows.
-// level1_bytes: what level 1 still needs once the engines agreed (after
-// agreeing, a share cannot hand its rows to another method).
-KnnStatus TiJoin::divide_share(size_t level1_bytes) {
-  const size_t used = mem_.used() + level1_bytes;
-  const size_t room = budget_ > used ? budget_ - used : 0;
-  KNN_TRY(agree_on_cluster_share(query_clusters_, p_.n_queries, share_first_, share_count_,
-                                 p_.k, kprime_, room, &by_clusters_, mem_, ctx_));
+// (by_clusters_, planned), else its query clusters restricted to its rows.
+// The room left now must hold the rest (after agreeing, a share cannot
+// hand its rows to another method).
+KnnStatus TiJoin::divide_share() {
+  const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
+  KNN_TRY(agree_on_cluster_share(query_clusters_, p_.n_queries, p_.k, kprime_, room,
+                                 &by_clusters_, mem_, ctx_));
   phase(by_clusters_.agreed ? "vote(clusters)" : "vote(rows)");
   return KNN_OK;
+}
+
+// Level 1 over query clusters [first_cluster, end_cluster) (end -1: all).
+KnnStatus TiJoin::run_level1(int32_t first_cluster, int32_t end_cluster, Margin margin) {
+  if (share_ && options_.level1_fail == ctx_.share_voter + 1) {
+    if (ctx_.error.empty()) ctx_.error = "level 1 failed (test hook: as for want of memory)";
+    return KNN_OUT_OF_MEMORY;
+  }
+  mem_.release(level1_.candidates);
+  mem_.release(level1_.cand_count);
+  mem_.release(level1_.upper_bound);
+  KNN_TRY(level1_filter(query_clusters_, target_clusters(), p_.metric, kprime_, margin, level1_,
+                        mem_, ctx_, nullptr, first_cluster, end_cluster));
+  level1_first_ = first_cluster;
+  level1_end_ = end_cluster < 0 ? query_clusters_.m : end_cluster;
+  if (options_.level1_probe != nullptr)
+    __atomic_fetch_add(options_.level1_probe, level1_end_ - level1_first_, __ATOMIC_RELAXED);
+  return ctx_.cancel_point();
 }
 
 // Stage 3: the k' nearest (value, row) of every distinct query.
@@ -491,36 +516,46 @@ KnnStatus TiJoin::filter() {
   Margin margin;
   margin.rel = (float)rounding.relative();
   margin.abs = (float)(rounding(0.0));
-  // A share votes before level 1, so that divided by clusters it filters
-  // its own query clusters only (their bounds and candidates are the same
-  // bits as in the whole filter). Not where AUTO may give up after level
-  // 1: that decision must be the same on every engine, so it is taken
-  // over all clusters first (KNN_TI_LEVEL1_ALL=1 also keeps the old order,
-  // for measuring).
-  const bool vote_first =
+  // A share runs level 1 over its own query clusters (their bounds and
+  // candidates are the same bits as in the whole filter), then votes: an
+  // engine short of memory in level 1, the largest allocation of its share,
+  // has not agreed yet and hands its rows to another method. Where the
+  // engines do not agree, level 1 runs again over all clusters (the rows'
+  // clusters may be any). Not where AUTO may give up after level 1: that
+  // decision must be the same on every engine, so it is taken over all
+  // clusters first (KNN_TI_LEVEL1_ALL=1 also keeps that order, for
+  // measuring).
+  const bool own_first =
       share_ && options_.level1_give_up <= 0 && !env_flag("KNN_TI_LEVEL1_ALL");
-  if (vote_first)
-    KNN_TRY(divide_share(level1_filter_bytes(query_clusters_.m, target_clusters().m, kprime_)));
-  int32_t first_cluster = 0, end_cluster = -1;
-  if (by_clusters_.agreed) {
-    first_cluster = by_clusters_.first_cluster;
-    end_cluster = by_clusters_.end_cluster;
+  bool own_range = false;
+  if (share_)
+    KNN_TRY(plan_cluster_share(query_clusters_, p_.n_queries, share_first_, share_count_,
+                               &by_clusters_, ctx_));
+  if (own_first) {
+    // A share that could not be divided even before level 1 declines now.
+    const size_t room = budget_ > mem_.used() ? budget_ - mem_.used() : 0;
+    own_range = !cluster_share_declines(query_clusters_, p_.n_queries, p_.k, kprime_, room);
+    if (!own_range) KNN_TRY(divide_share());
   }
-  KNN_TRY(level1_filter(query_clusters_, target_clusters(), p_.metric, kprime_, margin, level1_,
-                        mem_, ctx_, nullptr, first_cluster, end_cluster));
-  if (options_.level1_probe != nullptr)
-    __atomic_fetch_add(options_.level1_probe,
-                       (end_cluster < 0 ? query_clusters_.m : end_cluster) - first_cluster,
-                       __ATOMIC_RELAXED);
-  KNN_TRY(ctx_.cancel_point());
+  if (own_range) {
+    KNN_TRY(run_level1(by_clusters_.first_cluster, by_clusters_.end_cluster, margin));
+    phase("level1(own)");
+    KNN_TRY(divide_share());
+    if (!by_clusters_.agreed) {
+      KNN_TRY(run_level1(0, -1, margin));
+      phase("level1");
+    }
+  } else {
+    KNN_TRY(run_level1(0, -1, margin));
+    phase("level1");
+  }
   KNN_TRY(measure_level1());
-  phase("level1");
   if (options_.level1_give_up > 0 && level1_kept_ > options_.level1_give_up) {
     gave_up_ = true;
     t_filtered_ = Clock::now();
     return KNN_OK;
   }
-  if (share_ && !vote_first) KNN_TRY(divide_share(0));
+  if (share_ && !own_first) KNN_TRY(divide_share());
   if (share_) {
     if (!by_clusters_.agreed)
       KNN_TRY(share_query_clusters(query_clusters_, query_set_, share_first_, share_count_,
@@ -583,10 +618,7 @@ KnnStatus TiJoin::output_rows(int64_t first, int64_t count, int64_t *neighbors,
 // the data's intrinsic dimension defeats the clustering.
 KnnStatus TiJoin::measure_level1() {
   // (Over the query clusters level 1 filtered: a share's own, or all.)
-  const int32_t first = level1_.cand_first;
-  const int32_t mq = (int32_t)(by_clusters_.agreed && share_
-                                   ? by_clusters_.end_cluster - by_clusters_.first_cluster
-                                   : query_clusters_.m),
+  const int32_t first = level1_first_, mq = level1_end_ - level1_first_,
                 mt = target_clusters().m;
   if (mq <= 0) return KNN_OK;
   std::vector<int32_t> counts(mq);

@@ -227,18 +227,48 @@ size_t cluster_share_bytes(const ClusterSet &all, int64_t n_rows, int k, int kpr
 
 }  // namespace
 
-KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
-                                 int64_t count, int k, int kprime, size_t room,
-                                 ClusterShare *out, MemoryBudget &mem, DeviceContext &ctx) {
+KnnStatus plan_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t first_row,
+                              int64_t count, ClusterShare *out, DeviceContext &ctx) {
   *out = ClusterShare{};
-  if (ctx.share_vote == nullptr) return KNN_OK;
   const int m = all.m;
   const int64_t n = all.n;
-  if (cluster_share_bytes(all, n_rows, k, kprime) > room) {
+  std::vector<int32_t> begin(m + 1);
+  CUDA_CHECK(ctx, cudaMemcpyAsync(begin.data(), all.begin.get(), (m + 1) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, ctx.stream));
+  CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
+  // The cut at row r: the first cluster starting at or past the same
+  // fraction of the positions. Neighbouring engines compute their common
+  // cut alike, so the runs partition every non-empty cluster.
+  auto cut = [&](int64_t r) {
+    const int64_t pos = n_rows > 0 ? r * n / n_rows : 0;
+    return (int32_t)(std::lower_bound(begin.begin(), begin.end(), pos) - begin.begin());
+  };
+  out->first_cluster = std::min(cut(first_row), m);
+  out->end_cluster = std::min(cut(first_row + count), m);
+  if (first_row + count >= n_rows) out->end_cluster = m;
+  if (first_row == 0) out->first_cluster = 0;
+  out->begin = std::move(begin);
+  return KNN_OK;
+}
+
+bool cluster_share_declines(const ClusterSet &all, int64_t n_rows, int k, int kprime,
+                            size_t room) {
+  return cluster_share_bytes(all, n_rows, k, kprime) > room || env_flag("KNN_TI_SPLIT_ROWS");
+}
+
+KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int k, int kprime,
+                                 size_t room, ClusterShare *share, MemoryBudget &mem,
+                                 DeviceContext &ctx) {
+  share->agreed = false;
+  if (ctx.share_vote == nullptr) return KNN_OK;
+  // (KNN_TI_SPLIT_ROWS=1 in the environment: decline, each engine answers
+  // its rows, for comparing the two ways.)
+  if (cluster_share_declines(all, n_rows, k, kprime, room)) {
     ctx.share_vote->decline(ctx.share_voter);
     return KNN_OK;
   }
-  std::vector<int32_t> begin(m + 1);
+  const int m = all.m;
+  const int64_t n = all.n;
   DeviceBuffer<unsigned long long> hash;
   KNN_TRY(mem.allocate(ctx, hash, 1, "cluster fingerprint"));
   CUDA_CHECK(ctx, cudaMemsetAsync(hash.get(), 0, sizeof(unsigned long long), ctx.stream));
@@ -248,35 +278,11 @@ KnnStatus agree_on_cluster_share(const ClusterSet &all, int64_t n_rows, int64_t 
   unsigned long long fingerprint = 0;
   CUDA_CHECK(ctx, cudaMemcpyAsync(&fingerprint, hash.get(), sizeof fingerprint,
                                   cudaMemcpyDeviceToHost, ctx.stream));
-  CUDA_CHECK(ctx, cudaMemcpyAsync(begin.data(), all.begin.get(), (m + 1) * sizeof(int32_t),
-                                  cudaMemcpyDeviceToHost, ctx.stream));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
   mem.release(hash);
   uint64_t fp = mix64(fingerprint ^ mix64((uint64_t)m << 32 ^ (uint64_t)n));
-  for (int c = 0; c <= m; c++) fp = mix64(fp ^ (uint32_t)begin[c]);
-
-  // KNN_TI_SPLIT_ROWS=1 in the environment: decline (each engine answers
-  // its rows), for comparing the two ways.
-  if (env_flag("KNN_TI_SPLIT_ROWS")) {
-    ctx.share_vote->decline(ctx.share_voter);
-    return KNN_OK;
-  }
-  bool agreed = false;
-  KNN_TRY(ctx.share_vote->agree(ctx, ctx.share_voter, fp, &agreed));
-  if (!agreed) return KNN_OK;
-  // The cut at row r: the first cluster starting at or past the same
-  // fraction of the positions. Neighbouring engines compute their common
-  // cut alike, so the runs partition every non-empty cluster.
-  auto cut = [&](int64_t r) {
-    const int64_t pos = n_rows > 0 ? r * n / n_rows : 0;
-    return (int32_t)(std::lower_bound(begin.begin(), begin.end(), pos) - begin.begin());
-  };
-  out->agreed = true;
-  out->first_cluster = std::min(cut(first_row), m);
-  out->end_cluster = std::min(cut(first_row + count), m);
-  if (first_row + count >= n_rows) out->end_cluster = m;
-  if (first_row == 0) out->first_cluster = 0;
-  out->begin = std::move(begin);
+  for (int c = 0; c <= m; c++) fp = mix64(fp ^ (uint32_t)share->begin[c]);
+  KNN_TRY(ctx.share_vote->agree(ctx, ctx.share_voter, fp, &share->agreed));
   return KNN_OK;
 }
 
