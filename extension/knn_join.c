@@ -1213,6 +1213,33 @@ knn_join_received_held_packed(PG_FUNCTION_ARGS)
 }
 
 /*
+ * The arguments of a shard's read of a set's targets (set, query_type,
+ * targets, metric), into a call and the query set's types (those a
+ * coordinator ships queries as: knn_shard_receive_queries's), checked.
+ */
+static void
+held_read_arguments(FunctionCallInfo fcinfo, const char *function, KnnJoinCall *call,
+					KnnSet *query_set)
+{
+	memset(call, 0, sizeof(*call));
+	require_argument(fcinfo, 0, "set");
+	require_argument(fcinfo, 1, "query_type");
+	call->received_set = PG_GETARG_INT64(0);
+	call->targets_sql = text_argument(fcinfo, 2, "targets");
+	call->metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
+	query_set->natts = 2;
+	query_set->vector_type = PG_GETARG_OID(1);
+	query_set->kind = knn_vector_kind(query_set->vector_type);
+	if (getBaseType(query_set->vector_type) != query_set->vector_type ||
+		(query_set->kind != KNN_VECTOR_TYPE && query_set->kind != KNN_VECTOR_HALFVEC &&
+		 query_set->kind != KNN_VECTOR_BIT))
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("%s takes query types vector, halfvec or bit, not %s",
+						function, format_type_be(query_set->vector_type))));
+}
+
+/*
  * knn_shard_prefetch_targets(set, query_type, targets, metric): a shard
  * reads its targets for set `set`'s join before the coordinator ships the
  * queries (of query_type), as that join would read them (the element
@@ -1237,23 +1264,7 @@ prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *labe
 	INSTR_TIME_SET_CURRENT(start);
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "%s: not called for a record", function);
-	memset(&call, 0, sizeof(call));
-	require_argument(fcinfo, 0, "set");
-	require_argument(fcinfo, 1, "query_type");
-	call.received_set = PG_GETARG_INT64(0);
-	call.targets_sql = text_argument(fcinfo, 2, "targets");
-	call.metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
-	/* the types a coordinator ships queries as (knn_shard_receive_queries's) */
-	query_set.natts = 2;
-	query_set.vector_type = PG_GETARG_OID(1);
-	query_set.kind = knn_vector_kind(query_set.vector_type);
-	if (getBaseType(query_set.vector_type) != query_set.vector_type ||
-		(query_set.kind != KNN_VECTOR_TYPE && query_set.kind != KNN_VECTOR_HALFVEC &&
-		 query_set.kind != KNN_VECTOR_BIT))
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("%s takes query types vector, halfvec or bit, not %s",
-						function, format_type_be(query_set.vector_type))));
+	held_read_arguments(fcinfo, function, &call, &query_set);
 
 	knn_progress_begin(function, 0);
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
@@ -1477,23 +1488,9 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 		char	   *vector_identity;
 
 		funcctx = SRF_FIRSTCALL_INIT();
-		for (int a = 0; a < 4; a++)
-			require_argument(fcinfo, a, a == 0 ? "set" : a == 1 ? "query_type" : a == 2 ? "targets" : "metric");
-		for (int a = 6; a < 8; a++)
-			require_argument(fcinfo, a, a == 6 ? "min_dim" : "max_dim");
-		memset(&call, 0, sizeof(call));
-		call.received_set = PG_GETARG_INT64(0);
-		call.targets_sql = text_argument(fcinfo, 2, "targets");
-		call.metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
-		query_set.vector_type = PG_GETARG_OID(1);
-		query_set.kind = knn_vector_kind(query_set.vector_type);
-		if (getBaseType(query_set.vector_type) != query_set.vector_type ||
-			(query_set.kind != KNN_VECTOR_TYPE && query_set.kind != KNN_VECTOR_HALFVEC &&
-			 query_set.kind != KNN_VECTOR_BIT))
-			ereport(ERROR,
-					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("knn_shard_read_held_blocks takes query types vector, halfvec or bit, not %s",
-							format_type_be(query_set.vector_type))));
+		require_argument(fcinfo, 6, "min_dim");
+		require_argument(fcinfo, 7, "max_dim");
+		held_read_arguments(fcinfo, "knn_shard_read_held_blocks", &call, &query_set);
 
 		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
 		st = palloc0(sizeof(HeldStream));
