@@ -1213,13 +1213,15 @@ knn_join_received_held_packed(PG_FUNCTION_ARGS)
 }
 
 /*
- * The arguments of a shard's read of a set's targets (set, query_type,
- * targets, metric), into a call and the query set's types (those a
- * coordinator ships queries as: knn_shard_receive_queries's), checked.
+ * The start of a shard's read of a set's targets: its arguments (set,
+ * query_type, targets, metric) into a call and the query set's types
+ * (those a coordinator ships queries as: knn_shard_receive_queries's),
+ * checked; then, connected to SPI, the targets text prepared as
+ * target_set (label names it in messages), of two columns.
  */
 static void
-held_read_arguments(FunctionCallInfo fcinfo, const char *function, KnnJoinCall *call,
-					KnnSet *query_set)
+held_read_begin(FunctionCallInfo fcinfo, const char *function, const char *label,
+				KnnJoinCall *call, KnnSet *query_set, KnnSet *target_set)
 {
 	memset(call, 0, sizeof(*call));
 	require_argument(fcinfo, 0, "set");
@@ -1237,6 +1239,19 @@ held_read_arguments(FunctionCallInfo fcinfo, const char *function, KnnJoinCall *
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("%s takes query types vector, halfvec or bit, not %s",
 						function, format_type_be(query_set->vector_type))));
+
+	knn_progress_begin(function, 0);
+	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	target_set->sql = call->targets_sql;
+	target_set->arg = label;
+	prepare_set(target_set, call);
+	if (target_set->natts != 2)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("%s reads targets of 2 columns (id, vector), not %d",
+						function, target_set->natts)));
 }
 
 /*
@@ -1264,20 +1279,7 @@ prefetch_targets(FunctionCallInfo fcinfo, const char *function, const char *labe
 	INSTR_TIME_SET_CURRENT(start);
 	if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "%s: not called for a record", function);
-	held_read_arguments(fcinfo, function, &call, &query_set);
-
-	knn_progress_begin(function, 0);
-	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	target_set.sql = call.targets_sql;
-	target_set.arg = label;
-	prepare_set(&target_set, &call);
-	if (target_set.natts != 2)
-		ereport(ERROR,
-				(errcode(ERRCODE_DATATYPE_MISMATCH),
-				 errmsg("%s reads targets of 2 columns (id, vector), not %d",
-						function, target_set.natts)));
+	held_read_begin(fcinfo, function, label, &call, &query_set, &target_set);
 	context = knn_held_targets_begin(call.received_set);
 	old_context = MemoryContextSwitchTo(context);
 	knn_matrix_init(&targets, set_name, knn_join_element(&query_set, &target_set, call.metric));
@@ -1490,8 +1492,8 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 		funcctx = SRF_FIRSTCALL_INIT();
 		require_argument(fcinfo, 6, "min_dim");
 		require_argument(fcinfo, 7, "max_dim");
-		held_read_arguments(fcinfo, "knn_shard_read_held_blocks", &call, &query_set);
-
+		held_read_begin(fcinfo, "knn_shard_read_held_blocks", "queries", &call, &query_set,
+						&target_set);
 		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
 		st = palloc0(sizeof(HeldStream));
 		st->set = call.received_set;
@@ -1500,19 +1502,6 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 		st->max_dim = PG_GETARG_INT32(7);
 		MemoryContextSwitchTo(old);
 		funcctx->user_fctx = st;
-
-		knn_progress_begin("knn_shard_read_held_blocks", 0);
-		knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
-		if (SPI_connect() != SPI_OK_CONNECT)
-			elog(ERROR, "SPI_connect failed");
-		target_set.sql = call.targets_sql;
-		target_set.arg = "queries";
-		prepare_set(&target_set, &call);
-		if (target_set.natts != 2)
-			ereport(ERROR,
-					(errcode(ERRCODE_DATATYPE_MISMATCH),
-					 errmsg("knn_shard_read_held_blocks reads targets of 2 columns (id, vector), not %d",
-							target_set.natts)));
 		id_identity = knn_shard_type_identity(target_set.id_type);
 		vector_identity = knn_shard_type_identity(target_set.vector_type);
 		st->refused = PG_ARGISNULL(4) || PG_ARGISNULL(5) || id_identity == NULL ||
