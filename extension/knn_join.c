@@ -1356,9 +1356,12 @@ typedef struct HeldStream
 	int64		sent;
 	int32		min_dim;		/* what the coordinator's declared column allows */
 	int32		max_dim;
-	bool		done;			/* the cursor is read to its end */
+	bool		done;			/* the cursor is read to its end, or closed */
 	bool		refused;		/* the refusal is sent: nothing more */
 	bool		kept;			/* all sent: held for the join */
+	bool		progress;		/* its progress row is open */
+	/* where held_stream_shutdown is registered, until the last call */
+	ExprContext *shutdown_registered;
 } HeldStream;
 
 /*
@@ -1377,6 +1380,21 @@ held_stream_matrix(const HeldStream *st)
 	return st->matrix;
 }
 
+/* The stream's cursor closed (where it is still open), its progress row ended. */
+static void
+held_stream_close(HeldStream *st)
+{
+	Portal		portal;
+
+	if (!st->done && st->portal_name != NULL &&
+		PortalIsValid(portal = GetPortalByName(st->portal_name)))
+		SPI_cursor_close(portal);
+	st->done = true;
+	if (st->progress)
+		knn_progress_end();
+	st->progress = false;
+}
+
 /*
  * The query that called the stream ends before its last value (a LIMIT,
  * a cursor closed): its cursor is closed and the rows it did not finish
@@ -1386,14 +1404,26 @@ static void
 held_stream_shutdown(Datum arg)
 {
 	HeldStream *st = (HeldStream *) DatumGetPointer(arg);
-	Portal		portal;
 
-	if (!st->done && st->portal_name != NULL &&
-		PortalIsValid(portal = GetPortalByName(st->portal_name)))
-		SPI_cursor_close(portal);
-	st->done = true;
+	st->shutdown_registered = NULL;
+	held_stream_close(st);
 	if (!st->kept && !st->refused && knn_held_targets_unchanged(st->set, st->generation))
 		knn_held_targets_drop(st->set);
+}
+
+/*
+ * The stream's last call: the shutdown callback goes before the state it
+ * points to (the call's multi-call memory, which SRF_RETURN_DONE frees);
+ * it would otherwise run on freed memory when the query ends or rescans.
+ */
+static void
+held_stream_finish(HeldStream *st)
+{
+	if (st->shutdown_registered != NULL)
+		UnregisterExprContextCallback(st->shutdown_registered, held_stream_shutdown,
+									  PointerGetDatum(st));
+	st->shutdown_registered = NULL;
+	held_stream_close(st);
 }
 
 /* The one value of a read whose rows are not what the coordinator's columns read. */
@@ -1421,7 +1451,10 @@ read_held_batch(HeldStream *st)
 		elog(ERROR, "SPI_connect failed");
 	portal = SPI_cursor_find(st->portal_name);
 	if (portal == NULL)
-		elog(ERROR, "knn_shard_read_held_blocks: its cursor is gone");
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_CURSOR_STATE),
+				 errmsg("knn_shard_read_held_blocks: the cursor of its read was closed before the read ended"),
+				 errhint("Call it from a query that runs to its end in its transaction, not from a cursor WITH HOLD.")));
 	/* (the text's functions run in this fetch: none may drop the matrix it fills) */
 	knn_held_targets_filling(true);
 	PG_TRY();
@@ -1522,21 +1555,25 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 			portal = SPI_cursor_open(NULL, target_set.plan, target_set.param_values,
 									 target_set.param_nulls, true);
 			st->portal_name = MemoryContextStrdup(funcctx->multi_call_memory_ctx, portal->name);
-			RegisterExprContextCallback(((ReturnSetInfo *) fcinfo->resultinfo)->econtext,
-										held_stream_shutdown, PointerGetDatum(st));
+			st->shutdown_registered = ((ReturnSetInfo *) fcinfo->resultinfo)->econtext;
+			RegisterExprContextCallback(st->shutdown_registered, held_stream_shutdown,
+										PointerGetDatum(st));
 		}
+		st->progress = true;
 		SPI_finish();
 		if (st->refused)
 		{
-			knn_progress_end();
-			st->done = true;
+			held_stream_finish(st);
 			SRF_RETURN_NEXT(funcctx, PointerGetDatum(held_refusal()));
 		}
 	}
 	funcctx = SRF_PERCALL_SETUP();
 	st = (HeldStream *) funcctx->user_fctx;
 	if (st->refused)
+	{
+		held_stream_finish(st);
 		SRF_RETURN_DONE(funcctx);
+	}
 	/* a block's rows read (or all there are), then sent */
 	while (!st->done && (held_stream_matrix(st)->dim < 0 ||
 						 st->matrix->n - st->sent < knn_held_block_rows(st->matrix)))
@@ -1548,7 +1585,7 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 		/* (another dimension than the declared column's: read there, as it would be) */
 		knn_held_targets_drop(st->set);
 		st->refused = true;
-		knn_progress_end();
+		held_stream_finish(st);
 		SRF_RETURN_NEXT(funcctx, PointerGetDatum(held_refusal()));
 	}
 	rows = Min(knn_held_block_rows(st->matrix), st->matrix->n - st->sent);
@@ -1562,7 +1599,7 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 	/* all read and sent: held for the join, as the prefetch holds them */
 	knn_held_targets_keep(st->set, st->targets_sql, st->vector_type, st->matrix);
 	st->kept = true;
-	knn_progress_end();
+	held_stream_finish(st);
 	SRF_RETURN_DONE(funcctx);
 }
 

@@ -107,4 +107,26 @@ SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'vector', 'DELET
 SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'vector', 'SELECT id, v FROM stream_t', 'l2', 'pg_catalog 20', 'knn_gpu vector', NULL, 3)$q$) AS null_dim;
 SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'vector', 'SELECT NULL::bigint, v FROM stream_t', 'l2', 'pg_catalog 20', 'knn_gpu vector', 3, 3)$q$) AS null_id;
 
+-- a stream read to its end while its query goes on (another call of the
+-- query takes the memory the stream's state had): nothing of the stream
+-- runs on it when the query ends, or when a LATERAL subquery rescans it
+SELECT count(*) AS values_after_a_whole_stream FROM (
+  SELECT length(b)::numeric FROM (SELECT knn_shard_read_held_blocks(10, 'vector', 'SELECT id, v FROM stream_t WHERE id < 10', 'l2',
+                                                                    'pg_catalog 20', 'knn_gpu vector', 3, 3) b) s
+  UNION ALL SELECT generate_series(-1.5, 3, 1)) u;
+SELECT g, count(b) AS blocks, sum(pg_temp.int4_at(b, 8)) AS rows
+FROM generate_series(1, 3) g,
+     LATERAL (SELECT knn_shard_read_held_blocks(10 + g, 'vector', 'SELECT id, v FROM stream_t WHERE id < 10 * ' || g, 'l2',
+                                                'pg_catalog 20', 'knn_gpu vector', 3, 3) b, generate_series(1.5, g) x) s
+GROUP BY g ORDER BY g;
+
+-- the read's own cursor closed by name between two calls: an ERROR, not a crash
+BEGIN;
+DECLARE c CURSOR FOR SELECT length(knn_shard_read_held_blocks(14, 'vector', 'SELECT id, v FROM stream_t', 'l2',
+                                                              'pg_catalog 20', 'knn_gpu vector', 3, 3)) > 12;
+FETCH 1 FROM c;
+DO $$DECLARE n text; BEGIN SELECT name INTO n FROM pg_cursors WHERE name LIKE '<unnamed portal%'; EXECUTE format('CLOSE %I', n); END$$;
+SELECT pg_temp.error_of('FETCH ALL FROM c') AS its_cursor_closed;
+ROLLBACK;
+
 DROP TABLE stream_t;
