@@ -40,6 +40,7 @@ PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test test/context_permit_test \
 	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test test/gpu_float16_test test/gpu_service_test bench/group_bench \
+	test/module_interface_test test/fake_module_none test/fake_module_other test/fake_module_same \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -161,12 +162,23 @@ test/context_permit_test: test/context_permit_test.o $(ENGINE_OBJS)
 test/gpu_service_test: test/gpu_service_test.o $(ENGINE_OBJS)
 	$(CXX) -o $@ $^ $(GTEST_LIBS)
 
-unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test test/gpu_service_test
+# Stand-ins for knn_gpu_cuda.so: without the interface entry, of another
+# build, of this one (test/fake_cuda_module.cpp).
+FAKE_MODULES = $(foreach v,none other same,test/fake_module_$(v)/knn_gpu_cuda.so)
+test/fake_module_%/knn_gpu_cuda.so: test/fake_cuda_module.cpp $(ENGINE_HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(ENGINE_CXXFLAGS) -shared -DFAKE_INTERFACE=$(if $(filter none,$*),0,$(if $(filter other,$*),1,2)) -o $@ $<
+
+test/module_interface_test: test/module_interface_test.o $(ENGINE_OBJS) $(FAKE_MODULES)
+	$(CXX) -o $@ test/module_interface_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
+
+unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test test/gpu_service_test test/module_interface_test
 	test/engine_test
 	test/group_engine_test
 	test/range_engine_test
 	test/context_permit_test
 	test/gpu_service_test
+	test/module_interface_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
 gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test \

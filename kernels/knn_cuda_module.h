@@ -154,6 +154,40 @@ typedef void (*knn_cuda_set_release_notify_fn) (knn_cuda_release_notify_fn notif
 typedef void (*knn_cuda_set_concurrent_joins_fn) (int32_t n);
 #define KNN_CUDA_SET_CONCURRENT_JOINS_SYMBOL "knn_cuda_set_concurrent_joins"
 
+/*
+ * The interface the module was built against. The job layer hands the
+ * module KnnProblem, KnnStats and KnnGroupLayout by pointer, so a module of
+ * another build whose structs differ (a knn_gpu_cuda.so left installed when
+ * knn_gpu.so was rebuilt, say without CUDA) would read and write them at
+ * the wrong offsets. The job layer loads a module only when its
+ * knn_cuda_interface() equals this build's knn_cuda_interface_id(): the
+ * structs' sizes and the offsets of their last members, and
+ * KNN_CUDA_INTERFACE_VERSION, to be raised when an entry's meaning changes
+ * while every size stays. A module without the entry is refused too.
+ */
+#define KNN_CUDA_INTERFACE_VERSION 1
+typedef uint64_t (*knn_cuda_interface_fn) (void);
+#define KNN_CUDA_INTERFACE_SYMBOL "knn_cuda_interface"
+
+static inline uint64_t
+knn_cuda_interface_id(void)
+{
+	const uint64_t parts[] = {
+		KNN_CUDA_INTERFACE_VERSION,
+		sizeof(KnnProblem), offsetof(KnnProblem, range), offsetof(KnnProblem, devices),
+		sizeof(KnnStats), offsetof(KnnStats, variant), offsetof(KnnStats, seconds_queued),
+		sizeof(KnnDeviceWork), KNN_MAX_DEVICES, sizeof(KnnGroupLayout)
+	};
+	uint64_t	h = 14695981039346656037ull;	/* FNV-1a over the parts */
+
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+	{
+		h ^= parts[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
 #ifdef __cplusplus
 }
 #endif

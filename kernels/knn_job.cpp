@@ -123,6 +123,16 @@ void load_gpu_module(GpuModule &m) noexcept {
                   path);
     return;  // keep the handle: unloading CUDA libraries is not worth the risk
   }
+  // A module of another build would read and write the structs at other
+  // offsets: refused before any of its entries runs.
+  auto interface = reinterpret_cast<knn_cuda_interface_fn>(dlsym(handle, KNN_CUDA_INTERFACE_SYMBOL));
+  if (interface == nullptr || interface() != knn_cuda_interface_id()) {
+    std::snprintf(m.description, sizeof m.description,
+                  "GPU module %.300s is from another build of knn_gpu (install it with this "
+                  "one)",
+                  path);
+    return;
+  }
   m.usable = probe(m.description, sizeof m.description) != 0;
   m.run = run;
   m.range = reinterpret_cast<knn_cuda_range_fn>(dlsym(handle, KNN_CUDA_RANGE_SYMBOL));

@@ -609,6 +609,10 @@ __attribute__((visibility("default"))) void knn_cuda_set_release_notify(
   knn::cuda::set_release_notify(notify);
 }
 
+__attribute__((visibility("default"))) uint64_t knn_cuda_interface(void) {
+  return knn_cuda_interface_id();
+}
+
 __attribute__((visibility("default"))) int knn_cuda_probe(char *buf, size_t len) {
   const knn::SignalsBlocked blocked;  // see entry()
   return knn::guarded("GPU probe", buf, len, [&] { return knn::cuda::probe(buf, len); }) ==
@@ -689,6 +693,7 @@ static_assert(std::is_same<decltype(&knn_cuda_takes_float16), knn_cuda_takes_flo
 static_assert(std::is_same<decltype(&knn_cuda_run_groups), knn_cuda_run_groups_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_runtime_ready), knn_cuda_runtime_ready_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_warm_up), knn_cuda_warm_up_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_interface), knn_cuda_interface_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_release), knn_cuda_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_set_idle_release), knn_cuda_set_idle_release_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_set_concurrent_joins), knn_cuda_set_concurrent_joins_fn>::value, "");
