@@ -111,7 +111,7 @@ typedef struct KnnJoinPath
 } KnnJoinPath;
 
 /* knn_scan_shape.c */
-extern Index knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp);
+extern Index knn_scan_recognise_subquery(PlannerInfo *root, Query *sq, KnnJoinPath *kp);
 extern bool knn_scan_is_run_time_constant(Node *node);
 extern bool knn_scan_reject(const char *reason);	/* DEBUG1; returns false */
 extern bool knn_scan_contains_distance(Node *node); /* a distance operator in it? */

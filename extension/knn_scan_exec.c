@@ -1256,7 +1256,8 @@ join_inner(KnnJoinState *state, int64 limit, instr_time start)
 	if (state->offset < state->n_inner)
 		state->k = limit < 0 ? state->n_inner - state->offset :
 			Min(limit, state->n_inner - state->offset);
-	if (state->offset + state->k > PG_INT32_MAX)
+	/* (an OFFSET past every inner row leaves nothing to rank: no limit applies) */
+	if (state->k > 0 && state->offset + state->k > PG_INT32_MAX)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 				 errmsg("KNN Join supports at most %d rows per outer row", PG_INT32_MAX)));

@@ -498,7 +498,7 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		return;
 
 	kp = palloc0(sizeof(KnnJoinPath));
-	if (knn_scan_recognise_subquery(rte->subquery, kp) == 0)
+	if (knn_scan_recognise_subquery(root, rte->subquery, kp) == 0)
 		return;
 	if (!bms_is_empty(joinrel->lateral_relids))
 	{

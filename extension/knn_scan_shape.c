@@ -24,6 +24,7 @@
 #include "catalog/pg_type.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
+#include "optimizer/cost.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
@@ -61,6 +62,66 @@ static bool
 references_upper_levels(Node *node)
 {
 	return references_upper_levels_walker(node, NULL);
+}
+
+/*
+ * Does a query reference a level above its own, anywhere in it (its
+ * sub-queries' references counted from their own levels)? *depth: the
+ * sub-query levels entered so far.
+ */
+static bool
+query_references_outside_walker(Node *node, int *depth)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var))
+		return (int) ((Var *) node)->varlevelsup > *depth;
+	if (IsA(node, PlaceHolderVar))
+		return (int) ((PlaceHolderVar *) node)->phlevelsup > *depth;
+	if (IsA(node, Aggref))
+		return (int) ((Aggref *) node)->agglevelsup > *depth;
+	if (IsA(node, GroupingFunc))
+		return (int) ((GroupingFunc *) node)->agglevelsup > *depth;
+	if (IsA(node, Query))
+	{
+		bool		found;
+
+		(*depth)++;
+		found = query_tree_walker((Query *) node, query_references_outside_walker, depth, 0);
+		(*depth)--;
+		return found;
+	}
+	return expression_tree_walker(node, query_references_outside_walker, depth);
+}
+
+static bool
+query_references_outside(Query *q)
+{
+	int			depth = 0;
+
+	return query_tree_walker(q, query_references_outside_walker, &depth, 0);
+}
+
+/*
+ * May the executor compute the value for a row where PostgreSQL would not
+ * (an outer row whose subquery sorts nothing, an inner row that a WHERE
+ * clause or the LIMIT would have dropped first)? Only where doing so can
+ * neither fail nor cost more than PostgreSQL spends: a column, a constant,
+ * or a relabelling of one (no function runs).
+ */
+static bool
+evaluates_nothing(Node *node)
+{
+	for (;;)
+	{
+		if (node != NULL && IsA(node, RelabelType))
+			node = (Node *) ((RelabelType *) node)->arg;
+		else if (node != NULL && IsA(node, CollateExpr))
+			node = (Node *) ((CollateExpr *) node)->arg;
+		else
+			break;
+	}
+	return node != NULL && (IsA(node, Var) || IsA(node, Const));
 }
 
 /* Does the value depend on a row (a Var of any level) or on the executor? */
@@ -230,6 +291,12 @@ is_simple_relation_query(Query *q, const char **reason)
 		*reason = "the subquery reads a view or subquery with a volatile function";
 		return false;
 	}
+	/* (the inner scan is planned alone: nothing of an outer row reaches it) */
+	if (query_references_outside(q))
+	{
+		*reason = "the subquery reads a view or subquery that references the outer query";
+		return false;
+	}
 	if (q->jointree == NULL || list_length(q->jointree->fromlist) != 1 ||
 		!IsA(linitial(q->jointree->fromlist), RangeTblRef))
 	{
@@ -394,11 +461,51 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 		knn_scan_reject("the distance is not between a vector column of the relation and a vector of the outer query of the same type");
 		return NULL;
 	}
+	/*
+	 * The node computes the query vector once for every outer row, where
+	 * PostgreSQL computes it only while the subquery sorts rows (never
+	 * under LIMIT 0, for an empty relation or for an outer row whose group
+	 * has no rows): an expression that fails for such a row would fail
+	 * here alone.
+	 */
+	if (!evaluates_nothing(query))
+	{
+		knn_scan_reject("the query vector is an expression, not a column of the outer query");
+		return NULL;
+	}
 	kp->query_vector = (Expr *) copyObject(query);
 	IncrementVarSublevelsUp((Node *) kp->query_vector, -1, 1);
 	kp->target_relation_column = relation_column(sq, rtr->rtindex, kp->target_vector->varattno);
 	kp->distance_operator = distance->opno;
 	return distance;
+}
+
+/*
+ * May the inner scan compute a select-list entry or an ORDER BY key for
+ * every row of the relation, as it does? PostgreSQL computes it below the
+ * sort for the rows its WHERE keeps, except that a costly select-list
+ * entry under a LIMIT it computes after the LIMIT, for the k rows kept
+ * (make_sort_input_target: more than 10 cpu_operator_cost). So: the same
+ * rows and calls where the WHERE has no conjunct of the outer row's (the
+ * inner scan keeps what PostgreSQL's scan keeps) and the expression is a
+ * sort key or cheap; a column or a constant anywhere. Elsewhere a function
+ * that fails for a row PostgreSQL never computes it for would fail here
+ * alone.
+ */
+static bool
+computed_where_postgresql_computes(PlannerInfo *root, Node *expr, bool sort_key,
+								   const KnnJoinPath *kp)
+{
+	QualCost	cost;
+
+	if (evaluates_nothing(expr))
+		return true;
+	if (kp->radius_qual != NULL || kp->exclude_qual != NULL || kp->group_targets != NIL)
+		return false;
+	if (sort_key)
+		return true;
+	cost_qual_eval_node(&cost, expr, root);
+	return cost.per_tuple <= 10 * cpu_operator_cost;
 }
 
 /*
@@ -408,7 +515,7 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
  * directions and collations). The engine breaks ties by scan order.
  */
 static bool
-recognise_tie_order(Query *sq)
+recognise_tie_order(PlannerInfo *root, Query *sq, const KnnJoinPath *kp)
 {
 	ListCell   *lc;
 
@@ -421,6 +528,8 @@ recognise_tie_order(Query *sq)
 			return knn_scan_reject("an ORDER BY key after the distance references the outer query");
 		if (contain_volatile_functions((Node *) tle->expr))
 			return knn_scan_reject("an ORDER BY key after the distance is volatile");
+		if (!computed_where_postgresql_computes(root, (Node *) tle->expr, true, kp))
+			return knn_scan_reject("an ORDER BY key after the distance is an expression and the subquery's WHERE references the outer query");
 		/* WITH TIES compares the keys by their equality */
 		if (sq->limitOption == LIMIT_OPTION_WITH_TIES &&
 			!OidIsValid(lfirst_node(SortGroupClause, lc)->eqop))
@@ -595,12 +704,12 @@ recognise_where(Query *sq, RangeTblRef *rtr, OpExpr *distance, KnnJoinPath *kp)
 }
 
 /*
- * The select list: the distance (either operand order) or expressions of
- * the relation alone, with no volatile functions (we evaluate them for
- * every row of the relation, not only for the k kept).
+ * The select list: the distance (either operand order), or expressions of
+ * the relation that the inner scan may compute for every row of it
+ * (computed_where_postgresql_computes).
  */
 static bool
-recognise_select_list(Query *sq, OpExpr *distance, KnnJoinPath *kp)
+recognise_select_list(PlannerInfo *root, Query *sq, OpExpr *distance, KnnJoinPath *kp)
 {
 	ListCell   *lc;
 
@@ -619,6 +728,10 @@ recognise_select_list(Query *sq, OpExpr *distance, KnnJoinPath *kp)
 			return knn_scan_reject("the subquery's select list references the outer query other than in the distance");
 		if (contain_volatile_functions((Node *) tle->expr))
 			return knn_scan_reject("the subquery's select list is volatile");
+		if (!tle->resjunk &&
+			!computed_where_postgresql_computes(root, (Node *) tle->expr,
+												tle->ressortgroupref != 0, kp))
+			return knn_scan_reject("the subquery's select list computes a costly expression, or one where its WHERE references the outer query");
 	}
 	return true;
 }
@@ -678,7 +791,7 @@ knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids, Relids outer
 }
 
 Index
-knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp)
+knn_scan_recognise_subquery(PlannerInfo *root, Query *sq, KnnJoinPath *kp)
 {
 	RangeTblRef *rtr;
 	OpExpr	   *distance;
@@ -687,8 +800,8 @@ knn_scan_recognise_subquery(Query *sq, KnnJoinPath *kp)
 		return 0;
 	if (!recognise_clauses(sq) || (rtr = recognise_relation(sq)) == NULL ||
 		(distance = recognise_distance(sq, rtr, kp)) == NULL ||
-		!recognise_tie_order(sq) || !recognise_where(sq, rtr, distance, kp) ||
-		!recognise_select_list(sq, distance, kp))
+		!recognise_where(sq, rtr, distance, kp) || !recognise_tie_order(root, sq, kp) ||
+		!recognise_select_list(root, sq, distance, kp))
 		return 0;
 
 	/* LIMIT and OFFSET: evaluated once at run time (no references to any row) */

@@ -4,9 +4,10 @@
 -- are expressions, a WHERE, views over views, security barriers, row-level
 -- security of the table); PostgreSQL plans it as the node's inner scan. The
 -- outer side: any plan (a CTE, a set-returning function, unnest of an array
--- parameter, VALUES, a subquery), and the query vector may be an expression
--- of its columns. Each runs as Custom Scan (KNN Join) and returns what
--- PostgreSQL's own plan returns.
+-- parameter, VALUES, a subquery), its query vector a column (an expression
+-- of its columns is declined: PostgreSQL computes it only while the
+-- subquery sorts rows). Each runs as Custom Scan (KNN Join), or as
+-- PostgreSQL's own plan where declined, and returns what that returns.
 --
 SET extra_float_digits = 0;
 
@@ -204,7 +205,9 @@ SELECT * FROM pg_temp.knn_check($$
 
 -- The query vector an expression of the outer row: a column of a subquery
 -- PostgreSQL pulls up (a sum, a cast), and a sum written in the ORDER BY.
--- The outer side computes it once per row (its Output).
+-- Declined: the node would compute it for every outer row, PostgreSQL only
+-- for those whose subquery sorts rows (an expression that fails for another
+-- would fail with the node alone).
 EXPLAIN (COSTS OFF, VERBOSE)
 SELECT q.qn, n.id, n.dist
 FROM (SELECT qn, v + '[1,0]' AS v FROM knn_rel_queries) q

@@ -489,5 +489,73 @@ CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t WHERE t.id < q.id
                     ORDER BY t.id LIMIT 3) n;
 RESET client_min_messages;
 
+--
+-- 6. Where PostgreSQL computes an expression only for some rows, the node
+-- would compute it for all (review r12keys): such shapes are declined, and
+-- return what PostgreSQL returns, neither an error nor a crash.
+--
+-- A query vector that is an expression (here a function with default
+-- arguments, which the node would have called with its raw arguments)
+CREATE FUNCTION pg_temp.shifted(a vector, b text DEFAULT 'x', c text DEFAULT 'y', d text DEFAULT 'z')
+RETURNS vector LANGUAGE plpgsql IMMUTABLE AS
+$$ BEGIN RETURN a + format('[%s,0]', length(b) + length(c) + length(d) - 3)::vector; END $$;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> pg_temp.shifted(q.v) AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> pg_temp.shifted(q.v), t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> pg_temp.shifted(d => 'w', a => q.v) AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> pg_temp.shifted(d => 'w', a => q.v), t.id LIMIT 2) n $$);
+-- ... which PostgreSQL never computes for LIMIT 0 or an empty relation
+CREATE TEMP TABLE knn_shapes_texts AS SELECT 1 AS qn, 'not a vector'::text AS s;
+SELECT count(*) AS no_rows FROM knn_shapes_texts q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.s::vector LIMIT 0) n;
+SELECT count(*) AS no_rows FROM knn_shapes_texts q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_empty t ORDER BY t.v <-> q.s::vector LIMIT 3) n;
+-- A subquery in FROM that references the outer row
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist
+	                    FROM (SELECT * FROM knn_shapes_items i WHERE i.id <> q.id) t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist
+	                    FROM (SELECT i.*, q.qn AS outer_qn FROM knn_shapes_items i) t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+-- A costly select-list function, which PostgreSQL calls for the k rows
+-- kept only, and one under a WHERE of the outer row's, which it calls for
+-- the rows that WHERE keeps only: here each fails for another row
+CREATE FUNCTION pg_temp.fails_far(id int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS
+$$ BEGIN IF id > 3000 THEN RAISE EXCEPTION 'computed for row %', id; END IF; RETURN id; END $$;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT pg_temp.fails_far(t.id) AS id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id IS NOT NULL ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, 10 / (t.id - 3000) AS cheap, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.id < 2000 ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+-- ... while a cheap one where the WHERE has no conjunct of the outer row's
+-- is computed for the same rows as PostgreSQL's scan: still the node
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.id * 2 AS twice, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+-- An OFFSET past every row: no rows (not the node's limit of rows per outer row)
+SELECT pg_temp.knn_uses_join($$SELECT q.qn, n.id FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 5 OFFSET 3000000000) n$$) AS node,
+       count(*) AS no_rows
+FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 5 OFFSET 3000000000) n;
+
 DROP TABLE knn_shapes_items, knn_shapes_queries, knn_shapes_empty;
 DROP COLLATION knn_shapes_ci;
