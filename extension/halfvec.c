@@ -316,7 +316,7 @@ knn_array_to_halfvec(PG_FUNCTION_ARGS)
 	int32		typmod = PG_GETARG_INT32(1);
 	Oid			element_type = ARR_ELEMTYPE(array);
 	int			n;
-	Datum	   *elements = knn_array_elements(array, &n);
+	Datum	   *elements = knn_array_elements(array, HALFVEC_MAX_DIM, &n);
 	HalfVector *result;
 
 	check_dim(n);

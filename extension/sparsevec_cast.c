@@ -88,7 +88,7 @@ knn_array_to_sparsevec(PG_FUNCTION_ARGS)
 	ArrayType  *array = PG_GETARG_ARRAYTYPE_P(0);
 	Oid			element_type = ARR_ELEMTYPE(array);
 	int			n;
-	Datum	   *elements = knn_array_elements(array, &n);
+	Datum	   *elements = knn_array_elements(array, PG_INT32_MAX, &n);
 	float	   *x;
 
 	/* an empty array has no dimension at all, hence n == 0 */

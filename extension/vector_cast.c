@@ -48,7 +48,7 @@ knn_array_element_to_float(Datum element, Oid element_type, const char *type_nam
 
 /* The elements of a 1-D array without NULLs (vector_checks.h). */
 Datum *
-knn_array_elements(ArrayType *array, int *n_out)
+knn_array_elements(ArrayType *array, int max_elements, int *n_out)
 {
 	Oid			element_type = ARR_ELEMTYPE(array);
 	int16		element_len;
@@ -64,6 +64,9 @@ knn_array_elements(ArrayType *array, int *n_out)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("array must not contain nulls")));
+	*n_out = ArrayGetNItems(ARR_NDIM(array), ARR_DIMS(array));
+	if (*n_out > max_elements)
+		return NULL;
 
 	get_typlenbyvalalign(element_type, &element_len, &element_byval, &element_align);
 	deconstruct_array(array, element_type, element_len, element_byval, element_align,
@@ -79,7 +82,7 @@ knn_array_to_vector(PG_FUNCTION_ARGS)
 	int32		typmod = PG_GETARG_INT32(1);
 	Oid			element_type = ARR_ELEMTYPE(array);
 	int			n;
-	Datum	   *elements = knn_array_elements(array, &n);
+	Datum	   *elements = knn_array_elements(array, VECTOR_MAX_DIM, &n);
 	Vector	   *result;
 
 	/* an empty array has no dimension at all, hence n == 0 */

@@ -32,8 +32,12 @@ extern void knn_vector_check_element(float value);
  * palloc'd floats, each vetted by check_element as it is read; errors name
  * type_name. Returns the values, *dim_out their count.
  */
-/* The elements of a 1-D array without NULLs (ERROR otherwise). */
-extern Datum *knn_array_elements(ArrayType *array, int *n_out);
+/*
+ * The elements of a 1-D array without NULLs (ERROR otherwise); NULL when
+ * it has more than max_elements (not unpacked: the caller's dimension
+ * check then refuses *n_out).
+ */
+extern Datum *knn_array_elements(ArrayType *array, int max_elements, int *n_out);
 
 /* An int4, real, float8 or numeric array element rounded to float. */
 extern float knn_array_element_to_float(Datum element, Oid element_type, const char *type_name);
