@@ -187,7 +187,7 @@ typedef struct KnnStats
 	KnnDevice	device;			/* the engine that ran: KNN_DEVICE_CPU or _GPU */
 	KnnMethod	method;			/* the method that ran: KNN_METHOD_TI or _BRUTE */
 	char		device_name[128];	/* "cpu (2 threads)" or the GPU's name */
-	char		variant[64];	/* free text, e.g. "full-filter/registers" */
+	char		variant[128];	/* free text, e.g. "full-filter/registers" */
 	int64_t		query_clusters;
 	int64_t		target_clusters;
 	int64_t		distance_computations;	/* exact distances evaluated */
