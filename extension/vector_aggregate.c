@@ -36,8 +36,8 @@ PG_FUNCTION_INFO_V1(knn_vector_avg);
 /*
  * The state's values after checking its shape: one dimension, at least
  * the count, float8, no NULLs. function_name is the SQL name, for the
- * message (pgvector's words; any user can call these with a forged state,
- * so not an internal error, as there).
+ * message (pgvector's words; an internal error, as there: a forged state
+ * fails as it does with pgvector, which test/pgvector compares).
  */
 static float8 *
 state_values(ArrayType *state, const char *function_name, int *dim_out)
@@ -45,7 +45,7 @@ state_values(ArrayType *state, const char *function_name, int *dim_out)
 	if (ARR_NDIM(state) != 1 || ARR_DIMS(state)[0] < 1 ||
 		ARR_HASNULL(state) || ARR_ELEMTYPE(state) != FLOAT8OID)
 		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				(errcode(ERRCODE_INTERNAL_ERROR),
 				 errmsg("%s: expected state array", function_name)));
 	*dim_out = ARR_DIMS(state)[0] - 1;
 	return (float8 *) ARR_DATA_PTR(state);
