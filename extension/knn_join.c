@@ -811,8 +811,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	 * this snapshot: read it once, and the engine sees one matrix on both
 	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
 	 */
-	/* pgvector's columns: rank by pgvector's own operator's values. */
-	by_operator = query_set.vector_type == target_source->vector_type &&
+	/*
+	 * pgvector's columns: rank by pgvector's own operator's values. A
+	 * domain over its type on either side is that type, as the operator
+	 * SQL resolves for it is.
+	 */
+	by_operator = getBaseType(query_set.vector_type) == getBaseType(target_source->vector_type) &&
 		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
 								 element);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */

@@ -71,6 +71,19 @@ END $$;
 SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM differences;
 SELECT * FROM differences WHERE n <> 0;
 
+-- A domain over pgvector's type on one side only: the operator SQL
+-- resolves for it is pgvector's, so the join's values are pgvector's too
+-- (they were the engine's: the two sides' types were compared as written).
+CREATE DOMAIN pts_vector AS vector;
+CREATE TEMP TABLE mine AS
+  SELECT query_id, target_id, rank::bigint, distance
+  FROM knn_join('SELECT id, v::pts_vector FROM pts', 'SELECT id, v FROM pts', 7);
+CREATE TEMP TABLE theirs AS SELECT * FROM by_operator('l2', 'v', false);
+SELECT (SELECT count(*) FROM (TABLE mine EXCEPT ALL TABLE theirs) x) AS knn_join_only,
+       (SELECT count(*) FROM (TABLE theirs EXCEPT ALL TABLE mine) y) AS operator_only;
+DROP TABLE mine, theirs;
+DROP DOMAIN pts_vector;
+
 -- Not vacuous: on these data pgvector's L2 values differ from the
 -- canonical ones (knn_distance.h: float sums over 8 interleaved lanes,
 -- folded ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), rebuilt here in real
