@@ -7,7 +7,8 @@
  * The texts are planned in a subtransaction, rolled back once the estimate
  * is read: a text that does not plan (a syntax error, a missing table)
  * leaves the default estimate, and the error comes, as before, when
- * knn_join runs. Only a cancel is passed on.
+ * knn_join runs. Only a cancel is passed on. Estimates do not nest: a
+ * text whose planning reaches knn_join() again gets the default there.
  */
 #include "postgres.h"
 
@@ -15,6 +16,7 @@
 #include "nodes/supportnodes.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 
 #include "knn_join_params.h"
 #include "knn_subtransaction.h"
@@ -59,15 +61,44 @@ estimate_step(void *arg)
 	estimate->rows = planned_rows(estimate->sql);
 }
 
-/* planned_rows() in a subtransaction: -1 for any error but a cancel. */
+/*
+ * Estimates under way in this backend: a text whose planning reaches
+ * knn_join() again (a view or function over itself) gets the default
+ * estimate there, instead of planning two texts more at every level.
+ */
+static int	estimates_running = 0;
+
+/*
+ * planned_rows() in a subtransaction: -1 for any error but a cancel, and
+ * inside another estimate. The planning's memory goes with it (a rollback
+ * does not free what it allocated in the caller's context).
+ */
 static double
 estimate_rows(const char *sql)
 {
 	Estimate	estimate = {sql, -1};
+	MemoryContext planning;
+	MemoryContext old;
+	volatile bool ok = false;
 
-	if (!knn_try_in_subtransaction(estimate_step, &estimate, NULL))
+	if (estimates_running > 0)
 		return -1;
-	return estimate.rows;
+	planning = AllocSetContextCreate(CurrentMemoryContext, "knn_join row estimate",
+									 ALLOCSET_DEFAULT_SIZES);
+	old = MemoryContextSwitchTo(planning);
+	estimates_running++;
+	PG_TRY();
+	{
+		ok = knn_try_in_subtransaction(estimate_step, &estimate, NULL);
+	}
+	PG_FINALLY();
+	{
+		estimates_running--;
+		MemoryContextSwitchTo(old);
+		MemoryContextDelete(planning);
+	}
+	PG_END_TRY();
+	return ok ? estimate.rows : -1;
 }
 
 /* The text of a constant, non-null text argument, or NULL. */

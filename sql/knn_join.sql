@@ -119,4 +119,14 @@ SELECT pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM est_q
        pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM no_such_table', 'SELECT id, v FROM est_t', 5)$q$) AS no_table,
        pg_temp.estimated_rows($q$SELECT * FROM knn_join('DELETE FROM est_q RETURNING id, v', 'SELECT id, v FROM est_t', 5)$q$) AS not_select;
 SELECT count(*) AS rows_left FROM est_q;
+\i sql/error_of.psql
+-- A text that estimates another knn_join: that one gets the default, so a
+-- view over itself plans once per level (it planned two texts more at
+-- every level, its memory never freed, until the server ran out of it).
+CREATE VIEW est_nested AS SELECT id::bigint AS id, v FROM est_q;
+CREATE OR REPLACE VIEW est_nested AS
+SELECT query_id AS id, '[1,2]'::vector AS v FROM knn_join('SELECT id, v FROM est_nested', 'SELECT id, v FROM est_nested', 1);
+SELECT pg_temp.estimated_rows('SELECT * FROM est_nested') AS self_referencing_view;
+SELECT pg_temp.error_of('SELECT count(*) FROM est_nested') AS self_referencing_view_runs;
+DROP VIEW est_nested;
 DROP TABLE est_q, est_t;
