@@ -14,9 +14,12 @@
 #include <unistd.h>
 
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
+#include "utils/acl.h"
+#include "utils/backend_status.h"
 #include "utils/builtins.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -226,6 +229,27 @@ read_record(const char *path, int32 pid, KnnProgressRecord *record)
 		(kill(pid, 0) == 0 || errno == EPERM);
 }
 
+/*
+ * May the caller see backend pid's join? As pg_stat_activity shows a
+ * backend's query: its own role's (or one it has the privileges of), or
+ * everyone's to pg_read_all_stats.
+ */
+static bool
+may_see_backend(int32 pid)
+{
+	int			n = pgstat_fetch_stat_numbackends();
+
+	for (int i = 1; i <= n; i++)
+	{
+		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
+
+		if (local != NULL && local->backendStatus.st_procpid == pid)
+			return has_privs_of_role(GetUserId(), local->backendStatus.st_userid) ||
+				has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
+	}
+	return false;
+}
+
 static Datum
 count_or_null(int64 value, bool *isnull)
 {
@@ -261,7 +285,7 @@ knn_gpu_progress_rows(PG_FUNCTION_ARGS)
 		if (*end != '\0' || errno != 0 || pid <= 0 || pid > PG_INT32_MAX)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir_path, entry->d_name);
-		if (!read_record(path, (int32) pid, &record))
+		if (!read_record(path, (int32) pid, &record) || !may_see_backend((int32) pid))
 			continue;
 		record.source[sizeof(record.source) - 1] = '\0';
 		values[0] = Int32GetDatum(record.pid);

@@ -58,6 +58,17 @@ LANGUAGE sql AS $$
          (SELECT count(*) FROM dblink_get_result('watched', false) AS r(count bigint))
 $$;
 SELECT * FROM pg_temp.watch();
+-- Another role sees no row of it, as pg_stat_activity shows it no query of
+-- another role's; a member of pg_read_all_stats sees it.
+CREATE ROLE regress_knn_progress_other;
+SET ROLE regress_knn_progress_other;
+SELECT count(*) AS rows_another_role_sees FROM knn_gpu_progress_rows() WHERE pid <> pg_backend_pid();
+RESET ROLE;
+GRANT pg_read_all_stats TO regress_knn_progress_other;
+SET ROLE regress_knn_progress_other;
+SELECT count(*) AS rows_a_stats_reader_sees FROM knn_gpu_progress_rows() WHERE pid <> pg_backend_pid();
+RESET ROLE;
+DROP ROLE regress_knn_progress_other;
 -- The row is joinable to pg_stat_activity by pid and names the database.
 SELECT a.datname = current_database() AS same_database, a.query LIKE 'SELECT count(*) FROM knn_join(%' AS its_query
 FROM knn_gpu_progress p JOIN pg_stat_activity a USING (pid) WHERE p.pid <> pg_backend_pid();
