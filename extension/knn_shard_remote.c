@@ -212,6 +212,26 @@ load_functions(void)
 	fdw.loaded = true;
 }
 
+/*
+ * Is postgres_fdw's library in this process? Where the wrapper's handler
+ * is postgres_fdw's, looking it up (fmgr_info) has loaded it; where it is
+ * not, and nothing else loaded it, postgres_fdw need not be installed at
+ * all, and is not loaded for nothing.
+ */
+static bool
+postgres_fdw_library_loaded(void)
+{
+	char		path[MAXPGPATH];
+	void	   *handle;
+
+	snprintf(path, sizeof(path), "%s/postgres_fdw%s", pkglib_path, DLSUFFIX);
+	handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+	if (handle == NULL)
+		return false;
+	dlclose(handle);			/* (the reference NOLOAD took) */
+	return true;
+}
+
 bool
 knn_shard_is_postgres_fdw(ForeignServer *server)
 {
@@ -223,6 +243,8 @@ knn_shard_is_postgres_fdw(ForeignServer *server)
 	/* The same code, whatever the wrapper or its handler function is called. */
 	fmgr_info(wrapper->fdwhandler, &handler);
 	if (handler.fn_addr == NULL || handler.fn_oid != wrapper->fdwhandler)
+		return false;
+	if (!fdw.loaded && !postgres_fdw_library_loaded())
 		return false;
 	load_functions();
 	return handler.fn_addr == fdw.handler;
