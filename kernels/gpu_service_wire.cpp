@@ -157,6 +157,13 @@ const char *validate_header(const WireHeader &h, uint64_t size) {
   for (int out = 4; out < 6; out++)
     for (int i = 0; i < 6; i++)
       if (i != out && overlap(*regions[out], *regions[i])) return "regions overlap";
+  // The service copies the regions one after another (packed_layout): all
+  // of them must fit there too, however the sender laid them out.
+  uint64_t cursor = align_up(sizeof(WireHeader));
+  for (int i = 0; i < 6; i++) {
+    Region packed;
+    if (!place(regions[i]->length, &cursor, &packed)) return "job too large";
+  }
   return nullptr;
 }
 
@@ -173,7 +180,7 @@ WireHeader packed_layout(const WireHeader &h, uint64_t *total_bytes) {
   uint64_t cursor = align_up(sizeof(WireHeader));
   for (Region *r : {&packed.queries, &packed.targets, &packed.query_keys, &packed.target_keys,
                     &packed.neighbors, &packed.distances})
-    (void)place(r->length, &cursor, r);  // validated lengths: no overflow
+    (void)place(r->length, &cursor, r);  // validate_header placed them all
   *total_bytes = cursor;
   return packed;
 }

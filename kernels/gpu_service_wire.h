@@ -108,8 +108,9 @@ bool plan_layout_at(const KnnProblem &p, bool shared_rows, bool self_keys, int64
 
 // Checks a copy of a header against the memfd's size: magic, version,
 // counts, every region inside the memfd, aligned, of the length its
-// counts need, and no output overlapping another region. Returns nullptr
-// when it is sound, else why not.
+// counts need, no output overlapping another region, and all of them
+// within what packed_layout can place. Returns nullptr when it is sound,
+// else why not.
 const char *validate_header(const WireHeader &h, uint64_t memfd_bytes);
 
 // The bytes of the job that a validated header uses (the header and its
