@@ -2,6 +2,7 @@
 // (gpu_service_client.h).
 
 #include "gpu_service_client.h"
+#include "result_padding.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -303,10 +304,20 @@ KnnStatus PreparedJob::submit(const char *path, int64_t gpu_memory_limit, int64_
     stats->variant[sizeof stats->variant - 1] = '\0';
     if (stats->n_devices < 0 || stats->n_devices > KNN_MAX_DEVICES) stats->n_devices = 0;
   }
-  // The results' places come from this side's header, never the mapping's.
+  // The results' places come from this side's header, never the mapping's;
+  // their rows are checked as the engine's own are never: the caller reads
+  // its targets at them.
   if (status == KNN_OK) {
     std::memcpy(neighbors, base_ + header_.neighbors.offset, header_.neighbors.length);
     std::memcpy(distances, base_ + header_.distances.offset, header_.distances.length);
+    const int64_t slots = static_cast<int64_t>(header_.neighbors.length / sizeof(int64_t));
+    for (int64_t i = 0; i < slots; i++)
+      if (neighbors[i] < kNoNeighbor || neighbors[i] >= header_.n_targets) {
+        std::snprintf(errbuf, errlen, "the GPU service returned target row %lld of %lld",
+                      static_cast<long long>(neighbors[i]),
+                      static_cast<long long>(header_.n_targets));
+        return KNN_INTERNAL_ERROR;
+      }
   }
   return status;
 }

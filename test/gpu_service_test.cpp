@@ -193,6 +193,30 @@ TEST_F(GpuService, ResultsAreTheEnginesOwn) {
   EXPECT_EQ(server->jobs_answered(), 4);
 }
 
+// A service whose answer names a target row that is not one (a bug, or
+// the job's memory written by another): an error, not a row the caller
+// would read its targets at (review r12adm).
+TEST_F(GpuService, TargetRowsOutsideTheTargetsAreRefused) {
+  for (const int64_t bad : {int64_t{-2}, int64_t{501}, int64_t{1} << 40}) {
+    std::atomic<int> calls{0};
+    auto server = serve_on(dir, [&](const KnnProblem &q, bool, int64_t *n, double *d, KnnStats *s,
+                                   const int32_t *cancel, char *e, size_t el) {
+      calls++;
+      const KnnStatus st = knn::cpu_run(q, n, d, s, cancel, e, el);
+      n[q.n_queries * q.k / 2] = bad;
+      return st;
+    });
+    ASSERT_NE(server, nullptr);
+    const Rows rows = make_rows(37, 501, 13);
+    const auto served = through_service(dir.path, problem_of(rows, 37, 501, 13, 5));
+    EXPECT_EQ(served.status, KNN_INTERNAL_ERROR) << bad;
+    EXPECT_NE(served.message.find("target row " + std::to_string(bad) + " of 501"),
+              std::string::npos)
+        << served.message;
+    EXPECT_EQ(calls.load(), 1);
+  }
+}
+
 // The service keeps its jobs' memory for the next jobs: a small join after a
 // large one (k above its targets' count: empty slots) answers as on fresh
 // memory, nothing of the earlier join's in it.
@@ -355,6 +379,43 @@ TEST_F(GpuService, HostileJobsAreRejectedBeforeTheyAreRead) {
   const auto served = through_service(dir.path, p);
   EXPECT_EQ(served.status, KNN_OK) << served.message;
   EXPECT_EQ(engine.calls.load(), 1);
+}
+
+// Regions that each lie inside the job file and have their counts' lengths
+// but that the service cannot copy one after another (past 2^62 bytes in
+// all): refused by validate_header. Before, the copy was planned without
+// the regions it could not place, a buffer of the placed ones' size, and
+// the rows were read into it whole (review r12adm). No file of that size is
+// needed to ask.
+TEST(GpuServiceWire, RegionsTheServiceCannotPackAreRefused) {
+  KnnProblem p{};
+  p.element = KNN_ELEMENT_FLOAT32;
+  p.metric = KNN_METRIC_L2;
+  p.method = KNN_METHOD_AUTO;
+  p.device = KNN_DEVICE_GPU;
+  p.k = 1;
+  p.dim = 1 << 24;
+  p.n_queries = 1;
+  p.n_targets = 1;
+  WireHeader h{};
+  uint64_t size = 0;
+  const char *why = nullptr;
+  ASSERT_TRUE(plan_layout(p, false, false, &h, &size, &why)) << why;
+  EXPECT_EQ(validate_header(h, size), nullptr) << "the sound job";
+  // 2^36 + 1 target rows of 2^26 bytes, laid out by hand after the queries.
+  h.n_targets = (int64_t{1} << 36) + 1;
+  const uint64_t row = uint64_t{4} << 24;
+  uint64_t at = h.queries.offset + h.queries.length;
+  h.targets.offset = at;
+  h.targets.length = row * static_cast<uint64_t>(h.n_targets);
+  at += h.targets.length;
+  const auto aligned = [](uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; };
+  h.neighbors.offset = aligned(at);
+  h.distances.offset = aligned(h.neighbors.offset + h.neighbors.length);
+  at = h.distances.offset + h.distances.length;
+  const char *refused = validate_header(h, at);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_NE(std::strstr(refused, "too large"), nullptr) << refused;
 }
 
 // The admission slot's share of the GPU memory budget is known only after
