@@ -164,10 +164,13 @@ test/gpu_service_test: test/gpu_service_test.o $(ENGINE_OBJS)
 
 # Stand-ins for knn_gpu_cuda.so: without the interface entry, of another
 # build, of this one (test/fake_cuda_module.cpp).
+FAKE_INTERFACE_none = 0
+FAKE_INTERFACE_other = 1
+FAKE_INTERFACE_same = 2
 FAKE_MODULES = $(foreach v,none other same,test/fake_module_$(v)/knn_gpu_cuda.so)
 test/fake_module_%/knn_gpu_cuda.so: test/fake_cuda_module.cpp $(ENGINE_HEADERS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(ENGINE_CXXFLAGS) -shared -DFAKE_INTERFACE=$(if $(filter none,$*),0,$(if $(filter other,$*),1,2)) -o $@ $<
+	$(CXX) $(ENGINE_CXXFLAGS) -shared -DFAKE_INTERFACE=$(FAKE_INTERFACE_$*) -o $@ $<
 
 test/module_interface_test: test/module_interface_test.o $(ENGINE_OBJS) $(FAKE_MODULES)
 	$(CXX) -o $@ test/module_interface_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
