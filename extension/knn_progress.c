@@ -62,6 +62,13 @@ static char progress_path[MAXPGPATH];
 static TimestampTz last_write;
 static int	rows_since_clock;
 
+/*
+ * Joins begun while this backend's row was a running join of the same
+ * statement (a knn_join inside another's query text, a KNN Join node
+ * there): the row stays the outermost join's, and theirs are not shown.
+ */
+static int	nested_joins;
+
 static const char *const phase_names[] = {
 	"idle", "reading queries", "reading targets", "sorting", "engine running", "returning rows"
 };
@@ -114,8 +121,21 @@ open_file(void)
 void
 knn_progress_begin(const char *source, int32 k)
 {
-	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz now;
 
+	/*
+	 * Nested in the running join of this statement; a running row of an
+	 * earlier statement is stale (its join ended in an ERROR, as did any
+	 * nested in it) and is replaced.
+	 */
+	if (current.phase != KNN_PROGRESS_IDLE &&
+		current.query_start == GetCurrentStatementStartTimestamp())
+	{
+		nested_joins++;
+		return;
+	}
+	nested_joins = 0;
+	now = GetCurrentTimestamp();
 	open_file();
 	current.magic = KNN_PROGRESS_MAGIC;
 	current.pid = MyProcPid;
@@ -139,7 +159,7 @@ knn_progress_begin(const char *source, int32 k)
 void
 knn_progress_k(int32 k)
 {
-	if (current.phase == KNN_PROGRESS_IDLE || current.k == k)
+	if (current.phase == KNN_PROGRESS_IDLE || nested_joins > 0 || current.k == k)
 		return;
 	current.k = k;
 	write_record();
@@ -148,7 +168,7 @@ knn_progress_k(int32 k)
 void
 knn_progress_phase(KnnProgressPhase phase)
 {
-	if (current.phase == KNN_PROGRESS_IDLE || current.phase == (int32) phase)
+	if (current.phase == KNN_PROGRESS_IDLE || nested_joins > 0 || current.phase == (int32) phase)
 		return;
 	current.phase = phase;
 	current.phase_start = GetCurrentTimestamp();
@@ -158,6 +178,8 @@ knn_progress_phase(KnnProgressPhase phase)
 void
 knn_progress_rows(int64 n)
 {
+	if (nested_joins > 0)
+		return;
 	switch (current.phase)
 	{
 		case KNN_PROGRESS_READING_QUERIES:
@@ -185,7 +207,7 @@ knn_progress_rows(int64 n)
 void
 knn_progress_totals(int64 n_queries, int64 n_targets, int64 result_rows)
 {
-	if (current.phase == KNN_PROGRESS_IDLE)
+	if (current.phase == KNN_PROGRESS_IDLE || nested_joins > 0)
 		return;
 	current.n_queries = n_queries;
 	current.n_targets = n_targets;
@@ -196,7 +218,7 @@ knn_progress_totals(int64 n_queries, int64 n_targets, int64 result_rows)
 void
 knn_progress_work(int64 distance_computations)
 {
-	if (current.phase == KNN_PROGRESS_IDLE)
+	if (current.phase == KNN_PROGRESS_IDLE || nested_joins > 0)
 		return;
 	current.distance_computations = distance_computations;
 }
@@ -204,10 +226,25 @@ knn_progress_work(int64 distance_computations)
 void
 knn_progress_end(void)
 {
+	if (nested_joins > 0)
+	{
+		nested_joins--;
+		return;
+	}
 	if (current.phase == KNN_PROGRESS_IDLE)
 		return;
 	current.phase = KNN_PROGRESS_IDLE;
 	write_record();
+}
+
+/*
+ * Whether no process has this pid: the backend that wrote the file is gone
+ * without removing it (killed by SIGKILL, say).
+ */
+static bool
+backend_gone(int32 pid)
+{
+	return kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 /* Reads one file into *record; false if it is not a whole, live join's. */
@@ -285,6 +322,12 @@ knn_gpu_progress_rows(PG_FUNCTION_ARGS)
 		if (*end != '\0' || errno != 0 || pid <= 0 || pid > PG_INT32_MAX)
 			continue;
 		snprintf(path, sizeof(path), "%s/%s", dir_path, entry->d_name);
+		if (backend_gone((int32) pid))
+		{
+			/* nobody else removes it (a later backend of that pid reuses it) */
+			(void) unlink(path);
+			continue;
+		}
 		if (!read_record(path, (int32) pid, &record) || !may_see_backend((int32) pid))
 			continue;
 		record.source[sizeof(record.source) - 1] = '\0';

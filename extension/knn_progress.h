@@ -11,7 +11,10 @@
  * A join calls begin, then phase/rows/totals as it goes, then end (also
  * on the error path where it has one; a row left behind by an ERROR is
  * hidden by the view, which keeps only a row whose statement is still
- * the backend's running one).
+ * the backend's running one). A join begun inside another of the same
+ * statement (in its query text) leaves the row to the outer one. The file
+ * of a backend that died without removing it is removed by the next
+ * reader.
  */
 #ifndef KNN_PROGRESS_H
 #define KNN_PROGRESS_H

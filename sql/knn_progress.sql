@@ -108,5 +108,25 @@ WHERE line LIKE '%KNN Join%';
 SELECT count(*) AS rows FROM dblink('watched', 'SELECT q.id FROM progress_random q CROSS JOIN LATERAL (SELECT t.id FROM progress_random t WHERE t.id < 100 ORDER BY t.v <-> q.v LIMIT 2) n WHERE q.id < 2000 LIMIT 1') AS r(id int);
 SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
 SELECT dblink_exec('watched', 'RESET enable_nestloop') AS reset_nestloop;
+
+-- A knn_join inside another's query text: the row stays the outer join's
+-- (the inner one's end used to close it, and the outer join then ran with
+-- no row at all).
+SELECT dblink_send_query('watched', $q$SELECT count(*) FROM knn_join(
+  $$SELECT id, v FROM progress_rows WHERE id > (SELECT count(*) FROM knn_join('SELECT id, v FROM progress_rows WHERE id < 5', 'SELECT id, v FROM progress_rows WHERE id < 5', 1)) - 5$$,
+  'SELECT id, v FROM progress_rows WHERE id > 0', 10, method => 'brute')$q$) AS sent;
+SELECT * FROM pg_temp.watch();
+SELECT * FROM pg_temp.cancel_watched();
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
 SELECT dblink_disconnect('watched') AS disconnected;
+
+-- The file of a backend that is gone (killed, say) is removed by the next
+-- reader.
+DO $$ BEGIN
+  EXECUTE format('COPY (SELECT 1) TO %L',
+                 current_setting('data_directory') || '/pg_stat_tmp/knn_gpu_progress.2147483646');
+END $$;
+SELECT (pg_stat_file('pg_stat_tmp/knn_gpu_progress.2147483646', true)).size IS NOT NULL AS left_behind;
+SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
+SELECT (pg_stat_file('pg_stat_tmp/knn_gpu_progress.2147483646', true)).size IS NULL AS removed;
 DROP TABLE progress_rows, progress_random;
