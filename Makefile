@@ -79,6 +79,11 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard $(CUDA_HOME)/bin/nvcc))
 GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
 	-gencode arch=compute_90,code=compute_90
+# Exact results rest on these: no contraction into FMA (--fmad=false,
+# -ffp-contract=off: distances are summed as the CPU engine sums them), and
+# IEEE division, square roots and subnormals (never --use_fast_math,
+# -ftz=true or -prec-*=false: the smallest terms of the TI join's rounding
+# margins and of the GEMM filters' bounds are subnormal floats).
 NVCCFLAGS = -std=c++17 -O3 --fmad=false -Xcompiler -fPIC,-ffp-contract=off,-pthread \
 	-I$(CURDIR)/kernels $(GENCODE)
 CUDA_SRCS = $(sort $(wildcard kernels/cuda/*.cu))

@@ -542,6 +542,29 @@ KnnCudaTestOptions forced_filter(int filter) {
 
 const KnnMetric kGemmMetrics[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP};
 
+// Targets all alike: no query's GEMM bound can be certified, so every
+// query is redone by the exact fallback, whose lists for 128 < k <= 240
+// are beyond the fused selection and need a float tile (a DGEMM plan had
+// none: "no distance tile planned", r13gpu). Each GEMM filter, forced.
+TEST(GpuBrute, GemmFallbackBeyondTheFusedSelection) {
+  REQUIRE_GPU();
+  Data d = make_data(50, 40000, 100, Shape::kUniform, 41);
+  for (int64_t r = 1; r < d.nt(); r++)
+    std::memcpy(d.targets.data() + r * d.dim, d.targets.data(), sizeof(float) * d.dim);
+  struct Filter { int code; const char *variant; };
+  for (const Filter filter : {Filter{1, "sgemm-bound"}, Filter{2, "dgemm-bound"}, Filter{3, "hgemm-bound"}}) {
+    KnnCudaTestOptions forced = forced_filter(filter.code);
+    forced.no_small_join = 1;
+    for (int k : {129, 200, 240}) {
+      Options o;
+      o.k = k;
+      o.forced = &forced;
+      o.expect_variant = filter.variant;
+      check(d, o);
+    }
+  }
+}
+
 // The case with the fp16 filter forced (for every GEMM metric and k), and
 // the engine's own choice, against one CPU answer each. `expect` and
 // `reject` (null: none) are pieces both variants must hold and must not;

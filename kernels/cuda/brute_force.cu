@@ -593,7 +593,7 @@ KnnStatus BruteForce::allocate() {
     const size_t tile_elements = static_cast<size_t>(plan_.tile_rows) * plan_.tile_cols;
     if (dbl)
       KNN_TRY(tile_d_.allocate(ctx_, tile_elements, "distance tile"));
-    else if (!plan_.fused)
+    if ((!dbl && !plan_.fused) || plan_.fallback_tile)
       KNN_TRY(tile_.allocate(ctx_, tile_elements, "distance tile"));
     if (plan_.pipelined) {
       KNN_TRY(tile2_.allocate(ctx_, tile_elements, "distance tile"));

@@ -129,10 +129,12 @@ size_t plan_bytes(const KnnProblem &p, const Plan &pl) {
                           : static_cast<size_t>(pl.tile_rows) * pl.tile_cols *
                                 (pl.double_gemm ? 8 : 4) * (pl.pipelined ? 2 : 1);
   const size_t gather = pl.gather_rows * (row_bytes + 4);
+  const size_t fallback_tile =
+      pl.fallback_tile ? static_cast<size_t>(pl.tile_rows) * pl.tile_cols * sizeof(float) : 0;
   // Large k reserves one query's full sort for the queries it redoes.
   const size_t sort = pl.full_sort || pl.large_k ? full_sort_bytes(1, pl.t_chunk) : 0;
   const size_t large_k = pl.large_k ? large_k_bytes(pl.q_chunk, pl.large_k_capacity) : 0;
-  return t_bytes + q_bytes + tile + gather + sort + large_k;
+  return t_bytes + q_bytes + tile + fallback_tile + gather + sort + large_k;
 }
 
 void shape(const KnnProblem &p, size_t budget, Plan *pl) {
@@ -187,6 +189,11 @@ void choose_scoring(const KnnProblem &p, const JoinTuning &tuning, const cudaDev
                              (forced == BruteFilter::kAuto && fast_fp64(prop) && !tuning.sgemm_filter);
     pl->double_gemm = p.metric == KNN_METRIC_L2 && want_double && forced != BruteFilter::kSgemm;
     pl->scoring = pl->double_gemm ? Scoring::kGemmDouble : Scoring::kGemmFloat;
+    // The fallback's exact lists (BruteForce::fallback) hold at most
+    // next_pow2(max(k, 32)); beyond the fused selection they need a float
+    // tile, which the other filters have anyway.
+    pl->fallback_tile =
+        pl->double_gemm && !fused_select_supports(p.metric, next_pow2(std::max(k, 32)));
   } else {
     pl->full_sort = wanted > kMaxSelectCap;
     pl->cap = next_pow2(std::max<int64_t>(wanted, 32));

@@ -47,6 +47,9 @@ struct Plan {
   int64_t alias_first = -1;    // then the target row of query row 0
   int tile_rows = 0, tile_cols = 0;
   int64_t gather_rows = 0;  // fallback batch
+  // DGEMM: also a float tile, for the fallback's exact pass where its
+  // lists are beyond the fused selection (k > kMaxFusedCap).
+  bool fallback_tile = false;
   size_t full_sort_budget = 0;
   size_t bytes = 0;         // device bytes the plan allocates
 };
