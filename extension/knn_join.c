@@ -748,6 +748,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	int32		slots;
 	KnnOperatorValues operator_values;
 	bool		by_operator;
+	Oid			operand_type;
 	instr_time	start;
 	double		seconds_read;
 	double		seconds_sort;
@@ -812,13 +813,12 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	 * sides, a self-join (shared clustering, the symmetric Gram matrix).
 	 */
 	/*
-	 * pgvector's columns: rank by pgvector's own operator's values. A
-	 * domain over its type on either side is that type, as the operator
-	 * SQL resolves for it is.
+	 * pgvector's columns: rank by the values of the operator SQL resolves
+	 * between them, pgvector's own (knn_operator_values_type).
 	 */
-	by_operator = getBaseType(query_set.vector_type) == getBaseType(target_source->vector_type) &&
-		knn_operator_values_init(&operator_values, target_source->vector_type, call->metric,
-								 element);
+	operand_type = knn_operator_values_type(query_set.vector_type, target_source->vector_type);
+	by_operator = OidIsValid(operand_type) &&
+		knn_operator_values_init(&operator_values, operand_type, call->metric, element);
 	/* Sharded targets (postgres_fdw partitions) join on their servers: knn_shard.h. */
 	shard_join(call, target_source, by_operator ? &operator_values : NULL,
 			   pack_here ? &packed : NULL, &shard_call);

@@ -25,13 +25,26 @@
  * operator value among the candidates, no such target can rank (ties by row
  * need not be looked at: the inequality is strict). NaN canonical values
  * (zero vectors under cosine) give no bound.
+ *
+ * ---- Overflow ----
+ * The model above holds while no sum overflows. Near FLT_MAX one order of
+ * additions may overflow where the other does not: a canonical value of
+ * +inf may stand for a finite operator value, so a canonical value that is
+ * not finite gives no bound. L2 and L1 add non-negative terms, so a pair
+ * whose canonical sum overflowed has an exact sum S >= FLT_MAX (1 - g) and
+ * P >= S (1 - g): above the bound of any finite C_last, which keeps the
+ * argument for the targets that are not candidates. The inner product and
+ * cosine add terms of either sign: where |q| |t| (or a squared norm) may
+ * reach FLT_MAX a partial sum may overflow, so no bound there.
  */
 #include "postgres.h"
 
+#include <float.h>
 #include <math.h>
 
 #include "miscadmin.h"
 #include "utils/float.h"
+#include "utils/lsyscache.h"
 
 #include "half_float.h"
 #include "knn_catalog.h"
@@ -45,6 +58,26 @@
 #define KNN_RANGE_SLICE 4096
 /* Squared norms below this (and above 0) make the cosine bound unsafe. */
 #define KNN_COSINE_TINY_NORM2 0x1p-100
+
+Oid
+knn_operator_values_type(Oid query_type, Oid target_type)
+{
+	Oid			q = getBaseType(query_type);
+	Oid			t = getBaseType(target_type);
+	bool		both_pgvector;
+
+	if (q == t)
+		return t;
+	both_pgvector = OidIsValid(knn_pgvector_distance_function(q, KNN_METRIC_L2)) &&
+		OidIsValid(knn_pgvector_distance_function(t, KNN_METRIC_L2));
+	if (!both_pgvector)
+		return InvalidOid;
+	if (knn_vector_kind(q) == KNN_VECTOR_HALFVEC && knn_vector_kind(t) == KNN_VECTOR_TYPE)
+		return q;
+	if (knn_vector_kind(t) == KNN_VECTOR_HALFVEC && knn_vector_kind(q) == KNN_VECTOR_TYPE)
+		return t;
+	return InvalidOid;
+}
 
 bool
 knn_operator_values_init(KnnOperatorValues *ov, Oid typid, KnnMetric metric,
@@ -78,6 +111,13 @@ typedef struct ValueBound
 	double		max_target_norm;	/* inner product */
 	bool		unsafe;			/* cosine with a tiny norm among the targets */
 } ValueBound;
+
+/* Whether a float sum of terms whose absolute values add up to s may overflow. */
+static bool
+may_overflow(const ValueBound *b, double s)
+{
+	return !(s * (1 + 4 * b->g) < FLT_MAX);
+}
 
 /* A row as floats: the matrix's own for float32 rows, else widened. */
 static const float *
@@ -124,6 +164,9 @@ bound_init(ValueBound *b, KnnMetric metric, const KnnMatrix *targets)
 			b->max_target_norm = Max(b->max_target_norm, sqrt(n2));
 			if (n2 > 0 && n2 < KNN_COSINE_TINY_NORM2)
 				b->unsafe = true;
+			/* a target's own squared norm (cosine) may overflow */
+			if (metric == KNN_METRIC_COSINE && may_overflow(b, n2))
+				b->unsafe = true;
 		}
 		/* the double sums' own rounding */
 		b->max_target_norm *= 1 + 0x1p-30;
@@ -140,7 +183,7 @@ lowest_operator_value(const ValueBound *b, double c, double qn, double qn2)
 {
 	double		low;
 
-	if (isnan(c))
+	if (!isfinite(c))
 		return -INFINITY;
 	switch (b->metric)
 	{
@@ -150,9 +193,12 @@ lowest_operator_value(const ValueBound *b, double c, double qn, double qn2)
 		case KNN_METRIC_L1:
 			return c * (1 - 3 * b->g) - 3 * b->tiny;
 		case KNN_METRIC_IP:
+			if (may_overflow(b, qn * b->max_target_norm))
+				return -INFINITY;
 			return c - 2 * (b->g * qn * b->max_target_norm + b->tiny) * (1 + 0x1p-20);
 		case KNN_METRIC_COSINE:
-			if (b->unsafe || (qn2 > 0 && qn2 < KNN_COSINE_TINY_NORM2))
+			if (b->unsafe || (qn2 > 0 && qn2 < KNN_COSINE_TINY_NORM2) || may_overflow(b, qn2) ||
+				may_overflow(b, qn * b->max_target_norm))
 				return -INFINITY;
 			return c - (6 * b->g + 0x1p-40);
 		default:
@@ -376,12 +422,24 @@ candidate_radius(const ValueBound *b, const KnnMatrix *queries, double radius)
 	pfree(buffer);
 	/* L2 and L1 values are never negative (and L2's L grows only from 0) */
 	r = (b->metric == KNN_METRIC_L2 || b->metric == KNN_METRIC_L1) ? Max(radius, 0) : radius;
+	/* a query's squared norm that may overflow (cosine): no bound */
+	if (b->metric == KNN_METRIC_COSINE && may_overflow(b, max_query_norm * max_query_norm))
+		return get_float8_nan();
 	step = Max(fabs(r) * 0x1p-30, 0x1p-1000);
 	for (int i = 0; i < 2200 && isfinite(r); i++)
 	{
 		/* qn2 = 1: a query's tiny norm was looked at above */
 		if (lowest_operator_value(b, r, max_query_norm, 1.0) > radius)
+		{
+			/*
+			 * Pairs whose canonical sum overflowed (+inf) may be within the
+			 * radius where r' is that large (see Overflow above): all pairs.
+			 */
+			if ((b->metric == KNN_METRIC_L1 && may_overflow(b, r)) ||
+				(b->metric == KNN_METRIC_L2 && may_overflow(b, r * r)))
+				return get_float8_nan();
 			return r;
+		}
 		r += step;
 		step *= 2;
 	}

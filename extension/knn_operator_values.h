@@ -34,6 +34,15 @@ typedef struct KnnOperatorValues
 } KnnOperatorValues;
 
 /*
+ * The type whose distance operator SQL resolves between a query column of
+ * query_type and a target column of target_type (a domain counts as its
+ * base type): their common base type, or pgvector's halfvec beside
+ * pgvector's vector (its implicit cast vector -> halfvec makes h <-> v a
+ * halfvec distance, as the join's rows are halfvec then); else InvalidOid.
+ */
+extern Oid	knn_operator_values_type(Oid query_type, Oid target_type);
+
+/*
  * Prepares ov for values of typid joined with metric, in rows of element:
  * true when typid is pgvector's vector (float32 rows) or halfvec (float16
  * rows) and metric one of its float metrics; false when the engine's values

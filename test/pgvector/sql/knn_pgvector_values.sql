@@ -84,6 +84,83 @@ SELECT (SELECT count(*) FROM (TABLE mine EXCEPT ALL TABLE theirs) x) AS knn_join
 DROP TABLE mine, theirs;
 DROP DOMAIN pts_vector;
 
+-- halfvec queries against vector targets, and the other way: SQL resolves
+-- h <-> v to pgvector's halfvec operator (its implicit cast vector ->
+-- halfvec), so the join's values are that operator's (they were the
+-- engine's: the two sides' types differed). knn_range_join too, at a
+-- radius among the values.
+CREATE FUNCTION mixed_reference(metric text, qcol text, tcol text)
+RETURNS TABLE (query_id bigint, target_id bigint, rank bigint, distance float8)
+LANGUAGE plpgsql AS $$
+DECLARE op text := CASE metric WHEN 'l2' THEN '<->' WHEN 'cosine' THEN '<=>'
+                                WHEN 'ip' THEN '<#>' ELSE '<+>' END;
+BEGIN
+  RETURN QUERY EXECUTE format(
+    'SELECT q.id::bigint, n.id::bigint, row_number() OVER (PARTITION BY q.id ORDER BY n.d, n.id), n.d
+     FROM pts q CROSS JOIN LATERAL (
+       SELECT t.id, q.%1$s %3$s t.%2$s AS d FROM pts t
+       ORDER BY q.%1$s %3$s t.%2$s, t.id LIMIT 7) n', qcol, tcol, op);
+END $$;
+CREATE TABLE mixed_differences (metric text, sides text, n bigint);
+DO $$
+DECLARE m text; s text[];
+BEGIN
+  FOREACH m IN ARRAY ARRAY['l2', 'cosine', 'ip', 'l1'] LOOP
+    FOREACH s SLICE 1 IN ARRAY ARRAY[['h', 'v'], ['v', 'h']] LOOP
+      CREATE TEMP TABLE mine AS
+        SELECT query_id, target_id, rank::bigint, distance
+        FROM knn_join(format('SELECT id, %s FROM pts', s[1]), format('SELECT id, %s FROM pts', s[2]), 7,
+                      metric => m);
+      CREATE TEMP TABLE theirs AS SELECT * FROM mixed_reference(m, s[1], s[2]);
+      INSERT INTO mixed_differences
+        SELECT m, s[1] || ' x ' || s[2], count(*) FROM (
+          (TABLE mine EXCEPT ALL TABLE theirs) UNION ALL (TABLE theirs EXCEPT ALL TABLE mine)) x;
+      DROP TABLE mine, theirs;
+    END LOOP;
+  END LOOP;
+END $$;
+SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM mixed_differences;
+SELECT radius, (SELECT count(*) FROM pts q, pts t WHERE q.h <-> t.v <= radius) AS sql_pairs,
+       (SELECT count(*) FROM knn_range_join('SELECT id, h FROM pts', 'SELECT id, v FROM pts', radius)) AS knn_range_join_pairs,
+       (SELECT count(*) FROM (
+          SELECT q.id::bigint, t.id::bigint, q.h <-> t.v FROM pts q, pts t WHERE q.h <-> t.v <= radius
+          EXCEPT ALL
+          SELECT query_id, target_id, distance FROM knn_range_join('SELECT id, h FROM pts', 'SELECT id, v FROM pts', radius)) x) AS sql_only
+FROM (SELECT q.h <-> t.v AS radius FROM pts q, pts t WHERE q.id = 3 AND t.id = 500) r;
+DROP TABLE mixed_differences;
+DROP FUNCTION mixed_reference;
+
+-- Sums near FLT_MAX: pgvector's L1 sum stays finite where the engine's
+-- canonical one overflows (+inf), and the other way. A canonical +inf
+-- gives no bound on the operator's value: the row of the least operator
+-- value (id 100) is found, by knn_join, the KNN Join node and
+-- knn_range_join (the joins used to prove the 17 rows of canonical +inf
+-- enough and return id 1, and the range join took no pair).
+CREATE TABLE near_max_q (id int, v vector(7));
+INSERT INTO near_max_q VALUES (1, '[0,0,0,0,0,0,0]');
+CREATE TABLE near_max_t (id int, v vector(7));
+INSERT INTO near_max_t
+SELECT i, ARRAY[(3.4028234663852886e+38 - 2^104)::real, (0.7*2^103)::real, (0.7*2^103)::real,
+                (0.7*2^103)::real, (0.7*2^103)::real, (0.7*2^103)::real, (0.7*2^103)::real]::vector
+FROM generate_series(1, 17) i;
+INSERT INTO near_max_t VALUES (100, ARRAY[(0.9*2^103)::real, (0.9*2^103)::real, (0.9*2^103)::real,
+  (3.4028234663852886e+38 - 2*2^104)::real, (0.9*2^103)::real, (0.9*2^103)::real, (0.9*2^103)::real]::vector);
+SET knn_gpu.enable_knn_join = off;
+SELECT t.id, t.v <+> q.v AS sql_distance FROM near_max_q q CROSS JOIN LATERAL (
+  SELECT t.id, t.v FROM near_max_t t ORDER BY t.v <+> q.v, t.id LIMIT 1) t;
+SET knn_gpu.enable_knn_join = on;
+EXPLAIN (COSTS OFF) SELECT t.id, t.v <+> q.v AS node_distance FROM near_max_q q CROSS JOIN LATERAL (
+  SELECT t.id, t.v FROM near_max_t t ORDER BY t.v <+> q.v, t.id LIMIT 1) t;
+SELECT t.id, t.v <+> q.v AS node_distance FROM near_max_q q CROSS JOIN LATERAL (
+  SELECT t.id, t.v FROM near_max_t t ORDER BY t.v <+> q.v, t.id LIMIT 1) t;
+RESET knn_gpu.enable_knn_join;
+SELECT target_id, distance, method FROM (VALUES ('auto'), ('brute'), ('ti')) m(method),
+  LATERAL knn_join('SELECT id, v FROM near_max_q', 'SELECT id, v FROM near_max_t', 1, metric => 'l1',
+                   method => m.method);
+SELECT target_id, distance FROM knn_range_join('SELECT id, v FROM near_max_q', 'SELECT id, v FROM near_max_t',
+                                               3.4028233e38, metric => 'l1');
+DROP TABLE near_max_q, near_max_t;
+
 -- Not vacuous: on these data pgvector's L2 values differ from the
 -- canonical ones (knn_distance.h: float sums over 8 interleaved lanes,
 -- folded ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)), rebuilt here in real
