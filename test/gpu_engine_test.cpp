@@ -10,6 +10,7 @@
 // knn_gpu_cuda.so is built). Without a usable GPU every test is skipped
 // with the reason.
 #include <dlfcn.h>
+#include <unistd.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -2006,19 +2007,89 @@ TEST(GpuTiOutOfCore, CancelStopsBetweenParts) {
   EXPECT_LT(c.waited, 1.0);
 }
 
+// A cancel while level 2 runs (a pair of parts' launch took about a second
+// here, and ran to its end: its blocks now end once the cancel is seen,
+// cancel_watch.cuh) or while a query part's lists are expanded on the host
+// (their arrays were zeroed first, on one thread, for 1.7 s). Cancels at
+// three points of the join (timed whole first) answer within 0.75 s, most
+// of it giving back the pinned memory (they took 0.5-1.6 s; now 0.16-0.45
+// s on an H200).
+TEST(GpuTiOutOfCore, CancelEndsTheQueuedLevel2) {
+  REQUIRE_GPU();
+  const Data d = make_self(12000000, 2, Shape::kUniform, 391, false);
+  Options o;
+  o.k = 31;
+  o.method = KNN_METHOD_TI;
+  o.gpu_memory_limit = int64_t(3) << 29;
+  const KnnProblem p = make_problem(d, o, KNN_DEVICE_GPU);
+  double whole = 0;
+  {
+    std::vector<int64_t> nb(static_cast<size_t>(p.n_queries) * p.k);
+    std::vector<double> dist(nb.size());
+    char err[512] = "";
+    const auto t0 = std::chrono::steady_clock::now();
+    KnnJob *job = knn_job_start(&p, nb.data(), dist.data(), err, sizeof err);
+    ASSERT_NE(job, nullptr) << err;
+    KnnStats stats{};
+    ASSERT_EQ(knn_job_finish(job, &stats, err, sizeof err), KNN_OK) << err;
+    whole = seconds_since(t0);
+    std::printf("  [out-of-core] the whole join: %.3f s (%s)\n", whole, stats.variant);
+  }
+  int cancelled = 0;
+  for (double at : {0.3, 0.45, 0.6}) {
+    const int ms = static_cast<int>(at * whole * 1000);
+    const CancelledJoin c = cancel_out_of_core_join(d, ms, 31, int64_t(3) << 29);
+    if (c.status == KNN_OK) continue;  // it ended first (its first run was slower)
+    EXPECT_EQ(c.status, KNN_CANCELLED) << ms << " ms: " << c.said;
+    EXPECT_LT(c.waited, 0.75) << ms << " ms";
+    cancelled++;
+  }
+  EXPECT_GT(cancelled, 0);
+}
+
+// The process's resident memory in bytes (/proc/self/statm), or -1.
+int64_t resident_bytes() {
+  std::FILE *f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  long long size = 0, resident = -1;
+  if (std::fscanf(f, "%lld %lld", &size, &resident) != 2) resident = -1;
+  std::fclose(f);
+  return resident < 0 ? -1 : resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Waits up to `seconds` for the resident memory to fall to `bytes`.
+bool resident_falls_to(int64_t bytes, double seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    const int64_t now = resident_bytes();
+    if (now >= 0 && now <= bytes) return true;
+    if (seconds_since(t0) > seconds) {
+      std::printf("  resident %.0f MB, wanted at most %.0f MB\n", now / 1048576.0,
+                  bytes / 1048576.0);
+      return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 TEST(GpuTiOutOfCore, CancelDuringThePinning) {
   REQUIRE_GPU();
   // 12M distinct points, k 31 (k' 32 with the self-join's keys): about 3 GB
   // of mapped lists (one block of the part, or two of half), pinned by a
   // host thread from the join's start while the target parts are built.
-  // Cancels at several points of it end the join within half a second
-  // (the pinning stops between 2 MB pieces and 256 MB registrations and
-  // frees what it locked).
+  // Cancels at several points of it (the last once it is done) end the
+  // join within half a second -- the pinning stops between 2 MB pieces and
+  // 256 MB registrations, level 2 between its blocks -- and give back what
+  // was locked.
   const Data d = make_self(12000000, 2, Shape::kUniform, 391, false);
+  (void)cancel_out_of_core_join(d, 0, 31, int64_t(3) << 29);  // the context first
+  const int64_t before = resident_bytes();
+  ASSERT_GT(before, 0);
   for (int ms : {200, 400, 700, 1000}) {
     const CancelledJoin c = cancel_out_of_core_join(d, ms, 31, int64_t(3) << 29);
     EXPECT_EQ(c.status, KNN_CANCELLED) << ms << " ms: " << c.said;
     EXPECT_LT(c.waited, 0.5) << ms << " ms";
+    EXPECT_TRUE(resident_falls_to(before + (int64_t(1) << 30), 10.0)) << ms << " ms";
   }
 }
 

@@ -208,6 +208,11 @@ struct Level2Config {
   // p % 32), so that a warp's loads and stores of its lists are coalesced:
   // over the bus, scattered 4-byte accesses cost several times more.
   bool tiled_lists = false;
+  // Out-of-core join: a word in device memory that turns non-zero once
+  // the join is cancelled (cancel_watch.cuh); blocks that begin after that
+  // return at once, so that a cancel does not wait for the queued
+  // launches' work (their lists are not wanted). Null: none.
+  const int32_t *stop = nullptr;
 };
 
 // ---- stage entry points (each returns KNN_OK or sets ctx.error) ----

@@ -97,6 +97,7 @@ struct Level2Args {
   float *cand_value;
   int32_t *cand_pos;
   unsigned long long *counter;
+  const int32_t *stop;    // Level2Config::stop
 };
 
 // Where query `d` at position `qpos` keeps entry 0 of its list, and the
@@ -143,6 +144,12 @@ constexpr float kInf = __builtin_huge_valf();
 template <int METRIC, int DPAD, class List, int MODE, bool LAZY>
 __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
+  // A cancelled join's blocks end before they begin: one read of the word
+  // per block, and the whole block ends, so that its barriers stay matched.
+  if (a.stop != nullptr &&
+      __syncthreads_or(threadIdx.x == 0 &&
+                       *reinterpret_cast<const volatile int32_t *>(a.stop) != 0))
+    return;
   const int lane = threadIdx.x % kWarp;
   const int warp = threadIdx.x / kWarp;
   const int P = a.parts;
@@ -824,6 +831,7 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   a.last_row = requested.last_row;
   a.tiled = requested.tiled_lists ? 1 : 0;
   a.counter = distance_counter;
+  a.stop = requested.stop;
   KNN_TRY(ctx.cancel_point());
 
   a.resume = requested.resume ? 1 : 0;

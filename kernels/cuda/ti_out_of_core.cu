@@ -83,6 +83,7 @@
 #include <thread>
 
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -91,6 +92,7 @@
 #include "../problem_check.h"
 #include "../rounding_margin.h"
 #include "../value_range.h"
+#include "cancel_watch.cuh"
 #include "host_transfer.cuh"
 #include "knn_cuda_testing.h"
 #include "ti_common.cuh"
@@ -207,6 +209,26 @@ bool lazy_lists() {
   return forced == nullptr || forced[0] != '0';
 }
 
+// Host arrays of a query part's lists, left uninitialized where they grow
+// (a std::vector zeroes them first, on one thread: 1.7 s for two of 10M x
+// 32 entries, which a cancel had to wait for); each is written whole before
+// it is read, by threads that check the cancel. Kept for the next part.
+template <class T>
+class HostSlots {
+ public:
+  void resize(size_t n) {
+    if (n <= capacity_) return;
+    data_.reset(new T[n]);
+    capacity_ = n;
+  }
+  T *data() { return data_.get(); }
+  const T *data() const { return data_.get(); }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  size_t capacity_ = 0;
+};
+
 // Pinned host memory mapped into the device's address space: the query
 // parts' k' lists (PartPlan::mapped_lists), which level 2 reads and writes
 // through the bus and the host copies out of the tiles (expand_lists). Registered pages
@@ -311,9 +333,9 @@ class OutOfCoreJoin {
     margin_.abs = (float)rounding(0.0);
   }
 
-  // Mapped lists go only once the device is done with them (an error path
-  // may leave kernels queued); the host threads are waited for by their
-  // futures, destroyed first. Whatever ended the join (a failure, a
+  // Mapped lists and the cancel watch's word go only once the device is
+  // done with them (an error path may leave kernels queued); the host
+  // threads are waited for by their futures, destroyed first. Whatever ended the join (a failure, a
   // cancel, a budget too small, values that overflow), the pinning still
   // under way is not wanted: both pinning threads stop within a piece (a
   // block stopped half-way is unlocked and freed by its thread; the blocks
@@ -323,8 +345,8 @@ class OutOfCoreJoin {
     __atomic_store_n(&stop_pinning_, 1, __ATOMIC_RELAXED);
     targets_.stop_pinning();
     if (mapping_.valid()) (void)mapping_.wait();
-    if (mapped_[0].entries() != 0 || mapped_[1].entries() != 0)
-      (void)cudaStreamSynchronize(ctx_.stream);
+    // (Also before the cancel watch's word goes.)
+    (void)cudaStreamSynchronize(ctx_.stream);
   }
   OutOfCoreJoin(const OutOfCoreJoin &) = delete;
   OutOfCoreJoin &operator=(const OutOfCoreJoin &) = delete;
@@ -381,6 +403,9 @@ class OutOfCoreJoin {
   DeviceBuffer<int64_t> target_keys_;  // all target keys (rows are global)
   DeviceBuffer<int64_t> query_keys_;   // the current query part's keys
   DeviceBuffer<unsigned long long> counter_;
+  // Sets its word once the join is cancelled: level 2's queued blocks then
+  // end at once.
+  CancelWatch cancel_watch_;
   DeviceBuffer<float> result_value_;  // the lists on the device (not mapped)
   DeviceBuffer<int32_t> result_row_;
   // Mapped lists: two blocks, one per query part in turn (the host expands
@@ -398,8 +423,8 @@ class OutOfCoreJoin {
   PartStaging query_staging_[2];
   // A query part's lists on the host, two: one being expanded by a host
   // thread (expanding_) while the device filters the next query part.
-  std::vector<float> list_value_[2];
-  std::vector<int32_t> list_row_[2];
+  HostSlots<float> list_value_[2];
+  HostSlots<int32_t> list_row_[2];
   // Where expand_lists reads each slot's lists: the vectors above, or the
   // mapped blocks.
   const float *host_value_[2] = {nullptr, nullptr};
@@ -577,6 +602,9 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   // Mapped lists by position, coalesced over the bus.
   config.tiled_lists = plan_.mapped_lists;
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
+  // A cancel ends the blocks not yet begun: every result the host reads
+  // from here on is behind a cancel check after the stream's wait.
+  config.stop = cancel_watch_.word();
   // Threads per query as in memory (IV-D3): a part's queries are few next
   // to the device's threads. The level-2 kernel seeds a carried list into
   // thread 0 of a query only, so the merge of the P lists sees each entry
@@ -1089,6 +1117,7 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   KNN_TRY(upload_target_keys());
   KNN_TRY(fixed_mem_.allocate(ctx_, counter_, 1, "distance counter"));
   KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 3, "list bound and part test"));
+  cancel_watch_.start(ctx_.device, ctx_.cancel);
   if (ordered_) {
     // The smallest original row of each target part.
     part_min_row_.assign(plan_.target_parts(), INT64_MAX);
