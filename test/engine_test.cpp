@@ -1160,6 +1160,40 @@ TEST(BlasBruteForce, CancelStopsWithin50ms) {
   EXPECT_LT(best_ms, 50.0);
 }
 
+// A large k: each query block's exact re-rank of its candidates (about 2k
+// a query) is long, and a cancel used to wait for the whole block's (up to
+// 0.6 s, review r13cancel); it now stops between queries.
+TEST(BlasBruteForce, CancelStopsDuringTheRerankOfALargeK) {
+  SKIP_WITHOUT_BLAS();
+  std::mt19937_64 rng(25);
+  const Matrix queries = make_data(DataKind::kUniform, 1024, 64, rng);
+  const Matrix targets = make_data(DataKind::kUniform, 60000, 64, rng);
+  const KnnProblem p = make_problem(queries, targets, 6000, KNN_METRIC_L2, KNN_METHOD_BRUTE, 2);
+  // The whole join first: cancels at points of it.
+  Clock::time_point t0 = Clock::now();
+  const EngineRun whole = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas, false));
+  const double whole_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  ASSERT_EQ(whole.status, KNN_OK) << whole.error;
+  for (double at : {0.3, 0.5, 0.7, 0.85}) {
+    int32_t cancel = 0;
+    Clock::time_point cancelled_at;
+    std::thread canceller([&] {
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(at * whole_ms));
+      cancelled_at = Clock::now();
+      __atomic_store_n(&cancel, 1, __ATOMIC_RELAXED);
+    });
+    const EngineRun run = run_tuned(p, forced(knn::CpuTuning::Variant::kBlas, false), &cancel);
+    const Clock::time_point returned = Clock::now();
+    canceller.join();
+    if (run.status == KNN_OK) continue;  // it ended first (a loaded machine)
+    EXPECT_EQ(run.status, KNN_CANCELLED);
+    const double ms = std::chrono::duration<double, std::milli>(returned - cancelled_at).count();
+    std::printf("  [blas] whole %.0f ms, cancel at %.0f ms: returned after %.1f ms\n", whole_ms,
+                at * whole_ms, ms);
+    EXPECT_LT(ms, 200.0) << "at " << at;  // (the old code: 270-500 ms)
+  }
+}
+
 double process_cpu_seconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
