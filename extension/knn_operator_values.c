@@ -59,22 +59,39 @@
 /* Squared norms below this (and above 0) make the cosine bound unsafe. */
 #define KNN_COSINE_TINY_NORM2 0x1p-100
 
+/* Whether typid (no domain) is pgvector's type of that kind. */
+static bool
+is_pgvector(Oid typid, KnnVectorKind kind)
+{
+	return knn_vector_kind(typid) == kind &&
+		OidIsValid(knn_pgvector_distance_function(typid, KNN_METRIC_L2));
+}
+
+static bool
+is_float_array(Oid typid)
+{
+	KnnVectorKind kind = knn_vector_kind(typid);
+
+	return kind == KNN_VECTOR_FLOAT4_ARRAY || kind == KNN_VECTOR_FLOAT8_ARRAY;
+}
+
 Oid
 knn_operator_values_type(Oid query_type, Oid target_type)
 {
 	Oid			q = getBaseType(query_type);
 	Oid			t = getBaseType(target_type);
-	bool		both_pgvector;
 
 	if (q == t)
 		return t;
-	both_pgvector = OidIsValid(knn_pgvector_distance_function(q, KNN_METRIC_L2)) &&
-		OidIsValid(knn_pgvector_distance_function(t, KNN_METRIC_L2));
-	if (!both_pgvector)
-		return InvalidOid;
-	if (knn_vector_kind(q) == KNN_VECTOR_HALFVEC && knn_vector_kind(t) == KNN_VECTOR_TYPE)
+	/* h <-> v: pgvector's implicit cast vector -> halfvec */
+	if (is_pgvector(q, KNN_VECTOR_HALFVEC) && is_pgvector(t, KNN_VECTOR_TYPE))
 		return q;
-	if (knn_vector_kind(t) == KNN_VECTOR_HALFVEC && knn_vector_kind(q) == KNN_VECTOR_TYPE)
+	if (is_pgvector(t, KNN_VECTOR_HALFVEC) && is_pgvector(q, KNN_VECTOR_TYPE))
+		return t;
+	/* an array meets a vector in SQL only as arr::vector */
+	if (is_pgvector(q, KNN_VECTOR_TYPE) && is_float_array(t))
+		return q;
+	if (is_pgvector(t, KNN_VECTOR_TYPE) && is_float_array(q))
 		return t;
 	return InvalidOid;
 }

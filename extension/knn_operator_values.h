@@ -36,9 +36,11 @@ typedef struct KnnOperatorValues
 /*
  * The type whose distance operator SQL resolves between a query column of
  * query_type and a target column of target_type (a domain counts as its
- * base type): their common base type, or pgvector's halfvec beside
- * pgvector's vector (its implicit cast vector -> halfvec makes h <-> v a
- * halfvec distance, as the join's rows are halfvec then); else InvalidOid.
+ * base type): their common base type; pgvector's halfvec beside pgvector's
+ * vector (its implicit cast vector -> halfvec makes h <-> v a halfvec
+ * distance, as the join's rows are halfvec then); pgvector's vector beside
+ * real[] or double precision[] (they meet in SQL as arr::vector, whose
+ * rounding to float the join's rows have too); else InvalidOid.
  */
 extern Oid	knn_operator_values_type(Oid query_type, Oid target_type);
 

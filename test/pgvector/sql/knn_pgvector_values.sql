@@ -130,6 +130,30 @@ FROM (SELECT q.h <-> t.v AS radius FROM pts q, pts t WHERE q.id = 3 AND t.id = 5
 DROP TABLE mixed_differences;
 DROP FUNCTION mixed_reference;
 
+-- real[] and double precision[] beside vector: SQL needs arr::vector (here
+-- exactly v), so the values are pgvector's vector operator's (they were
+-- the engine's), on either side.
+CREATE TABLE array_differences (metric text, sides text, n bigint);
+DO $$
+DECLARE m text; s text[];
+BEGIN
+  FOREACH m IN ARRAY ARRAY['l2', 'cosine', 'ip', 'l1'] LOOP
+    FOREACH s SLICE 1 IN ARRAY ARRAY[['v::real[]', 'v'], ['v', 'v::real[]::float8[]']] LOOP
+      CREATE TEMP TABLE mine AS
+        SELECT query_id, target_id, rank::bigint, distance
+        FROM knn_join(format('SELECT id, %s FROM pts', s[1]), format('SELECT id, %s FROM pts', s[2]), 7,
+                      metric => m);
+      CREATE TEMP TABLE theirs AS SELECT * FROM by_operator(m, 'v', false);
+      INSERT INTO array_differences
+        SELECT m, s[1] || ' x ' || s[2], count(*) FROM (
+          (TABLE mine EXCEPT ALL TABLE theirs) UNION ALL (TABLE theirs EXCEPT ALL TABLE mine)) x;
+      DROP TABLE mine, theirs;
+    END LOOP;
+  END LOOP;
+END $$;
+SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM array_differences;
+DROP TABLE array_differences;
+
 -- Sums near FLT_MAX: pgvector's L1 sum stays finite where the engine's
 -- canonical one overflows (+inf), and the other way. A canonical +inf
 -- gives no bound on the operator's value: the row of the least operator
