@@ -10,6 +10,7 @@
 #include "knn_admission.h"
 #include "knn_engine.h"
 #include "knn_join_function_scan.h"
+#include "knn_progress.h"
 #include "knn_scan.h"
 #include "knn_settings.h"
 
@@ -29,4 +30,5 @@ _PG_init(void)
 
 	knn_scan_register();
 	knn_join_function_scan_register();
+	knn_progress_init();
 }

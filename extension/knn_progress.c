@@ -21,6 +21,7 @@
 #include "utils/acl.h"
 #include "utils/backend_status.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -69,6 +70,23 @@ static int	rows_since_clock;
  */
 static int	nested_joins;
 
+/*
+ * What each open subtransaction began with: its abort restores it, since a
+ * join that an ERROR ends (a KNN Join node, a stream) may not reach its
+ * end (a caught ERROR would otherwise leave a running row, or a nested
+ * count, for the rest of the statement).
+ */
+typedef struct SubtransactionState
+{
+	SubTransactionId subxact;
+	int			nested_joins;
+	bool		running;		/* a join's row was running */
+} SubtransactionState;
+
+static SubtransactionState *subtransactions;
+static int	n_subtransactions;
+static int	subtransactions_room;
+
 static const char *const phase_names[] = {
 	"idle", "reading queries", "reading targets", "sorting", "engine running", "returning rows"
 };
@@ -116,6 +134,73 @@ open_file(void)
 		return;
 	}
 	on_proc_exit(remove_file_at_exit, (Datum) 0);
+}
+
+/* The row goes idle (an ERROR's abort: see subtransactions). */
+static void
+end_running_row(void)
+{
+	nested_joins = 0;
+	if (current.phase == KNN_PROGRESS_IDLE)
+		return;
+	current.phase = KNN_PROGRESS_IDLE;
+	write_record();
+}
+
+static void
+progress_subtransaction_event(SubXactEvent event, SubTransactionId subxact,
+							  SubTransactionId parent, void *arg)
+{
+	if (event == SUBXACT_EVENT_START_SUB)
+	{
+		if (n_subtransactions == subtransactions_room)
+		{
+			int			room = Max(16, 2 * subtransactions_room);
+
+			subtransactions = subtransactions == NULL ?
+				MemoryContextAlloc(TopMemoryContext, room * sizeof(SubtransactionState)) :
+				repalloc(subtransactions, room * sizeof(SubtransactionState));
+			subtransactions_room = room;
+		}
+		subtransactions[n_subtransactions].subxact = subxact;
+		subtransactions[n_subtransactions].nested_joins = nested_joins;
+		subtransactions[n_subtransactions].running = current.phase != KNN_PROGRESS_IDLE;
+		n_subtransactions++;
+		return;
+	}
+	if (event != SUBXACT_EVENT_COMMIT_SUB && event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	/* innermost first: the ones above it are gone with it */
+	for (int i = n_subtransactions - 1; i >= 0; i--)
+	{
+		if (subtransactions[i].subxact != subxact)
+			continue;
+		if (event == SUBXACT_EVENT_ABORT_SUB)
+		{
+			if (!subtransactions[i].running)
+				end_running_row();
+			nested_joins = subtransactions[i].nested_joins;
+		}
+		n_subtransactions = i;
+		return;
+	}
+}
+
+static void
+progress_transaction_event(XactEvent event, void *arg)
+{
+	if (event != XACT_EVENT_ABORT && event != XACT_EVENT_COMMIT &&
+		event != XACT_EVENT_PREPARE)
+		return;
+	n_subtransactions = 0;
+	end_running_row();
+}
+
+void
+knn_progress_init(void)
+{
+	RegisterXactCallback(progress_transaction_event, NULL);
+	RegisterSubXactCallback(progress_subtransaction_event, NULL);
 }
 
 void

@@ -11,7 +11,8 @@
  * A join calls begin, then phase/rows/totals as it goes, then end (also
  * on the error path where it has one; a row left behind by an ERROR is
  * hidden by the view, which keeps only a row whose statement is still
- * the backend's running one). A join begun inside another of the same
+ * the backend's running one; the abort of the (sub)transaction in which a
+ * join began ends its row too). A join begun inside another of the same
  * statement (in its query text) leaves the row to the outer one. The file
  * of a backend that died without removing it is removed by the next
  * reader.
@@ -30,6 +31,9 @@ typedef enum KnnProgressPhase
 	KNN_PROGRESS_ENGINE,		/* clustering, filtering, selecting */
 	KNN_PROGRESS_RETURNING
 } KnnProgressPhase;
+
+/* Registers the transaction callbacks that end a row an ERROR left (_PG_init). */
+extern void knn_progress_init(void);
 
 /*
  * source: what runs the join ("knn_join", "knn_range_join", "KNN Join").

@@ -120,6 +120,40 @@ SELECT * FROM pg_temp.cancel_watched();
 SELECT count(*) AS file_rows FROM knn_gpu_progress_rows();
 SELECT dblink_disconnect('watched') AS disconnected;
 
+-- A KNN Join node that an ERROR ends inside an EXCEPTION block (it has no
+-- error path of its own) leaves no row: the abort of its subtransaction
+-- ends it, and a knn_join after it in the same statement shows its own row
+-- (review r13diff: the node's row stayed running and hid the later join's).
+CREATE TABLE progress_q AS SELECT i AS id, ARRAY[i, 1, 2]::real[]::vector AS v FROM generate_series(1, 50) i;
+CREATE TABLE progress_t AS SELECT * FROM progress_q;
+INSERT INTO progress_t VALUES (51, '[1,2]');
+ANALYZE progress_q, progress_t;
+CREATE FUNCTION pg_temp.own_row(tag text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE NOTICE '%: %', tag, (SELECT coalesce(string_agg(source || ', ' || phase || ', k ' || k, '; '), 'no row')
+                             FROM knn_gpu_progress_rows() WHERE pid = pg_backend_pid());
+  RETURN true;
+END $$;
+CREATE FUNCTION pg_temp.runs_the_node(statement text) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE line text;
+BEGIN
+  FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || statement LOOP
+    IF line LIKE '%KNN Join%' THEN RETURN true; END IF;
+  END LOOP;
+  RETURN false;
+END $$;
+SELECT pg_temp.runs_the_node('SELECT q.id, n.id FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n') AS node;
+DO $$ BEGIN
+  BEGIN
+    PERFORM count(*) FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n;
+  EXCEPTION WHEN others THEN PERFORM pg_temp.own_row('after the caught error');
+  END;
+  PERFORM count(*) FROM knn_join('SELECT id, v FROM progress_q WHERE CASE WHEN id = 1 THEN pg_temp.own_row(''inside the next knn_join'') ELSE true END',
+                                 'SELECT id, v FROM progress_q', 5);
+  PERFORM pg_temp.own_row('after it');
+END $$;
+DROP TABLE progress_q, progress_t;
+
 -- The file of a backend that is gone (killed, say) is removed by the next
 -- reader.
 DO $$ BEGIN
