@@ -493,11 +493,41 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
  * alone.
  */
 static bool
-computed_where_postgresql_computes(PlannerInfo *root, Node *expr, bool sort_key,
+computed_where_postgresql_computes(PlannerInfo *root, Query *sq, Node *expr, bool sort_key,
 								   const KnnJoinPath *kp)
 {
 	QualCost	cost;
+	Node	   *bare = expr;
+	Var		   *var;
+	RangeTblEntry *rte;
 
+	while (bare != NULL && (IsA(bare, RelabelType) || IsA(bare, CollateExpr)))
+		bare = IsA(bare, RelabelType) ? (Node *) ((RelabelType *) bare)->arg :
+			(Node *) ((CollateExpr *) bare)->arg;
+	/*
+	 * A column of a subquery in FROM (a view, say) is what the subquery
+	 * computes, for every row of the inner scan: judged as that (review
+	 * r13group: a view's "10 / x" failed for rows PostgreSQL never reached).
+	 */
+	var = bare != NULL && IsA(bare, Var) ? (Var *) bare : NULL;
+	rte = var != NULL && var->varlevelsup == 0 ? rt_fetch(var->varno, sq->rtable) : NULL;
+	if (rte != NULL && rte->rtekind == RTE_SUBQUERY && rte->subquery != NULL)
+	{
+		ListCell   *lc;
+
+		foreach(lc, rte->subquery->targetList)
+		{
+			TargetEntry *tle = lfirst_node(TargetEntry, lc);
+
+			/* the column, or every column of a whole-row reference */
+			if (tle->resjunk || (var->varattno != 0 && tle->resno != var->varattno))
+				continue;
+			if (!computed_where_postgresql_computes(root, rte->subquery, (Node *) tle->expr,
+													sort_key, kp))
+				return false;
+		}
+		return true;
+	}
 	if (evaluates_nothing(expr))
 		return true;
 	if (kp->radius_qual != NULL || kp->exclude_qual != NULL || kp->group_targets != NIL)
@@ -528,7 +558,7 @@ recognise_tie_order(PlannerInfo *root, Query *sq, const KnnJoinPath *kp)
 			return knn_scan_reject("an ORDER BY key after the distance references the outer query");
 		if (contain_volatile_functions((Node *) tle->expr))
 			return knn_scan_reject("an ORDER BY key after the distance is volatile");
-		if (!computed_where_postgresql_computes(root, (Node *) tle->expr, true, kp))
+		if (!computed_where_postgresql_computes(root, sq, (Node *) tle->expr, true, kp))
 			return knn_scan_reject("an ORDER BY key after the distance is an expression and the subquery's WHERE references the outer query");
 		/* WITH TIES compares the keys by their equality */
 		if (sq->limitOption == LIMIT_OPTION_WITH_TIES &&
@@ -729,7 +759,7 @@ recognise_select_list(PlannerInfo *root, Query *sq, OpExpr *distance, KnnJoinPat
 		if (contain_volatile_functions((Node *) tle->expr))
 			return knn_scan_reject("the subquery's select list is volatile");
 		if (!tle->resjunk &&
-			!computed_where_postgresql_computes(root, (Node *) tle->expr,
+			!computed_where_postgresql_computes(root, sq, (Node *) tle->expr,
 												tle->ressortgroupref != 0, kp))
 			return knn_scan_reject("the subquery's select list computes a costly expression, or one where its WHERE references the outer query");
 	}

@@ -550,6 +550,36 @@ SELECT * FROM pg_temp.knn_check($$
 	FROM knn_shapes_queries q
 	CROSS JOIN LATERAL (SELECT t.id, t.id * 2 AS twice, t.v <-> q.v AS dist FROM knn_shapes_items t
 	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+-- A view's column is what the view computes, for every row of the inner
+-- scan, and is judged as that (review r13group: the node computed the
+-- view's "10 / (id - 3000)" for the row PostgreSQL's WHERE never reached,
+-- and its costly column for every row, and failed)
+CREATE TEMP VIEW knn_shapes_view_cheap AS
+	SELECT id, v, tag, 10 / (id - 3000) AS cheap, id * 2 AS twice FROM knn_shapes_items;
+CREATE TEMP VIEW knn_shapes_view_costly AS
+	SELECT id, v, tag, pg_temp.fails_far(id) AS costly FROM knn_shapes_items;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist, n.cheap
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.cheap, t.v <-> q.v AS dist FROM knn_shapes_view_cheap t
+	                    WHERE t.tag = q.tag ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist, n.costly
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.costly, t.v <-> q.v AS dist FROM knn_shapes_view_costly t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist, n.whole
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t AS whole, t.v <-> q.v AS dist FROM knn_shapes_view_costly t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+-- ... and a cheap one without a WHERE of the outer row's: still the node
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist, n.twice
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.twice, t.v <-> q.v AS dist FROM knn_shapes_view_cheap t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+DROP VIEW knn_shapes_view_cheap, knn_shapes_view_costly;
 -- An OFFSET past every row: no rows (not the node's limit of rows per outer row)
 SELECT pg_temp.knn_uses_join($$SELECT q.qn, n.id FROM knn_shapes_queries q
 	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 5 OFFSET 3000000000) n$$) AS node,
