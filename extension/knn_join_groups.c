@@ -77,7 +77,7 @@ knn_join_group_keys(const KnnJoinGroupColumns *queries, const KnnJoinGroupColumn
 						 errmsg("group key column %d of queries and targets has different collations: \"%s\" and \"%s\"",
 								3 + i, get_collation_name(collation),
 								get_collation_name(targets->collations[i])),
-						 errhint("Use a COLLATE clause on one of them in its query text.")));
+						 errhint("Give the column the same COLLATE clause in both query texts.")));
 			collation = targets->collations[i];
 		}
 		if (!OidIsValid(collation) && type_is_collatable(types[i]))
