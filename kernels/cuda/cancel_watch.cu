@@ -21,35 +21,23 @@ __global__ void set_word_kernel(int32_t *word) {
 
 CancelWatch::~CancelWatch() {
   stop();
-  if (word_ != nullptr) (void)cudaFree(word_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
   (void)cudaGetLastError();
 }
 
-void CancelWatch::start(int device, const int32_t *cancel) {
+void CancelWatch::start(int device, const int32_t *cancel, int32_t *word) {
   stop();
-  if (cancel == nullptr) return;
-  if (word_ == nullptr) {
+  if (cancel == nullptr || word == nullptr) return;
+  if (stream_ == nullptr) {
     int least = 0, greatest = 0;
-    void *word = nullptr;
     if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess ||
-        cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest) != cudaSuccess ||
-        cudaMalloc(&word, sizeof(int32_t)) != cudaSuccess) {
+        cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest) != cudaSuccess) {
       (void)cudaGetLastError();
+      stream_ = nullptr;
       return;
     }
-    word_ = static_cast<int32_t *>(word);
-  }
-  // Zero before any kernel reads it or the watch may set it.
-  if (cudaMemsetAsync(word_, 0, sizeof(int32_t), stream_) != cudaSuccess ||
-      cudaStreamSynchronize(stream_) != cudaSuccess) {
-    (void)cudaGetLastError();
-    (void)cudaFree(word_);
-    word_ = nullptr;
-    return;
   }
   stopping_ = false;
-  int32_t *word = word_;
   cudaStream_t stream = stream_;
   try {
     thread_ = start_signal_free_thread([this, device, cancel, word, stream] {

@@ -844,8 +844,13 @@ KnnStatus level2_filter(const ClusterSet &queries, const ClusterSet &targets,
   if (config.partial) {
     config.parts = 1;  // also for the full filter, should the partial one not fit
     bool done = false;
-    KNN_TRY(run_partial(queries, targets, target_set, metric, config.place, groups.max_groups, a,
-                        &done, mem, ctx));
+    // Never stopped: a stopped count or write pass would leave candidates
+    // unwritten that the selection indexes (the partial filter runs in
+    // memory, where no stop word is given anyway).
+    Level2Args counted = a;
+    counted.stop = nullptr;
+    KNN_TRY(run_partial(queries, targets, target_set, metric, config.place, groups.max_groups,
+                        counted, &done, mem, ctx));
     if (done) {
       *used = config;
       return KNN_OK;

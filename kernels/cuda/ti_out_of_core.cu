@@ -403,8 +403,9 @@ class OutOfCoreJoin {
   DeviceBuffer<int64_t> target_keys_;  // all target keys (rows are global)
   DeviceBuffer<int64_t> query_keys_;   // the current query part's keys
   DeviceBuffer<unsigned long long> counter_;
-  // Sets its word once the join is cancelled: level 2's queued blocks then
-  // end at once.
+  // 1 once the join is cancelled (cancel_watch_, declared after it so that
+  // it stops first): level 2's queued blocks then end at once.
+  DeviceBuffer<int32_t> stop_word_;
   CancelWatch cancel_watch_;
   DeviceBuffer<float> result_value_;  // the lists on the device (not mapped)
   DeviceBuffer<int32_t> result_row_;
@@ -604,7 +605,7 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   config.place = choose_list_place(ctx_, plan_.kprime, options_.list);
   // A cancel ends the blocks not yet begun: every result the host reads
   // from here on is behind a cancel check after the stream's wait.
-  config.stop = cancel_watch_.word();
+  config.stop = stop_word_.get();
   // Threads per query as in memory (IV-D3): a part's queries are few next
   // to the device's threads. The level-2 kernel seeds a carried list into
   // thread 0 of a query only, so the merge of the P lists sees each entry
@@ -1117,7 +1118,10 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
   KNN_TRY(upload_target_keys());
   KNN_TRY(fixed_mem_.allocate(ctx_, counter_, 1, "distance counter"));
   KNN_TRY(fixed_mem_.allocate(ctx_, theta_bits_, 3, "list bound and part test"));
-  cancel_watch_.start(ctx_.device, ctx_.cancel);
+  KNN_TRY(fixed_mem_.allocate(ctx_, stop_word_, 1, "cancel word"));
+  CUDA_CHECK(ctx_, cudaMemsetAsync(stop_word_.get(), 0, sizeof(int32_t), ctx_.stream));
+  CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));  // zero before the watch may set it
+  cancel_watch_.start(ctx_.device, ctx_.cancel, stop_word_.get());
   if (ordered_) {
     // The smallest original row of each target part.
     part_min_row_.assign(plan_.target_parts(), INT64_MAX);
