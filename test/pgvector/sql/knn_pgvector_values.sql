@@ -31,8 +31,9 @@ UPDATE pts SET h = v::halfvec(32);
 ANALYZE pts;
 
 -- The same values as pgvector's operators, by metric; the reference is the
--- operator sorted by (value, id), k = 7.
-CREATE FUNCTION by_operator(metric text, col text, ex boolean)
+-- operator sorted by (value, id), k = 7 (the targets' column is col too,
+-- or tcol).
+CREATE FUNCTION by_operator(metric text, col text, ex boolean, tcol text DEFAULT NULL)
 RETURNS TABLE (query_id bigint, target_id bigint, rank bigint, distance float8)
 LANGUAGE plpgsql AS $$
 DECLARE op text := CASE metric WHEN 'l2' THEN '<->' WHEN 'cosine' THEN '<=>'
@@ -41,9 +42,9 @@ BEGIN
   RETURN QUERY EXECUTE format(
     'SELECT q.id::bigint, n.id::bigint, row_number() OVER (PARTITION BY q.id ORDER BY n.d, n.id), n.d
      FROM pts q CROSS JOIN LATERAL (
-       SELECT t.id, t.%1$s %2$s q.%1$s AS d FROM pts t
+       SELECT t.id, t.%4$s %2$s q.%1$s AS d FROM pts t
        WHERE NOT %3$L OR t.id <> q.id
-       ORDER BY t.%1$s %2$s q.%1$s, t.id LIMIT 7) n', col, op, ex);
+       ORDER BY t.%4$s %2$s q.%1$s, t.id LIMIT 7) n', col, op, ex, coalesce(tcol, col));
 END $$;
 
 CREATE TABLE differences (metric text, col text, ex boolean, side text, n bigint);
@@ -84,34 +85,25 @@ SELECT (SELECT count(*) FROM (TABLE mine EXCEPT ALL TABLE theirs) x) AS knn_join
 DROP TABLE mine, theirs;
 DROP DOMAIN pts_vector;
 
--- halfvec queries against vector targets, and the other way: SQL resolves
--- h <-> v to pgvector's halfvec operator (its implicit cast vector ->
--- halfvec), so the join's values are that operator's (they were the
--- engine's: the two sides' types differed). knn_range_join too, at a
--- radius among the values.
-CREATE FUNCTION mixed_reference(metric text, qcol text, tcol text)
-RETURNS TABLE (query_id bigint, target_id bigint, rank bigint, distance float8)
-LANGUAGE plpgsql AS $$
-DECLARE op text := CASE metric WHEN 'l2' THEN '<->' WHEN 'cosine' THEN '<=>'
-                                WHEN 'ip' THEN '<#>' ELSE '<+>' END;
-BEGIN
-  RETURN QUERY EXECUTE format(
-    'SELECT q.id::bigint, n.id::bigint, row_number() OVER (PARTITION BY q.id ORDER BY n.d, n.id), n.d
-     FROM pts q CROSS JOIN LATERAL (
-       SELECT t.id, q.%1$s %3$s t.%2$s AS d FROM pts t
-       ORDER BY q.%1$s %3$s t.%2$s, t.id LIMIT 7) n', qcol, tcol, op);
-END $$;
+-- Columns of two types: halfvec beside vector (either side), which SQL
+-- resolves to pgvector's halfvec operator (its implicit cast vector ->
+-- halfvec), and real[] or double precision[] beside vector, which meet
+-- in SQL as arr::vector (here exactly v): the join's values are those
+-- operators' (they were the engine's: the two sides' types differed).
+-- knn_range_join too, at a radius among the values.
 CREATE TABLE mixed_differences (metric text, sides text, n bigint);
 DO $$
 DECLARE m text; s text[];
 BEGIN
   FOREACH m IN ARRAY ARRAY['l2', 'cosine', 'ip', 'l1'] LOOP
-    FOREACH s SLICE 1 IN ARRAY ARRAY[['h', 'v'], ['v', 'h']] LOOP
+    -- the texts' columns, then the reference's
+    FOREACH s SLICE 1 IN ARRAY ARRAY[['h', 'v', 'h', 'v'], ['v', 'h', 'v', 'h'],
+                                     ['v::real[]', 'v', 'v', 'v'], ['v', 'v::real[]::float8[]', 'v', 'v']] LOOP
       CREATE TEMP TABLE mine AS
         SELECT query_id, target_id, rank::bigint, distance
         FROM knn_join(format('SELECT id, %s FROM pts', s[1]), format('SELECT id, %s FROM pts', s[2]), 7,
                       metric => m);
-      CREATE TEMP TABLE theirs AS SELECT * FROM mixed_reference(m, s[1], s[2]);
+      CREATE TEMP TABLE theirs AS SELECT * FROM by_operator(m, s[3], false, s[4]);
       INSERT INTO mixed_differences
         SELECT m, s[1] || ' x ' || s[2], count(*) FROM (
           (TABLE mine EXCEPT ALL TABLE theirs) UNION ALL (TABLE theirs EXCEPT ALL TABLE mine)) x;
@@ -128,31 +120,6 @@ SELECT radius, (SELECT count(*) FROM pts q, pts t WHERE q.h <-> t.v <= radius) A
           SELECT query_id, target_id, distance FROM knn_range_join('SELECT id, h FROM pts', 'SELECT id, v FROM pts', radius)) x) AS sql_only
 FROM (SELECT q.h <-> t.v AS radius FROM pts q, pts t WHERE q.id = 3 AND t.id = 500) r;
 DROP TABLE mixed_differences;
-DROP FUNCTION mixed_reference;
-
--- real[] and double precision[] beside vector: SQL needs arr::vector (here
--- exactly v), so the values are pgvector's vector operator's (they were
--- the engine's), on either side.
-CREATE TABLE array_differences (metric text, sides text, n bigint);
-DO $$
-DECLARE m text; s text[];
-BEGIN
-  FOREACH m IN ARRAY ARRAY['l2', 'cosine', 'ip', 'l1'] LOOP
-    FOREACH s SLICE 1 IN ARRAY ARRAY[['v::real[]', 'v'], ['v', 'v::real[]::float8[]']] LOOP
-      CREATE TEMP TABLE mine AS
-        SELECT query_id, target_id, rank::bigint, distance
-        FROM knn_join(format('SELECT id, %s FROM pts', s[1]), format('SELECT id, %s FROM pts', s[2]), 7,
-                      metric => m);
-      CREATE TEMP TABLE theirs AS SELECT * FROM by_operator(m, 'v', false);
-      INSERT INTO array_differences
-        SELECT m, s[1] || ' x ' || s[2], count(*) FROM (
-          (TABLE mine EXCEPT ALL TABLE theirs) UNION ALL (TABLE theirs EXCEPT ALL TABLE mine)) x;
-      DROP TABLE mine, theirs;
-    END LOOP;
-  END LOOP;
-END $$;
-SELECT count(*) AS comparisons, sum(n) AS differing_rows FROM array_differences;
-DROP TABLE array_differences;
 
 -- Sums near FLT_MAX: pgvector's L1 sum stays finite where the engine's
 -- canonical one overflows (+inf), and the other way. A canonical +inf
@@ -358,7 +325,7 @@ DROP FUNCTION radius_query(text, text, float8, text, text), ties_query(text, tex
 DROP VIEW pts_view;
 
 DROP TABLE pts, differences, node_differences;
-DROP FUNCTION by_operator(text, text, boolean), canonical_l2(vector, vector);
+DROP FUNCTION by_operator(text, text, boolean, text), canonical_l2(vector, vector);
 DROP AGGREGATE real_sum(real);
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;
