@@ -335,12 +335,13 @@ class OutOfCoreJoin {
 
   // Mapped lists and the cancel watch's word go only once the device is
   // done with them (an error path may leave kernels queued); the host
-  // threads are waited for by their futures, destroyed first. Whatever ended the join (a failure, a
-  // cancel, a budget too small, values that overflow), the pinning still
-  // under way is not wanted: both pinning threads stop within a piece (a
-  // block stopped half-way is unlocked and freed by its thread; the blocks
-  // done go with their owners, after the stream), and the join's own status
-  // and message stand (a stopped pinning reports nothing).
+  // threads are waited for by their futures, destroyed first. Whatever
+  // ended the join (a failure, a cancel, a budget too small, values that
+  // overflow), the pinning still under way is not wanted: both pinning
+  // threads stop within a piece (a block stopped half-way is unlocked and
+  // freed by its thread; the blocks done go with their owners, after the
+  // stream), and the join's own status and message stand (a stopped
+  // pinning reports nothing).
   ~OutOfCoreJoin() {
     __atomic_store_n(&stop_pinning_, 1, __ATOMIC_RELAXED);
     targets_.stop_pinning();
