@@ -30,6 +30,12 @@ knn_join_params_read(ArrayType *array, KnnJoinParams *params)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("knn_join: params must be a one-dimensional array, not %d dimensions",
 						ARR_NDIM(array))));
+	/* element i is $i: an array of other bounds would be renumbered silently */
+	if (ARR_NDIM(array) == 1 && ARR_LBOUND(array)[0] != 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("knn_join: params must start at element 1 (element n is $n), not %d",
+						ARR_LBOUND(array)[0])));
 	deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &n);
 	params->n = n;
 	params->texts = palloc0(Max(1, n) * sizeof(char *));

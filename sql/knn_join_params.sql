@@ -78,6 +78,8 @@ SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE cat = $1', 'SELECT id, v FROM shelf', 1)$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE id < $1', 'SELECT id, v FROM shelf', 1, params => ARRAY['ten'])$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE cat = $1', 'SELECT id, v FROM shelf', 1, params => ARRAY[['a'], ['b']])$q$);
+-- element n is $n: an array of other bounds is refused, not renumbered (review r13group)
+SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE cat = $1', 'SELECT id, v FROM shelf', 1, params => '[5:5]={a}')$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE cat = $1; SELECT 1', 'SELECT id, v FROM shelf', 1, params => ARRAY['a'])$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('DELETE FROM shelf WHERE id = $1 RETURNING id, v', 'SELECT id, v FROM shelf', 1, params => ARRAY['1'])$q$);
 SELECT count(*) AS still_there FROM shelf;
