@@ -980,7 +980,35 @@ typedef struct KnnDimTargets
 	int64	   *inner_rows;		/* per target: its inner row */
 	int64	   *groups;
 	int64	   *keys;			/* self-exclusion keys (0 without) */
+	int64		room;			/* entries the three arrays have */
 } KnnDimTargets;
+
+/*
+ * Room in dt's arrays for one more target: they grow by doubling (in cxt),
+ * so that many query dimensions do not each take arrays of every inner row.
+ */
+static void
+dim_targets_reserve(KnnDimTargets *dt, int64 n_inner, MemoryContext cxt)
+{
+	int64		room;
+
+	if (dt->targets.n < dt->room)
+		return;
+	room = Min(n_inner, Max(1024, 2 * dt->room));
+	if (dt->room == 0)
+	{
+		dt->inner_rows = MemoryContextAllocHuge(cxt, sizeof(int64) * room);
+		dt->groups = MemoryContextAllocHuge(cxt, sizeof(int64) * room);
+		dt->keys = MemoryContextAllocHuge(cxt, sizeof(int64) * room);
+	}
+	else
+	{
+		dt->inner_rows = repalloc_huge(dt->inner_rows, sizeof(int64) * room);
+		dt->groups = repalloc_huge(dt->groups, sizeof(int64) * room);
+		dt->keys = repalloc_huge(dt->keys, sizeof(int64) * room);
+	}
+	dt->room = room;
+}
 
 /*
  * The queries' dimensions, per group, and the distinct ones in order of
@@ -1053,6 +1081,7 @@ read_group_targets(KnnJoinState *state, const KnnVectorReader *reader, const Knn
 		/* group_dim[g] is some query's dimension, so one of per_dim's */
 		while (into->dim != view.dim)
 			into++;
+		dim_targets_reserve(into, state->n_inner, state->join_cxt);
 		into->inner_rows[into->targets.n] = i;
 		into->groups[into->targets.n] = g;
 		into->keys[into->targets.n] = state->inner_key != NULL ? state->inner_key[i] : 0;
@@ -1203,9 +1232,6 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 	{
 		per_dim[d].dim = list_nth_int(dim_list, d);
 		knn_matrix_init(&per_dim[d].targets, "target", reader->element);
-		per_dim[d].inner_rows = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
-		per_dim[d].groups = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
-		per_dim[d].keys = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
 	}
 	MemoryContextSwitchTo(old);
 	/* (without any query vector, only the NULL-vector inner rows matter) */
