@@ -80,12 +80,16 @@ typedef struct SubtransactionState
 {
 	SubTransactionId subxact;
 	int			nested_joins;
-	bool		running;		/* a join's row was running */
+	uint64		running;		/* the running row's join (running_join), or 0 */
 } SubtransactionState;
 
 static SubtransactionState *subtransactions;
 static int	n_subtransactions;
 static int	subtransactions_room;
+
+/* Numbers the joins that own the row (begun, not nested): which one runs. */
+static uint64 joins_begun;
+static uint64 running_join;
 
 static const char *const phase_names[] = {
 	"idle", "reading queries", "reading targets", "sorting", "engine running", "returning rows"
@@ -164,7 +168,8 @@ progress_subtransaction_event(SubXactEvent event, SubTransactionId subxact,
 		}
 		subtransactions[n_subtransactions].subxact = subxact;
 		subtransactions[n_subtransactions].nested_joins = nested_joins;
-		subtransactions[n_subtransactions].running = current.phase != KNN_PROGRESS_IDLE;
+		subtransactions[n_subtransactions].running =
+			current.phase != KNN_PROGRESS_IDLE ? running_join : 0;
 		n_subtransactions++;
 		return;
 	}
@@ -177,13 +182,21 @@ progress_subtransaction_event(SubXactEvent event, SubTransactionId subxact,
 			continue;
 		if (event == SUBXACT_EVENT_ABORT_SUB)
 		{
-			if (!subtransactions[i].running)
+			/* a row begun (or taken over) inside it goes with it */
+			if (current.phase != KNN_PROGRESS_IDLE &&
+				running_join != subtransactions[i].running)
 				end_running_row();
 			nested_joins = subtransactions[i].nested_joins;
 		}
 		n_subtransactions = i;
 		return;
 	}
+	/*
+	 * Not recorded: it began before this library was loaded (or its entry
+	 * could not be made), so no join ran when it began.
+	 */
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+		end_running_row();
 }
 
 static void
@@ -220,6 +233,7 @@ knn_progress_begin(const char *source, int32 k)
 		return;
 	}
 	nested_joins = 0;
+	running_join = ++joins_begun;
 	now = GetCurrentTimestamp();
 	open_file();
 	current.magic = KNN_PROGRESS_MAGIC;

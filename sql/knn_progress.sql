@@ -152,6 +152,38 @@ DO $$ BEGIN
                                  'SELECT id, v FROM progress_q', 5);
   PERFORM pg_temp.own_row('after it');
 END $$;
+-- ... also where the library is loaded inside that block (a fresh session:
+-- the subtransaction began before its callbacks existed), and where a
+-- cursor's node still holds the row from an earlier statement (review
+-- r13diff2: either left the failed node's row running).
+SELECT dblink_connect('fresh', format('host=%s port=%s dbname=%s',
+  split_part(current_setting('unix_socket_directories'), ',', 1),
+  current_setting('port'), current_database())) AS connected;
+SELECT dblink_exec('fresh', $d$DO $$ BEGIN
+  BEGIN
+    PERFORM count(*) FROM knn_gpu_progress_rows();
+    PERFORM count(*) FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n;
+  EXCEPTION WHEN others THEN NULL;
+  END;
+  IF EXISTS (SELECT FROM knn_gpu_progress_rows() WHERE pid = pg_backend_pid()) THEN
+    RAISE EXCEPTION 'a row after the caught error';
+  END IF;
+END $$$d$) AS fresh_session;
+SELECT dblink_disconnect('fresh') AS disconnected;
+BEGIN;
+SET LOCAL cursor_tuple_fraction = 1.0;
+SELECT pg_temp.runs_the_node('SELECT q.id, n.id FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_q t ORDER BY t.v <-> q.v LIMIT 2) n') AS node;
+DECLARE held CURSOR FOR SELECT q.id, n.id FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_q t ORDER BY t.v <-> q.v LIMIT 2) n;
+FETCH 1 FROM held;
+DO $$ BEGIN
+  BEGIN
+    PERFORM count(*) FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n;
+  EXCEPTION WHEN others THEN PERFORM pg_temp.own_row('beside a cursor, after the caught error');
+  END;
+  PERFORM count(*) FROM knn_join('SELECT id, v FROM progress_q WHERE CASE WHEN id = 1 THEN pg_temp.own_row(''beside a cursor, inside the next knn_join'') ELSE true END',
+                                 'SELECT id, v FROM progress_q', 5);
+END $$;
+COMMIT;
 DROP TABLE progress_q, progress_t;
 
 -- The file of a backend that is gone (killed, say) is removed by the next
