@@ -481,6 +481,52 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 }
 
 /*
+ * The expression with each column of a subquery in FROM (a view, say)
+ * replaced by what the subquery computes for it, and a whole-row reference
+ * by all its columns: the inner scan computes those for every row.
+ */
+static Node *
+with_subquery_columns(Node *node, Query *sq)
+{
+	if (node == NULL)
+		return NULL;
+	if (IsA(node, Var) && ((Var *) node)->varlevelsup == 0)
+	{
+		Var		   *var = (Var *) node;
+		RangeTblEntry *rte = rt_fetch(var->varno, sq->rtable);
+		List	   *columns = NIL;
+		ListCell   *lc;
+
+		if (rte->rtekind != RTE_SUBQUERY || rte->subquery == NULL)
+			return node;
+		foreach(lc, rte->subquery->targetList)
+		{
+			TargetEntry *tle = lfirst_node(TargetEntry, lc);
+			Node	   *column;
+
+			if (tle->resjunk || (var->varattno != 0 && tle->resno != var->varattno))
+				continue;
+			column = with_subquery_columns((Node *) tle->expr, rte->subquery);
+			if (var->varattno != 0)
+				return column;
+			columns = lappend(columns, column);
+		}
+		if (var->varattno != 0)
+			return node;
+		{
+			RowExpr    *row = makeNode(RowExpr);
+
+			row->args = columns;
+			row->row_typeid = RECORDOID;
+			row->row_format = COERCE_IMPLICIT_CAST;
+			row->location = -1;
+			return (Node *) row;
+		}
+	}
+	return expression_tree_mutator(node, with_subquery_columns, sq);
+}
+
+/*
  * May the inner scan compute a select-list entry or an ORDER BY key for
  * every row of the relation, as it does? PostgreSQL computes it below the
  * sort for the rows its WHERE keeps, except that a costly select-list
@@ -497,37 +543,13 @@ computed_where_postgresql_computes(PlannerInfo *root, Query *sq, Node *expr, boo
 								   const KnnJoinPath *kp)
 {
 	QualCost	cost;
-	Node	   *bare = expr;
-	Var		   *var;
-	RangeTblEntry *rte;
 
-	while (bare != NULL && (IsA(bare, RelabelType) || IsA(bare, CollateExpr)))
-		bare = IsA(bare, RelabelType) ? (Node *) ((RelabelType *) bare)->arg :
-			(Node *) ((CollateExpr *) bare)->arg;
 	/*
-	 * A column of a subquery in FROM (a view, say) is what the subquery
-	 * computes, for every row of the inner scan: judged as that (review
-	 * r13group: a view's "10 / x" failed for rows PostgreSQL never reached).
+	 * A column of a subquery in FROM is judged as what the subquery
+	 * computes (review r13group: a view's "10 / x" failed for rows
+	 * PostgreSQL's plan never computed it for).
 	 */
-	var = bare != NULL && IsA(bare, Var) ? (Var *) bare : NULL;
-	rte = var != NULL && var->varlevelsup == 0 ? rt_fetch(var->varno, sq->rtable) : NULL;
-	if (rte != NULL && rte->rtekind == RTE_SUBQUERY && rte->subquery != NULL)
-	{
-		ListCell   *lc;
-
-		foreach(lc, rte->subquery->targetList)
-		{
-			TargetEntry *tle = lfirst_node(TargetEntry, lc);
-
-			/* the column, or every column of a whole-row reference */
-			if (tle->resjunk || (var->varattno != 0 && tle->resno != var->varattno))
-				continue;
-			if (!computed_where_postgresql_computes(root, rte->subquery, (Node *) tle->expr,
-													sort_key, kp))
-				return false;
-		}
-		return true;
-	}
+	expr = with_subquery_columns(expr, sq);
 	if (evaluates_nothing(expr))
 		return true;
 	if (kp->radius_qual != NULL || kp->exclude_qual != NULL || kp->group_targets != NIL)

@@ -573,6 +573,17 @@ SELECT * FROM pg_temp.knn_check($$
 	FROM knn_shapes_queries q
 	CROSS JOIN LATERAL (SELECT t.id, t AS whole, t.v <-> q.v AS dist FROM knn_shapes_view_costly t
 	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+-- ... also inside an expression (review r13diff2: only a bare column was followed)
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist, n.more
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.costly + 0 AS more, t.v <-> q.v AS dist FROM knn_shapes_view_costly t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist, n.json
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, row_to_json(t)::text AS json, t.v <-> q.v AS dist FROM knn_shapes_view_costly t
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
 -- ... and a cheap one without a WHERE of the outer row's: still the node
 SELECT * FROM pg_temp.knn_check($$
 	SELECT q.qn AS qid, n.id AS nid, n.dist, n.twice
