@@ -143,15 +143,20 @@ BEGIN
   RETURN false;
 END $$;
 SELECT pg_temp.runs_the_node('SELECT q.id, n.id FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n') AS node;
-DO $$ BEGIN
+-- The failing node in an EXCEPTION block, then a knn_join: this
+-- session's row after the catch, inside the knn_join's text and after it.
+CREATE FUNCTION pg_temp.caught_node_then_knn_join(tag text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
   BEGIN
     PERFORM count(*) FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n;
-  EXCEPTION WHEN others THEN PERFORM pg_temp.own_row('after the caught error');
+  EXCEPTION WHEN others THEN PERFORM pg_temp.own_row(tag || 'after the caught error');
   END;
-  PERFORM count(*) FROM knn_join('SELECT id, v FROM progress_q WHERE CASE WHEN id = 1 THEN pg_temp.own_row(''inside the next knn_join'') ELSE true END',
+  PERFORM count(*) FROM knn_join(format('SELECT id, v FROM progress_q WHERE CASE WHEN id = 1 THEN pg_temp.own_row(%L) ELSE true END',
+                                        tag || 'inside the next knn_join'),
                                  'SELECT id, v FROM progress_q', 5);
-  PERFORM pg_temp.own_row('after it');
+  PERFORM pg_temp.own_row(tag || 'after it');
 END $$;
+SELECT pg_temp.caught_node_then_knn_join('');
 -- ... also where the library is loaded inside that block (a fresh session:
 -- the subtransaction began before its callbacks existed), and where a
 -- cursor's node still holds the row from an earlier statement (review
@@ -175,14 +180,7 @@ SET LOCAL cursor_tuple_fraction = 1.0;
 SELECT pg_temp.runs_the_node('SELECT q.id, n.id FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_q t ORDER BY t.v <-> q.v LIMIT 2) n') AS node;
 DECLARE held CURSOR FOR SELECT q.id, n.id FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_q t ORDER BY t.v <-> q.v LIMIT 2) n;
 FETCH 1 FROM held;
-DO $$ BEGIN
-  BEGIN
-    PERFORM count(*) FROM progress_q q CROSS JOIN LATERAL (SELECT t.id FROM progress_t t ORDER BY t.v <-> q.v LIMIT 2) n;
-  EXCEPTION WHEN others THEN PERFORM pg_temp.own_row('beside a cursor, after the caught error');
-  END;
-  PERFORM count(*) FROM knn_join('SELECT id, v FROM progress_q WHERE CASE WHEN id = 1 THEN pg_temp.own_row(''beside a cursor, inside the next knn_join'') ELSE true END',
-                                 'SELECT id, v FROM progress_q', 5);
-END $$;
+SELECT pg_temp.caught_node_then_knn_join('beside a cursor, ');
 COMMIT;
 DROP TABLE progress_q, progress_t;
 
