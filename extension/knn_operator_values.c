@@ -126,7 +126,7 @@ typedef struct ValueBound
 	double		g;
 	double		tiny;
 	double		max_target_norm;	/* inner product */
-	bool		unsafe;			/* cosine with a tiny norm among the targets */
+	bool		unsafe;			/* cosine: a target norm tiny, or its square may overflow */
 } ValueBound;
 
 /* Whether a float sum of terms whose absolute values add up to s may overflow. */
