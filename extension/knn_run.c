@@ -108,8 +108,8 @@ admit_job(KnnJob *job)
 	INSTR_TIME_SET_CURRENT(start);
 	if (!knn_admission_try_acquire())
 	{
-		const char *old_title = NULL;
-		char	   *title = NULL;
+		const char *volatile old_title = NULL;
+		char	   *volatile title = NULL;
 		int			len = 0;
 
 		last_admission.queued = true;
@@ -120,23 +120,32 @@ admit_job(KnnJob *job)
 			old_title = pnstrdup(old_title, len);
 			set_ps_display(title);
 		}
-		do
+		/* An error in the wait (a cancel caught by PL/pgSQL) restores it too. */
+		PG_TRY();
 		{
-			int			rc;
+			do
+			{
+				int			rc;
 
-			/* WaitLatch reports the event and clears it again on return. */
-			rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_POSTMASTER_DEATH,
-						   KNN_POLL_MS, KNN_WAIT_GPU_SLOT);
-			pgstat_report_wait_start(KNN_WAIT_GPU_SLOT);
-			if (rc & WL_LATCH_SET)
-				ResetLatch(MyLatch);
-			if (rc & WL_POSTMASTER_DEATH)
-				exit_for_postmaster_death();
-			answer_interrupts();
-		} while (!knn_admission_try_acquire());
+				/* WaitLatch reports the event and clears it again on return. */
+				rc = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_POSTMASTER_DEATH,
+							   KNN_POLL_MS, KNN_WAIT_GPU_SLOT);
+				pgstat_report_wait_start(KNN_WAIT_GPU_SLOT);
+				if (rc & WL_LATCH_SET)
+					ResetLatch(MyLatch);
+				if (rc & WL_POSTMASTER_DEATH)
+					exit_for_postmaster_death();
+				answer_interrupts();
+			} while (!knn_admission_try_acquire());
+		}
+		PG_FINALLY();
+		{
+			if (title != NULL)
+				set_ps_display(old_title);
+		}
+		PG_END_TRY();
 		if (title != NULL)
 		{
-			set_ps_display(old_title);
 			pfree(title);
 			pfree((char *) old_title);
 		}

@@ -46,6 +46,20 @@ BEGIN
   RETURN 'not seen';
 END $$;
 
+-- The same for a given wait event (of any type).
+CREATE FUNCTION pg_temp.seen_waiting_for(prefix text, event text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1 .. 3000 LOOP
+    PERFORM pg_stat_clear_snapshot();
+    IF EXISTS (SELECT FROM pg_stat_activity WHERE pid <> pg_backend_pid()
+               AND query LIKE prefix || '%' AND wait_event = event) THEN
+      RETURN event;
+    END IF;
+    PERFORM pg_sleep(0.01);
+  END LOOP;
+  RETURN 'not seen';
+END $$;
+
 -- Replaces the probe record with these lines (COPY wants an absolute path).
 CREATE FUNCTION pg_temp.write_record(lines text[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -142,6 +156,32 @@ SELECT clock_timestamp() - :'sent_at'::timestamptz BETWEEN interval '250 ms' AND
        dblink_error_message('waiter') AS error;
 SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(count bigint);
 SELECT dblink_exec('waiter', 'RESET statement_timeout') AS reset_timeout;
+-- A cancel caught inside a function gives the process title back: the
+-- statement goes on without "waiting for a GPU slot" (read from the
+-- waiter's command line, where PostgreSQL writes its title).
+CREATE FUNCTION admission_caught_wait() RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  BEGIN
+    PERFORM count(*) FROM knn_join('SELECT id, v FROM admission_small', 'SELECT id, v FROM admission_small', 3);
+  EXCEPTION WHEN query_canceled THEN
+    NULL;
+  END;
+  PERFORM pg_sleep(30);
+  RETURN 'slept';
+END $$;
+CREATE FUNCTION pg_temp.waiter_title() RETURNS text LANGUAGE sql AS $$
+  SELECT encode(pg_read_binary_file('/proc/' || pid || '/cmdline'), 'escape')
+  FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query = 'SELECT admission_caught_wait()' $$;
+SELECT dblink_send_query('waiter', 'SELECT admission_caught_wait()') AS sent;
+SELECT pg_temp.seen_waiting('SELECT admission_caught_wait()') AS waiter;
+SELECT pg_temp.waiter_title() LIKE '%waiting for a GPU slot%' AS title_while_waiting;
+SELECT dblink_cancel_query('waiter') AS cancel;
+SELECT pg_temp.seen_waiting_for('SELECT admission_caught_wait()', 'PgSleep') AS waiter;
+SELECT pg_temp.waiter_title() NOT LIKE '%waiting for a GPU slot%' AS title_given_back;
+SELECT dblink_cancel_query('waiter') AS cancel_sleep;
+SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(s text);
+SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(s text);
+DROP FUNCTION admission_caught_wait();
 -- A join that waits gets the slot when the holder ends (here: is
 -- cancelled), and its statistics say how long it queued.
 SELECT dblink_send_query('waiter',
