@@ -10,6 +10,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -129,15 +130,48 @@ open_file(void)
 		return;
 	snprintf(progress_path, sizeof(progress_path), "%s/%s/%s%d", DataDir, KNN_PROGRESS_DIR,
 			 KNN_PROGRESS_PREFIX, MyProcPid);
-	progress_fd = open(progress_path, O_RDWR | O_CREAT | O_CLOEXEC, S_IRUSR | S_IWUSR);
-	if (progress_fd < 0)
+	/*
+	 * A shared lock for the backend's life tells readers the file is in use;
+	 * a reader that removed a dead backend's file of this name while we
+	 * opened it leaves our descriptor on the removed file: open again.
+	 */
+	for (int attempt = 0; attempt < 10; attempt++)
 	{
-		ereport(DEBUG1,
-				(errcode_for_file_access(),
-				 errmsg("could not open \"%s\": %m", progress_path)));
-		return;
+		struct stat opened;
+		struct stat named;
+
+		progress_fd = open(progress_path, O_RDWR | O_CREAT | O_CLOEXEC, S_IRUSR | S_IWUSR);
+		if (progress_fd < 0)
+			break;
+		if (flock(progress_fd, LOCK_SH) == 0 && fstat(progress_fd, &opened) == 0 &&
+			stat(progress_path, &named) == 0 &&
+			opened.st_dev == named.st_dev && opened.st_ino == named.st_ino)
+		{
+			on_proc_exit(remove_file_at_exit, (Datum) 0);
+			return;
+		}
+		close(progress_fd);
+		progress_fd = -1;
 	}
-	on_proc_exit(remove_file_at_exit, (Datum) 0);
+	ereport(DEBUG1,
+			(errcode_for_file_access(),
+			 errmsg("could not open \"%s\": %m", progress_path)));
+}
+
+/*
+ * Removes a dead backend's file, unless a live backend holds it: one that
+ * reused the pid and opened the file since (it holds a shared lock).
+ */
+static void
+remove_dead_file(const char *path)
+{
+	int			fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return;
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+		(void) unlink(path);
+	close(fd);
 }
 
 /* The row goes idle (an ERROR's abort: see subtransactions). */
@@ -424,7 +458,7 @@ knn_gpu_progress_rows(PG_FUNCTION_ARGS)
 		if (backend_gone((int32) pid))
 		{
 			/* nobody else removes it (a later backend of that pid reuses it) */
-			(void) unlink(path);
+			remove_dead_file(path);
 			continue;
 		}
 		if (!read_record(path, (int32) pid, &record) || !may_see_backend((int32) pid))
