@@ -71,22 +71,44 @@ knn_join_params_analyze(RawStmt *raw, const char *sql, Oid **types, int *n_types
 	return pg_analyze_and_rewrite_withcb(raw, sql, setup_variable_params, &state, NULL);
 }
 
+/*
+ * An error's position in the text is a position in the text, not in the
+ * statement that called knn_join (as SPI reports it for texts it parses).
+ */
+static void
+text_error_callback(void *arg)
+{
+	int			position = geterrposition();
+
+	if (position <= 0)
+		return;
+	errposition(0);
+	internalerrposition(position);
+	internalerrquery((const char *) arg);
+}
+
 SPIPlanPtr
 knn_join_params_prepare(const char *sql, const char *arg, const KnnJoinParams *params,
 						Datum **values, char **nulls)
 {
-	List	   *raw = pg_parse_query(sql);
+	List	   *raw;
 	Oid		   *types = NULL;
 	int			n_types = 0;
 	SPIPlanPtr	plan;
+	ErrorContextCallback text_context;
 
-
+	text_context.callback = text_error_callback;
+	text_context.arg = unconstify(char *, sql);
+	text_context.previous = error_context_stack;
+	error_context_stack = &text_context;
+	raw = pg_parse_query(sql);
 	if (list_length(raw) != 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_SYNTAX_ERROR),
 				 errmsg("%s must be a single SELECT statement, not %d statements",
 						arg, list_length(raw))));
 	(void) knn_join_params_analyze(linitial_node(RawStmt, raw), sql, &types, &n_types);
+	error_context_stack = text_context.previous;
 	if (n_types > params->n)
 		ereport(ERROR,
 				(errcode(ERRCODE_UNDEFINED_PARAMETER),

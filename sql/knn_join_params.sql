@@ -83,6 +83,8 @@ SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE cat = $1; SELECT 1', 'SELECT id, v FROM shelf', 1, params => ARRAY['a'])$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('DELETE FROM shelf WHERE id = $1 RETURNING id, v', 'SELECT id, v FROM shelf', 1, params => ARRAY['1'])$q$);
 SELECT count(*) AS still_there FROM shelf;
+-- An error in a text points into the text (QUERY), as without params.
+SELECT * FROM knn_join('SELECT id, v FROM shelf WHERE cat = $1 AND no_such_column', 'SELECT id, v FROM shelf', 1, params => ARRAY['a']);
 
 CREATE FUNCTION pg_temp.explain_lines(statement text) RETURNS SETOF text LANGUAGE plpgsql AS $$
 DECLARE
