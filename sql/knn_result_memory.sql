@@ -52,6 +52,24 @@ SELECT s->'queries' AS queries, s->'k' AS k, s->'distance_computations' AS compu
   FROM (SELECT knn_gpu_last_stats()::jsonb s) x;
 RESET knn_gpu.max_result_memory;
 
+-- The KNN Join node holds its result until the scan ends: past the limit
+-- it ends with an error (54000) before allocating, not an OOM kill.
+SET knn_gpu.max_result_memory = 1;
+EXPLAIN (COSTS OFF) SELECT q.id, n.id FROM rm q
+  CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v LIMIT 300) n;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v LIMIT 300) n;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t WHERE t.g = q.g ORDER BY t.v <-> q.v LIMIT 300) n;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t WHERE t.v <-> q.v < 100 ORDER BY t.v <-> q.v) n;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v FETCH FIRST 300 ROWS WITH TIES) n;
+\set VERBOSITY default
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v LIMIT 300) n;
+-- within the limit, as before
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v LIMIT 200) n;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t WHERE t.v <-> q.v < 3 ORDER BY t.v <-> q.v) n;
+RESET knn_gpu.max_result_memory;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v LIMIT 300) n;
+
 -- k is any user's; the limit is the administrator's
 CREATE ROLE rm_user;
 SET ROLE rm_user;
