@@ -721,6 +721,93 @@ knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result)
 	return result->neighbors != NULL || result->offsets != NULL;
 }
 
+/* Adds one batch's engine statistics to the join's (the first batch's names and devices). */
+static void
+add_batch_stats(KnnStats *total, const KnnStats *batch, bool first)
+{
+	if (first)
+	{
+		*total = *batch;
+		return;
+	}
+	total->query_clusters += batch->query_clusters;
+	total->target_clusters += batch->target_clusters;
+	total->distance_computations += batch->distance_computations;
+	total->pairs += batch->pairs;
+	total->seconds_transfer += batch->seconds_transfer;
+	total->seconds_cluster += batch->seconds_cluster;
+	total->seconds_filter += batch->seconds_filter;
+	total->seconds_select += batch->seconds_select;
+	total->seconds_total += batch->seconds_total;
+	total->seconds_queued += batch->seconds_queued;
+}
+
+/*
+ * A join whose result arrays would pass knn_gpu.max_result_memory (k is
+ * the caller's: |Q| x k x 16 bytes can be far more than the server has):
+ * the engine runs on batches of per_run query rows, and each batch's rows
+ * go into the tuplestore (which spills past work_mem) before the next
+ * runs. Each query's neighbours are its own, so the rows are the same, in
+ * the same order.
+ */
+static void
+join_in_batches(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queries,
+				KnnMatrix *targets, const KnnKeyColumn *query_keys,
+				const KnnKeyColumn *target_keys, int32 slots, int64 per_run,
+				KnnOperatorValues *by_operator, KnnPackedRows *packed,
+				double seconds_read, double seconds_sort)
+{
+	int64	   *neighbors = MemoryContextAllocHuge(CurrentMemoryContext,
+												   (Size) per_run * slots * sizeof(int64));
+	double	   *distances = MemoryContextAllocHuge(CurrentMemoryContext,
+												   (Size) per_run * slots * sizeof(double));
+	KnnProblem	problem;
+	KnnStats	total;
+	KnnJoinRecord record;
+	double		seconds_return = 0;
+
+	knn_progress_totals(queries->n, targets->n, -1);
+	for (int64 first = 0; first < queries->n; first += per_run)
+	{
+		KnnMatrix	part = *queries;
+		KnnStats	stats;
+		instr_time	start;
+
+		part.n = Min(per_run, queries->n - first);
+		part.values += first * queries->row_bytes;
+		part.ids += first;
+		if (part.groups != NULL)
+			part.groups += first;
+		knn_matrix_problem(&problem, &part, targets, slots);
+		problem.metric = call->metric;
+		problem.method = call->method;
+		if (call->exclude_self)
+		{
+			problem.query_keys = part.ids;
+			problem.target_keys = targets->ids;
+		}
+		knn_progress_phase(KNN_PROGRESS_ENGINE);
+		if (by_operator != NULL)
+			knn_operator_values_run(by_operator, &problem, &part, targets, neighbors, distances,
+									&stats);
+		else
+			knn_run_problem(&problem, neighbors, distances, &stats);
+		add_batch_stats(&total, &stats, first == 0);
+		knn_progress_work(total.distance_computations);
+		knn_progress_phase(KNN_PROGRESS_RETURNING);
+		INSTR_TIME_SET_CURRENT(start);
+		return_rows(rsinfo, &part, targets, query_keys, target_keys, slots, neighbors, distances,
+					packed);
+		seconds_return += knn_seconds_since(start);
+	}
+	pfree(neighbors);
+	pfree(distances);
+	/* the record is the whole join's */
+	problem.n_queries = queries->n;
+	knn_stats_record(&record, &problem, &total, seconds_read, seconds_sort, seconds_return);
+	knn_join_explain_report(&record);
+}
+
 static void
 knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 {
@@ -746,6 +833,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	int64	   *neighbors;
 	double	   *distances;
 	int32		slots;
+	int64		per_run;
 	KnnOperatorValues operator_values;
 	bool		by_operator;
 	Oid			operand_type;
@@ -962,6 +1050,23 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 
 	/* k past the target count returns every target: no need for more slots. */
 	slots = (int32) Min((int64) call->k, targets->n);
+	per_run = knn_result_rows_per_run(slots);
+	if (per_run < queries.n)
+	{
+		/* too large to hold: batches through the tuplestore, not the custom scan's arrays */
+		if (call->packed && !pack_here)
+		{
+			InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+			knn_packed_begin(&packed, rsinfo);
+		}
+		join_in_batches(rsinfo, call, &queries, targets, query_set.keys, target_keys, slots,
+						per_run, by_operator ? &operator_values : NULL,
+						call->packed ? &packed : NULL, seconds_read, seconds_sort);
+		if (call->packed)
+			knn_packed_end(&packed);
+		knn_progress_end();
+		return;
+	}
 	knn_progress_totals(queries.n, targets->n, -1);
 	neighbors = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(int64));
 	distances = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(double));
@@ -1149,6 +1254,12 @@ packed_call(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 		PG_END_TRY();
 		MemoryContextSwitchTo(old);
 		funcctx->user_fctx = cursor;
+		/* a result too large to hold went into the tuplestore (join_in_batches) */
+		if (rsinfo->returnMode == SFRM_Materialize)
+		{
+			end_MultiFuncCall(fcinfo, funcctx);
+			PG_RETURN_NULL();
+		}
 	}
 	funcctx = SRF_PERCALL_SETUP();
 	cursor = (KnnPackedCursor *) funcctx->user_fctx;

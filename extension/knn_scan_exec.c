@@ -713,6 +713,28 @@ typedef struct KnnRangeRun
 	int64		target_base;	/* run's target row + this = the join's */
 } KnnRangeRun;
 
+/* A result slot (neighbour, distance), and a radius join's pair (with its query). */
+#define KNN_SLOT_BYTES (sizeof(int64) + sizeof(double))
+#define KNN_RANGE_PAIR_BYTES (2 * sizeof(int64) + sizeof(double))
+
+/*
+ * The node holds its whole result until the scan ends: one past
+ * knn_gpu.max_result_memory (the LIMIT, or a radius, is the query's, and
+ * rows x LIMIT x 16 bytes can be more than the server has) is an ERROR
+ * before it is allocated, not an out-of-memory kill.
+ */
+static void
+check_result_memory(double bytes)
+{
+	if (bytes <= (double) knn_gpu_max_result_memory_mb * 1024 * 1024)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("KNN Join's result needs %.0f MB, more than knn_gpu.max_result_memory (%d MB)",
+					ceil(bytes / (1024 * 1024)), knn_gpu_max_result_memory_mb),
+			 errhint("knn_join() returns larger joins in batches; or SET knn_gpu.enable_knn_join = off.")));
+}
+
 /* KnnPairSink of a radius join: appends the pairs, with the join's rows. */
 static void
 keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
@@ -725,6 +747,10 @@ keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
 	if (c + n > state->range_capacity)
 	{
 		int64		capacity = Max(state->range_capacity * 2, c + n);
+
+		check_result_memory((double) (c + n) * KNN_RANGE_PAIR_BYTES);
+		capacity = Max(c + n, Min(capacity, (int64) knn_gpu_max_result_memory_mb * 1024 * 1024 /
+								  KNN_RANGE_PAIR_BYTES));
 
 		state->neighbors = repalloc_huge(state->neighbors, sizeof(int64) * capacity);
 		state->distances = repalloc_huge(state->distances, sizeof(double) * capacity);
@@ -912,6 +938,7 @@ run_engine(KnnJoinState *state, int64 wanted)
 
 	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
 	{
+		check_result_memory((double) queries.n * state->engine_k * KNN_SLOT_BYTES);
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * queries.n * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1249,6 +1276,7 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 		start_ranges(state);
 	else
 	{
+		check_result_memory((double) n_queries * state->engine_k * KNN_SLOT_BYTES);
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * n_queries * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,

@@ -23,6 +23,7 @@ bool		knn_gpu_exact_over_index = false;
 bool		knn_gpu_shard_prefetch = true;
 bool		knn_gpu_shard_relay = true;
 bool		knn_gpu_direct_return = true;
+int			knn_gpu_max_result_memory_mb = 1024;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
@@ -172,6 +173,16 @@ knn_settings_define(void)
 							 "Off: through the Function Scan's tuplestore (work_mem, spilling to disk).",
 							 &knn_gpu_direct_return, true,
 							 PGC_USERSET, 0, NULL, NULL, NULL);
+	/*
+	 * Superuser (or GRANT SET): k is the caller's, and k x rows can ask for
+	 * far more memory than the server has.
+	 */
+	DefineCustomIntVariable("knn_gpu.max_result_memory",
+							"Most memory a KNN join's result arrays may take at once.",
+							"knn_join runs larger joins in batches of queries, returning their "
+							"rows through the tuplestore; the KNN Join node ends them with an error.",
+							&knn_gpu_max_result_memory_mb, 1024, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_MB, NULL, NULL, NULL);
 	DefineCustomBoolVariable("knn_gpu.shard_prefetch",
 							 "A sharded knn_join's shards read their targets while the coordinator reads its queries.",
 							 NULL,
@@ -245,4 +256,13 @@ knn_settings_define(void)
 	if (!process_shared_preload_libraries_in_progress)
 		on_proc_exit(engine_shutdown_at_exit, (Datum) 0);
 	MarkGUCPrefixReserved("knn_gpu");
+}
+
+int64
+knn_result_rows_per_run(int32 slots)
+{
+	int64		bytes = (int64) knn_gpu_max_result_memory_mb * 1024 * 1024;
+	int64		per_row = (int64) Max(slots, 1) * (sizeof(int64) + sizeof(double));
+
+	return Max(1, bytes / per_row);
 }
