@@ -726,12 +726,14 @@ typedef struct KnnRangeRun
 static void
 check_result_memory(double bytes)
 {
-	if (bytes <= (double) knn_gpu_max_result_memory_mb * 1024 * 1024)
+	int64		limit = knn_result_memory_bytes();
+
+	if (bytes <= (double) limit)
 		return;
 	ereport(ERROR,
 			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-			 errmsg("KNN Join's result needs %.0f MB, more than knn_gpu.max_result_memory (%d MB)",
-					ceil(bytes / (1024 * 1024)), knn_gpu_max_result_memory_mb),
+			 errmsg("KNN Join's result needs %.0f MB, more than knn_gpu.max_result_memory (" INT64_FORMAT " MB)",
+					ceil(bytes / (1024 * 1024)), limit / (1024 * 1024)),
 			 errhint("knn_join() returns larger joins in batches; or SET knn_gpu.enable_knn_join = off.")));
 }
 
@@ -749,7 +751,7 @@ keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
 		int64		capacity = Max(state->range_capacity * 2, c + n);
 
 		check_result_memory((double) (c + n) * KNN_RANGE_PAIR_BYTES);
-		capacity = Max(c + n, Min(capacity, (int64) knn_gpu_max_result_memory_mb * 1024 * 1024 /
+		capacity = Max(c + n, Min(capacity, knn_result_memory_bytes() /
 								  KNN_RANGE_PAIR_BYTES));
 
 		state->neighbors = repalloc_huge(state->neighbors, sizeof(int64) * capacity);

@@ -6,6 +6,7 @@
 #include "postgres.h"
 
 #include <limits.h>
+#include <unistd.h>
 
 #include "miscadmin.h"
 #include "storage/ipc.h"
@@ -23,7 +24,7 @@ bool		knn_gpu_exact_over_index = false;
 bool		knn_gpu_shard_prefetch = true;
 bool		knn_gpu_shard_relay = true;
 bool		knn_gpu_direct_return = true;
-int			knn_gpu_max_result_memory_mb = 1024;
+int			knn_gpu_max_result_memory_mb = 0;
 int			knn_gpu_fault_injection = KNN_FAULT_NONE;
 int			knn_gpu_max_gpu_jobs = 4;
 int			knn_gpu_memory_budget_mb = 0;
@@ -178,10 +179,10 @@ knn_settings_define(void)
 	 * far more memory than the server has.
 	 */
 	DefineCustomIntVariable("knn_gpu.max_result_memory",
-							"Most memory a KNN join's result arrays may take at once.",
+							"Most memory a KNN join's result arrays may take at once (0: a quarter of the server's physical memory).",
 							"knn_join runs larger joins in batches of queries, returning their "
 							"rows through the tuplestore; the KNN Join node ends them with an error.",
-							&knn_gpu_max_result_memory_mb, 1024, 1, INT_MAX,
+							&knn_gpu_max_result_memory_mb, 0, 0, INT_MAX,
 							PGC_SUSET, GUC_UNIT_MB, NULL, NULL, NULL);
 	DefineCustomBoolVariable("knn_gpu.shard_prefetch",
 							 "A sharded knn_join's shards read their targets while the coordinator reads its queries.",
@@ -259,9 +260,24 @@ knn_settings_define(void)
 }
 
 int64
+knn_result_memory_bytes(void)
+{
+	long		pages;
+	long		page_bytes;
+
+	if (knn_gpu_max_result_memory_mb > 0)
+		return (int64) knn_gpu_max_result_memory_mb * 1024 * 1024;
+	pages = sysconf(_SC_PHYS_PAGES);
+	page_bytes = sysconf(_SC_PAGESIZE);
+	if (pages <= 0 || page_bytes <= 0)
+		return (int64) 1024 * 1024 * 1024;	/* unknown: 1 GB */
+	return (int64) pages * page_bytes / 4;
+}
+
+int64
 knn_result_rows_per_run(int32 slots)
 {
-	int64		bytes = (int64) knn_gpu_max_result_memory_mb * 1024 * 1024;
+	int64		bytes = knn_result_memory_bytes();
 	int64		per_row = (int64) Max(slots, 1) * (sizeof(int64) + sizeof(double));
 
 	return Max(1, bytes / per_row);

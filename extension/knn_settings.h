@@ -16,7 +16,10 @@ extern bool knn_gpu_exact_over_index;	/* knn_gpu.exact_over_index (CustomScan) *
 extern bool knn_gpu_shard_prefetch;		/* knn_gpu.shard_prefetch (knn_shard.c) */
 extern bool knn_gpu_shard_relay;		/* knn_gpu.shard_relay (knn_shard.c) */
 extern bool knn_gpu_direct_return;		/* knn_gpu.direct_return (knn_join_function_scan.c) */
-extern int	knn_gpu_max_result_memory_mb;	/* knn_gpu.max_result_memory: result arrays held at once */
+extern int	knn_gpu_max_result_memory_mb;	/* knn_gpu.max_result_memory: result arrays held at once, 0 = auto */
+
+/* knn_gpu.max_result_memory in bytes (0: a quarter of the physical memory). */
+extern int64 knn_result_memory_bytes(void);
 
 /* Query rows whose result arrays (slots each) fit knn_gpu.max_result_memory; at least 1. */
 extern int64 knn_result_rows_per_run(int32 slots);
