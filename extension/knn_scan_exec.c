@@ -1291,10 +1291,15 @@ join_inner(KnnJoinState *state, int64 limit, instr_time start)
 	INSTR_TIME_SUBTRACT(read_done, start);
 	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
 
-	if (state->k > 0 && state->n_group_columns > 0)
-		run_grouped_engine(state, state->offset + state->k);
-	else if (state->k > 0)
-		run_engine(state, state->offset + state->k);
+	/*
+	 * An OFFSET past every inner row (k = 0) still reads every vector:
+	 * PostgreSQL's sort computes every distance before the OFFSET skips
+	 * them, so a dimension mismatch fails there too (wanted 0: no run).
+	 */
+	if (state->n_inner > 0 && state->n_group_columns > 0)
+		run_grouped_engine(state, state->k > 0 ? state->offset + state->k : 0);
+	else if (state->n_inner > 0)
+		run_engine(state, state->k > 0 ? state->offset + state->k : 0);
 }
 
 /*
