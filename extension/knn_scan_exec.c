@@ -1434,16 +1434,23 @@ compute_join(KnnJoinState *state)
 		return;
 	knn_progress_k((int32) Min(Max(limit, 0), PG_INT32_MAX));
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
-	/* "<distance> < NULL" is never true: no rows (but LEFT JOIN's). */
+	/*
+	 * "<distance> < NULL" is never true: no rows (but LEFT JOIN's). Its
+	 * filter still computes each distance: the vectors are read and
+	 * checked, with no row to rank (join_inner).
+	 */
 	if (state->radius_mode != KNN_RANGE_NONE)
 	{
 		ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
 		bool		isnull;
 		Datum		value = ExecEvalExprSwitchContext(state->radius_state, econtext, &isnull);
 
-		if (isnull)
+		if (isnull && state->shards != NULL)
 			return;
-		state->radius = DatumGetFloat8(value);
+		if (isnull)
+			limit = 0;
+		else
+			state->radius = DatumGetFloat8(value);
 	}
 	if (state->shards != NULL)
 		join_sharded(state, limit, start);

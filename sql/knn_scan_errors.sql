@@ -15,27 +15,38 @@ INSERT INTO knn_err_queries VALUES (1, '[1,2,3]');
 ANALYZE knn_err_items, knn_err_queries;
 
 -- Runs a query with the node and without: whether the node ran it, and
--- each plan's result (a row count, or the error).
-CREATE FUNCTION pg_temp.knn_both(query text)
+-- each plan's result (a row count, or the error). A prepared statement is
+-- prepared (by the statement prepare) under each setting.
+CREATE FUNCTION pg_temp.knn_both(query text, prepare text DEFAULT NULL)
 RETURNS TABLE (node boolean, result_on text, result_off text)
 LANGUAGE plpgsql AS $$
 DECLARE
+	setting text;
 	line text;
 	n bigint;
 BEGIN
 	node := false;
-	FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
-		node := node OR line LIKE '%Custom Scan (KNN Join)%';
-	END LOOP;
-	FOREACH line IN ARRAY ARRAY['on', 'off'] LOOP
-		PERFORM set_config('knn_gpu.enable_knn_join', line, true);
+	FOREACH setting IN ARRAY ARRAY['on', 'off'] LOOP
+		PERFORM set_config('knn_gpu.enable_knn_join', setting, true);
+		IF prepare IS NOT NULL THEN
+			EXECUTE prepare;
+		END IF;
+		IF setting = 'on' THEN
+			FOR line IN EXECUTE 'EXPLAIN (COSTS OFF) ' || query LOOP
+				node := node OR line LIKE '%Custom Scan (KNN Join)%';
+			END LOOP;
+		END IF;
 		BEGIN
-			EXECUTE 'SELECT count(*) FROM (' || query || ') s' INTO n;
+			EXECUTE query;
+			GET DIAGNOSTICS n = ROW_COUNT;
 			line := n || ' rows';
 		EXCEPTION WHEN OTHERS THEN
 			line := SQLSTATE || ': ' || SQLERRM;
 		END;
-		IF result_on IS NULL THEN
+		IF prepare IS NOT NULL THEN
+			DEALLOCATE ALL;
+		END IF;
+		IF setting = 'on' THEN
 			result_on := line;
 		ELSE
 			result_off := line;
@@ -89,3 +100,29 @@ SELECT * FROM pg_temp.knn_both($$
 	SELECT q.id, n.id FROM knn_err_queries q
 	CROSS JOIN LATERAL (SELECT t.id FROM knn_err_items t WHERE t.id < 0
 	                    ORDER BY t.v <-> q.v LIMIT 2 OFFSET 3000) n $$);
+
+-- A NULL radius (a parameter of a generic plan): the filter computes
+-- every distance before the comparison is NULL.
+SET plan_cache_mode = force_generic_plan;
+SELECT * FROM pg_temp.knn_both('EXECUTE knn_err_radius(NULL)', $$
+	PREPARE knn_err_radius(float8) AS
+	SELECT q.id, n.id FROM knn_err_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_err_items t WHERE t.v <-> q.v < $1
+	                    ORDER BY t.v <-> q.v LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_both('EXECUTE knn_err_radius(1)', $$
+	PREPARE knn_err_radius(float8) AS
+	SELECT q.id, n.id FROM knn_err_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_err_items t WHERE t.v <-> q.v < $1
+	                    ORDER BY t.v <-> q.v LIMIT 2) n $$);
+-- ... LEFT JOIN: each outer row once with NULLs (no 3-D query here).
+SELECT * FROM pg_temp.knn_both('EXECUTE knn_err_radius(NULL)', $$
+	PREPARE knn_err_radius(float8) AS
+	SELECT q.id, n.id FROM knn_err_queries q
+	LEFT JOIN LATERAL (SELECT t.id FROM knn_err_items t WHERE t.v <-> q.v <= $1
+	                   ORDER BY t.v <-> q.v) n ON true
+	WHERE q.id > 1 $$);
+-- ... a plain join on a radius.
+SELECT * FROM pg_temp.knn_both('EXECUTE knn_err_radius(NULL)', $$
+	PREPARE knn_err_radius(float8) AS
+	SELECT q.id, t.id FROM knn_err_queries q JOIN knn_err_items t ON t.v <-> q.v < $1 $$);
+RESET plan_cache_mode;
