@@ -1321,10 +1321,15 @@ join_inner(KnnJoinState *state, int64 limit, instr_time start)
 	INSTR_TIME_SUBTRACT(read_done, start);
 	state->seconds_read = INSTR_TIME_GET_DOUBLE(read_done);
 
-	if (state->k > 0 && state->n_group_columns > 0)
-		run_grouped_engine(state, state->offset + state->k);
-	else if (state->k > 0)
-		run_engine(state, state->offset + state->k);
+	/*
+	 * An OFFSET past every inner row (k = 0) still reads every vector:
+	 * PostgreSQL's sort computes every distance before the OFFSET skips
+	 * them, so a dimension mismatch fails there too (wanted 0: no run).
+	 */
+	if (state->n_inner > 0 && state->n_group_columns > 0)
+		run_grouped_engine(state, state->k > 0 ? state->offset + state->k : 0);
+	else if (state->n_inner > 0)
+		run_engine(state, state->k > 0 ? state->offset + state->k : 0);
 }
 
 /*
@@ -1459,16 +1464,23 @@ compute_join(KnnJoinState *state)
 		return;
 	knn_progress_k((int32) Min(Max(limit, 0), PG_INT32_MAX));
 	knn_progress_phase(KNN_PROGRESS_READING_TARGETS);
-	/* "<distance> < NULL" is never true: no rows (but LEFT JOIN's). */
+	/*
+	 * "<distance> < NULL" is never true: no rows (but LEFT JOIN's). Its
+	 * filter still computes each distance: the vectors are read and
+	 * checked, with no row to rank (join_inner).
+	 */
 	if (state->radius_mode != KNN_RANGE_NONE)
 	{
 		ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
 		bool		isnull;
 		Datum		value = ExecEvalExprSwitchContext(state->radius_state, econtext, &isnull);
 
-		if (isnull)
+		if (isnull && state->shards != NULL)
 			return;
-		state->radius = DatumGetFloat8(value);
+		if (isnull)
+			limit = 0;
+		else
+			state->radius = DatumGetFloat8(value);
 	}
 	if (state->shards != NULL)
 		join_sharded(state, limit, start);
