@@ -681,6 +681,99 @@ TEST(GpuHalf, ScalesZerosAndFarClusters) {
   check_half(d, {5, 20});
 }
 
+// Dot products that overflow float: every such IP value is -inf (and the
+// cosine value NaN), ties decided by row, while the fp16 filter's double
+// row numbers stay finite and would rank the pairs by their true dots.
+// Targets grow with the row, so those bounds favour the last rows while the
+// answer is the first ones (the filter certified the last rows before its
+// norm limit, tile_value.cuh). Set a: everything around 1e19 (all norms
+// overflow); set b: queries of norm ~10 against targets around 2e36 (only
+// the targets' norms overflow), some targets negated (dot -inf, IP +inf),
+// some small (finite dots). Each GEMM filter, and the large-k path.
+TEST(GpuHalf, OverflowingDotsTieByRow) {
+  REQUIRE_GPU();
+  const int dim = 384;
+  std::mt19937_64 rng(620);
+  std::uniform_real_distribution<float> pos(0.5f, 1.0f);
+  auto grow = [&](int64_t n, float scale, bool mixed) {
+    std::vector<float> base(dim), x;
+    for (float &v : base) v = pos(rng);
+    for (int64_t r = 0; r < n; r++) {
+      float f = scale * (1.0f + static_cast<float>(r) / 64.0f);
+      if (mixed && r % 5 == 4) f = -f;
+      if (mixed && r % 7 == 6) f = 1.0f;
+      for (int j = 0; j < dim; j++) x.push_back(base[j] * f);
+    }
+    return x;
+  };
+  Data a, b;
+  a.dim = b.dim = dim;
+  a.targets = grow(600, 1e19f, false);
+  a.queries = grow(20, 1e19f, false);
+  b.targets = grow(600, 2e36f, true);
+  b.queries.resize(static_cast<size_t>(20) * dim);
+  for (float &v : b.queries) v = pos(rng);
+  for (const Data *d : {&a, &b}) {
+    check_half(*d, {1, 10, 40, 300});
+    // The SGEMM filter (its norms overflow too: bound -inf already).
+    KnnCudaTestOptions sgemm = forced_filter(1);
+    sgemm.no_small_join = 1;
+    for (KnnMetric m : kGemmMetrics) {
+      Options o;
+      o.k = 10;
+      o.metric = m;
+      o.forced = &sgemm;
+      o.expect_variant = "sgemm-bound";
+      check(*d, o);
+    }
+  }
+}
+
+// The SGEMM IP bound where a query's squares all underflow: components
+// 2^-80 make knn_dot(q, q) 0 though the row is not zero, and the error
+// term rel sqrt(qn tn) was 0. The last target, (2^24, -2^24, -1/4, 0...),
+// has the canonical lane sum 0 (lanes 0 and 2 fold first: 2^-56 - 2^-82
+// rounds to 2^-56) while a sequential sum (cuBLAS) keeps -2^-82; the 40
+// targets before it have exact dots in (-2^-82, 0). The last target
+// (IP value -0) is the nearest, but its bound was 2^-82, above the other
+// 40, and the filter certified them. (cosine: qn = 0 gives its bound -inf.)
+TEST(GpuBrute, SgemmIpBoundWithUnderflowingSquares) {
+  REQUIRE_GPU();
+  const int dim = 72;  // above kGemmMinDim
+  Data d;
+  d.dim = dim;
+  d.queries.assign(static_cast<size_t>(3) * dim, std::ldexp(1.0f, -80));
+  for (int j = 0; j < 40; j++) {
+    std::vector<float> row(dim, 0.0f);
+    row[3] = -0.2f * static_cast<float>(j + 1) / 41.0f;
+    d.targets.insert(d.targets.end(), row.begin(), row.end());
+  }
+  std::vector<float> last(dim, 0.0f);
+  last[0] = 0x1p24f;
+  last[1] = -0x1p24f;
+  last[2] = -0.25f;
+  d.targets.insert(d.targets.end(), last.begin(), last.end());
+  KnnCudaTestOptions sgemm = forced_filter(1), half = forced_filter(3);
+  sgemm.no_small_join = half.no_small_join = 1;
+  for (int k : {1, 5}) {
+    Options o;
+    o.k = k;
+    o.metric = KNN_METRIC_IP;
+    const Outcome ref = cpu_answer(d, o);
+    ASSERT_EQ(ref.status, KNN_OK);
+    EXPECT_EQ(ref.neighbors[0], 40) << "the CPU engine's nearest target";
+    Options f = o;
+    f.forced = &sgemm;
+    f.expect_variant = "sgemm-bound";
+    expect_gpu_matches(d, f, ref);
+    f.forced = &half;
+    f.expect_variant = "hgemm-bound";
+    expect_gpu_matches(d, f, ref);
+    o.forced = &kGeneralPath;
+    expect_gpu_matches(d, o, ref);
+  }
+}
+
 TEST(GpuHalf, ChunkedAndSmallBatches) {
   REQUIRE_GPU();
   const Data d = make_embedding_data(3000, 20000, 384, 700);

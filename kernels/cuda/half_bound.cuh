@@ -81,7 +81,10 @@
 //    X >= 1 - clamp(s + 2^-48 |s| + 2^-45). Zero rows: NaN (exact, see
 //    tile_value.cuh). qn tn not positive (underflow): -inf (always kept).
 // A non-finite bound becomes -inf (always a candidate; certification then
-// fails and the query is redone exactly).
+// fails and the query is redone exactly). The IP and cosine bounds assume
+// c_f finite, which these double row numbers do not ensure: TileValue
+// gives -inf where a canonical float norm exceeds 2^124 (tile_value.cuh).
+// (L2 needs no such test: an overflowing X is +inf, above any bound.)
 //
 // ---- The float prefilter (TileValue::may_beat) ----
 // The selection first tests approx(v s) in float, s = the product of the

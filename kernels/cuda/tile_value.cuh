@@ -42,6 +42,17 @@
 //    2^-150; the absolute terms below count every operation of both values,
 //    doubled. Overflow: a non-finite A gives the bound -inf (always a
 //    candidate; certification then falls back to the exact pass).
+//  * IP and cosine use |q| <= sqrt(qn) above, which fails where the squares
+//    underflow (components below 2^-63: qn may be 0 for a row that is not):
+//    qn >= (1 - gamma_{d+1}) |q|^2 - d 2^-150, so they use
+//    sqrt((qn + F)(tn + F)) with F = (d + 16) 2^-149 for sqrt(qn tn) in E.
+//  * IP and cosine also assume c (and g) finite: an overflowing c makes
+//    X = -inf (IP) while the bound stays finite, and the pair could be
+//    dropped against a k-th value of -inf (a tie decided by row), or, on
+//    the fp16 filter (whose row numbers are doubles), against any value.
+//    A pair with qn or tn above kDotNormLimit = 2^124 (or NaN) gets the
+//    bound -inf; below it |c|, |g| <= |q||t| (1 + gamma) < 2^126 (as
+//    cpu/gemm_bound.h section 6).
 // The double arithmetic of A - E itself adds about 2^-52 (qn + tn), far
 // inside the factor-of-1.7 slack of the constants above.
 //  * L2 from a DGEMM (the float inputs are exact in double): with qd, td
@@ -100,6 +111,7 @@ struct TileValue {
   double rel = 0;  // relative error factor E of the bound kinds
   double abs = 0;  // absolute (underflow) term
   double rel_d = 0;  // kBoundL2Double: the DGEMM side's relative error factor
+  double norm_floor = 0;  // F of the SGEMM IP and cosine bounds (underflowed squares)
   // The fp16 kinds: per-row numbers, float inverse scales (NaN: the row is
   // never prefiltered), the bound's constants.
   const HalfRowStats *query_half = nullptr;
@@ -135,29 +147,50 @@ struct TileValue {
         return isfinite(bound) ? bound : -INFINITY;
       }
       case TileValueKind::kBoundIp: {
-        const double scale = sqrt(static_cast<double>(query_norm[q]) * target_norm[t]);
-        const double bound = -static_cast<double>(v) - (rel * scale + abs);
+        const float qn = query_norm[q], tn = target_norm[t];
+        if (!dot_stays_finite(qn, tn)) return -INFINITY;
+        const double bound = -static_cast<double>(v) - (rel * norm_product(qn, tn) + abs);
         return isfinite(bound) ? bound : -INFINITY;
       }
       case TileValueKind::kBoundCosine: {
         if (query_zero[q] || target_zero[t]) return NAN;
-        const double scale = sqrt(static_cast<double>(query_norm[q]) * target_norm[t]);
+        const float qn = query_norm[q], tn = target_norm[t];
+        if (!dot_stays_finite(qn, tn)) return -INFINITY;
+        const double scale = sqrt(static_cast<double>(qn) * tn);
         double s = static_cast<double>(v) / scale;
         if (!isfinite(s)) return -INFINITY;
         s = fmin(1.0, fmax(-1.0, s));
-        const double bound = (1.0 - s) - (rel + abs / scale);
+        const double bound = (1.0 - s) - (rel * norm_product(qn, tn) + abs) / scale;
         return isfinite(bound) ? bound : -INFINITY;
       }
       case TileValueKind::kBoundL2Half:
         return half.l2(static_cast<float>(v), query_half[q], target_half[t]);
       case TileValueKind::kBoundIpHalf:
+        // The fp16 bound holds for any finite row, but an overflowing
+        // canonical dot does not (see above).
+        if (!dot_stays_finite(query_norm[q], target_norm[t])) return -INFINITY;
         return half.ip(static_cast<float>(v), query_half[q], target_half[t]);
-      case TileValueKind::kBoundCosineHalf:
+      case TileValueKind::kBoundCosineHalf: {
         if (query_zero[q] || target_zero[t]) return NAN;
-        return half.cosine(static_cast<float>(v), query_half[q], target_half[t], query_norm[q],
-                           target_norm[t]);
+        const float qn = query_norm[q], tn = target_norm[t];
+        if (!dot_stays_finite(qn, tn)) return -INFINITY;
+        return half.cosine(static_cast<float>(v), query_half[q], target_half[t], qn, tn);
+      }
     }
     return -INFINITY;
+  }
+
+  // Canonical norms at or below this keep every dot product of the pair
+  // (canonical or GEMM) finite; NaN fails too.
+  static constexpr float kDotNormLimit = 0x1p124f;
+  __device__ static __forceinline__ bool dot_stays_finite(float qn, float tn) {
+    return (qn <= kDotNormLimit) & (tn <= kDotNormLimit);
+  }
+
+  // sqrt((qn + F)(tn + F)) >= (1 - gamma_{d+1}) |q||t|, also where the
+  // squares underflow (F = norm_floor, see above).
+  __device__ __forceinline__ double norm_product(float qn, float tn) const {
+    return sqrt((static_cast<double>(qn) + norm_floor) * (static_cast<double>(tn) + norm_floor));
   }
 
   // kBoundL2Double from the DGEMM dot v and the two double norms (the
@@ -238,13 +271,18 @@ struct TileValue {
       case TileValueKind::kBoundIp:
       case TileValueKind::kBoundIpHalf:
         approx = -v;
-        margin = (pre + 1e-5f) * 0.5f * (qn + tn) + 1e-30f;  // >= E
+        // >= E (the norm floor adds below 1e-35); norms past the dot's
+        // limit have the bound -inf, which this must not reject.
+        margin = (pre + 1e-5f) * 0.5f * (qn + tn) + 1e-30f;
+        always = always | !dot_stays_finite(qn, tn);
         break;
       default: {  // cosine, exact or bound
         const float prod = qn * tn;
         // Tiny, zero, NaN or overflowing norms or product (a norm below
-        // 1e-30 may be a subnormal float, off by much of itself): exact test.
-        always = always | !(prod > 1e-30f) | isinf(prod) | !(qn > 1e-30f) | !(tn > 1e-30f);
+        // 1e-30 may be a subnormal float, off by much of itself), or norms
+        // past the dot's limit (the bound kinds give -inf): exact test.
+        always = always | !(prod > 1e-30f) | isinf(prod) | !(qn > 1e-30f) | !(tn > 1e-30f) |
+                 !dot_stays_finite(qn, tn);
         const float sim = fminf(1.0f, fmaxf(-1.0f, v * rsqrtf(prod)));
         approx = 1.0f - sim;
         margin = pre + 1e-4f;
@@ -260,6 +298,7 @@ inline void set_bound_constants(TileValue *tv, KnnMetric metric, int dim) {
   const double u = std::ldexp(1.0, -24);
   const double tiny = std::ldexp(1.0, -150);
   const double d = dim;
+  tv->norm_floor = (d + 16.0) * std::ldexp(1.0, -149);
   switch (metric) {
     case KNN_METRIC_L2:
       tv->kind = TileValueKind::kBoundL2;
