@@ -289,8 +289,10 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 		scratch[real].value = DatumGetFloat8(v);
 		scratch[real].row = rows[c];
 		real++;
+		/* counted across queries: one query may have every target as a candidate */
+		if ((++ov->operator_calls & 4095) == 0)
+			CHECK_FOR_INTERRUPTS();
 	}
-	ov->operator_calls += real;
 	qsort(scratch, real, sizeof(RankedTarget), ranked_compare);
 	for (int32 r = 0; r < k; r++)
 	{
@@ -574,6 +576,8 @@ capped_range(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *
 	{
 		int32		n = 0;
 
+		/* (the sink only stores the rows: queries x k of them may take long) */
+		CHECK_FOR_INTERRUPTS();
 		while (n < k && rows[q * k + n] >= 0 &&
 			   within_radius(values[q * k + n], problem->max_distance, inclusive))
 			query_rows[n++] = q;
