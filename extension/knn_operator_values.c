@@ -56,6 +56,8 @@
 #define KNN_EXTRA_MIN 16
 /* Pairs handed to a range join's sink at a time. */
 #define KNN_RANGE_SLICE 4096
+/* Slots (queries x k) of one slice of a capped range join. */
+#define KNN_CAPPED_SLICE_SLOTS (1 << 20)
 /* Squared norms below this (and above 0) make the cosine bound unsafe. */
 #define KNN_COSINE_TINY_NORM2 0x1p-100
 
@@ -289,8 +291,10 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 		scratch[real].value = DatumGetFloat8(v);
 		scratch[real].row = rows[c];
 		real++;
+		/* counted across queries: one query may have every target as a candidate */
+		if ((++ov->operator_calls & 4095) == 0)
+			CHECK_FOR_INTERRUPTS();
 	}
-	ov->operator_calls += real;
 	qsort(scratch, real, sizeof(RankedTarget), ranked_compare);
 	for (int32 r = 0; r < k; r++)
 	{
@@ -552,33 +556,63 @@ take_candidates(void *arg, const int64 *query_rows, const int64 *target_rows,
 	}
 }
 
-/* A capped range join: the k best by the operator, those within the radius. */
+/*
+ * A capped range join: the k best by the operator, those within the radius.
+ * The k best of all queries at once would take queries x k slots (several
+ * times over, in the engine and here) whatever the radius: slices of the
+ * queries keep that bounded.
+ */
 static void
 capped_range(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *queries,
 			 const KnnMatrix *targets, KnnPairSink sink, void *sink_arg, KnnStats *stats)
 {
-	KnnProblem	top = *problem;
 	const int32 k = (int32) Min((int64) problem->k, targets->n);
 	const bool	inclusive = problem->range == KNN_RANGE_AT_MOST;
-	int64	   *rows;
-	double	   *values;
+	const int64 per_slice = Min(queries->n, Max(1, KNN_CAPPED_SLICE_SLOTS / k));
+	int64	   *rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * per_slice * k);
+	double	   *values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * per_slice * k);
 	int64	   *query_rows = palloc(sizeof(int64) * Max(1, k));
 
-	top.range = KNN_RANGE_NONE;
-	top.max_distance = 0;
-	top.k = k;
-	rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * Max(1, queries->n) * k);
-	values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * Max(1, queries->n) * k);
-	knn_operator_values_run(ov, &top, queries, targets, rows, values, stats);
-	for (int64 q = 0; q < queries->n; q++)
+	for (int64 first = 0; first < queries->n; first += per_slice)
 	{
-		int32		n = 0;
+		KnnProblem	top = *problem;
+		KnnMatrix	slice = *queries;
+		KnnStats	slice_stats;
 
-		while (n < k && rows[q * k + n] >= 0 &&
-			   within_radius(values[q * k + n], problem->max_distance, inclusive))
-			query_rows[n++] = q;
-		if (n > 0)
-			sink(sink_arg, query_rows, rows + q * k, values + q * k, n);
+		/* the slice's rows, keys and groups: views into the whole's */
+		slice.n = Min(per_slice, queries->n - first);
+		slice.values += (Size) first * queries->row_bytes;
+		slice.ids += first;
+		if (slice.groups != NULL)
+			slice.groups += first;
+		top.queries = (const char *) problem->queries + (Size) first * queries->row_bytes;
+		top.n_queries = slice.n;
+		if (top.query_keys != NULL)
+			top.query_keys += first;
+		if (top.query_groups != NULL)
+			top.query_groups += first;
+		top.range = KNN_RANGE_NONE;
+		top.max_distance = 0;
+		top.k = k;
+		knn_operator_values_run(ov, &top, &slice, targets, rows, values,
+								first == 0 ? stats : &slice_stats);
+		if (first > 0)
+		{
+			stats->distance_computations += slice_stats.distance_computations;
+			stats->pairs += slice_stats.pairs;
+		}
+		for (int64 q = 0; q < slice.n; q++)
+		{
+			int32		n = 0;
+
+			/* (the sink only stores the rows: queries x k of them may take long) */
+			CHECK_FOR_INTERRUPTS();
+			while (n < k && rows[q * k + n] >= 0 &&
+				   within_radius(values[q * k + n], problem->max_distance, inclusive))
+				query_rows[n++] = first + q;
+			if (n > 0)
+				sink(sink_arg, query_rows, rows + q * k, values + q * k, n);
+		}
 	}
 	pfree(rows);
 	pfree(values);
