@@ -194,9 +194,12 @@ raise_for_status(KnnStatus status, const char *message)
 					 errmsg("KNN join was cancelled: %s", message)));
 			break;
 		case KNN_OUT_OF_MEMORY:
+			/* the CPU engine's are the server's memory (entry_guard.h names it) */
 			ereport(ERROR,
 					(errcode(ERRCODE_OUT_OF_MEMORY),
 					 errmsg("KNN join ran out of memory: %s", message),
+					 strncmp(message, "CPU engine:", 11) == 0 ?
+					 errhint("Join fewer query rows at once, or lower knn_gpu.max_result_memory (knn_join then runs in batches of queries).") :
 					 errhint("Lower knn_gpu.gpu_memory_limit, or set knn_gpu.device = cpu.")));
 			break;
 		case KNN_INVALID_ARGUMENT:
