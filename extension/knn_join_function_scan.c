@@ -62,6 +62,7 @@
 typedef struct KnnDirectScan
 {
 	FuncExpr   *call;			/* the child's */
+	Bitmapset  *funcparams;		/* the PARAM_EXEC ids its arguments use */
 	List	   *args;			/* ExprState of each argument */
 	FmgrInfo	flinfo;
 	ExprState  *qual;			/* the child's quals, on function_slot */
@@ -280,6 +281,7 @@ begin_direct(KnnJoinFunctionState *state, EState *estate)
 
 	direct = palloc0(sizeof(KnnDirectScan));
 	direct->call = (FuncExpr *) function->funcexpr;
+	direct->funcparams = function->funcparams;
 	fmgr_info(direct->call->funcid, &direct->flinfo);
 	fmgr_info_set_expr((Node *) direct->call, &direct->flinfo);
 	direct->args = ExecInitExprList(direct->call->args, ps);
@@ -572,16 +574,15 @@ rescan_function_scan(CustomScanState *node)
 	if (state->direct != NULL)
 	{
 		/*
-		 * Changed LATERAL parameters call again; otherwise the same rows
-		 * are read again, as the Function Scan rereads its tuplestore. The
-		 * child is rescanned for its instrumentation's loops.
+		 * Changed parameters of the call's arguments call again; otherwise
+		 * (none changed, or only those of the quals and target list) the
+		 * same rows are read again, as the Function Scan rereads its
+		 * tuplestore. The child is rescanned for its instrumentation's
+		 * loops.
 		 */
 		finish_return(state);
-		if (node->ss.ps.chgParam != NULL)
-		{
+		if (bms_overlap(node->ss.ps.chgParam, state->direct->funcparams))
 			drop_result(state->direct);
-			UpdateChangedParamSet(child, node->ss.ps.chgParam);
-		}
 		else
 		{
 			state->direct->query = 0;
@@ -589,6 +590,8 @@ rescan_function_scan(CustomScanState *node)
 			if (state->direct->store != NULL)
 				tuplestore_rescan(state->direct->store);
 		}
+		if (node->ss.ps.chgParam != NULL)
+			UpdateChangedParamSet(child, node->ss.ps.chgParam);
 		ExecReScan(child);
 		return;
 	}
