@@ -95,6 +95,8 @@ typedef struct KnnJoinFunctionState
 
 static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
 static KnnJoinFunctionState *collector = NULL;
+/* The node of the knn_join call running now: its reports go there (knn_join_explain_enter). */
+static KnnJoinFunctionState *reporting = NULL;
 
 static Plan *plan_function_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 								List *tlist, List *clauses, List *custom_plans);
@@ -124,21 +126,42 @@ static const CustomExecMethods exec_methods = {
 	.ExplainCustomScan = explain_function_scan,
 };
 
+void *
+knn_join_explain_enter(void)
+{
+	KnnJoinFunctionState *outer = reporting;
+
+	/*
+	 * The call takes the collector: a knn_join that its texts call outside
+	 * a node of its own (a target list, WITH ORDINALITY) is not this call.
+	 */
+	reporting = collector;
+	collector = NULL;
+	return outer;
+}
+
+void
+knn_join_explain_leave(void *outer)
+{
+	collector = reporting;
+	reporting = (KnnJoinFunctionState *) outer;
+}
+
 void
 knn_join_explain_report(const KnnJoinRecord *record)
 {
-	if (collector == NULL)
+	if (reporting == NULL)
 		return;
-	collector->record = *record;
-	collector->calls++;
+	reporting->record = *record;
+	reporting->calls++;
 }
 
 void
 knn_join_explain_report_shards(const KnnShardSummary *summary)
 {
-	if (collector == NULL)
+	if (reporting == NULL)
 		return;
-	collector->shards = knn_shard_summary_copy(summary, collector->context);
+	reporting->shards = knn_shard_summary_copy(summary, reporting->context);
 }
 
 /* The function's C entry point, or NULL when it is not a C function. */
