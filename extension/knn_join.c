@@ -1121,20 +1121,24 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	knn_progress_end();
 }
 
-/* Runs the call, closing its progress row on the way out of an ERROR too. */
+/* Runs the call, closing its progress row on the way out of an ERROR too; its record goes to the node that made it. */
 static void
 knn_join_run_reported(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 {
+	void	   *outer = knn_join_explain_enter();
+
 	PG_TRY();
 	{
 		knn_join_run(fcinfo, call);
 	}
 	PG_CATCH();
 	{
+		knn_join_explain_leave(outer);
 		knn_progress_end();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
+	knn_join_explain_leave(outer);
 }
 
 /*

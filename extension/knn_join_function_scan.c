@@ -62,6 +62,7 @@
 typedef struct KnnDirectScan
 {
 	FuncExpr   *call;			/* the child's */
+	Bitmapset  *funcparams;		/* the PARAM_EXEC ids its arguments use */
 	List	   *args;			/* ExprState of each argument */
 	FmgrInfo	flinfo;
 	ExprState  *qual;			/* the child's quals, on function_slot */
@@ -94,6 +95,8 @@ typedef struct KnnJoinFunctionState
 
 static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
 static KnnJoinFunctionState *collector = NULL;
+/* The node of the knn_join call running now: its reports go there (knn_join_explain_enter). */
+static KnnJoinFunctionState *reporting = NULL;
 
 static Plan *plan_function_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 								List *tlist, List *clauses, List *custom_plans);
@@ -123,21 +126,42 @@ static const CustomExecMethods exec_methods = {
 	.ExplainCustomScan = explain_function_scan,
 };
 
+void *
+knn_join_explain_enter(void)
+{
+	KnnJoinFunctionState *outer = reporting;
+
+	/*
+	 * The call takes the collector: a knn_join that its texts call outside
+	 * a node of its own (a target list, WITH ORDINALITY) is not this call.
+	 */
+	reporting = collector;
+	collector = NULL;
+	return outer;
+}
+
+void
+knn_join_explain_leave(void *outer)
+{
+	collector = reporting;
+	reporting = (KnnJoinFunctionState *) outer;
+}
+
 void
 knn_join_explain_report(const KnnJoinRecord *record)
 {
-	if (collector == NULL)
+	if (reporting == NULL)
 		return;
-	collector->record = *record;
-	collector->calls++;
+	reporting->record = *record;
+	reporting->calls++;
 }
 
 void
 knn_join_explain_report_shards(const KnnShardSummary *summary)
 {
-	if (collector == NULL)
+	if (reporting == NULL)
 		return;
-	collector->shards = knn_shard_summary_copy(summary, collector->context);
+	reporting->shards = knn_shard_summary_copy(summary, reporting->context);
 }
 
 /* The function's C entry point, or NULL when it is not a C function. */
@@ -280,6 +304,7 @@ begin_direct(KnnJoinFunctionState *state, EState *estate)
 
 	direct = palloc0(sizeof(KnnDirectScan));
 	direct->call = (FuncExpr *) function->funcexpr;
+	direct->funcparams = function->funcparams;
 	fmgr_info(direct->call->funcid, &direct->flinfo);
 	fmgr_info_set_expr((Node *) direct->call, &direct->flinfo);
 	direct->args = ExecInitExprList(direct->call->args, ps);
@@ -572,16 +597,15 @@ rescan_function_scan(CustomScanState *node)
 	if (state->direct != NULL)
 	{
 		/*
-		 * Changed LATERAL parameters call again; otherwise the same rows
-		 * are read again, as the Function Scan rereads its tuplestore. The
-		 * child is rescanned for its instrumentation's loops.
+		 * Changed parameters of the call's arguments call again; otherwise
+		 * (none changed, or only those of the quals and target list) the
+		 * same rows are read again, as the Function Scan rereads its
+		 * tuplestore. The child is rescanned for its instrumentation's
+		 * loops.
 		 */
 		finish_return(state);
-		if (node->ss.ps.chgParam != NULL)
-		{
+		if (bms_overlap(node->ss.ps.chgParam, state->direct->funcparams))
 			drop_result(state->direct);
-			UpdateChangedParamSet(child, node->ss.ps.chgParam);
-		}
 		else
 		{
 			state->direct->query = 0;
@@ -589,6 +613,8 @@ rescan_function_scan(CustomScanState *node)
 			if (state->direct->store != NULL)
 				tuplestore_rescan(state->direct->store);
 		}
+		if (node->ss.ps.chgParam != NULL)
+			UpdateChangedParamSet(child, node->ss.ps.chgParam);
 		ExecReScan(child);
 		return;
 	}

@@ -63,6 +63,14 @@ extern bool knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result)
 /* Installs the planner hook and the node's methods; from _PG_init. */
 extern void knn_join_function_scan_register(void);
 
+/*
+ * Around a knn_join call (knn_join_run_reported): its reports go to the node
+ * that made the call, not those of calls inside its texts. enter returns
+ * what leave restores (on every exit).
+ */
+extern void *knn_join_explain_enter(void);
+extern void knn_join_explain_leave(void *outer);
+
 /* A knn_join call's record, for the node reading its rows (if any). */
 extern void knn_join_explain_report(const KnnJoinRecord *record);
 

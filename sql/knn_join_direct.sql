@@ -61,7 +61,11 @@ SELECT pg_temp.explained(q, true) AS direct, pg_temp.explained(q, true) = pg_tem
 FROM (VALUES ($$SELECT a.x, j.target_id FROM (VALUES (1), (2), (7)) a(x) LEFT JOIN
   knn_join('SELECT id, v FROM dr WHERE id < 10', 'SELECT id, v FROM dr', 2, method => 'brute') j ON j.query_id = a.x AND j.rank > 1$$),
   ($$SELECT d.id, j.target_id FROM dr d, LATERAL knn_join(format('SELECT id, v FROM dr WHERE id = %s', d.id),
-  'SELECT id, v FROM dr', 3, method => 'brute') j WHERE d.id <= 4 AND j.distance > 0$$)) s(q);
+  'SELECT id, v FROM dr', 3, method => 'brute') j WHERE d.id <= 4 AND j.distance > 0$$),
+  -- a LATERAL value in the quals only, not in the arguments: one call, its rows read again
+  ($$SELECT a.x, s.target_id FROM (VALUES (1), (2), (7)) a(x), LATERAL (SELECT * FROM
+  knn_join('SELECT id, v FROM dr WHERE id < 10', 'SELECT id, v FROM dr', 2, method => 'brute') j
+  WHERE j.query_id = a.x OFFSET 0) s$$)) s(q);
 RESET enable_hashjoin;
 RESET enable_mergejoin;
 RESET enable_material;

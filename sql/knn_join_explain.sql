@@ -75,6 +75,10 @@ SELECT (SELECT array_agg(ARRAY[n.query_id, e.id] ORDER BY n.query_id)
           SELECT t.id FROM ex t WHERE t.id <> q.id ORDER BY t.v <-> q.v, t.id LIMIT 1) n) AS same_as_lateral;
 RESET knn_gpu.enable_knn_join;
 SELECT count(*) AS rows FROM (SELECT * FROM knn_join('SELECT id, v FROM ex', 'SELECT id, v FROM ex', 2) LIMIT 5) s;
+-- A knn_join that a call's text runs in its target list is not that call: one engine call shown.
+SELECT pg_temp.explained($$SELECT count(*) FROM knn_join(
+  $q$SELECT (knn_join('SELECT id, v FROM ex WHERE id <= 3', 'SELECT id, v FROM ex', 1)).query_id, '[1,1]'::vector$q$,
+  'SELECT id, v FROM ex', 2, method => 'brute')$$);
 -- A function with ORDINALITY is left as it is.
 EXPLAIN (COSTS OFF) SELECT * FROM knn_join('SELECT id, v FROM ex', 'SELECT id, v FROM ex', 3) WITH ORDINALITY;
 RESET knn_gpu.device;
