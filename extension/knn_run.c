@@ -326,8 +326,8 @@ knn_run_range_problem(KnnProblem *problem, KnnPairSink sink, void *sink_arg, Knn
 	int64	   *target_rows = palloc(KNN_PAIR_BATCH * sizeof(int64));
 	double	   *distances = palloc(KNN_PAIR_BATCH * sizeof(double));
 
-	/* Range jobs run on the CPU engine: they take no GPU slot. */
-	prepare_job(problem, KNN_ADMISSION_NONE);
+	/* A range job on the GPU takes a slot and its share of the budget too. */
+	prepare_job(problem, KNN_ADMISSION_GPU);
 	job = start_job(problem, NULL, NULL, "range join");
 	pgstat_report_wait_start(KNN_WAIT_ENGINE);
 	PG_TRY();
@@ -348,12 +348,15 @@ knn_run_range_problem(KnnProblem *problem, KnnPairSink sink, void *sink_arg, Knn
 			if (!PostmasterIsAlive())
 				exit_for_postmaster_death();
 			answer_interrupts();
+			if (!last_admission.admitted && knn_job_wants_slot(job))
+				admit_job(job);
 		}
 	}
 	PG_CATCH();
 	{
 		pgstat_report_wait_end();
 		stop_running_job();
+		knn_admission_release();
 		PG_RE_THROW();
 	}
 	PG_END_TRY();

@@ -819,6 +819,11 @@ KnnStatus KnnJob::run_range() {
     knn::copy_message(error, sizeof error, "a range job needs its pair queue");
     return KNN_INTERNAL_ERROR;
   }
+  // Test mode: CPU range joins take a slot as GPU ones do (no GPU in CI).
+  if (problem.admission == KNN_ADMISSION_ALL) {
+    const KnnStatus admitted = await_slot();
+    if (admitted != KNN_OK) return admitted;
+  }
   if (problem.element == KNN_ELEMENT_FLOAT16) {
     if (problem.dim < 1 || problem.n_queries < 0 || problem.n_targets < 0 ||
         problem.n_queries > INT64_MAX / 16 / problem.dim ||

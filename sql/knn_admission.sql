@@ -169,19 +169,31 @@ BEGIN
   PERFORM pg_sleep(30);
   RETURN 'slept';
 END $$;
-CREATE FUNCTION pg_temp.waiter_title() RETURNS text LANGUAGE sql AS $$
+CREATE FUNCTION pg_temp.waiter_title(prefix text) RETURNS text LANGUAGE sql AS $$
   SELECT encode(pg_read_binary_file('/proc/' || pid || '/cmdline'), 'escape')
-  FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query = 'SELECT admission_caught_wait()' $$;
+  FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE prefix || '%' $$;
 SELECT dblink_send_query('waiter', 'SELECT admission_caught_wait()') AS sent;
 SELECT pg_temp.seen_waiting('SELECT admission_caught_wait()') AS waiter;
-SELECT pg_temp.waiter_title() LIKE '%waiting for a GPU slot%' AS title_while_waiting;
+SELECT pg_temp.waiter_title('SELECT admission_caught_wait()') LIKE '%waiting for a GPU slot%' AS title_while_waiting;
 SELECT dblink_cancel_query('waiter') AS cancel;
 SELECT pg_temp.seen_waiting_for('SELECT admission_caught_wait()', 'PgSleep') AS waiter;
-SELECT pg_temp.waiter_title() NOT LIKE '%waiting for a GPU slot%' AS title_given_back;
+SELECT pg_temp.waiter_title('SELECT admission_caught_wait()') NOT LIKE '%waiting for a GPU slot%' AS title_given_back;
 SELECT dblink_cancel_query('waiter') AS cancel_sleep;
 SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(s text);
 SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(s text);
 DROP FUNCTION admission_caught_wait();
+-- A range join takes a slot too (on the GPU it draws from the budget as a
+-- join does): it waits, titled so, and a cancel ends the wait.
+SELECT dblink_send_query('waiter',
+  'SELECT count(*) FROM knn_range_join(''SELECT id, v FROM admission_small'', ''SELECT id, v FROM admission_small'', 1.5)') AS sent;
+SELECT pg_temp.seen_waiting('SELECT count(*) FROM knn_range_join(''SELECT id, v FROM admission_small''') AS waiter;
+SELECT pg_sleep(0.3);
+SELECT dblink_is_busy('waiter') AS range_join_still_waiting,
+       pg_temp.waiter_title('SELECT count(*) FROM knn_range_join(') LIKE '%waiting for a GPU slot%' AS titled_waiting;
+SELECT dblink_cancel_query('waiter') AS cancel;
+SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(count bigint);
+SELECT dblink_error_message('waiter') LIKE '%cancel%' AS range_join_cancelled;
+SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(count bigint);
 -- A join that waits gets the slot when the holder ends (here: is
 -- cancelled), and its statistics say how long it queued.
 SELECT dblink_send_query('waiter',
