@@ -721,6 +721,31 @@ knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result)
 	return result->neighbors != NULL || result->offsets != NULL;
 }
 
+/*
+ * The engine's join of these query rows (all of them, or a batch) with the
+ * targets, ranked by pgvector's operator where by_operator is given.
+ */
+static void
+run_join_problem(const KnnJoinCall *call, KnnMatrix *queries, KnnMatrix *targets, int32 slots,
+				 KnnOperatorValues *by_operator, int64 *neighbors, double *distances,
+				 KnnProblem *problem, KnnStats *stats)
+{
+	knn_matrix_problem(problem, queries, targets, slots);
+	problem->metric = call->metric;
+	problem->method = call->method;
+	if (call->exclude_self)
+	{
+		problem->query_keys = queries->ids;
+		problem->target_keys = targets->ids;
+	}
+	knn_progress_phase(KNN_PROGRESS_ENGINE);
+	if (by_operator != NULL)
+		knn_operator_values_run(by_operator, problem, queries, targets, neighbors, distances,
+								stats);
+	else
+		knn_run_problem(problem, neighbors, distances, stats);
+}
+
 /* Adds one batch's engine statistics to the join's (the first batch's names and devices). */
 static void
 add_batch_stats(KnnStats *total, const KnnStats *batch, bool first)
@@ -778,20 +803,8 @@ join_in_batches(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queri
 		part.ids += first;
 		if (part.groups != NULL)
 			part.groups += first;
-		knn_matrix_problem(&problem, &part, targets, slots);
-		problem.metric = call->metric;
-		problem.method = call->method;
-		if (call->exclude_self)
-		{
-			problem.query_keys = part.ids;
-			problem.target_keys = targets->ids;
-		}
-		knn_progress_phase(KNN_PROGRESS_ENGINE);
-		if (by_operator != NULL)
-			knn_operator_values_run(by_operator, &problem, &part, targets, neighbors, distances,
-									&stats);
-		else
-			knn_run_problem(&problem, neighbors, distances, &stats);
+		run_join_problem(call, &part, targets, slots, by_operator, neighbors, distances,
+						 &problem, &stats);
 		add_batch_stats(&total, &stats, first == 0);
 		knn_progress_work(total.distance_computations);
 		knn_progress_phase(KNN_PROGRESS_RETURNING);
@@ -1071,20 +1084,8 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	neighbors = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(int64));
 	distances = MemoryContextAllocHuge(CurrentMemoryContext, (Size) queries.n * slots * sizeof(double));
 
-	knn_matrix_problem(&problem, &queries, targets, slots);
-	problem.metric = call->metric;
-	problem.method = call->method;
-	if (call->exclude_self)
-	{
-		problem.query_keys = queries.ids;
-		problem.target_keys = targets->ids;
-	}
-	knn_progress_phase(KNN_PROGRESS_ENGINE);
-	if (by_operator)
-		knn_operator_values_run(&operator_values, &problem, &queries, targets, neighbors,
-								distances, &stats);
-	else
-		knn_run_problem(&problem, neighbors, distances, &stats);
+	run_join_problem(call, &queries, targets, slots, by_operator ? &operator_values : NULL,
+					 neighbors, distances, &problem, &stats);
 	knn_progress_work(stats.distance_computations);
 	knn_progress_totals(queries.n, targets->n, stats.pairs);
 	knn_progress_phase(KNN_PROGRESS_RETURNING);
