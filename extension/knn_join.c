@@ -721,27 +721,6 @@ knn_join_call_direct(FunctionCallInfo fcinfo, KnnJoinDirect *result)
 	return result->neighbors != NULL || result->offsets != NULL;
 }
 
-/* Adds one batch's engine statistics to the join's (the first batch's names and devices). */
-static void
-add_batch_stats(KnnStats *total, const KnnStats *batch, bool first)
-{
-	if (first)
-	{
-		*total = *batch;
-		return;
-	}
-	total->query_clusters += batch->query_clusters;
-	total->target_clusters += batch->target_clusters;
-	total->distance_computations += batch->distance_computations;
-	total->pairs += batch->pairs;
-	total->seconds_transfer += batch->seconds_transfer;
-	total->seconds_cluster += batch->seconds_cluster;
-	total->seconds_filter += batch->seconds_filter;
-	total->seconds_select += batch->seconds_select;
-	total->seconds_total += batch->seconds_total;
-	total->seconds_queued += batch->seconds_queued;
-}
-
 /*
  * A join whose result arrays would pass knn_gpu.max_result_memory (k is
  * the caller's: |Q| x k x 16 bytes can be far more than the server has):
@@ -792,7 +771,7 @@ join_in_batches(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queri
 									&stats);
 		else
 			knn_run_problem(&problem, neighbors, distances, &stats);
-		add_batch_stats(&total, &stats, first == 0);
+		knn_stats_add(&total, &stats, first == 0);
 		knn_progress_work(total.distance_computations);
 		knn_progress_phase(KNN_PROGRESS_RETURNING);
 		INSTR_TIME_SET_CURRENT(start);
@@ -912,6 +891,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 			   pack_here ? &packed : NULL, &shard_call);
 	/* a sharded call's merged rows go to the custom scan's arrays too */
 	shard_call.direct = direct;
+	shard_call.fcinfo = fcinfo;
 	/* the other shards' rows relayed into the held rows: those rows, no copy; else copied after the received */
 	if (call->received && call->with_held && !describe_only)
 	{

@@ -41,10 +41,12 @@
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
 #include "portability/instr_time.h"
+#include "storage/buffile.h"
 #include "tcop/dest.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
 #include "utils/fmgroids.h"
+#include "funcapi.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
 #include "utils/plancache.h"
@@ -471,13 +473,161 @@ lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists 
 }
 
 /*
+ * A join whose sources' lists would pass knn_gpu.max_result_memory (k is
+ * the caller's): each source's pairs go, as they come, into a temporary
+ * file per batch of per_run query rows (in id order), and the merge then
+ * takes one batch at a time: the same lists, the same rows in the same
+ * order, with a batch's lists in memory at once.
+ */
+typedef struct SpillPair
+{
+	int64		row;			/* the query's row in its batch */
+	int64		target_id;
+	double		distance;
+	int32		source;
+} SpillPair;
+
+typedef struct Spill
+{
+	const KnnMatrix *queries;	/* in id order */
+	int64		per_run;
+	int64		n_batches;
+	BufFile   **files;			/* per batch, made when first written */
+	int			n_shards;		/* the local part is source n_shards */
+	KnnShardRemote **shards;
+	int64	   *pairs;			/* per source */
+	int64	   *last_row;		/* per source: the row found last (query_row's hint) */
+} Spill;
+
+static void
+spill_put(Spill *spill, int source, int64 row, int64 target_id, double distance)
+{
+	int64		batch = row / spill->per_run;
+	SpillPair	pair;
+
+	memset(&pair, 0, sizeof(pair));
+	pair.row = row - batch * spill->per_run;
+	pair.target_id = target_id;
+	pair.distance = distance;
+	pair.source = source;
+	if (spill->files[batch] == NULL)
+		spill->files[batch] = BufFileCreateTemp(false);
+	BufFileWrite(spill->files[batch], &pair, sizeof(pair));
+	spill->pairs[source]++;
+}
+
+/* Reads the next pair of a batch's file; false at its end. */
+static bool
+spill_get(BufFile *file, SpillPair *pair)
+{
+	size_t		got = BufFileRead(file, pair, sizeof(*pair));
+
+	if (got == 0)
+		return false;
+	if (got != sizeof(*pair))
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not read from a temporary file of a sharded join")));
+	return true;
+}
+
+/*
+ * Batch `batch`'s lists per source (sources: n_shards + 1, filled), from
+ * its file: each source's pairs of a query in the order they came. A
+ * shard that sent more than k pairs for a query is an ERROR.
+ */
+static int64
+spill_lists(Spill *spill, int64 batch, int64 k, KnnShardLists *sources)
+{
+	int			n_sources = spill->n_shards + 1;
+	int64		first = batch * spill->per_run;
+	int64		n = Min(spill->per_run, spill->queries->n - first);
+	BufFile    *file = spill->files[batch];
+	SpillPair	pair;
+	int64	  **fill = palloc(n_sources * sizeof(int64 *));
+
+	for (int s = 0; s < n_sources; s++)
+	{
+		sources[s].n_queries = n;
+		sources[s].offsets = palloc_extended((n + 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+		sources[s].target_ids = NULL;
+		sources[s].distances = NULL;
+	}
+	if (file != NULL)
+	{
+		if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("could not seek in a temporary file of a sharded join")));
+		while (spill_get(file, &pair))
+			sources[pair.source].offsets[pair.row + 1]++;
+	}
+	for (int s = 0; s < n_sources; s++)
+	{
+		int64		total = 0;
+
+		for (int64 q = 0; q < n; q++)
+		{
+			int64		count = sources[s].offsets[q + 1];
+
+			if (count > k && s < spill->n_shards)
+				ereport(ERROR,
+						(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+						 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
+								spill->shards[s]->who, spill->shards[s]->server->servername)));
+			sources[s].offsets[q + 1] = total + count;
+			total += count;
+		}
+		sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+		sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
+		fill[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+		memcpy(fill[s], sources[s].offsets, n * sizeof(int64));
+	}
+	if (file != NULL)
+	{
+		int64		read = 0;
+
+		if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
+			ereport(ERROR,
+					(errcode_for_file_access(),
+					 errmsg("could not seek in a temporary file of a sharded join")));
+		while (spill_get(file, &pair))
+		{
+			int64		at = fill[pair.source][pair.row]++;
+
+			sources[pair.source].target_ids[at] = pair.target_id;
+			sources[pair.source].distances[at] = pair.distance;
+			if (++read % 65536 == 0)
+				CHECK_FOR_INTERRUPTS();
+		}
+		BufFileClose(file);
+		spill->files[batch] = NULL;
+	}
+	for (int s = 0; s < n_sources; s++)
+		pfree(fill[s]);
+	pfree(fill);
+	return n;
+}
+
+static void
+free_lists(KnnShardLists *sources, int n_sources)
+{
+	for (int s = 0; s < n_sources; s++)
+	{
+		pfree(sources[s].offsets);
+		pfree(sources[s].target_ids);
+		pfree(sources[s].distances);
+	}
+}
+
+/*
  * Joins the queries with the local part's rows as the call would join all
  * rows (pgvector's operator's values where the call ranks by them); its
  * lists.
  */
 static void
 join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join,
-				KnnShardLists *lists, double seconds_read)
+				KnnShardLists *lists, Spill *spill, double seconds_read)
 {
 	KnnProblem	problem;
 	KnnStats	stats;
@@ -525,6 +675,46 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 		else
 			knn_run_range_problem(&problem, keep_pairs, &pairs, &stats);
 		lists_from_pairs(&pairs, targets, lists);
+	}
+	else if (spill != NULL)
+	{
+		/* in batches of queries, their pairs into the spill (source n_shards) */
+		int32		slots = (int32) Min((int64) join->k, targets->n);
+		int64	   *neighbors = palloc_extended((Size) spill->per_run * slots * sizeof(int64), MCXT_ALLOC_HUGE);
+		double	   *distances = palloc_extended((Size) spill->per_run * slots * sizeof(double), MCXT_ALLOC_HUGE);
+		KnnStats	total;
+
+		for (int64 first = 0; first < queries->n; first += spill->per_run)
+		{
+			KnnMatrix	part = *queries;
+
+			part.n = Min(spill->per_run, queries->n - first);
+			part.values += first * queries->row_bytes;
+			part.ids += first;
+			knn_matrix_problem(&problem, &part, targets, slots);
+			problem.metric = join->metric;
+			problem.method = join->method;
+			if (join->exclude_self)
+			{
+				problem.query_keys = part.ids;
+				problem.target_keys = targets->ids;
+			}
+			if (join->by_operator != NULL)
+				knn_operator_values_run(join->by_operator, &problem, &part, targets, neighbors,
+										distances, &stats);
+			else
+				knn_run_problem(&problem, neighbors, distances, &stats);
+			knn_stats_add(&total, &stats, first == 0);
+			for (int64 q = 0; q < part.n; q++)
+				for (int32 r = 0; r < slots && neighbors[q * slots + r] >= 0; r++)
+					spill_put(spill, spill->n_shards, first + q,
+							  targets->ids[neighbors[q * slots + r]], distances[q * slots + r]);
+		}
+		pfree(neighbors);
+		pfree(distances);
+		/* the record is the whole local part's */
+		stats = total;
+		problem.n_queries = queries->n;
 	}
 	else
 	{
@@ -945,6 +1135,68 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	pfree(rows);
 	shard->rows = n;
 	shard->caller = lists;
+}
+
+/*
+ * One row of a shard's result read as it arrived (a batched join:
+ * knn_shard_remote_collect_rows): its pairs checked as read_shard_lists
+ * checks them, each into the spill.
+ */
+static void
+spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
+{
+	Spill	   *spill = (Spill *) arg;
+	const char *bad = NULL;
+	int64		n = check_pairs(result, shard->packed_result, &bad);
+	ShardPairs	it = {result, shard->packed_result, 0, 0, NULL, 0};
+	int			source = -1;
+
+	for (int s = 0; s < spill->n_shards; s++)
+		if (spill->shards[s] == shard)
+			source = s;
+	if (source < 0)
+		elog(ERROR, "spill_shard_rows: a shard not of this join");
+	for (int64 r = 0; bad == NULL && r < n; r++)
+	{
+		int64		query_id;
+		int64		target_id;
+		double		distance;
+		int64		row;
+
+		next_pair(&it, &query_id, &target_id, &distance);
+		row = query_row(spill->queries->ids, spill->queries->n, query_id, spill->last_row[source]);
+		if (row < 0)
+			bad = "a query id that was not sent";
+		else
+		{
+			spill->last_row[source] = row;
+			spill_put(spill, source, row, target_id, distance);
+		}
+		if (r % 65536 == 65535)
+			CHECK_FOR_INTERRUPTS();
+	}
+	if (bad != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s on foreign server \"%s\" returned %s",
+						shard->who, shard->server->servername, bad)));
+}
+
+/*
+ * The per_run query rows whose result fits knn_gpu.max_result_memory, or
+ * -1 when all of it does at once. Held at once per pair: a shard's, its
+ * packed form in libpq (24 bytes), its list (16) and its query row (8);
+ * the local part's list and the merged list, 16 each.
+ */
+static int64
+batch_rows(const KnnShardJoin *join, int n_shards, int64 n_queries)
+{
+	double		per_row = (double) join->k * (48.0 * n_shards + 32.0);
+	double		per_run = floor((double) knn_result_memory_bytes() / Max(per_row, 1.0));
+
+	if (join->range || per_run >= (double) n_queries)
+		return -1;
+	return (int64) Max(per_run, 1.0);
 }
 
 /* ---- the join ---- */
@@ -2047,6 +2299,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	double		seconds_merge;
 	int64		rows;
 	KnnShardRows ship_rows = {0};
+	Spill	   *spill = NULL;
 
 	/* the rows not shipped while they were read go now: the shards then hold them all */
 	if (early != NULL && early->shipment != NULL)
@@ -2104,6 +2357,28 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		knn_join_explain_report_shards(&summary);
 		ReleaseCachedPlan(c->cplan, c->owner);
 		return true;
+	}
+
+	/* lists past knn_gpu.max_result_memory: the shards' rows read as they come, in batches */
+	{
+		int64		per_run = batch_rows(join, spp->n_shards, queries->n);
+
+		if (per_run > 0)
+		{
+			spill = palloc0(sizeof(Spill));
+			spill->queries = queries;
+			spill->per_run = per_run;
+			spill->n_batches = (queries->n + per_run - 1) / per_run;
+			spill->files = palloc0(spill->n_batches * sizeof(BufFile *));
+			spill->n_shards = spp->n_shards;
+			spill->shards = spp->shards;
+			spill->pairs = palloc0((spp->n_shards + 1) * sizeof(int64));
+			spill->last_row = palloc((spp->n_shards + 1) * sizeof(int64));
+			for (int s = 0; s <= spp->n_shards; s++)
+				spill->last_row[s] = -1;
+		}
+		for (int s = 0; s < spp->n_shards; s++)
+			spp->shards[s]->stream_result = spill != NULL;
 	}
 
 	/* the shards read their targets (begun before the queries were read) before they take queries */
@@ -2195,28 +2470,67 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			INSTR_TIME_SET_CURRENT(phase);
 			read_local_part(c->stmt, targets_sql, spp, join->params, &local, target_kind);
 			seconds_read = knn_seconds_since(phase);
-			join_local_part(queries, &local, join, &sources[spp->n_shards], seconds_read);
+			join_local_part(queries, &local, join, &sources[spp->n_shards], spill, seconds_read);
 			seconds_local = knn_seconds_since(phase);
 		}
-		if (pass == 0 && queries->n > 0)
+		if (pass == 0 && queries->n > 0 && spill != NULL)
+			knn_shard_remote_collect_rows(spp->shards, spp->n_shards, spill_shard_rows, spill);
+		else if (pass == 0 && queries->n > 0)
 			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, queries);
 	}
 	ReleaseCachedPlan(c->cplan, c->owner);
 
 	INSTR_TIME_SET_CURRENT(phase);
-	for (int s = 0; s < spp->n_shards; s++)
+	if (spill != NULL)
 	{
-		if (spp->shards[s]->caller != NULL)
-			sources[s] = *(KnnShardLists *) spp->shards[s]->caller;
-		else
+		KnnPackedRows packed_here;
+		KnnPackedRows *packed = join->packed;
+
+		for (int s = 0; s < spp->n_shards; s++)
 		{
-			sources[s].n_queries = queries->n;
-			sources[s].offsets = palloc0((queries->n + 1) * sizeof(int64));
+			spp->shards[s]->rows = spill->pairs[s];
+			knn_shard_remote_release(spp->shards[s]);
 		}
-		knn_shard_remote_release(spp->shards[s]);
+		/*
+		 * The rows go into the tuplestore, not the custom scan's lists; a
+		 * packed form called value per call materialises, as knn_join's
+		 * own batches do.
+		 */
+		if (join->direct != NULL && rsinfo->setResult == NULL)
+		{
+			InitMaterializedSRF(join->fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+			knn_packed_begin(&packed_here, rsinfo);
+			packed = &packed_here;
+		}
+		rows = 0;
+		for (int64 b = 0; b < spill->n_batches; b++)
+		{
+			int64		n = spill_lists(spill, b, join->k, sources);
+
+			rows += knn_shard_merge(rsinfo, queries->ids + b * spill->per_run, n, sources,
+									spp->n_shards + 1, join->k, packed, NULL);
+			free_lists(sources, spp->n_shards + 1);
+		}
+		if (packed == &packed_here)
+			knn_packed_end(&packed_here);
 	}
-	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
-						   join->range && join->k == 0 ? -1 : join->k, join->packed, join->direct);
+	else
+	{
+		for (int s = 0; s < spp->n_shards; s++)
+		{
+			if (spp->shards[s]->caller != NULL)
+				sources[s] = *(KnnShardLists *) spp->shards[s]->caller;
+			else
+			{
+				sources[s].n_queries = queries->n;
+				sources[s].offsets = palloc0((queries->n + 1) * sizeof(int64));
+			}
+			knn_shard_remote_release(spp->shards[s]);
+		}
+		rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
+							   join->range && join->k == 0 ? -1 : join->k, join->packed,
+							   join->direct);
+	}
 	seconds_merge = knn_seconds_since(phase);
 	{
 		KnnShardSummary summary;
@@ -2226,6 +2540,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.local_targets = local.n;
 		summary.local_after = local_after;
 		summary.rows = rows;
+		summary.merge_batches = spill != NULL ? spill->n_batches : 0;
 		summary.seconds_queries = c->seconds_queries;
 		summary.queries_from_shards = c->queries_from_shards;
 		summary.queries_relayed = c->relay != NULL;

@@ -1294,6 +1294,65 @@ check_has "direct: an error in the middle of the sharded rows" "ERROR:  division
 check "... the memory does not grow, nothing is held here or on the shards, the session works" \
   "$(printf 'grown:true\nresult contexts:0\nheld:0\nheld:0\nagain:20000')" "$(echo "$out" | grep -E '^(grown|result contexts|held|again):')"
 
+# ---- results past knn_gpu.max_result_memory ----
+# A sharded knn_join whose lists would pass the limit reads the shards'
+# rows as they arrive into temporary files per batch of queries and merges
+# one batch at a time: the same rows in the same order as the whole join
+# and as one server, through the tuplestore (direct return too), no
+# temporary file left.
+sql 0 <<'EOF'
+-- batched(SHARDED, ONE_SERVER): "N rows, B batches, batched = whole, whole = one server"
+CREATE FUNCTION batched(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  got text[];  -- per way (sharded within 1 GB, sharded within 1 MB, one server): its rows, in order
+  n int;
+  batches text;
+  rows_text text;
+BEGIN
+  FOR way IN 1..3 LOOP
+    PERFORM set_config('knn_gpu.max_result_memory', CASE way WHEN 2 THEN '1' ELSE '1024' END, true);
+    EXECUTE format('SELECT count(*), array_agg(r::text)::text FROM (%s) r', CASE way WHEN 3 THEN single ELSE sharded END)
+      INTO n, rows_text;
+    got[way] := rows_text;
+    IF way = 2 THEN
+      batches := coalesce(knn_gpu_last_shard_stats()::json->>'merge_batches', 'no');
+    END IF;
+  END LOOP;
+  RETURN format('%s rows, %s batches, batched %s whole, whole %s one server', n,
+                CASE WHEN batches <> 'no' AND batches::int > 1 THEN 'several' ELSE batches END,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[2] THEN '=' ELSE '<>' END,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[3] THEN '=' ELSE '<>' END);
+END $$;
+EOF
+[ $? -eq 0 ] || fail "max_result_memory: batched() created"
+# batched NAME SHARDED ONE_SERVER ROWS
+batched() {
+  local out
+  out=$(sql 0 -v "s=$2" -v "o=$3" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SELECT batched(:'s', :'o');
+EOF
+)
+  check "$1" "$4 rows, several batches, batched = whole, whole = one server" "$out"
+}
+batched "max_result_memory: knn_join of 5000 queries, 1 MB" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 5000', 'SELECT id, v FROM big', 10)" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 5000', 'SELECT id, v FROM big_here', 10)" 50000
+batched "max_result_memory: a local partition, ties, k = 300, exclude_self, l1" \
+  "$KJ('SELECT id, v FROM items_all', 'SELECT id, v FROM items_h', 300, 'l1', true)" \
+  "$KJ('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l1', true)" 330000
+batched "max_result_memory: a self-join's queries from the shards" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 4000', 'SELECT id, v FROM big WHERE id <= 4000', 10, 'cosine', true)" \
+  "$KJ('SELECT id, v FROM big_here WHERE id <= 4000', 'SELECT id, v FROM big_here WHERE id <= 4000', 10, 'cosine', true)" 40000
+batched "max_result_memory: halfvec, in a target list" \
+  "SELECT knn_join('SELECT id, h FROM items_all', 'SELECT id, h FROM items_h', 200)" \
+  "SELECT knn_join('SELECT id, h FROM items_all', 'SELECT id, h FROM items_all', 200)" 220000
+batched "max_result_memory: the packed form called value per call" \
+  "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_r', 300, 'l2', false, 'auto')" \
+  "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l2', false, 'auto')" 6
+out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
+check "max_result_memory: no temporary file left" "temporary files:0" "$out"
+
 # ---- review fixes (issue 11) ----
 # A queries text whose functions run SQL of their own (query_to_xml here, a
 # domain's CHECK through a plpgsql function) reads through postgres_fdw's
