@@ -1299,7 +1299,9 @@ check "... the memory does not grow, nothing is held here or on the shards, the 
 # rows as they arrive into temporary files per batch of queries and merges
 # one batch at a time: the same rows in the same order as the whole join
 # and as one server, through the tuplestore (direct return too), no
-# temporary file left.
+# temporary file left. The KNN Join node holds its whole result: past the
+# limit it ends with ERROR 54000 (with a LIMIT before anything is shipped;
+# a radius as the shards' rows pass it).
 sql 0 <<'EOF'
 -- batched(SHARDED, ONE_SERVER): "N rows, B batches, batched = whole, whole = one server"
 CREATE FUNCTION batched(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
@@ -1352,6 +1354,21 @@ batched "max_result_memory: the packed form called value per call" \
   "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l2', false, 'auto')" 6
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
 check "max_result_memory: no temporary file left" "temporary files:0" "$out"
+out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET knn_gpu.max_result_memory = 1;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 2000) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 100) n;
+SELECT count(*) FROM q CROSS JOIN LATERAL (SELECT t.id FROM items_h t WHERE t.v <-> q.v < 100 ORDER BY t.v <-> q.v) n;
+\set VERBOSITY default
+SELECT 'within:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 2000) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 5) n;
+SELECT 'shipped:' || (knn_gpu_last_shard_stats()::json->'shards'->0->>'rows');
+EOF
+)
+check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
+  "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:10000\nshipped:10000')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
 
 # ---- review fixes (issue 11) ----
 # A queries text whose functions run SQL of their own (query_to_xml here, a
