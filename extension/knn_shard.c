@@ -497,6 +497,7 @@ typedef struct Spill
 	KnnShardRemote **shards;
 	int64	   *pairs;			/* per source */
 	int64	   *last_row;		/* per source: the row found last (query_row's hint) */
+	uint8	  **done;			/* per shard: note_query_row's bits */
 } Spill;
 
 static void
@@ -1076,14 +1077,48 @@ next_pair(ShardPairs *it, int64 *query_id, int64 *target_id, double *distance)
 }
 
 /*
+ * A shard sends each query's pairs together (knn_join's order): pairs of a
+ * query that come again after another query's began would be merged as
+ * one longer list (a target twice), so they are an error. done: a bit per
+ * query row; *last: the row of the pairs before (-1: none).
+ */
+static const char *
+note_query_row(uint8 *done, int64 *last, int64 row)
+{
+	if (row == *last)
+		return NULL;
+	if (done[row / 8] & (1 << (row % 8)))
+		return "a query's pairs in two places";
+	if (*last >= 0)
+		done[*last / 8] |= 1 << (*last % 8);
+	*last = row;
+	return NULL;
+}
+
+/*
+ * What read_shard_lists reads against: the queries sent, at most `limit`
+ * pairs each (-1: any), and whether each query's pairs come together
+ * (knn_join's; a range join's come as its engine finds them).
+ */
+typedef struct ListsTarget
+{
+	const KnnMatrix *queries;
+	int64		limit;
+	bool		together;
+} ListsTarget;
+
+/*
  * Reads a join's result into the shard's lists: pairs of a query id we
  * sent (each query's pairs in rank order, as knn_join returns them).
- * Anything else is an error.
+ * Anything else is an error: more than `limit` pairs for a query too.
  */
 static void
 read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 {
-	const KnnMatrix *queries = (const KnnMatrix *) arg;
+	const ListsTarget *target = (const ListsTarget *) arg;
+	const KnnMatrix *queries = target->queries;
+	uint8	   *done = palloc_extended(queries->n / 8 + 1, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	int64		last = -1;
 	const char *bad = NULL;
 	int64		n = check_pairs(result, shard->packed_result, &bad);
 	KnnShardLists *lists = palloc0(sizeof(KnnShardLists));
@@ -1099,9 +1134,12 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		next_pair(&it, &query_id, &target_id, &distance);
 		if ((rows[r] = query_row(queries->ids, queries->n, query_id, r > 0 ? rows[r - 1] : -1)) < 0)
 			bad = "a query id that was not sent";
+		else if (target->together)
+			bad = note_query_row(done, &last, rows[r]);
 		if (r % 65536 == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
+	pfree(done);
 	if (bad != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
@@ -1115,7 +1153,14 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	for (int64 r = 0; r < n; r++)
 		lists->offsets[rows[r] + 1]++;
 	for (int64 q = 0; q < queries->n; q++)
+	{
+		if (target->limit >= 0 && lists->offsets[q + 1] > target->limit)
+			ereport(ERROR,
+					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+					 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
+							shard->who, shard->server->servername)));
 		lists->offsets[q + 1] += lists->offsets[q];
+	}
 	fill = palloc_extended(Max(queries->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	memcpy(fill, lists->offsets, queries->n * sizeof(int64));
 	it.row = 0;
@@ -1167,11 +1212,8 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		row = query_row(spill->queries->ids, spill->queries->n, query_id, spill->last_row[source]);
 		if (row < 0)
 			bad = "a query id that was not sent";
-		else
-		{
-			spill->last_row[source] = row;
+		else if ((bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
 			spill_put(spill, source, row, target_id, distance);
-		}
 		if (r % 65536 == 65535)
 			CHECK_FOR_INTERRUPTS();
 	}
@@ -2374,8 +2416,12 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			spill->shards = spp->shards;
 			spill->pairs = palloc0((spp->n_shards + 1) * sizeof(int64));
 			spill->last_row = palloc((spp->n_shards + 1) * sizeof(int64));
+			spill->done = palloc((spp->n_shards + 1) * sizeof(uint8 *));
 			for (int s = 0; s <= spp->n_shards; s++)
+			{
 				spill->last_row[s] = -1;
+				spill->done[s] = palloc_extended(queries->n / 8 + 1, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+			}
 		}
 		for (int s = 0; s < spp->n_shards; s++)
 			spp->shards[s]->stream_result = spill != NULL;
@@ -2476,7 +2522,11 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		if (pass == 0 && queries->n > 0 && spill != NULL)
 			knn_shard_remote_collect_rows(spp->shards, spp->n_shards, spill_shard_rows, spill);
 		else if (pass == 0 && queries->n > 0)
-			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, queries);
+		{
+			ListsTarget target = {queries, join->range && join->k == 0 ? -1 : join->k, !join->range};
+
+			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, &target);
+		}
 	}
 	ReleaseCachedPlan(c->cplan, c->owner);
 

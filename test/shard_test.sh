@@ -1370,6 +1370,65 @@ EOF
 check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
   "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:10000\nshipped:10000')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
 
+# ---- a shard's hostile answers ----
+# A shard is a server the user mapping reaches, not a trusted one: every
+# answer that is not a join's (a value cut short, a NULL, a query id not
+# sent, more than k pairs for a query, a query's pairs in two places) is
+# an ERROR naming the server, never rows. A database of shard 2 whose
+# knn_join_received_packed() returns what its table `answer` holds plays
+# the shard; lists out of order and NaN distances are a shard's right and
+# are merged as one server would.
+sql 2 -c "CREATE DATABASE evil"
+sql 2 evil <<EOF || fail "hostile: the hostile shard set up"
+CREATE EXTENSION knn_gpu;
+CREATE TABLE items_e ($COLUMNS);
+CREATE TABLE answer (ord int, b bytea);
+ALTER EXTENSION knn_gpu DROP FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text);
+DROP FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text);
+CREATE FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text) RETURNS SETOF bytea
+  LANGUAGE sql AS 'SELECT b FROM public.answer ORDER BY ord';
+-- p(query, target, distance): one packed pair
+CREATE FUNCTION p(bigint, bigint, float8) RETURNS bytea LANGUAGE sql AS 'SELECT int8send(\$1) || int8send(\$2) || float8send(\$3)';
+EOF
+sql 0 <<EOF || fail "hostile: the hostile shard's foreign table"
+CREATE SERVER shard2_evil FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '${DIRS[2]}', port '${PORTS[2]}', dbname 'evil');
+CREATE USER MAPPING FOR postgres SERVER shard2_evil OPTIONS (user 'postgres');
+CREATE FOREIGN TABLE items_e ($COLUMNS) SERVER shard2_evil OPTIONS (table_name 'items_e');
+EOF
+# hostile NAME ANSWER EXPECTED [K [SETTINGS]]: the shard answers ANSWER (bytea values, in order) to
+# knn_join of q's ids 23, 46, 69, 92; EXPECTED: the ERROR, or the rows "query:target:rank:distance"
+hostile() {
+  sql 2 evil -c "TRUNCATE answer" -c "INSERT INTO answer SELECT ordinality, b FROM unnest(ARRAY[$2]::bytea[]) WITH ORDINALITY b" \
+    || { fail "$1 (answer)"; return; }
+  local out
+  out=$(sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+${5:-}
+SELECT string_agg(format('%s:%s:%s:%s', query_id, target_id, rank, distance), ' ')
+  FROM knn_join('SELECT id, v FROM q WHERE id < 100', 'SELECT id, v FROM items_e', ${4:-3});
+EOF
+)
+  check "$1" "$3" "$(echo "$out" | grep -v '^CONTEXT' | head -1)"
+}
+WRONG="ERROR:  knn_join on foreign server \"shard2_evil\" returned"
+hostile "hostile: a value cut short" "substr(p(23, 1, 1), 1, 20)" "$WRONG a NULL or a packed value of the wrong size"
+hostile "hostile: a NULL" "NULL" "$WRONG a NULL or a packed value of the wrong size"
+hostile "hostile: a query id not sent" "p(23, 1, 1), p(24, 1, 1)" "$WRONG a query id that was not sent"
+hostile "hostile: more than k pairs for a query" "p(23, 1, 1) || p(23, 2, 2) || p(23, 3, 3) || p(23, 4, 4)" \
+  "$WRONG more than k pairs for a query"
+hostile "hostile: a query's pairs in two places" "p(23, 1, 1) || p(46, 2, 1), p(23, 1, 1)" \
+  "$WRONG a query's pairs in two places"
+hostile "hostile: a query's pairs in two places, merged in batches" "p(23, 1, 1) || p(46, 2, 1), p(23, 1, 1)" \
+  "$WRONG a query's pairs in two places" 100000 "SET knn_gpu.max_result_memory = 1;"
+hostile "hostile: a list out of order, NaN distances: merged as one server would" \
+  "p(23, 5, 'NaN') || p(23, 6, 2) || p(23, 7, 1) || p(46, 9, 0), p(92, 8, 'NaN') || p(92, 3, 'NaN')" \
+  "23:7:1:1 23:6:2:2 23:5:3:NaN 46:9:1:0 92:3:1:NaN 92:8:2:NaN"
+hostile "hostile: ... and merged in batches" \
+  "p(23, 5, 'NaN') || p(23, 6, 2) || p(23, 7, 1) || p(46, 9, 0), p(92, 8, 'NaN') || p(92, 3, 'NaN')" \
+  "23:7:1:1 23:6:2:2 23:5:3:NaN 46:9:1:0 92:3:1:NaN 92:8:2:NaN" 100000 "SET knn_gpu.max_result_memory = 1;"
+out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" -c "SELECT 'works:' || (count(*) > 0) FROM q" 2>&1)
+check "hostile: nothing left, the session works" "$(printf 'temporary files:0\nworks:true')" "$out"
+
 # ---- review fixes (issue 11) ----
 # A queries text whose functions run SQL of their own (query_to_xml here, a
 # domain's CHECK through a plpgsql function) reads through postgres_fdw's
