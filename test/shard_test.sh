@@ -1429,6 +1429,44 @@ hostile "hostile: ... and merged in batches" \
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" -c "SELECT 'works:' || (count(*) > 0) FROM q" 2>&1)
 check "hostile: nothing left, the session works" "$(printf 'temporary files:0\nworks:true')" "$out"
 
+# The KNN Join node's shard: an event trigger there doubles every query
+# row shipped into its temporary table, so each LATERAL subquery runs twice
+# per query and the shard answers twice its LIMIT per query row: an ERROR,
+# not each target twice in the result.
+sql 2 evil <<'EOF' || fail "hostile: the node's hostile shard set up"
+INSERT INTO items_e (id, v) SELECT i, format('[%s,0,0,0,0,0,0,0]', i)::vector FROM generate_series(1, 20) i;
+CREATE FUNCTION public.dup_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF pg_trigger_depth() = 1 THEN
+    EXECUTE format('INSERT INTO %s SELECT ($1).*', TG_RELID::regclass) USING NEW;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE FUNCTION public.add_dup() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE object_identity LIKE '%knn_shard_queries%' LOOP
+    EXECUTE format('CREATE TRIGGER dup AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION public.dup_rows()', r.object_identity);
+  END LOOP;
+END $$;
+CREATE EVENT TRIGGER add_dup ON ddl_command_end WHEN TAG IN ('CREATE TABLE') EXECUTE FUNCTION public.add_dup();
+EOF
+sql 0 <<'EOF' || fail "hostile: the node's hostile shard's partitioned table"
+CREATE TABLE items_ep (id bigint, cat int, v vector(8), h halfvec(8), b bit(8)) PARTITION BY RANGE (id);
+CREATE FOREIGN TABLE items_ep_1 PARTITION OF items_ep FOR VALUES FROM (MINVALUE) TO (MAXVALUE)
+  SERVER shard2_evil OPTIONS (table_name 'items_e');
+EOF
+out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+SELECT count(*) || ' rows, ' || count(DISTINCT (q.id, n.id)) || ' distinct' FROM q
+  CROSS JOIN LATERAL (SELECT t.id FROM items_ep t ORDER BY t.v <-> q.v, t.id LIMIT 2) n;
+EOF
+)
+check "hostile: the node's shard answers more rows than its LIMIT" \
+  'ERROR:  KNN Join on foreign server "shard2_evil" returned more rows for a query row than its LIMIT' \
+  "$(echo "$out" | grep -v '^CONTEXT' | head -1)"
+
 # ---- review fixes (issue 11) ----
 # A queries text whose functions run SQL of their own (query_to_xml here, a
 # domain's CHECK through a plpgsql function) reads through postgres_fdw's
