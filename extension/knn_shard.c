@@ -472,6 +472,9 @@ lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists 
 	pfree(fill);
 }
 
+/* The most batches (temporary files, each with its buffer) of a spilled join. */
+#define SPILL_MAX_FILES 256
+
 /*
  * A join whose sources' lists would pass knn_gpu.max_result_memory (k is
  * the caller's): each source's pairs go, as they come, into a temporary
@@ -532,93 +535,122 @@ spill_get(BufFile *file, SpillPair *pair)
 	return true;
 }
 
-/*
- * Batch `batch`'s lists per source (sources: n_shards + 1, filled), from
- * its file: each source's pairs of a query in the order they came. A
- * shard that sent more than k pairs for a query is an ERROR.
- */
-static int64
-spill_lists(Spill *spill, int64 batch, int64 k, KnnShardLists *sources)
+static void
+spill_rewind(BufFile *file)
 {
-	int			n_sources = spill->n_shards + 1;
-	int64		first = batch * spill->per_run;
-	int64		n = Min(spill->per_run, spill->queries->n - first);
-	BufFile    *file = spill->files[batch];
-	SpillPair	pair;
-	int64	  **fill = palloc(n_sources * sizeof(int64 *));
-
-	for (int s = 0; s < n_sources; s++)
-	{
-		sources[s].n_queries = n;
-		sources[s].offsets = palloc_extended((n + 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-		sources[s].target_ids = NULL;
-		sources[s].distances = NULL;
-	}
-	if (file != NULL)
-	{
-		if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
-			ereport(ERROR,
-					(errcode_for_file_access(),
-					 errmsg("could not seek in a temporary file of a sharded join")));
-		while (spill_get(file, &pair))
-			sources[pair.source].offsets[pair.row + 1]++;
-	}
-	for (int s = 0; s < n_sources; s++)
-	{
-		int64		total = 0;
-
-		for (int64 q = 0; q < n; q++)
-		{
-			int64		count = sources[s].offsets[q + 1];
-
-			if (count > k && s < spill->n_shards)
-				ereport(ERROR,
-						(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-						 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
-								spill->shards[s]->who, spill->shards[s]->server->servername)));
-			sources[s].offsets[q + 1] = total + count;
-			total += count;
-		}
-		sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-		sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
-		fill[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-		memcpy(fill[s], sources[s].offsets, n * sizeof(int64));
-	}
-	if (file != NULL)
-	{
-		int64		read = 0;
-
-		if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
-			ereport(ERROR,
-					(errcode_for_file_access(),
-					 errmsg("could not seek in a temporary file of a sharded join")));
-		while (spill_get(file, &pair))
-		{
-			int64		at = fill[pair.source][pair.row]++;
-
-			sources[pair.source].target_ids[at] = pair.target_id;
-			sources[pair.source].distances[at] = pair.distance;
-			if (++read % 65536 == 0)
-				CHECK_FOR_INTERRUPTS();
-		}
-		BufFileClose(file);
-		spill->files[batch] = NULL;
-	}
-	for (int s = 0; s < n_sources; s++)
-		pfree(fill[s]);
-	pfree(fill);
-	return n;
+	if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not seek in a temporary file of a sharded join")));
 }
 
-static void
-free_lists(KnnShardLists *sources, int n_sources)
+/*
+ * The merge of a spilled join into the tuplestore (or packed), batch by
+ * batch: each source's pairs per query counted first (a shard's more than
+ * k is an ERROR), then the batch's query rows in chunks whose pairs fit
+ * the limit (16 bytes a pair in the lists, 16 in the merge), the file read
+ * once per chunk: once, unless the batch holds more than its share (the
+ * batches are at most SPILL_MAX_FILES, k is only a bound). Each chunk's
+ * lists are each source's pairs of its queries in the order they came.
+ */
+static int64
+spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRows *packed)
 {
-	for (int s = 0; s < n_sources; s++)
+	int			n_sources = spill->n_shards + 1;
+	int64		budget = Max(knn_result_memory_bytes() / 32, 1);
+	KnnShardLists *sources = palloc0(n_sources * sizeof(KnnShardLists));
+	int64	  **counts = palloc(n_sources * sizeof(int64 *));
+	int64	  **fill = palloc(n_sources * sizeof(int64 *));
+	int64		rows = 0;
+
+	for (int64 b = 0; b < spill->n_batches; b++)
 	{
-		pfree(sources[s].offsets);
-		pfree(sources[s].target_ids);
-		pfree(sources[s].distances);
+		int64		first = b * spill->per_run;
+		int64		n = Min(spill->per_run, spill->queries->n - first);
+		BufFile    *file = spill->files[b];
+		SpillPair	pair;
+
+		for (int s = 0; s < n_sources; s++)
+			counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+		if (file != NULL)
+		{
+			spill_rewind(file);
+			while (spill_get(file, &pair))
+				counts[pair.source][pair.row]++;
+		}
+		for (int s = 0; s < spill->n_shards; s++)
+			for (int64 q = 0; q < n; q++)
+				if (counts[s][q] > k)
+					ereport(ERROR,
+							(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+							 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
+									spill->shards[s]->who, spill->shards[s]->server->servername)));
+		for (int64 r0 = 0, r1; r0 < n; r0 = r1)
+		{
+			int64		pairs = 0;
+			int64		read = 0;
+
+			/* at least one query row, then as many as fit */
+			for (r1 = r0; r1 < n; r1++)
+			{
+				int64		row_pairs = 0;
+
+				for (int s = 0; s < n_sources; s++)
+					row_pairs += counts[s][r1];
+				if (r1 > r0 && pairs + row_pairs > budget)
+					break;
+				pairs += row_pairs;
+			}
+			for (int s = 0; s < n_sources; s++)
+			{
+				int64		total = 0;
+
+				sources[s].n_queries = r1 - r0;
+				sources[s].offsets = palloc_extended((r1 - r0 + 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+				sources[s].offsets[0] = 0;
+				for (int64 q = r0; q < r1; q++)
+					sources[s].offsets[q - r0 + 1] = (total += counts[s][q]);
+				sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+				sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
+				fill[s] = palloc_extended((r1 - r0) * sizeof(int64), MCXT_ALLOC_HUGE);
+				memcpy(fill[s], sources[s].offsets, (r1 - r0) * sizeof(int64));
+			}
+			if (file != NULL)
+			{
+				spill_rewind(file);
+				while (spill_get(file, &pair))
+				{
+					if (pair.row >= r0 && pair.row < r1)
+					{
+						int64		at = fill[pair.source][pair.row - r0]++;
+
+						sources[pair.source].target_ids[at] = pair.target_id;
+						sources[pair.source].distances[at] = pair.distance;
+					}
+					if (++read % 65536 == 0)
+						CHECK_FOR_INTERRUPTS();
+				}
+			}
+			rows += knn_shard_merge(rsinfo, spill->queries->ids + first + r0, r1 - r0, sources,
+									n_sources, k, packed, NULL);
+			for (int s = 0; s < n_sources; s++)
+			{
+				pfree(sources[s].offsets);
+				pfree(sources[s].target_ids);
+				pfree(sources[s].distances);
+				pfree(fill[s]);
+			}
+		}
+		for (int s = 0; s < n_sources; s++)
+			pfree(counts[s]);
+		if (file != NULL)
+			BufFileClose(file);
+		spill->files[b] = NULL;
 	}
+	pfree(sources);
+	pfree(counts);
+	pfree(fill);
+	return rows;
 }
 
 /*
@@ -681,15 +713,16 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 	{
 		/* in batches of queries, their pairs into the spill (source n_shards) */
 		int32		slots = (int32) Min((int64) join->k, targets->n);
-		int64	   *neighbors = palloc_extended((Size) spill->per_run * slots * sizeof(int64), MCXT_ALLOC_HUGE);
-		double	   *distances = palloc_extended((Size) spill->per_run * slots * sizeof(double), MCXT_ALLOC_HUGE);
+		int64		per_run = Min(knn_result_rows_per_run(slots), queries->n);
+		int64	   *neighbors = palloc_extended((Size) per_run * slots * sizeof(int64), MCXT_ALLOC_HUGE);
+		double	   *distances = palloc_extended((Size) per_run * slots * sizeof(double), MCXT_ALLOC_HUGE);
 		KnnStats	total;
 
-		for (int64 first = 0; first < queries->n; first += spill->per_run)
+		for (int64 first = 0; first < queries->n; first += per_run)
 		{
 			KnnMatrix	part = *queries;
 
-			part.n = Min(spill->per_run, queries->n - first);
+			part.n = Min(per_run, queries->n - first);
 			part.values += first * queries->row_bytes;
 			part.ids += first;
 			knn_matrix_problem(&problem, &part, targets, slots);
@@ -2409,8 +2442,9 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		{
 			spill = palloc0(sizeof(Spill));
 			spill->queries = queries;
-			spill->per_run = per_run;
-			spill->n_batches = (queries->n + per_run - 1) / per_run;
+			/* k is only a bound: few files, a batch past the limit merged in chunks */
+			spill->per_run = Max(per_run, (queries->n + SPILL_MAX_FILES - 1) / SPILL_MAX_FILES);
+			spill->n_batches = (queries->n + spill->per_run - 1) / spill->per_run;
 			spill->files = palloc0(spill->n_batches * sizeof(BufFile *));
 			spill->n_shards = spp->n_shards;
 			spill->shards = spp->shards;
@@ -2552,15 +2586,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			knn_packed_begin(&packed_here, rsinfo);
 			packed = &packed_here;
 		}
-		rows = 0;
-		for (int64 b = 0; b < spill->n_batches; b++)
-		{
-			int64		n = spill_lists(spill, b, join->k, sources);
-
-			rows += knn_shard_merge(rsinfo, queries->ids + b * spill->per_run, n, sources,
-									spp->n_shards + 1, join->k, packed, NULL);
-			free_lists(sources, spp->n_shards + 1);
-		}
+		rows = spill_merge(spill, rsinfo, join->k, packed);
 		if (packed == &packed_here)
 			knn_packed_end(&packed_here);
 	}
