@@ -746,27 +746,6 @@ run_join_problem(const KnnJoinCall *call, KnnMatrix *queries, KnnMatrix *targets
 		knn_run_problem(problem, neighbors, distances, stats);
 }
 
-/* Adds one batch's engine statistics to the join's (the first batch's names and devices). */
-static void
-add_batch_stats(KnnStats *total, const KnnStats *batch, bool first)
-{
-	if (first)
-	{
-		*total = *batch;
-		return;
-	}
-	total->query_clusters += batch->query_clusters;
-	total->target_clusters += batch->target_clusters;
-	total->distance_computations += batch->distance_computations;
-	total->pairs += batch->pairs;
-	total->seconds_transfer += batch->seconds_transfer;
-	total->seconds_cluster += batch->seconds_cluster;
-	total->seconds_filter += batch->seconds_filter;
-	total->seconds_select += batch->seconds_select;
-	total->seconds_total += batch->seconds_total;
-	total->seconds_queued += batch->seconds_queued;
-}
-
 /*
  * A join whose result arrays would pass knn_gpu.max_result_memory (k is
  * the caller's: |Q| x k x 16 bytes can be far more than the server has):
@@ -805,7 +784,7 @@ join_in_batches(ReturnSetInfo *rsinfo, const KnnJoinCall *call, KnnMatrix *queri
 			part.groups += first;
 		run_join_problem(call, &part, targets, slots, by_operator, neighbors, distances,
 						 &problem, &stats);
-		add_batch_stats(&total, &stats, first == 0);
+		knn_stats_add(&total, &stats, first == 0);
 		knn_progress_work(total.distance_computations);
 		knn_progress_phase(KNN_PROGRESS_RETURNING);
 		INSTR_TIME_SET_CURRENT(start);
@@ -925,6 +904,7 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 			   pack_here ? &packed : NULL, &shard_call);
 	/* a sharded call's merged rows go to the custom scan's arrays too */
 	shard_call.direct = direct;
+	shard_call.fcinfo = fcinfo;
 	/* the other shards' rows relayed into the held rows: those rows, no copy; else copied after the received */
 	if (call->received && call->with_held && !describe_only)
 	{

@@ -723,8 +723,8 @@ typedef struct KnnRangeRun
  * rows x LIMIT x 16 bytes can be more than the server has) is an ERROR
  * before it is allocated, not an out-of-memory kill.
  */
-static void
-check_result_memory(double bytes)
+void
+knn_scan_check_result_memory(double bytes)
 {
 	int64		limit = knn_result_memory_bytes();
 
@@ -750,7 +750,7 @@ keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
 	{
 		int64		capacity = Max(state->range_capacity * 2, c + n);
 
-		check_result_memory((double) (c + n) * KNN_RANGE_PAIR_BYTES);
+		knn_scan_check_result_memory((double) (c + n) * KNN_RANGE_PAIR_BYTES);
 		capacity = Max(c + n, Min(capacity, knn_result_memory_bytes() /
 								  KNN_RANGE_PAIR_BYTES));
 
@@ -940,7 +940,7 @@ run_engine(KnnJoinState *state, int64 wanted)
 
 	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
 	{
-		check_result_memory((double) queries.n * state->engine_k * KNN_SLOT_BYTES);
+		knn_scan_check_result_memory((double) queries.n * state->engine_k * KNN_SLOT_BYTES);
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * queries.n * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1278,7 +1278,7 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 		start_ranges(state);
 	else
 	{
-		check_result_memory((double) n_queries * state->engine_k * KNN_SLOT_BYTES);
+		knn_scan_check_result_memory((double) n_queries * state->engine_k * KNN_SLOT_BYTES);
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * n_queries * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1391,6 +1391,9 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 	int64		n_shard_rows = 0;
 	int64		n_local;
 
+	/* the merged lists, as join_inner's arrays: checked before anything is shipped */
+	if (want >= 0 && state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
+		knn_scan_check_result_memory((double) state->n_outer * want * KNN_SLOT_BYTES);
 	knn_scan_shards_start(state->shards, state->outer_rows, state->n_outer, state->outer_slot,
 						  want, state->radius);
 	for (int pass = 0; pass < 2; pass++)

@@ -692,6 +692,17 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		item.source = source;
 		/* arrival order: the shard's partitions in turn, each in its subquery's order */
 		item.rank = next_rank[item.outer_row]++;
+		/* each partition's subquery returns at most its LIMIT per query (but WITH TIES) */
+		if (sh->want >= 0 && !sh->with_ties &&
+			item.rank / list_length(shard->scans) >= sh->want)
+			ereport(ERROR,
+					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+					 errmsg("KNN Join on foreign server \"%s\" returned more rows for a query row than its LIMIT",
+							shard->server->servername)));
+		/* without a LIMIT to check first (a radius, WITH TIES): as join_inner's pairs */
+		if (sh->radius_mode != KNN_RANGE_NONE || sh->with_ties)
+			knn_scan_check_result_memory((double) (sh->candidates->n + 1) *
+										 (2 * sizeof(int64) + sizeof(double)));
 
 		MemoryContextReset(sh->row_cxt);
 		old = MemoryContextSwitchTo(sh->row_cxt);

@@ -98,6 +98,9 @@ typedef struct KnnScanCandidates
 
 extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
 
+/* ERROR 54000 when a result of `bytes` would pass knn_gpu.max_result_memory (knn_scan_exec.c). */
+extern void knn_scan_check_result_memory(double bytes);
+
 /*
  * Waits for the shards' results; their rows become rows like the inner
  * plan's (of inner_desc, the columns read back filled, in memory of cxt),

@@ -41,10 +41,12 @@
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
 #include "portability/instr_time.h"
+#include "storage/buffile.h"
 #include "tcop/dest.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
 #include "utils/fmgroids.h"
+#include "funcapi.h"
 #include "utils/json.h"
 #include "utils/lsyscache.h"
 #include "utils/plancache.h"
@@ -470,6 +472,187 @@ lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists 
 	pfree(fill);
 }
 
+/* The most batches (temporary files, each with its buffer) of a spilled join. */
+#define SPILL_MAX_FILES 256
+
+/*
+ * A join whose sources' lists would pass knn_gpu.max_result_memory (k is
+ * the caller's): each source's pairs go, as they come, into a temporary
+ * file per batch of per_run query rows (in id order), and the merge then
+ * takes one batch at a time: the same lists, the same rows in the same
+ * order, with a batch's lists in memory at once.
+ */
+typedef struct SpillPair
+{
+	int64		row;			/* the query's row in its batch */
+	int64		target_id;
+	double		distance;
+	int32		source;
+} SpillPair;
+
+typedef struct Spill
+{
+	const KnnMatrix *queries;	/* in id order */
+	int64		per_run;
+	int64		n_batches;
+	BufFile   **files;			/* per batch, made when first written */
+	int			n_shards;		/* the local part is source n_shards */
+	KnnShardRemote **shards;
+	int64	   *pairs;			/* per source */
+	int64	   *last_row;		/* per source: the row found last (query_row's hint) */
+	uint8	  **done;			/* per shard: note_query_row's bits */
+} Spill;
+
+static void
+spill_put(Spill *spill, int source, int64 row, int64 target_id, double distance)
+{
+	int64		batch = row / spill->per_run;
+	SpillPair	pair;
+
+	memset(&pair, 0, sizeof(pair));
+	pair.row = row - batch * spill->per_run;
+	pair.target_id = target_id;
+	pair.distance = distance;
+	pair.source = source;
+	if (spill->files[batch] == NULL)
+		spill->files[batch] = BufFileCreateTemp(false);
+	BufFileWrite(spill->files[batch], &pair, sizeof(pair));
+	spill->pairs[source]++;
+}
+
+/* Reads the next pair of a batch's file; false at its end. */
+static bool
+spill_get(BufFile *file, SpillPair *pair)
+{
+	size_t		got = BufFileRead(file, pair, sizeof(*pair));
+
+	if (got == 0)
+		return false;
+	if (got != sizeof(*pair))
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not read from a temporary file of a sharded join")));
+	return true;
+}
+
+static void
+spill_rewind(BufFile *file)
+{
+	if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
+		ereport(ERROR,
+				(errcode_for_file_access(),
+				 errmsg("could not seek in a temporary file of a sharded join")));
+}
+
+/*
+ * The merge of a spilled join into the tuplestore (or packed), batch by
+ * batch: each source's pairs per query counted first (a shard's more than
+ * k is an ERROR), then the batch's query rows in chunks whose pairs fit
+ * the limit (16 bytes a pair in the lists, 16 in the merge), the file read
+ * once per chunk: once, unless the batch holds more than its share (the
+ * batches are at most SPILL_MAX_FILES, k is only a bound). Each chunk's
+ * lists are each source's pairs of its queries in the order they came.
+ */
+static int64
+spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRows *packed)
+{
+	int			n_sources = spill->n_shards + 1;
+	int64		budget = Max(knn_result_memory_bytes() / 32, 1);
+	KnnShardLists *sources = palloc0(n_sources * sizeof(KnnShardLists));
+	int64	  **counts = palloc(n_sources * sizeof(int64 *));
+	int64	  **fill = palloc(n_sources * sizeof(int64 *));
+	int64		rows = 0;
+
+	for (int64 b = 0; b < spill->n_batches; b++)
+	{
+		int64		first = b * spill->per_run;
+		int64		n = Min(spill->per_run, spill->queries->n - first);
+		BufFile    *file = spill->files[b];
+		SpillPair	pair;
+
+		for (int s = 0; s < n_sources; s++)
+			counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+		if (file != NULL)
+		{
+			spill_rewind(file);
+			while (spill_get(file, &pair))
+				counts[pair.source][pair.row]++;
+		}
+		for (int s = 0; s < spill->n_shards; s++)
+			for (int64 q = 0; q < n; q++)
+				if (counts[s][q] > k)
+					ereport(ERROR,
+							(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+							 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
+									spill->shards[s]->who, spill->shards[s]->server->servername)));
+		for (int64 r0 = 0, r1; r0 < n; r0 = r1)
+		{
+			int64		pairs = 0;
+			int64		read = 0;
+
+			/* at least one query row, then as many as fit */
+			for (r1 = r0; r1 < n; r1++)
+			{
+				int64		row_pairs = 0;
+
+				for (int s = 0; s < n_sources; s++)
+					row_pairs += counts[s][r1];
+				if (r1 > r0 && pairs + row_pairs > budget)
+					break;
+				pairs += row_pairs;
+			}
+			for (int s = 0; s < n_sources; s++)
+			{
+				int64		total = 0;
+
+				sources[s].n_queries = r1 - r0;
+				sources[s].offsets = palloc_extended((r1 - r0 + 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+				sources[s].offsets[0] = 0;
+				for (int64 q = r0; q < r1; q++)
+					sources[s].offsets[q - r0 + 1] = (total += counts[s][q]);
+				sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+				sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
+				fill[s] = palloc_extended((r1 - r0) * sizeof(int64), MCXT_ALLOC_HUGE);
+				memcpy(fill[s], sources[s].offsets, (r1 - r0) * sizeof(int64));
+			}
+			if (file != NULL)
+			{
+				spill_rewind(file);
+				while (spill_get(file, &pair))
+				{
+					if (pair.row >= r0 && pair.row < r1)
+					{
+						int64		at = fill[pair.source][pair.row - r0]++;
+
+						sources[pair.source].target_ids[at] = pair.target_id;
+						sources[pair.source].distances[at] = pair.distance;
+					}
+					if (++read % 65536 == 0)
+						CHECK_FOR_INTERRUPTS();
+				}
+			}
+			rows += knn_shard_merge(rsinfo, spill->queries->ids + first + r0, r1 - r0, sources,
+									n_sources, k, packed, NULL);
+			for (int s = 0; s < n_sources; s++)
+			{
+				pfree(sources[s].offsets);
+				pfree(sources[s].target_ids);
+				pfree(sources[s].distances);
+				pfree(fill[s]);
+			}
+		}
+		for (int s = 0; s < n_sources; s++)
+			pfree(counts[s]);
+		if (file != NULL)
+			BufFileClose(file);
+		spill->files[b] = NULL;
+	}
+	pfree(sources);
+	pfree(counts);
+	pfree(fill);
+	return rows;
+}
+
 /*
  * Joins the queries with the local part's rows as the call would join all
  * rows (pgvector's operator's values where the call ranks by them); its
@@ -477,7 +660,7 @@ lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists 
  */
 static void
 join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join,
-				KnnShardLists *lists, double seconds_read)
+				KnnShardLists *lists, Spill *spill, double seconds_read)
 {
 	KnnProblem	problem;
 	KnnStats	stats;
@@ -525,6 +708,47 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 		else
 			knn_run_range_problem(&problem, keep_pairs, &pairs, &stats);
 		lists_from_pairs(&pairs, targets, lists);
+	}
+	else if (spill != NULL)
+	{
+		/* in batches of queries, their pairs into the spill (source n_shards) */
+		int32		slots = (int32) Min((int64) join->k, targets->n);
+		int64		per_run = Min(knn_result_rows_per_run(slots), queries->n);
+		int64	   *neighbors = palloc_extended((Size) per_run * slots * sizeof(int64), MCXT_ALLOC_HUGE);
+		double	   *distances = palloc_extended((Size) per_run * slots * sizeof(double), MCXT_ALLOC_HUGE);
+		KnnStats	total;
+
+		for (int64 first = 0; first < queries->n; first += per_run)
+		{
+			KnnMatrix	part = *queries;
+
+			part.n = Min(per_run, queries->n - first);
+			part.values += first * queries->row_bytes;
+			part.ids += first;
+			knn_matrix_problem(&problem, &part, targets, slots);
+			problem.metric = join->metric;
+			problem.method = join->method;
+			if (join->exclude_self)
+			{
+				problem.query_keys = part.ids;
+				problem.target_keys = targets->ids;
+			}
+			if (join->by_operator != NULL)
+				knn_operator_values_run(join->by_operator, &problem, &part, targets, neighbors,
+										distances, &stats);
+			else
+				knn_run_problem(&problem, neighbors, distances, &stats);
+			knn_stats_add(&total, &stats, first == 0);
+			for (int64 q = 0; q < part.n; q++)
+				for (int32 r = 0; r < slots && neighbors[q * slots + r] >= 0; r++)
+					spill_put(spill, spill->n_shards, first + q,
+							  targets->ids[neighbors[q * slots + r]], distances[q * slots + r]);
+		}
+		pfree(neighbors);
+		pfree(distances);
+		/* the record is the whole local part's */
+		stats = total;
+		problem.n_queries = queries->n;
 	}
 	else
 	{
@@ -886,14 +1110,48 @@ next_pair(ShardPairs *it, int64 *query_id, int64 *target_id, double *distance)
 }
 
 /*
+ * A shard sends each query's pairs together (knn_join's order): pairs of a
+ * query that come again after another query's began would be merged as
+ * one longer list (a target twice), so they are an error. done: a bit per
+ * query row; *last: the row of the pairs before (-1: none).
+ */
+static const char *
+note_query_row(uint8 *done, int64 *last, int64 row)
+{
+	if (row == *last)
+		return NULL;
+	if (done[row / 8] & (1 << (row % 8)))
+		return "a query's pairs in two places";
+	if (*last >= 0)
+		done[*last / 8] |= 1 << (*last % 8);
+	*last = row;
+	return NULL;
+}
+
+/*
+ * What read_shard_lists reads against: the queries sent, at most `limit`
+ * pairs each (-1: any), and whether each query's pairs come together
+ * (knn_join's; a range join's come as its engine finds them).
+ */
+typedef struct ListsTarget
+{
+	const KnnMatrix *queries;
+	int64		limit;
+	bool		together;
+} ListsTarget;
+
+/*
  * Reads a join's result into the shard's lists: pairs of a query id we
  * sent (each query's pairs in rank order, as knn_join returns them).
- * Anything else is an error.
+ * Anything else is an error: more than `limit` pairs for a query too.
  */
 static void
 read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 {
-	const KnnMatrix *queries = (const KnnMatrix *) arg;
+	const ListsTarget *target = (const ListsTarget *) arg;
+	const KnnMatrix *queries = target->queries;
+	uint8	   *done = palloc_extended(queries->n / 8 + 1, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	int64		last = -1;
 	const char *bad = NULL;
 	int64		n = check_pairs(result, shard->packed_result, &bad);
 	KnnShardLists *lists = palloc0(sizeof(KnnShardLists));
@@ -909,9 +1167,12 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		next_pair(&it, &query_id, &target_id, &distance);
 		if ((rows[r] = query_row(queries->ids, queries->n, query_id, r > 0 ? rows[r - 1] : -1)) < 0)
 			bad = "a query id that was not sent";
+		else if (target->together)
+			bad = note_query_row(done, &last, rows[r]);
 		if (r % 65536 == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
+	pfree(done);
 	if (bad != NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
@@ -925,7 +1186,14 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	for (int64 r = 0; r < n; r++)
 		lists->offsets[rows[r] + 1]++;
 	for (int64 q = 0; q < queries->n; q++)
+	{
+		if (target->limit >= 0 && lists->offsets[q + 1] > target->limit)
+			ereport(ERROR,
+					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+					 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
+							shard->who, shard->server->servername)));
 		lists->offsets[q + 1] += lists->offsets[q];
+	}
 	fill = palloc_extended(Max(queries->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	memcpy(fill, lists->offsets, queries->n * sizeof(int64));
 	it.row = 0;
@@ -945,6 +1213,65 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	pfree(rows);
 	shard->rows = n;
 	shard->caller = lists;
+}
+
+/*
+ * One row of a shard's result read as it arrived (a batched join:
+ * knn_shard_remote_collect_rows): its pairs checked as read_shard_lists
+ * checks them, each into the spill.
+ */
+static void
+spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
+{
+	Spill	   *spill = (Spill *) arg;
+	const char *bad = NULL;
+	int64		n = check_pairs(result, shard->packed_result, &bad);
+	ShardPairs	it = {result, shard->packed_result, 0, 0, NULL, 0};
+	int			source = -1;
+
+	for (int s = 0; s < spill->n_shards; s++)
+		if (spill->shards[s] == shard)
+			source = s;
+	if (source < 0)
+		elog(ERROR, "spill_shard_rows: a shard not of this join");
+	for (int64 r = 0; bad == NULL && r < n; r++)
+	{
+		int64		query_id;
+		int64		target_id;
+		double		distance;
+		int64		row;
+
+		next_pair(&it, &query_id, &target_id, &distance);
+		row = query_row(spill->queries->ids, spill->queries->n, query_id, spill->last_row[source]);
+		if (row < 0)
+			bad = "a query id that was not sent";
+		else if ((bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
+			spill_put(spill, source, row, target_id, distance);
+		if (r % 65536 == 65535)
+			CHECK_FOR_INTERRUPTS();
+	}
+	if (bad != NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+				 errmsg("%s on foreign server \"%s\" returned %s",
+						shard->who, shard->server->servername, bad)));
+}
+
+/*
+ * The per_run query rows whose result fits knn_gpu.max_result_memory, or
+ * -1 when all of it does at once. Held at once per pair: a shard's, its
+ * packed form in libpq (24 bytes), its list (16) and its query row (8);
+ * the local part's list and the merged list, 16 each.
+ */
+static int64
+batch_rows(const KnnShardJoin *join, int n_shards, int64 n_queries)
+{
+	double		per_row = (double) join->k * (48.0 * n_shards + 32.0);
+	double		per_run = floor((double) knn_result_memory_bytes() / Max(per_row, 1.0));
+
+	if (join->range || per_run >= (double) n_queries)
+		return -1;
+	return (int64) Max(per_run, 1.0);
 }
 
 /* ---- the join ---- */
@@ -2047,6 +2374,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 	double		seconds_merge;
 	int64		rows;
 	KnnShardRows ship_rows = {0};
+	Spill	   *spill = NULL;
 
 	/* the rows not shipped while they were read go now: the shards then hold them all */
 	if (early != NULL && early->shipment != NULL)
@@ -2104,6 +2432,33 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		knn_join_explain_report_shards(&summary);
 		ReleaseCachedPlan(c->cplan, c->owner);
 		return true;
+	}
+
+	/* lists past knn_gpu.max_result_memory: the shards' rows read as they come, in batches */
+	{
+		int64		per_run = batch_rows(join, spp->n_shards, queries->n);
+
+		if (per_run > 0)
+		{
+			spill = palloc0(sizeof(Spill));
+			spill->queries = queries;
+			/* k is only a bound: few files, a batch past the limit merged in chunks */
+			spill->per_run = Max(per_run, (queries->n + SPILL_MAX_FILES - 1) / SPILL_MAX_FILES);
+			spill->n_batches = (queries->n + spill->per_run - 1) / spill->per_run;
+			spill->files = palloc0(spill->n_batches * sizeof(BufFile *));
+			spill->n_shards = spp->n_shards;
+			spill->shards = spp->shards;
+			spill->pairs = palloc0((spp->n_shards + 1) * sizeof(int64));
+			spill->last_row = palloc((spp->n_shards + 1) * sizeof(int64));
+			spill->done = palloc((spp->n_shards + 1) * sizeof(uint8 *));
+			for (int s = 0; s <= spp->n_shards; s++)
+			{
+				spill->last_row[s] = -1;
+				spill->done[s] = palloc_extended(queries->n / 8 + 1, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+			}
+		}
+		for (int s = 0; s < spp->n_shards; s++)
+			spp->shards[s]->stream_result = spill != NULL;
 	}
 
 	/* the shards read their targets (begun before the queries were read) before they take queries */
@@ -2195,28 +2550,63 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			INSTR_TIME_SET_CURRENT(phase);
 			read_local_part(c->stmt, targets_sql, spp, join->params, &local, target_kind);
 			seconds_read = knn_seconds_since(phase);
-			join_local_part(queries, &local, join, &sources[spp->n_shards], seconds_read);
+			join_local_part(queries, &local, join, &sources[spp->n_shards], spill, seconds_read);
 			seconds_local = knn_seconds_since(phase);
 		}
-		if (pass == 0 && queries->n > 0)
-			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, queries);
+		if (pass == 0 && queries->n > 0 && spill != NULL)
+			knn_shard_remote_collect_rows(spp->shards, spp->n_shards, spill_shard_rows, spill);
+		else if (pass == 0 && queries->n > 0)
+		{
+			ListsTarget target = {queries, join->range && join->k == 0 ? -1 : join->k, !join->range};
+
+			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, &target);
+		}
 	}
 	ReleaseCachedPlan(c->cplan, c->owner);
 
 	INSTR_TIME_SET_CURRENT(phase);
-	for (int s = 0; s < spp->n_shards; s++)
+	if (spill != NULL)
 	{
-		if (spp->shards[s]->caller != NULL)
-			sources[s] = *(KnnShardLists *) spp->shards[s]->caller;
-		else
+		KnnPackedRows packed_here;
+		KnnPackedRows *packed = join->packed;
+
+		for (int s = 0; s < spp->n_shards; s++)
 		{
-			sources[s].n_queries = queries->n;
-			sources[s].offsets = palloc0((queries->n + 1) * sizeof(int64));
+			spp->shards[s]->rows = spill->pairs[s];
+			knn_shard_remote_release(spp->shards[s]);
 		}
-		knn_shard_remote_release(spp->shards[s]);
+		/*
+		 * The rows go into the tuplestore, not the custom scan's lists; a
+		 * packed form called value per call materialises, as knn_join's
+		 * own batches do.
+		 */
+		if (join->direct != NULL && rsinfo->setResult == NULL)
+		{
+			InitMaterializedSRF(join->fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+			knn_packed_begin(&packed_here, rsinfo);
+			packed = &packed_here;
+		}
+		rows = spill_merge(spill, rsinfo, join->k, packed);
+		if (packed == &packed_here)
+			knn_packed_end(&packed_here);
 	}
-	rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
-						   join->range && join->k == 0 ? -1 : join->k, join->packed, join->direct);
+	else
+	{
+		for (int s = 0; s < spp->n_shards; s++)
+		{
+			if (spp->shards[s]->caller != NULL)
+				sources[s] = *(KnnShardLists *) spp->shards[s]->caller;
+			else
+			{
+				sources[s].n_queries = queries->n;
+				sources[s].offsets = palloc0((queries->n + 1) * sizeof(int64));
+			}
+			knn_shard_remote_release(spp->shards[s]);
+		}
+		rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
+							   join->range && join->k == 0 ? -1 : join->k, join->packed,
+							   join->direct);
+	}
 	seconds_merge = knn_seconds_since(phase);
 	{
 		KnnShardSummary summary;
@@ -2226,6 +2616,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.local_targets = local.n;
 		summary.local_after = local_after;
 		summary.rows = rows;
+		summary.merge_batches = spill != NULL ? spill->n_batches : 0;
 		summary.seconds_queries = c->seconds_queries;
 		summary.queries_from_shards = c->queries_from_shards;
 		summary.queries_relayed = c->relay != NULL;

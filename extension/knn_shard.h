@@ -116,6 +116,7 @@ typedef struct KnnShardJoin
 	bool		describe_only;	/* EXPLAIN: find the shards, run nothing */
 	struct KnnPackedRows *packed;	/* knn_join_packed: the rows go there, or NULL */
 	struct KnnJoinDirect *direct;	/* the KNN Join Function node's direct return: the rows go there, or NULL */
+	FunctionCallInfo fcinfo;	/* the call: a merge in batches materialises a packed form called value per call */
 } KnnShardJoin;
 
 /* A sharded knn_join begun before its queries are read (knn_shard_start). */
@@ -253,6 +254,7 @@ typedef struct KnnShardSummary
 	int64		local_targets;	/* rows joined here */
 	bool		local_after;	/* read after the shards' results (it may use their connections) */
 	int64		rows;			/* rows of the merge */
+	int64		merge_batches;	/* > 0: merged in batches of queries (knn_gpu.max_result_memory) */
 	double		seconds_queries;	/* the coordinator's query read, -1 = not known */
 	bool		queries_from_shards;	/* ... the shards' rows fetched back (a self-join) */
 	bool		queries_relayed;	/* ... and sent on to the other shards as they came */

@@ -351,7 +351,11 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 
 	initStringInfo(&buf);
 	appendStringInfo(&buf, "{\"queries\":" INT64_FORMAT ",\"k\":" INT64_FORMAT
-					 ",\"rows\":" INT64_FORMAT ",\"shards\":[", n_queries, k, summary->rows);
+					 ",\"rows\":" INT64_FORMAT ",", n_queries, k, summary->rows);
+	/* a merge in batches of queries (knn_gpu.max_result_memory) */
+	if (summary->merge_batches > 0)
+		appendStringInfo(&buf, "\"merge_batches\":" INT64_FORMAT ",", summary->merge_batches);
+	appendStringInfoString(&buf, "\"shards\":[");
 	for (int s = 0; s < sp->n_shards; s++)
 	{
 		const KnnShardRemote *shard = sp->shards[s];

@@ -1446,6 +1446,7 @@ knn_shard_remote_ship_blocks(KnnShardRemote **shards, int n_shards, const KnnSha
 typedef enum ShardWait
 {
 	WAIT_JOIN,
+	WAIT_JOIN_ROWS,				/* the join's rows, each read as it arrives */
 	WAIT_PREFETCH,
 	WAIT_FETCH
 } ShardWait;
@@ -1487,7 +1488,8 @@ wait_for_any(KnnShardRemote **shards, int n_shards, ShardWait what)
 
 static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what,
 							KnnShardReader reader, void *reader_arg);
-static void read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_arg);
+static void read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader,
+								void *reader_arg);
 
 /* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
 static void
@@ -1624,6 +1626,9 @@ knn_shard_remote_send(KnnShardRemote *shard)
 {
 	send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
 				   shard->param_values, shard->binary_result);
+	/* a result read as it arrives (knn_shard_remote_collect_rows): libpq never holds it whole */
+	if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
 	shard->busy = true;
 	shard->holds_targets = false;	/* the join takes them */
 	INSTR_TIME_SET_CURRENT(shard->sent);
@@ -1640,7 +1645,7 @@ static void
 wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardReader reader,
 				void *reader_arg)
 {
-	bool		prefetch = what != WAIT_JOIN;
+	bool		prefetch = what != WAIT_JOIN && what != WAIT_JOIN_ROWS;
 
 	for (;;)
 	{
@@ -1662,8 +1667,8 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardR
 					fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
 				END_SHARD_CONTEXT();
 			}
-			if (what == WAIT_FETCH)
-				read_arrived_blocks(shard, reader, reader_arg);
+			if (what == WAIT_FETCH || what == WAIT_JOIN_ROWS)
+				read_arrived_blocks(shard, what, reader, reader_arg);
 			else if (!fdw.PQisBusy(shard->conn))
 			{
 				instr_time	now;
@@ -1771,18 +1776,30 @@ read_results(KnnShardRemote **shards, int n_shards, KnnShardReader reader, void 
  * has read, a block or two (its input buffer), not the shard's whole answer.
  */
 static void
-read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_arg)
+read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader,
+					void *reader_arg)
 {
+	bool	   *busy = what == WAIT_FETCH ? &shard->fetching : &shard->busy;
+	const char *sql = what == WAIT_FETCH ? shard->fetch_sql : shard->join_sql;
+
 	WITH_SHARD_CONTEXT(shard);
-	while (shard->fetching && !fdw.PQisBusy(shard->conn))
+	while (*busy && !fdw.PQisBusy(shard->conn))
 	{
 		PGresult   *res = fdw.PQgetResult(shard->conn);
 
 		if (res == NULL)
 		{
-			shard->fetching = false;
+			*busy = false;
+			if (what == WAIT_JOIN_ROWS)
+			{
+				instr_time	now;
+
+				INSTR_TIME_SET_CURRENT(now);
+				INSTR_TIME_SUBTRACT(now, shard->sent);
+				shard->seconds_join = INSTR_TIME_GET_DOUBLE(now);
+			}
 			/* a read that sent its rows as it read them: its time is the fetch's */
-			if (shard->stream_sql != NULL)
+			else if (shard->stream_sql != NULL)
 			{
 				instr_time	now;
 
@@ -1797,7 +1814,7 @@ read_arrived_blocks(KnnShardRemote *shard, KnnShardReader reader, void *reader_a
 		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
 			fdw.PQclear(res);	/* the end of the rows; then NULL */
 		else
-			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->fetch_sql);
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
 	}
 	END_SHARD_CONTEXT();
 }
@@ -1825,12 +1842,32 @@ knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards, KnnShardReade
 	wait_for_shards(shards, n_shards, WAIT_FETCH, reader, reader_arg);
 }
 
+static void after_join(KnnShardRemote **shards, int n_shards);
+
 void
 knn_shard_remote_collect(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
 						 void *reader_arg)
 {
 	wait_for_shards(shards, n_shards, WAIT_JOIN, NULL, NULL);
 	read_results(shards, n_shards, reader, reader_arg);
+	after_join(shards, n_shards);
+}
+
+void
+knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards, KnnShardReader reader,
+							  void *reader_arg)
+{
+	for (int s = 0; s < n_shards; s++)
+		if (shards[s]->busy && !shards[s]->stream_result)
+			elog(ERROR, "knn_shard_remote_collect_rows: a join sent without single-row mode");
+	wait_for_shards(shards, n_shards, WAIT_JOIN_ROWS, reader, reader_arg);
+	after_join(shards, n_shards);
+}
+
+/* The shards' temporary tables dropped, their own statistics read. */
+static void
+after_join(KnnShardRemote **shards, int n_shards)
+{
 	/* ON COMMIT DROP covers errors; a long transaction should not keep them */
 	for (int s = 0; s < n_shards; s++)
 	{

@@ -57,6 +57,7 @@ typedef struct KnnShardRemote
 	const Oid  *param_types;
 	const char *const *param_values;
 	bool		binary_result;
+	bool		stream_result;	/* join_sql's rows read as they arrive (single-row mode) */
 	bool		packed_result;	/* join_sql returns knn_join_packed()'s values */
 	bool		table_exists;	/* created in this join, not yet dropped */
 	bool		copy_sent;		/* COPY FROM STDIN sent, not yet ended */
@@ -256,6 +257,14 @@ typedef void (*KnnShardReader) (void *arg, KnnShardRemote *shard, const KnnShard
  */
 extern void knn_shard_remote_collect(KnnShardRemote **shards, int n_shards,
 									 KnnShardReader reader, void *reader_arg);
+
+/*
+ * The same for joins sent with stream_result: each row goes to reader as
+ * it arrives (a result of one row), so that no shard's whole answer is
+ * held here; shard->rows is the reader's to count.
+ */
+extern void knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards,
+										  KnnShardReader reader, void *reader_arg);
 
 /*
  * A self-join's queries: has every shard (prefetched with

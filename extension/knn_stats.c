@@ -161,3 +161,24 @@ knn_gpu_last_stats(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	PG_RETURN_TEXT_P(cstring_to_text(record_json(&last)));
 }
+
+/* Adds one batch's engine statistics to the join's (the first batch's names and devices). */
+void
+knn_stats_add(KnnStats *total, const KnnStats *batch, bool first)
+{
+	if (first)
+	{
+		*total = *batch;
+		return;
+	}
+	total->query_clusters += batch->query_clusters;
+	total->target_clusters += batch->target_clusters;
+	total->distance_computations += batch->distance_computations;
+	total->pairs += batch->pairs;
+	total->seconds_transfer += batch->seconds_transfer;
+	total->seconds_cluster += batch->seconds_cluster;
+	total->seconds_filter += batch->seconds_filter;
+	total->seconds_select += batch->seconds_select;
+	total->seconds_total += batch->seconds_total;
+	total->seconds_queued += batch->seconds_queued;
+}

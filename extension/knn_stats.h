@@ -56,6 +56,9 @@ extern void knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem,
  */
 extern void knn_stats_set_return(KnnJoinRecord *record, double seconds_return);
 
+/* Adds one batch's engine statistics to a join's (first: the first batch's names and devices). */
+extern void knn_stats_add(KnnStats *total, const KnnStats *batch, bool first);
+
 /* EXPLAIN ANALYZE's lines for a record. */
 extern void knn_stats_explain(const KnnJoinRecord *record, ExplainState *es);
 

@@ -1294,6 +1294,179 @@ check_has "direct: an error in the middle of the sharded rows" "ERROR:  division
 check "... the memory does not grow, nothing is held here or on the shards, the session works" \
   "$(printf 'grown:true\nresult contexts:0\nheld:0\nheld:0\nagain:20000')" "$(echo "$out" | grep -E '^(grown|result contexts|held|again):')"
 
+# ---- results past knn_gpu.max_result_memory ----
+# A sharded knn_join whose lists would pass the limit reads the shards'
+# rows as they arrive into temporary files per batch of queries and merges
+# one batch at a time: the same rows in the same order as the whole join
+# and as one server, through the tuplestore (direct return too), no
+# temporary file left. The KNN Join node holds its whole result: past the
+# limit it ends with ERROR 54000 (with a LIMIT before anything is shipped;
+# a radius as the shards' rows pass it).
+sql 0 <<'EOF'
+-- batched(SHARDED, ONE_SERVER): "N rows, B batches, batched = whole, whole = one server"
+CREATE FUNCTION batched(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+  got text[];  -- per way (sharded within 1 GB, sharded within 1 MB, one server): its rows, in order
+  n int;
+  batches text;
+  rows_text text;
+BEGIN
+  FOR way IN 1..3 LOOP
+    PERFORM set_config('knn_gpu.max_result_memory', CASE way WHEN 2 THEN '1' ELSE '1024' END, true);
+    EXECUTE format('SELECT count(*), array_agg(r::text)::text FROM (%s) r', CASE way WHEN 3 THEN single ELSE sharded END)
+      INTO n, rows_text;
+    got[way] := rows_text;
+    IF way = 2 THEN
+      batches := coalesce(knn_gpu_last_shard_stats()::json->>'merge_batches', 'no');
+    END IF;
+  END LOOP;
+  RETURN format('%s rows, %s batches, batched %s whole, whole %s one server', n,
+                CASE WHEN batches <> 'no' AND batches::int > 1 THEN 'several' ELSE batches END,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[2] THEN '=' ELSE '<>' END,
+                CASE WHEN got[1] IS NOT DISTINCT FROM got[3] THEN '=' ELSE '<>' END);
+END $$;
+EOF
+[ $? -eq 0 ] || fail "max_result_memory: batched() created"
+# batched NAME SHARDED ONE_SERVER ROWS
+batched() {
+  local out
+  out=$(sql 0 -v "s=$2" -v "o=$3" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SELECT batched(:'s', :'o');
+EOF
+)
+  check "$1" "$4 rows, several batches, batched = whole, whole = one server" "$out"
+}
+batched "max_result_memory: knn_join of 5000 queries, 1 MB" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 5000', 'SELECT id, v FROM big', 10)" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 5000', 'SELECT id, v FROM big_here', 10)" 50000
+batched "max_result_memory: a local partition, ties, k = 300, exclude_self, l1" \
+  "$KJ('SELECT id, v FROM items_all', 'SELECT id, v FROM items_h', 300, 'l1', true)" \
+  "$KJ('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l1', true)" 330000
+batched "max_result_memory: a self-join's queries from the shards" \
+  "$KJ('SELECT id, v FROM big WHERE id <= 4000', 'SELECT id, v FROM big WHERE id <= 4000', 10, 'cosine', true)" \
+  "$KJ('SELECT id, v FROM big_here WHERE id <= 4000', 'SELECT id, v FROM big_here WHERE id <= 4000', 10, 'cosine', true)" 40000
+batched "max_result_memory: halfvec, in a target list" \
+  "SELECT knn_join('SELECT id, h FROM items_all', 'SELECT id, h FROM items_h', 200)" \
+  "SELECT knn_join('SELECT id, h FROM items_all', 'SELECT id, h FROM items_all', 200)" 220000
+batched "max_result_memory: the packed form called value per call" \
+  "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_r', 300, 'l2', false, 'auto')" \
+  "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l2', false, 'auto')" 6
+out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
+check "max_result_memory: no temporary file left" "temporary files:0" "$out"
+out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET knn_gpu.max_result_memory = 1;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 2000) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 100) n;
+SELECT count(*) FROM q CROSS JOIN LATERAL (SELECT t.id FROM items_h t WHERE t.v <-> q.v < 100 ORDER BY t.v <-> q.v) n;
+\set VERBOSITY default
+SELECT 'within:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 2000) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 5) n;
+SELECT 'shipped:' || (knn_gpu_last_shard_stats()::json->'shards'->0->>'rows');
+EOF
+)
+check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
+  "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:10000\nshipped:10000')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
+
+# ---- a shard's hostile answers ----
+# A shard is a server the user mapping reaches, not a trusted one: every
+# answer that is not a join's (a value cut short, a NULL, a query id not
+# sent, more than k pairs for a query, a query's pairs in two places) is
+# an ERROR naming the server, never rows. A database of shard 2 whose
+# knn_join_received_packed() returns what its table `answer` holds plays
+# the shard; lists out of order and NaN distances are a shard's right and
+# are merged as one server would.
+sql 2 -c "CREATE DATABASE evil"
+sql 2 evil <<EOF || fail "hostile: the hostile shard set up"
+CREATE EXTENSION knn_gpu;
+CREATE TABLE items_e ($COLUMNS);
+CREATE TABLE answer (ord int, b bytea);
+ALTER EXTENSION knn_gpu DROP FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text);
+DROP FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text);
+CREATE FUNCTION knn_join_received_packed(bigint, text, integer, text, boolean, text) RETURNS SETOF bytea
+  LANGUAGE sql AS 'SELECT b FROM public.answer ORDER BY ord';
+-- p(query, target, distance): one packed pair
+CREATE FUNCTION p(bigint, bigint, float8) RETURNS bytea LANGUAGE sql AS 'SELECT int8send(\$1) || int8send(\$2) || float8send(\$3)';
+EOF
+sql 0 <<EOF || fail "hostile: the hostile shard's foreign table"
+CREATE SERVER shard2_evil FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '${DIRS[2]}', port '${PORTS[2]}', dbname 'evil');
+CREATE USER MAPPING FOR postgres SERVER shard2_evil OPTIONS (user 'postgres');
+CREATE FOREIGN TABLE items_e ($COLUMNS) SERVER shard2_evil OPTIONS (table_name 'items_e');
+EOF
+# hostile NAME ANSWER EXPECTED [K [SETTINGS]]: the shard answers ANSWER (bytea values, in order) to
+# knn_join of q's ids 23, 46, 69, 92; EXPECTED: the ERROR, or the rows "query:target:rank:distance"
+hostile() {
+  sql 2 evil -c "TRUNCATE answer" -c "INSERT INTO answer SELECT ordinality, b FROM unnest(ARRAY[$2]::bytea[]) WITH ORDINALITY b" \
+    || { fail "$1 (answer)"; return; }
+  local out
+  out=$(sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+${5:-}
+SELECT string_agg(format('%s:%s:%s:%s', query_id, target_id, rank, distance), ' ')
+  FROM knn_join('SELECT id, v FROM q WHERE id < 100', 'SELECT id, v FROM items_e', ${4:-3});
+EOF
+)
+  check "$1" "$3" "$(echo "$out" | grep -v '^CONTEXT' | head -1)"
+}
+WRONG="ERROR:  knn_join on foreign server \"shard2_evil\" returned"
+hostile "hostile: a value cut short" "substr(p(23, 1, 1), 1, 20)" "$WRONG a NULL or a packed value of the wrong size"
+hostile "hostile: a NULL" "NULL" "$WRONG a NULL or a packed value of the wrong size"
+hostile "hostile: a query id not sent" "p(23, 1, 1), p(24, 1, 1)" "$WRONG a query id that was not sent"
+hostile "hostile: more than k pairs for a query" "p(23, 1, 1) || p(23, 2, 2) || p(23, 3, 3) || p(23, 4, 4)" \
+  "$WRONG more than k pairs for a query"
+hostile "hostile: a query's pairs in two places" "p(23, 1, 1) || p(46, 2, 1), p(23, 1, 1)" \
+  "$WRONG a query's pairs in two places"
+hostile "hostile: a query's pairs in two places, merged in batches" "p(23, 1, 1) || p(46, 2, 1), p(23, 1, 1)" \
+  "$WRONG a query's pairs in two places" 100000 "SET knn_gpu.max_result_memory = 1;"
+hostile "hostile: a list out of order, NaN distances: merged as one server would" \
+  "p(23, 5, 'NaN') || p(23, 6, 2) || p(23, 7, 1) || p(46, 9, 0), p(92, 8, 'NaN') || p(92, 3, 'NaN')" \
+  "23:7:1:1 23:6:2:2 23:5:3:NaN 46:9:1:0 92:3:1:NaN 92:8:2:NaN"
+hostile "hostile: ... and merged in batches" \
+  "p(23, 5, 'NaN') || p(23, 6, 2) || p(23, 7, 1) || p(46, 9, 0), p(92, 8, 'NaN') || p(92, 3, 'NaN')" \
+  "23:7:1:1 23:6:2:2 23:5:3:NaN 46:9:1:0 92:3:1:NaN 92:8:2:NaN" 100000 "SET knn_gpu.max_result_memory = 1;"
+out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" -c "SELECT 'works:' || (count(*) > 0) FROM q" 2>&1)
+check "hostile: nothing left, the session works" "$(printf 'temporary files:0\nworks:true')" "$out"
+
+# The KNN Join node's shard: an event trigger there doubles every query
+# row shipped into its temporary table, so each LATERAL subquery runs twice
+# per query and the shard answers twice its LIMIT per query row: an ERROR,
+# not each target twice in the result.
+sql 2 evil <<'EOF' || fail "hostile: the node's hostile shard set up"
+INSERT INTO items_e (id, v) SELECT i, format('[%s,0,0,0,0,0,0,0]', i)::vector FROM generate_series(1, 20) i;
+CREATE FUNCTION public.dup_rows() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF pg_trigger_depth() = 1 THEN
+    EXECUTE format('INSERT INTO %s SELECT ($1).*', TG_RELID::regclass) USING NEW;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE FUNCTION public.add_dup() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE r record;
+BEGIN
+  FOR r IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE object_identity LIKE '%knn_shard_queries%' LOOP
+    EXECUTE format('CREATE TRIGGER dup AFTER INSERT ON %s FOR EACH ROW EXECUTE FUNCTION public.dup_rows()', r.object_identity);
+  END LOOP;
+END $$;
+CREATE EVENT TRIGGER add_dup ON ddl_command_end WHEN TAG IN ('CREATE TABLE') EXECUTE FUNCTION public.add_dup();
+EOF
+sql 0 <<'EOF' || fail "hostile: the node's hostile shard's partitioned table"
+CREATE TABLE items_ep (id bigint, cat int, v vector(8), h halfvec(8), b bit(8)) PARTITION BY RANGE (id);
+CREATE FOREIGN TABLE items_ep_1 PARTITION OF items_ep FOR VALUES FROM (MINVALUE) TO (MAXVALUE)
+  SERVER shard2_evil OPTIONS (table_name 'items_e');
+EOF
+out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+SELECT count(*) || ' rows, ' || count(DISTINCT (q.id, n.id)) || ' distinct' FROM q
+  CROSS JOIN LATERAL (SELECT t.id FROM items_ep t ORDER BY t.v <-> q.v, t.id LIMIT 2) n;
+EOF
+)
+check "hostile: the node's shard answers more rows than its LIMIT" \
+  'ERROR:  KNN Join on foreign server "shard2_evil" returned more rows for a query row than its LIMIT' \
+  "$(echo "$out" | grep -v '^CONTEXT' | head -1)"
+
 # ---- review fixes (issue 11) ----
 # A queries text whose functions run SQL of their own (query_to_xml here, a
 # domain's CHECK through a plpgsql function) reads through postgres_fdw's
