@@ -41,7 +41,6 @@
 #include "nodes/plannodes.h"
 #include "parser/parsetree.h"
 #include "portability/instr_time.h"
-#include "storage/buffile.h"
 #include "tcop/dest.h"
 #include "utils/builtins.h"
 #include "utils/float.h"
@@ -64,6 +63,7 @@
 #include "knn_shard_packed.h"
 #include "knn_shard_relay.h"
 #include "knn_shard_remote.h"
+#include "knn_shard_spill.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
 
@@ -472,187 +472,6 @@ lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists 
 	pfree(fill);
 }
 
-/* The most batches (temporary files, each with its buffer) of a spilled join. */
-#define SPILL_MAX_FILES 256
-
-/*
- * A join whose sources' lists would pass knn_gpu.max_result_memory (k is
- * the caller's): each source's pairs go, as they come, into a temporary
- * file per batch of per_run query rows (in id order), and the merge then
- * takes one batch at a time: the same lists, the same rows in the same
- * order, with a batch's lists in memory at once.
- */
-typedef struct SpillPair
-{
-	int64		row;			/* the query's row in its batch */
-	int64		target_id;
-	double		distance;
-	int32		source;
-} SpillPair;
-
-typedef struct Spill
-{
-	const KnnMatrix *queries;	/* in id order */
-	int64		per_run;
-	int64		n_batches;
-	BufFile   **files;			/* per batch, made when first written */
-	int			n_shards;		/* the local part is source n_shards */
-	KnnShardRemote **shards;
-	int64	   *pairs;			/* per source */
-	int64	   *last_row;		/* per source: the row found last (query_row's hint) */
-	uint8	  **done;			/* per shard: note_query_row's bits */
-} Spill;
-
-static void
-spill_put(Spill *spill, int source, int64 row, int64 target_id, double distance)
-{
-	int64		batch = row / spill->per_run;
-	SpillPair	pair;
-
-	memset(&pair, 0, sizeof(pair));
-	pair.row = row - batch * spill->per_run;
-	pair.target_id = target_id;
-	pair.distance = distance;
-	pair.source = source;
-	if (spill->files[batch] == NULL)
-		spill->files[batch] = BufFileCreateTemp(false);
-	BufFileWrite(spill->files[batch], &pair, sizeof(pair));
-	spill->pairs[source]++;
-}
-
-/* Reads the next pair of a batch's file; false at its end. */
-static bool
-spill_get(BufFile *file, SpillPair *pair)
-{
-	size_t		got = BufFileRead(file, pair, sizeof(*pair));
-
-	if (got == 0)
-		return false;
-	if (got != sizeof(*pair))
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("could not read from a temporary file of a sharded join")));
-	return true;
-}
-
-static void
-spill_rewind(BufFile *file)
-{
-	if (BufFileSeek(file, 0, 0, SEEK_SET) != 0)
-		ereport(ERROR,
-				(errcode_for_file_access(),
-				 errmsg("could not seek in a temporary file of a sharded join")));
-}
-
-/*
- * The merge of a spilled join into the tuplestore (or packed), batch by
- * batch: each source's pairs per query counted first (a shard's more than
- * k is an ERROR), then the batch's query rows in chunks whose pairs fit
- * the limit (16 bytes a pair in the lists, 16 in the merge), the file read
- * once per chunk: once, unless the batch holds more than its share (the
- * batches are at most SPILL_MAX_FILES, k is only a bound). Each chunk's
- * lists are each source's pairs of its queries in the order they came.
- */
-static int64
-spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRows *packed)
-{
-	int			n_sources = spill->n_shards + 1;
-	int64		budget = Max(knn_result_memory_bytes() / 32, 1);
-	KnnShardLists *sources = palloc0(n_sources * sizeof(KnnShardLists));
-	int64	  **counts = palloc(n_sources * sizeof(int64 *));
-	int64	  **fill = palloc(n_sources * sizeof(int64 *));
-	int64		rows = 0;
-
-	for (int64 b = 0; b < spill->n_batches; b++)
-	{
-		int64		first = b * spill->per_run;
-		int64		n = Min(spill->per_run, spill->queries->n - first);
-		BufFile    *file = spill->files[b];
-		SpillPair	pair;
-
-		for (int s = 0; s < n_sources; s++)
-			counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-		if (file != NULL)
-		{
-			spill_rewind(file);
-			while (spill_get(file, &pair))
-				counts[pair.source][pair.row]++;
-		}
-		for (int s = 0; s < spill->n_shards; s++)
-			for (int64 q = 0; q < n; q++)
-				if (counts[s][q] > k)
-					ereport(ERROR,
-							(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-							 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
-									spill->shards[s]->who, spill->shards[s]->server->servername)));
-		for (int64 r0 = 0, r1; r0 < n; r0 = r1)
-		{
-			int64		pairs = 0;
-			int64		read = 0;
-
-			/* at least one query row, then as many as fit */
-			for (r1 = r0; r1 < n; r1++)
-			{
-				int64		row_pairs = 0;
-
-				for (int s = 0; s < n_sources; s++)
-					row_pairs += counts[s][r1];
-				if (r1 > r0 && pairs + row_pairs > budget)
-					break;
-				pairs += row_pairs;
-			}
-			for (int s = 0; s < n_sources; s++)
-			{
-				int64		total = 0;
-
-				sources[s].n_queries = r1 - r0;
-				sources[s].offsets = palloc_extended((r1 - r0 + 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-				sources[s].offsets[0] = 0;
-				for (int64 q = r0; q < r1; q++)
-					sources[s].offsets[q - r0 + 1] = (total += counts[s][q]);
-				sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-				sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
-				fill[s] = palloc_extended((r1 - r0) * sizeof(int64), MCXT_ALLOC_HUGE);
-				memcpy(fill[s], sources[s].offsets, (r1 - r0) * sizeof(int64));
-			}
-			if (file != NULL)
-			{
-				spill_rewind(file);
-				while (spill_get(file, &pair))
-				{
-					if (pair.row >= r0 && pair.row < r1)
-					{
-						int64		at = fill[pair.source][pair.row - r0]++;
-
-						sources[pair.source].target_ids[at] = pair.target_id;
-						sources[pair.source].distances[at] = pair.distance;
-					}
-					if (++read % 65536 == 0)
-						CHECK_FOR_INTERRUPTS();
-				}
-			}
-			rows += knn_shard_merge(rsinfo, spill->queries->ids + first + r0, r1 - r0, sources,
-									n_sources, k, packed, NULL);
-			for (int s = 0; s < n_sources; s++)
-			{
-				pfree(sources[s].offsets);
-				pfree(sources[s].target_ids);
-				pfree(sources[s].distances);
-				pfree(fill[s]);
-			}
-		}
-		for (int s = 0; s < n_sources; s++)
-			pfree(counts[s]);
-		if (file != NULL)
-			BufFileClose(file);
-		spill->files[b] = NULL;
-	}
-	pfree(sources);
-	pfree(counts);
-	pfree(fill);
-	return rows;
-}
-
 /*
  * Joins the queries with the local part's rows as the call would join all
  * rows (pgvector's operator's values where the call ranks by them); its
@@ -741,7 +560,7 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 			knn_stats_add(&total, &stats, first == 0);
 			for (int64 q = 0; q < part.n; q++)
 				for (int32 r = 0; r < slots && neighbors[q * slots + r] >= 0; r++)
-					spill_put(spill, spill->n_shards, first + q,
+					knn_shard_spill_put(spill, spill->n_shards, first + q,
 							  targets->ids[neighbors[q * slots + r]], distances[q * slots + r]);
 		}
 		pfree(neighbors);
@@ -1246,7 +1065,7 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		if (row < 0)
 			bad = "a query id that was not sent";
 		else if ((bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
-			spill_put(spill, source, row, target_id, distance);
+			knn_shard_spill_put(spill, source, row, target_id, distance);
 		if (r % 65536 == 65535)
 			CHECK_FOR_INTERRUPTS();
 	}
@@ -2440,22 +2259,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 
 		if (per_run > 0)
 		{
-			spill = palloc0(sizeof(Spill));
-			spill->queries = queries;
-			/* k is only a bound: few files, a batch past the limit merged in chunks */
-			spill->per_run = Max(per_run, (queries->n + SPILL_MAX_FILES - 1) / SPILL_MAX_FILES);
-			spill->n_batches = (queries->n + spill->per_run - 1) / spill->per_run;
-			spill->files = palloc0(spill->n_batches * sizeof(BufFile *));
-			spill->n_shards = spp->n_shards;
-			spill->shards = spp->shards;
-			spill->pairs = palloc0((spp->n_shards + 1) * sizeof(int64));
-			spill->last_row = palloc((spp->n_shards + 1) * sizeof(int64));
-			spill->done = palloc((spp->n_shards + 1) * sizeof(uint8 *));
-			for (int s = 0; s <= spp->n_shards; s++)
-			{
-				spill->last_row[s] = -1;
-				spill->done[s] = palloc_extended(queries->n / 8 + 1, MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-			}
+			spill = knn_shard_spill_begin(queries, per_run, spp->n_shards, spp->shards);
 		}
 		for (int s = 0; s < spp->n_shards; s++)
 			spp->shards[s]->stream_result = spill != NULL;
@@ -2586,7 +2390,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			knn_packed_begin(&packed_here, rsinfo);
 			packed = &packed_here;
 		}
-		rows = spill_merge(spill, rsinfo, join->k, packed);
+		rows = knn_shard_spill_merge(spill, rsinfo, join->k, packed);
 		if (packed == &packed_here)
 			knn_packed_end(&packed_here);
 	}
