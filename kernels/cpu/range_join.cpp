@@ -121,10 +121,17 @@ class RangeJoin {
   // Every pair of query q within the radius, sorted and capped.
   void collect(int64_t q, std::vector<Pair> &out, int64_t *computed) const {
     out.clear();
-    if (use_ti_)
+    if (use_ti_) {
       collect_ti(q, out, computed);
-    else
-      for (int64_t t = 0; t < p_.n_targets; t++) offer(q, t, out, computed);
+    } else {
+      for (int64_t t = 0; t < p_.n_targets; t++) {
+        // One query against millions of targets is seconds: a cancel is
+        // answered within it (the cancelled block's lists are dropped).
+        if ((t & 65535) == 65535 && cancelled()) return;
+        offer(q, t, out, computed);
+      }
+    }
+    if (cancelled()) return;
     auto before = [](const Pair &a, const Pair &b) {
       return knn_result_before(a.distance, a.target, b.distance, b.target);
     };
@@ -176,6 +183,7 @@ class RangeJoin {
     const Clustering &cl = clusters_;
     const double r = radius_;
     for (int64_t c = 0; c < cl.n_clusters; c++) {
+      if ((c & 255) == 255 && cancelled()) return;
       const double dqc = pair_distance(p_.metric, row, cl.centre(c), p_.dim);
       const double rc = cl.radius[c];
       // Every bound of this cluster sums to at most dqc + rc + |r|.
