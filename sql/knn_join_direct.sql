@@ -7,24 +7,10 @@ SET knn_gpu.device = cpu;
 CREATE TABLE dr (id integer, g integer, t text, v vector);
 INSERT INTO dr SELECT i, i % 3, 'd' || i, format('[%s,%s]', i % 5, i % 7)::vector FROM generate_series(1, 60) i;
 
--- rows_of(statement, direct): the statement's rows as text, in the order returned.
-CREATE FUNCTION pg_temp.rows_of(statement text, direct boolean) RETURNS text[] LANGUAGE plpgsql AS $$
-DECLARE
-  result text[];
-BEGIN
-  PERFORM set_config('knn_gpu.direct_return', direct::text, true);
-  EXECUTE format('SELECT array_agg(r::text) FROM (%s) r', statement) INTO result;
-  RETURN result;
-END $$;
+\i sql/same_under.psql
 -- same(statement): the row count, and whether both paths return the same rows in the same order.
-CREATE FUNCTION pg_temp.same(statement text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-  direct text[] := pg_temp.rows_of(statement, true);
-  stored text[] := pg_temp.rows_of(statement, false);
-BEGIN
-  RETURN format('%s rows, %s', coalesce(cardinality(direct), 0),
-                CASE WHEN direct IS NOT DISTINCT FROM stored THEN 'same' ELSE 'DIFFERENT' END);
-END $$;
+CREATE FUNCTION pg_temp.same(statement text) RETURNS text LANGUAGE sql AS $$
+  SELECT pg_temp.same_under(statement, 'knn_gpu.direct_return', 'true', 'false') $$;
 
 SELECT pg_temp.same($$SELECT * FROM knn_join('SELECT id, v FROM dr', 'SELECT id, v FROM dr', 4)$$) AS self_join;
 SELECT pg_temp.same($$SELECT target_id * 2 AS twice, round(distance::numeric, 3), query_id

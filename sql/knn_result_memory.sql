@@ -7,24 +7,10 @@ CREATE TABLE rm (id integer, g integer, t text, v vector);
 -- ties on purpose (few distinct values): their order must survive the batches
 INSERT INTO rm SELECT i, i % 3, 'r' || i, format('[%s,%s]', i % 7, i % 11)::vector FROM generate_series(1, 300) i;
 
--- rows_of(statement, limit_mb): the statement's rows as text, in the order returned.
-CREATE FUNCTION pg_temp.rows_of(statement text, limit_mb integer) RETURNS text[] LANGUAGE plpgsql AS $$
-DECLARE
-  result text[];
-BEGIN
-  PERFORM set_config('knn_gpu.max_result_memory', limit_mb::text, true);
-  EXECUTE format('SELECT array_agg(r::text) FROM (%s) r', statement) INTO result;
-  RETURN result;
-END $$;
+\i sql/same_under.psql
 -- same(statement): whether 1 MB (300 x 300 x 16 bytes is 1.4 MB: batches) returns what 1 GB does.
-CREATE FUNCTION pg_temp.same(statement text) RETURNS text LANGUAGE plpgsql AS $$
-DECLARE
-  held text[] := pg_temp.rows_of(statement, 1024);
-  batched text[] := pg_temp.rows_of(statement, 1);
-BEGIN
-  RETURN format('%s rows, %s', coalesce(cardinality(held), 0),
-                CASE WHEN held IS NOT DISTINCT FROM batched THEN 'same' ELSE 'DIFFERENT' END);
-END $$;
+CREATE FUNCTION pg_temp.same(statement text) RETURNS text LANGUAGE sql AS $$
+  SELECT pg_temp.same_under(statement, 'knn_gpu.max_result_memory', '1024', '1') $$;
 
 SELECT pg_temp.same($$SELECT * FROM knn_join('SELECT id, v FROM rm', 'SELECT id, v FROM rm', 300)$$) AS self_join;
 SELECT pg_temp.same($$SELECT * FROM knn_join('SELECT id, v FROM rm', 'SELECT id, v FROM rm', 1000,
