@@ -46,6 +46,26 @@ BEGIN
   RETURN 'not seen';
 END $$;
 
+-- The process title of the backend running a query starting with prefix.
+CREATE FUNCTION pg_temp.waiter_title(prefix text) RETURNS text LANGUAGE sql AS $$
+  SELECT encode(pg_read_binary_file('/proc/' || pid || '/cmdline'), 'escape')
+  FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE prefix || '%' $$;
+-- Whether the backend running a query starting with prefix waits for a
+-- slot, by its process title, polled up to 30 s: the extension wait
+-- seen_waiting sees first may be the engine's, before its job asks for the
+-- slot.
+CREATE FUNCTION pg_temp.title_shows_slot_wait(prefix text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  FOR i IN 1 .. 3000 LOOP
+    PERFORM pg_stat_clear_snapshot();  -- else one transaction sees one snapshot
+    IF pg_temp.waiter_title(prefix) LIKE '%waiting for a GPU slot%' THEN
+      RETURN true;
+    END IF;
+    PERFORM pg_sleep(0.01);
+  END LOOP;
+  RETURN false;
+END $$;
+
 -- Replaces the probe record with these lines (COPY wants an absolute path).
 CREATE FUNCTION pg_temp.write_record(lines text[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
@@ -122,7 +142,7 @@ SELECT pg_sleep(0.2);
 -- still running long after it would have finished.
 SELECT dblink_send_query('waiter',
   'SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small'', ''SELECT id, v FROM admission_small'', 3)') AS sent;
-SELECT pg_temp.seen_waiting('SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small''') AS waiter;
+SELECT pg_temp.title_shows_slot_wait('SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small''') AS waiter_queued;
 SELECT pg_sleep(0.5);
 SELECT dblink_is_busy('waiter') AS still_waiting;
 -- A cancel ends the wait at once.
@@ -167,21 +187,6 @@ BEGIN
   END LOOP;
   RETURN title;
 END $$;
-CREATE FUNCTION pg_temp.waiter_title(prefix text) RETURNS text LANGUAGE sql AS $$
-  SELECT encode(pg_read_binary_file('/proc/' || pid || '/cmdline'), 'escape')
-  FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE prefix || '%' $$;
--- The extension wait seen first may be the engine's, before its job asks
--- for the slot (and the title says so): the title is polled, up to 30 s.
-CREATE FUNCTION pg_temp.title_shows_slot_wait(prefix text) RETURNS boolean LANGUAGE plpgsql AS $$
-BEGIN
-  FOR i IN 1 .. 3000 LOOP
-    IF pg_temp.waiter_title(prefix) LIKE '%waiting for a GPU slot%' THEN
-      RETURN true;
-    END IF;
-    PERFORM pg_sleep(0.01);
-  END LOOP;
-  RETURN false;
-END $$;
 SELECT dblink_send_query('waiter', 'SELECT admission_caught_wait()') AS sent;
 SELECT pg_temp.title_shows_slot_wait('SELECT admission_caught_wait()') AS title_while_waiting;
 SELECT dblink_cancel_query('waiter') AS cancel;
@@ -204,7 +209,7 @@ SELECT count(*) AS rows FROM dblink_get_result('waiter', false) AS r(count bigin
 -- cancelled), and its statistics say how long it queued.
 SELECT dblink_send_query('waiter',
   'SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small'', ''SELECT id, v FROM admission_small'', 3)') AS sent;
-SELECT pg_temp.seen_waiting('SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small''') AS waiter;
+SELECT pg_temp.title_shows_slot_wait('SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small''') AS waiter_queued;
 SELECT pg_sleep(0.3);
 SELECT dblink_cancel_query('holder') AS cancel_holder;
 SELECT count(*) AS rows FROM dblink_get_result('holder', false) AS r(count bigint);
@@ -249,7 +254,7 @@ SELECT pg_temp.seen_waiting('SELECT count(*) FROM knn_join(''SELECT id, v FROM a
 SELECT pg_sleep(0.2);
 SELECT dblink_send_query('waiter',
   'SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small'', ''SELECT id, v FROM admission_small'', 3)') AS sent;
-SELECT pg_temp.seen_waiting('SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small''') AS waiter;
+SELECT pg_temp.title_shows_slot_wait('SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_small''') AS waiter_queued;
 SELECT pg_terminate_backend(pid, 5000) AS terminated_holder FROM pg_stat_activity
 WHERE pid <> pg_backend_pid() AND state = 'active'
   AND query LIKE 'SELECT count(*) FROM knn_join(''SELECT id, v FROM admission_rows''%';
