@@ -473,6 +473,29 @@ lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists 
 }
 
 /*
+ * The k-NN join of these query rows (all, or a batch) with the local
+ * part's targets, as the call would join them.
+ */
+static void
+run_local_knn(const KnnShardJoin *join, KnnMatrix *queries, KnnMatrix *targets, int32 slots,
+			  int64 *neighbors, double *distances, KnnProblem *problem, KnnStats *stats)
+{
+	knn_matrix_problem(problem, queries, targets, slots);
+	problem->metric = join->metric;
+	problem->method = join->method;
+	if (join->exclude_self)
+	{
+		problem->query_keys = queries->ids;
+		problem->target_keys = targets->ids;
+	}
+	if (join->by_operator != NULL)
+		knn_operator_values_run(join->by_operator, problem, queries, targets, neighbors,
+								distances, stats);
+	else
+		knn_run_problem(problem, neighbors, distances, stats);
+}
+
+/*
  * Joins the queries with the local part's rows as the call would join all
  * rows (pgvector's operator's values where the call ranks by them); its
  * lists.
@@ -544,19 +567,7 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 			part.n = Min(per_run, queries->n - first);
 			part.values += first * queries->row_bytes;
 			part.ids += first;
-			knn_matrix_problem(&problem, &part, targets, slots);
-			problem.metric = join->metric;
-			problem.method = join->method;
-			if (join->exclude_self)
-			{
-				problem.query_keys = part.ids;
-				problem.target_keys = targets->ids;
-			}
-			if (join->by_operator != NULL)
-				knn_operator_values_run(join->by_operator, &problem, &part, targets, neighbors,
-										distances, &stats);
-			else
-				knn_run_problem(&problem, neighbors, distances, &stats);
+			run_local_knn(join, &part, targets, slots, neighbors, distances, &problem, &stats);
 			knn_stats_add(&total, &stats, first == 0);
 			for (int64 q = 0; q < part.n; q++)
 				for (int32 r = 0; r < slots && neighbors[q * slots + r] >= 0; r++)
@@ -576,19 +587,7 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 		double	   *distances = palloc_extended((Size) queries->n * slots * sizeof(double), MCXT_ALLOC_HUGE);
 		int64		n = 0;
 
-		knn_matrix_problem(&problem, queries, targets, slots);
-		problem.metric = join->metric;
-		problem.method = join->method;
-		if (join->exclude_self)
-		{
-			problem.query_keys = queries->ids;
-			problem.target_keys = targets->ids;
-		}
-		if (join->by_operator != NULL)
-			knn_operator_values_run(join->by_operator, &problem, queries, targets, neighbors,
-									distances, &stats);
-		else
-			knn_run_problem(&problem, neighbors, distances, &stats);
+		run_local_knn(join, queries, targets, slots, neighbors, distances, &problem, &stats);
 		lists->target_ids = palloc_extended(Max((Size) queries->n * slots, 1) * sizeof(int64),
 											MCXT_ALLOC_HUGE);
 		lists->distances = palloc_extended(Max((Size) queries->n * slots, 1) * sizeof(double),
@@ -2258,9 +2257,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		int64		per_run = batch_rows(join, spp->n_shards, queries->n);
 
 		if (per_run > 0)
-		{
 			spill = knn_shard_spill_begin(queries, per_run, spp->n_shards, spp->shards);
-		}
 		for (int s = 0; s < spp->n_shards; s++)
 			spp->shards[s]->stream_result = spill != NULL;
 	}
