@@ -51,6 +51,7 @@
 #include "knn_distance.h"
 #include "knn_operator_values.h"
 #include "knn_run.h"
+#include "knn_stats.h"
 
 /* Candidates beyond k in the first engine run: max(kExtraMin, k). */
 #define KNN_EXTRA_MIN 16
@@ -594,13 +595,8 @@ capped_range(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *
 		top.range = KNN_RANGE_NONE;
 		top.max_distance = 0;
 		top.k = k;
-		knn_operator_values_run(ov, &top, &slice, targets, rows, values,
-								first == 0 ? stats : &slice_stats);
-		if (first > 0)
-		{
-			stats->distance_computations += slice_stats.distance_computations;
-			stats->pairs += slice_stats.pairs;
-		}
+		knn_operator_values_run(ov, &top, &slice, targets, rows, values, &slice_stats);
+		knn_stats_add(stats, &slice_stats, first == 0);
 		for (int64 q = 0; q < slice.n; q++)
 		{
 			int32		n = 0;
