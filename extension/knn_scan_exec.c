@@ -713,10 +713,6 @@ typedef struct KnnRangeRun
 	int64		target_base;	/* run's target row + this = the join's */
 } KnnRangeRun;
 
-/* A result slot (neighbour, distance), and a radius join's pair (with its query). */
-#define KNN_SLOT_BYTES (sizeof(int64) + sizeof(double))
-#define KNN_RANGE_PAIR_BYTES (2 * sizeof(int64) + sizeof(double))
-
 /*
  * The node holds its whole result until the scan ends: one past
  * knn_gpu.max_result_memory (the LIMIT, or a radius, is the query's, and

@@ -701,8 +701,7 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 							shard->server->servername)));
 		/* without a LIMIT to check first (a radius, WITH TIES): as join_inner's pairs */
 		if (sh->radius_mode != KNN_RANGE_NONE || sh->with_ties)
-			knn_scan_check_result_memory((double) (sh->candidates->n + 1) *
-										 (2 * sizeof(int64) + sizeof(double)));
+			knn_scan_check_result_memory((double) (sh->candidates->n + 1) * KNN_RANGE_PAIR_BYTES);
 
 		MemoryContextReset(sh->row_cxt);
 		old = MemoryContextSwitchTo(sh->row_cxt);

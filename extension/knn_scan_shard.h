@@ -98,6 +98,10 @@ typedef struct KnnScanCandidates
 
 extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
 
+/* A result slot (neighbour, distance), and a radius join's pair (with its query). */
+#define KNN_SLOT_BYTES (sizeof(int64) + sizeof(double))
+#define KNN_RANGE_PAIR_BYTES (2 * sizeof(int64) + sizeof(double))
+
 /* ERROR 54000 when a result of `bytes` would pass knn_gpu.max_result_memory (knn_scan_exec.c). */
 extern void knn_scan_check_result_memory(double bytes);
 
