@@ -67,8 +67,9 @@ typedef struct KnnJoinPath
 								 * relation, as it appears in the subquery */
 	AttrNumber	target_relation_column; /* that column in the table under a
 										 * view or subquery (0: computed) */
-	Expr	   *query_vector;	/* outer operand: a Var or an expression of
-								 * this query's Vars */
+	Expr	   *query_vector;	/* outer operand: a Var of this query, or an
+								 * expression of its Vars that the node
+								 * computes (simplified as the planner does) */
 	bool		target_is_left; /* ORDER BY target <op> query (for messages) */
 	Oid			distance_operator;	/* <->, <=>, <#> or <+> */
 	KnnMetric	metric;
@@ -154,7 +155,8 @@ extern void knn_scan_run_with_ties(const KnnProblem *problem, const KnnMatrix *q
 typedef enum KnnJoinPrivate
 {
 	KNN_PRIVATE_METRIC = 0,		/* Integer: KnnMetric */
-	KNN_PRIVATE_QUERY_COLUMN,	/* Integer: query vector column in outer rows */
+	KNN_PRIVATE_QUERY_COLUMN,	/* Integer: query vector column in outer rows,
+								 * 0 = the expression KNN_EXPR_QUERY_VECTOR */
 	KNN_PRIVATE_TARGET_COLUMN,	/* Integer: target vector column in inner rows */
 	KNN_PRIVATE_TARGET_IS_LEFT, /* Integer: 1 when ORDER BY target <op> query */
 	KNN_PRIVATE_SOURCES,		/* IntList: one source per scan column */
@@ -189,8 +191,9 @@ typedef enum KnnJoinPrivate
  * join filter (a List, implicitly ANDed: clauses that decide whether a
  * joined row is a match -- filters above the subquery's LIMIT and the
  * join's clauses), the filter (a List, JOIN_LEFT only: pushed-down
- * clauses, checked on matches and null-extended rows alike) and the radius
- * (or NULL).
+ * clauses, checked on matches and null-extended rows alike), the radius
+ * (or NULL) and the query vector when it is an expression of the outer row
+ * (or NULL: a column, KNN_PRIVATE_QUERY_COLUMN).
  */
 typedef enum KnnJoinExpr
 {
@@ -198,7 +201,8 @@ typedef enum KnnJoinExpr
 	KNN_EXPR_OFFSET,
 	KNN_EXPR_JOIN_FILTER,
 	KNN_EXPR_FILTER,
-	KNN_EXPR_RADIUS
+	KNN_EXPR_RADIUS,
+	KNN_EXPR_QUERY_VECTOR
 } KnnJoinExpr;
 
 /* custom_plans: the outer side's plan, then the inner relation's scan. */

@@ -19,6 +19,13 @@
  *    the engine's rows, in scan order.
  *  - An outer row with a NULL vector has NULL distances to everything: it
  *    gets the first k inner rows in scan order, with NULL distance.
+ *  - A query vector that is an expression of the outer row is computed
+ *    here, once per outer row, and only for the outer rows PostgreSQL's
+ *    plan computes it for: its subquery computes the distance for each
+ *    inner row its WHERE keeps, so those that meet such a row (of their
+ *    group, with another key; never under LIMIT 0 or for an empty inner
+ *    relation). Its errors are the expression's own; the other outer rows
+ *    have no rows to return anyway.
  *  - LIMIT NULL means all rows; a negative LIMIT or OFFSET is the same
  *    error as the Limit node's; LIMIT 0 reads no inner rows. OFFSET n skips
  *    the first n rows of each outer row (the engine is asked for n + k).
@@ -67,6 +74,7 @@
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "nodes/makefuncs.h"
+#include "nodes/nodeFuncs.h"
 #include "portability/instr_time.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -92,7 +100,8 @@ typedef struct KnnJoinState
 	/* From the plan */
 	KnnMetric	metric;
 	KnnVectorKind kind;			/* of both vector columns (vector, halfvec, bit) */
-	AttrNumber	query_column;	/* query vector in the outer rows */
+	AttrNumber	query_column;	/* query vector in the outer rows, or 0: */
+	ExprState  *query_expression;	/* computed from them (else NULL) */
 	AttrNumber	target_column;	/* target vector in the inner rows */
 	bool		target_is_left;
 	int			n_scan_columns;
@@ -134,6 +143,8 @@ typedef struct KnnJoinState
 	int64		k;				/* rows per outer row, at most n_inner */
 	int64		offset;			/* rows skipped first */
 	int64	   *query_of_outer; /* outer row -> engine query, -1 = NULL vector */
+	Datum	   *query_values;	/* query_expression's values, detoasted, */
+	bool	   *query_nulls;	/* per outer row (true: NULL or not computed) */
 	int64	   *outer_key;		/* self-exclusion keys, KNN_NULL_KEY for NULL */
 	int64	   *inner_key;
 	int64	   *outer_group;	/* group ids, KNN_GROUP_NULL for a NULL, -1 for */
@@ -190,6 +201,8 @@ typedef enum KnnRowKind
 
 static bool next_candidate(KnnJoinState *state, int64 *inner_row, double *distance,
 						   bool *distance_null);
+static void fill_scan_slot(KnnJoinState *state, TupleTableSlot *scan_slot, int64 outer_row,
+						   int64 inner_row, double distance, bool distance_null);
 static bool ties_with_last(KnnJoinState *state, int64 inner_row, double distance,
 						   bool distance_null);
 static void knn_join_begin(CustomScanState *node, EState *estate, int eflags);
@@ -354,6 +367,8 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	state->radius_state = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_RADIUS), &node->ss.ps);
 	state->join_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_JOIN_FILTER),
 									  &node->ss.ps);
+	state->query_expression = ExecInitExpr(list_nth(cscan->custom_exprs, KNN_EXPR_QUERY_VECTOR),
+										   &node->ss.ps);
 	state->other_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_FILTER),
 									   &node->ss.ps);
 	state->outer_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->outer_ps),
@@ -368,6 +383,11 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 	if (state->kind != KNN_VECTOR_TYPE && state->kind != KNN_VECTOR_HALFVEC &&
 		state->kind != KNN_VECTOR_BIT)
 		elog(ERROR, "KNN Join: the target column is not of a joinable type");
+	/* The planner checked both against the operator's input type. */
+	if (state->query_expression != NULL &&
+		exprType((Node *) list_nth(cscan->custom_exprs, KNN_EXPR_QUERY_VECTOR)) !=
+		TupleDescAttr(state->inner_slot->tts_tupleDescriptor, state->target_column - 1)->atttypid)
+		elog(ERROR, "KNN Join: the query vector is not of the target column's type");
 	state->join_cxt = AllocSetContextCreate(CurrentMemoryContext, "KNN Join",
 											ALLOCSET_DEFAULT_SIZES);
 }
@@ -485,34 +505,61 @@ dimension_error(KnnJoinState *state, int target_dim, int query_dim)
 }
 
 /*
- * The vector of a stored row, checked and viewed (false for NULL). A value
- * that must be detoasted is, into the per-row context, which is reset at
- * the next row.
+ * A vector value checked and viewed. A value that must be detoasted is,
+ * into the per-row context, which the caller has reset for this row.
+ */
+static void
+view_vector(KnnJoinState *state, Datum value, const KnnVectorReader *reader,
+			const char *set_name, int64 id, KnnVectorView *view)
+{
+	MemoryContext old = MemoryContextSwitchTo(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
+	struct varlena *detoasted = PG_DETOAST_DATUM(value);
+	KnnValueProblem problem;
+
+	MemoryContextSwitchTo(old);
+	problem = reader->view(detoasted, view);
+	if (problem != KNN_VALUE_OK)
+		knn_vector_problem_error(problem, set_name, id);
+}
+
+/*
+ * The vector of a stored row, checked and viewed (false for NULL), valid
+ * until the next row's.
  */
 static bool
 row_vector(KnnJoinState *state, TupleTableSlot *slot, MinimalTuple row, AttrNumber column,
 		   const KnnVectorReader *reader, const char *set_name, int64 id,
 		   KnnVectorView *view)
 {
-	MemoryContext row_cxt = state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory;
-	MemoryContext old;
 	bool		isnull;
 	Datum		value;
-	struct varlena *detoasted;
-	KnnValueProblem problem;
 
 	CHECK_FOR_INTERRUPTS();
-	MemoryContextReset(row_cxt);
+	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
 	ExecStoreMinimalTuple(row, slot, false);
 	value = slot_getattr(slot, column, &isnull);
 	if (isnull)
 		return false;
-	old = MemoryContextSwitchTo(row_cxt);
-	detoasted = PG_DETOAST_DATUM(value);
-	MemoryContextSwitchTo(old);
-	problem = reader->view(detoasted, view);
-	if (problem != KNN_VALUE_OK)
-		knn_vector_problem_error(problem, set_name, id);
+	view_vector(state, value, reader, set_name, id, view);
+	return true;
+}
+
+/*
+ * The query vector of an outer row, checked and viewed as row_vector's
+ * (false for NULL, or an expression not computed for the row).
+ */
+static bool
+query_vector(KnnJoinState *state, int64 outer_row, const KnnVectorReader *reader,
+			 KnnVectorView *view)
+{
+	if (state->query_expression == NULL)
+		return row_vector(state, state->outer_slot, state->outer_rows[outer_row],
+						  state->query_column, reader, "query", outer_row, view);
+	CHECK_FOR_INTERRUPTS();
+	MemoryContextReset(state->css.ss.ps.ps_ExprContext->ecxt_per_tuple_memory);
+	if (state->query_nulls[outer_row])
+		return false;
+	view_vector(state, state->query_values[outer_row], reader, "query", outer_row, view);
 	return true;
 }
 
@@ -626,6 +673,77 @@ key_set_all(const KnnKeySet *set, bool exclude, int64 key)
 }
 
 /*
+ * Does PostgreSQL's plan compute the query vector for this outer row: does
+ * its subquery's WHERE keep an inner row for it (met: per group, or [0]
+ * without groups, the keys of the inner rows that have one)?
+ */
+static bool
+meets_inner_row(KnnJoinState *state, const KnnKeySet *met, int64 outer_row)
+{
+	int64		group = state->outer_group != NULL ? state->outer_group[outer_row] : 0;
+	int64		key = state->outer_key != NULL ? state->outer_key[outer_row] : 0;
+
+	if (key == KNN_NULL_KEY || group < 0)
+		return false;
+	return met[group].n > 0 && !key_set_all(&met[group], state->outer_key != NULL, key);
+}
+
+/*
+ * A query vector that is an expression: computed from each outer row that
+ * meets an inner row (meets_inner_row), in the outer rows' order, each in
+ * the per-row context, and kept detoasted in join_cxt (query_vector reads
+ * and checks it). The other outer rows' stay NULL: PostgreSQL never
+ * computes theirs, and they have no rows.
+ */
+static void
+compute_query_vectors(KnnJoinState *state)
+{
+	ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
+	TupleTableSlot *scan_slot = state->css.ss.ss_ScanTupleSlot;
+	int64		n_groups = state->inner_group != NULL ? state->group_bound : 1;
+	MemoryContext old = MemoryContextSwitchTo(state->join_cxt);
+	KnnKeySet  *met = palloc_extended(sizeof(KnnKeySet) * Max(1, n_groups),
+									  MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+
+	state->query_values = palloc_extended(sizeof(Datum) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	state->query_nulls = palloc_extended(sizeof(bool) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
+	MemoryContextSwitchTo(old);
+	for (int64 i = 0; i < state->n_inner; i++)
+	{
+		int64		group = state->inner_group != NULL ? state->inner_group[i] : 0;
+		int64		key = state->inner_key != NULL ? state->inner_key[i] : 0;
+
+		if (key != KNN_NULL_KEY && group >= 0)
+			key_set_add(&met[group], key);
+	}
+	for (int64 i = 0; i < state->n_outer; i++)
+	{
+		bool		isnull = true;
+		Datum		value = (Datum) 0;
+
+		CHECK_FOR_INTERRUPTS();
+		if (meets_inner_row(state, met, i))
+		{
+			ResetExprContext(econtext);
+			fill_scan_slot(state, scan_slot, i, -1, 0, true);
+			econtext->ecxt_scantuple = scan_slot;
+			value = ExecEvalExprSwitchContext(state->query_expression, econtext, &isnull);
+			if (!isnull)
+			{
+				old = MemoryContextSwitchTo(state->join_cxt);
+				value = PointerGetDatum(PG_DETOAST_DATUM_COPY(value));
+				MemoryContextSwitchTo(old);
+			}
+		}
+		state->query_values[i] = value;
+		state->query_nulls[i] = isnull;
+	}
+	ResetExprContext(econtext);
+	ExecClearTuple(scan_slot);
+	pfree(met);
+}
+
+/*
  * The queries: every outer row's vector, read once (not for an outer row
  * whose key is NULL: it has no rows). A query whose dimension differs from
  * the first one's is kept out and remembered in *odd_dim and *odd_keys:
@@ -643,9 +761,7 @@ read_queries(KnnJoinState *state, const KnnVectorReader *reader, KnnMatrix *quer
 		int64		key = state->outer_key != NULL ? state->outer_key[i] : 0;
 
 		state->query_of_outer[i] = -1;
-		if (key == KNN_NULL_KEY ||
-			!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
-						reader, "query", i, &view))
+		if (key == KNN_NULL_KEY || !query_vector(state, i, reader, &view))
 			continue;
 		if (queries->dim < 0 || view.dim == queries->dim)
 		{
@@ -907,6 +1023,8 @@ run_engine(KnnJoinState *state, int64 wanted)
 
 	if (state->exclude_query_column > 0)
 		build_keys(state);
+	if (state->query_expression != NULL)
+		compute_query_vectors(state);
 	old = MemoryContextSwitchTo(state->join_cxt);
 	state->query_of_outer = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
 	state->inner_of_target = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
@@ -1054,8 +1172,7 @@ read_group_query_dims(KnnJoinState *state, const KnnVectorReader *reader, KnnGro
 		dims->outer_dim[i] = 0;
 		if ((state->outer_key != NULL && state->outer_key[i] == KNN_NULL_KEY) ||
 			outer_without_group(state, i) ||
-			!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
-						reader, "query", i, &view))
+			!query_vector(state, i, reader, &view))
 			continue;
 		dims->outer_dim[i] = view.dim;
 		state->query_of_outer[i] = (*n_queries)++;
@@ -1156,8 +1273,7 @@ run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const Kn
 		KnnVectorView view;
 
 		if (dims->outer_dim[i] != dt->dim ||
-			!row_vector(state, state->outer_slot, state->outer_rows[i], state->query_column,
-						reader, "query", i, &view))
+			!query_vector(state, i, reader, &view))
 			continue;
 		scratch_query[queries.n] = state->query_of_outer[i];
 		query_groups[queries.n] = state->outer_group[i];
@@ -1241,6 +1357,8 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 	if (state->exclude_query_column > 0)
 		build_keys(state);
 	build_groups(state);
+	if (state->query_expression != NULL)
+		compute_query_vectors(state);
 	old = MemoryContextSwitchTo(state->join_cxt);
 	state->query_of_outer = palloc_extended(sizeof(int64) * Max(1, state->n_outer), MCXT_ALLOC_HUGE);
 	state->inner_of_target = palloc_extended(sizeof(int64) * Max(1, state->n_inner), MCXT_ALLOC_HUGE);
@@ -1800,6 +1918,8 @@ forget_execution(KnnJoinState *state)
 	state->outer_rows = NULL;
 	state->inner_rows = NULL;
 	state->query_of_outer = NULL;
+	state->query_values = NULL;
+	state->query_nulls = NULL;
 	state->outer_key = NULL;
 	state->inner_key = NULL;
 	state->outer_group = NULL;
@@ -1924,10 +2044,18 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 	KnnJoinState *state = (KnnJoinState *) node;
 	CustomScan *cscan = (CustomScan *) node->ss.ps.plan;
 	Node	   *offset = list_nth(cscan->custom_exprs, KNN_EXPR_OFFSET);
+	Node	   *query_expression = list_nth(cscan->custom_exprs, KNN_EXPR_QUERY_VECTOR);
 	Instrumentation *instrument = node->ss.ps.instrument;
 
 	if (state->jointype == JOIN_LEFT)
 		ExplainPropertyText("Join Type", "Left", es);
+	if (query_expression != NULL)
+		ExplainPropertyText("Query Vector",
+							deparse_expression(query_expression,
+											   set_deparse_context_plan(es->deparse_cxt,
+																		node->ss.ps.plan,
+																		ancestors),
+											   true, false), es);
 	if (state->radius_mode != KNN_RANGE_NONE)
 		explain_radius(node, ancestors, es, list_nth(cscan->custom_exprs, KNN_EXPR_RADIUS),
 					   state->radius_mode == KNN_RANGE_AT_MOST);

@@ -12,9 +12,10 @@
  * once per outer row. The subquery is not flattened (it has a LIMIT), so the
  * join of q and n reaches set_join_pathlist_hook with n as a RTE_SUBQUERY
  * base rel. There we check, on the subquery's parse tree, that it is exactly
- * "top k of one relation by distance to one outer column" (knn_scan_shape.c),
- * that the join is an inner or a left join we can reproduce, and if so add
- * a CustomPath for the whole join; add_path keeps whichever is cheaper.
+ * "top k of one relation by distance to a vector of the outer row"
+ * (knn_scan_shape.c), that the join is an inner or a left join we can
+ * reproduce, and if so add a CustomPath for the whole join; add_path keeps
+ * whichever is cheaper.
  *
  * Anything we cannot prove equivalent keeps PostgreSQL's plan; the reason
  * is logged at DEBUG1 (knn_scan_shape.c).
@@ -168,14 +169,18 @@ cost_knn_join(PlannerInfo *root, KnnJoinPath *kp, Path *outer_path,
 	double		n_queries = outer_path->rows;
 	double		n_targets = target_rel->rows;
 	QualCost	qual_cost;
+	QualCost	vector_cost;
 	Cost		startup;
 
 	cost_qual_eval(&qual_cost, list_concat(list_copy(kp->join_clauses), kp->other_clauses), root);
+	/* a query vector that is an expression: computed once per outer row */
+	cost_qual_eval_node(&vector_cost, (Node *) kp->query_vector, root);
 
 	startup = outer_path->total_cost + target_rel->cheapest_total_path->total_cost;
 	startup += (n_queries + n_targets) * (cpu_tuple_cost + cpu_operator_cost);
 	startup += n_queries * n_targets * KNN_PAIR_COST_FRACTION * cpu_operator_cost;
 	startup += KNN_ENGINE_STARTUP_COST + qual_cost.startup;
+	startup += vector_cost.startup + n_queries * vector_cost.per_tuple;
 
 	kp->cpath.path.rows = joinrel->rows;
 	kp->cpath.path.startup_cost = startup;
@@ -218,10 +223,9 @@ split_join_clauses(RelOptInfo *joinrel, RelOptInfo *innerrel, JoinType jointype,
 static bool
 check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 		   RelOptInfo *innerrel, JoinType jointype, JoinPathExtraData *extra,
-		   Path **outer_path_io, KnnJoinPath *kp)
+		   Path *outer_path, KnnJoinPath *kp)
 {
 	PlannerInfo *subroot = innerrel->subroot;
-	Path	   *outer_path = *outer_path_io;
 	List	   *clauses;
 	ListCell   *lc;
 
@@ -233,20 +237,12 @@ check_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerrel,
 
 	/*
 	 * The query vector: a column of the outer rows, or an expression of
-	 * their columns that the outer side then computes (a projection).
+	 * their columns that the node computes (only for the outer rows
+	 * PostgreSQL's plan computes it for: knn_scan_exec.c).
 	 */
 	if (!bms_is_subset(pull_varnos(root, (Node *) kp->query_vector), outerrel->relids) ||
 		!outer_provides_vars(outer_path, (Node *) kp->query_vector))
 		return knn_scan_reject("the query vector is not computed from the outer side's rows");
-	if (!outer_provides(outer_path, kp->query_vector))
-	{
-		PathTarget *target = copy_pathtarget(outer_path->pathtarget);
-
-		add_column_to_pathtarget(target, kp->query_vector, 0);
-		set_pathtarget_cost_width(root, target);
-		outer_path = (Path *) create_projection_path(root, outerrel, outer_path, target);
-		*outer_path_io = outer_path;
-	}
 	if ((kp->exclude_query != NULL &&
 		 (!bms_is_member(kp->exclude_query->varno, outerrel->relids) ||
 		  !outer_provides(outer_path, (Expr *) kp->exclude_query))))
@@ -511,7 +507,7 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		knn_scan_reject("the outer side has no unparameterized path");
 		return;
 	}
-	if (!check_join(root, joinrel, outerrel, innerrel, jointype, extra, &outer_path, kp))
+	if (!check_join(root, joinrel, outerrel, innerrel, jointype, extra, outer_path, kp))
 		return;
 
 	/* The inner relation as the subquery planned it, for costs and indexes. */

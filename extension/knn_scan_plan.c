@@ -331,7 +331,8 @@ inner_column(KnnJoinPath *kp, AttrNumber attno)
 }
 
 /*
- * The scan tuple: every Var of the join's output and the quals. Each comes
+ * The scan tuple: every Var of the join's output, the quals and the query
+ * vector (computed from this tuple when it is an expression). Each comes
  * from the outer rows, the inner rows, or is the distance; *sources says
  * which (KNN_PRIVATE_SOURCES). (The path's target, not only tlist: with
  * CUSTOMPATH_SUPPORT_PROJECTION a projection above may pass no tlist and
@@ -348,6 +349,9 @@ scan_tuple(KnnJoinPath *kp, Plan *outer_plan, Plan *inner_plan, List *tlist, Lis
 	scan_tlist = add_to_flat_tlist(NIL, pull_var_clause((Node *) kp->cpath.path.pathtarget->exprs, 0));
 	scan_tlist = add_to_flat_tlist(scan_tlist, pull_var_clause((Node *) tlist, 0));
 	scan_tlist = add_to_flat_tlist(scan_tlist, pull_var_clause((Node *) quals, 0));
+	/* the columns a query vector that is an expression is computed from */
+	if (!IsA(kp->query_vector, Var))
+		scan_tlist = add_to_flat_tlist(scan_tlist, pull_var_clause((Node *) kp->query_vector, 0));
 	*sources = NIL;
 	foreach(lc, scan_tlist)
 	{
@@ -386,6 +390,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	List	   *sources;
 	TieOrder	order;
 	bool		exclude = kp->exclude_target != NULL;
+	bool		query_is_column = IsA(kp->query_vector, Var);
 
 	/* Whether a row matches (clauses is empty for a join rel), and after. */
 	join_quals = get_actual_clauses(list_concat(list_copy(clauses), kp->join_clauses));
@@ -405,8 +410,11 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->custom_plans = list_make2(outer_plan, inner_plan);
 	cscan->custom_exprs = list_make5(copyObject(kp->limit), copyObject(kp->offset),
 									 join_quals, other_quals, copyObject(kp->radius));
+	cscan->custom_exprs = lappend(cscan->custom_exprs,
+								  query_is_column ? NULL : copyObject(kp->query_vector));
 	cscan->custom_private = list_make5(makeInteger(kp->metric),
-									   makeInteger(outer_column(outer_plan, kp->query_vector)),
+									   makeInteger(query_is_column ?
+												   outer_column(outer_plan, kp->query_vector) : 0),
 									   makeInteger(kp->inner_path != NULL ?
 												   inner_plan_column(inner_plan, (Expr *) kp->target_vector) : 1),
 									   makeInteger(kp->target_is_left ? 1 : 0),

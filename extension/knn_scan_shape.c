@@ -102,6 +102,21 @@ query_references_outside(Query *q)
 	return query_tree_walker(q, query_references_outside_walker, &depth, 0);
 }
 
+/* The expression under relabellings and collations (nothing computes those). */
+static Node *
+under_relabellings(Node *node)
+{
+	for (;;)
+	{
+		if (node != NULL && IsA(node, RelabelType))
+			node = (Node *) ((RelabelType *) node)->arg;
+		else if (node != NULL && IsA(node, CollateExpr))
+			node = (Node *) ((CollateExpr *) node)->arg;
+		else
+			return node;
+	}
+}
+
 /*
  * May the executor compute the value for a row where PostgreSQL would not
  * (an outer row whose subquery sorts nothing, an inner row that a WHERE
@@ -112,15 +127,7 @@ query_references_outside(Query *q)
 static bool
 evaluates_nothing(Node *node)
 {
-	for (;;)
-	{
-		if (node != NULL && IsA(node, RelabelType))
-			node = (Node *) ((RelabelType *) node)->arg;
-		else if (node != NULL && IsA(node, CollateExpr))
-			node = (Node *) ((CollateExpr *) node)->arg;
-		else
-			break;
-	}
+	node = under_relabellings(node);
 	return node != NULL && (IsA(node, Var) || IsA(node, Const));
 }
 
@@ -387,9 +394,10 @@ is_joinable_kind(KnnVectorKind kind)
 
 /*
  * May the expression be the query vector: an expression of the outer query
- * alone (a column, or e.g. a cast of one that a subquery of the outer side
- * computes), with no volatile function? Then the outer side's plan can
- * compute it once per outer row (knn_scan_path.c).
+ * alone (a column, or e.g. a cast of one, or a function of several), with
+ * no volatile function, sub-select or set-returning function? Then the
+ * node computes it from the outer row, for the outer rows PostgreSQL's
+ * plan computes it for (knn_scan_exec.c).
  */
 static bool
 not_outer_operand_walker(Node *node, void *has_var)
@@ -413,17 +421,40 @@ is_outer_operand(Node *node)
 	bool		has_var = false;
 
 	return !not_outer_operand_walker(node, &has_var) && has_var &&
-		!contain_volatile_functions(node);
+		!contain_volatile_functions(node) && !expression_returns_set(node);
+}
+
+/*
+ * The query vector as the node computes it: the outer operand at the outer
+ * query's level, simplified as PostgreSQL's planning of the subquery
+ * simplifies it (named and default arguments expanded, SQL functions
+ * inlined, constants folded: the executor runs only such expressions).
+ * A column, also under relabellings to its type from a domain over it,
+ * is that column of the outer rows; anything else an expression the node
+ * evaluates (KNN_EXPR_QUERY_VECTOR).
+ */
+static Expr *
+query_vector_of(PlannerInfo *root, Node *query, Oid type)
+{
+	Node	   *expr = copyObject(query);
+	Node	   *under;
+
+	IncrementVarSublevelsUp(expr, -1, 1);
+	expr = eval_const_expressions(root, expr);
+	under = under_relabellings(expr);
+	if (IsA(under, Var) && getBaseType(((Var *) under)->vartype) == type)
+		return (Expr *) under;
+	return (Expr *) expr;
 }
 
 /*
  * The first ORDER BY key: ascending, NULLS LAST (float8's "<"), a distance
  * operator (knn_catalog.h) between a column of the relation and a vector
- * of the outer query (a column, or an expression of its columns), of the
- * same vector type. Returns its OpExpr or NULL.
+ * of the outer query (a column, or an expression of its columns), each of
+ * the operator's declared input type. Returns its OpExpr or NULL.
  */
 static OpExpr *
-recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
+recognise_distance(PlannerInfo *root, Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 {
 	SortGroupClause *sort = linitial_node(SortGroupClause, sq->sortClause);
 	TargetEntry *tle = get_sortgroupclause_tle(sort, sq->targetList);
@@ -431,6 +462,8 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 	Node	   *left;
 	Node	   *right;
 	Node	   *query;
+	Oid			left_type;
+	Oid			right_type;
 
 	if (!IsA(distance, OpExpr) || list_length(distance->args) != 2 ||
 		distance->opresulttype != FLOAT8OID ||
@@ -454,27 +487,18 @@ recognise_distance(Query *sq, RangeTblRef *rtr, KnnJoinPath *kp)
 	}
 	kp->target_vector = (Var *) (kp->target_is_left ? left : right);
 	query = kp->target_is_left ? right : left;
+	/* (knn_distance_operator_metric: both operands are of one type) */
+	op_input_types(distance->opno, &left_type, &right_type);
 	if (kp->target_vector->varno != rtr->rtindex || kp->target_vector->varattno <= 0 ||
 		!is_joinable_kind(knn_vector_kind(kp->target_vector->vartype)) ||
-		!is_outer_operand(query) || exprType(query) != kp->target_vector->vartype)
+		kp->target_vector->vartype != (kp->target_is_left ? left_type : right_type) ||
+		!is_outer_operand(query) ||
+		exprType(query) != (kp->target_is_left ? right_type : left_type))
 	{
-		knn_scan_reject("the distance is not between a vector column of the relation and a vector of the outer query of the same type");
+		knn_scan_reject("the distance is not between a vector column of the relation and a vector of the outer query (a column, or an expression of its columns without volatile or set-returning functions or sub-selects), each of the operator's type");
 		return NULL;
 	}
-	/*
-	 * The node computes the query vector once for every outer row, where
-	 * PostgreSQL computes it only while the subquery sorts rows (never
-	 * under LIMIT 0, for an empty relation or for an outer row whose group
-	 * has no rows): an expression that fails for such a row would fail
-	 * here alone.
-	 */
-	if (!evaluates_nothing(query))
-	{
-		knn_scan_reject("the query vector is an expression, not a column of the outer query");
-		return NULL;
-	}
-	kp->query_vector = (Expr *) copyObject(query);
-	IncrementVarSublevelsUp((Node *) kp->query_vector, -1, 1);
+	kp->query_vector = query_vector_of(root, query, exprType(query));
 	kp->target_relation_column = relation_column(sq, rtr->rtindex, kp->target_vector->varattno);
 	kp->distance_operator = distance->opno;
 	return distance;
@@ -842,6 +866,46 @@ knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids, Relids outer
 	return true;
 }
 
+/*
+ * With a radius, the subquery's WHERE computes the query vector, and
+ * PostgreSQL's scan evaluates its conditions cheapest first (after
+ * row-level security's: order_qual_clauses). The node computes an
+ * expression for the outer rows that meet an inner row passing the other
+ * conditions (knn_scan_exec.c): the same rows only when the radius comes
+ * after every other condition. So: a table (a view's conditions would join
+ * the list unseen here) and every other condition strictly cheaper than
+ * the radius, each costed as the subquery's planning costs it (after the
+ * same simplification). A column needs none of this: reading one cannot
+ * fail.
+ */
+static bool
+radius_evaluated_last(PlannerInfo *root, Query *sq, RangeTblRef *rtr, const KnnJoinPath *kp)
+{
+	Node	   *quals;
+	ListCell   *lc;
+	Cost		radius_cost = -1;
+	Cost		others_cost = -1;
+
+	if (kp->radius_qual == NULL || IsA(kp->query_vector, Var))
+		return true;
+	if (rt_fetch(rtr->rtindex, sq->rtable)->rtekind != RTE_RELATION)
+		return knn_scan_reject("the query vector is an expression and the radius is over a view or subquery, whose conditions PostgreSQL may evaluate after the radius");
+	quals = eval_const_expressions(root, copyObject(sq->jointree->quals));
+	foreach(lc, make_ands_implicit((Expr *) quals))
+	{
+		QualCost	cost;
+
+		cost_qual_eval_node(&cost, lfirst(lc), root);
+		if (knn_scan_contains_distance(lfirst(lc)))
+			radius_cost = cost.per_tuple;
+		else
+			others_cost = Max(others_cost, cost.per_tuple);
+	}
+	if (radius_cost < 0 || others_cost >= radius_cost)
+		return knn_scan_reject("the query vector is an expression and a condition of the subquery's WHERE is not cheaper than the radius (PostgreSQL may compute the radius, and the expression, first)");
+	return true;
+}
+
 Index
 knn_scan_recognise_subquery(PlannerInfo *root, Query *sq, KnnJoinPath *kp)
 {
@@ -851,8 +915,9 @@ knn_scan_recognise_subquery(PlannerInfo *root, Query *sq, KnnJoinPath *kp)
 	if (sq->commandType != CMD_SELECT || sq->utilityStmt != NULL || !looks_like_top_k(sq))
 		return 0;
 	if (!recognise_clauses(sq) || (rtr = recognise_relation(sq)) == NULL ||
-		(distance = recognise_distance(sq, rtr, kp)) == NULL ||
-		!recognise_where(sq, rtr, distance, kp) || !recognise_tie_order(root, sq, kp) ||
+		(distance = recognise_distance(root, sq, rtr, kp)) == NULL ||
+		!recognise_where(sq, rtr, distance, kp) || !radius_evaluated_last(root, sq, rtr, kp) ||
+		!recognise_tie_order(root, sq, kp) ||
 		!recognise_select_list(root, sq, distance, kp))
 		return 0;
 

@@ -250,6 +250,9 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 
 	if (!knn_distance_operator_identity(spec->distance_operator, &sh->identity))
 		return "its distance operator is not found by catalog identity";
+	/* (the node computes it for the outer rows that meet a row of the relation) */
+	if (spec->query_column == 0)
+		return "the query vector is an expression of the outer row";
 	sh->target_is_left = spec->target_is_left;
 	sh->target_column = spec->target_column;
 	sh->radius_mode = spec->radius_mode;

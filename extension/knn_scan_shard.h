@@ -37,7 +37,8 @@ typedef struct KnnScanShardSpec
 	bool		target_is_left;
 	AttrNumber	target_column;	/* the target vector in the inner rows */
 	TupleDesc	outer_desc;		/* the outer child's rows */
-	AttrNumber	query_column;	/* the query vector in them */
+	AttrNumber	query_column;	/* the query vector in them (0: an expression
+								 * of them, which keeps the join here) */
 	AttrNumber	exclude_query_column;	/* "t.k <> q.k": 0 = none */
 	AttrNumber	exclude_target_column;
 	Oid			exclude_type;

@@ -4,9 +4,9 @@
 -- are expressions, a WHERE, views over views, security barriers, row-level
 -- security of the table); PostgreSQL plans it as the node's inner scan. The
 -- outer side: any plan (a CTE, a set-returning function, unnest of an array
--- parameter, VALUES, a subquery), its query vector a column (an expression
--- of its columns is declined: PostgreSQL computes it only while the
--- subquery sorts rows). Each runs as Custom Scan (KNN Join), or as
+-- parameter, VALUES, a subquery), its query vector a column or an
+-- expression of its columns (which the node computes: see
+-- knn_scan_expressions). Each runs as Custom Scan (KNN Join), or as
 -- PostgreSQL's own plan where declined, and returns what that returns.
 --
 SET extra_float_digits = 0;
@@ -205,9 +205,8 @@ SELECT * FROM pg_temp.knn_check($$
 
 -- The query vector an expression of the outer row: a column of a subquery
 -- PostgreSQL pulls up (a sum, a cast), and a sum written in the ORDER BY.
--- Declined: the node would compute it for every outer row, PostgreSQL only
--- for those whose subquery sorts rows (an expression that fails for another
--- would fail with the node alone).
+-- The node computes it, for the outer rows whose subquery sorts rows, as
+-- PostgreSQL does (knn_scan_expressions); EXPLAIN shows it.
 EXPLAIN (COSTS OFF, VERBOSE)
 SELECT q.qn, n.id, n.dist
 FROM (SELECT qn, v + '[1,0]' AS v FROM knn_rel_queries) q

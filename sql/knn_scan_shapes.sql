@@ -495,7 +495,9 @@ RESET client_min_messages;
 -- return what PostgreSQL returns, neither an error nor a crash.
 --
 -- A query vector that is an expression (here a function with default
--- arguments, which the node would have called with its raw arguments)
+-- arguments, which the node once called with its raw arguments) is now the
+-- node's, computed with the arguments PostgreSQL's planning gives it and
+-- for the outer rows PostgreSQL computes it for (knn_scan_expressions)
 CREATE FUNCTION pg_temp.shifted(a vector, b text DEFAULT 'x', c text DEFAULT 'y', d text DEFAULT 'z')
 RETURNS vector LANGUAGE plpgsql IMMUTABLE AS
 $$ BEGIN RETURN a + format('[%s,0]', length(b) + length(c) + length(d) - 3)::vector; END $$;
