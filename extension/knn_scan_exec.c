@@ -849,6 +849,17 @@ knn_scan_check_result_memory(double bytes)
 			 errhint("knn_join() returns larger joins in batches; or SET knn_gpu.enable_knn_join = off.")));
 }
 
+/*
+ * WITH TIES: the engine's first run fills LIMIT + 1 slots per query
+ * (knn_scan_run_with_ties) before any pair is kept: checked before it
+ * runs, as the plain LIMIT's arrays are.
+ */
+static void
+check_ties_memory(int64 n_queries, int64 wanted, int64 n_targets)
+{
+	knn_scan_check_result_memory((double) n_queries * Min(wanted + 1, n_targets) * KNN_SLOT_BYTES);
+}
+
 /* KnnPairSink of a radius join: appends the pairs, with the join's rows. */
 static void
 keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
@@ -1052,6 +1063,8 @@ run_engine(KnnJoinState *state, int64 wanted)
 		return;
 	}
 
+	if (state->with_ties && state->radius_mode == KNN_RANGE_NONE)
+		check_ties_memory(queries.n, wanted, targets.n);
 	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
 	{
 		knn_scan_check_result_memory((double) queries.n * state->engine_k * KNN_SLOT_BYTES);
@@ -1388,6 +1401,8 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 	}
 	knn_progress_totals(n_queries, n_targets, -1);
 	knn_progress_phase(KNN_PROGRESS_ENGINE);
+	if (state->with_ties && state->radius_mode == KNN_RANGE_NONE)
+		check_ties_memory(n_queries, wanted, n_targets);
 	if (state->radius_mode != KNN_RANGE_NONE || state->with_ties)
 		start_ranges(state);
 	else

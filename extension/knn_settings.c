@@ -262,16 +262,20 @@ knn_settings_define(void)
 int64
 knn_result_memory_bytes(void)
 {
-	long		pages;
-	long		page_bytes;
+	/* a quarter of the physical memory, found once: sysconf is a system call, and this is asked per row */
+	static int64 quarter = 0;
 
 	if (knn_gpu_max_result_memory_mb > 0)
 		return (int64) knn_gpu_max_result_memory_mb * 1024 * 1024;
-	pages = sysconf(_SC_PHYS_PAGES);
-	page_bytes = sysconf(_SC_PAGESIZE);
-	if (pages <= 0 || page_bytes <= 0)
-		return (int64) 1024 * 1024 * 1024;	/* unknown: 1 GB */
-	return (int64) pages * page_bytes / 4;
+	if (quarter == 0)
+	{
+		long		pages = sysconf(_SC_PHYS_PAGES);
+		long		page_bytes = sysconf(_SC_PAGESIZE);
+
+		quarter = pages <= 0 || page_bytes <= 0 ? (int64) 1024 * 1024 * 1024 :	/* unknown: 1 GB */
+			(int64) pages * page_bytes / 4;
+	}
+	return quarter;
 }
 
 int64

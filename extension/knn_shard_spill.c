@@ -59,7 +59,9 @@ knn_shard_spill_put(Spill *spill, int source, int64 row, int64 target_id, double
 	if (spill->files[batch] == NULL)
 		spill->files[batch] = BufFileCreateTemp(false);
 	BufFileWrite(spill->files[batch], &pair, sizeof(pair));
-	spill->pairs[source]++;
+	/* a batch of the local part writes up to knn_gpu.max_result_memory of pairs in one loop */
+	if (++spill->pairs[source] % 65536 == 0)
+		CHECK_FOR_INTERRUPTS();
 }
 
 /* Reads the next pair of a batch's file; false at its end. */
@@ -116,9 +118,15 @@ knn_shard_spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRow
 			counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
 		if (file != NULL)
 		{
+			int64		counted = 0;
+
 			spill_rewind(file);
 			while (spill_get(file, &pair))
+			{
 				counts[pair.source][pair.row]++;
+				if (++counted % 65536 == 0)
+					CHECK_FOR_INTERRUPTS();
+			}
 		}
 		for (int s = 0; s < spill->n_shards; s++)
 			for (int64 q = 0; q < n; q++)

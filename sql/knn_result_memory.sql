@@ -48,6 +48,12 @@ SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v
 SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t WHERE t.g = q.g ORDER BY t.v <-> q.v LIMIT 300) n;
 SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t WHERE t.v <-> q.v < 100 ORDER BY t.v <-> q.v) n;
 SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v FETCH FIRST 300 ROWS WITH TIES) n;
+-- WITH TIES too before the engine runs (its first run takes LIMIT + 1
+-- slots a query): an engine made to fail shows it did not run
+SET knn_gpu.fault_injection = run;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v FETCH FIRST 300 ROWS WITH TIES) n;
+SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t WHERE t.g = q.g ORDER BY t.v <-> q.v FETCH FIRST 300 ROWS WITH TIES) n;
+RESET knn_gpu.fault_injection;
 \set VERBOSITY default
 SELECT count(*) FROM rm q CROSS JOIN LATERAL (SELECT t.id FROM rm t ORDER BY t.v <-> q.v LIMIT 300) n;
 -- within the limit, as before

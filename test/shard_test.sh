@@ -1370,6 +1370,39 @@ EOF
 check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
   "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:10000\nshipped:10000')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
 
+# A cancel while the local part of a batched join writes its pairs into the
+# temporary files (40000 queries x k = 1000 local targets: 1.3 GB, seconds
+# of writing in one batch; the shards hold 10 rows each) ends it at once.
+for i in 1 2; do sql "$i" -c "CREATE TABLE spill_w_$i (id bigint, v vector(2))"; done
+sql 0 <<'EOF' || fail "max_result_memory: the spill cancel's tables"
+CREATE TABLE spill_w (id bigint, v vector(2)) PARTITION BY RANGE (id);
+CREATE FOREIGN TABLE spill_w_1 PARTITION OF spill_w FOR VALUES FROM (MINVALUE) TO (11)
+  SERVER shard1 OPTIONS (table_name 'spill_w_1');
+CREATE FOREIGN TABLE spill_w_2 PARTITION OF spill_w FOR VALUES FROM (11) TO (21)
+  SERVER shard2 OPTIONS (table_name 'spill_w_2');
+CREATE TABLE spill_w_0 PARTITION OF spill_w FOR VALUES FROM (21) TO (MAXVALUE);
+INSERT INTO spill_w SELECT i, format('[%s,%s]', hashint8(i) & 1023, hashint8(i + 7) & 1023)::vector
+  FROM generate_series(1, 1020) i;
+CREATE TABLE spill_q AS SELECT i AS id, format('[%s,%s]', hashint8(-i) & 1023, hashint8(-i - 7) & 1023)::vector AS v
+  FROM generate_series(1, 40000) i;
+EOF
+sql 0 -c "SET application_name = 'knn_shard_cancel'" -c "SET knn_gpu.max_result_memory = 700" \
+  -c "SELECT count(*) FROM knn_join('SELECT id, v FROM spill_q', 'SELECT id, v FROM spill_w', 1000)" \
+  >"${DIRS[0]}/cancel.out" 2>&1 &
+bg=$!
+seen=0
+for _ in $(seq 1 600); do
+  [ "$(sql 0 -c "SELECT coalesce(sum(size), 0) > 100000000 FROM pg_ls_tmpdir()")" = t ] && { seen=1; break; }
+  sleep 0.05
+done
+check "max_result_memory: the local part writes its pairs into the temporary files" 1 "$seen"
+cancel_and_wait "$bg"
+check_has "max_result_memory: a cancel ends the local part's writing at once (${ms} ms)" \
+  'canceling statement due to user request' "$(cat "${DIRS[0]}/cancel.out")"
+check "... within a second" 1 "$([ "$ms" -lt 1000 ] && echo 1 || echo 0)"
+out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
+check "... no temporary file left" "temporary files:0" "$out"
+
 # ---- a shard's hostile answers ----
 # A shard is a server the user mapping reaches, not a trusted one: every
 # answer that is not a join's (a value cut short, a NULL, a query id not
