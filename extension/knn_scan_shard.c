@@ -142,6 +142,8 @@ struct KnnScanShards
 	int64		local_targets;
 	int64		merged;
 	bool		local_after;
+	KnnShardSummary *totals;	/* every run of the statement, summed (NULL: none) */
+	MemoryContext node_cxt;		/* the node's: where totals lives */
 };
 
 /* ---- which joins can go to the shards ---- */
@@ -472,6 +474,7 @@ knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *sp
 	const char *why;
 
 	*shards = NULL;
+	sh->node_cxt = CurrentMemoryContext;
 	/* the partitions' scans, under the sort by the ORDER BY keys after the distance */
 	if (IsA(base, Sort))
 		base = outerPlan(base);
@@ -874,11 +877,16 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 	sh->merged = candidates->n;
 	sh->seconds_merge = knn_seconds_since(start);
 	{
+		/* the run's summary: the statistics, and EXPLAIN ANALYZE's sums (its names, short-lived) */
 		KnnShardSummary summary;
+		MemoryContext old = MemoryContextSwitchTo(sh->row_cxt);
 
 		summarize(sh, &summary);
 		knn_shard_record_stats(&sh->sp, &summary, n_outer, sh->want, sh->fallbacks.data,
 							   knn_seconds_since(sh->started));
+		sh->totals = knn_shard_summary_add(sh->totals, &summary, sh->node_cxt);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(sh->row_cxt);
 	}
 	return begin;
 }
@@ -892,6 +900,12 @@ knn_scan_shards_explain(const KnnScanShards *sh, ExplainState *es)
 
 	if (sh == NULL)
 		return;
+	/* the runs' sums; before any (plain EXPLAIN), what the node would run */
+	if (sh->totals != NULL)
+	{
+		knn_shard_explain(sh->totals, es);
+		return;
+	}
 	summarize(sh, &summary);
 	knn_shard_explain(&summary, es);
 }
