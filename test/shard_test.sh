@@ -690,6 +690,17 @@ for form in node function; do
     "$(sql 0 -c "SET client_min_messages = warning" -c "SET enable_sort = off" \
          -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) $twice" | loop_lines)"
 done
+# The node rescanned once per outer row: a run's scratch (the shards' SQL and statistics) does
+# not pile up in the statement's memory (bytes in use in its ExecutorState after 100 and 300 runs).
+check "the sharded node rescanned 200 more times: its statement's memory the same, give or take 64 bytes a run" "t" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SET enable_sort = off" \
+       -c "CREATE FUNCTION pg_temp.statement_bytes() RETURNS bigint LANGUAGE sql AS \$\$
+             SELECT total_bytes - free_bytes FROM pg_backend_memory_contexts
+             WHERE name = 'ExecutorState' AND parent = 'PortalContext' \$\$" \
+       -c "SELECT (max(b) FILTER (WHERE x = 300) - max(b) FILTER (WHERE x = 100)) / 200 < 64 FROM (
+             SELECT x, pg_temp.statement_bytes() AS b FROM (SELECT o.x, (SELECT count(*) FROM q CROSS JOIN LATERAL
+               (SELECT t.id FROM items_r t WHERE t.cat <> 4 ORDER BY t.v <-> q.v LIMIT 3) n WHERE q.id % 2 = o.x % 2) AS c
+             FROM generate_series(1, 300) o(x) OFFSET 0) s WHERE x IN (100, 300) AND c >= 0) m" 2>&1)"
 check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
   'Shards: not known (relation "no_such_table" does not exist)' \
   "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
