@@ -276,14 +276,21 @@ knn_stats_add(KnnStats *total, const KnnStats *batch, bool first)
 	total->seconds_select += batch->seconds_select;
 	total->seconds_total += batch->seconds_total;
 	total->seconds_queued += batch->seconds_queued;
-	/* each GPU's share added to that GPU's (a GPU of no earlier batch: a new entry) */
+	/*
+	 * Each engine's share added to the same engine's: the one at the same
+	 * place on the same GPU (knn_gpu.devices = '0,0' runs two on one GPU),
+	 * else the first on that GPU, else a new entry.
+	 */
 	for (int b = 0; b < batch->n_devices && b < KNN_MAX_DEVICES; b++)
 	{
 		const KnnDeviceWork *work = &batch->device_work[b];
 		int			i = 0;
 
-		while (i < total->n_devices && total->device_work[i].device != work->device)
-			i++;
+		if (b < total->n_devices && total->device_work[b].device == work->device)
+			i = b;
+		else
+			while (i < total->n_devices && total->device_work[i].device != work->device)
+				i++;
 		if (i == total->n_devices && i < KNN_MAX_DEVICES)
 		{
 			total->device_work[i] = *work;

@@ -58,7 +58,8 @@ extern void knn_stats_set_return(KnnJoinRecord *record, double seconds_return);
 
 /*
  * Adds one batch's engine statistics to a join's: counts and times, and
- * each GPU's share to that GPU's (first: the batch's as they are).
+ * each GPU engine's share to the same engine's (first: the batch's as
+ * they are).
  */
 extern void knn_stats_add(KnnStats *total, const KnnStats *batch, bool first);
 
