@@ -89,6 +89,21 @@ owning_extension(Oid classid, Oid objid)
 	return OidIsValid(extension) ? get_extension_name(extension) : NULL;
 }
 
+/*
+ * Does the object belong to that extension? (The name looked up is freed:
+ * a node calls this on each of its executions, in the query's memory.)
+ */
+static bool
+belongs_to(Oid classid, Oid objid, const char *extension)
+{
+	char	   *owner = owning_extension(classid, objid);
+	bool		belongs = owner != NULL && strcmp(owner, extension) == 0;
+
+	if (owner != NULL)
+		pfree(owner);
+	return belongs;
+}
+
 /* The C symbol of a function, or NULL (not C). */
 static char *
 c_symbol(Oid funcoid)
@@ -137,6 +152,9 @@ identify_function(Oid funcoid, const KnownFunction *known, int n_known)
 			break;
 		}
 	}
+	pfree(symbol);
+	if (extension != NULL)
+		pfree(extension);
 	return found;
 }
 
@@ -144,12 +162,10 @@ char *
 knn_gpu_function_symbol(Oid funcoid)
 {
 	char	   *symbol = c_symbol(funcoid);
-	char	   *extension;
 
 	if (symbol == NULL)
 		return NULL;
-	extension = owning_extension(ProcedureRelationId, funcoid);
-	if (extension == NULL || strcmp(extension, KNN_GPU_EXTENSION) != 0)
+	if (!belongs_to(ProcedureRelationId, funcoid, KNN_GPU_EXTENSION))
 	{
 		pfree(symbol);
 		return NULL;
@@ -167,7 +183,6 @@ extension_vector_kind(Oid typid)
 	HeapTuple	tuple;
 	Oid			input;
 	const KnownFunction *known;
-	char	   *extension;
 	bool		varlena;
 
 	tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(typid));
@@ -185,8 +200,7 @@ extension_vector_kind(Oid typid)
 	if (known == NULL)
 		return KNN_VECTOR_UNSUPPORTED;
 	/* The type must belong to the extension whose input function it uses. */
-	extension = owning_extension(TypeRelationId, typid);
-	if (extension == NULL || strcmp(extension, known->extension) != 0)
+	if (!belongs_to(TypeRelationId, typid, known->extension))
 		return KNN_VECTOR_UNSUPPORTED;
 	return (KnnVectorKind) known->value;
 }
@@ -255,9 +269,7 @@ knn_distance_operator_metric(Oid opno, KnnMetric *metric)
 bool
 knn_is_approximate_index_am(Oid amoid)
 {
-	char	   *extension = owning_extension(AccessMethodRelationId, amoid);
-
-	return extension != NULL && strcmp(extension, PGVECTOR_EXTENSION) == 0;
+	return belongs_to(AccessMethodRelationId, amoid, PGVECTOR_EXTENSION);
 }
 
 /*
@@ -282,7 +294,13 @@ is_distance_function(Oid funcoid, Oid typid, const char *symbol)
 		bool		isnull;
 		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &isnull);
 
-		match = !isnull && strcmp(TextDatumGetCString(src), symbol) == 0;
+		if (!isnull)
+		{
+			char	   *source = TextDatumGetCString(src);
+
+			match = strcmp(source, symbol) == 0;
+			pfree(source);
+		}
 	}
 	ReleaseSysCache(tuple);
 	return match;
@@ -300,7 +318,6 @@ knn_pgvector_distance_function(Oid typid, KnnMetric metric)
 	ScanKeyData key[2];
 	SysScanDesc scan;
 	HeapTuple	tuple;
-	char	   *owner;
 
 	typid = getBaseType(typid);
 	switch (extension_vector_kind(typid))
@@ -316,8 +333,7 @@ knn_pgvector_distance_function(Oid typid, KnnMetric metric)
 		default:
 			return InvalidOid;
 	}
-	owner = owning_extension(TypeRelationId, typid);
-	if (owner == NULL || strcmp(owner, PGVECTOR_EXTENSION) != 0)
+	if (!belongs_to(TypeRelationId, typid, PGVECTOR_EXTENSION))
 		return InvalidOid;
 	for (int i = 0; i < n_known; i++)
 		if (strcmp(known[i].extension, PGVECTOR_EXTENSION) == 0 && known[i].value == (int) metric)
@@ -430,7 +446,6 @@ knn_vector_known_receive_kind(Oid typid)
 	HeapTuple	tuple;
 	Oid			receive;
 	const KnownFunction *known;
-	char	   *extension;
 
 	if (kind != KNN_VECTOR_TYPE && kind != KNN_VECTOR_HALFVEC)
 		return KNN_VECTOR_UNSUPPORTED;
@@ -444,8 +459,7 @@ knn_vector_known_receive_kind(Oid typid)
 	/* that extension's receive function for this kind, and the type is of the same extension */
 	if (known == NULL || (KnnVectorKind) known->value != kind)
 		return KNN_VECTOR_UNSUPPORTED;
-	extension = owning_extension(TypeRelationId, typid);
-	if (extension == NULL || strcmp(extension, known->extension) != 0)
+	if (!belongs_to(TypeRelationId, typid, known->extension))
 		return KNN_VECTOR_UNSUPPORTED;
 	return kind;
 }

@@ -841,9 +841,17 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	direct_result = NULL;
 	packed_per_call = false;
 
-	/* knn_join_packed returns bytea values, not rows: the caller's one-column descriptor */
+	/*
+	 * knn_join_packed returns bytea values, not rows: the caller's one-column
+	 * descriptor. The others take the caller's descriptor too where it
+	 * gives one (a Function Scan, a target list): the result type looked up
+	 * from the catalog instead (get_call_result_type) leaves its scratch
+	 * (about 0.8 kB) in the query's memory on every call, which a call per
+	 * row (LATERAL, a target list) piles up until the statement ends.
+	 */
 	if (!call->packed || pack_here)
-		InitMaterializedSRF(fcinfo, call->packed ? MAT_SRF_USE_EXPECTED_DESC : 0);
+		InitMaterializedSRF(fcinfo, call->packed || rsinfo->expectedDesc != NULL ?
+							MAT_SRF_USE_EXPECTED_DESC : 0);
 	if (pack_here)
 		knn_packed_begin(&packed, rsinfo);
 

@@ -15,8 +15,10 @@
  * as the collector for that time (restored on every exit, so nested nodes
  * nest).
  *
- * A sharded call (knn_shard.h) reports what its shards did; EXPLAIN
- * ANALYZE shows it. Plain EXPLAIN of a call whose arguments are constants
+ * Each call that reaches the engine reports its record, and a sharded
+ * call (knn_shard.h) what its shards did; EXPLAIN ANALYZE shows the sums
+ * over the node's calls in the statement (knn_stats.h's KnnJoinTotals),
+ * as PostgreSQL's figures cover every loop. Plain EXPLAIN of a call whose arguments are constants
  * asks knn_join which shards it would use (knn_join_describe: the texts are
  * prepared, the shards connected and checked, nothing is read or joined)
  * and shows each shard's remote SQL.
@@ -85,10 +87,10 @@ typedef struct KnnDirectScan
 typedef struct KnnJoinFunctionState
 {
 	CustomScanState css;
-	KnnJoinRecord record;		/* of the last call that finished */
-	int64		calls;			/* calls that reached the engine */
+	KnnJoinRecord record;		/* of the last call that reached the engine */
+	KnnJoinTotals totals;		/* of every such call of the statement (EXPLAIN ANALYZE) */
 	bool		fetched;		/* since the last (re)scan: the call has run */
-	KnnShardSummary *shards;	/* of the last sharded call, or NULL */
+	KnnShardSummary *shards;	/* every sharded call's, summed; or NULL */
 	MemoryContext context;		/* the node's: where shards lives */
 	KnnDirectScan *direct;		/* NULL: the child's rows are passed on */
 } KnnJoinFunctionState;
@@ -153,7 +155,7 @@ knn_join_explain_report(const KnnJoinRecord *record)
 	if (reporting == NULL)
 		return;
 	reporting->record = *record;
-	reporting->calls++;
+	knn_stats_totals_add(&reporting->totals, record);
 }
 
 void
@@ -161,7 +163,7 @@ knn_join_explain_report_shards(const KnnShardSummary *summary)
 {
 	if (reporting == NULL)
 		return;
-	reporting->shards = knn_shard_summary_copy(summary, reporting->context);
+	reporting->shards = knn_shard_summary_add(reporting->shards, summary, reporting->context);
 }
 
 /* The function's C entry point, or NULL when it is not a C function. */
@@ -355,11 +357,14 @@ static void
 finish_return(KnnJoinFunctionState *state)
 {
 	KnnDirectScan *direct = state->direct;
+	double		seconds;
 
 	if (!direct->timing)
 		return;
 	direct->timing = false;
-	knn_stats_set_return(&state->record, knn_seconds_since(direct->return_start));
+	seconds = knn_seconds_since(direct->return_start);
+	knn_stats_set_return(&state->record, seconds);
+	state->totals.sum.seconds_return += seconds;
 }
 
 /* Forgets the call's result: the next fetch calls again. */
@@ -682,12 +687,7 @@ explain_function_scan(CustomScanState *node, List *ancestors, ExplainState *es)
 		knn_shard_explain(state->shards, es);
 		return;
 	}
-	if (state->calls == 0 && state->shards == NULL)
-		return;
-	if (state->calls > 1)
-		ExplainPropertyInteger("Engine Calls", NULL, state->calls, es);
-	if (state->calls > 0)
-		knn_stats_explain(&state->record, es);
+	knn_stats_explain(&state->totals, es);
 	knn_shard_explain(state->shards, es);
 }
 

@@ -183,10 +183,9 @@ typedef struct KnnJoinState
 	int64	   *merged_begin;	/* a run with shards: outer row o's rows are */
 	KnnScanCandidate *merged;	/* merged[merged_begin[o] .. merged_begin[o + 1]) */
 
-	/* For EXPLAIN ANALYZE: the last engine run */
-	bool		have_record;
-	KnnJoinRecord record;
-	double		seconds_read;
+	/* For EXPLAIN ANALYZE: every engine run of the statement (kept across rescans) */
+	KnnJoinTotals totals;
+	double		seconds_read;	/* this execution's, until its first engine run takes it */
 } KnnJoinState;
 
 /* An outer row whose key is NULL: "<>" is never true for it. */
@@ -1013,6 +1012,23 @@ finish_ranges(KnnJoinState *state, int64 n_queries)
 }
 
 /*
+ * One engine run's statistics, added to the node's totals (EXPLAIN ANALYZE
+ * sums every run of the statement). The execution's read time goes with
+ * its first run only: a grouped join runs the engine once per dimension
+ * after one read.
+ */
+static void
+record_run(KnnJoinState *state, KnnProblem *problem, KnnStats *stats)
+{
+	KnnJoinRecord record;
+
+	knn_stats_record(&record, problem, stats, state->seconds_read, 0.0, 0.0);
+	knn_stats_totals_add(&state->totals, &record);
+	state->seconds_read = 0.0;
+	knn_progress_work(stats->distance_computations);
+}
+
+/*
  * Builds the engine's matrices from the stored rows (queries from outer
  * rows, targets from inner rows, NULL vectors left out) and runs it.
  */
@@ -1109,10 +1125,7 @@ run_engine(KnnJoinState *state, int64 wanted)
 	else
 		run_knn(state, reader, &problem, &queries, &targets, state->neighbors, state->distances,
 				&stats);
-	knn_progress_work(stats.distance_computations);
-
-	knn_stats_record(&state->record, &problem, &stats, state->seconds_read, 0.0, 0.0);
-	state->have_record = true;
+	record_run(state, &problem, &stats);
 	knn_matrix_free(&queries);
 	knn_matrix_free(&targets);
 }
@@ -1245,14 +1258,6 @@ read_group_targets(KnnJoinState *state, const KnnVectorReader *reader, const Knn
 	}
 }
 
-/* The statistics of one run of a grouped join: EXPLAIN ANALYZE shows the last. */
-static void
-record_group_run(KnnJoinState *state, KnnProblem *problem, KnnStats *stats)
-{
-	knn_stats_record(&state->record, problem, stats, state->seconds_read, 0.0, 0.0);
-	state->have_record = true;
-	knn_progress_work(stats->distance_computations);
-}
 
 /*
  * One engine run over the groups whose rows have one dimension; its rows
@@ -1318,14 +1323,14 @@ run_group_dimension(KnnJoinState *state, const KnnVectorReader *reader, const Kn
 		else
 			run_ties(state, reader, &problem, &queries, &dt->targets, wanted, &stats,
 					 scratch_query, base);
-		record_group_run(state, &problem, &stats);
+		record_run(state, &problem, &stats);
 		knn_matrix_free(&queries);
 		return;
 	}
 	neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * queries.n * k);
 	distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * queries.n * k);
 	run_knn(state, reader, &problem, &queries, &dt->targets, neighbors, distances, &stats);
-	record_group_run(state, &problem, &stats);
+	record_run(state, &problem, &stats);
 
 	for (int64 j = 0; j < queries.n; j++)
 	{
@@ -1949,7 +1954,6 @@ forget_execution(KnnJoinState *state)
 	state->n_outer = state->n_inner = state->n_null_inner = 0;
 	state->k = 0;
 	state->engine_k = 0;
-	state->have_record = false;
 	state->merged_begin = NULL;
 	state->merged = NULL;
 	end_progress(state);
@@ -2101,7 +2105,7 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 				   "Filter", "Rows Removed by Filter",
 				   instrument ? instrument->nfiltered2 : 0);
 
-	if (es->analyze && state->have_record)
-		knn_stats_explain(&state->record, es);
+	if (es->analyze)
+		knn_stats_explain(&state->totals, es);
 	knn_scan_shards_explain(state->shards, es);
 }

@@ -142,6 +142,9 @@ struct KnnScanShards
 	int64		local_targets;
 	int64		merged;
 	bool		local_after;
+	KnnShardSummary *totals;	/* every run of the statement, summed (NULL: none) */
+	MemoryContext node_cxt;		/* the node's: what outlives a run (totals) */
+	MemoryContext run_cxt;		/* one run's scratch (its SQL, the shards' statistics) */
 };
 
 /* ---- which joins can go to the shards ---- */
@@ -475,6 +478,7 @@ knn_scan_shards_begin(Plan *inner_plan, List *rtable, const KnnScanShardSpec *sp
 	const char *why;
 
 	*shards = NULL;
+	sh->node_cxt = CurrentMemoryContext;
 	/* the partitions' scans, under the sort by the ORDER BY keys after the distance */
 	if (IsA(base, Sort))
 		base = outerPlan(base);
@@ -593,13 +597,28 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 {
 	KnnShardRows rows = {0};
 	instr_time	start;
+	MemoryContext old;
 
 	sh->outer_rows = outer_rows;
 	sh->n_outer = n_outer;
 	sh->outer_slot = outer_slot;
 	if (sh->row_cxt == NULL)
-		sh->row_cxt = AllocSetContextCreate(CurrentMemoryContext, "KNN Join shipping",
+	{
+		sh->row_cxt = AllocSetContextCreate(sh->node_cxt, "KNN Join shipping",
 											ALLOCSET_DEFAULT_SIZES);
+		sh->run_cxt = AllocSetContextCreate(sh->node_cxt, "KNN Join shard run",
+											ALLOCSET_SMALL_SIZES);
+	}
+
+	/*
+	 * What the shards' calls allocate (their SQL texts, their statistics)
+	 * lives until the next run: a node rescanned once per outer row must
+	 * not pile it up in the query's memory.
+	 */
+	MemoryContextReset(sh->run_cxt);
+	for (int s = 0; s < sh->sp.n_shards; s++)
+		sh->sp.shards[s]->remote_stats = NULL;	/* the last run's, in run_cxt */
+	old = MemoryContextSwitchTo(sh->run_cxt);
 	sh->n_params = 0;
 	if (sh->has_limit)
 	{
@@ -633,6 +652,7 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 		knn_shard_remote_send(shard);
 	}
 	sh->ran = true;
+	MemoryContextSwitchTo(old);
 }
 
 /* ---- collecting ---- */
@@ -742,6 +762,8 @@ void
 knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext cxt,
 						MinimalTuple **rows, int64 *n_rows, KnnScanCandidates *candidates)
 {
+	MemoryContext old;
+
 	sh->inner_desc = inner_desc;
 	sh->cxt = cxt;
 	sh->rows = NULL;
@@ -750,18 +772,21 @@ knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext c
 	sh->candidates = candidates;
 	if (sh->inputs == NULL)
 	{
-		sh->inputs = palloc(Max(sh->n_read_back, 1) * sizeof(FmgrInfo));
-		sh->ioparams = palloc(Max(sh->n_read_back, 1) * sizeof(Oid));
+		sh->inputs = MemoryContextAlloc(sh->node_cxt, Max(sh->n_read_back, 1) * sizeof(FmgrInfo));
+		sh->ioparams = MemoryContextAlloc(sh->node_cxt, Max(sh->n_read_back, 1) * sizeof(Oid));
 		for (int i = 0; i < sh->n_read_back; i++)
 		{
 			Oid			input;
 
 			getTypeInputInfo(TupleDescAttr(inner_desc, sh->read_back[i] - 1)->atttypid, &input,
 							 &sh->ioparams[i]);
-			fmgr_info(input, &sh->inputs[i]);
+			fmgr_info_cxt(input, &sh->inputs[i], sh->node_cxt);
 		}
 	}
+	/* (the rows and candidates go to cxt; the calls' scratch to the run's) */
+	old = MemoryContextSwitchTo(sh->run_cxt);
 	knn_shard_remote_collect(sh->sp.shards, sh->sp.n_shards, read_shard_rows, sh);
+	MemoryContextSwitchTo(old);
 	*rows = sh->rows;
 	*n_rows = sh->n_rows;
 }
@@ -877,11 +902,16 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 	sh->merged = candidates->n;
 	sh->seconds_merge = knn_seconds_since(start);
 	{
+		/* the run's summary: the statistics, and EXPLAIN ANALYZE's sums (its names, short-lived) */
 		KnnShardSummary summary;
+		MemoryContext old = MemoryContextSwitchTo(sh->row_cxt);
 
 		summarize(sh, &summary);
 		knn_shard_record_stats(&sh->sp, &summary, n_outer, sh->want, sh->fallbacks.data,
 							   knn_seconds_since(sh->started));
+		sh->totals = knn_shard_summary_add(sh->totals, &summary, sh->node_cxt);
+		MemoryContextSwitchTo(old);
+		MemoryContextReset(sh->row_cxt);
 	}
 	return begin;
 }
@@ -895,6 +925,12 @@ knn_scan_shards_explain(const KnnScanShards *sh, ExplainState *es)
 
 	if (sh == NULL)
 		return;
+	/* the runs' sums; before any (plain EXPLAIN), what the node would run */
+	if (sh->totals != NULL)
+	{
+		knn_shard_explain(sh->totals, es);
+		return;
+	}
 	summarize(sh, &summary);
 	knn_shard_explain(&summary, es);
 }

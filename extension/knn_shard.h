@@ -263,14 +263,23 @@ typedef struct KnnShardSummary
 	double		seconds_ship;
 	double		seconds_local;
 	double		seconds_merge;
+	int64		calls;			/* the calls summed (knn_shard_summary_add), 0 = one */
 } KnnShardSummary;
 
 /* The summary of a plan's shards (before or after a run), in memory of the caller. */
 extern void knn_shard_summarize(KnnShardSummary *summary, const KnnShardPlan *sp);
 
-/* A copy in context (a node keeps the summary of its last run). */
-extern KnnShardSummary *knn_shard_summary_copy(const KnnShardSummary *summary,
-											   MemoryContext context);
+/*
+ * Adds a call's summary to a node's sum (NULL: a copy of it), in context:
+ * each shard's rows and times to those of the shard of the same server
+ * and partitions (a new one after them), the merge's to the merge's; the
+ * remote SQL and the servers read here are the last call's. Returns the
+ * sum. (EXPLAIN ANALYZE shows every call of the statement, as
+ * knn_stats.h's KnnJoinTotals.)
+ */
+extern KnnShardSummary *knn_shard_summary_add(KnnShardSummary *total,
+											  const KnnShardSummary *summary,
+											  MemoryContext context);
 
 /* EXPLAIN lines: "Shard: server (partitions)", its "Remote SQL", and with ANALYZE rows and times. */
 extern void knn_shard_explain(const KnnShardSummary *summary, ExplainState *es);

@@ -104,17 +104,107 @@ record_json(const KnnJoinRecord *r)
 }
 
 void
-knn_stats_explain(const KnnJoinRecord *r, ExplainState *es)
+knn_stats_totals_add(KnnJoinTotals *totals, const KnnJoinRecord *record)
 {
+	KnnJoinRecord *sum = &totals->sum;
+	const KnnStats *engine = &record->engine;
+	const KnnAdmissionRecord *admission = &record->admission;
+	bool		first = totals->runs == 0;
+
+	if (!first)
+	{
+		totals->device_differs |= strcmp(sum->engine.device_name, engine->device_name) != 0;
+		totals->variant_differs |= strcmp(sum->engine.variant, engine->variant) != 0;
+	}
+	totals->min_dim = first ? record->dim : Min(totals->min_dim, record->dim);
+	totals->max_dim = first ? record->dim : Max(totals->max_dim, record->dim);
+	if (engine->method >= 0 && engine->method <= KNN_METHOD_BRUTE)
+		totals->method_runs[engine->method]++;
+	if (admission->admitted)
+	{
+		totals->min_slot = totals->admitted == 0 ? admission->slot : Min(totals->min_slot, admission->slot);
+		totals->max_slot = totals->admitted == 0 ? admission->slot : Max(totals->max_slot, admission->slot);
+		totals->admitted++;
+		totals->queued += admission->queued ? 1 : 0;
+	}
+	totals->runs++;
+
+	knn_stats_add(&sum->engine, engine, first);
+	/* the names are the last run's (the flags above say whether others differ) */
+	sum->engine.device = engine->device;
+	sum->engine.method = engine->method;
+	memcpy(sum->engine.device_name, engine->device_name, sizeof(engine->device_name));
+	memcpy(sum->engine.variant, engine->variant, sizeof(engine->variant));
+	sum->n_queries = (first ? 0 : sum->n_queries) + record->n_queries;
+	sum->n_targets = (first ? 0 : sum->n_targets) + record->n_targets;
+	sum->dim = record->dim;
+	sum->k = record->k;
+	sum->metric = record->metric;
+	sum->element = record->element;
+	sum->seconds_read = (first ? 0.0 : sum->seconds_read) + record->seconds_read;
+	sum->seconds_sort = (first ? 0.0 : sum->seconds_sort) + record->seconds_sort;
+	sum->seconds_return = (first ? 0.0 : sum->seconds_return) + record->seconds_return;
+	sum->admission.seconds_queued = (first ? 0.0 : sum->admission.seconds_queued) +
+		admission->seconds_queued;
+}
+
+/* A name of one run: "(last call; others differ)" after it where the runs' differ. */
+static void
+explain_run_name(const char *label, const char *last, bool differs, ExplainState *es)
+{
+	ExplainPropertyText(label, differs ? psprintf("%s (last call; others differ)", last) : last, es);
+}
+
+/* A number of one run: "low to high" (text) where the runs' differ. */
+static void
+explain_run_number(const char *label, int64 low, int64 high, ExplainState *es)
+{
+	if (low == high)
+		ExplainPropertyInteger(label, NULL, low, es);
+	else
+		ExplainPropertyText(label, psprintf(INT64_FORMAT " to " INT64_FORMAT, low, high), es);
+}
+
+/* "brute", or where the runs' methods differ "ti (2 calls), brute (1 call)". */
+static void
+explain_methods(const KnnJoinTotals *totals, ExplainState *es)
+{
+	StringInfoData text;
+	int			kinds = 0;
+
+	for (int m = 0; m <= KNN_METHOD_BRUTE; m++)
+		kinds += totals->method_runs[m] > 0 ? 1 : 0;
+	if (kinds <= 1)
+	{
+		ExplainPropertyText("Engine Method", knn_method_name(totals->sum.engine.method), es);
+		return;
+	}
+	initStringInfo(&text);
+	for (int m = 0; m <= KNN_METHOD_BRUTE; m++)
+		if (totals->method_runs[m] > 0)
+			appendStringInfo(&text, "%s%s (" INT64_FORMAT " call%s)", text.len > 0 ? ", " : "",
+							 knn_method_name((KnnMethod) m), totals->method_runs[m],
+							 totals->method_runs[m] == 1 ? "" : "s");
+	ExplainPropertyText("Engine Method", text.data, es);
+}
+
+void
+knn_stats_explain(const KnnJoinTotals *totals, ExplainState *es)
+{
+	const KnnJoinRecord *r = &totals->sum;
 	const KnnStats *s = &r->engine;
 
-	ExplainPropertyText("Engine Device", s->device_name, es);
-	ExplainPropertyText("Engine Method", knn_method_name(s->method), es);
-	if (s->variant[0] != '\0')
-		ExplainPropertyText("Engine Variant", s->variant, es);
+	if (totals->runs == 0)
+		return;
+	if (totals->runs > 1)
+		ExplainPropertyInteger("Engine Calls", NULL, totals->runs, es);
+	explain_run_name("Engine Device", s->device_name, totals->device_differs, es);
+	explain_methods(totals, es);
+	if (s->variant[0] != '\0' || totals->variant_differs)
+		explain_run_name("Engine Variant", s->variant, totals->variant_differs, es);
 	ExplainPropertyInteger("Queries", NULL, r->n_queries, es);
 	ExplainPropertyInteger("Targets", NULL, r->n_targets, es);
-	ExplainPropertyInteger("Dimensions", NULL, r->dim, es);
+	explain_run_number("Dimensions", totals->min_dim, totals->max_dim, es);
 	ExplainPropertyInteger("Distance Computations", NULL, s->distance_computations, es);
 	ExplainPropertyInteger("Pairs", NULL, s->pairs, es);
 	/* A join split across GPUs: each engine's GPU, rows and time. */
@@ -131,10 +221,15 @@ knn_stats_explain(const KnnJoinRecord *r, ExplainState *es)
 		}
 	}
 	/* Only joins that took a GPU slot: others never queue. */
-	if (r->admission.admitted)
+	if (totals->admitted > 0)
 	{
-		ExplainPropertyInteger("GPU Slot", NULL, r->admission.slot, es);
-		ExplainPropertyText("GPU Slot Queued", r->admission.queued ? "yes" : "no", es);
+		explain_run_number("GPU Slot", totals->min_slot, totals->max_slot, es);
+		if (totals->queued == 0 || totals->queued == totals->admitted)
+			ExplainPropertyText("GPU Slot Queued", totals->queued > 0 ? "yes" : "no", es);
+		else
+			ExplainPropertyText("GPU Slot Queued",
+								psprintf(INT64_FORMAT " of " INT64_FORMAT " calls",
+										 totals->queued, totals->admitted), es);
 		if (es->timing)
 			ExplainPropertyFloat("GPU Slot Wait", "ms",
 								 r->admission.seconds_queued * 1000.0, 3, es);
@@ -162,7 +257,7 @@ knn_gpu_last_stats(PG_FUNCTION_ARGS)
 	PG_RETURN_TEXT_P(cstring_to_text(record_json(&last)));
 }
 
-/* Adds one batch's engine statistics to the join's (the first batch's names and devices). */
+/* Adds one batch's engine statistics to the join's (the first batch's names). */
 void
 knn_stats_add(KnnStats *total, const KnnStats *batch, bool first)
 {
@@ -181,4 +276,30 @@ knn_stats_add(KnnStats *total, const KnnStats *batch, bool first)
 	total->seconds_select += batch->seconds_select;
 	total->seconds_total += batch->seconds_total;
 	total->seconds_queued += batch->seconds_queued;
+	/*
+	 * Each engine's share added to the same engine's: the one at the same
+	 * place on the same GPU (knn_gpu.devices = '0,0' runs two on one GPU),
+	 * else the first on that GPU, else a new entry.
+	 */
+	for (int b = 0; b < batch->n_devices && b < KNN_MAX_DEVICES; b++)
+	{
+		const KnnDeviceWork *work = &batch->device_work[b];
+		int			i = 0;
+
+		if (b < total->n_devices && total->device_work[b].device == work->device)
+			i = b;
+		else
+			while (i < total->n_devices && total->device_work[i].device != work->device)
+				i++;
+		if (i == total->n_devices && i < KNN_MAX_DEVICES)
+		{
+			total->device_work[i] = *work;
+			total->n_devices++;
+		}
+		else if (i < total->n_devices)
+		{
+			total->device_work[i].queries += work->queries;
+			total->device_work[i].seconds += work->seconds;
+		}
+	}
 }

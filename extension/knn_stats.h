@@ -56,10 +56,41 @@ extern void knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem,
  */
 extern void knn_stats_set_return(KnnJoinRecord *record, double seconds_return);
 
-/* Adds one batch's engine statistics to a join's (first: the first batch's names and devices). */
+/*
+ * Adds one batch's engine statistics to a join's: counts and times, and
+ * each GPU engine's share to the same engine's (first: the batch's as
+ * they are).
+ */
 extern void knn_stats_add(KnnStats *total, const KnnStats *batch, bool first);
 
-/* EXPLAIN ANALYZE's lines for a record. */
-extern void knn_stats_explain(const KnnJoinRecord *record, ExplainState *es);
+/*
+ * Every engine run of one plan node in a statement (each loop's, and each
+ * run of a loop that runs the engine more than once), as EXPLAIN ANALYZE
+ * shows them. Counts and times are totals over the runs, as PostgreSQL
+ * totals a node's buffers over its loops (not averages per loop, as its
+ * rows). What describes one run (engine device, method, variant,
+ * dimensions, GPU slot) is one value where the runs agree; otherwise the
+ * explain lines say that they differ. Zeroed: no run.
+ */
+typedef struct KnnJoinTotals
+{
+	int64		runs;			/* records added */
+	KnnJoinRecord sum;			/* counts and times summed; the last run's names */
+	int64		method_runs[KNN_METHOD_BRUTE + 1];	/* runs per method that ran */
+	bool		device_differs; /* some run's engine device is not the last's */
+	bool		variant_differs;	/* ... its variant */
+	int32		min_dim;
+	int32		max_dim;
+	int64		admitted;		/* runs that took a GPU slot */
+	int64		queued;			/* ... after waiting for one */
+	int			min_slot;		/* the slots they took */
+	int			max_slot;
+} KnnJoinTotals;
+
+/* Adds one run's record to a node's totals. */
+extern void knn_stats_totals_add(KnnJoinTotals *totals, const KnnJoinRecord *record);
+
+/* EXPLAIN ANALYZE's lines for a node's runs (nothing where none ran). */
+extern void knn_stats_explain(const KnnJoinTotals *totals, ExplainState *es);
 
 #endif							/* KNN_STATS_H */

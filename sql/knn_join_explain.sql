@@ -48,10 +48,29 @@ SELECT p -> 'Read Time' IS NOT NULL AS has_read_time, p -> 'Engine Time' IS NOT 
 FROM pg_temp.explained_json_timed($$SELECT * FROM knn_join('SELECT id, v FROM ex', 'SELECT id, v FROM ex', 3)$$) p;
 
 -- LATERAL calls, one per outer row: the node is rescanned with new
--- parameters each time, shows the number of engine calls and the last
--- call's statistics, and the rows are those of the calls one by one.
+-- parameters each time and shows the number of engine calls and the sums
+-- of their statistics (as PostgreSQL's figures cover every loop: 40
+-- queries in all, 40 targets each time); the rows are those of the calls
+-- one by one.
 SELECT pg_temp.explained($$SELECT g.g, n.* FROM generate_series(0, 2) g(g),
   LATERAL knn_join(format('SELECT id, v FROM ex WHERE g = %s', g.g), 'SELECT id, v FROM ex', 2, method => 'brute') n$$);
+-- Calls that differ: each method with its calls, the range of the
+-- dimensions (ex3's vectors have 3); the counts are sums (JSON: numbers).
+CREATE TABLE ex3 (id integer, v vector);
+INSERT INTO ex3 SELECT i, format('[%s,%s,%s]', i % 5, i % 7, i % 3)::vector FROM generate_series(1, 20) i;
+SELECT p ->> 'Engine Calls' AS calls, p ->> 'Engine Method' AS method, p ->> 'Dimensions' AS dims,
+       p -> 'Queries' AS queries, p -> 'Targets' AS targets, p -> 'Pairs' AS pairs,
+       p ->> 'Actual Loops' AS loops
+FROM pg_temp.explained_json($$SELECT n.* FROM (VALUES ('ex', 'brute', 1), ('ex3', 'ti', 2), ('ex', 'brute', 3)) s(tbl, m, o),
+  LATERAL knn_join(format('SELECT id, v FROM %I', s.tbl), format('SELECT id, v FROM %I WHERE id > %s', s.tbl, s.o), 2,
+                   method => s.m) n$$) j, json_array_elements(j -> 'Plans') p
+WHERE p ->> 'Custom Plan Provider' = 'KNN Join Function';
+-- A call whose arguments do not change is not run again: one call, its
+-- rows read on each loop.
+SELECT pg_temp.explained($$SELECT g.g, n.* FROM generate_series(0, 2) g(g),
+  LATERAL (SELECT * FROM knn_join('SELECT id, v FROM ex WHERE g = 1', 'SELECT id, v FROM ex', 2, method => 'brute') j
+           WHERE j.query_id % 3 = g.g OFFSET 0) n$$);
+DROP TABLE ex3;
 SELECT count(*) AS differing FROM (
   (SELECT g.g, n.* FROM generate_series(0, 2) g(g),
      LATERAL knn_join(format('SELECT id, v FROM ex WHERE g = %s', g.g), 'SELECT id, v FROM ex', 2) n

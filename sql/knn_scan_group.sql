@@ -165,6 +165,13 @@ SELECT * FROM pg_temp.knn_check($$
 	FROM knn_group_mixed_queries q
 	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_group_mixed_items t
 	                    WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+-- One engine run per dimension: EXPLAIN ANALYZE shows both, summed (the
+-- queries of both dimensions, their targets and pairs), and the range of
+-- the dimensions.
+SELECT * FROM pg_temp.knn_explain_analyze($$
+	SELECT q.qn, n.id FROM knn_group_mixed_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_group_mixed_items t WHERE t.g = q.g
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
 INSERT INTO knn_group_mixed_queries VALUES (5, '[1,1,1]', 'two');
 SELECT q.qn, n.id FROM knn_group_mixed_queries q
 CROSS JOIN LATERAL (SELECT t.id FROM knn_group_mixed_items t WHERE t.g = q.g

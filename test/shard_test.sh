@@ -668,6 +668,39 @@ check "EXPLAIN ANALYZE of knn_join: rows and time per shard, shipping, the merge
 check "EXPLAIN ANALYZE of knn_join: each shard's target read ahead, the query read here, the wait for the shards" \
   "$(printf '%s\n' 'Shard Target Read Time' 'Shard Target Read Time' 'Query Read Time' 'Target Read Wait Time')" \
   "$(echo "$out" | sed -n 's/^ *\(Shard Target Read Time\|Query Read Time\|Target Read Wait Time\): [0-9.]* ms$/\1/p')"
+# Run twice in a statement (the node in a correlated subquery, knn_join as a LATERAL call),
+# each time for half the queries: EXPLAIN ANALYZE shows the sums of both runs, those of one
+# run over all the queries (the local part read twice: twice its targets).
+loop_lines() { sed -n 's/^ *\(Sharded Calls\|Shard Rows\|Shard Merge Rows\|Targets Joined Here\): \([0-9]*\)$/\1: \2/p'; }
+summed_twice() {
+  awk -F': ' '$1 == "Shard Merge Rows" { print "Sharded Calls: 2" }
+              $1 == "Targets Joined Here" { print $1 ": " 2 * $2; next } { print }'
+}
+for form in node function; do
+  if [ $form = node ]; then
+    once="$NODE_SQL"
+    twice="SELECT o.x, (SELECT count(*) FROM q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM items_r t WHERE t.cat <> 4 ORDER BY t.v <-> q.v LIMIT 3) n WHERE q.id % 2 = o.x) FROM generate_series(0, 1) o(x)"
+  else
+    once="$FUNC_SQL"
+    twice="SELECT n.* FROM generate_series(0, 1) o(x), LATERAL knn_join(format('SELECT id, v FROM q WHERE id %% 2 = %s', o.x), 'SELECT id, v FROM items_r WHERE cat <> 4', 3) n"
+  fi
+  expected=$(sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) $once" | loop_lines | summed_twice)
+  # (enable_sort off: the subquery's own plan, a sort per outer row, would be cheaper for 28 rows)
+  check "EXPLAIN ANALYZE of the $form run twice: the sums of its runs" "$expected" \
+    "$(sql 0 -c "SET client_min_messages = warning" -c "SET enable_sort = off" \
+         -c "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) $twice" | loop_lines)"
+done
+# The node rescanned once per outer row: a run's scratch (the shards' SQL and statistics) does
+# not pile up in the statement's memory (bytes in use in its ExecutorState after 100 and 300 runs).
+check "the sharded node rescanned 200 more times: its statement's memory the same, give or take 64 bytes a run" "t" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SET enable_sort = off" \
+       -c "CREATE FUNCTION pg_temp.statement_bytes() RETURNS bigint LANGUAGE sql AS \$\$
+             SELECT total_bytes - free_bytes FROM pg_backend_memory_contexts
+             WHERE name = 'ExecutorState' AND parent = 'PortalContext' \$\$" \
+       -c "SELECT (max(b) FILTER (WHERE x = 300) - max(b) FILTER (WHERE x = 100)) / 200 < 64 FROM (
+             SELECT x, pg_temp.statement_bytes() AS b FROM (SELECT o.x, (SELECT count(*) FROM q CROSS JOIN LATERAL
+               (SELECT t.id FROM items_r t WHERE t.cat <> 4 ORDER BY t.v <-> q.v LIMIT 3) n WHERE q.id % 2 = o.x % 2) AS c
+             FROM generate_series(1, 300) o(x) OFFSET 0) s WHERE x IN (100, 300) AND c >= 0) m" 2>&1)"
 check_has "EXPLAIN of knn_join whose text fails: one line, no ERROR" \
   'Shards: not known (relation "no_such_table" does not exist)' \
   "$(sql 0 -c "EXPLAIN SELECT * FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM no_such_table', 3)" 2>&1)"
