@@ -1300,9 +1300,12 @@ check "... the memory does not grow, nothing is held here or on the shards, the 
 # one batch at a time: the same rows in the same order as the whole join
 # and as one server, through the tuplestore (direct return too), no
 # temporary file left. The KNN Join node holds its whole result: past the
-# limit it ends with ERROR 54000 (with a LIMIT before anything is shipped;
-# a radius as the shards' rows pass it).
+# limit it ends with ERROR 54000 as the shards' rows pass it (a LIMIT
+# counts only the rows that came: one past the table asks for the table).
 sql 0 <<'EOF'
+-- peak_mb(): this backend's peak memory (VmHWM), in MB
+CREATE FUNCTION peak_mb() RETURNS bigint LANGUAGE sql AS
+  $$ SELECT (regexp_match(pg_read_file('/proc/self/status'), 'VmHWM:\s+(\d+) kB'))[1]::bigint / 1024 $$;
 -- batched(SHARDED, ONE_SERVER): "N rows, B batches, batched = whole, whole = one server"
 CREATE FUNCTION batched(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -1369,6 +1372,54 @@ EOF
 )
 check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
   "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:10000\nshipped:10000')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
+
+# The node's bound is the rows it can return, counted as they arrive: a
+# LIMIT past the table (a way to say "all"), with an OFFSET, returns within
+# 1 MB the same rows in the same order as without the limit and as one
+# server (21 x 1099 rows; 21 x 1000002 x 16 bytes were it the LIMIT's).
+ALL_ROWS="SELECT count(*) || ' rows ' || md5(string_agg(format('%s:%s:%s', qid, id, d), ' ')) FROM
+  (SELECT q.id AS qid, n.id, n.d FROM (SELECT * FROM q WHERE id < 500) q CROSS JOIN LATERAL
+   (SELECT t.id, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v, t.id LIMIT 1000000 OFFSET 2) n) r"
+out=$(sql 0 -v "s=${ALL_ROWS//TBL/items_h}" -v "r=${ALL_ROWS//TBL/items_all}" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SET knn_gpu.max_result_memory = 1;
+SELECT (:s) AS limited \gset
+SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()->'shards');
+RESET knn_gpu.max_result_memory;
+SELECT (:s) AS whole \gset
+SELECT (:r) AS single \gset
+SELECT 'rows:' || :'limited';
+SELECT 'limited = whole:' || (:'limited' = :'whole') || ', whole = one server:' || (:'whole' = :'single');
+EOF
+)
+check "max_result_memory: the KNN Join node, a LIMIT past the table: its rows within 1 MB, = without the limit, = one server" \
+  "$(printf 'shards:2\nrows:23079 rows\nlimited = whole:true, whole = one server:true')" \
+  "$(echo "$out" | sed 's/^\(rows:[0-9]* rows\) .*/\1/' | grep -E '^(ERROR|shards|rows|limited)')"
+
+# The node reads the shards' rows as they arrive, never a shard's whole
+# answer at once: a radius or WITH TIES answer past the limit (100 x 30000
+# rows) ends with ERROR 54000 while the coordinator's peak memory (VmHWM)
+# stays small, and the shards' work stops.
+for name in radius "WITH TIES"; do
+  form="WHERE t.v <-> q.v < 1000 ORDER BY t.v <-> q.v"
+  [ "$name" = radius ] || form="ORDER BY t.v <-> q.v FETCH FIRST 100000 ROWS WITH TIES"
+  out=$(sql 0 2>&1 <<EOF
+\set ON_ERROR_STOP 0
+SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 1) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t $form) n;
+SELECT peak_mb() AS before \gset
+SET knn_gpu.max_result_memory = 1;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 100) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t $form) n;
+\set VERBOSITY default
+SELECT 'grew less than 32 MB:' || (peak_mb() - :before < 32);
+EOF
+)
+  check "max_result_memory: the node's answer past the limit, $name: ERROR 54000, the shards' rows not held" \
+    "$(printf 'ERROR:  54000\ngrew less than 32 MB:true')" "$(echo "$out" | grep -E '^(ERROR|grew)')"
+  check "... the shards stopped" 0 "$(active_on_shards)"
+done
 
 # ---- a shard's hostile answers ----
 # A shard is a server the user mapping reaches, not a trusted one: every
