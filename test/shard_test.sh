@@ -862,7 +862,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_range_join_received(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -962,6 +962,9 @@ cancel_in_the_middle() {
   check "no temporary table left on the shards after $what" 0 "$leftovers"
 }
 cancel_in_the_middle "knn_join's big join" "$BIG"
+# a range join's pairs are read as they arrive (knn_shard_spill.h): a cancel ends it too
+cancel_in_the_middle "a big knn_range_join" \
+  "SELECT count(*) FROM knn_range_join('SELECT id, v FROM big WHERE id <= 3000', 'SELECT id, v FROM big', 1000)"
 
 # A cancel, a statement_timeout, and shard 1's backend ending while the
 # shards read their targets ahead (shard 1 waits for a lock on big_1
@@ -1355,6 +1358,25 @@ batched "max_result_memory: halfvec, in a target list" \
 batched "max_result_memory: the packed form called value per call" \
   "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_r', 300, 'l2', false, 'auto')" \
   "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l2', false, 'auto')" 6
+# knn_range_join has no bound but the limit: the shards' pairs are read as
+# they arrive, held while they fit, then in temporary files per batch
+batched "max_result_memory: knn_range_join, no cap" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_h', 5.0)" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 5.0)" 265774
+batched "max_result_memory: knn_range_join, k = 300, l1, exclude_self, a partition read here" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_r', 9.0, 'l1', true, 300)" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 9.0, 'l1', true, 300)" 89862
+out=$(sql 0 2>&1 <<'EOF'
+SELECT count(*) FROM knn_range_join('SELECT id, v FROM big_here WHERE id <= 1', 'SELECT id, v FROM big', 1000);
+SELECT peak_mb() AS before \gset
+SET knn_gpu.max_result_memory = 1;
+SELECT 'pairs:' || count(*) FROM knn_range_join('SELECT id, v FROM big_here WHERE id <= 50', 'SELECT id, v FROM big', 1000);
+SELECT 'batches:' || (knn_gpu_last_shard_stats()->>'merge_batches');
+SELECT 'grew less than 32 MB:' || (peak_mb() - :before < 32);
+EOF
+)
+check "max_result_memory: knn_range_join of 1500000 pairs within 1 MB: the shards' pairs not held" \
+  "$(printf 'pairs:1500000\nbatches:50\ngrew less than 32 MB:true')" "$(echo "$out" | grep -E '^(ERROR|pairs|batches|grew)')"
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
 check "max_result_memory: no temporary file left" "temporary files:0" "$out"
 out=$(sql 0 2>&1 <<'EOF'
