@@ -1525,9 +1525,17 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 	int64		n_shard_rows = 0;
 	int64		n_local;
 
-	/* the merged lists, as join_inner's arrays: checked before anything is shipped */
-	if (want >= 0 && state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
-		knn_scan_check_result_memory((double) state->n_outer * want * KNN_SLOT_BYTES);
+	/*
+	 * The result, as join_inner's arrays (a radius's or WITH TIES's as its
+	 * pairs, every candidate counted), counted as the candidates come: a
+	 * LIMIT is a bound, not what comes back.
+	 */
+	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
+		knn_scan_candidates_begin(&candidates, state->n_outer, want, KNN_SLOT_BYTES,
+								  state->join_cxt);
+	else
+		knn_scan_candidates_begin(&candidates, state->n_outer, state->with_ties ? -1 : want,
+								  KNN_RANGE_PAIR_BYTES, state->join_cxt);
 	knn_scan_shards_start(state->shards, state->outer_rows, state->n_outer, state->outer_slot,
 						  want, state->radius);
 	for (int pass = 0; pass < 2; pass++)

@@ -38,6 +38,8 @@
  */
 #include "postgres.h"
 
+#include <math.h>
+
 #include "access/detoast.h"
 #include "access/htup_details.h"
 #include "access/stratnum.h"
@@ -63,6 +65,7 @@
 #include "utils/typcache.h"
 
 #include "knn_scan_shard.h"
+#include "knn_settings.h"
 #include "knn_shard.h"
 #include "knn_stats.h"
 
@@ -130,6 +133,10 @@ struct KnnScanShards
 	int64		capacity;
 	KnnScanCandidates *candidates;
 	MemoryContext cxt;
+	Datum	   *values;			/* a row read back (inner_desc's columns) */
+	bool	   *nulls;
+	int64	  **next_rank;		/* per shard: per outer row, its rows so far */
+	int64	   *received;		/* per shard: its rows so far */
 
 	/* for EXPLAIN ANALYZE and knn_gpu_last_shard_stats() */
 	StringInfoData fallbacks;
@@ -396,6 +403,8 @@ compose_join_sql(KnnScanShards *sh, KnnShardRemote *shard)
 	}
 	shard->join_sql = sql.data;
 	shard->binary_result = false;
+	/* read row by row as it arrives: the limit is checked as they come */
+	shard->stream_result = true;
 }
 
 /* The query table's columns there: qid, v, then x1, x2, ... */
@@ -658,8 +667,25 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 /* ---- collecting ---- */
 
 void
+knn_scan_candidates_begin(KnnScanCandidates *candidates, int64 n_outer, int64 want,
+						  double row_bytes, MemoryContext cxt)
+{
+	memset(candidates, 0, sizeof(KnnScanCandidates));
+	candidates->want = want;
+	if (want >= 0)
+		candidates->per_outer = MemoryContextAllocExtended(cxt, Max(n_outer, 1) * sizeof(int64),
+														   MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	candidates->row_bytes = row_bytes;
+	candidates->max_result_rows = (int64) floor((double) knn_result_memory_bytes() / row_bytes);
+}
+
+void
 knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item)
 {
+	/* a row of the result unless `want` of its outer row came before */
+	if ((candidates->want < 0 || ++candidates->per_outer[item->outer_row] <= candidates->want) &&
+		++candidates->result_rows > candidates->max_result_rows)
+		knn_scan_check_result_memory((double) candidates->result_rows * candidates->row_bytes);
 	if (candidates->n == candidates->capacity)
 	{
 		candidates->capacity = Max(candidates->capacity * 2, 1024);
@@ -671,7 +697,8 @@ knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *i
 }
 
 /*
- * One shard's result: (qid, distance, the columns read back) in text, the
+ * One row of a shard's result as it arrived (single-row mode; the reader
+ * takes any number): (qid, distance, the columns read back) in text, the
  * rows of one outer row and partition in the subquery's order.
  */
 static void
@@ -680,14 +707,15 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	KnnScanShards *sh = (KnnScanShards *) arg;
 	int			n = knn_shard_result_rows(result);
 	int			natts = sh->inner_desc->natts;
-	Datum	   *values = palloc(natts * sizeof(Datum));
-	bool	   *nulls = palloc(natts * sizeof(bool));
-	int			source = 1;
-	int64	   *next_rank = palloc_extended(Max(sh->n_outer, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	int			s = 0;
+	int64	   *next_rank;
 
-	for (int s = 0; s < sh->sp.n_shards; s++)
-		if (sh->sp.shards[s] == shard)
-			source = s + 1;
+	while (sh->sp.shards[s] != shard)
+		s++;
+	if (sh->next_rank[s] == NULL)
+		sh->next_rank[s] = MemoryContextAllocExtended(sh->cxt, Max(sh->n_outer, 1) * sizeof(int64),
+													  MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	next_rank = sh->next_rank[s];
 	if (knn_shard_result_columns(result) != 2 + sh->n_read_back)
 		ereport(ERROR,
 				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
@@ -712,7 +740,7 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		item.distance = distance == NULL ? 0.0 : float8in_internal((char *) distance, NULL,
 																   "double precision",
 																   distance);
-		item.source = source;
+		item.source = s + 1;
 		/* arrival order: the shard's partitions in turn, each in its subquery's order */
 		item.rank = next_rank[item.outer_row]++;
 		/* each partition's subquery returns at most its LIMIT per query (but WITH TIES) */
@@ -722,24 +750,24 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
 					 errmsg("KNN Join on foreign server \"%s\" returned more rows for a query row than its LIMIT",
 							shard->server->servername)));
-		/* without a LIMIT to check first (a radius, WITH TIES): as join_inner's pairs */
-		if (sh->radius_mode != KNN_RANGE_NONE || sh->with_ties)
-			knn_scan_check_result_memory((double) (sh->candidates->n + 1) * KNN_RANGE_PAIR_BYTES);
 
 		MemoryContextReset(sh->row_cxt);
 		old = MemoryContextSwitchTo(sh->row_cxt);
-		memset(nulls, true, natts * sizeof(bool));
+		memset(sh->nulls, true, natts * sizeof(bool));
 		for (int i = 0; i < sh->n_read_back; i++)
 		{
 			AttrNumber	column = sh->read_back[i];
 			const char *text = knn_shard_result_value(result, r, 2 + i, &len);
 			Form_pg_attribute attr = TupleDescAttr(sh->inner_desc, column - 1);
 
-			nulls[column - 1] = text == NULL;
-			values[column - 1] = InputFunctionCall(&sh->inputs[i], (char *) text,
-												   sh->ioparams[i], attr->atttypmod);
+			sh->nulls[column - 1] = text == NULL;
+			sh->values[column - 1] = InputFunctionCall(&sh->inputs[i], (char *) text,
+													   sh->ioparams[i], attr->atttypmod);
 		}
 		MemoryContextSwitchTo(sh->cxt);
+		/* counted (and refused past the limit) before its row is kept */
+		item.inner_row = sh->n_rows;
+		knn_scan_candidates_add(sh->candidates, &item);
 		if (sh->n_rows == sh->capacity)
 		{
 			sh->capacity = Max(sh->capacity * 2, 1024);
@@ -747,21 +775,20 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 				palloc_extended(sh->capacity * sizeof(MinimalTuple), MCXT_ALLOC_HUGE) :
 				repalloc_huge(sh->rows, sh->capacity * sizeof(MinimalTuple));
 		}
-		item.inner_row = sh->n_rows;
-		sh->rows[sh->n_rows++] = heap_form_minimal_tuple(sh->inner_desc, values, nulls);
-		knn_scan_candidates_add(sh->candidates, &item);
+		sh->rows[sh->n_rows++] = heap_form_minimal_tuple(sh->inner_desc, sh->values, sh->nulls);
 		MemoryContextSwitchTo(old);
-		if ((r & 1023) == 0)
+		sh->received[s]++;
+		if ((sh->received[s] & 1023) == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
 	MemoryContextReset(sh->row_cxt);
-	pfree(next_rank);
 }
 
 void
 knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext cxt,
 						MinimalTuple **rows, int64 *n_rows, KnnScanCandidates *candidates)
 {
+	int			n_shards = sh->sp.n_shards;
 	MemoryContext old;
 
 	sh->inner_desc = inner_desc;
@@ -783,10 +810,20 @@ knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext c
 			fmgr_info_cxt(input, &sh->inputs[i], sh->node_cxt);
 		}
 	}
+	sh->values = MemoryContextAlloc(cxt, Max(inner_desc->natts, 1) * sizeof(Datum));
+	sh->nulls = MemoryContextAlloc(cxt, Max(inner_desc->natts, 1) * sizeof(bool));
+	sh->next_rank = MemoryContextAllocZero(cxt, n_shards * sizeof(int64 *));
+	sh->received = MemoryContextAllocZero(cxt, n_shards * sizeof(int64));
 	/* (the rows and candidates go to cxt; the calls' scratch to the run's) */
 	old = MemoryContextSwitchTo(sh->run_cxt);
-	knn_shard_remote_collect(sh->sp.shards, sh->sp.n_shards, read_shard_rows, sh);
+	knn_shard_remote_collect_rows(sh->sp.shards, n_shards, read_shard_rows, sh);
 	MemoryContextSwitchTo(old);
+	for (int s = 0; s < n_shards; s++)
+	{
+		sh->sp.shards[s]->rows = sh->received[s];
+		if (sh->next_rank[s] != NULL)
+			pfree(sh->next_rank[s]);
+	}
 	*rows = sh->rows;
 	*n_rows = sh->n_rows;
 }

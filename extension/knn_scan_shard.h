@@ -13,7 +13,9 @@
  * subquery's ORDER BY gives: distance (NaN after numbers, NULL last), the
  * ORDER BY keys after it, then source and rank. The node then returns
  * them as it returns its own rows (OFFSET, LIMIT, WITH TIES, filters,
- * LEFT JOIN).
+ * LEFT JOIN). The shards' rows are read as they arrive, and the result
+ * they make counts against knn_gpu.max_result_memory as they come
+ * (KnnScanCandidates).
  */
 #ifndef KNN_SCAN_SHARD_H
 #define KNN_SCAN_SHARD_H
@@ -90,27 +92,47 @@ typedef struct KnnScanCandidate
 	int64		rank;			/* within the outer row and source */
 } KnnScanCandidate;
 
+/*
+ * The candidates of every outer row, and the node's result they make so
+ * far, counted as they are added against knn_gpu.max_result_memory: per
+ * outer row at most `want` of them are rows the node can return (OFFSET +
+ * LIMIT: the others are beaten by them), each of row_bytes. What counts is
+ * what came, not what the LIMIT would allow: a LIMIT past the table asks
+ * no more than the table.
+ */
 typedef struct KnnScanCandidates
 {
 	int64		n;
 	int64		capacity;
 	KnnScanCandidate *items;
+	int64		want;			/* per outer row; -1: every candidate counts */
+	int64	   *per_outer;		/* the candidates of each outer row so far (want >= 0) */
+	int64		result_rows;
+	int64		max_result_rows;	/* those that fit the limit */
+	double		row_bytes;
 } KnnScanCandidates;
-
-extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
 
 /* A result slot (neighbour, distance), and a radius join's pair (with its query). */
 #define KNN_SLOT_BYTES (sizeof(int64) + sizeof(double))
 #define KNN_RANGE_PAIR_BYTES (2 * sizeof(int64) + sizeof(double))
 
+/* Empty candidates of n_outer outer rows, counted as above (per_outer in cxt). */
+extern void knn_scan_candidates_begin(KnnScanCandidates *candidates, int64 n_outer, int64 want,
+									  double row_bytes, MemoryContext cxt);
+
+/* Adds one; ERROR 54000, before it is kept, when the result then passes the limit. */
+extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
+
 /* ERROR 54000 when a result of `bytes` would pass knn_gpu.max_result_memory (knn_scan_exec.c). */
 extern void knn_scan_check_result_memory(double bytes);
 
 /*
- * Waits for the shards' results; their rows become rows like the inner
- * plan's (of inner_desc, the columns read back filled, in memory of cxt),
- * in *rows (*n_rows of them), and their candidates are added to
- * candidates, inner_row numbering those rows.
+ * Waits for the shards' results, reading each row as it arrives (libpq
+ * never holds a shard's whole answer); their rows become rows like the
+ * inner plan's (of inner_desc, the columns read back filled, in memory of
+ * cxt), in *rows (*n_rows of them), and their candidates are added to
+ * candidates (counted against the limit as they come), inner_row
+ * numbering those rows.
  */
 extern void knn_scan_shards_collect(KnnScanShards *shards, TupleDesc inner_desc,
 									MemoryContext cxt, MinimalTuple **rows, int64 *n_rows,

@@ -417,59 +417,23 @@ read_local_part(PlannedStmt *stmt, const char *sql, const KnnShardPlan *sp,
 	FreeQueryDesc(query);
 }
 
-/* A range join's pairs, appended as the engine hands them over. */
-typedef struct PairList
+/* A range join's pairs into the spill (as the local part's), as the engine hands them over. */
+typedef struct SpillSink
 {
-	int64		n;
-	int64		capacity;
-	int64	   *query_rows;
-	int64	   *target_rows;
-	double	   *distances;
-} PairList;
+	Spill	   *spill;
+	const KnnMatrix *targets;
+} SpillSink;
 
 static void
-keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
-		   const double *distances, int64 n)
+spill_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
+			const double *distances, int64 n)
 {
-	PairList   *pairs = (PairList *) arg;
+	SpillSink  *sink = (SpillSink *) arg;
 
-	if (pairs->n + n > pairs->capacity)
-	{
-		int64		capacity = Max(pairs->capacity * 2, pairs->n + n);
-
-		pairs->query_rows = repalloc_huge(pairs->query_rows, capacity * sizeof(int64));
-		pairs->target_rows = repalloc_huge(pairs->target_rows, capacity * sizeof(int64));
-		pairs->distances = repalloc_huge(pairs->distances, capacity * sizeof(double));
-		pairs->capacity = capacity;
-	}
-	memcpy(pairs->query_rows + pairs->n, query_rows, n * sizeof(int64));
-	memcpy(pairs->target_rows + pairs->n, target_rows, n * sizeof(int64));
-	memcpy(pairs->distances + pairs->n, distances, n * sizeof(double));
-	pairs->n += n;
+	for (int64 i = 0; i < n; i++)
+		knn_shard_spill_put(sink->spill, sink->spill->n_shards, query_rows[i],
+							sink->targets->ids[target_rows[i]], distances[i]);
 	CHECK_FOR_INTERRUPTS();
-}
-
-/* The lists of a range join's pairs (each query's in the engine's order). */
-static void
-lists_from_pairs(const PairList *pairs, const KnnMatrix *targets, KnnShardLists *lists)
-{
-	int64	   *fill = palloc_extended(Max(lists->n_queries, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-
-	for (int64 i = 0; i < pairs->n; i++)
-		lists->offsets[pairs->query_rows[i] + 1]++;
-	for (int64 q = 0; q < lists->n_queries; q++)
-		lists->offsets[q + 1] += lists->offsets[q];
-	memcpy(fill, lists->offsets, lists->n_queries * sizeof(int64));
-	lists->target_ids = palloc_extended(Max(pairs->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-	lists->distances = palloc_extended(Max(pairs->n, 1) * sizeof(double), MCXT_ALLOC_HUGE);
-	for (int64 i = 0; i < pairs->n; i++)
-	{
-		int64		at = fill[pairs->query_rows[i]]++;
-
-		lists->target_ids[at] = targets->ids[pairs->target_rows[i]];
-		lists->distances[at] = pairs->distances[i];
-	}
-	pfree(fill);
 }
 
 /*
@@ -498,7 +462,8 @@ run_local_knn(const KnnShardJoin *join, KnnMatrix *queries, KnnMatrix *targets, 
 /*
  * Joins the queries with the local part's rows as the call would join all
  * rows (pgvector's operator's values where the call ranks by them); its
- * lists.
+ * lists, or where the join spills (spill not NULL: every range join) its
+ * pairs into the spill.
  */
 static void
 join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join,
@@ -528,12 +493,9 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 
 	if (join->range)
 	{
-		PairList	pairs = {0};
+		/* a range join's pairs always go into the spill (batch_rows) */
+		SpillSink	to_spill = {spill, targets};
 
-		pairs.capacity = 1024;
-		pairs.query_rows = palloc(pairs.capacity * sizeof(int64));
-		pairs.target_rows = palloc(pairs.capacity * sizeof(int64));
-		pairs.distances = palloc(pairs.capacity * sizeof(double));
 		knn_matrix_problem(&problem, queries, targets, join->k);
 		problem.metric = join->metric;
 		problem.method = join->method;
@@ -545,17 +507,20 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 			problem.target_keys = targets->ids;
 		}
 		if (join->by_operator != NULL)
-			knn_operator_values_range(join->by_operator, &problem, queries, targets, keep_pairs,
-									  &pairs, &stats);
+			knn_operator_values_range(join->by_operator, &problem, queries, targets, spill_pairs,
+									  &to_spill, &stats);
 		else
-			knn_run_range_problem(&problem, keep_pairs, &pairs, &stats);
-		lists_from_pairs(&pairs, targets, lists);
+			knn_run_range_problem(&problem, spill_pairs, &to_spill, &stats);
 	}
 	else if (spill != NULL)
 	{
-		/* in batches of queries, their pairs into the spill (source n_shards) */
+		/*
+		 * In batches of queries, their pairs into the spill (source
+		 * n_shards); a batch's arrays take at most half the limit, the
+		 * pairs the spill holds in memory the other half.
+		 */
 		int32		slots = (int32) Min((int64) join->k, targets->n);
-		int64		per_run = Min(knn_result_rows_per_run(slots), queries->n);
+		int64		per_run = Min(Max(knn_result_rows_per_run(slots) / 2, 1), queries->n);
 		int64	   *neighbors = palloc_extended((Size) per_run * slots * sizeof(int64), MCXT_ALLOC_HUGE);
 		double	   *distances = palloc_extended((Size) per_run * slots * sizeof(double), MCXT_ALLOC_HUGE);
 		KnnStats	total;
@@ -946,16 +911,11 @@ note_query_row(uint8 *done, int64 *last, int64 row)
 	return NULL;
 }
 
-/*
- * What read_shard_lists reads against: the queries sent, at most `limit`
- * pairs each (-1: any), and whether each query's pairs come together
- * (knn_join's; a range join's come as its engine finds them).
- */
+/* What read_shard_lists reads against: the queries sent, at most `limit` pairs each. */
 typedef struct ListsTarget
 {
 	const KnnMatrix *queries;
 	int64		limit;
-	bool		together;
 } ListsTarget;
 
 /*
@@ -985,7 +945,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		next_pair(&it, &query_id, &target_id, &distance);
 		if ((rows[r] = query_row(queries->ids, queries->n, query_id, r > 0 ? rows[r - 1] : -1)) < 0)
 			bad = "a query id that was not sent";
-		else if (target->together)
+		else
 			bad = note_query_row(done, &last, rows[r]);
 		if (r % 65536 == 0)
 			CHECK_FOR_INTERRUPTS();
@@ -1005,7 +965,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		lists->offsets[rows[r] + 1]++;
 	for (int64 q = 0; q < queries->n; q++)
 	{
-		if (target->limit >= 0 && lists->offsets[q + 1] > target->limit)
+		if (lists->offsets[q + 1] > target->limit)
 			ereport(ERROR,
 					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
 					 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
@@ -1063,7 +1023,8 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		row = query_row(spill->queries->ids, spill->queries->n, query_id, spill->last_row[source]);
 		if (row < 0)
 			bad = "a query id that was not sent";
-		else if ((bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
+		else if (!spill->together ||
+				 (bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
 			knn_shard_spill_put(spill, source, row, target_id, distance);
 		if (r % 65536 == 65535)
 			CHECK_FOR_INTERRUPTS();
@@ -1079,7 +1040,11 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
  * The per_run query rows whose result fits knn_gpu.max_result_memory, or
  * -1 when all of it does at once. Held at once per pair: a shard's, its
  * packed form in libpq (24 bytes), its list (16) and its query row (8);
- * the local part's list and the merged list, 16 each.
+ * the local part's list and the merged list, 16 each. A range join's
+ * pairs have no bound but the limit (k, where given, is one per query:
+ * their rows in libpq are several times a packed pair): they always go
+ * into a spill, held there while they fit (knn_shard_spill.h), in
+ * batches of as few query rows as it takes.
  */
 static int64
 batch_rows(const KnnShardJoin *join, int n_shards, int64 n_queries)
@@ -1087,7 +1052,9 @@ batch_rows(const KnnShardJoin *join, int n_shards, int64 n_queries)
 	double		per_row = (double) join->k * (48.0 * n_shards + 32.0);
 	double		per_run = floor((double) knn_result_memory_bytes() / Max(per_row, 1.0));
 
-	if (join->range || per_run >= (double) n_queries)
+	if (join->range)
+		return 1;
+	if (per_run >= (double) n_queries)
 		return -1;
 	return (int64) Max(per_run, 1.0);
 }
@@ -2257,7 +2224,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		int64		per_run = batch_rows(join, spp->n_shards, queries->n);
 
 		if (per_run > 0)
-			spill = knn_shard_spill_begin(queries, per_run, spp->n_shards, spp->shards);
+			spill = knn_shard_spill_begin(queries, per_run, spp->n_shards, spp->shards,
+										  !join->range);
 		for (int s = 0; s < spp->n_shards; s++)
 			spp->shards[s]->stream_result = spill != NULL;
 	}
@@ -2358,7 +2326,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			knn_shard_remote_collect_rows(spp->shards, spp->n_shards, spill_shard_rows, spill);
 		else if (pass == 0 && queries->n > 0)
 		{
-			ListsTarget target = {queries, join->range && join->k == 0 ? -1 : join->k, !join->range};
+			ListsTarget target = {queries, join->k};
 
 			knn_shard_remote_collect(spp->shards, spp->n_shards, read_shard_lists, &target);
 		}
@@ -2387,7 +2355,8 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			knn_packed_begin(&packed_here, rsinfo);
 			packed = &packed_here;
 		}
-		rows = knn_shard_spill_merge(spill, rsinfo, join->k, packed);
+		rows = knn_shard_spill_merge(spill, rsinfo, join->range && join->k == 0 ? -1 : join->k,
+									 packed);
 		if (packed == &packed_here)
 			knn_packed_end(&packed_here);
 	}
@@ -2405,8 +2374,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			knn_shard_remote_release(spp->shards[s]);
 		}
 		rows = knn_shard_merge(rsinfo, queries->ids, queries->n, sources, spp->n_shards + 1,
-							   join->range && join->k == 0 ? -1 : join->k, join->packed,
-							   join->direct);
+							   join->k, join->packed, join->direct);
 	}
 	seconds_merge = knn_seconds_since(phase);
 	{
@@ -2417,7 +2385,7 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 		summary.local_targets = local.n;
 		summary.local_after = local_after;
 		summary.rows = rows;
-		summary.merge_batches = spill != NULL ? spill->n_batches : 0;
+		summary.merge_batches = spill != NULL && knn_shard_spill_in_files(spill) ? spill->n_batches : 0;
 		summary.seconds_queries = c->seconds_queries;
 		summary.queries_from_shards = c->queries_from_shards;
 		summary.queries_relayed = c->relay != NULL;

@@ -1,6 +1,7 @@
 /*
- * knn_shard_spill.c -- a sharded knn_join's lists past
- * knn_gpu.max_result_memory, in temporary files per batch of queries.
+ * knn_shard_spill.c -- a sharded join's lists past
+ * knn_gpu.max_result_memory: in memory while they fit, then in temporary
+ * files per batch of queries.
  */
 #include "postgres.h"
 
@@ -12,9 +13,18 @@
 /* The most batches (temporary files, each with its buffer) of a spilled join. */
 #define SPILL_MAX_FILES 256
 
+/* One pair: in memory its query's row, in a batch's file its row in the batch. */
+typedef struct SpillPair
+{
+	int64		row;
+	int64		target_id;
+	double		distance;
+	int32		source;
+} SpillPair;
+
 Spill *
 knn_shard_spill_begin(const KnnMatrix *queries, int64 per_run, int n_shards,
-					  KnnShardRemote **shards)
+					  KnnShardRemote **shards, bool together)
 {
 	Spill	   *spill = palloc0(sizeof(Spill));
 
@@ -23,6 +33,10 @@ knn_shard_spill_begin(const KnnMatrix *queries, int64 per_run, int n_shards,
 	spill->per_run = Max(per_run, (queries->n + SPILL_MAX_FILES - 1) / SPILL_MAX_FILES);
 	spill->n_batches = (queries->n + spill->per_run - 1) / spill->per_run;
 	spill->files = palloc0(spill->n_batches * sizeof(BufFile *));
+	spill->max_held = Max(knn_result_memory_bytes() / 2 / (int64) sizeof(SpillPair), 1);
+	spill->held_capacity = Min(spill->max_held, 1024);
+	spill->held = palloc_extended(spill->held_capacity * sizeof(SpillPair), MCXT_ALLOC_HUGE);
+	spill->together = together;
 	spill->n_shards = n_shards;
 	spill->shards = shards;
 	spill->pairs = palloc0((n_shards + 1) * sizeof(int64));
@@ -36,32 +50,66 @@ knn_shard_spill_begin(const KnnMatrix *queries, int64 per_run, int n_shards,
 	return spill;
 }
 
-/* One pair in a batch's file. */
-typedef struct SpillPair
+bool
+knn_shard_spill_in_files(const Spill *spill)
 {
-	int64		row;			/* the query's row in its batch */
-	int64		target_id;
-	double		distance;
-	int32		source;
-} SpillPair;
+	return spill->held == NULL;
+}
+
+/* A pair of query row `row` into its batch's file. */
+static void
+write_pair(Spill *spill, SpillPair *pair)
+{
+	int64		batch = pair->row / spill->per_run;
+
+	pair->row -= batch * spill->per_run;
+	if (spill->files[batch] == NULL)
+		spill->files[batch] = BufFileCreateTemp(false);
+	BufFileWrite(spill->files[batch], pair, sizeof(*pair));
+}
+
+/* The pairs held pass the limit: they go into the files, in the order they came, and all after them. */
+static void
+move_held_to_files(Spill *spill)
+{
+	for (int64 i = 0; i < spill->n_held; i++)
+	{
+		write_pair(spill, &spill->held[i]);
+		if ((i & 65535) == 65535)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(spill->held);
+	spill->held = NULL;
+	spill->n_held = 0;
+}
 
 void
 knn_shard_spill_put(Spill *spill, int source, int64 row, int64 target_id, double distance)
 {
-	int64		batch = row / spill->per_run;
 	SpillPair	pair;
 
 	memset(&pair, 0, sizeof(pair));
-	pair.row = row - batch * spill->per_run;
+	pair.row = row;
 	pair.target_id = target_id;
 	pair.distance = distance;
 	pair.source = source;
-	if (spill->files[batch] == NULL)
-		spill->files[batch] = BufFileCreateTemp(false);
-	BufFileWrite(spill->files[batch], &pair, sizeof(pair));
 	/* a batch of the local part writes up to knn_gpu.max_result_memory of pairs in one loop */
 	if (++spill->pairs[source] % 65536 == 0)
 		CHECK_FOR_INTERRUPTS();
+	if (spill->held != NULL && spill->n_held == spill->held_capacity)
+	{
+		if (spill->held_capacity == spill->max_held)
+			move_held_to_files(spill);
+		else
+		{
+			spill->held_capacity = Min(spill->held_capacity * 2, spill->max_held);
+			spill->held = repalloc_huge(spill->held, spill->held_capacity * sizeof(SpillPair));
+		}
+	}
+	if (spill->held != NULL)
+		spill->held[spill->n_held++] = pair;
+	else
+		write_pair(spill, &pair);
 }
 
 /* Reads the next pair of a batch's file; false at its end. */
@@ -88,14 +136,45 @@ spill_rewind(BufFile *file)
 				 errmsg("could not seek in a temporary file of a sharded join")));
 }
 
+/* The pairs of one batch: its file's, or (none in files: one batch of all queries) those held. */
+typedef struct BatchPairs
+{
+	const Spill *spill;
+	BufFile    *file;
+	int64		next;			/* of those held */
+} BatchPairs;
+
+static void
+batch_rewind(BatchPairs *b)
+{
+	if (b->file != NULL)
+		spill_rewind(b->file);
+	b->next = 0;
+}
+
+static bool
+batch_next(BatchPairs *b, SpillPair *pair)
+{
+	if (b->spill->held != NULL)
+	{
+		if (b->next == b->spill->n_held)
+			return false;
+		*pair = b->spill->held[b->next++];
+		return true;
+	}
+	return b->file != NULL && spill_get(b->file, pair);
+}
+
 /*
  * The merge of a spilled join into the tuplestore (or packed), batch by
  * batch: each source's pairs per query counted first (a shard's more than
  * k is an ERROR), then the batch's query rows in chunks whose pairs fit
- * the limit (16 bytes a pair in the lists, 16 in the merge), the file read
- * once per chunk: once, unless the batch holds more than its share (the
- * batches are at most SPILL_MAX_FILES, k is only a bound). Each chunk's
- * lists are each source's pairs of its queries in the order they came.
+ * the limit (16 bytes a pair in the lists, 16 in the merge; pairs held in
+ * memory took at most half of it, and a chunk of them at most the other
+ * half), the file read once per chunk: once, unless the batch holds more
+ * than its share (the batches are at most SPILL_MAX_FILES, k is only a
+ * bound). Each chunk's lists are each source's pairs of its queries in the
+ * order they came.
  */
 int64
 knn_shard_spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRows *packed)
@@ -106,29 +185,29 @@ knn_shard_spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRow
 	int64	  **counts = palloc(n_sources * sizeof(int64 *));
 	int64	  **fill = palloc(n_sources * sizeof(int64 *));
 	int64		rows = 0;
+	bool		in_files = knn_shard_spill_in_files(spill);
 
-	for (int64 b = 0; b < spill->n_batches; b++)
+	for (int64 b = 0; b < (in_files ? spill->n_batches : 1); b++)
 	{
-		int64		first = b * spill->per_run;
-		int64		n = Min(spill->per_run, spill->queries->n - first);
-		BufFile    *file = spill->files[b];
+		int64		first = in_files ? b * spill->per_run : 0;
+		int64		n = in_files ? Min(spill->per_run, spill->queries->n - first) : spill->queries->n;
+		BatchPairs	batch = {spill, in_files ? spill->files[b] : NULL, 0};
 		SpillPair	pair;
 
 		for (int s = 0; s < n_sources; s++)
 			counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-		if (file != NULL)
 		{
 			int64		counted = 0;
 
-			spill_rewind(file);
-			while (spill_get(file, &pair))
+			batch_rewind(&batch);
+			while (batch_next(&batch, &pair))
 			{
 				counts[pair.source][pair.row]++;
 				if (++counted % 65536 == 0)
 					CHECK_FOR_INTERRUPTS();
 			}
 		}
-		for (int s = 0; s < spill->n_shards; s++)
+		for (int s = 0; s < spill->n_shards && k >= 0; s++)
 			for (int64 q = 0; q < n; q++)
 				if (counts[s][q] > k)
 					ereport(ERROR,
@@ -165,21 +244,18 @@ knn_shard_spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRow
 				fill[s] = palloc_extended((r1 - r0) * sizeof(int64), MCXT_ALLOC_HUGE);
 				memcpy(fill[s], sources[s].offsets, (r1 - r0) * sizeof(int64));
 			}
-			if (file != NULL)
+			batch_rewind(&batch);
+			while (batch_next(&batch, &pair))
 			{
-				spill_rewind(file);
-				while (spill_get(file, &pair))
+				if (pair.row >= r0 && pair.row < r1)
 				{
-					if (pair.row >= r0 && pair.row < r1)
-					{
-						int64		at = fill[pair.source][pair.row - r0]++;
+					int64		at = fill[pair.source][pair.row - r0]++;
 
-						sources[pair.source].target_ids[at] = pair.target_id;
-						sources[pair.source].distances[at] = pair.distance;
-					}
-					if (++read % 65536 == 0)
-						CHECK_FOR_INTERRUPTS();
+					sources[pair.source].target_ids[at] = pair.target_id;
+					sources[pair.source].distances[at] = pair.distance;
 				}
+				if (++read % 65536 == 0)
+					CHECK_FOR_INTERRUPTS();
 			}
 			rows += knn_shard_merge(rsinfo, spill->queries->ids + first + r0, r1 - r0, sources,
 									n_sources, k, packed, NULL);
@@ -193,9 +269,10 @@ knn_shard_spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRow
 		}
 		for (int s = 0; s < n_sources; s++)
 			pfree(counts[s]);
-		if (file != NULL)
-			BufFileClose(file);
-		spill->files[b] = NULL;
+		if (batch.file != NULL)
+			BufFileClose(batch.file);
+		if (in_files)
+			spill->files[b] = NULL;
 	}
 	pfree(sources);
 	pfree(counts);

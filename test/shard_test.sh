@@ -895,7 +895,7 @@ BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM b
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_range_join_received(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
     n=$((n + c))
   done
   echo "$n"
@@ -995,6 +995,9 @@ cancel_in_the_middle() {
   check "no temporary table left on the shards after $what" 0 "$leftovers"
 }
 cancel_in_the_middle "knn_join's big join" "$BIG"
+# a range join's pairs are read as they arrive (knn_shard_spill.h): a cancel ends it too
+cancel_in_the_middle "a big knn_range_join" \
+  "SELECT count(*) FROM knn_range_join('SELECT id, v FROM big WHERE id <= 3000', 'SELECT id, v FROM big', 1000)"
 
 # A cancel, a statement_timeout, and shard 1's backend ending while the
 # shards read their targets ahead (shard 1 waits for a lock on big_1
@@ -1333,9 +1336,12 @@ check "... the memory does not grow, nothing is held here or on the shards, the 
 # one batch at a time: the same rows in the same order as the whole join
 # and as one server, through the tuplestore (direct return too), no
 # temporary file left. The KNN Join node holds its whole result: past the
-# limit it ends with ERROR 54000 (with a LIMIT before anything is shipped;
-# a radius as the shards' rows pass it).
+# limit it ends with ERROR 54000 as the shards' rows pass it (a LIMIT
+# counts only the rows that came: one past the table asks for the table).
 sql 0 <<'EOF'
+-- peak_mb(): this backend's peak memory (VmHWM), in MB
+CREATE FUNCTION peak_mb() RETURNS bigint LANGUAGE sql AS
+  $$ SELECT (regexp_match(pg_read_file('/proc/self/status'), 'VmHWM:\s+(\d+) kB'))[1]::bigint / 1024 $$;
 -- batched(SHARDED, ONE_SERVER): "N rows, B batches, batched = whole, whole = one server"
 CREATE FUNCTION batched(sharded text, single text) RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -1385,6 +1391,25 @@ batched "max_result_memory: halfvec, in a target list" \
 batched "max_result_memory: the packed form called value per call" \
   "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_r', 300, 'l2', false, 'auto')" \
   "SELECT knn_join_packed('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 300, 'l2', false, 'auto')" 6
+# knn_range_join has no bound but the limit: the shards' pairs are read as
+# they arrive, held while they fit, then in temporary files per batch
+batched "max_result_memory: knn_range_join, no cap" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_h', 5.0)" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 5.0)" 265774
+batched "max_result_memory: knn_range_join, k = 300, l1, exclude_self, a partition read here" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_r', 9.0, 'l1', true, 300)" \
+  "SELECT * FROM knn_range_join('SELECT id, v FROM items_all', 'SELECT id, v FROM items_all', 9.0, 'l1', true, 300)" 89862
+out=$(sql 0 2>&1 <<'EOF'
+SELECT count(*) FROM knn_range_join('SELECT id, v FROM big_here WHERE id <= 1', 'SELECT id, v FROM big', 1000);
+SELECT peak_mb() AS before \gset
+SET knn_gpu.max_result_memory = 1;
+SELECT 'pairs:' || count(*) FROM knn_range_join('SELECT id, v FROM big_here WHERE id <= 50', 'SELECT id, v FROM big', 1000);
+SELECT 'batches:' || (knn_gpu_last_shard_stats()->>'merge_batches');
+SELECT 'grew less than 32 MB:' || (peak_mb() - :before < 32);
+EOF
+)
+check "max_result_memory: knn_range_join of 1500000 pairs within 1 MB: the shards' pairs not held" \
+  "$(printf 'pairs:1500000\nbatches:50\ngrew less than 32 MB:true')" "$(echo "$out" | grep -E '^(ERROR|pairs|batches|grew)')"
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
 check "max_result_memory: no temporary file left" "temporary files:0" "$out"
 out=$(sql 0 2>&1 <<'EOF'
@@ -1435,6 +1460,54 @@ check_has "max_result_memory: a cancel ends the local part's writing at once (${
 check "... within a second" 1 "$([ "$ms" -lt 1000 ] && echo 1 || echo 0)"
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
 check "... no temporary file left" "temporary files:0" "$out"
+
+# The node's bound is the rows it can return, counted as they arrive: a
+# LIMIT past the table (a way to say "all"), with an OFFSET, returns within
+# 1 MB the same rows in the same order as without the limit and as one
+# server (21 x 1099 rows; 21 x 1000002 x 16 bytes were it the LIMIT's).
+ALL_ROWS="SELECT count(*) || ' rows ' || md5(string_agg(format('%s:%s:%s', qid, id, d), ' ')) FROM
+  (SELECT q.id AS qid, n.id, n.d FROM (SELECT * FROM q WHERE id < 500) q CROSS JOIN LATERAL
+   (SELECT t.id, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v, t.id LIMIT 1000000 OFFSET 2) n) r"
+out=$(sql 0 -v "s=${ALL_ROWS//TBL/items_h}" -v "r=${ALL_ROWS//TBL/items_all}" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SET knn_gpu.max_result_memory = 1;
+SELECT (:s) AS limited \gset
+SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()->'shards');
+RESET knn_gpu.max_result_memory;
+SELECT (:s) AS whole \gset
+SELECT (:r) AS single \gset
+SELECT 'rows:' || :'limited';
+SELECT 'limited = whole:' || (:'limited' = :'whole') || ', whole = one server:' || (:'whole' = :'single');
+EOF
+)
+check "max_result_memory: the KNN Join node, a LIMIT past the table: its rows within 1 MB, = without the limit, = one server" \
+  "$(printf 'shards:2\nrows:23079 rows\nlimited = whole:true, whole = one server:true')" \
+  "$(echo "$out" | sed 's/^\(rows:[0-9]* rows\) .*/\1/' | grep -E '^(ERROR|shards|rows|limited)')"
+
+# The node reads the shards' rows as they arrive, never a shard's whole
+# answer at once: a radius or WITH TIES answer past the limit (100 x 30000
+# rows) ends with ERROR 54000 while the coordinator's peak memory (VmHWM)
+# stays small, and the shards' work stops.
+for name in radius "WITH TIES"; do
+  form="WHERE t.v <-> q.v < 1000 ORDER BY t.v <-> q.v"
+  [ "$name" = radius ] || form="ORDER BY t.v <-> q.v FETCH FIRST 100000 ROWS WITH TIES"
+  out=$(sql 0 2>&1 <<EOF
+\set ON_ERROR_STOP 0
+SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 1) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t $form) n;
+SELECT peak_mb() AS before \gset
+SET knn_gpu.max_result_memory = 1;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 100) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t $form) n;
+\set VERBOSITY default
+SELECT 'grew less than 32 MB:' || (peak_mb() - :before < 32);
+EOF
+)
+  check "max_result_memory: the node's answer past the limit, $name: ERROR 54000, the shards' rows not held" \
+    "$(printf 'ERROR:  54000\ngrew less than 32 MB:true')" "$(echo "$out" | grep -E '^(ERROR|grew)')"
+  check "... the shards stopped" 0 "$(active_on_shards)"
+done
 
 # ---- a shard's hostile answers ----
 # A shard is a server the user mapping reaches, not a trusted one: every
