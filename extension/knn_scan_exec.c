@@ -25,7 +25,9 @@
  *    inner row its WHERE keeps, so those that meet such a row (of their
  *    group, with another key; never under LIMIT 0 or for an empty inner
  *    relation). Its errors are the expression's own; the other outer rows
- *    have no rows to return anyway.
+ *    have no rows to return anyway. (All before the first row is returned,
+ *    like every outer row's reading: where a LIMIT above the join stops the
+ *    nested loop early, PostgreSQL never computes a later row's.)
  *  - LIMIT NULL means all rows; a negative LIMIT or OFFSET is the same
  *    error as the Limit node's; LIMIT 0 reads no inner rows. OFFSET n skips
  *    the first n rows of each outer row (the engine is asked for n + k).

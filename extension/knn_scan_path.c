@@ -26,6 +26,7 @@
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
 #include "nodes/nodeFuncs.h"
+#include "optimizer/clauses.h"
 #include "optimizer/cost.h"
 #include "optimizer/optimizer.h"
 #include "optimizer/pathnode.h"
@@ -431,14 +432,9 @@ try_plain_radius_join(PlannerInfo *root, RelOptInfo *joinrel, RelOptInfo *outerr
 	add_path(joinrel, &kp->cpath.path);
 }
 
-/*
- * The table the subquery scans, as its planning saw it, for costs and
- * indexes: its one base relation (a view or a subquery in FROM over one
- * table is pulled up into it; one that is not is descended into). NULL if
- * there is no single one.
- */
+/* The one base relation of a planning, or NULL. */
 static RelOptInfo *
-scanned_relation(PlannerInfo *subroot)
+single_base_relation(PlannerInfo *subroot)
 {
 	RelOptInfo *found = NULL;
 
@@ -452,11 +448,168 @@ scanned_relation(PlannerInfo *subroot)
 			return NULL;
 		found = rel;
 	}
+	return found;
+}
+
+/*
+ * The table the subquery scans, as its planning saw it, for costs and
+ * indexes: its one base relation (a view or a subquery in FROM over one
+ * table is pulled up into it; one that is not is descended into). NULL if
+ * there is no single one.
+ */
+static RelOptInfo *
+scanned_relation(PlannerInfo *subroot)
+{
+	RelOptInfo *found = single_base_relation(subroot);
+
 	if (found != NULL && found->rtekind == RTE_SUBQUERY && found->subroot != NULL)
 		return scanned_relation(found->subroot);
 	if (found == NULL || found->rtekind != RTE_RELATION || found->cheapest_total_path == NULL)
 		return NULL;
 	return found;
+}
+
+/* A condition of a scan, with what orders it (order_qual_clauses). */
+typedef struct ScanCondition
+{
+	RestrictInfo *rinfo;
+	Index		security_level;
+	Cost		cost;
+} ScanCondition;
+
+/*
+ * A scan's conditions in the order its plan evaluates them, as
+ * order_qual_clauses (createplan.c) sorts them: by security level (a cheap
+ * leakproof one counts as level 0), then by cost, keeping the list's order
+ * among equals.
+ */
+static ScanCondition *
+evaluation_order(PlannerInfo *subroot, List *restrictinfo)
+{
+	ScanCondition *order = palloc(sizeof(ScanCondition) * Max(1, list_length(restrictinfo)));
+	int			n = 0;
+	ListCell   *lc;
+
+	foreach(lc, restrictinfo)
+	{
+		ScanCondition item;
+		QualCost	cost;
+		int			j;
+
+		item.rinfo = lfirst_node(RestrictInfo, lc);
+		cost_qual_eval_node(&cost, (Node *) item.rinfo, subroot);
+		item.cost = cost.per_tuple;
+		item.security_level = item.rinfo->leakproof && item.cost < 10 * cpu_operator_cost ?
+			0 : item.rinfo->security_level;
+		for (j = n; j > 0; j--)
+		{
+			if (item.security_level > order[j - 1].security_level ||
+				(item.security_level == order[j - 1].security_level &&
+				 item.cost >= order[j - 1].cost))
+				break;
+			order[j] = order[j - 1];
+		}
+		order[j] = item;
+		n++;
+	}
+	return order;
+}
+
+/*
+ * Does the scan apply an equality on the outer row before its filters: as
+ * an index condition (a column of an index; of a child's too, for a
+ * parent of others) or by pruning partitions? (Whether the plan does is a
+ * matter of costs: assumed so.)
+ */
+static bool
+outer_equality_applied_first(PlannerInfo *subroot, RelOptInfo *rel, List *outer_params)
+{
+	bool		has_children = planner_rt_fetch(rel->relid, subroot)->inh;
+	ListCell   *lc;
+
+	foreach(lc, rel->baserestrictinfo)
+	{
+		Expr	   *clause = lfirst_node(RestrictInfo, lc)->clause;
+		OpExpr	   *op = (OpExpr *) clause;
+		ListCell   *arg;
+
+		if (!IsA(op, OpExpr) || list_length(op->args) != 2 ||
+			!contain_exec_param((Node *) clause, outer_params) ||
+			!op_hashjoinable(op->opno, exprType(linitial(op->args))))
+			continue;
+		if (has_children)
+			return true;
+		foreach(arg, op->args)
+		{
+			Var		   *var = (Var *) lfirst(arg);
+			ListCell   *ix;
+
+			while (var != NULL && IsA(var, RelabelType))
+				var = (Var *) ((RelabelType *) var)->arg;
+			if (var == NULL || !IsA(var, Var))
+				continue;
+			foreach(ix, rel->indexlist)
+			{
+				IndexOptInfo *index = lfirst_node(IndexOptInfo, ix);
+
+				for (int c = 0; c < index->ncolumns; c++)
+					if (index->indexkeys[c] == var->varattno)
+						return true;
+			}
+		}
+	}
+	return false;
+}
+
+/* The parameters a lateral subquery's planning reads the outer row through. */
+static List *
+outer_row_params(RelOptInfo *subquery_rel)
+{
+	List	   *ids = NIL;
+	ListCell   *lc;
+
+	foreach(lc, subquery_rel->subplan_params)
+		ids = lappend_int(ids, lfirst_node(PlannerParamItem, lc)->paramId);
+	return ids;
+}
+
+/*
+ * PostgreSQL's plan of the subquery evaluates its conditions for each outer
+ * row in evaluation_order, after the ones an index or the partitioning
+ * applies, and those of a view it does not pull up (a security barrier)
+ * before the ones above it. The node's inner scan evaluates the conditions
+ * that do not refer to the outer row for every row of the relation
+ * (knn_scan_plan.c). So one that may fail for some row (contain_leaked_vars:
+ * a function that is not leakproof) must come before every condition on
+ * the outer row (a group equality, self-exclusion or radius): after one,
+ * PostgreSQL evaluates it only for the rows that condition keeps, and it
+ * would fail here alone (review r15exprrev). outer_params: the outer row's
+ * parameters; *outer_seen: a condition on the outer row came before.
+ */
+static bool
+inner_conditions_come_first(PlannerInfo *subroot, List *outer_params, bool *outer_seen)
+{
+	RelOptInfo *rel = single_base_relation(subroot);
+	ScanCondition *order;
+
+	if (rel == NULL)
+		return true;
+	if (rel->rtekind == RTE_SUBQUERY && rel->subroot != NULL &&
+		!inner_conditions_come_first(rel->subroot, outer_params, outer_seen))
+		return false;
+	if (rel->rtekind == RTE_RELATION && outer_equality_applied_first(subroot, rel, outer_params))
+		*outer_seen = true;
+	order = evaluation_order(subroot, rel->baserestrictinfo);
+	for (int i = 0; i < list_length(rel->baserestrictinfo); i++)
+	{
+		Node	   *clause = (Node *) order[i].rinfo->clause;
+
+		if (contain_exec_param(clause, outer_params))
+			*outer_seen = true;
+		else if (*outer_seen && contain_leaked_vars(clause))
+			return knn_scan_reject("a condition of the subquery's WHERE that may fail (a function that is not leakproof) comes after one on the outer row, which PostgreSQL evaluates first (the cheaper one, or an equality an index or the partitioning applies)");
+	}
+	return true;
 }
 
 static void
@@ -469,6 +622,7 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 	Path	   *outer_path;
 	KnnJoinPath *kp;
 	bool		approximate;
+	bool		outer_seen = false;
 
 	if (prev_join_pathlist_hook)
 		prev_join_pathlist_hook(root, joinrel, outerrel, innerrel, jointype, extra);
@@ -517,6 +671,8 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		knn_scan_reject("the subquery's planning has no single table to scan");
 		return;
 	}
+	if (!inner_conditions_come_first(innerrel->subroot, outer_row_params(innerrel), &outer_seen))
+		return;
 	approximate = has_approximate_index(target_rel, kp);
 	if (approximate && !knn_gpu_exact_over_index)
 	{

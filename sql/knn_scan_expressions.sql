@@ -351,4 +351,117 @@ SELECT * FROM pg_temp.knn_check($$
 	                    ORDER BY t.v <-> q.v::vector(3), t.id) n
 	WHERE q.ok $$);
 
+--
+-- 5. Other expressions of the outer row: each the node's, returning or
+-- failing as PostgreSQL's plan does.
+--
+-- a domain with a check (the check fails for qn 13's 2 dimensions)
+CREATE DOMAIN pg_temp.knn_expr_3d AS vector CHECK (vector_dims(VALUE) = 3);
+SELECT * FROM pg_temp.knn_errors($$
+	SELECT q.qn, n.id FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                    ORDER BY t.v <-> q.v::pg_temp.knn_expr_3d, t.id LIMIT 3) n $$);
+-- the whole row passed to a function, a system column, a field of a
+-- composite, a polymorphic function
+CREATE FUNCTION pg_temp.doubled(r knn_expr_queries) RETURNS vector LANGUAGE plpgsql IMMUTABLE AS
+$$ BEGIN RETURN r.w + r.w; END $$;
+CREATE FUNCTION pg_temp.same(x anyelement) RETURNS anyelement LANGUAGE plpgsql IMMUTABLE AS
+$$ BEGIN RETURN x; END $$;
+CREATE TYPE pg_temp.knn_expr_pair AS (a vector, b vector);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> pg_temp.doubled(q) AS dist FROM knn_expr_items t
+	                    ORDER BY t.v <-> pg_temp.doubled(q), t.id LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> CASE WHEN q.ctid > '(0,20)' THEN q.w END AS dist
+	                    FROM knn_expr_items t
+	                    ORDER BY t.v <-> CASE WHEN q.ctid > '(0,20)' THEN q.w END, t.id LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> (ROW(q.w, q.v)::pg_temp.knn_expr_pair).a AS dist
+	                    FROM knn_expr_items t
+	                    ORDER BY t.v <-> (ROW(q.w, q.v)::pg_temp.knn_expr_pair).a, t.id LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> pg_temp.same(q.w) AS dist FROM knn_expr_items t
+	                    ORDER BY t.v <-> pg_temp.same(q.w), t.id LIMIT 3) n $$);
+-- computed from another KNN Join's rows
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn * 10000 + m.id AS qid, n.id AS nid, n.dist
+	FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v FROM knn_expr_items t
+	                    ORDER BY t.v <-> q.w, t.id LIMIT 2) m
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> (q.w + m.v) AS dist FROM knn_expr_items t
+	                    ORDER BY t.v <-> (q.w + m.v), t.id LIMIT 2) n $$);
+-- a halfvec column against a vector query vector: PostgreSQL casts the
+-- query vector (an expression); a vector column against a halfvec one:
+-- PostgreSQL casts the column (PostgreSQL's plan)
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.h <-> q.w AS dist FROM knn_expr_items t
+	                    ORDER BY t.h <-> q.w, t.id LIMIT 3) n $$);
+SELECT pg_temp.knn_uses_join($$
+	SELECT q.qn, n.id FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                    ORDER BY t.v <-> q.w::halfvec(3), t.id LIMIT 3) n $$) AS vector_column_halfvec_query;
+-- rescanned in a correlated subquery: only the outer rows each run reaches
+SELECT * FROM pg_temp.knn_errors($$
+	SELECT s.m, (SELECT sum(n.id) FROM knn_expr_queries q
+	             CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                                 ORDER BY t.v <-> pg_temp.fails_from_30(q.w, q.qn), t.id LIMIT 2) n
+	             WHERE q.qn <= s.m + 20)
+	FROM generate_series(0, 9, 3) s(m) $$);
+SELECT * FROM pg_temp.knn_errors($$
+	SELECT s.m, (SELECT sum(n.id) FROM knn_expr_queries q
+	             CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                                 ORDER BY t.v <-> pg_temp.fails_from_30(q.w, q.qn), t.id LIMIT 2) n
+	             WHERE q.qn <= s.m + 20)
+	FROM generate_series(0, 12, 3) s(m) $$);
+-- a generic plan (prepared with the node on, then off): a negative LIMIT
+-- is the Limit node's error, before any expression; a NULL radius still
+-- computes it, as PostgreSQL's scan does
+CREATE FUNCTION pg_temp.knn_errors_generic(statement text, arguments text)
+RETURNS TABLE (node_on boolean, error_on text, error_off text) LANGUAGE plpgsql AS $$
+DECLARE
+	saved text := current_setting('knn_gpu.enable_knn_join');
+	saved_mode text := current_setting('plan_cache_mode');
+BEGIN
+	PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+	PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+	EXECUTE 'PREPARE knn_expr_generic AS ' || statement;
+	node_on := pg_temp.knn_uses_join('EXECUTE knn_expr_generic' || arguments);
+	error_on := pg_temp.error_of('EXECUTE knn_expr_generic' || arguments);
+	DEALLOCATE knn_expr_generic;
+	PERFORM set_config('knn_gpu.enable_knn_join', 'off', true);
+	EXECUTE 'PREPARE knn_expr_generic AS ' || statement;
+	error_off := pg_temp.error_of('EXECUTE knn_expr_generic' || arguments);
+	DEALLOCATE knn_expr_generic;
+	IF error_off = error_on THEN
+		error_off := 'same';
+	END IF;
+	PERFORM set_config('knn_gpu.enable_knn_join', saved, true);
+	PERFORM set_config('plan_cache_mode', saved_mode, true);
+	RETURN NEXT;
+END $$;
+SELECT * FROM pg_temp.knn_errors_generic($$
+	SELECT q.qn, n.id FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                    ORDER BY t.v <-> pg_temp.fails_from_30(q.w, q.qn), t.id LIMIT $1::int) n $$, '(-1)');
+SELECT * FROM pg_temp.knn_errors_generic($$
+	SELECT q.qn, n.id FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                    ORDER BY t.v <-> pg_temp.fails_from_30(q.w, q.qn), t.id LIMIT $1::int) n $$, '(0)');
+SELECT * FROM pg_temp.knn_errors_generic($$
+	SELECT q.qn, n.id FROM knn_expr_queries q
+	CROSS JOIN LATERAL (SELECT t.id FROM knn_expr_items t
+	                    WHERE t.v <-> pg_temp.fails_from_30(q.w, q.qn) < $1::float8
+	                    ORDER BY t.v <-> pg_temp.fails_from_30(q.w, q.qn), t.id) n $$, '(NULL)');
+DROP FUNCTION pg_temp.doubled(knn_expr_queries);
+
 DROP TABLE knn_expr_items, knn_expr_queries, knn_expr_empty;

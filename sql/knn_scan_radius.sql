@@ -93,12 +93,14 @@ SELECT * FROM pg_temp.knn_check($$
 	                    WHERE t.v <-> q.v <= -1 ORDER BY t.v <-> q.v, t.id) n $$);
 
 -- exclude_self, a filter on the inner relation, LEFT JOIN (rows without
--- neighbours within the radius kept with NULLs).
+-- neighbours within the radius kept with NULLs). (The filter cannot fail:
+-- one that may, after the cheaper t.id <> q.id, keeps PostgreSQL's plan,
+-- knn_scan_shapes.)
 SELECT * FROM pg_temp.knn_check($$
 	SELECT q.qn AS qid, n.id AS nid, n.dist
 	FROM knn_radius_queries q
 	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_radius_items t
-	                    WHERE t.v <-> q.v <= 1.5 AND t.id <> q.id AND t.id % 2 = 0
+	                    WHERE t.v <-> q.v <= 1.5 AND t.id <> q.id AND t.id > 250
 	                    ORDER BY t.v <-> q.v, t.id) n $$);
 SELECT * FROM pg_temp.knn_check($$
 	SELECT q.qn AS qid, n.id AS nid, n.dist

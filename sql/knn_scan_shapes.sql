@@ -593,6 +593,47 @@ SELECT * FROM pg_temp.knn_check($$
 	CROSS JOIN LATERAL (SELECT t.id, t.twice, t.v <-> q.v AS dist FROM knn_shapes_view_cheap t
 	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
 DROP VIEW knn_shapes_view_cheap, knn_shapes_view_costly;
+-- A condition of the WHERE on the relation alone that may fail (a function
+-- that is not leakproof), which PostgreSQL evaluates after a cheaper one on
+-- the outer row -- a group equality, a radius, a self-exclusion -- and so
+-- only for the rows that one keeps, where the node's inner scan would
+-- evaluate it for every row (review r15exprrev): here each fails for a
+-- far row that no query's group or radius reaches
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.tag = q.tag AND pg_temp.fails_far(t.id) > 0
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.v <-> q.v < 3 AND pg_temp.fails_far(t.id) > 0
+	                    ORDER BY t.v <-> q.v, t.id) n $$);
+-- ... also a view's own condition, which joins the subquery's WHERE
+CREATE TEMP VIEW knn_shapes_view_checked AS
+	SELECT id, v, tag FROM knn_shapes_items WHERE pg_temp.fails_far(id) > 0;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_view_checked t
+	                    WHERE t.tag = q.tag ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+DROP VIEW knn_shapes_view_checked;
+-- ... while one that cannot fail (leakproof), or that PostgreSQL evaluates
+-- first (cheaper than the radius), is evaluated for the same rows: the node
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.tag = q.tag AND t.id < 3500 AND t.tag <> 'c'
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.v <-> q.v < 3 AND t.tag NOT LIKE 'x%'
+	                    ORDER BY t.v <-> q.v, t.id) n $$);
 -- An OFFSET past every row: no rows (not the node's limit of rows per outer row)
 SELECT pg_temp.knn_uses_join($$SELECT q.qn, n.id FROM knn_shapes_queries q
 	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 5 OFFSET 3000000000) n$$) AS node,
