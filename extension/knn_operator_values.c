@@ -59,6 +59,8 @@
 #define KNN_RANGE_SLICE 4096
 /* Slots (queries x k) of one slice of a capped range join. */
 #define KNN_CAPPED_SLICE_SLOTS (1 << 20)
+/* Queries of a capped range join sampled to choose how it runs (at most). */
+#define KNN_CAPPED_SAMPLE 16
 /* Squared norms below this (and above 0) make the cosine bound unsafe. */
 #define KNN_COSINE_TINY_NORM2 0x1p-100
 
@@ -312,6 +314,13 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 								 qn2) > kth;
 }
 
+/* How many candidates per query the first engine run ranks. */
+static int64
+first_candidates(int32 k, const KnnMatrix *targets)
+{
+	return Min(targets->n, (int64) k + Max(KNN_EXTRA_MIN, k));
+}
+
 void
 knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 						const KnnMatrix *queries, const KnnMatrix *targets,
@@ -323,7 +332,7 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 	OperatorArgument targ;
 	int64	   *open = palloc(sizeof(int64) * Max(1, queries->n));	/* unproven query rows */
 	int64		n_open = queries->n;
-	int64		candidates = Min(targets->n, (int64) k + Max(KNN_EXTRA_MIN, k));
+	int64		candidates = first_candidates(k, targets);
 	float	   *qbuffer = palloc(sizeof(float) * Max(1, queries->dim));
 	bool		first = true;
 
@@ -399,8 +408,12 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
  * (the largest is used: the widest margin); cosine with a tiny norm, and a
  * radius that is not finite, have no such r': every pair is a candidate.
  * With a cap of k pairs per query the first k by P within the radius are
- * the first k by P of all (those within it come first), so the k best by
- * the operator (knn_operator_values_run) are filtered instead.
+ * the first k by P of all (those within it come first): either the
+ * candidates are streamed as above and each query's first k kept, or the
+ * k best by the operator (knn_operator_values_run) are filtered. The first
+ * asks the operator once per candidate, the second a number per query
+ * that does not shrink with the radius (about 2 k): capped_by_streaming
+ * chooses.
  */
 
 /* PostgreSQL's float8 comparison: NaN is above every number and equal to itself. */
@@ -478,7 +491,7 @@ typedef struct RangeByOperator
 	OperatorArgument targ;
 	double		radius;
 	bool		inclusive;
-	int64		cap;			/* pairs per query, 0 = all */
+	int64		cap;			/* pairs kept per query, 0 = all */
 	KnnPairSink sink;
 	void	   *sink_arg;
 	int64		query;			/* the buffered pairs' query, -1 = none yet */
@@ -548,13 +561,73 @@ take_candidates(void *arg, const int64 *query_rows, const int64 *target_rows,
 			continue;
 		if (r->n_pairs == r->capacity)
 		{
-			r->capacity *= 2;
-			r->pairs = repalloc_huge(r->pairs, sizeof(RankedTarget) * r->capacity);
+			/* a capped query keeps its best cap pairs only: memory of a few cap */
+			if (r->cap > 0 && r->n_pairs >= 2 * r->cap)
+			{
+				qsort(r->pairs, r->n_pairs, sizeof(RankedTarget), ranked_compare);
+				r->n_pairs = r->cap;
+			}
+			else
+			{
+				r->capacity *= 2;
+				r->pairs = repalloc_huge(r->pairs, sizeof(RankedTarget) * r->capacity);
+			}
 		}
 		r->pairs[r->n_pairs].value = value;
 		r->pairs[r->n_pairs].row = target_rows[i];
 		r->n_pairs++;
 	}
+}
+
+/*
+ * Whether a capped range join (problem->k > 0) streams its candidates within
+ * the candidate radius: yes when each query of a sample spread over all has
+ * fewer than half as many candidates within it as ranking would take (a
+ * small radius: a few each), so that streaming asks the operator at most
+ * about half as often, and its engine's work shrinks with the radius too.
+ * The engine ranks the sample's first candidates, a small part of what
+ * ranking every query costs (its statistics into sample_stats, *sampled
+ * set). Fewer than 4 times the sample's queries are ranked unsampled.
+ */
+static bool
+capped_by_streaming(const KnnProblem *problem, const KnnMatrix *queries,
+					const KnnMatrix *targets, double candidate_radius, KnnStats *sample_stats,
+					bool *sampled)
+{
+	const int64 ranked = first_candidates((int32) Min((int64) problem->k, targets->n), targets);
+	const int64 n = Min(KNN_CAPPED_SAMPLE, Max(1, KNN_CAPPED_SLICE_SLOTS / ranked));
+	KnnProblem	sample;
+	int64	   *which;
+	int64	   *rows;
+	double	   *canonical;
+	bool		few = true;
+
+	if (isnan(candidate_radius) || queries->n < 4 * n)
+		return false;
+	which = palloc(sizeof(int64) * n);
+	for (int64 i = 0; i < n; i++)
+		which[i] = i * queries->n / n;
+	knn_problem_gather_queries(&sample, problem, queries->row_bytes, which, n);
+	sample.range = KNN_RANGE_NONE;
+	sample.max_distance = 0;
+	sample.k = (int32) ranked;
+	rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * n * ranked);
+	canonical = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * n * ranked);
+	knn_run_problem(&sample, rows, canonical, sample_stats);
+	*sampled = true;
+	/* candidates in (canonical value, row) order: is the middle one within? */
+	for (int64 i = 0; i < n; i++)
+	{
+		const int64 middle = i * ranked + (ranked - 1) / 2;
+
+		if (rows[middle] >= 0 && !(canonical[middle] > candidate_radius))
+			few = false;
+	}
+	knn_problem_free_gathered(&sample);
+	pfree(which);
+	pfree(rows);
+	pfree(canonical);
+	return few;
 }
 
 /*
@@ -624,6 +697,8 @@ knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
 	ValueBound	bound;
 	RangeByOperator r;
 	double		radius;
+	KnnStats	sample_stats;
+	bool		sampled = false;
 
 	Assert(problem->range != KNN_RANGE_NONE);
 	ov->operator_calls = 0;
@@ -633,13 +708,16 @@ knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
 		memset(stats, 0, sizeof(*stats));
 		return;
 	}
-	if (problem->k > 0)
-	{
-		capped_range(ov, problem, queries, targets, sink, sink_arg, stats);
-		return;
-	}
 	bound_init(&bound, ov->metric, targets);
 	radius = candidate_radius(&bound, queries, problem->max_distance);
+	if (problem->k > 0 &&
+		!capped_by_streaming(problem, queries, targets, radius, &sample_stats, &sampled))
+	{
+		capped_range(ov, problem, queries, targets, sink, sink_arg, stats);
+		if (sampled)
+			knn_stats_add(stats, &sample_stats, false);
+		return;
+	}
 	candidates.range = KNN_RANGE_AT_MOST;
 	candidates.max_distance = radius;
 	candidates.k = 0;
@@ -654,6 +732,7 @@ knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
 	r.inclusive = problem->range == KNN_RANGE_AT_MOST;
 	r.sink = sink;
 	r.sink_arg = sink_arg;
+	r.cap = problem->k;
 	r.query = -1;
 	r.capacity = 1024;
 	r.pairs = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(RankedTarget) * r.capacity);
@@ -662,8 +741,10 @@ knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
 	r.values = palloc(sizeof(double) * KNN_RANGE_SLICE);
 	knn_run_range_problem(&candidates, take_candidates, &r, stats);
 	flush_query(&r);
-	elog(DEBUG1, "knn_gpu: radius by pgvector's operator: candidates within %g, %lld operator calls",
-		 radius, (long long) ov->operator_calls);
+	if (sampled)
+		knn_stats_add(stats, &sample_stats, false);
+	elog(DEBUG1, "knn_gpu: radius by pgvector's operator: candidates within %g, %lld operator calls, the first %d of each query kept (0 = all)",
+		 radius, (long long) ov->operator_calls, problem->k);
 	pfree(r.pairs);
 	pfree(r.query_rows);
 	pfree(r.target_rows);
