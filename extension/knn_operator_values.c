@@ -55,10 +55,14 @@
 
 /* Candidates beyond k in the first engine run: max(kExtraMin, k). */
 #define KNN_EXTRA_MIN 16
+/* The fewest candidates a capped join's first engine run within a radius asks for. */
+#define KNN_RADIUS_FIRST_CANDIDATES 32
 /* Pairs handed to a range join's sink at a time. */
 #define KNN_RANGE_SLICE 4096
 /* Slots (queries x k) of one slice of a capped range join. */
 #define KNN_CAPPED_SLICE_SLOTS (1 << 20)
+/* Queries of a capped range join sampled to choose how it runs (at most). */
+#define KNN_CAPPED_SAMPLE 16
 /* Squared norms below this (and above 0) make the cosine bound unsafe. */
 #define KNN_COSINE_TINY_NORM2 0x1p-100
 
@@ -272,19 +276,24 @@ ranked_compare(const void *pa, const void *pb)
 /*
  * Ranks the candidates of one query by the operator into out_rows /
  * out_values (k slots); returns true when they are proven to be its k best.
+ * With a candidate radius (not NaN; a capped range join's, see below) only
+ * the candidates within it are ranked: the k best within the radius are
+ * then proven when a candidate beyond it was handed over.
  */
 static bool
 rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qarg,
 		   OperatorArgument *targ, const KnnMatrix *queries, int64 q, const KnnMatrix *targets,
-		   int32 candidates, const int64 *rows, const double *canonical, int32 k,
-		   RankedTarget *scratch, int64 *out_rows, double *out_values, float *qbuffer)
+		   int32 candidates, const int64 *rows, const double *canonical,
+		   double candidate_radius, int32 k, RankedTarget *scratch, int64 *out_rows,
+		   double *out_values, float *qbuffer)
 {
 	Datum		qdatum = argument_row(qarg, queries, q);
 	int32		real = 0;
 	double		kth;
 	double		qn2 = 0;
 
-	for (int32 c = 0; c < candidates && rows[c] >= 0; c++)
+	/* (candidates come by canonical value: those after one beyond are beyond) */
+	for (int32 c = 0; c < candidates && rows[c] >= 0 && !(canonical[c] > candidate_radius); c++)
 	{
 		Datum		v = FunctionCall2Coll(&ov->function, ov->collation, qdatum,
 										  argument_row(targ, targets, rows[c]));
@@ -302,20 +311,39 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 		out_rows[r] = r < real ? scratch[r].row : -1;
 		out_values[r] = r < real ? scratch[r].value : get_float8_nan();
 	}
-	/* Fewer than asked for: every eligible target was a candidate. */
+	/*
+	 * Fewer than asked for: every eligible target (within the candidate
+	 * radius) was a candidate.
+	 */
 	if (real < candidates)
 		return true;
-	kth = scratch[Min(k, real) - 1].value;
+	/* fewer candidates than k (a first run within a radius): more are needed */
+	if (real < k)
+		return false;
+	kth = scratch[k - 1].value;
 	if (bound->metric == KNN_METRIC_IP || bound->metric == KNN_METRIC_COSINE)
 		qn2 = squared_norm(row_floats(queries, q, qbuffer), queries->dim);
 	return lowest_operator_value(bound, canonical[candidates - 1], sqrt(qn2) * (1 + 0x1p-30),
 								 qn2) > kth;
 }
 
-void
-knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
-						const KnnMatrix *queries, const KnnMatrix *targets,
-						int64 *neighbors, double *distances, KnnStats *stats)
+/* How many candidates per query the first engine run ranks. */
+static int64
+first_candidates(int32 k, const KnnMatrix *targets)
+{
+	return Min(targets->n, (int64) k + Max(KNN_EXTRA_MIN, k));
+}
+
+/*
+ * knn_operator_values_run from a first engine run of `candidates` a query
+ * (fewer than first_candidates only with a candidate radius), ranking only
+ * the candidates within candidate_radius when it is not NaN. Adds to ov's
+ * counts.
+ */
+static void
+rank_by_operator(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *queries,
+				 const KnnMatrix *targets, double candidate_radius, int64 candidates,
+				 int64 *neighbors, double *distances, KnnStats *stats)
 {
 	const int32 k = problem->k;
 	ValueBound	bound;
@@ -323,12 +351,10 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 	OperatorArgument targ;
 	int64	   *open = palloc(sizeof(int64) * Max(1, queries->n));	/* unproven query rows */
 	int64		n_open = queries->n;
-	int64		candidates = Min(targets->n, (int64) k + Max(KNN_EXTRA_MIN, k));
+	const int64 ranked = first_candidates(k, targets);
 	float	   *qbuffer = palloc(sizeof(float) * Max(1, queries->dim));
 	bool		first = true;
 
-	ov->operator_calls = 0;
-	ov->queries_completed = 0;
 	bound_init(&bound, ov->metric, targets);
 	argument_init(&qarg, queries);
 	argument_init(&targ, targets);
@@ -363,8 +389,9 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 			if ((i & 255) == 0)
 				CHECK_FOR_INTERRUPTS();
 			if (!rank_query(ov, &bound, &qarg, &targ, queries, q, targets, (int32) candidates,
-							rows + i * candidates, canonical + i * candidates, k, scratch,
-							neighbors + q * k, distances + q * k, qbuffer) &&
+							rows + i * candidates, canonical + i * candidates,
+							candidate_radius, k, scratch, neighbors + q * k, distances + q * k,
+							qbuffer) &&
 				!complete)
 				open[still_open++] = q;
 			else if (!first)
@@ -376,15 +403,28 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
 		if (!first)
 			knn_problem_free_gathered(&run);
 		n_open = still_open;
-		candidates = Min(targets->n, candidates * 4);
+		/* four times as many, the first ranking's number on the way */
+		candidates = candidates < ranked ? Min(ranked, candidates * 4) :
+			Min(targets->n, candidates * 4);
 		first = false;
 	}
-	elog(DEBUG1, "knn_gpu: ranked by pgvector's operator: %lld operator calls, %lld queries run again with more candidates",
-		 (long long) ov->operator_calls, (long long) ov->queries_completed);
 	pfree(open);
 	pfree(qbuffer);
 	pfree(qarg.bytes);
 	pfree(targ.bytes);
+}
+
+void
+knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
+						const KnnMatrix *queries, const KnnMatrix *targets,
+						int64 *neighbors, double *distances, KnnStats *stats)
+{
+	ov->operator_calls = 0;
+	ov->queries_completed = 0;
+	rank_by_operator(ov, problem, queries, targets, get_float8_nan(),
+					 first_candidates(problem->k, targets), neighbors, distances, stats);
+	elog(DEBUG1, "knn_gpu: ranked by pgvector's operator: %lld operator calls, %lld queries run again with more candidates",
+		 (long long) ov->operator_calls, (long long) ov->queries_completed);
 }
 
 /*
@@ -399,8 +439,11 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
  * (the largest is used: the widest margin); cosine with a tiny norm, and a
  * radius that is not finite, have no such r': every pair is a candidate.
  * With a cap of k pairs per query the first k by P within the radius are
- * the first k by P of all (those within it come first), so the k best by
- * the operator (knn_operator_values_run) are filtered instead.
+ * the first k by P of all (those within it come first), so each query's k
+ * best by the operator are ranked (rank_query) and filtered: the operator
+ * is asked only about the engine's candidates with C <= r' (the others
+ * are outside the radius), and a query with a candidate beyond r' has all
+ * its pairs within the radius among those (capped_range).
  */
 
 /* PostgreSQL's float8 comparison: NaN is above every number and equal to itself. */
@@ -558,61 +601,316 @@ take_candidates(void *arg, const int64 *query_rows, const int64 *target_rows,
 }
 
 /*
- * A capped range join: the k best by the operator, those within the radius.
- * The k best of all queries at once would take queries x k slots (several
- * times over, in the engine and here) whatever the radius: slices of the
- * queries keep that bounded.
+ * How many candidates of each query a capped range join's first engine run
+ * asks for, where fewer than a ranking's (ranked) suffice: those within the
+ * candidate radius of a sample of queries spread over all are counted (the
+ * engine ranks the sample's first candidates, a small part of what ranking
+ * every query costs; its statistics into sample_stats, *sampled set), and
+ * the first run asks for more than the most of them (32 times a power of 4),
+ * so that most queries have all theirs at once. 0 where that is over half
+ * of ranked, or without a candidate radius or a sample (fewer than 4 times
+ * its queries): every query's k best are ranked.
+ */
+static int64
+first_run_candidates(const KnnProblem *problem, const KnnMatrix *queries,
+					 const KnnMatrix *targets, double candidate_radius, int64 ranked,
+					 KnnStats *sample_stats, bool *sampled)
+{
+	const int64 n = Min(KNN_CAPPED_SAMPLE, Max(1, KNN_CAPPED_SLICE_SLOTS / ranked));
+	KnnProblem	sample;
+	int64	   *which;
+	int64	   *rows;
+	double	   *canonical;
+	int64		most = 0;
+	int64		few = KNN_RADIUS_FIRST_CANDIDATES;
+
+	if (isnan(candidate_radius) || queries->n < 4 * n || ranked < 2 * few)
+		return 0;
+	which = palloc(sizeof(int64) * n);
+	for (int64 i = 0; i < n; i++)
+		which[i] = i * queries->n / n;
+	knn_problem_gather_queries(&sample, problem, queries->row_bytes, which, n);
+	sample.range = KNN_RANGE_NONE;
+	sample.max_distance = 0;
+	sample.k = (int32) ranked;
+	/* a few queries: clustering the targets would cost more than it saves */
+	sample.method = KNN_METHOD_BRUTE;
+	rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * n * ranked);
+	canonical = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * n * ranked);
+	knn_run_problem(&sample, rows, canonical, sample_stats);
+	*sampled = true;
+	for (int64 i = 0; i < n; i++)
+	{
+		const int64 *r = rows + i * ranked;
+		const double *c = canonical + i * ranked;
+		int64		within = 0;
+
+		/* candidates in (canonical value, row) order */
+		while (within < ranked && r[within] >= 0 && !(c[within] > candidate_radius))
+			within++;
+		most = Max(most, within);
+	}
+	knn_problem_free_gathered(&sample);
+	pfree(which);
+	pfree(rows);
+	pfree(canonical);
+	while (few <= most)
+		few *= 4;
+	return 2 * few <= ranked ? few : 0;
+}
+
+/* A view of the queries first .. first + n - 1 of problem (rows, keys, groups). */
+static void
+query_view(KnnProblem *sub, KnnMatrix *sub_queries, const KnnProblem *problem,
+		   const KnnMatrix *queries, int64 first, int64 n)
+{
+	*sub = *problem;
+	*sub_queries = *queries;
+	sub_queries->n = n;
+	sub_queries->values += (Size) first * queries->row_bytes;
+	sub_queries->ids += first;
+	if (sub_queries->groups != NULL)
+		sub_queries->groups += first;
+	sub->queries = (const char *) problem->queries + (Size) first * queries->row_bytes;
+	sub->n_queries = n;
+	if (sub->query_keys != NULL)
+		sub->query_keys += first;
+	if (sub->query_groups != NULL)
+		sub->query_groups += first;
+}
+
+/* How many of n ranked slots, from the first, hold pairs within the radius. */
+static int32
+ranked_within(const int64 *rows, const double *values, int32 n, double radius, bool inclusive)
+{
+	int32		within = 0;
+
+	while (within < n && rows[within] >= 0 && within_radius(values[within], radius, inclusive))
+		within++;
+	return within;
+}
+
+/* Hands query's first n ranked pairs to the sink (query_rows: scratch of n). */
+static void
+hand_back(KnnPairSink sink, void *sink_arg, int64 query, const int64 *rows,
+		  const double *values, int32 n, int64 *query_rows)
+{
+	/* (the sink only stores the rows: queries x k of them may take long) */
+	CHECK_FOR_INTERRUPTS();
+	if (n == 0)
+		return;
+	for (int32 i = 0; i < n; i++)
+		query_rows[i] = query;
+	sink(sink_arg, query_rows, rows, values, n);
+}
+
+/*
+ * A capped range join ranked in slices: each query's k best by the operator
+ * (rank_by_operator), those within the radius. The k best of all queries at
+ * once would take queries x k slots (several times over, in the engine and
+ * here) whatever the radius: slices of the queries keep that bounded.
+ */
+static void
+capped_in_slices(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *queries,
+				 const KnnMatrix *targets, int32 k, double candidate_radius, KnnPairSink sink,
+				 void *sink_arg, KnnStats *stats)
+{
+	const bool	inclusive = problem->range == KNN_RANGE_AT_MOST;
+	const int64 per_slice = Min(queries->n, Max(1, KNN_CAPPED_SLICE_SLOTS / k));
+	int64	   *rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * per_slice * k);
+	double	   *values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * per_slice * k);
+	int64	   *query_rows = palloc(sizeof(int64) * k);
+
+	for (int64 first = 0; first < queries->n; first += per_slice)
+	{
+		KnnProblem	top;
+		KnnMatrix	slice;
+		KnnStats	slice_stats;
+
+		query_view(&top, &slice, problem, queries, first, Min(per_slice, queries->n - first));
+		top.range = KNN_RANGE_NONE;
+		top.max_distance = 0;
+		top.k = k;
+		rank_by_operator(ov, &top, &slice, targets, candidate_radius,
+						 first_candidates(k, targets), rows, values, &slice_stats);
+		knn_stats_add(stats, &slice_stats, first == 0);
+		for (int64 q = 0; q < slice.n; q++)
+			hand_back(sink, sink_arg, first + q, rows + q * k, values + q * k,
+					  ranked_within(rows + q * k, values + q * k, k, problem->max_distance,
+									inclusive),
+					  query_rows);
+	}
+	pfree(rows);
+	pfree(values);
+	pfree(query_rows);
+}
+
+/*
+ * A capped range join whose queries have few pairs within the (finite)
+ * candidate radius: a first engine run asks for `few` candidates of each
+ * query (fewer than k), in windows of many queries (their slots are few).
+ * A query whose candidates end beyond the candidate radius, or before the
+ * number asked for, has all its pairs within the radius among them; the
+ * others (open) are ranked with more (rank_by_operator), in slices of k
+ * slots a query, and every query's pairs are handed back in order. Returns
+ * how many were open.
+ */
+static int64
+capped_few_first(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *queries,
+				 const KnnMatrix *targets, int32 k, double candidate_radius, int64 few,
+				 KnnPairSink sink, void *sink_arg, KnnStats *stats)
+{
+	const bool	inclusive = problem->range == KNN_RANGE_AT_MOST;
+	const int64 ranked = first_candidates(k, targets);
+	const int64 per_window = Min(queries->n, Max(1, KNN_CAPPED_SLICE_SLOTS / few));
+	const int64 per_slice = Min(per_window, Max(1, KNN_CAPPED_SLICE_SLOTS / k));
+	int64	   *rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * per_window * few);
+	double	   *canonical = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * per_window * few);
+	int64	   *few_rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * per_window * few);
+	double	   *few_values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * per_window * few);
+	int32	   *counts = palloc(sizeof(int32) * per_window);	/* -1: open */
+	int64	   *open = palloc(sizeof(int64) * per_window);
+	int64	   *k_rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * per_slice * k);
+	double	   *k_values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * per_slice * k);
+	int64	   *query_rows = palloc(sizeof(int64) * k);
+	RankedTarget *scratch = palloc(sizeof(RankedTarget) * few);
+	float	   *qbuffer = palloc(sizeof(float) * Max(1, queries->dim));
+	OperatorArgument qarg;
+	OperatorArgument targ;
+	ValueBound	bound;
+	int64		opened = 0;
+
+	bound_init(&bound, ov->metric, targets);
+	argument_init(&qarg, queries);
+	argument_init(&targ, targets);
+	for (int64 first = 0; first < queries->n; first += per_window)
+	{
+		KnnProblem	window;
+		KnnMatrix	window_queries;
+		KnnStats	run_stats;
+		int64		n_open = 0;
+		int64		next = 0;	/* the window's next query to hand back */
+
+		query_view(&window, &window_queries, problem, queries, first,
+				   Min(per_window, queries->n - first));
+		window.range = KNN_RANGE_NONE;
+		window.max_distance = 0;
+		window.k = (int32) few;
+		knn_run_problem(&window, rows, canonical, &run_stats);
+		knn_stats_add(stats, &run_stats, first == 0);
+		for (int64 q = 0; q < window_queries.n; q++)
+		{
+			const int64 last = q * few + few - 1;
+
+			if ((q & 255) == 0)
+				CHECK_FOR_INTERRUPTS();
+			if (rows[last] >= 0 && !(canonical[last] > candidate_radius))
+			{
+				counts[q] = -1;
+				open[n_open++] = q;
+				opened++;
+				continue;
+			}
+			(void) rank_query(ov, &bound, &qarg, &targ, &window_queries, q, targets,
+							  (int32) few, rows + q * few, canonical + q * few,
+							  candidate_radius, (int32) few, scratch, few_rows + q * few,
+							  few_values + q * few, qbuffer);
+			counts[q] = Min(k, ranked_within(few_rows + q * few, few_values + q * few,
+											 (int32) few, problem->max_distance, inclusive));
+		}
+
+		/* the open queries a slice at a time, the window handed back up to each */
+		for (int64 o = 0; o <= n_open; o += per_slice)
+		{
+			const int64 m = Min(per_slice, n_open - o);
+			const int64 up_to = o + m < n_open ? open[o + m - 1] + 1 : window_queries.n;
+
+			if (m > 0)
+			{
+				KnnProblem	gathered;
+				KnnMatrix	gathered_queries = window_queries;
+
+				knn_problem_gather_queries(&gathered, &window, queries->row_bytes, open + o, m);
+				gathered.k = k;
+				gathered_queries.values = (char *) gathered.queries;
+				gathered_queries.n = m;
+				gathered_queries.ids = NULL;
+				gathered_queries.groups = NULL;
+				rank_by_operator(ov, &gathered, &gathered_queries, targets, candidate_radius,
+								 Min(ranked, 4 * few), k_rows, k_values, &run_stats);
+				stats->distance_computations += run_stats.distance_computations;
+				knn_problem_free_gathered(&gathered);
+			}
+			for (int64 j = o; next < up_to; next++)
+			{
+				if (counts[next] >= 0)
+					hand_back(sink, sink_arg, first + next, few_rows + next * few,
+							  few_values + next * few, counts[next], query_rows);
+				else
+				{
+					hand_back(sink, sink_arg, first + next, k_rows + (j - o) * k,
+							  k_values + (j - o) * k,
+							  ranked_within(k_rows + (j - o) * k, k_values + (j - o) * k, k,
+											problem->max_distance, inclusive),
+							  query_rows);
+					j++;
+				}
+			}
+		}
+	}
+	pfree(rows);
+	pfree(canonical);
+	pfree(few_rows);
+	pfree(few_values);
+	pfree(counts);
+	pfree(open);
+	pfree(k_rows);
+	pfree(k_values);
+	pfree(query_rows);
+	pfree(scratch);
+	pfree(qbuffer);
+	pfree(qarg.bytes);
+	pfree(targ.bytes);
+	return opened;
+}
+
+/*
+ * A capped range join: the first k pairs by the operator within the radius
+ * (see the range joins above). Where a sample says that few candidates of
+ * each query are within the candidate radius the engine is asked for that
+ * many first (capped_few_first); otherwise each query's k best are ranked
+ * (capped_in_slices). Both ask the operator only about the candidates
+ * within the candidate radius.
  */
 static void
 capped_range(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatrix *queries,
 			 const KnnMatrix *targets, KnnPairSink sink, void *sink_arg, KnnStats *stats)
 {
 	const int32 k = (int32) Min((int64) problem->k, targets->n);
-	const bool	inclusive = problem->range == KNN_RANGE_AT_MOST;
-	const int64 per_slice = Min(queries->n, Max(1, KNN_CAPPED_SLICE_SLOTS / k));
-	int64	   *rows = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(int64) * per_slice * k);
-	double	   *values = MemoryContextAllocHuge(CurrentMemoryContext, sizeof(double) * per_slice * k);
-	int64	   *query_rows = palloc(sizeof(int64) * Max(1, k));
+	ValueBound	bound;
+	double		radius;
+	KnnStats	sample_stats;
+	bool		sampled = false;
+	int64		few;
+	int64		opened = 0;
 
-	for (int64 first = 0; first < queries->n; first += per_slice)
-	{
-		KnnProblem	top = *problem;
-		KnnMatrix	slice = *queries;
-		KnnStats	slice_stats;
-
-		/* the slice's rows, keys and groups: views into the whole's */
-		slice.n = Min(per_slice, queries->n - first);
-		slice.values += (Size) first * queries->row_bytes;
-		slice.ids += first;
-		if (slice.groups != NULL)
-			slice.groups += first;
-		top.queries = (const char *) problem->queries + (Size) first * queries->row_bytes;
-		top.n_queries = slice.n;
-		if (top.query_keys != NULL)
-			top.query_keys += first;
-		if (top.query_groups != NULL)
-			top.query_groups += first;
-		top.range = KNN_RANGE_NONE;
-		top.max_distance = 0;
-		top.k = k;
-		knn_operator_values_run(ov, &top, &slice, targets, rows, values, &slice_stats);
-		knn_stats_add(stats, &slice_stats, first == 0);
-		for (int64 q = 0; q < slice.n; q++)
-		{
-			int32		n = 0;
-
-			/* (the sink only stores the rows: queries x k of them may take long) */
-			CHECK_FOR_INTERRUPTS();
-			while (n < k && rows[q * k + n] >= 0 &&
-				   within_radius(values[q * k + n], problem->max_distance, inclusive))
-				query_rows[n++] = first + q;
-			if (n > 0)
-				sink(sink_arg, query_rows, rows + q * k, values + q * k, n);
-		}
-	}
-	pfree(rows);
-	pfree(values);
-	pfree(query_rows);
+	bound_init(&bound, ov->metric, targets);
+	radius = candidate_radius(&bound, queries, problem->max_distance);
+	few = first_run_candidates(problem, queries, targets, radius, first_candidates(k, targets),
+							   &sample_stats, &sampled);
+	if (few > 0)
+		opened = capped_few_first(ov, problem, queries, targets, k, radius, few, sink, sink_arg,
+								  stats);
+	else
+		capped_in_slices(ov, problem, queries, targets, k, radius, sink, sink_arg, stats);
+	if (sampled)
+		knn_stats_add(stats, &sample_stats, false);
+	if (few > 0)
+		elog(DEBUG1, "knn_gpu: capped radius by pgvector's operator: %lld candidates of each query first, candidates within %g, %lld operator calls, %lld queries ranked with more",
+			 (long long) few, radius, (long long) ov->operator_calls, (long long) opened);
+	else
+		elog(DEBUG1, "knn_gpu: capped radius by pgvector's operator: each query's k best ranked, candidates within %g, %lld operator calls, %lld queries run again with more candidates",
+			 radius, (long long) ov->operator_calls, (long long) ov->queries_completed);
 }
 
 void

@@ -74,7 +74,10 @@ extern void knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *pro
  * value is within the radius, each query's ranked by (value, target row)
  * with those values, queries in order. The engine's canonical values pick
  * candidates with a proven margin (knn_operator_values.c); the operator
- * decides each.
+ * decides each. With a cap, each query's k best by the operator are ranked
+ * from the engine's first candidates by canonical value instead (the
+ * operator asked only about those within the candidate radius): a few of
+ * each query first where a sample says most have few, else about 2 k.
  */
 extern void knn_operator_values_range(KnnOperatorValues *ov, const KnnProblem *problem,
 									  const KnnMatrix *queries, const KnnMatrix *targets,
