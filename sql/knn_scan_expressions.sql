@@ -41,8 +41,9 @@ UPDATE knn_expr_queries SET
 	k = CASE WHEN qn = 26 THEN NULL WHEN NOT ok THEN 0 ELSE 1 END;
 UPDATE knn_expr_queries SET s = v::text,
 	payload = CASE WHEN qn % 7 = 0 THEN '{}' ELSE jsonb_build_object('v', v::text) END;
--- (emptied after ANALYZE, so that the planner expects rows and picks the node)
-CREATE TABLE knn_expr_empty (id int, v vector(3));
+-- (emptied after ANALYZE, so that the planner expects rows and picks the node;
+-- no autovacuum, whose VACUUM and ANALYZE would tell the planner it is empty)
+CREATE TABLE knn_expr_empty (id int, v vector(3)) WITH (autovacuum_enabled = false);
 INSERT INTO knn_expr_empty SELECT id, v FROM knn_expr_items;
 ANALYZE knn_expr_items, knn_expr_queries, knn_expr_empty;
 DELETE FROM knn_expr_empty;
