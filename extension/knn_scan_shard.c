@@ -641,6 +641,13 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 		sh->param_values[sh->n_params++] = float8out_internal(radius);
 	}
 
+	/*
+	 * The connections were opened when the node started (a cursor's
+	 * DECLARE); this run may be in a subtransaction begun since, whose
+	 * rollback must stop its work there and drop its table.
+	 */
+	for (int s = 0; s < sh->sp.n_shards; s++)
+		knn_shard_remote_take_again(sh->sp.shards[s]);
 	INSTR_TIME_SET_CURRENT(start);
 	sh->started = start;
 	sh->want = want;

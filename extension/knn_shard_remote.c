@@ -469,6 +469,20 @@ knn_shard_remote_operator(KnnShardRemote *shard, const KnnOperatorIdentity *iden
 	return schema;
 }
 
+/*
+ * postgres_fdw's cleanup after an error in a subtransaction (cancel what
+ * runs, ROLLBACK TO SAVEPOINT) covers only connections whose remote
+ * subtransaction is that one's: GetConnection opens remote savepoints up to
+ * the current level (nothing is sent where they are open already).
+ */
+void
+knn_shard_remote_take_again(KnnShardRemote *shard)
+{
+	WITH_SHARD_CONTEXT(shard);
+	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
+	END_SHARD_CONTEXT();
+}
+
 void
 knn_shard_remote_release(KnnShardRemote *shard)
 {

@@ -278,6 +278,15 @@ extern void knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards,
 extern void knn_shard_remote_fetch_held(KnnShardRemote **shards, int n_shards,
 										KnnShardReader reader, void *reader_arg);
 
+/*
+ * Takes the opened shard's connection again for a run in this
+ * (sub)transaction: a run in a deeper subtransaction than the one that
+ * opened it (a cursor's FETCH after a SAVEPOINT) works in a remote
+ * savepoint of its own, which postgres_fdw's cleanup after an error there
+ * rolls back, cancelling what still runs.
+ */
+extern void knn_shard_remote_take_again(KnnShardRemote *shard);
+
 /* Gives postgres_fdw's connection back (at the end of its use). */
 extern void knn_shard_remote_release(KnnShardRemote *shard);
 

@@ -1509,6 +1509,42 @@ EOF
   check "... the shards stopped" 0 "$(active_on_shards)"
 done
 
+# A cursor's DECLARE opens the node's connections; a FETCH in a savepoint
+# made after it runs the join there. Its ERROR (the limit passed while the
+# shards' rows arrive, their answers still coming) rolled back to the
+# savepoint stops the shards' work and drops the run's tables there, and
+# the transaction goes on with the same connections (it used to end with
+# "another command is already in progress"); a FETCH in a savepoint
+# released after it leaves the cursor going on.
+out=$(sql 0 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+BEGIN;
+DECLARE c CURSOR FOR SELECT q.id, n.id FROM (SELECT id, v FROM big_here WHERE id <= 100) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t WHERE t.v <-> q.v < 1000 ORDER BY t.v <-> q.v) n;
+SAVEPOINT a;
+SET LOCAL knn_gpu.max_result_memory = 1;
+\set VERBOSITY sqlstate
+FETCH 1 FROM c;
+\set VERBOSITY default
+ROLLBACK TO SAVEPOINT a;
+SELECT 'tables:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'tables:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+DECLARE d CURSOR FOR SELECT 'row:' || q.id || ':' || n.id FROM (SELECT id, v FROM big_here WHERE id <= 2) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v, t.id LIMIT 2) n;
+SAVEPOINT b;
+FETCH 2 FROM d;
+RELEASE SAVEPOINT b;
+FETCH 2 FROM d;
+COMMIT;
+EOF
+)
+check "the node in a cursor, its FETCH failing in a savepoint made after DECLARE: rolled back there, the transaction goes on" \
+  "$(printf 'ERROR:  54000\ntables:0\ntables:0\n%s' "$(sql 0 -c "SELECT 'row:' || q.id || ':' || n.id FROM (SELECT id, v FROM big_here WHERE id <= 2) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big_here t ORDER BY t.v <-> q.v, t.id LIMIT 2) n")")" \
+  "$(echo "$out" | grep -E '^(ERROR|tables|row)')"
+check "... the shards stopped" 0 "$(active_on_shards)"
+
 # ---- a shard's hostile answers ----
 # A shard is a server the user mapping reaches, not a trusted one: every
 # answer that is not a join's (a value cut short, a NULL, a query id not
