@@ -846,7 +846,13 @@ KnnStatus KnnJob::run_range() {
       knn::copy_message(error, sizeof error, why);
       return KNN_INVALID_ARGUMENT;
     }
-    if (knn::capped_range_prefers_top_k(problem, &cancel)) return run_range_by_top_k();
+    // (not where a GPU request would then leave the GPU: bit rows past the
+    // GPU bit join's k, which the GPU range join takes)
+    const bool gpu_bits_past_k = problem.device == KNN_DEVICE_GPU &&
+                                 problem.element == KNN_ELEMENT_BIT &&
+                                 problem.k > KNN_CUDA_BIT_MAX_K;
+    if (!gpu_bits_past_k && knn::capped_range_prefers_top_k(problem, &cancel))
+      return run_range_by_top_k();
   }
   if (problem.device == KNN_DEVICE_CPU) return run_range_cpu(nullptr);
   if (problem.device == KNN_DEVICE_AUTO) {

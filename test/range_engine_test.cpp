@@ -353,6 +353,15 @@ TEST(RangeJoin, GpuRequestWithoutGpuRunsOnCpuWithNotice) {
   EXPECT_NE(std::string(o.stats.device_name).find("[no GPU]"), std::string::npos)
       << o.stats.device_name;
   EXPECT_EQ(o.stats.device, KNN_DEVICE_CPU);
+  // The top-k join of a capped job says the same.
+  c.cap = 2;
+  o = run(c.problem());
+  ASSERT_EQ(o.status, KNN_OK) << o.message;
+  expect_same(reference_pairs(c), o.pairs, "device gpu, cap");
+  EXPECT_TRUE(ran_top_k(o)) << o.stats.variant;
+  EXPECT_NE(o.message.find("no usable GPU"), std::string::npos) << o.message;
+  EXPECT_NE(o.message.find("the CPU engine ran"), std::string::npos) << o.message;
+  EXPECT_EQ(o.stats.device, KNN_DEVICE_CPU);
 }
 
 // A huge result whose caller stops taking pairs: the engine waits on its
