@@ -49,6 +49,7 @@
 #include "cpu/cpu_engine.h"
 #include "cpu/parallel_for.h"
 #include "cpu/range_join.h"
+#include "capped_range.h"
 #include "half_float.h"
 #include "problem_check.h"
 #include "signal_free_thread.h"
@@ -594,6 +595,7 @@ struct KnnJob {
   KnnStatus run_range();
   KnnStatus run_range_cpu(const char *note);
   KnnStatus run_range_gpu(const GpuView &m);
+  KnnStatus run_range_by_top_k();
   KnnStatus widen();
   bool widen_problem_rows();
   KnnStatus run_cpu(const char *note);
@@ -777,7 +779,9 @@ KnnStatus KnnJob::run_engines() {
 
 // ---- range jobs ----
 //
-// The engine of a range job: the GPU range join (knn_cuda_range) under
+// A capped range job whose radius a sample says holds more pairs a query
+// than the cap runs as the top-k join (capped_range.h), on the engine the
+// k-NN path chooses. Otherwise the engine of a range job: the GPU range join (knn_cuda_range) under
 // GPU, and under AUTO where a GPU is usable and would answer sooner:
 //  * the job has at least kGpuRangeMinPairs candidate pairs (|Q| x |T|;
 //    below that the CPU range engine answers within milliseconds, about
@@ -835,6 +839,20 @@ KnnStatus KnnJob::run_range() {
       knn::copy_message(error, sizeof error, "cancelled");
       return KNN_CANCELLED;
     }
+  }
+  // A cap the radius is expected to overfill: the top-k join, either engine.
+  if (problem.k > 0) {
+    if (const char *why = knn::range_problem_invalid_reason(problem)) {
+      knn::copy_message(error, sizeof error, why);
+      return KNN_INVALID_ARGUMENT;
+    }
+    // (not where a GPU request would then leave the GPU: bit rows past the
+    // GPU bit join's k, which the GPU range join takes)
+    const bool gpu_bits_past_k = problem.device == KNN_DEVICE_GPU &&
+                                 problem.element == KNN_ELEMENT_BIT &&
+                                 problem.k > KNN_CUDA_BIT_MAX_K;
+    if (!gpu_bits_past_k && knn::capped_range_prefers_top_k(problem, &cancel))
+      return run_range_by_top_k();
   }
   if (problem.device == KNN_DEVICE_CPU) return run_range_cpu(nullptr);
   if (problem.device == KNN_DEVICE_AUTO) {
@@ -901,6 +919,36 @@ KnnStatus KnnJob::run_range_gpu(const GpuView &m) {
             st, [this] { return run_range_cpu("GPU failed, CPU engine ran"); });
       },
       [this](const char *note) { return run_range_cpu(note); });
+}
+
+// A capped range job as top-k joins of slices of its queries
+// (capped_range.h), each through the k-NN path of a job of its own problem
+// (run_groups or run_one: the engine, admission and notices as there), the
+// pairs within the radius into the job's queue.
+KnnStatus KnnJob::run_range_by_top_k() {
+  const KnnProblem whole = problem;
+  knn::PairQueue &queue = *pairs;
+  KnnStats summed{};
+  const KnnStatus st = knn::capped_range_by_top_k(
+      whole,
+      [this](const KnnProblem &slice, int64_t *n, double *d, KnnStats *s) {
+        problem = slice;
+        neighbors = n;
+        distances = d;
+        stats = KnnStats{};
+        const KnnStatus slice_st = slice.query_groups != nullptr ? run_groups() : run_one();
+        *s = stats;
+        return slice_st;
+      },
+      [this, &queue](int64_t q, const int64_t *t, const double *d, int64_t n) {
+        return queue.put(q, t, d, n, &cancel);
+      },
+      &summed, &cancel, error, sizeof error);
+  problem = whole;
+  neighbors = nullptr;
+  distances = nullptr;
+  stats = summed;
+  return st;
 }
 
 // One plain problem through the engine its rows and device call for.

@@ -123,6 +123,11 @@ inline Outcome run(const KnnProblem &p, int64_t batch = 1000) {
   return o;
 }
 
+// Whether a capped range job ran as the top-k join (kernels/capped_range.h).
+inline bool ran_top_k(const Outcome &o) {
+  return std::string(o.stats.variant).rfind("range/top-k, ", 0) == 0;
+}
+
 // The same pairs in the same order, distances bit for bit (NaN equal to
 // NaN, as PostgreSQL's float8 has one NaN).
 inline void expect_same(const std::vector<Triple> &want, const std::vector<Triple> &got,

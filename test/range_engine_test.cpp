@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -18,6 +19,8 @@
 #include <tuple>
 #include <vector>
 
+#include "capped_range.h"
+#include "cpu/cpu_engine.h"
 #include "knn_engine.h"
 #include "range_cases.h"
 #include "reference_rows.h"
@@ -64,6 +67,153 @@ TEST(RangeJoin, EveryMetricMethodAndBoundary) {
             }
         }
   }
+}
+
+// The distance at quantile `at` (0..1) of every pair's, in PostgreSQL's
+// order: a radius exactly on a (usually tied) distance.
+double quantile_distance(const Case &c, double at) {
+  std::vector<double> all;
+  for (int64_t i = 0; i < c.queries.n; i++)
+    for (int64_t j = 0; j < c.targets.n; j++)
+      all.push_back(distance(c.metric, c.queries, i, c.targets, j));
+  std::sort(all.begin(), all.end(), [](double a, double b) { return pg_compare(a, b) < 0; });
+  return all[static_cast<size_t>(at * static_cast<double>(all.size() - 1))];
+}
+
+// A cap that a wide radius overfills runs as the top-k join, one that a
+// narrow radius leaves unfilled as the range join: the same pairs either
+// way, for every element type and metric, < and <=, the radius and the
+// cap on tied distances (small-integer rows), keys and groups.
+TEST(RangeJoin, CapByTopKOrRangeEveryMetric) {
+  std::mt19937_64 rng(29);
+  const KnnMetric floats[] = {KNN_METRIC_L2, KNN_METRIC_COSINE, KNN_METRIC_IP, KNN_METRIC_L1};
+  for (KnnElement element : {KNN_ELEMENT_FLOAT32, KNN_ELEMENT_FLOAT16, KNN_ELEMENT_BIT}) {
+    std::vector<KnnMetric> metrics(std::begin(floats), std::end(floats));
+    if (element == KNN_ELEMENT_BIT) metrics = {KNN_METRIC_HAMMING, KNN_METRIC_JACCARD};
+    for (KnnMetric metric : metrics)
+      for (int variant = 0; variant < 3; variant++) {
+        Case c;
+        c.queries = make_rows(element, 60, 13, rng);
+        c.targets = make_rows(element, 90, 13, rng);
+        c.metric = metric;
+        if (variant == 1) {
+          c.targets = c.queries;
+          c.shared = true;
+          exclude_self(&c);
+        } else if (variant == 2) {
+          add_groups_and_keys(&c, rng);
+        }
+        const double wide = quantile_distance(c, 0.6), narrow = quantile_distance(c, 0.005);
+        for (KnnRange range : {KNN_RANGE_BELOW, KNN_RANGE_AT_MOST})
+          for (int top_k = 0; top_k < 2; top_k++) {
+            c.range = range;
+            c.radius = top_k ? wide : narrow;
+            c.cap = top_k ? 4 : 50;
+            const std::string what = std::string(metric_name(metric)) + " element " +
+                                     std::to_string(element) + " variant " +
+                                     std::to_string(variant) + " range " +
+                                     std::to_string(range) + " cap " + std::to_string(c.cap);
+            const Outcome o = run(c.problem(), 7);
+            ASSERT_EQ(o.status, KNN_OK) << what << ": " << o.message;
+            expect_same(reference_pairs(c), o.pairs, what);
+            EXPECT_EQ(ran_top_k(o), top_k == 1) << what << ": " << o.stats.variant;
+          }
+      }
+  }
+}
+
+// Radii that hold every pair (huge, infinite, NaN) and none, at a cap.
+TEST(RangeJoin, CapByTopKNonFiniteRadius) {
+  std::mt19937_64 rng(31);
+  for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_IP, KNN_METRIC_COSINE}) {
+    Case c;
+    c.queries = make_rows(KNN_ELEMENT_FLOAT32, 30, 5, rng);
+    c.targets = make_rows(KNN_ELEMENT_FLOAT32, 50, 5, rng);
+    std::fill(c.queries.f32.begin(), c.queries.f32.begin() + 5, 0.0f);  // NaN cosines
+    c.metric = metric;
+    c.cap = 6;
+    for (double radius : {1e300, std::numeric_limits<double>::infinity(),
+                          std::numeric_limits<double>::quiet_NaN(), -1.0})
+      for (KnnRange range : {KNN_RANGE_BELOW, KNN_RANGE_AT_MOST}) {
+        c.radius = radius;
+        c.range = range;
+        const Outcome o = run(c.problem(), 13);
+        ASSERT_EQ(o.status, KNN_OK) << o.message;
+        const std::string what = std::string(metric_name(metric)) + " r " + std::to_string(radius);
+        expect_same(reference_pairs(c), o.pairs, what);
+        // (negative inner products lie within -1)
+        const bool none = radius == -1.0 && metric != KNN_METRIC_IP;
+        EXPECT_EQ(ran_top_k(o), !none) << what << ": " << o.stats.variant;
+      }
+  }
+}
+
+// The choice: a wide radius and a small cap, yes; a narrow radius and a
+// large cap, a cap of every target, or no cap, no.
+TEST(RangeJoin, CapByTopKChoice) {
+  std::mt19937_64 rng(37);
+  Case c;
+  c.queries = make_rows(KNN_ELEMENT_FLOAT32, 500, 8, rng, true);
+  c.targets = make_rows(KNN_ELEMENT_FLOAT32, 4000, 8, rng, true);
+  c.range = KNN_RANGE_AT_MOST;
+  const int32_t never = 0;
+  c.radius = 1e300;
+  c.cap = 10;
+  EXPECT_TRUE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  c.cap = 4000;
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  c.cap = 0;
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  // 16 clusters of about 250 rows, 0.2 across, centres 2.8 apart or more:
+  // about 250 pairs a query.
+  c.radius = 1;
+  c.cap = 100;
+  EXPECT_TRUE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  c.cap = 1000;
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  const int32_t cancelled = 1;
+  c.cap = 10;
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &cancelled));
+}
+
+// Slices of the queries (a few slots each), keys, and a notice kept.
+TEST(RangeJoin, CapByTopKInSlices) {
+  std::mt19937_64 rng(41);
+  Case c;
+  c.queries = make_rows(KNN_ELEMENT_FLOAT32, 70, 6, rng);
+  c.targets = c.queries;
+  c.shared = true;
+  exclude_self(&c);
+  c.range = KNN_RANGE_AT_MOST;
+  c.radius = quantile_distance(c, 0.3);
+  c.cap = 9;
+  const KnnProblem p = c.problem();
+  const int32_t never = 0;
+  int runs = 0;
+  std::vector<Triple> got;
+  KnnStats stats{};
+  char message[256] = "";
+  const KnnStatus st = knn::capped_range_by_top_k(
+      p,
+      [&](const KnnProblem &slice, int64_t *n, double *d, KnnStats *s) {
+        EXPECT_EQ(slice.range, KNN_RANGE_NONE);
+        EXPECT_LE(slice.n_queries * slice.k, 40);
+        const KnnStatus slice_st = knn::cpu_run(slice, n, d, s, &never, message, sizeof message);
+        if (++runs == 2) std::snprintf(message, sizeof message, "a notice");
+        return slice_st;
+      },
+      [&](int64_t q, const int64_t *t, const double *d, int64_t n) {
+        for (int64_t i = 0; i < n; i++) got.emplace_back(q, t[i], d[i]);
+        return true;
+      },
+      &stats, &never, message, sizeof message, 40);
+  ASSERT_EQ(st, KNN_OK) << message;
+  EXPECT_EQ(runs, 18);  // 4 queries of 9 slots each
+  expect_same(reference_pairs(c), got, "slices");
+  EXPECT_STREQ(message, "a notice");
+  EXPECT_EQ(stats.pairs, 70 * 70);
+  EXPECT_NE(std::string(stats.variant).find(std::to_string(got.size()) + " pairs within radius"),
+            std::string::npos) << stats.variant;
 }
 
 TEST(RangeJoin, RadiusZeroFindsDuplicatesOnly) {
@@ -203,6 +353,15 @@ TEST(RangeJoin, GpuRequestWithoutGpuRunsOnCpuWithNotice) {
   EXPECT_NE(std::string(o.stats.device_name).find("[no GPU]"), std::string::npos)
       << o.stats.device_name;
   EXPECT_EQ(o.stats.device, KNN_DEVICE_CPU);
+  // The top-k join of a capped job says the same.
+  c.cap = 2;
+  o = run(c.problem());
+  ASSERT_EQ(o.status, KNN_OK) << o.message;
+  expect_same(reference_pairs(c), o.pairs, "device gpu, cap");
+  EXPECT_TRUE(ran_top_k(o)) << o.stats.variant;
+  EXPECT_NE(o.message.find("no usable GPU"), std::string::npos) << o.message;
+  EXPECT_NE(o.message.find("the CPU engine ran"), std::string::npos) << o.message;
+  EXPECT_EQ(o.stats.device, KNN_DEVICE_CPU);
 }
 
 // A huge result whose caller stops taking pairs: the engine waits on its
@@ -215,6 +374,11 @@ TEST(RangeJoin, CancelWhileTheQueueIsFull) {
   c.targets = rows;
   c.shared = true;
   c.radius = std::numeric_limits<double>::infinity();  // 9 million pairs
+  expect_prompt_cancel(c.problem());
+  // ... and as the top-k join (300000 pairs, capped at 100 a query).
+  c.cap = 100;
+  const int32_t never = 0;
+  ASSERT_TRUE(knn::capped_range_prefers_top_k(c.problem(), &never));
   expect_prompt_cancel(c.problem());
 }
 
