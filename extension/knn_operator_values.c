@@ -274,6 +274,22 @@ ranked_compare(const void *pa, const void *pb)
 }
 
 /*
+ * Whether a candidate's canonical value c is within the candidate radius of
+ * a capped range join (knn_operator_values_range below; NaN: there is none,
+ * every candidate is), as the uncapped one selects its candidates (C <= r').
+ * A NaN c is not: where r' is finite, no norm is tiny and no sum may
+ * overflow, so c is NaN only for a zero vector under cosine, whose operator
+ * value is NaN too, within no finite radius. (Counting those would leave
+ * each zero query unproven, its candidates all NaN, until every target had
+ * been ranked: queries x targets slots.)
+ */
+static bool
+within_candidate_radius(double c, double candidate_radius)
+{
+	return isnan(candidate_radius) || c <= candidate_radius;
+}
+
+/*
  * Ranks the candidates of one query by the operator into out_rows /
  * out_values (k slots); returns true when they are proven to be its k best.
  * With a candidate radius (not NaN; a capped range join's, see below) only
@@ -293,7 +309,8 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 	double		qn2 = 0;
 
 	/* (candidates come by canonical value: those after one beyond are beyond) */
-	for (int32 c = 0; c < candidates && rows[c] >= 0 && !(canonical[c] > candidate_radius); c++)
+	for (int32 c = 0; c < candidates && rows[c] >= 0 &&
+		 within_candidate_radius(canonical[c], candidate_radius); c++)
 	{
 		Datum		v = FunctionCall2Coll(&ov->function, ov->collation, qdatum,
 										  argument_row(targ, targets, rows[c]));
@@ -646,7 +663,7 @@ first_run_candidates(const KnnProblem *problem, const KnnMatrix *queries,
 		int64		within = 0;
 
 		/* candidates in (canonical value, row) order */
-		while (within < ranked && r[within] >= 0 && !(c[within] > candidate_radius))
+		while (within < ranked && r[within] >= 0 && within_candidate_radius(c[within], candidate_radius))
 			within++;
 		most = Max(most, within);
 	}
@@ -804,7 +821,7 @@ capped_few_first(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatr
 
 			if ((q & 255) == 0)
 				CHECK_FOR_INTERRUPTS();
-			if (rows[last] >= 0 && !(canonical[last] > candidate_radius))
+			if (rows[last] >= 0 && within_candidate_radius(canonical[last], candidate_radius))
 			{
 				counts[q] = -1;
 				open[n_open++] = q;
