@@ -227,5 +227,24 @@ SELECT count(*) FROM (:zero_join) n;
 RESET client_min_messages;
 DROP TABLE cap_zero, zero_node, zero_theirs;
 
+-- Memory where every target ties with every other (duplicates within the
+-- radius): a query is proven only once every target is a candidate, and the
+-- queries run again with more went to the engine all at once (1000 x 6000
+-- slots, over 90 MB); now in runs that fit knn_gpu.max_result_memory.
+\c
+SET knn_gpu.device = cpu;
+SET knn_gpu.threads = 1;
+SET knn_gpu.max_result_memory = '16MB';
+CREATE TABLE cap_dup AS SELECT i AS id, '[0.5,0.25]'::vector(2) AS v FROM generate_series(1, 6000) i;
+CREATE FUNCTION peak_kb() RETURNS bigint LANGUAGE sql AS $$
+  SELECT substring(pg_read_file('/proc/self/status') FROM 'VmHWM:\s+(\d+) kB')::bigint
+$$;
+SELECT peak_kb() AS peak_before \gset
+SELECT count(*), count(DISTINCT query_id) AS queries, max(target_id), max(rank), max(distance)
+FROM knn_range_join('SELECT id + 6000, v FROM cap_dup WHERE id <= 1000', 'SELECT id, v FROM cap_dup', 1,
+                    k => 50);
+SELECT peak_kb() - :peak_before < 60 * 1024 AS grew_by_less_than_60_mb;
+DROP TABLE cap_dup;
+DROP FUNCTION peak_kb();
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;
