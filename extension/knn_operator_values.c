@@ -51,6 +51,7 @@
 #include "knn_distance.h"
 #include "knn_operator_values.h"
 #include "knn_run.h"
+#include "knn_settings.h"
 #include "knn_stats.h"
 
 /* Candidates beyond k in the first engine run: max(kExtraMin, k). */
@@ -274,6 +275,22 @@ ranked_compare(const void *pa, const void *pb)
 }
 
 /*
+ * Whether a candidate's canonical value c is within the candidate radius of
+ * a capped range join (knn_operator_values_range below; NaN: there is none,
+ * every candidate is), as the uncapped one selects its candidates (C <= r').
+ * A NaN c is not: where r' is finite, no norm is tiny and no sum may
+ * overflow, so c is NaN only for a zero vector under cosine, whose operator
+ * value is NaN too, within no finite radius. (Counting those would leave
+ * each zero query unproven, its candidates all NaN, until every target had
+ * been ranked: queries x targets slots.)
+ */
+static bool
+within_candidate_radius(double c, double candidate_radius)
+{
+	return isnan(candidate_radius) || c <= candidate_radius;
+}
+
+/*
  * Ranks the candidates of one query by the operator into out_rows /
  * out_values (k slots); returns true when they are proven to be its k best.
  * With a candidate radius (not NaN; a capped range join's, see below) only
@@ -293,7 +310,8 @@ rank_query(KnnOperatorValues *ov, const ValueBound *bound, OperatorArgument *qar
 	double		qn2 = 0;
 
 	/* (candidates come by canonical value: those after one beyond are beyond) */
-	for (int32 c = 0; c < candidates && rows[c] >= 0 && !(canonical[c] > candidate_radius); c++)
+	for (int32 c = 0; c < candidates && rows[c] >= 0 &&
+		 within_candidate_radius(canonical[c], candidate_radius); c++)
 	{
 		Datum		v = FunctionCall2Coll(&ov->function, ov->collation, qdatum,
 										  argument_row(targ, targets, rows[c]));
@@ -363,45 +381,59 @@ rank_by_operator(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatr
 
 	while (n_open > 0)
 	{
-		KnnProblem	run = *problem;
-		KnnStats	run_stats;
-		int64	   *rows;
-		double	   *canonical;
+		/*
+		 * Those run again go as many at a time as knn_gpu.max_result_memory
+		 * holds their candidates: a query among duplicates is proven only
+		 * once every target is a candidate, and all such queries at once
+		 * would take queries x targets slots.
+		 */
+		const int64 per_run = first ? n_open :
+			Min(n_open, knn_result_rows_per_run((int32) candidates));
 		RankedTarget *scratch = palloc(sizeof(RankedTarget) * candidates);
 		int64		still_open = 0;
 		const bool complete = candidates >= targets->n;
 
-		if (!first)
-			knn_problem_gather_queries(&run, problem, queries->row_bytes, open, n_open);
-		run.k = (int32) candidates;
-		rows = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(int64));
-		canonical = MemoryContextAllocHuge(CurrentMemoryContext, (Size) n_open * candidates * sizeof(double));
-		knn_run_problem(&run, rows, canonical, &run_stats);
-		if (first)
-			*stats = run_stats;
-		else
-			stats->distance_computations += run_stats.distance_computations;
-
-		for (int64 i = 0; i < n_open; i++)
+		for (int64 from = 0; from < n_open; from += per_run)
 		{
-			const int64 q = open[i];
+			const int64 m = Min(per_run, n_open - from);
+			KnnProblem	run = *problem;
+			KnnStats	run_stats;
+			int64	   *rows;
+			double	   *canonical;
 
-			if ((i & 255) == 0)
-				CHECK_FOR_INTERRUPTS();
-			if (!rank_query(ov, &bound, &qarg, &targ, queries, q, targets, (int32) candidates,
-							rows + i * candidates, canonical + i * candidates,
-							candidate_radius, k, scratch, neighbors + q * k, distances + q * k,
-							qbuffer) &&
-				!complete)
-				open[still_open++] = q;
-			else if (!first)
-				ov->queries_completed++;
+			if (!first)
+				knn_problem_gather_queries(&run, problem, queries->row_bytes, open + from, m);
+			run.k = (int32) candidates;
+			rows = MemoryContextAllocHuge(CurrentMemoryContext, (Size) m * candidates * sizeof(int64));
+			canonical = MemoryContextAllocHuge(CurrentMemoryContext, (Size) m * candidates * sizeof(double));
+			knn_run_problem(&run, rows, canonical, &run_stats);
+			if (first)
+				*stats = run_stats;
+			else
+				stats->distance_computations += run_stats.distance_computations;
+
+			/* (still_open <= from + i: the open rows not yet read stay in place) */
+			for (int64 i = 0; i < m; i++)
+			{
+				const int64 q = open[from + i];
+
+				if ((i & 255) == 0)
+					CHECK_FOR_INTERRUPTS();
+				if (!rank_query(ov, &bound, &qarg, &targ, queries, q, targets, (int32) candidates,
+								rows + i * candidates, canonical + i * candidates,
+								candidate_radius, k, scratch, neighbors + q * k,
+								distances + q * k, qbuffer) &&
+					!complete)
+					open[still_open++] = q;
+				else if (!first)
+					ov->queries_completed++;
+			}
+			pfree(rows);
+			pfree(canonical);
+			if (!first)
+				knn_problem_free_gathered(&run);
 		}
-		pfree(rows);
-		pfree(canonical);
 		pfree(scratch);
-		if (!first)
-			knn_problem_free_gathered(&run);
 		n_open = still_open;
 		/* four times as many, the first ranking's number on the way */
 		candidates = candidates < ranked ? Min(ranked, candidates * 4) :
@@ -646,7 +678,7 @@ first_run_candidates(const KnnProblem *problem, const KnnMatrix *queries,
 		int64		within = 0;
 
 		/* candidates in (canonical value, row) order */
-		while (within < ranked && r[within] >= 0 && !(c[within] > candidate_radius))
+		while (within < ranked && r[within] >= 0 && within_candidate_radius(c[within], candidate_radius))
 			within++;
 		most = Max(most, within);
 	}
@@ -804,7 +836,7 @@ capped_few_first(KnnOperatorValues *ov, const KnnProblem *problem, const KnnMatr
 
 			if ((q & 255) == 0)
 				CHECK_FOR_INTERRUPTS();
-			if (rows[last] >= 0 && !(canonical[last] > candidate_radius))
+			if (rows[last] >= 0 && within_candidate_radius(canonical[last], candidate_radius))
 			{
 				counts[q] = -1;
 				open[n_open++] = q;

@@ -202,5 +202,49 @@ SET client_min_messages = debug1;
 SELECT count(*) FROM (:node_join) n;
 RESET client_min_messages;
 DROP TABLE cap_lattice, lattice_theirs, lattice_mine, lattice_node;
+
+-- Zero vectors under cosine: NaN by the engine and by pgvector's operator,
+-- within no radius, so beyond the candidate radius as in the uncapped range
+-- join. They counted as within it: each zero query stayed unproven until
+-- every target had been ranked (the old code: 502086 operator calls here,
+-- and queries x targets slots). Against PostgreSQL's plan row for row, and
+-- the work (DEBUG1).
+CREATE TABLE cap_zero AS
+SELECT i AS id, CASE WHEN i % 4 = 0 THEN '[0,0,0]'
+                     ELSE format('[%s,%s,%s]', i % 7 + 1, i % 11, i % 13) END::vector(3) AS v
+FROM generate_series(1, 1000) i;
+\set zero_join 'SELECT row_number() OVER () AS ord, q.id::bigint AS query_id, n.id::bigint AS target_id, n.distance FROM (SELECT * FROM cap_zero ORDER BY id) q CROSS JOIN LATERAL (SELECT t.id, t.v <=> q.v AS distance FROM cap_zero t WHERE t.id <> q.id AND t.v <=> q.v <= 0.001 ORDER BY t.v <=> q.v, t.id LIMIT 100) n'
+EXPLAIN (COSTS OFF) :zero_join;
+CREATE TABLE zero_node AS :zero_join;
+SET knn_gpu.enable_knn_join = off;  -- PostgreSQL's plan
+CREATE TABLE zero_theirs AS :zero_join;
+RESET knn_gpu.enable_knn_join;
+SELECT (SELECT count(*) FROM zero_theirs) AS pairs,
+       (SELECT count(*) FROM (TABLE zero_node EXCEPT ALL TABLE zero_theirs) a)
+       + (SELECT count(*) FROM (TABLE zero_theirs EXCEPT ALL TABLE zero_node) b) AS differing_rows;
+SET client_min_messages = debug1;
+SELECT count(*) FROM (:zero_join) n;
+RESET client_min_messages;
+DROP TABLE cap_zero, zero_node, zero_theirs;
+
+-- Memory where every target ties with every other (duplicates within the
+-- radius): a query is proven only once every target is a candidate, and the
+-- queries run again with more went to the engine all at once (1000 x 6000
+-- slots, over 90 MB); now in runs that fit knn_gpu.max_result_memory.
+\c
+SET knn_gpu.device = cpu;
+SET knn_gpu.threads = 1;
+SET knn_gpu.max_result_memory = '16MB';
+CREATE TABLE cap_dup AS SELECT i AS id, '[0.5,0.25]'::vector(2) AS v FROM generate_series(1, 6000) i;
+CREATE FUNCTION peak_kb() RETURNS bigint LANGUAGE sql AS $$
+  SELECT substring(pg_read_file('/proc/self/status') FROM 'VmHWM:\s+(\d+) kB')::bigint
+$$;
+SELECT peak_kb() AS peak_before \gset
+SELECT count(*), count(DISTINCT query_id) AS queries, max(target_id), max(rank), max(distance)
+FROM knn_range_join('SELECT id + 6000, v FROM cap_dup WHERE id <= 1000', 'SELECT id, v FROM cap_dup', 1,
+                    k => 50);
+SELECT peak_kb() - :peak_before < 60 * 1024 AS grew_by_less_than_60_mb;
+DROP TABLE cap_dup;
+DROP FUNCTION peak_kb();
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;
