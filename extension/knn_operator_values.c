@@ -478,17 +478,6 @@ knn_operator_values_run(KnnOperatorValues *ov, const KnnProblem *problem,
  * its pairs within the radius among those (capped_range).
  */
 
-/* PostgreSQL's float8 comparison: NaN is above every number and equal to itself. */
-static bool
-within_radius(double value, double radius, bool inclusive)
-{
-	if (isnan(radius))
-		return inclusive || !isnan(value);
-	if (isnan(value))
-		return false;
-	return inclusive ? value <= radius : value < radius;
-}
-
 /*
  * The canonical radius r' of the candidates (see above), NaN when every
  * pair must be one.
@@ -619,7 +608,7 @@ take_candidates(void *arg, const int64 *query_rows, const int64 *target_rows,
 		r->ov->operator_calls++;
 		if ((r->ov->operator_calls & 4095) == 0)
 			CHECK_FOR_INTERRUPTS();
-		if (!within_radius(value, r->radius, r->inclusive))
+		if (!knn_within_radius(value, r->radius, r->inclusive))
 			continue;
 		if (r->n_pairs == r->capacity)
 		{
@@ -717,7 +706,7 @@ ranked_within(const int64 *rows, const double *values, int32 n, double radius, b
 {
 	int32		within = 0;
 
-	while (within < n && rows[within] >= 0 && within_radius(values[within], radius, inclusive))
+	while (within < n && rows[within] >= 0 && knn_within_radius(values[within], radius, inclusive))
 		within++;
 	return within;
 }
