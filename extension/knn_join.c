@@ -730,14 +730,8 @@ run_join_problem(const KnnJoinCall *call, KnnMatrix *queries, KnnMatrix *targets
 				 KnnOperatorValues *by_operator, int64 *neighbors, double *distances,
 				 KnnProblem *problem, KnnStats *stats)
 {
-	knn_matrix_problem(problem, queries, targets, slots);
-	problem->metric = call->metric;
-	problem->method = call->method;
-	if (call->exclude_self)
-	{
-		problem->query_keys = queries->ids;
-		problem->target_keys = targets->ids;
-	}
+	knn_matrix_join_problem(problem, queries, targets, slots, call->metric, call->method,
+							call->exclude_self);
 	knn_progress_phase(KNN_PROGRESS_ENGINE);
 	if (by_operator != NULL)
 		knn_operator_values_run(by_operator, problem, queries, targets, neighbors, distances,
@@ -1020,16 +1014,10 @@ knn_join_run(FunctionCallInfo fcinfo, const KnnJoinCall *call)
 	{
 		RangeOutput output = {rsinfo, &queries, targets, query_set.keys, target_keys, -1, 0, 0};
 
-		knn_matrix_problem(&problem, &queries, targets, call->k);
-		problem.metric = call->metric;
-		problem.method = call->method;
+		knn_matrix_join_problem(&problem, &queries, targets, call->k, call->metric, call->method,
+								call->exclude_self);
 		problem.max_distance = call->radius;
 		problem.range = call->inclusive ? KNN_RANGE_AT_MOST : KNN_RANGE_BELOW;
-		if (call->exclude_self)
-		{
-			problem.query_keys = queries.ids;
-			problem.target_keys = targets->ids;
-		}
 		knn_progress_totals(queries.n, targets->n, -1);
 		knn_progress_phase(KNN_PROGRESS_ENGINE);
 		/*

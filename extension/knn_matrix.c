@@ -563,6 +563,20 @@ knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatri
 	}
 }
 
+void
+knn_matrix_join_problem(KnnProblem *problem, const KnnMatrix *queries, const KnnMatrix *targets,
+						int32 k, KnnMetric metric, KnnMethod method, bool exclude_self)
+{
+	knn_matrix_problem(problem, queries, targets, k);
+	problem->metric = metric;
+	problem->method = method;
+	if (exclude_self)
+	{
+		problem->query_keys = queries->ids;
+		problem->target_keys = targets->ids;
+	}
+}
+
 bool
 knn_matrix_same_values(const KnnMatrix *a, const KnnMatrix *b)
 {

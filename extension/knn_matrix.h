@@ -126,6 +126,14 @@ extern void knn_matrix_problem(KnnProblem *problem, const KnnMatrix *queries,
 							   const KnnMatrix *targets, int32 k);
 
 /*
+ * knn_matrix_problem's problem of a join call: its metric and method, and
+ * with exclude_self the rows' ids as the keys a query may not meet.
+ */
+extern void knn_matrix_join_problem(KnnProblem *problem, const KnnMatrix *queries,
+									const KnnMatrix *targets, int32 k, KnnMetric metric,
+									KnnMethod method, bool exclude_self);
+
+/*
  * *sub: problem p for its query rows `which` (n of them) only, whose
  * values, keys and groups are gathered into new arrays (row_bytes each
  * row), for running some queries again; knn_problem_free_gathered frees

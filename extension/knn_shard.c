@@ -444,14 +444,8 @@ static void
 run_local_knn(const KnnShardJoin *join, KnnMatrix *queries, KnnMatrix *targets, int32 slots,
 			  int64 *neighbors, double *distances, KnnProblem *problem, KnnStats *stats)
 {
-	knn_matrix_problem(problem, queries, targets, slots);
-	problem->metric = join->metric;
-	problem->method = join->method;
-	if (join->exclude_self)
-	{
-		problem->query_keys = queries->ids;
-		problem->target_keys = targets->ids;
-	}
+	knn_matrix_join_problem(problem, queries, targets, slots, join->metric, join->method,
+							join->exclude_self);
 	if (join->by_operator != NULL)
 		knn_operator_values_run(join->by_operator, problem, queries, targets, neighbors,
 								distances, stats);
@@ -496,16 +490,10 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 		/* a range join's pairs always go into the spill (batch_rows) */
 		SpillSink	to_spill = {spill, targets};
 
-		knn_matrix_problem(&problem, queries, targets, join->k);
-		problem.metric = join->metric;
-		problem.method = join->method;
+		knn_matrix_join_problem(&problem, queries, targets, join->k, join->metric, join->method,
+								join->exclude_self);
 		problem.max_distance = join->radius;
 		problem.range = join->inclusive ? KNN_RANGE_AT_MOST : KNN_RANGE_BELOW;
-		if (join->exclude_self)
-		{
-			problem.query_keys = queries->ids;
-			problem.target_keys = targets->ids;
-		}
 		if (join->by_operator != NULL)
 			knn_operator_values_range(join->by_operator, &problem, queries, targets, spill_pairs,
 									  &to_spill, &stats);
