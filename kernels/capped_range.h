@@ -28,9 +28,13 @@ namespace knn {
 // (up to 32 queries and 8192 targets, each drawn from one of equal strata
 // of the rows) estimates how many eligible pairs a query has within the
 // radius on average; the top-k join answers when that is at least the
-// cap. False
-// without a cap, with a cap of every target or more (the cap never binds),
-// and when cancelled.
+// cap (the count rule). Otherwise, in a join of at least 10^6 pairs with a
+// cap of at most 128, the cost rule: the top-k join answers where the
+// range join would compute at least a quarter of the eligible pairs (its
+// bounds emulated on the sample; every pair where it is a brute force),
+// i.e. where its bounds barely prune (many dimensions). False without a
+// cap, with a cap of every target or more (the cap never binds), and when
+// cancelled.
 bool capped_range_prefers_top_k(const KnnProblem &p, const int32_t *cancel);
 
 // Query x k slots of one top-k run: as many pairs as a block of the CPU

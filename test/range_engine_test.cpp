@@ -174,6 +174,37 @@ TEST(RangeJoin, CapByTopKChoice) {
   const int32_t cancelled = 1;
   c.cap = 10;
   EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &cancelled));
+  // A radius of about 2 pairs a query under a cap of 10: the range join's
+  // bounds skip most pairs of these clusters, so the range join stays.
+  c.radius = quantile_distance(c, 2.0 / 4000);
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+}
+
+// The cost rule: in 64 dimensions the range join's bounds keep nearly every
+// pair, so a radius of about 1 pair a query under a cap of 10 runs as the
+// top-k join (the count rule alone kept the range join); the same pairs.
+// Not past kCostRuleMaxK (a cap of 200), nor where the join is small.
+TEST(RangeJoin, CapByTopKWhereTheRangeBoundsKeepMostPairs) {
+  std::mt19937_64 rng(43);
+  Case c;
+  c.queries = make_rows(KNN_ELEMENT_FLOAT32, 1000, 64, rng);
+  c.targets = make_rows(KNN_ELEMENT_FLOAT32, 2000, 64, rng);
+  c.range = KNN_RANGE_AT_MOST;
+  c.radius = quantile_distance(c, 1.0 / 2000);
+  c.cap = 10;
+  const Outcome o = run(c.problem(), 1000);
+  ASSERT_EQ(o.status, KNN_OK) << o.message;
+  const std::vector<Triple> want = reference_pairs(c);
+  EXPECT_LT(want.size(), 2000u);  // few pairs a query: the count rule says range
+  expect_same(want, o.pairs, "64-d, cap 10");
+  EXPECT_TRUE(ran_top_k(o)) << o.stats.variant;
+  const int32_t never = 0;
+  c.cap = 200;
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  c.cap = 10;
+  c.queries.n = 400;  // 800000 pairs
+  c.queries.f32.resize(400 * 64);
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
 }
 
 // Slices of the queries (a few slots each), keys, and a notice kept.
