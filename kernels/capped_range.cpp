@@ -191,12 +191,20 @@ bool capped_range_prefers_top_k(const KnnProblem &p, const int32_t *cancel) {
   return range_join_share(p, query_rows, target_rows, budget, cancel) >= kRangeShareForTopK;
 }
 
+int64_t top_k_slice_slots(const KnnProblem &p) {
+  const bool shared = p.queries == p.targets && p.n_queries == p.n_targets;
+  const int64_t rows = shared ? p.n_targets : p.n_queries + p.n_targets;
+  constexpr int64_t kSlotBytes = sizeof(int64_t) + sizeof(double);
+  return std::max(kTopKSliceSlots, rows * row_bytes(p) / kSlotBytes);
+}
+
 KnnStatus capped_range_by_top_k(const KnnProblem &p, const SubProblemRunner &run,
                                 const cpu::PairSink &sink, KnnStats *stats,
                                 const int32_t *cancel, char *message, size_t message_len,
                                 int64_t slice_slots) {
   const Clock::time_point start = Clock::now();
   const int32_t k = static_cast<int32_t>(std::min<int64_t>(p.k, p.n_targets));
+  if (slice_slots <= 0) slice_slots = top_k_slice_slots(p);
   const int64_t per_slice = std::max<int64_t>(1, slice_slots / k);
   const bool inclusive = p.range == KNN_RANGE_AT_MOST;
   std::vector<int64_t> neighbors;

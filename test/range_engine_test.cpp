@@ -247,6 +247,43 @@ TEST(RangeJoin, CapByTopKInSlices) {
             std::string::npos) << stats.variant;
 }
 
+// The slices' size follows the rows' memory: 5000 rows of 4096 floats
+// (80 MB) at a cap of 1000 are 5 million slots, past kTopKSliceSlots, yet
+// no more memory than the rows: one top-k run (the targets prepared once),
+// not two. The run here only counts (no pairs within the radius).
+TEST(RangeJoin, CapByTopKOneSliceWhereTheResultsFitBesideTheRows) {
+  const int64_t n = 5000;
+  const int dim = 4096;
+  std::vector<float> rows(static_cast<size_t>(n * dim), 0.0f);
+  KnnProblem p{};
+  p.element = KNN_ELEMENT_FLOAT32;
+  p.queries = p.targets = rows.data();
+  p.n_queries = p.n_targets = n;
+  p.dim = dim;
+  p.k = 1000;
+  p.metric = KNN_METRIC_L2;
+  p.range = KNN_RANGE_BELOW;
+  p.max_distance = 0;
+  ASSERT_GT(p.n_queries * p.k, knn::kTopKSliceSlots);
+  EXPECT_GE(knn::top_k_slice_slots(p), p.n_queries * p.k);
+  const int32_t never = 0;
+  std::vector<int64_t> slice_queries;
+  KnnStats stats{};
+  char message[256] = "";
+  const KnnStatus st = knn::capped_range_by_top_k(
+      p,
+      [&](const KnnProblem &slice, int64_t *neighbors, double *distances, KnnStats *) {
+        slice_queries.push_back(slice.n_queries);
+        std::fill(neighbors, neighbors + slice.n_queries * slice.k, 0);
+        std::fill(distances, distances + slice.n_queries * slice.k, 0.0);  // not < 0
+        return KNN_OK;
+      },
+      [](int64_t, const int64_t *, const double *, int64_t) { return true; }, &stats, &never,
+      message, sizeof message);
+  ASSERT_EQ(st, KNN_OK) << message;
+  EXPECT_EQ(slice_queries, std::vector<int64_t>{n});
+}
+
 TEST(RangeJoin, RadiusZeroFindsDuplicatesOnly) {
   std::mt19937_64 rng(7);
   for (KnnMetric metric : {KNN_METRIC_L2, KNN_METRIC_L1})
