@@ -174,6 +174,37 @@ TEST(RangeJoin, CapByTopKChoice) {
   const int32_t cancelled = 1;
   c.cap = 10;
   EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &cancelled));
+  // A radius of about 2 pairs a query under a cap of 10: the range join's
+  // bounds skip most pairs of these clusters, so the range join stays.
+  c.radius = quantile_distance(c, 2.0 / 4000);
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+}
+
+// The cost rule: in 64 dimensions the range join's bounds keep nearly every
+// pair, so a radius of about 1 pair a query under a cap of 10 runs as the
+// top-k join (the count rule alone kept the range join); the same pairs.
+// Not past kCostRuleMaxK (a cap of 200), nor where the join is small.
+TEST(RangeJoin, CapByTopKWhereTheRangeBoundsKeepMostPairs) {
+  std::mt19937_64 rng(43);
+  Case c;
+  c.queries = make_rows(KNN_ELEMENT_FLOAT32, 1000, 64, rng);
+  c.targets = make_rows(KNN_ELEMENT_FLOAT32, 2000, 64, rng);
+  c.range = KNN_RANGE_AT_MOST;
+  c.radius = quantile_distance(c, 1.0 / 2000);
+  c.cap = 10;
+  const Outcome o = run(c.problem(), 1000);
+  ASSERT_EQ(o.status, KNN_OK) << o.message;
+  const std::vector<Triple> want = reference_pairs(c);
+  EXPECT_LT(want.size(), 2000u);  // few pairs a query: the count rule says range
+  expect_same(want, o.pairs, "64-d, cap 10");
+  EXPECT_TRUE(ran_top_k(o)) << o.stats.variant;
+  const int32_t never = 0;
+  c.cap = 200;
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
+  c.cap = 10;
+  c.queries.n = 400;  // 800000 pairs
+  c.queries.f32.resize(400 * 64);
+  EXPECT_FALSE(knn::capped_range_prefers_top_k(c.problem(), &never));
 }
 
 // Slices of the queries (a few slots each), keys, and a notice kept.
@@ -214,6 +245,43 @@ TEST(RangeJoin, CapByTopKInSlices) {
   EXPECT_EQ(stats.pairs, 70 * 70);
   EXPECT_NE(std::string(stats.variant).find(std::to_string(got.size()) + " pairs within radius"),
             std::string::npos) << stats.variant;
+}
+
+// The slices' size follows the rows' memory: 5000 rows of 4096 floats
+// (80 MB) at a cap of 1000 are 5 million slots, past kTopKSliceSlots, yet
+// no more memory than the rows: one top-k run (the targets prepared once),
+// not two. The run here only counts (no pairs within the radius).
+TEST(RangeJoin, CapByTopKOneSliceWhereTheResultsFitBesideTheRows) {
+  const int64_t n = 5000;
+  const int dim = 4096;
+  std::vector<float> rows(static_cast<size_t>(n * dim), 0.0f);
+  KnnProblem p{};
+  p.element = KNN_ELEMENT_FLOAT32;
+  p.queries = p.targets = rows.data();
+  p.n_queries = p.n_targets = n;
+  p.dim = dim;
+  p.k = 1000;
+  p.metric = KNN_METRIC_L2;
+  p.range = KNN_RANGE_BELOW;
+  p.max_distance = 0;
+  ASSERT_GT(p.n_queries * p.k, knn::kTopKSliceSlots);
+  EXPECT_GE(knn::top_k_slice_slots(p), p.n_queries * p.k);
+  const int32_t never = 0;
+  std::vector<int64_t> slice_queries;
+  KnnStats stats{};
+  char message[256] = "";
+  const KnnStatus st = knn::capped_range_by_top_k(
+      p,
+      [&](const KnnProblem &slice, int64_t *neighbors, double *distances, KnnStats *) {
+        slice_queries.push_back(slice.n_queries);
+        std::fill(neighbors, neighbors + slice.n_queries * slice.k, 0);
+        std::fill(distances, distances + slice.n_queries * slice.k, 0.0);  // not < 0
+        return KNN_OK;
+      },
+      [](int64_t, const int64_t *, const double *, int64_t) { return true; }, &stats, &never,
+      message, sizeof message);
+  ASSERT_EQ(st, KNN_OK) << message;
+  EXPECT_EQ(slice_queries, std::vector<int64_t>{n});
 }
 
 TEST(RangeJoin, RadiusZeroFindsDuplicatesOnly) {
