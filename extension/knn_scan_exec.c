@@ -36,6 +36,11 @@
  *    engine never pairs equal keys. A NULL on either side makes "<>" NULL,
  *    so an outer row with a NULL key has no rows and an inner row with a
  *    NULL key belongs to none.
+ *  - Conditions that may fail after the self-exclusion (the planner's
+ *    deferred_clauses, knn_scan.h): the inner scan leaves them out and
+ *    returns its rows unsorted; the node evaluates them for the rows
+ *    PostgreSQL's plan evaluates them for, then sorts the rows that pass
+ *    (read_inner_rows_after_exclusion).
  *  - Groups ("t.g = q.g [AND t.h = q.h ...]" in the subquery): both sides'
  *    values map to group ids equal exactly when every column is equal
  *    (knn_group_keys.h) and the engine joins each group apart. A NULL in a
