@@ -96,6 +96,19 @@ typedef struct KnnJoinPath
 	Oid			exclude_collation;
 
 	/*
+	 * Conditions of the WHERE on the relation alone that may fail (not
+	 * leakproof) and that PostgreSQL evaluates after the self-exclusion,
+	 * the WHERE's only condition on the outer row: PostgreSQL evaluates them
+	 * for an inner row only when it meets an outer row of another, non-NULL
+	 * key. The inner scan leaves them out; the node evaluates them for
+	 * those rows only (knn_scan_exec.c). NIL: none.
+	 */
+	List	   *deferred_quals; /* the conjuncts of the subquery's WHERE they
+								 * are (left out of the inner scan) */
+	List	   *deferred_clauses;	/* the conditions as planned, in the order
+									 * PostgreSQL evaluates them */
+
+	/*
 	 * Group equalities "group_targets[i] = group_queries[i]": a query meets
 	 * only targets whose group columns all equal its own.
 	 */
@@ -183,6 +196,11 @@ typedef enum KnnJoinPrivate
 	KNN_PRIVATE_ORDER_OPERATORS,	/* IntList: their sort operators (Oids) */
 	KNN_PRIVATE_ORDER_COLLATIONS,	/* IntList: their collations */
 	KNN_PRIVATE_ORDER_NULLS_FIRST,	/* IntList: 1 for NULLS FIRST */
+	KNN_PRIVATE_AFTER_EXCLUSION,	/* List: the conditions evaluated after the
+									 * self-exclusion (KnnJoinPath's
+									 * deferred_clauses), their Vars INNER_VAR
+									 * columns of the inner rows; NIL = none */
+	KNN_PRIVATE_AFTER_EXCLUSION_TEXT,	/* String: them, for EXPLAIN */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 

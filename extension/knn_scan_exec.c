@@ -36,6 +36,11 @@
  *    engine never pairs equal keys. A NULL on either side makes "<>" NULL,
  *    so an outer row with a NULL key has no rows and an inner row with a
  *    NULL key belongs to none.
+ *  - Conditions that may fail after the self-exclusion (the planner's
+ *    deferred_clauses, knn_scan.h): the inner scan leaves them out and
+ *    returns its rows unsorted; the node evaluates them for the rows
+ *    PostgreSQL's plan evaluates them for, then sorts the rows that pass
+ *    (read_inner_rows_after_exclusion).
  *  - Groups ("t.g = q.g [AND t.h = q.h ...]" in the subquery): both sides'
  *    values map to group ids equal exactly when every column is equal
  *    (knn_group_keys.h) and the engine joins each group apart. A NULL in a
@@ -82,6 +87,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/ruleutils.h"
+#include "utils/tuplesort.h"
 
 #include "knn_group_keys.h"
 #include "knn_keys.h"
@@ -117,6 +123,9 @@ typedef struct KnnJoinState
 	AttrNumber	exclude_target_column;
 	Oid			exclude_type;
 	Oid			exclude_collation;
+	ExprState  *after_exclusion;	/* conditions PostgreSQL evaluates after the
+									 * self-exclusion (NULL: none), on inner
+									 * rows as ecxt_innertuple */
 	int			n_group_columns;	/* 0 = no groups */
 	AttrNumber *group_query_columns;
 	AttrNumber *group_target_columns;
@@ -372,6 +381,12 @@ knn_join_begin(CustomScanState *node, EState *estate, int eflags)
 										   &node->ss.ps);
 	state->other_filter = ExecInitQual(list_nth(cscan->custom_exprs, KNN_EXPR_FILTER),
 									   &node->ss.ps);
+	state->after_exclusion = ExecInitQual(list_nth(cscan->custom_private,
+												   KNN_PRIVATE_AFTER_EXCLUSION),
+										  &node->ss.ps);
+	/* (the planner leaves them to a table without partitions, so without shards) */
+	if (state->after_exclusion != NULL && state->shards != NULL)
+		elog(ERROR, "KNN Join: conditions after the self-exclusion over a sharded relation");
 	state->outer_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->outer_ps),
 											   &TTSOpsMinimalTuple);
 	state->inner_slot = ExecInitExtraTupleSlot(estate, ExecGetResultType(state->inner_ps),
@@ -450,6 +465,212 @@ read_all_rows(PlanState *child, MemoryContext cxt, int64 *n_rows)
 		knn_progress_rows(1);
 	}
 	*n_rows = n;
+	return rows;
+}
+
+/* Does an inner row pass the conditions evaluated after the self-exclusion? */
+static bool
+passes_after_exclusion(KnnJoinState *state, TupleTableSlot *inner_row)
+{
+	ExprContext *econtext = state->css.ss.ps.ps_ExprContext;
+	bool		passes;
+
+	CHECK_FOR_INTERRUPTS();
+	ResetExprContext(econtext);
+	econtext->ecxt_innertuple = inner_row;
+	passes = ExecQual(state->after_exclusion, econtext);
+	econtext->ecxt_innertuple = NULL;
+	return passes;
+}
+
+/*
+ * Rows of the inner scan in the tie order (the ORDER BY keys after the
+ * distance, KNN_PRIVATE_ORDER_*), as the inner scan's sort would return
+ * them: for an inner scan that leaves the sort to the node
+ * (read_inner_rows_after_exclusion). The rows are replaced by copies.
+ */
+static void
+sort_inner_rows(KnnJoinState *state, MinimalTuple *rows, int64 n)
+{
+	CustomScan *cscan = (CustomScan *) state->css.ss.ps.plan;
+	List	   *columns = list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_COLUMNS);
+	int			n_keys = list_length(columns);
+	AttrNumber *key_columns;
+	Oid		   *operators;
+	Oid		   *collations;
+	bool	   *nulls_first;
+	Tuplesortstate *sort;
+
+	if (n_keys == 0 || n < 2)
+		return;
+	key_columns = palloc(sizeof(AttrNumber) * n_keys);
+	operators = palloc(sizeof(Oid) * n_keys);
+	collations = palloc(sizeof(Oid) * n_keys);
+	nulls_first = palloc(sizeof(bool) * n_keys);
+	for (int i = 0; i < n_keys; i++)
+	{
+		key_columns[i] = list_nth_int(columns, i);
+		operators[i] = (Oid) list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_OPERATORS), i);
+		collations[i] = (Oid) list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_COLLATIONS), i);
+		nulls_first[i] = list_nth_int(list_nth(cscan->custom_private, KNN_PRIVATE_ORDER_NULLS_FIRST), i) != 0;
+	}
+	sort = tuplesort_begin_heap(state->inner_slot->tts_tupleDescriptor, n_keys, key_columns,
+								operators, collations, nulls_first, work_mem, NULL,
+								TUPLESORT_NONE);
+	for (int64 i = 0; i < n; i++)
+	{
+		ExecStoreMinimalTuple(rows[i], state->inner_slot, false);
+		tuplesort_puttupleslot(sort, state->inner_slot);
+		pfree(rows[i]);
+	}
+	tuplesort_performsort(sort);
+	for (int64 i = 0; i < n; i++)
+	{
+		MemoryContext old;
+
+		if (!tuplesort_gettupleslot(sort, true, false, state->inner_slot, NULL))
+			elog(ERROR, "KNN Join: the inner rows' sort lost a row");
+		old = MemoryContextSwitchTo(state->join_cxt);
+		rows[i] = ExecCopySlotMinimalTuple(state->inner_slot);
+		MemoryContextSwitchTo(old);
+	}
+	ExecClearTuple(state->inner_slot);
+	tuplesort_end(sort);
+}
+
+/* The self-exclusion key of the first outer row in keys (added), or -1 for NULL. */
+static int64
+first_outer_key(KnnJoinState *state, KnnKeys *keys)
+{
+	bool		isnull;
+	Datum		value;
+
+	ExecStoreMinimalTuple(state->outer_rows[0], state->outer_slot, false);
+	value = slot_getattr(state->outer_slot, state->exclude_query_column, &isnull);
+	return isnull ? -1 : knn_keys_add(keys, value);
+}
+
+/*
+ * The inner rows when conditions come after the self-exclusion
+ * (state->after_exclusion): those that pass them, evaluated for exactly
+ * the rows PostgreSQL's plan evaluates them for, in its order, so that it
+ * is the same row's error that is raised, if any. Its nested loop runs the
+ * subquery's scan per outer row, in the outer rows' order; the scan
+ * evaluates for each row, in scan order, the inner scan's conditions
+ * (here the child's), then "t.key <> q.key", then these. So:
+ *
+ *  - for the first outer row, while the child is read: on each row whose
+ *    key is not NULL and differs from that row's (not NULL) key, at once,
+ *    before the child evaluates its conditions on the next row;
+ *  - for each later outer row with a non-NULL key: on the rows not yet
+ *    evaluated whose key differs from it, in scan order. The rows left
+ *    after one such pass all have its key, so only an outer row of
+ *    another key evaluates more, and two passes at most reach them all.
+ *
+ * A row never evaluated (a NULL key, or the key of every outer row that
+ * has one) pairs with no outer row: it is left out, as those that fail.
+ * (None of this runs under LIMIT 0 or without outer rows: compute_join.)
+ * The inner scan returns the rows in the order it reads them, the order
+ * PostgreSQL's scan evaluates them in; they are put in the tie order
+ * after (sort_inner_rows).
+ */
+static MinimalTuple *
+read_inner_rows_after_exclusion(KnnJoinState *state, int64 *n_rows)
+{
+	MemoryContext keys_cxt = AllocSetContextCreate(state->join_cxt, "KNN Join keys",
+												   ALLOCSET_DEFAULT_SIZES);
+	MemoryContext old = MemoryContextSwitchTo(keys_cxt);
+	KnnKeys    *keys = knn_keys_create(state->exclude_type, state->exclude_collation);
+	int64		first_key = first_outer_key(state, keys);
+	MinimalTuple *rows = NULL;
+	int64	   *waiting_key = NULL; /* per kept row: its key until evaluated, or -1 */
+	int64		capacity = 0;
+	int64		n = 0;
+	int64		n_waiting = 0;
+	int64		last_key = first_key;
+	int64		kept = 0;
+
+	MemoryContextSwitchTo(old);
+	for (;;)
+	{
+		TupleTableSlot *slot = ExecProcNode(state->inner_ps);
+		bool		isnull;
+		Datum		value;
+		int64		key;
+
+		if (TupIsNull(slot))
+			break;
+		knn_progress_rows(1);
+		value = slot_getattr(slot, state->exclude_target_column, &isnull);
+		if (isnull)
+			continue;
+		old = MemoryContextSwitchTo(keys_cxt);
+		key = knn_keys_add(keys, value);
+		MemoryContextSwitchTo(old);
+		if (first_key >= 0 && key != first_key && !passes_after_exclusion(state, slot))
+			continue;
+		old = MemoryContextSwitchTo(state->join_cxt);
+		if (n == capacity)
+		{
+			capacity = capacity == 0 ? 1024 : capacity * 2;
+			rows = rows == NULL ?
+				MemoryContextAllocHuge(state->join_cxt, capacity * sizeof(MinimalTuple)) :
+				repalloc_huge(rows, capacity * sizeof(MinimalTuple));
+			waiting_key = waiting_key == NULL ?
+				MemoryContextAllocHuge(state->join_cxt, capacity * sizeof(int64)) :
+				repalloc_huge(waiting_key, capacity * sizeof(int64));
+		}
+		rows[n] = ExecCopySlotMinimalTuple(slot);
+		MemoryContextSwitchTo(old);
+		waiting_key[n] = first_key >= 0 && key != first_key ? -1 : key;
+		n_waiting += waiting_key[n] >= 0 ? 1 : 0;
+		n++;
+	}
+
+	/* the later outer rows */
+	for (int64 o = 1; o < state->n_outer && n_waiting > 0; o++)
+	{
+		bool		isnull;
+		Datum		value;
+		int64		key;
+
+		CHECK_FOR_INTERRUPTS();
+		ExecStoreMinimalTuple(state->outer_rows[o], state->outer_slot, false);
+		value = slot_getattr(state->outer_slot, state->exclude_query_column, &isnull);
+		if (isnull)
+			continue;
+		key = knn_keys_find(keys, value);	/* -1: differs from every row's */
+		if (key >= 0 && key == last_key)
+			continue;
+		for (int64 i = 0; i < n; i++)
+		{
+			if (waiting_key[i] < 0 || waiting_key[i] == key)
+				continue;
+			ExecStoreMinimalTuple(rows[i], state->inner_slot, false);
+			if (!passes_after_exclusion(state, state->inner_slot))
+			{
+				pfree(rows[i]);
+				rows[i] = NULL;
+			}
+			waiting_key[i] = -1;
+			n_waiting--;
+		}
+		last_key = key;
+	}
+
+	/* the rows that passed, in scan order */
+	for (int64 i = 0; i < n; i++)
+	{
+		if (rows[i] != NULL && waiting_key[i] >= 0)
+			pfree(rows[i]);
+		else if (rows[i] != NULL)
+			rows[kept++] = rows[i];
+	}
+	if (waiting_key != NULL)
+		pfree(waiting_key);
+	MemoryContextDelete(keys_cxt);
+	sort_inner_rows(state, rows, kept);
+	*n_rows = kept;
 	return rows;
 }
 
@@ -1444,7 +1665,10 @@ join_inner(KnnJoinState *state, int64 limit, instr_time start)
 {
 	instr_time	read_done;
 
-	state->inner_rows = read_all_rows(state->inner_ps, state->join_cxt, &state->n_inner);
+	if (state->after_exclusion != NULL)
+		state->inner_rows = read_inner_rows_after_exclusion(state, &state->n_inner);
+	else
+		state->inner_rows = read_all_rows(state->inner_ps, state->join_cxt, &state->n_inner);
 	if (state->offset < state->n_inner)
 		state->k = limit < 0 ? state->n_inner - state->offset :
 			Min(limit, state->n_inner - state->offset);
@@ -2104,6 +2328,10 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 	if (state->exclude_query_column > 0)
 		ExplainPropertyText("Self Exclusion",
 							strVal(list_nth(cscan->custom_private, KNN_PRIVATE_EXCLUDE_TEXT)), es);
+	if (state->after_exclusion != NULL)
+		ExplainPropertyText("Filter After Self Exclusion",
+							strVal(list_nth(cscan->custom_private,
+											KNN_PRIVATE_AFTER_EXCLUSION_TEXT)), es);
 	if (state->n_group_columns > 0)
 		ExplainPropertyText("Group Keys",
 							strVal(list_nth(cscan->custom_private, KNN_PRIVATE_GROUP_TEXT)), es);

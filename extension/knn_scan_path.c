@@ -25,6 +25,7 @@
 #include "catalog/pg_amop.h"
 #include "catalog/pg_operator.h"
 #include "catalog/pg_type.h"
+#include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/clauses.h"
 #include "optimizer/cost.h"
@@ -574,6 +575,129 @@ outer_row_params(RelOptInfo *subquery_rel)
 }
 
 /*
+ * Can PostgreSQL's own planning of a condition of the WHERE on the relation
+ * alone be evaluated on an inner row by the node: Vars of the relation
+ * (relid) only, no sub-select, no parameter but a statement's ($1)?
+ */
+static bool
+not_on_inner_row_walker(Node *node, void *relid)
+{
+	if (node == NULL)
+		return false;
+	if (IsA(node, Var))
+		return ((Var *) node)->varlevelsup != 0 || ((Var *) node)->varno != *(Index *) relid;
+	if (IsA(node, Param))
+		return ((Param *) node)->paramkind != PARAM_EXTERN;
+	if (IsA(node, SubPlan) || IsA(node, AlternativeSubPlan) || IsA(node, SubLink) ||
+		IsA(node, PlaceHolderVar))
+		return true;
+	return expression_tree_walker(node, not_on_inner_row_walker, relid);
+}
+
+/* The conditions a conjunct of the subquery's WHERE becomes in its planning. */
+static List *
+planned_conditions(PlannerInfo *subroot, Node *conjunct)
+{
+	Node	   *expr = eval_const_expressions(subroot, copyObject(conjunct));
+
+	return make_ands_implicit(canonicalize_qual((Expr *) expr, false));
+}
+
+/* Where a condition is in order (n of them), or -1. */
+static int
+position_in_order(const ScanCondition *order, int n, Node *condition)
+{
+	for (int i = 0; i < n; i++)
+		if (equal(order[i].rinfo->clause, condition))
+			return i;
+	return -1;
+}
+
+/*
+ * The conditions of rel from order[first] on -- the first that may fail
+ * after the self-exclusion, and all after it -- evaluated by the node
+ * after the self-exclusion, as PostgreSQL's plan does (KnnJoinPath's
+ * deferred_clauses; knn_scan_exec.c evaluates them). Possible where the
+ * self-exclusion is the WHERE's only condition on the outer row (a group
+ * equality or a radius keeps other rows: declined), the subquery scans a
+ * table with neither children (partitions, which may be shards) nor a
+ * view in between, PostgreSQL's plan scans it sequentially (an index
+ * applies its conditions first), and each condition is one of the
+ * subquery's own WHERE (not a view's or row-level security's) whose
+ * conjunct becomes conditions in that range only: the inner scan leaves
+ * these conjuncts out. False (nothing set) where it is not.
+ */
+static bool
+evaluate_after_exclusion(PlannerInfo *subroot, Query *sq, RelOptInfo *rel,
+						 const ScanCondition *order, int first, KnnJoinPath *kp)
+{
+	int			n = list_length(rel->baserestrictinfo);
+	bool	   *from_conjunct = palloc0(sizeof(bool) * n);
+	List	   *conjuncts = NIL;
+	ListCell   *lc;
+
+	if (sq == NULL || kp->exclude_qual == NULL || kp->group_quals != NIL ||
+		kp->radius_qual != NULL || rel->rtekind != RTE_RELATION ||
+		planner_rt_fetch(rel->relid, subroot)->inh ||
+		list_length(sq->jointree->fromlist) != 1 ||
+		!IsA(linitial(sq->jointree->fromlist), RangeTblRef) ||
+		((RangeTblRef *) linitial(sq->jointree->fromlist))->rtindex != rel->relid)
+		return false;
+	foreach(lc, rel->pathlist)
+	{
+		Path	   *path = lfirst(lc);
+
+		/* (the planning of the subquery put its select list above each) */
+		while (IsA(path, ProjectionPath))
+			path = ((ProjectionPath *) path)->subpath;
+		if (path->pathtype != T_SeqScan)
+			return false;
+	}
+
+	/* which conjuncts of the WHERE the conditions from `first` on are */
+	foreach(lc, make_ands_implicit((Expr *) sq->jointree->quals))
+	{
+		Node	   *conjunct = lfirst(lc);
+		List	   *conditions;
+		ListCell   *lcond;
+		int			in_range = 0;
+
+		if (conjunct == kp->exclude_qual)
+			continue;
+		conditions = planned_conditions(subroot, conjunct);
+		foreach(lcond, conditions)
+		{
+			int			at = position_in_order(order, n, lfirst(lcond));
+
+			if (at >= first)
+			{
+				in_range++;
+				from_conjunct[at] = true;
+			}
+		}
+		if (in_range == 0)
+			continue;
+		if (in_range != list_length(conditions))
+			return false;
+		conjuncts = lappend(conjuncts, conjunct);
+	}
+	kp->deferred_clauses = NIL;
+	for (int i = first; i < n; i++)
+	{
+		Node	   *clause = (Node *) order[i].rinfo->clause;
+
+		if (!from_conjunct[i] || not_on_inner_row_walker(clause, &rel->relid))
+		{
+			kp->deferred_clauses = NIL;
+			return false;
+		}
+		kp->deferred_clauses = lappend(kp->deferred_clauses, copyObject(clause));
+	}
+	kp->deferred_quals = conjuncts;
+	return true;
+}
+
+/*
  * PostgreSQL's plan of the subquery evaluates its conditions for each outer
  * row in evaluation_order, after the ones an index or the partitioning
  * applies, and those of a view it does not pull up (a security barrier)
@@ -583,11 +707,15 @@ outer_row_params(RelOptInfo *subquery_rel)
  * a function that is not leakproof) must come before every condition on
  * the outer row (a group equality, self-exclusion or radius): after one,
  * PostgreSQL evaluates it only for the rows that condition keeps, and it
- * would fail here alone (review r15exprrev). outer_params: the outer row's
- * parameters; *outer_seen: a condition on the outer row came before.
+ * would fail here alone (review r15exprrev) -- unless the node evaluates
+ * it, and those after it, for those rows only: after a self-exclusion
+ * (evaluate_after_exclusion). sq: the subquery as written (NULL for a
+ * view or subquery under it); outer_params: the outer row's parameters;
+ * *outer_seen: a condition on the outer row came before.
  */
 static bool
-inner_conditions_come_first(PlannerInfo *subroot, List *outer_params, bool *outer_seen)
+inner_conditions_come_first(PlannerInfo *subroot, Query *sq, List *outer_params,
+							bool *outer_seen, KnnJoinPath *kp)
 {
 	RelOptInfo *rel = single_base_relation(subroot);
 	ScanCondition *order;
@@ -595,7 +723,7 @@ inner_conditions_come_first(PlannerInfo *subroot, List *outer_params, bool *oute
 	if (rel == NULL)
 		return true;
 	if (rel->rtekind == RTE_SUBQUERY && rel->subroot != NULL &&
-		!inner_conditions_come_first(rel->subroot, outer_params, outer_seen))
+		!inner_conditions_come_first(rel->subroot, NULL, outer_params, outer_seen, kp))
 		return false;
 	if (rel->rtekind == RTE_RELATION && outer_equality_applied_first(subroot, rel, outer_params))
 		*outer_seen = true;
@@ -607,7 +735,8 @@ inner_conditions_come_first(PlannerInfo *subroot, List *outer_params, bool *oute
 		if (contain_exec_param(clause, outer_params))
 			*outer_seen = true;
 		else if (*outer_seen && contain_leaked_vars(clause))
-			return knn_scan_reject("a condition of the subquery's WHERE that may fail (a function that is not leakproof) comes after one on the outer row, which PostgreSQL evaluates first (the cheaper one, or an equality an index or the partitioning applies)");
+			return evaluate_after_exclusion(subroot, sq, rel, order, i, kp) ||
+				knn_scan_reject("a condition of the subquery's WHERE that may fail (a function that is not leakproof) comes after one on the outer row, which PostgreSQL evaluates first (the cheaper one, or an equality an index or the partitioning applies), and it is not one the node can evaluate after a self-exclusion alone (of its own WHERE, over a table PostgreSQL scans sequentially)");
 	}
 	return true;
 }
@@ -671,7 +800,8 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 		knn_scan_reject("the subquery's planning has no single table to scan");
 		return;
 	}
-	if (!inner_conditions_come_first(innerrel->subroot, outer_row_params(innerrel), &outer_seen))
+	if (!inner_conditions_come_first(innerrel->subroot, rte->subquery, outer_row_params(innerrel),
+									 &outer_seen, kp))
 		return;
 	approximate = has_approximate_index(target_rel, kp);
 	if (approximate && !knn_gpu_exact_over_index)

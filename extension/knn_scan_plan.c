@@ -34,13 +34,16 @@
 #include "optimizer/restrictinfo.h"
 #include "optimizer/tlist.h"
 #include "parser/parsetree.h"
+#include "rewrite/rewriteManip.h"
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/ruleutils.h"
 
 #include "knn_scan.h"
 
 static AttrNumber outer_column(Plan *outer_plan, Expr *expr);
+static void after_exclusion_private(PlannerInfo *root, KnnJoinPath *kp, CustomScan *cscan);
 
 static const CustomScanMethods knn_join_scan_methods = {
 	.CustomName = KNN_JOIN_NAME,
@@ -48,10 +51,34 @@ static const CustomScanMethods knn_join_scan_methods = {
 };
 
 /*
+ * The relation's columns that the conditions evaluated after the
+ * self-exclusion read (KnnJoinPath's deferred_clauses): Vars, each once.
+ */
+static List *
+after_exclusion_columns(KnnJoinPath *kp)
+{
+	List	   *columns = NIL;
+	ListCell   *lc;
+
+	foreach(lc, pull_var_clause((Node *) kp->deferred_clauses, 0))
+		columns = list_append_unique(columns, lfirst(lc));
+	return columns;
+}
+
+/* The first column of the inner rows after the ORDER BY keys after the distance. */
+static AttrNumber
+first_after_exclusion_column(KnnJoinPath *kp)
+{
+	return 2 + list_length(kp->needed_columns) + (kp->exclude_target != NULL ? 1 : 0) +
+		list_length(kp->group_targets) + list_length(kp->tie_order);
+}
+
+/*
  * The scan query's select list: column 1 is the target vector, column 2 + i
  * the i-th of kp->needed_columns, then the self-exclusion key (if any),
  * then the group keys (group_column), then the ORDER BY keys after the
- * distance (if any).
+ * distance (if any), then the columns the conditions evaluated after the
+ * self-exclusion read (after_exclusion_columns).
  */
 static List *
 inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
@@ -87,12 +114,16 @@ inner_select_list(KnnJoinPath *kp, List *subquery_tlist)
 		copy->resjunk = false;
 		tlist = lappend(tlist, copy);
 	}
+	foreach(lc, after_exclusion_columns(kp))
+		tlist = lappend(tlist, makeTargetEntry((Expr *) copyObject(lfirst(lc)),
+											   resno++, pstrdup("checked"), false));
 	return tlist;
 }
 
 /*
  * The subquery's WHERE without the self-exclusion, the group equalities
- * and the radius (they refer to the outer row).
+ * and the radius (they refer to the outer row), and the conditions the
+ * node evaluates after the self-exclusion (deferred_quals).
  */
 static Node *
 inner_where(KnnJoinPath *kp, Node *quals)
@@ -108,6 +139,8 @@ inner_where(KnnJoinPath *kp, Node *quals)
 	if (kp->radius_qual != NULL)
 		conjuncts = list_delete(conjuncts, kp->radius_qual);
 	foreach(lc, kp->group_quals)
+		conjuncts = list_delete(conjuncts, lfirst(lc));
+	foreach(lc, kp->deferred_quals)
 		conjuncts = list_delete(conjuncts, lfirst(lc));
 	return conjuncts == NIL ? NULL : (Node *) make_ands_explicit(conjuncts);
 }
@@ -130,8 +163,13 @@ plan_inner_relation(PlannerInfo *root, KnnJoinPath *kp)
 
 	scan_query->targetList = inner_select_list(kp, scan_query->targetList);
 	scan_query->jointree->quals = inner_where(kp, scan_query->jointree->quals);
-	/* Scan order is the tie order: the engine breaks ties by target row. */
-	scan_query->sortClause = copyObject(kp->tie_order);
+	/*
+	 * Scan order is the tie order: the engine breaks ties by target row.
+	 * (With conditions after the self-exclusion the node evaluates them in
+	 * the order PostgreSQL's scan reads the rows, so it sorts the rows
+	 * after: knn_scan_exec.c.)
+	 */
+	scan_query->sortClause = kp->deferred_clauses != NIL ? NIL : copyObject(kp->tie_order);
 	scan_query->limitCount = NULL;
 	scan_query->limitOffset = NULL;
 
@@ -295,6 +333,66 @@ order_private(const TieOrder *order, CustomScan *cscan)
 	cscan->custom_private = lappend(cscan->custom_private, order->nulls_first);
 }
 
+/* Replaces each Var of the relation by the inner rows' column holding it. */
+typedef struct InnerColumns
+{
+	List	   *columns;		/* after_exclusion_columns */
+	AttrNumber	first;			/* the first one's column in the inner rows */
+} InnerColumns;
+
+static Node *
+as_inner_row_columns(Node *node, InnerColumns *inner)
+{
+	if (node != NULL && IsA(node, Var))
+	{
+		ListCell   *lc;
+
+		foreach(lc, inner->columns)
+		{
+			if (equal(lfirst(lc), node))
+			{
+				Var		   *var = copyObject((Var *) node);
+
+				var->varno = INNER_VAR;
+				var->varattno = inner->first + foreach_current_index(lc);
+				return (Node *) var;
+			}
+		}
+		elog(ERROR, "KNN Join: a column of a condition after the self-exclusion was not planned");
+	}
+	return expression_tree_mutator(node, as_inner_row_columns, inner);
+}
+
+/*
+ * The conditions evaluated after the self-exclusion for custom_private:
+ * on the inner rows' columns (INNER_VAR; setrefs.c never sees them), and
+ * as text for EXPLAIN, with the relation's alias.
+ */
+static void
+after_exclusion_private(PlannerInfo *root, KnnJoinPath *kp, CustomScan *cscan)
+{
+	InnerColumns inner = {after_exclusion_columns(kp), first_after_exclusion_column(kp)};
+	List	   *conditions = NIL;
+	char	   *text = "";
+
+	if (kp->deferred_clauses != NIL)
+	{
+		RangeTblEntry *subquery_rte = planner_rt_fetch(kp->subquery_rel->relid, root);
+		Index		relid = linitial_node(RangeTblRef,
+										  subquery_rte->subquery->jointree->fromlist)->rtindex;
+		RangeTblEntry *rte = rt_fetch(relid, subquery_rte->subquery->rtable);
+		Node	   *shown = copyObject((Node *) make_ands_explicit(kp->deferred_clauses));
+
+		conditions = (List *) as_inner_row_columns((Node *) kp->deferred_clauses, &inner);
+		fix_opfuncids((Node *) conditions);
+		ChangeVarNodes(shown, relid, 1, 0);
+		text = deparse_expression(shown, deparse_context_for(rte->eref->aliasname, rte->relid),
+								  true, false);
+	}
+	cscan->custom_private = lappend(cscan->custom_private, conditions);
+	cscan->custom_private = lappend(cscan->custom_private, makeString(pstrdup(text)));
+}
+
 /* The column of the outer plan's rows that holds expr; ERROR if none. */
 static AttrNumber
 outer_column(Plan *outer_plan, Expr *expr)
@@ -440,6 +538,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->custom_private = lappend(cscan->custom_private,
 									makeInteger((int) kp->distance_operator));
 	order_private(&order, cscan);
+	after_exclusion_private(root, kp, cscan);
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

@@ -634,6 +634,129 @@ SELECT * FROM pg_temp.knn_check($$
 	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
 	                    WHERE t.v <-> q.v < 3 AND t.tag NOT LIKE 'x%'
 	                    ORDER BY t.v <-> q.v, t.id) n $$);
+-- ... but after a self-exclusion alone the node evaluates such a condition
+-- itself (Filter After Self Exclusion), for exactly the inner rows
+-- PostgreSQL's plan evaluates it for: a row meets an outer row of another,
+-- non-NULL key (outer rows in order, then scan order). Here
+-- "t.tag NOT LIKE 'far2%'", "t.id % 3 <> 0" and "t.num > 2.5" (textlike,
+-- int4mod and numeric_gt are not leakproof), each after "t.id <> q.id"
+-- (of equal cost, written first).
+EXPLAIN (COSTS OFF)
+SELECT q.qn, n.id, n.dist
+FROM knn_shapes_queries q
+CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+                    WHERE t.id <> q.id AND t.tag NOT LIKE 'far2%'
+                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n;
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.tag NOT LIKE 'far2%'
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	LEFT JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                   WHERE t.id <> q.id AND t.id % 3 <> 0
+	                   ORDER BY t.v <-> q.v, t.id LIMIT 4 OFFSET 1) n ON true $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.num > 2.5 AND t.tag IS NOT NULL
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+-- The errors: a condition that fails for the rows listed (-1: a NULL id),
+-- cheap (written first, PostgreSQL evaluates it before the self-exclusion)
+-- or costly (after it); each query's error, or none, with the node on and
+-- off (few outer rows: the node is made the cheaper plan).
+SET enable_nestloop = off;
+CREATE FUNCTION pg_temp.fails_on(id int, bad int[]) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE AS
+$$ BEGIN IF coalesce(id, -1) = ANY (bad) THEN RAISE EXCEPTION 'evaluated for row %', id; END IF;
+   RETURN true; END $$;
+CREATE FUNCTION pg_temp.cheap_fails_on(id int, bad int[]) RETURNS boolean
+LANGUAGE plpgsql IMMUTABLE COST 1 AS
+$$ BEGIN IF coalesce(id, -1) = ANY (bad) THEN RAISE EXCEPTION 'checked first for row %', id; END IF;
+   RETURN true; END $$;
+CREATE FUNCTION pg_temp.knn_errors(query text)
+RETURNS TABLE (node_on boolean, error_on text, error_off text)
+LANGUAGE plpgsql AS $$
+DECLARE
+	counted text := 'SELECT count(*) FROM (' || query || ') s';
+	saved text := current_setting('knn_gpu.enable_knn_join');
+BEGIN
+	PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+	node_on := pg_temp.knn_uses_join(counted);
+	BEGIN
+		EXECUTE counted;
+		error_on := 'none';
+	EXCEPTION WHEN OTHERS THEN
+		error_on := SQLSTATE || ' ' || SQLERRM;
+	END;
+	PERFORM set_config('knn_gpu.enable_knn_join', 'off', true);
+	BEGIN
+		EXECUTE counted;
+		error_off := 'none';
+	EXCEPTION WHEN OTHERS THEN
+		error_off := SQLSTATE || ' ' || SQLERRM;
+	END;
+	PERFORM set_config('knn_gpu.enable_knn_join', saved, true);
+	RETURN NEXT;
+END
+$$;
+-- the outer rows (qn, id) in this order; the rows that fail
+CREATE FUNCTION pg_temp.knn_error_case(outer_ids text, bad text, extra text DEFAULT '')
+RETURNS TABLE (outer_rows text, failing text, node_on boolean, error_on text, error_off text)
+LANGUAGE sql AS $$
+	SELECT outer_ids, bad, e.*
+	FROM pg_temp.knn_errors(format($q$
+		SELECT q.qn AS qid, n.id AS nid, n.dist
+		FROM (SELECT o.n AS qn, o.id, '[0,0]'::vector AS v
+		      FROM unnest(%L::int[]) WITH ORDINALITY o(id, n) ORDER BY o.n) q
+		CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+		                    WHERE %s t.id <> q.id AND pg_temp.fails_on(t.id, %L)
+		                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $q$,
+		outer_ids, extra, bad)) e
+$$;
+SELECT * FROM pg_temp.knn_error_case('{1}', '{1}');          -- only its own row: none
+SELECT * FROM pg_temp.knn_error_case('{1,1,1}', '{1,-1}');   -- ... and the NULL id: none
+SELECT * FROM pg_temp.knn_error_case('{NULL,NULL}', '{1,2,3,1001}');  -- NULL keys: none
+SELECT * FROM pg_temp.knn_error_case('{}', '{1,2,3}');       -- no outer row: none
+SELECT * FROM pg_temp.knn_error_case('{1,1,5}', '{1}');      -- the third reaches row 1
+SELECT * FROM pg_temp.knn_error_case('{1,2}', '{1,2}');      -- the first reaches row 2
+SELECT * FROM pg_temp.knn_error_case('{2,1}', '{1,2}');      -- ... row 1
+SELECT * FROM pg_temp.knn_error_case('{NULL,3,2}', '{2,3}'); -- the second reaches row 2
+SELECT * FROM pg_temp.knn_error_case('{4,4,3}', '{4}');      -- the third reaches row 4
+SELECT * FROM pg_temp.knn_error_case('{NULL,2}', '{1003,3}'); -- the second: row 3 (scan order)
+-- a cheaper condition before the self-exclusion fails on a later row than
+-- this one reaches for the first outer row: the first error is this one's
+SELECT * FROM pg_temp.knn_error_case('{1}', '{2}', 'pg_temp.cheap_fails_on(t.id, ''{3}'') AND');
+SELECT * FROM pg_temp.knn_error_case('{2}', '{2}', 'pg_temp.cheap_fails_on(t.id, ''{3}'') AND');
+-- LIMIT 0 evaluates nothing
+SELECT * FROM pg_temp.knn_errors($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND pg_temp.fails_on(t.id, '{1,2,3}')
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 0) n $$);
+RESET enable_nestloop;
+-- An index PostgreSQL's plan may scan applies its conditions first: the
+-- node declines (PostgreSQL's plan) where one is among its choices, here
+-- for "t.num > 3990", not for "t.num > 2.5" (most rows)
+CREATE INDEX knn_shapes_items_num ON knn_shapes_items (num);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.num > 3990
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+SELECT * FROM pg_temp.knn_check($$
+	SELECT q.qn AS qid, n.id AS nid, n.dist
+	FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_items t
+	                    WHERE t.id <> q.id AND t.num > 2.5
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
+DROP INDEX knn_shapes_items_num;
 -- An OFFSET past every row: no rows (not the node's limit of rows per outer row)
 SELECT pg_temp.knn_uses_join($$SELECT q.qn, n.id FROM knn_shapes_queries q
 	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 5 OFFSET 3000000000) n$$) AS node,
