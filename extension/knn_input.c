@@ -284,12 +284,14 @@ knn_vector_problem_error(KnnValueProblem problem, const char *set_name, int64 id
 		case KNN_VALUE_NOT_1D:
 			ereport(ERROR,
 					(errcode(ERRCODE_DATA_EXCEPTION),
-					 errmsg("array must be 1-D")));
+					 errmsg("%s id " INT64_FORMAT " has a multidimensional array", set_name, id),
+					 errhint("Vectors given as arrays must be one-dimensional.")));
 			break;
 		case KNN_VALUE_NULLS:
 			ereport(ERROR,
 					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("array must not contain nulls")));
+					 errmsg("%s id " INT64_FORMAT " has an array with NULL elements", set_name, id),
+					 errhint("A NULL vector is skipped; a vector must not contain NULLs.")));
 			break;
 		case KNN_VALUE_NOT_FINITE:
 			ereport(ERROR,

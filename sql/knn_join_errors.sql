@@ -22,6 +22,9 @@ SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM e', 'SELECT
 -- NULL elements, two-dimensional and empty arrays
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT 1, ARRAY[1, NULL]::real[]', 'SELECT id, v FROM e', 1)$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT 1, ARRAY[[1, 2]]::real[]', 'SELECT id, v FROM e', 1)$q$);
+-- the target side names its id as well
+SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM e', 'SELECT 7, ARRAY[[1, 2], [3, 4]]::real[]', 1)$q$);
+SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v FROM e', 'SELECT 7, ARRAY[NULL, 2]::real[]', 1)$q$);
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT 1, ARRAY[]::real[]', 'SELECT id, v FROM e', 1)$q$);
 -- wrong query shape
 SELECT pg_temp.error_of($q$SELECT * FROM knn_join('SELECT id, v, 1 FROM e', 'SELECT id, v FROM e', 1)$q$);
