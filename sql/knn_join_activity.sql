@@ -1,6 +1,8 @@
 -- While the engine runs, the backend shows it in pg_stat_activity: state
 -- active, wait_event_type "Extension". A second session (dblink) runs a
--- long CPU join; this one watches it, then cancels it.
+-- long CPU join (about 10 s on one idle core: the engine must still be
+-- running when a loaded machine's watcher gets to look); this one watches
+-- it, then cancels it.
 CREATE EXTENSION IF NOT EXISTS dblink;
 SET jit = off;
 CREATE TABLE activity_rows AS
@@ -12,7 +14,7 @@ SELECT dblink_connect('watched', format('host=%s port=%s dbname=%s',
 SELECT dblink_exec('watched', 'SET knn_gpu.device = cpu') AS set_device;
 SELECT dblink_exec('watched', 'SET knn_gpu.threads = 1') AS set_threads;
 SELECT dblink_send_query('watched',
-  'SELECT count(*) FROM knn_join(''SELECT id, v FROM activity_rows'', ''SELECT id, v FROM activity_rows'', 10, method => ''brute'')') AS sent;
+  'SELECT count(*) FROM knn_join(''SELECT id, v FROM activity_rows'', ''SELECT id + g * 100000, v FROM activity_rows, generate_series(0, 7) g'', 10, method => ''brute'')') AS sent;
 -- Look for the other backend waiting on the engine (up to 30 s).
 CREATE FUNCTION pg_temp.seen_waiting() RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
