@@ -704,7 +704,7 @@ knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *i
 }
 
 /*
- * One row of a shard's result as it arrived (single-row mode; the reader
+ * Rows of a shard's result as they arrived (a batch of its cursor; the reader
  * takes any number): (qid, distance, the columns read back) in text, the
  * rows of one outer row and partition in the subquery's order.
  */
