@@ -704,7 +704,7 @@ knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *i
 }
 
 /*
- * One row of a shard's result as it arrived (single-row mode; the reader
+ * Rows of a shard's result as they arrived (a batch of its cursor; the reader
  * takes any number): (qid, distance, the columns read back) in text, the
  * rows of one outer row and partition in the subquery's order.
  */
@@ -933,8 +933,9 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 		sorted[fill[candidates->items[i].outer_row]++] = candidates->items[i];
 	for (int64 o = 0; o < n_outer; o++)
 	{
-		qsort_arg(sorted + begin[o], begin[o + 1] - begin[o], sizeof(KnnScanCandidate),
-				  compare_candidates, &context);
+		/* an outer row's millions of candidates (a radius's) take seconds: a cancel is checked in the sort */
+		qsort_interruptible(sorted + begin[o], begin[o + 1] - begin[o], sizeof(KnnScanCandidate),
+							compare_candidates, &context);
 		if ((o & 1023) == 0)
 			CHECK_FOR_INTERRUPTS();
 	}

@@ -70,7 +70,7 @@ compare_pairs(double x_distance, int64 x_target, double y_distance, int64 y_targ
 }
 
 static int
-compare_candidates(const void *a, const void *b)
+compare_candidates(const void *a, const void *b, void *arg)
 {
 	const Candidate *x = (const Candidate *) a;
 	const Candidate *y = (const Candidate *) b;
@@ -124,7 +124,8 @@ merge_query(const KnnShardLists *sources, int n_sources, int64 q, int64 limit,
 				candidates[all].from = all;
 				all++;
 			}
-		qsort(candidates, all, sizeof(Candidate), compare_candidates);
+		/* a query's millions of pairs (a range join's) take seconds: a cancel is checked in the sort */
+		qsort_interruptible(candidates, all, sizeof(Candidate), compare_candidates, NULL);
 		return n;
 	}
 	for (int64 r = 0; r < n; r++)

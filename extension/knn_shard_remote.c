@@ -1635,14 +1635,73 @@ knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards)
 			drop_targets(shards[s]);
 }
 
+/*
+ * A join read as it arrives (knn_shard_remote_collect_rows) whose rows are
+ * small (a range join's pairs, the KNN Join node's rows) is fetched from a
+ * cursor in batches of about JOIN_BATCH_BYTES: in single-row mode libpq
+ * makes a result of its own for every row, a quarter of a range join's
+ * time for 1500000 pairs. The first batches are small (a row's size is
+ * not known before one comes), the next FETCH goes as soon as a batch has
+ * arrived (the shard makes it while this one is read here), and what
+ * libpq holds stays about a batch whatever the answer's size.
+ */
+#define JOIN_FIRST_BATCH_ROWS 256
+#define JOIN_MAX_BATCH_ROWS 65536
+#define JOIN_BATCH_BYTES (1024 * 1024)
+
+/* Sends the next FETCH of a join's cursor (after its DECLARE: the setting it changed back first). */
+static void
+send_fetch(KnnShardRemote *shard, bool after_declare)
+{
+	char	   *sql = psprintf("%sFETCH " INT64_FORMAT " FROM %s",
+							   after_declare ? "RESET cursor_tuple_fraction; " : "",
+							   shard->fetch_rows, shard->cursor);
+
+	WITH_SHARD_CONTEXT(shard);
+	if (!fdw.PQsendQuery(shard->conn, sql))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	END_SHARD_CONTEXT();
+}
+
+/*
+ * The join in a cursor there, its first batch asked for once DECLARE is
+ * answered. DECLARE plans for cursor_tuple_fraction of the rows (a fast
+ * start, which may be another plan): the join is read whole, so it is
+ * planned with 1, and the setting is RESET after it (neither knn_gpu nor
+ * postgres_fdw sets it otherwise in that session; a rollback undoes both).
+ */
+static void
+declare_join_cursor(KnnShardRemote *shard)
+{
+	shard->cursor = psprintf("knn_gpu_join_" INT64_FORMAT, shard->received_set);
+	shard->fetch_rows = JOIN_FIRST_BATCH_ROWS;
+	shard->more_rows = true;
+	{
+		WITH_SHARD_CONTEXT(shard);
+		fdw.PQclear(exec_checked(shard, "SET LOCAL cursor_tuple_fraction = 1", PGRES_COMMAND_OK));
+		END_SHARD_CONTEXT();
+	}
+	send_statement(shard, "joins",
+				   psprintf("DECLARE %s NO SCROLL %sCURSOR FOR %s", shard->cursor,
+							shard->binary_result ? "BINARY " : "", shard->join_sql),
+				   shard->n_params, shard->param_types, shard->param_values, false);
+	shard->declaring = true;
+}
+
 void
 knn_shard_remote_send(KnnShardRemote *shard)
 {
-	send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
-				   shard->param_values, shard->binary_result);
-	/* a result read as it arrives (knn_shard_remote_collect_rows): libpq never holds it whole */
-	if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+	shard->cursor = NULL;
+	if (shard->stream_result && !shard->packed_result)
+		declare_join_cursor(shard);
+	else
+	{
+		send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
+					   shard->param_values, shard->binary_result);
+		/* packed values (up to 65536 pairs each) read as they arrive: libpq never holds the whole */
+		if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+	}
 	shard->busy = true;
 	shard->holds_targets = false;	/* the join takes them */
 	INSTR_TIME_SET_CURRENT(shard->sent);
@@ -1784,6 +1843,70 @@ read_results(KnnShardRemote **shards, int n_shards, KnnShardReader reader, void 
 }
 
 /*
+ * A statement of a join's cursor has ended (libpq's NULL result): sends
+ * the first FETCH after DECLARE, the next after a full batch; false when
+ * the rows have ended.
+ */
+static bool
+cursor_statement_ended(KnnShardRemote *shard)
+{
+	bool		after_declare = shard->declaring;
+
+	shard->declaring = false;
+	if (!after_declare && !shard->more_rows)
+		return false;
+	send_fetch(shard, after_declare);
+	return true;
+}
+
+/*
+ * A batch of a join's cursor: the next batch's count set from this one's
+ * rows (about JOIN_BATCH_BYTES, at most four times this count), the next
+ * FETCH sent when libpq has the statement's end already (so the shard
+ * makes the next batch while this one is read), then the batch to reader.
+ */
+static void
+read_batch(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *reader_arg)
+{
+	int			n = fdw.PQntuples(res);
+	int			n_fields = fdw.PQnfields(res);
+	int			step = Max(n / 1024, 1);
+	double		sampled = 0.0;
+	double		bytes = 0.0;
+
+	shard->more_rows = n > 0 && n >= shard->fetch_rows;
+	/* libpq's memory of a row: its values, a pointer and a length per field, a row pointer */
+	for (int r = 0; r < n; r += step)
+	{
+		for (int f = 0; f < n_fields; f++)
+			bytes += fdw.PQgetlength(res, r, f) + 17;
+		bytes += 8;
+		sampled++;
+	}
+	if (sampled > 0)
+		shard->fetch_rows = (int64) Max(Min(Min(JOIN_BATCH_BYTES / (bytes / sampled),
+												4.0 * shard->fetch_rows),
+											JOIN_MAX_BATCH_ROWS), 1.0);
+	if (!fdw.PQisBusy(shard->conn))
+	{
+		PGresult   *end = fdw.PQgetResult(shard->conn);
+
+		if (end != NULL)
+		{
+			fdw.PQclear(res);
+			fdw.PQclear(end);
+			ereport(ERROR,
+					(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+					 errmsg("%s on foreign server \"%s\" answered a FETCH with more than one result",
+							shard->who, shard->server->servername)));
+		}
+		/* the rows ended: the caller's loop finds the statement's end again and ends the join */
+		(void) cursor_statement_ended(shard);
+	}
+	read_result(shard, res, reader, reader_arg);
+}
+
+/*
  * The blocks of a shard's fetch of held rows that libpq holds whole (in
  * single-row mode each is a result of its own), each to reader and freed;
  * fetching ends with its statement's end. Never waits: libpq has what it
@@ -1795,12 +1918,15 @@ read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader
 {
 	bool	   *busy = what == WAIT_FETCH ? &shard->fetching : &shard->busy;
 	const char *sql = what == WAIT_FETCH ? shard->fetch_sql : shard->join_sql;
+	bool		in_cursor = what == WAIT_JOIN_ROWS && shard->cursor != NULL;
 
 	WITH_SHARD_CONTEXT(shard);
 	while (*busy && !fdw.PQisBusy(shard->conn))
 	{
 		PGresult   *res = fdw.PQgetResult(shard->conn);
 
+		if (res == NULL && in_cursor && cursor_statement_ended(shard))
+			continue;			/* the next FETCH sent */
 		if (res == NULL)
 		{
 			*busy = false;
@@ -1825,8 +1951,11 @@ read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader
 		}
 		else if (fdw.PQresultStatus(res) == PGRES_SINGLE_TUPLE)
 			read_result(shard, res, reader, reader_arg);
-		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
-			fdw.PQclear(res);	/* the end of the rows; then NULL */
+		else if (in_cursor && fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
+			read_batch(shard, res, reader, reader_arg);
+		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK ||
+				 (in_cursor && fdw.PQresultStatus(res) == PGRES_COMMAND_OK))
+			fdw.PQclear(res);	/* the end of the rows; DECLARE's or RESET's answer */
 		else
 			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
 	}
@@ -1873,7 +2002,7 @@ knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards, KnnShardRea
 {
 	for (int s = 0; s < n_shards; s++)
 		if (shards[s]->busy && !shards[s]->stream_result)
-			elog(ERROR, "knn_shard_remote_collect_rows: a join sent without single-row mode");
+			elog(ERROR, "knn_shard_remote_collect_rows: a join sent to be read whole");
 	wait_for_shards(shards, n_shards, WAIT_JOIN_ROWS, reader, reader_arg);
 	after_join(shards, n_shards);
 }
@@ -1887,14 +2016,21 @@ after_join(KnnShardRemote **shards, int n_shards)
 	{
 		KnnShardRemote *shard = shards[s];
 		PGresult   *res;
+		/* the join's cursor (at its end) closed first, with the next statement: it reads the table */
+		const char *close = shard->cursor != NULL ? psprintf("CLOSE %s; ", shard->cursor) : "";
 
 		WITH_SHARD_CONTEXT(shard);
+		shard->cursor = NULL;
 		if (shard->table_exists)
-			fdw.PQclear(exec_checked(shard, psprintf("DROP TABLE %s", shard->temp_table),
+		{
+			fdw.PQclear(exec_checked(shard, psprintf("%sDROP TABLE %s", close, shard->temp_table),
 									 PGRES_COMMAND_OK));
+			close = "";
+		}
 		shard->table_exists = false;
 		/* the shard's own record of its join: its engine's phases */
-		res = exec_checked(shard, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
+		res = exec_checked(shard, psprintf("%sSELECT %s.knn_gpu_last_stats()", close,
+										   shard->knn_schema),
 						   PGRES_TUPLES_OK);
 		if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
 			shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));

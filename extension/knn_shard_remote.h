@@ -57,12 +57,22 @@ typedef struct KnnShardRemote
 	const Oid  *param_types;
 	const char *const *param_values;
 	bool		binary_result;
-	bool		stream_result;	/* join_sql's rows read as they arrive (single-row mode) */
+	bool		stream_result;	/* join_sql's rows read as they arrive (below) */
 	bool		packed_result;	/* join_sql returns knn_join_packed()'s values */
 	bool		table_exists;	/* created in this join, not yet dropped */
 	bool		copy_sent;		/* COPY FROM STDIN sent, not yet ended */
 	bool		copying;		/* ... and its COPY IN answer read */
 	bool		busy;			/* the join was sent, its result not yet read */
+	/*
+	 * A join read as it arrives whose rows are not packed runs through a
+	 * cursor there, fetched in batches (knn_shard_remote_send): its name
+	 * (NULL: none open), the next FETCH's count, DECLARE's answer not yet
+	 * read, and whether the last FETCH filled its count (more may come).
+	 */
+	char	   *cursor;
+	int64		fetch_rows;
+	bool		declaring;
+	bool		more_rows;
 	instr_time	sent;
 	/* its targets read ahead of the queries (knn_shard_receive.h), set by the caller */
 	char	   *prefetch_sql;	/* what reads them there, or NULL: the join reads them */
@@ -259,9 +269,10 @@ extern void knn_shard_remote_collect(KnnShardRemote **shards, int n_shards,
 									 KnnShardReader reader, void *reader_arg);
 
 /*
- * The same for joins sent with stream_result: each row goes to reader as
- * it arrives (a result of one row), so that no shard's whole answer is
- * held here; shard->rows is the reader's to count.
+ * The same for joins sent with stream_result: their rows go to reader as
+ * they arrive (a batch of a cursor's rows of about 1 MB, or a packed
+ * value: a result of one row), so that no shard's whole answer is held
+ * here; shard->rows is the reader's to count.
  */
 extern void knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards,
 										  KnnShardReader reader, void *reader_arg);

@@ -136,10 +136,15 @@ spill_rewind(BufFile *file)
 				 errmsg("could not seek in a temporary file of a sharded join")));
 }
 
-/* The pairs of one batch: its file's, or (none in files: one batch of all queries) those held. */
+/*
+ * The pairs of one batch: a file's (the batch's, or a group of its query
+ * rows' split from it), or (none in files: one batch of all queries) those
+ * held.
+ */
 typedef struct BatchPairs
 {
-	const Spill *spill;
+	const SpillPair *held;		/* NULL: the file's */
+	int64		n_held;
 	BufFile    *file;
 	int64		next;			/* of those held */
 } BatchPairs;
@@ -155,14 +160,144 @@ batch_rewind(BatchPairs *b)
 static bool
 batch_next(BatchPairs *b, SpillPair *pair)
 {
-	if (b->spill->held != NULL)
+	if (b->held != NULL)
 	{
-		if (b->next == b->spill->n_held)
+		if (b->next == b->n_held)
 			return false;
-		*pair = b->spill->held[b->next++];
+		*pair = b->held[b->next++];
 		return true;
 	}
 	return b->file != NULL && spill_get(b->file, pair);
+}
+
+/* What the merge of one batch's chunks needs. */
+typedef struct SpillMerge
+{
+	Spill	   *spill;
+	ReturnSetInfo *rsinfo;
+	int64		k;
+	KnnPackedRows *packed;
+	int			n_sources;
+	KnnShardLists *sources;
+	int64	  **counts;			/* per source, per query row of the batch: its pairs */
+	int64	  **fill;
+	int64		first;			/* the batch's first query row */
+	int64		rows;			/* returned so far */
+} SpillMerge;
+
+/*
+ * Merges the batch's query rows [r0, r1), whose pairs `input` holds (and
+ * maybe others'): each source's pairs of each query in the order they
+ * came, into the lists, merged into the result.
+ */
+static void
+merge_chunk(SpillMerge *m, BatchPairs *input, int64 r0, int64 r1)
+{
+	KnnShardLists *sources = m->sources;
+	SpillPair	pair;
+	int64		read = 0;
+
+	for (int s = 0; s < m->n_sources; s++)
+	{
+		int64		total = 0;
+
+		sources[s].n_queries = r1 - r0;
+		sources[s].offsets = palloc_extended((r1 - r0 + 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+		sources[s].offsets[0] = 0;
+		for (int64 q = r0; q < r1; q++)
+			sources[s].offsets[q - r0 + 1] = (total += m->counts[s][q]);
+		sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+		sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
+		m->fill[s] = palloc_extended((r1 - r0) * sizeof(int64), MCXT_ALLOC_HUGE);
+		memcpy(m->fill[s], sources[s].offsets, (r1 - r0) * sizeof(int64));
+	}
+	batch_rewind(input);
+	while (batch_next(input, &pair))
+	{
+		if (pair.row >= r0 && pair.row < r1)
+		{
+			int64		at = m->fill[pair.source][pair.row - r0]++;
+
+			sources[pair.source].target_ids[at] = pair.target_id;
+			sources[pair.source].distances[at] = pair.distance;
+		}
+		if (++read % 65536 == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	m->rows += knn_shard_merge(m->rsinfo, m->spill->queries->ids + m->first + r0, r1 - r0,
+							   sources, m->n_sources, m->k, m->packed, NULL);
+	for (int s = 0; s < m->n_sources; s++)
+	{
+		pfree(sources[s].offsets);
+		pfree(sources[s].target_ids);
+		pfree(sources[s].distances);
+		pfree(m->fill[s]);
+	}
+}
+
+/*
+ * Merges the chunks c0 .. c1 - 1 of a batch (chunk c: its query rows up to
+ * ends[c], from ends[c - 1], or r0 for c0), whose pairs `input` holds. One
+ * chunk is read from it; several are first split into a file per group of
+ * chunks (at most SPILL_MAX_FILES groups, in one read of input, each
+ * pair's order kept), each group merged the same way: a pair is read a
+ * few times (once per level), not once per chunk of its batch (a batch of
+ * many chunks, a small limit and millions of pairs, read its file again
+ * for every chunk).
+ */
+static void
+merge_chunks(SpillMerge *m, BatchPairs *input, const int64 *ends, int64 c0, int64 c1, int64 r0)
+{
+	int64		n_chunks = c1 - c0;
+	int			n_groups = (int) Min(n_chunks, SPILL_MAX_FILES);
+	int64		rows = ends[c1 - 1] - r0;
+	int32	   *group_of_row;
+	BufFile   **files;
+	SpillPair	pair;
+	int64		read = 0;
+
+	if (n_chunks == 1)
+	{
+		merge_chunk(m, input, r0, ends[c0]);
+		return;
+	}
+	/* group g: chunks c0 + g * n_chunks / n_groups up to the next group's */
+	group_of_row = palloc_extended(rows * sizeof(int32), MCXT_ALLOC_HUGE);
+	for (int g = 0, row = 0; g < n_groups; g++)
+	{
+		int64		end = ends[c0 + (g + 1) * n_chunks / n_groups - 1] - r0;
+
+		for (; row < end; row++)
+			group_of_row[row] = g;
+	}
+	files = palloc0(n_groups * sizeof(BufFile *));
+	batch_rewind(input);
+	while (batch_next(input, &pair))
+	{
+		if (pair.row >= r0 && pair.row < r0 + rows)
+		{
+			int			g = group_of_row[pair.row - r0];
+
+			if (files[g] == NULL)
+				files[g] = BufFileCreateTemp(false);
+			BufFileWrite(files[g], &pair, sizeof(pair));
+		}
+		if (++read % 65536 == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	pfree(group_of_row);
+	for (int g = 0; g < n_groups; g++)
+	{
+		int64		g0 = c0 + g * n_chunks / n_groups;
+		int64		g1 = c0 + (g + 1) * n_chunks / n_groups;
+		BatchPairs	group = {NULL, 0, files[g], 0};
+
+		merge_chunks(m, &group, ends, g0, g1, g0 == c0 ? r0 : ends[g0 - 1]);
+		if (files[g] != NULL)
+			BufFileClose(files[g]);
+		files[g] = NULL;
+	}
+	pfree(files);
 }
 
 /*
@@ -171,112 +306,87 @@ batch_next(BatchPairs *b, SpillPair *pair)
  * k is an ERROR), then the batch's query rows in chunks whose pairs fit
  * the limit (16 bytes a pair in the lists, 16 in the merge; pairs held in
  * memory took at most half of it, and a chunk of them at most the other
- * half), the file read once per chunk: once, unless the batch holds more
- * than its share (the batches are at most SPILL_MAX_FILES, k is only a
- * bound). Each chunk's lists are each source's pairs of its queries in the
- * order they came.
+ * half): one chunk unless the batch holds more than its share (the
+ * batches are at most SPILL_MAX_FILES, k is only a bound), several read
+ * from files of their own (merge_chunks). Each chunk's lists are each
+ * source's pairs of its queries in the order they came.
  */
 int64
 knn_shard_spill_merge(Spill *spill, ReturnSetInfo *rsinfo, int64 k, KnnPackedRows *packed)
 {
-	int			n_sources = spill->n_shards + 1;
 	int64		budget = Max(knn_result_memory_bytes() / 32, 1);
-	KnnShardLists *sources = palloc0(n_sources * sizeof(KnnShardLists));
-	int64	  **counts = palloc(n_sources * sizeof(int64 *));
-	int64	  **fill = palloc(n_sources * sizeof(int64 *));
-	int64		rows = 0;
 	bool		in_files = knn_shard_spill_in_files(spill);
+	SpillMerge	m;
 
+	m.spill = spill;
+	m.rsinfo = rsinfo;
+	m.k = k;
+	m.packed = packed;
+	m.n_sources = spill->n_shards + 1;
+	m.sources = palloc0(m.n_sources * sizeof(KnnShardLists));
+	m.counts = palloc(m.n_sources * sizeof(int64 *));
+	m.fill = palloc(m.n_sources * sizeof(int64 *));
+	m.rows = 0;
 	for (int64 b = 0; b < (in_files ? spill->n_batches : 1); b++)
 	{
-		int64		first = in_files ? b * spill->per_run : 0;
-		int64		n = in_files ? Min(spill->per_run, spill->queries->n - first) : spill->queries->n;
-		BatchPairs	batch = {spill, in_files ? spill->files[b] : NULL, 0};
+		int64		n = in_files ? Min(spill->per_run, spill->queries->n - b * spill->per_run) :
+			spill->queries->n;
+		BatchPairs	batch = {in_files ? NULL : spill->held, spill->n_held,
+		in_files ? spill->files[b] : NULL, 0};
 		SpillPair	pair;
+		int64	   *ends = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
+		int64		n_chunks = 0;
 
-		for (int s = 0; s < n_sources; s++)
-			counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+		m.first = in_files ? b * spill->per_run : 0;
+		for (int s = 0; s < m.n_sources; s++)
+			m.counts[s] = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
 		{
 			int64		counted = 0;
 
 			batch_rewind(&batch);
 			while (batch_next(&batch, &pair))
 			{
-				counts[pair.source][pair.row]++;
+				m.counts[pair.source][pair.row]++;
 				if (++counted % 65536 == 0)
 					CHECK_FOR_INTERRUPTS();
 			}
 		}
 		for (int s = 0; s < spill->n_shards && k >= 0; s++)
 			for (int64 q = 0; q < n; q++)
-				if (counts[s][q] > k)
+				if (m.counts[s][q] > k)
 					ereport(ERROR,
 							(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
 							 errmsg("%s on foreign server \"%s\" returned more than k pairs for a query",
 									spill->shards[s]->who, spill->shards[s]->server->servername)));
+		/* the chunks: at least one query row each, then as many as fit */
 		for (int64 r0 = 0, r1; r0 < n; r0 = r1)
 		{
 			int64		pairs = 0;
-			int64		read = 0;
 
-			/* at least one query row, then as many as fit */
 			for (r1 = r0; r1 < n; r1++)
 			{
 				int64		row_pairs = 0;
 
-				for (int s = 0; s < n_sources; s++)
-					row_pairs += counts[s][r1];
+				for (int s = 0; s < m.n_sources; s++)
+					row_pairs += m.counts[s][r1];
 				if (r1 > r0 && pairs + row_pairs > budget)
 					break;
 				pairs += row_pairs;
 			}
-			for (int s = 0; s < n_sources; s++)
-			{
-				int64		total = 0;
-
-				sources[s].n_queries = r1 - r0;
-				sources[s].offsets = palloc_extended((r1 - r0 + 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-				sources[s].offsets[0] = 0;
-				for (int64 q = r0; q < r1; q++)
-					sources[s].offsets[q - r0 + 1] = (total += counts[s][q]);
-				sources[s].target_ids = palloc_extended(Max(total, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-				sources[s].distances = palloc_extended(Max(total, 1) * sizeof(double), MCXT_ALLOC_HUGE);
-				fill[s] = palloc_extended((r1 - r0) * sizeof(int64), MCXT_ALLOC_HUGE);
-				memcpy(fill[s], sources[s].offsets, (r1 - r0) * sizeof(int64));
-			}
-			batch_rewind(&batch);
-			while (batch_next(&batch, &pair))
-			{
-				if (pair.row >= r0 && pair.row < r1)
-				{
-					int64		at = fill[pair.source][pair.row - r0]++;
-
-					sources[pair.source].target_ids[at] = pair.target_id;
-					sources[pair.source].distances[at] = pair.distance;
-				}
-				if (++read % 65536 == 0)
-					CHECK_FOR_INTERRUPTS();
-			}
-			rows += knn_shard_merge(rsinfo, spill->queries->ids + first + r0, r1 - r0, sources,
-									n_sources, k, packed, NULL);
-			for (int s = 0; s < n_sources; s++)
-			{
-				pfree(sources[s].offsets);
-				pfree(sources[s].target_ids);
-				pfree(sources[s].distances);
-				pfree(fill[s]);
-			}
+			ends[n_chunks++] = r1;
 		}
-		for (int s = 0; s < n_sources; s++)
-			pfree(counts[s]);
+		if (n_chunks > 0)
+			merge_chunks(&m, &batch, ends, 0, n_chunks, 0);
+		pfree(ends);
+		for (int s = 0; s < m.n_sources; s++)
+			pfree(m.counts[s]);
 		if (batch.file != NULL)
 			BufFileClose(batch.file);
 		if (in_files)
 			spill->files[b] = NULL;
 	}
-	pfree(sources);
-	pfree(counts);
-	pfree(fill);
-	return rows;
+	pfree(m.sources);
+	pfree(m.counts);
+	pfree(m.fill);
+	return m.rows;
 }
-

@@ -892,10 +892,11 @@ EOF
 
 # ---- statement_timeout and cancel in the middle of the shards' work ----
 BIG="SELECT count(*) FROM knn_join('SELECT id, v FROM big', 'SELECT id, v FROM big', 10, 'l2', false, 'brute')"
+# (a join read in batches runs in its cursor's FETCH: knn_shard_remote_send)
 active_on_shards() {
   local n=0 c
   for i in 1 2; do
-    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_range_join_received(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%')")
+    c=$(sql "$i" -c "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND (query LIKE '%pg_temp.knn_shard_queries%' OR query LIKE '%knn_join_received_packed(%' OR query LIKE '%knn_range_join_received(%' OR query LIKE '%knn_join_received_held_packed(%' OR query LIKE '%knn_shard_receive_queries(%' OR query LIKE '%knn_shard_prefetch_targets(%' OR query LIKE '%knn_shard_prefetch_self_join(%' OR query LIKE '%knn_shard_held_target_blocks(%' OR query LIKE '%FETCH % FROM knn_gpu_join_%')")
     n=$((n + c))
   done
   echo "$n"
@@ -1544,6 +1545,52 @@ check "the node in a cursor, its FETCH failing in a savepoint made after DECLARE
   CROSS JOIN LATERAL (SELECT t.id FROM big_here t ORDER BY t.v <-> q.v, t.id LIMIT 2) n")")" \
   "$(echo "$out" | grep -E '^(ERROR|tables|row)')"
 check "... the shards stopped" 0 "$(active_on_shards)"
+
+# The node's and knn_range_join's rows are read from a cursor there in
+# batches (about 1 MB: libpq made a result of its own for each row in
+# single-row mode, a quarter of a range join's time), the join planned for
+# all its rows (DECLARE plans for cursor_tuple_fraction of them) and that
+# setting as it was afterwards, in and after a transaction.
+sql 1 -c "CREATE VIEW cursor_fraction AS SELECT current_setting('cursor_tuple_fraction') AS f"
+sql 0 -c "CREATE FOREIGN TABLE shard1_cursor_fraction (f text) SERVER shard1 OPTIONS (table_name 'cursor_fraction')"
+out=$(sql 0 2>&1 <<'EOF'
+SET client_min_messages = debug1;
+BEGIN;
+SELECT 'node:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 3) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t WHERE t.v <-> q.v < 1000 ORDER BY t.v <-> q.v) n;
+SELECT 'range:' || count(*) FROM knn_range_join('SELECT id, v FROM big_here WHERE id <= 3', 'SELECT id, v FROM big', 1000);
+SELECT 'fraction:' || f FROM shard1_cursor_fraction;
+COMMIT;
+SELECT 'fraction:' || f FROM shard1_cursor_fraction;
+EOF
+)
+check "the node and knn_range_join read the shards' rows from a cursor in batches; cursor_tuple_fraction as it was" \
+  "$(printf 'declared:4\nnode:90000\nrange:90000\nfraction:0.1\nfraction:0.1')" \
+  "$(echo "$out" | grep -c 'joins: DECLARE knn_gpu_join_[0-9]* NO SCROLL' | sed 's/^/declared:/'; echo "$out" | grep -E '^(ERROR|node|range|fraction)')"
+
+# A batch of queries whose pairs pass a chunk of the limit (300 queries in
+# 150 batches of 2, 60000 pairs each, in chunks of 32768 within 1 MB) is
+# split into a file per chunk and each read once (it was read again for
+# every chunk of its batch: near quadratic in the pairs): the same rows in
+# the same order as one server.
+RANGE_SUM="SELECT count(*) || ' rows ' || sum(((hashint8(query_id) # hashint8(target_id * 7) # hashint8(rank)
+  # hashtext(distance::text))::numeric) * o) FROM knn_range_join('SELECT id, v FROM big_here WHERE id <= 300',
+  'SELECT id, v FROM TBL', 1000) WITH ORDINALITY AS r(query_id, target_id, rank, distance, o)"
+out=$(sql 0 -v "s=${RANGE_SUM//TBL/big}" -v "o=${RANGE_SUM//TBL/big_here}" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SET knn_gpu.max_result_memory = 1;
+SELECT (:s) AS sharded \gset
+SELECT 'batches:' || (knn_gpu_last_shard_stats()->>'merge_batches');
+RESET knn_gpu.max_result_memory;
+SELECT (:o) AS single \gset
+SELECT 'rows:' || :'sharded';
+SELECT 'sharded = one server:' || (:'sharded' = :'single');
+EOF
+)
+check "max_result_memory: knn_range_join of 9000000 pairs, batches of several chunks: = one server" \
+  "$(printf 'batches:150\nrows:9000000 rows\nsharded = one server:true')" \
+  "$(echo "$out" | sed 's/^\(rows:[0-9]* rows\) .*/\1/' | grep -E '^(ERROR|batches|rows|sharded)')"
+check "... no temporary file left" "temporary files:0" "$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)"
 
 # ---- a shard's hostile answers ----
 # A shard is a server the user mapping reaches, not a trusted one: every
