@@ -76,6 +76,7 @@ enum_options(const KnnName *names)
 static const KnnName extension_faults[] = {
 	{"admit_cpu", KNN_GPU_FAULT_ADMIT_CPU},
 	{"service_cpu", KNN_GPU_FAULT_SERVICE_CPU},
+	{"ship_cancel_at_sync", KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC},
 	{NULL, 0}
 };
 

@@ -46,6 +46,14 @@ extern int32 knn_gpu_device_list[KNN_MAX_DEVICES];
  * CPU engine, so that the service is tested without a GPU.
  */
 #define KNN_GPU_FAULT_SERVICE_CPU 1001
+/*
+ * knn_gpu.fault_injection = ship_cancel_at_sync (tests only, superuser): a
+ * sharded join's shipping of query rows fails as a cancel would, once a
+ * shard's closing pipeline sync is sent and before its answer is read (the
+ * narrow window where a real cancel or statement_timeout left the
+ * connection in pipeline mode).
+ */
+#define KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC 1002
 
 /* Defines every setting; called once from _PG_init. */
 extern void knn_settings_define(void);

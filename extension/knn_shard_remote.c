@@ -49,6 +49,7 @@
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 
+#include "knn_settings.h"
 #include "knn_shard_relay.h"
 #include "knn_shard_remote.h"
 #include "knn_stats.h"
@@ -811,6 +812,7 @@ typedef struct ShipProgress
 	int64		held;			/* rows the shard said it holds, at its last answer */
 	bool		unsent_bytes;	/* libpq still holds bytes of them */
 	bool		pipelined;		/* the connection is in pipeline mode */
+	bool		synced;			/* ... and its closing sync is sent (leave_pipeline) */
 	int			old_send_buffer;	/* SO_SNDBUF before widen_send_buffer, or -1 */
 } ShipProgress;
 
@@ -903,15 +905,27 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, KnnShardR
  * (any left by blocks an error skipped), then out of pipeline mode. Waits
  * interruptibly, or (after an error) until deadline only. False where that
  * did not come to pass (the connection is left to postgres_fdw's cleanup,
- * which then gives it up).
+ * which then gives it up). The sync is sent once: a cancel or timeout
+ * during the interruptible wait leaves it pending, and the cleanup's call
+ * then reads up to it (a second sync would leave the second's result
+ * pending, and the connection in pipeline mode).
  */
 static bool
-leave_pipeline(KnnShardRemote *shard, bool interruptible, TimestampTz deadline)
+leave_pipeline(KnnShardRemote *shard, ShipProgress *p, bool interruptible, TimestampTz deadline)
 {
 	PGconn	   *conn = shard->conn;
 
-	if (fdw.PQpipelineSync(conn) != 1)
-		return false;
+	if (!p->synced)
+	{
+		if (fdw.PQpipelineSync(conn) != 1)
+			return false;
+		p->synced = true;
+		if (interruptible && knn_gpu_fault_injection == KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC)
+			ereport(ERROR,
+					(errcode(ERRCODE_QUERY_CANCELED),
+					 errmsg("canceling statement due to user request"),
+					 errdetail("knn_gpu.fault_injection = ship_cancel_at_sync")));
+	}
 	for (;;)
 	{
 		int			rc = fdw.PQflush(conn);
@@ -966,7 +980,7 @@ fail_blocks(KnnShardRemote *shard, ShipProgress *p, TimestampTz deadline)
 	if (p->pipelined)
 	{
 		p->pipelined = false;
-		(void) leave_pipeline(shard, false, deadline);
+		(void) leave_pipeline(shard, p, false, deadline);
 	}
 	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
@@ -1370,7 +1384,7 @@ knn_shard_remote_ship_finish(KnnShardShipment *sh)
 			WITH_SHARD_CONTEXT(shards[s]);
 			if (sh->progress[s].pipelined)
 			{
-				if (!leave_pipeline(shards[s], true, 0))
+				if (!leave_pipeline(shards[s], &sh->progress[s], true, 0))
 					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sh->st[s].sql);
 				sh->progress[s].pipelined = false;
 			}

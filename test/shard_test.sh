@@ -964,6 +964,27 @@ BIGQ="SELECT count(*) FROM knn_join('SELECT id, v FROM bigq', 'SELECT id, v FROM
 timeouts_at "many queries" "$BIGQ" $(seq 100 30 1000) 1300 1800
 check "the shards stopped working" 0 "$(active_on_shards)"
 
+# A cancel once a shard's closing pipeline sync is sent, before its answer
+# (the test hook stands for it: a real timeout lands there rarely): the
+# shipping's cleanup reads up to that sync instead of sending another, so the
+# connection leaves pipeline mode and postgres_fdw's abort raises no WARNING.
+out=$(sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+SET knn_gpu.fault_injection = ship_cancel_at_sync;
+\\set ON_ERROR_STOP 0
+$BIGQ;
+RESET knn_gpu.fault_injection;
+SELECT 'after:' || count(*) FROM shard1_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard2_pg_class WHERE relname LIKE 'knn_shard_queries%';
+SELECT 'after:' || count(*) FROM shard1_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'after:' || count(*) FROM shard2_prepared WHERE name LIKE 'knn_gpu_receive_queries_%';
+SELECT 'again:' || (count(*) > 0) FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 3);
+EOF
+)
+check "a cancel at the shipping's closing sync: the cancel's error, no WARNING, nothing left, the session works" \
+  "$(printf 'ERROR:  canceling statement due to user request\nafter:0\nafter:0\nafter:0\nafter:0\nagain:true')" \
+  "$(echo "$out" | grep -E '^(after|again):|WARNING|ERROR:' | sed 's/^.*ERROR:/ERROR:/')"
+
 # cancel_and_wait PID: cancels the coordinator's backend named knn_shard_cancel
 # and waits for its psql (PID, started in the background); sets ms to the
 # milliseconds from the cancel to psql's end.
