@@ -209,6 +209,18 @@ SELECT (SELECT count(*) FROM knn_w_param) AS rows,
 DROP TABLE knn_w_param, knn_w_literal;
 EXECUTE knn_w_top(0);
 EXECUTE knn_w_top(NULL);
+-- "rn < $1": LIMIT GREATEST($1, 1) - 1, so that 1, a very negative k or
+-- NULL, which keep no row, are no error.
+PREPARE knn_w_below(bigint) AS
+SELECT count(*) FROM (
+  SELECT row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn < $1;
+SELECT pg_temp.knn_uses_join('EXECUTE knn_w_below(4)') AS node;
+EXECUTE knn_w_below(4);
+EXECUTE knn_w_below(1);
+EXECUTE knn_w_below(-9223372036854775808);
+EXECUTE knn_w_below(NULL);
 RESET plan_cache_mode;
 SELECT * FROM pg_temp.window_check($$
   WITH s AS (
