@@ -14,11 +14,12 @@
  * (PARTITION BY a unique, NOT NULL key of q), the rows numbered 1 to k of a
  * partition are the first k items by the window's ORDER BY, which is what
  *
- *     SELECT q.id AS query_id, n.id AS target_id, n.distance AS d,
- *            row_number() OVER (PARTITION BY q.id ORDER BY n.distance, n.id) AS rn
+ *     SELECT q.id AS query_id, nearest.id AS target_id, nearest.distance AS d,
+ *            row_number() OVER (PARTITION BY q.id
+ *                               ORDER BY nearest.distance, nearest.id) AS rn
  *     FROM queries q CROSS JOIN LATERAL (
- *       SELECT t.id, t.v <-> q.v AS distance FROM items t WHERE <conditions>
- *       ORDER BY t.v <-> q.v, t.id LIMIT 10) n
+ *       SELECT t.v <-> q.v AS distance, t.id FROM items t WHERE <conditions>
+ *       ORDER BY t.v <-> q.v, t.id LIMIT 10) nearest
  *
  * returns, with the same row numbers (the window now numbers k rows per
  * query row). The outer query and its filter stay as written. Likewise
