@@ -29,7 +29,9 @@
  * knn_scan_exec.c  runs it: reads both children, calls the engine, emits;
  * knn_scan_ties.c  the engine's rows for FETCH FIRST ... WITH TIES;
  * knn_scan_shard.c the inner relation's partitions that join on their own
- *                  servers (knn_scan_shard.h).
+ *                  servers (knn_scan_shard.h);
+ * knn_scan_window.c the same query written with row_number() or DISTINCT ON,
+ *                  rewritten into the LATERAL form before planning.
  */
 #ifndef KNN_SCAN_H
 #define KNN_SCAN_H
@@ -134,6 +136,9 @@ extern bool knn_scan_orders_by_distance(Query *sq); /* some ORDER BY key a dista
 extern bool knn_scan_top_k_reaches_up(Query *sq, Index levels);
 extern bool knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids,
 											 Relids outer_relids, KnnJoinPath *kp);
+
+/* knn_scan_window.c: installs the planner hook; called by knn_scan_register. */
+extern void knn_scan_window_register(void);
 
 /* knn_scan_plan.c */
 extern const CustomPathMethods knn_join_path_methods;

@@ -855,6 +855,7 @@ void
 knn_scan_register(void)
 {
 	knn_scan_register_plan();
+	knn_scan_window_register();
 	prev_join_pathlist_hook = set_join_pathlist_hook;
 	set_join_pathlist_hook = knn_join_pathlist_hook;
 	prev_rel_pathlist_hook = set_rel_pathlist_hook;

@@ -1,0 +1,324 @@
+--
+-- The top-k-per-row query written with row_number() or DISTINCT ON over a
+-- join of two tables, planned as the KNN Join (knn_scan_window.c rewrites
+-- it into the LATERAL form before planning), with the rows, distances and
+-- row numbers of PostgreSQL's own plan (knn_gpu.enable_knn_join = off,
+-- which also turns the rewrite off); and the shapes it leaves alone.
+-- (The rewrite needs the library loaded before the statement is planned:
+-- the INSERTs' vector literals below load it.)
+--
+SET extra_float_digits = 0;
+SET jit = off;
+
+-- A coarse grid (many equal distances), NULL vectors, a group column and a
+-- halfvec copy; queries with a unique NOT NULL key, one with a NULL vector.
+CREATE TABLE knn_w_items (id int PRIMARY KEY, v vector(3), h halfvec(3), g int);
+INSERT INTO knn_w_items
+SELECT i, CASE WHEN i % 41 = 0 THEN NULL
+               ELSE format('[%s,%s,%s]', i % 7, (i / 7) % 5, i % 3)::vector(3) END,
+       CASE WHEN i % 41 = 0 THEN NULL
+            ELSE format('[%s,%s,%s]', i % 7, (i / 7) % 5, i % 3)::halfvec(3) END,
+       i % 4
+FROM generate_series(1, 1200) i;
+CREATE TABLE knn_w_queries (id int PRIMARY KEY, v vector(3), h halfvec(3), g int, name text);
+INSERT INTO knn_w_queries
+SELECT i, CASE WHEN i = 13 THEN NULL
+               ELSE format('[%s,%s,%s]', (i * 3) % 8, (i * 5) % 6, i % 4)::vector(3) END,
+       format('[%s,%s,%s]', (i * 3) % 8, (i * 5) % 6, i % 4)::halfvec(3),
+       i % 4, 'q' || i
+FROM generate_series(1, 80) i;
+-- Fewer rows than k, two of them with a NULL vector, some equal.
+CREATE TABLE knn_w_few (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_few
+SELECT i, CASE WHEN i % 5 = 0 THEN NULL ELSE format('[%s,%s,0]', i % 3, i % 2)::vector(3) END
+FROM generate_series(1, 12) i;
+-- Keys that do not make one partition one row.
+CREATE TABLE knn_w_no_key (id int, v vector(3));
+INSERT INTO knn_w_no_key SELECT id, v FROM knn_w_queries;
+CREATE TABLE knn_w_nullable (id int UNIQUE, v vector(3));
+INSERT INTO knn_w_nullable SELECT id, v FROM knn_w_queries;
+CREATE TABLE knn_w_deferred (id int UNIQUE DEFERRABLE INITIALLY DEFERRED NOT NULL, v vector(3));
+INSERT INTO knn_w_deferred SELECT id, v FROM knn_w_queries;
+-- (a parent's primary key does not cover its inheritance children)
+CREATE TABLE knn_w_parent (id int PRIMARY KEY, v vector(3));
+CREATE TABLE knn_w_child () INHERITS (knn_w_parent);
+INSERT INTO knn_w_parent SELECT id, v FROM knn_w_queries;
+INSERT INTO knn_w_child SELECT id, v FROM knn_w_queries;
+ANALYZE knn_w_items, knn_w_queries, knn_w_few, knn_w_no_key, knn_w_nullable, knn_w_deferred,
+        knn_w_parent, knn_w_child;
+
+\i sql/knn_scan_helpers.psql
+\i sql/same_under.psql
+
+-- Runs a query with the node (and the rewrite) on and off and compares:
+-- which plan had the node, the row counts, and the rows in one result and
+-- not the other (EXCEPT ALL both ways, whole rows).
+CREATE FUNCTION pg_temp.window_check(query text)
+RETURNS TABLE (node_on boolean, node_off boolean, rows_on bigint, rows_off bigint, differing bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	saved text := current_setting('knn_gpu.enable_knn_join');
+BEGIN
+	PERFORM set_config('knn_gpu.enable_knn_join', 'on', true);
+	node_on := pg_temp.knn_uses_join(query);
+	EXECUTE 'CREATE TEMP TABLE knn_w_on AS SELECT r::text AS r FROM (' || query || ') r';
+	PERFORM set_config('knn_gpu.enable_knn_join', 'off', true);
+	node_off := pg_temp.knn_uses_join(query);
+	EXECUTE 'CREATE TEMP TABLE knn_w_off AS SELECT r::text AS r FROM (' || query || ') r';
+	PERFORM set_config('knn_gpu.enable_knn_join', saved, true);
+	SELECT count(*) INTO rows_on FROM knn_w_on;
+	SELECT count(*) INTO rows_off FROM knn_w_off;
+	SELECT count(*) INTO differing FROM (
+		(SELECT r FROM knn_w_on EXCEPT ALL SELECT r FROM knn_w_off)
+		UNION ALL
+		(SELECT r FROM knn_w_off EXCEPT ALL SELECT r FROM knn_w_on)) d;
+	DROP TABLE knn_w_on, knn_w_off;
+	RETURN NEXT;
+END
+$$;
+
+-- The plans.
+EXPLAIN (COSTS OFF)
+SELECT query_id, target_id, d FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn <= 10;
+EXPLAIN (COSTS OFF)
+SELECT DISTINCT ON (q.id) q.id, t.id, t.v <-> q.v
+FROM knn_w_queries q, knn_w_items t
+ORDER BY q.id, t.v <-> q.v, t.id;
+-- The rewrite is said at DEBUG1.
+SET client_min_messages = debug1;
+SELECT count(*) FROM (
+  SELECT row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn <= 10;
+RESET client_min_messages;
+
+-- row_number() with a tie key: the same rows, ids and row numbers.
+SELECT * FROM pg_temp.window_check($$
+  SELECT query_id, target_id, d, rn FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE rn <= 10 $$);
+-- A tie key descending, with "rn < 11", CROSS JOIN.
+SELECT * FROM pg_temp.window_check($$
+  SELECT query_id, target_id, d, rn FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id DESC) AS rn
+    FROM knn_w_queries q CROSS JOIN knn_w_items t) s
+  WHERE rn < 11 $$);
+-- Without a tie key (PostgreSQL numbers equal distances in any order): the
+-- distance at each row number; "11 > rn", JOIN ... ON true.
+SELECT * FROM pg_temp.window_check($$
+  SELECT query_id, d, rn FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+    FROM knn_w_queries q JOIN knn_w_items t ON true) s
+  WHERE 11 > rn $$);
+-- Self-exclusion (in the WHERE, and as the JOIN's ON), other conditions on
+-- rn beside the bound, the cosine distance.
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <=> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <=> q.v, t.id) AS rn
+    FROM knn_w_items q, knn_w_items t WHERE t.id <> q.id) s
+  WHERE rn <= 5 AND rn % 2 = 1 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_items q JOIN knn_w_items t ON t.id <> q.id) s
+  WHERE rn <= 3 $$);
+-- Conditions on t alone, on q alone, and a group equality.
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, q.name, t.id AS target_id, t.g, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_queries q, knn_w_items t
+    WHERE t.g <> 2 AND t.id % 5 <> 0 AND q.id < 50) s
+  WHERE rn <= 4 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_queries q, knn_w_items t WHERE t.g = q.g) s
+  WHERE rn <= 4 $$);
+-- Fewer targets than k, NULL vectors among them (numbered last).
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_items q, knn_w_few t) s
+  WHERE rn <= 20 $$);
+SELECT s.* FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_queries q, knn_w_few t) s
+WHERE rn <= 20 AND query_id IN (1, 13) ORDER BY query_id, rn;
+-- The roles by the PARTITION BY: here the few rows are the queries.
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS item_id, t.id AS few_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY t.id ORDER BY t.v <-> q.v, q.id) AS rn
+    FROM knn_w_items q, knn_w_few t) s
+  WHERE rn <= 3 $$);
+-- halfvec.
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.h <-> q.h AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.h <-> q.h, t.id) AS rn
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE rn <= 6 $$);
+-- The select list through s: whole rows of both relations, their names
+-- and types, the partitioning by a key and another column.
+SELECT * FROM pg_temp.window_check($$
+  SELECT s.* FROM (
+    SELECT q.*, t.*, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.name, q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE rn <= 2 $$);
+SELECT s.* FROM (
+  SELECT q.*, t.*, t.v <-> q.v AS d,
+         row_number() OVER (PARTITION BY q.name, q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn <= 2 ORDER BY 1, rn LIMIT 4;
+-- k as a parameter (a generic plan), also one that keeps no row, and in a WITH.
+SET plan_cache_mode = force_generic_plan;
+PREPARE knn_w_top(int) AS
+SELECT query_id, target_id, d, rn FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn <= $1 ORDER BY query_id, rn;
+SELECT pg_temp.knn_uses_join('EXECUTE knn_w_top(3)') AS node;
+CREATE TEMP TABLE knn_w_param AS EXECUTE knn_w_top(3);
+SET knn_gpu.enable_knn_join = off;
+CREATE TEMP TABLE knn_w_literal AS
+SELECT query_id, target_id, d, rn FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn <= 3;
+RESET knn_gpu.enable_knn_join;
+SELECT (SELECT count(*) FROM knn_w_param) AS rows,
+       (SELECT count(*) FROM ((TABLE knn_w_param EXCEPT ALL TABLE knn_w_literal)
+                              UNION ALL (TABLE knn_w_literal EXCEPT ALL TABLE knn_w_param)) d) AS differing;
+DROP TABLE knn_w_param, knn_w_literal;
+EXECUTE knn_w_top(0);
+EXECUTE knn_w_top(NULL);
+-- "rn < $1": LIMIT GREATEST($1, 1) - 1, so that 1, a very negative k or
+-- NULL, which keep no row, are no error.
+PREPARE knn_w_below(bigint) AS
+SELECT count(*) FROM (
+  SELECT row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE rn < $1;
+SELECT pg_temp.knn_uses_join('EXECUTE knn_w_below(4)') AS node;
+EXECUTE knn_w_below(4);
+EXECUTE knn_w_below(1);
+EXECUTE knn_w_below(-9223372036854775808);
+EXECUTE knn_w_below(NULL);
+RESET plan_cache_mode;
+SELECT * FROM pg_temp.window_check($$
+  WITH s AS (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_queries q, knn_w_items t)
+  SELECT query_id, target_id, d, rn FROM s WHERE rn <= 7 $$);
+
+-- DISTINCT ON, with and without a tie key, with self-exclusion, and with
+-- LIMIT after it (the order by q's key is kept).
+SELECT * FROM pg_temp.window_check($$
+  SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.v <-> q.v AS d
+  FROM knn_w_queries q, knn_w_items t ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT DISTINCT ON (q.id) q.id, t.v <-> q.v AS d
+  FROM knn_w_queries q, knn_w_items t ORDER BY q.id, t.v <-> q.v $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.v <-> q.v AS d
+  FROM knn_w_items q, knn_w_items t WHERE t.id <> q.id ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.v <-> q.v AS d
+  FROM knn_w_queries q, knn_w_items t ORDER BY q.id DESC, t.v <-> q.v, t.id LIMIT 5 OFFSET 2 $$) AS node,
+  pg_temp.same_under($$
+  SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.v <-> q.v AS d
+  FROM knn_w_queries q, knn_w_items t ORDER BY q.id DESC, t.v <-> q.v, t.id LIMIT 5 OFFSET 2 $$,
+  'knn_gpu.enable_knn_join', 'on', 'off');
+SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.v <-> q.v AS d
+FROM knn_w_queries q, knn_w_items t ORDER BY q.id DESC, t.v <-> q.v, t.id LIMIT 5 OFFSET 2;
+
+-- Left alone: PostgreSQL's plan, and why.
+SET client_min_messages = debug1;
+-- a partition key that is not unique, nullable, or deferred
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_no_key q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_nullable q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_deferred q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_parent q, knn_w_few t) s WHERE rn <= 2 $$);
+-- PARTITION BY an expression, or a column that is not a key
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id + 0 ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.g ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+-- DESC
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v DESC) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+-- other window functions
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn,
+                        count(*) OVER (PARTITION BY q.id) AS n
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+-- no upper bound on rn, or a condition on another column
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn >= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 OR d < 1 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 AND d < 1 $$);
+-- three relations
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t, knn_w_few u WHERE u.id = t.id) s WHERE rn <= 2 $$);
+-- a volatile function
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, random() AS r,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+-- an expression of the target relation in the select list
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id * 2, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+-- DISTINCT ON a column that is not a key
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.g) q.g, t.id FROM knn_w_queries q, knn_w_few t ORDER BY q.g, t.v <-> q.v $$);
+-- the node turned off turns the rewrite off
+SET knn_gpu.enable_knn_join = off;
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+RESET knn_gpu.enable_knn_join;
+RESET client_min_messages;
+
+DROP TABLE knn_w_items, knn_w_queries, knn_w_few, knn_w_no_key, knn_w_nullable, knn_w_deferred,
+           knn_w_parent, knn_w_child;
