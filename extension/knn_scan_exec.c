@@ -500,9 +500,12 @@ sort_inner_rows(KnnJoinState *state, MinimalTuple *rows, int64 n)
 	Oid		   *collations;
 	bool	   *nulls_first;
 	Tuplesortstate *sort;
+	MemoryContext old;
 
 	if (n_keys == 0 || n < 2)
 		return;
+	/* (in join_cxt, which a rescan resets: the caller's lives as long as the query) */
+	old = MemoryContextSwitchTo(state->join_cxt);
 	key_columns = palloc(sizeof(AttrNumber) * n_keys);
 	operators = palloc(sizeof(Oid) * n_keys);
 	collations = palloc(sizeof(Oid) * n_keys);
@@ -526,16 +529,13 @@ sort_inner_rows(KnnJoinState *state, MinimalTuple *rows, int64 n)
 	tuplesort_performsort(sort);
 	for (int64 i = 0; i < n; i++)
 	{
-		MemoryContext old;
-
 		if (!tuplesort_gettupleslot(sort, true, false, state->inner_slot, NULL))
 			elog(ERROR, "KNN Join: the inner rows' sort lost a row");
-		old = MemoryContextSwitchTo(state->join_cxt);
 		rows[i] = ExecCopySlotMinimalTuple(state->inner_slot);
-		MemoryContextSwitchTo(old);
 	}
 	ExecClearTuple(state->inner_slot);
 	tuplesort_end(sort);
+	MemoryContextSwitchTo(old);
 }
 
 /* The self-exclusion key of the first outer row in keys (added), or -1 for NULL. */

@@ -757,6 +757,51 @@ SELECT * FROM pg_temp.knn_check($$
 	                    WHERE t.id <> q.id AND t.num > 2.5
 	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n $$);
 DROP INDEX knn_shapes_items_num;
+-- Memory: a node rescanned many times (here in a correlated sub-select)
+-- keeps nothing of a run after the next starts; the memory of the
+-- statement grows no more with the node than with PostgreSQL's plan.
+CREATE TABLE knn_shapes_few (id int, v vector, tag text);
+INSERT INTO knn_shapes_few
+	SELECT i, format('[%s,%s]', i % 4, i % 3)::vector, 't' || i FROM generate_series(1, 20) i;
+ANALYZE knn_shapes_few;
+SET enable_nestloop = off;
+-- the statement's executor memory after `rescans` runs of the sub-select
+CREATE FUNCTION pg_temp.knn_rescan_memory(rescans int) RETURNS bigint
+LANGUAGE plpgsql AS $f$
+DECLARE
+	used bigint;
+BEGIN
+	EXECUTE format($q$
+		SELECT max(used) FROM (
+			SELECT (SELECT sum(n.id) FROM knn_shapes_queries q
+			        CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_few t
+			                            WHERE t.id <> q.id AND t.tag NOT LIKE 't1%%'
+			                            ORDER BY t.v <-> q.v, t.id LIMIT 3) n
+			        WHERE q.qn <= g %% 3 + 1) AS s,
+			       CASE WHEN g = %s THEN
+			           (SELECT sum(used_bytes) FROM pg_backend_memory_contexts
+			            WHERE name = 'ExecutorState' AND g IS NOT NULL) END AS used
+			FROM generate_series(1, %s) g) r WHERE s IS NOT NULL OR used IS NOT NULL $q$,
+		rescans, rescans) INTO used;
+	RETURN used;
+END
+$f$;
+SELECT pg_temp.knn_uses_join($$SELECT (SELECT sum(n.id) FROM knn_shapes_queries q
+	CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS dist FROM knn_shapes_few t
+	                    WHERE t.id <> q.id AND t.tag NOT LIKE 't1%'
+	                    ORDER BY t.v <-> q.v, t.id LIMIT 3) n
+	WHERE q.qn <= g % 3 + 1) FROM generate_series(1, 2) g$$) AS node;
+CREATE TEMP TABLE knn_growth AS
+	SELECT true AS node_on, pg_temp.knn_rescan_memory(3000) - pg_temp.knn_rescan_memory(100) AS bytes;
+SET knn_gpu.enable_knn_join = off;
+INSERT INTO knn_growth
+	SELECT false, pg_temp.knn_rescan_memory(3000) - pg_temp.knn_rescan_memory(100);
+SELECT max(bytes) FILTER (WHERE node_on) - max(bytes) FILTER (WHERE NOT node_on) < 65536 AS no_growth
+FROM knn_growth;
+DROP TABLE knn_growth;
+RESET knn_gpu.enable_knn_join;
+RESET enable_nestloop;
+DROP TABLE knn_shapes_few;
 -- An OFFSET past every row: no rows (not the node's limit of rows per outer row)
 SELECT pg_temp.knn_uses_join($$SELECT q.qn, n.id FROM knn_shapes_queries q
 	CROSS JOIN LATERAL (SELECT t.id FROM knn_shapes_items t ORDER BY t.v <-> q.v LIMIT 5 OFFSET 3000000000) n$$) AS node,
