@@ -873,6 +873,17 @@ try_window_form(Query *outer)
 		}
 		if (!looks_like_window_query(window))
 			continue;
+
+		/*
+		 * Only a SELECT's WHERE drops the rows it rejects: MERGE keeps its
+		 * ON condition in the same place, and a source row failing it is
+		 * NOT MATCHED, not gone.
+		 */
+		if (outer->commandType != CMD_SELECT)
+		{
+			knn_scan_reject("the query above the window query is not a SELECT");
+			continue;
+		}
 		if (outer->setOperations != NULL || list_length(outer->jointree->fromlist) != 1 ||
 			!IsA(linitial(outer->jointree->fromlist), RangeTblRef) ||
 			linitial_node(RangeTblRef, outer->jointree->fromlist)->rtindex != rtindex)

@@ -367,3 +367,22 @@ WHERE rn <= 2;
 RESET ROLE;
 DROP TABLE knn_w_rls_queries, knn_w_rls_items, knn_w_hidden;
 DROP ROLE knn_w_reader;
+
+-- MERGE keeps its ON condition where a SELECT keeps its WHERE; a source row
+-- for which "rn <= 2" is false is NOT MATCHED (inserted here), not dropped:
+-- the query is left alone, all 12 rows of every query row are inserted.
+CREATE TABLE knn_w_merge_queries (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_merge_queries
+SELECT i, format('[%s,%s,0]', i % 3, i % 2)::vector(3) FROM generate_series(1, 5) i;
+CREATE TABLE knn_w_merge_items (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_merge_items
+SELECT i, format('[%s,%s,1]', i % 4, i % 3)::vector(3) FROM generate_series(1, 12) i;
+CREATE TABLE knn_w_merged (query_id int, target_id int, rn bigint);
+MERGE INTO knn_w_merged m
+USING (SELECT q.id AS query_id, t.id AS target_id,
+              row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+       FROM knn_w_merge_queries q, knn_w_merge_items t) s
+ON s.rn <= 2
+WHEN NOT MATCHED THEN INSERT VALUES (s.query_id, s.target_id, s.rn);
+SELECT count(*) AS rows, count(DISTINCT query_id) AS queries, max(rn) AS max_rn FROM knn_w_merged;
+DROP TABLE knn_w_merge_queries, knn_w_merge_items, knn_w_merged;
