@@ -732,11 +732,18 @@ rewrite_as_lateral(PairShape *shape)
 	Query	   *inner = makeNode(Query);
 	RangeTblEntry *lateral = makeNode(RangeTblEntry);
 	RangeTblRef *t_ref = makeNode(RangeTblRef);
+	RangeTblEntry *inner_t = copyObject(t_rte);
 	InnerColumns columns = {shape, NIL, "nearest"};
 	OuterContext context = {&columns, t_rte, NULL};
 	List	   *colnames = NIL;
 	Index		sortgroupref = 0;
 	ListCell   *lc;
+
+	/*
+	 * t's entry, now the subquery's only one: its row-level security
+	 * policies' conditions (securityQuals) reference t at its new index
+	 */
+	inner_t->securityQuals = (List *) as_inner((Node *) t_rte->securityQuals, shape);
 
 	/* the keys: the distance, then the keys after it */
 	foreach(lc, shape->order)
@@ -781,7 +788,8 @@ rewrite_as_lateral(PairShape *shape)
 
 	inner->commandType = CMD_SELECT;
 	inner->querySource = QSRC_ORIGINAL;
-	inner->rtable = list_make1(copyObject(t_rte));
+	inner->rtable = list_make1(inner_t);
+	inner->hasRowSecurity = query->hasRowSecurity;
 	t_ref->rtindex = 1;
 	inner->jointree = makeFromExpr(list_make1(t_ref),
 								   shape->inner_conditions == NIL ? NULL :
@@ -865,6 +873,17 @@ try_window_form(Query *outer)
 		}
 		if (!looks_like_window_query(window))
 			continue;
+
+		/*
+		 * Only a SELECT's WHERE drops the rows it rejects: MERGE keeps its
+		 * ON condition in the same place, and a source row failing it is
+		 * NOT MATCHED, not gone.
+		 */
+		if (outer->commandType != CMD_SELECT)
+		{
+			knn_scan_reject("the query above the window query is not a SELECT");
+			continue;
+		}
 		if (outer->setOperations != NULL || list_length(outer->jointree->fromlist) != 1 ||
 			!IsA(linitial(outer->jointree->fromlist), RangeTblRef) ||
 			linitial_node(RangeTblRef, outer->jointree->fromlist)->rtindex != rtindex)

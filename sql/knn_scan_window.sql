@@ -322,3 +322,67 @@ RESET client_min_messages;
 
 DROP TABLE knn_w_items, knn_w_queries, knn_w_few, knn_w_no_key, knn_w_nullable, knn_w_deferred,
            knn_w_parent, knn_w_child;
+
+-- Row-level security on the target table: its policy's condition moves
+-- into the LATERAL subquery with the table (the target second in FROM, so
+-- its index there changes), and still applies; a table the role may not
+-- read is still refused.
+CREATE TABLE knn_w_rls_queries (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_rls_queries
+SELECT i, format('[%s,%s,%s]', (i * 3) % 8, (i * 5) % 6, i % 4)::vector(3) FROM generate_series(1, 30) i;
+CREATE TABLE knn_w_rls_items (id int PRIMARY KEY, v vector(3), owner text);
+INSERT INTO knn_w_rls_items
+SELECT i, format('[%s,%s,%s]', i % 7, (i / 7) % 5, i % 3)::vector(3),
+       CASE WHEN i % 3 = 0 THEN 'knn_w_reader' ELSE 'someone_else' END
+FROM generate_series(1, 300) i;
+CREATE TABLE knn_w_hidden (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_hidden SELECT id, v FROM knn_w_rls_queries;
+ALTER TABLE knn_w_rls_items ENABLE ROW LEVEL SECURITY;
+CREATE POLICY knn_w_own ON knn_w_rls_items USING (owner = current_user);
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS knn_w_reader;
+RESET client_min_messages;
+CREATE ROLE knn_w_reader;
+GRANT SELECT ON knn_w_rls_queries, knn_w_rls_items TO knn_w_reader;
+SET ROLE knn_w_reader;
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.owner, t.v <-> q.v AS d,
+           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+    FROM knn_w_rls_queries q, knn_w_rls_items t) s
+  WHERE rn <= 4 $$);
+SELECT count(*) AS rows, count(*) FILTER (WHERE owner <> 'knn_w_reader') AS not_own FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.owner,
+         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_rls_queries q, knn_w_rls_items t) s
+WHERE rn <= 4;
+SELECT * FROM pg_temp.window_check($$
+  SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.owner, t.v <-> q.v AS d
+  FROM knn_w_rls_queries q JOIN knn_w_rls_items t ON t.id <> q.id
+  ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT * FROM (
+  SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_rls_queries q, knn_w_hidden t) s
+WHERE rn <= 2;
+RESET ROLE;
+DROP TABLE knn_w_rls_queries, knn_w_rls_items, knn_w_hidden;
+DROP ROLE knn_w_reader;
+
+-- MERGE keeps its ON condition where a SELECT keeps its WHERE; a source row
+-- for which "rn <= 2" is false is NOT MATCHED (inserted here), not dropped:
+-- the query is left alone, all 12 rows of every query row are inserted.
+CREATE TABLE knn_w_merge_queries (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_merge_queries
+SELECT i, format('[%s,%s,0]', i % 3, i % 2)::vector(3) FROM generate_series(1, 5) i;
+CREATE TABLE knn_w_merge_items (id int PRIMARY KEY, v vector(3));
+INSERT INTO knn_w_merge_items
+SELECT i, format('[%s,%s,1]', i % 4, i % 3)::vector(3) FROM generate_series(1, 12) i;
+CREATE TABLE knn_w_merged (query_id int, target_id int, rn bigint);
+MERGE INTO knn_w_merged m
+USING (SELECT q.id AS query_id, t.id AS target_id,
+              row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+       FROM knn_w_merge_queries q, knn_w_merge_items t) s
+ON s.rn <= 2
+WHEN NOT MATCHED THEN INSERT VALUES (s.query_id, s.target_id, s.rn);
+SELECT count(*) AS rows, count(DISTINCT query_id) AS queries, max(rn) AS max_rn FROM knn_w_merged;
+DROP TABLE knn_w_merge_queries, knn_w_merge_items, knn_w_merged;
