@@ -12,7 +12,8 @@
  * PostgreSQL runs it as a join of every query row with every item, a sort
  * of all those pairs and a WindowAgg. When one partition is one row of q
  * (PARTITION BY a unique, NOT NULL key of q), the rows numbered 1 to k of a
- * partition are the first k items by the window's ORDER BY, which is what
+ * partition are the first k items by the window's ORDER BY (with other
+ * columns of q, those of its rows, see recognise_partition), which is what
  *
  *     SELECT q.id AS query_id, nearest.id AS target_id, nearest.distance AS d,
  *            row_number() OVER (PARTITION BY q.id
@@ -242,11 +243,18 @@ is_unique_key(RangeTblEntry *rte, List *attnos, List *eqops, List *collations)
 }
 
 /*
- * The partitioning (or DISTINCT ON) keys: columns of one relation (q), a
- * unique NOT NULL key of it. Sets q_index and t_index.
+ * The partitioning (or DISTINCT ON) keys: columns of one relation (q);
+ * where one_row_per_key, a unique NOT NULL key of it. Sets q_index and
+ * t_index.
+ *
+ * The window form needs no unique key: its window stays above the LATERAL
+ * subquery and numbers each partition's rows again, and the first k of a
+ * partition (rows of several q rows) by the window's order are among the
+ * first k of their own q row, so the k rows per q row hold them. DISTINCT
+ * ON keeps one row per key, which is one row per q row only for a key.
  */
 static bool
-recognise_partition(Query *query, List *keys, PairShape *shape)
+recognise_partition(Query *query, List *keys, bool one_row_per_key, PairShape *shape)
 {
 	List	   *attnos = NIL;
 	List	   *eqops = NIL;
@@ -271,8 +279,9 @@ recognise_partition(Query *query, List *keys, PairShape *shape)
 	shape->t_index = q_index == 1 ? 2 : 1;
 	if (q_index > 2)
 		return knn_scan_reject("the window's PARTITION BY (DISTINCT ON) is not columns of one of the two relations");
-	if (!is_unique_key(rt_fetch(q_index, query->rtable), attnos, eqops, collations))
-		return knn_scan_reject("the window's PARTITION BY (DISTINCT ON) columns do not cover a unique index of NOT NULL columns of the query relation (without expressions, predicate or deferral; a table without inheritance children), so one partition may hold several of its rows");
+	if (one_row_per_key &&
+		!is_unique_key(rt_fetch(q_index, query->rtable), attnos, eqops, collations))
+		return knn_scan_reject("the DISTINCT ON columns do not cover a unique index of NOT NULL columns of the query relation (without expressions, predicate or deferral; a table without inheritance children), so one DISTINCT ON group may hold several of its rows");
 	return true;
 }
 
@@ -492,15 +501,19 @@ recognise_row_number(Query *query, PairShape *shape)
 	return true;
 }
 
-/* What the window query and the DISTINCT ON query have in common. */
+/*
+ * What the window query and the DISTINCT ON query have in common
+ * (one_row_per_key: the partitioning keys must be a key of q).
+ */
 static bool
-recognise_pairs(Query *query, List *partition, List *order, PairShape *shape)
+recognise_pairs(Query *query, List *partition, List *order, bool one_row_per_key,
+				PairShape *shape)
 {
 	List	   *conditions = NIL;
 
 	shape->query = query;
 	return recognise_clauses(query) && recognise_relations(query, &conditions) &&
-		recognise_partition(query, partition, shape) &&
+		recognise_partition(query, partition, one_row_per_key, shape) &&
 		recognise_order(query, order, shape) &&
 		recognise_conditions(conditions, shape) &&
 		recognise_select_list(query, shape);
@@ -911,7 +924,7 @@ try_window_form(Query *outer)
 			continue;
 		}
 		if (!first_key_is_distance(clause->orderClause, window->targetList) ||
-			!recognise_pairs(window, clause->partitionClause, clause->orderClause, &shape) ||
+			!recognise_pairs(window, clause->partitionClause, clause->orderClause, false, &shape) ||
 			!recognise_row_number_filter(outer, rtindex, &shape))
 			continue;
 		elog(DEBUG1, "KNN Join: the row_number() window over \"%s\" is planned as a LATERAL top-k subquery",
@@ -951,7 +964,7 @@ try_distinct_on_form(Query *query)
 		knn_scan_reject("the DISTINCT ON query has window functions");
 		return;
 	}
-	if (!recognise_pairs(query, query->distinctClause, order, &shape))
+	if (!recognise_pairs(query, query->distinctClause, order, true, &shape))
 		return;
 	shape.limit = int8_const(1);
 	elog(DEBUG1, "KNN Join: the DISTINCT ON query over \"%s\" is planned as a LATERAL top-1 subquery",

@@ -250,28 +250,57 @@ SELECT pg_temp.knn_uses_join($$
 SELECT DISTINCT ON (q.id) q.id, t.id AS target_id, t.v <-> q.v AS d
 FROM knn_w_queries q, knn_w_items t ORDER BY q.id DESC, t.v <-> q.v, t.id LIMIT 5 OFFSET 2;
 
+-- The window form needs no key of q: its window numbers each partition's
+-- rows again above the k rows per q row. Partitions of several q rows: a
+-- column that is not a key, a parent read with its children (every row
+-- twice), keys without a constraint, nullable or deferred. (Selected columns
+-- are those that two equal pairs of different q rows share: such complete
+-- ties may take either row number.)
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.g, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.g ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_queries q, knn_w_items t WHERE t.id % 3 <> 0) s WHERE rn <= 7 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_parent q, knn_w_items t) s WHERE rn <= 3 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_no_key q, knn_w_items t) s WHERE rn <= 4 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_nullable q, knn_w_items t) s WHERE rn < 3 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_deferred q, knn_w_items t) s WHERE rn <= 2 $$);
+-- a NULL partition key is one partition of its own, in both plans
+INSERT INTO knn_w_nullable VALUES (NULL, '[1,1,1]'), (NULL, '[2,0,1]'), (NULL, NULL);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_nullable q, knn_w_items t) s WHERE rn <= 5 $$);
+DELETE FROM knn_w_nullable WHERE id IS NULL;
+
 -- Left alone: PostgreSQL's plan, and why.
 SET client_min_messages = debug1;
--- a partition key that is not unique, nullable, or deferred
-SELECT pg_temp.knn_uses_join($$
-  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
-                 FROM knn_w_no_key q, knn_w_few t) s WHERE rn <= 2 $$);
-SELECT pg_temp.knn_uses_join($$
-  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
-                 FROM knn_w_nullable q, knn_w_few t) s WHERE rn <= 2 $$);
-SELECT pg_temp.knn_uses_join($$
-  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
-                 FROM knn_w_deferred q, knn_w_few t) s WHERE rn <= 2 $$);
-SELECT pg_temp.knn_uses_join($$
-  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
-                 FROM knn_w_parent q, knn_w_few t) s WHERE rn <= 2 $$);
--- PARTITION BY an expression, or a column that is not a key
+-- PARTITION BY an expression
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id + 0 ORDER BY t.v <-> q.v) AS rn
                  FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+-- DISTINCT ON keys that are not a key of q (not unique, nullable, deferred,
+-- a parent read with its inheritance children): one row per key is not one
+-- per q row
 SELECT pg_temp.knn_uses_join($$
-  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.g ORDER BY t.v <-> q.v) AS rn
-                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_no_key q, knn_w_few t ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_nullable q, knn_w_few t ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_deferred q, knn_w_few t ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_parent q, knn_w_few t ORDER BY q.id, t.v <-> q.v, t.id $$);
 -- DESC
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v DESC) AS rn
