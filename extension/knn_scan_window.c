@@ -28,7 +28,38 @@
  *     SELECT DISTINCT ON (q.id) q.id, t.id, t.v <-> q.v FROM queries q, items t
  *     ORDER BY q.id, t.v <-> q.v, t.id
  *
- * is the same LATERAL join with LIMIT 1, ordered by q.id. The planner hook
+ * is the same LATERAL join with LIMIT 1, ordered by q.id.
+ *
+ * rank() in place of row_number() ("rank <= k") is the LATERAL join with
+ * FETCH FIRST k ROWS WITH TIES, rank() kept above. Why that is exact, where
+ * "before" means before on all of the window's ORDER BY keys (the distance
+ * and the tie keys; equal on all of them, NULLs equal to NULLs, is a tie,
+ * as for the window's peers and for WITH TIES alike):
+ *
+ * - A row's rank is 1 + the number of rows of its partition before it, so
+ *   rank <= k exactly where fewer than k rows of the partition are before
+ *   it ("rank < k": fewer than k - 1, the LIMIT below).
+ * - FETCH FIRST k ROWS WITH TIES returns exactly the rows with fewer than k
+ *   rows before them: such a row's ties start at or before the k-th place,
+ *   so the k-th row is before it or one of its ties; a row with k or more
+ *   before it has the k-th row before it. (k = 0 returns nothing; fewer
+ *   rows than k: all of them.)
+ * - A partition's rows with rank <= k are therefore in the union of its q
+ *   rows' lists: the rows of its own q row before such a row are among
+ *   the rows of the partition before it, fewer than k. (With PARTITION BY
+ *   a key of q, the union is one q row's list.)
+ * - The rank() above counts, for such a row, the rows of the union before
+ *   it; each row before it has fewer rows before it still, so it is in the
+ *   union too: the same rank. A row of the union with rank > k has at
+ *   least k rows before it, and the first k of those (in order) have fewer
+ *   than k before them, so they are in the union: its rank above is > k
+ *   too, and the filter, which keeps only rows with rank <= k (an upper
+ *   bound on rn is one of its conjuncts), drops it as before.
+ *
+ * So the same rows pass, with the same ranks. dense_rank() <= k may need
+ * rows past any q row's first k with ties (k distinct distances), and
+ * percent_rank(), cume_dist() and ntile() count the whole partition: they
+ * are declined, as are other window functions. The planner hook
  * below makes this change in the query tree before standard_planner runs,
  * so the KNN Join's own checks (knn_scan_shape.c, knn_scan_path.c) decide
  * as for a LATERAL query written so; where they decline, PostgreSQL plans
@@ -82,7 +113,9 @@ typedef struct PairShape
 	List	   *inner_conditions;	/* conjuncts on t (and q): the subquery's WHERE */
 	List	   *outer_conditions;	/* conjuncts on q alone (or on nothing) */
 	Expr	   *limit;			/* k, an int8 run-time constant */
-	TargetEntry *row_number;	/* the window form's row_number(), or NULL */
+	TargetEntry *rn;			/* the window form's row_number() or rank(),
+								 * or NULL */
+	bool		with_ties;		/* rank(): FETCH FIRST k ROWS WITH TIES */
 } PairShape;
 
 /* Which relations of the query level an expression references. */
@@ -439,7 +472,7 @@ is_order_key(TargetEntry *tle, const PairShape *shape)
 }
 
 /*
- * The select list: row_number() (window form), the distance, the ORDER BY
+ * The select list: rn (window form), the distance, the ORDER BY
  * keys, columns of either relation, and expressions without columns of t.
  * PostgreSQL's plan computes an expression of t for every pair (the
  * DISTINCT ON form) or for the rows numbered up to k (the window's run
@@ -457,7 +490,7 @@ recognise_select_list(Query *query, PairShape *shape)
 		Node	   *expr = without_relabel((Node *) tle->expr);
 		References	refs;
 
-		if (tle == shape->row_number || is_order_key(tle, shape) ||
+		if (tle == shape->rn || is_order_key(tle, shape) ||
 			is_the_distance(expr, shape->distance))
 			continue;
 		refs = references_of(expr, shape);
@@ -469,35 +502,40 @@ recognise_select_list(Query *query, PairShape *shape)
 	return true;
 }
 
-/* The window query's one window function: row_number() over its one window. */
+/*
+ * The window query's one window function: row_number() or rank() (see the
+ * header for rank()) over its one window.
+ */
 static bool
-row_number_walker(Node *node, List **found)
+window_function_walker(Node *node, List **found)
 {
 	if (node == NULL)
 		return false;
 	if (IsA(node, WindowFunc))
 		*found = lappend(*found, node);
-	return expression_tree_walker(node, row_number_walker, found);
+	return expression_tree_walker(node, window_function_walker, found);
 }
 
 static bool
-recognise_row_number(Query *query, PairShape *shape)
+recognise_rn(Query *query, PairShape *shape)
 {
 	List	   *found = NIL;
 	WindowFunc *func;
 	ListCell   *lc;
 
-	row_number_walker((Node *) query->targetList, &found);
+	window_function_walker((Node *) query->targetList, &found);
 	if (list_length(found) != 1 || list_length(query->windowClause) != 1)
 		return knn_scan_reject("the window query has more than one window function or window");
 	func = linitial_node(WindowFunc, found);
-	if (func->winfnoid != F_ROW_NUMBER || func->args != NIL || func->aggfilter != NULL)
-		return knn_scan_reject("the window function is not row_number()");
+	if ((func->winfnoid != F_ROW_NUMBER && func->winfnoid != F_RANK_) ||
+		func->args != NIL || func->aggfilter != NULL)
+		return knn_scan_reject("the window function is not row_number() or rank() (dense_rank(), percent_rank(), cume_dist(), ntile() and the others may need more than the first k rows of each query row)");
+	shape->with_ties = func->winfnoid == F_RANK_;
 	foreach(lc, query->targetList)
 		if (lfirst_node(TargetEntry, lc)->expr == (Expr *) func)
-			shape->row_number = lfirst_node(TargetEntry, lc);
-	if (shape->row_number == NULL || shape->row_number->resjunk)
-		return knn_scan_reject("row_number() is inside an expression of the window query's select list");
+			shape->rn = lfirst_node(TargetEntry, lc);
+	if (shape->rn == NULL || shape->rn->resjunk)
+		return knn_scan_reject("row_number() (rank()) is inside an expression of the window query's select list");
 	return true;
 }
 
@@ -530,8 +568,10 @@ int8_const(int64 value)
 /*
  * The LIMIT for "rn <= bound" (or "rn < bound"): GREATEST(bound, 0) (or
  * GREATEST(bound, 1) - 1), so that a bound below 1 or NULL, which keeps no
- * row, is LIMIT 0 rather than an error; the filter stays above, so any
- * LIMIT at least as large is exact.
+ * row, is LIMIT 0 rather than an error (WITH TIES refuses NULL too); the
+ * filter stays above, so any LIMIT at least as large is exact (for rank(),
+ * a larger WITH TIES list holds at least the rows the header's argument
+ * needs).
  */
 static Expr *
 limit_of_bound(Expr *bound, bool inclusive)
@@ -552,7 +592,7 @@ limit_of_bound(Expr *bound, bool inclusive)
 }
 
 static bool
-is_row_number_var(Node *node, Index rtindex, AttrNumber attno)
+is_rn_var(Node *node, Index rtindex, AttrNumber attno)
 {
 	Var		   *var = (Var *) node;
 
@@ -581,8 +621,8 @@ upper_bound(Node *condition, Index rtindex, AttrNumber attno)
 		return NULL;
 	get_op_opfamily_properties(op->opno, entry->btree_opf, false, &strategy,
 							   &left_type, &right_type);
-	rn_left = is_row_number_var(linitial(op->args), rtindex, attno);
-	if (!rn_left && !is_row_number_var(lsecond(op->args), rtindex, attno))
+	rn_left = is_rn_var(linitial(op->args), rtindex, attno);
+	if (!rn_left && !is_rn_var(lsecond(op->args), rtindex, attno))
 		return NULL;
 	bound = rn_left ? lsecond(op->args) : linitial(op->args);
 	if (!knn_scan_is_run_time_constant((Node *) bound))
@@ -596,17 +636,17 @@ upper_bound(Node *condition, Index rtindex, AttrNumber attno)
 
 /* Does the condition read no column but rn (at rtindex, attno)? */
 static bool
-not_only_row_number_walker(Node *node, void *rn)
+not_only_rn_walker(Node *node, void *rn)
 {
 	if (node == NULL)
 		return false;
 	if (IsA(node, Var))
-		return !is_row_number_var(node, ((Var *) rn)->varno, ((Var *) rn)->varattno);
+		return !is_rn_var(node, ((Var *) rn)->varno, ((Var *) rn)->varattno);
 	if (IsA(node, PlaceHolderVar) || IsA(node, SubLink) || IsA(node, Aggref) ||
 		IsA(node, GroupingFunc) || IsA(node, WindowFunc) ||
 		(IsA(node, Param) && ((Param *) node)->paramkind != PARAM_EXTERN))
 		return true;
-	return expression_tree_walker(node, not_only_row_number_walker, rn);
+	return expression_tree_walker(node, not_only_rn_walker, rn);
 }
 
 /*
@@ -614,20 +654,20 @@ not_only_row_number_walker(Node *node, void *rn)
  * bound (upper_bound), so that no row past the k-th of a partition counts.
  */
 static bool
-recognise_row_number_filter(Query *outer, Index rtindex, PairShape *shape)
+recognise_rn_filter(Query *outer, Index rtindex, PairShape *shape)
 {
-	Var		   *rn = makeVar(rtindex, shape->row_number->resno, INT8OID, -1, InvalidOid, 0);
+	Var		   *rn = makeVar(rtindex, shape->rn->resno, INT8OID, -1, InvalidOid, 0);
 	ListCell   *lc;
 
 	foreach(lc, make_ands_implicit((Expr *) outer->jointree->quals))
 	{
 		Node	   *condition = lfirst(lc);
 
-		if (not_only_row_number_walker(condition, rn) ||
+		if (not_only_rn_walker(condition, rn) ||
 			contain_volatile_functions(condition))
-			return knn_scan_reject("the query above the window query has a condition on something other than row_number()'s column");
+			return knn_scan_reject("the query above the window query has a condition on something other than row_number()'s (rank()'s) column");
 		if (shape->limit == NULL)
-			shape->limit = upper_bound(condition, rtindex, shape->row_number->resno);
+			shape->limit = upper_bound(condition, rtindex, shape->rn->resno);
 	}
 	if (shape->limit == NULL)
 		return knn_scan_reject("the query above the window query has no condition \"rn <= k\" or \"rn < k\" (k a constant or parameter)");
@@ -810,7 +850,7 @@ rewrite_as_lateral(PairShape *shape)
 																				   shape)));
 	inner->targetList = columns.targetList;
 	inner->limitCount = (Node *) shape->limit;
-	inner->limitOption = LIMIT_OPTION_COUNT;
+	inner->limitOption = shape->with_ties ? LIMIT_OPTION_WITH_TIES : LIMIT_OPTION_COUNT;
 
 	foreach(lc, columns.targetList)
 		colnames = lappend(colnames, makeString(pstrdup(lfirst_node(TargetEntry, lc)->resname)));
@@ -915,7 +955,7 @@ try_window_form(Query *outer)
 			knn_scan_reject("the window query has DISTINCT, LIMIT or OFFSET");
 			continue;
 		}
-		if (!recognise_row_number(window, &shape))
+		if (!recognise_rn(window, &shape))
 			continue;
 		clause = linitial_node(WindowClause, window->windowClause);
 		if (clause->partitionClause == NIL)
@@ -925,10 +965,12 @@ try_window_form(Query *outer)
 		}
 		if (!first_key_is_distance(clause->orderClause, window->targetList) ||
 			!recognise_pairs(window, clause->partitionClause, clause->orderClause, false, &shape) ||
-			!recognise_row_number_filter(outer, rtindex, &shape))
+			!recognise_rn_filter(outer, rtindex, &shape))
 			continue;
-		elog(DEBUG1, "KNN Join: the row_number() window over \"%s\" is planned as a LATERAL top-k subquery",
-			 rt_fetch(shape.t_index, window->rtable)->eref->aliasname);
+		elog(DEBUG1, "KNN Join: the %s window over \"%s\" is planned as a LATERAL top-k subquery%s",
+			 shape.with_ties ? "rank()" : "row_number()",
+			 rt_fetch(shape.t_index, window->rtable)->eref->aliasname,
+			 shape.with_ties ? " WITH TIES" : "");
 		rewrite_as_lateral(&shape);
 	}
 }

@@ -1,9 +1,10 @@
 --
--- The top-k-per-row query written with row_number() or DISTINCT ON over a
--- join of two tables, planned as the KNN Join (knn_scan_window.c rewrites
--- it into the LATERAL form before planning), with the rows, distances and
--- row numbers of PostgreSQL's own plan (knn_gpu.enable_knn_join = off,
--- which also turns the rewrite off); and the shapes it leaves alone.
+-- The top-k-per-row query written with row_number(), rank() or DISTINCT ON
+-- over a join of two tables, planned as the KNN Join (knn_scan_window.c
+-- rewrites it into the LATERAL form before planning), with the rows,
+-- distances and row numbers (ranks) of PostgreSQL's own plan
+-- (knn_gpu.enable_knn_join = off, which also turns the rewrite off); and the
+-- shapes it leaves alone.
 -- (The rewrite needs the library loaded before the statement is planned:
 -- the INSERTs' vector literals below load it.)
 --
@@ -284,6 +285,179 @@ SELECT * FROM pg_temp.window_check($$
                  FROM knn_w_nullable q, knn_w_items t) s WHERE rn <= 5 $$);
 DELETE FROM knn_w_nullable WHERE id IS NULL;
 
+-- rank() in place of row_number(): the LATERAL subquery keeps FETCH FIRST k
+-- ROWS WITH TIES (every row tied with the k-th on all the window's ORDER BY
+-- keys), rank() ranks them again above (knn_scan_window.c's header says why
+-- the same rows pass with the same ranks). rank() keeps all ties, so the
+-- whole rows, target ids included, are the same in both plans, also without
+-- a tie key; the coarse grid has many equal distances.
+EXPLAIN (COSTS OFF)
+SELECT query_id, target_id, d FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.g) AS r
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE r <= 10;
+SET client_min_messages = debug1;
+SELECT count(*) FROM (
+  SELECT rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE r <= 10;
+RESET client_min_messages;
+-- Without a tie key ("r <= k", "r < k", "k >= r"); query 13's NULL vector
+-- ties all items at rank 1.
+SELECT * FROM pg_temp.window_check($$
+  SELECT query_id, target_id, d, r FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE r <= 10 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT query_id, target_id, d, r FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_queries q CROSS JOIN knn_w_items t) s
+  WHERE r < 4 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT query_id, target_id, d, r FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <=> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <=> q.v) AS r
+    FROM knn_w_queries q JOIN knn_w_items t ON true) s
+  WHERE 1 >= r $$);
+-- Tie keys: one that ties (t.g), descending, and a unique one (t.id: the
+-- ranks are row numbers).
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.g, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.g DESC) AS r
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE r <= 6 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS r
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE r < 8 $$);
+-- Self-exclusion, conditions on t, on q and on both, other conditions on
+-- the rank beside its bound, halfvec.
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_items q JOIN knn_w_items t ON t.id <> q.id WHERE q.id % 3 = 0) s
+  WHERE r <= 5 AND r <> 2 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, q.name, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_queries q, knn_w_items t WHERE t.g <> 2 AND t.id % 5 <> 0 AND q.id < 60) s
+  WHERE r <= 4 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_queries q, knn_w_items t WHERE t.g = q.g) s
+  WHERE r <= 4 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.h <-> q.h AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.h <-> q.h) AS r
+    FROM knn_w_queries q, knn_w_items t) s
+  WHERE r <= 3 $$);
+-- Fewer targets than k, NULL vectors among them (tied, ranked last); k that
+-- cuts between the two NULL ones keeps both.
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_items q, knn_w_few t) s
+  WHERE r <= 20 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_items q, knn_w_few t) s
+  WHERE r <= 11 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_items q, knn_w_few t) s
+  WHERE r <= 5 $$);
+SELECT s.* FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+  FROM knn_w_queries q, knn_w_few t) s
+WHERE r <= 11 AND query_id IN (1, 13) ORDER BY query_id, r, target_id;
+-- Partitions of several q rows: a column that is not a key (with and
+-- without a tie key), a parent read with its children (every pair twice),
+-- keys without a constraint, a NULL partition key. (Unlike row_number(),
+-- every column may be selected: ranks do not depend on the order of ties.)
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.g AS qg, q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+                        rank() OVER (PARTITION BY q.g ORDER BY t.v <-> q.v) AS r
+                 FROM knn_w_queries q, knn_w_items t WHERE t.id % 3 <> 0) s WHERE r <= 7 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.g AS qg, q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+                        rank() OVER (PARTITION BY q.g ORDER BY t.v <-> q.v, t.g) AS r
+                 FROM knn_w_queries q, knn_w_items t) s WHERE r < 30 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+                 FROM knn_w_parent q, knn_w_items t) s WHERE r <= 3 $$);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, t.id, t.v <-> q.v AS d,
+                        rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS r
+                 FROM knn_w_no_key q, knn_w_items t) s WHERE r <= 4 $$);
+INSERT INTO knn_w_nullable VALUES (NULL, '[1,1,1]'), (NULL, '[2,0,1]'), (NULL, NULL);
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id, q.v AS qv, t.id, t.v <-> q.v AS d,
+                        rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+                 FROM knn_w_nullable q, knn_w_items t) s WHERE r <= 5 $$);
+DELETE FROM knn_w_nullable WHERE id IS NULL;
+-- k as a parameter of a generic plan: the node, the rows of the literal, and
+-- bounds that keep no row (0, NULL; "r < $1" with 1, a very negative k, NULL).
+SET plan_cache_mode = force_generic_plan;
+PREPARE knn_w_rank(int) AS
+SELECT query_id, target_id, d, r FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE r <= $1;
+SELECT pg_temp.knn_uses_join('EXECUTE knn_w_rank(3)') AS node;
+CREATE TEMP TABLE knn_w_param AS EXECUTE knn_w_rank(3);
+SET knn_gpu.enable_knn_join = off;
+CREATE TEMP TABLE knn_w_literal AS
+SELECT query_id, target_id, d, r FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE r <= 3;
+RESET knn_gpu.enable_knn_join;
+SELECT (SELECT count(*) FROM knn_w_param) AS rows,
+       (SELECT count(*) FROM ((TABLE knn_w_param EXCEPT ALL TABLE knn_w_literal)
+                              UNION ALL (TABLE knn_w_literal EXCEPT ALL TABLE knn_w_param)) d) AS differing;
+DROP TABLE knn_w_param, knn_w_literal;
+EXECUTE knn_w_rank(0);
+EXECUTE knn_w_rank(-5);
+EXECUTE knn_w_rank(NULL);
+PREPARE knn_w_rank_below(bigint) AS
+SELECT count(*) FROM (
+  SELECT rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE r < $1;
+SELECT pg_temp.knn_uses_join('EXECUTE knn_w_rank_below(4)') AS node;
+EXECUTE knn_w_rank_below(4);
+EXECUTE knn_w_rank_below(1);
+EXECUTE knn_w_rank_below(-9223372036854775808);
+EXECUTE knn_w_rank_below(NULL);
+RESET plan_cache_mode;
+SET knn_gpu.enable_knn_join = off;
+SELECT count(*) FROM (
+  SELECT rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+  FROM knn_w_queries q, knn_w_items t) s
+WHERE r < 4;
+RESET knn_gpu.enable_knn_join;
+
 -- Left alone: PostgreSQL's plan, and why.
 SET client_min_messages = debug1;
 -- PARTITION BY an expression
@@ -305,9 +479,26 @@ SELECT pg_temp.knn_uses_join($$
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v DESC) AS rn
                  FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
--- other window functions
+-- other window functions: dense_rank() <= k may need more than k rows with
+-- ties of each q row; percent_rank(), cume_dist() and ntile() count the
+-- whole partition; rank() inside an expression
 SELECT pg_temp.knn_uses_join($$
-  SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+  SELECT * FROM (SELECT q.id, t.id, dense_rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, percent_rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 0.2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, cume_dist() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 0.2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, ntile(4) OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 1 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, count(*) OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) + 0 AS rn
                  FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn,
