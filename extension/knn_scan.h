@@ -30,7 +30,7 @@
  * knn_scan_ties.c  the engine's rows for FETCH FIRST ... WITH TIES;
  * knn_scan_shard.c the inner relation's partitions that join on their own
  *                  servers (knn_scan_shard.h);
- * knn_scan_window.c the same query written with row_number() or DISTINCT ON,
+ * knn_scan_window.c the same query written with row_number(), rank() or DISTINCT ON,
  *                  rewritten into the LATERAL form before planning.
  */
 #ifndef KNN_SCAN_H
