@@ -131,6 +131,7 @@ extern Index knn_scan_recognise_subquery(PlannerInfo *root, Query *sq, KnnJoinPa
 extern bool knn_scan_is_run_time_constant(Node *node);
 extern bool knn_scan_reject(const char *reason);	/* DEBUG1; returns false */
 extern bool knn_scan_contains_distance(Node *node); /* a distance operator in it? */
+extern Node *knn_scan_without_relabel(Node *node);	/* under binary-compatible relabellings */
 extern bool knn_scan_orders_by_distance(Query *sq); /* some ORDER BY key a distance? */
 /* A top-k subquery whose first ORDER BY key references `levels` query levels up? */
 extern bool knn_scan_top_k_reaches_up(Query *sq, Index levels);

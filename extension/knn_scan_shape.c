@@ -648,8 +648,8 @@ recognise_exclusion(Node *qual, RangeTblRef *rtr, KnnJoinPath *kp)
 }
 
 /* The expression under binary-compatible relabellings (a domain to its base). */
-static Node *
-without_relabel(Node *node)
+Node *
+knn_scan_without_relabel(Node *node)
 {
 	while (node != NULL && IsA(node, RelabelType))
 		node = (Node *) ((RelabelType *) node)->arg;
@@ -674,8 +674,8 @@ recognise_group(Node *qual, RangeTblRef *rtr, KnnJoinPath *kp)
 	if (!IsA(op, OpExpr) || list_length(op->args) != 2)
 		return false;
 	/* a domain's column is relabelled to its base type: look through that */
-	left = (Var *) without_relabel(linitial(op->args));
-	right = (Var *) without_relabel(lsecond(op->args));
+	left = (Var *) knn_scan_without_relabel(linitial(op->args));
+	right = (Var *) knn_scan_without_relabel(lsecond(op->args));
 	if (!IsA(left, Var) || !IsA(right, Var))
 		return false;
 	target = left->varlevelsup == 0 ? left : right;

@@ -166,15 +166,6 @@ references_of(Node *node, const PairShape *shape)
 	return refs;
 }
 
-/* The expression under binary-compatible relabellings. */
-static Node *
-without_relabel(Node *node)
-{
-	while (node != NULL && IsA(node, RelabelType))
-		node = (Node *) ((RelabelType *) node)->arg;
-	return node;
-}
-
 /* The distance, operands in either order (the operators are symmetric)? */
 static bool
 is_the_distance(Node *node, const OpExpr *distance)
@@ -487,7 +478,7 @@ recognise_select_list(Query *query, PairShape *shape)
 	foreach(lc, query->targetList)
 	{
 		TargetEntry *tle = lfirst_node(TargetEntry, lc);
-		Node	   *expr = without_relabel((Node *) tle->expr);
+		Node	   *expr = knn_scan_without_relabel((Node *) tle->expr);
 		References	refs;
 
 		if (tle == shape->rn || is_order_key(tle, shape) ||
@@ -803,7 +794,7 @@ rewrite_as_lateral(PairShape *shape)
 	{
 		SortGroupClause *key = copyObject(lfirst_node(SortGroupClause, lc));
 		TargetEntry *tle = get_sortgroupclause_tle(key, query->targetList);
-		Var		   *var = (Var *) without_relabel((Node *) tle->expr);
+		Var		   *var = (Var *) knn_scan_without_relabel((Node *) tle->expr);
 		const char *name = sortgroupref == 0 ? "distance" : "order_key";
 		Var		   *column;
 
