@@ -32,7 +32,12 @@
  * partition (and, WITH TIES, those tied with the last); the node's own
  * answer is among their union with the local part's, so merging them by
  * the ORDER BY (then source and rank, for rows the ORDER BY leaves tied)
- * and taking the node's OFFSET and LIMIT gives it. Results come in text,
+ * and taking the node's OFFSET and LIMIT gives it. Nor need all of them
+ * be held: as they come, an outer row's shard rows are cut back, now and
+ * then, to its first OFFSET + LIMIT of them in that order (WITH TIES, and
+ * those tied with the last): the node's rows among the shards' are among
+ * those, whatever the local part brings (more rows only move the last
+ * one up). Results come in text,
  * each column through this server's input function of its type, as
  * postgres_fdw reads them (extra_float_digits = 3: distances exactly).
  */
@@ -79,6 +84,26 @@ typedef struct TieKey
 	bool		nulls_first;
 	SortSupportData sort;
 } TieKey;
+
+/* A shard's candidate while the shards' rows arrive, with its row read back. */
+typedef struct HeldCandidate
+{
+	KnnScanCandidate c;
+	MinimalTuple row;
+} HeldCandidate;
+
+/*
+ * An outer row's shard candidates kept so far: when they reach prune_at
+ * they are cut back to those that can still be among its first `want`
+ * rows.
+ */
+typedef struct HeldRows
+{
+	HeldCandidate *items;
+	int64		n;
+	int64		capacity;
+	int64		prune_at;
+} HeldRows;
 
 /* What the node knows of one shard. */
 typedef struct ShardOperator
@@ -128,9 +153,10 @@ struct KnnScanShards
 	TupleDesc	inner_desc;
 	FmgrInfo   *inputs;			/* per column read back */
 	Oid		   *ioparams;
-	MinimalTuple *rows;
-	int64		n_rows;
-	int64		capacity;
+	HeldRows   *held;			/* per outer row: its shard rows kept so far */
+	MemoryContext held_cxt;		/* held and its arrays (their rows in cxt) */
+	TupleTableSlot *held_slot_a;	/* to compare them by their ORDER BY keys */
+	TupleTableSlot *held_slot_b;
 	KnnScanCandidates *candidates;
 	MemoryContext cxt;
 	Datum	   *values;			/* a row read back (inner_desc's columns) */
@@ -671,36 +697,190 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 	MemoryContextSwitchTo(old);
 }
 
+/* ---- the subquery's order ---- */
+
+/* 0: a number, 1: NaN, 2: NULL, as ORDER BY float8 ASC sorts them. */
+static int
+distance_class(const KnnScanCandidate *c)
+{
+	return c->distance_null ? 2 : isnan(c->distance) ? 1 : 0;
+}
+
+/*
+ * The subquery's ORDER BY of two candidates (the keys after the distance
+ * read from their rows through the slots): 0 for rows it leaves tied.
+ */
+static int
+compare_order(KnnScanShards *sh, const KnnScanCandidate *x, MinimalTuple row_x,
+			  const KnnScanCandidate *y, MinimalTuple row_y,
+			  TupleTableSlot *slot_a, TupleTableSlot *slot_b)
+{
+	int			cx = distance_class(x);
+	int			cy = distance_class(y);
+
+	if (cx != cy)
+		return cx < cy ? -1 : 1;
+	if (cx == 0 && x->distance != y->distance)
+		return x->distance < y->distance ? -1 : 1;
+	if (sh->n_ties > 0)
+	{
+		ExecStoreMinimalTuple(row_x, slot_a, false);
+		ExecStoreMinimalTuple(row_y, slot_b, false);
+		for (int i = 0; i < sh->n_ties; i++)
+		{
+			TieKey	   *key = &sh->ties[i];
+			bool		null_a;
+			bool		null_b;
+			Datum		va = slot_getattr(slot_a, key->column, &null_a);
+			Datum		vb = slot_getattr(slot_b, key->column, &null_b);
+			int			order = ApplySortComparator(va, null_a, vb, null_b, &key->sort);
+
+			if (order != 0)
+				return order;
+		}
+	}
+	return 0;
+}
+
+/* The merge's order: the ORDER BY, then source and rank (no two candidates tie). */
+static int
+compare_merge_order(KnnScanShards *sh, const KnnScanCandidate *x, MinimalTuple row_x,
+					const KnnScanCandidate *y, MinimalTuple row_y,
+					TupleTableSlot *slot_a, TupleTableSlot *slot_b)
+{
+	int			order = compare_order(sh, x, row_x, y, row_y, slot_a, slot_b);
+
+	if (order != 0)
+		return order;
+	if (x->source != y->source)
+		return x->source < y->source ? -1 : 1;
+	if (x->rank != y->rank)
+		return x->rank < y->rank ? -1 : 1;
+	return 0;
+}
+
 /* ---- collecting ---- */
+
+/* Counts `bytes` more held by the candidates: ERROR 54000 when they pass the limit. */
+static void
+hold_bytes(KnnScanCandidates *candidates, int64 bytes)
+{
+	knn_scan_check_result_memory((double) candidates->held_bytes + (double) bytes);
+	candidates->held_bytes += bytes;
+}
 
 void
 knn_scan_candidates_begin(KnnScanCandidates *candidates, int64 n_outer, int64 want,
 						  double row_bytes, MemoryContext cxt)
 {
 	memset(candidates, 0, sizeof(KnnScanCandidates));
-	candidates->want = want;
-	if (want >= 0)
-		candidates->per_outer = MemoryContextAllocExtended(cxt, Max(n_outer, 1) * sizeof(int64),
-														   MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-	candidates->row_bytes = row_bytes;
-	candidates->max_result_rows = (int64) floor((double) knn_result_memory_bytes() / row_bytes);
+}
+
+/* Room for `more` candidates: the array doubled, within what the limit leaves. */
+static void
+reserve_candidates(KnnScanCandidates *candidates, int64 more)
+{
+	int64		needed = candidates->n + more;
+	int64		room;
+	int64		capacity;
+
+	if (needed <= candidates->capacity)
+		return;
+	room = (knn_result_memory_bytes() - candidates->held_bytes) / (int64) sizeof(KnnScanCandidate);
+	capacity = Max(needed, Min(Max(candidates->capacity * 2, 1024),
+							   candidates->capacity + Max(room, 0)));
+	hold_bytes(candidates, (capacity - candidates->capacity) * (int64) sizeof(KnnScanCandidate));
+	candidates->items = candidates->items == NULL ?
+		palloc_extended(capacity * sizeof(KnnScanCandidate), MCXT_ALLOC_HUGE) :
+		repalloc_huge(candidates->items, capacity * sizeof(KnnScanCandidate));
+	candidates->capacity = capacity;
 }
 
 void
 knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item)
 {
-	/* a row of the result unless `want` of its outer row came before */
-	if ((candidates->want < 0 || ++candidates->per_outer[item->outer_row] <= candidates->want) &&
-		++candidates->result_rows > candidates->max_result_rows)
-		knn_scan_check_result_memory((double) candidates->result_rows * candidates->row_bytes);
-	if (candidates->n == candidates->capacity)
-	{
-		candidates->capacity = Max(candidates->capacity * 2, 1024);
-		candidates->items = candidates->items == NULL ?
-			palloc_extended(candidates->capacity * sizeof(KnnScanCandidate), MCXT_ALLOC_HUGE) :
-			repalloc_huge(candidates->items, candidates->capacity * sizeof(KnnScanCandidate));
-	}
+	reserve_candidates(candidates, 1);
 	candidates->items[candidates->n++] = *item;
+}
+
+/*
+ * When an outer row's kept shard rows are next cut back, `kept` of them
+ * left by the last cut (or `want` before any): at half as many again, so
+ * that each cut sorts a few times the rows it drops. Never where every
+ * row is wanted (want < 0: a radius without a LIMIT).
+ */
+static int64
+prune_threshold(int64 want, int64 kept)
+{
+	if (want < 0 || kept > PG_INT64_MAX / 4)
+		return PG_INT64_MAX;
+	return kept + Max(kept / 2, 1);
+}
+
+static int
+compare_held(const void *a, const void *b, void *arg)
+{
+	KnnScanShards *sh = (KnnScanShards *) arg;
+	const HeldCandidate *x = (const HeldCandidate *) a;
+	const HeldCandidate *y = (const HeldCandidate *) b;
+
+	return compare_merge_order(sh, &x->c, x->row, &y->c, y->row, sh->held_slot_a,
+							   sh->held_slot_b);
+}
+
+/*
+ * Cuts an outer row's kept shard rows back to its first `want` of them in
+ * the merge's order (WITH TIES, and those tied with the last of them): a
+ * row after them has `want` rows before it here alone, so it is not among
+ * the node's first `want` rows, nor tied with the last of those (which is
+ * no later than the `want`-th here).
+ */
+static void
+prune_held(KnnScanShards *sh, HeldRows *held)
+{
+	int64		keep = Min(sh->want, held->n);
+
+	qsort_interruptible(held->items, held->n, sizeof(HeldCandidate), compare_held, sh);
+	if (sh->with_ties && keep > 0)
+	{
+		const HeldCandidate *last = &held->items[keep - 1];
+
+		while (keep < held->n &&
+			   compare_order(sh, &last->c, last->row, &held->items[keep].c, held->items[keep].row,
+							 sh->held_slot_a, sh->held_slot_b) == 0)
+			keep++;
+	}
+	for (int64 i = keep; i < held->n; i++)
+	{
+		sh->candidates->held_bytes -= GetMemoryChunkSpace(held->items[i].row);
+		pfree(held->items[i].row);
+	}
+	held->n = keep;
+	held->prune_at = prune_threshold(sh->want, keep);
+}
+
+/* Keeps a shard's candidate (row in sh->cxt, counted) with its outer row's, cut back when due. */
+static void
+keep_held(KnnScanShards *sh, const KnnScanCandidate *item, MinimalTuple row)
+{
+	HeldRows   *held = &sh->held[item->outer_row];
+
+	if (held->n == held->capacity)
+	{
+		/* (n < prune_at: the array grows) */
+		int64		capacity = Min(Max(held->capacity * 2, 4), held->prune_at);
+		int64		before = held->items == NULL ? 0 : GetMemoryChunkSpace(held->items);
+
+		held->items = held->items == NULL ?
+			MemoryContextAllocHuge(sh->held_cxt, capacity * sizeof(HeldCandidate)) :
+			repalloc_huge(held->items, capacity * sizeof(HeldCandidate));
+		held->capacity = capacity;
+		hold_bytes(sh->candidates, GetMemoryChunkSpace(held->items) - before);
+	}
+	held->items[held->n].c = *item;
+	held->items[held->n++].row = row;
+	if (held->n >= held->prune_at)
+		prune_held(sh, held);
 }
 
 /*
@@ -735,6 +915,7 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		int			len;
 		const char *qid = knn_shard_result_value(result, r, 0, &len);
 		const char *distance = knn_shard_result_value(result, r, 1, &len);
+		MinimalTuple row;
 		MemoryContext old;
 
 		if (qid == NULL ||
@@ -772,23 +953,61 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 													   sh->ioparams[i], attr->atttypmod);
 		}
 		MemoryContextSwitchTo(sh->cxt);
-		/* counted (and refused past the limit) before its row is kept */
-		item.inner_row = sh->n_rows;
-		knn_scan_candidates_add(sh->candidates, &item);
-		if (sh->n_rows == sh->capacity)
-		{
-			sh->capacity = Max(sh->capacity * 2, 1024);
-			sh->rows = sh->rows == NULL ?
-				palloc_extended(sh->capacity * sizeof(MinimalTuple), MCXT_ALLOC_HUGE) :
-				repalloc_huge(sh->rows, sh->capacity * sizeof(MinimalTuple));
-		}
-		sh->rows[sh->n_rows++] = heap_form_minimal_tuple(sh->inner_desc, sh->values, sh->nulls);
+		row = heap_form_minimal_tuple(sh->inner_desc, sh->values, sh->nulls);
+		/* counted (ERROR 54000 past the limit) as it is kept */
+		hold_bytes(sh->candidates, GetMemoryChunkSpace(row));
+		keep_held(sh, &item, row);
 		MemoryContextSwitchTo(old);
 		sh->received[s]++;
 		if ((sh->received[s] & 1023) == 0)
 			CHECK_FOR_INTERRUPTS();
 	}
 	MemoryContextReset(sh->row_cxt);
+}
+
+/*
+ * At the end of the shards' rows: each outer row's kept rows cut back to
+ * its first `want`, their rows in one array and their candidates added,
+ * inner_row numbering that array (in cxt).
+ */
+static void
+finish_held(KnnScanShards *sh, MinimalTuple **rows, int64 *n_rows)
+{
+	KnnScanCandidates *candidates = sh->candidates;
+	int64		n = 0;
+
+	for (int64 o = 0; o < sh->n_outer; o++)
+	{
+		if (sh->want >= 0 && sh->held[o].n > sh->want)
+			prune_held(sh, &sh->held[o]);
+		n += sh->held[o].n;
+	}
+	*rows = NULL;
+	*n_rows = 0;
+	if (n > 0)
+	{
+		hold_bytes(candidates, n * (int64) sizeof(MinimalTuple));
+		*rows = palloc_extended(n * sizeof(MinimalTuple), MCXT_ALLOC_HUGE);
+		reserve_candidates(candidates, n);
+	}
+	for (int64 o = 0; o < sh->n_outer; o++)
+	{
+		HeldRows   *held = &sh->held[o];
+
+		for (int64 i = 0; i < held->n; i++)
+		{
+			held->items[i].c.inner_row = *n_rows;
+			(*rows)[(*n_rows)++] = held->items[i].row;
+			candidates->items[candidates->n++] = held->items[i].c;
+		}
+		if (held->items != NULL)
+			candidates->held_bytes -= GetMemoryChunkSpace(held->items);
+	}
+	candidates->held_bytes -= GetMemoryChunkSpace(sh->held);
+	/* (their blocks given back whole, for the merge's arrays) */
+	MemoryContextDelete(sh->held_cxt);
+	sh->held_cxt = NULL;
+	sh->held = NULL;
 }
 
 void
@@ -800,9 +1019,6 @@ knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext c
 
 	sh->inner_desc = inner_desc;
 	sh->cxt = cxt;
-	sh->rows = NULL;
-	sh->n_rows = 0;
-	sh->capacity = 0;
 	sh->candidates = candidates;
 	if (sh->inputs == NULL)
 	{
@@ -821,9 +1037,29 @@ knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext c
 	sh->nulls = MemoryContextAlloc(cxt, Max(inner_desc->natts, 1) * sizeof(bool));
 	sh->next_rank = MemoryContextAllocZero(cxt, n_shards * sizeof(int64 *));
 	sh->received = MemoryContextAllocZero(cxt, n_shards * sizeof(int64));
+	old = MemoryContextSwitchTo(cxt);
+	sh->held_cxt = AllocSetContextCreate(cxt, "KNN Join shard rows kept", ALLOCSET_DEFAULT_SIZES);
+	sh->held = MemoryContextAllocExtended(sh->held_cxt, Max(sh->n_outer, 1) * sizeof(HeldRows),
+										  MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
+	hold_bytes(candidates, GetMemoryChunkSpace(sh->held));
+	for (int64 o = 0; o < sh->n_outer; o++)
+		sh->held[o].prune_at = prune_threshold(sh->want, sh->want);
+	if (sh->n_ties > 0)
+	{
+		sh->held_slot_a = MakeSingleTupleTableSlot(inner_desc, &TTSOpsMinimalTuple);
+		sh->held_slot_b = MakeSingleTupleTableSlot(inner_desc, &TTSOpsMinimalTuple);
+	}
 	/* (the rows and candidates go to cxt; the calls' scratch to the run's) */
-	old = MemoryContextSwitchTo(sh->run_cxt);
+	MemoryContextSwitchTo(sh->run_cxt);
 	knn_shard_remote_collect_rows(sh->sp.shards, n_shards, read_shard_rows, sh);
+	MemoryContextSwitchTo(cxt);
+	finish_held(sh, rows, n_rows);
+	if (sh->n_ties > 0)
+	{
+		ExecDropSingleTupleTableSlot(sh->held_slot_a);
+		ExecDropSingleTupleTableSlot(sh->held_slot_b);
+		sh->held_slot_a = sh->held_slot_b = NULL;
+	}
 	MemoryContextSwitchTo(old);
 	for (int s = 0; s < n_shards; s++)
 	{
@@ -831,8 +1067,6 @@ knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext c
 		if (sh->next_rank[s] != NULL)
 			pfree(sh->next_rank[s]);
 	}
-	*rows = sh->rows;
-	*n_rows = sh->n_rows;
 }
 
 void
@@ -866,48 +1100,16 @@ typedef struct MergeContext
 	TupleTableSlot *slot_b;
 } MergeContext;
 
-/* 0: a number, 1: NaN, 2: NULL, as ORDER BY float8 ASC sorts them. */
-static int
-distance_class(const KnnScanCandidate *c)
-{
-	return c->distance_null ? 2 : isnan(c->distance) ? 1 : 0;
-}
-
 static int
 compare_candidates(const void *a, const void *b, void *arg)
 {
 	const KnnScanCandidate *x = (const KnnScanCandidate *) a;
 	const KnnScanCandidate *y = (const KnnScanCandidate *) b;
 	MergeContext *context = (MergeContext *) arg;
-	int			cx = distance_class(x);
-	int			cy = distance_class(y);
 
-	if (cx != cy)
-		return cx < cy ? -1 : 1;
-	if (cx == 0 && x->distance != y->distance)
-		return x->distance < y->distance ? -1 : 1;
-	if (context->sh->n_ties > 0)
-	{
-		ExecStoreMinimalTuple(context->inner_rows[x->inner_row], context->slot_a, false);
-		ExecStoreMinimalTuple(context->inner_rows[y->inner_row], context->slot_b, false);
-		for (int i = 0; i < context->sh->n_ties; i++)
-		{
-			TieKey	   *key = &context->sh->ties[i];
-			bool		null_a;
-			bool		null_b;
-			Datum		va = slot_getattr(context->slot_a, key->column, &null_a);
-			Datum		vb = slot_getattr(context->slot_b, key->column, &null_b);
-			int			order = ApplySortComparator(va, null_a, vb, null_b, &key->sort);
-
-			if (order != 0)
-				return order;
-		}
-	}
-	if (x->source != y->source)
-		return x->source < y->source ? -1 : 1;
-	if (x->rank != y->rank)
-		return x->rank < y->rank ? -1 : 1;
-	return 0;
+	return compare_merge_order(context->sh, x, context->inner_rows[x->inner_row],
+							   y, context->inner_rows[y->inner_row],
+							   context->slot_a, context->slot_b);
 }
 
 int64 *
@@ -915,13 +1117,20 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 					  MinimalTuple *inner_rows, TupleTableSlot *slot_a, TupleTableSlot *slot_b,
 					  MemoryContext cxt)
 {
-	int64	   *begin = MemoryContextAllocHuge(cxt, (n_outer + 1) * sizeof(int64));
-	int64	   *fill = palloc_extended(Max(n_outer, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
-	KnnScanCandidate *sorted = MemoryContextAllocHuge(cxt, Max(candidates->n, 1) *
-													  sizeof(KnnScanCandidate));
+	int64		begin_bytes = (n_outer + 1) * (int64) sizeof(int64);
+	int64		fill_bytes = Max(n_outer, 1) * (int64) sizeof(int64);
+	int64		sorted_bytes = Max(candidates->n, 1) * (int64) sizeof(KnnScanCandidate);
+	int64	   *begin;
+	int64	   *fill;
+	KnnScanCandidate *sorted;
 	MergeContext context = {sh, inner_rows, slot_a, slot_b};
 	instr_time	start;
 
+	/* the sorted copy is held beside the candidates until they are freed */
+	hold_bytes(candidates, begin_bytes + fill_bytes + sorted_bytes);
+	begin = MemoryContextAllocHuge(cxt, begin_bytes);
+	fill = palloc_extended(fill_bytes, MCXT_ALLOC_HUGE);
+	sorted = MemoryContextAllocHuge(cxt, sorted_bytes);
 	INSTR_TIME_SET_CURRENT(start);
 	memset(begin, 0, (n_outer + 1) * sizeof(int64));
 	for (int64 i = 0; i < candidates->n; i++)
@@ -942,6 +1151,7 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 	pfree(fill);
 	if (candidates->items != NULL)
 		pfree(candidates->items);
+	candidates->held_bytes -= fill_bytes + candidates->capacity * (int64) sizeof(KnnScanCandidate);
 	candidates->items = sorted;
 	candidates->capacity = Max(candidates->n, 1);
 	sh->merged = candidates->n;

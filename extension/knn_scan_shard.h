@@ -13,8 +13,10 @@
  * subquery's ORDER BY gives: distance (NaN after numbers, NULL last), the
  * ORDER BY keys after it, then source and rank. The node then returns
  * them as it returns its own rows (OFFSET, LIMIT, WITH TIES, filters,
- * LEFT JOIN). The shards' rows are read as they arrive, and the result
- * they make counts against knn_gpu.max_result_memory as they come
+ * LEFT JOIN). The shards' rows are read as they arrive; of an outer
+ * row's only those that can still be among its first OFFSET + LIMIT rows
+ * are kept, and what the candidates hold (their rows read back, the
+ * merge's copy) counts against knn_gpu.max_result_memory as it is taken
  * (KnnScanCandidates).
  */
 #ifndef KNN_SCAN_SHARD_H
@@ -93,34 +95,33 @@ typedef struct KnnScanCandidate
 } KnnScanCandidate;
 
 /*
- * The candidates of every outer row, and the node's result they make so
- * far, counted as they are added against knn_gpu.max_result_memory: per
- * outer row at most `want` of them are rows the node can return (OFFSET +
- * LIMIT: the others are beaten by them), each of row_bytes. What counts is
- * what came, not what the LIMIT would allow: a LIMIT past the table asks
- * no more than the table.
+ * The candidates of every outer row: the local part's and, once the
+ * shards' rows are in, theirs. What they hold (this array, and through
+ * knn_scan_shards_collect and knn_scan_shards_merge the shards' rows read
+ * back and the merge's copy) is counted in held_bytes as it is taken
+ * against knn_gpu.max_result_memory: the coordinator holds no more than
+ * the limit for them.
  */
 typedef struct KnnScanCandidates
 {
 	int64		n;
 	int64		capacity;
 	KnnScanCandidate *items;
-	int64		want;			/* per outer row; -1: every candidate counts */
-	int64	   *per_outer;		/* the candidates of each outer row so far (want >= 0) */
-	int64		result_rows;
-	int64		max_result_rows;	/* those that fit the limit */
-	double		row_bytes;
+	int64		held_bytes;
 } KnnScanCandidates;
 
 /* A result slot (neighbour, distance), and a radius join's pair (with its query). */
 #define KNN_SLOT_BYTES (sizeof(int64) + sizeof(double))
 #define KNN_RANGE_PAIR_BYTES (2 * sizeof(int64) + sizeof(double))
 
-/* Empty candidates of n_outer outer rows, counted as above (per_outer in cxt). */
+/*
+ * Empty candidates. (n_outer, want, row_bytes and cxt are not needed any
+ * more: the candidates count the bytes they hold, not rows of the result.)
+ */
 extern void knn_scan_candidates_begin(KnnScanCandidates *candidates, int64 n_outer, int64 want,
 									  double row_bytes, MemoryContext cxt);
 
-/* Adds one; ERROR 54000, before it is kept, when the result then passes the limit. */
+/* Adds one; ERROR 54000, before it is kept, when what they hold then passes the limit. */
 extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
 
 /* ERROR 54000 when a result of `bytes` would pass knn_gpu.max_result_memory (knn_scan_exec.c). */
@@ -130,9 +131,11 @@ extern void knn_scan_check_result_memory(double bytes);
  * Waits for the shards' results, reading each row as it arrives (libpq
  * never holds a shard's whole answer); their rows become rows like the
  * inner plan's (of inner_desc, the columns read back filled, in memory of
- * cxt), in *rows (*n_rows of them), and their candidates are added to
- * candidates (counted against the limit as they come), inner_row
- * numbering those rows.
+ * cxt). Of each outer row's only those that can still be among its first
+ * `want` rows (knn_scan_shards_start; WITH TIES, and those tied with the
+ * last of them) are kept as they come, counted in candidates->held_bytes;
+ * at the end they are in *rows (*n_rows of them) and their candidates
+ * added to candidates, inner_row numbering those rows.
  */
 extern void knn_scan_shards_collect(KnnScanShards *shards, TupleDesc inner_desc,
 									MemoryContext cxt, MinimalTuple **rows, int64 *n_rows,
@@ -145,7 +148,8 @@ extern void knn_scan_shards_note_local(KnnScanShards *shards, int64 local_target
 /*
  * Puts the candidates in the subquery's order per outer row: outer row
  * o's are begin[o] .. begin[o + 1] - 1 of the sorted items (begin in cxt).
- * slots read inner rows for the ORDER BY keys after the distance.
+ * slots read inner rows for the ORDER BY keys after the distance. The
+ * sorted copy is counted with what the candidates hold before it is made.
  */
 extern int64 *knn_scan_shards_merge(KnnScanShards *shards, KnnScanCandidates *candidates,
 									int64 n_outer, MinimalTuple *inner_rows,

@@ -1358,8 +1358,8 @@ check "... the memory does not grow, nothing is held here or on the shards, the 
 # one batch at a time: the same rows in the same order as the whole join
 # and as one server, through the tuplestore (direct return too), no
 # temporary file left. The KNN Join node holds its whole result: past the
-# limit it ends with ERROR 54000 as the shards' rows pass it (a LIMIT
-# counts only the rows that came: one past the table asks for the table).
+# limit it ends with ERROR 54000 as what it holds passes it (the rows that
+# came: a LIMIT past the table asks for the table).
 sql 0 <<'EOF'
 -- peak_mb(): this backend's peak memory (VmHWM), in MB
 CREATE FUNCTION peak_mb() RETURNS bigint LANGUAGE sql AS
@@ -1442,13 +1442,84 @@ SELECT count(*) FROM (SELECT id, v FROM big_here WHERE id <= 2000) q
   CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 100) n;
 SELECT count(*) FROM q CROSS JOIN LATERAL (SELECT t.id FROM items_h t WHERE t.v <-> q.v < 100 ORDER BY t.v <-> q.v) n;
 \set VERBOSITY default
-SELECT 'within:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 2000) q
+SELECT 'within:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 500) q
   CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 5) n;
 SELECT 'shipped:' || (knn_gpu_last_shard_stats()::json->'shards'->0->>'rows');
 EOF
 )
+# (what is held counts: a row kept, 40 bytes, its row read back, about 50,
+# an outer row's array; 500 x 5 rows take about 0.5 MB at their peak, and
+# 2000 x 5, which passed when a row counted 16 bytes, about 2 MB)
 check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
-  "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:10000\nshipped:10000')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
+  "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:2500\nshipped:2500')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
+
+# Each partition returns OFFSET + LIMIT rows per outer row: the node keeps
+# of an outer row's shard rows only those that can still be among its
+# first OFFSET + LIMIT (cut back to them when half as many again have
+# come; WITH TIES, and those tied with the last), and counts what it
+# holds, with the rows read back and the merge's copy. 3000 queries x
+# LIMIT 10 over 8 partitions (240000 rows come) within 8 MB: the same
+# rows as one server, and the coordinator's peak memory (VmHWM) grows by
+# less than 16 MB (the limit, the cursors' batches, the allocator's
+# blocks; it held every row that came, about 34 MB, counting 480 kB).
+# WITH TIES, an OFFSET and a radius with a LIMIT: the same rows as one
+# server (the vectors' small integers tie often).
+for i in 1 2; do
+  sql "$i" -c "$(for p in $i $((i + 2)) $((i + 4)) $((i + 6)); do echo "CREATE TABLE eight_$p (id bigint, v vector(2));"; done)"
+done
+sql 0 <<'EOF' || fail "max_result_memory: the 8 partitions' tables"
+CREATE TABLE eight (id bigint, v vector(2)) PARTITION BY HASH (id);
+DO $$ BEGIN
+  FOR p IN 1..8 LOOP
+    EXECUTE format('CREATE FOREIGN TABLE eight_%s PARTITION OF eight FOR VALUES WITH (MODULUS 8, REMAINDER %s) SERVER shard%s OPTIONS (table_name %L)',
+                   p, p - 1, 2 - p % 2, 'eight_' || p);
+  END LOOP;
+END $$;
+INSERT INTO eight SELECT i, format('[%s,%s]', hashint8(i) & 63, hashint8(i + 7) & 63)::vector
+  FROM generate_series(1, 16000) i;
+CREATE TABLE eight_here AS SELECT * FROM eight;
+CREATE TABLE eight_q AS SELECT i AS id, format('[%s,%s]', hashint8(-i) & 63, hashint8(-i - 7) & 63)::vector AS v
+  FROM generate_series(1, 3000) i;
+EOF
+# eight_rows TABLE FORM: the LATERAL join of eight_q's rows, counted and hashed in a canonical order
+eight_rows() {
+  echo "SELECT count(*) || ' rows ' || md5(string_agg(format('%s:%s:%s', qid, id, d), ' ' ORDER BY qid, d, id))
+    FROM (SELECT q.id AS qid, n.id, n.d FROM eight_q q CROSS JOIN LATERAL
+          (SELECT t.id, t.v <-> q.v AS d FROM $1 t $2) n) r"
+}
+out=$(sql 0 -v "s=$(eight_rows eight 'ORDER BY t.v <-> q.v, t.id LIMIT 10')" \
+        -v "o=$(eight_rows eight_here 'ORDER BY t.v <-> q.v, t.id LIMIT 10')" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SELECT count(*) FROM (SELECT * FROM eight_q WHERE id <= 10) q
+  CROSS JOIN LATERAL (SELECT t.id FROM eight t ORDER BY t.v <-> q.v, t.id LIMIT 10) n;
+SELECT peak_mb() AS before \gset
+SET knn_gpu.max_result_memory = 8;
+SELECT (:s) AS sharded \gset
+SELECT 'grew less than 16 MB:' || (peak_mb() - :before < 16);
+SELECT 'came:' || (SELECT sum((s->>'rows')::int) FROM json_array_elements(knn_gpu_last_shard_stats()::json->'shards') s);
+RESET knn_gpu.max_result_memory;
+SELECT (:o) AS single \gset
+SELECT 'rows:' || :'sharded';
+SELECT 'sharded = one server:' || (:'sharded' = :'single');
+EOF
+)
+check "max_result_memory: the node over 8 partitions holds what it counts: within the limit, = one server" \
+  "$(printf 'grew less than 16 MB:true\ncame:240000\nrows:30000 rows\nsharded = one server:true')" \
+  "$(echo "$out" | sed 's/^\(rows:[0-9]* rows\) .*/\1/' | grep -E '^(ERROR|grew|came|rows|sharded)')"
+for form in "ORDER BY t.v <-> q.v FETCH FIRST 10 ROWS WITH TIES" "ORDER BY t.v <-> q.v, t.id LIMIT 5 OFFSET 5" \
+            "ORDER BY t.v <-> q.v, t.id FETCH FIRST 3 ROWS WITH TIES" "WHERE t.v <-> q.v < 3 ORDER BY t.v <-> q.v, t.id LIMIT 4"; do
+  out=$(sql 0 -v "s=$(eight_rows eight "$form")" -v "o=$(eight_rows eight_here "$form")" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SET knn_gpu.max_result_memory = 32;
+SELECT (:s) AS sharded \gset
+SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()::json->'shards');
+SELECT (:o) AS single \gset
+SELECT 'sharded = one server:' || (:'sharded' = :'single');
+EOF
+)
+  check "... $form: = one server" "$(printf 'shards:2\nsharded = one server:true')" \
+    "$(echo "$out" | grep -E '^(ERROR|shards|sharded)')"
+done
 
 # A cancel while the local part of a batched join writes its pairs into the
 # temporary files (40000 queries x k = 1000 local targets: 1.3 GB, seconds
@@ -1483,16 +1554,17 @@ check "... within a second" 1 "$([ "$ms" -lt 1000 ] && echo 1 || echo 0)"
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" 2>&1)
 check "... no temporary file left" "temporary files:0" "$out"
 
-# The node's bound is the rows it can return, counted as they arrive: a
-# LIMIT past the table (a way to say "all"), with an OFFSET, returns within
-# 1 MB the same rows in the same order as without the limit and as one
-# server (21 x 1099 rows; 21 x 1000002 x 16 bytes were it the LIMIT's).
+# The node's bound is what it holds, counted as the rows arrive: a LIMIT
+# past the table (a way to say "all"), with an OFFSET, returns within 4 MB
+# the same rows in the same order as without the limit and as one server
+# (21 x 1099 rows, about 120 bytes each with their rows read back and the
+# merge's copy; 21 x 1000002 x 16 bytes were it the LIMIT's).
 ALL_ROWS="SELECT count(*) || ' rows ' || md5(string_agg(format('%s:%s:%s', qid, id, d), ' ')) FROM
   (SELECT q.id AS qid, n.id, n.d FROM (SELECT * FROM q WHERE id < 500) q CROSS JOIN LATERAL
    (SELECT t.id, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v, t.id LIMIT 1000000 OFFSET 2) n) r"
 out=$(sql 0 -v "s=${ALL_ROWS//TBL/items_h}" -v "r=${ALL_ROWS//TBL/items_all}" 2>&1 <<'EOF'
 SET client_min_messages = warning;
-SET knn_gpu.max_result_memory = 1;
+SET knn_gpu.max_result_memory = 4;
 SELECT (:s) AS limited \gset
 SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()->'shards');
 RESET knn_gpu.max_result_memory;
@@ -1502,7 +1574,7 @@ SELECT 'rows:' || :'limited';
 SELECT 'limited = whole:' || (:'limited' = :'whole') || ', whole = one server:' || (:'whole' = :'single');
 EOF
 )
-check "max_result_memory: the KNN Join node, a LIMIT past the table: its rows within 1 MB, = without the limit, = one server" \
+check "max_result_memory: the KNN Join node, a LIMIT past the table: its rows within 4 MB, = without the limit, = one server" \
   "$(printf 'shards:2\nrows:23079 rows\nlimited = whole:true, whole = one server:true')" \
   "$(echo "$out" | sed 's/^\(rows:[0-9]* rows\) .*/\1/' | grep -E '^(ERROR|shards|rows|limited)')"
 
