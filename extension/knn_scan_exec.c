@@ -1752,16 +1752,11 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 	int64		n_local;
 
 	/*
-	 * The result, as join_inner's arrays (a radius's or WITH TIES's as its
-	 * pairs, every candidate counted), counted as the candidates come: a
-	 * LIMIT is a bound, not what comes back.
+	 * The shards' rows, counted against the limit as they are held (a LIMIT
+	 * is a bound, not what comes back; knn_scan_shard.c keeps per outer row
+	 * only what can still be among its first rows).
 	 */
-	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
-		knn_scan_candidates_begin(&candidates, state->n_outer, want, KNN_SLOT_BYTES,
-								  state->join_cxt);
-	else
-		knn_scan_candidates_begin(&candidates, state->n_outer, state->with_ties ? -1 : want,
-								  KNN_RANGE_PAIR_BYTES, state->join_cxt);
+	knn_scan_candidates_begin(&candidates);
 	knn_scan_shards_start(state->shards, state->outer_rows, state->n_outer, state->outer_slot,
 						  want, state->radius);
 	for (int pass = 0; pass < 2; pass++)

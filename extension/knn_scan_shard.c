@@ -770,8 +770,7 @@ hold_bytes(KnnScanCandidates *candidates, int64 bytes)
 }
 
 void
-knn_scan_candidates_begin(KnnScanCandidates *candidates, int64 n_outer, int64 want,
-						  double row_bytes, MemoryContext cxt)
+knn_scan_candidates_begin(KnnScanCandidates *candidates)
 {
 	memset(candidates, 0, sizeof(KnnScanCandidates));
 }

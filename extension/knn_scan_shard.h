@@ -114,12 +114,8 @@ typedef struct KnnScanCandidates
 #define KNN_SLOT_BYTES (sizeof(int64) + sizeof(double))
 #define KNN_RANGE_PAIR_BYTES (2 * sizeof(int64) + sizeof(double))
 
-/*
- * Empty candidates. (n_outer, want, row_bytes and cxt are not needed any
- * more: the candidates count the bytes they hold, not rows of the result.)
- */
-extern void knn_scan_candidates_begin(KnnScanCandidates *candidates, int64 n_outer, int64 want,
-									  double row_bytes, MemoryContext cxt);
+/* Empty candidates (they count the bytes they hold, not rows of the result). */
+extern void knn_scan_candidates_begin(KnnScanCandidates *candidates);
 
 /* Adds one; ERROR 54000, before it is kept, when what they hold then passes the limit. */
 extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
