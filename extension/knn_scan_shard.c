@@ -234,10 +234,11 @@ tie_key_order(TieKey *key, Oid type, const char *column)
 	if (type_is_collatable(type) &&
 		key->collation != C_COLLATION_OID && key->collation != POSIX_COLLATION_OID)
 		return NULL;
-	return psprintf("%s %s NULLS %s%s", column,
+	/* (the COLLATE belongs to the expression: before DESC and NULLS) */
+	return psprintf("%s%s %s NULLS %s", column,
+					type_is_collatable(type) ? " COLLATE pg_catalog.\"C\"" : "",
 					strategy == BTGreaterStrategyNumber ? "DESC" : "ASC",
-					key->nulls_first ? "FIRST" : "LAST",
-					type_is_collatable(type) ? " COLLATE pg_catalog.\"C\"" : "");
+					key->nulls_first ? "FIRST" : "LAST");
 }
 
 static Oid	inner_column_type(Plan *top, AttrNumber column);

@@ -1521,6 +1521,51 @@ EOF
     "$(echo "$out" | grep -E '^(ERROR|shards|sharded)')"
 done
 
+# A text ORDER BY key after the distance, of collation "C", goes to the
+# shards (it sorts there as here) as "column COLLATE "C" DESC NULLS ...":
+# the COLLATE before the direction (after it, each shard's SQL was a
+# syntax error). ASC and DESC, NULLS FIRST and LAST, WITH TIES with an
+# OFFSET (the rows compared by their values: which of the tied rows the
+# OFFSET skips is the plan's choice), over 3 partitions on 2 shards and a
+# local one: the same rows as one server, joined on both shards.
+for i in 1 2; do
+  sql "$i" -c "CREATE TABLE named_$i (id bigint, v vector(2), name text COLLATE \"C\")" || fail "the named tables"
+done
+sql 1 -c "CREATE TABLE named_3 (id bigint, v vector(2), name text COLLATE \"C\")" || fail "the named tables"
+sql 0 <<'EOF' || fail "the named tables"
+CREATE TABLE named (id bigint, v vector(2), name text COLLATE "C") PARTITION BY RANGE (id);
+CREATE FOREIGN TABLE named_1 PARTITION OF named FOR VALUES FROM (MINVALUE) TO (200) SERVER shard1;
+CREATE FOREIGN TABLE named_2 PARTITION OF named FOR VALUES FROM (200) TO (400) SERVER shard2;
+CREATE FOREIGN TABLE named_3 PARTITION OF named FOR VALUES FROM (400) TO (600) SERVER shard1;
+CREATE TABLE named_0 PARTITION OF named FOR VALUES FROM (600) TO (MAXVALUE);
+INSERT INTO named SELECT i, format('[%s,%s]', hashint8(i) & 3, hashint8(i + 7) & 3)::vector,
+  CASE WHEN i % 7 = 0 THEN NULL ELSE (ARRAY['a', 'B', 'b', '_'])[1 + (hashint8(i + 3) & 3)] END
+  FROM generate_series(1, 800) i;
+CREATE TABLE named_here AS SELECT * FROM named;
+CREATE TABLE named_q AS SELECT i AS id, format('[%s,%s]', hashint8(-i) & 3, hashint8(-i - 7) & 3)::vector AS v
+  FROM generate_series(1, 40) i;
+EOF
+# named_rows TABLE FORM: the LATERAL join of named_q's rows (id, name and distance), counted and hashed
+named_rows() {
+  echo "SELECT count(*) || ' rows ' || md5(string_agg(format('%s:%s:%s', qid, name, d), ' ' ORDER BY qid, d, name))
+    FROM (SELECT q.id AS qid, n.name, n.d FROM named_q q CROSS JOIN LATERAL
+          (SELECT t.name, t.v <-> q.v AS d FROM $1 t $2) n) r"
+}
+for form in "ORDER BY t.v <-> q.v, t.name DESC NULLS FIRST, t.id LIMIT 3" "ORDER BY t.v <-> q.v, t.name FETCH FIRST 2 ROWS WITH TIES" \
+            "ORDER BY t.v <-> q.v, t.name DESC NULLS LAST OFFSET 5 FETCH FIRST 2 ROWS WITH TIES"; do
+  out=$(sql 0 -v "s=$(named_rows named "$form")" -v "o=$(named_rows named_here "$form")" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+SELECT (:s) AS sharded \gset
+SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()::json->'shards');
+SET knn_gpu.enable_knn_join = off;
+SELECT (:o) AS single \gset
+SELECT 'sharded = one server:' || (:'sharded' = :'single');
+EOF
+)
+  check "a text ORDER BY key of collation \"C\" on the shards: $form: = one server" \
+    "$(printf 'shards:2\nsharded = one server:true')" "$(echo "$out" | grep -E '^(ERROR|shards|sharded)')"
+done
+
 # A cancel while the local part of a batched join writes its pairs into the
 # temporary files (40000 queries x k = 1000 local targets: 1.3 GB, seconds
 # of writing in one batch; the shards hold 10 rows each) ends it at once.
