@@ -780,8 +780,9 @@ KnnStatus KnnJob::run_engines() {
 // ---- range jobs ----
 //
 // A capped range job whose radius a sample says holds more pairs a query
-// than the cap runs as the top-k join (capped_range.h), on the engine the
-// k-NN path chooses. Otherwise the engine of a range job: the GPU range join (knn_cuda_range) under
+// than the cap, or whose range bounds would barely prune (the cost rule),
+// runs as the top-k join (capped_range.h), on the engine the k-NN path
+// chooses. Otherwise the engine of a range job: the GPU range join (knn_cuda_range) under
 // GPU, and under AUTO where a GPU is usable and would answer sooner:
 //  * the job has at least kGpuRangeMinPairs candidate pairs (|Q| x |T|;
 //    below that the CPU range engine answers within milliseconds, about
@@ -840,7 +841,8 @@ KnnStatus KnnJob::run_range() {
       return KNN_CANCELLED;
     }
   }
-  // A cap the radius is expected to overfill: the top-k join, either engine.
+  // A cap the radius is expected to overfill, or bounds that barely prune:
+  // the top-k join, either engine.
   if (problem.k > 0) {
     if (const char *why = knn::range_problem_invalid_reason(problem)) {
       knn::copy_message(error, sizeof error, why);
