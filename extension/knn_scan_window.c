@@ -386,7 +386,7 @@ recognise_relations(Query *query, List **conditions)
 		foreach(lc, from)
 			listed = listed || ((RangeTblRef *) lfirst(lc))->rtindex == i;
 		if (!listed || rte->rtekind != RTE_RELATION || rte->tablesample != NULL)
-			return knn_scan_reject("the window (DISTINCT ON) query's FROM is not exactly two tables (a view, function, subquery or TABLESAMPLE)");
+			return knn_scan_reject("the window (DISTINCT ON) query's FROM is not exactly two tables (a view, function, subquery or TABLESAMPLE): the rewrite is made for two tables only; write the LATERAL form, whose inner relation may be a view or a subquery over one table");
 	}
 	*conditions = list_concat(make_ands_implicit((Expr *) query->jointree->quals),
 							  make_ands_implicit((Expr *) join_quals));

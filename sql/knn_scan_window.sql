@@ -520,6 +520,25 @@ SELECT pg_temp.knn_uses_join($$
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
                  FROM knn_w_queries q, knn_w_few t, knn_w_few u WHERE u.id = t.id) s WHERE rn <= 2 $$);
+-- a view or a subquery as either relation (written as LATERAL, a view as
+-- the inner relation has the node)
+CREATE VIEW knn_w_items_view AS SELECT id, v FROM knn_w_items;
+CREATE VIEW knn_w_queries_view AS SELECT id, v FROM knn_w_queries;
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_items_view t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+                 FROM knn_w_queries_view q, knn_w_few t) s WHERE r <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, (SELECT id, v FROM knn_w_few WHERE id > 2) t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_queries q, knn_w_items_view t ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT q.id, n.id FROM knn_w_queries q CROSS JOIN LATERAL (
+    SELECT t.id FROM knn_w_items_view t ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+DROP VIEW knn_w_items_view, knn_w_queries_view;
 -- a volatile function
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, random() AS r,
