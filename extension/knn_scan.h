@@ -119,6 +119,9 @@ typedef struct KnnJoinPath
 	List	   *group_queries;	/* Vars: outer operands, as Vars of this query */
 	List	   *group_collations;	/* OidList: each operator's collation */
 
+	/* The form the subquery was rewritten from (knn_scan_window.c), or NULL. */
+	const char *rewritten_from;
+
 	/* Radius "<distance> < radius" (or <=), or NULL. */
 	Node	   *radius_qual;	/* the conjunct of the subquery's WHERE, or
 								 * a plain join's clause */
@@ -140,6 +143,11 @@ extern bool knn_scan_recognise_radius_clause(Expr *clause, Relids inner_relids,
 
 /* knn_scan_window.c: installs the planner hook; called by knn_scan_register. */
 extern void knn_scan_window_register(void);
+/*
+ * "row_number() window", "rank() window" or "DISTINCT ON" for a LATERAL
+ * subquery that the planner hook rewrote from that form; NULL: written so.
+ */
+extern const char *knn_scan_rewritten_from(const Query *sq);
 
 /* knn_scan_plan.c */
 extern const CustomPathMethods knn_join_path_methods;
@@ -207,6 +215,9 @@ typedef enum KnnJoinPrivate
 									 * deferred_clauses), their Vars INNER_VAR
 									 * columns of the inner rows; NIL = none */
 	KNN_PRIVATE_AFTER_EXCLUSION_TEXT,	/* String: them, for EXPLAIN */
+	KNN_PRIVATE_REWRITTEN_FROM, /* String: the query form knn_scan_window.c
+								 * rewrote into the LATERAL subquery, for
+								 * EXPLAIN; "" = written as LATERAL */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 

@@ -2294,7 +2294,12 @@ knn_join_explain(CustomScanState *node, List *ancestors, ExplainState *es)
 	Node	   *offset = list_nth(cscan->custom_exprs, KNN_EXPR_OFFSET);
 	Node	   *query_expression = list_nth(cscan->custom_exprs, KNN_EXPR_QUERY_VECTOR);
 	Instrumentation *instrument = node->ss.ps.instrument;
+	const char *rewritten_from = strVal(list_nth(cscan->custom_private,
+												 KNN_PRIVATE_REWRITTEN_FROM));
 
+	/* the planner hook's rewrite of the query as written (knn_scan_window.c) */
+	if (rewritten_from[0] != '\0')
+		ExplainPropertyText("Rewritten From", rewritten_from, es);
 	if (state->jointype == JOIN_LEFT)
 		ExplainPropertyText("Join Type", "Left", es);
 	if (query_expression != NULL)

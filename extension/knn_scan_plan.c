@@ -539,6 +539,9 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 									makeInteger((int) kp->distance_operator));
 	order_private(&order, cscan);
 	after_exclusion_private(root, kp, cscan);
+	cscan->custom_private = lappend(cscan->custom_private,
+									makeString(pstrdup(kp->rewritten_from != NULL ?
+													   kp->rewritten_from : "")));
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }

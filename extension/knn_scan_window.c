@@ -69,6 +69,8 @@
  * The rewrite is made only where it is provably equivalent; otherwise the
  * query is left alone and, for a query that looks like one of these
  * shapes, the reason is logged at DEBUG1 ("KNN Join not used: ...").
+ * EXPLAIN shows "Rewritten From: row_number() window" (rank() window,
+ * DISTINCT ON) on the KNN Join that runs a rewritten query.
  * knn_gpu.enable_knn_join = off turns it off with the node.
  */
 #include "postgres.h"
@@ -97,6 +99,48 @@
 #include "knn_settings.h"
 
 static planner_hook_type prev_planner_hook = NULL;
+
+/*
+ * The query form a rewritten LATERAL subquery came from, for EXPLAIN's
+ * "Rewritten From" on the KNN Join that runs it (no silent change of plan).
+ * The subquery carries it in its queryId, the one field of a Query that
+ * PostgreSQL leaves to plugins: copyObject and the planner's mutators keep
+ * it, so the copies of the subquery that the planner plans keep it too.
+ * PostgreSQL and pg_stat_statements set queryId on a statement's top-level
+ * query only (a stored query, such as a view's, reads back 0), never on a
+ * subquery written in FROM; only an inlined SQL function's body may carry a
+ * query hash there, which equals one of these tags with odds of 3 in 2^64.
+ */
+typedef enum RewrittenForm
+{
+	WRITTEN_AS_LATERAL = 0,		/* not the rewrite's */
+	FROM_ROW_NUMBER,
+	FROM_RANK,
+	FROM_DISTINCT_ON,
+	REWRITTEN_FORM_COUNT
+} RewrittenForm;
+
+#define REWRITE_TAG UINT64CONST(0x6b6e6e5f67707500)	/* "knn_gpu\0": a form in the last byte */
+
+static const char *const rewritten_form_names[REWRITTEN_FORM_COUNT] = {
+	[FROM_ROW_NUMBER] = "row_number() window",
+	[FROM_RANK] = "rank() window",
+	[FROM_DISTINCT_ON] = "DISTINCT ON",
+};
+
+/*
+ * The form the rewrite turned into the LATERAL subquery sq, as EXPLAIN
+ * names it, or NULL for a subquery written so.
+ */
+const char *
+knn_scan_rewritten_from(const Query *sq)
+{
+	uint64		form = sq->queryId ^ REWRITE_TAG;
+
+	if (form == WRITTEN_AS_LATERAL || form >= REWRITTEN_FORM_COUNT)
+		return NULL;
+	return rewritten_form_names[form];
+}
 
 /*
  * A recognised shape: the query of the pairs (the window's, or the DISTINCT
@@ -342,7 +386,7 @@ recognise_relations(Query *query, List **conditions)
 		foreach(lc, from)
 			listed = listed || ((RangeTblRef *) lfirst(lc))->rtindex == i;
 		if (!listed || rte->rtekind != RTE_RELATION || rte->tablesample != NULL)
-			return knn_scan_reject("the window (DISTINCT ON) query's FROM is not exactly two tables (a view, function, subquery or TABLESAMPLE)");
+			return knn_scan_reject("the window (DISTINCT ON) query's FROM is not exactly two tables (a view, function, subquery or TABLESAMPLE): the rewrite is made for two tables only; write the LATERAL form, whose inner relation may be a view or a subquery over one table");
 	}
 	*conditions = list_concat(make_ands_implicit((Expr *) query->jointree->quals),
 							  make_ands_implicit((Expr *) join_quals));
@@ -769,7 +813,7 @@ as_outer_mutator(Node *node, OuterContext *context)
  * subquery's RTE takes t's place, so q's Vars keep theirs.
  */
 static void
-rewrite_as_lateral(PairShape *shape)
+rewrite_as_lateral(PairShape *shape, RewrittenForm form)
 {
 	Query	   *query = shape->query;
 	RangeTblEntry *t_rte = rt_fetch(shape->t_index, query->rtable);
@@ -832,6 +876,7 @@ rewrite_as_lateral(PairShape *shape)
 
 	inner->commandType = CMD_SELECT;
 	inner->querySource = QSRC_ORIGINAL;
+	inner->queryId = REWRITE_TAG | form;
 	inner->rtable = list_make1(inner_t);
 	inner->hasRowSecurity = query->hasRowSecurity;
 	t_ref->rtindex = 1;
@@ -962,7 +1007,7 @@ try_window_form(Query *outer)
 			 shape.with_ties ? "rank()" : "row_number()",
 			 rt_fetch(shape.t_index, window->rtable)->eref->aliasname,
 			 shape.with_ties ? " WITH TIES" : "");
-		rewrite_as_lateral(&shape);
+		rewrite_as_lateral(&shape, shape.with_ties ? FROM_RANK : FROM_ROW_NUMBER);
 	}
 }
 
@@ -1002,7 +1047,7 @@ try_distinct_on_form(Query *query)
 	shape.limit = int8_const(1);
 	elog(DEBUG1, "KNN Join: the DISTINCT ON query over \"%s\" is planned as a LATERAL top-1 subquery",
 		 rt_fetch(shape.t_index, query->rtable)->eref->aliasname);
-	rewrite_as_lateral(&shape);
+	rewrite_as_lateral(&shape, FROM_DISTINCT_ON);
 	query->sortClause = list_truncate(query->sortClause, nkeys);
 	query->distinctClause = NIL;
 	query->hasDistinctOn = false;

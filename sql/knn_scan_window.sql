@@ -520,6 +520,25 @@ SELECT pg_temp.knn_uses_join($$
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
                  FROM knn_w_queries q, knn_w_few t, knn_w_few u WHERE u.id = t.id) s WHERE rn <= 2 $$);
+-- a view or a subquery as either relation (written as LATERAL, a view as
+-- the inner relation has the node)
+CREATE VIEW knn_w_items_view AS SELECT id, v FROM knn_w_items;
+CREATE VIEW knn_w_queries_view AS SELECT id, v FROM knn_w_queries;
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_items_view t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+                 FROM knn_w_queries_view q, knn_w_few t) s WHERE r <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, (SELECT id, v FROM knn_w_few WHERE id > 2) t) s WHERE rn <= 2 $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_queries q, knn_w_items_view t ORDER BY q.id, t.v <-> q.v, t.id $$);
+SELECT pg_temp.knn_uses_join($$
+  SELECT q.id, n.id FROM knn_w_queries q CROSS JOIN LATERAL (
+    SELECT t.id FROM knn_w_items_view t ORDER BY t.v <-> q.v, t.id LIMIT 2) n $$);
+DROP VIEW knn_w_items_view, knn_w_queries_view;
 -- a volatile function
 SELECT pg_temp.knn_uses_join($$
   SELECT * FROM (SELECT q.id, t.id, random() AS r,
@@ -539,6 +558,92 @@ SELECT pg_temp.knn_uses_join($$
                  FROM knn_w_queries q, knn_w_few t) s WHERE rn <= 2 $$);
 RESET knn_gpu.enable_knn_join;
 RESET client_min_messages;
+
+-- EXPLAIN names the rewrite on the KNN Join it produced ("Rewritten From",
+-- above: row_number() window, rank() window, DISTINCT ON), in every format,
+-- with VERBOSE and ANALYZE, in a WITH, and in a generic plan that the plan
+-- cache keeps; the same LATERAL query written so (even with the rewrite's
+-- alias, "nearest", and its column names) has no such line.
+CREATE FUNCTION pg_temp.rewritten_from_json(query text)
+RETURNS TABLE (provider text, rewritten_from text)
+LANGUAGE plpgsql AS $$
+DECLARE
+	plan jsonb;
+BEGIN
+	EXECUTE 'EXPLAIN (FORMAT JSON, COSTS OFF) ' || query INTO plan;
+	RETURN QUERY
+	SELECT node ->> 'Custom Plan Provider', node ->> 'Rewritten From'
+	FROM jsonb_path_query(plan, 'strict $.** ? (exists(@."Custom Plan Provider"))') node;
+END
+$$;
+CREATE FUNCTION pg_temp.rewritten_from_yaml(query text) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+	plan text;
+BEGIN
+	EXECUTE 'EXPLAIN (FORMAT YAML, COSTS OFF) ' || query INTO plan;
+	RETURN QUERY
+	SELECT btrim(line) FROM regexp_split_to_table(plan, '\n') line
+	WHERE line ~ '(Custom Plan Provider|Rewritten From):';
+END
+$$;
+EXPLAIN (VERBOSE, COSTS OFF)
+SELECT query_id, target_id, d FROM (
+  SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+  FROM knn_w_queries q JOIN knn_w_items t ON t.id <> q.id) s
+WHERE rn <= 3;
+SELECT * FROM pg_temp.knn_explain_analyze($$
+  SELECT query_id, target_id, d FROM (
+    SELECT q.id AS query_id, t.id AS target_id, t.v <-> q.v AS d,
+           rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+    FROM knn_w_queries q, knn_w_items t WHERE q.id <= 5) s
+  WHERE r <= 2 $$);
+SELECT * FROM pg_temp.rewritten_from_json($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2 $$);
+SELECT * FROM pg_temp.rewritten_from_json($$
+  SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+                 FROM knn_w_queries q, knn_w_items t) s WHERE r <= 2 $$);
+SELECT * FROM pg_temp.rewritten_from_json($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_queries q, knn_w_items t
+  ORDER BY q.id, t.v <-> q.v $$);
+SELECT * FROM pg_temp.rewritten_from_yaml($$
+  WITH s AS (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+             FROM knn_w_queries q, knn_w_items t)
+  SELECT * FROM s WHERE rn <= 2 $$);
+SELECT * FROM pg_temp.rewritten_from_yaml($$
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_queries q, knn_w_items t
+  ORDER BY q.id, t.v <-> q.v $$);
+-- written as LATERAL: the node, no "Rewritten From"
+EXPLAIN (COSTS OFF)
+SELECT q.id, nearest.id, nearest.distance
+FROM knn_w_queries q CROSS JOIN LATERAL (
+  SELECT t.v <-> q.v AS distance, t.id FROM knn_w_items t
+  ORDER BY t.v <-> q.v, t.id LIMIT 1) nearest
+ORDER BY q.id;
+SELECT * FROM pg_temp.rewritten_from_json($$
+  SELECT q.id, nearest.id FROM knn_w_queries q CROSS JOIN LATERAL (
+    SELECT t.v <-> q.v AS distance, t.id FROM knn_w_items t
+    ORDER BY t.v <-> q.v FETCH FIRST 2 ROWS WITH TIES) nearest $$);
+-- both in one statement: only the rewritten one says so
+SELECT * FROM pg_temp.rewritten_from_json($$
+  SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                 FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2
+  UNION ALL
+  SELECT q.id, nearest.id, 1 FROM knn_w_queries q CROSS JOIN LATERAL (
+    SELECT t.v <-> q.v AS distance, t.id FROM knn_w_items t
+    ORDER BY t.v <-> q.v LIMIT 2) nearest $$);
+-- a generic plan, planned once and kept in the plan cache
+PREPARE knn_w_prepared(int) AS
+SELECT * FROM (SELECT q.id, t.id, rank() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS r
+               FROM knn_w_queries q, knn_w_items t) s WHERE r <= $1;
+SET plan_cache_mode = force_generic_plan;
+EXECUTE knn_w_prepared(1) \g /dev/null
+EXPLAIN (COSTS OFF) EXECUTE knn_w_prepared(2);
+EXPLAIN (COSTS OFF) EXECUTE knn_w_prepared(3);
+RESET plan_cache_mode;
+DEALLOCATE knn_w_prepared;
 
 DROP TABLE knn_w_items, knn_w_queries, knn_w_few, knn_w_no_key, knn_w_nullable, knn_w_deferred,
            knn_w_parent, knn_w_child;
@@ -606,3 +711,4 @@ ON s.rn <= 2
 WHEN NOT MATCHED THEN INSERT VALUES (s.query_id, s.target_id, s.rn);
 SELECT count(*) AS rows, count(DISTINCT query_id) AS queries, max(rn) AS max_rn FROM knn_w_merged;
 DROP TABLE knn_w_merge_queries, knn_w_merge_items, knn_w_merged;
+
