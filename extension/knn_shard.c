@@ -1060,8 +1060,11 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		row = query_row(spill->queries->ids, spill->queries->n, query_id, spill->last_row[source]);
 		if (row < 0)
 			bad = "a query id that was not sent";
-		else if (!spill->together ||
-				 (bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
+		else if (spill->together)
+			bad = note_query_row(spill->done[source], &spill->last_row[source], row);
+		else
+			spill->last_row[source] = row;	/* only the next one's hint: a range join's pairs come query by query too */
+		if (bad == NULL)
 			knn_shard_spill_put(spill, source, row, target_id, distance);
 		if (r % 65536 == 65535)
 			CHECK_FOR_INTERRUPTS();
