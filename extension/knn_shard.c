@@ -755,25 +755,6 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 	shard->binary_result = true;
 }
 
-static int64
-get_int8(const char *p)
-{
-	uint64		v;
-
-	memcpy(&v, p, sizeof(v));
-	return (int64) pg_ntoh64(v);
-}
-
-static double
-get_float8(const char *p)
-{
-	uint64		v = (uint64) get_int8(p);
-	double		d;
-
-	memcpy(&d, &v, sizeof(d));
-	return d;
-}
-
 /*
  * The row of query id `id` among the sorted, unique ids; -1 if none. A
  * shard returns its pairs query by query in the order sent: `hint` (the
@@ -805,7 +786,11 @@ query_row(const int64 *ids, int64 n, int64 id, int64 hint)
 /*
  * A join's result pair by pair: knn_join_packed()'s values (one bytea
  * column, KNN_PACKED_ROW_BYTES a pair) or knn_join's rows (three binary
- * 8-byte columns), each checked first by check_pairs.
+ * 8-byte columns). check_pairs checks the form and counts the pairs (a
+ * packed value's size once, as it is counted); next_pair checks each
+ * field of the row form as it reads it: libpq's fields are read once (a
+ * range join's millions of rows spent as long checking them ahead as
+ * reading them).
  */
 typedef struct ShardPairs
 {
@@ -817,7 +802,26 @@ typedef struct ShardPairs
 	int			len;
 } ShardPairs;
 
-/* Checks the result's form; the number of its pairs, or -1 with *bad set. */
+#define BAD_PACKED_VALUE "a NULL or a packed value of the wrong size"
+#define BAD_ROW_VALUE "a NULL or a value of the wrong size"
+
+/* Starts `it` at the result's first pair (again). */
+static void
+pairs_begin(ShardPairs *it, const KnnShardResult *result, bool packed)
+{
+	it->result = result;
+	it->packed = packed;
+	it->row = 0;
+	it->offset = 0;
+	it->value = NULL;
+	it->len = 0;
+}
+
+/*
+ * Checks the result's form; the number of its pairs, or -1 with *bad set.
+ * Packed values are checked here (each one's size: it gives the count);
+ * the row form's fields by next_pair, as it reads them.
+ */
 static int64
 check_pairs(const KnnShardResult *result, bool packed, const char **bad)
 {
@@ -830,54 +834,98 @@ check_pairs(const KnnShardResult *result, bool packed, const char **bad)
 		*bad = packed ? "not one column" : "not three columns";
 		return -1;
 	}
+	if (!packed)
+		return n;
 	for (int r = 0; r < n; r++)
 	{
-		if (packed)
+		if (knn_shard_result_value(result, r, 0, &len) == NULL ||
+			len % KNN_PACKED_ROW_BYTES != 0)
 		{
-			if (knn_shard_result_value(result, r, 0, &len) == NULL ||
-				len % KNN_PACKED_ROW_BYTES != 0)
-			{
-				*bad = "a NULL or a packed value of the wrong size";
-				return -1;
-			}
-			pairs += len / KNN_PACKED_ROW_BYTES;
-			continue;
+			*bad = BAD_PACKED_VALUE;
+			return -1;
 		}
-		for (int f = 0; f < 3; f++)
-			if (knn_shard_result_value(result, r, f, &len) == NULL || len != 8)
-			{
-				*bad = "a NULL or a value of the wrong size";
-				return -1;
-			}
-		pairs++;
+		pairs += len / KNN_PACKED_ROW_BYTES;
 	}
 	return pairs;
 }
 
-static void
-next_pair(ShardPairs *it, int64 *query_id, int64 *target_id, double *distance)
+/* Field `column` of the row form's row `row`: an 8-byte value, or false with *bad set. */
+static bool
+row_field(const KnnShardResult *result, int row, int column, uint64 *bits, const char **bad)
 {
 	int			len;
+	const char *p = knn_shard_result_value(result, row, column, &len);
+
+	if (p == NULL || len != sizeof(*bits))
+	{
+		*bad = BAD_ROW_VALUE;
+		return false;
+	}
+	memcpy(bits, p, sizeof(*bits));
+	*bits = pg_ntoh64(*bits);
+	return true;
+}
+
+/*
+ * The next of the check_pairs counted pairs (the caller reads no more):
+ * its query id, and unless target_id is NULL its target id and distance.
+ * False with *bad set for a field that is not a pair's.
+ */
+static bool
+next_pair(ShardPairs *it, int64 *query_id, int64 *target_id, double *distance, const char **bad)
+{
+	uint64		bits;
 
 	if (it->packed)
 	{
-		if (it->value == NULL)
-			it->value = knn_shard_result_value(it->result, it->row, 0, &it->len);
-		/* check_pairs counted the pairs: an empty value is skipped */
-		while (it->offset >= it->len)
+		int64		ignored_target;
+		double		ignored_distance;
+
+		/* check_pairs checked each value's size and counted the pairs: an empty value is skipped */
+		while (it->value == NULL || it->offset >= it->len)
 		{
-			it->row++;
+			if (it->value != NULL)
+				it->row++;
 			it->offset = 0;
 			it->value = knn_shard_result_value(it->result, it->row, 0, &it->len);
+			if (it->value == NULL || it->len % KNN_PACKED_ROW_BYTES != 0)
+			{
+				*bad = BAD_PACKED_VALUE;
+				return false;
+			}
 		}
-		knn_packed_get(it->value + it->offset, query_id, target_id, distance);
+		knn_packed_get(it->value + it->offset, query_id,
+					   target_id != NULL ? target_id : &ignored_target,
+					   target_id != NULL ? distance : &ignored_distance);
 		it->offset += KNN_PACKED_ROW_BYTES;
-		return;
+		return true;
 	}
-	*query_id = get_int8(knn_shard_result_value(it->result, it->row, 0, &len));
-	*target_id = get_int8(knn_shard_result_value(it->result, it->row, 1, &len));
-	*distance = get_float8(knn_shard_result_value(it->result, it->row, 2, &len));
+	if (!row_field(it->result, it->row, 0, &bits, bad))
+		return false;
+	*query_id = (int64) bits;
+	if (target_id != NULL)
+	{
+		if (!row_field(it->result, it->row, 1, &bits, bad))
+			return false;
+		*target_id = (int64) bits;
+		if (!row_field(it->result, it->row, 2, &bits, bad))
+			return false;
+		memcpy(distance, &bits, sizeof(*distance));
+	}
 	it->row++;
+	return true;
+}
+
+/* A shard's result that is not pairs of the queries sent (what: which way not) */
+static void bad_pairs(const KnnShardRemote *shard, const char *what) pg_attribute_noreturn();
+
+static void
+bad_pairs(const KnnShardRemote *shard, const char *what)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
+			 errmsg("%s on foreign server \"%s\" returned %s",
+					shard->who, shard->server->servername, what)));
 }
 
 /*
@@ -923,14 +971,17 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	KnnShardLists *lists = palloc0(sizeof(KnnShardLists));
 	int64	   *rows = palloc_extended(Max(n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	int64	   *fill;
-	ShardPairs	it = {result, shard->packed_result, 0, 0, NULL, 0};
+	ShardPairs	it;
 	int64		query_id;
 	int64		target_id;
 	double		distance;
 
+	/* first the query ids (their rows counted), then the rest of each pair into its list */
+	pairs_begin(&it, result, shard->packed_result);
 	for (int64 r = 0; bad == NULL && r < n; r++)
 	{
-		next_pair(&it, &query_id, &target_id, &distance);
+		if (!next_pair(&it, &query_id, NULL, NULL, &bad))
+			break;
 		if ((rows[r] = query_row(queries->ids, queries->n, query_id, r > 0 ? rows[r - 1] : -1)) < 0)
 			bad = "a query id that was not sent";
 		else
@@ -940,10 +991,7 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	}
 	pfree(done);
 	if (bad != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-				 errmsg("%s on foreign server \"%s\" returned %s",
-						shard->who, shard->server->servername, bad)));
+		bad_pairs(shard, bad);
 
 	lists->n_queries = queries->n;
 	lists->offsets = palloc_extended((queries->n + 1) * sizeof(int64), MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
@@ -962,14 +1010,13 @@ read_shard_lists(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	}
 	fill = palloc_extended(Max(queries->n, 1) * sizeof(int64), MCXT_ALLOC_HUGE);
 	memcpy(fill, lists->offsets, queries->n * sizeof(int64));
-	it.row = 0;
-	it.offset = 0;
-	it.value = NULL;
+	pairs_begin(&it, result, shard->packed_result);
 	for (int64 r = 0; r < n; r++)
 	{
 		int64		at = fill[rows[r]]++;
 
-		next_pair(&it, &query_id, &target_id, &distance);
+		if (!next_pair(&it, &query_id, &target_id, &distance, &bad))
+			bad_pairs(shard, bad);
 		lists->target_ids[at] = target_id;
 		lists->distances[at] = distance;
 		if (r % 65536 == 0)
@@ -992,7 +1039,7 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	Spill	   *spill = (Spill *) arg;
 	const char *bad = NULL;
 	int64		n = check_pairs(result, shard->packed_result, &bad);
-	ShardPairs	it = {result, shard->packed_result, 0, 0, NULL, 0};
+	ShardPairs	it;
 	int			source = -1;
 
 	for (int s = 0; s < spill->n_shards; s++)
@@ -1000,6 +1047,7 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 			source = s;
 	if (source < 0)
 		elog(ERROR, "spill_shard_rows: a shard not of this join");
+	pairs_begin(&it, result, shard->packed_result);
 	for (int64 r = 0; bad == NULL && r < n; r++)
 	{
 		int64		query_id;
@@ -1007,21 +1055,22 @@ spill_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		double		distance;
 		int64		row;
 
-		next_pair(&it, &query_id, &target_id, &distance);
+		if (!next_pair(&it, &query_id, &target_id, &distance, &bad))
+			break;
 		row = query_row(spill->queries->ids, spill->queries->n, query_id, spill->last_row[source]);
 		if (row < 0)
 			bad = "a query id that was not sent";
-		else if (!spill->together ||
-				 (bad = note_query_row(spill->done[source], &spill->last_row[source], row)) == NULL)
+		else if (spill->together)
+			bad = note_query_row(spill->done[source], &spill->last_row[source], row);
+		else
+			spill->last_row[source] = row;	/* only the next one's hint: a range join's pairs come query by query too */
+		if (bad == NULL)
 			knn_shard_spill_put(spill, source, row, target_id, distance);
 		if (r % 65536 == 65535)
 			CHECK_FOR_INTERRUPTS();
 	}
 	if (bad != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_FDW_INVALID_DATA_TYPE),
-				 errmsg("%s on foreign server \"%s\" returned %s",
-						shard->who, shard->server->servername, bad)));
+		bad_pairs(shard, bad);
 }
 
 /*

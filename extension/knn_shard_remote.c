@@ -1789,12 +1789,10 @@ knn_shard_result_columns(const KnnShardResult *result)
 const char *
 knn_shard_result_value(const KnnShardResult *result, int row, int column, int *length)
 {
-	if (fdw.PQgetisnull(result->res, row, column))
-	{
-		*length = 0;
-		return NULL;
-	}
+	/* a NULL's length is 0: a value of any other length is not one (a call less per value) */
 	*length = fdw.PQgetlength(result->res, row, column);
+	if (*length == 0 && fdw.PQgetisnull(result->res, row, column))
+		return NULL;
 	return fdw.PQgetvalue(result->res, row, column);
 }
 

@@ -1786,6 +1786,43 @@ hostile "hostile: a list out of order, NaN distances: merged as one server would
 hostile "hostile: ... and merged in batches" \
   "p(23, 5, 'NaN') || p(23, 6, 2) || p(23, 7, 1) || p(46, 9, 0), p(92, 8, 'NaN') || p(92, 3, 'NaN')" \
   "23:7:1:1 23:6:2:2 23:5:3:NaN 46:9:1:0 92:3:1:NaN 92:8:2:NaN" 100000 "SET knn_gpu.max_result_memory = 1;"
+# A range join's rows (three binary 8-byte columns each, read from a
+# cursor, each field checked as it is read): its knn_range_join_received()
+# there returns the rows of table range_answer, its target ids as
+# TARGET_TYPE. A value of another size, a NULL in any column: an ERROR.
+sql 2 evil <<'EOF' || fail "hostile: the hostile range shard set up"
+CREATE TABLE range_answer (ord int, query_id bigint, target_id bigint, distance float8);
+ALTER EXTENSION knn_gpu DROP FUNCTION knn_range_join_received(bigint, text, double precision, text, boolean, integer, boolean, text);
+EOF
+# hostile_range NAME TARGET_TYPE ROWS EXPECTED: ROWS (ord, query, target, distance) are the
+# shard's answer to knn_range_join of q's ids 23, 46, 69, 92 within 100; EXPECTED as hostile's
+hostile_range() {
+  sql 2 evil -c "DROP FUNCTION knn_range_join_received(bigint, text, double precision, text, boolean, integer, boolean, text)" \
+    -c "CREATE FUNCTION knn_range_join_received(bigint, text, double precision, text, boolean, integer, boolean, text)
+          RETURNS TABLE (query_id bigint, target_id $2, rank integer, distance double precision)
+          LANGUAGE sql AS 'SELECT query_id, target_id::$2, 0, distance FROM public.range_answer ORDER BY ord'" \
+    -c "TRUNCATE range_answer" -c "INSERT INTO range_answer VALUES $3" || { fail "$1 (answer)"; return; }
+  local out
+  out=$(sql 0 2>&1 <<EOF
+SET client_min_messages = warning;
+SELECT string_agg(format('%s:%s:%s:%s', query_id, target_id, rank, distance), ' ')
+  FROM knn_range_join('SELECT id, v FROM q WHERE id < 100', 'SELECT id, v FROM items_e', 100);
+EOF
+)
+  check "$1" "$4" "$(echo "$out" | grep -v '^CONTEXT' | head -1)"
+}
+hostile_range "hostile range: a target id of 4 bytes" integer "(1, 23, 1, 1), (2, 46, 2, 1)" \
+  "$WRONG a NULL or a value of the wrong size"
+hostile_range "hostile range: a NULL query id" bigint "(1, 23, 1, 1), (2, NULL, 2, 1)" \
+  "$WRONG a NULL or a value of the wrong size"
+hostile_range "hostile range: a NULL target id" bigint "(1, 23, 1, 1), (2, 46, NULL, 1)" \
+  "$WRONG a NULL or a value of the wrong size"
+hostile_range "hostile range: a NULL distance" bigint "(1, 23, 1, 1), (2, 46, 2, NULL)" \
+  "$WRONG a NULL or a value of the wrong size"
+hostile_range "hostile range: a query id not sent" bigint "(1, 23, 1, 1), (2, 24, 2, 1)" \
+  "$WRONG a query id that was not sent"
+hostile_range "hostile range: the right form: merged as one server would" bigint \
+  "(1, 23, 7, 2), (2, 23, 5, 1), (3, 92, 3, 'NaN')" "23:5:1:1 23:7:2:2 92:3:1:NaN"
 out=$(sql 0 -c "SELECT 'temporary files:' || count(*) FROM pg_ls_tmpdir()" -c "SELECT 'works:' || (count(*) > 0) FROM q" 2>&1)
 check "hostile: nothing left, the session works" "$(printf 'temporary files:0\nworks:true')" "$out"
 
