@@ -28,8 +28,9 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
  * before it returns, whatever the outcome. A join runs on the GPUs of
  * problem->devices (split by query rows where there are several). What the
  * process keeps between joins (until released, see below): on each GPU it
- * has used, the context and up to 64 MiB reserved in the memory pool (at
- * most an eighth of the device's memory), and per engine on it a stream, a
+ * has used, the context and a reserve in the memory pool (what the last
+ * join freed where it had no gpu_memory_limit, else up to 64 MiB, at most
+ * an eighth of the device's memory), and per engine on it a stream, a
  * cuBLAS handle and 32 MiB of pinned staging memory.
  */
 /* The largest k of the GPU bit join (bit rows); larger k: the CPU engine. */

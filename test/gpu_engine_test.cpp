@@ -2335,19 +2335,22 @@ TEST(GpuSmallJoin, ChosenForTinyJoinsOnly) {
   EXPECT_EQ(variant_of(tiny, budget).find("small-join"), std::string::npos);
 }
 
+// The module's pool hooks (knn_cuda_testing.h) on GPU 0; -2 where the
+// module or the hook is missing.
+int64_t pool_hook(const char *symbol) {
+  static void *const module = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_LOCAL);
+  if (module == nullptr) return -2;
+  const auto fn = reinterpret_cast<knn_cuda_test_pool_used_fn>(dlsym(module, symbol));
+  return fn == nullptr ? -2 : fn(0);
+}
+
+int64_t pool_used() { return pool_hook(KNN_CUDA_TEST_POOL_USED_SYMBOL); }
+int64_t pool_reserved() { return pool_hook(KNN_CUDA_TEST_POOL_RESERVED_SYMBOL); }
+
 // A tiny join leaves nothing of its own on the device (its one allocation
 // goes back to the pool when it ends).
 TEST(GpuSmallJoin, FreesItsMemory) {
   REQUIRE_GPU();
-  auto pool_used = [] {
-    static const knn_cuda_test_pool_used_fn fn = [] {
-      void *module = dlopen("./knn_gpu_cuda.so", RTLD_NOW | RTLD_LOCAL);
-      return module == nullptr ? nullptr
-                               : reinterpret_cast<knn_cuda_test_pool_used_fn>(
-                                     dlsym(module, KNN_CUDA_TEST_POOL_USED_SYMBOL));
-    }();
-    return fn == nullptr ? int64_t{-2} : fn(0);
-  };
   Options o;
   o.k = 10;
   for (int dim : {16, 40}) {  // each lane its pair; the lane-sum matrix
@@ -2356,6 +2359,37 @@ TEST(GpuSmallJoin, FreesItsMemory) {
     ASSERT_EQ(gpu.status, KNN_OK) << gpu.error;
     EXPECT_EQ(std::string(gpu.stats.variant).rfind("small-join/", 0), 0u) << gpu.stats.variant;
     EXPECT_EQ(pool_used(), 0);
+  }
+}
+
+// A join without a memory limit leaves what it freed in the pool for the
+// next join (fresh device memory costs a page mapping per allocation);
+// one under a limit gives it back, all but a small reserve, as it ends.
+// The answers are the same either way.
+TEST(GpuPool, KeepsWhatAnUnlimitedJoinFreedAndGivesItBackUnderALimit) {
+  REQUIRE_GPU();
+  const int64_t reserve = int64_t{64} << 20;  // device_runtime.cu's kPoolKeepBytes
+  const Data d = make_self(400000, 32, Shape::kClustered, 77);  // 51 MB of points
+  for (KnnMethod method : {KNN_METHOD_TI, KNN_METHOD_BRUTE}) {
+    Options o;
+    o.k = 10;
+    o.method = method;
+    const Outcome held = run(make_problem(d, o, KNN_DEVICE_GPU));
+    ASSERT_EQ(held.status, KNN_OK) << held.error;
+    EXPECT_EQ(pool_used(), 0);
+    EXPECT_GT(pool_reserved(), reserve) << "method " << method << ": nothing kept";
+
+    Options limited = o;
+    limited.gpu_memory_limit = int64_t{4} << 30;  // in memory all the same
+    const Outcome given_back = run(make_problem(d, limited, KNN_DEVICE_GPU));
+    ASSERT_EQ(given_back.status, KNN_OK) << given_back.error;
+    EXPECT_EQ(pool_used(), 0);
+    EXPECT_LE(pool_reserved(), reserve) << "method " << method << ": kept under a limit";
+    expect_same_answer(given_back, held, "limited vs unlimited");
+
+    const Outcome again = run(make_problem(d, o, KNN_DEVICE_GPU));
+    ASSERT_EQ(again.status, KNN_OK) << again.error;
+    expect_same_answer(again, held, "the next unlimited join, from the kept memory");
   }
 }
 

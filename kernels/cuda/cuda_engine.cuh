@@ -33,6 +33,7 @@ struct DeviceContext {
   cublasHandle_t cublas = nullptr;   // bound to `stream`, FP32 pedantic math
   PinnedStaging *staging = nullptr;  // pinned memory for host transfers (may be null)
   size_t memory_budget = 0;        // bytes this join may allocate
+  bool hold_pool = false;          // the pools keep what it frees (set_pool_hold)
   const int32_t *cancel = nullptr; // non-zero: stop at the next check
   std::string error;               // set with a non-OK status
   // A share of a TI self-join split across GPUs (multi_device.cuh): the

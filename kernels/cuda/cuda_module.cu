@@ -104,6 +104,7 @@ KnnStatus setup_context(const KnnProblem &p, int sharing, DeviceRuntime &rt,
   // Pedantic math: the prescribed precision only (no TF32, no reduced
   // precision emulation), which the GEMM filter's error bounds assume.
   CUBLAS_CHECK(ctx, cublasSetMathMode(ctx.cublas, CUBLAS_PEDANTIC_MATH));
+  KNN_TRY(set_pool_hold(rt, p.gpu_memory_limit <= 0, ctx));
 
   // What is free on the device, plus what the pool holds unused from
   // earlier joins (cudaMallocAsync takes that first).
@@ -662,26 +663,34 @@ __attribute__((visibility("default"))) int knn_cuda_test_device_count(void) {
   return count;
 }
 
-__attribute__((visibility("default"))) int64_t knn_cuda_test_pool_used(int device) {
+// An attribute's bytes summed over the GPU's default pool and its pool of
+// shared rows (where there is one); -1 when the device does not exist.
+static int64_t pool_bytes(int device, cudaMemPoolAttr attribute) {
   const knn::SignalsBlocked blocked;
-  int64_t used_bytes = -1;
+  int64_t bytes = -1;
   knn::guarded("GPU pool", nullptr, 0, [&] {
     if (device < 0 || device >= knn::cuda::visible_devices(nullptr)) return KNN_NO_DEVICE;
     cudaMemPool_t pool;
-    uint64_t used = 0;
+    uint64_t value = 0;
     if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess &&
-        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess)
-      used_bytes = static_cast<int64_t>(used);
-    // ... and the pool of a split's shared rows, where there is one.
-    uint64_t shared_used = 0;
+        cudaMemPoolGetAttribute(pool, attribute, &value) == cudaSuccess)
+      bytes = static_cast<int64_t>(value);
+    uint64_t shared_value = 0;
     if (cudaMemPool_t shared = knn::cuda::shared_rows_pool(device, false))
-      if (used_bytes >= 0 &&
-          cudaMemPoolGetAttribute(shared, cudaMemPoolAttrUsedMemCurrent, &shared_used) == cudaSuccess)
-        used_bytes += static_cast<int64_t>(shared_used);
+      if (bytes >= 0 && cudaMemPoolGetAttribute(shared, attribute, &shared_value) == cudaSuccess)
+        bytes += static_cast<int64_t>(shared_value);
     (void)cudaGetLastError();
     return KNN_OK;
   });
-  return used_bytes;
+  return bytes;
+}
+
+__attribute__((visibility("default"))) int64_t knn_cuda_test_pool_used(int device) {
+  return pool_bytes(device, cudaMemPoolAttrUsedMemCurrent);
+}
+
+__attribute__((visibility("default"))) int64_t knn_cuda_test_pool_reserved(int device) {
+  return pool_bytes(device, cudaMemPoolAttrReservedMemCurrent);
 }
 
 // The entries are found with dlsym: their types must be the headers'.
@@ -701,5 +710,6 @@ static_assert(std::is_same<decltype(&knn_cuda_shutdown), knn_cuda_shutdown_fn>::
 static_assert(std::is_same<decltype(&knn_cuda_set_release_notify), knn_cuda_set_release_notify_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_test_device_count), knn_cuda_test_device_count_fn>::value, "");
 static_assert(std::is_same<decltype(&knn_cuda_test_pool_used), knn_cuda_test_pool_used_fn>::value, "");
+static_assert(std::is_same<decltype(&knn_cuda_test_pool_reserved), knn_cuda_test_pool_used_fn>::value, "");
 
 }  // extern "C"

@@ -16,8 +16,10 @@
 namespace knn {
 namespace cuda {
 
+cudaMemPool_t shared_rows_pool(int device, bool create);  // device_runtime.cuh
+
 // A typed device array from the stream-ordered allocator: cudaMallocAsync
-// on ctx.stream, from the device's memory pool (cuda_module.cu gives the
+// on ctx.stream, from the device's memory pool (set_pool_hold gives the
 // pool a release threshold, so that memory freed by one join is reused by
 // the next without going back to the driver), and cudaFreeAsync on the same
 // stream when it goes out of scope. A buffer may be used on another stream
@@ -47,13 +49,16 @@ class DeviceBuffer {
     };
     cudaError_t err = malloc_async();
     if (err == cudaErrorMemoryAllocation) {
-      // Memory the pool keeps from earlier joins may be in pieces that do
+      // Memory the pools keep from earlier joins may be in pieces that do
       // not fit: hand it back to the driver and try once more.
       (void)cudaGetLastError();
       cudaMemPool_t pool;
-      if (cudaStreamSynchronize(ctx.stream) == cudaSuccess &&
-          cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess)
-        (void)cudaMemPoolTrimTo(pool, 0);
+      if (cudaStreamSynchronize(ctx.stream) == cudaSuccess) {
+        if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess)
+          (void)cudaMemPoolTrimTo(pool, 0);
+        if (cudaMemPool_t shared = shared_rows_pool(ctx.device, false))
+          (void)cudaMemPoolTrimTo(shared, 0);
+      }
       (void)cudaGetLastError();
       err = malloc_async();
     }

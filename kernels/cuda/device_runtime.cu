@@ -21,12 +21,16 @@ namespace cuda {
 namespace {
 
 // The device's default memory pool (cudaMallocAsync, used by every method)
-// gets a release threshold: up to kPoolKeepBytes of the memory a join frees
-// stays reserved for the next join (at most an eighth of the device), so
-// that small joins allocate in microseconds instead of fresh page mappings;
-// the rest goes back to the driver when the join's stream is synchronized.
-// Small enough that many backends, each with its own pool, do not hold the
-// GPU's memory between their joins; the idle keeper gives back the rest.
+// gets a release threshold (set_pool_hold, per join). A join without a
+// memory limit leaves all it frees in the pool: fresh device memory costs
+// a page mapping when allocated and an unmapping when freed (about 17 ms of
+// a 5000000 x 8 TI join's 0.36 s on an H200, level 1 and the result arrays
+// above all), so the next join of the process reuses it instead; the idle
+// keeper gives it back after knn_gpu.gpu_idle_release. A join under a
+// limit (knn_gpu.gpu_memory_limit, or its share of gpu_memory_budget, which
+// bounds all backends' joins together) keeps only kPoolKeepBytes (at most
+// an eighth of the device), so that many backends, each with its own pool,
+// do not hold the GPU's memory between their joins.
 constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
 
 constexpr int kOrdinals = KNN_MAX_DEVICE_ORDINAL + 1;
@@ -60,6 +64,19 @@ std::vector<DeviceRuntime *> runtimes_of(int device) {
   for (int r = 0; r < kMaxReplicas; r++)
     if (DeviceRuntime *rt = find_runtime(device, r)) out.push_back(rt);
   return out;
+}
+
+// Each GPU's pools' release threshold as the last join set it
+// (set_pool_hold), which a pool of shared rows made later takes too
+// (0 before any join: freed memory goes back at once).
+std::array<std::atomic<uint64_t>, kOrdinals> &pool_thresholds() {
+  static auto *thresholds = new std::array<std::atomic<uint64_t>, kOrdinals>();
+  return *thresholds;
+}
+
+// Everything, or the small reserve.
+uint64_t pool_threshold(const cudaDeviceProp &prop, bool hold) {
+  return hold ? UINT64_MAX : std::min<uint64_t>(prop.totalGlobalMem / 8, kPoolKeepBytes);
 }
 
 // Each GPU's pool of shared rows (shared_rows_pool), made under the
@@ -171,6 +188,9 @@ cudaMemPool_t shared_rows_pool(int device, bool create) {
     (void)cudaGetLastError();
     return nullptr;
   }
+  uint64_t keep = pool_thresholds()[device].load();
+  (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  (void)cudaGetLastError();
   shared_pools()[device].store(pool);
   return pool;
 }
@@ -239,10 +259,20 @@ KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx) {
     }
   }
   CUDA_CHECK(ctx, cudaDeviceGetDefaultMemPool(&rt.pool, rt.device));
-  uint64_t keep = std::min<uint64_t>(rt.prop.totalGlobalMem / 8, kPoolKeepBytes);
+  uint64_t keep = pool_threshold(rt.prop, false);
   CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
   rt.ready.store(true);
   mark_runtime_used(rt);
+  return KNN_OK;
+}
+
+KnnStatus set_pool_hold(DeviceRuntime &rt, bool hold, DeviceContext &ctx) {
+  uint64_t keep = pool_threshold(rt.prop, hold);
+  pool_thresholds()[rt.device].store(keep);
+  CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  if (cudaMemPool_t shared = shared_rows_pool(rt.device, false))
+    CUDA_CHECK(ctx, cudaMemPoolSetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &keep));
+  ctx.hold_pool = hold;
   return KNN_OK;
 }
 

@@ -75,14 +75,19 @@ KnnStatus select_device(DeviceContext &ctx, int device = kFirstDevice);
 // Creates what the runtime lacks. Its device current, its mutex held.
 KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx);
 
+// How much of what this join frees the GPU's pools (the default one and
+// the shared rows') keep for the next join of the process: all of it
+// (`hold`, for a join without a memory limit) or a small reserve; the idle
+// keeper gives back the rest. Sets ctx.hold_pool. Its device current.
+KnnStatus set_pool_hold(DeviceRuntime &rt, bool hold, DeviceContext &ctx);
+
 // The pool of a split's buffers that other GPUs read (peer_rows.cuh: the
 // TI self-join's shared upload and assignment), apart from the device's
 // default pool. Access granted to a pool maps every later allocation of
 // it on the reader too, so the default pool, which has all of a join's
 // other arrays, would otherwise map them on every GPU of the split (and
 // unmap them at the trim). Made on first use with `create` (its release
-// threshold 0: freed memory goes back at the next synchronisation), and
-// destroyed before the GPU's context is released. Null where it could
+// threshold set_pool_hold's), and destroyed before the GPU's context is released. Null where it could
 // not be made, without `create` where it was not, or under
 // KNN_PEER_POOL=0 (the default pool then, the older way, for measuring).
 // Thread-safe.

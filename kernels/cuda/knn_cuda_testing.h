@@ -127,6 +127,12 @@ typedef int (*knn_cuda_test_device_count_fn) (void);
 typedef int64_t (*knn_cuda_test_pool_used_fn) (int device);
 #define KNN_CUDA_TEST_POOL_USED_SYMBOL "knn_cuda_test_pool_used"
 
+/*
+ * Bytes the same pools hold from the driver, used or kept for the next
+ * join (the same signature).
+ */
+#define KNN_CUDA_TEST_POOL_RESERVED_SYMBOL "knn_cuda_test_pool_reserved"
+
 #ifdef __cplusplus
 }
 #endif

@@ -138,9 +138,12 @@ KnnStatus release_join_memory(KnnStatus status, DeviceContext &ctx) {
   const Clock::time_point t0 = Clock::now();
   const cudaError_t err = cudaStreamSynchronize(ctx.stream);
   const Clock::time_point t1 = Clock::now();
+  // Under a memory limit the pools give back what the join freed now;
+  // without one they keep it for the next join (set_pool_hold).
   cudaMemPool_t pool;
-  if (cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess) (void)cudaMemPoolTrimTo(pool, 0);
-  if (cudaMemPool_t shared = shared_rows_pool(ctx.device, false))
+  if (!ctx.hold_pool && cudaDeviceGetMemPool(&pool, ctx.device) == cudaSuccess)
+    (void)cudaMemPoolTrimTo(pool, 0);
+  if (cudaMemPool_t shared = ctx.hold_pool ? nullptr : shared_rows_pool(ctx.device, false))
     (void)cudaMemPoolTrimTo(shared, 0);
   (void)cudaGetLastError();
   // KNN_TI_PHASES=1: what the end of the join takes (the frees' wait, the
