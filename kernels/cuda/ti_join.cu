@@ -85,6 +85,13 @@ __global__ void pad_rows_kernel(const float *raw, int64_t n, int dim, int stride
   if (threadIdx.x % kWarp == 0) atomicMax(max_abs_bits, local);
 }
 
+// keys[i] = i: the rows' own numbers, as keys.
+__global__ void row_number_keys_kernel(int64_t n, int64_t *keys) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    keys[i] = i;
+}
+
 }  // namespace
 
 namespace {
@@ -377,6 +384,15 @@ KnnStatus TiJoin::upload_keys() {
   const int64_t nq = p_.n_queries, nt = p_.n_targets;
   KNN_TRY(mem_.allocate(ctx_, query_keys_, nq, "keys"));
   const bool one_set = self_ && p_.query_keys == p_.target_keys;
+  if (one_set && excluded_ == 1) {
+    // One set of distinct keys (a self-join's): two rows' keys are equal
+    // exactly where the rows are, so the row numbers exclude the same
+    // pairs, written on the device instead of copied from the host.
+    row_number_keys_kernel<<<grid_for(nq, 256 * 8), 256, 0, ctx_.stream>>>(nq,
+                                                                          query_keys_.get());
+    CUDA_CHECK_LAUNCH(ctx_, "row_number_keys_kernel");
+    return KNN_OK;
+  }
   if (!one_set) KNN_TRY(mem_.allocate(ctx_, target_keys_, nt, "keys"));
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   KNN_TRY(upload_to_device(ctx_, query_keys_.get(), p_.query_keys, nq * sizeof(int64_t)));
