@@ -336,14 +336,17 @@ namespace {
 
 // Expands the lists of the share's points (level 2's results) to their
 // rows and writes them, scattered, into their places of the caller's
-// arrays, in chunks that fit what `budget` has left.
+// arrays, in chunks that fit what `budget` has left. The places (the
+// share's rows, sorted) depend on the clusters alone: they are found
+// first, while level 2 may still run; the expansion waits for `filtered`.
 KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &share,
                                    KnnMetric metric, int k, int kprime,
                                    const float *result_value, const int32_t *result_row,
                                    const int64_t *query_keys, const int64_t *target_keys,
-                                   size_t budget, int64_t *neighbors, double *distances,
-                                   double *select_seconds, double *download_seconds,
-                                   MemoryBudget &mem, DeviceContext &ctx) {
+                                   size_t budget, cudaEvent_t filtered, int64_t *neighbors,
+                                   double *distances, double *select_seconds,
+                                   double *download_seconds, MemoryBudget &mem,
+                                   DeviceContext &ctx) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = share.n;
   // The share's rows, ascending (the host writes then sweep its arrays once).
@@ -361,7 +364,10 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
                                   ctx.stream));
   CUDA_CHECK(ctx, cudaStreamSynchronize(ctx.stream));
   mem.release(temp);
-  if (total == 0) return KNN_OK;
+  if (total == 0) {
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(ctx.stream, filtered, 0));
+    return KNN_OK;
+  }
   KNN_TRY(mem.allocate(ctx, list, total, "share rows"));
   KNN_TRY(mem.allocate(ctx, sorted, total, "share rows"));
   list_rows_kernel<<<grid_for(n, 256), 256, 0, ctx.stream>>>(
@@ -380,6 +386,7 @@ KnnStatus write_cluster_share_rows(const DistinctSet &set, const ClusterSet &sha
   mem.release(temp);
   mem.release(list);
   mem.release(offset);
+  CUDA_CHECK(ctx, cudaStreamWaitEvent(ctx.stream, filtered, 0));
 
   // Expanded and copied in chunks that fit what is left of the budget.
   const int64_t chunk = output_chunk_rows(budget, mem.used(), total, k);
@@ -480,7 +487,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   // highest priority), between the blocks of the later batches, as soon
   // as its level 2 ends.
   PriorityStream side, lanes[kMaxShareBatches];
-  Event ready, filtered[kMaxShareBatches];
+  Event ready, sliced[kMaxShareBatches], filtered[kMaxShareBatches];
   KNN_TRY(side.create(ctx, greatest));
   KNN_TRY(ready.create(ctx));
   // KNN_TI_BATCH_STREAMS=1: the batches one after another on one stream
@@ -488,6 +495,7 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
   const bool one_lane = env_flag("KNN_TI_BATCH_STREAMS");
   for (int b = 0; b < batches; b++) {
     if (b == 0 || !one_lane) KNN_TRY(lanes[b].create(ctx, std::min(least, greatest + b)));
+    KNN_TRY(sliced[b].create(ctx));
     KNN_TRY(filtered[b].create(ctx));
   }
   // (Declared after the streams: freed on theirs, before they go.)
@@ -533,6 +541,10 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
     CUDA_CHECK(ctx, cudaStreamWaitEvent(lane.stream, ready.get(), 0));
     KnnStatus st = slice_query_clusters(*join.queries, begin, cuts[b], cuts[b + 1], slices[b],
                                          mem, lane);
+    if (st == KNN_OK) {
+      const cudaError_t err = cudaEventRecord(sliced[b].get(), lane.stream);
+      if (err != cudaSuccess) st = record_failure(lane, err, "cudaEventRecord", __FILE__, __LINE__);
+    }
     if (st == KNN_OK)
       st = level2_filter(slices[b], *join.targets, *join.target_set, *join.level1, join.metric,
                          config, join.margin, join.result_value, join.result_row, join.counter,
@@ -548,13 +560,14 @@ KnnStatus filter_and_write_cluster_share(const ClusterShareJoin &join, const Clu
     CUDA_CHECK(ctx, cudaStreamWaitEvent(ctx.stream, filtered[b].get(), 0));
   if (level2_span[1] != nullptr) (void)cudaEventRecord(level2_span[1], ctx.stream);
   // Each batch's rows are written on the urgent stream once its level 2
-  // has ended, while the GPU filters the later batches.
+  // has ended, while the GPU filters the later batches; their places once
+  // its slice of the clusters is made.
   for (int b = 0; b < batches; b++) {
-    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), filtered[b].get(), 0));
+    CUDA_CHECK(ctx, cudaStreamWaitEvent(side.get(), sliced[b].get(), 0));
     const KnnStatus st = write_cluster_share_rows(
         *join.query_set, slices[b], join.metric, join.k, join.kprime, join.result_value,
-        join.result_row, join.query_keys, join.target_keys, join.budget, neighbors, distances,
-        select_seconds, download_seconds, mem, writer);
+        join.result_row, join.query_keys, join.target_keys, join.budget, filtered[b].get(),
+        neighbors, distances, select_seconds, download_seconds, mem, writer);
     if (st != KNN_OK) {
       ctx.error = writer.error;
       return st;
