@@ -48,6 +48,9 @@ knn_cluster_stop
 echo "== sharded tables: a coordinator and two shards (postgres_fdw)"
 bash "$KNN_ROOT/test/shard_test.sh" 2>&1 | tee "$logs/shard.log"
 
+echo "== the CPU engine where OpenBLAS's buffers do not fit (ulimit -v)"
+bash "$KNN_ROOT/test/blas_memory_test.sh" 2>&1 | tee "$logs/blas.log"
+
 # Tally: GoogleTest's closing lines and pg_regress's per-test lines.
 # A log may hold several GoogleTest binaries (make unittest runs two): sum them.
 gtest_count() {
@@ -76,6 +79,12 @@ shard_summary='s/^shard tests: \([0-9]*\) passed, \([0-9]*\) failed$/'
 s_ok=$(sed -n "${shard_summary}\1/p" "$logs/shard.log"); s_fail=$(sed -n "${shard_summary}\2/p" "$logs/shard.log")
 [ -n "$s_ok" ] || { s_ok=0; s_fail=1; echo "the shard test ended without its summary"; }
 passed=$((passed + s_ok)); failed=$((failed + s_fail))
-echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; pgvector's test files on knn_gpu alone: $c_ok passed, $c_fail failed$([ "$c_skipped" = 1 ] && echo ", skipped"); with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped"). Sharded tables: $s_ok passed, $s_fail failed."
+blas_summary='s/^blas memory tests: \([0-9]*\) passed, \([0-9]*\) failed$/'
+b_ok=$(sed -n "${blas_summary}\1/p" "$logs/blas.log"); b_fail=$(sed -n "${blas_summary}\2/p" "$logs/blas.log")
+b_skipped=0
+if grep -q '^blas memory tests: skipped' "$logs/blas.log"; then b_ok=0; b_fail=0; b_skipped=1
+elif [ -z "$b_ok" ]; then b_ok=0; b_fail=1; echo "the blas memory test ended without its summary"; fi
+passed=$((passed + b_ok)); failed=$((failed + b_fail)); skipped=$((skipped + b_skipped))
+echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; pgvector's test files on knn_gpu alone: $c_ok passed, $c_fail failed$([ "$c_skipped" = 1 ] && echo ", skipped"); with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped"). Sharded tables: $s_ok passed, $s_fail failed. OpenBLAS under ulimit -v: $b_ok passed, $b_fail failed$([ "$b_skipped" = 1 ] && echo ", skipped")."
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

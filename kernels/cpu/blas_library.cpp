@@ -22,15 +22,16 @@ struct Candidate {
   const char *soname;
   const char *name;
   const char *set_threads;  // the library's "use n threads" entry
+  bool openblas;            // needs OpenBLAS's buffer allocator (blas_buffers.h)
 };
 
 // In order of preference. libblas.so.3 (the reference BLAS, or whatever
 // the alternatives system points it to) is deliberately absent.
 const Candidate kCandidates[] = {
-    {"libopenblas.so.0", "OpenBLAS", "openblas_set_num_threads"},
-    {"libopenblaso.so.0", "OpenBLAS", "openblas_set_num_threads"},
-    {"libblis.so.4", "BLIS", "bli_thread_set_num_threads"},
-    {"libblis.so.3", "BLIS", "bli_thread_set_num_threads"},
+    {"libopenblas.so.0", "OpenBLAS", "openblas_set_num_threads", true},
+    {"libopenblaso.so.0", "OpenBLAS", "openblas_set_num_threads", true},
+    {"libblis.so.4", "BLIS", "bli_thread_set_num_threads", false},
+    {"libblis.so.3", "BLIS", "bli_thread_set_num_threads", false},
 };
 
 // "OpenBLAS 0.3.21 NO_AFFINITY ..." -> "OpenBLAS 0.3.21".
@@ -60,12 +61,19 @@ void load(BlasLibrary *lib) noexcept {
     if (handle == nullptr) continue;
     auto sgemm = reinterpret_cast<SgemmFn>(dlsym(handle, "sgemm_"));
     auto set_threads = reinterpret_cast<SetThreadsFn>(dlsym(handle, c.set_threads));
-    if (sgemm == nullptr || set_threads == nullptr) {
+    auto buffer_alloc = reinterpret_cast<BufferAllocFn>(dlsym(handle, "blas_memory_alloc"));
+    auto buffer_free = reinterpret_cast<BufferFreeFn>(dlsym(handle, "blas_memory_free"));
+    if (sgemm == nullptr || set_threads == nullptr ||
+        (c.openblas && (buffer_alloc == nullptr || buffer_free == nullptr))) {
       dlclose(handle);
       continue;
     }
     set_threads(1);
     version_of(handle, c, lib->description, sizeof lib->description);
+    if (c.openblas) {
+      lib->buffer_alloc = buffer_alloc;
+      lib->buffer_free = buffer_free;
+    }
     lib->sgemm = sgemm;  // the handle stays open for the life of the process
     return;
   }

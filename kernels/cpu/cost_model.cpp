@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "blas_buffers.h"
 #include "blas_library.h"
 #include "gemm_join.h"
 #include "lane_sums.h"
@@ -60,30 +61,53 @@ double best_of_five(F &&f) {
   return best;
 }
 
-Calibration measure() {
-  constexpr int kDim = kCalibrationDim, kRows = kCalibrationRows, kQueries = 16;
-  std::vector<float> x(static_cast<size_t>(kRows) * kDim), g(kRows * kRows), sums(kRows);
+// The calibration's matrix: kCalibrationRows x kCalibrationDim values.
+std::vector<float> calibration_rows() {
+  std::vector<float> x(static_cast<size_t>(kCalibrationRows) * kCalibrationDim);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (float &v : x) v = u(rng);
-  Calibration c;
+  return x;
+}
+
+double measure_lane_sum(const std::vector<float> &x) {
+  constexpr int kDim = kCalibrationDim, kRows = kCalibrationRows, kQueries = 16;
+  std::vector<float> sums(kRows);
   const double lanes = best_of_five([&] {
     for (int q = 0; q < kQueries; q++)
       lane_sums(KNN_METRIC_L2, x.data() + q * kDim, x.data(), kRows, kDim, sums.data());
   });
-  c.lane_sum = lanes / (double(kQueries) * kRows * kDim);
-  if (blas_library().usable()) {
-    const double gemm = best_of_five(
-        [&] { gemm_abt(x.data(), kRows, x.data(), kRows, kDim, g.data(), kRows); });
-    c.gemm = gemm / (double(kRows) * kRows * kDim);
-  }
-  return c;
+  return lanes / (double(kQueries) * kRows * kDim);
 }
 
-const Calibration &calibration() {
+// Requires a BlasBufferLease that grants one SGEMM.
+double measure_gemm(const std::vector<float> &x) {
+  constexpr int kDim = kCalibrationDim, kRows = kCalibrationRows;
+  std::vector<float> g(kRows * kRows);
+  const double gemm = best_of_five(
+      [&] { gemm_abt(x.data(), kRows, x.data(), kRows, kDim, g.data(), kRows); });
+  return gemm / (double(kRows) * kRows * kDim);
+}
+
+// Measured once per process; the SGEMM's part waits for a join that finds
+// room for OpenBLAS's buffer (blas_buffers.h): until then its cost is
+// infinite and the AVX2 loop is chosen.
+Calibration calibration() {
+  static std::mutex mutex;
   static Calibration c;
-  static std::once_flag once;
-  std::call_once(once, [] { c = measure(); });
+  static bool lane_sum_measured = false, gemm_measured = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!lane_sum_measured) {
+    c.lane_sum = measure_lane_sum(calibration_rows());
+    lane_sum_measured = true;
+  }
+  if (!gemm_measured && blas_library().usable()) {
+    const BlasBufferLease lease(1);
+    if (lease.granted() > 0) {
+      c.gemm = measure_gemm(calibration_rows());
+      gemm_measured = true;
+    }
+  }
   return c;
 }
 
@@ -149,7 +173,7 @@ double predict_blas(const Calibration &c, const JoinInput &input, bool symmetric
 }  // namespace
 
 BruteForceCosts predict_brute_force(const JoinInput &input, bool symmetric) {
-  const Calibration &c = calibration();
+  const Calibration c = calibration();
   const double threads = std::max(1, input.n_threads);
   BruteForceCosts costs;
   costs.avx2_seconds = predict_avx2(c, input, threads);

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <vector>
 
+#include "blas_buffers.h"
 #include "blas_library.h"
 #include "brute_force.h"
 #include "gemm_bound.h"
@@ -375,12 +376,19 @@ int64_t gemm_block_rows(int dim) {
   return std::max<int64_t>(64, std::min<int64_t>(512, static_cast<int64_t>(rows) / 32 * 32));
 }
 
-GemmOutcome gemm_join(const JoinInput &input, const JoinOutput &output,
+GemmOutcome gemm_join(const JoinInput &all_threads, const JoinOutput &output,
                       const GemmOptions &options, JoinReport *report) {
   const Clock::time_point start = Clock::now();
-  if (input.metric == KNN_METRIC_L1 || !blas_library().usable() || input.n_queries == 0 ||
-      input.n_targets == 0 || input.dim > GemmBound::kMaxDim)
+  if (all_threads.metric == KNN_METRIC_L1 || !blas_library().usable() ||
+      all_threads.n_queries == 0 || all_threads.n_targets == 0 ||
+      all_threads.dim > GemmBound::kMaxDim)
     return GemmOutcome::kUnsupported;
+  // No more threads than OpenBLAS has buffers for (blas_buffers.h); none
+  // at all: the AVX2 loop answers instead.
+  const BlasBufferLease lease(all_threads.n_threads);
+  if (lease.granted() == 0) return GemmOutcome::kUnsupported;
+  JoinInput input = all_threads;
+  input.n_threads = lease.granted();
   const GemmBound bound(input.metric, input.dim);
   std::vector<float> qn = squared_norms(input.queries, input.n_queries, input.dim, input);
   std::vector<float> tn = input.same_rows()

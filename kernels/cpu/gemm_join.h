@@ -21,14 +21,16 @@ struct GemmOptions {
 enum class GemmOutcome {
   kDone,         // output complete: exactly the brute-force results
   kCancelled,    // output incomplete
-  kUnsupported,  // no BLAS, L1, or values outside the bound's range; nothing written
+  kUnsupported,  // no BLAS (or no room for its buffers), L1, or values outside the
+                 // bound's range; nothing written
 };
 
 // Rows per tile side by default (a function of the dimension only).
 int64_t gemm_block_rows(int dim);
 
 // Throws std::bad_alloc. Queries whose candidate list overflows are redone
-// by the exact brute force.
+// by the exact brute force. Runs on fewer threads than input.n_threads
+// where OpenBLAS has room for fewer buffers (blas_buffers.h).
 GemmOutcome gemm_join(const JoinInput &input, const JoinOutput &output,
                       const GemmOptions &options, JoinReport *report);
 
