@@ -665,7 +665,7 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 	if (sh->radius_mode != KNN_RANGE_NONE)
 	{
 		sh->param_types[sh->n_params] = FLOAT8OID;
-		sh->param_values[sh->n_params++] = float8out_internal(radius);
+		sh->param_values[sh->n_params++] = knn_shard_float8_text(radius);
 	}
 
 	/*

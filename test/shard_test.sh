@@ -733,6 +733,27 @@ same_as_one_server "knn_range_join items_h l2" 2 \
 same_as_one_server "knn_range_join items_r l1, exclude_self, k, exclusive" 2 \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 4.0, 'l1', true, 3, false)" \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 4.0, 'l1', true, 3, false)"
+# A radius goes to the shards exactly, whatever extra_float_digits (at 0
+# or less float8out wrote 15 digits, at -15 one: the shards kept or dropped
+# pairs that one server would not). The radii are distances of pairs on the
+# shards that 15 digits round down (<=: those pairs were dropped) and up
+# (<: those pairs were kept).
+read -r below above <<<"$(sql 0 -F ' ' -c "SELECT min(d) FILTER (WHERE d::numeric::float8 < d), min(d) FILTER (WHERE d::numeric::float8 > d)
+  FROM (SELECT q.v <-> t.v AS d FROM q, items_h_0 t WHERE t.id < 800) s WHERE d > 2.5")"
+for digits in 0 -15; do
+  export PGOPTIONS="-c extra_float_digits=$digits"
+  same_as_one_server "knn_range_join, extra_float_digits = $digits, radius $below (<=): the pairs at the radius" 2 \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', $below, 'l2', false, NULL, true)" \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', $below, 'l2', false, NULL, true)"
+  same_as_one_server "knn_range_join, extra_float_digits = $digits, radius $above (<): not the pairs at the radius" 2 \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', $above, 'l2', false, NULL, false)" \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', $above, 'l2', false, NULL, false)"
+  compare_node "radius, extra_float_digits = $digits, <= $below: the rows at the radius" \
+    "$(lateral v '<->' "WHERE t.v <-> q.v <= $below" ' ')" 2
+  compare_node "radius and LIMIT, extra_float_digits = $digits, < $above: not the rows at the radius" \
+    "$(lateral v '<->' "WHERE t.v <-> q.v < $above" 'LIMIT 50')" 2
+  unset PGOPTIONS
+done
 # knn_range_join's queries go into the shards' memory too; a shard without
 # knn_range_join_received gets them by COPY, beside one that receives them.
 RANGE_ARGS="bigint, text, double precision, text, boolean, integer, boolean, text"
