@@ -1474,6 +1474,34 @@ EOF
 check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
   "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:2500\nshipped:2500')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
 
+# What the node holds with the candidates counts too: the local part's
+# engine arrays (its LIMIT's neighbours and distances per outer row, held
+# through the shards' rows and the merge), the inner rows' pointers and the
+# batch of a shard's cursor being read. 1101 outer rows x LIMIT 300 with a
+# local partition (5 MB of arrays) passed 85 MB when the arrays were
+# checked on their own (from 83 MB); counted, they need 88 MB, and within
+# 90 MB the rows are one server's.
+NODE_300="SELECT q.id AS qid, n.id, n.d FROM items_all q CROSS JOIN LATERAL
+  (SELECT t.id, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v, t.id LIMIT 300) n"
+out=$(sql 0 -v "s=${NODE_300//TBL/items_h}" -v "r=${NODE_300//TBL/items_all}" 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+SET knn_gpu.max_result_memory = 85;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM (:s) j;
+\set VERBOSITY default
+SET knn_gpu.max_result_memory = 90;
+CREATE TEMP TABLE s AS :s;
+SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()->'shards') || ', local targets:' || (knn_gpu_last_shard_stats()->'local'->>'targets');
+RESET knn_gpu.max_result_memory;
+CREATE TEMP TABLE r AS :r;
+SELECT 'rows:' || (SELECT count(*) FROM s) || ', differences:' || ((SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b));
+EOF
+)
+check "max_result_memory: the KNN Join node counts the local part's arrays with the shards' rows: ERROR 54000, within the limit one server's rows" \
+  "$(printf 'ERROR:  54000\nshards:2, local targets:374\nrows:330300, differences:0')" "$(echo "$out" | grep -E '^(ERROR|shards|rows)')"
+
 # Each partition returns OFFSET + LIMIT rows per outer row: the node keeps
 # of an outer row's shard rows only those that can still be among its
 # first OFFSET + LIMIT (cut back to them when half as many again have
