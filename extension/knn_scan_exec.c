@@ -191,6 +191,7 @@ typedef struct KnnJoinState
 
 	/* A sharded inner relation (knn_scan_shard.h), or NULL */
 	KnnScanShards *shards;
+	KnnScanCandidates *candidates;	/* while a run with shards collects: theirs */
 	int64	   *merged_begin;	/* a run with shards: outer row o's rows are */
 	KnnScanCandidate *merged;	/* merged[merged_begin[o] .. merged_begin[o + 1]) */
 
@@ -1072,14 +1073,31 @@ knn_scan_check_result_memory(double bytes)
 }
 
 /*
+ * What a run with shards holds besides the engine's arrays (the shards'
+ * rows, when the local part runs after them): counted with those arrays.
+ */
+static int64
+held_beside_engine(KnnJoinState *state)
+{
+	return state->candidates != NULL ? state->candidates->held_bytes : 0;
+}
+
+/* knn_scan_check_result_memory of the engine's result arrays of `bytes`. */
+static void
+check_engine_memory(KnnJoinState *state, double bytes)
+{
+	knn_scan_check_result_memory(bytes + (double) held_beside_engine(state));
+}
+
+/*
  * WITH TIES: the engine's first run fills LIMIT + 1 slots per query
  * (knn_scan_run_with_ties) before any pair is kept: checked before it
  * runs, as the plain LIMIT's arrays are.
  */
 static void
-check_ties_memory(int64 n_queries, int64 wanted, int64 n_targets)
+check_ties_memory(KnnJoinState *state, int64 n_queries, int64 wanted, int64 n_targets)
 {
-	knn_scan_check_result_memory((double) n_queries * Min(wanted + 1, n_targets) * KNN_SLOT_BYTES);
+	check_engine_memory(state, (double) n_queries * Min(wanted + 1, n_targets) * KNN_SLOT_BYTES);
 }
 
 /* KnnPairSink of a radius join: appends the pairs, with the join's rows. */
@@ -1094,10 +1112,10 @@ keep_pairs(void *arg, const int64 *query_rows, const int64 *target_rows,
 	if (c + n > state->range_capacity)
 	{
 		int64		capacity = Max(state->range_capacity * 2, c + n);
+		int64		room = knn_result_memory_bytes() - held_beside_engine(state);
 
-		knn_scan_check_result_memory((double) (c + n) * KNN_RANGE_PAIR_BYTES);
-		capacity = Max(c + n, Min(capacity, knn_result_memory_bytes() /
-								  KNN_RANGE_PAIR_BYTES));
+		check_engine_memory(state, (double) (c + n) * KNN_RANGE_PAIR_BYTES);
+		capacity = Max(c + n, Min(capacity, room / (int64) KNN_RANGE_PAIR_BYTES));
 
 		state->neighbors = repalloc_huge(state->neighbors, sizeof(int64) * capacity);
 		state->distances = repalloc_huge(state->distances, sizeof(double) * capacity);
@@ -1303,10 +1321,10 @@ run_engine(KnnJoinState *state, int64 wanted)
 	}
 
 	if (state->with_ties && state->radius_mode == KNN_RANGE_NONE)
-		check_ties_memory(queries.n, wanted, targets.n);
+		check_ties_memory(state, queries.n, wanted, targets.n);
 	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
 	{
-		knn_scan_check_result_memory((double) queries.n * state->engine_k * KNN_SLOT_BYTES);
+		check_engine_memory(state, (double) queries.n * state->engine_k * KNN_SLOT_BYTES);
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * queries.n * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1630,12 +1648,12 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 	knn_progress_totals(n_queries, n_targets, -1);
 	knn_progress_phase(KNN_PROGRESS_ENGINE);
 	if (state->with_ties && state->radius_mode == KNN_RANGE_NONE)
-		check_ties_memory(n_queries, wanted, n_targets);
+		check_ties_memory(state, n_queries, wanted, n_targets);
 	if (state->radius_mode != KNN_RANGE_NONE || state->with_ties)
 		start_ranges(state);
 	else
 	{
-		knn_scan_check_result_memory((double) n_queries * state->engine_k * KNN_SLOT_BYTES);
+		check_engine_memory(state, (double) n_queries * state->engine_k * KNN_SLOT_BYTES);
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * n_queries * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1690,6 +1708,21 @@ join_inner(KnnJoinState *state, int64 limit, instr_time start)
 		run_grouped_engine(state, state->k > 0 ? state->offset + state->k : 0);
 	else if (state->n_inner > 0)
 		run_engine(state, state->k > 0 ? state->offset + state->k : 0);
+}
+
+/* What the engine's result arrays hold (they stay until the node's rows are read). */
+static int64
+engine_result_bytes(KnnJoinState *state)
+{
+	int64		bytes = 0;
+
+	if (state->neighbors != NULL)
+		bytes += GetMemoryChunkSpace(state->neighbors);
+	if (state->distances != NULL)
+		bytes += GetMemoryChunkSpace(state->distances);
+	if (state->range_begin != NULL)
+		bytes += GetMemoryChunkSpace(state->range_begin);
+	return bytes;
 }
 
 /*
@@ -1754,9 +1787,11 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 	/*
 	 * The shards' rows, counted against the limit as they are held (a LIMIT
 	 * is a bound, not what comes back; knn_scan_shard.c keeps per outer row
-	 * only what can still be among its first rows).
+	 * only what can still be among its first rows), with the local part's
+	 * engine arrays: all are held together until the merge is read.
 	 */
 	knn_scan_candidates_begin(&candidates);
+	state->candidates = &candidates;
 	knn_scan_shards_start(state->shards, state->outer_rows, state->n_outer, state->outer_slot,
 						  want, state->radius);
 	for (int pass = 0; pass < 2; pass++)
@@ -1768,6 +1803,7 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 			INSTR_TIME_SET_CURRENT(local_start);
 			state->offset = 0;
 			join_inner(state, want, start);
+			knn_scan_candidates_hold(&candidates, engine_result_bytes(state));
 			collect_local_candidates(state, want, &candidates);
 			state->offset = offset;
 			knn_scan_shards_note_local(state->shards, state->n_inner,
@@ -1782,12 +1818,16 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 	n_local = state->n_inner;
 	if (n_shard_rows > 0)
 	{
-		MinimalTuple *rows = MemoryContextAllocHuge(state->join_cxt,
-													(n_local + n_shard_rows) * sizeof(MinimalTuple));
+		MinimalTuple *rows;
 
+		/* counted as the shards' array was (knn_scan_shards_collect), which it replaces */
+		knn_scan_candidates_hold(&candidates, (n_local + n_shard_rows) * (int64) sizeof(MinimalTuple));
+		rows = MemoryContextAllocHuge(state->join_cxt, (n_local + n_shard_rows) * sizeof(MinimalTuple));
 		if (n_local > 0)
 			memcpy(rows, state->inner_rows, n_local * sizeof(MinimalTuple));
 		memcpy(rows + n_local, shard_rows, n_shard_rows * sizeof(MinimalTuple));
+		pfree(shard_rows);
+		candidates.held_bytes -= n_shard_rows * (int64) sizeof(MinimalTuple);
 		state->inner_rows = rows;
 		state->n_inner = n_local + n_shard_rows;
 		for (int64 i = 0; i < candidates.n; i++)
@@ -1799,6 +1839,7 @@ join_sharded(KnnJoinState *state, int64 limit, instr_time start)
 												state->tie_slot, state->join_cxt);
 	state->merged = candidates.items;
 	state->k = limit < 0 ? PG_INT64_MAX : limit;
+	state->candidates = NULL;
 }
 
 /* The whole join, on the first call after start or rescan. */
@@ -1810,6 +1851,8 @@ compute_join(KnnJoinState *state)
 
 	INSTR_TIME_SET_CURRENT(start);
 	state->computed = true;
+	/* (a run with shards that failed left its own) */
+	state->candidates = NULL;
 	state->current_outer = 0;
 	state->row_started = false;
 	state->n_inner = 0;

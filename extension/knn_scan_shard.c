@@ -665,7 +665,7 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 	if (sh->radius_mode != KNN_RANGE_NONE)
 	{
 		sh->param_types[sh->n_params] = FLOAT8OID;
-		sh->param_values[sh->n_params++] = float8out_internal(radius);
+		sh->param_values[sh->n_params++] = knn_shard_float8_text(radius);
 	}
 
 	/*
@@ -762,9 +762,8 @@ compare_merge_order(KnnScanShards *sh, const KnnScanCandidate *x, MinimalTuple r
 
 /* ---- collecting ---- */
 
-/* Counts `bytes` more held by the candidates: ERROR 54000 when they pass the limit. */
-static void
-hold_bytes(KnnScanCandidates *candidates, int64 bytes)
+void
+knn_scan_candidates_hold(KnnScanCandidates *candidates, int64 bytes)
 {
 	knn_scan_check_result_memory((double) candidates->held_bytes + (double) bytes);
 	candidates->held_bytes += bytes;
@@ -789,7 +788,7 @@ reserve_candidates(KnnScanCandidates *candidates, int64 more)
 	room = (knn_result_memory_bytes() - candidates->held_bytes) / (int64) sizeof(KnnScanCandidate);
 	capacity = Max(needed, Min(Max(candidates->capacity * 2, 1024),
 							   candidates->capacity + Max(room, 0)));
-	hold_bytes(candidates, (capacity - candidates->capacity) * (int64) sizeof(KnnScanCandidate));
+	knn_scan_candidates_hold(candidates, (capacity - candidates->capacity) * (int64) sizeof(KnnScanCandidate));
 	candidates->items = candidates->items == NULL ?
 		palloc_extended(capacity * sizeof(KnnScanCandidate), MCXT_ALLOC_HUGE) :
 		repalloc_huge(candidates->items, capacity * sizeof(KnnScanCandidate));
@@ -875,7 +874,7 @@ keep_held(KnnScanShards *sh, const KnnScanCandidate *item, MinimalTuple row)
 			MemoryContextAllocHuge(sh->held_cxt, capacity * sizeof(HeldCandidate)) :
 			repalloc_huge(held->items, capacity * sizeof(HeldCandidate));
 		held->capacity = capacity;
-		hold_bytes(sh->candidates, GetMemoryChunkSpace(held->items) - before);
+		knn_scan_candidates_hold(sh->candidates, GetMemoryChunkSpace(held->items) - before);
 	}
 	held->items[held->n].c = *item;
 	held->items[held->n++].row = row;
@@ -896,9 +895,12 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 	int			natts = sh->inner_desc->natts;
 	int			s = 0;
 	int64	   *next_rank;
+	/* the batch is held (libpq's memory) while its rows are kept */
+	int64		batch_bytes = (int64) knn_shard_result_bytes(result);
 
 	while (sh->sp.shards[s] != shard)
 		s++;
+	knn_scan_candidates_hold(sh->candidates, batch_bytes);
 	if (sh->next_rank[s] == NULL)
 		sh->next_rank[s] = MemoryContextAllocExtended(sh->cxt, Max(sh->n_outer, 1) * sizeof(int64),
 													  MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
@@ -955,7 +957,7 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 		MemoryContextSwitchTo(sh->cxt);
 		row = heap_form_minimal_tuple(sh->inner_desc, sh->values, sh->nulls);
 		/* counted (ERROR 54000 past the limit) as it is kept */
-		hold_bytes(sh->candidates, GetMemoryChunkSpace(row));
+		knn_scan_candidates_hold(sh->candidates, GetMemoryChunkSpace(row));
 		keep_held(sh, &item, row);
 		MemoryContextSwitchTo(old);
 		sh->received[s]++;
@@ -963,6 +965,7 @@ read_shard_rows(void *arg, KnnShardRemote *shard, const KnnShardResult *result)
 			CHECK_FOR_INTERRUPTS();
 	}
 	MemoryContextReset(sh->row_cxt);
+	sh->candidates->held_bytes -= batch_bytes;
 }
 
 /*
@@ -986,7 +989,7 @@ finish_held(KnnScanShards *sh, MinimalTuple **rows, int64 *n_rows)
 	*n_rows = 0;
 	if (n > 0)
 	{
-		hold_bytes(candidates, n * (int64) sizeof(MinimalTuple));
+		knn_scan_candidates_hold(candidates, n * (int64) sizeof(MinimalTuple));
 		*rows = palloc_extended(n * sizeof(MinimalTuple), MCXT_ALLOC_HUGE);
 		reserve_candidates(candidates, n);
 	}
@@ -1041,7 +1044,7 @@ knn_scan_shards_collect(KnnScanShards *sh, TupleDesc inner_desc, MemoryContext c
 	sh->held_cxt = AllocSetContextCreate(cxt, "KNN Join shard rows kept", ALLOCSET_DEFAULT_SIZES);
 	sh->held = MemoryContextAllocExtended(sh->held_cxt, Max(sh->n_outer, 1) * sizeof(HeldRows),
 										  MCXT_ALLOC_HUGE | MCXT_ALLOC_ZERO);
-	hold_bytes(candidates, GetMemoryChunkSpace(sh->held));
+	knn_scan_candidates_hold(candidates, GetMemoryChunkSpace(sh->held));
 	for (int64 o = 0; o < sh->n_outer; o++)
 		sh->held[o].prune_at = prune_threshold(sh->want, sh->want);
 	if (sh->n_ties > 0)
@@ -1127,7 +1130,7 @@ knn_scan_shards_merge(KnnScanShards *sh, KnnScanCandidates *candidates, int64 n_
 	instr_time	start;
 
 	/* the sorted copy is held beside the candidates until they are freed */
-	hold_bytes(candidates, begin_bytes + fill_bytes + sorted_bytes);
+	knn_scan_candidates_hold(candidates, begin_bytes + fill_bytes + sorted_bytes);
 	begin = MemoryContextAllocHuge(cxt, begin_bytes);
 	fill = palloc_extended(fill_bytes, MCXT_ALLOC_HUGE);
 	sorted = MemoryContextAllocHuge(cxt, sorted_bytes);

@@ -96,11 +96,13 @@ typedef struct KnnScanCandidate
 
 /*
  * The candidates of every outer row: the local part's and, once the
- * shards' rows are in, theirs. What they hold (this array, and through
- * knn_scan_shards_collect and knn_scan_shards_merge the shards' rows read
- * back and the merge's copy) is counted in held_bytes as it is taken
- * against knn_gpu.max_result_memory: the coordinator holds no more than
- * the limit for them.
+ * shards' rows are in, theirs. What the join holds for them (this array;
+ * the local part's engine arrays and the inner rows' pointers, counted by
+ * the node; through knn_scan_shards_collect the shards' rows read back and
+ * the batch of a shard's cursor being read; through knn_scan_shards_merge
+ * the merge's copy) is counted in held_bytes as it is taken against
+ * knn_gpu.max_result_memory: the coordinator holds no more than the limit
+ * for them.
  */
 typedef struct KnnScanCandidates
 {
@@ -119,6 +121,12 @@ extern void knn_scan_candidates_begin(KnnScanCandidates *candidates);
 
 /* Adds one; ERROR 54000, before it is kept, when what they hold then passes the limit. */
 extern void knn_scan_candidates_add(KnnScanCandidates *candidates, const KnnScanCandidate *item);
+
+/*
+ * Counts `bytes` more held for them (before they are allocated): ERROR
+ * 54000 when what they hold then passes the limit.
+ */
+extern void knn_scan_candidates_hold(KnnScanCandidates *candidates, int64 bytes);
 
 /* ERROR 54000 when a result of `bytes` would pass knn_gpu.max_result_memory (knn_scan_exec.c). */
 extern void knn_scan_check_result_memory(double bytes);

@@ -31,6 +31,7 @@
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "common/int.h"
+#include "common/shortest_dec.h"
 #include "executor/executor.h"
 #include "executor/spi_priv.h"
 #include "foreign/foreign.h"
@@ -167,6 +168,20 @@ knn_shard_scan_from(const KnnShardScan *scan, const char *alias)
 		appendStringInfo(&sql, "%sc%d", c > 1 ? ", " : "", c);
 	appendStringInfoChar(&sql, ')');
 	return sql.data;
+}
+
+/*
+ * (float8out's text follows extra_float_digits: at 0 or less only 15
+ * significant digits, so a radius sent so would be another number there,
+ * keeping or dropping a pair at its boundary that this server would not.)
+ */
+char *
+knn_shard_float8_text(double value)
+{
+	char	   *text = palloc(DOUBLE_SHORTEST_DECIMAL_LEN);
+
+	double_to_shortest_decimal_buf(value, text);
+	return text;
 }
 
 /* The user mapping a scan of the foreign table uses, as postgres_fdw picks it. */
@@ -682,7 +697,7 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 		/* knn_range_join's arguments after its queries */
 		char	   *rest = psprintf("%s::pg_catalog.text, %s::pg_catalog.float8, %s::pg_catalog.text, %s, %s, %s, %s::pg_catalog.text",
 									quote_literal_cstr(targets.data),
-									quote_literal_cstr(float8out_internal(join->radius)),
+									quote_literal_cstr(knn_shard_float8_text(join->radius)),
 									quote_literal_cstr(knn_metric_name(join->metric)),
 									join->exclude_self ? "true" : "false",
 									join->k > 0 ? psprintf("%d", join->k) : "NULL",

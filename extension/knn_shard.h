@@ -98,6 +98,14 @@ extern Plan *knn_shard_local_plan(Plan *top, const KnnShardPlan *sp);
 /* "(<remote select>) alias(c1, ..., cn)": a scan's rows there, for FROM. */
 extern char *knn_shard_scan_from(const KnnShardScan *scan, const char *alias);
 
+/*
+ * A float8's text for a shard (a literal or a parameter's value): the
+ * shortest digits that read back to the same value (NaN, Infinity and
+ * -Infinity as float8in reads them), whatever this session's
+ * extra_float_digits.
+ */
+extern char *knn_shard_float8_text(double value);
+
 /* ---- knn_join (knn_shard.c) ---- */
 
 /* What a knn_join call asks of its shards. */

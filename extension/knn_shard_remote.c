@@ -94,6 +94,7 @@ typedef struct pg_result PGresult;
 struct KnnShardResult
 {
 	PGresult   *res;
+	double		bytes;			/* libpq's memory of it (estimate_result_bytes) */
 	bool		kept;			/* the reader keeps it (knn_shard_result_keep): not freed */
 };
 
@@ -1774,6 +1775,35 @@ wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait what, KnnShardR
 	}
 }
 
+/*
+ * libpq's memory of a result, estimated from up to 1024 of its rows: their
+ * values, a pointer and a length per field, a row pointer.
+ */
+static double
+estimate_result_bytes(PGresult *res)
+{
+	int			n = fdw.PQntuples(res);
+	int			n_fields = fdw.PQnfields(res);
+	int			step = Max(n / 1024, 1);
+	double		sampled = 0.0;
+	double		bytes = 0.0;
+
+	for (int r = 0; r < n; r += step)
+	{
+		for (int f = 0; f < n_fields; f++)
+			bytes += fdw.PQgetlength(res, r, f) + 17;
+		bytes += 8;
+		sampled++;
+	}
+	return sampled > 0 ? bytes / sampled * n : 0.0;
+}
+
+double
+knn_shard_result_bytes(const KnnShardResult *result)
+{
+	return result->bytes;
+}
+
 int
 knn_shard_result_rows(const KnnShardResult *result)
 {
@@ -1798,9 +1828,10 @@ knn_shard_result_value(const KnnShardResult *result, int row, int column, int *l
 
 /* Hands a result to the reader; the result is libpq's memory: freed whatever happens. */
 static void
-read_result(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *reader_arg)
+read_result(KnnShardRemote *shard, PGresult *res, double bytes, KnnShardReader reader,
+			void *reader_arg)
 {
-	KnnShardResult result = {res, false};
+	KnnShardResult result = {res, bytes, false};
 
 	if (res != NULL && fdw.PQnfields(res) > 0 && fdw.PQfformat(res, 0) != (shard->binary_result ? 1 : 0))
 	{
@@ -1849,7 +1880,7 @@ read_results(KnnShardRemote **shards, int n_shards, KnnShardReader reader, void 
 		res = fdw.pgfdw_get_result(shard->conn, shard->join_sql);
 		if (fdw.PQresultStatus(res) != PGRES_TUPLES_OK)
 			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, shard->join_sql);
-		read_result(shard, res, reader, reader_arg);
+		read_result(shard, res, estimate_result_bytes(res), reader, reader_arg);
 		END_SHARD_CONTEXT();
 	}
 }
@@ -1881,22 +1912,11 @@ static void
 read_batch(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *reader_arg)
 {
 	int			n = fdw.PQntuples(res);
-	int			n_fields = fdw.PQnfields(res);
-	int			step = Max(n / 1024, 1);
-	double		sampled = 0.0;
-	double		bytes = 0.0;
+	double		bytes = estimate_result_bytes(res);
 
 	shard->more_rows = n > 0 && n >= shard->fetch_rows;
-	/* libpq's memory of a row: its values, a pointer and a length per field, a row pointer */
-	for (int r = 0; r < n; r += step)
-	{
-		for (int f = 0; f < n_fields; f++)
-			bytes += fdw.PQgetlength(res, r, f) + 17;
-		bytes += 8;
-		sampled++;
-	}
-	if (sampled > 0)
-		shard->fetch_rows = (int64) Max(Min(Min(JOIN_BATCH_BYTES / (bytes / sampled),
+	if (n > 0)
+		shard->fetch_rows = (int64) Max(Min(Min(JOIN_BATCH_BYTES / (bytes / n),
 												4.0 * shard->fetch_rows),
 											JOIN_MAX_BATCH_ROWS), 1.0);
 	if (!fdw.PQisBusy(shard->conn))
@@ -1915,7 +1935,7 @@ read_batch(KnnShardRemote *shard, PGresult *res, KnnShardReader reader, void *re
 		/* the rows ended: the caller's loop finds the statement's end again and ends the join */
 		(void) cursor_statement_ended(shard);
 	}
-	read_result(shard, res, reader, reader_arg);
+	read_result(shard, res, bytes, reader, reader_arg);
 }
 
 /*
@@ -1962,7 +1982,7 @@ read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader
 			}
 		}
 		else if (fdw.PQresultStatus(res) == PGRES_SINGLE_TUPLE)
-			read_result(shard, res, reader, reader_arg);
+			read_result(shard, res, estimate_result_bytes(res), reader, reader_arg);
 		else if (in_cursor && fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
 			read_batch(shard, res, reader, reader_arg);
 		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK ||

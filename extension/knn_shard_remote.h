@@ -246,6 +246,8 @@ extern void knn_shard_remote_send(KnnShardRemote *shard);
 typedef struct KnnShardResult KnnShardResult;
 
 extern int	knn_shard_result_rows(const KnnShardResult *result);
+/* What it takes in libpq's memory, estimated (from up to 1024 of its rows). */
+extern double knn_shard_result_bytes(const KnnShardResult *result);
 extern int	knn_shard_result_columns(const KnnShardResult *result);
 /* The value (NULL for NULL) and its length; text values end in '\0'. */
 extern const char *knn_shard_result_value(const KnnShardResult *result, int row, int column,

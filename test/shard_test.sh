@@ -733,6 +733,27 @@ same_as_one_server "knn_range_join items_h l2" 2 \
 same_as_one_server "knn_range_join items_r l1, exclude_self, k, exclusive" 2 \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', 4.0, 'l1', true, 3, false)" \
   "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 4.0, 'l1', true, 3, false)"
+# A radius goes to the shards exactly, whatever extra_float_digits (at 0
+# or less float8out wrote 15 digits, at -15 one: the shards kept or dropped
+# pairs that one server would not). The radii are distances of pairs on the
+# shards that 15 digits round down (<=: those pairs were dropped) and up
+# (<: those pairs were kept).
+read -r below above <<<"$(sql 0 -F ' ' -c "SELECT min(d) FILTER (WHERE d::numeric::float8 < d), min(d) FILTER (WHERE d::numeric::float8 > d)
+  FROM (SELECT q.v <-> t.v AS d FROM q, items_h_0 t WHERE t.id < 800) s WHERE d > 2.5")"
+for digits in 0 -15; do
+  export PGOPTIONS="-c extra_float_digits=$digits"
+  same_as_one_server "knn_range_join, extra_float_digits = $digits, radius $below (<=): the pairs at the radius" 2 \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', $below, 'l2', false, NULL, true)" \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', $below, 'l2', false, NULL, true)"
+  same_as_one_server "knn_range_join, extra_float_digits = $digits, radius $above (<): not the pairs at the radius" 2 \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_r', $above, 'l2', false, NULL, false)" \
+    "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', $above, 'l2', false, NULL, false)"
+  compare_node "radius, extra_float_digits = $digits, <= $below: the rows at the radius" \
+    "$(lateral v '<->' "WHERE t.v <-> q.v <= $below" ' ')" 2
+  compare_node "radius and LIMIT, extra_float_digits = $digits, < $above: not the rows at the radius" \
+    "$(lateral v '<->' "WHERE t.v <-> q.v < $above" 'LIMIT 50')" 2
+  unset PGOPTIONS
+done
 # knn_range_join's queries go into the shards' memory too; a shard without
 # knn_range_join_received gets them by COPY, beside one that receives them.
 RANGE_ARGS="bigint, text, double precision, text, boolean, integer, boolean, text"
@@ -1452,6 +1473,34 @@ EOF
 # 2000 x 5, which passed when a row counted 16 bytes, about 2 MB)
 check "max_result_memory: the KNN Join node past the limit: ERROR 54000, within it the join" \
   "$(printf 'ERROR:  54000\nERROR:  54000\nwithin:2500\nshipped:2500')" "$(echo "$out" | grep -E '^(ERROR|within|shipped)')"
+
+# What the node holds with the candidates counts too: the local part's
+# engine arrays (its LIMIT's neighbours and distances per outer row, held
+# through the shards' rows and the merge), the inner rows' pointers and the
+# batch of a shard's cursor being read. 1101 outer rows x LIMIT 300 with a
+# local partition (5 MB of arrays) passed 85 MB when the arrays were
+# checked on their own (from 83 MB); counted, they need 88 MB, and within
+# 90 MB the rows are one server's.
+NODE_300="SELECT q.id AS qid, n.id, n.d FROM items_all q CROSS JOIN LATERAL
+  (SELECT t.id, t.v <-> q.v AS d FROM TBL t ORDER BY t.v <-> q.v, t.id LIMIT 300) n"
+out=$(sql 0 -v "s=${NODE_300//TBL/items_h}" -v "r=${NODE_300//TBL/items_all}" 2>&1 <<'EOF'
+\set ON_ERROR_STOP 0
+SET client_min_messages = warning;
+SET knn_gpu.max_result_memory = 85;
+\set VERBOSITY sqlstate
+SELECT count(*) FROM (:s) j;
+\set VERBOSITY default
+SET knn_gpu.max_result_memory = 90;
+CREATE TEMP TABLE s AS :s;
+SELECT 'shards:' || json_array_length(knn_gpu_last_shard_stats()->'shards') || ', local targets:' || (knn_gpu_last_shard_stats()->'local'->>'targets');
+RESET knn_gpu.max_result_memory;
+CREATE TEMP TABLE r AS :r;
+SELECT 'rows:' || (SELECT count(*) FROM s) || ', differences:' || ((SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b));
+EOF
+)
+check "max_result_memory: the KNN Join node counts the local part's arrays with the shards' rows: ERROR 54000, within the limit one server's rows" \
+  "$(printf 'ERROR:  54000\nshards:2, local targets:374\nrows:330300, differences:0')" "$(echo "$out" | grep -E '^(ERROR|shards|rows)')"
 
 # Each partition returns OFFSET + LIMIT rows per outer row: the node keeps
 # of an outer row's shard rows only those that can still be among its
