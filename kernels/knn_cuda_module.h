@@ -29,9 +29,10 @@ typedef int (*knn_cuda_probe_fn) (char *buf, size_t len);
  * problem->devices (split by query rows where there are several). What the
  * process keeps between joins (until released, see below): on each GPU it
  * has used, the context and a reserve in the memory pool (what the last
- * join freed where it had no gpu_memory_limit, else up to 64 MiB, at most
- * an eighth of the device's memory), and per engine on it a stream, a
- * cuBLAS handle and 32 MiB of pinned staging memory.
+ * join freed where it had no gpu_memory_limit, for 2 s after it while the
+ * idle release runs, else up to 64 MiB, at most an eighth of the device's
+ * memory), and per engine on it a stream, a cuBLAS handle and 32 MiB of
+ * pinned staging memory.
  */
 /* The largest k of the GPU bit join (bit rows); larger k: the CPU engine. */
 #define KNN_CUDA_BIT_MAX_K 256

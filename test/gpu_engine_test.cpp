@@ -2393,4 +2393,38 @@ TEST(GpuPool, KeepsWhatAnUnlimitedJoinFreedAndGivesItBackUnderALimit) {
   }
 }
 
+// With the idle release on, what a join without a limit left in the pool
+// goes back (all but the small reserve) 2 s after the process's last join;
+// the runtime itself stays until the idle release.
+TEST(GpuPool, GivesBackWhatItKeptTwoSecondsAfterTheLastJoin) {
+  REQUIRE_GPU();
+  const int64_t reserve = int64_t{64} << 20;  // device_runtime.cu's kPoolKeepBytes
+  const Data d = make_self(400000, 32, Shape::kClustered, 78);
+  Options o;
+  o.k = 10;
+  o.method = KNN_METHOD_TI;
+  knn_engine_set_gpu_idle_release(60000);  // the module takes it at the next join
+  const Outcome first = run(make_problem(d, o, KNN_DEVICE_GPU));
+  ASSERT_EQ(first.status, KNN_OK) << first.error;
+  const std::chrono::steady_clock::time_point end = std::chrono::steady_clock::now();
+  EXPECT_GT(pool_reserved(), reserve) << "nothing kept after the join";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_GT(pool_reserved(), reserve) << "given back within 1 s";
+  double given_back = -1;
+  while (seconds_since(end) < 6) {
+    if (pool_reserved() <= reserve) {
+      given_back = seconds_since(end);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  knn_engine_set_gpu_idle_release(0);
+  const Outcome after = run(make_problem(d, o, KNN_DEVICE_GPU));  // hands the 0 over
+  ASSERT_EQ(after.status, KNN_OK) << after.error;
+  expect_same_answer(after, first, "a join after the pool was trimmed");
+  ASSERT_GE(given_back, 0) << "still kept 6 s after the join";
+  std::printf("[ timing   ] the pool's reserve given back %.2f s after the join\n", given_back);
+  EXPECT_GE(given_back, 1.9);
+}
+
 }  // namespace

@@ -25,13 +25,16 @@ namespace {
 // memory limit leaves all it frees in the pool: fresh device memory costs
 // a page mapping when allocated and an unmapping when freed (about 17 ms of
 // a 5000000 x 8 TI join's 0.36 s on an H200, level 1 and the result arrays
-// above all), so the next join of the process reuses it instead; the idle
-// keeper gives it back after knn_gpu.gpu_idle_release. A join under a
-// limit (knn_gpu.gpu_memory_limit, or its share of gpu_memory_budget, which
+// above all), so the next join of the process reuses it instead; once no
+// join has run for kPoolHoldMs, the idle keeper gives it back (all but
+// kPoolKeepBytes): back-to-back joins reuse it, and an idle backend does
+// not keep it from other sessions' joins. A join under a limit
+// (knn_gpu.gpu_memory_limit, or its share of gpu_memory_budget, which
 // bounds all backends' joins together) keeps only kPoolKeepBytes (at most
-// an eighth of the device), so that many backends, each with its own pool,
-// do not hold the GPU's memory between their joins.
+// an eighth of the device) from the start, so that many backends, each
+// with its own pool, do not hold the GPU's memory between their joins.
 constexpr uint64_t kPoolKeepBytes = uint64_t(64) << 20;
+constexpr int64_t kPoolHoldMs = 2000;
 
 constexpr int kOrdinals = KNN_MAX_DEVICE_ORDINAL + 1;
 
@@ -346,6 +349,38 @@ void release_if_idle(int64_t idle_ms) {
   }
 }
 
+// Gives back what each GPU's pools hold past the small reserve once none
+// of its runtimes has been used for hold_ms (set_pool_hold: only joins
+// without a memory limit leave more). A GPU with a join running is left
+// for the next look.
+void trim_pools_if_idle(int64_t hold_ms) {
+  for (int device = 0; device < kOrdinals; device++) {
+    if (pool_thresholds()[device].load() != UINT64_MAX) continue;
+    const std::vector<DeviceRuntime *> rts = runtimes_of(device);
+    if (rts.empty() || !device_idle(rts, hold_ms)) continue;
+    std::vector<std::unique_lock<std::timed_mutex>> turns;
+    for (DeviceRuntime *rt : rts) {
+      turns.emplace_back(rt->mutex, std::try_to_lock);
+      if (!turns.back().owns_lock()) break;
+    }
+    if (!turns.back().owns_lock() || !device_idle(rts, hold_ms)) continue;
+    DeviceContext ctx;
+    if (select_device(ctx, device) != KNN_OK) continue;
+    uint64_t keep = pool_threshold(rts.front()->prop, false);
+    pool_thresholds()[device].store(keep);
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+      (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+      (void)cudaMemPoolTrimTo(pool, keep);
+    }
+    if (cudaMemPool_t shared = shared_rows_pool(device, false)) {
+      (void)cudaMemPoolSetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &keep);
+      (void)cudaMemPoolTrimTo(shared, 0);
+    }
+    (void)cudaGetLastError();
+  }
+}
+
 void keeper_loop() {
   IdleKeeper &k = keeper();
   std::unique_lock<std::mutex> lock(k.mutex);
@@ -357,6 +392,7 @@ void keeper_loop() {
     if (k.stopping || k.idle_ms <= 0) continue;
     const int64_t idle_ms = k.idle_ms;
     lock.unlock();
+    trim_pools_if_idle(std::min(idle_ms, kPoolHoldMs));
     release_if_idle(idle_ms);
     lock.lock();
   }

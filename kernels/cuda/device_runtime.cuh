@@ -77,8 +77,10 @@ KnnStatus open_runtime(DeviceRuntime &rt, DeviceContext &ctx);
 
 // How much of what this join frees the GPU's pools (the default one and
 // the shared rows') keep for the next join of the process: all of it
-// (`hold`, for a join without a memory limit) or a small reserve; the idle
-// keeper gives back the rest. Sets ctx.hold_pool. Its device current.
+// (`hold`, for a join without a memory limit) or a small reserve. The idle
+// keeper gives back all but the reserve once the GPU has had no join for
+// 2 s, and everything at knn_gpu.gpu_idle_release. Sets ctx.hold_pool.
+// Its device current.
 KnnStatus set_pool_hold(DeviceRuntime &rt, bool hold, DeviceContext &ctx);
 
 // The pool of a split's buffers that other GPUs read (peer_rows.cuh: the
