@@ -69,22 +69,20 @@ r_ok=$(regress_ok "$logs/regress.log"); r_fail=$(regress_failed "$logs/regress.l
 v_ok=$(regress_ok "$logs/pgvector.log"); v_fail=$(regress_failed "$logs/pgvector.log")
 if [ "$pgvector_skipped" = 0 ] && [ "$v_ok" -eq 0 ]; then v_fail=$((v_fail + 1)); echo "the pgvector tests ran no test"; fi
 passed=$((passed + r_ok + v_ok)); failed=$((failed + r_fail + v_fail)); skipped=$((skipped + pgvector_skipped))
-compat_summary='s/^pgvector compat: \([0-9]*\) files passed, \([0-9]*\) failed.*/'
-c_ok=$(sed -n "${compat_summary}\1/p" "$logs/compat.log"); c_fail=$(sed -n "${compat_summary}\2/p" "$logs/compat.log")
-c_skipped=0
-if grep -q '^pgvector compat: skipped' "$logs/compat.log"; then c_ok=0; c_fail=0; c_skipped=1
-elif [ -z "$c_ok" ]; then c_ok=0; c_fail=1; echo "the pgvector compat harness ended without its summary"; fi
-passed=$((passed + c_ok)); failed=$((failed + c_fail)); skipped=$((skipped + c_skipped))
-shard_summary='s/^shard tests: \([0-9]*\) passed, \([0-9]*\) failed$/'
-s_ok=$(sed -n "${shard_summary}\1/p" "$logs/shard.log"); s_fail=$(sed -n "${shard_summary}\2/p" "$logs/shard.log")
-[ -n "$s_ok" ] || { s_ok=0; s_fail=1; echo "the shard test ended without its summary"; }
-passed=$((passed + s_ok)); failed=$((failed + s_fail))
-blas_summary='s/^blas memory tests: \([0-9]*\) passed, \([0-9]*\) failed$/'
-b_ok=$(sed -n "${blas_summary}\1/p" "$logs/blas.log"); b_fail=$(sed -n "${blas_summary}\2/p" "$logs/blas.log")
-b_skipped=0
-if grep -q '^blas memory tests: skipped' "$logs/blas.log"; then b_ok=0; b_fail=0; b_skipped=1
-elif [ -z "$b_ok" ]; then b_ok=0; b_fail=1; echo "the blas memory test ended without its summary"; fi
-passed=$((passed + b_ok)); failed=$((failed + b_fail)); skipped=$((skipped + b_skipped))
+# A harness's closing line, "PREFIX: N WORD, M failed..." or "PREFIX: skipped":
+# prints "N M 0" or "0 0 1"; without the line, "0 1 0" (one failure).
+harness_counts() {  # LOG PREFIX WORD
+  local counts
+  if grep -q "^$2: skipped" "$1"; then echo "0 0 1"; return; fi
+  counts=$(sed -n "s/^$2: \([0-9]*\) $3, \([0-9]*\) failed.*/\1 \2/p" "$1" | tail -1)
+  if [ -z "$counts" ]; then echo "$1 ended without its summary" >&2; echo "0 1 0"; return; fi
+  echo "$counts 0"
+}
+read -r c_ok c_fail c_skipped < <(harness_counts "$logs/compat.log" "pgvector compat" "files passed")
+read -r s_ok s_fail s_skipped < <(harness_counts "$logs/shard.log" "shard tests" "passed")
+read -r b_ok b_fail b_skipped < <(harness_counts "$logs/blas.log" "blas memory tests" "passed")
+passed=$((passed + c_ok + s_ok + b_ok)); failed=$((failed + c_fail + s_fail + b_fail))
+skipped=$((skipped + c_skipped + s_skipped + b_skipped))
 echo "GoogleTest: unit $(gtest_count PASSED "$logs/unit.log") passed; gpu $(gtest_count PASSED "$logs/gpu.log") passed, $(gtest_count SKIPPED "$logs/gpu.log") skipped. pg_regress: $r_ok passed, $r_fail failed; pgvector's test files on knn_gpu alone: $c_ok passed, $c_fail failed$([ "$c_skipped" = 1 ] && echo ", skipped"); with pgvector: $v_ok passed, $v_fail failed$([ "$pgvector_skipped" = 1 ] && echo ", skipped"). Sharded tables: $s_ok passed, $s_fail failed. OpenBLAS under ulimit -v: $b_ok passed, $b_fail failed$([ "$b_skipped" = 1 ] && echo ", skipped")."
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]

@@ -328,19 +328,28 @@ bool device_idle(const std::vector<DeviceRuntime *> &rts, int64_t idle_ms) {
   return any_ready;
 }
 
+// Every runtime's turn of a GPU (rts), where all are free now and none
+// has been used for idle_ms: a running join is never waited for (it marks
+// its runtime used when it ends, which restarts the count). Empty where not.
+std::vector<std::unique_lock<std::timed_mutex>> idle_turns(const std::vector<DeviceRuntime *> &rts,
+                                                           int64_t idle_ms) {
+  std::vector<std::unique_lock<std::timed_mutex>> turns;
+  if (rts.empty() || !device_idle(rts, idle_ms)) return turns;
+  for (DeviceRuntime *rt : rts) {
+    turns.emplace_back(rt->mutex, std::try_to_lock);
+    if (!turns.back().owns_lock()) return {};
+  }
+  if (!device_idle(rts, idle_ms)) return {};
+  return turns;
+}
+
 // Releases each GPU's runtimes when all are idle enough and no join holds
-// any (a running join is never waited for: it marks its runtime used when
-// it ends, which restarts the count).
+// any.
 void release_if_idle(int64_t idle_ms) {
   for (int device = 0; device < kOrdinals; device++) {
     const std::vector<DeviceRuntime *> rts = runtimes_of(device);
-    if (rts.empty() || !device_idle(rts, idle_ms)) continue;
-    std::vector<std::unique_lock<std::timed_mutex>> turns;
-    for (DeviceRuntime *rt : rts) {
-      turns.emplace_back(rt->mutex, std::try_to_lock);
-      if (!turns.back().owns_lock()) break;
-    }
-    if (!turns.back().owns_lock() || !device_idle(rts, idle_ms)) continue;
+    const auto turns = idle_turns(rts, idle_ms);
+    if (turns.empty()) continue;
     DeviceContext ctx;
     (void)release_device(device, rts, ctx);
     notify_if_none_held();
@@ -357,13 +366,8 @@ void trim_pools_if_idle(int64_t hold_ms) {
   for (int device = 0; device < kOrdinals; device++) {
     if (pool_thresholds()[device].load() != UINT64_MAX) continue;
     const std::vector<DeviceRuntime *> rts = runtimes_of(device);
-    if (rts.empty() || !device_idle(rts, hold_ms)) continue;
-    std::vector<std::unique_lock<std::timed_mutex>> turns;
-    for (DeviceRuntime *rt : rts) {
-      turns.emplace_back(rt->mutex, std::try_to_lock);
-      if (!turns.back().owns_lock()) break;
-    }
-    if (!turns.back().owns_lock() || !device_idle(rts, hold_ms)) continue;
+    const auto turns = idle_turns(rts, hold_ms);
+    if (turns.empty()) continue;
     DeviceContext ctx;
     if (select_device(ctx, device) != KNN_OK) continue;
     uint64_t keep = pool_threshold(rts.front()->prop, false);
