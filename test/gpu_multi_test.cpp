@@ -50,6 +50,7 @@ struct TestEntries {
   knn_cuda_run_tuned_fn run_tuned = nullptr;
   knn_cuda_test_device_count_fn device_count = nullptr;
   knn_cuda_test_pool_used_fn pool_used = nullptr;
+  knn_cuda_test_pool_used_fn pool_reserved = nullptr;  // the same signature
 };
 
 const TestEntries &entries() {
@@ -62,6 +63,8 @@ const TestEntries &entries() {
         dlsym(module, KNN_CUDA_TEST_DEVICE_COUNT_SYMBOL));
     t.pool_used =
         reinterpret_cast<knn_cuda_test_pool_used_fn>(dlsym(module, KNN_CUDA_TEST_POOL_USED_SYMBOL));
+    t.pool_reserved = reinterpret_cast<knn_cuda_test_pool_used_fn>(
+        dlsym(module, KNN_CUDA_TEST_POOL_RESERVED_SYMBOL));
     return t;
   }();
   return e;
@@ -1006,6 +1009,45 @@ TEST(SplitOnOneGpu, TiSplitLevel1KeptIsAllEngines) {
   ASSERT_GE(kept(one), 0.0) << one.stats.variant;
   EXPECT_NEAR(kept(split), kept(one), 0.11) << split.stats.variant << " against "
                                             << one.stats.variant;
+}
+
+// What a split TI self-join without a memory limit kept in the pools (the
+// shared upload's rows in the pool of shared rows, the rest in the default
+// pool) goes back, all but the small reserve, 2 s after the GPU's last
+// join, also where that last join had a limit and was not TI (it lowers
+// the pools' threshold, and gives back nothing of the shared rows' pool
+// itself).
+TEST(SplitOnOneGpu, WhatAnUnlimitedSplitKeptGoesBackAfterALimitedJoin) {
+  REQUIRE_TEST_ENTRIES();
+  ASSERT_NE(entries().pool_reserved, nullptr);
+  const int64_t reserve = int64_t{64} << 20;  // device_runtime.cu's kPoolKeepBytes
+  // 2500000 rows of 8 floats: 80 MB of shared upload.
+  Case big = make_case(KNN_ELEMENT_FLOAT32, 0, 2500000, 8, true, true, 990);
+  big.problem.method = KNN_METHOD_TI;
+  Case small = make_case(KNN_ELEMENT_FLOAT32, 3000, 3000, 8, false, false, 991);
+  small.problem.method = KNN_METHOD_BRUTE;
+  small.problem.gpu_memory_limit = int64_t{1} << 30;
+  knn_engine_set_gpu_idle_release(60000);  // the module takes it at the next join
+  const Answer split = job(on_devices(big.problem, {0, 0}), KNN_DEVICE_GPU);
+  ASSERT_EQ(split.status, KNN_OK) << split.message;
+  EXPECT_GT(entries().pool_reserved(0), reserve) << "nothing kept after the split";
+  const Answer limited = job(on_devices(small.problem, {0}), KNN_DEVICE_GPU);
+  ASSERT_EQ(limited.status, KNN_OK) << limited.message;
+  const auto end = std::chrono::steady_clock::now();
+  double given_back = -1;
+  for (double waited = 0; waited < 6; ) {
+    if (entries().pool_reserved(0) <= reserve) {
+      given_back = waited;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - end).count();
+  }
+  knn_engine_set_gpu_idle_release(0);
+  const Answer after = job(on_devices(small.problem, {0}), KNN_DEVICE_GPU);  // hands the 0 over
+  expect_answers_identical(after, limited, "a join after the pools were trimmed");
+  EXPECT_GE(given_back, 0) << "still " << entries().pool_reserved(0)
+                           << " bytes reserved 6 s after the last join";
 }
 
 TEST(TwoGpus, FailureNamesTheGpu) {

@@ -77,6 +77,17 @@ std::array<std::atomic<uint64_t>, kOrdinals> &pool_thresholds() {
   return *thresholds;
 }
 
+// Each GPU: whether a join without a memory limit has run on it since the
+// idle keeper last trimmed its pools (set_pool_hold). The keeper looks at
+// this rather than at the threshold: a limited join after the held one
+// lowers the threshold, but what the pools kept stays reserved until
+// trimmed (the shared rows' pool is not used by most joins, so no
+// synchronisation of theirs gives it back).
+std::array<std::atomic<bool>, kOrdinals> &pools_held() {
+  static auto *held = new std::array<std::atomic<bool>, kOrdinals>();
+  return *held;
+}
+
 // Everything, or the small reserve.
 uint64_t pool_threshold(const cudaDeviceProp &prop, bool hold) {
   return hold ? UINT64_MAX : std::min<uint64_t>(prop.totalGlobalMem / 8, kPoolKeepBytes);
@@ -275,6 +286,7 @@ KnnStatus set_pool_hold(DeviceRuntime &rt, bool hold, DeviceContext &ctx) {
   CUDA_CHECK(ctx, cudaMemPoolSetAttribute(rt.pool, cudaMemPoolAttrReleaseThreshold, &keep));
   if (cudaMemPool_t shared = shared_rows_pool(rt.device, false))
     CUDA_CHECK(ctx, cudaMemPoolSetAttribute(shared, cudaMemPoolAttrReleaseThreshold, &keep));
+  if (hold) pools_held()[rt.device].store(true);
   ctx.hold_pool = hold;
   return KNN_OK;
 }
@@ -359,12 +371,12 @@ void release_if_idle(int64_t idle_ms) {
 }
 
 // Gives back what each GPU's pools hold past the small reserve once none
-// of its runtimes has been used for hold_ms (set_pool_hold: only joins
+// of its runtimes has been used for hold_ms (pools_held: only joins
 // without a memory limit leave more). A GPU with a join running is left
 // for the next look.
 void trim_pools_if_idle(int64_t hold_ms) {
   for (int device = 0; device < kOrdinals; device++) {
-    if (pool_thresholds()[device].load() != UINT64_MAX) continue;
+    if (!pools_held()[device].load()) continue;
     const std::vector<DeviceRuntime *> rts = runtimes_of(device);
     const auto turns = idle_turns(rts, hold_ms);
     if (turns.empty()) continue;
@@ -372,6 +384,7 @@ void trim_pools_if_idle(int64_t hold_ms) {
     if (select_device(ctx, device) != KNN_OK) continue;
     uint64_t keep = pool_threshold(rts.front()->prop, false);
     pool_thresholds()[device].store(keep);
+    pools_held()[device].store(false);
     cudaMemPool_t pool;
     if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
       (void)cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
