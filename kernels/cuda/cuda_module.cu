@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 #include <mutex>
 #include <string>
@@ -106,14 +107,19 @@ KnnStatus setup_context(const KnnProblem &p, int sharing, DeviceRuntime &rt,
   CUBLAS_CHECK(ctx, cublasSetMathMode(ctx.cublas, CUBLAS_PEDANTIC_MATH));
   KNN_TRY(set_pool_hold(rt, p.gpu_memory_limit <= 0, ctx));
 
-  // What is free on the device, plus what the pool holds unused from
-  // earlier joins (cudaMallocAsync takes that first).
+  // What is free on the device, plus what the pools hold unused from
+  // earlier joins: the default pool's (cudaMallocAsync takes that first)
+  // and the shared rows' (a split's; an allocation that does not fit
+  // beside it gives it back, device_buffer.cuh).
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(ctx, cudaMemGetInfo(&free_bytes, &total_bytes));
-  uint64_t reserved = 0, used = 0;
-  CUDA_CHECK(ctx, cudaMemPoolGetAttribute(rt.pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
-  CUDA_CHECK(ctx, cudaMemPoolGetAttribute(rt.pool, cudaMemPoolAttrUsedMemCurrent, &used));
-  free_bytes += static_cast<size_t>(reserved - std::min(used, reserved));
+  for (cudaMemPool_t pool : {rt.pool, shared_rows_pool(rt.device, false)}) {
+    if (pool == nullptr) continue;
+    uint64_t reserved = 0, used = 0;
+    CUDA_CHECK(ctx, cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    CUDA_CHECK(ctx, cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+    free_bytes += static_cast<size_t>(reserved - std::min(used, reserved));
+  }
   size_t budget =
       static_cast<size_t>(static_cast<double>(free_bytes) * 0.9 / std::max(1, sharing));
   if (p.gpu_memory_limit > 0)
