@@ -270,7 +270,10 @@ knn_shard_error_context(void *arg)
 static PGresult *
 exec_checked(KnnShardRemote *shard, const char *sql, int expected)
 {
-	PGresult   *res = fdw.pgfdw_exec_query(shard->conn, sql, shard->conn_state);
+	PGresult   *res;
+
+	shard->round_trips++;
+	res = fdw.pgfdw_exec_query(shard->conn, sql, shard->conn_state);
 
 	if (fdw.PQresultStatus(res) != expected)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
@@ -574,6 +577,7 @@ start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
 	if (!fdw.PQsendQuery(shard->conn, sql))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
 	shard->copy_sent = true;
+	shard->round_trips++;
 	/* pgfdw_get_result waits for the end of all results, which COPY IN never reaches */
 	while (fdw.PQisBusy(shard->conn))
 		wait_socket(shard, WL_SOCKET_READABLE);
@@ -609,6 +613,7 @@ end_copy(KnnShardRemote *shard)
 	shard->copying = false;
 	if (fdw.PQputCopyEnd(shard->conn, NULL) != 1)
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	shard->round_trips++;
 	res = fdw.pgfdw_get_result(shard->conn, sql);
 	if (fdw.PQresultStatus(res) != PGRES_COMMAND_OK)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
@@ -721,6 +726,8 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 
 	INSTR_TIME_SET_CURRENT(start);
 	initStringInfo(&buf);
+	for (int s = 0; s < n_shards; s++)
+		shards[s]->round_trips = 0;
 	PG_TRY();
 	{
 		for (int s = 0; s < n_shards; s++)
@@ -1059,6 +1066,7 @@ ship_statement_prepare(KnnShardRemote **shards, int n_shards, ShipStatement *st)
 		PGresult   *res;
 
 		WITH_SHARD_CONTEXT(shards[s]);
+		shards[s]->round_trips++;
 		res = fdw.pgfdw_get_result(shards[s]->conn, st[s].sql);
 		if (fdw.PQresultStatus(res) != PGRES_COMMAND_OK)
 			fdw.pgfdw_report_error(ERROR, res, shards[s]->conn, true, st[s].sql);
@@ -1120,6 +1128,8 @@ knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards, const KnnShar
 	sh->n_shards = n_shards;
 	sh->rows = rows;
 	sh->savepoint = savepoint;
+	for (int s = 0; s < n_shards; s++)
+		shards[s]->round_trips = 0;
 	sh->progress = palloc0(n_shards * sizeof(ShipProgress));
 	sh->st = palloc0(n_shards * sizeof(ShipStatement));
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
@@ -1532,6 +1542,7 @@ send_statement(KnnShardRemote *shard, const char *what, const char *sql, int n_p
 	if (!fdw.PQsendQueryParams(shard->conn, sql, n_params, types, values, NULL, NULL,
 							   binary_result ? 1 : 0))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	shard->round_trips++;
 	END_SHARD_CONTEXT();
 }
 
@@ -1675,6 +1686,7 @@ send_fetch(KnnShardRemote *shard, bool after_declare)
 	WITH_SHARD_CONTEXT(shard);
 	if (!fdw.PQsendQuery(shard->conn, sql))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	shard->round_trips++;
 	END_SHARD_CONTEXT();
 }
 
@@ -2067,6 +2079,9 @@ after_join(KnnShardRemote **shards, int n_shards)
 		if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
 			shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));
 		fdw.PQclear(res);
+		ereport(DEBUG1,
+				(errmsg_internal("%s: foreign server \"%s\": %d round trips from the shipping to the statistics",
+								 shard->who, shard->server->servername, shard->round_trips)));
 		END_SHARD_CONTEXT();
 	}
 }

@@ -98,6 +98,12 @@ typedef struct KnnShardRemote
 	double		seconds_join;	/* from sending the join to its result arriving */
 	int64		rows;			/* the join's result rows */
 	char	   *remote_stats;	/* knn_gpu_last_stats() there after the join, or NULL */
+	/*
+	 * Round trips since this run's shipping began: the times a statement
+	 * (or statements queued together) went there and its answer was waited
+	 * for before the next could go (DEBUG1 at the run's end).
+	 */
+	int			round_trips;
 	void	   *caller;			/* the caller's own state of this shard */
 } KnnShardRemote;
 
