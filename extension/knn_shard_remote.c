@@ -496,6 +496,213 @@ knn_shard_remote_release(KnnShardRemote *shard)
 	shard->conn = NULL;
 }
 
+/* ---- statements queued together ---- */
+
+/*
+ * Ends a connection's pipeline: a sync, its results read up to the sync's
+ * (any left by statements an error skipped), then out of pipeline mode. Waits
+ * interruptibly, or (after an error) until deadline only. False where that
+ * did not come to pass (the connection is left to postgres_fdw's cleanup,
+ * which then gives it up). The sync is sent once: a cancel or timeout
+ * during the interruptible wait leaves it pending, and the cleanup's call
+ * then reads up to it (a second sync would leave the second's result
+ * pending, and the connection in pipeline mode).
+ */
+static bool
+leave_pipeline(KnnShardRemote *shard, bool *synced, bool interruptible, TimestampTz deadline)
+{
+	PGconn	   *conn = shard->conn;
+
+	if (!*synced)
+	{
+		if (fdw.PQpipelineSync(conn) != 1)
+			return false;
+		*synced = true;
+		if (interruptible && knn_gpu_fault_injection == KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC)
+			ereport(ERROR,
+					(errcode(ERRCODE_QUERY_CANCELED),
+					 errmsg("canceling statement due to user request"),
+					 errdetail("knn_gpu.fault_injection = ship_cancel_at_sync")));
+	}
+	for (;;)
+	{
+		int			rc = fdw.PQflush(conn);
+
+		if (rc < 0 || !fdw.PQconsumeInput(conn))
+			return false;
+		/* two NULLs in a row: nothing more to read now */
+		for (int ends = 0; ends < 2 && !fdw.PQisBusy(conn);)
+		{
+			PGresult   *res = fdw.PQgetResult(conn);
+			int			status;
+
+			if (res == NULL)
+			{
+				ends++;
+				continue;
+			}
+			ends = 0;
+			status = fdw.PQresultStatus(res);
+			fdw.PQclear(res);
+			if (status == PGRES_PIPELINE_SYNC)
+				return fdw.PQexitPipelineMode(conn) == 1;
+		}
+		if (!interruptible && GetCurrentTimestamp() >= deadline)
+			return false;
+		(void) WaitLatchOrSocket(interruptible ? MyLatch : NULL,
+								 (interruptible ? WL_LATCH_SET : 0) | WL_SOCKET_READABLE |
+								 (rc == 1 ? WL_SOCKET_WRITEABLE : 0) | WL_TIMEOUT |
+								 WL_EXIT_ON_PM_DEATH,
+								 fdw.PQsocket(conn), 100L, PG_WAIT_EXTENSION);
+		if (interruptible)
+		{
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+}
+
+/*
+ * Statements that need none of each other's answers, run on a shard
+ * together: each a message of the extended protocol of its own (one
+ * statement, its parameters bound: never a string of several), all queued
+ * in libpq's pipeline mode with one sync after them and sent before any
+ * answer is read, so that they cost one round trip (without pipeline mode,
+ * libpq before 14: one after another). Their answers are read in order; the
+ * first that failed raises its ERROR as exec_checked would (the shard's
+ * message and SQLSTATE, its statement as the remote SQL), the statements
+ * after it skipped there, once the connection is out of pipeline mode
+ * (postgres_fdw's cleanup after the error runs its statements outside it).
+ */
+#define BATCH_STATEMENTS 4
+
+typedef struct ShardStatement
+{
+	const char *sql;
+	int			expected;		/* PGRES_COMMAND_OK or PGRES_TUPLES_OK */
+	int			n_params;		/* $1 .. $n, as text */
+	const Oid  *param_types;
+	const char *const *param_values;
+	PGresult  **result;			/* its result, the caller's to clear; NULL: cleared here */
+} ShardStatement;
+
+typedef struct ShardBatch
+{
+	ShardStatement statements[BATCH_STATEMENTS];
+	int			n;
+	bool		pipelined;		/* sent in pipeline mode, the connection not yet out of it */
+	bool		synced;			/* ... its sync sent (leave_pipeline) */
+} ShardBatch;
+
+static void
+batch_add(ShardBatch *batch, const char *sql, int expected, PGresult **result)
+{
+	ShardStatement *st;
+
+	if (batch->n >= BATCH_STATEMENTS)
+		elog(ERROR, "knn_shard_remote: more than %d statements queued together", BATCH_STATEMENTS);
+	st = &batch->statements[batch->n++];
+	memset(st, 0, sizeof(*st));
+	st->sql = sql;
+	st->expected = expected;
+	st->result = result;
+}
+
+static void
+send_batch_statement(KnnShardRemote *shard, const ShardStatement *st)
+{
+	if (!fdw.PQsendQueryParams(shard->conn, st->sql, st->n_params, st->param_types,
+							   st->param_values, NULL, NULL, 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, st->sql);
+}
+
+/*
+ * Sends the statements and their sync without waiting for their answers
+ * (nothing, without pipeline mode: batch_finish runs them one by one).
+ * Until batch_finish, nothing else may use the connection, and after an
+ * error the caller calls batch_fail.
+ */
+static void
+batch_send(KnnShardRemote *shard, ShardBatch *batch)
+{
+	if (fdw.PQenterPipelineMode == NULL || batch->n == 0)
+		return;
+	{
+		WITH_SHARD_CONTEXT(shard);
+		if (fdw.PQenterPipelineMode(shard->conn) != 1)
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, batch->statements[0].sql);
+		batch->pipelined = true;
+		for (int i = 0; i < batch->n; i++)
+			send_batch_statement(shard, &batch->statements[i]);
+		/* (in blocking mode the sync sends everything queued) */
+		if (fdw.PQpipelineSync(shard->conn) != 1)
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false,
+								   batch->statements[batch->n - 1].sql);
+		batch->synced = true;
+		END_SHARD_CONTEXT();
+	}
+}
+
+/*
+ * After an error here (a cancel, a timeout, another shard's failure):
+ * reads the batch's answers up to its sync, ignoring interrupts but not
+ * for longer than FAIL_BATCH_TIMEOUT_MS (its statements are short), and
+ * leaves pipeline mode, so that postgres_fdw's abort cleanup finds the
+ * connection as after an exec_checked. No-op where nothing is pending.
+ */
+#define FAIL_BATCH_TIMEOUT_MS 10000
+
+static void
+batch_fail(KnnShardRemote *shard, ShardBatch *batch)
+{
+	if (!batch->pipelined)
+		return;
+	batch->pipelined = false;
+	(void) leave_pipeline(shard, &batch->synced, false,
+						  TimestampTzPlusMilliseconds(GetCurrentTimestamp(), FAIL_BATCH_TIMEOUT_MS));
+}
+
+/* Reads the statements' answers (waiting cancellably), one round trip; ERROR at the first failed. */
+static void
+batch_finish(KnnShardRemote *shard, ShardBatch *batch)
+{
+	WITH_SHARD_CONTEXT(shard);
+	shard->round_trips += batch->pipelined ? 1 : batch->n;
+	for (int i = 0; i < batch->n; i++)
+	{
+		ShardStatement *st = &batch->statements[i];
+		PGresult   *res;
+
+		if (!batch->pipelined)
+			send_batch_statement(shard, st);
+		res = fdw.pgfdw_get_result(shard->conn, st->sql);
+		if (fdw.PQresultStatus(res) != st->expected)
+		{
+			/* the results kept so far go; the rest was skipped there: read up to the sync */
+			for (int j = 0; j < i; j++)
+				if (batch->statements[j].result != NULL)
+				{
+					fdw.PQclear(*batch->statements[j].result);
+					*batch->statements[j].result = NULL;
+				}
+			batch_fail(shard, batch);
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, st->sql);
+		}
+		if (st->result != NULL)
+			*st->result = res;
+		else
+			fdw.PQclear(res);
+	}
+	if (batch->pipelined)
+	{
+		if (!leave_pipeline(shard, &batch->synced, true, 0))
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false,
+								   batch->statements[batch->n - 1].sql);
+		batch->pipelined = false;
+	}
+	END_SHARD_CONTEXT();
+}
+
 /*
  * Waits until the socket can be written (or read: libpq may need to read
  * before it can write), answering interrupts.
@@ -540,26 +747,21 @@ knn_shard_remote_name_table(KnnShardRemote *shard)
 }
 
 /*
- * Starts COPY FROM STDIN (binary) into a new temporary table; its vector
- * column PLAIN when the vectors fit a row.
+ * Queues (batch_send) what comes before COPY: a new temporary table, its
+ * vector column PLAIN when the vectors fit a row, and the settings of the
+ * shard's join.
  */
 static void
-start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
+send_table_statements(KnnShardRemote *shard, ShardBatch *batch, int64 max_vector_bytes)
 {
-	char	   *sql;
-	PGresult   *res;
-
-	WITH_SHARD_CONTEXT(shard);
-	sql = psprintf("CREATE TEMPORARY TABLE %s (%s) ON COMMIT DROP",
-				   shard->temp_table, shard->temp_columns);
-	fdw.PQclear(exec_checked(shard, sql, PGRES_COMMAND_OK));
-	shard->table_exists = true;
+	batch_add(batch, psprintf("CREATE TEMPORARY TABLE %s (%s) ON COMMIT DROP",
+							  shard->temp_table, shard->temp_columns),
+			  PGRES_COMMAND_OK, NULL);
 	if (shard->vector_column != NULL && max_vector_bytes > 0 &&
 		max_vector_bytes <= (int64) shard->block_size - PLAIN_ROW_ROOM)
-		fdw.PQclear(exec_checked(shard,
-								 psprintf("ALTER TABLE %s ALTER COLUMN %s SET STORAGE PLAIN",
-										  shard->temp_table, shard->vector_column),
-								 PGRES_COMMAND_OK));
+		batch_add(batch, psprintf("ALTER TABLE %s ALTER COLUMN %s SET STORAGE PLAIN",
+								  shard->temp_table, shard->vector_column),
+				  PGRES_COMMAND_OK, NULL);
 
 	/*
 	 * The shard's join must be exact too: load knn_gpu's library there (its
@@ -567,36 +769,51 @@ start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
 	 * not loaded it) and make the node win over an approximate index (hnsw,
 	 * ivfflat) on the shard's partition, for this remote transaction only.
 	 */
-	fdw.PQclear(exec_checked(shard, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
-							 PGRES_TUPLES_OK));
-	fdw.PQclear(exec_checked(shard,
-							 "SELECT pg_catalog.set_config('knn_gpu.exact_over_index', 'on', true)",
-							 PGRES_TUPLES_OK));
+	batch_add(batch, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
+			  PGRES_TUPLES_OK, NULL);
+	batch_add(batch, "SELECT pg_catalog.set_config('knn_gpu.exact_over_index', 'on', true)",
+			  PGRES_TUPLES_OK, NULL);
+	batch_send(shard, batch);
+}
 
-	sql = psprintf("COPY %s FROM STDIN (FORMAT binary)", shard->temp_table);
-	if (!fdw.PQsendQuery(shard->conn, sql))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
-	shard->copy_sent = true;
-	shard->round_trips++;
-	/* pgfdw_get_result waits for the end of all results, which COPY IN never reaches */
-	while (fdw.PQisBusy(shard->conn))
-		wait_socket(shard, WL_SOCKET_READABLE);
-	res = fdw.PQgetResult(shard->conn);
-	if (fdw.PQresultStatus(res) != PGRES_COPY_IN)
+/*
+ * Once the table statements are answered, starts COPY FROM STDIN (binary)
+ * into the table (COPY cannot be queued in pipeline mode).
+ */
+static void
+start_copy(KnnShardRemote *shard, ShardBatch *batch)
+{
+	char	   *sql = psprintf("COPY %s FROM STDIN (FORMAT binary)", shard->temp_table);
+	PGresult   *res;
+
+	batch_finish(shard, batch);
+	shard->table_exists = true;
 	{
-		/* read the rest so that the connection is idle again, then report */
-		PGresult   *rest;
+		WITH_SHARD_CONTEXT(shard);
+		if (!fdw.PQsendQuery(shard->conn, sql))
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+		shard->copy_sent = true;
+		shard->round_trips++;
+		/* pgfdw_get_result waits for the end of all results, which COPY IN never reaches */
+		while (fdw.PQisBusy(shard->conn))
+			wait_socket(shard, WL_SOCKET_READABLE);
+		res = fdw.PQgetResult(shard->conn);
+		if (fdw.PQresultStatus(res) != PGRES_COPY_IN)
+		{
+			/* read the rest so that the connection is idle again, then report */
+			PGresult   *rest;
 
-		shard->copy_sent = false;
-		rest = fdw.pgfdw_get_result(shard->conn, sql);
-		fdw.PQclear(rest);
-		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+			shard->copy_sent = false;
+			rest = fdw.pgfdw_get_result(shard->conn, sql);
+			fdw.PQclear(rest);
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+		}
+		fdw.PQclear(res);
+		shard->copying = true;
+		if (fdw.PQsetnonblocking(shard->conn, 1) != 0)
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+		END_SHARD_CONTEXT();
 	}
-	fdw.PQclear(res);
-	shard->copying = true;
-	if (fdw.PQsetnonblocking(shard->conn, 1) != 0)
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
-	END_SHARD_CONTEXT();
 }
 
 static void
@@ -723,6 +940,7 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 	static const char signature[11] = "PGCOPY\n\377\r\n\0";
 	StringInfoData buf;
 	instr_time	start;
+	ShardBatch *batches = palloc0(n_shards * sizeof(ShardBatch));
 
 	INSTR_TIME_SET_CURRENT(start);
 	initStringInfo(&buf);
@@ -730,8 +948,11 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 		shards[s]->round_trips = 0;
 	PG_TRY();
 	{
+		/* every shard's table statements on their way before any answer is read */
 		for (int s = 0; s < n_shards; s++)
-			start_copy(shards[s], rows->max_vector_bytes);
+			send_table_statements(shards[s], &batches[s], rows->max_vector_bytes);
+		for (int s = 0; s < n_shards; s++)
+			start_copy(shards[s], &batches[s]);
 		pq_sendbytes(&buf, signature, sizeof(signature));
 		pq_sendint32(&buf, 0);	/* flags */
 		pq_sendint32(&buf, 0);	/* header extension length */
@@ -750,12 +971,16 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 	PG_CATCH();
 	{
 		for (int s = 0; s < n_shards; s++)
+		{
+			batch_fail(shards[s], &batches[s]);
 			if (shards[s]->copy_sent)
 				fail_copy(shards[s]);
+		}
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	pfree(buf.data);
+	pfree(batches);
 	note_ship_time(shards, n_shards, start);
 }
 
@@ -909,70 +1134,6 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, KnnShardR
 }
 
 /*
- * Ends a connection's pipeline: a sync, its results read up to the sync's
- * (any left by blocks an error skipped), then out of pipeline mode. Waits
- * interruptibly, or (after an error) until deadline only. False where that
- * did not come to pass (the connection is left to postgres_fdw's cleanup,
- * which then gives it up). The sync is sent once: a cancel or timeout
- * during the interruptible wait leaves it pending, and the cleanup's call
- * then reads up to it (a second sync would leave the second's result
- * pending, and the connection in pipeline mode).
- */
-static bool
-leave_pipeline(KnnShardRemote *shard, ShipProgress *p, bool interruptible, TimestampTz deadline)
-{
-	PGconn	   *conn = shard->conn;
-
-	if (!p->synced)
-	{
-		if (fdw.PQpipelineSync(conn) != 1)
-			return false;
-		p->synced = true;
-		if (interruptible && knn_gpu_fault_injection == KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC)
-			ereport(ERROR,
-					(errcode(ERRCODE_QUERY_CANCELED),
-					 errmsg("canceling statement due to user request"),
-					 errdetail("knn_gpu.fault_injection = ship_cancel_at_sync")));
-	}
-	for (;;)
-	{
-		int			rc = fdw.PQflush(conn);
-
-		if (rc < 0 || !fdw.PQconsumeInput(conn))
-			return false;
-		/* two NULLs in a row: nothing more to read now */
-		for (int ends = 0; ends < 2 && !fdw.PQisBusy(conn);)
-		{
-			PGresult   *res = fdw.PQgetResult(conn);
-			int			status;
-
-			if (res == NULL)
-			{
-				ends++;
-				continue;
-			}
-			ends = 0;
-			status = fdw.PQresultStatus(res);
-			fdw.PQclear(res);
-			if (status == PGRES_PIPELINE_SYNC)
-				return fdw.PQexitPipelineMode(conn) == 1;
-		}
-		if (!interruptible && GetCurrentTimestamp() >= deadline)
-			return false;
-		(void) WaitLatchOrSocket(interruptible ? MyLatch : NULL,
-								 (interruptible ? WL_LATCH_SET : 0) | WL_SOCKET_READABLE |
-								 (rc == 1 ? WL_SOCKET_WRITEABLE : 0) | WL_TIMEOUT |
-								 WL_EXIT_ON_PM_DEATH,
-								 fdw.PQsocket(conn), 100L, PG_WAIT_EXTENSION);
-		if (interruptible)
-		{
-			ResetLatch(MyLatch);
-			CHECK_FOR_INTERRUPTS();
-		}
-	}
-}
-
-/*
  * After an error here, ends the pipeline, sends what is still queued (the rest of a block's
  * message: a shard reading a message does not see a cancel), ignoring
  * interrupts but not past deadline (one for all shards), and makes the
@@ -988,7 +1149,7 @@ fail_blocks(KnnShardRemote *shard, ShipProgress *p, TimestampTz deadline)
 	if (p->pipelined)
 	{
 		p->pipelined = false;
-		(void) leave_pipeline(shard, p, false, deadline);
+		(void) leave_pipeline(shard, &p->synced, false, deadline);
 	}
 	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
@@ -1395,7 +1556,7 @@ knn_shard_remote_ship_finish(KnnShardShipment *sh)
 			WITH_SHARD_CONTEXT(shards[s]);
 			if (sh->progress[s].pipelined)
 			{
-				if (!leave_pipeline(shards[s], &sh->progress[s], true, 0))
+				if (!leave_pipeline(shards[s], &sh->progress[s].synced, true, 0))
 					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sh->st[s].sql);
 				sh->progress[s].pipelined = false;
 			}
