@@ -594,7 +594,7 @@ typedef struct ShardBatch
 	bool		synced;			/* ... its sync sent (leave_pipeline) */
 } ShardBatch;
 
-static void
+static ShardStatement *
 batch_add(ShardBatch *batch, const char *sql, int expected, PGresult **result)
 {
 	ShardStatement *st;
@@ -606,6 +606,7 @@ batch_add(ShardBatch *batch, const char *sql, int expected, PGresult **result)
 	st->sql = sql;
 	st->expected = expected;
 	st->result = result;
+	return st;
 }
 
 static void
@@ -1691,15 +1692,22 @@ static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait wha
 static void read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader,
 								void *reader_arg);
 
+/* DEBUG1: what the shard is sent; `what` it does. */
+static void
+debug_statement(KnnShardRemote *shard, const char *what, const char *sql)
+{
+	ereport(DEBUG1,
+			(errmsg_internal("%s: foreign server \"%s\" %s: %s", shard->who,
+							 shard->server->servername, what, sql)));
+}
+
 /* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
 static void
 send_statement(KnnShardRemote *shard, const char *what, const char *sql, int n_params,
 			   const Oid *types, const char *const *values, bool binary_result)
 {
 	WITH_SHARD_CONTEXT(shard);
-	ereport(DEBUG1,
-			(errmsg_internal("%s: foreign server \"%s\" %s: %s", shard->who,
-							 shard->server->servername, what, sql)));
+	debug_statement(shard, what, sql);
 	if (!fdw.PQsendQueryParams(shard->conn, sql, n_params, types, values, NULL, NULL,
 							   binary_result ? 1 : 0))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
@@ -1836,63 +1844,100 @@ knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards)
 #define JOIN_MAX_BATCH_ROWS 65536
 #define JOIN_BATCH_BYTES (1024 * 1024)
 
-/* Sends the next FETCH of a join's cursor (after its DECLARE: the setting it changed back first). */
+/*
+ * Sends the next FETCH of a join's cursor. (In the extended protocol the
+ * result's format is asked for with each FETCH, whatever the cursor's
+ * BINARY.)
+ */
 static void
-send_fetch(KnnShardRemote *shard, bool after_declare)
+send_fetch(KnnShardRemote *shard)
 {
-	char	   *sql = psprintf("%sFETCH " INT64_FORMAT " FROM %s",
-							   after_declare ? "RESET cursor_tuple_fraction; " : "",
-							   shard->fetch_rows, shard->cursor);
+	char	   *sql = psprintf("FETCH " INT64_FORMAT " FROM %s", shard->fetch_rows, shard->cursor);
 
 	WITH_SHARD_CONTEXT(shard);
-	if (!fdw.PQsendQuery(shard->conn, sql))
+	if (!fdw.PQsendQueryParams(shard->conn, sql, 0, NULL, NULL, NULL, NULL,
+							   shard->binary_result ? 1 : 0))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
 	shard->round_trips++;
 	END_SHARD_CONTEXT();
 }
 
 /*
- * The join in a cursor there, its first batch asked for once DECLARE is
- * answered. DECLARE plans for cursor_tuple_fraction of the rows (a fast
- * start, which may be another plan): the join is read whole, so it is
- * planned with 1, and the setting is RESET after it (neither knn_gpu nor
- * postgres_fdw sets it otherwise in that session; a rollback undoes both).
+ * Queues (batch_send) the join's cursor there. DECLARE plans for
+ * cursor_tuple_fraction of the rows (a fast start, which may be another
+ * plan): the join is read whole, so it is planned with 1, and the setting
+ * is RESET after it (neither knn_gpu nor postgres_fdw sets it otherwise in
+ * that session; a rollback undoes both). Its first batch is asked for once
+ * these are answered.
  */
 static void
-declare_join_cursor(KnnShardRemote *shard)
+send_cursor_statements(KnnShardRemote *shard, ShardBatch *batch)
 {
+	ShardStatement *declare;
+
 	shard->cursor = psprintf("knn_gpu_join_" INT64_FORMAT, shard->received_set);
 	shard->fetch_rows = JOIN_FIRST_BATCH_ROWS;
 	shard->more_rows = true;
+	batch_add(batch, "SET LOCAL cursor_tuple_fraction = 1", PGRES_COMMAND_OK, NULL);
+	declare = batch_add(batch, psprintf("DECLARE %s NO SCROLL %sCURSOR FOR %s", shard->cursor,
+										shard->binary_result ? "BINARY " : "", shard->join_sql),
+						PGRES_COMMAND_OK, NULL);
+	declare->n_params = shard->n_params;
+	declare->param_types = shard->param_types;
+	declare->param_values = shard->param_values;
+	batch_add(batch, "RESET cursor_tuple_fraction", PGRES_COMMAND_OK, NULL);
 	{
 		WITH_SHARD_CONTEXT(shard);
-		fdw.PQclear(exec_checked(shard, "SET LOCAL cursor_tuple_fraction = 1", PGRES_COMMAND_OK));
+		debug_statement(shard, "joins", declare->sql);
 		END_SHARD_CONTEXT();
 	}
-	send_statement(shard, "joins",
-				   psprintf("DECLARE %s NO SCROLL %sCURSOR FOR %s", shard->cursor,
-							shard->binary_result ? "BINARY " : "", shard->join_sql),
-				   shard->n_params, shard->param_types, shard->param_values, false);
-	shard->declaring = true;
+	batch_send(shard, batch);
 }
 
 void
-knn_shard_remote_send(KnnShardRemote *shard)
+knn_shard_remote_send(KnnShardRemote **shards, int n_shards)
 {
-	shard->cursor = NULL;
-	if (shard->stream_result && !shard->packed_result)
-		declare_join_cursor(shard);
-	else
+	ShardBatch *batches = palloc0(Max(n_shards, 1) * sizeof(ShardBatch));
+
+	PG_TRY();
 	{
-		send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
-					   shard->param_values, shard->binary_result);
-		/* packed values (up to 65536 pairs each) read as they arrive: libpq never holds the whole */
-		if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
-			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+		/* every shard's cursor statements on their way before any answer is read */
+		for (int s = 0; s < n_shards; s++)
+		{
+			shards[s]->cursor = NULL;
+			if (shards[s]->stream_result && !shards[s]->packed_result)
+				send_cursor_statements(shards[s], &batches[s]);
+		}
+		for (int s = 0; s < n_shards; s++)
+		{
+			KnnShardRemote *shard = shards[s];
+
+			if (shard->cursor != NULL)
+			{
+				batch_finish(shard, &batches[s]);
+				send_fetch(shard);
+			}
+			else
+			{
+				send_statement(shard, "joins", shard->join_sql, shard->n_params,
+							   shard->param_types, shard->param_values, shard->binary_result);
+				/* packed values (up to 65536 pairs each) read as they arrive: libpq never holds the whole */
+				if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
+					fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+			}
+			shard->busy = true;
+			shard->holds_targets = false;	/* the join takes them */
+			INSTR_TIME_SET_CURRENT(shard->sent);
+		}
 	}
-	shard->busy = true;
-	shard->holds_targets = false;	/* the join takes them */
-	INSTR_TIME_SET_CURRENT(shard->sent);
+	PG_CATCH();
+	{
+		for (int s = 0; s < n_shards; s++)
+			batch_fail(shards[s], &batches[s]);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pfree(batches);
 }
 
 /*
@@ -2059,19 +2104,15 @@ read_results(KnnShardRemote **shards, int n_shards, KnnShardReader reader, void 
 }
 
 /*
- * A statement of a join's cursor has ended (libpq's NULL result): sends
- * the first FETCH after DECLARE, the next after a full batch; false when
- * the rows have ended.
+ * A FETCH of a join's cursor has ended (libpq's NULL result): sends the
+ * next after a full batch; false when the rows have ended.
  */
 static bool
 cursor_statement_ended(KnnShardRemote *shard)
 {
-	bool		after_declare = shard->declaring;
-
-	shard->declaring = false;
-	if (!after_declare && !shard->more_rows)
+	if (!shard->more_rows)
 		return false;
-	send_fetch(shard, after_declare);
+	send_fetch(shard);
 	return true;
 }
 
@@ -2158,9 +2199,8 @@ read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader
 			read_result(shard, res, estimate_result_bytes(res), reader, reader_arg);
 		else if (in_cursor && fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
 			read_batch(shard, res, reader, reader_arg);
-		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK ||
-				 (in_cursor && fdw.PQresultStatus(res) == PGRES_COMMAND_OK))
-			fdw.PQclear(res);	/* the end of the rows; DECLARE's or RESET's answer */
+		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
+			fdw.PQclear(res);	/* the end of the rows */
 		else
 			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
 	}

@@ -66,12 +66,11 @@ typedef struct KnnShardRemote
 	/*
 	 * A join read as it arrives whose rows are not packed runs through a
 	 * cursor there, fetched in batches (knn_shard_remote_send): its name
-	 * (NULL: none open), the next FETCH's count, DECLARE's answer not yet
-	 * read, and whether the last FETCH filled its count (more may come).
+	 * (NULL: none open), the next FETCH's count, and whether the last FETCH
+	 * filled its count (more may come).
 	 */
 	char	   *cursor;
 	int64		fetch_rows;
-	bool		declaring;
 	bool		more_rows;
 	instr_time	sent;
 	/* its targets read ahead of the queries (knn_shard_receive.h), set by the caller */
@@ -243,10 +242,12 @@ extern bool knn_shard_remote_prefetch_poll(KnnShardRemote **shards, int n_shards
 extern void knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards);
 
 /*
- * Sends the shard's join_sql (with its parameters, results in binary or
- * text as binary_result says) without waiting for it.
+ * Sends each shard's join_sql (with its parameters, results in binary or
+ * text as binary_result says) without waiting for it to run. A join read
+ * in a cursor there is declared first, all shards' declarations sent
+ * before any is answered (one round trip each), then its first FETCH.
  */
-extern void knn_shard_remote_send(KnnShardRemote *shard);
+extern void knn_shard_remote_send(KnnShardRemote **shards, int n_shards);
 
 /* A shard's result, while the caller reads it (a PGresult). */
 typedef struct KnnShardResult KnnShardResult;
