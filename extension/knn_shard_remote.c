@@ -2252,37 +2252,63 @@ knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards, KnnShardRea
 	after_join(shards, n_shards);
 }
 
-/* The shards' temporary tables dropped, their own statistics read. */
+/*
+ * The shards' cursors closed and temporary tables dropped, their own
+ * statistics read: each shard's statements together (batch_send), every
+ * shard's sent before any answer is read.
+ */
 static void
 after_join(KnnShardRemote **shards, int n_shards)
 {
-	/* ON COMMIT DROP covers errors; a long transaction should not keep them */
-	for (int s = 0; s < n_shards; s++)
-	{
-		KnnShardRemote *shard = shards[s];
-		PGresult   *res;
-		/* the join's cursor (at its end) closed first, with the next statement: it reads the table */
-		const char *close = shard->cursor != NULL ? psprintf("CLOSE %s; ", shard->cursor) : "";
+	ShardBatch *batches = palloc0(Max(n_shards, 1) * sizeof(ShardBatch));
+	PGresult  **stats = palloc0(Max(n_shards, 1) * sizeof(PGresult *));
 
-		WITH_SHARD_CONTEXT(shard);
-		shard->cursor = NULL;
-		if (shard->table_exists)
+	PG_TRY();
+	{
+		for (int s = 0; s < n_shards; s++)
 		{
-			fdw.PQclear(exec_checked(shard, psprintf("%sDROP TABLE %s", close, shard->temp_table),
-									 PGRES_COMMAND_OK));
-			close = "";
+			KnnShardRemote *shard = shards[s];
+
+			/* the join's cursor (at its end) first: it reads the table */
+			if (shard->cursor != NULL)
+				batch_add(&batches[s], psprintf("CLOSE %s", shard->cursor), PGRES_COMMAND_OK, NULL);
+			shard->cursor = NULL;
+			/* ON COMMIT DROP covers errors; a long transaction should not keep them */
+			if (shard->table_exists)
+				batch_add(&batches[s], psprintf("DROP TABLE %s", shard->temp_table),
+						  PGRES_COMMAND_OK, NULL);
+			shard->table_exists = false;
+			/* the shard's own record of its join: its engine's phases */
+			batch_add(&batches[s], psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
+					  PGRES_TUPLES_OK, &stats[s]);
+			batch_send(shard, &batches[s]);
 		}
-		shard->table_exists = false;
-		/* the shard's own record of its join: its engine's phases */
-		res = exec_checked(shard, psprintf("%sSELECT %s.knn_gpu_last_stats()", close,
-										   shard->knn_schema),
-						   PGRES_TUPLES_OK);
-		if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
-			shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));
-		fdw.PQclear(res);
-		ereport(DEBUG1,
-				(errmsg_internal("%s: foreign server \"%s\": %d round trips from the shipping to the statistics",
-								 shard->who, shard->server->servername, shard->round_trips)));
-		END_SHARD_CONTEXT();
+		for (int s = 0; s < n_shards; s++)
+		{
+			KnnShardRemote *shard = shards[s];
+			PGresult   *res;
+
+			batch_finish(shard, &batches[s]);
+			res = stats[s];
+			if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
+				shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));
+			stats[s] = NULL;
+			fdw.PQclear(res);
+			ereport(DEBUG1,
+					(errmsg_internal("%s: foreign server \"%s\": %d round trips from the shipping to the statistics",
+									 shard->who, shard->server->servername, shard->round_trips)));
+		}
 	}
+	PG_CATCH();
+	{
+		for (int s = 0; s < n_shards; s++)
+		{
+			batch_fail(shards[s], &batches[s]);
+			fdw.PQclear(stats[s]);
+		}
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pfree(batches);
+	pfree(stats);
 }
