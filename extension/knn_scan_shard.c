@@ -692,8 +692,8 @@ knn_scan_shards_start(KnnScanShards *sh, MinimalTuple *outer_rows, int64 n_outer
 		shard->n_params = sh->n_params;
 		shard->param_types = sh->param_types;
 		shard->param_values = (const char *const *) sh->param_values;
-		knn_shard_remote_send(shard);
 	}
+	knn_shard_remote_send(sh->sp.shards, sh->sp.n_shards);
 	sh->ran = true;
 	MemoryContextSwitchTo(old);
 }

@@ -2344,14 +2344,12 @@ knn_shard_try_join(ReturnSetInfo *rsinfo, KnnMatrix *queries, SPIPlanPtr targets
 			if (c->shipment == NULL)
 				knn_shard_remote_ship_blocks(to_memory, n_memory, &ship_rows);
 			/* these join while the others' rows are copied */
-			for (int s = 0; s < n_memory; s++)
-				knn_shard_remote_send(to_memory[s]);
+			knn_shard_remote_send(to_memory, n_memory);
 		}
 		if (n_table > 0)
 		{
 			knn_shard_remote_ship(to_table, n_table, &ship_rows);
-			for (int s = 0; s < n_table; s++)
-				knn_shard_remote_send(to_table[s]);
+			knn_shard_remote_send(to_table, n_table);
 		}
 		seconds_ship += knn_seconds_since(phase);
 	}

@@ -270,7 +270,10 @@ knn_shard_error_context(void *arg)
 static PGresult *
 exec_checked(KnnShardRemote *shard, const char *sql, int expected)
 {
-	PGresult   *res = fdw.pgfdw_exec_query(shard->conn, sql, shard->conn_state);
+	PGresult   *res;
+
+	shard->round_trips++;
+	res = fdw.pgfdw_exec_query(shard->conn, sql, shard->conn_state);
 
 	if (fdw.PQresultStatus(res) != expected)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
@@ -493,6 +496,214 @@ knn_shard_remote_release(KnnShardRemote *shard)
 	shard->conn = NULL;
 }
 
+/* ---- statements queued together ---- */
+
+/*
+ * Ends a connection's pipeline: a sync, its results read up to the sync's
+ * (any left by statements an error skipped), then out of pipeline mode. Waits
+ * interruptibly, or (after an error) until deadline only. False where that
+ * did not come to pass (the connection is left to postgres_fdw's cleanup,
+ * which then gives it up). The sync is sent once: a cancel or timeout
+ * during the interruptible wait leaves it pending, and the cleanup's call
+ * then reads up to it (a second sync would leave the second's result
+ * pending, and the connection in pipeline mode).
+ */
+static bool
+leave_pipeline(KnnShardRemote *shard, bool *synced, bool interruptible, TimestampTz deadline)
+{
+	PGconn	   *conn = shard->conn;
+
+	if (!*synced)
+	{
+		if (fdw.PQpipelineSync(conn) != 1)
+			return false;
+		*synced = true;
+		if (interruptible && knn_gpu_fault_injection == KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC)
+			ereport(ERROR,
+					(errcode(ERRCODE_QUERY_CANCELED),
+					 errmsg("canceling statement due to user request"),
+					 errdetail("knn_gpu.fault_injection = ship_cancel_at_sync")));
+	}
+	for (;;)
+	{
+		int			rc = fdw.PQflush(conn);
+
+		if (rc < 0 || !fdw.PQconsumeInput(conn))
+			return false;
+		/* two NULLs in a row: nothing more to read now */
+		for (int ends = 0; ends < 2 && !fdw.PQisBusy(conn);)
+		{
+			PGresult   *res = fdw.PQgetResult(conn);
+			int			status;
+
+			if (res == NULL)
+			{
+				ends++;
+				continue;
+			}
+			ends = 0;
+			status = fdw.PQresultStatus(res);
+			fdw.PQclear(res);
+			if (status == PGRES_PIPELINE_SYNC)
+				return fdw.PQexitPipelineMode(conn) == 1;
+		}
+		if (!interruptible && GetCurrentTimestamp() >= deadline)
+			return false;
+		(void) WaitLatchOrSocket(interruptible ? MyLatch : NULL,
+								 (interruptible ? WL_LATCH_SET : 0) | WL_SOCKET_READABLE |
+								 (rc == 1 ? WL_SOCKET_WRITEABLE : 0) | WL_TIMEOUT |
+								 WL_EXIT_ON_PM_DEATH,
+								 fdw.PQsocket(conn), 100L, PG_WAIT_EXTENSION);
+		if (interruptible)
+		{
+			ResetLatch(MyLatch);
+			CHECK_FOR_INTERRUPTS();
+		}
+	}
+}
+
+/*
+ * Statements that need none of each other's answers, run on a shard
+ * together: each a message of the extended protocol of its own (one
+ * statement, its parameters bound: never a string of several), all queued
+ * in libpq's pipeline mode with one sync after them and sent before any
+ * answer is read, so that they cost one round trip (without pipeline mode,
+ * libpq before 14: one after another). Their answers are read in order; the
+ * first that failed raises its ERROR as exec_checked would (the shard's
+ * message and SQLSTATE, its statement as the remote SQL), the statements
+ * after it skipped there, once the connection is out of pipeline mode
+ * (postgres_fdw's cleanup after the error runs its statements outside it).
+ */
+#define BATCH_STATEMENTS 4
+
+typedef struct ShardStatement
+{
+	const char *sql;
+	int			expected;		/* PGRES_COMMAND_OK or PGRES_TUPLES_OK */
+	int			n_params;		/* $1 .. $n, as text */
+	const Oid  *param_types;
+	const char *const *param_values;
+	PGresult  **result;			/* its result, the caller's to clear; NULL: cleared here */
+} ShardStatement;
+
+typedef struct ShardBatch
+{
+	ShardStatement statements[BATCH_STATEMENTS];
+	int			n;
+	bool		pipelined;		/* sent in pipeline mode, the connection not yet out of it */
+	bool		synced;			/* ... its sync sent (leave_pipeline) */
+} ShardBatch;
+
+static ShardStatement *
+batch_add(ShardBatch *batch, const char *sql, int expected, PGresult **result)
+{
+	ShardStatement *st;
+
+	if (batch->n >= BATCH_STATEMENTS)
+		elog(ERROR, "knn_shard_remote: more than %d statements queued together", BATCH_STATEMENTS);
+	st = &batch->statements[batch->n++];
+	memset(st, 0, sizeof(*st));
+	st->sql = sql;
+	st->expected = expected;
+	st->result = result;
+	return st;
+}
+
+static void
+send_batch_statement(KnnShardRemote *shard, const ShardStatement *st)
+{
+	if (!fdw.PQsendQueryParams(shard->conn, st->sql, st->n_params, st->param_types,
+							   st->param_values, NULL, NULL, 0))
+		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, st->sql);
+}
+
+/*
+ * Sends the statements and their sync without waiting for their answers
+ * (nothing, without pipeline mode: batch_finish runs them one by one).
+ * Until batch_finish, nothing else may use the connection, and after an
+ * error the caller calls batch_fail.
+ */
+static void
+batch_send(KnnShardRemote *shard, ShardBatch *batch)
+{
+	if (fdw.PQenterPipelineMode == NULL || batch->n == 0)
+		return;
+	{
+		WITH_SHARD_CONTEXT(shard);
+		if (fdw.PQenterPipelineMode(shard->conn) != 1)
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, batch->statements[0].sql);
+		batch->pipelined = true;
+		for (int i = 0; i < batch->n; i++)
+			send_batch_statement(shard, &batch->statements[i]);
+		/* (in blocking mode the sync sends everything queued) */
+		if (fdw.PQpipelineSync(shard->conn) != 1)
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false,
+								   batch->statements[batch->n - 1].sql);
+		batch->synced = true;
+		END_SHARD_CONTEXT();
+	}
+}
+
+/*
+ * After an error here (a cancel, a timeout, another shard's failure):
+ * reads the batch's answers up to its sync, ignoring interrupts but not
+ * for longer than FAIL_BATCH_TIMEOUT_MS (its statements are short), and
+ * leaves pipeline mode, so that postgres_fdw's abort cleanup finds the
+ * connection as after an exec_checked. No-op where nothing is pending.
+ */
+#define FAIL_BATCH_TIMEOUT_MS 10000
+
+static void
+batch_fail(KnnShardRemote *shard, ShardBatch *batch)
+{
+	if (!batch->pipelined)
+		return;
+	batch->pipelined = false;
+	(void) leave_pipeline(shard, &batch->synced, false,
+						  TimestampTzPlusMilliseconds(GetCurrentTimestamp(), FAIL_BATCH_TIMEOUT_MS));
+}
+
+/* Reads the statements' answers (waiting cancellably), one round trip; ERROR at the first failed. */
+static void
+batch_finish(KnnShardRemote *shard, ShardBatch *batch)
+{
+	WITH_SHARD_CONTEXT(shard);
+	shard->round_trips += batch->pipelined ? 1 : batch->n;
+	for (int i = 0; i < batch->n; i++)
+	{
+		ShardStatement *st = &batch->statements[i];
+		PGresult   *res;
+
+		if (!batch->pipelined)
+			send_batch_statement(shard, st);
+		res = fdw.pgfdw_get_result(shard->conn, st->sql);
+		if (fdw.PQresultStatus(res) != st->expected)
+		{
+			/* the results kept so far go; the rest was skipped there: read up to the sync */
+			for (int j = 0; j < i; j++)
+				if (batch->statements[j].result != NULL)
+				{
+					fdw.PQclear(*batch->statements[j].result);
+					*batch->statements[j].result = NULL;
+				}
+			batch_fail(shard, batch);
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, st->sql);
+		}
+		if (st->result != NULL)
+			*st->result = res;
+		else
+			fdw.PQclear(res);
+	}
+	if (batch->pipelined)
+	{
+		if (!leave_pipeline(shard, &batch->synced, true, 0))
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false,
+								   batch->statements[batch->n - 1].sql);
+		batch->pipelined = false;
+	}
+	END_SHARD_CONTEXT();
+}
+
 /*
  * Waits until the socket can be written (or read: libpq may need to read
  * before it can write), answering interrupts.
@@ -537,26 +748,21 @@ knn_shard_remote_name_table(KnnShardRemote *shard)
 }
 
 /*
- * Starts COPY FROM STDIN (binary) into a new temporary table; its vector
- * column PLAIN when the vectors fit a row.
+ * Queues (batch_send) what comes before COPY: a new temporary table, its
+ * vector column PLAIN when the vectors fit a row, and the settings of the
+ * shard's join.
  */
 static void
-start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
+send_table_statements(KnnShardRemote *shard, ShardBatch *batch, int64 max_vector_bytes)
 {
-	char	   *sql;
-	PGresult   *res;
-
-	WITH_SHARD_CONTEXT(shard);
-	sql = psprintf("CREATE TEMPORARY TABLE %s (%s) ON COMMIT DROP",
-				   shard->temp_table, shard->temp_columns);
-	fdw.PQclear(exec_checked(shard, sql, PGRES_COMMAND_OK));
-	shard->table_exists = true;
+	batch_add(batch, psprintf("CREATE TEMPORARY TABLE %s (%s) ON COMMIT DROP",
+							  shard->temp_table, shard->temp_columns),
+			  PGRES_COMMAND_OK, NULL);
 	if (shard->vector_column != NULL && max_vector_bytes > 0 &&
 		max_vector_bytes <= (int64) shard->block_size - PLAIN_ROW_ROOM)
-		fdw.PQclear(exec_checked(shard,
-								 psprintf("ALTER TABLE %s ALTER COLUMN %s SET STORAGE PLAIN",
-										  shard->temp_table, shard->vector_column),
-								 PGRES_COMMAND_OK));
+		batch_add(batch, psprintf("ALTER TABLE %s ALTER COLUMN %s SET STORAGE PLAIN",
+								  shard->temp_table, shard->vector_column),
+				  PGRES_COMMAND_OK, NULL);
 
 	/*
 	 * The shard's join must be exact too: load knn_gpu's library there (its
@@ -564,35 +770,51 @@ start_copy(KnnShardRemote *shard, int64 max_vector_bytes)
 	 * not loaded it) and make the node win over an approximate index (hnsw,
 	 * ivfflat) on the shard's partition, for this remote transaction only.
 	 */
-	fdw.PQclear(exec_checked(shard, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
-							 PGRES_TUPLES_OK));
-	fdw.PQclear(exec_checked(shard,
-							 "SELECT pg_catalog.set_config('knn_gpu.exact_over_index', 'on', true)",
-							 PGRES_TUPLES_OK));
+	batch_add(batch, psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
+			  PGRES_TUPLES_OK, NULL);
+	batch_add(batch, "SELECT pg_catalog.set_config('knn_gpu.exact_over_index', 'on', true)",
+			  PGRES_TUPLES_OK, NULL);
+	batch_send(shard, batch);
+}
 
-	sql = psprintf("COPY %s FROM STDIN (FORMAT binary)", shard->temp_table);
-	if (!fdw.PQsendQuery(shard->conn, sql))
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
-	shard->copy_sent = true;
-	/* pgfdw_get_result waits for the end of all results, which COPY IN never reaches */
-	while (fdw.PQisBusy(shard->conn))
-		wait_socket(shard, WL_SOCKET_READABLE);
-	res = fdw.PQgetResult(shard->conn);
-	if (fdw.PQresultStatus(res) != PGRES_COPY_IN)
+/*
+ * Once the table statements are answered, starts COPY FROM STDIN (binary)
+ * into the table (COPY cannot be queued in pipeline mode).
+ */
+static void
+start_copy(KnnShardRemote *shard, ShardBatch *batch)
+{
+	char	   *sql = psprintf("COPY %s FROM STDIN (FORMAT binary)", shard->temp_table);
+	PGresult   *res;
+
+	batch_finish(shard, batch);
+	shard->table_exists = true;
 	{
-		/* read the rest so that the connection is idle again, then report */
-		PGresult   *rest;
+		WITH_SHARD_CONTEXT(shard);
+		if (!fdw.PQsendQuery(shard->conn, sql))
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+		shard->copy_sent = true;
+		shard->round_trips++;
+		/* pgfdw_get_result waits for the end of all results, which COPY IN never reaches */
+		while (fdw.PQisBusy(shard->conn))
+			wait_socket(shard, WL_SOCKET_READABLE);
+		res = fdw.PQgetResult(shard->conn);
+		if (fdw.PQresultStatus(res) != PGRES_COPY_IN)
+		{
+			/* read the rest so that the connection is idle again, then report */
+			PGresult   *rest;
 
-		shard->copy_sent = false;
-		rest = fdw.pgfdw_get_result(shard->conn, sql);
-		fdw.PQclear(rest);
-		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+			shard->copy_sent = false;
+			rest = fdw.pgfdw_get_result(shard->conn, sql);
+			fdw.PQclear(rest);
+			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
+		}
+		fdw.PQclear(res);
+		shard->copying = true;
+		if (fdw.PQsetnonblocking(shard->conn, 1) != 0)
+			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+		END_SHARD_CONTEXT();
 	}
-	fdw.PQclear(res);
-	shard->copying = true;
-	if (fdw.PQsetnonblocking(shard->conn, 1) != 0)
-		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
-	END_SHARD_CONTEXT();
 }
 
 static void
@@ -609,6 +831,7 @@ end_copy(KnnShardRemote *shard)
 	shard->copying = false;
 	if (fdw.PQputCopyEnd(shard->conn, NULL) != 1)
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	shard->round_trips++;
 	res = fdw.pgfdw_get_result(shard->conn, sql);
 	if (fdw.PQresultStatus(res) != PGRES_COMMAND_OK)
 		fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
@@ -718,13 +941,19 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 	static const char signature[11] = "PGCOPY\n\377\r\n\0";
 	StringInfoData buf;
 	instr_time	start;
+	ShardBatch *batches = palloc0(n_shards * sizeof(ShardBatch));
 
 	INSTR_TIME_SET_CURRENT(start);
 	initStringInfo(&buf);
+	for (int s = 0; s < n_shards; s++)
+		shards[s]->round_trips = 0;
 	PG_TRY();
 	{
+		/* every shard's table statements on their way before any answer is read */
 		for (int s = 0; s < n_shards; s++)
-			start_copy(shards[s], rows->max_vector_bytes);
+			send_table_statements(shards[s], &batches[s], rows->max_vector_bytes);
+		for (int s = 0; s < n_shards; s++)
+			start_copy(shards[s], &batches[s]);
 		pq_sendbytes(&buf, signature, sizeof(signature));
 		pq_sendint32(&buf, 0);	/* flags */
 		pq_sendint32(&buf, 0);	/* header extension length */
@@ -743,12 +972,16 @@ knn_shard_remote_ship(KnnShardRemote **shards, int n_shards, const KnnShardRows 
 	PG_CATCH();
 	{
 		for (int s = 0; s < n_shards; s++)
+		{
+			batch_fail(shards[s], &batches[s]);
 			if (shards[s]->copy_sent)
 				fail_copy(shards[s]);
+		}
 		PG_RE_THROW();
 	}
 	PG_END_TRY();
 	pfree(buf.data);
+	pfree(batches);
 	note_ship_time(shards, n_shards, start);
 }
 
@@ -902,70 +1135,6 @@ advance_block(KnnShardRemote *shard, ShipProgress *p, const char *sql, KnnShardR
 }
 
 /*
- * Ends a connection's pipeline: a sync, its results read up to the sync's
- * (any left by blocks an error skipped), then out of pipeline mode. Waits
- * interruptibly, or (after an error) until deadline only. False where that
- * did not come to pass (the connection is left to postgres_fdw's cleanup,
- * which then gives it up). The sync is sent once: a cancel or timeout
- * during the interruptible wait leaves it pending, and the cleanup's call
- * then reads up to it (a second sync would leave the second's result
- * pending, and the connection in pipeline mode).
- */
-static bool
-leave_pipeline(KnnShardRemote *shard, ShipProgress *p, bool interruptible, TimestampTz deadline)
-{
-	PGconn	   *conn = shard->conn;
-
-	if (!p->synced)
-	{
-		if (fdw.PQpipelineSync(conn) != 1)
-			return false;
-		p->synced = true;
-		if (interruptible && knn_gpu_fault_injection == KNN_GPU_FAULT_SHIP_CANCEL_AT_SYNC)
-			ereport(ERROR,
-					(errcode(ERRCODE_QUERY_CANCELED),
-					 errmsg("canceling statement due to user request"),
-					 errdetail("knn_gpu.fault_injection = ship_cancel_at_sync")));
-	}
-	for (;;)
-	{
-		int			rc = fdw.PQflush(conn);
-
-		if (rc < 0 || !fdw.PQconsumeInput(conn))
-			return false;
-		/* two NULLs in a row: nothing more to read now */
-		for (int ends = 0; ends < 2 && !fdw.PQisBusy(conn);)
-		{
-			PGresult   *res = fdw.PQgetResult(conn);
-			int			status;
-
-			if (res == NULL)
-			{
-				ends++;
-				continue;
-			}
-			ends = 0;
-			status = fdw.PQresultStatus(res);
-			fdw.PQclear(res);
-			if (status == PGRES_PIPELINE_SYNC)
-				return fdw.PQexitPipelineMode(conn) == 1;
-		}
-		if (!interruptible && GetCurrentTimestamp() >= deadline)
-			return false;
-		(void) WaitLatchOrSocket(interruptible ? MyLatch : NULL,
-								 (interruptible ? WL_LATCH_SET : 0) | WL_SOCKET_READABLE |
-								 (rc == 1 ? WL_SOCKET_WRITEABLE : 0) | WL_TIMEOUT |
-								 WL_EXIT_ON_PM_DEATH,
-								 fdw.PQsocket(conn), 100L, PG_WAIT_EXTENSION);
-		if (interruptible)
-		{
-			ResetLatch(MyLatch);
-			CHECK_FOR_INTERRUPTS();
-		}
-	}
-}
-
-/*
  * After an error here, ends the pipeline, sends what is still queued (the rest of a block's
  * message: a shard reading a message does not see a cancel), ignoring
  * interrupts but not past deadline (one for all shards), and makes the
@@ -981,7 +1150,7 @@ fail_blocks(KnnShardRemote *shard, ShipProgress *p, TimestampTz deadline)
 	if (p->pipelined)
 	{
 		p->pipelined = false;
-		(void) leave_pipeline(shard, p, false, deadline);
+		(void) leave_pipeline(shard, &p->synced, false, deadline);
 	}
 	while (GetCurrentTimestamp() < deadline && fdw.PQflush(shard->conn) == 1)
 		(void) WaitLatchOrSocket(NULL, WL_SOCKET_WRITEABLE | WL_SOCKET_READABLE | WL_TIMEOUT |
@@ -1059,6 +1228,7 @@ ship_statement_prepare(KnnShardRemote **shards, int n_shards, ShipStatement *st)
 		PGresult   *res;
 
 		WITH_SHARD_CONTEXT(shards[s]);
+		shards[s]->round_trips++;
 		res = fdw.pgfdw_get_result(shards[s]->conn, st[s].sql);
 		if (fdw.PQresultStatus(res) != PGRES_COMMAND_OK)
 			fdw.pgfdw_report_error(ERROR, res, shards[s]->conn, true, st[s].sql);
@@ -1120,6 +1290,8 @@ knn_shard_remote_ship_start(KnnShardRemote **shards, int n_shards, const KnnShar
 	sh->n_shards = n_shards;
 	sh->rows = rows;
 	sh->savepoint = savepoint;
+	for (int s = 0; s < n_shards; s++)
+		shards[s]->round_trips = 0;
 	sh->progress = palloc0(n_shards * sizeof(ShipProgress));
 	sh->st = palloc0(n_shards * sizeof(ShipStatement));
 	for (int i = 0; i < SHIP_BLOCKS_AHEAD; i++)
@@ -1385,7 +1557,7 @@ knn_shard_remote_ship_finish(KnnShardShipment *sh)
 			WITH_SHARD_CONTEXT(shards[s]);
 			if (sh->progress[s].pipelined)
 			{
-				if (!leave_pipeline(shards[s], &sh->progress[s], true, 0))
+				if (!leave_pipeline(shards[s], &sh->progress[s].synced, true, 0))
 					fdw.pgfdw_report_error(ERROR, NULL, shards[s]->conn, false, sh->st[s].sql);
 				sh->progress[s].pipelined = false;
 			}
@@ -1520,18 +1692,26 @@ static void wait_for_shards(KnnShardRemote **shards, int n_shards, ShardWait wha
 static void read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader,
 								void *reader_arg);
 
+/* DEBUG1: what the shard is sent; `what` it does. */
+static void
+debug_statement(KnnShardRemote *shard, const char *what, const char *sql)
+{
+	ereport(DEBUG1,
+			(errmsg_internal("%s: foreign server \"%s\" %s: %s", shard->who,
+							 shard->server->servername, what, sql)));
+}
+
 /* Sends a statement (with text parameters) without waiting for it; `what` the shard does, for DEBUG1. */
 static void
 send_statement(KnnShardRemote *shard, const char *what, const char *sql, int n_params,
 			   const Oid *types, const char *const *values, bool binary_result)
 {
 	WITH_SHARD_CONTEXT(shard);
-	ereport(DEBUG1,
-			(errmsg_internal("%s: foreign server \"%s\" %s: %s", shard->who,
-							 shard->server->servername, what, sql)));
+	debug_statement(shard, what, sql);
 	if (!fdw.PQsendQueryParams(shard->conn, sql, n_params, types, values, NULL, NULL,
 							   binary_result ? 1 : 0))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	shard->round_trips++;
 	END_SHARD_CONTEXT();
 }
 
@@ -1664,62 +1844,100 @@ knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards)
 #define JOIN_MAX_BATCH_ROWS 65536
 #define JOIN_BATCH_BYTES (1024 * 1024)
 
-/* Sends the next FETCH of a join's cursor (after its DECLARE: the setting it changed back first). */
+/*
+ * Sends the next FETCH of a join's cursor. (In the extended protocol the
+ * result's format is asked for with each FETCH, whatever the cursor's
+ * BINARY.)
+ */
 static void
-send_fetch(KnnShardRemote *shard, bool after_declare)
+send_fetch(KnnShardRemote *shard)
 {
-	char	   *sql = psprintf("%sFETCH " INT64_FORMAT " FROM %s",
-							   after_declare ? "RESET cursor_tuple_fraction; " : "",
-							   shard->fetch_rows, shard->cursor);
+	char	   *sql = psprintf("FETCH " INT64_FORMAT " FROM %s", shard->fetch_rows, shard->cursor);
 
 	WITH_SHARD_CONTEXT(shard);
-	if (!fdw.PQsendQuery(shard->conn, sql))
+	if (!fdw.PQsendQueryParams(shard->conn, sql, 0, NULL, NULL, NULL, NULL,
+							   shard->binary_result ? 1 : 0))
 		fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, sql);
+	shard->round_trips++;
 	END_SHARD_CONTEXT();
 }
 
 /*
- * The join in a cursor there, its first batch asked for once DECLARE is
- * answered. DECLARE plans for cursor_tuple_fraction of the rows (a fast
- * start, which may be another plan): the join is read whole, so it is
- * planned with 1, and the setting is RESET after it (neither knn_gpu nor
- * postgres_fdw sets it otherwise in that session; a rollback undoes both).
+ * Queues (batch_send) the join's cursor there. DECLARE plans for
+ * cursor_tuple_fraction of the rows (a fast start, which may be another
+ * plan): the join is read whole, so it is planned with 1, and the setting
+ * is RESET after it (neither knn_gpu nor postgres_fdw sets it otherwise in
+ * that session; a rollback undoes both). Its first batch is asked for once
+ * these are answered.
  */
 static void
-declare_join_cursor(KnnShardRemote *shard)
+send_cursor_statements(KnnShardRemote *shard, ShardBatch *batch)
 {
+	ShardStatement *declare;
+
 	shard->cursor = psprintf("knn_gpu_join_" INT64_FORMAT, shard->received_set);
 	shard->fetch_rows = JOIN_FIRST_BATCH_ROWS;
 	shard->more_rows = true;
+	batch_add(batch, "SET LOCAL cursor_tuple_fraction = 1", PGRES_COMMAND_OK, NULL);
+	declare = batch_add(batch, psprintf("DECLARE %s NO SCROLL %sCURSOR FOR %s", shard->cursor,
+										shard->binary_result ? "BINARY " : "", shard->join_sql),
+						PGRES_COMMAND_OK, NULL);
+	declare->n_params = shard->n_params;
+	declare->param_types = shard->param_types;
+	declare->param_values = shard->param_values;
+	batch_add(batch, "RESET cursor_tuple_fraction", PGRES_COMMAND_OK, NULL);
 	{
 		WITH_SHARD_CONTEXT(shard);
-		fdw.PQclear(exec_checked(shard, "SET LOCAL cursor_tuple_fraction = 1", PGRES_COMMAND_OK));
+		debug_statement(shard, "joins", declare->sql);
 		END_SHARD_CONTEXT();
 	}
-	send_statement(shard, "joins",
-				   psprintf("DECLARE %s NO SCROLL %sCURSOR FOR %s", shard->cursor,
-							shard->binary_result ? "BINARY " : "", shard->join_sql),
-				   shard->n_params, shard->param_types, shard->param_values, false);
-	shard->declaring = true;
+	batch_send(shard, batch);
 }
 
 void
-knn_shard_remote_send(KnnShardRemote *shard)
+knn_shard_remote_send(KnnShardRemote **shards, int n_shards)
 {
-	shard->cursor = NULL;
-	if (shard->stream_result && !shard->packed_result)
-		declare_join_cursor(shard);
-	else
+	ShardBatch *batches = palloc0(Max(n_shards, 1) * sizeof(ShardBatch));
+
+	PG_TRY();
 	{
-		send_statement(shard, "joins", shard->join_sql, shard->n_params, shard->param_types,
-					   shard->param_values, shard->binary_result);
-		/* packed values (up to 65536 pairs each) read as they arrive: libpq never holds the whole */
-		if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
-			fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+		/* every shard's cursor statements on their way before any answer is read */
+		for (int s = 0; s < n_shards; s++)
+		{
+			shards[s]->cursor = NULL;
+			if (shards[s]->stream_result && !shards[s]->packed_result)
+				send_cursor_statements(shards[s], &batches[s]);
+		}
+		for (int s = 0; s < n_shards; s++)
+		{
+			KnnShardRemote *shard = shards[s];
+
+			if (shard->cursor != NULL)
+			{
+				batch_finish(shard, &batches[s]);
+				send_fetch(shard);
+			}
+			else
+			{
+				send_statement(shard, "joins", shard->join_sql, shard->n_params,
+							   shard->param_types, shard->param_values, shard->binary_result);
+				/* packed values (up to 65536 pairs each) read as they arrive: libpq never holds the whole */
+				if (shard->stream_result && !fdw.PQsetSingleRowMode(shard->conn))
+					fdw.pgfdw_report_error(ERROR, NULL, shard->conn, false, shard->join_sql);
+			}
+			shard->busy = true;
+			shard->holds_targets = false;	/* the join takes them */
+			INSTR_TIME_SET_CURRENT(shard->sent);
+		}
 	}
-	shard->busy = true;
-	shard->holds_targets = false;	/* the join takes them */
-	INSTR_TIME_SET_CURRENT(shard->sent);
+	PG_CATCH();
+	{
+		for (int s = 0; s < n_shards; s++)
+			batch_fail(shards[s], &batches[s]);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pfree(batches);
 }
 
 /*
@@ -1886,19 +2104,15 @@ read_results(KnnShardRemote **shards, int n_shards, KnnShardReader reader, void 
 }
 
 /*
- * A statement of a join's cursor has ended (libpq's NULL result): sends
- * the first FETCH after DECLARE, the next after a full batch; false when
- * the rows have ended.
+ * A FETCH of a join's cursor has ended (libpq's NULL result): sends the
+ * next after a full batch; false when the rows have ended.
  */
 static bool
 cursor_statement_ended(KnnShardRemote *shard)
 {
-	bool		after_declare = shard->declaring;
-
-	shard->declaring = false;
-	if (!after_declare && !shard->more_rows)
+	if (!shard->more_rows)
 		return false;
-	send_fetch(shard, after_declare);
+	send_fetch(shard);
 	return true;
 }
 
@@ -1985,9 +2199,8 @@ read_arrived_blocks(KnnShardRemote *shard, ShardWait what, KnnShardReader reader
 			read_result(shard, res, estimate_result_bytes(res), reader, reader_arg);
 		else if (in_cursor && fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
 			read_batch(shard, res, reader, reader_arg);
-		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK ||
-				 (in_cursor && fdw.PQresultStatus(res) == PGRES_COMMAND_OK))
-			fdw.PQclear(res);	/* the end of the rows; DECLARE's or RESET's answer */
+		else if (fdw.PQresultStatus(res) == PGRES_TUPLES_OK)
+			fdw.PQclear(res);	/* the end of the rows */
 		else
 			fdw.pgfdw_report_error(ERROR, res, shard->conn, true, sql);
 	}
@@ -2039,34 +2252,63 @@ knn_shard_remote_collect_rows(KnnShardRemote **shards, int n_shards, KnnShardRea
 	after_join(shards, n_shards);
 }
 
-/* The shards' temporary tables dropped, their own statistics read. */
+/*
+ * The shards' cursors closed and temporary tables dropped, their own
+ * statistics read: each shard's statements together (batch_send), every
+ * shard's sent before any answer is read.
+ */
 static void
 after_join(KnnShardRemote **shards, int n_shards)
 {
-	/* ON COMMIT DROP covers errors; a long transaction should not keep them */
-	for (int s = 0; s < n_shards; s++)
-	{
-		KnnShardRemote *shard = shards[s];
-		PGresult   *res;
-		/* the join's cursor (at its end) closed first, with the next statement: it reads the table */
-		const char *close = shard->cursor != NULL ? psprintf("CLOSE %s; ", shard->cursor) : "";
+	ShardBatch *batches = palloc0(Max(n_shards, 1) * sizeof(ShardBatch));
+	PGresult  **stats = palloc0(Max(n_shards, 1) * sizeof(PGresult *));
 
-		WITH_SHARD_CONTEXT(shard);
-		shard->cursor = NULL;
-		if (shard->table_exists)
+	PG_TRY();
+	{
+		for (int s = 0; s < n_shards; s++)
 		{
-			fdw.PQclear(exec_checked(shard, psprintf("%sDROP TABLE %s", close, shard->temp_table),
-									 PGRES_COMMAND_OK));
-			close = "";
+			KnnShardRemote *shard = shards[s];
+
+			/* the join's cursor (at its end) first: it reads the table */
+			if (shard->cursor != NULL)
+				batch_add(&batches[s], psprintf("CLOSE %s", shard->cursor), PGRES_COMMAND_OK, NULL);
+			shard->cursor = NULL;
+			/* ON COMMIT DROP covers errors; a long transaction should not keep them */
+			if (shard->table_exists)
+				batch_add(&batches[s], psprintf("DROP TABLE %s", shard->temp_table),
+						  PGRES_COMMAND_OK, NULL);
+			shard->table_exists = false;
+			/* the shard's own record of its join: its engine's phases */
+			batch_add(&batches[s], psprintf("SELECT %s.knn_gpu_last_stats()", shard->knn_schema),
+					  PGRES_TUPLES_OK, &stats[s]);
+			batch_send(shard, &batches[s]);
 		}
-		shard->table_exists = false;
-		/* the shard's own record of its join: its engine's phases */
-		res = exec_checked(shard, psprintf("%sSELECT %s.knn_gpu_last_stats()", close,
-										   shard->knn_schema),
-						   PGRES_TUPLES_OK);
-		if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
-			shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));
-		fdw.PQclear(res);
-		END_SHARD_CONTEXT();
+		for (int s = 0; s < n_shards; s++)
+		{
+			KnnShardRemote *shard = shards[s];
+			PGresult   *res;
+
+			batch_finish(shard, &batches[s]);
+			res = stats[s];
+			if (fdw.PQntuples(res) == 1 && fdw.PQnfields(res) == 1 && !fdw.PQgetisnull(res, 0, 0))
+				shard->remote_stats = pstrdup(fdw.PQgetvalue(res, 0, 0));
+			stats[s] = NULL;
+			fdw.PQclear(res);
+			ereport(DEBUG1,
+					(errmsg_internal("%s: foreign server \"%s\": %d round trips from the shipping to the statistics",
+									 shard->who, shard->server->servername, shard->round_trips)));
+		}
 	}
+	PG_CATCH();
+	{
+		for (int s = 0; s < n_shards; s++)
+		{
+			batch_fail(shards[s], &batches[s]);
+			fdw.PQclear(stats[s]);
+		}
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+	pfree(batches);
+	pfree(stats);
 }

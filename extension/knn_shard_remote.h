@@ -66,12 +66,11 @@ typedef struct KnnShardRemote
 	/*
 	 * A join read as it arrives whose rows are not packed runs through a
 	 * cursor there, fetched in batches (knn_shard_remote_send): its name
-	 * (NULL: none open), the next FETCH's count, DECLARE's answer not yet
-	 * read, and whether the last FETCH filled its count (more may come).
+	 * (NULL: none open), the next FETCH's count, and whether the last FETCH
+	 * filled its count (more may come).
 	 */
 	char	   *cursor;
 	int64		fetch_rows;
-	bool		declaring;
 	bool		more_rows;
 	instr_time	sent;
 	/* its targets read ahead of the queries (knn_shard_receive.h), set by the caller */
@@ -98,6 +97,12 @@ typedef struct KnnShardRemote
 	double		seconds_join;	/* from sending the join to its result arriving */
 	int64		rows;			/* the join's result rows */
 	char	   *remote_stats;	/* knn_gpu_last_stats() there after the join, or NULL */
+	/*
+	 * Round trips since this run's shipping began: the times a statement
+	 * (or statements queued together) went there and its answer was waited
+	 * for before the next could go (DEBUG1 at the run's end).
+	 */
+	int			round_trips;
 	void	   *caller;			/* the caller's own state of this shard */
 } KnnShardRemote;
 
@@ -237,10 +242,12 @@ extern bool knn_shard_remote_prefetch_poll(KnnShardRemote **shards, int n_shards
 extern void knn_shard_remote_prefetch_drop(KnnShardRemote **shards, int n_shards);
 
 /*
- * Sends the shard's join_sql (with its parameters, results in binary or
- * text as binary_result says) without waiting for it.
+ * Sends each shard's join_sql (with its parameters, results in binary or
+ * text as binary_result says) without waiting for it to run. A join read
+ * in a cursor there is declared first, all shards' declarations sent
+ * before any is answered (one round trip each), then its first FETCH.
  */
-extern void knn_shard_remote_send(KnnShardRemote *shard);
+extern void knn_shard_remote_send(KnnShardRemote **shards, int n_shards);
 
 /* A shard's result, while the caller reads it (a PGresult). */
 typedef struct KnnShardResult KnnShardResult;

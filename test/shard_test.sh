@@ -1755,6 +1755,55 @@ check "the node and knn_range_join read the shards' rows from a cursor in batche
   "$(printf 'declared:4\nnode:90000\nrange:90000\nfraction:0.1\nfraction:0.1')" \
   "$(echo "$out" | grep -c 'joins: DECLARE knn_gpu_join_[0-9]* NO SCROLL' | sed 's/^/declared:/'; echo "$out" | grep -E '^(ERROR|node|range|fraction)')"
 
+# A run of the KNN Join node waits for each shard's answer 6 times: its
+# table's statements (CREATE TEMPORARY TABLE, ALTER ... STORAGE, the
+# statistics call that loads knn_gpu there, set_config) queued together in
+# pipeline mode, each its own extended-protocol message; COPY's start; its
+# end; the cursor's SET LOCAL, DECLARE and RESET queued together; the
+# FETCH; and CLOSE, DROP TABLE and the statistics queued together (it was
+# 11: each statement waited for).
+out=$(sql 0 2>&1 <<'EOF'
+SET client_min_messages = debug1;
+SELECT 'node:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 3) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 5) n;
+EOF
+)
+check "the node's run: 6 round trips per shard (statements that need no answer of each other sent together)" \
+  "$(printf 'KNN Join: foreign server "shard1": 6 round trips\nKNN Join: foreign server "shard2": 6 round trips\nnode:15')" \
+  "$(echo "$out" | grep -oE '(KNN Join: foreign server "[a-z0-9]*": [0-9]+ round trips|^node:.*)' | sort)"
+
+# A statement queued together with others fails as it did alone: a shard
+# whose mapped user may not create temporary tables answers the first of
+# the run's table statements with its ERROR (SQLSTATE and the statement as
+# the remote SQL), the statements after it skipped; the connection is out
+# of pipeline mode for postgres_fdw's cleanup, so the session (and a
+# transaction rolled back to a savepoint) uses it again at once.
+sql 2 -c "CREATE ROLE knn_no_temp LOGIN" -c "GRANT SELECT ON big_2 TO knn_no_temp" \
+  -c "REVOKE TEMPORARY ON DATABASE postgres FROM PUBLIC"
+NODE3="SELECT 'node:' || count(*) FROM (SELECT id, v FROM big_here WHERE id <= 3) q
+  CROSS JOIN LATERAL (SELECT t.id FROM big t ORDER BY t.v <-> q.v LIMIT 5) n"
+out=$(sql 0 -v "node=$NODE3" 2>&1 <<'EOF'
+\set VERBOSITY verbose
+\set ON_ERROR_STOP 0
+ALTER USER MAPPING FOR postgres SERVER shard2 OPTIONS (SET user 'knn_no_temp');
+:node;
+SELECT 'read:' || count(*) FROM big;
+BEGIN;
+SAVEPOINT a;
+:node;
+ROLLBACK TO SAVEPOINT a;
+SELECT 'read:' || count(*) FROM big;
+COMMIT;
+ALTER USER MAPPING FOR postgres SERVER shard2 OPTIONS (SET user 'postgres');
+:node;
+EOF
+)
+sql 2 -c "GRANT TEMPORARY ON DATABASE postgres TO PUBLIC" -c "DROP OWNED BY knn_no_temp" -c "DROP ROLE knn_no_temp"
+check "a shard refusing the run's temporary table: its ERROR as the statement's own, the connection used again" \
+  "$(printf 'ERROR:  42501: permission denied to create temporary tables in database "postgres"\nremote SQL command: CREATE TEMPORARY TABLE\nread:30000\nERROR:  42501: permission denied to create temporary tables in database "postgres"\nremote SQL command: CREATE TEMPORARY TABLE\nread:30000\nnode:15')" \
+  "$(echo "$out" | sed -n 's/^\(CONTEXT:  \)\{0,1\}\(remote SQL command: CREATE TEMPORARY TABLE\).*/\2/p; /^\(ERROR\|WARNING\|read\|node\)/p')"
+check "... nothing left running on the shards" 0 "$(active_on_shards)"
+
 # A batch of queries whose pairs pass a chunk of the limit (300 queries in
 # 150 batches of 2, 60000 pairs each, in chunks of 32768 within 1 MB) is
 # split into a file per chunk and each read once (it was read again for
