@@ -18,6 +18,10 @@
 //    lane tests |x - D(t, ct)| against its theta; members all lanes pass
 //    over are skipped, and the walk ends when every lane has reached a
 //    member closer to the centre than x - theta - margin (the paper's break).
+//    Rows of up to 8 floats come a chunk of 32 members at a time, lane j
+//    loading member j's row (TargetChunk), and go to the lanes by shuffle:
+//    the walk is a chain of dependent steps, and a load per member made
+//    each step wait for memory.
 //  * a lane that passes computes D(q, t) exactly and offers (value, row) to
 //    its list; a better list tightens theta (full filter, Algorithm 2).
 // Every prune compares a bound with theta + margin strictly (rounding
@@ -139,6 +143,58 @@ __device__ __forceinline__ int warp_first_leq(const float *d, int lo, int hi, fl
 
 constexpr float kInf = __builtin_huge_valf();
 
+// The widest padded stride whose target rows the full filter fetches a
+// chunk at a time (TargetChunk): twice DPAD registers more per thread.
+constexpr int kRowsAheadMaxStride = 8;
+
+// One member of a target chunk, as taken by every lane of the warp.
+template <int DPAD>
+struct TargetMember {
+  float x[DPAD];
+  int32_t mult = 0, first_row = 0;
+};
+template <>
+struct TargetMember<0> {};
+
+// A chunk of 32 consecutive target members, lane j holding member p + j:
+// its row, multiplicity and first original row, loaded together
+// (coalesced) when the walk enters the chunk.
+template <int DPAD>
+struct TargetChunk {
+  float x[DPAD];
+  int32_t mult = 0, first_row = 0;
+
+  __device__ __forceinline__ void load(const ClusterView &t, int p, bool in, int stride) {
+    const int lane = threadIdx.x % kWarp;
+    if (in) {
+      const float4 *row = reinterpret_cast<const float4 *>(t.x + (int64_t)(p + lane) * stride);
+#pragma unroll
+      for (int i = 0; i < DPAD / 4; i++) {
+        const float4 f = row[i];
+        x[4 * i] = f.x;
+        x[4 * i + 1] = f.y;
+        x[4 * i + 2] = f.z;
+        x[4 * i + 3] = f.w;
+      }
+      mult = t.mult[p + lane];
+      first_row = t.first_row[p + lane];
+    } else {
+#pragma unroll
+      for (int i = 0; i < DPAD; i++) x[i] = 0.0f;
+    }
+  }
+
+  // Member p + j into `m`, on every lane (the whole warp calls it).
+  __device__ __forceinline__ void take(int j, TargetMember<DPAD> &m) const {
+#pragma unroll
+    for (int i = 0; i < DPAD; i++) m.x[i] = __shfl_sync(kFullMask, x[i], j);
+    m.mult = __shfl_sync(kFullMask, mult, j);
+    m.first_row = __shfl_sync(kFullMask, first_row, j);
+  }
+};
+template <>
+struct TargetChunk<0> {};
+
 // LAZY (out-of-core carried lists, Level2Config::lazy_lists) is a template
 // parameter so that the other kernels keep their registers.
 template <int METRIC, int DPAD, class List, int MODE, bool LAZY>
@@ -182,6 +238,7 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
   // then. Until it is read, entries are taken only before it (seed_last),
   // so the lists of all parts hold only entries that beat the carried ones.
   constexpr bool lazy = MODE == kFull && LAZY;
+  constexpr bool kRowsAhead = MODE == kFull && DPAD > 0 && DPAD <= kRowsAheadMaxStride;
   float seed_last_v = kInf;
   int32_t seed_last_r = kNoRow;
   bool seeds_pending = false;  // part 0 of a lazy list: carried entries not read yet
@@ -286,6 +343,11 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
       for (; p < hi && !stop; p += kWarp) {
         const int np = min(kWarp, hi - p);
         const float e_lane = lane < np ? a.t.dist[p + lane] : 0.0f;
+        // Narrow rows: lane j fetches member p + j's row, multiplicity and
+        // first row with the chunk, so that the walk below takes them by
+        // shuffle instead of waiting for a load at each member.
+        TargetChunk<kRowsAhead ? DPAD : 0> chunk;
+        if constexpr (kRowsAhead) chunk.load(a.t, p, lane < np, a.stride);
         theta = current_theta();
         for (int j = 0; j < np; j++) {
           const float e = __shfl_sync(kFullMask, e_lane, j);
@@ -297,9 +359,19 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
           const bool cand = !(done || e - x > theta + sigma);
           const int pos = p + j;
           float v = kInf;
+          TargetMember<kRowsAhead ? DPAD : 0> member;
+          if constexpr (kRowsAhead) {
+            if (__any_sync(kFullMask, cand)) chunk.take(j, member);
+          }
+          auto target_value = [&]() {
+            if constexpr (kRowsAhead)
+              return MetricOps<METRIC>::value(q.v, member.x, DPAD);
+            else
+              return q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
+          };
           if constexpr (lazy) {
             if (cand) {
-              v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
+              v = target_value();
               distances++;
             }
             // The warp reads its carried lists together (coalesced over the
@@ -313,12 +385,18 @@ __global__ void __launch_bounds__(kMaxBlock) level2_kernel(Level2Args a) {
           if (!cand) continue;
           if constexpr (MODE == kFull) {
             if (!lazy) {
-              v = q.template value_to<METRIC>(a.t.x + (int64_t)pos * a.stride);
+              v = target_value();
               distances++;
             }
             if (v <= list.last_value() && (!lazy || v <= seed_last_v)) {
-              const int mult = a.t.mult[pos];
-              int32_t row = a.t.first_row[pos];
+              int mult, row;
+              if constexpr (kRowsAhead) {
+                mult = member.mult;
+                row = member.first_row;
+              } else {
+                mult = a.t.mult[pos];
+                row = a.t.first_row[pos];
+              }
               for (int r = 0;;) {
                 if (!entry_before(v, row, list.last_value(), list.last_row())) break;
                 if (lazy && !entry_before(v, row, seed_last_v, seed_last_r)) break;

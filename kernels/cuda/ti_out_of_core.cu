@@ -201,6 +201,17 @@ int forced_threads_per_query() {
   return forced != nullptr ? std::max(0, std::min(8, std::atoi(forced))) : 0;
 }
 
+// Pairs of a query part from this place in its target order on (0: its
+// nearest part) are far pairs (filter_part), with kFarThreadsPerQuery
+// threads per query; KNN_TI_FAR_THREADS=P (1..8) sets P, for A/B benchmarks.
+constexpr int kNearPairs = 3;
+constexpr int kFarThreadsPerQuery = 8;
+
+int forced_far_threads_per_query() {
+  const char *forced = std::getenv("KNN_TI_FAR_THREADS");
+  return forced != nullptr ? std::max(0, std::min(8, std::atoi(forced))) : 0;
+}
+
 // Level 2 reads a carried list only where a visit can change it
 // (Level2Config::lazy_lists); KNN_TI_LAZY_LISTS=0 reads every list of a
 // visited cluster, for A/B benchmarks and tests.
@@ -361,7 +372,7 @@ class OutOfCoreJoin {
   KnnStatus upload_target_keys();
   KnnStatus query_part(int index, bool *finite, int64_t *neighbors, double *distances);
   KnnStatus filter_part(const ClusterSet &queries, const TargetPart &part, const float *carried,
-                        MemoryBudget &mem);
+                        bool far, MemoryBudget &mem);
   KnnStatus carried_bounds(const ClusterSet &queries, float *carried);
   KnnStatus pair_tests(const ClusterSet &queries, const DistinctSet &query_set, int target,
                        double *theta, int64_t *last_row, bool *needed, MemoryBudget &mem);
@@ -436,7 +447,8 @@ class OutOfCoreJoin {
   std::vector<int32_t> list_member_[2];
   int list_slot_ = 0;
 
-  Level2Config used_;
+  Level2Config used_;   // of the last near pair's level 2
+  int far_parts_ = 0;   // threads per query of the far pairs' level 2 (0: none ran)
   int64_t pairs_skipped_ = 0;
   int64_t cluster_skipped_ = 0;  // of those, by part_needed (trace)
   std::vector<int64_t> part_min_row_;  // ordered: smallest original row of each target part
@@ -583,7 +595,7 @@ KnnStatus OutOfCoreJoin::pair_tests(const ClusterSet &queries, const DistinctSet
 // the query clusters' carried bounds (carried_bounds), or nullptr before
 // the first part (empty lists).
 KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart &part,
-                                     const float *carried, MemoryBudget &mem) {
+                                     const float *carried, bool far, MemoryBudget &mem) {
   Clock::time_point t0 = Clock::now();
   const bool resume = carried != nullptr;
   // Resumed lists bound level 1's upper bounds (ti_filter_level1.cu): a far
@@ -619,17 +631,27 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   // At least two: a pair's launch is short and ends with its slowest warp
   // groups (the query clusters with most candidates), whose walks two
   // threads per query halve (bench/results-2026-11-27-s8/h100x2-assignment-threads.txt).
+  // A far pair (past the query part's nearest target parts) changes few
+  // lists: each of its warp groups meets a few candidate clusters, and the
+  // launch lasts as long as the longest of those walks. The most threads
+  // per query split each group's candidates the most.
   const int forced = forced_threads_per_query();
+  const int far_forced = far ? forced_far_threads_per_query() : 0;
   config.parts = forced > 0                        ? forced
                  : options_.threads_per_query > 0 ? options_.threads_per_query
                  : config.place == ListPlace::Global
                      ? 1
+                 : far_forced > 0 ? far_forced
+                 : far            ? kFarThreadsPerQuery
                      : std::max(2, level2_threads_per_query(ctx_, p_.metric, stride_,
                                                             config.place, plan_.kprime,
                                                             queries.n,
                                                             options_.cache_conflict_factor));
+  Level2Config used;
   KNN_TRY(level2_filter(queries, part.clusters, part.set, level1, p_.metric, config, margin_,
-                        lists_value_, lists_row_, counter_.get(), &used_, mem, ctx_));
+                        lists_value_, lists_row_, counter_.get(), &used, mem, ctx_));
+  if (far) far_parts_ = used.parts;
+  else used_ = used;
   lap(&level2_seconds_, &t0);
   mem.release(level1.candidates);
   mem.release(level1.cand_count);
@@ -967,7 +989,8 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
       const TargetPart &part = shared && target == index ? own : loaded;
       lap(&get_seconds_, &t_get);
       pairs_visited_++;
-      KNN_TRY(filter_part(queries, part, i > 0 ? carried.get() : nullptr, part_mem));
+      KNN_TRY(filter_part(queries, part, i > 0 ? carried.get() : nullptr, i >= kNearPairs,
+                          part_mem));
     }
     CUDA_CHECK(ctx_, cudaEventRecord(done[i % 2].get(), ctx_.stream));
     if (i > 0) CUDA_CHECK(ctx_, cudaEventSynchronize(done[(i - 1) % 2].get()));
@@ -1086,15 +1109,18 @@ KnnStatus OutOfCoreJoin::allocate_lists(int index, int64_t n_distinct, MemoryBud
 void OutOfCoreJoin::describe(KnnStats *stats) const {
   stats->method = KNN_METHOD_TI;
   stats->pairs = p_.n_queries * p_.n_targets;
-  // "ti/out-of-core QxT parts of RqxRt[ skip S][/cached[/self]][/xP]/<list place>": query
+  // "ti/out-of-core QxT parts of RqxRt[ skip S][/cached[/self]][/xP[+F]]/<list place>": query
   // parts x target parts, rows per query part x rows per target part;
   // target parts cached in host memory (/self: a self-join's query parts
-  // are its cached target parts); P threads per query (of the last level-2
-  // launch). The least telling item last: the variant holds 63 characters.
+  // are its cached target parts); P threads per query (of the last near
+  // pair's level 2; "+F": F for the far pairs, where that differs).
   // " skip S": (query part, target part) pairs skipped by their bound or
   // by their clusters (part_needed; also for row ranges).
-  char parts[16] = "", skipped[24] = "";
-  if (used_.parts > 1) std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
+  char parts[24] = "", skipped[24] = "";
+  if (far_parts_ > 0 && far_parts_ != used_.parts)
+    std::snprintf(parts, sizeof parts, "/x%d+%d", used_.parts, far_parts_);
+  else if (used_.parts > 1)
+    std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
   if (ordered_ || pairs_skipped_ > 0)
     std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
