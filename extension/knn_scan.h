@@ -152,6 +152,8 @@ extern const char *knn_scan_rewritten_from(const Query *sq);
 /* knn_scan_plan.c */
 extern const CustomPathMethods knn_join_path_methods;
 extern void knn_scan_register_plan(void);
+/* The KNN Join nodes of a plan that run a rewritten subquery (Rewritten From). */
+extern int	knn_scan_rewritten_joins(PlannedStmt *plan);
 
 /* knn_scan_exec.c */
 extern Node *knn_join_create_scan_state(CustomScan *cscan);

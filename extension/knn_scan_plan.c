@@ -25,6 +25,7 @@
  */
 #include "postgres.h"
 
+#include "miscadmin.h"
 #include "nodes/makefuncs.h"
 #include "nodes/nodeFuncs.h"
 #include "optimizer/optimizer.h"
@@ -550,6 +551,54 @@ const CustomPathMethods knn_join_path_methods = {
 	.CustomName = KNN_JOIN_NAME,
 	.PlanCustomPath = knn_join_plan_path,
 };
+
+static int
+rewritten_joins_below(Plan *plan)
+{
+	int			count = 0;
+	List	   *children = NIL;
+	ListCell   *lc;
+
+	if (plan == NULL)
+		return 0;
+	check_stack_depth();
+	if (IsA(plan, CustomScan))
+	{
+		CustomScan *cscan = (CustomScan *) plan;
+
+		if (cscan->methods == &knn_join_scan_methods &&
+			list_length(cscan->custom_private) > KNN_PRIVATE_REWRITTEN_FROM &&
+			strVal(list_nth(cscan->custom_private, KNN_PRIVATE_REWRITTEN_FROM))[0] != '\0')
+			count++;
+		children = cscan->custom_plans;
+	}
+	else if (IsA(plan, Append))
+		children = ((Append *) plan)->appendplans;
+	else if (IsA(plan, MergeAppend))
+		children = ((MergeAppend *) plan)->mergeplans;
+	else if (IsA(plan, BitmapAnd))
+		children = ((BitmapAnd *) plan)->bitmapplans;
+	else if (IsA(plan, BitmapOr))
+		children = ((BitmapOr *) plan)->bitmapplans;
+	else if (IsA(plan, SubqueryScan))
+		count += rewritten_joins_below(((SubqueryScan *) plan)->subplan);
+	foreach(lc, children)
+		count += rewritten_joins_below((Plan *) lfirst(lc));
+	return count + rewritten_joins_below(plan->lefttree) +
+		rewritten_joins_below(plan->righttree);
+}
+
+int
+knn_scan_rewritten_joins(PlannedStmt *plan)
+{
+	int			count = rewritten_joins_below(plan->planTree);
+	ListCell   *lc;
+
+	/* sub-selects and initplans */
+	foreach(lc, plan->subplans)
+		count += rewritten_joins_below((Plan *) lfirst(lc));
+	return count;
+}
 
 void
 knn_scan_register_plan(void)

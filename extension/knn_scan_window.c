@@ -62,9 +62,12 @@
  * are declined, as are other window functions. The planner hook
  * below makes this change in the query tree before standard_planner runs,
  * so the KNN Join's own checks (knn_scan_shape.c, knn_scan_path.c) decide
- * as for a LATERAL query written so; where they decline, PostgreSQL plans
- * the LATERAL query, which is equivalent (and sorts k rows per query row
- * rather than all pairs).
+ * as for a LATERAL query written so. The rewrite stands only where a KNN
+ * Join runs it: where no KNN Join runs a rewritten subquery (the node
+ * declined it or lost on cost), the statement is planned again as written
+ * (knn_window_planner), so that the plan never changes silently, nor reads
+ * an approximate index (pgvector's hnsw or ivfflat answers ORDER BY
+ * distance LIMIT k, never the query as written).
  *
  * The rewrite is made only where it is provably equivalent; otherwise the
  * query is left alone and, for a query that looks like one of these
@@ -127,6 +130,28 @@ static const char *const rewritten_form_names[REWRITTEN_FORM_COUNT] = {
 	[FROM_RANK] = "rank() window",
 	[FROM_DISTINCT_ON] = "DISTINCT ON",
 };
+
+/*
+ * The statement being planned: its query as written (copied before the
+ * first rewrite changes it) and how many subqueries were rewritten. A
+ * rewrite stands only where a KNN Join runs the subquery it made
+ * (knn_window_planner).
+ */
+typedef struct RewriteState
+{
+	Query	   *statement;
+	Query	   *as_written;
+	int			rewrites;
+} RewriteState;
+
+/* Called before each rewrite: keeps the statement as written, once. */
+static void
+note_rewrite(RewriteState *state)
+{
+	if (state->as_written == NULL)
+		state->as_written = copyObject(state->statement);
+	state->rewrites++;
+}
 
 /*
  * The form the rewrite turned into the LATERAL subquery sq, as EXPLAIN
@@ -933,7 +958,7 @@ looks_like_window_query(Query *query)
  * rn>" (or FROM a WITH query referenced once).
  */
 static void
-try_window_form(Query *outer)
+try_window_form(Query *outer, RewriteState *state)
 {
 	ListCell   *lc;
 
@@ -1007,6 +1032,7 @@ try_window_form(Query *outer)
 			 shape.with_ties ? "rank()" : "row_number()",
 			 rt_fetch(shape.t_index, window->rtable)->eref->aliasname,
 			 shape.with_ties ? " WITH TIES" : "");
+		note_rewrite(state);
 		rewrite_as_lateral(&shape, shape.with_ties ? FROM_RANK : FROM_ROW_NUMBER);
 	}
 }
@@ -1018,7 +1044,7 @@ try_window_form(Query *outer)
  * q's key.
  */
 static void
-try_distinct_on_form(Query *query)
+try_distinct_on_form(Query *query, RewriteState *state)
 {
 	int			nkeys = list_length(query->distinctClause);
 	PairShape	shape = {0};
@@ -1047,6 +1073,7 @@ try_distinct_on_form(Query *query)
 	shape.limit = int8_const(1);
 	elog(DEBUG1, "KNN Join: the DISTINCT ON query over \"%s\" is planned as a LATERAL top-1 subquery",
 		 rt_fetch(shape.t_index, query->rtable)->eref->aliasname);
+	note_rewrite(state);
 	rewrite_as_lateral(&shape, FROM_DISTINCT_ON);
 	query->sortClause = list_truncate(query->sortClause, nkeys);
 	query->distinctClause = NIL;
@@ -1063,22 +1090,44 @@ rewrite_walker(Node *node, void *context)
 	{
 		Query	   *query = (Query *) node;
 
-		try_window_form(query);
-		try_distinct_on_form(query);
+		try_window_form(query, (RewriteState *) context);
+		try_distinct_on_form(query, (RewriteState *) context);
 		return query_tree_walker(query, rewrite_walker, context, 0);
 	}
 	return expression_tree_walker(node, rewrite_walker, context);
 }
 
 static PlannedStmt *
-knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
-				   ParamListInfo boundParams)
+plan_next(Query *parse, const char *query_string, int cursorOptions, ParamListInfo boundParams)
 {
-	if (knn_gpu_enable_knn_join)
-		rewrite_walker((Node *) parse, NULL);
 	if (prev_planner_hook)
 		return prev_planner_hook(parse, query_string, cursorOptions, boundParams);
 	return standard_planner(parse, query_string, cursorOptions, boundParams);
+}
+
+/*
+ * Rewrites, plans, and keeps the plan only where a KNN Join runs every
+ * rewritten subquery. Where one does not (the node declined it, or lost
+ * on cost), PostgreSQL's plan of the LATERAL form would differ from the
+ * query as written without a word in EXPLAIN, and could read an
+ * approximate index (pgvector's hnsw or ivfflat) that the query as written
+ * never reads: the query as written is planned instead.
+ */
+static PlannedStmt *
+knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
+				   ParamListInfo boundParams)
+{
+	RewriteState state = {parse, NULL, 0};
+	PlannedStmt *plan;
+
+	if (knn_gpu_enable_knn_join)
+		rewrite_walker((Node *) parse, &state);
+	plan = plan_next(parse, query_string, cursorOptions, boundParams);
+	if (state.rewrites == 0 || knn_scan_rewritten_joins(plan) >= state.rewrites)
+		return plan;
+	elog(DEBUG1, "KNN Join not used: no KNN Join runs the rewritten LATERAL subquery (%d of %d rewritten); the query is planned as written",
+		 state.rewrites - knn_scan_rewritten_joins(plan), state.rewrites);
+	return plan_next(state.as_written, query_string, cursorOptions, boundParams);
 }
 
 void

@@ -645,6 +645,38 @@ EXPLAIN (COSTS OFF) EXECUTE knn_w_prepared(3);
 RESET plan_cache_mode;
 DEALLOCATE knn_w_prepared;
 
+-- Where no KNN Join runs a rewritten subquery (here the node loses on cost:
+-- two queries, three items), the statement is planned as written, not as
+-- the LATERAL form without a word in EXPLAIN (nor over an approximate index
+-- that the query as written never reads: knn_pgvector); DEBUG1 says so.
+CREATE TABLE knn_w_tiny_q (id int PRIMARY KEY, v vector(2));
+CREATE TABLE knn_w_tiny_t (id int PRIMARY KEY, v vector(2));
+INSERT INTO knn_w_tiny_q VALUES (1, '[1,0]'), (2, '[2,0]');
+INSERT INTO knn_w_tiny_t VALUES (1, '[1,1]'), (2, '[2,1]'), (3, '[3,1]');
+ANALYZE knn_w_tiny_q, knn_w_tiny_t;
+SET client_min_messages = debug1;
+EXPLAIN (COSTS OFF)
+SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                      row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+               FROM knn_w_tiny_q q, knn_w_tiny_t t) s WHERE rn <= 2;
+EXPLAIN (COSTS OFF)
+SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_tiny_q q, knn_w_tiny_t t
+ORDER BY q.id, t.v <-> q.v, t.id;
+-- two rewrites in one statement, one of them run by a KNN Join: the whole
+-- statement as written
+EXPLAIN (COSTS OFF)
+SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+               FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2
+UNION ALL
+SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+               FROM knn_w_tiny_q q, knn_w_tiny_t t) s WHERE rn <= 2;
+RESET client_min_messages;
+SELECT * FROM pg_temp.window_check($$
+  SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_tiny_q q, knn_w_tiny_t t) s WHERE rn <= 2 $$);
+DROP TABLE knn_w_tiny_q, knn_w_tiny_t;
+
 DROP TABLE knn_w_items, knn_w_queries, knn_w_few, knn_w_no_key, knn_w_nullable, knn_w_deferred,
            knn_w_parent, knn_w_child;
 

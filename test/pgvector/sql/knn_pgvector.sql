@@ -152,6 +152,49 @@ SELECT q.id, n.ident FROM items q CROSS JOIN LATERAL (SELECT t.ident FROM items_
 RESET knn_gpu.exact_over_index;
 DROP VIEW items_view, items_computed;
 
+-- The window form over a table with an approximate index: its rewrite into
+-- the LATERAL form ("ORDER BY distance LIMIT k", which an index answers) is
+-- kept only where a KNN Join runs it; else the query is planned as
+-- written, and its rows are exact. (Distinct distances: row numbers do not
+-- depend on the order of ties. ivfflat with one probe of 50 lists answers
+-- the LATERAL form written by hand approximately.)
+CREATE TABLE win_q (id int PRIMARY KEY, v vector(2));
+CREATE TABLE win_t (id int PRIMARY KEY, v vector(2));
+INSERT INTO win_q SELECT i, ARRAY[cos(i), sin(i * 1.7)]::vector(2) FROM generate_series(1, 20) i;
+INSERT INTO win_t SELECT i, ARRAY[cos(i * 0.37) * 2, sin(i * 0.91) * 2]::vector(2) FROM generate_series(1, 2000) i;
+CREATE INDEX win_t_ivfflat ON win_t USING ivfflat (v vector_l2_ops) WITH (lists = 50);
+ANALYZE win_q, win_t;
+SET ivfflat.probes = 1;
+CREATE TEMP VIEW win_window AS
+SELECT qid, tid, rn FROM (SELECT q.id AS qid, t.id AS tid,
+                                 row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v) AS rn
+                          FROM win_q q, win_t t) s WHERE rn <= 5;
+SET client_min_messages = debug1;
+EXPLAIN (COSTS OFF) SELECT * FROM win_window;
+RESET client_min_messages;
+CREATE TEMP TABLE win_rewrite_on AS SELECT * FROM win_window;
+SET knn_gpu.exact_over_index = on;
+EXPLAIN (COSTS OFF) SELECT * FROM win_window;
+CREATE TEMP TABLE win_exact_node AS SELECT * FROM win_window;
+RESET knn_gpu.exact_over_index;
+SET knn_gpu.enable_knn_join = off;
+CREATE TEMP TABLE win_as_written AS SELECT * FROM win_window;
+CREATE TEMP TABLE win_lateral_index AS
+SELECT q.id AS qid, n.id AS tid, row_number() OVER (PARTITION BY q.id ORDER BY n.d) AS rn
+FROM win_q q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM win_t t ORDER BY t.v <-> q.v LIMIT 5) n;
+RESET knn_gpu.enable_knn_join;
+RESET ivfflat.probes;
+SELECT (SELECT count(*) FROM win_as_written) AS rows_as_written,
+  (SELECT count(*) FROM ((TABLE win_rewrite_on EXCEPT ALL TABLE win_as_written)
+                         UNION ALL (TABLE win_as_written EXCEPT ALL TABLE win_rewrite_on)) d) AS rewrite_differing,
+  (SELECT count(*) FROM ((TABLE win_exact_node EXCEPT ALL TABLE win_as_written)
+                         UNION ALL (TABLE win_as_written EXCEPT ALL TABLE win_exact_node)) d) AS node_differing,
+  (SELECT count(*) FROM ((TABLE win_lateral_index EXCEPT ALL TABLE win_as_written)
+                         UNION ALL (TABLE win_as_written EXCEPT ALL TABLE win_lateral_index)) d) > 0
+    AS index_is_approximate;
+DROP VIEW win_window;
+DROP TABLE win_q, win_t, win_rewrite_on, win_exact_node, win_as_written, win_lateral_index;
+
 DROP TABLE items, bits;
 DROP EXTENSION knn_gpu;
 DROP EXTENSION vector;
