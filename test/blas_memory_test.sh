@@ -71,18 +71,23 @@ case "$base_kb" in
 esac
 echo "a backend with OpenBLAS loaded: ${base_kb} kB of address space"
 
-# 64 MiB over it: no room for a 128 MiB buffer; 256 MiB: room for one,
-# not for two beside the engine threads' stacks and malloc arenas.
+# 64 MiB over it: no room for a 128 MiB buffer (the AVX2 loop, on both
+# threads); 256 MiB: room for one, not for two beside the engine threads'
+# stacks and malloc arenas (the SGEMM on one thread, which
+# knn_gpu_last_stats()'s device says).
+declare -A threads_said=([64]="cpu (2 threads)" [256]="cpu (1 thread)")
 for extra_mb in 64 256; do
   limit=$((base_kb + extra_mb * 1024))
   what="ulimit -v $limit (${extra_mb} MiB over a backend)"
   if ! start_server "$limit"; then fail "$what: the server did not start"; tail -5 "$DIR/server.log"; continue; fi
   t0=$(date +%s%N)
   got=$(timeout 30 "$PG_BIN/psql" -X -q -At -h "$DIR" -p "$PORT" -U postgres -d postgres \
-        -c "SET statement_timeout = '10s'" -c "$JOIN" -c "SELECT knn_gpu_last_stats()->>'variant'" 2>&1)
+        -c "SET statement_timeout = '10s'" -c "$JOIN" -c "SELECT knn_gpu_last_stats()->>'variant'" \
+        -c "SELECT knn_gpu_last_stats()->>'device'" 2>&1)
   ms=$(( ($(date +%s%N) - t0) / 1000000 ))
   check "$what: the join's rows" "$expected" "$(head -1 <<<"$got")"
   if [ "$ms" -lt 5000 ]; then pass "$what: the join took less than 5 s"; else fail "$what: the join took $ms ms"; fi
+  check "$what: the threads the join ran on" "${threads_said[$extra_mb]}" "$(sed -n 3p <<<"$got")"
   echo "   (the join: ${ms} ms, variant $(sed -n 2p <<<"$got"))"
   t0=$(date +%s%N)
   got=$(timeout 30 "$PG_BIN/psql" -X -q -At -h "$DIR" -p "$PORT" -U postgres -d postgres -v VERBOSITY=verbose \

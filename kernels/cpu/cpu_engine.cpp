@@ -119,8 +119,9 @@ void fill_stats(const KnnProblem &p, const cpu::JoinInput &input, const cpu::Joi
   std::memset(stats, 0, sizeof(*stats));
   stats->device = KNN_DEVICE_CPU;
   stats->method = used_ti ? KNN_METHOD_TI : KNN_METHOD_BRUTE;
-  std::snprintf(stats->device_name, sizeof(stats->device_name), "cpu (%d thread%s)",
-                input.n_threads, input.n_threads == 1 ? "" : "s");
+  const int threads = report.threads_used > 0 ? report.threads_used : input.n_threads;
+  std::snprintf(stats->device_name, sizeof(stats->device_name), "cpu (%d thread%s)", threads,
+                threads == 1 ? "" : "s");
   if (!used_ti && report.ti_sample_share >= 0)
     std::snprintf(stats->variant, sizeof(stats->variant), "%s (ti sample: %.0f%% of pairs)",
                   report.variant, 100.0 * report.ti_sample_share);

@@ -402,6 +402,7 @@ GemmOutcome gemm_join(const JoinInput &all_threads, const JoinOutput &output,
 
   const int64_t block = options.block_rows > 0 ? std::min<int64_t>(options.block_rows, 4096)
                                                : gemm_block_rows(input.dim);
+  report->threads_used = input.n_threads;
   GemmJoin join(input, output, std::move(qn), std::move(tn));
   join.reset(0, input.n_queries);
   const int64_t state_bytes =

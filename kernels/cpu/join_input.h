@@ -58,6 +58,9 @@ struct JoinReport {
   double seconds_filter = 0;
   double seconds_select = 0;
   double ti_sample_share = -1;  // pairs TI computed in its sample, if any
+  // Threads the method ran on, where fewer than JoinInput::n_threads (the
+  // SGEMM's threads are what BlasBufferLease grants); 0: all of them.
+  int threads_used = 0;
   const char *variant = "";
 };
 
