@@ -121,6 +121,7 @@ typedef struct KnnJoinPath
 
 	/* The form the subquery was rewritten from (knn_scan_window.c), or NULL. */
 	const char *rewritten_from;
+	int			rewrite_id;		/* which rewrite of the statement, or 0 */
 
 	/* Radius "<distance> < radius" (or <=), or NULL. */
 	Node	   *radius_qual;	/* the conjunct of the subquery's WHERE, or
@@ -148,12 +149,17 @@ extern void knn_scan_window_register(void);
  * subquery that the planner hook rewrote from that form; NULL: written so.
  */
 extern const char *knn_scan_rewritten_from(const Query *sq);
+/* The statement's rewrite (1, 2, ...) that made sq, or 0: written so. */
+extern int	knn_scan_rewrite_id(const Query *sq);
 
 /* knn_scan_plan.c */
 extern const CustomPathMethods knn_join_path_methods;
 extern void knn_scan_register_plan(void);
-/* The KNN Join nodes of a plan that run a rewritten subquery (Rewritten From). */
-extern int	knn_scan_rewritten_joins(PlannedStmt *plan);
+/*
+ * Counts the KNN Join nodes of a plan that run a rewritten subquery:
+ * run[id] for rewrite id (1..n_ids), ids beyond n_ids not counted.
+ */
+extern void knn_scan_count_rewritten_joins(PlannedStmt *plan, int *run, int n_ids);
 
 /* knn_scan_exec.c */
 extern Node *knn_join_create_scan_state(CustomScan *cscan);
@@ -220,6 +226,8 @@ typedef enum KnnJoinPrivate
 	KNN_PRIVATE_REWRITTEN_FROM, /* String: the query form knn_scan_window.c
 								 * rewrote into the LATERAL subquery, for
 								 * EXPLAIN; "" = written as LATERAL */
+	KNN_PRIVATE_REWRITE_ID,		/* Integer: which rewrite of the statement
+								 * (knn_scan_rewrite_id), 0 = none */
 	KNN_PRIVATE_COUNT
 } KnnJoinPrivate;
 

@@ -780,6 +780,7 @@ knn_join_pathlist_hook(PlannerInfo *root, RelOptInfo *joinrel,
 	if (knn_scan_recognise_subquery(root, rte->subquery, kp) == 0)
 		return;
 	kp->rewritten_from = knn_scan_rewritten_from(rte->subquery);
+	kp->rewrite_id = knn_scan_rewrite_id(rte->subquery);
 	if (!bms_is_empty(joinrel->lateral_relids))
 	{
 		knn_scan_reject("the join itself references a relation outside it (a LATERAL reference from further in)");

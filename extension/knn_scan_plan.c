@@ -543,6 +543,7 @@ knn_join_plan_path(PlannerInfo *root, RelOptInfo *rel, CustomPath *best_path,
 	cscan->custom_private = lappend(cscan->custom_private,
 									makeString(pstrdup(kp->rewritten_from != NULL ?
 													   kp->rewritten_from : "")));
+	cscan->custom_private = lappend(cscan->custom_private, makeInteger(kp->rewrite_id));
 	cscan->methods = &knn_join_scan_methods;
 	return &cscan->scan.plan;
 }
@@ -552,24 +553,27 @@ const CustomPathMethods knn_join_path_methods = {
 	.PlanCustomPath = knn_join_plan_path,
 };
 
-static int
-rewritten_joins_below(Plan *plan)
+static void
+count_rewritten_joins(Plan *plan, int *run, int n_ids)
 {
-	int			count = 0;
 	List	   *children = NIL;
 	ListCell   *lc;
 
 	if (plan == NULL)
-		return 0;
+		return;
 	check_stack_depth();
 	if (IsA(plan, CustomScan))
 	{
 		CustomScan *cscan = (CustomScan *) plan;
 
 		if (cscan->methods == &knn_join_scan_methods &&
-			list_length(cscan->custom_private) > KNN_PRIVATE_REWRITTEN_FROM &&
-			strVal(list_nth(cscan->custom_private, KNN_PRIVATE_REWRITTEN_FROM))[0] != '\0')
-			count++;
+			list_length(cscan->custom_private) > KNN_PRIVATE_REWRITE_ID)
+		{
+			int			id = intVal(list_nth(cscan->custom_private, KNN_PRIVATE_REWRITE_ID));
+
+			if (id > 0 && id <= n_ids)
+				run[id]++;
+		}
 		children = cscan->custom_plans;
 	}
 	else if (IsA(plan, Append))
@@ -581,23 +585,22 @@ rewritten_joins_below(Plan *plan)
 	else if (IsA(plan, BitmapOr))
 		children = ((BitmapOr *) plan)->bitmapplans;
 	else if (IsA(plan, SubqueryScan))
-		count += rewritten_joins_below(((SubqueryScan *) plan)->subplan);
+		count_rewritten_joins(((SubqueryScan *) plan)->subplan, run, n_ids);
 	foreach(lc, children)
-		count += rewritten_joins_below((Plan *) lfirst(lc));
-	return count + rewritten_joins_below(plan->lefttree) +
-		rewritten_joins_below(plan->righttree);
+		count_rewritten_joins((Plan *) lfirst(lc), run, n_ids);
+	count_rewritten_joins(plan->lefttree, run, n_ids);
+	count_rewritten_joins(plan->righttree, run, n_ids);
 }
 
-int
-knn_scan_rewritten_joins(PlannedStmt *plan)
+void
+knn_scan_count_rewritten_joins(PlannedStmt *plan, int *run, int n_ids)
 {
-	int			count = rewritten_joins_below(plan->planTree);
 	ListCell   *lc;
 
-	/* sub-selects and initplans */
+	count_rewritten_joins(plan->planTree, run, n_ids);
+	/* sub-selects, initplans and CTEs (NULL: an alternative not taken) */
 	foreach(lc, plan->subplans)
-		count += rewritten_joins_below((Plan *) lfirst(lc));
-	return count;
+		count_rewritten_joins((Plan *) lfirst(lc), run, n_ids);
 }
 
 void

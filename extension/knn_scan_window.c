@@ -90,6 +90,7 @@
 #include "nodes/nodeFuncs.h"
 #include "optimizer/clauses.h"
 #include "optimizer/optimizer.h"
+#include "optimizer/paths.h"
 #include "optimizer/planner.h"
 #include "parser/parse_coerce.h"
 #include "parser/parsetree.h"
@@ -112,7 +113,10 @@ static planner_hook_type prev_planner_hook = NULL;
  * PostgreSQL and pg_stat_statements set queryId on a statement's top-level
  * query only (a stored query, such as a view's, reads back 0), never on a
  * subquery written in FROM; only an inlined SQL function's body may carry a
- * query hash there, which equals one of these tags with odds of 3 in 2^64.
+ * query hash there, which equals one of these tags with odds of 3 in 2^40.
+ * The tag holds the form (byte 0) and which rewrite of the statement made
+ * the subquery (1, 2, ...; bytes 1-2), so that the plan can be checked
+ * rewrite by rewrite (knn_window_planner).
  */
 typedef enum RewrittenForm
 {
@@ -123,7 +127,8 @@ typedef enum RewrittenForm
 	REWRITTEN_FORM_COUNT
 } RewrittenForm;
 
-#define REWRITE_TAG UINT64CONST(0x6b6e6e5f67707500)	/* "knn_gpu\0": a form in the last byte */
+#define REWRITE_TAG UINT64CONST(0x6b6e6e5f67707500)	/* "knn_gpu\0", xor the form and id */
+#define MAX_REWRITES 0xffff
 
 static const char *const rewritten_form_names[REWRITTEN_FORM_COUNT] = {
 	[FROM_ROW_NUMBER] = "row_number() window",
@@ -133,24 +138,54 @@ static const char *const rewritten_form_names[REWRITTEN_FORM_COUNT] = {
 
 /*
  * The statement being planned: its query as written (copied before the
- * first rewrite changes it) and how many subqueries were rewritten. A
- * rewrite stands only where a KNN Join runs the subquery it made
- * (knn_window_planner).
+ * first rewrite changes it), how many subqueries were rewritten, and for
+ * each rewrite (by id) how many times the planner planned the subquery it
+ * made (set_rel_pathlist_hook: a copy inlined twice counts twice, one the
+ * planner dropped never). A rewrite stands only where a KNN Join runs each
+ * of those (knn_window_planner).
  */
 typedef struct RewriteState
 {
 	Query	   *statement;
 	Query	   *as_written;
 	int			rewrites;
+	int		   *planned;		/* [1..rewrites], once planning has begun */
 } RewriteState;
 
-/* Called before each rewrite: keeps the statement as written, once. */
-static void
+/* The innermost statement being planned (planning may plan others). */
+static RewriteState *planning = NULL;
+static set_rel_pathlist_hook_type prev_rel_pathlist_hook = NULL;
+
+/*
+ * Called before each rewrite: keeps the statement as written, once.
+ * Returns the rewrite's id, or 0 where there have been too many.
+ */
+static int
 note_rewrite(RewriteState *state)
 {
+	if (state->rewrites >= MAX_REWRITES)
+		return 0;
 	if (state->as_written == NULL)
 		state->as_written = copyObject(state->statement);
-	state->rewrites++;
+	return ++state->rewrites;
+}
+
+static uint64
+rewrite_tag(RewrittenForm form, int id)
+{
+	return REWRITE_TAG ^ ((uint64) id << 8) ^ (uint64) form;
+}
+
+/* The form and id of sq's tag; false for a subquery written so. */
+static bool
+read_rewrite_tag(const Query *sq, RewrittenForm *form, int *id)
+{
+	uint64		bits = sq->queryId ^ REWRITE_TAG;
+
+	*form = (RewrittenForm) (bits & 0xff);
+	*id = (int) ((bits >> 8) & MAX_REWRITES);
+	return (bits >> 24) == 0 && *form != WRITTEN_AS_LATERAL && *form < REWRITTEN_FORM_COUNT &&
+		*id > 0;
 }
 
 /*
@@ -160,11 +195,19 @@ note_rewrite(RewriteState *state)
 const char *
 knn_scan_rewritten_from(const Query *sq)
 {
-	uint64		form = sq->queryId ^ REWRITE_TAG;
+	RewrittenForm form;
+	int			id;
 
-	if (form == WRITTEN_AS_LATERAL || form >= REWRITTEN_FORM_COUNT)
-		return NULL;
-	return rewritten_form_names[form];
+	return read_rewrite_tag(sq, &form, &id) ? rewritten_form_names[form] : NULL;
+}
+
+int
+knn_scan_rewrite_id(const Query *sq)
+{
+	RewrittenForm form;
+	int			id;
+
+	return read_rewrite_tag(sq, &form, &id) ? id : 0;
 }
 
 /*
@@ -413,8 +456,9 @@ recognise_relations(Query *query, List **conditions)
 		if (!listed || rte->rtekind != RTE_RELATION || rte->tablesample != NULL)
 			return knn_scan_reject("the window (DISTINCT ON) query's FROM is not exactly two tables (a view, function, subquery or TABLESAMPLE): the rewrite is made for two tables only; write the LATERAL form, whose inner relation may be a view or a subquery over one table");
 	}
-	*conditions = list_concat(make_ands_implicit((Expr *) query->jointree->quals),
-							  make_ands_implicit((Expr *) join_quals));
+	/* a new list: the WHERE's own AND list stays as it is */
+	*conditions = list_concat_copy(make_ands_implicit((Expr *) query->jointree->quals),
+								   make_ands_implicit((Expr *) join_quals));
 	return true;
 }
 
@@ -838,7 +882,7 @@ as_outer_mutator(Node *node, OuterContext *context)
  * subquery's RTE takes t's place, so q's Vars keep theirs.
  */
 static void
-rewrite_as_lateral(PairShape *shape, RewrittenForm form)
+rewrite_as_lateral(PairShape *shape, RewrittenForm form, int id)
 {
 	Query	   *query = shape->query;
 	RangeTblEntry *t_rte = rt_fetch(shape->t_index, query->rtable);
@@ -901,7 +945,7 @@ rewrite_as_lateral(PairShape *shape, RewrittenForm form)
 
 	inner->commandType = CMD_SELECT;
 	inner->querySource = QSRC_ORIGINAL;
-	inner->queryId = REWRITE_TAG | form;
+	inner->queryId = rewrite_tag(form, id);
 	inner->rtable = list_make1(inner_t);
 	inner->hasRowSecurity = query->hasRowSecurity;
 	t_ref->rtindex = 1;
@@ -969,6 +1013,7 @@ try_window_form(Query *outer, RewriteState *state)
 		Query	   *window = NULL;
 		PairShape	shape = {0};
 		WindowClause *clause;
+		int			id;
 
 		if (rte->rtekind == RTE_SUBQUERY)
 			window = rte->subquery;
@@ -1032,8 +1077,10 @@ try_window_form(Query *outer, RewriteState *state)
 			 shape.with_ties ? "rank()" : "row_number()",
 			 rt_fetch(shape.t_index, window->rtable)->eref->aliasname,
 			 shape.with_ties ? " WITH TIES" : "");
-		note_rewrite(state);
-		rewrite_as_lateral(&shape, shape.with_ties ? FROM_RANK : FROM_ROW_NUMBER);
+		id = note_rewrite(state);
+		if (id == 0)
+			continue;
+		rewrite_as_lateral(&shape, shape.with_ties ? FROM_RANK : FROM_ROW_NUMBER, id);
 	}
 }
 
@@ -1049,6 +1096,7 @@ try_distinct_on_form(Query *query, RewriteState *state)
 	int			nkeys = list_length(query->distinctClause);
 	PairShape	shape = {0};
 	List	   *order;
+	int			id;
 
 	if (query->commandType != CMD_SELECT || !query->hasDistinctOn ||
 		list_length(query->sortClause) <= nkeys)
@@ -1073,8 +1121,10 @@ try_distinct_on_form(Query *query, RewriteState *state)
 	shape.limit = int8_const(1);
 	elog(DEBUG1, "KNN Join: the DISTINCT ON query over \"%s\" is planned as a LATERAL top-1 subquery",
 		 rt_fetch(shape.t_index, query->rtable)->eref->aliasname);
-	note_rewrite(state);
-	rewrite_as_lateral(&shape, FROM_DISTINCT_ON);
+	id = note_rewrite(state);
+	if (id == 0)
+		return;
+	rewrite_as_lateral(&shape, FROM_DISTINCT_ON, id);
 	query->sortClause = list_truncate(query->sortClause, nkeys);
 	query->distinctClause = NIL;
 	query->hasDistinctOn = false;
@@ -1105,11 +1155,27 @@ plan_next(Query *parse, const char *query_string, int cursorOptions, ParamListIn
 	return standard_planner(parse, query_string, cursorOptions, boundParams);
 }
 
+/* Counts each plan of a rewritten subquery (RewriteState.planned). */
+static void
+count_planned_rewrite(PlannerInfo *root, RelOptInfo *rel, Index rti, RangeTblEntry *rte)
+{
+	int			id;
+
+	if (prev_rel_pathlist_hook)
+		prev_rel_pathlist_hook(root, rel, rti, rte);
+	if (planning == NULL || planning->planned == NULL || rte->rtekind != RTE_SUBQUERY ||
+		IS_DUMMY_REL(rel))
+		return;
+	id = knn_scan_rewrite_id(rte->subquery);
+	if (id > 0 && id <= planning->rewrites)
+		planning->planned[id]++;
+}
+
 /*
  * Rewrites, plans, and keeps the plan only where a KNN Join runs every
- * rewritten subquery. Where one does not (the node declined it, or lost
- * on cost), PostgreSQL's plan of the LATERAL form would differ from the
- * query as written without a word in EXPLAIN, and could read an
+ * plan of every rewritten subquery. Where one does not (the node declined
+ * it, or lost on cost), PostgreSQL's plan of the LATERAL form would differ
+ * from the query as written without a word in EXPLAIN, and could read an
  * approximate index (pgvector's hnsw or ivfflat) that the query as written
  * never reads: the query as written is planned instead.
  */
@@ -1117,17 +1183,59 @@ static PlannedStmt *
 knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
 				   ParamListInfo boundParams)
 {
-	RewriteState state = {parse, NULL, 0};
+	RewriteState state = {parse, NULL, 0, NULL};
+	RewriteState *outer = planning;
 	PlannedStmt *plan;
+	int		   *run;
+	int			missing = 0;
 
 	if (knn_gpu_enable_knn_join)
 		rewrite_walker((Node *) parse, &state);
-	plan = plan_next(parse, query_string, cursorOptions, boundParams);
-	if (state.rewrites == 0 || knn_scan_rewritten_joins(plan) >= state.rewrites)
+	if (state.rewrites == 0)
+	{
+		planning = NULL;		/* a statement planned while planning another */
+		PG_TRY();
+		{
+			plan = plan_next(parse, query_string, cursorOptions, boundParams);
+		}
+		PG_FINALLY();
+		{
+			planning = outer;
+		}
+		PG_END_TRY();
 		return plan;
-	elog(DEBUG1, "KNN Join not used: no KNN Join runs the rewritten LATERAL subquery (%d of %d rewritten); the query is planned as written",
-		 state.rewrites - knn_scan_rewritten_joins(plan), state.rewrites);
-	return plan_next(state.as_written, query_string, cursorOptions, boundParams);
+	}
+	state.planned = palloc0(sizeof(int) * (state.rewrites + 1));
+	planning = &state;
+	PG_TRY();
+	{
+		plan = plan_next(parse, query_string, cursorOptions, boundParams);
+	}
+	PG_FINALLY();
+	{
+		planning = outer;
+	}
+	PG_END_TRY();
+	run = palloc0(sizeof(int) * (state.rewrites + 1));
+	knn_scan_count_rewritten_joins(plan, run, state.rewrites);
+	for (int id = 1; id <= state.rewrites; id++)
+		if (run[id] < state.planned[id])
+			missing++;
+	if (missing == 0)
+		return plan;
+	elog(DEBUG1, "KNN Join not used: no KNN Join runs %d of the %d rewritten LATERAL subqueries; the query is planned as written",
+		 missing, state.rewrites);
+	planning = NULL;
+	PG_TRY();
+	{
+		plan = plan_next(state.as_written, query_string, cursorOptions, boundParams);
+	}
+	PG_FINALLY();
+	{
+		planning = outer;
+	}
+	PG_END_TRY();
+	return plan;
 }
 
 void
@@ -1135,4 +1243,6 @@ knn_scan_window_register(void)
 {
 	prev_planner_hook = planner_hook;
 	planner_hook = knn_window_planner;
+	prev_rel_pathlist_hook = set_rel_pathlist_hook;
+	set_rel_pathlist_hook = count_planned_rewrite;
 }

@@ -670,6 +670,31 @@ SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY 
 UNION ALL
 SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
                FROM knn_w_tiny_q q, knn_w_tiny_t t) s WHERE rn <= 2;
+-- Each rewrite is checked by itself: here one rewrite planned twice (a CTE
+-- inlined twice), both run by KNN Joins, beside one no KNN Join runs: two
+-- KNN Joins for two rewrites, yet the statement as written.
+EXPLAIN (COSTS OFF)
+WITH w AS NOT MATERIALIZED (
+  SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                 FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2)
+SELECT a.qid, a.tid, b.rn FROM w a JOIN w b ON a.qid = b.qid AND a.tid = b.tid
+UNION ALL
+SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+               FROM knn_w_tiny_q q, knn_w_tiny_t t) s WHERE rn <= 2;
+-- A rewrite the planner drops (a CTE no one reads) needs no KNN Join.
+EXPLAIN (COSTS OFF)
+WITH unread AS (
+  SELECT DISTINCT ON (q.id) q.id, t.id FROM knn_w_tiny_q q, knn_w_tiny_t t ORDER BY q.id, t.v <-> q.v, t.id)
+SELECT * FROM (SELECT q.id, t.id, row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+               FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2;
+-- The query as written is the one written: the JOIN's ON condition beside
+-- the WHERE's, each once.
+EXPLAIN (COSTS OFF)
+SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                      row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+               FROM knn_w_tiny_q q JOIN knn_w_tiny_t t ON t.id <> q.id
+               WHERE q.id > 0 AND t.id > 0) s WHERE rn <= 2;
 RESET client_min_messages;
 SELECT * FROM pg_temp.window_check($$
   SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
