@@ -634,7 +634,12 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   // A far pair (past the query part's nearest target parts) changes few
   // lists: each of its warp groups meets a few candidate clusters, and the
   // launch lasts as long as the longest of those walks. The most threads
-  // per query split each group's candidates the most.
+  // per query split each group's candidates the most. Lists in registers
+  // only: lists in shared memory take P times the block's shared memory,
+  // and past the device's limit level 2 would take them to global memory.
+  const bool register_lists =
+      config.place == ListPlace::Registers16 || config.place == ListPlace::Registers32;
+  far = far && register_lists;
   const int forced = forced_threads_per_query();
   const int far_forced = far ? forced_far_threads_per_query() : 0;
   config.parts = forced > 0                        ? forced
