@@ -31,6 +31,7 @@
 #include "optimizer/optimizer.h"
 #include "optimizer/pathnode.h"
 #include "optimizer/planmain.h"
+#include "optimizer/plancat.h"
 #include "optimizer/planner.h"
 #include "optimizer/restrictinfo.h"
 #include "optimizer/tlist.h"
@@ -147,6 +148,33 @@ inner_where(KnnJoinPath *kp, Node *quals)
 }
 
 /*
+ * While a KNN Join's inner scan is planned (plan_inner_relation), its
+ * relations have no approximate index (pgvector's hnsw or ivfflat): such an
+ * index answers an ORDER BY on a distance (a tie key such as t.w <-> '[0,0]')
+ * with only some of the rows, and the engine must see every row.
+ */
+static get_relation_info_hook_type prev_get_relation_info_hook = NULL;
+static int	planning_inner_scans = 0;
+
+static void
+without_approximate_indexes(PlannerInfo *root, Oid relation, bool inhparent, RelOptInfo *rel)
+{
+	ListCell   *lc;
+
+	if (prev_get_relation_info_hook)
+		prev_get_relation_info_hook(root, relation, inhparent, rel);
+	if (planning_inner_scans == 0)
+		return;
+	foreach(lc, rel->indexlist)
+	{
+		IndexOptInfo *index = lfirst_node(IndexOptInfo, lc);
+
+		if (knn_is_approximate_index_am(index->relam))
+			rel->indexlist = foreach_delete_current(rel->indexlist, lc);
+	}
+}
+
+/*
  * Plans "SELECT <vector>, <needed columns> FROM <relation> WHERE ...
  * [ORDER BY <tie keys>]" from the user's subquery (inner_select_list).
  */
@@ -174,8 +202,17 @@ plan_inner_relation(PlannerInfo *root, KnnJoinPath *kp)
 	scan_query->limitCount = NULL;
 	scan_query->limitOffset = NULL;
 
-	/* Every row is wanted: tuple_fraction 0. */
-	subroot = subquery_planner(root->glob, scan_query, root, false, 0.0);
+	/* Every row is wanted: tuple_fraction 0; no approximate index. */
+	planning_inner_scans++;
+	PG_TRY();
+	{
+		subroot = subquery_planner(root->glob, scan_query, root, false, 0.0);
+	}
+	PG_FINALLY();
+	{
+		planning_inner_scans--;
+	}
+	PG_END_TRY();
 	final_rel = fetch_upper_rel(subroot, UPPERREL_FINAL, NULL);
 	plan = create_plan(subroot, final_rel->cheapest_total_path);
 
@@ -607,4 +644,6 @@ void
 knn_scan_register_plan(void)
 {
 	RegisterCustomScanMethods(&knn_join_scan_methods);
+	prev_get_relation_info_hook = get_relation_info_hook;
+	get_relation_info_hook = without_approximate_indexes;
 }

@@ -193,7 +193,34 @@ SELECT (SELECT count(*) FROM win_as_written) AS rows_as_written,
                          UNION ALL (TABLE win_as_written EXCEPT ALL TABLE win_lateral_index)) d) > 0
     AS index_is_approximate;
 DROP VIEW win_window;
-DROP TABLE win_q, win_t, win_rewrite_on, win_exact_node, win_as_written, win_lateral_index;
+DROP TABLE win_rewrite_on, win_exact_node, win_as_written, win_lateral_index;
+
+-- The KNN Join's own scan of the targets never reads an approximate index:
+-- here a tie key orders by a distance to a constant on an ivfflat-indexed
+-- column, which the index would answer with one list's rows (sorts made
+-- dear so that the planner wants it).
+CREATE TABLE win_tw (id int PRIMARY KEY, v vector(2), w vector(2));
+INSERT INTO win_tw SELECT i, ARRAY[cos(i * 0.37) * 2, sin(i * 0.91) * 2]::vector(2),
+                          ARRAY[sin(i * 0.53), cos(i * 1.3)]::vector(2) FROM generate_series(1, 2000) i;
+CREATE INDEX win_tw_w_ivfflat ON win_tw USING ivfflat (w vector_l2_ops) WITH (lists = 50);
+ANALYZE win_tw;
+SET ivfflat.probes = 1;
+SET enable_sort = off;
+CREATE TEMP VIEW win_tie_lateral AS
+SELECT q.id AS qid, n.id AS tid, n.d FROM win_q q CROSS JOIN LATERAL (
+  SELECT t.id, t.v <-> q.v AS d FROM win_tw t ORDER BY t.v <-> q.v, t.w <-> '[0,0]' LIMIT 5) n;
+EXPLAIN (COSTS OFF) SELECT * FROM win_tie_lateral;
+CREATE TEMP TABLE win_tie_node AS SELECT * FROM win_tie_lateral;
+SET knn_gpu.enable_knn_join = off;
+CREATE TEMP TABLE win_tie_postgres AS SELECT * FROM win_tie_lateral;
+RESET knn_gpu.enable_knn_join;
+RESET enable_sort;
+RESET ivfflat.probes;
+SELECT (SELECT count(*) FROM win_tie_node) AS node_rows,
+  (SELECT count(*) FROM ((TABLE win_tie_node EXCEPT ALL TABLE win_tie_postgres)
+                         UNION ALL (TABLE win_tie_postgres EXCEPT ALL TABLE win_tie_node)) d) AS differing;
+DROP VIEW win_tie_lateral;
+DROP TABLE win_q, win_t, win_tw, win_tie_node, win_tie_postgres;
 
 DROP TABLE items, bits;
 DROP EXTENSION knn_gpu;
