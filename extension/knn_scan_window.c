@@ -113,7 +113,7 @@ static planner_hook_type prev_planner_hook = NULL;
  * PostgreSQL and pg_stat_statements set queryId on a statement's top-level
  * query only (a stored query, such as a view's, reads back 0), never on a
  * subquery written in FROM; only an inlined SQL function's body may carry a
- * query hash there, which equals one of these tags with odds of 3 in 2^40.
+ * query hash there, which equals one of these tags with odds of about 1 in 2^46.
  * The tag holds the form (byte 0) and which rewrite of the statement made
  * the subquery (1, 2, ...; bytes 1-2), so that the plan can be checked
  * rewrite by rewrite (knn_window_planner).
@@ -1073,13 +1073,13 @@ try_window_form(Query *outer, RewriteState *state)
 			!recognise_pairs(window, clause->partitionClause, clause->orderClause, false, &shape) ||
 			!recognise_rn_filter(outer, rtindex, &shape))
 			continue;
+		id = note_rewrite(state);
+		if (id == 0)
+			continue;
 		elog(DEBUG1, "KNN Join: the %s window over \"%s\" is planned as a LATERAL top-k subquery%s",
 			 shape.with_ties ? "rank()" : "row_number()",
 			 rt_fetch(shape.t_index, window->rtable)->eref->aliasname,
 			 shape.with_ties ? " WITH TIES" : "");
-		id = note_rewrite(state);
-		if (id == 0)
-			continue;
 		rewrite_as_lateral(&shape, shape.with_ties ? FROM_RANK : FROM_ROW_NUMBER, id);
 	}
 }
@@ -1119,11 +1119,11 @@ try_distinct_on_form(Query *query, RewriteState *state)
 	if (!recognise_pairs(query, query->distinctClause, order, true, &shape))
 		return;
 	shape.limit = int8_const(1);
-	elog(DEBUG1, "KNN Join: the DISTINCT ON query over \"%s\" is planned as a LATERAL top-1 subquery",
-		 rt_fetch(shape.t_index, query->rtable)->eref->aliasname);
 	id = note_rewrite(state);
 	if (id == 0)
 		return;
+	elog(DEBUG1, "KNN Join: the DISTINCT ON query over \"%s\" is planned as a LATERAL top-1 subquery",
+		 rt_fetch(shape.t_index, query->rtable)->eref->aliasname);
 	rewrite_as_lateral(&shape, FROM_DISTINCT_ON, id);
 	query->sortClause = list_truncate(query->sortClause, nkeys);
 	query->distinctClause = NIL;
