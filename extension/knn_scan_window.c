@@ -1172,6 +1172,31 @@ count_planned_rewrite(PlannerInfo *root, RelOptInfo *rel, Index rti, RangeTblEnt
 }
 
 /*
+ * Plans with `planning` set to state, whose rewritten subqueries'
+ * plans count_planned_rewrite counts (NULL: a statement that counts none,
+ * also one planned while another is), and restored after, also on error.
+ */
+static PlannedStmt *
+plan_counting(RewriteState *state, Query *parse, const char *query_string, int cursorOptions,
+			  ParamListInfo boundParams)
+{
+	RewriteState *outer = planning;
+	PlannedStmt *plan;
+
+	planning = state;
+	PG_TRY();
+	{
+		plan = plan_next(parse, query_string, cursorOptions, boundParams);
+	}
+	PG_FINALLY();
+	{
+		planning = outer;
+	}
+	PG_END_TRY();
+	return plan;
+}
+
+/*
  * Rewrites, plans, and keeps the plan only where a KNN Join runs every
  * plan of every rewritten subquery. Where one does not (the node declined
  * it, or lost on cost), PostgreSQL's plan of the LATERAL form would differ
@@ -1184,7 +1209,6 @@ knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
 				   ParamListInfo boundParams)
 {
 	RewriteState state = {parse, NULL, 0, NULL};
-	RewriteState *outer = planning;
 	PlannedStmt *plan;
 	int		   *run;
 	int			missing = 0;
@@ -1192,30 +1216,9 @@ knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
 	if (knn_gpu_enable_knn_join)
 		rewrite_walker((Node *) parse, &state);
 	if (state.rewrites == 0)
-	{
-		planning = NULL;		/* a statement planned while planning another */
-		PG_TRY();
-		{
-			plan = plan_next(parse, query_string, cursorOptions, boundParams);
-		}
-		PG_FINALLY();
-		{
-			planning = outer;
-		}
-		PG_END_TRY();
-		return plan;
-	}
+		return plan_counting(NULL, parse, query_string, cursorOptions, boundParams);
 	state.planned = palloc0(sizeof(int) * (state.rewrites + 1));
-	planning = &state;
-	PG_TRY();
-	{
-		plan = plan_next(parse, query_string, cursorOptions, boundParams);
-	}
-	PG_FINALLY();
-	{
-		planning = outer;
-	}
-	PG_END_TRY();
+	plan = plan_counting(&state, parse, query_string, cursorOptions, boundParams);
 	run = palloc0(sizeof(int) * (state.rewrites + 1));
 	knn_scan_count_rewritten_joins(plan, run, state.rewrites);
 	for (int id = 1; id <= state.rewrites; id++)
@@ -1225,17 +1228,7 @@ knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
 		return plan;
 	elog(DEBUG1, "KNN Join not used: no KNN Join runs %d of the %d rewritten LATERAL subqueries; the query is planned as written",
 		 missing, state.rewrites);
-	planning = NULL;
-	PG_TRY();
-	{
-		plan = plan_next(state.as_written, query_string, cursorOptions, boundParams);
-	}
-	PG_FINALLY();
-	{
-		planning = outer;
-	}
-	PG_END_TRY();
-	return plan;
+	return plan_counting(NULL, state.as_written, query_string, cursorOptions, boundParams);
 }
 
 void
