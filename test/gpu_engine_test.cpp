@@ -1271,6 +1271,7 @@ struct OutOfCoreShape {
   long long query_rows = 0, target_rows = 0;
   bool cached = false;
   long long skipped = -1;  // pairs skipped by their bound (" skip S"); -1: not ordered
+  long long gathered = -1; // parts of far clusters gathered (" gathered G"); -1: none
 };
 
 bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
@@ -1282,6 +1283,8 @@ bool out_of_core_shape(const std::string &variant, OutOfCoreShape *s) {
   s->cached = variant.find("/cached") != std::string::npos;
   const size_t skip = variant.find(" skip ");
   if (skip != std::string::npos) s->skipped = std::atoll(variant.c_str() + skip + 6);
+  const size_t gathered = variant.find(" gathered ");
+  if (gathered != std::string::npos) s->gathered = std::atoll(variant.c_str() + gathered + 10);
   return true;
 }
 
@@ -1534,6 +1537,8 @@ TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
 
 TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
   REQUIRE_GPU();
+  // The pairs part by part (the far clusters not gathered).
+  const ScopedEnv part_by_part("KNN_TI_GATHER", "0");
   // 12 blobs with duplicates: at these budgets a part is much smaller than
   // a blob, so most (query part, target part) pairs are skipped by their
   // bound, while query parts at a blob's edge still visit parts other than
@@ -1568,6 +1573,52 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
   }
 }
 
+// Past each query part's nearest target part, the clusters it still needs
+// from all the other parts are gathered into few parts (GatheredTargets):
+// every answer must equal the CPU engine's and the in-memory join's bit for
+// bit, as part by part (KNN_TI_GATHER=0), for L2 and L1, a self-join with
+// duplicates (the gathered parts renumber their rows) and two sets with
+// colliding keys (k' > 32: level 2's lists in global memory).
+TEST(GpuTiOutOfCore, GatheredFarClustersAnswerAsPartByPart) {
+  REQUIRE_GPU();
+  const Data d = make_self(60000, 8, Shape::kClustered, 375, true);
+  Data keyed = make_data(20000, 40000, 4, Shape::kClustered, 376, true);
+  keyed.query_keys.resize(20000);
+  keyed.target_keys.resize(40000);
+  for (int64_t i = 0; i < 20000; i++) keyed.query_keys[i] = i % 700;
+  for (int64_t j = 0; j < 40000; j++) keyed.target_keys[j] = j % 700;
+  const std::vector<int64_t> limits = {2 << 20, 1 << 20};
+  for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
+    Options o;
+    o.k = 10;
+    o.metric = m;
+    for (const char *gather : {"1", "0"}) {
+      const ScopedEnv knob("KNN_TI_GATHER", gather);
+      const bool on = gather[0] == '1';
+      const std::string what = std::string("self 60000x8, gather ") + gather;
+      const std::vector<OutOfCoreShape> shapes = check_out_of_core(d, o, limits, what.c_str());
+      ASSERT_EQ(shapes.size(), limits.size()) << what;
+      for (const OutOfCoreShape &s : shapes) {
+        ASSERT_GT(s.query_parts, 1) << what;
+        if (on) {
+          EXPECT_GT(s.gathered, 0) << what;
+        } else {
+          EXPECT_EQ(s.gathered, -1) << what;
+        }
+      }
+      Options keys = o;
+      keys.keys = true;
+      keys.k = 25;
+      const std::string keyed_what = std::string("two sets, keys, gather ") + gather;
+      for (const OutOfCoreShape &s : check_out_of_core(keyed, keys, limits, keyed_what.c_str())) {
+        if (on && s.query_parts > 1 && s.cached) {
+          EXPECT_GT(s.gathered, 0) << keyed_what;
+        }
+      }
+    }
+  }
+}
+
 // Many blobs of very uneven sizes (a few large, most tiny; rows in random
 // order), as bench/make_cpu_sets.py's clustered sets: landmarks sampled
 // evenly from the rows miss most tiny blobs, whose rows then widen the
@@ -1577,6 +1628,7 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
 // answers unchanged.
 TEST(GpuTiOutOfCore, SplitGroupsSkipMorePairsOnUnevenBlobs) {
   REQUIRE_GPU();
+  const ScopedEnv part_by_part("KNN_TI_GATHER", "0");
   const int dim = 8, blobs = 300;
   const int64_t n = 60000;
   std::mt19937_64 rng(381);
@@ -1840,7 +1892,11 @@ TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
   // ti_spatial_order.cu) of a few points copied many times, among distinct
   // rows and near-copies one ulp away: found in pieces and merged. The
   // cached target parts gathered into their pinned blocks (the default) or
-  // into pageable stagings (KNN_TI_PINNED_PARTS=0): the same answers.
+  // into pageable stagings (KNN_TI_PINNED_PARTS=0): the same answers. At
+  // the larger budget the two large groups (24000 and 12000 rows) go into
+  // gathered parts by copies of their own (GatheredTargets::gather); at the
+  // smaller one all clusters' centres take more than their share of it, and
+  // the parts are visited one by one.
   Data d = make_self(60000, 6, Shape::kClustered, 371, false);
   for (int64_t i = 2; i < d.nt(); i++) {
     const int64_t from = i % 5 < 2 ? 0 : i % 5 == 2 ? 1 : -1;
@@ -1857,6 +1913,8 @@ TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
         check_out_of_core(d, o, {1 << 20, 1 << 19}, name.c_str());
     ASSERT_EQ(shapes.size(), 2u);
     EXPECT_TRUE(shapes.back().cached) << pinned;
+    EXPECT_GT(shapes.front().query_parts, 1) << pinned;
+    EXPECT_GT(shapes.front().gathered, 0) << pinned;
   }
 }
 

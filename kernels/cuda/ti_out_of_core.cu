@@ -34,7 +34,17 @@
 //      uploaded, not filtered. A cached part is then tested query by
 //      query (part_needed_kernel: its cluster centres and radii, copied
 //      from its pinned block, against each query's carried k'-th entry)
-//      and skipped alone where no (query, target cluster) pair passes;
+//      and skipped alone where no (query, target cluster) pair passes.
+//      Where every target part is cached in a mapped block and all their
+//      clusters' centres fit a 32nd of the budget (filter_gathered), only
+//      the nearest part is visited so; then, in rounds, every cluster of the
+//      other parts that some query cluster's carried bound still admits
+//      (level 1's group test) is gathered, nearest parts first, into a part
+//      of at most the largest part's size (ti_gathered_targets.cu), which
+//      level 1 and level 2 filter as any part, until no cluster is left
+//      that any query could need. Far parts no longer cost a pair each (a
+//      copy of the part, launches and a read-back for a few clusters);
+//      KNN_TI_GATHER=0 visits them one by one (A/B);
 //   3. the lists come back to the host (mapped: the host reads them where
 //      the device wrote them, no download, and copies them out of the
 //      tiles into distinct point order, a pageable n_distinct x k' copy),
@@ -98,6 +108,7 @@
 #include "ti_common.cuh"
 #include "ti_distance.cuh"
 #include "ti_expand.cuh"
+#include "ti_gathered_targets.cuh"
 #include "ti_parts.cuh"
 #include "../stopwatch.h"
 
@@ -218,6 +229,22 @@ int forced_far_threads_per_query() {
 bool lazy_lists() {
   const char *forced = std::getenv("KNN_TI_LAZY_LISTS");
   return forced == nullptr || forced[0] != '0';
+}
+
+// Past its nearest target part, a query part takes the clusters it still
+// needs from every other part gathered into few parts (GatheredTargets);
+// KNN_TI_GATHER=0 visits the parts one by one, for A/B benchmarks and tests.
+bool gather_far_clusters() {
+  const char *forced = std::getenv("KNN_TI_GATHER");
+  return forced == nullptr || forced[0] != '0';
+}
+
+// The nearest target parts a query part visits whole before the far
+// clusters are gathered; KNN_TI_DIRECT_PARTS=N (1..8) for A/B benchmarks.
+int direct_parts() {
+  const char *forced = std::getenv("KNN_TI_DIRECT_PARTS");
+  const int n = forced != nullptr ? std::atoi(forced) : 0;
+  return n >= 1 && n <= 8 ? n : 1;
 }
 
 // Host arrays of a query part's lists, left uninitialized where they grow
@@ -374,6 +401,15 @@ class OutOfCoreJoin {
   KnnStatus filter_part(const ClusterSet &queries, const TargetPart &part, const float *carried,
                         bool far, MemoryBudget &mem);
   KnnStatus carried_bounds(const ClusterSet &queries, float *carried);
+  // After the query part's `direct` nearest target parts (order[0], ...,
+  // visited whole, or skipped by their tests): the clusters of
+  // all other parts that some query may still need, gathered into parts of
+  // at most the largest part's size, nearest parts' clusters first, until
+  // no cluster is needed (GatheredTargets).
+  KnnStatus filter_gathered(const ClusterSet &queries,
+                            const std::vector<std::pair<double, int>> &order, int direct,
+                            float query_max_abs, float *carried, bool *finite,
+                            MemoryBudget &mem);
   KnnStatus pair_tests(const ClusterSet &queries, const DistinctSet &query_set, int target,
                        double *theta, int64_t *last_row, bool *needed, MemoryBudget &mem);
   KnnStatus output_part(const DistinctSet &query_set, int64_t first, const int64_t *query_keys,
@@ -462,6 +498,10 @@ class OutOfCoreJoin {
   double get_seconds_ = 0, level1_seconds_ = 0, level2_seconds_ = 0, theta_seconds_ = 0;
   double query_upload_seconds_ = 0;
   int64_t pairs_visited_ = 0;
+  // Cached ordered parts: the far clusters gathered (filter_gathered).
+  GatheredTargets gathered_;
+  bool gathering_ = false;
+  int64_t gathered_sets_ = 0, gathered_clusters_ = 0;
   // Declared last, so destroyed first: the expansion and the gather still
   // running (an error path) are waited for before anything they use goes.
   std::future<void> expanding_;
@@ -491,7 +531,8 @@ void OutOfCoreJoin::trace() const {
                "(%lld by clusters); "
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
-               "(uploads %.4f, pinned copies %.4f); lists %s (pinning waited %.4f s)\n",
+               "(uploads %.4f, pinned copies %.4f); lists %s (pinning waited %.4f s); "
+               "%lld gathered parts of %lld clusters\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
                (long long)pairs_skipped_, (long long)cluster_skipped_,
@@ -499,7 +540,8 @@ void OutOfCoreJoin::trace() const {
                query_upload_seconds_, filter_seconds_, get_seconds_, level1_seconds_,
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
                targets_.upload_seconds(), targets_.store_seconds(),
-               plan_.mapped_lists ? "mapped" : "device", mapping_wait_seconds_);
+               plan_.mapped_lists ? "mapped" : "device", mapping_wait_seconds_,
+               (long long)gathered_sets_, (long long)gathered_clusters_);
 }
 
 KnnStatus OutOfCoreJoin::upload_target_keys() {
@@ -662,6 +704,68 @@ KnnStatus OutOfCoreJoin::filter_part(const ClusterSet &queries, const TargetPart
   mem.release(level1.cand_count);
   mem.release(level1.upper_bound);
   return KNN_OK;
+}
+
+KnnStatus OutOfCoreJoin::filter_gathered(const ClusterSet &queries,
+                                         const std::vector<std::pair<double, int>> &order,
+                                         int direct, float query_max_abs, float *carried,
+                                         bool *finite, MemoryBudget &mem) {
+  std::vector<uint8_t> taken(gathered_.clusters(), 0), needed;
+  for (int i = 0; i < direct; i++) {
+    const int part = order[i].second;
+    for (int32_t g = gathered_.first_cluster(part); g < gathered_.end_cluster(part); g++)
+      taken[g] = 1;
+  }
+  for (int round = 0;; round++) {
+    KNN_TRY(ctx_.cancel_point());
+    // Every cluster not taken yet is tested with the bounds carried so far:
+    // those needed go in, the nearest parts' first (a part's clusters lie
+    // together: few query clusters meet each), up to the largest part's
+    // size; the rest wait for the next round's (smaller) bounds. Once none
+    // is needed, no target left can enter any list (GatheredTargets::select).
+    const Clock::time_point t_select = Clock::now();
+    KNN_TRY(carried_bounds(queries, carried));
+    KNN_TRY(gathered_.select(queries, carried, p_.metric, margin_, &needed, ctx_));
+    theta_seconds_ += seconds_since(t_select);
+    std::vector<int32_t> chosen;
+    int64_t points = 0, rows = 0;
+    float max_abs = query_max_abs;
+    bool full = false;
+    for (size_t i = direct; i < order.size() && !full; i++) {
+      const int part = order[i].second;
+      for (int32_t g = gathered_.first_cluster(part); g < gathered_.end_cluster(part); g++) {
+        if (taken[g] != 0 || needed[g] == 0) continue;
+        if ((int32_t)chosen.size() == gathered_.max_clusters() ||
+            points + gathered_.size(g) > gathered_.max_points() ||
+            rows + gathered_.rows(g) > gathered_.max_rows()) {
+          full = true;
+          break;
+        }
+        chosen.push_back(g);
+        taken[g] = 1;
+        points += gathered_.size(g);
+        rows += gathered_.rows(g);
+        max_abs = std::max(max_abs, gathered_.max_abs(part));
+      }
+    }
+    if (chosen.empty()) return KNN_OK;
+    // The bounds need finite distances (as TargetParts::get checks).
+    if (!distances_stay_finite(p_.metric, p_.dim, max_abs)) {
+      *finite = false;
+      return KNN_OK;
+    }
+    MemoryBudget part_mem(mem.budget() - std::min(mem.budget(), mem.used()));
+    TargetPart part;
+    Clock::time_point t_get = Clock::now();
+    KNN_TRY(gathered_.gather(chosen, part, part_mem, ctx_));
+    lap(&get_seconds_, &t_get);
+    pairs_visited_++;
+    gathered_sets_++;
+    gathered_clusters_ += (int64_t)chosen.size();
+    // The first gathered part holds the next nearest parts' clusters (many
+    // lists change); the later ones few clusters each query meets.
+    KNN_TRY(filter_part(queries, part, carried, round > 0, part_mem));
+  }
 }
 
 // The target parts for query positions [first, first + count), nearest
@@ -945,7 +1049,10 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
   // the first.
   DeviceBuffer<float> carried;
   KNN_TRY(mem.allocate(ctx_, carried, (size_t)std::max<int32_t>(1, queries.m), "carried bounds"));
-  for (int i = 0; i < plan_.target_parts(); i++) {
+  // Gathering: the nearest part(s) alone, then the far clusters of all others.
+  const int direct =
+      gathering_ ? std::min(direct_parts(), plan_.target_parts()) : plan_.target_parts();
+  for (int i = 0; i < direct; i++) {
     KNN_TRY(ctx_.cancel_point());
     const int target = order[i].second;
     if (i > 0) {
@@ -999,6 +1106,10 @@ KnnStatus OutOfCoreJoin::query_part(int index, bool *finite, int64_t *neighbors,
     }
     CUDA_CHECK(ctx_, cudaEventRecord(done[i % 2].get(), ctx_.stream));
     if (i > 0) CUDA_CHECK(ctx_, cudaEventSynchronize(done[(i - 1) % 2].get()));
+  }
+  if (gathering_ && direct > 0) {
+    KNN_TRY(filter_gathered(queries, order, direct, query_max_abs, carried.get(), finite, mem));
+    if (!*finite) return KNN_OK;
   }
   CUDA_CHECK(ctx_, cudaStreamSynchronize(ctx_.stream));
   filter_seconds_ += seconds_since(t0);
@@ -1120,13 +1231,17 @@ void OutOfCoreJoin::describe(KnnStats *stats) const {
   // are its cached target parts); P threads per query (of the last near
   // pair's level 2; "+F": F for the far pairs, where that differs).
   // " skip S": (query part, target part) pairs skipped by their bound or
-  // by their clusters (part_needed; also for row ranges).
-  char parts[24] = "", skipped[24] = "";
+  // by their clusters (part_needed; also for row ranges); " gathered G":
+  // instead, past each query part's nearest target part, G parts of the
+  // clusters still needed, gathered from all the others (filter_gathered).
+  char parts[24] = "", skipped[32] = "";
   if (far_parts_ > 0 && far_parts_ != used_.parts)
     std::snprintf(parts, sizeof parts, "/x%d+%d", used_.parts, far_parts_);
   else if (used_.parts > 1)
     std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
-  if (ordered_ || pairs_skipped_ > 0)
+  if (gathering_)
+    std::snprintf(skipped, sizeof skipped, " gathered %lld", (long long)gathered_sets_);
+  else if (ordered_ || pairs_skipped_ > 0)
     std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);
   std::snprintf(stats->variant, sizeof stats->variant,
                 "ti/out-of-core %dx%d parts of %lldx%lld%s%s%s/%s", plan_.query_parts(),
@@ -1175,6 +1290,15 @@ KnnStatus OutOfCoreJoin::run(int64_t *neighbors, double *distances, KnnStats *st
       TargetPart part;
       KNN_TRY(targets_.get(i, 0.0f, part, finite, mem));
       if (!*finite) return KNN_OK;
+    }
+    // The far clusters gathered (ordered sides, every part cached in a
+    // mapped block), where all clusters' centres take a small share of the
+    // budget (the parts were cut for the rest).
+    if (ordered_ && targets_.cached() && plan_.target_parts() > 1 && gather_far_clusters()) {
+      const size_t room = std::min(plan_.budget / 32, plan_.budget - std::min(plan_.budget,
+                                                                              fixed_mem_.used()));
+      KNN_TRY(gathered_.build(targets_, plan_.target_parts(), stride_, room, fixed_mem_, ctx_,
+                              &gathering_));
     }
   }
   for (int q = 0; q < plan_.query_parts(); q++) {

@@ -259,6 +259,24 @@ class TargetParts {
   };
   bool summary(int index, ClusterSummary *out) const;
 
+  // A cached part's arrays where the device reads them in place (its
+  // pinned block, mapped into the device's address space), and the host's
+  // own view of its cluster offsets and multiplicities (ti_gathered_targets.cu
+  // copies clusters of many parts into one); false where the part is not
+  // cached or its block is not mapped.
+  struct CachedArrays {
+    int32_t m = 0;
+    int64_t n_distinct = 0, n_rows = 0;
+    float max_abs = 0;
+    const float *x = nullptr, *dist = nullptr, *centers = nullptr, *radius = nullptr,
+                *nearest = nullptr;
+    const int32_t *begin = nullptr, *first_row = nullptr, *mult = nullptr,
+                  *rows_begin = nullptr, *rows = nullptr;
+    const int32_t *host_begin = nullptr, *host_mult = nullptr, *host_rows_begin = nullptr,
+                  *host_rows = nullptr;
+  };
+  bool cached_arrays(int index, CachedArrays *out) const;
+
   // The join ends (on any path): the blocks not pinned yet are not wanted.
   // The thread pinning them ahead stops within a piece; the parts already
   // cached keep theirs. (The destructor does it too.)

@@ -534,6 +534,44 @@ KnnStatus TargetParts::load(int index, TargetPart &out, MemoryBudget &mem) {
   return KNN_OK;
 }
 
+bool TargetParts::cached_arrays(int index, CachedArrays *out) const {
+  const HostPart *h = host_[index];
+  if (h == nullptr || !h->ready) return false;
+  // Pinned blocks are mapped where the device has unified addressing
+  // (cudaHostRegisterDefault, cudaMallocHost); the device's address of
+  // one may still differ from the host's.
+  void *device = nullptr;
+  if (cudaHostGetDevicePointer(&device, h->data(), 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const HostPart::Layout l =
+      HostPart::layout(h->m, h->n_distinct, h->n_rows, padded_stride(p_.dim));
+  const unsigned char *d = static_cast<const unsigned char *>(device);
+  const unsigned char *b = h->data();
+  auto f = [&](size_t at) { return reinterpret_cast<const float *>(d + at); };
+  auto i = [&](size_t at) { return reinterpret_cast<const int32_t *>(d + at); };
+  out->m = h->m;
+  out->n_distinct = h->n_distinct;
+  out->n_rows = h->n_rows;
+  out->max_abs = h->max_abs;
+  out->x = f(l.x);
+  out->dist = f(l.dist);
+  out->centers = f(l.centers);
+  out->radius = f(l.radius);
+  out->nearest = f(l.nearest);
+  out->begin = i(l.begin);
+  out->first_row = i(l.first_row);
+  out->mult = i(l.mult);
+  out->rows_begin = i(l.rows_begin);
+  out->rows = i(l.rows);
+  out->host_begin = reinterpret_cast<const int32_t *>(b + l.begin);
+  out->host_mult = reinterpret_cast<const int32_t *>(b + l.mult);
+  out->host_rows_begin = reinterpret_cast<const int32_t *>(b + l.rows_begin);
+  out->host_rows = reinterpret_cast<const int32_t *>(b + l.rows);
+  return true;
+}
+
 void TargetParts::stop_pinning() {
   if (pinner_) pinner_->stop();
 }
