@@ -139,17 +139,21 @@ static const char *const rewritten_form_names[REWRITTEN_FORM_COUNT] = {
 /*
  * The statement being planned: its query as written (copied before the
  * first rewrite changes it), how many subqueries were rewritten, and for
- * each rewrite (by id) how many times the planner planned the subquery it
- * made (set_rel_pathlist_hook: a copy inlined twice counts twice, one the
- * planner dropped never). A rewrite stands only where a KNN Join runs each
- * of those (knn_window_planner).
+ * each rewrite (by id) each time the planner planned the subquery it made
+ * (set_rel_pathlist_hook: a copy inlined twice counts twice, one the
+ * planner dropped never), with the planning it was part of. A rewrite
+ * stands only where a KNN Join runs each of those plans that the statement
+ * keeps (knn_window_planner; not those of an alternative subplan that
+ * setrefs dropped).
  */
 typedef struct RewriteState
 {
 	Query	   *statement;
 	Query	   *as_written;
 	int			rewrites;
-	int		   *planned;		/* [1..rewrites], once planning has begun */
+	bool		counting;		/* planning has begun */
+	List	   *planned_ids;	/* each plan of a rewritten subquery: its id */
+	List	   *planned_roots;	/* ... and its PlannerInfo */
 } RewriteState;
 
 /* The innermost statement being planned (planning may plan others). */
@@ -1155,7 +1159,7 @@ plan_next(Query *parse, const char *query_string, int cursorOptions, ParamListIn
 	return standard_planner(parse, query_string, cursorOptions, boundParams);
 }
 
-/* Counts each plan of a rewritten subquery (RewriteState.planned). */
+/* Notes each plan of a rewritten subquery (RewriteState.planned_ids). */
 static void
 count_planned_rewrite(PlannerInfo *root, RelOptInfo *rel, Index rti, RangeTblEntry *rte)
 {
@@ -1163,12 +1167,42 @@ count_planned_rewrite(PlannerInfo *root, RelOptInfo *rel, Index rti, RangeTblEnt
 
 	if (prev_rel_pathlist_hook)
 		prev_rel_pathlist_hook(root, rel, rti, rte);
-	if (planning == NULL || planning->planned == NULL || rte->rtekind != RTE_SUBQUERY ||
+	if (planning == NULL || !planning->counting || rte->rtekind != RTE_SUBQUERY ||
 		IS_DUMMY_REL(rel))
 		return;
 	id = knn_scan_rewrite_id(rte->subquery);
 	if (id > 0 && id <= planning->rewrites)
-		planning->planned[id]++;
+	{
+		planning->planned_ids = lappend_int(planning->planned_ids, id);
+		planning->planned_roots = lappend(planning->planned_roots, root);
+	}
+}
+
+/*
+ * Whether a planning (root) was part of a subplan the statement does not
+ * keep: setrefs picks one plan of each AlternativeSubPlan (a correlated
+ * EXISTS, hashed or not) and leaves NULL where the other was in
+ * glob->subplans, whose subroots hold the plannings (one list index each).
+ */
+static bool
+in_dropped_subplan(PlannerInfo *root, PlannedStmt *plan)
+{
+	for (PlannerInfo *r = root; r != NULL; r = r->parent_root)
+	{
+		ListCell   *subroot;
+		ListCell   *subplan;
+
+		forboth(subroot, root->glob->subroots, subplan, plan->subplans)
+		{
+			if (lfirst(subroot) == r)
+			{
+				if (lfirst(subplan) == NULL)
+					return true;
+				break;
+			}
+		}
+	}
+	return false;
 }
 
 /*
@@ -1208,21 +1242,28 @@ static PlannedStmt *
 knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
 				   ParamListInfo boundParams)
 {
-	RewriteState state = {parse, NULL, 0, NULL};
+	RewriteState state = {parse, NULL, 0, false, NIL, NIL};
 	PlannedStmt *plan;
 	int		   *run;
+	int		   *planned;
+	ListCell   *id_cell;
+	ListCell   *root_cell;
 	int			missing = 0;
 
 	if (knn_gpu_enable_knn_join)
 		rewrite_walker((Node *) parse, &state);
 	if (state.rewrites == 0)
 		return plan_counting(NULL, parse, query_string, cursorOptions, boundParams);
-	state.planned = palloc0(sizeof(int) * (state.rewrites + 1));
+	state.counting = true;
 	plan = plan_counting(&state, parse, query_string, cursorOptions, boundParams);
+	planned = palloc0(sizeof(int) * (state.rewrites + 1));
+	forboth(id_cell, state.planned_ids, root_cell, state.planned_roots)
+		if (!in_dropped_subplan((PlannerInfo *) lfirst(root_cell), plan))
+			planned[lfirst_int(id_cell)]++;
 	run = palloc0(sizeof(int) * (state.rewrites + 1));
 	knn_scan_count_rewritten_joins(plan, run, state.rewrites);
 	for (int id = 1; id <= state.rewrites; id++)
-		if (run[id] < state.planned[id])
+		if (run[id] < planned[id])
 			missing++;
 	if (missing == 0)
 		return plan;

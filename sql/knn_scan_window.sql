@@ -695,7 +695,22 @@ SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
                       row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
                FROM knn_w_tiny_q q JOIN knn_w_tiny_t t ON t.id <> q.id
                WHERE q.id > 0 AND t.id > 0) s WHERE rn <= 2;
+-- A correlated EXISTS under OR is planned twice (an AlternativeSubPlan: hashed,
+-- and once per row); setrefs keeps one of the two plans, a KNN Join runs the
+-- rewrite in it, and the rewrite stands (the plan dropped counts for nothing).
+EXPLAIN (COSTS OFF)
+SELECT o.id FROM knn_w_no_key o WHERE o.id < 3 OR EXISTS (
+  SELECT 1 FROM (SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                                       row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                                FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2) w
+  WHERE w.tid = o.id);
 RESET client_min_messages;
+SELECT * FROM pg_temp.window_check($$
+  SELECT o.id FROM knn_w_no_key o WHERE o.id < 3 OR EXISTS (
+    SELECT 1 FROM (SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                                         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                                  FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2) w
+    WHERE w.tid = o.id) $$);
 SELECT * FROM pg_temp.window_check($$
   SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
                         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
