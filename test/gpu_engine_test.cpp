@@ -1606,13 +1606,21 @@ TEST(GpuTiOutOfCore, GatheredFarClustersAnswerAsPartByPart) {
           EXPECT_EQ(s.gathered, -1) << what;
         }
       }
+      // At the smaller budget some round fills a gathered part and leaves
+      // clusters still needed to the next (more gathered parts than query
+      // parts: a round that is not full leaves none).
+      if (on) {
+        EXPECT_GT(shapes.back().gathered, shapes.back().query_parts) << what;
+      }
       Options keys = o;
       keys.keys = true;
       keys.k = 25;
       const std::string keyed_what = std::string("two sets, keys, gather ") + gather;
       for (const OutOfCoreShape &s : check_out_of_core(keyed, keys, limits, keyed_what.c_str())) {
-        if (on && s.query_parts > 1 && s.cached) {
+        if (on) {
           EXPECT_GT(s.gathered, 0) << keyed_what;
+        } else {
+          EXPECT_EQ(s.gathered, -1) << keyed_what;
         }
       }
     }
@@ -1894,9 +1902,10 @@ TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
   // cached target parts gathered into their pinned blocks (the default) or
   // into pageable stagings (KNN_TI_PINNED_PARTS=0): the same answers. At
   // the larger budget the two large groups (24000 and 12000 rows) go into
-  // gathered parts by copies of their own (GatheredTargets::gather); at the
-  // smaller one all clusters' centres take more than their share of it, and
-  // the parts are visited one by one.
+  // gathered parts by copies of their own, and the near-copies' groups
+  // (about 250 and 125 rows) by the whole block (GatheredTargets::gather;
+  // counted in the trace); at the smaller one all clusters' centres take
+  // more than their share of it, and the parts are visited one by one.
   Data d = make_self(60000, 6, Shape::kClustered, 371, false);
   for (int64_t i = 2; i < d.nt(); i++) {
     const int64_t from = i % 5 < 2 ? 0 : i % 5 == 2 ? 1 : -1;
@@ -1909,12 +1918,34 @@ TEST(GpuTiOutOfCore, LargeDuplicateGroupsPinnedOrPageableParts) {
     Options o;
     o.k = 30;
     const std::string name = std::string("large duplicate groups, pinned ") + pinned;
-    const std::vector<OutOfCoreShape> shapes =
-        check_out_of_core(d, o, {1 << 20, 1 << 19}, name.c_str());
+    std::vector<OutOfCoreShape> shapes;
+    std::string trace;
+    {
+      const ScopedEnv traced("KNN_TI_TRACE", "1");
+      testing::internal::CaptureStderr();
+      shapes = check_out_of_core(d, o, {1 << 20, 1 << 19}, name.c_str());
+      trace = testing::internal::GetCapturedStderr();
+    }
     ASSERT_EQ(shapes.size(), 2u);
     EXPECT_TRUE(shapes.back().cached) << pinned;
     EXPECT_GT(shapes.front().query_parts, 1) << pinned;
     EXPECT_GT(shapes.front().gathered, 0) << pinned;
+    EXPECT_EQ(shapes.back().gathered, -1) << pinned;
+    // The trace's count of rows gathered each way, over the joins.
+    long long copied = 0, by_block = 0;
+    const std::string mark = "(rows of large duplicate groups: ";
+    for (size_t at = trace.find(mark); at != std::string::npos; at = trace.find(mark, at + 1)) {
+      long long c = 0, b = 0;
+      if (std::sscanf(trace.c_str() + at + mark.size(), "%lld by copies of their own, %lld by the block",
+                      &c, &b) == 2) {
+        copied += c;
+        by_block += b;
+      }
+    }
+    std::printf("  [out-of-core] %s: rows of large groups gathered %lld by copies, %lld by the block\n",
+                name.c_str(), copied, by_block);
+    EXPECT_GT(copied, 0) << pinned;
+    EXPECT_GT(by_block, 0) << pinned;
   }
 }
 

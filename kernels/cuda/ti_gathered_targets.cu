@@ -101,8 +101,9 @@ __global__ void gather_clusters_kernel(const TargetParts::CachedArrays *parts,
       out.member[to] = to;
     }
     if (threadIdx.x == 0) n_large = 0;
+    __syncthreads();
     int offset, total;
-    Scan(scan).ExclusiveSum(mult, offset, total);  // (synchronizes: n_large is 0)
+    Scan(scan).ExclusiveSum(mult, offset, total);
     if (k < n) {
       const int32_t at = item.row + done_rows + offset;
       const int32_t src = p.rows_begin[from];
@@ -125,7 +126,20 @@ __global__ void gather_clusters_kernel(const TargetParts::CachedArrays *parts,
   }
 }
 
+// Device bytes of a part's arrays (gather's allocations): per cluster its
+// centre, offset, radius and nearest member; per distinct point its row
+// and five int/float fields; 4 per row.
+size_t part_bytes(int stride, int64_t clusters, int64_t points, int64_t rows) {
+  return (size_t)clusters * (stride * sizeof(float) + 3 * sizeof(float)) +
+         (size_t)points * (stride * sizeof(float) + 5 * sizeof(int32_t)) +
+         (size_t)rows * sizeof(int32_t);
+}
+
 }  // namespace
+
+size_t GatheredTargets::bytes(int32_t g) const {
+  return part_bytes(stride_, 1, size_[g], rows_[g]);
+}
 
 KnnStatus GatheredTargets::build(const TargetParts &parts, int n_parts, int stride, size_t room,
                                  MemoryBudget &mem, DeviceContext &ctx, bool *usable) {
@@ -148,12 +162,11 @@ KnnStatus GatheredTargets::build(const TargetParts &parts, int n_parts, int stri
   size_.resize(mt);
   rows_.resize(mt);
   max_clusters_ = 0;
-  max_points_ = max_rows_ = 0;
+  max_bytes_ = 0;
   for (int i = 0; i < n_parts; i++) {
     const TargetParts::CachedArrays &p = parts_[i];
     max_clusters_ = std::max(max_clusters_, p.m);
-    max_points_ = std::max(max_points_, p.n_distinct);
-    max_rows_ = std::max(max_rows_, p.n_rows);
+    max_bytes_ = std::max(max_bytes_, part_bytes(stride, p.m, p.n_distinct, p.n_rows));
     for (int32_t c = 0; c < p.m; c++) {
       const int32_t g = first_[i] + c;
       const int32_t b = p.host_begin[c], e = p.host_begin[c + 1];
@@ -175,11 +188,11 @@ KnnStatus GatheredTargets::build(const TargetParts &parts, int n_parts, int stri
   for (int i = 0; i < n_parts; i++) {
     const TargetParts::CachedArrays &p = parts_[i];
     if (p.m == 0) continue;
-    CUDA_CHECK(ctx, cudaMemcpyAsync(centers_.get() + (size_t)first_[i] * stride, p.centers,
+    CUDA_CHECK(ctx, cudaMemcpyAsync(centers_.get() + (size_t)first_[i] * stride, p.host_centers,
                                     (size_t)p.m * stride * sizeof(float),
-                                    cudaMemcpyDefault, ctx.stream));
-    CUDA_CHECK(ctx, cudaMemcpyAsync(radius_.get() + first_[i], p.radius, p.m * sizeof(float),
-                                    cudaMemcpyDefault, ctx.stream));
+                                    cudaMemcpyHostToDevice, ctx.stream));
+    CUDA_CHECK(ctx, cudaMemcpyAsync(radius_.get() + first_[i], p.host_radius,
+                                    p.m * sizeof(float), cudaMemcpyHostToDevice, ctx.stream));
   }
   // (Pageable sources: taken by the time the calls return.)
   CUDA_CHECK(ctx, cudaMemcpyAsync(device_size_.get(), size_.data(), mt * sizeof(int32_t),
@@ -268,10 +281,14 @@ KnnStatus GatheredTargets::gather(const std::vector<int32_t> &chosen, TargetPart
     for (int32_t pos = p.host_begin[items[j].cluster]; pos < p.host_begin[items[j].cluster + 1];
          pos++) {
       const int32_t mult = p.host_mult[pos];
-      if (mult >= kCopiedRows)
+      if (mult >= kCopiedRows) {
         CUDA_CHECK(ctx, cudaMemcpyAsync(out.set.rows.get() + at, p.host_rows + p.host_rows_begin[pos],
                                         (size_t)mult * sizeof(int32_t), cudaMemcpyHostToDevice,
                                         ctx.stream));
+        rows_copied_ += mult;
+      } else if (mult > kOwnRows) {
+        rows_by_block_ += mult;
+      }
       at += mult;
     }
   }

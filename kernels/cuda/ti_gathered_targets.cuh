@@ -33,14 +33,17 @@ class GatheredTargets {
   int parts() const { return (int)parts_.size(); }
   int32_t first_cluster(int part) const { return first_[part]; }
   int32_t end_cluster(int part) const { return first_[part + 1]; }
-  int32_t size(int32_t g) const { return size_[g]; }  // distinct points
-  int64_t rows(int32_t g) const { return rows_[g]; }
   float max_abs(int part) const { return parts_[part].max_abs; }
-  // A gathered part holds no more clusters, distinct points and rows than
-  // the largest part: it fits where any part fits.
+  // A gathered part holds no more clusters than the part with the most
+  // (level 1's pair matrix), and takes no more device memory than the
+  // largest part (bytes(): its arrays, as gather() allocates them): it fits
+  // where any part fits.
   int32_t max_clusters() const { return max_clusters_; }
-  int64_t max_points() const { return max_points_; }
-  int64_t max_rows() const { return max_rows_; }
+  size_t max_bytes() const { return max_bytes_; }
+  size_t bytes(int32_t g) const;  // what cluster g adds to a part
+  // Rows gathered so far by copies of their own and by the block (trace).
+  int64_t rows_copied() const { return rows_copied_; }
+  int64_t rows_by_block() const { return rows_by_block_; }
 
   // (*needed)[g]: 1 where some query cluster's group test (level 1's, with
   // the query cluster's carried bound as its upper bound) keeps cluster g.
@@ -51,7 +54,7 @@ class GatheredTargets {
                    Margin margin, std::vector<uint8_t> *needed, DeviceContext &ctx);
 
   // The clusters `chosen` (global numbers; at most max_clusters(), with at
-  // most max_points() and max_rows()) as one target part in `out`, from
+  // most max_bytes() together) as one target part in `out`, from
   // mem: same arrays as a part's, original rows.
   KnnStatus gather(const std::vector<int32_t> &chosen, TargetPart &out, MemoryBudget &mem,
                    DeviceContext &ctx);
@@ -64,7 +67,8 @@ class GatheredTargets {
   std::vector<int32_t> size_;    // by cluster
   std::vector<int64_t> rows_;    // by cluster
   int32_t max_clusters_ = 0;
-  int64_t max_points_ = 0, max_rows_ = 0;
+  size_t max_bytes_ = 0;
+  int64_t rows_copied_ = 0, rows_by_block_ = 0;
   DeviceBuffer<float> centers_, radius_;
   DeviceBuffer<int32_t> device_size_;
   DeviceBuffer<uint8_t> needed_;

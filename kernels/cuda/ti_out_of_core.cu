@@ -532,7 +532,8 @@ void OutOfCoreJoin::trace() const {
                "query parts %.4f s (build %.4f: upload %.4f; filter %.4f: targets %.4f, "
                "level 1 %.4f, level 2 %.4f, theta %.4f; output %.4f), target builds %.4f s "
                "(uploads %.4f, pinned copies %.4f); lists %s (pinning waited %.4f s); "
-               "%lld gathered parts of %lld clusters\n",
+               "%lld gathered parts of %lld clusters (rows of large duplicate groups: %lld by "
+               "copies of their own, %lld by the block)\n",
                plan_.query_parts(), plan_.target_parts(), (long long)plan_.query_rows,
                (long long)plan_.target_rows, (long long)pairs_visited_,
                (long long)pairs_skipped_, (long long)cluster_skipped_,
@@ -541,7 +542,8 @@ void OutOfCoreJoin::trace() const {
                level2_seconds_, theta_seconds_, output_seconds_, targets_.cluster_seconds(),
                targets_.upload_seconds(), targets_.store_seconds(),
                plan_.mapped_lists ? "mapped" : "device", mapping_wait_seconds_,
-               (long long)gathered_sets_, (long long)gathered_clusters_);
+               (long long)gathered_sets_, (long long)gathered_clusters_,
+               (long long)gathered_.rows_copied(), (long long)gathered_.rows_by_block());
 }
 
 KnnStatus OutOfCoreJoin::upload_target_keys() {
@@ -728,7 +730,7 @@ KnnStatus OutOfCoreJoin::filter_gathered(const ClusterSet &queries,
     KNN_TRY(gathered_.select(queries, carried, p_.metric, margin_, &needed, ctx_));
     theta_seconds_ += seconds_since(t_select);
     std::vector<int32_t> chosen;
-    int64_t points = 0, rows = 0;
+    size_t bytes = 0;
     float max_abs = query_max_abs;
     bool full = false;
     for (size_t i = direct; i < order.size() && !full; i++) {
@@ -736,15 +738,13 @@ KnnStatus OutOfCoreJoin::filter_gathered(const ClusterSet &queries,
       for (int32_t g = gathered_.first_cluster(part); g < gathered_.end_cluster(part); g++) {
         if (taken[g] != 0 || needed[g] == 0) continue;
         if ((int32_t)chosen.size() == gathered_.max_clusters() ||
-            points + gathered_.size(g) > gathered_.max_points() ||
-            rows + gathered_.rows(g) > gathered_.max_rows()) {
+            bytes + gathered_.bytes(g) > gathered_.max_bytes()) {
           full = true;
           break;
         }
         chosen.push_back(g);
         taken[g] = 1;
-        points += gathered_.size(g);
-        rows += gathered_.rows(g);
+        bytes += gathered_.bytes(g);
         max_abs = std::max(max_abs, gathered_.max_abs(part));
       }
     }
@@ -1232,14 +1232,18 @@ void OutOfCoreJoin::describe(KnnStats *stats) const {
   // pair's level 2; "+F": F for the far pairs, where that differs).
   // " skip S": (query part, target part) pairs skipped by their bound or
   // by their clusters (part_needed; also for row ranges); " gathered G":
-  // instead, past each query part's nearest target part, G parts of the
-  // clusters still needed, gathered from all the others (filter_gathered).
-  char parts[24] = "", skipped[32] = "";
+  // past each query part's nearest target part(s), G parts of the clusters
+  // still needed, gathered from all the others (filter_gathered; " skip S"
+  // then counts the nearest parts skipped, with KNN_TI_DIRECT_PARTS > 1).
+  char parts[24] = "", skipped[48] = "";
   if (far_parts_ > 0 && far_parts_ != used_.parts)
     std::snprintf(parts, sizeof parts, "/x%d+%d", used_.parts, far_parts_);
   else if (used_.parts > 1)
     std::snprintf(parts, sizeof parts, "/x%d", used_.parts);
-  if (gathering_)
+  if (gathering_ && pairs_skipped_ > 0)
+    std::snprintf(skipped, sizeof skipped, " skip %lld gathered %lld", (long long)pairs_skipped_,
+                  (long long)gathered_sets_);
+  else if (gathering_)
     std::snprintf(skipped, sizeof skipped, " gathered %lld", (long long)gathered_sets_);
   else if (ordered_ || pairs_skipped_ > 0)
     std::snprintf(skipped, sizeof skipped, " skip %lld", (long long)pairs_skipped_);

@@ -272,6 +272,7 @@ class TargetParts {
                 *nearest = nullptr;
     const int32_t *begin = nullptr, *first_row = nullptr, *mult = nullptr,
                   *rows_begin = nullptr, *rows = nullptr;
+    const float *host_centers = nullptr, *host_radius = nullptr;
     const int32_t *host_begin = nullptr, *host_mult = nullptr, *host_rows_begin = nullptr,
                   *host_rows = nullptr;
   };

@@ -565,6 +565,8 @@ bool TargetParts::cached_arrays(int index, CachedArrays *out) const {
   out->mult = i(l.mult);
   out->rows_begin = i(l.rows_begin);
   out->rows = i(l.rows);
+  out->host_centers = reinterpret_cast<const float *>(b + l.centers);
+  out->host_radius = reinterpret_cast<const float *>(b + l.radius);
   out->host_begin = reinterpret_cast<const int32_t *>(b + l.begin);
   out->host_mult = reinterpret_cast<const int32_t *>(b + l.mult);
   out->host_rows_begin = reinterpret_cast<const int32_t *>(b + l.rows_begin);
