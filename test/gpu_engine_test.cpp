@@ -1535,6 +1535,18 @@ TEST(GpuTiOutOfCore, ForcedListsAndThreads) {
   check_out_of_core(d, o, {1 << 20}, "no dedup");
 }
 
+// Two clustered sets with duplicates (20000 queries, 40000 targets, 4
+// dimensions) whose keys take 700 values on each side: a query excludes
+// about 57 targets, so k' > 32 for k 25.
+Data with_colliding_keys(uint64_t seed) {
+  Data keyed = make_data(20000, 40000, 4, Shape::kClustered, seed, true);
+  keyed.query_keys.resize(20000);
+  keyed.target_keys.resize(40000);
+  for (int64_t i = 0; i < 20000; i++) keyed.query_keys[i] = i % 700;
+  for (int64_t j = 0; j < 40000; j++) keyed.target_keys[j] = j % 700;
+  return keyed;
+}
+
 TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
   REQUIRE_GPU();
   // The pairs part by part (the far clusters not gathered).
@@ -1545,11 +1557,7 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
   // their own (a target part skipped for some query parts, not others).
   const Data d = make_self(60000, 8, Shape::kClustered, 371, true);
   // Two sets with colliding keys (k' > 32) and integer ties across parts.
-  Data keyed = make_data(20000, 40000, 4, Shape::kClustered, 372, true);
-  keyed.query_keys.resize(20000);
-  keyed.target_keys.resize(40000);
-  for (int64_t i = 0; i < 20000; i++) keyed.query_keys[i] = i % 700;
-  for (int64_t j = 0; j < 40000; j++) keyed.target_keys[j] = j % 700;
+  const Data keyed = with_colliding_keys(372);
   for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
     Options o;
     o.k = 10;
@@ -1582,11 +1590,7 @@ TEST(GpuTiOutOfCore, SpatialPartsSkipFarPairs) {
 TEST(GpuTiOutOfCore, GatheredFarClustersAnswerAsPartByPart) {
   REQUIRE_GPU();
   const Data d = make_self(60000, 8, Shape::kClustered, 375, true);
-  Data keyed = make_data(20000, 40000, 4, Shape::kClustered, 376, true);
-  keyed.query_keys.resize(20000);
-  keyed.target_keys.resize(40000);
-  for (int64_t i = 0; i < 20000; i++) keyed.query_keys[i] = i % 700;
-  for (int64_t j = 0; j < 40000; j++) keyed.target_keys[j] = j % 700;
+  const Data keyed = with_colliding_keys(376);
   const std::vector<int64_t> limits = {2 << 20, 1 << 20};
   for (KnnMetric m : {KNN_METRIC_L2, KNN_METRIC_L1}) {
     Options o;
