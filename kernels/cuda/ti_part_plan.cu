@@ -64,6 +64,14 @@ double part_share() {
   return f > 0 ? std::max(0.5, std::min(1.2, f)) : 1.0;
 }
 
+// KNN_TI_SHARED_PARTS=1 cuts a self-join's sides alike wherever it may
+// (lists not in global memory), =0 never, for A/B benchmarks; unset, where
+// the pairs it adds cost less than the query builds it saves.
+int forced_shared_parts() {
+  const char *forced = std::getenv("KNN_TI_SHARED_PARTS");
+  return forced == nullptr ? -1 : forced[0] == '1' ? 1 : 0;
+}
+
 int64_t rows_within(double bytes, size_t per_row, int64_t n, int64_t floor_rows) {
   const double rows = std::floor(bytes / (double)per_row);
   return std::max<int64_t>(std::min<int64_t>(floor_rows, n),
@@ -259,7 +267,8 @@ void PartPlan::plan_distinct() {
     // instead of built again (shared_parts). Taken where the pairs it adds
     // cost less than the query builds it saves (a build is some five
     // pairs' work).
-    if (self_ && !global_lists_) {
+    const int forced_shared = forced_shared_parts();
+    if (self_ && !global_lists_ && forced_shared != 0) {
       std::vector<int64_t> units, at;
       int64_t rows = 0, largest = 0;
       cut_parts(q,
@@ -269,7 +278,7 @@ void PartPlan::plan_distinct() {
                 },
                 &units, &at, &rows, &largest);
       const double parts = (double)units.size() - 1;
-      if (parts * parts <= (double)query_parts() * (target_parts() + 5)) {
+      if (forced_shared == 1 || parts * parts <= (double)query_parts() * (target_parts() + 5)) {
         shared_parts = true;
         query_units_ = target_units_ = units;
         query_at_ = target_at_ = at;
