@@ -127,8 +127,8 @@ __global__ void gather_clusters_kernel(const TargetParts::CachedArrays *parts,
 }
 
 // Device bytes of a part's arrays (gather's allocations): per cluster its
-// centre, offset, radius and nearest member; per distinct point its row
-// and five int/float fields; 4 per row.
+// centre, offset, radius and nearest member distance; per distinct point
+// its row and five 4-byte fields; 4 per row.
 size_t part_bytes(int stride, int64_t clusters, int64_t points, int64_t rows) {
   return (size_t)clusters * (stride * sizeof(float) + 3 * sizeof(float)) +
          (size_t)points * (stride * sizeof(float) + 5 * sizeof(int32_t)) +
@@ -255,10 +255,6 @@ KnnStatus GatheredTargets::gather(const std::vector<int32_t> &chosen, TargetPart
   KNN_TRY(mem.allocate(ctx, c.mult, (size_t)n, "cluster members"));
   KNN_TRY(mem.allocate(ctx, c.rows_begin, (size_t)n, "cluster members"));
   KNN_TRY(mem.allocate(ctx, out.set.rows, (size_t)n_rows, "duplicate groups"));
-  if (m == 0) {
-    CUDA_CHECK(ctx, cudaMemsetAsync(c.begin.get(), 0, sizeof(int32_t), ctx.stream));
-    return KNN_OK;
-  }
   DeviceBuffer<GatherItem> device_items;
   KNN_TRY(mem.allocate(ctx, device_items, (size_t)m, "gathered clusters"));
   // (Pageable source: taken by the time the call returns.)

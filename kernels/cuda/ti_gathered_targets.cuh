@@ -14,12 +14,13 @@ namespace ti {
 
 // Every cluster of the cached target parts, numbered across parts (global
 // cluster g is cluster g - first_cluster(p) of part p). Once a query part
-// has met its nearest target part, the clusters it still needs in all the
-// other parts are few, spread over many parts: select() finds them with
-// level 1's group test, and gather() copies them, wherever they lie, into
-// one target part on the device (the device reads the parts' mapped pinned
-// blocks), which level 1 and level 2 then filter as any part. A far part
-// no longer costs a pair of its own: its copy, launches and a read-back.
+// has met its nearest target part, the clusters it still needs in the
+// other parts are spread over many of them, the far ones holding few:
+// select() finds them with level 1's group test, and gather() copies them,
+// wherever they lie, into one target part on the device (the device reads
+// the parts' mapped pinned blocks), which level 1 and level 2 then filter
+// as any part. A far part no longer costs a pair of its own: its copy,
+// launches and a read-back.
 class GatheredTargets {
  public:
   // The clusters' centres, radii and sizes on the device (mem: the join's
@@ -30,7 +31,6 @@ class GatheredTargets {
                   MemoryBudget &mem, DeviceContext &ctx, bool *usable);
 
   int32_t clusters() const { return first_.empty() ? 0 : first_.back(); }
-  int parts() const { return (int)parts_.size(); }
   int32_t first_cluster(int part) const { return first_[part]; }
   int32_t end_cluster(int part) const { return first_[part + 1]; }
   float max_abs(int part) const { return parts_[part].max_abs; }
@@ -53,9 +53,9 @@ class GatheredTargets {
   KnnStatus select(const ClusterSet &queries, const float *carried, KnnMetric metric,
                    Margin margin, std::vector<uint8_t> *needed, DeviceContext &ctx);
 
-  // The clusters `chosen` (global numbers; at most max_clusters(), with at
-  // most max_bytes() together) as one target part in `out`, from
-  // mem: same arrays as a part's, original rows.
+  // The clusters `chosen` (global numbers; at least one, at most
+  // max_clusters(), with at most max_bytes() together) as one target part
+  // in `out`, from mem: same arrays as a part's, original rows.
   KnnStatus gather(const std::vector<int32_t> &chosen, TargetPart &out, MemoryBudget &mem,
                    DeviceContext &ctx);
 
