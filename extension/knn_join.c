@@ -1327,6 +1327,7 @@ held_read_begin(FunctionCallInfo fcinfo, const char *function, const char *label
 	call->metric = (KnnMetric) named_argument(fcinfo, 3, "metric", knn_metric_names);
 	query_set->natts = 2;
 	query_set->vector_type = PG_GETARG_OID(1);
+	knn_shard_check_type_exists(query_set->vector_type, function);
 	query_set->kind = knn_vector_kind(query_set->vector_type);
 	if (getBaseType(query_set->vector_type) != query_set->vector_type ||
 		(query_set->kind != KNN_VECTOR_TYPE && query_set->kind != KNN_VECTOR_HALFVEC &&

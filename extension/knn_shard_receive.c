@@ -189,6 +189,15 @@ register_callbacks(void)
 	registered = true;
 }
 
+void
+knn_shard_check_type_exists(Oid type, const char *function)
+{
+	if (!SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(type)))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("%s: type with OID %u does not exist", function, type)));
+}
+
 /* The vector types a set may hold: base types of the kinds knn_join ships. */
 static const KnnVectorReader *
 received_type_reader(Oid type)
@@ -215,10 +224,7 @@ start_set(int64 set, Oid type)
 	ReceivedSet *s;
 
 	/* checked before the set's memory exists, which a failed check would leave behind */
-	if (!SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(type)))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("knn_shard_receive_queries: type with OID %u does not exist", type)));
+	knn_shard_check_type_exists(type, "knn_shard_receive_queries");
 	reader = received_type_reader(type);
 	getTypeBinaryInputInfo(type, &receive, &receive_ioparam);
 
@@ -944,10 +950,7 @@ knn_shard_receive_held_rows(PG_FUNCTION_ARGS)
 	instr_time	start;
 
 	INSTR_TIME_SET_CURRENT(start);
-	if (!SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(type)))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("knn_shard_receive_held_rows: type with OID %u does not exist", type)));
+	knn_shard_check_type_exists(type, "knn_shard_receive_held_rows");
 	/* (bit strings are shipped as bit varying, a bit column's rows held as bit: one kind) */
 	if (getBaseType(type) != type || knn_vector_kind(type) != knn_vector_kind(h->vector_type))
 		ereport(ERROR,

@@ -30,6 +30,13 @@
 
 #include "knn_matrix.h"
 
+/*
+ * ERROR (42704, naming `function`) unless a type of OID `type` exists: a
+ * regtype argument may be any number, and the catalog's own lookups
+ * (getBaseType) would answer an unknown one with an internal error.
+ */
+extern void knn_shard_check_type_exists(Oid type, const char *function);
+
 /* The type of the vectors of received set `set`; ERROR when it is not held. */
 extern Oid	knn_received_queries_type(int64 set);
 

@@ -102,6 +102,13 @@ ROLLBACK;
 
 -- hostile arguments
 SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'int4'::regtype, 'SELECT id, v FROM stream_t', 'l2', 'pg_catalog 20', 'knn_gpu vector', 3, 3)$q$) AS query_type;
+-- a query_type OID no type has: an unknown object (42704), not an internal error (XX000)
+SELECT f, pg_temp.error_of(format('SELECT * FROM %s(9, %s::oid::regtype, %L, %s)', f, oid,
+                                  'SELECT id, v FROM stream_t', a)) AS unknown_query_type
+FROM (VALUES ('knn_shard_prefetch_targets', '''l2''', 0),
+             ('knn_shard_prefetch_self_join', '''l2''', 999999),
+             ('knn_shard_read_held_blocks', '''l2'', ''pg_catalog 20'', ''knn_gpu vector'', 3, 3', 4294967295)) x(f, a, oid)
+ORDER BY f;
 SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'vector', 'SELECT id FROM stream_t', 'l2', 'pg_catalog 20', 'knn_gpu vector', 3, 3)$q$) AS one_column;
 SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'vector', 'DELETE FROM stream_t', 'l2', 'pg_catalog 20', 'knn_gpu vector', 3, 3)$q$) AS not_select;
 SELECT pg_temp.error_of($q$SELECT knn_shard_read_held_blocks(9, 'vector', 'SELECT id, v FROM stream_t', 'l2', 'pg_catalog 20', 'knn_gpu vector', NULL, 3)$q$) AS null_dim;
