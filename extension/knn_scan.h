@@ -156,10 +156,11 @@ extern int	knn_scan_rewrite_id(const Query *sq);
 extern const CustomPathMethods knn_join_path_methods;
 extern void knn_scan_register_plan(void);
 /*
- * Counts the KNN Join nodes of a plan that run a rewritten subquery:
- * run[id] for rewrite id (1..n_ids), ids beyond n_ids not counted.
+ * Counts the KNN Join nodes of a plan tree (not the statement's subplans,
+ * which the caller picks) that run a rewritten subquery: run[id] for
+ * rewrite id (1..n_ids), ids beyond n_ids not counted.
  */
-extern void knn_scan_count_rewritten_joins(PlannedStmt *plan, int *run, int n_ids);
+extern void knn_scan_count_rewritten_joins(Plan *plan, int *run, int n_ids);
 
 /* knn_scan_exec.c */
 extern Node *knn_join_create_scan_state(CustomScan *cscan);

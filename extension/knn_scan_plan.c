@@ -590,8 +590,8 @@ const CustomPathMethods knn_join_path_methods = {
 	.PlanCustomPath = knn_join_plan_path,
 };
 
-static void
-count_rewritten_joins(Plan *plan, int *run, int n_ids)
+void
+knn_scan_count_rewritten_joins(Plan *plan, int *run, int n_ids)
 {
 	List	   *children = NIL;
 	ListCell   *lc;
@@ -622,22 +622,11 @@ count_rewritten_joins(Plan *plan, int *run, int n_ids)
 	else if (IsA(plan, BitmapOr))
 		children = ((BitmapOr *) plan)->bitmapplans;
 	else if (IsA(plan, SubqueryScan))
-		count_rewritten_joins(((SubqueryScan *) plan)->subplan, run, n_ids);
+		knn_scan_count_rewritten_joins(((SubqueryScan *) plan)->subplan, run, n_ids);
 	foreach(lc, children)
-		count_rewritten_joins((Plan *) lfirst(lc), run, n_ids);
-	count_rewritten_joins(plan->lefttree, run, n_ids);
-	count_rewritten_joins(plan->righttree, run, n_ids);
-}
-
-void
-knn_scan_count_rewritten_joins(PlannedStmt *plan, int *run, int n_ids)
-{
-	ListCell   *lc;
-
-	count_rewritten_joins(plan->planTree, run, n_ids);
-	/* sub-selects, initplans and CTEs (NULL: an alternative not taken) */
-	foreach(lc, plan->subplans)
-		count_rewritten_joins((Plan *) lfirst(lc), run, n_ids);
+		knn_scan_count_rewritten_joins((Plan *) lfirst(lc), run, n_ids);
+	knn_scan_count_rewritten_joins(plan->lefttree, run, n_ids);
+	knn_scan_count_rewritten_joins(plan->righttree, run, n_ids);
 }
 
 void

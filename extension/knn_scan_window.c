@@ -1183,6 +1183,9 @@ count_planned_rewrite(PlannerInfo *root, RelOptInfo *rel, Index rti, RangeTblEnt
  * keep: setrefs picks one plan of each AlternativeSubPlan (a correlated
  * EXISTS, hashed or not) and leaves NULL where the other was in
  * glob->subplans, whose subroots hold the plannings (one list index each).
+ * setrefs never visits a plan it left out, so the alternatives inside one
+ * (an EXISTS in that EXISTS) stay in the list, unresolved and unreferenced:
+ * a planning under a left-out one (parent_root) is left out too.
  */
 static bool
 in_dropped_subplan(PlannerInfo *root, PlannedStmt *plan)
@@ -1260,8 +1263,22 @@ knn_window_planner(Query *parse, const char *query_string, int cursorOptions,
 	forboth(id_cell, state.planned_ids, root_cell, state.planned_roots)
 		if (!in_dropped_subplan((PlannerInfo *) lfirst(root_cell), plan))
 			planned[lfirst_int(id_cell)]++;
+	/*
+	 * the KNN Joins of the plan kept: its tree and the subplans (sub-selects,
+	 * initplans, CTEs) not left out, as the plannings above
+	 */
 	run = palloc0(sizeof(int) * (state.rewrites + 1));
-	knn_scan_count_rewritten_joins(plan, run, state.rewrites);
+	knn_scan_count_rewritten_joins(plan->planTree, run, state.rewrites);
+	if (state.planned_roots != NIL)
+	{
+		PlannerGlobal *glob = ((PlannerInfo *) linitial(state.planned_roots))->glob;
+		ListCell   *subroot;
+		ListCell   *subplan;
+
+		forboth(subroot, glob->subroots, subplan, plan->subplans)
+			if (!in_dropped_subplan((PlannerInfo *) lfirst(subroot), plan))
+				knn_scan_count_rewritten_joins((Plan *) lfirst(subplan), run, state.rewrites);
+	}
 	for (int id = 1; id <= state.rewrites; id++)
 		if (run[id] < planned[id])
 			missing++;

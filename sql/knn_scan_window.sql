@@ -704,6 +704,29 @@ SELECT o.id FROM knn_w_no_key o WHERE o.id < 3 OR EXISTS (
                                        row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
                                 FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2) w
   WHERE w.tid = o.id);
+-- Nested: the EXISTS inside a correlated EXISTS under OR. Each plan of the
+-- outer EXISTS holds both plans of the inner one; setrefs keeps the outer
+-- plan run per row (one row of knn_w_one_row), and in it the inner plan run
+-- per row (the index finds one row of knn_w_by_c), where no KNN Join runs the
+-- rewrite (one query row: a nested loop). The outer plan dropped is never
+-- resolved: its inner hashed plan, with a KNN Join, stays in the statement's
+-- list unreferenced, and counts for nothing either: the query is planned as
+-- written (no LATERAL subquery without a "Rewritten From" line).
+SET client_min_messages = notice;
+CREATE TABLE knn_w_one_row (a int, c int);
+INSERT INTO knn_w_one_row VALUES (1, 1);
+CREATE TABLE knn_w_by_c (id int, c int, d int);
+INSERT INTO knn_w_by_c SELECT i, i, i FROM generate_series(1, 5000) i;
+CREATE INDEX ON knn_w_by_c (c);
+ANALYZE knn_w_one_row, knn_w_by_c;
+SET client_min_messages = debug1;
+EXPLAIN (COSTS OFF)
+SELECT o.a FROM knn_w_one_row o WHERE o.a < 0 OR EXISTS (
+  SELECT 1 FROM knn_w_by_c x WHERE x.c = o.c AND (x.d < 0 OR EXISTS (
+    SELECT 1 FROM (SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                                         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                                  FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2) w
+    WHERE w.qid = x.id)));
 RESET client_min_messages;
 SELECT * FROM pg_temp.window_check($$
   SELECT o.id FROM knn_w_no_key o WHERE o.id < 3 OR EXISTS (
@@ -716,6 +739,14 @@ SELECT * FROM pg_temp.window_check($$
                         row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
                  FROM knn_w_tiny_q q, knn_w_tiny_t t) s WHERE rn <= 2 $$);
 DROP TABLE knn_w_tiny_q, knn_w_tiny_t;
+SELECT * FROM pg_temp.window_check($$
+  SELECT o.a FROM knn_w_one_row o WHERE o.a < 0 OR EXISTS (
+    SELECT 1 FROM knn_w_by_c x WHERE x.c = o.c AND (x.d < 0 OR EXISTS (
+      SELECT 1 FROM (SELECT * FROM (SELECT q.id AS qid, t.id AS tid,
+                                           row_number() OVER (PARTITION BY q.id ORDER BY t.v <-> q.v, t.id) AS rn
+                                    FROM knn_w_queries q, knn_w_items t) s WHERE rn <= 2) w
+      WHERE w.qid = x.id))) $$);
+DROP TABLE knn_w_one_row, knn_w_by_c;
 
 DROP TABLE knn_w_items, knn_w_queries, knn_w_few, knn_w_no_key, knn_w_nullable, knn_w_deferred,
            knn_w_parent, knn_w_child;
