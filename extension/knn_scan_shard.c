@@ -12,7 +12,7 @@
  *                         FROM (<remote select>) s(c1, ..., cn)
  *                         WHERE s.c3 OPERATOR(pg_catalog.<>) q.k      -- self-exclusion
  *                           AND s.c4 OPERATOR(pg_catalog.=) q.g1      -- group keys
- *                           AND s.c2 OPERATOR(public.<->) q.v < $2    -- radius
+ *                           AND (s.c2 OPERATOR(public.<->) q.v) OPERATOR(pg_catalog.<) $2 -- radius
  *                         ORDER BY s.c2 OPERATOR(public.<->) q.v, s.c1 ASC NULLS LAST
  *                         LIMIT $1) n                                 -- OFFSET + LIMIT
  *
@@ -412,7 +412,7 @@ compose_join_sql(KnnScanShards *sh, KnnShardRemote *shard)
 											remote_column(scan, sh->group_target_columns[g]),
 											shipped++));
 		if (sh->radius_mode != KNN_RANGE_NONE)
-			where = lappend(where, psprintf("%s %s $%d", distance,
+			where = lappend(where, psprintf("(%s) OPERATOR(pg_catalog.%s) $%d", distance,
 											sh->radius_mode == KNN_RANGE_AT_MOST ? "<=" : "<",
 											radius_param));
 		foreach(lc_where, where)

@@ -694,13 +694,18 @@ compose_join_sql(KnnShardRemote *shard, const KnnShardJoin *join, bool self_join
 	shard->held_join_sql = NULL;
 	if (join->range)
 	{
-		/* knn_range_join's arguments after its queries */
+		/*
+		 * knn_range_join's arguments after its queries, each of its type (k
+		 * too where it is NULL): an untyped NULL would let a function of
+		 * that name with text there, which a user allowed to create in
+		 * knn_gpu's schema there could add, be the better match.
+		 */
 		char	   *rest = psprintf("%s::pg_catalog.text, %s::pg_catalog.float8, %s::pg_catalog.text, %s, %s, %s, %s::pg_catalog.text",
 									quote_literal_cstr(targets.data),
 									quote_literal_cstr(knn_shard_float8_text(join->radius)),
 									quote_literal_cstr(knn_metric_name(join->metric)),
 									join->exclude_self ? "true" : "false",
-									join->k > 0 ? psprintf("%d", join->k) : "NULL",
+									join->k > 0 ? psprintf("%d", join->k) : "NULL::pg_catalog.int4",
 									join->inclusive ? "true" : "false",
 									quote_literal_cstr(knn_method_name(join->method)));
 

@@ -754,6 +754,21 @@ for digits in 0 -15; do
     "$(lateral v '<->' "WHERE t.v <-> q.v < $above" 'LIMIT 50')" 2
   unset PGOPTIONS
 done
+# Every argument of a shard's call has its type: a user of shard 1 who may
+# create in knn_gpu's schema there adds knn_range_join_received with text
+# for k, which an untyped NULL k (no k) made the better match: it ran with
+# the user mapping's rights, and its answer (no pair) was merged.
+sql 1 -c "CREATE ROLE knn_squatter" -c "GRANT CREATE ON SCHEMA public TO knn_squatter" \
+  -c "CREATE TABLE knn_captured (who name)" -c "GRANT INSERT ON knn_captured TO PUBLIC" >/dev/null
+sql 1 -c "SET ROLE knn_squatter" -c "CREATE FUNCTION public.knn_range_join_received(bigint, text, double precision, text, boolean, text, boolean, text)
+  RETURNS TABLE (query_id bigint, target_id bigint, rank integer, distance double precision)
+  LANGUAGE sql AS 'WITH c AS (INSERT INTO public.knn_captured SELECT current_user) SELECT 0::bigint, 0::bigint, 0, 0::float8 WHERE false'" >/dev/null
+same_as_one_server "knn_range_join without k: a function of that name with text for k on a shard is not called" 2 \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h', 2.5, 'l2', false, NULL)" \
+  "knn_range_join('SELECT id, v FROM q', 'SELECT id, v FROM items_all', 2.5, 'l2', false, NULL)"
+check "... it did not run" 0 "$(sql 1 -c "SELECT count(*) FROM knn_captured")"
+sql 1 -c "DROP FUNCTION public.knn_range_join_received(bigint, text, double precision, text, boolean, text, boolean, text)" \
+  -c "DROP TABLE knn_captured" -c "REVOKE CREATE ON SCHEMA public FROM knn_squatter" -c "DROP ROLE knn_squatter" >/dev/null
 # knn_range_join's queries go into the shards' memory too; a shard without
 # knn_range_join_received gets them by COPY, beside one that receives them.
 RANGE_ARGS="bigint, text, double precision, text, boolean, integer, boolean, text"
