@@ -238,7 +238,7 @@ prepare_job(KnnProblem *problem, KnnAdmission admission)
 
 	problem->device = (KnnDevice) knn_gpu_device;
 	problem->gpu_memory_limit = (int64_t) knn_gpu_memory_limit_mb * 1024 * 1024;
-	problem->n_threads = knn_gpu_threads;
+	problem->n_threads = knn_threads_for_job();
 	problem->n_devices = knn_gpu_n_devices;
 	memcpy(problem->devices, knn_gpu_device_list, sizeof(problem->devices));
 	problem->admission = admission;

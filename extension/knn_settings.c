@@ -157,7 +157,7 @@ knn_settings_define(void)
 							PGC_USERSET, GUC_UNIT_MB, NULL, NULL, NULL);
 	DefineCustomIntVariable("knn_gpu.threads",
 							"CPU threads the CPU engine uses (0 = all cores).",
-							NULL,
+							"More than the server's cores are taken as all cores.",
 							&knn_gpu_threads, 0, 0, KNN_MAX_THREADS,
 							PGC_USERSET, 0, NULL, NULL, NULL);
 	DefineCustomBoolVariable("knn_gpu.enable_knn_join",
@@ -286,4 +286,19 @@ knn_result_rows_per_run(int32 slots)
 	int64		per_row = (int64) Max(slots, 1) * (sizeof(int64) + sizeof(double));
 
 	return Max(1, bytes / per_row);
+}
+
+int32
+knn_threads_for_job(void)
+{
+	/* the server's cores, found once (as knn_result_memory_bytes' memory) */
+	static int32 cores = 0;
+
+	if (cores == 0)
+	{
+		long		online = sysconf(_SC_NPROCESSORS_ONLN);
+
+		cores = online > 0 ? (int32) Min(online, KNN_MAX_THREADS) : KNN_MAX_THREADS;
+	}
+	return Min(knn_gpu_threads, cores);
 }

@@ -11,6 +11,14 @@
 extern int	knn_gpu_device;			/* KnnDevice: knn_gpu.device = auto|gpu|cpu */
 extern int	knn_gpu_memory_limit_mb;	/* knn_gpu.gpu_memory_limit, 0 = all free */
 extern int	knn_gpu_threads;			/* knn_gpu.threads, 0 = all cores */
+
+/*
+ * knn_gpu.threads as a job takes it (0: all cores): at most the server's
+ * cores. More never speed the CPU engine up; they multiply its per-thread
+ * scratch memory and how long a cancel waits for every thread to reach its
+ * next look at the cancel flag (256 threads on 2 cores: seconds).
+ */
+extern int32 knn_threads_for_job(void);
 extern bool knn_gpu_enable_knn_join;	/* knn_gpu.enable_knn_join (CustomScan) */
 extern bool knn_gpu_exact_over_index;	/* knn_gpu.exact_over_index (CustomScan) */
 extern bool knn_gpu_shard_prefetch;		/* knn_gpu.shard_prefetch (knn_shard.c) */

@@ -122,7 +122,17 @@ SELECT pg_temp.error_of($q$SET knn_gpu.threads = 4096$q$);
 SELECT pg_temp.error_of($q$SET knn_gpu.threads = 257$q$);
 SET knn_gpu.threads = 256;
 SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1);
+-- ... but a job runs on at most the server's cores (as with 0): 256 threads
+-- on a small server made a cancel wait seconds for them and multiplied the
+-- engine's per-thread memory.
+SET knn_gpu.device = cpu;
+SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1);
+SELECT substring(knn_gpu_last_stats()->>'device' FROM '^cpu \((\d+) thread') AS threads_256 \gset
 RESET knn_gpu.threads;
+SELECT count(*) FROM knn_join('SELECT id, v FROM e', 'SELECT id, v FROM e', 1);
+SELECT substring(knn_gpu_last_stats()->>'device' FROM '^cpu \((\d+) thread') = :'threads_256'
+       AS at_most_the_cores;
+RESET knn_gpu.device;
 -- The fault-injection setting is for superusers only.
 SELECT pg_temp.error_of($q$SET knn_gpu.fault_injection = 'run'$q$);
 
