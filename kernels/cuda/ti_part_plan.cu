@@ -13,11 +13,13 @@
 //    lists (8 k'), and level 2's global list slots where k' > 32; with
 //    mapped lists (PartPlan::mapped_lists, the default) the lists are in
 //    pinned host memory and only their k'-th entries (8) count.
-// The query resident bytes and the loaded target bytes share 80 % of the
-// budget, 55 % and 25 % (the pair count falls with the product of the
+// The query resident bytes and the loaded target bytes share 96 % of the
+// budget, 66 % and 30 % (the pair count falls with the product of the
 // part sizes, and the level-2 kernel runs a thread per query of the part:
-// larger query parts keep more of the device busy); each build has the
-// budget to itself (90 %). With one query part,
+// larger query parts keep more of the device busy). The rest is level 1
+// and level 2's scratch, small next to the parts; a join that finds it too
+// small halves the shares (PartPlan::halve). Each build has the budget to
+// itself (90 %). With one query part,
 // the target parts are built beside it instead, never cached.
 //
 // Row ranges (sides without an order) keep the first scheme, in rows:
@@ -55,13 +57,12 @@ constexpr int64_t kMinTargetRows = 16;
 
 size_t build_bytes_per_row(int stride) { return 3 * (size_t)stride * sizeof(float) + 112; }
 
-// KNN_TI_PART_SHARE=F (0.5..1.2) scales the query and target shares of
-// ordered parts (80 % of the budget together), for A/B benchmarks: the
-// rest is level 1 and level 2's scratch, which the plan does not count.
+// KNN_TI_PART_SHARE=F (0.5..1) scales the query and target shares of
+// ordered parts, for A/B benchmarks.
 double part_share() {
   const char *forced = std::getenv("KNN_TI_PART_SHARE");
   const double f = forced != nullptr ? std::atof(forced) : 1.0;
-  return f > 0 ? std::max(0.5, std::min(1.2, f)) : 1.0;
+  return f > 0 ? std::max(0.5, std::min(1.0, f)) : 1.0;
 }
 
 // KNN_TI_SHARED_PARTS=1 cuts a self-join's sides alike wherever it may
@@ -247,10 +248,10 @@ void PartPlan::plan_distinct() {
     cut_parts(t, [&](int64_t d, int64_t r) { return build(d, r) <= rest; }, &target_units_,
               &target_at_, &target_rows, &largest_target);
   } else {
-    // Query resident and target loaded bytes share 80 %: more to the
+    // Query resident and target loaded bytes share 96 %: more to the
     // queries, whose count is the level-2 kernel's parallelism.
-    const double query_share = avail * 0.55 * part_share(),
-                 target_share = avail * 0.25 * part_share(), whole = avail * 0.9;
+    const double query_share = avail * 0.66 * part_share(),
+                 target_share = avail * 0.30 * part_share(), whole = avail * 0.9;
     cut_parts(q,
               [&](int64_t d, int64_t r) {
                 return query_resident_bytes(d, r) <= query_share && build(d, r) <= whole;
