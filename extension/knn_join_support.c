@@ -9,9 +9,15 @@
  * leaves the default estimate, and the error comes, as before, when
  * knn_join runs. Only a cancel is passed on. Estimates do not nest: a
  * text whose planning reaches knn_join() again gets the default there.
+ *
+ * A text over a relation (or column) the caller may not read gets the
+ * default too: its estimate comes from the relation's statistics (for
+ * "WHERE salary = 9000", the exact count of such rows), which PostgreSQL
+ * shows neither in pg_stats nor through EXPLAIN to such a caller.
  */
 #include "postgres.h"
 
+#include "executor/executor.h"
 #include "fmgr.h"
 #include "nodes/supportnodes.h"
 #include "tcop/tcopprot.h"
@@ -28,6 +34,7 @@ planned_rows(const char *sql)
 	List	   *raw;
 	List	   *queries;
 	Query	   *query;
+	PlannedStmt *plan;
 	Oid		   *param_types = NULL;
 	int			n_params = 0;
 
@@ -43,7 +50,11 @@ planned_rows(const char *sql)
 	if (query->commandType != CMD_SELECT || query->utilityStmt != NULL ||
 		query->hasModifyingCTE || query->rowMarks != NIL)
 		return -1;
-	return pg_plan_query(query, sql, 0, NULL)->planTree->plan_rows;
+	plan = pg_plan_query(query, sql, 0, NULL);
+	/* the executor's check of the caller's rights, without its ERROR */
+	if (!ExecCheckRTPerms(plan->rtable, false))
+		return -1;
+	return plan->planTree->plan_rows;
 }
 
 /* One text's estimate, for knn_try_in_subtransaction. */

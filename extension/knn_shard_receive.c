@@ -61,11 +61,24 @@ typedef struct ReceivedSet
 	KnnMatrix	matrix;
 	MemoryContext context;		/* holds all of it; under TopTransactionContext */
 	int			level;			/* deepest (sub)transaction that added rows */
+	Oid			receiver;		/* the role that received them: only it may add to or take them */
 	int64		blocks;			/* received, and the time spent reading them (DEBUG1) */
 	double		seconds;
 } ReceivedSet;
 
 static ReceivedSet *held = NULL;
+
+/*
+ * Set `set`, received by this role, or NULL. Another role's (before a SET
+ * ROLE, inside a SECURITY DEFINER function) is none of this one's: its
+ * rows, joined with a targets text of this role's choosing, would give
+ * their distances to any vector, that is, the rows themselves.
+ */
+static ReceivedSet *
+received_set(int64 set)
+{
+	return held != NULL && held->set == set && held->receiver == GetUserId() ? held : NULL;
+}
 
 /*
  * The targets of a set's join, read before its queries arrive
@@ -234,6 +247,7 @@ start_set(int64 set, Oid type)
 	s = palloc0(sizeof(ReceivedSet));
 	s->set = set;
 	s->vector_type = type;
+	s->receiver = GetUserId();
 	s->context = context;
 	s->reader = reader;
 	s->receive_ioparam = receive_ioparam;
@@ -416,7 +430,8 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	instr_time	start;
 
 	register_callbacks();
-	if (held != NULL && held->set != set)
+	/* a new set number, or another role's set: dropped, a new set begun */
+	if (held != NULL && received_set(set) == NULL)
 		drop_held();
 	if (held == NULL)
 		held = start_set(set, type);
@@ -482,7 +497,7 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 Oid
 knn_received_queries_type(int64 set)
 {
-	if (held == NULL || held->set != set)
+	if (received_set(set) == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("no received query set " INT64_FORMAT " in this transaction", set),
@@ -640,7 +655,7 @@ knn_held_queries_type(int64 set)
 	HeldTargets *h = held_targets_of(set);
 
 	/* (bit strings are shipped as bit varying, a bit column's rows held as bit: one kind) */
-	if (held == NULL || held->set != set)
+	if (received_set(set) == NULL)
 		return h->vector_type;
 	if (knn_vector_kind(held->vector_type) != knn_vector_kind(h->vector_type))
 		ereport(ERROR,
@@ -656,7 +671,7 @@ knn_held_queries_take(int64 set, KnnMatrix *queries)
 	const KnnMatrix *own = &held_targets_of(set)->matrix;
 	instr_time	start;
 
-	if (held != NULL && held->set == set)
+	if (received_set(set) != NULL)
 		knn_received_queries_take(set, queries);
 	if (own->n == 0)
 		return;
@@ -1023,7 +1038,7 @@ knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_type, KnnMatri
 	double		seconds_sort;
 
 	*targets_taken = false;
-	if (held != NULL && held->set == set)
+	if (received_set(set) != NULL)
 		return false;			/* rows by knn_shard_receive_queries: knn_held_queries_take */
 	if (h->matrix.n > 0 && h->matrix.element != queries->element)
 		ereport(ERROR,

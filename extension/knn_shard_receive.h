@@ -16,8 +16,11 @@
  * those the COPY path gives, bit for bit. Blocks are hostile input: every
  * length is checked against the block before it is read.
  *
- * A set is named by its number (the coordinator's, unique per connection);
- * one set is held at a time, and a new number drops the old set. It goes
+ * A set is named by its number (the coordinator's, unique per connection)
+ * and belongs to the role that received it (as held targets belong to the
+ * role that read them): another role neither adds to it nor joins it. One
+ * set is held at a time; a new number, or another role's rows, drops the
+ * old set. It goes
  * at the end of the transaction, at the abort of a subtransaction that
  * added to it (the whole set, also the rows added before that savepoint:
  * unlike a temporary table's rows; the coordinator ships within one

@@ -161,6 +161,36 @@ SELECT query_id, target_id, rank FROM knn_join('SELECT id, v FROM e', 'SELECT id
 SELECT pg_backend_pid() = :backend_at_start AS same_backend, count(*) AS rows
 FROM pts q CROSS JOIN LATERAL (SELECT t.id FROM pts t ORDER BY t.v <-> q.v LIMIT 3) n;
 
+-- 5. knn_join's row estimate plans its texts: a text over a table or a
+--    column the user may not read gets the default (1000), not the
+--    planner's estimate from its statistics, which told the exact number of
+--    rows of a value (here 137 rows of salary 9000) to a user whom
+--    PostgreSQL's EXPLAIN refuses and pg_stats shows nothing of.
 RESET ROLE;
+CREATE TABLE knn_payroll (id int, v vector(2), salary int);
+INSERT INTO knn_payroll SELECT i, '[1,1]', CASE WHEN i <= 137 THEN 9000 ELSE 100 END
+  FROM generate_series(1, 10000) i;
+ANALYZE knn_payroll;
+GRANT SELECT (id, v) ON knn_payroll TO knn_mallory;
+SET ROLE knn_mallory;
+CREATE FUNCTION pg_temp.estimated_rows(statement text) RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE
+  plan json;
+BEGIN
+  EXECUTE 'EXPLAIN (FORMAT JSON) ' || statement INTO plan;
+  RETURN (plan->0->'Plan'->>'Plan Rows')::float8;
+END $$;
+SELECT pg_temp.error_of('EXPLAIN SELECT id FROM knn_payroll WHERE salary = 9000');
+SELECT pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM knn_payroll WHERE salary = 9000',
+                                                      'SELECT 1, ''[1,1]''::vector', 1)$q$) AS unreadable_column,
+       pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT 1, ''[1,1]''::vector',
+                                                      'SELECT id, v FROM knn_payroll WHERE salary = 9000', 1000)$q$) AS unreadable_target_column,
+       pg_temp.estimated_rows($q$SELECT * FROM knn_join('SELECT id, v FROM knn_payroll WHERE id <= 137',
+                                                      'SELECT 1, ''[1,1]''::vector', 1)$q$) AS readable_columns;
+SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM knn_payroll WHERE salary = 9000',
+                                                        'SELECT 1, ''[1,1]''::vector', 1)$q$);
+
+RESET ROLE;
+DROP TABLE knn_payroll;
 DROP OWNED BY knn_mallory;
 DROP ROLE knn_mallory;

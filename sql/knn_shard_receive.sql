@@ -136,3 +136,43 @@ SELECT h.t, h.m, h.packed = t.packed AS same_rows FROM here_rows h JOIN through_
 SET client_min_messages = debug1;
 SELECT pg_temp.outcome(102, 'vector', pg_temp.brow(1, pg_temp.vform(1, 0, '{1}'))) AS vector_read_here_again;
 RESET client_min_messages;
+
+-- A received set belongs to the role that received it, as held targets
+-- do: another role (after SET ROLE, or the caller of a SECURITY DEFINER
+-- function that received them) neither joins it (its distances to vectors
+-- of that role's choosing give the rows away) nor adds rows to it. Its
+-- knn_shard_receive_queries begins a set of its own instead.
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS receive_other_role;
+RESET client_min_messages;
+CREATE ROLE receive_other_role;
+\i sql/error_of.psql
+-- the secret row [3,4], id 1
+SELECT pg_temp.brow(1, pg_temp.vform(2, 0, '{3,4}')) AS secret_block,
+       pg_temp.brow(2, pg_temp.vform(2, 0, '{0,0}')) AS own_block \gset
+BEGIN;
+SELECT knn_shard_receive_queries(300, 'vector', :'secret_block') AS received;
+SET LOCAL ROLE receive_other_role;
+SELECT pg_temp.error_of($$SELECT * FROM knn_range_join_received(300, 'SELECT 9::bigint, ''[0,0]''::vector', 1e9, 'l2', false, NULL, true, 'auto')$$) AS range_join_of_another_role;
+SELECT pg_temp.error_of($$SELECT * FROM knn_join_received_packed(300, 'SELECT 9::bigint, ''[0,0]''::vector', 1, 'l2', false, 'auto')$$) AS join_of_another_role;
+-- its own rows begin a set of their own: one row, not appended to the secret one
+SELECT knn_shard_receive_queries(300, 'vector', :'own_block') AS own_rows;
+SELECT query_id, target_id, distance
+  FROM knn_range_join_received(300, 'SELECT 9::bigint, ''[0,0]''::vector', 1e9, 'l2', false, NULL, true, 'auto');
+RESET ROLE;
+SELECT pg_temp.error_of($$SELECT * FROM knn_join_received_packed(300, 'SELECT 9::bigint, ''[0,0]''::vector', 1, 'l2', false, 'auto')$$) AS the_first_set_dropped;
+ROLLBACK;
+-- a held self-join of the other role takes its own rows only as its queries
+CREATE TEMP TABLE other_rows (id bigint, v vector(2));
+INSERT INTO other_rows VALUES (5, '[0,0]');
+GRANT SELECT ON other_rows TO receive_other_role;
+BEGIN;
+SELECT knn_shard_receive_queries(301, 'vector', :'secret_block') AS received;
+SET LOCAL ROLE receive_other_role;
+SELECT targets_read FROM knn_shard_prefetch_self_join(301, 'vector', 'SELECT id, v FROM other_rows', 'l2');
+SELECT count(*) AS pairs, count(*) FILTER (WHERE substr(p, o, 8) = int8send(1)) AS pairs_of_the_secret_row
+  FROM knn_join_received_held_packed(301, 'SELECT id, v FROM other_rows', 1, 'l2', false, 'auto') p,
+       generate_series(1, length(p), 24) o;
+ROLLBACK;
+DROP TABLE other_rows;
+DROP ROLE receive_other_role;
