@@ -18,9 +18,10 @@
  *
  * Exactness: the operator there is found by catalog identity (the same
  * extension at the same version, the same C function, the same operand
- * type: knn_shard_remote_operator), and the query vectors go in their
- * type's binary send form, so the shard computes the very distances this
- * server would. Self-exclusion and group values go the same way; they are
+ * type: knn_shard_remote_operator), the query vectors go in their
+ * type's binary send form, and the columns the join computes with are of
+ * the declared types there (knn_shard_types.c; else read here), so the
+ * shard computes the very distances this server would. Self-exclusion and group values go the same way; they are
  * pushed only for PostgreSQL's own types, whose equality is the same on
  * every server (and under a deterministic collation, bytewise). ORDER BY
  * keys after the distance are pushed only for PostgreSQL's own types in
@@ -274,6 +275,40 @@ inner_column_type(Plan *top, AttrNumber column)
 	return exprType((Node *) tle->expr);
 }
 
+/* Adds an inner column to the typed ones, once. */
+static void
+add_typed_column(AttrNumber *columns, int *n, AttrNumber column)
+{
+	for (int i = 0; i < *n; i++)
+		if (columns[i] == column)
+			return;
+	columns[(*n)++] = column;
+}
+
+/*
+ * The inner columns the shards' join computes with (the vector, the
+ * self-exclusion, the group keys, the ORDER BY keys after the distance):
+ * each must have there the type declared here (knn_shard_types.c). The
+ * columns only read back travel as text through this server's input
+ * functions, as postgres_fdw reads them.
+ */
+static void
+typed_columns(KnnScanShards *sh)
+{
+	AttrNumber *columns = palloc((2 + sh->n_group_columns + sh->n_ties) * sizeof(AttrNumber));
+	int			n = 0;
+
+	add_typed_column(columns, &n, sh->target_column);
+	if (sh->exclude_target_column > 0)
+		add_typed_column(columns, &n, sh->exclude_target_column);
+	for (int g = 0; g < sh->n_group_columns; g++)
+		add_typed_column(columns, &n, sh->group_target_columns[g]);
+	for (int i = 0; i < sh->n_ties; i++)
+		add_typed_column(columns, &n, sh->ties[i].column);
+	sh->sp.typed_columns = columns;
+	sh->sp.n_typed_columns = n;
+}
+
 /*
  * Why the node's join cannot go to shards, or NULL; fills the query rows'
  * values and the node's settings in.
@@ -338,6 +373,8 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 	for (int i = 0; i < sh->n_ties; i++)
 		if (tie_key_order(&sh->ties[i], sh->ties[i].type, "x") == NULL)
 			return "an ORDER BY key after the distance may sort otherwise on another server";
+
+	typed_columns(sh);
 
 	sh->n_read_back = 0;
 	sh->read_back = palloc(Max(bms_num_members(spec->read_back), 1) * sizeof(AttrNumber));

@@ -137,6 +137,9 @@ shard_scan(ForeignScan *scan, List *rtable, const char **why)
 	result = palloc0(sizeof(KnnShardScan));
 	result->n_columns = list_length(scan->scan.plan.targetlist);
 	result->positions = palloc(Max(result->n_columns, 1) * sizeof(int));
+	result->attnos = palloc(Max(result->n_columns, 1) * sizeof(AttrNumber));
+	result->types = palloc(Max(result->n_columns, 1) * sizeof(Oid));
+	result->typmods = palloc(Max(result->n_columns, 1) * sizeof(int32));
 	foreach(lc, scan->scan.plan.targetlist)
 	{
 		TargetEntry *tle = lfirst_node(TargetEntry, lc);
@@ -150,10 +153,14 @@ shard_scan(ForeignScan *scan, List *rtable, const char **why)
 			*why = "a column of its rows is computed here";
 			return NULL;
 		}
+		result->attnos[i] = var->varattno;
+		result->types[i] = var->vartype;
+		result->typmods[i] = var->vartypmod;
 	}
 	result->remote_select = strVal(list_nth(fdw_private, FDW_PRIVATE_SELECT_SQL));
 	result->n_retrieved = list_length(retrieved);
-	result->relation = get_rel_name(rt_fetch(scan->scan.scanrelid, rtable)->relid);
+	result->relid = rt_fetch(scan->scan.scanrelid, rtable)->relid;
+	result->relation = get_rel_name(result->relid);
 	return result;
 }
 
@@ -253,6 +260,28 @@ knn_shard_classify(KnnShardPlan *sp, List *rtable)
 }
 
 void
+knn_shard_add_fallback(StringInfo fallbacks, const char *server, const char *partition,
+					   const char *why)
+{
+	appendStringInfo(fallbacks, "%s{", fallbacks->len > 0 ? "," : "");
+	escape_json(fallbacks, "server");
+	appendStringInfoChar(fallbacks, ':');
+	escape_json(fallbacks, server);
+	if (partition != NULL)
+	{
+		appendStringInfoChar(fallbacks, ',');
+		escape_json(fallbacks, "partition");
+		appendStringInfoChar(fallbacks, ':');
+		escape_json(fallbacks, partition);
+	}
+	appendStringInfoChar(fallbacks, ',');
+	escape_json(fallbacks, "reason");
+	appendStringInfoChar(fallbacks, ':');
+	escape_json(fallbacks, why);
+	appendStringInfoChar(fallbacks, '}');
+}
+
+void
 knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *check_arg,
 			   StringInfo fallbacks)
 {
@@ -266,8 +295,22 @@ knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *
 	for (int s = 0; s < sp->n_shards; s++)
 	{
 		KnnShardRemote *shard = sp->shards[s];
-		const char *why = knn_shard_remote_open(shard, version, element);
+		int			n_type_fields;
+		char	   *type_fields = knn_shard_types_fields(sp, shard, &n_type_fields);
+		char	  **types_there = NULL;
+		const char *why = knn_shard_remote_open(shard, version, element, type_fields,
+												n_type_fields, &types_there);
 
+		/* its partitions whose columns there are of other types: read here */
+		if (why == NULL)
+		{
+			knn_shard_types_check(sp, shard, types_there, fallbacks);
+			if (shard->scans == NIL)
+			{
+				new_index[s] = -1;
+				continue;
+			}
+		}
 		if (why == NULL && check != NULL)
 			why = check(check_arg, shard);
 		if (why != NULL)
@@ -278,17 +321,7 @@ knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *
 			sp->read_here = sp->read_here == NULL ? pstrdup(shard->server->servername) :
 				psprintf("%s, %s", sp->read_here, shard->server->servername);
 			if (fallbacks != NULL)
-			{
-				appendStringInfo(fallbacks, "%s{", fallbacks->len > 0 ? "," : "");
-				escape_json(fallbacks, "server");
-				appendStringInfoChar(fallbacks, ':');
-				escape_json(fallbacks, shard->server->servername);
-				appendStringInfoChar(fallbacks, ',');
-				escape_json(fallbacks, "reason");
-				appendStringInfoChar(fallbacks, ':');
-				escape_json(fallbacks, why);
-				appendStringInfoChar(fallbacks, '}');
-			}
+				knn_shard_add_fallback(fallbacks, shard->server->servername, NULL, why);
 			new_index[s] = -1;
 		}
 		else
@@ -1194,6 +1227,9 @@ static char *declared_held_columns(const KnnShardEarly *c);
 static ShardState
 find_shards(KnnShardEarly *c, SPIPlanPtr targets_plan, const KnnShardJoin *join, bool grouped)
 {
+	/* the shard's join computes with the ids and the vectors */
+	static const AttrNumber id_and_vector[] = {1, 2};
+
 	if (list_length(SPI_plan_get_plan_sources(targets_plan)) != 1)
 		return SHARDS_NONE;
 	c->cplan = targets_cached_plan(targets_plan, join->params, &c->owner);
@@ -1205,6 +1241,8 @@ find_shards(KnnShardEarly *c, SPIPlanPtr targets_plan, const KnnShardJoin *join,
 	}
 	c->stmt = linitial_node(PlannedStmt, c->cplan->stmt_list);
 	c->sp.who = "knn_join";
+	c->sp.typed_columns = id_and_vector;
+	c->sp.n_typed_columns = lengthof(id_and_vector);
 	c->sp.scans = list_length(c->stmt->planTree->targetlist) >= 2 ?
 		knn_shard_partition_scans(c->stmt->planTree) : NIL;
 	/* the caller's rights on every relation of the text, before any user mapping is looked up */

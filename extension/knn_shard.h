@@ -35,10 +35,15 @@ typedef struct KnnShardScan
 {
 	int			index;			/* among the plan's partition scans */
 	char	   *relation;		/* the foreign table's name here, for EXPLAIN */
+	Oid			relid;			/* the foreign table */
 	char	   *remote_select;	/* postgres_fdw's SELECT for it */
 	int			n_retrieved;	/* its columns, named c1 .. cn by the callers */
 	int		   *positions;		/* per output column of the scan: its c<i> */
 	int			n_columns;
+	/* per output column of the scan: the foreign table's column, its declared type and typmod */
+	AttrNumber *attnos;
+	Oid		   *types;
+	int32	   *typmods;
 } KnnShardScan;
 
 /* A plan's partition scans, the ones that can run on their servers in shards. */
@@ -50,7 +55,15 @@ typedef struct KnnShardPlan
 	int		   *shard_of;		/* per scan: its shard, -1 = read here */
 	KnnShardRemote **shards;	/* one per user mapping (one connection) */
 	int			n_shards;
-	char	   *read_here;		/* the servers knn_shard_open left here, or NULL */
+	char	   *read_here;		/* the servers (partitions) knn_shard_open left here, or NULL */
+	/*
+	 * The scans' output columns (1-based) the shards' joins compute with,
+	 * set by the caller before knn_shard_open: a partition whose column
+	 * there is not of the type declared here is read here
+	 * (knn_shard_types.c).
+	 */
+	const AttrNumber *typed_columns;
+	int			n_typed_columns;
 } KnnShardPlan;
 
 /* The partition scans under the top of a plan (an Append, a MergeAppend, a ForeignScan), or NIL. */
@@ -69,10 +82,19 @@ extern void knn_shard_classify(KnnShardPlan *sp, List *rtable);
 typedef const char *(*KnnShardCheck) (void *arg, KnnShardRemote *shard);
 
 /*
+ * Adds {"server": ..., ["partition": ...,] "reason": ...} to fallbacks (JSON
+ * objects, comma-separated): a server (or one partition of it) read here.
+ */
+extern void knn_shard_add_fallback(StringInfo fallbacks, const char *server,
+								   const char *partition, const char *why);
+
+/*
  * Opens every shard; a shard that cannot join (no knn_gpu there, another
  * version, no type for the rows, check's reason) is read here, with a
  * NOTICE, and listed in fallbacks (JSON objects, comma-separated) when
- * that is not NULL. The shards that join stay, compacted.
+ * that is not NULL. So is a partition whose typed column (sp's
+ * typed_columns) has there another type than here (knn_shard_types.c). The
+ * shards that join stay, compacted.
  */
 extern void knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check,
 						   void *check_arg, StringInfo fallbacks);
@@ -94,6 +116,31 @@ extern bool knn_shard_local_needs_shard_connection(const KnnShardPlan *sp, Plan 
  * servers (the plan itself stays as it was), or NULL when none is left.
  */
 extern Plan *knn_shard_local_plan(Plan *top, const KnnShardPlan *sp);
+
+/* ---- the partitions' column types there (knn_shard_types.c) ---- */
+
+/*
+ * The select-list fields (", f1, ...": *n_fields of them, 0 or 1) that ask
+ * the shard, within its check at opening (knn_shard_remote_open: no round
+ * trip of their own), the type of each typed column of each of its
+ * partitions (the table and columns postgres_fdw's SELECT names there).
+ */
+extern char *knn_shard_types_fields(const KnnShardPlan *sp, const KnnShardRemote *shard,
+									int *n_fields);
+
+/*
+ * Their answers (fields: each field's text, NULL for NULL): a partition
+ * one of whose typed columns there is not exactly the type declared here
+ * (catalog identity, and the declared typmod where there is one) is
+ * taken out of the shard and read here, through postgres_fdw as a plain
+ * scan reads it, with a NOTICE naming the table and column; it is added
+ * to sp->read_here ("server (partition, ...)") and to fallbacks (when not
+ * NULL). Exact: the shard would join the values of its own type (a
+ * halfvec column under a declared vector: halfvec distances), this
+ * server's read gives those of the declared one.
+ */
+extern void knn_shard_types_check(KnnShardPlan *sp, KnnShardRemote *shard, char **fields,
+								  StringInfo fallbacks);
 
 /* "(<remote select>) alias(c1, ..., cn)": a scan's rows there, for FROM. */
 extern char *knn_shard_scan_from(const KnnShardScan *scan, const char *alias);

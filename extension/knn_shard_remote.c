@@ -306,6 +306,8 @@ exec_checked(KnnShardRemote *shard, const char *sql, int expected)
 	"COALESCE(pg_catalog.has_function_privilege(pg_catalog.to_regprocedure(" \
 	"pg_catalog.quote_ident(n.nspname) || '." signature "'), 'EXECUTE'), false)"
 
+/* (the caller's fields go between these two) */
+#define REMOTE_CHECK_FIELDS 16
 static const char remote_check_sql[] =
 	"SELECT pg_catalog.quote_ident(n.nspname), e.extversion, "
 	REMOTE_TYPE_SQL("knn_vector_in", "vector_in") ", "
@@ -327,9 +329,10 @@ static const char remote_check_sql[] =
 	"pg_catalog.to_regtype(" REMOTE_TYPE_SQL("knn_halfvec_in", "halfvec_in") ")::pg_catalog.oid, "
 	REMOTE_CALLABLE_SQL("knn_join_received_held_packed(bigint,text,integer,text,boolean,text)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_receive_held_rows(bigint,regtype,bytea)") ", "
-	REMOTE_CALLABLE_SQL("knn_shard_read_held_blocks(bigint,regtype,text,text,text,text,integer,integer)") " "
-	"FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace "
-	"WHERE e.extname = 'knn_gpu'";
+	REMOTE_CALLABLE_SQL("knn_shard_read_held_blocks(bigint,regtype,text,text,text,text,integer,integer)");
+static const char remote_check_from[] =
+	" FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace"
+	" WHERE e.extname = 'knn_gpu'";
 
 static char *
 text_value(PGresult *res, int field)
@@ -344,9 +347,11 @@ remote_oid(const char *text)
 }
 
 const char *
-knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement element)
+knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement element,
+					  const char *more_fields, int n_more, char ***more_values)
 {
 	PGresult   *res;
+	char	   *check_sql = psprintf("%s%s%s", remote_check_sql, more_fields, remote_check_from);
 	const char *why = NULL;
 	char	   *remote_version;
 	char	   *vector_type;
@@ -363,8 +368,9 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	 * error deallocates.
 	 */
 	shard->conn = fdw.GetConnection(shard->user, true, &shard->conn_state);
-	res = exec_checked(shard, remote_check_sql, PGRES_TUPLES_OK);
-	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != 16)
+	res = exec_checked(shard, check_sql, PGRES_TUPLES_OK);
+	pfree(check_sql);
+	if (fdw.PQntuples(res) != 1 || fdw.PQnfields(res) != REMOTE_CHECK_FIELDS + n_more)
 	{
 		fdw.PQclear(res);
 		END_SHARD_CONTEXT();
@@ -386,6 +392,9 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 	shard->has_received_held_join = strcmp(fdw.PQgetvalue(res, 0, 13), "t") == 0;
 	shard->has_held_relay = strcmp(fdw.PQgetvalue(res, 0, 14), "t") == 0;
 	shard->has_held_stream = strcmp(fdw.PQgetvalue(res, 0, 15), "t") == 0;
+	*more_values = palloc(Max(n_more, 1) * sizeof(char *));
+	for (int i = 0; i < n_more; i++)
+		(*more_values)[i] = text_value(res, REMOTE_CHECK_FIELDS + i);
 	shard->rows_shipped = -1;
 	fdw.PQclear(res);
 

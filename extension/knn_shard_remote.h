@@ -113,10 +113,14 @@ extern bool knn_shard_is_postgres_fdw(ForeignServer *server);
  * Takes postgres_fdw's connection for the shard's user mapping and checks
  * that knn_gpu of version `version` is installed there with a type for
  * rows of `element`. NULL when the shard can join; otherwise why not (the
- * caller reads its rows instead).
+ * caller reads its rows instead). The same statement asks the caller's
+ * select-list fields more_fields (", f1, ...", n_more of them, "" for
+ * none): where knn_gpu is there, *more_values holds their texts (NULL for
+ * NULL).
  */
 extern const char *knn_shard_remote_open(KnnShardRemote *shard, const char *version,
-										 KnnElement element);
+										 KnnElement element, const char *more_fields,
+										 int n_more, char ***more_values);
 
 /*
  * An opened shard: the schema (quoted) of the operator there that is

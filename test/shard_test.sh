@@ -2509,8 +2509,9 @@ EOF
   echo "$out" | grep -E '^(ERROR|from shards|[0-9]+ differences)' | sed 's/^\(ERROR: .*\)$/\1/' | tr '\n' ';'
 }
 # declared types that are not the remote ones: the queries read here, as before
+# (the targets too: "declared types that are not the shard's" below; no shard joins)
 check "declared vector over a remote halfvec: the queries read here, the same rows as before" \
-  "from shards false;0 differences, true;" "$(as_today x "knn_join('SELECT id, h FROM items_xm', 'SELECT id, h FROM items_xm', 5, 'l2')")"
+  "0 differences, true;" "$(as_today x "knn_join('SELECT id, h FROM items_xm', 'SELECT id, h FROM items_xm', 5, 'l2')")"
 out=$(as_today x "knn_join('SELECT id, w FROM items_xw', 'SELECT id, w FROM items_xw', 5, 'l2')")
 check_has "declared vector(8) over a remote vector(16): the ERROR of the read here" "ERROR:  expected 8 dimensions, not 16" "$out"
 check "... as before (shard_prefetch off)" "2" "$(echo "$out" | grep -o 'ERROR:  expected 8 dimensions, not 16' | wc -l)"
@@ -2518,7 +2519,7 @@ out=$(as_today x "knn_join('SELECT id, v FROM items_xi', 'SELECT id, v FROM item
 check_has "declared integer ids over remote bigint ids: the ERROR of the read here" 'ERROR:  value "3000000000" is out of range for type integer' "$out"
 check "... as before (shard_prefetch off)" "2" "$(echo "$out" | grep -o 'ERROR:  value "3000000000" is out of range for type integer' | wc -l)"
 check "... and without the id out of range: the queries read here, the same rows as before" \
-  "from shards false;0 differences, true;" \
+  "0 differences, true;" \
   "$(sql 0 -v "c=knn_join('SELECT id, v FROM items_xi', 'SELECT id, v FROM items_xi', 5, 'l2')" 2>&1 <<'EOF' | grep -E '^(from shards|[0-9]+ differences)' | tr '\n' ';'
 SET client_min_messages = warning;
 BEGIN;
@@ -2542,6 +2543,143 @@ out=$(sql 0 -c "CREATE DOMAIN vector_none AS vector CHECK (VALUE IS NULL)" \
   as_today x "knn_join('SELECT id, v FROM items_xd', 'SELECT id, v FROM items_xd', 5, 'l2')")
 check "declared domain over vector: the ERROR of its CHECK, as before" "2" \
   "$(echo "$out" | grep -o 'ERROR:  value for domain vector_none violates check constraint "vector_none_check"' | wc -l)"
+
+# ---- declared types that are not the shard's, for every join ----
+# postgres_fdw reads a foreign table's values through the input function of
+# the type declared here, so a plain scan computes with the declared type,
+# whatever the shard's column is; a shard's own join would compute with its
+# column's type (a halfvec column under a declared vector: halfvec
+# distances). A partition whose columns there are not exactly the declared
+# types (catalog identity, and the declared typmod) is read here, with a
+# NOTICE: every join equals the same join with its targets read here (a
+# filter only this server runs), or ends in the same ERROR.
+sql 0 -q <<'EOF' || fail "declared types: set-up"
+CREATE FUNCTION read_here(bigint) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS 'BEGIN RETURN $1 IS NOT NULL; END';
+CREATE TABLE items_xh (id bigint, v halfvec(8)) PARTITION BY HASH (id);
+CREATE TABLE items_xmix (id bigint, v vector(8)) PARTITION BY HASH (id);
+DO $$
+DECLARE
+  t text;
+  p int;
+BEGIN
+  FOREACH t IN ARRAY ARRAY['xh', 'xmix'] LOOP
+    FOR p IN 0 .. 2 LOOP
+      EXECUTE format('CREATE FOREIGN TABLE items_%s_%s PARTITION OF items_%s FOR VALUES WITH (MODULUS 3, REMAINDER %s) SERVER %s OPTIONS (table_name %L)',
+                     t, p, t, p, CASE p WHEN 1 THEN 'shard2' ELSE 'shard1' END, 'items_x_' || p);
+    END LOOP;
+  END LOOP;
+END
+$$;
+-- one partition of items_xmix reads the halfvec column there (postgres_fdw's column_name)
+ALTER FOREIGN TABLE items_xmix_1 ALTER COLUMN v OPTIONS (column_name 'h');
+EOF
+# as_read_here NAME SHARDS SHARDED HERE: SHARDED's rows (knn_join's, or a
+# LATERAL query's) equal HERE's, SHARDS shards joined; SHARDED's NOTICEs of
+# partitions read here go to $read_here_notices
+as_read_here() {
+  local out
+  out=$(sql 0 -v "s=$3" -v "r=$4" 2>&1 <<'EOF'
+SET client_min_messages = warning;
+CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
+SET client_min_messages = notice;
+CREATE TEMP TABLE s AS :s;
+SET client_min_messages = warning;
+CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
+  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
+CREATE TEMP TABLE r AS :r;
+SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
+     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
+     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
+EOF
+)
+  check "$1" "0 differences, true, $2 shards" "$(echo "$out" | grep -E ' differences, |ERROR')"
+  read_here_notices=$(echo "$out" | grep 'NOTICE:  .* here: its column')
+}
+QX="SELECT id, v FROM items_x_all WHERE id % 7 = 0"
+HALF_THERE='its column "h" is public.halfvec(8) there, vector(8) here'
+as_read_here "declared vector over a remote halfvec: knn_join l2 = its targets read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, h FROM items_xm', 5)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, h FROM items_xm WHERE read_here(id)', 5)"
+check "... a NOTICE for each partition, naming the column and both types" 3 \
+  "$(echo "$read_here_notices" | grep -c "knn_join reads the rows of foreign table \"items_xm_[012]\" of server \"shard[12]\" here: $HALF_THERE")"
+as_read_here "... knn_join ip, exclude_self" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, h FROM items_xm', 4, 'ip', true)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, h FROM items_xm WHERE read_here(id)', 4, 'ip', true)"
+as_read_here "... knn_range_join" 0 \
+  "SELECT * FROM knn_range_join('$QX', 'SELECT id, h FROM items_xm', 2.0)" \
+  "SELECT * FROM knn_range_join('$QX', 'SELECT id, h FROM items_xm WHERE read_here(id)', 2.0)"
+XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.h <-> q.v AS d FROM items_xm t"
+as_read_here "... the KNN Join node" 0 "$XNODE ORDER BY t.h <-> q.v, t.id LIMIT 3) n" \
+  "$XNODE WHERE read_here(t.id) ORDER BY t.h <-> q.v, t.id LIMIT 3) n"
+check "... its NOTICEs" 3 \
+  "$(echo "$read_here_notices" | grep -c "KNN Join reads the rows of foreign table \"items_xm_[012]\" of server \"shard[12]\" here: $HALF_THERE")"
+XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.h <=> q.v AS d FROM items_xm t"
+as_read_here "... the node, self-exclusion" 0 "$XNODE WHERE t.id <> q.id ORDER BY t.h <=> q.v, t.id LIMIT 4) n" \
+  "$XNODE WHERE t.id <> q.id AND read_here(t.id) ORDER BY t.h <=> q.v, t.id LIMIT 4) n"
+# the reverse: a declared halfvec over a remote vector
+as_read_here "declared halfvec over a remote vector: knn_join = its targets read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xh', 5, 'cosine')" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xh WHERE read_here(id)', 5, 'cosine')"
+XNODE="SELECT q.id AS qid, n.id, n.d FROM (SELECT id, h FROM items_x_all WHERE id % 7 = 0) q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.h AS d FROM items_xh t"
+as_read_here "... the KNN Join node" 0 "$XNODE ORDER BY t.v <-> q.h, t.id LIMIT 3) n" \
+  "$XNODE WHERE read_here(t.id) ORDER BY t.v <-> q.h, t.id LIMIT 3) n"
+# one partition of three: the others still join on their shard; EXPLAIN and the statistics say which
+as_read_here "one partition's column of another type there: read here, the others on their shard" 1 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmix', 5)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmix WHERE read_here(id)', 5)"
+check "... its NOTICE" 1 \
+  "$(echo "$read_here_notices" | grep -c 'knn_join reads the rows of foreign table "items_xmix_1" of server "shard2" here: its column "v" is public.halfvec(8) there, vector(8) here')"
+check "... named in EXPLAIN and in the statistics' fallback" \
+  "$(printf 'Shard: shard1 (items_xmix_0, items_xmix_2)\nServers Read Here: shard2 (items_xmix_1)\nshard2|items_xmix_1')" \
+  "$(sql 0 -c "SET client_min_messages = warning" \
+       -c "EXPLAIN (COSTS OFF) SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmix', 5)" \
+       -c "SELECT count(*) FROM knn_join('$QX', 'SELECT id, v FROM items_xmix', 5)" \
+       -c "SELECT f->>'server', f->>'partition' FROM json_array_elements(knn_gpu_last_shard_stats()->'fallback') f" 2>&1 |
+     sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; /^shard/p')"
+XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM items_xmix t"
+as_read_here "... the KNN Join node" 1 "$XNODE ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
+  "$XNODE WHERE read_here(t.id) ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+# a declared typmod the shard's column does not have: the read here's ERROR, as without the shards
+QX16="SELECT id, (v::real[] || v::real[])::vector FROM items_x_all WHERE id % 7 = 0"
+check "declared vector(8) over a remote vector(16): the ERROR of the read here" \
+  "$(printf 'ERROR:  expected 8 dimensions, not 16\nERROR:  expected 8 dimensions, not 16')" \
+  "$(sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) FROM knn_join('$QX16', 'SELECT id, w FROM items_xw', 5)" 2>&1 | grep ERROR
+     sql 0 -c "SET client_min_messages = warning" -c "SELECT count(*) FROM knn_join('$QX16', 'SELECT id, w FROM items_xw WHERE read_here(id)', 5)" 2>&1 | grep ERROR)"
+# a type there called vector that is not knn_gpu's (nor pgvector's): a base type of
+# knn_gpu's C code outside the extension, in a schema of its own
+sql 1 -q <<'EOF' || fail "declared types: a type called vector there"
+SET client_min_messages = warning;
+CREATE SCHEMA fake;
+CREATE TYPE fake.vector;
+CREATE FUNCTION fake.vector_in(cstring, oid, integer) RETURNS fake.vector AS '$libdir/knn_gpu', 'knn_vector_in' LANGUAGE C IMMUTABLE STRICT;
+CREATE FUNCTION fake.vector_out(fake.vector) RETURNS cstring AS '$libdir/knn_gpu', 'knn_vector_out' LANGUAGE C IMMUTABLE STRICT;
+CREATE TYPE fake.vector (INPUT = fake.vector_in, OUTPUT = fake.vector_out, INTERNALLENGTH = VARIABLE, STORAGE = external);
+CREATE TABLE items_fake (id bigint, v fake.vector);
+INSERT INTO items_fake SELECT id, h::text::fake.vector FROM items_x_0;
+EOF
+sql 0 -c "CREATE FOREIGN TABLE items_fake (id bigint, v vector(8)) SERVER shard1" >/dev/null
+as_read_here "declared vector over a type called vector there that is not: read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_fake', 5)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_fake WHERE read_here(id)', 5)"
+check_has "... its NOTICE" 'its column "v" is fake.vector there, vector(8) here' "$read_here_notices"
+sql 1 -q -c "SET client_min_messages = warning" -c "DROP TABLE items_fake" -c "DROP FUNCTION fake.vector_in(cstring, oid, integer) CASCADE" -c "DROP SCHEMA fake"
+# pgvector's vector there under knn_gpu's here (pgvector's operator values, not knn_gpu's)
+if [ "$(sql 1 -c "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'")" = 1 ] &&
+   sql 1 -q -c "CREATE SCHEMA pgv" -c "CREATE EXTENSION vector SCHEMA pgv" 2>/dev/null; then
+  sql 1 -q -c "CREATE TABLE items_pgv (id bigint, v pgv.vector(8))" \
+    -c "INSERT INTO items_pgv SELECT id, v::text::pgv.vector FROM items_x_0"
+  sql 0 -c "CREATE FOREIGN TABLE items_pgv (id bigint, v vector(8)) SERVER shard1" >/dev/null
+  as_read_here "declared knn_gpu's vector over pgvector's: knn_join = its targets read here" 0 \
+    "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_pgv', 5, 'cosine')" \
+    "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_pgv WHERE read_here(id)', 5, 'cosine')"
+  check_has "... its NOTICE" 'its column "v" is pgv.vector(8) there, vector(8) here' "$read_here_notices"
+  XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM items_pgv t"
+  as_read_here "... the KNN Join node" 0 "$XNODE ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
+    "$XNODE WHERE read_here(t.id) ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+  sql 1 -q -c "DROP TABLE items_pgv" -c "DROP EXTENSION vector" -c "DROP SCHEMA pgv"
+else
+  echo "skipped: pgvector's vector under knn_gpu's (pgvector is not installed here)"
+fi
 # a shard's read of rows of another dimension: the message names a query, as the read here does
 sql 1 -c "UPDATE items_x_0 SET u = '[1,2,3]' WHERE id = (SELECT max(id) FROM items_x_0 WHERE v IS NOT NULL AND id < 1000)"
 out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
