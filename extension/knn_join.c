@@ -1709,7 +1709,7 @@ knn_shard_drop_targets(PG_FUNCTION_ARGS)
 	PG_RETURN_VOID();
 }
 
-/* knn_shard_held_targets(): the rows of the targets held, or -1 (tests). */
+/* knn_shard_held_targets(): the rows of the targets this role holds, or -1 (tests). */
 PG_FUNCTION_INFO_V1(knn_shard_held_targets);
 Datum
 knn_shard_held_targets(PG_FUNCTION_ARGS)

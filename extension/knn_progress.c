@@ -15,11 +15,9 @@
 #include <unistd.h>
 
 #include "access/xact.h"
-#include "catalog/pg_authid.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
-#include "utils/acl.h"
 #include "utils/backend_status.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -27,6 +25,7 @@
 #include "utils/tuplestore.h"
 
 #include "knn_progress.h"
+#include "knn_role_visibility.h"
 
 #define KNN_PROGRESS_DIR "pg_stat_tmp"
 #define KNN_PROGRESS_PREFIX "knn_gpu_progress."
@@ -401,8 +400,7 @@ read_record(const char *path, int32 pid, KnnProgressRecord *record)
 
 /*
  * May the caller see backend pid's join? As pg_stat_activity shows a
- * backend's query: its own role's (or one it has the privileges of), or
- * everyone's to pg_read_all_stats.
+ * backend's query: by pg_stat_activity's role of it (knn_role_visibility.h).
  */
 static bool
 may_see_backend(int32 pid)
@@ -414,8 +412,7 @@ may_see_backend(int32 pid)
 		LocalPgBackendStatus *local = pgstat_fetch_stat_local_beentry(i);
 
 		if (local != NULL && local->backendStatus.st_procpid == pid)
-			return has_privs_of_role(GetUserId(), local->backendStatus.st_userid) ||
-				has_privs_of_role(GetUserId(), ROLE_PG_READ_ALL_STATS);
+			return knn_role_may_see_join_of(local->backendStatus.st_userid);
 	}
 	return false;
 }

@@ -270,7 +270,10 @@ extern int64 knn_shard_merge(ReturnSetInfo *rsinfo, const int64 *query_ids, int6
 							 const KnnShardLists *sources, int n_sources, int64 limit,
 							 struct KnnPackedRows *packed, struct KnnJoinDirect *direct);
 
-/* The statistics of this backend's last sharded join, as JSON (TopMemoryContext). */
+/*
+ * The statistics of this backend's last sharded join, as JSON
+ * (TopMemoryContext), kept with the role it ran as (knn_role_visibility.h).
+ */
 extern void knn_shard_set_last_stats(const char *json);
 
 struct KnnShardSummary;

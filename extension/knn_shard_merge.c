@@ -40,6 +40,7 @@
 #include "utils/tuplestore.h"
 
 #include "knn_join_function_scan.h"
+#include "knn_role_visibility.h"
 #include "knn_shard.h"
 #include "knn_shard_packed.h"
 
@@ -405,8 +406,12 @@ knn_shard_record_stats(const KnnShardPlan *sp, const KnnShardSummary *summary, i
 	pfree(buf.data);
 }
 
-/* Plain memory of the backend: outlives every query, replaced by the next join. */
+/*
+ * Plain memory of the backend: outlives every query, replaced by the next
+ * join; with the role that join ran as, for whom may see it.
+ */
 static char *last_stats = NULL;
+static Oid	last_stats_role = InvalidOid;
 
 void
 knn_shard_set_last_stats(const char *json)
@@ -416,13 +421,19 @@ knn_shard_set_last_stats(const char *json)
 	if (last_stats != NULL)
 		pfree(last_stats);
 	last_stats = copy;
+	last_stats_role = GetUserId();
 }
 
+/*
+ * The last sharded join's statistics, or NULL: none ran, or another role
+ * ran it that the current one may not see (the remote SQL holds that
+ * role's query texts, table names and constants), as if none had run.
+ */
 PG_FUNCTION_INFO_V1(knn_gpu_last_shard_stats);
 Datum
 knn_gpu_last_shard_stats(PG_FUNCTION_ARGS)
 {
-	if (last_stats == NULL)
+	if (last_stats == NULL || !knn_role_may_see_join_of(last_stats_role))
 		PG_RETURN_NULL();
 	PG_RETURN_TEXT_P(cstring_to_text(last_stats));
 }

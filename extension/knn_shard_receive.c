@@ -704,7 +704,9 @@ knn_held_targets_drop(int64 set)
 int64
 knn_held_targets_rows(void)
 {
-	return held_targets != NULL && held_targets->targets_sql != NULL ?
+	/* another role's are none of this one's to take (held_targets_of), nor to count */
+	return held_targets != NULL && held_targets->targets_sql != NULL &&
+		held_targets->reader == GetUserId() ?
 		held_targets->matrix.n - held_targets->relayed : -1;
 }
 

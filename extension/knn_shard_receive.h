@@ -141,7 +141,7 @@ extern int64 knn_held_block_rows(const KnnMatrix *m);
 /* Drops set `set`'s held targets, if any (knn_shard_drop_targets). */
 extern void knn_held_targets_drop(int64 set);
 
-/* The rows of the targets held, or -1 (tests: knn_shard_held_targets). */
+/* The rows of the targets this role holds, or -1 (tests: knn_shard_held_targets). */
 extern int64 knn_held_targets_rows(void);
 
 /*

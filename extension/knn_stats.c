@@ -6,15 +6,21 @@
 
 #include "fmgr.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
 
+#include "knn_role_visibility.h"
 #include "knn_stats.h"
 #include "knn_vocabulary.h"
 
-/* The last join of this backend (plain memory: outlives every query). */
+/*
+ * The last join of this backend (plain memory: outlives every query), and
+ * the role it ran as: shown only to roles that may see that role's joins.
+ */
 static bool last_valid = false;
 static KnnJoinRecord last;
+static Oid	last_role = InvalidOid;
 
 void
 knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem, const KnnStats *engine,
@@ -33,6 +39,7 @@ knn_stats_record(KnnJoinRecord *record, const KnnProblem *problem, const KnnStat
 	record->seconds_return = seconds_return;
 	record->admission = *knn_run_last_admission();
 	last = *record;
+	last_role = GetUserId();
 	last_valid = true;
 }
 
@@ -248,11 +255,16 @@ knn_stats_explain(const KnnJoinTotals *totals, ExplainState *es)
 	}
 }
 
+/*
+ * The last join's record, or NULL: none ran, or another role ran it that
+ * the current one may not see (its row counts, times and methods tell of
+ * that role's data), as if none had run.
+ */
 PG_FUNCTION_INFO_V1(knn_gpu_last_stats);
 Datum
 knn_gpu_last_stats(PG_FUNCTION_ARGS)
 {
-	if (!last_valid)
+	if (!last_valid || !knn_role_may_see_join_of(last_role))
 		PG_RETURN_NULL();
 	PG_RETURN_TEXT_P(cstring_to_text(record_json(&last)));
 }

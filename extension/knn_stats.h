@@ -1,7 +1,8 @@
 /*
  * knn_stats.h -- the record of one join: the engine's statistics plus the
  * backend's phase times. knn_stats.c alone builds it, keeps the last one
- * for knn_gpu_last_stats(), and shows it in EXPLAIN ANALYZE.
+ * for knn_gpu_last_stats() (with the role it ran as: knn_role_visibility.h),
+ * and shows it in EXPLAIN ANALYZE.
  */
 #ifndef KNN_STATS_H
 #define KNN_STATS_H

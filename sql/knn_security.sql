@@ -192,5 +192,62 @@ SELECT pg_temp.error_of($q$SELECT count(*) FROM knn_join('SELECT id, v FROM knn_
 
 RESET ROLE;
 DROP TABLE knn_payroll;
+
+-- 6. What a role's joins leave behind in the backend is not shown to
+--    another role (after SET ROLE, the caller of a SECURITY DEFINER
+--    function, a pooler's next client): knn_gpu_last_stats() (row counts,
+--    times, methods) answers as if no join had run, as pg_stat_activity
+--    hides another role's query, except to a role with the privileges of
+--    the join's (a superuser) or of pg_read_all_stats. Held targets are
+--    only their reader's to take, so only its to count.
+--    (knn_gpu_last_shard_stats(), with the shards' remote SQL: shard_test.sh.)
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS knn_monitor;
+RESET client_min_messages;
+CREATE TABLE knn_secret_rows (id int, v vector(2));
+INSERT INTO knn_secret_rows SELECT i, format('[%s,%s]', i % 5, i % 3)::vector FROM generate_series(1, 37) i;
+CREATE ROLE knn_monitor IN ROLE pg_read_all_stats;
+SELECT count(*) AS pairs FROM knn_join('SELECT id, v FROM knn_secret_rows', 'SELECT id, v FROM knn_secret_rows', 1);
+SELECT knn_gpu_last_stats()->>'queries' AS own_queries;
+SET ROLE knn_mallory;
+SELECT knn_gpu_last_stats() IS NULL AS another_roles_stats_hidden;
+SET ROLE knn_monitor;
+SELECT knn_gpu_last_stats()->>'queries' AS shown_to_pg_read_all_stats;
+RESET ROLE;
+SELECT knn_gpu_last_stats()->>'queries' AS own_again;
+-- an ordinary role's join: its own to see, and a superuser's
+SET ROLE knn_mallory;
+SELECT count(*) AS pairs FROM knn_join('SELECT 1, ''[1,1]''::vector', 'SELECT 2, ''[2,2]''::vector', 1);
+SELECT knn_gpu_last_stats()->>'queries' AS own_queries;
+RESET ROLE;
+SELECT knn_gpu_last_stats()->>'queries' AS shown_to_a_superuser;
+-- a SECURITY DEFINER function's join is its owner's, not its caller's
+CREATE FUNCTION knn_secret_pairs() RETURNS bigint LANGUAGE sql SECURITY DEFINER AS
+  $$ SELECT count(*) FROM knn_join('SELECT id, v FROM knn_secret_rows', 'SELECT id, v FROM knn_secret_rows', 2) $$;
+GRANT EXECUTE ON FUNCTION knn_secret_pairs() TO knn_mallory;
+SET ROLE knn_mallory;
+SELECT knn_secret_pairs() AS pairs;
+SELECT knn_gpu_last_stats() IS NULL AS the_definers_stats_hidden;
+RESET ROLE;
+SELECT knn_gpu_last_stats()->>'k' AS the_definers_k;
+-- held targets: another role's count as none (-1), a superuser's too
+BEGIN;
+SELECT targets_read FROM knn_shard_prefetch_targets(1, 'vector', 'SELECT id, v FROM knn_secret_rows');
+SELECT knn_shard_held_targets() AS own_held;
+SET LOCAL ROLE knn_mallory;
+SELECT knn_shard_held_targets() AS another_roles_held;
+RESET ROLE;
+SELECT knn_shard_held_targets() AS own_held_again;
+ROLLBACK;
+BEGIN;
+SET LOCAL ROLE knn_mallory;
+SELECT targets_read FROM knn_shard_prefetch_targets(1, 'vector', 'SELECT 1, ''[1,1]''::vector');
+RESET ROLE;
+SELECT knn_shard_held_targets() AS held_by_an_ordinary_role;
+ROLLBACK;
+DROP FUNCTION knn_secret_pairs();
+DROP TABLE knn_secret_rows;
+DROP ROLE knn_monitor;
+
 DROP OWNED BY knn_mallory;
 DROP ROLE knn_mallory;

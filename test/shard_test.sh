@@ -547,6 +547,28 @@ SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
 EOF
 )
 check "an ordinary user with user mappings: the same result, on the shards" "0|2" "$out"
+# What alice's join left in the backend is hers to see (and a superuser's, and
+# pg_read_all_stats'), as pg_stat_activity's query: another role after SET
+# ROLE gets no shard statistics (the remote SQL holds her texts and
+# constants) and no engine statistics, as if no join had run.
+sql 0 -c "CREATE ROLE carol" -c "CREATE ROLE knn_stats_reader IN ROLE pg_read_all_stats" >/dev/null
+out=$(sql 0 <<'EOF' 2>&1
+SET client_min_messages = warning;
+SET ROLE alice;
+SELECT count(*) > 0 FROM knn_join('SELECT id, v FROM q', 'SELECT id, v FROM items_h WHERE cat <> 3', 3);
+SELECT knn_gpu_last_shard_stats()->'shards'->0->>'remote_sql' LIKE '%cat <> 3%', knn_gpu_last_stats() IS NOT NULL;
+SET ROLE carol;
+SELECT knn_gpu_last_shard_stats() IS NULL, knn_gpu_last_stats() IS NULL;
+SET ROLE knn_stats_reader;
+SELECT json_array_length(knn_gpu_last_shard_stats()->'shards'), knn_gpu_last_stats() IS NOT NULL;
+SET ROLE alice;
+SELECT json_array_length(knn_gpu_last_shard_stats()->'shards'), knn_gpu_last_stats() IS NOT NULL;
+RESET ROLE;
+SELECT json_array_length(knn_gpu_last_shard_stats()->'shards'), knn_gpu_last_stats() IS NOT NULL;
+EOF
+)
+check "another role sees nothing of alice's join's statistics; she, pg_read_all_stats and a superuser do" \
+  "$(printf 't\nt|t\nt|t\n2|t\n2|t\n2|t')" "$out"
 
 # ---- the KNN Join node (the LATERAL top-k query) over the sharded tables ----
 # compare_node NAME QUERY SHARDS: QUERY names its target table TBL; run over
