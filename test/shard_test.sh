@@ -2680,6 +2680,27 @@ if [ "$(sql 1 -c "SELECT count(*) FROM pg_available_extensions WHERE name = 'vec
 else
   echo "skipped: pgvector's vector under knn_gpu's (pgvector is not installed here)"
 fi
+# a column_name naming a system column there (xmin: xid), read here by postgres_fdw as any
+# other column: its type is asked too (it was taken for a column not there, and the shard's
+# join failed on ids of type xid where the read here reads them as bigint)
+sql 0 -c "CREATE FOREIGN TABLE items_xmin (id bigint OPTIONS (column_name 'xmin'), v vector(8)) SERVER shard1 OPTIONS (table_name 'items_x_0')" >/dev/null
+as_read_here "a column_name naming a system column there (xmin): read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmin', 3)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmin WHERE read_here(id)', 3)"
+check_has "... its NOTICE" 'its column "id" is xid there, bigint here' "$read_here_notices"
+# odd names there (schema_name, table_name and column_name options with quotes, a backslash,
+# capitals and a space): the table and column are found as postgres_fdw's SELECT names them
+sql 1 -q <<'EOF' || fail "declared types: odd names there"
+CREATE SCHEMA "Odd ""Sch";
+CREATE TABLE "Odd ""Sch"."Ta""b'le\x" (id bigint, "Vec""X" halfvec(8));
+INSERT INTO "Odd ""Sch"."Ta""b'le\x" SELECT id, h FROM items_x_0;
+EOF
+sql 0 -c "CREATE FOREIGN TABLE items_odd (id bigint, v vector(8) OPTIONS (column_name 'Vec\"X')) SERVER shard1 OPTIONS (schema_name 'Odd \"Sch', table_name 'Ta\"b''le\\x')" >/dev/null
+as_read_here "odd schema, table and column names there: their column of another type found, read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_odd', 5)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_odd WHERE read_here(id)', 5)"
+check_has "... its NOTICE" 'its column "v" is public.halfvec(8) there, vector(8) here' "$read_here_notices"
+
 # a shard's read of rows of another dimension: the message names a query, as the read here does
 sql 1 -c "UPDATE items_x_0 SET u = '[1,2,3]' WHERE id = (SELECT max(id) FROM items_x_0 WHERE v IS NOT NULL AND id < 1000)"
 out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
