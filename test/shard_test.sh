@@ -2701,6 +2701,34 @@ as_read_here "odd schema, table and column names there: their column of another 
   "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_odd WHERE read_here(id)', 5)"
 check_has "... its NOTICE" 'its column "v" is public.halfvec(8) there, vector(8) here' "$read_here_notices"
 
+# The node's self-exclusion and group values are compared on the shard under "C": the shard's
+# column may have a nondeterministic collation (case-insensitive here), which won over the
+# query table's default one there, and matched 'a' with 'A' where this server does not.
+if [ "$(sql 1 -c "SELECT count(*) > 0 FROM pg_collation WHERE collprovider = 'i'")" = t ]; then
+  for i in 1 2; do
+    sql "$i" -q -c "CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false)" \
+      -c "CREATE TABLE items_ci_$i (id bigint, g text COLLATE case_blind, v vector(8))"
+  done
+  sql 0 -q <<'EOF' || fail "group keys under a nondeterministic collation there: set-up"
+CREATE TABLE items_ci_all (id bigint, g text, v vector(8));
+INSERT INTO items_ci_all SELECT i, CASE WHEN i % 2 = 0 THEN 'a' ELSE 'A' END, gen_vec(i) FROM generate_series(1, 400) i;
+CREATE TABLE items_ci (id bigint, g text, v vector(8)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE items_ci_1 PARTITION OF items_ci FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'items_ci_1');
+CREATE FOREIGN TABLE items_ci_2 PARTITION OF items_ci FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'items_ci_2');
+INSERT INTO items_ci SELECT * FROM items_ci_all;
+ANALYZE items_ci_all;
+EOF
+  CNODE="SELECT q.id AS qid, n.id, n.g, n.d FROM items_ci_all q CROSS JOIN LATERAL (SELECT t.id, t.g, t.v <-> q.v AS d FROM"
+  as_read_here "a group key of a case-insensitive column there: the shards match as this server does" 2 \
+    "$CNODE items_ci t WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
+    "$CNODE items_ci_all t WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+  as_read_here "... a self-exclusion by it" 2 \
+    "$CNODE items_ci t WHERE t.g <> q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
+    "$CNODE items_ci_all t WHERE t.g <> q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+else
+  echo "skipped: a nondeterministic collation on the shards (no ICU)"
+fi
+
 # a shard's read of rows of another dimension: the message names a query, as the read here does
 sql 1 -c "UPDATE items_x_0 SET u = '[1,2,3]' WHERE id = (SELECT max(id) FROM items_x_0 WHERE v IS NOT NULL AND id < 1000)"
 out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
