@@ -10,8 +10,9 @@
  *     SELECT q.qid, n.d, n.a2 ... FROM pg_temp.<queries> q
  *     CROSS JOIN LATERAL (SELECT s.c1 AS a2, ..., s.c2 OPERATOR(public.<->) q.v AS d
  *                         FROM (<remote select>) s(c1, ..., cn)
- *                         WHERE s.c3 OPERATOR(pg_catalog.<>) q.k      -- self-exclusion
- *                           AND s.c4 OPERATOR(pg_catalog.=) q.g1      -- group keys
+ *                         WHERE s.c3 OPERATOR(pg_catalog.<>) q.x1     -- self-exclusion
+ *                           AND s.c4 OPERATOR(pg_catalog.=) q.x2      -- group keys
+ *                               [COLLATE pg_catalog."C"]              -- (collatable ones)
  *                           AND (s.c2 OPERATOR(public.<->) q.v) OPERATOR(pg_catalog.<) $2 -- radius
  *                         ORDER BY s.c2 OPERATOR(public.<->) q.v, s.c1 ASC NULLS LAST
  *                         LIMIT $1) n                                 -- OFFSET + LIMIT
@@ -23,7 +24,8 @@
  * the declared types there (knn_shard_types.c; else read here), so the
  * shard computes the very distances this server would. Self-exclusion and group values go the same way; they are
  * pushed only for PostgreSQL's own types, whose equality is the same on
- * every server (and under a deterministic collation, bytewise). ORDER BY
+ * every server (and under a deterministic collation, bytewise: compared
+ * there under "C", whatever the collation of the shard's column). ORDER BY
  * keys after the distance are pushed only for PostgreSQL's own types in
  * their default order and without a collation that could sort otherwise
  * there (none, "C" or "POSIX"). Anything else keeps the node's plan here,
@@ -118,6 +120,7 @@ typedef struct ShippedValue
 {
 	AttrNumber	column;
 	FmgrInfo	send;
+	bool		collatable;		/* compared there under "C" (compared_there) */
 } ShippedValue;
 
 struct KnnScanShards
@@ -347,6 +350,7 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 			return why;
 		sh->exclude_target_column = spec->exclude_target_column;
 		sh->shipped[sh->n_shipped].column = spec->exclude_query_column;
+		sh->shipped[sh->n_shipped].collatable = type_is_collatable(type);
 		getTypeBinaryOutputInfo(type, &send, &varlena);
 		fmgr_info(send, &sh->shipped[sh->n_shipped].send);
 		sh->shipped_type_names = lappend(sh->shipped_type_names, format_type_be_qualified(type));
@@ -361,6 +365,7 @@ not_pushable(KnnScanShards *sh, const KnnScanShardSpec *spec, Plan *top)
 		if ((why = encoding_blocks_shipping(type)) != NULL)
 			return why;
 		sh->shipped[sh->n_shipped].column = spec->group_query_columns[g];
+		sh->shipped[sh->n_shipped].collatable = type_is_collatable(type);
 		getTypeBinaryOutputInfo(type, &send, &varlena);
 		fmgr_info(send, &sh->shipped[sh->n_shipped].send);
 		sh->shipped_type_names = lappend(sh->shipped_type_names, format_type_be_qualified(type));
@@ -412,6 +417,22 @@ remote_column(const KnnShardScan *scan, AttrNumber column)
 	return psprintf("s.c%d", scan->positions[column - 1]);
 }
 
+/*
+ * "s.c<i> OPERATOR(pg_catalog.<op>) q.x<shipped>": a shipped value compared
+ * with the inner column there. Equality here is under a deterministic
+ * collation (equality_travels), which compares bytewise, as "C" does; the
+ * shard's column may have a collation of its own (nondeterministic:
+ * case-insensitive, say), which would win over the query table's default
+ * one there: so "C", explicitly.
+ */
+static char *
+compared_there(KnnScanShards *sh, const KnnShardScan *scan, AttrNumber column, const char *op,
+			   int shipped)
+{
+	return psprintf("%s OPERATOR(pg_catalog.%s) q.x%d%s", remote_column(scan, column), op, shipped,
+					sh->shipped[shipped].collatable ? " COLLATE pg_catalog.\"C\"" : "");
+}
+
 static void
 compose_join_sql(KnnScanShards *sh, KnnShardRemote *shard)
 {
@@ -441,13 +462,11 @@ compose_join_sql(KnnScanShards *sh, KnnShardRemote *shard)
 							 sh->read_back[i]);
 		appendStringInfo(&sql, "%s AS d FROM %s", distance, knn_shard_scan_from(scan, "s"));
 		if (sh->exclude_target_column > 0)
-			where = lappend(where, psprintf("%s OPERATOR(pg_catalog.<>) q.x%d",
-											remote_column(scan, sh->exclude_target_column),
-											shipped++));
+			where = lappend(where, compared_there(sh, scan, sh->exclude_target_column, "<>",
+												  shipped++));
 		for (int g = 0; g < sh->n_group_columns; g++)
-			where = lappend(where, psprintf("%s OPERATOR(pg_catalog.=) q.x%d",
-											remote_column(scan, sh->group_target_columns[g]),
-											shipped++));
+			where = lappend(where, compared_there(sh, scan, sh->group_target_columns[g], "=",
+												  shipped++));
 		if (sh->radius_mode != KNN_RANGE_NONE)
 			where = lappend(where, psprintf("(%s) OPERATOR(pg_catalog.%s) $%d", distance,
 											sh->radius_mode == KNN_RANGE_AT_MOST ? "<=" : "<",

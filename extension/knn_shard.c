@@ -26,10 +26,12 @@
 #include "postgres.h"
 
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "common/int.h"
 #include "common/shortest_dec.h"
 #include "executor/executor.h"
@@ -298,7 +300,9 @@ knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *
 		int			n_type_fields;
 		char	   *type_fields = knn_shard_types_fields(sp, shard, &n_type_fields);
 		char	  **types_there = NULL;
-		const char *why = knn_shard_remote_open(shard, version, element, type_fields,
+		const char *why = knn_shard_remote_open(shard, version, element,
+												sp->query_type_extension,
+												sp->query_type_version, type_fields,
 												n_type_fields, &types_there);
 
 		/* its partitions whose columns there are of other types: read here */
@@ -1221,6 +1225,36 @@ static bool shards_take_relayed_blocks(const KnnShardEarly *c);
 static char *declared_held_columns(const KnnShardEarly *c);
 
 /*
+ * The extension (and version) whose type the query rows go to the shards
+ * as. The shard's knn_join ranks by pgvector's operator exactly where this
+ * one does: where the types SQL resolves the operator between are
+ * pgvector's (knn_operator_values_type). Its targets are of the types
+ * declared here (knn_shard_types.c), so its query rows must be of
+ * pgvector's type where this join ranks by pgvector's operator (of the
+ * same version: its distance functions' bits), and of knn_gpu's own type
+ * where this join does not (pgvector's type would make the shard rank by
+ * pgvector's operator beside pgvector's or array targets). A shard without
+ * that type is read here.
+ */
+static void
+query_type_owner(const KnnShardJoin *join, KnnShardPlan *sp)
+{
+	if (join->by_operator != NULL)
+	{
+		Oid			extension = getExtensionOfObject(ProcedureRelationId,
+													 join->by_operator->function.fn_oid);
+
+		sp->query_type_extension = get_extension_name(extension);
+		sp->query_type_version = knn_extension_version(sp->query_type_extension);
+	}
+	else
+	{
+		sp->query_type_extension = "knn_gpu";
+		sp->query_type_version = NULL;
+	}
+}
+
+/*
  * Finds the shards of the targets text: SHARDS_FOUND (the plan held), or
  * SHARDS_NONE / SHARDS_NOT_PUSHED (with its NOTICE; the plan released).
  */
@@ -1243,6 +1277,7 @@ find_shards(KnnShardEarly *c, SPIPlanPtr targets_plan, const KnnShardJoin *join,
 	c->sp.who = "knn_join";
 	c->sp.typed_columns = id_and_vector;
 	c->sp.n_typed_columns = lengthof(id_and_vector);
+	query_type_owner(join, &c->sp);
 	c->sp.scans = list_length(c->stmt->planTree->targetlist) >= 2 ?
 		knn_shard_partition_scans(c->stmt->planTree) : NIL;
 	/* the caller's rights on every relation of the text, before any user mapping is looked up */

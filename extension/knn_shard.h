@@ -64,6 +64,14 @@ typedef struct KnnShardPlan
 	 */
 	const AttrNumber *typed_columns;
 	int			n_typed_columns;
+	/*
+	 * knn_join's: the extension whose vector or halfvec type its query rows
+	 * must have there (and its version), set by the caller before
+	 * knn_shard_open; NULL: either, knn_gpu's first (the KNN Join node
+	 * ships as its operator's operand type instead).
+	 */
+	const char *query_type_extension;
+	const char *query_type_version;
 } KnnShardPlan;
 
 /* The partition scans under the top of a plan (an Append, a MergeAppend, a ForeignScan), or NIL. */

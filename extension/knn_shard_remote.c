@@ -283,8 +283,10 @@ exec_checked(KnnShardRemote *shard, const char *sql, int expected)
 /*
  * knn_gpu's schema and version there, and the types the query rows can be
  * shipped as, found by catalog identity: the base type whose input is the
- * C function of knn_gpu or pgvector for that type (the shard runs with
- * search_path = pg_catalog, so format_type qualifies the name).
+ * C function of knn_gpu or pgvector for that type, of the extension (and
+ * version) the caller wants, w (NULL: either, knn_gpu's first; any
+ * version). The shard runs with search_path = pg_catalog, so format_type
+ * qualifies the name.
  */
 #define REMOTE_TYPE_SQL(knn_input, pgvector_input) \
 	"(SELECT pg_catalog.format_type(t.oid, NULL) FROM pg_catalog.pg_type t" \
@@ -295,6 +297,8 @@ exec_checked(KnnShardRemote *shard, const char *sql, int expected)
 	" WHERE t.typtype = 'b' AND p.prolang = 13" \
 	"  AND ((x.extname = 'knn_gpu' AND p.prosrc = '" knn_input "')" \
 	"    OR (x.extname = 'vector' AND p.prosrc = '" pgvector_input "'))" \
+	"  AND (w.extname IS NULL OR x.extname = w.extname)" \
+	"  AND (w.extversion IS NULL OR x.extversion = w.extversion)" \
 	" ORDER BY x.extname = 'knn_gpu' DESC LIMIT 1)"
 
 /*
@@ -330,9 +334,18 @@ static const char remote_check_sql[] =
 	REMOTE_CALLABLE_SQL("knn_join_received_held_packed(bigint,text,integer,text,boolean,text)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_receive_held_rows(bigint,regtype,bytea)") ", "
 	REMOTE_CALLABLE_SQL("knn_shard_read_held_blocks(bigint,regtype,text,text,text,text,integer,integer)");
-static const char remote_check_from[] =
-	" FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace"
-	" WHERE e.extname = 'knn_gpu'";
+/* (a format: w, the wanted type's extension and version, two literals) */
+#define REMOTE_CHECK_FROM \
+	" FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace" \
+	" CROSS JOIN (VALUES (%s::pg_catalog.name, %s::pg_catalog.text)) w(extname, extversion)" \
+	" WHERE e.extname = 'knn_gpu'"
+
+/* A literal of the text, or NULL. */
+static char *
+literal_or_null(const char *text)
+{
+	return text != NULL ? quote_literal_cstr(text) : "NULL";
+}
 
 static char *
 text_value(PGresult *res, int field)
@@ -348,10 +361,13 @@ remote_oid(const char *text)
 
 const char *
 knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement element,
+					  const char *type_extension, const char *type_version,
 					  const char *more_fields, int n_more, char ***more_values)
 {
 	PGresult   *res;
-	char	   *check_sql = psprintf("%s%s%s", remote_check_sql, more_fields, remote_check_from);
+	char	   *check_sql = psprintf("%s%s" REMOTE_CHECK_FROM, remote_check_sql, more_fields,
+									 literal_or_null(type_extension),
+									 literal_or_null(type_version));
 	const char *why = NULL;
 	char	   *remote_version;
 	char	   *vector_type;
@@ -420,7 +436,11 @@ knn_shard_remote_open(KnnShardRemote *shard, const char *version, KnnElement ele
 		shard->query_type_oid = VARBITOID;
 	}
 	if (why == NULL && (shard->query_type == NULL || !OidIsValid(shard->query_type_oid)))
-		why = psprintf("it has no %s type", element == KNN_ELEMENT_FLOAT16 ? "halfvec" : "vector");
+		why = psprintf("it has no %s type%s%s%s%s",
+					   element == KNN_ELEMENT_FLOAT16 ? "halfvec" : "vector",
+					   type_extension ? " of extension " : "",
+					   type_extension ? psprintf("\"%s\"", type_extension) : "",
+					   type_version ? " version " : "", type_version ? type_version : "");
 	END_SHARD_CONTEXT();
 	return why;
 }

@@ -112,14 +112,18 @@ extern bool knn_shard_is_postgres_fdw(ForeignServer *server);
 /*
  * Takes postgres_fdw's connection for the shard's user mapping and checks
  * that knn_gpu of version `version` is installed there with a type for
- * rows of `element`. NULL when the shard can join; otherwise why not (the
- * caller reads its rows instead). The same statement asks the caller's
- * select-list fields more_fields (", f1, ...", n_more of them, "" for
- * none): where knn_gpu is there, *more_values holds their texts (NULL for
- * NULL).
+ * rows of `element` (query_type): for vector and halfvec rows, that of
+ * extension type_extension (knn_gpu's own or pgvector's "vector") at
+ * type_version, where these are not NULL (NULL: knn_gpu's, else
+ * pgvector's; any version). NULL when the shard can join; otherwise why
+ * not (the caller reads its rows instead). The same statement asks the
+ * caller's select-list fields more_fields (", f1, ...", n_more of them, ""
+ * for none): where knn_gpu is there, *more_values holds their texts (NULL
+ * for NULL).
  */
 extern const char *knn_shard_remote_open(KnnShardRemote *shard, const char *version,
-										 KnnElement element, const char *more_fields,
+										 KnnElement element, const char *type_extension,
+										 const char *type_version, const char *more_fields,
 										 int n_more, char ***more_values);
 
 /*

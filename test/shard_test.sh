@@ -2702,6 +2702,138 @@ if [ "$(sql 1 -c "SELECT count(*) FROM pg_available_extensions WHERE name = 'vec
 else
   echo "skipped: pgvector's vector under knn_gpu's (pgvector is not installed here)"
 fi
+# a column_name naming a system column there (xmin: xid), read here by postgres_fdw as any
+# other column: its type is asked too (it was taken for a column not there, and the shard's
+# join failed on ids of type xid where the read here reads them as bigint)
+sql 0 -c "CREATE FOREIGN TABLE items_xmin (id bigint OPTIONS (column_name 'xmin'), v vector(8)) SERVER shard1 OPTIONS (table_name 'items_x_0')" >/dev/null
+as_read_here "a column_name naming a system column there (xmin): read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmin', 3)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmin WHERE read_here(id)', 3)"
+check_has "... its NOTICE" 'its column "id" is xid there, bigint here' "$read_here_notices"
+# odd names there (schema_name, table_name and column_name options with quotes, a backslash,
+# capitals and a space): the table and column are found as postgres_fdw's SELECT names them
+sql 1 -q <<'EOF' || fail "declared types: odd names there"
+CREATE SCHEMA "Odd ""Sch";
+CREATE TABLE "Odd ""Sch"."Ta""b'le\x" (id bigint, "Vec""X" halfvec(8));
+INSERT INTO "Odd ""Sch"."Ta""b'le\x" SELECT id, h FROM items_x_0;
+EOF
+sql 0 -c "CREATE FOREIGN TABLE items_odd (id bigint, v vector(8) OPTIONS (column_name 'Vec\"X')) SERVER shard1 OPTIONS (schema_name 'Odd \"Sch', table_name 'Ta\"b''le\\x')" >/dev/null
+as_read_here "odd schema, table and column names there: their column of another type found, read here" 0 \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_odd', 5)" \
+  "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_odd WHERE read_here(id)', 5)"
+check_has "... its NOTICE" 'its column "v" is public.halfvec(8) there, vector(8) here' "$read_here_notices"
+
+# The node's self-exclusion and group values are compared on the shard under "C": the shard's
+# column may have a nondeterministic collation (case-insensitive here), which won over the
+# query table's default one there, and matched 'a' with 'A' where this server does not.
+if [ "$(sql 1 -c "SELECT count(*) > 0 FROM pg_collation WHERE collprovider = 'i'")" = t ]; then
+  for i in 1 2; do
+    sql "$i" -q -c "CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false)" \
+      -c "CREATE TABLE items_ci_$i (id bigint, g text COLLATE case_blind, v vector(8))"
+  done
+  sql 0 -q <<'EOF' || fail "group keys under a nondeterministic collation there: set-up"
+CREATE TABLE items_ci_all (id bigint, g text, v vector(8));
+INSERT INTO items_ci_all SELECT i, CASE WHEN i % 2 = 0 THEN 'a' ELSE 'A' END, gen_vec(i) FROM generate_series(1, 400) i;
+CREATE TABLE items_ci (id bigint, g text, v vector(8)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE items_ci_1 PARTITION OF items_ci FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'items_ci_1');
+CREATE FOREIGN TABLE items_ci_2 PARTITION OF items_ci FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'items_ci_2');
+INSERT INTO items_ci SELECT * FROM items_ci_all;
+ANALYZE items_ci_all;
+EOF
+  CNODE="SELECT q.id AS qid, n.id, n.g, n.d FROM items_ci_all q CROSS JOIN LATERAL (SELECT t.id, t.g, t.v <-> q.v AS d FROM"
+  as_read_here "a group key of a case-insensitive column there: the shards match as this server does" 2 \
+    "$CNODE items_ci t WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
+    "$CNODE items_ci_all t WHERE t.g = q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+  as_read_here "... a self-exclusion by it" 2 \
+    "$CNODE items_ci t WHERE t.g <> q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
+    "$CNODE items_ci_all t WHERE t.g <> q.g ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+else
+  echo "skipped: a nondeterministic collation on the shards (no ICU)"
+fi
+
+# ---- pgvector's columns on the coordinator and the shards ----
+# With pgvector's types knn_join's values are pgvector's operator's (knn_operator_values.h);
+# the shard's join ranks by them exactly where its query type and target type are
+# pgvector's. The query rows go there in pgvector's type where this join ranks by
+# pgvector's operator, in knn_gpu's own type where it does not (they went in knn_gpu's
+# whenever the shard had both, and the shard then returned the engine's values, which
+# differ from pgvector's in the last bits; a shard whose knn_gpu uses pgvector's types was
+# sent pgvector's for knn_gpu's queries). Every join equals one server's, distances bit
+# for bit (float8send). pgvector in schema pgv everywhere, after knn_gpu; shard 2's
+# database pgvfirst has pgvector first (knn_gpu uses its types there).
+if [ "$(sql 1 -c "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'")" = 1 ]; then
+  for i in 0 1 2; do
+    sql "$i" -q -c "CREATE SCHEMA pgv" -c "CREATE EXTENSION vector SCHEMA pgv" || fail "pgvector's columns: set-up"
+  done
+  for i in 1 2; do
+    sql "$i" -q -c "CREATE TABLE pv_$i (id bigint, v pgv.vector(32), h pgv.halfvec(32))"
+  done
+  sql 2 -q -c "CREATE DATABASE pgvfirst"
+  sql 2 pgvfirst -q -c "SET client_min_messages = error" -c "CREATE EXTENSION vector" -c "CREATE EXTENSION knn_gpu" \
+    -c "CREATE TABLE pv_2 (id bigint, v vector(32), h halfvec(32))"
+  sql 0 -q <<EOF || fail "pgvector's columns: set-up here"
+CREATE SERVER shard2_pgvfirst FOREIGN DATA WRAPPER postgres_fdw OPTIONS (host '${DIRS[2]}', port '${PORTS[2]}', dbname 'pgvfirst');
+CREATE USER MAPPING FOR postgres SERVER shard2_pgvfirst OPTIONS (user 'postgres');
+CREATE FUNCTION pgv_vec(i bigint) RETURNS pgv.vector IMMUTABLE LANGUAGE sql AS
+\$\$ SELECT array_agg(((hashint8(i * 1000 + j) % 100003) / 100003.0)::real ORDER BY j)::pgv.vector FROM generate_series(1, 32) j \$\$;
+CREATE TABLE pv_all (id bigint, v pgv.vector(32), h pgv.halfvec(32));
+INSERT INTO pv_all SELECT i, pgv_vec(i), pgv_vec(i)::pgv.halfvec FROM generate_series(1, 600) i;
+CREATE TABLE pvq AS SELECT * FROM pv_all WHERE id % 5 = 0;
+CREATE TABLE pv (id bigint, v pgv.vector(32), h pgv.halfvec(32)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE pv_1 PARTITION OF pv FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'pv_1');
+CREATE FOREIGN TABLE pv_2 PARTITION OF pv FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'pv_2');
+INSERT INTO pv SELECT * FROM pv_all;
+-- the same rows, the second partition in pgvfirst
+CREATE TABLE pvf (id bigint, v pgv.vector(32), h pgv.halfvec(32)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE pvf_1 PARTITION OF pvf FOR VALUES WITH (MODULUS 2, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'pv_1');
+CREATE FOREIGN TABLE pvf_2 PARTITION OF pvf FOR VALUES WITH (MODULUS 2, REMAINDER 1) SERVER shard2_pgvfirst OPTIONS (table_name 'pv_2');
+INSERT INTO pvf_2 SELECT * FROM pv_all WHERE satisfies_hash_partition('pvf'::regclass, 2, 1, id);
+ANALYZE pv_all, pvq;
+EOF
+  # pgv_same NAME SHARDS SHARDED_CALL: its rows (distances as float8send) equal those of the
+  # call over pv_all (FROM pv' and FROM pvf' in its texts become FROM pv_all')
+  pgv_same() {
+    as_read_here "$1" "$2" "SELECT query_id, target_id, float8send(distance) AS d FROM $3" \
+      "SELECT query_id, target_id, float8send(distance) AS d FROM $(echo "$3" | sed "s/FROM pvf\?'/FROM pv_all'/g")"
+  }
+  pgv_same "pgvector's vector: knn_join l2 on the shards = one server, bit for bit" 2 \
+    "knn_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pv', 5, 'l2')"
+  pgv_same "... ip" 2 "knn_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pv', 5, 'ip')"
+  pgv_same "... cosine, exclude_self" 2 "knn_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pv', 5, 'cosine', true)"
+  pgv_same "... knn_range_join cosine" 2 "knn_range_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pv', 0.75, 'cosine')"
+  pgv_same "... the self-join, its queries from the shards" 2 \
+    "knn_join('SELECT id, v FROM pv', 'SELECT id, v FROM pv', 4, 'ip')"
+  pgv_same "... real[] queries (arr::vector <-> v)" 2 "knn_join('SELECT id, v::real[] FROM pvq', 'SELECT id, v FROM pv', 5, 'l2')"
+  pgv_same "... vector queries, halfvec targets (h <-> v)" 2 "knn_join('SELECT id, v FROM pvq', 'SELECT id, h FROM pv', 5, 'l2')"
+  pgv_same "... knn_gpu's vector queries (the engine's values, here and there)" 2 \
+    "knn_join('SELECT id, v::text::public.vector FROM pvq', 'SELECT id, v FROM pv', 5, 'l2')"
+  PNODE="SELECT q.id AS query_id, n.id AS target_id, float8send(n.d) AS d FROM pvq q CROSS JOIN LATERAL (SELECT t.id, t.v OPERATOR(pgv.<=>) q.v AS d FROM"
+  as_read_here "... the KNN Join node cosine on the shards = one server, bit for bit" 2 \
+    "$PNODE pv t ORDER BY t.v OPERATOR(pgv.<=>) q.v, t.id LIMIT 5) n" \
+    "$PNODE pv_all t ORDER BY t.v OPERATOR(pgv.<=>) q.v, t.id LIMIT 5) n"
+  # a shard whose knn_gpu uses pgvector's types: pgvector's queries join there, knn_gpu's are read here
+  pgv_same "a shard with pgvector's types only: pgvector's queries join there" 2 \
+    "knn_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pvf', 5, 'ip')"
+  pgv_same "... knn_gpu's queries: that shard read here (the engine's values, not pgvector's operator's)" 1 \
+    "knn_join('SELECT id, v::text::public.vector FROM pvq', 'SELECT id, v FROM pvf', 5, 'ip')"
+  check_has "... its NOTICE" \
+    'knn_join reads the rows of foreign server "shard2_pgvfirst" here: it has no vector type of extension "knn_gpu"' \
+    "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v::text::public.vector FROM pvq', 'SELECT id, v FROM pvf', 5, 'ip')" 2>&1)"
+  # pgvector of another version on a shard: its distances may have other bits; read here
+  sql 1 -q -c "UPDATE pg_extension SET extversion = '0.0.1' WHERE extname = 'vector'"
+  pgv_same "pgvector of another version there: that shard read here" 1 \
+    "knn_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pv', 5, 'l2')"
+  check_has "... its NOTICE" \
+    "it has no vector type of extension \"vector\" version $(sql 0 -c "SELECT extversion FROM pg_extension WHERE extname = 'vector'")" \
+    "$(sql 0 -c "SELECT count(*) FROM knn_join('SELECT id, v FROM pvq', 'SELECT id, v FROM pv', 5, 'l2')" 2>&1)"
+  sql 1 -q -c "UPDATE pg_extension SET extversion = '$(sql 0 -c "SELECT extversion FROM pg_extension WHERE extname = 'vector'")' WHERE extname = 'vector'"
+  sql 0 -q -c "SET client_min_messages = warning" -c "DROP TABLE pv, pvf, pv_all, pvq" -c "DROP SERVER shard2_pgvfirst CASCADE" -c "DROP FUNCTION pgv_vec(bigint)" \
+    -c "DROP EXTENSION vector" -c "DROP SCHEMA pgv"
+  for i in 1 2; do sql "$i" -q -c "DROP TABLE pv_$i" -c "DROP EXTENSION vector" -c "DROP SCHEMA pgv"; done
+  sql 2 -q -c "DROP DATABASE pgvfirst"
+else
+  echo "skipped: pgvector's columns on the coordinator and the shards (pgvector is not installed here)"
+fi
 # a shard's read of rows of another dimension: the message names a query, as the read here does
 sql 1 -c "UPDATE items_x_0 SET u = '[1,2,3]' WHERE id = (SELECT max(id) FROM items_x_0 WHERE v IS NOT NULL AND id < 1000)"
 out=$(as_today x "knn_join('SELECT id, u FROM items_xu', 'SELECT id, u FROM items_xu', 5, 'l2')")
