@@ -304,6 +304,9 @@ knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *
 												sp->query_type_extension,
 												sp->query_type_version, type_fields,
 												n_type_fields, &types_there);
+		/* what the type check names, taken back where the whole server is read here after all */
+		char	   *read_here_before = sp->read_here;
+		int			fallbacks_before = fallbacks != NULL ? fallbacks->len : 0;
 
 		/* its partitions whose columns there are of other types: read here */
 		if (why == NULL)
@@ -322,10 +325,15 @@ knn_shard_open(KnnShardPlan *sp, KnnElement element, KnnShardCheck check, void *
 			ereport(NOTICE,
 					(errmsg("%s reads the rows of foreign server \"%s\" here: %s",
 							sp->who, shard->server->servername, why)));
-			sp->read_here = sp->read_here == NULL ? pstrdup(shard->server->servername) :
-				psprintf("%s, %s", sp->read_here, shard->server->servername);
+			/* the server named once, not once more after its partitions the type check named */
+			sp->read_here = read_here_before == NULL ? pstrdup(shard->server->servername) :
+				psprintf("%s, %s", read_here_before, shard->server->servername);
 			if (fallbacks != NULL)
+			{
+				fallbacks->len = fallbacks_before;
+				fallbacks->data[fallbacks_before] = '\0';
 				knn_shard_add_fallback(fallbacks, shard->server->servername, NULL, why);
+			}
 			new_index[s] = -1;
 		}
 		else

@@ -30,6 +30,7 @@
 #include "commands/extension.h"
 #include "fmgr.h"
 #include "funcapi.h"
+#include "lib/ilist.h"
 #include "lib/stringinfo.h"
 #include "libpq/pqformat.h"
 #include "miscadmin.h"
@@ -48,8 +49,28 @@
 #define ROW_HEADER_BYTES 16
 #define ROWS_PER_INTERRUPT_CHECK 1024
 
+/*
+ * What one role holds in this backend for its coordinator's calls: a
+ * received set, or targets read ahead. Each role has its own, found by its
+ * calls alone: another role's calls (after SET ROLE, inside a SECURITY
+ * DEFINER function) neither join nor read it (its rows, joined with a
+ * targets text of that role's choosing, would give their distances to any
+ * vector, that is, the rows themselves), nor add to, replace or drop it (a
+ * set dropped between two blocks, then begun again by the next, would
+ * leave its role's join the later blocks' queries only: wrong rows, not an
+ * error). The first member of ReceivedSet and HeldTargets.
+ */
+typedef struct RoleHeld
+{
+	dlist_node	node;			/* in received_sets or held_target_reads */
+	Oid			role;			/* the role that made it: only its calls find it */
+	MemoryContext context;		/* holds all of it; under TopTransactionContext */
+	int			level;			/* deepest (sub)transaction that added rows */
+} RoleHeld;
+
 typedef struct ReceivedSet
 {
+	RoleHeld	hold;			/* first: whose, its memory, its level */
 	int64		set;
 	Oid			vector_type;
 	const KnnVectorReader *reader;	/* the type's own element */
@@ -59,26 +80,9 @@ typedef struct ReceivedSet
 	KnnVectorKind decoded_kind;
 	char	   *decoded_row;	/* room for one row of the largest dimension */
 	KnnMatrix	matrix;
-	MemoryContext context;		/* holds all of it; under TopTransactionContext */
-	int			level;			/* deepest (sub)transaction that added rows */
-	Oid			receiver;		/* the role that received them: only it may add to or take them */
 	int64		blocks;			/* received, and the time spent reading them (DEBUG1) */
 	double		seconds;
 } ReceivedSet;
-
-static ReceivedSet *held = NULL;
-
-/*
- * Set `set`, received by this role, or NULL. Another role's (before a SET
- * ROLE, inside a SECURITY DEFINER function) is none of this one's: its
- * rows, joined with a targets text of this role's choosing, would give
- * their distances to any vector, that is, the rows themselves.
- */
-static ReceivedSet *
-received_set(int64 set)
-{
-	return held != NULL && held->set == set && held->receiver == GetUserId() ? held : NULL;
-}
 
 /*
  * The targets of a set's join, read before its queries arrive
@@ -88,13 +92,11 @@ received_set(int64 set)
  */
 typedef struct HeldTargets
 {
+	RoleHeld	hold;			/* first: whose (the role that read them), their memory, their level */
 	int64		set;
 	char	   *targets_sql;
 	Oid			vector_type;	/* of the text's vector column */
 	KnnMatrix	matrix;
-	MemoryContext context;		/* holds all of it; under TopTransactionContext */
-	int			level;
-	Oid			reader;			/* the role that read them: only it may take or see them */
 	/*
 	 * Rows of the other shards relayed after them (knn_shard_receive_held_rows):
 	 * the matrix's last `relayed` rows, not targets; and the blocks and the
@@ -107,10 +109,76 @@ typedef struct HeldTargets
 	uint64		generation;		/* which begin made it (knn_held_targets_unchanged) */
 } HeldTargets;
 
-static HeldTargets *held_targets = NULL;
+/* Each role's one received set and one read of targets, at most (few roles: a list). */
+static dlist_head received_sets = DLIST_STATIC_INIT(received_sets);
+static dlist_head held_target_reads = DLIST_STATIC_INIT(held_target_reads);
 static uint64 held_generation = 0;
 /* rows are being read into the held targets (knn_held_targets_filling): they must stay */
 static bool held_filling = false;
+
+/* This role's entry of `list`, or NULL. */
+static RoleHeld *
+role_held(dlist_head *list)
+{
+	dlist_iter	iter;
+
+	dlist_foreach(iter, list)
+	{
+		RoleHeld   *h = dlist_container(RoleHeld, node, iter.cur);
+
+		if (h->role == GetUserId())
+			return h;
+	}
+	return NULL;
+}
+
+/* `h`, made in `context` at this (sub)transaction level, held in `list` as this role's. */
+static void
+role_held_add(dlist_head *list, RoleHeld *h, MemoryContext context)
+{
+	h->role = GetUserId();
+	h->context = context;
+	h->level = GetCurrentTransactionNestLevel();
+	dlist_push_tail(list, &h->node);
+}
+
+/* No longer held: taken by a join, whose memory its rows now are ... */
+static void
+role_held_forget(RoleHeld *h)
+{
+	dlist_delete(&h->node);
+}
+
+/* ... or dropped, its memory freed. */
+static void
+role_held_drop(RoleHeld *h)
+{
+	dlist_delete(&h->node);
+	MemoryContextDelete(h->context);
+}
+
+/* This role's received set, or NULL. */
+static ReceivedSet *
+own_received_set(void)
+{
+	return (ReceivedSet *) role_held(&received_sets);
+}
+
+/* Set `set`, received by this role, or NULL. */
+static ReceivedSet *
+received_set(int64 set)
+{
+	ReceivedSet *s = own_received_set();
+
+	return s != NULL && s->set == set ? s : NULL;
+}
+
+/* The targets this role holds (of whatever set, kept or still being read), or NULL. */
+static HeldTargets *
+own_held_targets(void)
+{
+	return (HeldTargets *) role_held(&held_target_reads);
+}
 
 /* A targets text that, while it is read, would drop or replace the matrix it is read into: ERROR. */
 static void
@@ -128,23 +196,17 @@ knn_held_targets_filling(bool filling)
 	held_filling = filling;
 }
 
+/* Everything of `list` dropped (every role's: the transaction is prepared). */
 static void
-drop_held(void)
+drop_all(dlist_head *list)
 {
-	if (held != NULL)
-		MemoryContextDelete(held->context);
-	held = NULL;
+	dlist_mutable_iter iter;
+
+	dlist_foreach_modify(iter, list)
+		role_held_drop(dlist_container(RoleHeld, node, iter.cur));
 }
 
-static void
-drop_held_targets(void)
-{
-	if (held_targets != NULL)
-		MemoryContextDelete(held_targets->context);
-	held_targets = NULL;
-}
-
-/* The transaction's end deletes TopTransactionContext, and the set with it. */
+/* The transaction's end deletes TopTransactionContext, and the sets with it. */
 static void
 received_xact_callback(XactEvent event, void *arg)
 {
@@ -155,13 +217,13 @@ received_xact_callback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
-			held = NULL;
-			held_targets = NULL;
+			dlist_init(&received_sets);
+			dlist_init(&held_target_reads);
 			held_filling = false;
 			break;
 		case XACT_EVENT_PRE_PREPARE:
-			drop_held();
-			drop_held_targets();
+			drop_all(&received_sets);
+			drop_all(&held_target_reads);
 			break;
 		default:
 			break;
@@ -171,23 +233,34 @@ received_xact_callback(XactEvent event, void *arg)
 /*
  * A subtransaction that added rows and aborts takes the set with it (a
  * coordinator rolled back to its savepoint there); one that commits hands
- * them to its parent.
+ * them to its parent. Every role's: the (sub)transaction is the session's.
  */
+static void
+subxact_end(dlist_head *list, SubXactEvent event, int level)
+{
+	dlist_mutable_iter iter;
+
+	dlist_foreach_modify(iter, list)
+	{
+		RoleHeld   *h = dlist_container(RoleHeld, node, iter.cur);
+
+		if (h->level < level)
+			continue;
+		if (event == SUBXACT_EVENT_ABORT_SUB)
+			role_held_drop(h);
+		else if (event == SUBXACT_EVENT_COMMIT_SUB)
+			h->level = level - 1;
+	}
+}
+
 static void
 received_subxact_callback(SubXactEvent event, SubTransactionId sub, SubTransactionId parent,
 						  void *arg)
 {
 	int			level = GetCurrentTransactionNestLevel();
 
-	if (held != NULL && event == SUBXACT_EVENT_ABORT_SUB && held->level >= level)
-		drop_held();
-	else if (held != NULL && event == SUBXACT_EVENT_COMMIT_SUB && held->level >= level)
-		held->level = level - 1;
-	if (held_targets != NULL && event == SUBXACT_EVENT_ABORT_SUB && held_targets->level >= level)
-		drop_held_targets();
-	else if (held_targets != NULL && event == SUBXACT_EVENT_COMMIT_SUB &&
-			 held_targets->level >= level)
-		held_targets->level = level - 1;
+	subxact_end(&received_sets, event, level);
+	subxact_end(&held_target_reads, event, level);
 }
 
 static void
@@ -247,8 +320,6 @@ start_set(int64 set, Oid type)
 	s = palloc0(sizeof(ReceivedSet));
 	s->set = set;
 	s->vector_type = type;
-	s->receiver = GetUserId();
-	s->context = context;
 	s->reader = reader;
 	s->receive_ioparam = receive_ioparam;
 	fmgr_info_cxt(receive, &s->receive, context);
@@ -257,6 +328,7 @@ start_set(int64 set, Oid type)
 		s->decoded_row = palloc(Max(VECTOR_MAX_DIM * sizeof(float), HALFVEC_MAX_DIM * sizeof(uint16)));
 	knn_matrix_init(&s->matrix, "query", s->reader->element);
 	MemoryContextSwitchTo(old);
+	role_held_add(&received_sets, &s->hold, context);
 	ereport(DEBUG1,
 			(errmsg_internal("knn_shard_receive_queries: set " INT64_FORMAT " of %s read %s",
 							 set, format_type_be(type),
@@ -413,8 +485,8 @@ decode_send_form(ReceivedSet *s, int64 row, int64 id, const char *data, int n)
 
 /*
  * knn_shard_receive_queries(set bigint, vector_type regtype, block bytea):
- * appends the block's rows to received set `set` (a new set drops the one
- * held); the rows held.
+ * appends the block's rows to this role's received set `set` (a new set
+ * number drops its set held); the rows held.
  */
 PG_FUNCTION_INFO_V1(knn_shard_receive_queries);
 Datum
@@ -423,6 +495,7 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	int64		set = PG_GETARG_INT64(0);
 	Oid			type = PG_GETARG_OID(1);
 	bytea	   *block = PG_GETARG_BYTEA_PP(2);
+	ReceivedSet *received;
 	StringInfoData rows;		/* the block, read as a message */
 	int64		row = 0;
 	MemoryContext row_context;
@@ -430,18 +503,22 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	instr_time	start;
 
 	register_callbacks();
-	/* a new set number, or another role's set: dropped, a new set begun */
-	if (held != NULL && received_set(set) == NULL)
-		drop_held();
-	if (held == NULL)
-		held = start_set(set, type);
-	else if (held->vector_type != type)
+	/* a new set number: this role's old set dropped, a new set begun (another role's stays) */
+	received = own_received_set();
+	if (received != NULL && received->set != set)
+	{
+		role_held_drop(&received->hold);
+		received = NULL;
+	}
+	if (received == NULL)
+		received = start_set(set, type);
+	else if (received->vector_type != type)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("received query set " INT64_FORMAT " holds %s values, not %s",
-						set, format_type_be(held->vector_type), format_type_be(type))));
+						set, format_type_be(received->vector_type), format_type_be(type))));
 	/* before any row: a subtransaction that fails from here on takes the set */
-	held->level = Max(held->level, GetCurrentTransactionNestLevel());
+	received->hold.level = Max(received->hold.level, GetCurrentTransactionNestLevel());
 
 	INSTR_TIME_SET_CURRENT(start);
 	row_context = AllocSetContextCreate(CurrentMemoryContext, "knn_gpu received row",
@@ -469,19 +546,19 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 		if (n < 0 || n > rows.len - rows.cursor)
 			malformed(row, "has a vector length past the block's end", n);
 
-		if (held->decoded_kind != KNN_VECTOR_UNSUPPORTED)
-			decode_send_form(held, row, id, pq_getmsgbytes(&rows, n), n);
+		if (received->decoded_kind != KNN_VECTOR_UNSUPPORTED)
+			decode_send_form(received, row, id, pq_getmsgbytes(&rows, n), n);
 		else
 		{
 			/* a receive function reads a StringInfo ending in '\0', as COPY gives it */
 			resetStringInfo(&value);
 			appendBinaryStringInfo(&value, pq_getmsgbytes(&rows, n), n);
 			old = MemoryContextSwitchTo(row_context);
-			vector = ReceiveFunctionCall(&held->receive, &value, held->receive_ioparam, -1);
+			vector = ReceiveFunctionCall(&received->receive, &value, received->receive_ioparam, -1);
 			MemoryContextSwitchTo(old);
 			if (value.cursor != value.len)
 				malformed(row, "has bytes after its vector's send form", value.len - value.cursor);
-			knn_matrix_append(&held->matrix, id, vector, held->reader);
+			knn_matrix_append(&received->matrix, id, vector, received->reader);
 			MemoryContextReset(row_context);
 		}
 		if (++row % ROWS_PER_INTERRUPT_CHECK == 0)
@@ -489,38 +566,45 @@ knn_shard_receive_queries(PG_FUNCTION_ARGS)
 	}
 	pfree(value.data);
 	MemoryContextDelete(row_context);
-	held->blocks++;
-	held->seconds += knn_seconds_since(start);
-	PG_RETURN_INT64(held->matrix.n);
+	received->blocks++;
+	received->seconds += knn_seconds_since(start);
+	PG_RETURN_INT64(received->matrix.n);
+}
+
+/* This role's set `set`, or ERROR. */
+static ReceivedSet *
+received_set_of(int64 set)
+{
+	ReceivedSet *s = received_set(set);
+
+	if (s == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("no received query set " INT64_FORMAT " in this transaction", set),
+				 errhint("knn_shard_receive_queries() ships the rows first, in the same transaction.")));
+	return s;
 }
 
 Oid
 knn_received_queries_type(int64 set)
 {
-	if (received_set(set) == NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("no received query set " INT64_FORMAT " in this transaction", set),
-				 errhint("knn_shard_receive_queries() ships the rows first, in the same transaction.")));
-	return held->vector_type;
+	return received_set_of(set)->vector_type;
 }
 
 void
 knn_received_queries_take(int64 set, KnnMatrix *queries)
 {
-	ReceivedSet *s;
+	ReceivedSet *s = received_set_of(set);
 	const KnnVectorReader *reader;
 
-	(void) knn_received_queries_type(set);
-	s = held;
-	held = NULL;
+	role_held_forget(&s->hold);
 	ereport(DEBUG1,
 			(errmsg_internal("knn_shard_receive_queries: set " INT64_FORMAT ": " INT64_FORMAT " rows in " INT64_FORMAT " blocks read in %.3f s",
 							 set, s->matrix.n, s->blocks, s->seconds)));
 	if (queries->element == s->matrix.element)
 	{
 		/* the rows as received: their memory now lives as long as the matrix's */
-		MemoryContextSetParent(s->context, queries->context);
+		MemoryContextSetParent(s->hold.context, queries->context);
 		*queries = s->matrix;
 		return;
 	}
@@ -533,7 +617,7 @@ knn_received_queries_take(int64 set, KnnMatrix *queries)
 	reader = knn_vector_reader_for(knn_vector_kind(s->vector_type), queries->element);
 	if (reader == NULL)
 	{
-		MemoryContextDelete(s->context);
+		MemoryContextDelete(s->hold.context);
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("received %s query values cannot join as this join's element type",
@@ -554,7 +638,7 @@ knn_received_queries_take(int64 set, KnnMatrix *queries)
 	}
 	PG_FINALLY();
 	{
-		MemoryContextDelete(s->context);
+		MemoryContextDelete(s->hold.context);
 	}
 	PG_END_TRY();
 }
@@ -565,65 +649,72 @@ MemoryContext
 knn_held_targets_begin(int64 set)
 {
 	MemoryContext context;
+	HeldTargets *h;
 
 	register_callbacks();
 	refuse_while_filling();
-	drop_held_targets();
+	/* this role's targets held before: dropped (another role's stay) */
+	h = own_held_targets();
+	if (h != NULL)
+		role_held_drop(&h->hold);
 	context = AllocSetContextCreate(TopTransactionContext, "knn_gpu prefetched targets",
 									ALLOCSET_DEFAULT_SIZES);
-	held_targets = MemoryContextAllocZero(context, sizeof(HeldTargets));
-	held_targets->set = set;
-	held_targets->context = context;
-	held_targets->level = GetCurrentTransactionNestLevel();
-	held_targets->reader = GetUserId();
-	held_targets->generation = ++held_generation;
+	h = MemoryContextAllocZero(context, sizeof(HeldTargets));
+	h->set = set;
+	h->generation = ++held_generation;
+	role_held_add(&held_target_reads, &h->hold, context);
 	return context;
 }
 
 uint64
 knn_held_targets_generation(void)
 {
-	return held_targets != NULL ? held_targets->generation : 0;
+	HeldTargets *h = own_held_targets();
+
+	return h != NULL ? h->generation : 0;
 }
 
 bool
 knn_held_targets_unchanged(int64 set, uint64 generation)
 {
-	return held_targets != NULL && held_targets->set == set &&
-		held_targets->generation == generation && held_targets->reader == GetUserId();
+	HeldTargets *h = own_held_targets();
+
+	return h != NULL && h->set == set && h->generation == generation;
 }
 
 void
 knn_held_targets_keep(int64 set, const char *targets_sql, Oid vector_type, const KnnMatrix *matrix)
 {
-	if (held_targets == NULL || held_targets->set != set)
+	HeldTargets *h = own_held_targets();
+
+	if (h == NULL || h->set != set)
 		elog(ERROR, "knn_held_targets_keep: set " INT64_FORMAT " was not begun", set);
-	held_targets->targets_sql = MemoryContextStrdup(held_targets->context, targets_sql);
-	held_targets->vector_type = vector_type;
-	held_targets->matrix = *matrix;
+	h->targets_sql = MemoryContextStrdup(h->hold.context, targets_sql);
+	h->vector_type = vector_type;
+	h->matrix = *matrix;
 }
 
 bool
 knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMatrix *targets)
 {
-	HeldTargets *h = held_targets;
+	HeldTargets *h = own_held_targets();
 
 	/*
-	 * Begun but not kept (its read failed in a subtransaction that went
-	 * on), or read by another role (SET ROLE since, a SECURITY DEFINER
-	 * function): not usable.
+	 * None of this role's (another role's are not this one's to take:
+	 * SET ROLE since, a SECURITY DEFINER function), or begun but not kept
+	 * (its read failed in a subtransaction that went on): not usable.
 	 */
-	if (h == NULL || h->set != set || h->targets_sql == NULL || h->reader != GetUserId())
+	if (h == NULL || h->set != set || h->targets_sql == NULL)
 		return false;
 	if (strcmp(h->targets_sql, targets_sql) != 0 || h->vector_type != vector_type ||
 		h->matrix.element != targets->element)
 	{
-		drop_held_targets();
+		role_held_drop(&h->hold);
 		return false;
 	}
-	held_targets = NULL;
+	role_held_forget(&h->hold);
 	/* the rows as read: their memory now lives as long as the matrix's */
-	MemoryContextSetParent(h->context, targets->context);
+	MemoryContextSetParent(h->hold.context, targets->context);
 	{
 		/* (a self-join's read ahead named its rows queries, in its messages) */
 		const char *set_name = targets->set_name;
@@ -640,29 +731,31 @@ knn_held_targets_take(int64 set, const char *targets_sql, Oid vector_type, KnnMa
 static HeldTargets *
 held_targets_of(int64 set)
 {
-	if (held_targets == NULL || held_targets->set != set || held_targets->targets_sql == NULL ||
-		held_targets->reader != GetUserId())
+	HeldTargets *h = own_held_targets();
+
+	if (h == NULL || h->set != set || h->targets_sql == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("no targets of set " INT64_FORMAT " held in this transaction", set),
 				 errhint("knn_shard_prefetch_self_join() reads them first, in the same transaction.")));
-	return held_targets;
+	return h;
 }
 
 Oid
 knn_held_queries_type(int64 set)
 {
 	HeldTargets *h = held_targets_of(set);
+	ReceivedSet *received = received_set(set);
 
 	/* (bit strings are shipped as bit varying, a bit column's rows held as bit: one kind) */
-	if (received_set(set) == NULL)
+	if (received == NULL)
 		return h->vector_type;
-	if (knn_vector_kind(held->vector_type) != knn_vector_kind(h->vector_type))
+	if (knn_vector_kind(received->vector_type) != knn_vector_kind(h->vector_type))
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("received %s query values with held %s rows",
-						format_type_be(held->vector_type), format_type_be(h->vector_type))));
-	return held->vector_type;
+						format_type_be(received->vector_type), format_type_be(h->vector_type))));
+	return received->vector_type;
 }
 
 void
@@ -694,20 +787,21 @@ knn_held_queries_take(int64 set, KnnMatrix *queries)
 void
 knn_held_targets_drop(int64 set)
 {
-	if (held_targets != NULL && held_targets->set == set)
+	HeldTargets *h = own_held_targets();
+
+	if (h != NULL && h->set == set)
 	{
 		refuse_while_filling();
-		drop_held_targets();
+		role_held_drop(&h->hold);
 	}
 }
 
 int64
 knn_held_targets_rows(void)
 {
-	/* another role's are none of this one's to take (held_targets_of), nor to count */
-	return held_targets != NULL && held_targets->targets_sql != NULL &&
-		held_targets->reader == GetUserId() ?
-		held_targets->matrix.n - held_targets->relayed : -1;
+	HeldTargets *h = own_held_targets();
+
+	return h != NULL && h->targets_sql != NULL ? h->matrix.n - h->relayed : -1;
 }
 
 /* ---- held targets sent back as a self-join's queries ---- */
@@ -789,6 +883,7 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 {
 	FuncCallContext *funcctx;
 	int64		set = PG_GETARG_INT64(0);
+	HeldTargets *h;
 	int64	   *next;
 	const KnnMatrix *m;
 	int64		rows;
@@ -797,8 +892,8 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 	if (SRF_IS_FIRSTCALL())
 	{
 		funcctx = SRF_FIRSTCALL_INIT();
-		if (held_targets == NULL || held_targets->set != set || held_targets->targets_sql == NULL ||
-			held_targets->reader != GetUserId())
+		h = own_held_targets();
+		if (h == NULL || h->set != set || h->targets_sql == NULL)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("no targets held for query set " INT64_FORMAT " in this transaction", set),
@@ -808,16 +903,17 @@ knn_shard_held_target_blocks(PG_FUNCTION_ARGS)
 	funcctx = SRF_PERCALL_SETUP();
 	next = (int64 *) funcctx->user_fctx;
 	/* the set must still be held between calls (nothing else runs on this connection meanwhile) */
-	if (held_targets == NULL || held_targets->set != set || held_targets->reader != GetUserId())
+	h = own_held_targets();
+	if (h == NULL || h->set != set)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("the targets held for query set " INT64_FORMAT " were dropped", set)));
-	m = &held_targets->matrix;
+	m = &h->matrix;
 	/* this server's rows only, not those relayed after them */
-	if (*next >= m->n - held_targets->relayed)
+	if (*next >= m->n - h->relayed)
 		SRF_RETURN_DONE(funcctx);
 	CHECK_FOR_INTERRUPTS();
-	rows = Min(knn_held_block_rows(m), m->n - held_targets->relayed - *next);
+	rows = Min(knn_held_block_rows(m), m->n - h->relayed - *next);
 	block = knn_held_block(m, *next, rows);
 	*next += rows;
 	SRF_RETURN_NEXT(funcctx, PointerGetDatum(block));
@@ -1017,7 +1113,7 @@ knn_shard_receive_held_rows(PG_FUNCTION_ARGS)
 	}
 	PG_END_TRY();
 	/* a subtransaction that aborts after this takes the set (received_subxact_callback) */
-	h->level = Max(h->level, GetCurrentTransactionNestLevel());
+	h->hold.level = Max(h->hold.level, GetCurrentTransactionNestLevel());
 	knn_matrix_commit_rows(m, rows);
 	h->relayed += rows;
 	h->relay_blocks++;
@@ -1047,7 +1143,7 @@ knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_type, KnnMatri
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("held rows cannot join as this join's element type with the received query rows")));
 	INSTR_TIME_SET_CURRENT(start);
-	held_targets = NULL;
+	role_held_forget(&h->hold);
 
 	/*
 	 * This server's rows in id order, in place (the targets' order breaks
@@ -1061,7 +1157,7 @@ knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_type, KnnMatri
 	seconds_sort = knn_seconds_since(start);
 
 	/* the held matrix itself: its memory now lives as long as the queries' */
-	MemoryContextSetParent(h->context, queries->context);
+	MemoryContextSetParent(h->hold.context, queries->context);
 	{
 		const char *set_name = queries->set_name;
 

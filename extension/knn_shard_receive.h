@@ -18,9 +18,10 @@
  *
  * A set is named by its number (the coordinator's, unique per connection)
  * and belongs to the role that received it (as held targets belong to the
- * role that read them): another role neither adds to it nor joins it. One
- * set is held at a time; a new number, or another role's rows, drops the
- * old set. It goes
+ * role that read them): another role's calls (after SET ROLE, in a
+ * SECURITY DEFINER function) neither join it, add to it, replace it nor
+ * drop it; they hold a set of that role's own beside it. A role holds one
+ * set at a time: its new number drops its old set. It goes
  * at the end of the transaction, at the abort of a subtransaction that
  * added to it (the whole set, also the rows added before that savepoint:
  * unlike a temporary table's rows; the coordinator ships within one
@@ -56,10 +57,11 @@ extern void knn_received_queries_take(int64 set, KnnMatrix *queries);
  * A set's targets read before its queries arrive (knn_shard_prefetch_targets,
  * knn_join.c), so that a coordinator reads its queries while its shards
  * read their targets: held like a received set (the transaction, or the
- * subtransaction that read them; a new set number drops them), taken by
- * the join of that set whose targets text is the one they were read by.
+ * subtransaction that read them; the reading role's own, one read at a
+ * time), taken by the join of that set whose targets text is the one they
+ * were read by. All the functions below see the current role's only.
  *
- * knn_held_targets_begin drops what is held and gives the context the
+ * knn_held_targets_begin drops what this role holds and gives the context the
  * matrix must be made in; knn_held_targets_keep then holds it (the text's
  * vector column type and the matrix read there).
  */
@@ -138,7 +140,7 @@ extern bool knn_held_rows_take(int64 set, const char *targets_sql, Oid vector_ty
 extern bytea *knn_held_block(const KnnMatrix *m, int64 first, int64 rows);
 extern int64 knn_held_block_rows(const KnnMatrix *m);
 
-/* Drops set `set`'s held targets, if any (knn_shard_drop_targets). */
+/* Drops the targets this role holds for set `set`, if any (knn_shard_drop_targets). */
 extern void knn_held_targets_drop(int64 set);
 
 /* The rows of the targets this role holds, or -1 (tests: knn_shard_held_targets). */

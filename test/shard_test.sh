@@ -2661,6 +2661,30 @@ check "... named in EXPLAIN and in the statistics' fallback" \
 XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM items_xmix t"
 as_read_here "... the KNN Join node" 1 "$XNODE ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
   "$XNODE WHERE read_here(t.id) ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
+# A server whose partitions the type check takes some of, and whose other partitions the
+# node's operator check then sends here too (shard1 without knn_gpu's <#> for vector: its
+# function taken out of the extension there, for this test): the server is named once, in
+# EXPLAIN's Servers Read Here and in the fallback (it was named after its partition, then
+# again).
+sql 0 -q <<'EOF' || fail "the type check, then the operator check: set-up"
+CREATE TABLE items_xop (id bigint, v vector(8)) PARTITION BY HASH (id);
+CREATE FOREIGN TABLE items_xop_0 PARTITION OF items_xop FOR VALUES WITH (MODULUS 3, REMAINDER 0) SERVER shard1 OPTIONS (table_name 'items_x_0');
+CREATE FOREIGN TABLE items_xop_1 PARTITION OF items_xop FOR VALUES WITH (MODULUS 3, REMAINDER 1) SERVER shard2 OPTIONS (table_name 'items_x_1');
+CREATE FOREIGN TABLE items_xop_2 PARTITION OF items_xop FOR VALUES WITH (MODULUS 3, REMAINDER 2) SERVER shard1 OPTIONS (table_name 'items_x_2');
+ALTER FOREIGN TABLE items_xop_2 ALTER COLUMN v OPTIONS (column_name 'h');
+EOF
+sql 1 -c "ALTER EXTENSION knn_gpu DROP FUNCTION negative_inner_product(vector, vector)"
+XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.v <#> q.v AS d FROM items_xop t"
+as_read_here "a partition read here for its type, then its server for the node's operator: one server's rows" 1 \
+  "$XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n" "$XNODE WHERE read_here(t.id) ORDER BY t.v <#> q.v, t.id LIMIT 3) n"
+check "... the server named once, in EXPLAIN and in the statistics' fallback" \
+  "$(printf 'Shard: shard2 (items_xop_1)\nServers Read Here: shard1\nshard1||it has no operator <#>')" \
+  "$(sql 0 -c "SET client_min_messages = warning" \
+       -c "EXPLAIN (COSTS OFF) $XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n" \
+       -c "SELECT count(*) FROM ($XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n) c" \
+       -c "SELECT f->>'server', f->>'partition', substr(f->>'reason', 1, 22) FROM json_array_elements(knn_gpu_last_shard_stats()->'fallback') f" 2>&1 |
+     sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; /^shard/p')"
+sql 1 -c "ALTER EXTENSION knn_gpu ADD FUNCTION negative_inner_product(vector, vector)"
 # a declared typmod the shard's column does not have: the read here's ERROR, as without the shards
 QX16="SELECT id, (v::real[] || v::real[])::vector FROM items_x_all WHERE id % 7 = 0"
 check "declared vector(8) over a remote vector(16): the ERROR of the read here" \
