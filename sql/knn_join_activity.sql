@@ -15,12 +15,13 @@ SELECT dblink_exec('watched', 'SET knn_gpu.device = cpu') AS set_device;
 SELECT dblink_exec('watched', 'SET knn_gpu.threads = 1') AS set_threads;
 SELECT dblink_send_query('watched',
   'SELECT count(*) FROM knn_join(''SELECT id, v FROM activity_rows'', ''SELECT id + g * 100000, v FROM activity_rows, generate_series(0, 7) g'', 10, method => ''brute'')') AS sent;
--- Look for the other backend waiting on the engine (up to 30 s).
+-- Look for the other backend waiting on the engine (up to 120 s: on a loaded
+-- machine it was seen still reading its rows after 30 s).
 CREATE FUNCTION pg_temp.seen_waiting() RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
   seen text;
 BEGIN
-  FOR i IN 1 .. 3000 LOOP
+  FOR i IN 1 .. 12000 LOOP
     SELECT state || ' / ' || wait_event_type INTO seen FROM pg_stat_activity
     WHERE pid <> pg_backend_pid() AND query LIKE 'SELECT count(*) FROM knn_join(%'
       AND wait_event_type = 'Extension';
