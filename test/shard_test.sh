@@ -391,6 +391,9 @@ ROLLBACK;
 BEGIN;
 SELECT 'receive|' || pg_temp.received('receive');
 ROLLBACK;
+-- dropped here: a session's temporary objects go after it ends, and the
+-- DROP EXTENSION of the next session may come first
+DROP FUNCTION pg_temp.pgv_recv(internal, oid, integer);
 EOF
 )
   echo "$out" | grep -E '^(here|receive)\|' | sort
@@ -2475,12 +2478,13 @@ CREATE TABLE items_xm (id bigint, h vector(8)) PARTITION BY HASH (id);
 CREATE TABLE items_xw (id bigint, w vector(8)) PARTITION BY HASH (id);
 CREATE TABLE items_xi (id integer, v vector(8)) PARTITION BY HASH (id);
 CREATE TABLE items_xu (id bigint, u vector) PARTITION BY HASH (id);
-DO \$\$
+-- items_<t>_0..2 of each items_<t>: foreign tables over items_x_0..2 (1 on shard 2)
+CREATE FUNCTION items_x_partitions(tables text[]) RETURNS void LANGUAGE plpgsql AS \$\$
 DECLARE
   t text;
   p int;
 BEGIN
-  FOREACH t IN ARRAY ARRAY['x', 'xm', 'xw', 'xi', 'xu'] LOOP
+  FOREACH t IN ARRAY tables LOOP
     FOR p IN 0 .. 2 LOOP
       EXECUTE format('CREATE FOREIGN TABLE items_%s_%s PARTITION OF items_%s FOR VALUES WITH (MODULUS 3, REMAINDER %s) SERVER %s OPTIONS (table_name %L)',
                      t, p, t, p, CASE p WHEN 1 THEN 'shard2' ELSE 'shard1' END, 'items_x_' || p);
@@ -2488,6 +2492,7 @@ BEGIN
   END LOOP;
 END
 \$\$;
+SELECT items_x_partitions(ARRAY['x', 'xm', 'xw', 'xi', 'xu']);
 CREATE TABLE items_x_all ($XCOLS);
 INSERT INTO items_x_all
   SELECT i, gen_vec(i), gen_vec(i)::halfvec, substr(binary_quantize(gen_vec(i, 16))::text, 1, 12)::bit(12)
@@ -2579,19 +2584,7 @@ sql 0 -q <<'EOF' || fail "declared types: set-up"
 CREATE FUNCTION read_here(bigint) RETURNS boolean LANGUAGE plpgsql IMMUTABLE AS 'BEGIN RETURN $1 IS NOT NULL; END';
 CREATE TABLE items_xh (id bigint, v halfvec(8)) PARTITION BY HASH (id);
 CREATE TABLE items_xmix (id bigint, v vector(8)) PARTITION BY HASH (id);
-DO $$
-DECLARE
-  t text;
-  p int;
-BEGIN
-  FOREACH t IN ARRAY ARRAY['xh', 'xmix'] LOOP
-    FOR p IN 0 .. 2 LOOP
-      EXECUTE format('CREATE FOREIGN TABLE items_%s_%s PARTITION OF items_%s FOR VALUES WITH (MODULUS 3, REMAINDER %s) SERVER %s OPTIONS (table_name %L)',
-                     t, p, t, p, CASE p WHEN 1 THEN 'shard2' ELSE 'shard1' END, 'items_x_' || p);
-    END LOOP;
-  END LOOP;
-END
-$$;
+DO $$ BEGIN PERFORM items_x_partitions(ARRAY['xh', 'xmix']); END $$;
 -- one partition of items_xmix reads the halfvec column there (postgres_fdw's column_name)
 ALTER FOREIGN TABLE items_xmix_1 ALTER COLUMN v OPTIONS (column_name 'h');
 EOF
