@@ -2644,13 +2644,16 @@ as_read_here "one partition's column of another type there: read here, the other
   "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmix WHERE read_here(id)', 5)"
 check "... its NOTICE" 1 \
   "$(echo "$read_here_notices" | grep -c 'knn_join reads the rows of foreign table "items_xmix_1" of server "shard2" here: its column "v" is public.halfvec(8) there, vector(8) here')"
+# shards_named QUERY FIELDS: QUERY's EXPLAIN lines Shard: and Servers Read Here:, then,
+# after it ran, FIELDS of each entry of its statistics' fallback (f)
+shards_named() {
+  sql 0 -c "SET client_min_messages = warning" -c "EXPLAIN (COSTS OFF) $1" -c "SELECT count(*) FROM ($1) c" \
+    -c "SELECT $2 FROM json_array_elements(knn_gpu_last_shard_stats()->'fallback') f" 2>&1 |
+    sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; /^shard/p'
+}
 check "... named in EXPLAIN and in the statistics' fallback" \
   "$(printf 'Shard: shard1 (items_xmix_0, items_xmix_2)\nServers Read Here: shard2 (items_xmix_1)\nshard2|items_xmix_1')" \
-  "$(sql 0 -c "SET client_min_messages = warning" \
-       -c "EXPLAIN (COSTS OFF) SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmix', 5)" \
-       -c "SELECT count(*) FROM knn_join('$QX', 'SELECT id, v FROM items_xmix', 5)" \
-       -c "SELECT f->>'server', f->>'partition' FROM json_array_elements(knn_gpu_last_shard_stats()->'fallback') f" 2>&1 |
-     sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; /^shard/p')"
+  "$(shards_named "SELECT * FROM knn_join('$QX', 'SELECT id, v FROM items_xmix', 5)" "f->>'server', f->>'partition'")"
 XNODE="SELECT q.id AS qid, n.id, n.d FROM ($QX) q CROSS JOIN LATERAL (SELECT t.id, t.v <-> q.v AS d FROM items_xmix t"
 as_read_here "... the KNN Join node" 1 "$XNODE ORDER BY t.v <-> q.v, t.id LIMIT 3) n" \
   "$XNODE WHERE read_here(t.id) ORDER BY t.v <-> q.v, t.id LIMIT 3) n"
@@ -2672,11 +2675,7 @@ as_read_here "a partition read here for its type, then its server for the node's
   "$XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n" "$XNODE WHERE read_here(t.id) ORDER BY t.v <#> q.v, t.id LIMIT 3) n"
 check "... the server named once, in EXPLAIN and in the statistics' fallback" \
   "$(printf 'Shard: shard2 (items_xop_1)\nServers Read Here: shard1\nshard1||it has no operator <#>')" \
-  "$(sql 0 -c "SET client_min_messages = warning" \
-       -c "EXPLAIN (COSTS OFF) $XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n" \
-       -c "SELECT count(*) FROM ($XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n) c" \
-       -c "SELECT f->>'server', f->>'partition', substr(f->>'reason', 1, 22) FROM json_array_elements(knn_gpu_last_shard_stats()->'fallback') f" 2>&1 |
-     sed -n 's/^ *\(Shard: .*\|Servers Read Here: .*\)$/\1/p; /^shard/p')"
+  "$(shards_named "$XNODE ORDER BY t.v <#> q.v, t.id LIMIT 3) n" "f->>'server', f->>'partition', substr(f->>'reason', 1, 22)")"
 sql 1 -c "ALTER EXTENSION knn_gpu ADD FUNCTION negative_inner_product(vector, vector)"
 # a declared typmod the shard's column does not have: the read here's ERROR, as without the shards
 QX16="SELECT id, (v::real[] || v::real[])::vector FROM items_x_all WHERE id % 7 = 0"
