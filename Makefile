@@ -213,6 +213,6 @@ bench/group_bench: bench/group_bench.cpp $(ENGINE_OBJS) $(ENGINE_HEADERS) \
 # test/pgvector/: its own database, as the tests create both extensions.
 installcheck-pgvector:
 	$(pg_regress_installcheck) --inputdir=test/pgvector --outputdir=test/pgvector \
-		--dbname=knn_pgvector_regression knn_pgvector knn_pgvector_second knn_pgvector_values knn_pgvector_range_cap knn_pgvector_functions knn_pgvector_halfvec knn_pgvector_sparsevec
+		--dbname=knn_pgvector_regression knn_pgvector knn_pgvector_second knn_pgvector_values knn_pgvector_range_cap knn_pgvector_functions knn_pgvector_halfvec knn_pgvector_sparsevec knn_pgvector_corner_values
 
 .PHONY: unittest gputest installcheck-pgvector install-cuda uninstall-cuda
