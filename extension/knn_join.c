@@ -1700,7 +1700,7 @@ knn_shard_read_held_blocks(PG_FUNCTION_ARGS)
 	SRF_RETURN_DONE(funcctx);
 }
 
-/* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`. */
+/* knn_shard_drop_targets(set): drops what knn_shard_prefetch_targets holds for set `set`, for the current role (another role's are its own). */
 PG_FUNCTION_INFO_V1(knn_shard_drop_targets);
 Datum
 knn_shard_drop_targets(PG_FUNCTION_ARGS)
