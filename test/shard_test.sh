@@ -578,22 +578,31 @@ check "another role sees nothing of alice's join's statistics; she, pg_read_all_
 # items_h and items_r (QUERY_TABLES) it must equal the same query over
 # items_all (EXCEPT ALL both ways), have rows, have been the KNN Join node
 # and have joined on SHARDS shards (a new knn_gpu_last_shard_stats()).
-compare_node() {
-  local name=$1 query=$2 shards=$3 table out result plan
-  for table in ${QUERY_TABLES:-items_h items_r}; do
-    out=$(sql 0 -v "s=${query//TBL/$table}" -v "r=${query//TBL/items_all}" 2>&1 <<'EOF'
+# sharded_against_reference LEVEL: psql statements that run :s (its messages
+# from LEVEL up) and :r into temporary tables s and r, then print "N
+# differences, ROWS?, M shards": rows in one and not the other, whether s has
+# rows, and the shards :s joined on (0 where knn_gpu_last_shard_stats() did
+# not change).
+sharded_against_reference() {
+  cat <<EOF
 SET client_min_messages = warning;
 CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
+SET client_min_messages = $1;
 CREATE TEMP TABLE s AS :s;
+SET client_min_messages = warning;
 CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
   THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
 CREATE TEMP TABLE r AS :r;
 SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
      + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
      || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
-EXPLAIN :s;
 EOF
-)
+}
+compare_node() {
+  local name=$1 query=$2 shards=$3 table out result plan
+  for table in ${QUERY_TABLES:-items_h items_r}; do
+    out=$({ sharded_against_reference warning; echo 'EXPLAIN :s;'; } |
+          sql 0 -v "s=${query//TBL/$table}" -v "r=${query//TBL/items_all}" 2>&1)
     result=$(echo "$out" | grep ' differences, ')
     plan=$(echo "$out" | grep -c 'Custom Scan (KNN Join) ')
     if [ "$result" = "0 differences, true, $shards shards" ] && [ "$plan" -ge 1 ]; then
@@ -2593,20 +2602,7 @@ EOF
 # partitions read here go to $read_here_notices
 as_read_here() {
   local out
-  out=$(sql 0 -v "s=$3" -v "r=$4" 2>&1 <<'EOF'
-SET client_min_messages = warning;
-CREATE TEMP TABLE before AS SELECT md5(coalesce(knn_gpu_last_shard_stats()::text, '')) AS stats;
-SET client_min_messages = notice;
-CREATE TEMP TABLE s AS :s;
-SET client_min_messages = warning;
-CREATE TEMP TABLE n AS SELECT CASE WHEN md5(coalesce(knn_gpu_last_shard_stats()::text, '')) = (SELECT stats FROM before)
-  THEN 0 ELSE json_array_length(knn_gpu_last_shard_stats()->'shards') END AS shards;
-CREATE TEMP TABLE r AS :r;
-SELECT (SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM r) a)
-     + (SELECT count(*) FROM (SELECT * FROM r EXCEPT ALL SELECT * FROM s) b)
-     || ' differences, ' || ((SELECT count(*) FROM s) > 0) || ', ' || (SELECT shards FROM n) || ' shards';
-EOF
-)
+  out=$(sharded_against_reference notice | sql 0 -v "s=$3" -v "r=$4" 2>&1)
   check "$1" "0 differences, true, $2 shards" "$(echo "$out" | grep -E ' differences, |ERROR')"
   read_here_notices=$(echo "$out" | grep 'NOTICE:  .* here: its column')
 }
