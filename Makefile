@@ -40,7 +40,7 @@ PG_CPPFLAGS = -I$(CURDIR)/kernels -ffp-contract=off
 SHLIB_LINK = -lstdc++ -lpthread -ldl
 EXTRA_CLEAN = $(CUDA_MODULE) kernels/cuda/*.o test/engine_test test/gpu_engine_test test/group_engine_test test/range_engine_test test/context_permit_test \
 	test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test test/gpu_float16_test test/gpu_service_test bench/group_bench \
-	test/module_interface_test test/fake_module_none test/fake_module_other test/fake_module_same \
+	test/module_interface_test test/output_prefault_test test/fake_module_none test/fake_module_other test/fake_module_same \
 	test/*.o bench/knn_bench regression.diffs regression.out results
 
 PG_CONFIG ?= pg_config
@@ -107,9 +107,9 @@ endif
 kernels/cuda/%.o: kernels/cuda/%.cu $(CUDA_HEADERS)
 	$(NVCC) $(NVCCFLAGS) -c -o $@ $<
 
-# The module carries its own copy of the vocabulary: it must not depend on
-# knn_gpu.so.
-$(CUDA_MODULE): $(CUDA_OBJS) $(VOCABULARY_OBJ)
+# The module carries its own copies of the vocabulary and of the result
+# pages' prefault (output_prefault.h): it must not depend on knn_gpu.so.
+$(CUDA_MODULE): $(CUDA_OBJS) $(VOCABULARY_OBJ) kernels/output_prefault.o
 	$(NVCC) -shared $(GENCODE) -o $@ $^ -cudart static -L$(CUDA_HOME)/lib64 -lcublas
 
 install-cuda: $(CUDA_MODULE)
@@ -167,6 +167,9 @@ test/context_permit_test: test/context_permit_test.o $(ENGINE_OBJS)
 test/gpu_service_test: test/gpu_service_test.o $(ENGINE_OBJS)
 	$(CXX) -o $@ $^ $(GTEST_LIBS)
 
+test/output_prefault_test: test/output_prefault_test.o $(ENGINE_OBJS)
+	$(CXX) -o $@ $^ $(GTEST_LIBS)
+
 # Stand-ins for knn_gpu_cuda.so: without the interface entry, of another
 # build, of this one (test/fake_cuda_module.cpp).
 FAKE_INTERFACE_none = 0
@@ -180,13 +183,15 @@ test/fake_module_%/knn_gpu_cuda.so: test/fake_cuda_module.cpp $(ENGINE_HEADERS)
 test/module_interface_test: test/module_interface_test.o $(ENGINE_OBJS) $(FAKE_MODULES)
 	$(CXX) -o $@ test/module_interface_test.o $(ENGINE_OBJS) $(GTEST_LIBS)
 
-unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test test/gpu_service_test test/module_interface_test
+unittest: test/engine_test test/group_engine_test test/range_engine_test test/context_permit_test test/gpu_service_test test/module_interface_test \
+		test/output_prefault_test
 	test/engine_test
 	test/group_engine_test
 	test/range_engine_test
 	test/context_permit_test
 	test/gpu_service_test
 	test/module_interface_test
+	test/output_prefault_test
 
 # Run from the repository root, where the test finds ./knn_gpu_cuda.so.
 gputest: test/gpu_engine_test test/gpu_first_use_test test/gpu_bit_test test/gpu_multi_test test/gpu_range_test test/gpu_group_test test/gpu_context_test \

@@ -16,6 +16,7 @@
 // knn_gpu_cuda.so is built).
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +38,7 @@
 #include "job_run.h"
 #include "knn_engine.h"
 #include "knn_vocabulary.h"
+#include "output_prefault.h"
 #include "reference_rows.h"
 
 namespace {
@@ -326,6 +328,47 @@ TEST(SplitOnOneGpu, TiSelfJoinDividedByClusters) {
       EXPECT_TRUE(divided_by_clusters(split))
           << v.what << ", " << engines << " engines: " << split.stats.variant;
     }
+}
+
+// A split join's result larger than OutputPrefault::kMinBytes, written into
+// fresh pages (as a backend's palloc'd arrays are): the pages are populated
+// on threads of their own while the engines write into them
+// (output_prefault.h). The same rows as one GPU's, bit for bit, every slot
+// written.
+TEST(SplitOnOneGpu, ResultInFreshPagesPopulatedBesideTheEngines) {
+  REQUIRE_GPU();
+  Case c = make_case(KNN_ELEMENT_FLOAT32, 0, 600000, 4, true, true, 290);
+  c.problem.method = KNN_METHOD_TI;
+  c.problem.k = 8;
+  const size_t slots = static_cast<size_t>(c.problem.n_queries) * c.problem.k;
+  ASSERT_GE(slots * 16, knn::OutputPrefault::kMinBytes);
+  const Answer one = job(on_devices(c.problem, {0}), KNN_DEVICE_GPU);
+  ASSERT_EQ(one.status, KNN_OK) << one.message;
+  const size_t bytes = slots * sizeof(int64_t);
+  void *fresh_ids = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void *fresh_dists =
+      mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(fresh_ids, MAP_FAILED);
+  ASSERT_NE(fresh_dists, MAP_FAILED);
+  KnnProblem p = on_devices(c.problem, {0, 0});
+  p.device = KNN_DEVICE_GPU;
+  char err[512] = "";
+  KnnJob *running = knn_job_start(&p, static_cast<int64_t *>(fresh_ids),
+                                  static_cast<double *>(fresh_dists), err, sizeof err);
+  ASSERT_NE(running, nullptr) << err;
+  while (knn_job_wait(running, 50) == 0) {
+  }
+  Answer split;
+  split.status = knn_job_finish(running, &split.stats, err, sizeof err);
+  split.message = err;
+  split.neighbors.assign(static_cast<int64_t *>(fresh_ids), static_cast<int64_t *>(fresh_ids) + slots);
+  split.distances.assign(static_cast<double *>(fresh_dists),
+                         static_cast<double *>(fresh_dists) + slots);
+  munmap(fresh_ids, bytes);
+  munmap(fresh_dists, bytes);
+  ASSERT_EQ(split.status, KNN_OK) << split.message;
+  expect_answers_identical(split, one, "600000 x 4 TI self-join, k = 8, fresh result pages");
+  expect_work_covers(split.stats, c.problem.n_queries, 2, "fresh result pages");
 }
 
 // Settings of the process environment for one scope (the engine reads

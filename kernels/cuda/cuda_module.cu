@@ -34,6 +34,7 @@
 #include "../entry_guard.h"
 #include "../knn_cuda_module.h"
 #include "../knn_vocabulary.h"
+#include "../output_prefault.h"
 #include "../problem_check.h"
 #include "../result_padding.h"
 #include "bit_join.cuh"
@@ -344,6 +345,12 @@ KnnStatus run_join(const KnnProblem &p, const JoinTuning &tuning, const SplitTes
   // force); a share that runs as a problem of its own chooses for itself.
   const KnnProblem &whole = p;
   const bool shared = shares_clusters(whole);
+  // The engines together write the result faster than its fresh pages
+  // fault in one at a time: they are made present meanwhile.
+  const size_t slots = static_cast<size_t>(p.n_queries) * p.k;
+  const knn::OutputPrefault prefault(
+      neighbors, slots * sizeof *neighbors, distances, slots * sizeof *distances,
+      static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 4, 1u, 8u)));
   return run_split(
       whole, plan,
       [&](const Engine &engine, KnnStats *share_stats, const int32_t *stop,
