@@ -15,7 +15,7 @@
  * The worker connects to no database; it initializes as a backend of none
  * (as the logical replication launcher does) so that pg_stat_activity
  * shows it (backend_type "knn_gpu service") and pg_terminate_backend
- * reaches it.
+ * reaches it; pg_cancel_backend is ignored.
  */
 #include "postgres.h"
 
@@ -255,6 +255,12 @@ knn_gpu_service_main(Datum arg)
 
 	pqsignal(SIGTERM, handle_sigterm);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	/*
+	 * pg_cancel_backend() cancels a statement, and the service runs none of
+	 * its own: a cancel would end it, and every join it runs with it. Joins
+	 * are cancelled from their backends.
+	 */
+	pqsignal(SIGINT, SIG_IGN);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 
