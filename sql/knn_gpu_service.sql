@@ -184,10 +184,11 @@ SELECT pid = (SELECT pid FROM service_pid) AS same_service
 FROM pg_stat_activity WHERE backend_type = 'knn_gpu service';
 SELECT pg_temp.through_service('SELECT id, v FROM svc_rows WHERE id < 50', 'SELECT id, v FROM svc_rows', 3);
 
--- The service killed while it runs a join. Another session watches for
--- this one to wait on the join for 0.15 s, then terminates the service.
+-- Another session watches for this one to wait on its next join for
+-- 0.15 s, then signals the service with `signal` (pg_cancel_backend or
+-- pg_terminate_backend).
 SELECT pg_temp.connect('killer');
-CREATE FUNCTION pg_temp.kill_service_during_next_join() RETURNS void LANGUAGE sql AS $f$
+CREATE FUNCTION pg_temp.signal_service_during_next_join(signal text) RETURNS void LANGUAGE sql AS $f$
   SELECT dblink_send_query('killer', format($k$
     DO $$
     BEGIN
@@ -197,26 +198,13 @@ CREATE FUNCTION pg_temp.kill_service_during_next_join() RETURNS void LANGUAGE sq
         PERFORM pg_sleep(0.005);
       END LOOP;
       PERFORM pg_sleep(0.15);
-      PERFORM pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'knn_gpu service';
-    END $$ $k$, pg_backend_pid()));
+      PERFORM %I(pid) FROM pg_stat_activity WHERE backend_type = 'knn_gpu service';
+    END $$ $k$, pg_backend_pid(), signal));
 $f$;
 -- pg_cancel_backend() on the service (an administrator cancelling every
 -- long-running process) is ignored: the join it runs ends with every row,
 -- and the same service goes on. (A join is cancelled from its backend.)
-CREATE FUNCTION pg_temp.cancel_service_during_next_join() RETURNS void LANGUAGE sql AS $f$
-  SELECT dblink_send_query('killer', format($k$
-    DO $$
-    BEGIN
-      FOR i IN 1 .. 2000 LOOP
-        PERFORM pg_stat_clear_snapshot();
-        EXIT WHEN EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Extension');
-        PERFORM pg_sleep(0.005);
-      END LOOP;
-      PERFORM pg_sleep(0.1);
-      PERFORM pg_cancel_backend(pid) FROM pg_stat_activity WHERE backend_type = 'knn_gpu service';
-    END $$ $k$, pg_backend_pid()));
-$f$;
-SELECT pg_temp.cancel_service_during_next_join();
+SELECT pg_temp.signal_service_during_next_join('pg_cancel_backend');
 SELECT count(*) AS rows, count(DISTINCT query_id) AS queries
 FROM knn_join('SELECT id, v FROM svc_big WHERE id <= 3000', 'SELECT id, v FROM svc_big', 10, method => 'brute');
 SELECT knn_gpu_last_stats()->>'device' LIKE '%via GPU service' AS through_the_service;
@@ -226,8 +214,8 @@ SELECT pg_sleep(0.2);
 SELECT pid = (SELECT pid FROM service_pid) AS same_service
 FROM pg_stat_activity WHERE backend_type = 'knn_gpu service';
 
--- Under device = gpu: a clear ERROR.
-SELECT pg_temp.kill_service_during_next_join();
+-- The service terminated while it runs a join. Under device = gpu: a clear ERROR.
+SELECT pg_temp.signal_service_during_next_join('pg_terminate_backend');
 SELECT pg_temp.error_of($$SELECT count(*) FROM knn_join('SELECT id, v FROM svc_big', 'SELECT id, v FROM svc_big', 10, method => 'brute')$$);
 SELECT * FROM dblink_get_result('killer') AS r(x text);
 SELECT * FROM dblink_get_result('killer') AS r(x text);  -- the end of its results
@@ -243,7 +231,7 @@ SELECT inode <> pg_temp.row_buffers() AS a_new_buffer FROM buffer_before;
 
 -- Under device = auto the CPU engine answers instead, with a notice.
 SET knn_gpu.device = auto;
-SELECT pg_temp.kill_service_during_next_join();
+SELECT pg_temp.signal_service_during_next_join('pg_terminate_backend');
 SELECT count(*) FROM knn_join('SELECT id, v FROM svc_big WHERE id <= 12000', 'SELECT id, v FROM svc_big', 10, method => 'brute');
 SELECT knn_gpu_last_stats()->>'device' LIKE '%[GPU service failed, CPU engine ran]' AS cpu_answered;
 SELECT * FROM dblink_get_result('killer') AS r(x text);
