@@ -499,6 +499,8 @@ return_rows(ReturnSetInfo *rsinfo, const KnnMatrix *queries, const KnnMatrix *ta
 
 			if (t < 0)
 				break;
+			knn_prefetch_target(targets->ids, target_keys != NULL ? target_keys->by_rank : NULL,
+								neighbors, q * slots + r, queries->n * slots);
 			if (packed != NULL)
 			{
 				/* knn_join_packed (integer ids only): a row of a packed value */

@@ -471,6 +471,8 @@ next_row(KnnDirectScan *direct, TupleTableSlot *slot)
 		{
 			at = q * result->slots + direct->slot;
 			t = direct->slot < result->slots ? result->neighbors[at] : -1;
+			knn_prefetch_target(result->target_ids, result->target_keys, result->neighbors, at,
+								result->n_queries * result->slots);
 		}
 		if (t < 0)
 		{

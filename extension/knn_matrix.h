@@ -143,4 +143,28 @@ extern void knn_problem_gather_queries(KnnProblem *sub, const KnnProblem *p, Siz
 									   const int64 *which, int64 n);
 extern void knn_problem_free_gathered(KnnProblem *sub);
 
+/*
+ * The engine's result lists rows by target row, and returning them reads
+ * the target ids (and keys) in that order, all over their arrays: a cache
+ * miss for nearly every row of a large join. Called for result slot `at`
+ * of `end`, this asks now for the id KNN_PREFETCH_AHEAD slots later, and
+ * for the key (target_keys, or NULL) of the slot half as far, whose id has
+ * been asked for already.
+ */
+#define KNN_PREFETCH_AHEAD 16
+
+/* (always inlined: GCC drops calls to a function whose only effect is a prefetch) */
+static pg_attribute_always_inline void
+knn_prefetch_target(const int64 *target_ids, const Datum *target_keys, const int64 *neighbors,
+					int64 at, int64 end)
+{
+#if defined(__GNUC__) || defined(__clang__)
+	if (at + KNN_PREFETCH_AHEAD < end && neighbors[at + KNN_PREFETCH_AHEAD] >= 0)
+		__builtin_prefetch(&target_ids[neighbors[at + KNN_PREFETCH_AHEAD]]);
+	if (target_keys != NULL && at + KNN_PREFETCH_AHEAD / 2 < end &&
+		neighbors[at + KNN_PREFETCH_AHEAD / 2] >= 0)
+		__builtin_prefetch(&target_keys[target_ids[neighbors[at + KNN_PREFETCH_AHEAD / 2]]]);
+#endif
+}
+
 #endif							/* KNN_MATRIX_H */

@@ -613,6 +613,8 @@ join_local_part(KnnMatrix *queries, KnnMatrix *targets, const KnnShardJoin *join
 
 				if (t < 0)
 					break;
+				knn_prefetch_target(targets->ids, NULL, neighbors, q * slots + r,
+									queries->n * slots);
 				lists->target_ids[n] = targets->ids[t];
 				lists->distances[n] = distances[q * slots + r];
 				n++;
