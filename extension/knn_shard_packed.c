@@ -8,6 +8,7 @@
 #include "miscadmin.h"
 #include "utils/tuplestore.h"
 
+#include "knn_matrix.h"
 #include "knn_shard_packed.h"
 
 static void
@@ -101,6 +102,8 @@ knn_packed_next(KnnPackedCursor *cursor)
 					cursor->at = d->slots;
 					break;
 				}
+				knn_prefetch_target(d->target_ids, NULL, d->neighbors, slot,
+									d->n_queries * d->slots);
 				pack_row(p + (rows++) * KNN_PACKED_ROW_BYTES, d->query_ids[q],
 						 d->target_ids[t], d->distances[slot]);
 			}
