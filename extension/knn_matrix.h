@@ -153,18 +153,28 @@ extern void knn_problem_free_gathered(KnnProblem *sub);
  */
 #define KNN_PREFETCH_AHEAD 16
 
-/* (always inlined: GCC drops calls to a function whose only effect is a prefetch) */
+/*
+ * Asks for the cache line at p (a hint: nothing happens where the compiler
+ * has no prefetch). Always inlined, as are its callers: GCC drops calls to
+ * a function whose only effect is a prefetch.
+ */
+static pg_attribute_always_inline void
+knn_prefetch(const void *p)
+{
+#if defined(__GNUC__) || defined(__clang__)
+	__builtin_prefetch(p);
+#endif
+}
+
 static pg_attribute_always_inline void
 knn_prefetch_target(const int64 *target_ids, const Datum *target_keys, const int64 *neighbors,
 					int64 at, int64 end)
 {
-#if defined(__GNUC__) || defined(__clang__)
 	if (at + KNN_PREFETCH_AHEAD < end && neighbors[at + KNN_PREFETCH_AHEAD] >= 0)
-		__builtin_prefetch(&target_ids[neighbors[at + KNN_PREFETCH_AHEAD]]);
+		knn_prefetch(&target_ids[neighbors[at + KNN_PREFETCH_AHEAD]]);
 	if (target_keys != NULL && at + KNN_PREFETCH_AHEAD / 2 < end &&
 		neighbors[at + KNN_PREFETCH_AHEAD / 2] >= 0)
-		__builtin_prefetch(&target_keys[target_ids[neighbors[at + KNN_PREFETCH_AHEAD / 2]]]);
-#endif
+		knn_prefetch(&target_keys[target_ids[neighbors[at + KNN_PREFETCH_AHEAD / 2]]]);
 }
 
 #endif							/* KNN_MATRIX_H */

@@ -167,6 +167,7 @@ typedef struct KnnJoinState
 	int32		engine_k;		/* neighbours per query from the engine */
 	int64	   *neighbors;		/* n_queries x engine_k; radius: see range_begin */
 	double	   *distances;
+	int64		n_slots;		/* n_queries x engine_k (0 in the range layout) */
 	/*
 	 * Radius and WITH TIES: query q's rows are [range_begin[q],
 	 * range_begin[q + 1]) of neighbors and distances
@@ -1325,6 +1326,7 @@ run_engine(KnnJoinState *state, int64 wanted)
 	if (state->radius_mode == KNN_RANGE_NONE && !state->with_ties)
 	{
 		check_engine_memory(state, (double) queries.n * state->engine_k * KNN_SLOT_BYTES);
+		state->n_slots = queries.n * state->engine_k;
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * queries.n * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1654,6 +1656,7 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 	else
 	{
 		check_engine_memory(state, (double) n_queries * state->engine_k * KNN_SLOT_BYTES);
+		state->n_slots = n_queries * state->engine_k;
 		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
 												  sizeof(int64) * n_queries * state->engine_k);
 		state->distances = MemoryContextAllocHuge(state->join_cxt,
@@ -1922,6 +1925,25 @@ excluded(KnnJoinState *state, int64 inner_row)
 }
 
 /*
+ * The engine's order reads the inner rows through two arrays, all three
+ * all over memory: a later slot's inner_of_target entry is asked for 16
+ * slots ahead (knn_prefetch_target), its row's pointer 8 ahead and the row
+ * itself 4 ahead, each once the level before it has come.
+ */
+static pg_attribute_always_inline void
+prefetch_inner_rows(const KnnJoinState *state, int64 slot)
+{
+	int64		pointer_slot = slot + KNN_PREFETCH_AHEAD / 2;
+	int64		row_slot = slot + KNN_PREFETCH_AHEAD / 4;
+
+	knn_prefetch_target(state->inner_of_target, NULL, state->neighbors, slot, state->n_slots);
+	if (pointer_slot < state->n_slots && state->neighbors[pointer_slot] >= 0)
+		knn_prefetch(&state->inner_rows[state->inner_of_target[state->neighbors[pointer_slot]]]);
+	if (row_slot < state->n_slots && state->neighbors[row_slot] >= 0)
+		knn_prefetch(state->inner_rows[state->inner_of_target[state->neighbors[row_slot]]]);
+}
+
+/*
  * The next of the engine's rows for the current outer row's query (false
  * after the last): per query in the range layout (radius, WITH TIES), else
  * in engine_k slots per query.
@@ -1942,6 +1964,7 @@ next_engine_row(KnnJoinState *state, int64 query, int64 *inner_row, double *dist
 		slot = query * state->engine_k + state->position;
 		if (state->position >= state->engine_k || state->neighbors[slot] < 0)
 			return false;
+		prefetch_inner_rows(state, slot);
 	}
 	state->position++;
 	*inner_row = state->inner_of_target[state->neighbors[slot]];
@@ -2219,6 +2242,7 @@ forget_execution(KnnJoinState *state)
 	state->inner_of_target = NULL;
 	state->null_inner = NULL;
 	state->neighbors = NULL;
+	state->n_slots = 0;
 	state->distances = NULL;
 	state->range_begin = NULL;
 	state->range_query = NULL;
