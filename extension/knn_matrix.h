@@ -144,16 +144,6 @@ extern void knn_problem_gather_queries(KnnProblem *sub, const KnnProblem *p, Siz
 extern void knn_problem_free_gathered(KnnProblem *sub);
 
 /*
- * The engine's result lists rows by target row, and returning them reads
- * the target ids (and keys) in that order, all over their arrays: a cache
- * miss for nearly every row of a large join. Called for result slot `at`
- * of `end`, this asks now for the id KNN_PREFETCH_AHEAD slots later, and
- * for the key (target_keys, or NULL) of the slot half as far, whose id has
- * been asked for already.
- */
-#define KNN_PREFETCH_AHEAD 16
-
-/*
  * Asks for the cache line at p (a hint: nothing happens where the compiler
  * has no prefetch). Always inlined, as are its callers: GCC drops calls to
  * a function whose only effect is a prefetch.
@@ -165,6 +155,16 @@ knn_prefetch(const void *p)
 	__builtin_prefetch(p);
 #endif
 }
+
+/*
+ * The engine's result lists rows by target row, and returning them reads
+ * the target ids (and keys) in that order, all over their arrays: a cache
+ * miss for nearly every row of a large join. Called for result slot `at`
+ * of `end`, this asks now for the id KNN_PREFETCH_AHEAD slots later, and
+ * for the key (target_keys, or NULL) of the slot half as far, whose id has
+ * been asked for already.
+ */
+#define KNN_PREFETCH_AHEAD 16
 
 static pg_attribute_always_inline void
 knn_prefetch_target(const int64 *target_ids, const Datum *target_keys, const int64 *neighbors,

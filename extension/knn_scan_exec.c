@@ -1327,10 +1327,8 @@ run_engine(KnnJoinState *state, int64 wanted)
 	{
 		check_engine_memory(state, (double) queries.n * state->engine_k * KNN_SLOT_BYTES);
 		state->n_slots = queries.n * state->engine_k;
-		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
-												  sizeof(int64) * queries.n * state->engine_k);
-		state->distances = MemoryContextAllocHuge(state->join_cxt,
-												  sizeof(double) * queries.n * state->engine_k);
+		state->neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * state->n_slots);
+		state->distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * state->n_slots);
 	}
 
 	/* Targets are in scan order, so the engine breaks ties by scan order. */
@@ -1657,11 +1655,9 @@ run_grouped_engine(KnnJoinState *state, int64 wanted)
 	{
 		check_engine_memory(state, (double) n_queries * state->engine_k * KNN_SLOT_BYTES);
 		state->n_slots = n_queries * state->engine_k;
-		state->neighbors = MemoryContextAllocHuge(state->join_cxt,
-												  sizeof(int64) * n_queries * state->engine_k);
-		state->distances = MemoryContextAllocHuge(state->join_cxt,
-												  sizeof(double) * n_queries * state->engine_k);
-		for (int64 i = 0; i < n_queries * state->engine_k; i++)
+		state->neighbors = MemoryContextAllocHuge(state->join_cxt, sizeof(int64) * state->n_slots);
+		state->distances = MemoryContextAllocHuge(state->join_cxt, sizeof(double) * state->n_slots);
+		for (int64 i = 0; i < state->n_slots; i++)
 			state->neighbors[i] = -1;	/* a group with fewer targets than k */
 	}
 

@@ -7,9 +7,10 @@
 // threads at once, and those faults then take longer than the GPUs' own
 // work; one GPU writes slowly enough for them not to matter. OutputPrefault
 // asks the kernel to populate the pages (madvise MADV_POPULATE_WRITE, Linux
-// 5.14 and later) on a few threads of its own while the engines start. Populating never changes a
-// byte, so it needs no ordering with the engine's writes: a page the engine
-// reaches first is simply present already. Where the kernel lacks the call,
+// 5.14 and later) on a few threads of its own while the engines start.
+// Populating never changes a byte, so it needs no ordering with the
+// engine's writes: a page the engine reaches first is simply present
+// already. Where the kernel lacks the call,
 // nothing happens. The threads start with every signal blocked and are
 // joined by the destructor (each stops within one 2 MB step once asked).
 #pragma once
